@@ -1,0 +1,1 @@
+"""certs package (see ../shared/DESIGN.md)."""

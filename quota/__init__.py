@@ -1,0 +1,1 @@
+"""dra-quota domain: inventory, CEL selectors, pricing, DeviceQuota, ledger (pure) and the controller."""

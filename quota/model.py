@@ -1,0 +1,156 @@
+"""Value types shared by the whole domain: identifiers, devices, charges.
+
+The bottom layer: `quota.inventory` builds `Device`s from ResourceSlices, `quota.cel`
+evaluates selectors against them, `quota.claims` parses claims into requests,
+`quota.pricing` turns requests into `Charge`s. Everything here is immutable and free
+of I/O; raw JSON never travels past the parser that read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal, NewType, TypeAlias
+
+Namespace = NewType("Namespace", str)
+DeviceClassName = NewType("DeviceClassName", str)
+ClaimUid = NewType("ClaimUid", str)
+
+AllocationMode = Literal["ExactCount", "All"]
+Mode = Literal["conservative", "optimistic"]
+
+# The capacity that quotas charge: `memory` in the publishing driver's domain.
+MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DeviceKey:
+    """Identity of a device: driver/pool/device (resource.k8s.io/v1 DeviceRequestAllocationResult)."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A `version` attribute: a semver 2.0.0 string, compared as semver by CEL."""
+
+    text: str
+
+
+AttributeValue: TypeAlias = (
+    "int | bool | str | Version | tuple[int, ...] | tuple[bool, ...] | tuple[str, ...] | tuple[Version, ...]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRange:
+    min: Fraction
+    max: Fraction | None
+    step: Fraction | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """CapacityRequestPolicy: how a shared device rounds a capacity request."""
+
+    default: Fraction | None
+    valid_values: tuple[Fraction, ...] = ()
+    valid_range: ValidRange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    value: Fraction
+    policy: RequestPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    counter_set: str
+    counters: Mapping[str, Fraction]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Device:
+    """One device of the inventory, as the scheduler sees it.
+
+    `attributes` and `capacity` are keyed by domain, then by identifier, exactly like the
+    CEL `device` variable: unqualified names from the slice land under the driver's
+    domain. `scope` groups devices for `allocationMode: All` ("node/<name>" for node-local
+    devices, "pool/<driver>/<pool>" otherwise). Compared by identity: the inventory holds
+    one object per device and generation.
+    """
+
+    key: DeviceKey
+    attributes: Mapping[str, Mapping[str, AttributeValue]]
+    capacity: Mapping[str, Mapping[str, Capacity]]
+    allow_multiple_allocations: bool = False
+    node_name: str | None = None
+    scope: str = ""
+    taints: tuple[Taint, ...] = ()
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    binds_to_node: bool = False
+
+    @property
+    def driver(self) -> str:
+        return self.key.driver
+
+    def own_capacity(self, name: str) -> Capacity | None:
+        """A capacity in the driver's own domain (`memory` means `<driver>/memory`)."""
+        return self.capacity.get(self.key.driver, {}).get(name)
+
+    @property
+    def memory(self) -> Fraction:
+        """The device's `memory` capacity in bytes (0 for devices without one)."""
+        cap = self.own_capacity(MEMORY)
+        return cap.value if cap is not None else Fraction(0)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Charge:
+    """What a claim takes from its namespace's quotas: memory in bytes, whole devices."""
+
+    memory: int = 0
+    devices: int = 0
+
+    def __add__(self, other: Charge) -> Charge:
+        return Charge(self.memory + other.memory, self.devices + other.devices)
+
+    def __sub__(self, other: Charge) -> Charge:
+        return Charge(self.memory - other.memory, self.devices - other.devices)
+
+    def max(self, other: Charge) -> Charge:
+        return Charge(max(self.memory, other.memory), max(self.devices, other.devices))
+
+    def min(self, other: Charge) -> Charge:
+        return Charge(min(self.memory, other.memory), min(self.devices, other.devices))
+
+    def is_zero(self) -> bool:
+        return self.memory == 0 and self.devices == 0
+
+    def as_json(self) -> dict[str, int]:
+        return {"memory": self.memory, "devices": self.devices}
+
+
+ZERO = Charge()
+
+
+def qualify(name: str, driver: str) -> tuple[str, str]:
+    """Split a QualifiedName into (domain, id); a bare id belongs to the driver's domain."""
+    domain, sep, ident = name.partition("/")
+    if not sep:
+        return driver, name
+    return domain, ident

@@ -1,0 +1,1 @@
+"""webhook package (see ../shared/DESIGN.md)."""
