@@ -83,13 +83,13 @@ class CounterConsumption:
     counters: Mapping[str, Fraction]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class Device:
     """One device of the inventory, as the scheduler sees it.
 
     `attributes` and `capacity` are keyed by domain, then by identifier, exactly like the
     CEL `device` variable: unqualified names from the slice land under the driver's
-    domain. `scope` groups devices for `allocationMode: All` ("node/<name>" for node-local
+    domain. Weak-referenceable so derived data (CEL activations) can be cached beside it. `scope` groups devices for `allocationMode: All` ("node/<name>" for node-local
     devices, "pool/<driver>/<pool>" otherwise). Compared by identity: the inventory holds
     one object per device and generation.
     """
@@ -154,3 +154,12 @@ def qualify(name: str, driver: str) -> tuple[str, str]:
     if not sep:
         return driver, name
     return domain, ident
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """A DeviceClass: the selectors every request for the class must also satisfy."""
+
+    name: DeviceClassName
+    selectors: tuple[str, ...] = ()
+    extended_resource_name: str | None = None

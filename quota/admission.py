@@ -1,0 +1,106 @@
+"""Admission decisions for claims and templates, shared by the webhook and `check`.
+
+Neighbours: `quota.pricing` prices, `quota.ledger` checks and reserves, the webhook
+(webhook/) and the offline checker (`quota.check`) are thin adapters over `Admitter`,
+so both run exactly the same code. Pure and synchronous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from quota.claims import Claim
+from quota.devicequota import QuotaCheck, Usage, check
+from quota.ledger import Entry, Ledger
+from quota.model import Charge, DeviceKey, Mode
+from quota.pricing import Pricer, Pricing
+
+__all__ = ["ADMIN_ACCESS_LABEL", "Admission", "Admitter", "claim_ref"]
+
+# TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+ADMIN_ACCESS_MESSAGE = (
+    "admin access to devices requires the `resource.kubernetes.io/admin-access: true` label "
+    "on the containing namespace"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    allowed: bool
+    reason: str
+    warnings: tuple[str, ...]
+    pricing: Pricing
+    charged_quotas: tuple[str, ...] = ()
+
+    @property
+    def charge(self) -> Charge:
+        return self.pricing.total
+
+
+def claim_ref(claim: Claim) -> str:
+    """The ledger key of a claim: namespace/name (the uid does not exist before CREATE)."""
+    return f"{claim.namespace}/{claim.name}"
+
+
+class Admitter:
+    def __init__(self, pricer: Pricer, ledger: Ledger) -> None:
+        self.pricer = pricer
+        self.ledger = ledger
+
+    def admit_claim(
+        self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False
+    ) -> Admission:
+        """CREATE of an unallocated claim: price, check every quota, reserve if it fits."""
+        pricings = self._estimate(claim)
+        pricing = pricings[self.ledger.default_mode]
+        denial = self._invalid(claim, pricing, namespace_labels)
+        if denial is not None:
+            return denial
+        entry = Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+        decision = self.ledger.admit(entry, dry_run=dry_run)
+        warnings = (*pricing.warnings, *decision.warnings)
+        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged)
+
+    def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
+        """A template reserves nothing: denied only if its claim could never fit under `hard`."""
+        pricings = self._estimate(claim)
+        pricing = pricings[self.ledger.default_mode]
+        denial = self._invalid(claim, pricing, namespace_labels)
+        if denial is not None:
+            return denial
+        entry = Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+        quotas = self.ledger.quotas(claim.namespace)
+        charges = [entry.charge_for(q, self.ledger.default_mode) for q in quotas]
+        never = check([QuotaCheck(q, Usage(), c) for q, c in zip(quotas, charges)])
+        if not never.allowed:
+            return Admission(False, f"a claim from this template can never fit: {never.message}", pricing.warnings, pricing)
+        now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)])
+        warnings = (*pricing.warnings, *never.warnings)
+        if not now.allowed:
+            warnings = (*warnings, f"claims from this template do not fit now: {now.message}")
+        return Admission(True, "", warnings, pricing, now.charged if now.allowed else ())
+
+    def account_allocated(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Admission:
+        """An allocated claim is existing state: charged exactly to `used`, never denied."""
+        pricing = self.pricer.exact(claim, recorded)
+        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
+        self.ledger.add_or_update_claim(entry)
+        charged = tuple(
+            q.name for q in self.ledger.quotas(claim.namespace)
+            if not entry.charge_for(q, self.ledger.default_mode).is_zero()
+        )
+        return Admission(True, "", pricing.warnings, pricing, charged)
+
+    def _estimate(self, claim: Claim) -> dict[Mode, Pricing]:
+        modes: set[Mode] = {self.ledger.default_mode}
+        modes.update(q.mode for q in self.ledger.quotas(claim.namespace) if q.mode is not None)
+        return {mode: self.pricer.estimate(claim.spec, mode=mode) for mode in sorted(modes)}
+
+    def _invalid(self, claim: Claim, pricing: Pricing, labels: Mapping[str, str] | None) -> Admission | None:
+        if claim.admin_access and (labels or {}).get(ADMIN_ACCESS_LABEL) != "true":
+            return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
+        if pricing.errors:
+            return Admission(False, "; ".join(pricing.errors), pricing.warnings, pricing)
+        return None

@@ -1,0 +1,111 @@
+"""Per-device rules: capacity requests, requestPolicy rounding, taints.
+
+Neighbours: `quota.pricing` asks, for a candidate device and a request, whether the
+device can serve it and what one allocation of it costs in memory. Semantics follow
+TYPES (CapacityRequirements, CapacityRequestPolicy) and the allocator's consumable
+capacity code (k8s.io/dynamic-resource-allocation/structured, consumablecapacity.go):
+- a capacity request filters like `capacity >= request` and is charged per device;
+- on a shared device (`allowMultipleAllocations`) a request is rounded up by the
+  policy (validValues: smallest valid value >= request; validRange: raised to min and
+  rounded up to min + n*step; above the largest value the device cannot serve it);
+- unrequested capacity on a shared device consumes the policy default, or the whole
+  capacity without a policy; a device that is not shared is consumed whole.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from quota.claims import DeviceRequirement, Toleration
+from quota.model import MEMORY, Capacity, Device, RequestPolicy, Taint, qualify
+from quota.quantity import ceil_int
+
+__all__ = ["round_request", "consumed", "memory_charge", "tolerates_all"]
+
+
+def round_request(request: Fraction, capacity: Capacity) -> Fraction | None:
+    """The amount a shared device sets aside for `request`, or None if it cannot."""
+    policy = capacity.policy
+    amount = request
+    if policy is not None:
+        rounded = _by_policy(request, policy)
+        if rounded is None:
+            return None
+        amount = rounded
+    return amount if amount <= capacity.value else None
+
+
+def _by_policy(request: Fraction, policy: RequestPolicy) -> Fraction | None:
+    if policy.valid_values:
+        return next((v for v in policy.valid_values if v >= request), None)
+    rng = policy.valid_range
+    if rng is None:
+        return request
+    amount = max(request, rng.min)
+    if rng.step is not None and rng.step > 0:
+        amount = rng.min + math.ceil((amount - rng.min) / rng.step) * rng.step
+    if rng.max is not None and amount > rng.max:
+        return None
+    return amount
+
+
+def consumed(device: Device, requirement: DeviceRequirement, domain: str, ident: str) -> Fraction | None:
+    """What one allocation of `device` for `requirement` consumes of one capacity.
+
+    None when the device cannot satisfy the requirement's request for it.
+    """
+    capacity = device.capacity.get(domain, {}).get(ident)
+    requested = _requested(requirement, device.key.driver, domain, ident)
+    if capacity is None:
+        return None if requested is not None else Fraction(0)
+    if not device.allow_multiple_allocations:
+        if requested is not None and capacity.value < requested:
+            return None
+        return capacity.value
+    if requested is not None:
+        return round_request(requested, capacity)
+    if capacity.policy is not None and capacity.policy.default is not None:
+        return capacity.policy.default
+    return capacity.value
+
+
+def memory_charge(device: Device, requirement: DeviceRequirement) -> int | None:
+    """Bytes of `memory` one allocation costs, or None if the device does not fit.
+
+    Checks every capacity the requirement asks for, not only memory: a device that
+    lacks or cannot round a requested capacity is no candidate.
+    """
+    for name, _ in requirement.capacity_requests:
+        domain, ident = qualify(name, device.key.driver)
+        if consumed(device, requirement, domain, ident) is None:
+            return None
+    amount = consumed(device, requirement, device.key.driver, MEMORY)
+    return ceil_int(amount) if amount is not None else None
+
+
+def _requested(requirement: DeviceRequirement, driver: str, domain: str, ident: str) -> Fraction | None:
+    for name, amount in requirement.capacity_requests:
+        if qualify(name, driver) == (domain, ident):
+            return amount
+    return None
+
+
+def tolerates_all(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> bool:
+    """True unless a NoSchedule/NoExecute taint is left untolerated (scheduler semantics).
+
+    Taints with effect None are informational and never block allocation
+    (TYPES: DeviceTaint effect "None").
+    """
+    return all(
+        taint.effect not in ("NoSchedule", "NoExecute") or any(_tolerates(t, taint) for t in tolerations)
+        for taint in taints
+    )
+
+
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.operator == "Exists":
+        return not toleration.key or toleration.key == taint.key
+    return toleration.key == taint.key and toleration.value == taint.value

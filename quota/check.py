@@ -1,0 +1,222 @@
+"""`dra-quota check`: the admission and accounting code, run offline over YAML files.
+
+Neighbours: `quota.cli` parses flags and prints; `quota.admission.Admitter` decides,
+exactly as the webhook does. Order of evaluation: the cluster's state comes first
+(DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas), then allocated claims, which
+are existing usage, then unallocated claims and templates in document order, each
+admitted (and reserving) or denied as the webhook would. Results keep document order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quota.admission import Admission, Admitter
+from quota.claims import ClaimError, parse_claim, parse_device_class
+from quota.devicequota import QuotaError, parse_device_quota
+from quota.inventory import Inventory
+from quota.ledger import Ledger
+from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode
+from quota.pricing import Pricer, Pricing
+from quota.slices import SliceError
+
+__all__ = ["CheckInputError", "ObjectResult", "Report", "load_documents", "run_check"]
+
+_STATE_KINDS = ("DeviceClass", "ResourceSlice", "Namespace", "DeviceQuota")
+_CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+_SUFFIXES = (".yaml", ".yml", ".json")
+# A YAML bomb or a stray multi-gigabyte file must not take the tool down.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+class CheckInputError(Exception):
+    """Input that cannot be read at all: exit code 2, with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    source: str
+    obj: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectResult:
+    kind: str
+    namespace: str
+    name: str
+    allowed: bool
+    reason: str
+    warnings: tuple[str, ...]
+    charge: Charge
+    requests: tuple[tuple[str, int, Charge], ...]
+    allocated: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "charge": self.charge.as_json(),
+            "requests": [
+                {"name": n, "candidates": c, "charge": ch.as_json()} for n, c, ch in self.requests
+            ],
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    objects: list[ObjectResult] = field(default_factory=list)
+    quotas: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"objects": [o.as_json() for o in self.objects], "quotas": self.quotas}
+
+    def dumps(self) -> str:
+        return json.dumps(self.as_json(), indent=2, sort_keys=False)
+
+
+def load_documents(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
+    """Every object in the files and folders given (folders recursively, sorted by name)."""
+    docs: list[Document] = []
+    warnings: list[str] = []
+    for path in _files(paths):
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise CheckInputError(f"{path}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+            text = path.read_text(encoding="utf-8")
+            loaded = list(yaml.safe_load_all(text))
+        except (OSError, UnicodeDecodeError) as err:
+            raise CheckInputError(f"{path}: cannot read: {err}") from None
+        except yaml.YAMLError as err:
+            raise CheckInputError(f"{path}: not valid YAML: {err}") from None
+        for index, obj in enumerate(loaded):
+            where = f"{path} (document {index + 1})"
+            for item in _expand(obj):
+                if not isinstance(item, Mapping) or not isinstance(item.get("kind"), str):
+                    warnings.append(f"{where}: skipped: not a Kubernetes object (no kind)")
+                    continue
+                docs.append(Document(where, item))
+    return docs, warnings
+
+
+def _files(paths: Sequence[str]) -> Iterator[Path]:
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
+            yield from found
+        elif path.is_file() or raw == os.devnull:
+            yield path
+        else:
+            raise CheckInputError(f"{raw}: no such file or directory")
+
+
+def _expand(obj: Any) -> Iterator[Any]:
+    if obj is None:
+        return
+    if isinstance(obj, Mapping) and obj.get("kind") == "List" and isinstance(obj.get("items"), list):
+        yield from obj["items"]
+    else:
+        yield obj
+
+
+def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Report:
+    report = Report()
+    inventory = Inventory()
+    classes: dict[DeviceClassName, DeviceClass] = {}
+    namespaces: dict[str, Mapping[str, str]] = {}
+    ledger = Ledger(default_mode=mode)
+    admitter = Admitter(Pricer(inventory, classes), ledger)
+    claims: list[Document] = []
+    for doc in docs:
+        kind = doc.obj["kind"]
+        try:
+            if kind == "DeviceClass":
+                cls = parse_device_class(doc.obj)
+                classes[cls.name] = cls
+            elif kind == "ResourceSlice":
+                inventory.add_or_update_slice(doc.obj)
+            elif kind == "Namespace":
+                meta = doc.obj.get("metadata") or {}
+                namespaces[str(meta.get("name", ""))] = dict(meta.get("labels") or {})
+            elif kind == "DeviceQuota":
+                ledger.add_or_update_quota(parse_device_quota(doc.obj))
+            elif kind in _CLAIM_KINDS:
+                claims.append(doc)
+            else:
+                report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
+        except (SliceError, ClaimError, QuotaError) as err:
+            raise CheckInputError(f"{doc.source}: {err}") from None
+    for pool, reason in sorted(inventory.incomplete_pools().items()):
+        report.warnings.append(f"pool {pool[0]}/{pool[1]} is incomplete ({reason}): its devices are not candidates")
+    results: dict[int, ObjectResult] = {}
+    # Allocated claims are existing state: account them before admitting anything.
+    for phase in ("allocated", "pending"):
+        for index, doc in enumerate(claims):
+            result = _run_one(doc, phase, admitter, namespaces)
+            if result is not None:
+                results[index] = result
+    report.objects = [results[i] for i in sorted(results)]
+    report.quotas = [
+        {
+            "namespace": q.namespace,
+            "name": q.name,
+            "hard": q.hard.as_json(),
+            "used": (u := ledger.usage(q.namespace, q.name)).used.as_json(),
+            "reserved": u.reserved.as_json(),
+        }
+        for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))
+    ]
+    return report
+
+
+def _run_one(doc: Document, phase: str, admitter: Admitter, namespaces: Mapping[str, Mapping[str, str]]) -> ObjectResult | None:
+    obj = doc.obj
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    kind, namespace = str(obj["kind"]), str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or meta.get("generateName") or "")
+    try:
+        claim = parse_claim(obj)
+    except ClaimError as err:
+        if phase == "allocated":
+            return None
+        return ObjectResult(kind, namespace, name, False, f"invalid {kind}: {err}", (), ZERO, ())
+    allocated = kind == "ResourceClaim" and claim.allocation is not None
+    if (phase == "allocated") != allocated:
+        return None
+    labels = namespaces.get(namespace)
+    admission: Admission
+    if allocated:
+        admission = admitter.account_allocated(claim)
+    elif kind == "ResourceClaimTemplate":
+        admission = admitter.admit_template(claim, namespace_labels=labels)
+    else:
+        admission = admitter.admit_claim(claim, namespace_labels=labels)
+    return _result(kind, namespace, name, admission, allocated)
+
+
+def _result(kind: str, namespace: str, name: str, admission: Admission, allocated: bool) -> ObjectResult:
+    pricing: Pricing = admission.pricing
+    return ObjectResult(
+        kind=kind,
+        namespace=namespace,
+        name=name,
+        allowed=admission.allowed,
+        reason=admission.reason,
+        warnings=admission.warnings,
+        charge=pricing.total,
+        requests=tuple((r.name, r.candidates, r.charge) for r in pricing.requests),
+        allocated=allocated,
+    )

@@ -1,0 +1,109 @@
+"""The `dra-quota` command line.
+
+Neighbours: `quota.check` does the work of `check`; later subcommands (`serve`,
+`certs`, `demo`) delegate to their packages. This module parses flags, renders
+tables and maps failures to exit codes: 0 when it ran, 2 on unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from quota.check import CheckInputError, Report, load_documents, run_check
+from quota.devicequota import format_resource
+from quota.model import Charge
+from quota.quantity import format_quantity
+
+EXIT_OK = 0
+EXIT_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    code: int = args.run(args)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dra-quota",
+        description="GPU-memory quotas and usage accounting for Kubernetes DRA ResourceClaims.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser(
+        "check",
+        help="price and admit claims offline from YAML files (no cluster needed)",
+        description=(
+            "Load DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas, ResourceClaims and "
+            "ResourceClaimTemplates from files or folders and run the webhook's admission and "
+            "accounting code over them. Exit 0 when it ran, 2 on unreadable input."
+        ),
+    )
+    check.add_argument("-f", "--filename", dest="paths", action="extend", nargs="+", required=True,
+                       metavar="PATH", help="YAML/JSON file or folder (repeatable; multi-document files)")
+    check.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    check.add_argument("--mode", choices=("conservative", "optimistic"), default="conservative",
+                       help="price unallocated claims at the largest (default) or smallest candidate")
+    check.set_defaults(run=_run_check)
+    return parser
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    try:
+        docs, load_warnings = load_documents(args.paths)
+        report = run_check(docs, mode=args.mode)
+    except CheckInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    for warning in (*load_warnings, *report.warnings):
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.output == "json":
+        print(report.dumps())
+    else:
+        render_table(report, sys.stdout)
+    return EXIT_OK
+
+
+def _charge(charge: Charge) -> tuple[str, str]:
+    return format_quantity(charge.memory), str(charge.devices)
+
+
+def render_table(report: Report, out: TextIO) -> None:
+    rows = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
+    for obj in report.objects:
+        decision = "allocated" if obj.allocated else ("allowed" if obj.allowed else "DENIED")
+        details = [obj.reason] if obj.reason else []
+        details.extend(f"warning: {w}" for w in obj.warnings)
+        rows.append((obj.kind, obj.namespace, obj.name, decision, *_charge(obj.charge), "; ".join(details)))
+    _print_rows(rows, out)
+    if report.quotas:
+        out.write("\n")
+        quota_rows = [("QUOTA", "NAMESPACE", "MEMORY used/reserved/hard", "DEVICES used/reserved/hard")]
+        for q in report.quotas:
+            cells = []
+            for resource in ("memory", "devices"):
+                used, reserved = q["used"][resource], q["reserved"][resource]
+                hard = q["hard"].get(resource)
+                fmt = (lambda v: format_resource(resource, v).split("=", 1)[1])
+                cells.append(f"{fmt(used)} / {fmt(reserved)} / {fmt(hard) if hard is not None else '-'}")
+            quota_rows.append((q["name"], q["namespace"], *cells))
+        _print_rows(quota_rows, out)
+
+
+def _print_rows(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    # The last column (details) is free text and is not padded.
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        out.write("  ".join((*cells, row[-1])).rstrip() + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

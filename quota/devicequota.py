@@ -1,0 +1,199 @@
+"""DeviceQuota objects (draquota.io/v1alpha1) and the pure admission check.
+
+Neighbours: `quota.ledger` keeps each quota's usage and calls `check` to admit a claim;
+`deploy/crds/devicequota.yaml` is the schema this parser accepts. Like the in-tree
+`CheckRequest` (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
+controller.go) the check takes quotas and usage in and returns a decision: inputs are
+never modified, and the denial lists requested / used / reserved / limited per
+exceeded resource in a stable (sorted) order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
+from quota.quantity import QuantityError, ceil_int, format_quantity, parse_quantity
+
+__all__ = [
+    "GROUP",
+    "VERSION",
+    "KIND",
+    "PLURAL",
+    "QuotaError",
+    "Limits",
+    "DeviceQuota",
+    "Usage",
+    "QuotaCheck",
+    "Decision",
+    "parse_device_quota",
+    "check",
+    "format_resource",
+]
+
+GROUP = "draquota.io"
+VERSION = "v1alpha1"
+KIND = "DeviceQuota"
+PLURAL = "devicequotas"
+
+Enforcement = Literal["Enforce", "Audit"]
+RESOURCES = ("devices", "memory")  # sorted: the order denial messages use
+
+
+class QuotaError(ValueError):
+    """A DeviceQuota this tool cannot read; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory: int | None = None
+    devices: int | None = None
+
+    def get(self, resource: str) -> int | None:
+        return self.memory if resource == "memory" else self.devices
+
+    def as_json(self) -> dict[str, int]:
+        return {r: v for r in ("memory", "devices") if (v := self.get(r)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceQuota:
+    namespace: Namespace
+    name: str
+    hard: Limits
+    device_classes: frozenset[DeviceClassName] = frozenset()
+    enforcement: Enforcement = "Enforce"
+    # None: the global pricing mode applies.
+    mode: Mode | None = None
+
+    def in_scope(self, device_class: DeviceClassName) -> bool:
+        return not self.device_classes or device_class in self.device_classes
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A quota's usage: exact from allocated claims, estimated for admitted pending ones."""
+
+    used: Charge = ZERO
+    reserved: Charge = ZERO
+    allocated_claims: int = 0
+    pending_claims: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaCheck:
+    quota: DeviceQuota
+    usage: Usage
+    charge: Charge
+
+    def charge_of(self, resource: str) -> int:
+        return _get(self.charge, resource)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    # Quotas the claim is charged to (Audit ones included): the draquota.io/quotas annotation.
+    charged: tuple[str, ...] = field(default=())
+
+
+def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise QuotaError("DeviceQuota without metadata.name")
+    where = f"DeviceQuota {meta.get('namespace', 'default')}/{name}"
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise QuotaError(f"{where}: spec is required")
+    hard = spec.get("hard") or {}
+    if not isinstance(hard, Mapping):
+        raise QuotaError(f"{where}: spec.hard must be a map")
+    unknown = sorted(set(hard) - set(RESOURCES))
+    if unknown:
+        raise QuotaError(f"{where}: spec.hard: unsupported resource(s) {', '.join(unknown)}: use memory, devices")
+    classes = spec.get("deviceClassNames") or []
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise QuotaError(f"{where}: spec.deviceClassNames must be a list of names")
+    enforcement = spec.get("enforcement") or "Enforce"
+    if enforcement not in ("Enforce", "Audit"):
+        raise QuotaError(f"{where}: spec.enforcement must be Enforce or Audit, got {enforcement!r}")
+    mode = spec.get("pricing")
+    if mode not in (None, "Conservative", "Optimistic"):
+        raise QuotaError(f"{where}: spec.pricing must be Conservative or Optimistic, got {mode!r}")
+    return DeviceQuota(
+        namespace=Namespace(str(meta.get("namespace") or "default")),
+        name=name,
+        hard=Limits(
+            memory=_limit(hard.get("memory"), f"{where}: spec.hard.memory"),
+            devices=_limit(hard.get("devices"), f"{where}: spec.hard.devices"),
+        ),
+        device_classes=frozenset(DeviceClassName(c) for c in classes),
+        enforcement=enforcement,
+        mode=None if mode is None else ("optimistic" if mode == "Optimistic" else "conservative"),
+    )
+
+
+def _limit(raw: Any, where: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = parse_quantity(raw)
+    except QuantityError as err:
+        raise QuotaError(f"{where}: {err}") from None
+    if value < 0:
+        raise QuotaError(f"{where}: must not be negative")
+    return ceil_int(value)
+
+
+def format_resource(resource: str, value: int) -> str:
+    return f"{resource}={format_quantity(value) if resource == 'memory' else value}"
+
+
+def check(checks: Sequence[QuotaCheck]) -> Decision:
+    """Admit a charge only if `used + reserved + charge <= hard` for every Enforce quota.
+
+    `usage.reserved` already includes reservations still in flight. Audit quotas never
+    deny: an excess becomes a warning.
+    """
+    denials, warnings = [], []
+    for item in checks:
+        exceeded = [
+            r for r in RESOURCES
+            if (limit := item.quota.hard.get(r)) is not None
+            and item.charge_of(r) > 0
+            and _get(item.usage.used, r) + _get(item.usage.reserved, r) + item.charge_of(r) > limit
+        ]
+        if not exceeded:
+            continue
+        message = _exceeded_message(item, exceeded)
+        if item.quota.enforcement == "Audit":
+            warnings.append(f"{message} (enforcement: Audit, admitted)")
+        else:
+            denials.append(message)
+    charged = tuple(item.quota.name for item in checks if not item.charge.is_zero())
+    if denials:
+        return Decision(False, "; ".join(denials), tuple(warnings), ())
+    return Decision(True, "", tuple(warnings), charged)
+
+
+def _get(charge: Charge, resource: str) -> int:
+    return charge.memory if resource == "memory" else charge.devices
+
+
+def _exceeded_message(item: QuotaCheck, exceeded: list[str]) -> str:
+    def fmt(values: Charge | Limits) -> str:
+        return ",".join(
+            format_resource(r, (_get(values, r) if isinstance(values, Charge) else values.get(r)) or 0)
+            for r in exceeded
+        )
+
+    return (
+        f'exceeded DeviceQuota "{item.quota.name}": requested {fmt(item.charge)}, used {fmt(item.usage.used)}, '
+        f"reserved {fmt(item.usage.reserved)}, limited {fmt(item.quota.hard)}"
+    )

@@ -1,0 +1,144 @@
+"""The device inventory, built incrementally from resource.k8s.io/v1 ResourceSlices.
+
+Neighbours: `quota.slices` parses one slice into devices; `quota.selectors` matches
+selectors against `Inventory.usable()`; `quota.pricing` looks allocated devices up with
+`Inventory.lookup`. Pure and synchronous: the controller feeds it watch events.
+
+Pool rules follow the scheduler (k8s.io/dynamic-resource-allocation/structured, pools.go):
+only the highest `pool.generation` of a pool counts, and a pool is usable for
+allocation only once all `resourceSliceCount` slices of that generation are present.
+Adding, changing or deleting a slice rebuilds only that slice's pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from quota.model import Device, DeviceKey
+from quota.slices import ParsedSlice, parse_slice
+
+__all__ = ["Inventory", "PoolKey", "InventoryChange"]
+
+PoolKey = tuple[str, str]  # (driver, pool name)
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryChange:
+    """What one slice event changed: the pools rebuilt and the generation after it."""
+
+    pools: tuple[PoolKey, ...]
+    generation: int
+
+
+@dataclass(slots=True)
+class _Pool:
+    slices: dict[str, ParsedSlice] = field(default_factory=dict)
+    # Devices of the highest generation, complete or not (for allocated-claim lookups).
+    known: dict[str, Device] = field(default_factory=dict)
+    complete: bool = False
+    incomplete_reason: str = ""
+
+
+class Inventory:
+    """All devices the drivers publish, keyed by (driver, pool, device).
+
+    `generation` increases on every change so callers can key caches on it.
+    """
+
+    def __init__(self) -> None:
+        self._slice_pool: dict[str, PoolKey] = {}
+        self._pools: dict[PoolKey, _Pool] = {}
+        self._usable: dict[DeviceKey, Device] = {}
+        self.generation = 0
+
+    # -- mutations (synchronous: atomic on the event loop) -------------------------
+
+    def add_or_update_slice(self, obj: Mapping[str, Any]) -> InventoryChange:
+        """Insert or replace one ResourceSlice (raises SliceError on malformed input)."""
+        parsed = parse_slice(obj)
+        affected: list[PoolKey] = []
+        previous = self._slice_pool.get(parsed.name)
+        if previous is not None and previous != parsed.pool_key:
+            # Driver and pool are immutable in the API; handle a replaced object anyway.
+            self._pools[previous].slices.pop(parsed.name, None)
+            affected.append(previous)
+        self._slice_pool[parsed.name] = parsed.pool_key
+        self._pools.setdefault(parsed.pool_key, _Pool()).slices[parsed.name] = parsed
+        affected.append(parsed.pool_key)
+        return self._rebuild(affected)
+
+    def delete_slice(self, name: str) -> InventoryChange:
+        pool_key = self._slice_pool.pop(name, None)
+        if pool_key is None:
+            return InventoryChange((), self.generation)
+        self._pools[pool_key].slices.pop(name, None)
+        return self._rebuild([pool_key])
+
+    def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> InventoryChange:
+        """Swap in a fresh list (after a relist): pools absent from it disappear."""
+        parsed = [parse_slice(obj) for obj in objs]
+        gone = set(self._pools)
+        self._slice_pool.clear()
+        self._pools.clear()
+        self._usable.clear()
+        for item in parsed:
+            self._slice_pool[item.name] = item.pool_key
+            self._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
+        change = self._rebuild(list(self._pools))
+        return InventoryChange(tuple(sorted(gone | set(change.pools))), change.generation)
+
+    # -- queries ----------------------------------------------------------------
+
+    def usable(self) -> Mapping[DeviceKey, Device]:
+        """Devices of complete pools at their highest generation: allocation candidates."""
+        return self._usable
+
+    def lookup(self, key: DeviceKey) -> Device | None:
+        """A device of the pool's highest generation, usable or not (allocated claims)."""
+        pool = self._pools.get((key.driver, key.pool))
+        return pool.known.get(key.device) if pool is not None else None
+
+    def incomplete_pools(self) -> dict[PoolKey, str]:
+        return {key: pool.incomplete_reason for key, pool in self._pools.items() if not pool.complete}
+
+    def pool_count(self) -> int:
+        return len(self._pools)
+
+    def slice_count(self) -> int:
+        return len(self._slice_pool)
+
+    # -- internals ----------------------------------------------------------------
+
+    def _rebuild(self, pool_keys: Iterable[PoolKey]) -> InventoryChange:
+        rebuilt = []
+        for pool_key in dict.fromkeys(pool_keys):
+            pool = self._pools.get(pool_key)
+            if pool is None:
+                continue
+            if pool.complete:
+                for name in pool.known:
+                    self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
+            if not pool.slices:
+                del self._pools[pool_key]
+                rebuilt.append(pool_key)
+                continue
+            self._refresh_pool(pool)
+            if pool.complete:
+                for device in pool.known.values():
+                    self._usable[device.key] = device
+            rebuilt.append(pool_key)
+        self.generation += 1
+        return InventoryChange(tuple(rebuilt), self.generation)
+
+    @staticmethod
+    def _refresh_pool(pool: _Pool) -> None:
+        top = max(s.pool_generation for s in pool.slices.values())
+        current = [s for s in pool.slices.values() if s.pool_generation == top]
+        expected = max(s.slice_count for s in current)
+        pool.known = {d.key.device: d for s in current for d in s.devices}
+        pool.complete = len(current) >= expected
+        pool.incomplete_reason = (
+            "" if pool.complete else f"generation {top}: {len(current)} of {expected} slices published"
+        )

@@ -1,0 +1,127 @@
+"""The authoritative in-memory usage ledger: quotas, claims, and each quota's usage.
+
+Neighbours: `quota.admission` prices a claim and calls `Ledger.admit`; the controller
+(and `dra-quota check`) feed allocated claims through `add_or_update_claim`. Shaped
+like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
+event loop each mutation is atomic without locks; each returns the quotas it touched.
+Usage is kept incrementally: a claim event adjusts only the quotas of its namespace,
+so recomputing from scratch is never needed after the initial list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.model import ZERO, Charge, Mode, Namespace
+from quota.pricing import Pricing
+
+__all__ = ["QuotaKey", "Entry", "Ledger"]
+
+QuotaKey = tuple[Namespace, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One claim as the ledger counts it: exact once allocated, else a reservation."""
+
+    namespace: Namespace
+    ref: str
+    # Pricing per mode: quotas may price optimistically while the default is conservative.
+    pricing: Mapping[Mode, Pricing]
+    allocated: bool
+
+    def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
+        pricing = self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
+        return pricing.charge_for(quota.device_classes)
+
+
+class Ledger:
+    def __init__(self, *, default_mode: Mode = "conservative") -> None:
+        self.default_mode: Mode = default_mode
+        self._quotas: dict[Namespace, dict[str, DeviceQuota]] = {}
+        self._usage: dict[QuotaKey, Usage] = {}
+        self._entries: dict[str, Entry] = {}
+        self._by_namespace: dict[Namespace, dict[str, Entry]] = {}
+
+    # -- quotas -------------------------------------------------------------------
+
+    def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
+        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
+        key = (quota.namespace, quota.name)
+        usage = Usage()
+        for entry in self._by_namespace.get(quota.namespace, {}).values():
+            usage = _add(usage, entry, entry.charge_for(quota, self.default_mode), +1)
+        self._usage[key] = usage
+        return (key,)
+
+    def delete_quota(self, namespace: Namespace, name: str) -> tuple[QuotaKey, ...]:
+        if self._quotas.get(namespace, {}).pop(name, None) is None:
+            return ()
+        self._usage.pop((namespace, name), None)
+        return ((namespace, name),)
+
+    def quotas(self, namespace: Namespace | None = None) -> list[DeviceQuota]:
+        if namespace is not None:
+            return list(self._quotas.get(namespace, {}).values())
+        return [q for per_ns in self._quotas.values() for q in per_ns.values()]
+
+    def usage(self, namespace: Namespace, name: str) -> Usage:
+        return self._usage.get((namespace, name), Usage())
+
+    # -- claims -------------------------------------------------------------------
+
+    def add_or_update_claim(self, entry: Entry) -> tuple[QuotaKey, ...]:
+        old = self._entries.get(entry.ref)
+        touched = self._apply(old, -1) if old is not None else ()
+        self._entries[entry.ref] = entry
+        self._by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
+        return tuple(dict.fromkeys((*touched, *self._apply(entry, +1))))
+
+    def delete_claim(self, ref: str) -> tuple[QuotaKey, ...]:
+        old = self._entries.pop(ref, None)
+        if old is None:
+            return ()
+        self._by_namespace.get(old.namespace, {}).pop(ref, None)
+        return self._apply(old, -1)
+
+    def entry(self, ref: str) -> Entry | None:
+        return self._entries.get(ref)
+
+    def entries(self) -> Iterable[Entry]:
+        return self._entries.values()
+
+    def admit(self, entry: Entry, *, dry_run: bool = False) -> Decision:
+        """Check `entry` against every quota of its namespace and reserve it if it fits.
+
+        Check and reserve happen in one synchronous step: two admissions can never both
+        see the same headroom. A retry for the same ref replaces its earlier reservation
+        instead of counting twice.
+        """
+        previous = self._entries.get(entry.ref)
+        checks = []
+        for quota in self.quotas(entry.namespace):
+            usage = self.usage(entry.namespace, quota.name)
+            if previous is not None:
+                usage = _add(usage, previous, previous.charge_for(quota, self.default_mode), -1)
+            checks.append(QuotaCheck(quota, usage, entry.charge_for(quota, self.default_mode)))
+        decision = check(checks)
+        if decision.allowed and not dry_run:
+            self.add_or_update_claim(entry)
+        return decision
+
+    def _apply(self, entry: Entry, sign: int) -> tuple[QuotaKey, ...]:
+        touched = []
+        for quota in self._quotas.get(entry.namespace, {}).values():
+            key = (entry.namespace, quota.name)
+            self._usage[key] = _add(self.usage(*key), entry, entry.charge_for(quota, self.default_mode), sign)
+            touched.append(key)
+        return tuple(touched)
+
+
+def _add(usage: Usage, entry: Entry, charge: Charge, sign: int) -> Usage:
+    signed = charge if sign > 0 else ZERO - charge
+    if entry.allocated:
+        return replace(usage, used=usage.used + signed, allocated_claims=usage.allocated_claims + sign)
+    return replace(usage, reserved=usage.reserved + signed, pending_claims=usage.pending_claims + sign)

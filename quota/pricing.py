@@ -1,0 +1,257 @@
+"""The charge of a claim: exact from its allocation, estimated before it.
+
+Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
+`quota.devicequota` compares charges with limits. The rules are DESIGN.md's "The
+charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
+resource_claims.go) the result depends only on the claim, the inventory and the
+classes: no clock, no I/O. `Pricer` only adds caches keyed on the inventory generation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import reduce
+
+from quota.capacity import memory_charge, tolerates_all
+from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, Request
+from quota.inventory import Inventory
+from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
+from quota.quantity import ceil_int, format_quantity
+from quota.selectors import Match, SelectorMatcher
+
+__all__ = ["PricedRequest", "Pricing", "Pricer", "combine"]
+
+ScopeTest = Callable[[DeviceClassName], bool]
+
+
+def combine(charges: Iterable[Charge], mode: Mode) -> Charge:
+    """firstAvailable: per dimension the largest (conservative) or smallest (optimistic)."""
+    pick = Charge.max if mode == "conservative" else Charge.min
+    return reduce(pick, charges)
+
+
+@dataclass(frozen=True, slots=True)
+class PricedRequest:
+    """One request of a claim: its candidates now and its charge (unscoped)."""
+
+    name: str
+    candidates: int
+    charge: Charge
+    # (class, charge) per alternative: one for `exactly`, one per firstAvailable subrequest.
+    alternatives: tuple[tuple[DeviceClassName, Charge], ...]
+    mode: Mode = "conservative"
+
+    def scoped(self, in_scope: ScopeTest) -> Charge:
+        """The charge a quota scoped by `in_scope` sees: out-of-scope alternatives cost 0."""
+        return combine((c if in_scope(cls) else ZERO for cls, c in self.alternatives), self.mode)
+
+
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    requests: tuple[PricedRequest, ...]
+    exact: bool = False
+    warnings: tuple[str, ...] = ()
+    # Reasons the claim cannot be priced or allocated as written (unknown class, CEL errors).
+    errors: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> Charge:
+        return sum((r.charge for r in self.requests), ZERO)
+
+    def charge_for(self, classes: frozenset[DeviceClassName]) -> Charge:
+        """The charge a quota scoped to `classes` (empty = every class) sees."""
+        if not classes:
+            return self.total
+        return sum((r.scoped(classes.__contains__) for r in self.requests), ZERO)
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimate:
+    candidates: int
+    charge: Charge
+    warnings: tuple[str, ...] = ()
+    error: str | None = None
+
+
+class Pricer:
+    """Prices claims against one inventory and a live map of DeviceClasses."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        classes: Mapping[DeviceClassName, DeviceClass],
+        *,
+        matcher: SelectorMatcher | None = None,
+        cache_size: int = 4096,
+    ) -> None:
+        self.inventory = inventory
+        self.classes = classes
+        self.matcher = matcher or SelectorMatcher(inventory)
+        self._cache: OrderedDict[object, _Estimate] = OrderedDict()
+        self._cache_size = cache_size
+
+    # -- unallocated claims: an estimate -------------------------------------------
+
+    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative") -> Pricing:
+        requests, warnings, errors = [], [], []
+        for request in spec.requests:
+            priced, req_warnings, req_errors = self._request(request, mode)
+            requests.append(priced)
+            warnings.extend(req_warnings)
+            errors.extend(req_errors)
+        return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
+
+    def _request(self, request: Request, mode: Mode) -> tuple[PricedRequest, list[str], list[str]]:
+        alternatives, warnings, errors = [], [], []
+        chosen: int | None = None
+        for alt in request.alternatives:
+            est = self._requirement(alt, mode)
+            alternatives.append((alt.device_class, est.charge))
+            warnings.extend(f"request {alt.name}: {w}" for w in est.warnings)
+            if est.error is not None:
+                errors.append(f"request {alt.name}: {est.error}")
+            # Report the candidates of the alternative the scheduler would try to take.
+            if chosen is None and est.candidates >= max(alt.count, 1):
+                chosen = est.candidates
+        candidates = chosen if chosen is not None else max((self._count(a) for a in request.alternatives), default=0)
+        charge = combine((c for _, c in alternatives), mode)
+        return PricedRequest(request.name, candidates, charge, tuple(alternatives), mode), warnings, errors
+
+    def _count(self, alt: DeviceRequirement) -> int:
+        return self._requirement(alt, "conservative").candidates
+
+    def _requirement(self, req: DeviceRequirement, mode: Mode) -> _Estimate:
+        cls = self.classes.get(req.device_class)
+        if cls is None:
+            return _Estimate(0, Charge(0, 0 if req.admin_access else req.count), (), (
+                f"device class {req.device_class!r} not found: create the DeviceClass or fix "
+                "deviceClassName"
+            ))
+        # The request's own name only shapes messages: leave it out of the cache key.
+        key = (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._price(req, cls, mode)
+            self._cache[key] = cached
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return cached
+
+    def _price(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
+        match = self.matcher.match((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests])
+        if match.error is not None:
+            where = f"class {cls.name}" if match.error.stage == 0 else "selector"
+            kind = "CEL compile error" if match.error.compile_error else "CEL runtime error"
+            return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}")
+        priced = _eligible(match, req)
+        count = sum(n for _, n, _ in priced)
+        if req.admin_access:
+            # adminAccess devices stay usable by others: they cost nothing (DESIGN.md).
+            return _Estimate(count, ZERO)
+        if count == 0:
+            return self._no_candidate(req, cls, mode)
+        warnings: tuple[str, ...] = ()
+        if req.allocation_mode == "All":
+            return _Estimate(count, _all_mode(priced, mode))
+        per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
+        if count < req.count:
+            warnings = (f"only {count} device(s) match now, {req.count} requested",)
+        return _Estimate(count, Charge(per_device * req.count, req.count), warnings)
+
+    def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
+        """Price at the class's largest device so the claim cannot slip in for free."""
+        class_match = self.matcher.match((cls.selectors,))
+        memories = [ceil_int(g.representative.memory) for g in class_match.groups]
+        largest = max(memories, default=0)
+        if req.allocation_mode == "All":
+            charge = _all_mode([(ceil_int(g.representative.memory), len(g.devices), g) for g in class_match.groups], mode) \
+                if class_match.groups else ZERO
+        else:
+            charge = Charge(largest * req.count, req.count)
+        return _Estimate(0, charge, (
+            f"no device matches now; charged as {charge.devices} device(s) of the largest in class "
+            f"{cls.name} ({format_quantity(largest)} each)",
+        ))
+
+    # -- allocated claims: exact --------------------------------------------------
+
+    def exact(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Pricing:
+        """Charge from `status.allocation`; `recorded` holds per-device charges seen before."""
+        recorded = recorded or {}
+        classes = _request_classes(claim.spec)
+        per_request: dict[str, tuple[DeviceClassName, list[Charge]]] = {}
+        unknown: list[AllocatedDevice] = []
+        for result in claim.allocation or ():
+            top = result.request.split("/", 1)[0]
+            cls = classes.get(result.request, classes.get(top, DeviceClassName("")))
+            charge = self._device_exact(result, recorded)
+            if charge is None:
+                unknown.append(result)
+                charge = Charge(0, 1)
+            per_request.setdefault(top, (cls, []))[1].append(charge)
+        warnings = []
+        if unknown:
+            known = sum((c for _, cs in per_request.values() for c in cs), ZERO)
+            share = _vanished_share(claim, known, len(unknown))
+            names = ", ".join(str(r.key) for r in unknown)
+            warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
+                            f"{format_quantity(share)} each from the charge recorded at admission")
+            for result in unknown:
+                per_request[result.request.split("/", 1)[0]][1].append(Charge(share, 0))
+        requests = tuple(
+            PricedRequest(name, len(charges), total, ((cls, total),))
+            for name, (cls, charges) in per_request.items()
+            for total in [sum(charges, ZERO)]
+        )
+        return Pricing(requests, exact=True, warnings=tuple(warnings))
+
+    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
+        if result.admin_access:
+            return ZERO
+        driver = result.key.driver
+        for name, amount in result.consumed_capacity:
+            if qualify(name, driver) == (driver, MEMORY):
+                return Charge(ceil_int(amount), 1)
+        device = self.inventory.lookup(result.key)
+        if device is not None:
+            return Charge(ceil_int(device.memory), 1)
+        if result.key in recorded:
+            return Charge(recorded[result.key], 1)
+        return None
+
+
+def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, object]]:
+    """(per-device memory charge, devices, group) for groups that can serve `req`."""
+    out = []
+    for group in match.groups:
+        rep = group.representative
+        if not tolerates_all(rep.taints, req.tolerations):
+            continue
+        charge = memory_charge(rep, req)
+        if charge is not None:
+            out.append((charge, len(group.devices), group))
+    return out
+
+
+def _all_mode(priced: list[tuple[int, int, object]], mode: Mode) -> Charge:
+    """allocationMode All: the sum over the candidates of one node (or pool)."""
+    per_scope: dict[str, Charge] = {}
+    for charge, _, group in priced:
+        for device in group.devices:  # type: ignore[attr-defined]
+            per_scope[device.scope] = per_scope.get(device.scope, ZERO) + Charge(charge, 1)
+    pick = max if mode == "conservative" else min
+    return pick(per_scope.values(), key=lambda c: (c.memory, c.devices))
+
+
+def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
+    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
+
+
+def _vanished_share(claim: Claim, known: Charge, unknown: int) -> int:
+    if claim.recorded_charge is None:
+        return 0
+    return max(claim.recorded_charge.memory - known.memory, 0) // unknown
