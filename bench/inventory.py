@@ -49,6 +49,8 @@ __all__ = [
     "generate_device_classes",
     "generate_claims",
     "generate_namespaces",
+    "node_kind",
+    "node_name",
     "nvidia_gpu_device",
     "nvidia_mig_device",
     "consumable_memory_policy",
@@ -464,8 +466,10 @@ def generate_claims(
     The mix (by weight): ExactCount by class only (25 %), by productName (20 %), by
     memory capacity (10 %), by cudaComputeCapability version (10 %), MIG by profile
     (12 %), firstAvailable H200-else-H100 (8 %), All on one product (4 %), adminAccess
-    (3 %; only in odd-numbered namespaces, which `generate_namespaces` labels for admin
-    access) and consumable-share memory requests on L40S (8 %).
+    (3 %; put in odd-numbered namespaces, which `generate_namespaces` labels for admin
+    access, whenever there are at least two namespaces) and consumable-share memory
+    requests on L40S via class shared.gpu.nvidia.com (8 %). Counts are 1, 2, 4 or 8
+    (MIG at most 2). Claims are named `claim-000000`, ... and carry a uid.
 
     When `slices` (from `generate_slices`) is given, about `allocated_fraction` of the
     claims carry a `status.allocation` naming real devices that match the claim, on one
@@ -497,12 +501,12 @@ def _generate_claims(
     for i in range(n):
         kind = rng.choices(kinds, weights)[0]
         ns_index = rng.randrange(namespaces)
-        if kind == "admin" and ns_index % 2 == 0:
-            ns_index = (ns_index + 1) % namespaces if namespaces > 1 else ns_index
+        if kind == "admin" and ns_index % 2 == 0 and namespaces > 1:
+            ns_index = ns_index + 1 if ns_index + 1 < namespaces else ns_index - 1
         namespace = f"team-{ns_index:03d}"
         count = _COUNTS[rng.randrange(len(_COUNTS))]
-        # want: list of (request name, kind key, count, selector-free wanted memory) used
-        # to pick devices when the claim is allocated.
+        # want_keys: the device kinds (see _index) that satisfy the request, in the
+        # order an allocation tries them.
         request: JSON
         want_keys: tuple[str, ...]
         result_request = "gpu"
@@ -559,11 +563,12 @@ def _generate_claims(
             want_keys = ("h100", "h200")
         elif kind == "mig":
             profile = rng.choice(("1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"))
+            count = min(count, 2)
             request = {
                 "name": "mig",
                 "exactly": {
                     "deviceClassName": "mig.nvidia.com",
-                    "count": min(count, 2),
+                    "count": count,
                     "selectors": [
                         _selector(f"device.attributes['gpu.nvidia.com'].profile == '{profile}'")
                     ],
