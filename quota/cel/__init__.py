@@ -1,0 +1,34 @@
+"""The DRA CEL environment: device selectors evaluated as kube-scheduler does.
+
+Public API (used by `quota.inventory` / `quota.pricing`)::
+
+    sel = compile_selector(expr)      # LRU-cached; CelCompileError
+    act = device_activation(device)   # once per quota.model.Device
+    sel.evaluate(act) -> bool         # CelRuntimeError
+    sel.references                    # frozenset[DevicePath] | None
+    sel.group_key(act)                # equal keys => equal outcomes
+
+Parsing builds on cel-python's grammar (`celpy/cel.lark`); see README.md in this
+package for the supported language, the gaps against the scheduler and the numbers.
+"""
+
+from quota.cel.activation import DeviceActivation, device_activation
+from quota.cel.references import DevicePath
+from quota.cel.selector import (
+    MAX_EXPRESSION_BYTES,
+    CelCompileError,
+    CelRuntimeError,
+    CompiledSelector,
+    compile_selector,
+)
+
+__all__ = [
+    "MAX_EXPRESSION_BYTES",
+    "CelCompileError",
+    "CelRuntimeError",
+    "CompiledSelector",
+    "DeviceActivation",
+    "DevicePath",
+    "compile_selector",
+    "device_activation",
+]

@@ -1,0 +1,86 @@
+"""`quota.model.Device` -> the CEL `device` variable, built once per device.
+
+Mirrors DeviceMatches in k/k dynamic-resource-allocation/cel/compile.go: attributes and
+capacity grouped by domain (the model already splits qualified names), version
+attributes parsed as semver (a version that does not parse fails every selector on
+that device, as there), capacities as Kubernetes quantities, `allowMultipleAllocations`
+false when unset, and unknown domains reading as empty maps (`DomainMap`). Also the
+projection used to group devices by the values a selector can see
+(`projection`), the other half of `quota.cel.references`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+from quota.cel.ops import DeviceActivation, DomainMap
+from quota.cel.references import DevicePath
+from quota.cel.values import EvalError, Quantity, Semver, parse_semver
+from quota.model import AttributeValue, Device, Version
+
+__all__ = ["DeviceActivation", "device_activation", "projection"]
+
+
+class _Broken(Exception):
+    pass
+
+
+def device_activation(device: Device) -> DeviceActivation:
+    """Convert one inventory device; cheap enough to run once per slice update."""
+    error: str | None = None
+    attributes = DomainMap()
+    for domain, values in device.attributes.items():
+        converted: dict[str, Any] = {}
+        for ident, value in values.items():
+            try:
+                converted[ident] = _attribute(value)
+            except _Broken as exc:
+                error = error or f"attribute {domain}/{ident}: parse semantic version: {exc}"
+        attributes[domain] = converted
+    capacity = DomainMap()
+    for domain, caps in device.capacity.items():
+        capacity[domain] = {ident: Quantity(cap.value) for ident, cap in caps.items()}
+    return DeviceActivation(device.driver, attributes, capacity, bool(device.allow_multiple_allocations), error)
+
+
+def _attribute(value: AttributeValue) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_attribute(v) for v in value)
+    if isinstance(value, Version):
+        try:
+            return parse_semver(value.text)
+        except EvalError as exc:
+            raise _Broken(str(exc)) from None
+    return value
+
+
+_MISSING = ("missing",)
+
+
+def projection(activation: DeviceActivation, paths: Iterable[DevicePath]) -> Hashable:
+    """A hashable key equal for two devices iff every path holds an equal, same-typed
+    value (or is missing on both). Values are tagged by type because Python's `1 ==
+    True` must not merge an int attribute with a bool one."""
+    parts: list[Hashable] = [activation.error]
+    for path in paths:
+        if path[0] == "driver":
+            parts.append(activation.driver)
+        elif path[0] == "allowMultipleAllocations":
+            parts.append(activation.allowMultipleAllocations)
+        else:
+            maps = activation.attributes if path[0] == "attributes" else activation.capacity
+            values = maps.get(path[1], {})
+            parts.append(_tag(values[path[2]]) if path[2] in values else _MISSING)
+    return tuple(parts)
+
+
+def _tag(value: Any) -> Hashable:
+    if isinstance(value, tuple):
+        return ("list", tuple(_tag(v) for v in value))
+    if isinstance(value, Semver):
+        # Build metadata is invisible to CEL (comparison and == ignore it).
+        return ("semver", value.major, value.minor, value.patch, value.pre)
+    if isinstance(value, Quantity):
+        return ("quantity", value.value)
+    return (type(value).__name__, value)

@@ -1,0 +1,155 @@
+"""Which device paths can an expression read? A conservative static analysis.
+
+`references(root)` returns the set of `DevicePath`s (`("driver",)`,
+`("allowMultipleAllocations",)`, `("attributes", domain, id)`, `("capacity", domain,
+id)`) when every use of `device` is statically resolvable, else None. The pricing
+layer groups devices by the values at these paths and evaluates one device per group,
+so a non-None answer must be sound: the result (value or error) of the expression
+depends on nothing but those values and their presence. Anything that exposes a whole
+map (iterating, sizing, comparing, passing it to a function, `in` on the domain map, a
+computed key, a conditional choosing between maps) makes the answer None. `cel.bind`
+aliases of device parts are followed, since a binding is a pure substitution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quota.cel import ast
+
+DevicePath = tuple[str, ...]
+
+__all__ = ["DevicePath", "references"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A device-valued sub-expression: the device, a domain map, or an id map."""
+
+    kind: str  # "device" | "domains" | "ids"
+    map_name: str = ""  # attributes | capacity
+    domain: str = ""
+
+
+class _Unresolvable(Exception):
+    pass
+
+
+_DEVICE = _Part("device")
+_SCALAR_FIELDS = ("driver", "allowMultipleAllocations")
+
+
+def references(root: ast.Node) -> frozenset[DevicePath] | None:
+    found: set[DevicePath] = set()
+    try:
+        _Walker(found).value(root, {})
+    except _Unresolvable:
+        return None
+    return frozenset(found)
+
+
+Env = dict[str, "_Part | None"]
+
+
+class _Walker:
+    def __init__(self, found: set[DevicePath]) -> None:
+        self.found = found
+
+    def value(self, node: ast.Node, env: Env) -> None:
+        """`node` is used as a value: it must not be a device part."""
+        if self.visit(node, env) is not None:
+            raise _Unresolvable
+
+    def visit(self, node: ast.Node, env: Env) -> _Part | None:
+        if isinstance(node, ast.Ident):
+            if node.name in env:
+                return env[node.name]
+            return _DEVICE if node.name == "device" else None
+        if isinstance(node, ast.Select):
+            return self._select(self.visit(node.operand, env), node.field, node.optional)
+        if isinstance(node, ast.Index):
+            return self._index(node, env)
+        if isinstance(node, ast.Has):
+            self._has(self.visit(node.operand, env), node.field)
+            return None
+        if isinstance(node, ast.Binary) and node.op == "in":
+            self._in(node, env)
+            return None
+        if isinstance(node, ast.Bind):
+            bound = self.visit(node.init, env)
+            return self.visit(node.body, {**env, node.var: bound})
+        if isinstance(node, ast.Comprehension):
+            self.value(node.range, env)
+            inner: Env = {**env, node.var: None}
+            self.value(node.body, inner)
+            if node.pred is not None:
+                self.value(node.pred, inner)
+            return None
+        for child in _children(node):
+            self.value(child, env)
+        return None
+
+    def _select(self, part: _Part | None, field: str, optional: bool) -> _Part | None:
+        if part is None:
+            return None
+        if part.kind == "device":
+            if field in _SCALAR_FIELDS:
+                self.found.add((field,))
+                return None
+            if optional:
+                raise _Unresolvable
+            return _Part("domains", field)
+        if part.kind == "domains":
+            if optional:
+                raise _Unresolvable  # presence of a domain depends on the whole map
+            return _Part("ids", part.map_name, field)
+        self.found.add((part.map_name, part.domain, field))
+        return None
+
+    def _index(self, node: ast.Index, env: Env) -> _Part | None:
+        part = self.visit(node.operand, env)
+        if part is None:
+            self.value(node.index, env)
+            return None
+        key = node.index
+        if part.kind == "device" or not (isinstance(key, ast.Lit) and type(key.value) is str):
+            raise _Unresolvable
+        if part.kind == "domains":
+            if node.optional:
+                raise _Unresolvable
+            return _Part("ids", part.map_name, key.value)
+        self.found.add((part.map_name, part.domain, key.value))
+        return None
+
+    def _has(self, part: _Part | None, field: str) -> None:
+        if part is None:
+            return
+        if part.kind == "ids":
+            self.found.add((part.map_name, part.domain, field))
+        elif part.kind == "device" and field in _SCALAR_FIELDS:
+            self.found.add((field,))
+        elif part.kind == "domains":
+            raise _Unresolvable
+        # has(device.attributes) is constantly true: it reads nothing.
+
+    def _in(self, node: ast.Binary, env: Env) -> None:
+        container = self.visit(node.right, env)
+        if container is None:
+            self.value(node.left, env)
+            return
+        key = node.left
+        if container.kind != "ids" or not (isinstance(key, ast.Lit) and type(key.value) is str):
+            raise _Unresolvable
+        self.found.add((container.map_name, container.domain, key.value))
+
+
+def _children(node: ast.Node) -> list[ast.Node]:
+    out: list[ast.Node] = []
+    for name in getattr(node, "__dataclass_fields__", {}):
+        child = getattr(node, name)
+        if isinstance(child, ast.Node):
+            out.append(child)
+        elif isinstance(child, tuple):
+            for item in child:
+                out.extend(p for p in (item if isinstance(item, tuple) else (item,)) if isinstance(p, ast.Node))
+    return out

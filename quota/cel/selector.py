@@ -1,0 +1,121 @@
+"""The public face of the DRA CEL environment: compile a selector, evaluate it.
+
+`compile_selector` runs the pipeline parse (`quota.cel.syntax`) -> check
+(`quota.cel.checker`) -> references (`quota.cel.references`) -> closures
+(`quota.cel.evaluator`) once per expression and keeps the result in an LRU cache, like
+the scheduler's compiled-expression cache (k/k dynamic-resource-allocation/cel/cache.go).
+Errors carry the API server's and scheduler's wording: "compilation failed: ...",
+"must evaluate to bool ...", "no such key: ...", "... actual cost limit exceeded".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+
+from quota.cel import checker, references, syntax
+from quota.cel.activation import projection
+from quota.cel.evaluator import compile_program
+from quota.cel.ops import DeviceActivation
+from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
+from quota.cel.values import CostLimitExceeded, EvalError, type_name
+
+__all__ = ["CelCompileError", "CelRuntimeError", "CompiledSelector", "compile_selector", "MAX_EXPRESSION_BYTES"]
+
+# resourceapi.CELSelectorExpressionMaxLength (k/k staging/src/k8s.io/api/resource/v1/types.go).
+MAX_EXPRESSION_BYTES = 10 * 1024
+_CACHE_SIZE = 4096
+
+
+class CelCompileError(ValueError):
+    """The expression is not a valid DRA selector; the message says why and where."""
+
+
+class CelRuntimeError(RuntimeError):
+    """Evaluating a selector against a device failed; the scheduler would fail the
+    whole allocation attempt with this error rather than skip the device."""
+
+
+class CompiledSelector:
+    """A compiled, immutable selector; share it freely between devices and threads."""
+
+    __slots__ = ("expression", "references", "_fn", "_slots")
+
+    def __init__(self, expression: str, refs: frozenset[references.DevicePath] | None, fn: Fn, slots: int) -> None:
+        self.expression = expression
+        self.references = refs
+        self._fn = fn
+        self._slots = slots
+
+    def __repr__(self) -> str:
+        return f"CompiledSelector({self.expression!r})"
+
+    def evaluate(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT) -> bool:
+        """Does the device match? Raises CelRuntimeError for any evaluation error."""
+        if activation.error is not None:
+            raise CelRuntimeError(activation.error)
+        try:
+            result = self._fn(State(activation, self._slots, cost_limit))
+        except EvalError as exc:
+            raise CelRuntimeError(str(exc)) from None
+        except CostLimitExceeded:
+            raise CelRuntimeError(COST_EXCEEDED) from None
+        except (RecursionError, MemoryError, ArithmeticError, TypeError, ValueError) as exc:
+            # Not expected; keep the webhook answering with a clear error, never a crash.
+            raise CelRuntimeError(f"internal evaluation error: {type(exc).__name__}: {exc}") from None
+        if type(result) is not bool:
+            raise CelRuntimeError(f"CEL result of type {type_name(result)} could not be converted to bool")
+        return result
+
+    def group_key(self, activation: DeviceActivation) -> Hashable:
+        """Devices with equal keys get equal `evaluate` outcomes (value or error).
+        Without static references every device is its own group."""
+        if self.references is None:
+            return ("device", id(activation))
+        return projection(activation, sorted(self.references))
+
+
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile (or fetch from the LRU cache) one CEL selector expression."""
+    result = _compile_cached(expression)
+    if isinstance(result, CelCompileError):
+        raise CelCompileError(str(result))
+    return result
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _compile_cached(expression: str) -> CompiledSelector | CelCompileError:
+    # Failures are cached too: a bad selector in a popular class must not be re-parsed
+    # for every admission request.
+    try:
+        return _compile(expression)
+    except CelCompileError as exc:
+        return exc
+
+
+def _compile(expression: str) -> CompiledSelector:
+    size = len(expression.encode("utf-8"))
+    if size > MAX_EXPRESSION_BYTES:
+        raise CelCompileError(
+            f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_BYTES} bytes"
+        )
+    try:
+        root = syntax.parse(expression)
+    except syntax.SyntaxProblem as exc:
+        raise CelCompileError(_compile_failed(expression, exc.message, exc.line, exc.column)) from None
+    try:
+        notes = checker.check(root)
+    except checker.CheckProblem as exc:
+        if exc.message.startswith("must evaluate to"):
+            raise CelCompileError(exc.message) from None
+        raise CelCompileError(_compile_failed(expression, exc.message, *exc.pos)) from None
+    fn, slots = compile_program(root, notes)
+    return CompiledSelector(expression, references.references(root), fn, slots)
+
+
+def _compile_failed(expression: str, message: str, line: int, column: int) -> str:
+    """cel-go's issue format, prefixed as compile.go does."""
+    lines = expression.splitlines() or [""]
+    source = lines[min(line, len(lines)) - 1]
+    caret = "." * (column - 1) + "^"
+    return f"compilation failed: ERROR: <input>:{line}:{column}: {message}\n | {source}\n | {caret}"

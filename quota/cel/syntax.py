@@ -1,0 +1,349 @@
+"""CEL source text -> `quota.cel.ast` nodes: the grammar and the tree builder.
+
+The grammar is cel-python's `celpy/cel.lark` (itself the cel-spec EBNF) reshaped with
+lark's `?rule` inlining so trees stay shallow, plus what the Kubernetes environment
+accepts and celpy 0.5 does not: optional field/index selection `a.?b`, `a[?k]`
+(cel-go OptionalTypes), trailing commas in list/map literals, and exact int64 bounds
+for negative literals. Macros (`has`, `all`, `exists`, `exists_one`, `map`, `filter`,
+`cel.bind`) are recognised here, as cel-go's parser does. `quota.cel.checker` resolves
+names and types next; nothing here evaluates.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import lark
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from quota.cel import ast
+from quota.cel.values import INT64_MAX, UINT64_MAX, Uint
+
+__all__ = ["SyntaxProblem", "parse"]
+
+_GRAMMAR = r"""
+?start: expr
+?expr: disj
+     | disj "?" disj ":" expr                -> cond
+?disj: conj | disj "||" conj                 -> or_
+?conj: rel | conj "&&" rel                   -> and_
+?rel: add
+    | rel RELOP add                          -> binop
+    | rel "in" add                           -> in_
+?add: mul | add ADDOP mul                    -> binop
+?mul: unary | mul MULOP unary                -> binop
+?unary: member
+      | "!" unary                            -> not_
+      | "-" unary                            -> neg
+?member: primary
+       | member "." IDENT                    -> select
+       | member ".?" IDENT                   -> opt_select
+       | member "." IDENT "(" [args] ")"     -> method
+       | member "[" expr "]"                 -> index
+       | member "[?" expr "]"                -> opt_index
+       | member "{" [fields] "}"             -> message
+?primary: IDENT                              -> ident
+        | "." IDENT                          -> ident
+        | IDENT "(" [args] ")"               -> call
+        | "." IDENT "(" [args] ")"           -> call
+        | "(" expr ")"
+        | "[" [items] "]"                    -> list_lit
+        | "{" [entries] "}"                  -> map_lit
+        | literal
+args: expr ("," expr)*
+fields: IDENT ":" expr ("," IDENT ":" expr)* [","]
+items: item ("," item)* ","?
+item: expr                                   -> item
+    | "?" expr                               -> opt_item
+entries: entry ("," entry)* ","?
+entry: expr ":" expr                         -> entry
+     | "?" expr ":" expr                     -> opt_entry
+literal: FLOAT_LIT | UINT_LIT | INT_LIT | BYTES_LIT | STRING_LIT
+
+RELOP: "<=" | ">=" | "==" | "!=" | "<" | ">"
+ADDOP: "+" | "-"
+MULOP: "*" | "/" | "%"
+FLOAT_LIT.4: /([0-9]+\.[0-9]+([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+)/
+UINT_LIT.3: /(0x[0-9a-fA-F]+|[0-9]+)[uU]/
+INT_LIT.2: /0x[0-9a-fA-F]+|[0-9]+/
+BYTES_LIT.6: /[bB][rR]?("{3}(.|\n)*?"{3}|'{3}(.|\n)*?'{3}|"(\\.|[^"\\\n])*"|'(\\.|[^'\\\n])*')/
+           | /[rR][bB]("{3}(.|\n)*?"{3}|'{3}(.|\n)*?'{3}|"[^"\n]*"|'[^'\n]*')/
+STRING_LIT.5: /[rR]?("{3}(.|\n)*?"{3}|'{3}(.|\n)*?'{3})/
+            | /"(\\.|[^"\\\n])*"|'(\\.|[^'\\\n])*'/
+            | /[rR]("[^"\n]*"|'[^'\n]*')/
+IDENT: /[_a-zA-Z][_a-zA-Z0-9]*/
+COMMENT: /\/\/[^\n]*/
+%ignore /[\t\n\f\r ]+/
+%ignore COMMENT
+"""
+
+_PARSER = lark.Lark(_GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+# cel-spec: these may not be used as identifiers.
+_RESERVED = frozenset(
+    "as break const continue else for function if import in let loop package namespace return var void while".split()
+)
+_KEYWORD_VALUES: dict[str, Any] = {"true": True, "false": False, "null": None}
+
+
+class SyntaxProblem(Exception):
+    """A parse or macro error; `quota.cel.selector` turns it into CelCompileError."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+def parse(text: str) -> ast.Node:
+    """Parse one CEL expression; raise SyntaxProblem with cel-go style wording."""
+    try:
+        tree = _PARSER.parse(text)
+    except UnexpectedInput as exc:
+        raise SyntaxProblem(_describe(exc), exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1) from None
+    if _depth(tree) > MAX_DEPTH:
+        raise SyntaxProblem(f"expression recursion limit exceeded: {MAX_DEPTH}")
+    try:
+        return _Builder().transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, SyntaxProblem):
+            raise exc.orig_exc from None
+        raise
+
+
+# cel-go's parser refuses deeper nesting (parser.MaxRecursionDepth default); the limit
+# also keeps every recursive pass here far below Python's own recursion limit.
+MAX_DEPTH = 250
+
+
+def _depth(tree: lark.Tree[lark.Token]) -> int:
+    deepest = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
+    return deepest
+
+
+def _describe(exc: UnexpectedInput) -> str:
+    if isinstance(exc, UnexpectedCharacters):
+        return f"Syntax error: token recognition error at: '{exc.char}'"
+    if isinstance(exc, UnexpectedEOF):
+        return "Syntax error: mismatched input '<EOF>'"
+    if isinstance(exc, UnexpectedToken):
+        token = exc.token
+        shown = "<EOF>" if token.type == "$END" else str(token)
+        return f"Syntax error: mismatched input '{shown}'"
+    return "Syntax error"  # pragma: no cover - lark raises only the kinds above
+
+
+def _pos(meta_or_token: Any) -> tuple[int, int]:
+    line = getattr(meta_or_token, "line", 1) or 1
+    column = getattr(meta_or_token, "column", 1) or 1
+    return (line, column)
+
+
+@lark.v_args(meta=True)
+class _Builder(lark.Transformer[lark.Token, ast.Node]):
+    """Turn the lark tree into ast nodes, expanding macros on the way."""
+
+    def cond(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Cond(c[0], c[1], c[2])
+
+    def or_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Or(c[0], c[1])
+
+    def and_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.And(c[0], c[1])
+
+    def binop(self, meta: Any, c: list[Any]) -> ast.Node:
+        return ast.Binary(str(c[1]), c[0], c[2], _pos(c[1]))
+
+    def in_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Binary("in", c[0], c[1], _pos(meta))
+
+    def not_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Not(c[0])
+
+    def neg(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        operand = c[0]
+        # cel-go folds `-` into numeric literals, which is how -9223372036854775808 parses;
+        # an unfolded int literal above INT64_MAX is rejected by the checker.
+        if isinstance(operand, ast.Lit) and operand.negatable:
+            return ast.Lit(-operand.value)
+        return ast.Neg(operand, _pos(meta))
+
+    def select(self, meta: Any, c: list[Any]) -> ast.Node:
+        return ast.Select(_checked(c[0]), str(c[1]), False, _pos(c[1]))
+
+    def opt_select(self, meta: Any, c: list[Any]) -> ast.Node:
+        return ast.Select(_checked(c[0]), str(c[1]), True, _pos(c[1]))
+
+    def index(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Index(_checked(c[0]), _checked(c[1]), False, _pos(meta))
+
+    def opt_index(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+        return ast.Index(_checked(c[0]), _checked(c[1]), True, _pos(meta))
+
+    def message(self, meta: Any, c: list[Any]) -> ast.Node:
+        raise SyntaxProblem("message construction is not supported: the DRA environment declares no message types", *_pos(meta))
+
+    def method(self, meta: Any, c: list[Any]) -> ast.Node:
+        target, name, args = c[0], str(c[1]), tuple(c[2] or ())
+        return _expand_method(target, name, args, _pos(c[1]))
+
+    def call(self, meta: Any, c: list[Any]) -> ast.Node:
+        name, args = str(c[0]), tuple(c[1] or ())
+        _check_ident(c[0])
+        if name == "has":
+            return _expand_has(args, _pos(c[0]))
+        return ast.Call(name, None, tuple(_checked(a) for a in args), _pos(c[0]))
+
+    def ident(self, meta: Any, c: list[lark.Token]) -> ast.Node:
+        name = str(c[0])
+        if name in _KEYWORD_VALUES:
+            return ast.Lit(_KEYWORD_VALUES[name])
+        _check_ident(c[0])
+        return ast.Ident(name, _pos(c[0]))
+
+    def list_lit(self, meta: Any, c: list[Any]) -> ast.Node:
+        items = c[0] or ()
+        return ast.ListLit(tuple(node for node, _ in items), tuple(i for i, (_, opt) in enumerate(items) if opt))
+
+    def map_lit(self, meta: Any, c: list[Any]) -> ast.Node:
+        entries = c[0] or ()
+        return ast.MapLit(tuple((k, v) for k, v, _ in entries), tuple(i for i, (_, _, opt) in enumerate(entries) if opt))
+
+    def items(self, meta: Any, c: list[tuple[ast.Node, bool]]) -> list[tuple[ast.Node, bool]]:
+        return c
+
+    def item(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, bool]:
+        return (_checked(c[0]), False)
+
+    def opt_item(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, bool]:
+        return (_checked(c[0]), True)
+
+    def args(self, meta: Any, c: list[ast.Node]) -> list[ast.Node]:
+        return c
+
+    def entries(self, meta: Any, c: list[Any]) -> list[Any]:
+        return c
+
+    def entry(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
+        return (_checked(c[0]), _checked(c[1]), False)
+
+    def opt_entry(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
+        return (_checked(c[0]), _checked(c[1]), True)
+
+    def literal(self, meta: Any, c: list[lark.Token]) -> ast.Node:
+        return _literal(c[0])
+
+
+def _checked(node: Any) -> ast.Node:
+    if not isinstance(node, ast.Node):  # pragma: no cover - grammar guarantees nodes here
+        raise SyntaxProblem("Syntax error")
+    return node
+
+
+def _check_ident(token: lark.Token) -> None:
+    if str(token) in _RESERVED or str(token) in _KEYWORD_VALUES:
+        raise SyntaxProblem(f"Syntax error: reserved identifier '{token}'", *_pos(token))
+
+
+def _expand_has(args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
+    if len(args) != 1 or not isinstance(args[0], ast.Select) or args[0].optional:
+        raise SyntaxProblem("invalid argument to has() macro", *pos)
+    return ast.Has(args[0].operand, args[0].field, pos)
+
+
+_COMPREHENSIONS: dict[str, tuple[int, ...]] = {
+    "all": (2,), "exists": (2,), "exists_one": (2,), "existsOne": (2,), "filter": (2,), "map": (2, 3),
+}
+# Function namespaces of the Kubernetes environment: `optional.of(x)` is one function.
+_NAMESPACES = ("optional", "sets", "strings", "lists", "math", "format")
+
+
+def _expand_method(target: ast.Node, name: str, args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
+    if isinstance(target, ast.Ident) and target.name == "cel" and name == "bind":
+        if len(args) != 3 or not isinstance(args[0], ast.Ident):
+            raise SyntaxProblem("cel.bind() variable name must be a simple identifier", *pos)
+        return ast.Bind(args[0].name, args[1], args[2])
+    if isinstance(target, ast.Ident) and target.name in _NAMESPACES:
+        return ast.Call(f"{target.name}.{name}", None, args, pos)
+    if len(args) in _COMPREHENSIONS.get(name, ()):
+        if not isinstance(args[0], ast.Ident):
+            raise SyntaxProblem(f"{name}() variable name must be a simple identifier", *pos)
+        kind = "exists_one" if name == "existsOne" else name
+        if kind == "map" and len(args) == 3:
+            return ast.Comprehension(kind, target, args[0].name, args[2], args[1], pos)
+        return ast.Comprehension(kind, target, args[0].name, args[1], None, pos)
+    return ast.Call(name, target, args, pos)
+
+
+_ESCAPE = re.compile(r"\\(?:[abfnrtv\"'`?\\]|[0-3][0-7]{2}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\|.", re.S)
+_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _unescape(body: str, *, as_bytes: bool, pos: tuple[int, int]) -> list[int] | str:
+    """Decode cel-spec escapes; bytes literals keep \\x and octal escapes as raw octets."""
+    out: list[int] = []
+    chars: list[str] = []
+    for match in _ESCAPE.finditer(body):
+        piece = match.group()
+        if piece == "\\":
+            raise SyntaxProblem("Syntax error: invalid escape sequence", *pos)
+        if len(piece) == 1 or piece[0] != "\\":
+            chars.append(piece)
+            out.extend(piece.encode())
+            continue
+        kind = piece[1]
+        if kind in _SIMPLE or kind in "\"'`?\\":
+            text = _SIMPLE.get(kind, kind)
+            chars.append(text)
+            out.extend(text.encode())
+        elif kind in "xX" or kind.isdigit():
+            code = int(piece[2:], 16) if kind in "xX" else int(piece[1:], 8)
+            chars.append(chr(code))
+            out.append(code)
+        else:
+            code = int(piece[2:], 16)
+            if as_bytes:
+                raise SyntaxProblem("Syntax error: unicode escape in bytes literal", *pos)
+            if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+                raise SyntaxProblem("Syntax error: invalid unicode code point", *pos)
+            chars.append(chr(code))
+    return out if as_bytes else "".join(chars)
+
+
+def _literal(token: lark.Token) -> ast.Lit:
+    text = str(token)
+    pos = _pos(token)
+    if token.type == "INT_LIT":
+        value = int(text, 16) if text.startswith("0x") else int(text)
+        if value > INT64_MAX + 1:
+            raise SyntaxProblem("invalid int literal", *pos)
+        # INT64_MAX + 1 is only valid under a unary minus; `neg` folds it.
+        return ast.Lit(value, negatable=True)
+    if token.type == "UINT_LIT":
+        value = int(text[:-1], 16) if text.startswith("0x") else int(text[:-1])
+        if value > UINT64_MAX:
+            raise SyntaxProblem("invalid uint literal", *pos)
+        return ast.Lit(Uint(value))
+    if token.type == "FLOAT_LIT":
+        return ast.Lit(float(text), negatable=True)
+    is_bytes = token.type == "BYTES_LIT"
+    prefix_len = 0
+    while text[prefix_len] not in "\"'":
+        prefix_len += 1
+    prefix = text[:prefix_len].lower()
+    quote = 3 if text[prefix_len : prefix_len + 3] in ('"""', "'''") else 1
+    body = text[prefix_len + quote : len(text) - quote]
+    if "r" in prefix:
+        return ast.Lit(body.encode() if is_bytes else body)
+    decoded = _unescape(body, as_bytes=is_bytes, pos=pos)
+    if isinstance(decoded, list):
+        return ast.Lit(bytes(decoded))
+    return ast.Lit(decoded)
