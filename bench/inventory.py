@@ -120,10 +120,12 @@ _NODE_PATTERN: Final[tuple[str, ...]] = (
 )
 
 _DRIVER_VERSIONS: Final[tuple[tuple[str, str], ...]] = (
-    # (driverVersion, cudaDriverVersion) pairs seen on real nodes.
+    # (driverVersion, cudaDriverVersion) pairs seen on real nodes. Version attributes
+    # must be strict semver (the API server rejects "580.95.05"), so the leading zeros
+    # of NVIDIA's patch numbers are dropped, as the driver does when it publishes.
     ("580.126.20", "13.0.0"),
-    ("580.95.05", "13.0.0"),
-    ("570.195.03", "12.8.0"),
+    ("580.95.5", "13.0.0"),
+    ("570.195.3", "12.8.0"),
 )
 
 

@@ -19,7 +19,7 @@ from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, R
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
 from quota.quantity import ceil_int, format_quantity
-from quota.selectors import Match, SelectorMatcher
+from quota.selectors import DeviceGroup, Match, SelectorMatcher
 
 __all__ = ["PricedRequest", "Pricing", "Pricer", "combine"]
 
@@ -156,7 +156,7 @@ class Pricer:
             return self._no_candidate(req, cls, mode)
         warnings: tuple[str, ...] = ()
         if req.allocation_mode == "All":
-            return _Estimate(count, _all_mode(priced, mode))
+            return _Estimate(count, _all_mode(priced))
         per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
         if count < req.count:
             warnings = (f"only {count} device(s) match now, {req.count} requested",)
@@ -168,8 +168,7 @@ class Pricer:
         memories = [ceil_int(g.representative.memory) for g in class_match.groups]
         largest = max(memories, default=0)
         if req.allocation_mode == "All":
-            charge = _all_mode([(ceil_int(g.representative.memory), len(g.devices), g) for g in class_match.groups], mode) \
-                if class_match.groups else ZERO
+            charge = _all_mode([(ceil_int(g.representative.memory), len(g.devices), g) for g in class_match.groups])
         else:
             charge = Charge(largest * req.count, req.count)
         return _Estimate(0, charge, (
@@ -224,7 +223,7 @@ class Pricer:
         return None
 
 
-def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, object]]:
+def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:
     """(per-device memory charge, devices, group) for groups that can serve `req`."""
     out = []
     for group in match.groups:
@@ -237,14 +236,17 @@ def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, obje
     return out
 
 
-def _all_mode(priced: list[tuple[int, int, object]], mode: Mode) -> Charge:
-    """allocationMode All: the sum over the candidates of one node (or pool)."""
+def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
+    """allocationMode All: the largest sum over the candidates of one node (or pool).
+
+    The same in both modes: DESIGN.md defines an optimistic variant only for ExactCount
+    and firstAvailable, and the scheduler gives an All request every matching device.
+    """
     per_scope: dict[str, Charge] = {}
     for charge, _, group in priced:
-        for device in group.devices:  # type: ignore[attr-defined]
+        for device in group.devices:
             per_scope[device.scope] = per_scope.get(device.scope, ZERO) + Charge(charge, 1)
-    pick = max if mode == "conservative" else min
-    return pick(per_scope.values(), key=lambda c: (c.memory, c.devices))
+    return max(per_scope.values(), key=lambda c: (c.memory, c.devices), default=ZERO)
 
 
 def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 __all__ = ["QuantityError", "parse_quantity", "format_quantity", "ceil_int"]
 
@@ -57,6 +58,13 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise QuantityError(f"quantity must be a string or number, not {type(value).__name__}")
+    return _parse_text(value)
+
+
+# Inventories repeat a handful of values ("80Gi", "1Mi") tens of thousands of times;
+# the bound keeps hostile unique strings from growing the cache without limit.
+@lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
     text = value.strip()
     match = _QUANTITY.match(text)
     if match is None:

@@ -179,17 +179,21 @@ class SelectorMatcher:
         cached = self._partitions.lookup(key)
         if isinstance(cached, tuple):
             return cached
-        devices: Iterable[Device]
-        if previous is None:
-            devices = self._inventory.usable().values()
-        else:
-            devices = (d for g in previous for d in g.devices)
         if ordered is None:
+            devices = self._inventory.usable().values() if previous is None else (
+                d for g in previous for d in g.devices)
             result = tuple(DeviceGroup((d,)) for d in devices)
         else:
             buckets: dict[tuple[object, ...], list[Device]] = {}
-            for device in devices:
-                buckets.setdefault(_projection(device, ordered, extra), []).append(device)
+            if previous is None:
+                for device in self._inventory.usable().values():
+                    buckets.setdefault((*_base(device, extra), *_values(device, ordered)), []).append(device)
+            else:
+                # Refining: the previous group's index already stands for everything the
+                # earlier stages and pricing look at, so only the new paths are read.
+                for index, group in enumerate(previous):
+                    for device in group.devices:
+                        buckets.setdefault((index, *_values(device, ordered)), []).append(device)
             result = tuple(DeviceGroup(tuple(b)) for b in buckets.values())
         self._partitions.store(key, result)
         return result
@@ -202,23 +206,31 @@ class SelectorMatcher:
         return activation
 
 
-def _projection(device: Device, paths: tuple[DevicePath, ...], extra: tuple[str, ...]) -> tuple[object, ...]:
-    """Everything a selector chain and pricing can observe of a device, hashable."""
+def _base(device: Device, extra: tuple[str, ...]) -> list[object]:
+    """What pricing needs uniform within a group: driver, memory, sharing, taints.
+
+    Capacities are compared by identity: `quota.slices` interns equal ones, and hashing
+    their Fractions dominated partitioning time (a finer partition is still correct).
+    """
     own = device.capacity.get(device.key.driver, _EMPTY)
-    key: list[object] = [
-        device.key.driver,
-        own.get(MEMORY),
-        device.allow_multiple_allocations,
-        device.taints,
-    ]
+    key: list[object] = [device.key.driver, id(own.get(MEMORY)), device.allow_multiple_allocations, device.taints]
     for name in extra:
         domain, _, ident = name.rpartition("/")
-        key.append(device.capacity.get(domain or device.key.driver, _EMPTY).get(ident, _MISSING))
+        key.append(id(device.capacity.get(domain or device.key.driver, _EMPTY).get(ident)))
+    return key
+
+
+def _values(device: Device, paths: tuple[DevicePath, ...]) -> list[object]:
+    """The value (or absence) of every path a selector chain reads."""
+    out: list[object] = []
     for path in paths:
         kind = path[0]
         if kind == "attributes":
-            key.append(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING))
+            out.append(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING))  # type: ignore[misc]
         elif kind == "capacity":
-            key.append(device.capacity.get(path[1], _EMPTY).get(path[2], _MISSING))
-        # "driver" and "allowMultipleAllocations" are already part of every key.
-    return tuple(key)
+            out.append(id(device.capacity.get(path[1], _EMPTY).get(path[2])))  # type: ignore[misc]
+        elif kind == "driver":
+            out.append(device.key.driver)
+        else:
+            out.append(device.allow_multiple_allocations)
+    return out

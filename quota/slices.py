@@ -1,13 +1,15 @@
 """Parse one resource.k8s.io/v1 ResourceSlice into `Device` values.
 
 Neighbours: `quota.inventory` (the only caller) owns pools and generations; this module
-only reads JSON. Names follow TYPES (staging/src/k8s.io/api/resource/v1/types.go):
+only reads JSON. Objects are the dicts `json.loads` or YAML give (plain `dict` checks: the ABC
+`Mapping` check dominated load time). Names follow TYPES (staging/src/k8s.io/api/resource/v1/types.go):
 attribute and capacity names without a domain belong to the driver's domain, exactly
 one of nodeName / nodeSelector / allNodes / perDeviceNodeSelection scopes the slice.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,6 +51,13 @@ class ParsedSlice:
 
 
 _SCALAR_KINDS = ("int", "bool", "string", "version")
+# Semantic Versioning 2.0.0 (semver.org's own regex): the API server rejects slices whose
+# version attributes do not parse (pkg/apis/resource/validation), so we do too.
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
 _LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
 
 
@@ -57,13 +66,13 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     if not name:
         raise SliceError("ResourceSlice without metadata.name")
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         raise SliceError(f"ResourceSlice {name!r}: spec is missing")
     driver = spec.get("driver")
     pool = spec.get("pool")
     if not isinstance(driver, str) or not driver:
         raise SliceError(f"ResourceSlice {name!r}: spec.driver is required")
-    if not isinstance(pool, Mapping) or not isinstance(pool.get("name"), str):
+    if not isinstance(pool, dict) or not isinstance(pool.get("name"), str):
         raise SliceError(f"ResourceSlice {name!r}: spec.pool.name is required")
     pool_name = str(pool["name"])
     generation = _int(pool.get("generation", 0), f"ResourceSlice {name!r}: spec.pool.generation")
@@ -72,7 +81,7 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     devices = []
     for index, raw in enumerate(spec.get("devices") or ()):
         where = f"ResourceSlice {name!r}: spec.devices[{index}]"
-        if not isinstance(raw, Mapping):
+        if not isinstance(raw, dict):
             raise SliceError(f"{where}: must be an object")
         devices.append(_device(raw, driver, pool_name, node_name, where))
     return ParsedSlice(name, driver, pool_name, generation, max(count, 1), tuple(devices))
@@ -97,7 +106,7 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_node: str | No
         taints=tuple(
             Taint(str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
             for t in raw.get("taints") or ()
-            if isinstance(t, Mapping)
+            if isinstance(t, dict)
         ),
         consumes_counters=tuple(_consumption(c, where) for c in raw.get("consumesCounters") or ()),
         binds_to_node=raw.get("bindsToNode") is True,
@@ -105,57 +114,92 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_node: str | No
 
 
 def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, AttributeValue]]:
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise SliceError(f"{where}: attributes must be a map")
-    out: dict[str, dict[str, AttributeValue]] = {}
+    own: dict[str, AttributeValue] = {}
+    out: dict[str, dict[str, AttributeValue]] = {driver: own}
     for qualified, value in raw.items():
-        domain, ident = qualify(str(qualified), driver)
-        out.setdefault(domain, {})[ident] = _attribute(value, f"{where}: attribute {qualified!r}")
+        # Hot loop (tens of thousands of devices): error context is built only on error.
+        try:
+            parsed = _attribute(value)
+        except SliceError as err:
+            raise SliceError(f"{where}: attribute {qualified!r}: {err}") from None
+        if "/" in qualified:
+            domain, _, ident = qualified.partition("/")
+            out.setdefault(domain, {})[ident] = parsed
+        else:
+            own[qualified] = parsed
+    if not own:
+        del out[driver]
     return out
 
 
-def _attribute(value: Any, where: str) -> AttributeValue:
-    if not isinstance(value, Mapping):
-        raise SliceError(f"{where}: must be an object with one of int, bool, string, version")
+def _attribute(value: Any) -> AttributeValue:
+    # Fast path first: an API object has exactly one key per attribute.
+    if type(value) is dict and len(value) == 1:
+        ((kind, item),) = value.items()
+        if kind in _SCALAR_KINDS:
+            return _scalar(kind, item)
+    if not isinstance(value, dict):
+        raise SliceError("must be an object with one of int, bool, string, version")
     kinds = [k for k in (*_SCALAR_KINDS, *_LIST_KINDS) if k in value]
     if len(kinds) != 1:
-        raise SliceError(f"{where}: exactly one of int, bool, string, version (or a list form) must be set")
+        raise SliceError("exactly one of int, bool, string, version (or a list form) must be set")
     kind = kinds[0]
     if kind in _LIST_KINDS:
         items = value[kind]
         if not isinstance(items, list):
-            raise SliceError(f"{where}: {kind} must be a list")
-        return tuple(_scalar(_LIST_KINDS[kind], item, where) for item in items)  # type: ignore[return-value]
-    return _scalar(kind, value[kind], where)
+            raise SliceError(f"{kind} must be a list")
+        return tuple(_scalar(_LIST_KINDS[kind], item) for item in items)  # type: ignore[return-value]
+    return _scalar(kind, value[kind])
 
 
-def _scalar(kind: str, value: Any, where: str) -> int | bool | str | Version:
-    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind == "bool" and isinstance(value, bool):
-        return value
-    if kind == "string" and isinstance(value, str):
-        return value
-    if kind == "version" and isinstance(value, str):
+def _scalar(kind: str, value: Any) -> int | bool | str | Version:
+    kind_of_value = type(value)
+    if kind == "string" and kind_of_value is str:
+        return value  # type: ignore[no-any-return]
+    if kind == "int" and kind_of_value is int:
+        return value  # type: ignore[no-any-return]
+    if kind == "bool" and kind_of_value is bool:
+        return value  # type: ignore[no-any-return]
+    if kind == "version" and kind_of_value is str:
+        if len(value) > 64 or _SEMVER.match(value) is None:
+            raise SliceError(f"version {value!r} is not a semantic version 2.0.0 string of at most 64 characters")
         return Version(value)
-    raise SliceError(f"{where}: {kind} value {value!r} has the wrong type")
+    raise SliceError(f"{kind} value {value!r} has the wrong type")
 
 
 def _capacities(raw: Any, driver: str, where: str) -> dict[str, dict[str, Capacity]]:
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise SliceError(f"{where}: capacity must be a map")
     out: dict[str, dict[str, Capacity]] = {}
     for qualified, value in raw.items():
-        here = f"{where}: capacity {qualified!r}"
-        if not isinstance(value, Mapping) or "value" not in value:
-            raise SliceError(f"{here}: must be an object with a value")
+        if not isinstance(value, dict) or "value" not in value:
+            raise SliceError(f"{where}: capacity {qualified!r}: must be an object with a value")
         domain, ident = qualify(str(qualified), driver)
         policy = value.get("requestPolicy")
-        out.setdefault(domain, {})[ident] = Capacity(
-            _quantity(value["value"], here),
-            _policy(policy, here) if isinstance(policy, Mapping) else None,
-        )
+        try:
+            amount = parse_quantity(value["value"])
+        except QuantityError as err:
+            raise SliceError(f"{where}: capacity {qualified!r}: {err}") from None
+        parsed = Capacity(amount, _policy(policy, f"{where}: capacity {qualified!r}") if isinstance(policy, dict) else None)
+        out.setdefault(domain, {})[ident] = _intern(parsed)
     return out
+
+
+# Equal capacities share one object: tens of thousands of GPUs publish a handful of
+# distinct capacities, and `quota.selectors` groups devices by capacity identity.
+_INTERNED: dict[Capacity, Capacity] = {}
+_INTERN_LIMIT = 65536
+
+
+def _intern(capacity: Capacity) -> Capacity:
+    found = _INTERNED.get(capacity)
+    if found is not None:
+        return found
+    if len(_INTERNED) < _INTERN_LIMIT:
+        _INTERNED[capacity] = capacity
+    return capacity
 
 
 def _policy(raw: Mapping[str, Any], where: str) -> RequestPolicy:
@@ -163,7 +207,7 @@ def _policy(raw: Mapping[str, Any], where: str) -> RequestPolicy:
     values = tuple(sorted(_quantity(v, f"{where}.validValues") for v in raw.get("validValues") or ()))
     rng = raw.get("validRange")
     valid_range = None
-    if isinstance(rng, Mapping):
+    if isinstance(rng, dict):
         valid_range = ValidRange(
             min=_quantity(rng.get("min", 0), f"{where}.validRange.min"),
             max=_quantity(rng["max"], f"{where}.validRange.max") if rng.get("max") is not None else None,
@@ -173,13 +217,13 @@ def _policy(raw: Mapping[str, Any], where: str) -> RequestPolicy:
 
 
 def _consumption(raw: Any, where: str) -> CounterConsumption:
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise SliceError(f"{where}: consumesCounters entries must be objects")
     counters = raw.get("counters") or {}
     return CounterConsumption(
         counter_set=str(raw.get("counterSet", "")),
         counters={
-            str(k): _quantity(v.get("value", 0) if isinstance(v, Mapping) else v, f"{where}: counter {k!r}")
+            str(k): _quantity(v.get("value", 0) if isinstance(v, dict) else v, f"{where}: counter {k!r}")
             for k, v in counters.items()
         },
     )
@@ -201,7 +245,7 @@ def _int(value: Any, where: str) -> int:
 def _get(obj: Mapping[str, Any], *path: str, default: Any = None) -> Any:
     cur: Any = obj
     for part in path:
-        if not isinstance(cur, Mapping):
+        if not isinstance(cur, dict):
             return default
         cur = cur.get(part, default)
     return cur

@@ -116,6 +116,8 @@ def test_partitionable_devices_keep_their_counters() -> None:
         (lambda s: s["spec"]["devices"][0]["attributes"].update(bad={"int": "1"}), "wrong type"),
         (lambda s: s["spec"]["devices"][0]["capacity"].update(memory={"value": "lots"}), "quantity 'lots'"),
         (lambda s: s["metadata"].pop("name"), "without metadata.name"),
+        (lambda s: s["spec"]["devices"][0]["attributes"].update(driverVersion={"version": "580.95.05"}),
+         "'580.95.05' is not a semantic version"),
     ],
 )
 def test_malformed_slices_are_reported_precisely(mutate, message: str) -> None:  # type: ignore[no-untyped-def]

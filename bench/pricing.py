@@ -1,0 +1,163 @@
+"""Pricing benchmark: 5,000 nodes x 8 GPUs, claims priced as the webhook prices them.
+
+Prints (and writes to bench/results/pricing.json):
+- inventory load time (ResourceSlice dicts -> Inventory) and RSS after load;
+- per-claim pricing latency p50/p99 for (a) selectors already seen, (b) selectors never
+  seen before over attributes other selectors already used (new literals: the common
+  case), (c) selectors reading a device field no selector read before (the first claim
+  that looks at, say, `architecture`), and the realistic generated claim mix;
+- each against its target (issue #2), as a ratio.
+
+Not a timed test: run `python bench/pricing.py [--nodes N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
+
+from quota.claims import ClaimSpec, parse_claim, parse_claim_spec, parse_device_class  # noqa: E402
+from quota.inventory import Inventory  # noqa: E402
+from quota.model import DeviceClassName  # noqa: E402
+from quota.pricing import Pricer  # noqa: E402
+
+D = "gpu.nvidia.com"
+PRODUCTS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S"]
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def spec(cls: str, *selectors: str, count: int = 1) -> ClaimSpec:
+    body: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return parse_claim_spec({"devices": {"requests": [{"name": "gpu", "exactly": body}]}})
+
+
+def seen_selectors() -> list[ClaimSpec]:
+    return [
+        *(spec("gpu.nvidia.com", f"device.attributes['{D}'].productName == '{p}'") for p in PRODUCTS),
+        *(spec("gpu.nvidia.com", f"device.capacity['{D}'].memory.compareTo(quantity('{g}Gi')) >= 0") for g in (40, 80, 141)),
+        spec("gpu.nvidia.com", count=2),
+        spec("mig.nvidia.com", f"device.attributes['{D}'].profile == '1g.5gb'"),
+        spec("gpu.nvidia.com", f"device.attributes['{D}'].cudaComputeCapability.isGreaterThan(semver('8.5.0'))"),
+    ]
+
+
+def new_literal_selectors(rng: random.Random, n: int) -> list[ClaimSpec]:
+    """Unique expressions over fields earlier selectors already read (new literal values)."""
+    out = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            gib = rng.randint(1, 200) + i / 1000
+            out.append(spec("gpu.nvidia.com", f"device.capacity['{D}'].memory.compareTo(quantity('{gib:.3f}Gi')) >= 0"))
+        elif kind == 1:
+            out.append(spec("gpu.nvidia.com", f"device.attributes['{D}'].productName == '{rng.choice(PRODUCTS)}' || "
+                                              f"device.attributes['{D}'].productName == 'X{i}'"))
+        else:
+            out.append(spec("gpu.nvidia.com", f"device.attributes['{D}'].cudaComputeCapability.isGreaterThan("
+                                              f"semver('{rng.randint(7, 9)}.{rng.randint(0, 9)}.{i}'))"))
+    return out
+
+
+NEW_FIELDS = ["architecture", "brand", "driverVersion", "cudaDriverVersion", "type", "productName"]
+
+
+def new_field_selectors() -> list[ClaimSpec]:
+    """Each reads a field (or field combination) no earlier selector read."""
+    out = []
+    for a, b in zip(NEW_FIELDS, NEW_FIELDS[1:] + NEW_FIELDS[:1]):
+        out.append(spec("gpu.nvidia.com", f"has(device.attributes['{D}'].{a}) && has(device.attributes['{D}'].{b})"))
+    return out
+
+
+def measure(pricer: Pricer, specs: Sequence[ClaimSpec]) -> list[float]:
+    times = []
+    for s in specs:
+        start = time.perf_counter()
+        pricing = pricer.estimate(s)
+        times.append((time.perf_counter() - start) * 1000)
+        assert not pricing.errors, pricing.errors
+    return times
+
+
+def summary(name: str, times: list[float], target_ms: float | None) -> dict[str, Any]:
+    times = sorted(times)
+    p50 = statistics.median(times)
+    p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
+    row = {"name": name, "n": len(times), "p50_ms": round(p50, 4), "p99_ms": round(p99, 4), "max_ms": round(times[-1], 4)}
+    ratio = f"  p99/target = {p99 / target_ms:.2f}" if target_ms else ""
+    print(f"{name:<44} n={len(times):<5} p50={p50:8.3f} ms  p99={p99:8.3f} ms  max={times[-1]:8.3f} ms{ratio}")
+    if target_ms:
+        row["target_p99_ms"] = target_ms
+    return row
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=300)
+    args = parser.parse_args()
+
+    base_rss = rss_mib()
+    slices, gen_s = timed(lambda: generate_slices(args.nodes, args.gpus_per_node))
+    inventory = Inventory()
+    _, load_s = timed(lambda: inventory.replace_all(slices))
+    gc.collect()
+    devices = len(inventory.usable())
+    rss = rss_mib()
+    print(f"inventory: {args.nodes} nodes, {len(slices)} slices, {devices} devices "
+          f"(generated in {gen_s:.2f} s)")
+    print(f"inventory load: {load_s:.2f} s (target 5 s, ratio {load_s / 5:.2f}); "
+          f"RSS {rss:.0f} MiB, {rss - base_rss:.0f} MiB above start (target 400 MiB, ratio {rss / 400:.2f})")
+
+    classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
+    pricer = Pricer(inventory, classes)
+    rng = random.Random(1)
+    results: dict[str, Any] = {"nodes": args.nodes, "devices": devices, "load_s": round(load_s, 3), "rss_mib": round(rss)}
+
+    seen = seen_selectors()
+    first = measure(pricer, seen)  # warm-up: the first sight of each selector
+    rows = [summary("first sight of the warm-up selectors", first, None)]
+    rows.append(summary("(a) selector already seen", measure(pricer, [rng.choice(seen) for _ in range(args.samples * 10)]), 1.0))
+    rows.append(summary("(b) never seen, fields already read", measure(pricer, new_literal_selectors(rng, args.samples)), 50.0))
+    rows.append(summary("(c) never seen, reads a new field", measure(pricer, new_field_selectors()), None))
+    claims = [parse_claim(c) for c in generate_claims(args.samples * 4, 50, 7, slices, allocated_fraction=0.0)]
+    mix = [c.spec for c in claims]
+    rows.append(summary("generated claim mix (first pass)", measure(pricer, mix), None))
+    rows.append(summary("generated claim mix (second pass)", measure(pricer, mix), 1.0))
+    results["latency"] = rows
+
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "pricing.json").write_text(json.dumps(results, indent=2))
+    print(f"results written to {out / 'pricing.json'}")
+
+
+if __name__ == "__main__":
+    main()

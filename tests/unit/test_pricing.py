@@ -1,0 +1,216 @@
+"""quota.pricing: every charge rule of DESIGN.md, one table row each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quota.claims import parse_claim, parse_device_class
+from quota.inventory import Inventory
+from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
+from quota.pricing import Pricer, Pricing
+
+from .builders import (
+    GiB,
+    MiB,
+    exactly,
+    first_available,
+    make_class,
+    make_claim,
+    make_device,
+    make_slice,
+    request,
+    result,
+)
+
+D = "gpu.example.com"
+SHARE_POLICY = {"default": "48Gi", "validRange": {"min": "1Mi", "max": "48Gi", "step": "1Mi"}}
+
+
+def inventory() -> Inventory:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("n1", [
+        make_device(f"gpu-{i}", memory="80Gi", attrs={"type": "gpu", "model": "h100"}) for i in range(4)
+    ], node="node-1"))
+    inv.add_or_update_slice(make_slice("n2", [
+        make_device(f"gpu-{i}", memory="141Gi", attrs={"type": "gpu", "model": "h200"}) for i in range(2)
+    ], node="node-2"))
+    inv.add_or_update_slice(make_slice("n3", [
+        *(make_device(f"mig-{i}", memory="4864Mi", attrs={"type": "mig", "profile": "1g.5gb"}) for i in range(7)),
+        make_device("shared-0", memory="48Gi", attrs={"type": "shared"}, shared=True, policy=SHARE_POLICY),
+        make_device("tainted-0", memory="40Gi", attrs={"type": "tainted"},
+                    taints=[{"key": "broken", "value": "true", "effect": "NoSchedule"}]),
+    ], node="node-3"))
+    return inv
+
+
+CLASSES = {
+    c.name: c
+    for c in map(parse_device_class, [
+        make_class("gpu", f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'"),
+        make_class("mig", f"device.attributes['{D}'].type == 'mig'"),
+        make_class("shared", "device.allowMultipleAllocations"),
+        make_class("tainted", f"device.attributes['{D}'].type == 'tainted'"),
+        make_class("any"),
+        make_class("empty", "false"),
+        make_class("broken-class", f"device.attributes['{D}'].nosuchkey == 'x'"),
+    ])
+}
+
+
+def price(*requests: dict[str, Any], mode: Mode = "conservative", inv: Inventory | None = None) -> Pricing:
+    pricer = Pricer(inv or inventory(), CLASSES)
+    return pricer.estimate(parse_claim(make_claim("c", *requests)).spec, mode=mode)
+
+
+H100 = f"device.attributes['{D}'].model == 'h100'"
+
+
+@pytest.mark.parametrize(
+    ("requests", "mode", "memory", "devices", "candidates"),
+    [
+        # ExactCount: count x the largest candidate (conservative) or the smallest (optimistic).
+        ([request("r", exactly("gpu", count=2))], "conservative", 2 * 141 * GiB, 2, 6),
+        ([request("r", exactly("gpu", count=2))], "optimistic", 2 * 80 * GiB, 2, 6),
+        ([request("r", exactly("gpu", H100))], "conservative", 80 * GiB, 1, 4),
+        ([request("r", exactly("mig", count=3))], "conservative", 3 * 4864 * MiB, 3, 7),
+        # Candidates must satisfy capacity.requests.
+        ([request("r", exactly("gpu", capacity={"memory": "100Gi"}))], "optimistic", 141 * GiB, 1, 2),
+        # All: the largest per-node sum; devices = that node's count.
+        ([request("r", exactly("gpu", mode="All"))], "conservative", 4 * 80 * GiB, 4, 6),
+        ([request("r", exactly("gpu", mode="All"))], "optimistic", 4 * 80 * GiB, 4, 6),  # no optimistic All
+        # firstAvailable: per-dimension max (conservative) / min (optimistic) over subrequests.
+        ([first_available("r", ("big", exactly("gpu", count=1)), ("many", exactly("mig", count=4)))],
+         "conservative", 141 * GiB, 4, 6),
+        ([first_available("r", ("big", exactly("gpu", count=1)), ("many", exactly("mig", count=4)))],
+         "optimistic", 4 * 4864 * MiB, 1, 6),
+        # Shared device: the request rounded up by the policy (1Mi step), or the policy default.
+        ([request("r", exactly("shared", capacity={"memory": "20Gi"}))], "conservative", 20 * GiB, 1, 1),
+        ([request("r", exactly("shared", capacity={"memory": "1000000000"}))], "conservative", 954 * MiB, 1, 1),
+        ([request("r", exactly("shared"))], "conservative", 48 * GiB, 1, 1),
+        # adminAccess: free, whatever it matches.
+        ([request("r", exactly("gpu", count=2, admin=True))], "conservative", 0, 0, 6),
+        # Requests add up.
+        ([request("a", exactly("gpu", H100)), request("b", exactly("mig"))], "conservative", 80 * GiB + 4864 * MiB, 2, None),
+        # A tainted device is no candidate unless tolerated.
+        ([request("r", exactly("tainted", tolerations=[{"key": "broken", "operator": "Exists"}]))], "conservative", 40 * GiB, 1, 1),
+    ],
+)
+def test_estimates(requests: list[dict[str, Any]], mode: Mode, memory: int, devices: int, candidates: int | None) -> None:
+    pricing = price(*requests, mode=mode)
+    assert pricing.errors == ()
+    assert pricing.total == Charge(memory, devices)
+    if candidates is not None:
+        assert pricing.requests[0].candidates == candidates
+
+
+def test_no_candidate_is_charged_at_the_largest_class_device_with_a_warning() -> None:
+    pricing = price(request("r", exactly("gpu", "false", count=2)))
+    assert pricing.total == Charge(2 * 141 * GiB, 2)
+    assert pricing.requests[0].candidates == 0
+    assert pricing.warnings == ("request r: no device matches now; charged as 2 device(s) of the largest in class gpu (141Gi each)",)
+
+
+def test_untolerated_taint_means_no_candidate() -> None:
+    pricing = price(request("r", exactly("tainted")))
+    assert pricing.requests[0].candidates == 0 and "no device matches now" in pricing.warnings[0]
+
+
+def test_a_class_without_devices_charges_devices_only() -> None:
+    assert price(request("r", exactly("empty", count=3))).total == Charge(0, 3)
+
+
+def test_too_few_candidates_warns() -> None:
+    pricing = price(request("r", exactly("gpu", H100, count=6)))
+    assert pricing.total == Charge(6 * 80 * GiB, 6)
+    assert pricing.warnings == ("request r: only 4 device(s) match now, 6 requested",)
+
+
+def test_unknown_class_is_an_error_naming_the_class() -> None:
+    pricing = price(request("r", exactly("nope")))
+    assert pricing.errors == ("request r: device class 'nope' not found: create the DeviceClass or fix deviceClassName",)
+
+
+def test_cel_compile_error_is_reported_with_the_selector_index() -> None:
+    pricing = price(request("r", exactly("gpu", "true", "device.attributes[")))
+    assert len(pricing.errors) == 1 and pricing.errors[0].startswith("request r: selector #1: CEL compile error")
+
+
+def test_cel_runtime_error_is_reported_like_the_scheduler() -> None:
+    pricing = price(request("r", exactly("broken-class")))
+    (error,) = pricing.errors
+    assert error.startswith("request r: class broken-class #0: CEL runtime error") and "nosuchkey" in error
+
+
+def test_runtime_errors_only_on_devices_the_class_selected() -> None:
+    # The class already filtered to GPUs, which all have `model`: no error, as in the scheduler.
+    pricing = price(request("r", exactly("gpu", f"device.attributes['{D}'].model == 'h200'")))
+    assert pricing.errors == () and pricing.total == Charge(141 * GiB, 1)
+
+
+def test_scoped_charge_of_first_available() -> None:
+    pricing = price(first_available("r", ("big", exactly("gpu")), ("small", exactly("mig", count=2))))
+    assert pricing.charge_for(frozenset({DeviceClassName("mig")})) == Charge(2 * 4864 * MiB, 2)
+    assert pricing.charge_for(frozenset({DeviceClassName("gpu")})) == Charge(141 * GiB, 1)
+    assert pricing.charge_for(frozenset()) == Charge(141 * GiB, 2)
+
+
+def test_estimates_follow_inventory_changes() -> None:
+    inv = inventory()
+    pricer = Pricer(inv, CLASSES)
+    spec = parse_claim(make_claim("c", request("r", exactly("gpu")))).spec
+    assert pricer.estimate(spec).total == Charge(141 * GiB, 1)
+    inv.delete_slice("n2")
+    assert pricer.estimate(spec).total == Charge(80 * GiB, 1)
+
+
+def test_class_edits_are_seen() -> None:
+    classes: dict[DeviceClassName, DeviceClass] = dict(CLASSES)
+    pricer = Pricer(inventory(), classes)
+    spec = parse_claim(make_claim("c", request("r", exactly("gpu")))).spec
+    assert pricer.estimate(spec).total.memory == 141 * GiB
+    classes[DeviceClassName("gpu")] = parse_device_class(make_class("gpu", f"device.attributes['{D}'].type == 'gpu'", H100))
+    assert pricer.estimate(spec).total.memory == 80 * GiB
+
+
+# -- exact pricing from status.allocation ---------------------------------------------
+
+
+def exact(allocation: list[dict[str, Any]], *requests: dict[str, Any], annotations: dict[str, str] | None = None,
+          recorded: dict[DeviceKey, int] | None = None) -> Pricing:
+    reqs = requests or (request("r", exactly("gpu")),)
+    claim = parse_claim(make_claim("c", *reqs, allocation=allocation, annotations=annotations))
+    return Pricer(inventory(), CLASSES).exact(claim, recorded)
+
+
+def test_exact_charge_is_the_sum_of_device_memories() -> None:
+    pricing = exact([result("r", "gpu-0", pool="node-2"), result("r", "gpu-1", pool="node-1")],
+                    request("r", exactly("gpu", count=2)))
+    assert pricing.exact and pricing.total == Charge((141 + 80) * GiB, 2)
+
+
+def test_exact_charge_uses_consumed_capacity_on_shared_devices() -> None:
+    pricing = exact([result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})])
+    assert pricing.total == Charge(20 * GiB, 1)
+    qualified = exact([result("r", "shared-0", pool="node-3", consumed={f"{D}/memory": "7Gi"})])
+    assert qualified.total == Charge(7 * GiB, 1)
+
+
+def test_exact_admin_access_is_free() -> None:
+    assert exact([result("r", "gpu-0", admin=True)]).total == Charge()
+
+
+def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() -> None:
+    pricing = exact([result("r/small", "mig-0", pool="node-3")],
+                    first_available("r", ("big", exactly("gpu")), ("small", exactly("mig"))))
+    assert pricing.charge_for(frozenset({DeviceClassName("mig")})) == Charge(4864 * MiB, 1)
+    assert pricing.charge_for(frozenset({DeviceClassName("gpu")})) == Charge()
+
+
+def test_vanished_device_keeps_its_recorded_charge() -> None:
+    gone = result("r", "gpu-9", pool="node-9")
+    assert exact([gone], recorded={DeviceKey(D, "node-9", "gpu-9"): 123}).total == Charge(123, 1)
+    from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
+    assert from_annotation.total == Charge(1000, 1)
+    assert "vanished from the inventory" in from_annotation.warnings[0]
