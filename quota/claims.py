@@ -214,7 +214,7 @@ def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> Device
         name=name,
         device_class=DeviceClassName(cls),
         selectors=_selectors(raw.get("selectors"), f"{where}.selectors"),
-        allocation_mode=mode,
+        allocation_mode="All" if mode == "All" else "ExactCount",
         count=count,
         # Subrequests cannot ask for adminAccess (TYPES: DeviceSubRequest has no such field).
         admin_access=(raw.get("adminAccess") is True) and not subrequest,

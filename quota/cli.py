@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from quota.check import CheckInputError, Report, load_documents, run_check
-from quota.devicequota import format_resource
 from quota.model import Charge
 from quota.quantity import format_quantity
 
@@ -76,7 +75,7 @@ def _charge(charge: Charge) -> tuple[str, str]:
 
 
 def render_table(report: Report, out: TextIO) -> None:
-    rows = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
+    rows: list[tuple[str, ...]] = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
     for obj in report.objects:
         decision = "allocated" if obj.allocated else ("allowed" if obj.allowed else "DENIED")
         details = [obj.reason] if obj.reason else []
@@ -85,19 +84,24 @@ def render_table(report: Report, out: TextIO) -> None:
     _print_rows(rows, out)
     if report.quotas:
         out.write("\n")
-        quota_rows = [("QUOTA", "NAMESPACE", "MEMORY used/reserved/hard", "DEVICES used/reserved/hard")]
+        quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", "MEMORY used/reserved/hard", "DEVICES used/reserved/hard")]
         for q in report.quotas:
             cells = []
             for resource in ("memory", "devices"):
                 used, reserved = q["used"][resource], q["reserved"][resource]
                 hard = q["hard"].get(resource)
-                fmt = (lambda v: format_resource(resource, v).split("=", 1)[1])
-                cells.append(f"{fmt(used)} / {fmt(reserved)} / {fmt(hard) if hard is not None else '-'}")
+                cells.append(" / ".join(
+                    _amount(resource, v) if v is not None else "-" for v in (used, reserved, hard)
+                ))
             quota_rows.append((q["name"], q["namespace"], *cells))
         _print_rows(quota_rows, out)
 
 
-def _print_rows(rows: list[tuple[str, ...]], out: TextIO) -> None:
+def _amount(resource: str, value: int) -> str:
+    return format_quantity(value) if resource == "memory" else str(value)
+
+
+def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:
     # The last column (details) is free text and is not padded.
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:

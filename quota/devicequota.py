@@ -126,6 +126,7 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     mode = spec.get("pricing")
     if mode not in (None, "Conservative", "Optimistic"):
         raise QuotaError(f"{where}: spec.pricing must be Conservative or Optimistic, got {mode!r}")
+    enforcement_value: Enforcement = "Audit" if enforcement == "Audit" else "Enforce"
     return DeviceQuota(
         namespace=Namespace(str(meta.get("namespace") or "default")),
         name=name,
@@ -134,7 +135,7 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
             devices=_limit(hard.get("devices"), f"{where}: spec.hard.devices"),
         ),
         device_classes=frozenset(DeviceClassName(c) for c in classes),
-        enforcement=enforcement,
+        enforcement=enforcement_value,
         mode=None if mode is None else ("optimistic" if mode == "Optimistic" else "conservative"),
     )
 

@@ -95,7 +95,9 @@ class Pricer:
     # -- unallocated claims: an estimate -------------------------------------------
 
     def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative") -> Pricing:
-        requests, warnings, errors = [], [], []
+        requests: list[PricedRequest] = []
+        warnings: list[str] = []
+        errors: list[str] = []
         for request in spec.requests:
             priced, req_warnings, req_errors = self._request(request, mode)
             requests.append(priced)
@@ -104,7 +106,9 @@ class Pricer:
         return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
 
     def _request(self, request: Request, mode: Mode) -> tuple[PricedRequest, list[str], list[str]]:
-        alternatives, warnings, errors = [], [], []
+        alternatives: list[tuple[DeviceClassName, Charge]] = []
+        warnings: list[str] = []
+        errors: list[str] = []
         chosen: int | None = None
         for alt in request.alternatives:
             est = self._requirement(alt, mode)
@@ -192,7 +196,7 @@ class Pricer:
                 unknown.append(result)
                 charge = Charge(0, 1)
             per_request.setdefault(top, (cls, []))[1].append(charge)
-        warnings = []
+        warnings: list[str] = []
         if unknown:
             known = sum((c for _, cs in per_request.values() for c in cs), ZERO)
             share = _vanished_share(claim, known, len(unknown))

@@ -226,9 +226,9 @@ def _values(device: Device, paths: tuple[DevicePath, ...]) -> list[object]:
     for path in paths:
         kind = path[0]
         if kind == "attributes":
-            out.append(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING))  # type: ignore[misc]
+            out.append(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING))
         elif kind == "capacity":
-            out.append(id(device.capacity.get(path[1], _EMPTY).get(path[2])))  # type: ignore[misc]
+            out.append(id(device.capacity.get(path[1], _EMPTY).get(path[2])))
         elif kind == "driver":
             out.append(device.key.driver)
         else:
