@@ -61,19 +61,30 @@ def _size(node: ast.Node) -> int:
 Scope = dict[str, tuple[int, bool]]  # name -> (slot, is a cel.bind variable)
 
 
+# Constant folding shares one small budget per expression: folding must stay cheap, and
+# a folded value lives as long as the cached selector, so big results stay dynamic.
+FOLD_BUDGET = 10_000
+
+
 class _Compiler:
     def __init__(self, notes: Annotations) -> None:
         self.notes = notes
         self.slot_count = 0
+        self.fold_state = State(None, 0, FOLD_BUDGET)
 
     def compile(self, node: ast.Node, scope: Scope) -> tuple[Fn, bool]:
         """(closure, is constant); constant closures were folded to their value."""
         fn, const = getattr(self, "_" + type(node).__name__)(node, scope)
         if const and not isinstance(node, ast.Lit):
+            if self.fold_state.cost >= FOLD_BUDGET:
+                return fn, False
             try:
-                value = fn(State(None, self.slot_count))
-            except (EvalError, CostLimitExceeded):
+                value = fn(self.fold_state)
+            except EvalError:
                 return fn, False  # keep the error for evaluation time, where && may absorb it
+            except CostLimitExceeded:
+                self.fold_state.cost = FOLD_BUDGET
+                return fn, False
             return (lambda st: value), True
         return fn, const
 

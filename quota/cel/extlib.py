@@ -98,7 +98,13 @@ def _replace(s: str, old: str, new: str, n: int = -1) -> str:
 register("replace", "string, string, string, int -> string", member=True, cost=_replace_cost)(_replace)
 
 
-@register("split", "string, string -> list(string)", member=True, cost=scan_cost)
+def _element_cost(s: str, *_: Any) -> int:
+    # Functions that build one list element per character (at worst) pay for each:
+    # harmless for attribute-sized strings, and it bounds memory for a hostile one.
+    return len(s) // 2
+
+
+@register("split", "string, string -> list(string)", member=True, cost=_element_cost)
 def _split(s: str, sep: str, n: int = -1) -> tuple[str, ...]:
     if n == 0:
         return ()
@@ -110,7 +116,7 @@ def _split(s: str, sep: str, n: int = -1) -> tuple[str, ...]:
     return tuple(s.split(sep, n - 1 if n > 0 else -1))
 
 
-register("split", "string, string, int -> list(string)", member=True, cost=scan_cost)(_split)
+register("split", "string, string, int -> list(string)", member=True, cost=_element_cost)(_split)
 
 
 @register("substring", "string, int -> string", member=True, cost=scan_cost)
@@ -181,7 +187,7 @@ def _find(s: str, pattern: str) -> str:
     return "" if match is None else str(match.group(0))
 
 
-@register("findAll", "string, string -> list(string)", member=True, cost=scan_cost)
+@register("findAll", "string, string -> list(string)", member=True, cost=_element_cost)
 def _find_all(s: str, pattern: str, limit: int = -1) -> tuple[str, ...]:
     if limit == 0:
         return ()
@@ -189,7 +195,7 @@ def _find_all(s: str, pattern: str, limit: int = -1) -> tuple[str, ...]:
     return found if limit < 0 else found[:limit]
 
 
-register("findAll", "string, string, int -> list(string)", member=True, cost=scan_cost)(_find_all)
+register("findAll", "string, string, int -> list(string)", member=True, cost=_element_cost)(_find_all)
 
 
 # --- Kubernetes lists library and cel-go ext.Lists ------------------------------------
@@ -278,7 +284,11 @@ def _slice(items: tuple[Any, ...], start: int, end: int) -> tuple[Any, ...]:
     return items[start:end]
 
 
-@register("flatten", "list(A) -> list(dyn)", member=True, cost=scan_cost)
+def _flatten_cost(items: tuple[Any, ...], *_: Any) -> int:
+    return sum(len(i) if type(i) is tuple else 1 for i in items) // 2
+
+
+@register("flatten", "list(A) -> list(dyn)", member=True, cost=_flatten_cost)
 def _flatten(items: tuple[Any, ...], depth: int = 1) -> tuple[Any, ...]:
     if depth < 0:
         raise EvalError("level must be non-negative")
@@ -288,7 +298,7 @@ def _flatten(items: tuple[Any, ...], depth: int = 1) -> tuple[Any, ...]:
     return tuple(out)
 
 
-register("flatten", "list(A), int -> list(dyn)", member=True, cost=scan_cost)(_flatten)
+register("flatten", "list(A), int -> list(dyn)", member=True, cost=_flatten_cost)(_flatten)
 
 
 @register("distinct", "list(A) -> list(A)", member=True, cost=lambda items: len(items) ** 2 // 10)
@@ -321,7 +331,7 @@ def _last(items: tuple[Any, ...]) -> Optional:
     return Optional(items[-1]) if items else OPTIONAL_NONE
 
 
-@register("lists.range", "int -> list(int)", cost=lambda n: max(n, 0) // 10)
+@register("lists.range", "int -> list(int)", cost=lambda n: max(n, 0))
 def _range(n: int) -> tuple[int, ...]:
     return tuple(range(max(n, 0)))
 

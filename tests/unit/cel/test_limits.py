@@ -1,0 +1,82 @@
+"""Limits: expression length, nesting depth and the runtime cost budget.
+
+The scheduler compiles selectors with a runtime cost limit of 1,000,000
+(resourceapi.CELSelectorExpressionMaxCost, dynamic-resource-allocation/cel/compile.go)
+and the API server refuses expressions longer than 10 KiB
+(CELSelectorExpressionMaxLength). The hostile expressions below must end quickly with
+"actual cost limit exceeded" instead of hanging or exhausting memory; compile_test.go's
+"expensive" case is in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from quota.cel import MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector
+from tests.unit.cel.devices import activation
+
+
+def _doubling(seed: str, levels: int) -> str:
+    expression = f"v{levels}.size() > 0"
+    for i in range(levels, 0, -1):
+        expression = f"cel.bind(v{i}, v{i - 1} + v{i - 1}, {expression})"
+    return f"cel.bind(v0, {seed}, {expression})"
+
+
+HOSTILE = {
+    "string doubling": _doubling('"xxxxxxxxxx"', 40),
+    "list doubling": _doubling("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]", 40),
+    "huge range": "lists.range(100000000).size() > 0",
+    "nested map": "lists.range(1000).map(x, lists.range(1000).map(y, x * y)).size() > 0",
+    "nested exists": "lists.range(100).exists(a, lists.range(100).exists(b, lists.range(100).exists(c, a + b + c < 0)))",
+    "replace blowup": f'cel.bind(s, "{"a" * 5000}", s.replace("a", s).size() > 0)',
+    "quadratic distinct": "lists.range(5000).distinct().size() > 0",
+    "quadratic sets": "sets.contains(lists.range(100000), lists.range(100000))",
+    "device map loops": 'device.attributes["d"].all(a, lists.range(2000).all(b, lists.range(2000).all(c, c >= 0)))',
+}
+
+
+@pytest.mark.parametrize("expression", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_expression_stops_at_the_cost_limit(expression: str) -> None:
+    selector = compile_selector(expression)
+    started = time.perf_counter()
+    with pytest.raises(CelRuntimeError, match="^operation cancelled: actual cost limit exceeded$"):
+        selector.evaluate(activation("d", attributes={"x": 1}))
+    assert time.perf_counter() - started < 5  # typically well under a second
+
+
+def test_regex_cannot_backtrack_catastrophically() -> None:
+    selector = compile_selector('"' + "a" * 40 + '!".matches("(a+)+$")')
+    started = time.perf_counter()
+    assert selector.evaluate(activation("d")) is False
+    assert time.perf_counter() - started < 1
+
+
+def test_a_smaller_budget_can_be_given() -> None:
+    selector = compile_selector("lists.range(100).all(x, x >= 0)")
+    assert selector.evaluate(activation("d")) is True
+    with pytest.raises(CelRuntimeError, match="actual cost limit exceeded"):
+        selector.evaluate(activation("d"), cost_limit=50)
+
+
+def test_cost_is_per_evaluation() -> None:
+    selector = compile_selector("lists.range(300).all(x, lists.range(300).all(y, y >= 0))")
+    for _ in range(3):
+        assert selector.evaluate(activation("d")) is True
+
+
+def test_expression_length_limit_is_10_kib_in_bytes() -> None:
+    at_limit = "true" + " " * (MAX_EXPRESSION_BYTES - 4)
+    assert compile_selector(at_limit).evaluate(activation("d")) is True
+    with pytest.raises(CelCompileError, match="may not be more than 10240 bytes"):
+        compile_selector(at_limit + " ")
+    ten_kib_of_characters = '"é"' + " " * (MAX_EXPRESSION_BYTES - 3)  # é is two bytes
+    with pytest.raises(CelCompileError, match="10241 bytes"):
+        compile_selector(ten_kib_of_characters)
+
+
+def test_deep_nesting_is_a_compile_error_not_a_crash() -> None:
+    with pytest.raises(CelCompileError, match="recursion limit"):
+        compile_selector("[" * 400 + "]" * 400 + " == []")
