@@ -40,21 +40,21 @@ def compile_program(root: ast.Node, notes: Annotations) -> tuple[Fn, int]:
     return fn, compiler.slot_count
 
 
-def _size(node: ast.Node) -> int:
-    """Node count: the per-iteration cost of a comprehension body. A nested
-    comprehension counts once; its own iterations charge themselves."""
+def node_count(node: ast.Node) -> int:
+    """Node count: the per-iteration cost of a comprehension body and the base cost of
+    an evaluation. A nested comprehension counts once; its iterations charge themselves."""
     count = 1
     if isinstance(node, ast.Comprehension):
-        return count
+        return count + node_count(node.range)
     for value in getattr(node, "__dataclass_fields__", {}):
         child = getattr(node, value)
         if isinstance(child, ast.Node):
-            count += _size(child)
+            count += node_count(child)
         elif isinstance(child, tuple):
             for item in child:
                 for part in item if isinstance(item, tuple) else (item,):
                     if isinstance(part, ast.Node):
-                        count += _size(part)
+                        count += node_count(part)
     return count
 
 
@@ -244,7 +244,7 @@ class _Compiler:
         inner = {**scope, node.var: (slot, False)}
         body, _ = self.compile(node.body, inner)
         pred = self.compile(node.pred, inner)[0] if node.pred is not None else None
-        step = 2 + _size(node.body) + (_size(node.pred) if node.pred is not None else 0)
+        step = 2 + node_count(node.body) + (node_count(node.pred) if node.pred is not None else 0)
         return compile_comprehension(node.kind, rng, slot, body, pred, step), False
 
     def _Bind(self, node: ast.Bind, scope: Scope) -> tuple[Fn, bool]:

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 
 from quota.cel import checker, references, syntax
 from quota.cel.activation import projection
-from quota.cel.evaluator import compile_program
+from quota.cel.evaluator import compile_program, node_count
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
 from quota.cel.values import CostLimitExceeded, EvalError, type_name
@@ -39,23 +39,33 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "_fn", "_slots")
+    __slots__ = ("expression", "references", "_fn", "_slots", "_base_cost")
 
-    def __init__(self, expression: str, refs: frozenset[references.DevicePath] | None, fn: Fn, slots: int) -> None:
+    def __init__(
+        self, expression: str, refs: frozenset[references.DevicePath] | None, fn: Fn, slots: int, base_cost: int
+    ) -> None:
         self.expression = expression
         self.references = refs
         self._fn = fn
         self._slots = slots
+        # Every node evaluated once; loops and traversals add to it while running.
+        self._base_cost = base_cost
 
     def __repr__(self) -> str:
         return f"CompiledSelector({self.expression!r})"
 
     def evaluate(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT) -> bool:
         """Does the device match? Raises CelRuntimeError for any evaluation error."""
+        return self.evaluate_with_cost(activation, cost_limit=cost_limit)[0]
+
+    def evaluate_with_cost(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT) -> tuple[bool, int]:
+        """`evaluate`, plus the cost spent: lets a caller keep one budget across many
+        devices (a claim's selectors over a whole inventory)."""
         if activation.error is not None:
             raise CelRuntimeError(activation.error)
+        state = State(activation, self._slots, cost_limit - self._base_cost)
         try:
-            result = self._fn(State(activation, self._slots, cost_limit))
+            result = self._fn(state)
         except EvalError as exc:
             raise CelRuntimeError(str(exc)) from None
         except CostLimitExceeded:
@@ -65,7 +75,7 @@ class CompiledSelector:
             raise CelRuntimeError(f"internal evaluation error: {type(exc).__name__}: {exc}") from None
         if type(result) is not bool:
             raise CelRuntimeError(f"CEL result of type {type_name(result)} could not be converted to bool")
-        return result
+        return result, self._base_cost + state.cost
 
     def group_key(self, activation: DeviceActivation) -> Hashable:
         """Devices with equal keys get equal `evaluate` outcomes (value or error).
@@ -110,7 +120,7 @@ def _compile(expression: str) -> CompiledSelector:
             raise CelCompileError(exc.message) from None
         raise CelCompileError(_compile_failed(expression, exc.message, *exc.pos)) from None
     fn, slots = compile_program(root, notes)
-    return CompiledSelector(expression, references.references(root), fn, slots)
+    return CompiledSelector(expression, references.references(root), fn, slots, node_count(root))
 
 
 def _compile_failed(expression: str, message: str, line: int, column: int) -> str:

@@ -80,3 +80,12 @@ def test_expression_length_limit_is_10_kib_in_bytes() -> None:
 def test_deep_nesting_is_a_compile_error_not_a_crash() -> None:
     with pytest.raises(CelCompileError, match="recursion limit"):
         compile_selector("[" * 400 + "]" * 400 + " == []")
+
+
+def test_evaluate_with_cost_reports_what_was_spent() -> None:
+    device = activation("d", attributes={"x": 1})
+    flat, flat_cost = compile_selector('device.attributes["d"].x == 1').evaluate_with_cost(device)
+    loop, loop_cost = compile_selector("lists.range(1000).all(i, i >= 0)").evaluate_with_cost(device)
+    assert flat is True and loop is True
+    assert 0 < flat_cost < 10
+    assert loop_cost > 1000 * 3  # every step pays for its body
