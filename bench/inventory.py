@@ -33,12 +33,11 @@ deterministic for a given seed: no I/O, no global random state, no clock.
 
 from __future__ import annotations
 
-import gc
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
+
+from quota.inventory import gc_paused
 
 __all__ = [
     "NVIDIA_DRIVER",
@@ -127,23 +126,6 @@ _DRIVER_VERSIONS: Final[tuple[tuple[str, str], ...]] = (
     ("580.95.5", "13.0.0"),
     ("570.195.3", "12.8.0"),
 )
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building large acyclic JSON trees.
-
-    Allocating ~1M small dicts triggers many useless GC passes (half the run time);
-    the output holds no reference cycles, so nothing is lost. The previous state is
-    restored on exit.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _uuid(rng: random.Random) -> str:
@@ -313,7 +295,7 @@ def generate_slices(nodes: int = 5000, gpus_per_node: int = 8, seed: int = 0) ->
     """
     if nodes < 0 or gpus_per_node < 0:
         raise ValueError("nodes and gpus_per_node must be >= 0")
-    with _no_cyclic_gc():
+    with gc_paused():
         return _generate_slices(nodes, gpus_per_node, seed)
 
 
@@ -483,7 +465,7 @@ def generate_claims(
         raise ValueError("namespaces must be >= 1")
     if n < 0:
         raise ValueError("n must be >= 0")
-    with _no_cyclic_gc():
+    with gc_paused():
         return _generate_claims(n, namespaces, seed, slices, allocated_fraction)
 
 

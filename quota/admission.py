@@ -53,24 +53,20 @@ class Admitter:
         self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False
     ) -> Admission:
         """CREATE of an unallocated claim: price, check every quota, reserve if it fits."""
-        pricings = self._estimate(claim)
-        pricing = pricings[self.ledger.default_mode]
-        denial = self._invalid(claim, pricing, namespace_labels)
-        if denial is not None:
-            return denial
-        entry = Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+        entry = self._priced_entry(claim, namespace_labels)
+        if isinstance(entry, Admission):
+            return entry
+        pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
         warnings = (*pricing.warnings, *decision.warnings)
         return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged)
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
         """A template reserves nothing: denied only if its claim could never fit under `hard`."""
-        pricings = self._estimate(claim)
-        pricing = pricings[self.ledger.default_mode]
-        denial = self._invalid(claim, pricing, namespace_labels)
-        if denial is not None:
-            return denial
-        entry = Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+        entry = self._priced_entry(claim, namespace_labels)
+        if isinstance(entry, Admission):
+            return entry
+        pricing = entry.pricing[self.ledger.default_mode]
         quotas = self.ledger.quotas(claim.namespace)
         charges = [entry.charge_for(q, self.ledger.default_mode) for q in quotas]
         never = check([QuotaCheck(q, Usage(), c) for q, c in zip(quotas, charges)])
@@ -81,6 +77,16 @@ class Admitter:
         if not now.allowed:
             warnings = (*warnings, f"claims from this template do not fit now: {now.message}")
         return Admission(True, "", warnings, pricing, now.charged if now.allowed else ())
+
+    def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None) -> Entry | Admission:
+        """The claim priced in every mode its namespace's quotas use, or a denial."""
+        pricings = self._estimate(claim)
+        pricing = pricings[self.ledger.default_mode]
+        if claim.admin_access and (labels or {}).get(ADMIN_ACCESS_LABEL) != "true":
+            return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
+        if pricing.errors:
+            return Admission(False, "; ".join(pricing.errors), pricing.warnings, pricing)
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
 
     def account_allocated(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""
@@ -97,10 +103,3 @@ class Admitter:
         modes: set[Mode] = {self.ledger.default_mode}
         modes.update(q.mode for q in self.ledger.quotas(claim.namespace) if q.mode is not None)
         return {mode: self.pricer.estimate(claim.spec, mode=mode) for mode in sorted(modes)}
-
-    def _invalid(self, claim: Claim, pricing: Pricing, labels: Mapping[str, str] | None) -> Admission | None:
-        if claim.admin_access and (labels or {}).get(ADMIN_ACCESS_LABEL) != "true":
-            return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
-        if pricing.errors:
-            return Admission(False, "; ".join(pricing.errors), pricing.warnings, pricing)
-        return None
