@@ -210,7 +210,7 @@ def _comparable(items: tuple[Any, ...]) -> None:
 
 def _key(item: Any) -> Any:
     if type(item) is Quantity:
-        return item.value
+        return item.cmp
     if type(item) is Semver:
         return (item.major, item.minor, item.patch, _SemverOrder(item))
     return item

@@ -68,17 +68,18 @@ def _sign(q: Quantity) -> int:
 
 @register("isGreaterThan", "kubernetes.Quantity, kubernetes.Quantity -> bool", member=True)
 def _q_greater(a: Quantity, b: Quantity) -> bool:
-    return a.value > b.value
+    return a.cmp > b.cmp
 
 
 @register("isLessThan", "kubernetes.Quantity, kubernetes.Quantity -> bool", member=True)
 def _q_less(a: Quantity, b: Quantity) -> bool:
-    return a.value < b.value
+    return a.cmp < b.cmp
 
 
 @register("compareTo", "kubernetes.Quantity, kubernetes.Quantity -> int", member=True)
 def _q_compare(a: Quantity, b: Quantity) -> int:
-    return (a.value > b.value) - (a.value < b.value)
+    x, y = a.cmp, b.cmp
+    return (x > y) - (x < y)
 
 
 @register("add", "kubernetes.Quantity, kubernetes.Quantity -> kubernetes.Quantity", member=True)

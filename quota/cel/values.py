@@ -37,18 +37,22 @@ class Uint(int):
 
 
 class Quantity:
-    """A Kubernetes resource.Quantity, held exactly; equality and order are by value."""
+    """A Kubernetes resource.Quantity, held exactly; equality and order are by value.
 
-    __slots__ = ("value",)
+    `cmp` is the value as a plain int when it is whole (nearly always: bytes, counts),
+    because comparing Fractions costs more than the rest of a typical selector."""
+
+    __slots__ = ("value", "cmp")
 
     def __init__(self, value: Fraction) -> None:
         self.value = value
+        self.cmp: int | Fraction = value.numerator if value.denominator == 1 else value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Quantity) and self.value == other.value
+        return isinstance(other, Quantity) and self.cmp == other.cmp
 
     def __hash__(self) -> int:
-        return hash(self.value)
+        return hash(self.cmp)
 
     def __repr__(self) -> str:
         return f"quantity({self.value})"
