@@ -80,14 +80,17 @@ class MapLit(Node):
 
 @dataclass(frozen=True, slots=True)
 class Comprehension(Node):
-    """`range.kind(var, body)`; for `map(x, pred, f)` `pred` is the filter."""
+    """`range.kind(var, body)`; `pred` is the filter of `map(x, pred, f)` and of the
+    four-argument transforms; `var2` is the value variable of the two-variable forms
+    (cel-go ext.TwoVarComprehensions: index/key first, then value)."""
 
-    kind: str  # all | exists | exists_one | map | filter
+    kind: str  # all | exists | exists_one | map | filter | transformList | transformMap | transformMapEntry
     range: Node
     var: str
     body: Node
     pred: Node | None
     pos: Pos = (1, 1)
+    var2: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from quota.cel.types import (
     DOUBLE,
     DYN,
     INT,
+    MAP_DYN,
     NULL,
     QUANTITY,
     STRING,
@@ -52,8 +53,7 @@ UNSUPPORTED = {
     "timestamp": "timestamps", "duration": "durations", "ip": "the IP library",
     "isIP": "the IP library", "cidr": "the CIDR library", "isCIDR": "the CIDR library",
     "url": "the URL library", "isURL": "the URL library", "format": "string formatting",
-    "transformList": "two-variable comprehensions", "transformMap": "two-variable comprehensions",
-    "transformMapEntry": "two-variable comprehensions", "sortBy": "the sortBy macro",
+    "sortBy": "the sortBy macro",
 }
 _NUMERIC = ("int", "uint", "double")
 _ORDERED = ("int", "uint", "double", "string", "bytes", "bool")
@@ -207,23 +207,29 @@ class _Checker:
     def _Comprehension(self, node: ast.Comprehension, scope: dict[str, T]) -> T:
         rng = self.visit(node.range, scope)
         if rng.name == "list":
-            var = rng.param(0)
+            first, second = (INT, rng.param(0)) if node.var2 is not None else (rng.param(0), DYN)
         elif rng.name == "map":
-            var = rng.param(0)
+            first, second = rng.param(0), rng.param(1)
         elif rng.is_dyn:
-            var = DYN
+            first, second = DYN, DYN
         else:
             raise CheckProblem(
                 f"expression of type '{rng}' cannot be range of a comprehension (must be list, map, or dynamic)", node.pos
             )
-        inner = {**scope, node.var: var}
+        inner = {**scope, node.var: first}
+        if node.var2 is not None:
+            inner[node.var2] = second
         body = self.visit(node.body, inner)
         if node.pred is not None:
-            self._expect_bool(self.visit(node.pred, inner), "filter", node.pos)
-        if node.kind == "map":
+            self._expect_bool(self.visit(node.pred, inner), node.kind, node.pos)
+        if node.kind in ("map", "transformList"):
             return T("list", (body,))
+        if node.kind == "transformMap":
+            return T("map", (first, body))
+        if node.kind == "transformMapEntry":
+            return body if body.name == "map" else MAP_DYN
         self._expect_bool(body, node.kind, node.pos)
-        return T("list", (var,)) if node.kind == "filter" else BOOL
+        return T("list", (first,)) if node.kind == "filter" else BOOL
 
     def _Bind(self, node: ast.Bind, scope: dict[str, T]) -> T:
         return self.visit(node.body, {**scope, node.var: self.visit(node.init, scope)})

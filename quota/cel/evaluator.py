@@ -19,6 +19,7 @@ from typing import Any
 
 from quota.cel import ast, ops
 from quota.cel.calls import compile_call, compile_comprehension
+from quota.cel.twovar import compile_two_var
 from quota.cel.checker import Annotations
 from quota.cel.library import Overload
 from quota.cel.runtime import Fn, State, charge
@@ -242,9 +243,15 @@ class _Compiler:
         rng, _ = self.compile(node.range, scope)
         slot = self._new_slot()
         inner = {**scope, node.var: (slot, False)}
+        slot2 = None
+        if node.var2 is not None:
+            slot2 = self._new_slot()
+            inner[node.var2] = (slot2, False)
         body, _ = self.compile(node.body, inner)
         pred = self.compile(node.pred, inner)[0] if node.pred is not None else None
         step = 2 + node_count(node.body) + (node_count(node.pred) if node.pred is not None else 0)
+        if slot2 is not None:
+            return compile_two_var(node.kind, rng, (slot, slot2), body, pred, step), False
         return compile_comprehension(node.kind, rng, slot, body, pred, step), False
 
     def _Bind(self, node: ast.Bind, scope: Scope) -> tuple[Fn, bool]:

@@ -81,6 +81,8 @@ class _Walker:
         if isinstance(node, ast.Comprehension):
             self.value(node.range, env)
             inner: Env = {**env, node.var: None}
+            if node.var2 is not None:
+                inner[node.var2] = None
             self.value(node.body, inner)
             if node.pred is not None:
                 self.value(node.pred, inner)

@@ -259,8 +259,10 @@ def _expand_has(args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
     return ast.Has(args[0].operand, args[0].field, pos)
 
 
+# Macro name -> accepted argument counts (one- and two-variable forms).
 _COMPREHENSIONS: dict[str, tuple[int, ...]] = {
-    "all": (2,), "exists": (2,), "exists_one": (2,), "existsOne": (2,), "filter": (2,), "map": (2, 3),
+    "all": (2, 3), "exists": (2, 3), "exists_one": (2, 3), "existsOne": (2, 3), "filter": (2,), "map": (2, 3),
+    "transformList": (3, 4), "transformMap": (3, 4), "transformMapEntry": (3, 4),
 }
 # Function namespaces of the Kubernetes environment: `optional.of(x)` is one function.
 _NAMESPACES = ("optional", "sets", "strings", "lists", "math", "format")
@@ -274,13 +276,23 @@ def _expand_method(target: ast.Node, name: str, args: tuple[ast.Node, ...], pos:
     if isinstance(target, ast.Ident) and target.name in _NAMESPACES:
         return ast.Call(f"{target.name}.{name}", None, args, pos)
     if len(args) in _COMPREHENSIONS.get(name, ()):
-        if not isinstance(args[0], ast.Ident):
-            raise SyntaxProblem(f"{name}() variable name must be a simple identifier", *pos)
-        kind = "exists_one" if name == "existsOne" else name
-        if kind == "map" and len(args) == 3:
-            return ast.Comprehension(kind, target, args[0].name, args[2], args[1], pos)
-        return ast.Comprehension(kind, target, args[0].name, args[1], None, pos)
+        return _comprehension(name, target, args, pos)
     return ast.Call(name, target, args, pos)
+
+
+def _comprehension(name: str, target: ast.Node, args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
+    kind = "exists_one" if name == "existsOne" else name
+    two_vars = kind.startswith("transform") or (kind != "map" and len(args) == 3)
+    count = 2 if two_vars else 1
+    names = [n.name for n in args[:count] if isinstance(n, ast.Ident)]
+    if len(names) != count:
+        raise SyntaxProblem(f"{name}() variable name must be a simple identifier", *pos)
+    var, var2 = names[0], (names[1] if two_vars else None)
+    if var2 == var:
+        raise SyntaxProblem(f"{name}() variable names must be different", *pos)
+    rest = args[count:]
+    body, pred = (rest[-1], rest[0] if len(rest) == 2 else None)
+    return ast.Comprehension(kind, target, var, body, pred, pos, var2)
 
 
 _ESCAPE = re.compile(r"\\(?:[abfnrtv\"'`?\\]|[0-3][0-7]{2}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\|.", re.S)

@@ -50,6 +50,7 @@ UNRESOLVED = [
     f'(true ? {A} : device.attributes["d2"]).x',
     "device.attributes.?d1.hasValue()",
     f"[{A}][0].x",
+    f"{A}.all(k, v, v == 1)",
 ]
 
 

@@ -208,3 +208,26 @@ def test_unparseable_version_fails_every_selector_on_that_device() -> None:
     broken = activation("d", attributes={"v": "v:1.0", "ok": True})
     with pytest.raises(CelRuntimeError, match="parse semantic version: No Major.Minor.Patch"):
         compile_selector('device.attributes["d"].ok').evaluate(broken)
+
+
+TWO_VARIABLE = [
+    "[10, 20].all(i, v, v == (i + 1) * 10)",
+    '{"a": 1, "b": 2}.exists(k, v, k == "b" && v == 2)',
+    "[1, 2, 3].existsOne(i, v, v == 2) && ![1, 2, 2].exists_one(i, v, v == 2)",
+    "[1, 2, 3].transformList(i, v, v * i) == [0, 2, 6]",
+    "[1, 2, 3].transformList(i, v, v > 1, v * i) == [2, 6]",
+    '{"a": 1}.transformMap(k, v, v + 1) == {"a": 2} && [5, 6].transformMap(i, v, v) == {0: 5, 1: 6}',
+    '{"a": 1, "b": 2}.transformMapEntry(k, v, {v: k}) == {1: "a", 2: "b"}',
+    f'{NV}.all(k, v, k != "" && (k != "index" || v == 3))',
+    "![2, 0].all(i, v, 1 / v == 1) && [0, 1].exists(i, v, 1 / v == 1)",
+]
+
+
+@pytest.mark.parametrize("expression", TWO_VARIABLE)
+def test_two_variable_comprehensions(expression: str, device: Any) -> None:
+    assert compile_selector(expression).evaluate(device) is True
+
+
+def test_two_variable_comprehension_needs_distinct_names() -> None:
+    with pytest.raises(CelCompileError, match="variable names must be different"):
+        compile_selector("[1].all(x, x, true)")
