@@ -25,6 +25,7 @@ from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode
 from quota.pricing import Pricer, Pricing
+from quota.raw import as_map
 from quota.slices import SliceError
 
 __all__ = ["CheckInputError", "ObjectResult", "Report", "load_documents", "run_check"]
@@ -183,8 +184,7 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
 
 def _run_one(doc: Document, phase: str, admitter: Admitter, namespaces: Mapping[str, Mapping[str, str]]) -> ObjectResult | None:
     obj = doc.obj
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = as_map(obj.get("metadata"))
     kind, namespace = str(obj["kind"]), str(meta.get("namespace") or "default")
     name = str(meta.get("name") or meta.get("generateName") or "")
     try:

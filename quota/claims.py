@@ -25,6 +25,7 @@ from quota.model import (
     Namespace,
 )
 from quota.quantity import QuantityError, parse_quantity
+from quota.raw import as_list, as_map, dig
 
 __all__ = [
     "ClaimError",
@@ -113,22 +114,21 @@ class Claim:
 
 def parse_claim(obj: Mapping[str, Any]) -> Claim:
     """A ResourceClaim or ResourceClaimTemplate (templates are priced as the claim they stamp)."""
+    if not isinstance(obj, Mapping):
+        raise ClaimError("a ResourceClaim must be an object")
     kind = obj.get("kind", "ResourceClaim")
     if kind not in ("ResourceClaim", "ResourceClaimTemplate"):
         raise ClaimError(f"expected a ResourceClaim or ResourceClaimTemplate, got kind {kind!r}")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = as_map(obj.get("metadata"))
     name = str(meta.get("name") or meta.get("generateName") or "")
     spec = obj.get("spec")
     if kind == "ResourceClaimTemplate":
-        spec = spec.get("spec") if isinstance(spec, Mapping) else None
+        spec = dig(spec, "spec")
         prefix = "spec.spec"
     else:
         prefix = "spec"
-    status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
-    assert isinstance(status, Mapping)
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
-    assert isinstance(annotations, Mapping)
+    status = as_map(obj.get("status"))
+    annotations = as_map(meta.get("annotations"))
     return Claim(
         kind=kind,
         namespace=Namespace(str(meta.get("namespace") or "default")),
@@ -159,7 +159,9 @@ def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:
 
 
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
-    name = obj.get("metadata", {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
+    if not isinstance(obj, Mapping):
+        raise ClaimError("a DeviceClass must be an object")
+    name = dig(obj, "metadata", "name")
     if not isinstance(name, str) or not name:
         raise ClaimError("DeviceClass without metadata.name")
     spec = obj.get("spec") or {}
@@ -184,7 +186,7 @@ def _request(raw: Mapping[str, Any], where: str) -> Request:
     alternatives = []
     for j, sub in enumerate(first):
         sub_where = f"{where}.firstAvailable[{j}]"
-        sub_name = sub.get("name") if isinstance(sub, Mapping) else None
+        sub_name = dig(sub, "name")
         if not isinstance(sub_name, str) or not sub_name:
             raise ClaimError(f"{sub_where}.name is required")
         alternatives.append(_requirement(sub, f"{name}/{sub_name}", sub_where, subrequest=True))
@@ -208,8 +210,7 @@ def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> Device
         raise ClaimError(f"{where}.count must be a positive integer, got {count!r}")
     if mode == "All":
         count = 0
-    capacity = raw.get("capacity") or {}
-    requests = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    requests = dig(raw, "capacity", "requests")
     return DeviceRequirement(
         name=name,
         device_class=DeviceClassName(cls),
@@ -224,7 +225,7 @@ def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> Device
                 str(t.get("key", "")), str(t.get("operator") or "Equal"), str(t.get("value", "")),
                 str(t.get("effect", "")),
             )
-            for t in raw.get("tolerations") or ()
+            for t in as_list(raw.get("tolerations"), f"{where}.tolerations", ClaimError)
             if isinstance(t, Mapping)
         ),
     )
@@ -237,7 +238,7 @@ def _selectors(raw: Any, where: str) -> tuple[str, ...]:
         raise ClaimError(f"{where} must be a list")
     out = []
     for i, sel in enumerate(raw):
-        expr = sel.get("cel", {}).get("expression") if isinstance(sel, Mapping) else None
+        expr = dig(sel, "cel", "expression")
         if not isinstance(expr, str):
             raise ClaimError(f"{where}[{i}].cel.expression is required")
         out.append(expr)
@@ -261,9 +262,9 @@ def _capacity_requests(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]
 def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
     if not isinstance(raw, Mapping):
         return None
-    results = raw.get("devices", {}).get("results") if isinstance(raw.get("devices"), Mapping) else None
+    results = dig(raw, "devices", "results")
     out = []
-    for i, res in enumerate(results or ()):
+    for i, res in enumerate(as_list(results, "status.allocation.devices.results", ClaimError)):
         where = f"status.allocation.devices.results[{i}]"
         if not isinstance(res, Mapping):
             raise ClaimError(f"{where} must be an object")

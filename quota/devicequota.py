@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
 from quota.quantity import QuantityError, ceil_int, format_quantity, parse_quantity
+from quota.raw import as_map
 
 __all__ = [
     "GROUP",
@@ -102,8 +103,9 @@ class Decision:
 
 
 def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    if not isinstance(obj, Mapping):
+        raise QuotaError("a DeviceQuota must be an object")
+    meta = as_map(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise QuotaError("DeviceQuota without metadata.name")

@@ -28,6 +28,7 @@ from quota.model import (
     qualify,
 )
 from quota.quantity import QuantityError, parse_quantity
+from quota.raw import as_list, dig
 
 __all__ = ["SliceError", "ParsedSlice", "parse_slice"]
 
@@ -62,7 +63,9 @@ _LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": 
 
 
 def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
-    name = str(_get(obj, "metadata", "name", default="") or "")
+    if not isinstance(obj, dict):
+        raise SliceError("a ResourceSlice must be an object")
+    name = str(dig(obj, "metadata", "name") or "")
     if not name:
         raise SliceError("ResourceSlice without metadata.name")
     spec = obj.get("spec")
@@ -79,7 +82,7 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     count = _int(pool.get("resourceSliceCount", 1), f"ResourceSlice {name!r}: spec.pool.resourceSliceCount")
     node_name = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else None
     devices = []
-    for index, raw in enumerate(spec.get("devices") or ()):
+    for index, raw in enumerate(as_list(spec.get("devices"), f"ResourceSlice {name!r}: spec.devices", SliceError)):
         where = f"ResourceSlice {name!r}: spec.devices[{index}]"
         if not isinstance(raw, dict):
             raise SliceError(f"{where}: must be an object")
@@ -105,10 +108,10 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_node: str | No
         scope=scope,
         taints=tuple(
             Taint(str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
-            for t in raw.get("taints") or ()
+            for t in as_list(raw.get("taints"), f"{where}: taints", SliceError)
             if isinstance(t, dict)
         ),
-        consumes_counters=tuple(_consumption(c, where) for c in raw.get("consumesCounters") or ()),
+        consumes_counters=tuple(_consumption(c, where) for c in as_list(raw.get("consumesCounters"), f"{where}: consumesCounters", SliceError)),
         binds_to_node=raw.get("bindsToNode") is True,
     )
 
@@ -204,7 +207,7 @@ def _intern(capacity: Capacity) -> Capacity:
 
 def _policy(raw: Mapping[str, Any], where: str) -> RequestPolicy:
     default = _quantity(raw["default"], f"{where}.default") if raw.get("default") is not None else None
-    values = tuple(sorted(_quantity(v, f"{where}.validValues") for v in raw.get("validValues") or ()))
+    values = tuple(sorted(_quantity(v, f"{where}.validValues") for v in as_list(raw.get("validValues"), f"{where}.validValues", SliceError)))
     rng = raw.get("validRange")
     valid_range = None
     if isinstance(rng, dict):
@@ -220,6 +223,8 @@ def _consumption(raw: Any, where: str) -> CounterConsumption:
     if not isinstance(raw, dict):
         raise SliceError(f"{where}: consumesCounters entries must be objects")
     counters = raw.get("counters") or {}
+    if not isinstance(counters, dict):
+        raise SliceError(f"{where}: consumesCounters counters must be a map")
     return CounterConsumption(
         counter_set=str(raw.get("counterSet", "")),
         counters={
@@ -240,12 +245,3 @@ def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SliceError(f"{where} must be an integer, got {value!r}")
     return value
-
-
-def _get(obj: Mapping[str, Any], *path: str, default: Any = None) -> Any:
-    cur: Any = obj
-    for part in path:
-        if not isinstance(cur, dict):
-            return default
-        cur = cur.get(part, default)
-    return cur

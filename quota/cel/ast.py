@@ -140,3 +140,16 @@ class Binary(Node):
     left: Node
     right: Node
     pos: Pos = (1, 1)
+
+
+def children(node: Node) -> list[Node]:
+    """The direct sub-expressions of a node, in field order."""
+    out: list[Node] = []
+    for name in getattr(node, "__dataclass_fields__", {}):
+        child = getattr(node, name)
+        if isinstance(child, Node):
+            out.append(child)
+        elif isinstance(child, tuple):
+            for item in child:
+                out.extend(part for part in (item if isinstance(item, tuple) else (item,)) if isinstance(part, Node))
+    return out

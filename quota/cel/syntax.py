@@ -103,29 +103,51 @@ def parse(text: str) -> ast.Node:
         tree = _PARSER.parse(text)
     except UnexpectedInput as exc:
         raise SyntaxProblem(_describe(exc), exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1) from None
-    if _depth(tree) > MAX_DEPTH:
-        raise SyntaxProblem(f"expression recursion limit exceeded: {MAX_DEPTH}")
     try:
-        return _Builder().transform(tree)
+        root = _Builder().transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, SyntaxProblem):
             raise exc.orig_exc from None
         raise
+    if isinstance(root, _Chain):
+        root = root.balanced()
+    if _depth(root) > MAX_DEPTH:
+        raise SyntaxProblem(f"expression recursion limit exceeded: {MAX_DEPTH}")
+    return root
 
 
-# cel-go's parser refuses deeper nesting (parser.MaxRecursionDepth default); the limit
-# also keeps every recursive pass here far below Python's own recursion limit.
+# cel-go's parser refuses deeper nesting (parser option MaxRecursionDepth, default
+# 250); the limit also keeps every recursive pass here far below Python's own limit.
 MAX_DEPTH = 250
 
 
-def _depth(tree: lark.Tree[lark.Token]) -> int:
+def _depth(root: ast.Node) -> int:
     deepest = 0
-    stack = [(tree, 1)]
+    stack = [(root, 1)]
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
+        stack.extend((child, depth + 1) for child in ast.children(node))
     return deepest
+
+
+class _Chain:
+    """A run of `||` or `&&` operands; cel-go's parser balances such runs into a tree
+    of logarithmic depth, so a long list of alternatives is not deep nesting."""
+
+    def __init__(self, rule: str, terms: list[ast.Node]) -> None:
+        self.rule = rule
+        self.terms = terms
+
+    def balanced(self) -> ast.Node:
+        return self._build(0, len(self.terms))
+
+    def _build(self, start: int, stop: int) -> ast.Node:
+        if stop - start == 1:
+            return self.terms[start]
+        middle = (start + stop + 1) // 2
+        left, right = self._build(start, middle), self._build(middle, stop)
+        return ast.Or(left, right) if self.rule == "or_" else ast.And(left, right)
 
 
 def _describe(exc: UnexpectedInput) -> str:
@@ -147,17 +169,34 @@ def _pos(meta_or_token: Any) -> tuple[int, int]:
 
 
 @lark.v_args(meta=True)
-class _Builder(lark.Transformer[lark.Token, ast.Node]):
-    """Turn the lark tree into ast nodes, expanding macros on the way."""
+class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
+    """Turn the lark tree into ast nodes, expanding macros on the way. Non-recursive:
+    a 10 KiB expression can nest deeper than Python's recursion limit."""
+
+    def _call_userfunc(self, tree: Any, new_children: Any = None) -> Any:
+        # Close every `||`/`&&` run when it becomes the operand of anything else; the
+        # left operand of the same operator extends the run instead.
+        children = list(tree.children if new_children is None else new_children)
+        for i, child in enumerate(children):
+            if isinstance(child, _Chain) and not (i == 0 and child.rule == tree.data):
+                children[i] = child.balanced()
+        return super()._call_userfunc(tree, children)  # type: ignore[no-untyped-call]
 
     def cond(self, meta: Any, c: list[ast.Node]) -> ast.Node:
         return ast.Cond(c[0], c[1], c[2])
 
-    def or_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
-        return ast.Or(c[0], c[1])
+    def or_(self, meta: Any, c: list[Any]) -> Any:
+        return self._chain("or_", c)
 
-    def and_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
-        return ast.And(c[0], c[1])
+    def and_(self, meta: Any, c: list[Any]) -> Any:
+        return self._chain("and_", c)
+
+    @staticmethod
+    def _chain(rule: str, c: list[Any]) -> _Chain:
+        if isinstance(c[0], _Chain):
+            c[0].terms.append(c[1])
+            return c[0]
+        return _Chain(rule, [c[0], c[1]])
 
     def binop(self, meta: Any, c: list[Any]) -> ast.Node:
         return ast.Binary(str(c[1]), c[0], c[2], _pos(c[1]))
