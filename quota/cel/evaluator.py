@@ -44,19 +44,9 @@ def compile_program(root: ast.Node, notes: Annotations) -> tuple[Fn, int]:
 def node_count(node: ast.Node) -> int:
     """Node count: the per-iteration cost of a comprehension body and the base cost of
     an evaluation. A nested comprehension counts once; its iterations charge themselves."""
-    count = 1
     if isinstance(node, ast.Comprehension):
-        return count + node_count(node.range)
-    for value in getattr(node, "__dataclass_fields__", {}):
-        child = getattr(node, value)
-        if isinstance(child, ast.Node):
-            count += node_count(child)
-        elif isinstance(child, tuple):
-            for item in child:
-                for part in item if isinstance(item, tuple) else (item,):
-                    if isinstance(part, ast.Node):
-                        count += node_count(part)
-    return count
+        return 1 + node_count(node.range)
+    return 1 + sum(node_count(child) for child in ast.children(node))
 
 
 Scope = dict[str, tuple[int, bool]]  # name -> (slot, is a cel.bind variable)

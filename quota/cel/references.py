@@ -87,7 +87,7 @@ class _Walker:
             if node.pred is not None:
                 self.value(node.pred, inner)
             return None
-        for child in _children(node):
+        for child in ast.children(node):
             self.value(child, env)
         return None
 
@@ -143,15 +143,3 @@ class _Walker:
         if container.kind != "ids" or not (isinstance(key, ast.Lit) and type(key.value) is str):
             raise _Unresolvable
         self.found.add((container.map_name, container.domain, key.value))
-
-
-def _children(node: ast.Node) -> list[ast.Node]:
-    out: list[ast.Node] = []
-    for name in getattr(node, "__dataclass_fields__", {}):
-        child = getattr(node, name)
-        if isinstance(child, ast.Node):
-            out.append(child)
-        elif isinstance(child, tuple):
-            for item in child:
-                out.extend(p for p in (item if isinstance(item, tuple) else (item,)) if isinstance(p, ast.Node))
-    return out

@@ -89,3 +89,14 @@ def test_evaluate_with_cost_reports_what_was_spent() -> None:
     assert flat is True and loop is True
     assert 0 < flat_cost < 10
     assert loop_cost > 1000 * 3  # every step pays for its body
+
+
+def test_long_alternatives_are_balanced_not_deep() -> None:
+    # cel-go balances && / || runs, so hundreds of alternatives are fine...
+    expression = "||".join(f'device.driver=="d{i}"' for i in range(400))
+    assert compile_selector(expression).evaluate(activation("d399")) is True
+    assert compile_selector("&&".join(["true"] * 1500)).evaluate(activation("d")) is True
+    # ...while other nesting that deep is refused, without a RecursionError.
+    for deep in ("!" * 1000 + "true", "-" * 3000 + "1 < 5", "+".join(["1"] * 2500) + " > 0"):
+        with pytest.raises(CelCompileError, match="recursion limit exceeded: 250"):
+            compile_selector(deep)
