@@ -312,7 +312,7 @@ def _expand_method(target: ast.Node, name: str, args: tuple[ast.Node, ...], pos:
         if len(args) != 3 or not isinstance(args[0], ast.Ident):
             raise SyntaxProblem("cel.bind() variable name must be a simple identifier", *pos)
         return ast.Bind(args[0].name, args[1], args[2])
-    if isinstance(target, ast.Ident) and target.name in _NAMESPACES:
+    if isinstance(target, ast.Ident) and (target.name in _NAMESPACES or (target.name, name) == ("ip", "isCanonical")):
         return ast.Call(f"{target.name}.{name}", None, args, pos)
     if len(args) in _COMPREHENSIONS.get(name, ()):
         return _comprehension(name, target, args, pos)

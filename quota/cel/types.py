@@ -115,6 +115,11 @@ _RUNTIME: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def register_runtime_type(name: str, cls: type) -> None:
+    """Let a library declare an opaque type (e.g. `net.IP`) for dynamic dispatch."""
+    _RUNTIME[name] = lambda v: type(v) is cls
+
+
 def runtime_test(t: T) -> Callable[[Any], bool] | None:
     """A predicate telling whether a runtime value has type `t`; None means "any"."""
     if t.is_dyn:

@@ -145,7 +145,7 @@ COMPILE_ERRORS = [
     ("1 && true", "found no matching overload for '_&&_'"),
     ("-1u == 1u", "found no matching overload for '-_'"),
     ('timestamp("2020-01-01T00:00:00Z") > timestamp("2019-01-01T00:00:00Z")', "not supported by dra-quota"),
-    ('ip("1.2.3.4").family() == 4', "not supported by dra-quota"),
+    ('url("https://example.com").getHost() == "x"', "not supported by dra-quota"),
     ("device.attributes.x{}", "message construction is not supported"),
     ("while", "reserved identifier 'while'"),
     ('"\\q" == "q"', "invalid escape sequence"),
@@ -231,3 +231,28 @@ def test_two_variable_comprehensions(expression: str, device: Any) -> None:
 def test_two_variable_comprehension_needs_distinct_names() -> None:
     with pytest.raises(CelCompileError, match="variable names must be different"):
         compile_selector("[1].all(x, x, true)")
+
+
+NETWORK = [
+    'ip("10.0.0.1").family() == 4 && ip("::1").family() == 6',
+    'isIP("10.0.0.1") && !isIP("10.0.0.256") && !isIP("::ffff:1.2.3.4") && !isIP("fe80::1%eth0") && !isIP("010.0.0.1")',
+    'ip.isCanonical("2001:db8::1") && !ip.isCanonical("2001:DB8::1")',
+    'ip("127.0.0.1").isLoopback() && ip("0.0.0.0").isUnspecified() && ip("10.0.0.1").isGlobalUnicast()',
+    '!ip("255.255.255.255").isGlobalUnicast() && ip("224.0.0.1").isLinkLocalMulticast() && ip("fe80::1").isLinkLocalUnicast()',
+    'cidr("10.0.0.0/8").containsIP(ip("10.1.2.3")) && cidr("10.0.0.0/8").containsIP("10.1.2.3") && !cidr("10.0.0.0/8").containsIP("::1")',
+    'cidr("10.0.0.0/8").containsCIDR("10.1.0.0/16") && !cidr("10.1.0.0/16").containsCIDR(cidr("10.0.0.0/8"))',
+    'cidr("192.168.0.1/24").ip() == ip("192.168.0.1") && cidr("192.168.0.1/24").masked() == cidr("192.168.0.0/24")',
+    'cidr("192.168.0.1/24").prefixLength() == 24 && string(cidr("192.168.0.1/24")) == "192.168.0.1/24"',
+    'isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0") && !isCIDR("10.0.0.0/33")',
+    f'cidr("10.0.0.0/8").containsIP({NV}.type == "gpu" ? "10.0.0.9" : "::1")',
+]
+
+
+@pytest.mark.parametrize("expression", NETWORK)
+def test_ip_and_cidr_libraries(expression: str, device: Any) -> None:
+    assert compile_selector(expression).evaluate(device) is True
+
+
+def test_ip_errors_name_the_input() -> None:
+    with pytest.raises(CelRuntimeError, match='IPv4-mapped IPv6 address "::ffff:1.2.3.4" is not allowed'):
+        compile_selector('ip("::ffff:1.2.3.4").family() == 6').evaluate(activation())
