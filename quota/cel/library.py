@@ -260,7 +260,8 @@ def _type(v: Any) -> CelType:
 
 
 def format_double(v: float) -> str:
-    """Go's strconv.FormatFloat(v, 'g', -1, 64), which cel-go uses for string(double)."""
+    """Go's fmt %g (shortest digits, exponent form below 1e-4 or from 1e+06 on), which
+    cel-go's Double.ConvertToType(StringType) uses for string(double)."""
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
@@ -271,7 +272,7 @@ def format_double(v: float) -> str:
     text = "".join(str(d) for d in digits)
     point = len(text) + int(exponent)  # position of the decimal point in `text`
     minus = "-" if sign else ""
-    if point - 1 < -4 or point - 1 >= 21:
+    if point - 1 < -4 or point - 1 >= 6:
         mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
         exp = point - 1
         return f"{minus}{mantissa}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"

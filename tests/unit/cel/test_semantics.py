@@ -57,7 +57,7 @@ MATCHING = [
     "1u + 1u == 2u && 0x10 == 16 && 1e3 == 1000.0",
     f"{NV}.index * 2 == 6 && {NV}.type != 1",
     "int(\"12\") == 12 && uint(\"3\") == 3u && double(\"1.5\") == 1.5 && int(2.9) == 2 && int(-2.9) == -2",
-    'string(1.5) == "1.5" && string(100.0) == "100" && string(1e21) == "1e+21" && string(true) == "true"',
+    'string(1.5) == "1.5" && string(100.0) == "100" && string(1e6) == "1e+06" && string(123456.0) == "123456" && string(0.00001) == "1e-05" && string(true) == "true"',
     'bool("true") && !bool("False") && bytes("a") == b"a" && string(b"\\x61") == "a"',
     'type(1) == int && type("a") == string && type([]) == list && type({}) == map && type(1u) != int',
     # strings (ext.Strings v2)
