@@ -35,7 +35,8 @@ from quota.cel.types import (
     assignable,
     join,
 )
-from quota.cel.values import INT64_MAX, Uint
+from quota.cel.extlib import compile_regex
+from quota.cel.values import INT64_MAX, EvalError, Uint
 
 __all__ = ["Annotations", "CheckProblem", "check", "DEVICE_FIELDS"]
 
@@ -176,6 +177,8 @@ class _Checker:
         )
         if not candidates:
             raise CheckProblem(_overload_text(name, target, args), node.pos)
+        if name == "matches":
+            _validate_regex_literal(node)
         self.notes.overloads[id(node)] = candidates
         result = _instantiate(candidates[0], given)
         for other in candidates[1:]:
@@ -296,6 +299,16 @@ class _Checker:
         if left.name != right.name or left.name not in allowed:
             raise fail
         return join(left, right)
+
+
+def _validate_regex_literal(node: ast.Call) -> None:
+    # cel.ValidateRegexLiterals (base.go, 1.29): a literal pattern must compile.
+    pattern = node.args[-1] if node.args else None
+    if isinstance(pattern, ast.Lit) and type(pattern.value) is str:
+        try:
+            compile_regex(pattern.value)
+        except EvalError:
+            raise CheckProblem("invalid matches argument", node.pos) from None
 
 
 def _unwrap_optional(t: T) -> T:

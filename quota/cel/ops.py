@@ -215,7 +215,7 @@ def index(container: Any, key: Any) -> Any:
     if type(container) is tuple:
         position = _position(key)
         if position < 0 or position >= len(container):
-            raise EvalError(f"index out of bounds: {position}")
+            raise EvalError(f"index '{position}' out of range in list size '{len(container)}'")
         return container[position]
     if type(container) is Optional:
         return Optional(index(container.value, key)) if container.has_value else OPTIONAL_NONE
@@ -223,10 +223,13 @@ def index(container: Any, key: Any) -> Any:
 
 
 def _position(key: Any) -> int:
+    # cel-go IndexOrError: ints, uints and whole doubles index a list.
     if type(key) is int or type(key) is Uint:
         return int(key)
-    if type(key) is float and key.is_integer():
-        return int(key)
+    if type(key) is float:
+        if key.is_integer():
+            return int(key)
+        raise EvalError(f"unsupported index value {key} in list")
     raise EvalError(f"unsupported index type '{type_name(key)}' in list")
 
 
