@@ -7,12 +7,13 @@ Public API (used by `quota.inventory` / `quota.pricing`)::
     sel.evaluate(act) -> bool         # CelRuntimeError
     sel.references                    # frozenset[DevicePath] | None
     sel.group_key(act)                # equal keys => equal outcomes
+    projection(act, paths)            # the same key for a union of several selectors' paths
 
 Parsing builds on cel-python's grammar (`celpy/cel.lark`); see README.md in this
 package for the supported language, the gaps against the scheduler and the numbers.
 """
 
-from quota.cel.activation import DeviceActivation, device_activation
+from quota.cel.activation import DeviceActivation, device_activation, projection
 from quota.cel.references import DevicePath
 from quota.cel.selector import (
     MAX_EXPRESSION_BYTES,
@@ -31,4 +32,5 @@ __all__ = [
     "DevicePath",
     "compile_selector",
     "device_activation",
+    "projection",
 ]

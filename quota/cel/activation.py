@@ -11,7 +11,9 @@ projection used to group devices by the values a selector can see
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable
+from fractions import Fraction
 from typing import Any
 
 from quota.cel.ops import DeviceActivation, DomainMap
@@ -40,7 +42,7 @@ def device_activation(device: Device) -> DeviceActivation:
         attributes[domain] = converted
     capacity = DomainMap()
     for domain, caps in device.capacity.items():
-        capacity[domain] = {ident: Quantity(cap.value) for ident, cap in caps.items()}
+        capacity[domain] = {ident: _quantity(cap.value) for ident, cap in caps.items()}
     return DeviceActivation(device.driver, attributes, capacity, bool(device.allow_multiple_allocations), error)
 
 
@@ -48,11 +50,26 @@ def _attribute(value: AttributeValue) -> Any:
     if isinstance(value, tuple):
         return tuple(_attribute(v) for v in value)
     if isinstance(value, Version):
-        try:
-            return parse_semver(value.text)
-        except EvalError as exc:
-            raise _Broken(str(exc)) from None
+        semver = _semver(value.text)
+        if isinstance(semver, str):
+            raise _Broken(semver)
+        return semver
     return value
+
+
+# Thousands of devices share a handful of driver versions and memory sizes; the values
+# are immutable, so one object per distinct text or amount serves them all.
+@functools.lru_cache(maxsize=4096)
+def _semver(text: str) -> Semver | str:
+    try:
+        return parse_semver(text)
+    except EvalError as exc:
+        return str(exc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(value: Fraction) -> Quantity:
+    return Quantity(value)
 
 
 _MISSING = ("missing",)

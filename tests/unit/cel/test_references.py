@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.cel import CelCompileError, CelRuntimeError, compile_selector
+from quota.cel import CelCompileError, CelRuntimeError, compile_selector, projection
 from tests.unit.cel.devices import activation
 
 A = 'device.attributes["d1"]'
@@ -152,3 +152,10 @@ def test_devices_agreeing_on_references_get_the_same_outcome(expression: str, x:
                 y[kind][name] = x[kind][name]
     assert selector.group_key(activation(**x)) == selector.group_key(activation(**y))
     assert _outcome(selector, x) == _outcome(selector, y)
+
+
+def test_projection_over_several_selectors_paths() -> None:
+    paths = sorted(compile_selector(f"{A}.x == 1").references | compile_selector("device.driver == 'd1'").references)  # type: ignore[operator]
+    same = [activation("d1", attributes={"x": 1, "y": i}) for i in range(3)]
+    assert len({projection(act, paths) for act in same}) == 1
+    assert projection(activation("d2", attributes={"x": 1}), paths) != projection(same[0], paths)
