@@ -14,6 +14,7 @@ import functools
 from collections.abc import Hashable
 
 from quota.cel import checker, references, syntax
+from quota.cel.estimate import estimate
 from quota.cel.activation import projection
 from quota.cel.evaluator import compile_program, node_count
 from quota.cel.ops import DeviceActivation
@@ -39,13 +40,22 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "_fn", "_slots", "_base_cost")
+    __slots__ = ("expression", "references", "estimated_cost", "_fn", "_slots", "_base_cost")
 
     def __init__(
-        self, expression: str, refs: frozenset[references.DevicePath] | None, fn: Fn, slots: int, base_cost: int
+        self,
+        expression: str,
+        refs: frozenset[references.DevicePath] | None,
+        fn: Fn,
+        slots: int,
+        *,
+        base_cost: int,
+        estimated_cost: int | None,
     ) -> None:
         self.expression = expression
         self.references = refs
+        # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
+        self.estimated_cost = estimated_cost
         self._fn = fn
         self._slots = slots
         # Every node evaluated once; loops and traversals add to it while running.
@@ -120,7 +130,14 @@ def _compile(expression: str) -> CompiledSelector:
             raise CelCompileError(exc.message) from None
         raise CelCompileError(_compile_failed(expression, exc.message, *exc.pos)) from None
     fn, slots = compile_program(root, notes)
-    return CompiledSelector(expression, references.references(root), fn, slots, node_count(root))
+    return CompiledSelector(
+        expression,
+        references.references(root),
+        fn,
+        slots,
+        base_cost=node_count(root),
+        estimated_cost=estimate(root),
+    )
 
 
 def _compile_failed(expression: str, message: str, line: int, column: int) -> str:

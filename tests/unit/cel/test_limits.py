@@ -100,3 +100,43 @@ def test_long_alternatives_are_balanced_not_deep() -> None:
     for deep in ("!" * 1000 + "true", "-" * 3000 + "1 < 5", "+".join(["1"] * 2500) + " > 0"):
         with pytest.raises(CelCompileError, match="recursion limit exceeded: 250"):
             compile_selector(deep)
+
+
+TEN = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"
+
+
+@pytest.mark.parametrize(
+    ("expression", "low", "high"),
+    [
+        ('device.attributes["d"].x == 1', 1, 10),
+        # one pass over the (at most 32) domains or ids of a device
+        ('device.attributes.exists_one(x, x == "dra.example.com")', 32, 500),
+        ('cel.bind(g, device.attributes["d"], g.all(k, g[k] == 1))', 32, 500),
+        # compile_test.go "expensive": far beyond the API server's 1,000,000
+        (f"{TEN}.all(x, {TEN}.all(y, {TEN}.all(z, {TEN}.all(z2, {TEN}.all(z3, {TEN}.all(z4, "
+         f"{TEN}.all(z5, int('1'.find('[0-9]*')) < 100)))))))", 10**7, 10**9),
+        ("lists.range(1000).all(x, x > 0)", 1000, 10_000),
+    ],
+)
+def test_estimated_cost_bounds(expression: str, low: int, high: int) -> None:
+    estimated = compile_selector(expression).estimated_cost
+    assert estimated is not None and low <= estimated <= high
+
+
+def test_estimate_is_none_when_a_loop_has_no_size_bound() -> None:
+    assert compile_selector('lists.range(device.attributes["d"].n).all(x, true)').estimated_cost is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.attributes["d"].names.all(x, x != "")',
+        'device.attributes["d"].s.split("-").exists(w, w.startsWith("H"))',
+        "[1, 2].map(x, [x, x]).all(y, y.all(z, z > 0))",
+    ],
+)
+def test_estimate_covers_the_actual_cost(expression: str) -> None:
+    selector = compile_selector(expression)
+    device = activation("d", attributes={"names": [f"n{i}" for i in range(48)], "s": "x-" * 31 + "H"})
+    _, actual = selector.evaluate_with_cost(device)
+    assert selector.estimated_cost is not None and actual <= selector.estimated_cost

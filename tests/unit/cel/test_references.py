@@ -155,7 +155,26 @@ def test_devices_agreeing_on_references_get_the_same_outcome(expression: str, x:
 
 
 def test_projection_over_several_selectors_paths() -> None:
-    paths = sorted(compile_selector(f"{A}.x == 1").references | compile_selector("device.driver == 'd1'").references)  # type: ignore[operator]
+    first = compile_selector(f"{A}.x == 1").references
+    second = compile_selector("device.driver == 'd1'").references
+    assert first is not None and second is not None
+    paths = sorted(first | second)
     same = [activation("d1", attributes={"x": 1, "y": i}) for i in range(3)]
     assert len({projection(act, paths) for act in same}) == 1
     assert projection(activation("d2", attributes={"x": 1}), paths) != projection(same[0], paths)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_expr(3), devices())
+def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[str, Any]) -> None:
+    # Shares the expression generator; lives here rather than in test_limits for that.
+    try:
+        selector = compile_selector(expression)
+    except CelCompileError:
+        return
+    try:
+        _, actual = selector.evaluate_with_cost(activation(**device))
+    except CelRuntimeError:
+        return
+    assert selector.estimated_cost is not None
+    assert actual <= selector.estimated_cost
