@@ -32,12 +32,14 @@ from quota.cel.values import (
 )
 
 try:  # RE2 like cel-go: linear time, no backreferences or lookaround.
-    import re2 as _re2  # type: ignore[import-untyped,unused-ignore]
+    import re2 as _re2  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     _OPTIONS = _re2.Options()
     _OPTIONS.log_errors = False
-except ImportError:  # pragma: no cover - google-re2 is installed in the project image
+    HAVE_RE2 = True
+except ImportError:  # pragma: no cover - depends on the environment
     _re2 = None
+    HAVE_RE2 = False
 
 
 # --- ext.Strings v2 ---------------------------------------------------------------
@@ -170,9 +172,45 @@ def compile_regex(pattern: str) -> Any:
     try:
         if _re2 is not None:
             return _re2.compile(pattern, _OPTIONS)
-        return re.compile(pattern)  # pragma: no cover
+        check_backtracking_risk(pattern)
+        return re.compile(pattern, re.ASCII)
+    except EvalError:
+        raise
     except Exception as exc:  # re2.error / re.error: both mean a bad pattern
         raise EvalError(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
+_NOT_RE2 = re.compile(r"\\(?:[1-9]|k<)|\(\?<?[=!]")
+
+
+def check_backtracking_risk(pattern: str) -> None:
+    """Without google-re2, Python's backtracking engine runs the pattern: refuse what
+    RE2 would refuse (lookaround, backreferences) and what could backtrack for ever
+    (a quantified group that itself repeats or alternates, more than 3 quantifiers)."""
+    if _NOT_RE2.search(pattern):
+        raise EvalError(f"invalid regular expression {pattern!r}: lookaround and backreferences are not RE2 syntax")
+    groups = [False]  # per open group: does it contain repetition or alternation?
+    quantifiers, i, in_class = 0, 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class or char == "[":
+            in_class = char != "]" or (in_class and pattern[i - 1] == "[")
+        elif char == "(":
+            groups.append(False)
+        elif char == ")" and len(groups) > 1:
+            inner = groups.pop()
+            if inner and pattern[i + 1 : i + 2] in ("*", "+", "?", "{"):
+                raise EvalError(f"regular expression {pattern!r} needs google-re2 (nested repetition)")
+            groups[-1] = groups[-1] or inner
+        elif char == "|" or (char in "*+{" or (char == "?" and pattern[i - 1 : i] not in ("*", "+", "?", "}", "("))):
+            quantifiers += char != "|"
+            groups[-1] = True
+        i += 1
+    if quantifiers > 3:
+        raise EvalError(f"regular expression {pattern!r} needs google-re2 (more than 3 repetitions)")
 
 
 @register("matches", "string, string -> bool", member=True, cost=scan_cost)

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from quota.cel import MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector
+from quota.cel import MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector, extlib
+from quota.cel.values import EvalError
 from tests.unit.cel.devices import activation
 
 
@@ -50,8 +51,29 @@ def test_hostile_expression_stops_at_the_cost_limit(expression: str) -> None:
 def test_regex_cannot_backtrack_catastrophically() -> None:
     selector = compile_selector('"' + "a" * 40 + '!".matches("(a+)+$")')
     started = time.perf_counter()
-    assert selector.evaluate(activation("d")) is False
+    if extlib.HAVE_RE2:
+        assert selector.evaluate(activation("d")) is False
+    else:  # Python's engine would take minutes: the fallback refuses the pattern
+        with pytest.raises(CelRuntimeError, match="needs google-re2"):
+            selector.evaluate(activation("d"))
     assert time.perf_counter() - started < 1
+
+
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [
+        ("H100|H200", None), ("^NVIDIA (A|H)[0-9]+.*$", None), ("(?:ab)+c", None), ("[(]+x", None),
+        ("(a+)+$", "nested repetition"), ("(x{2,3})+", "nested repetition"),
+        ("a*a*a*a*b", "more than 3 repetitions"), ("(a)\\1", "not RE2 syntax"), ("(?=x)y", "not RE2 syntax"),
+    ],
+)
+def test_fallback_engine_refuses_what_could_backtrack(pattern: str, refused: str | None) -> None:
+    # Only used without google-re2, but always tested: CI may lack the wheel.
+    if refused is None:
+        extlib.check_backtracking_risk(pattern)
+    else:
+        with pytest.raises(EvalError, match=refused):
+            extlib.check_backtracking_risk(pattern)
 
 
 def test_a_smaller_budget_can_be_given() -> None:
