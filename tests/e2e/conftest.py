@@ -1,0 +1,155 @@
+"""Session fixtures for the end-to-end tests: one real control plane per pytest session.
+
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) is
+built from the k8s.io/kubernetes Go module by tests/cluster/build.sh and started on
+free loopback ports by :mod:`tests.e2e.cluster`. Tests isolate by namespace (the
+``namespace`` / ``make_namespace`` fixtures) and by fleet (``make_fleet``).
+
+Failing to build or start the control plane is an ERROR of every e2e test, never a
+skip: a green run must mean the tests ran.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from .cluster import ControlPlane, ControlPlaneError, build
+from .driver import GpuFleet, create_fleet
+from .kube import Kube, Obj
+
+E2E_DIR = Path(__file__).resolve().parent
+
+_control_plane: ControlPlane | None = None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run every async e2e test on the session event loop.
+
+    The ``kube`` client (an aiohttp session) is session-scoped and bound to the session
+    loop (pyproject: asyncio_default_fixture_loop_scope = "session"); tests must run on
+    that loop too. This is the hook pytest-asyncio's docs recommend for it.
+    """
+    session_loop = pytest.mark.asyncio(loop_scope="session")
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        if E2E_DIR in path.parents and pytest_asyncio.is_async_test(item):
+            item.add_marker(session_loop, append=False)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Build (no-op when up to date) and start the control plane; stop it at session end."""
+    global _control_plane
+    try:
+        binary = build()
+    except ControlPlaneError as e:
+        pytest.fail(f"cannot build the minik8s control plane:\n{e}", pytrace=False)
+    cp = ControlPlane(binary=binary, workdir=tmp_path_factory.mktemp("minik8s"))
+    _control_plane = cp
+    try:
+        cp.start(timeout=float(os.environ.get("MINIK8S_START_TIMEOUT", "180")))
+    except BaseException as e:
+        cp.stop()
+        _control_plane = None
+        if isinstance(e, ControlPlaneError):
+            pytest.fail(f"cannot start the minik8s control plane: {e}", pytrace=False)
+        raise
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
+    """Admin (system:masters) client for the control plane; plain-dict API, see kube.py."""
+    cert, key = cluster.admin_cert
+    async with Kube(cluster.server, ca_file=str(cluster.ca_file), cert_file=str(cert), key_file=str(key)) as k:
+        yield k
+
+
+def unique(prefix: str) -> str:
+    """A DNS-label-safe unique name (tests share one cluster)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def make_namespace(
+    cluster: ControlPlane, kube: Kube
+) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Factory: ``await make_namespace(labels={...})`` -> a fresh namespace name, deleted after the test.
+
+    Waits for the namespace's "default" ServiceAccount: the ServiceAccount admission
+    plugin rejects pods until the serviceaccount controller has created it.
+    """
+    created: list[str] = []
+
+    async def make(prefix: str = "e2e", labels: dict[str, str] | None = None) -> str:
+        cluster.check_alive()
+        name = unique(prefix)
+        meta: Obj = {"name": name}
+        if labels:
+            meta["labels"] = labels
+        await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": meta})
+        created.append(name)
+        await kube.wait_for(
+            "v1", "serviceaccounts", "default", lambda _: True, namespace=name, timeout=30, what="created"
+        )
+        return name
+
+    yield make
+    for name in created:
+        # Not awaited to completion: namespace deletion (finalizers, GC) is the
+        # namespace controller's business and must not slow every test down.
+        await kube.delete("v1", "namespaces", name)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def namespace(make_namespace: Callable[..., Awaitable[str]]) -> str:
+    """A fresh namespace without labels."""
+    return await make_namespace()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def make_fleet(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Callable[..., Awaitable[GpuFleet]]]:
+    """Factory for :class:`GpuFleet` (fake nodes + DeviceClass + slices), all deleted after the test."""
+    fleets: list[GpuFleet] = []
+
+    async def make(prefix: str = "fleet") -> GpuFleet:
+        cluster.check_alive()
+        fleet = await create_fleet(kube, unique(prefix))
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        await fleet.delete()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the control-plane log tails to every failed e2e test report."""
+    report = yield
+    if report.failed and _control_plane is not None and E2E_DIR in Path(str(item.fspath)).resolve().parents:
+        report.sections.append(("minik8s control-plane logs (tail)", _control_plane.logs_report(40)))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    cp = _control_plane
+    if cp is None or not cp.startup_seconds:
+        return
+    rss = cp.final_rss or cp.rss()
+    parts = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in rss.items() if v)
+    terminalreporter.write_line(
+        f"minik8s: control plane ready in {cp.startup_seconds:.1f}s; RSS at session end: {parts}; "
+        f"logs in {cp.logs}"
+    )
