@@ -221,3 +221,10 @@ def _includes(attribute: Any, value: Any) -> bool:
             )
         return any(cel_equal(item, value) for item in attribute)
     return cel_equal(attribute, value)
+
+
+# Newer scheduler code (1.38 development) adds `asList()` so that a list-typed attribute
+# and a scalar one can be iterated alike; harmless to offer: scalar -> [scalar].
+@register("asList", "dyn -> list(dyn)", member=True)
+def _as_list(attribute: Any) -> tuple[Any, ...]:
+    return attribute if type(attribute) is tuple else (attribute,)

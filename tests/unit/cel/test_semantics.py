@@ -84,6 +84,7 @@ MATCHING = [
     "sets.contains([1, 2, 3], [2]) && sets.intersects([1], [1, 2]) && sets.equivalent([1, 2], [2, 1, 1])",
     # macros
     f'{NV}.names.exists(n, n == "b") && {NV}.names.all(n, n.size() == 1)',
+    f'{NV}.names.asList().size() == 2 && {NV}.type.asList() == ["gpu"]',
     f'{NV}.names.map(n, n + "!").join(",") == "a!,b!" && {NV}.names.filter(n, n != "a") == ["b"]',
     "[1, 2, 3].map(x, x > 1, x * 10) == [20, 30] && [1, 2, 3].exists_one(x, x == 2)",
     '{"a": 1, "b": 2}.all(k, k.size() == 1) && {"a": 1}.exists(k, k == "a")',
