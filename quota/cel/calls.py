@@ -187,10 +187,41 @@ def _filter(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
     return run
 
 
+def _opt_map(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
+    return _optional_macro(rng, slot, body, step, flat=False)
+
+
+def _opt_flat_map(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
+    return _optional_macro(rng, slot, body, step, flat=True)
+
+
+def _optional_macro(rng: Fn, slot: int, body: Fn, step: int, *, flat: bool) -> Fn:
+    """`opt.optMap(v, e)` / `opt.optFlatMap(v, e)`: none stays none, else apply e."""
+
+    def run(st: State) -> Optional:
+        value = rng(st)
+        if type(value) is not Optional:
+            raise ops.no_overload("optFlatMap" if flat else "optMap", value)
+        if not value.has_value:
+            return value
+        charge(st, step)
+        st.slots[slot] = value.value
+        result = body(st)
+        if not flat:
+            return Optional(result)
+        if type(result) is not Optional:
+            raise ops.no_overload("optFlatMap", result)
+        return result
+
+    return run
+
+
 _BUILDERS: dict[str, Callable[[Fn, int, Fn, Fn | None, int], Fn]] = {
     "all": _all,
     "exists": _exists,
     "exists_one": _exists_one,
     "map": _map,
     "filter": _filter,
+    "optMap": _opt_map,
+    "optFlatMap": _opt_flat_map,
 }

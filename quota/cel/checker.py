@@ -47,7 +47,7 @@ DEVICE_FIELDS: dict[str, T] = {
     "allowMultipleAllocations": BOOL,
 }
 TYPE_IDENTS = frozenset(
-    "int uint double bool string bytes list map null_type type dyn optional_type".split()
+    "int uint double bool string bytes list map null_type type optional_type".split()
 )
 
 # Valid in the Kubernetes environment, not implemented here (listed in README.md).
@@ -208,6 +208,8 @@ class _Checker:
 
     def _Comprehension(self, node: ast.Comprehension, scope: dict[str, T]) -> T:
         rng = self.visit(node.range, scope)
+        if node.kind in ("optMap", "optFlatMap"):
+            return self._optional_macro(node, rng, scope)
         if rng.name == "list":
             first, second = (INT, rng.param(0)) if node.var2 is not None else (rng.param(0), DYN)
         elif rng.name == "map":
@@ -232,6 +234,17 @@ class _Checker:
             return body if body.name == "map" else MAP_DYN
         self._expect_bool(body, node.kind, node.pos)
         return T("list", (first,)) if node.kind == "filter" else BOOL
+
+    def _optional_macro(self, node: ast.Comprehension, rng: T, scope: dict[str, T]) -> T:
+        # cel-go OptionalTypes macros: opt.optMap(v, expr), opt.optFlatMap(v, optExpr).
+        if not (rng.is_dyn or rng.name == "optional_type"):
+            raise CheckProblem(_overload_text(node.kind, rng, []), node.pos)
+        body = self.visit(node.body, {**scope, node.var: rng.param(0)})
+        if node.kind == "optMap":
+            return T("optional_type", (body,))
+        if not (body.is_dyn or body.name == "optional_type"):
+            raise CheckProblem(_overload_text(node.kind, rng, [body]), node.pos)
+        return body
 
     def _Bind(self, node: ast.Bind, scope: dict[str, T]) -> T:
         return self.visit(node.body, {**scope, node.var: self.visit(node.init, scope)})

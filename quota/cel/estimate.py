@@ -109,7 +109,7 @@ class _Estimator:
 
     def _comprehension(self, node: ast.Comprehension, env: dict[str, Est]) -> Est:
         rng = self.visit(node.range, env)
-        size = _need(rng.size)
+        size = 1 if node.kind in ("optMap", "optFlatMap") else _need(rng.size)
         if node.var2 is None:  # one variable: list elements, map keys
             first = rng.key if rng.key is not None else rng.elem
         else:  # two variables: index or key, then the value

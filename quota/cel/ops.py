@@ -218,7 +218,8 @@ def index(container: Any, key: Any) -> Any:
             raise EvalError(f"index '{position}' out of range in list size '{len(container)}'")
         return container[position]
     if type(container) is Optional:
-        return Optional(index(container.value, key)) if container.has_value else OPTIONAL_NONE
+        # Chaining after `.?`/`[?]` (cel-go OptionalTypes): a missing entry stays none.
+        return optional_index(container.value, key) if container.has_value else OPTIONAL_NONE
     raise no_overload("_[_]", container, key)
 
 
@@ -237,6 +238,8 @@ def optional_index(container: Any, key: Any) -> Optional:
     """`container[?key]`: optional.none() instead of a missing-key error."""
     if type(container) is Optional:
         return optional_index(container.value, key) if container.has_value else OPTIONAL_NONE
+    if type(container) is DomainMap:
+        return Optional(container[key])  # compile.go's map finds every domain, unknown ones empty
     if isinstance(container, dict):
         if not _hashable(key) or key not in container or not _key_matches(container, key):
             return OPTIONAL_NONE
@@ -257,7 +260,7 @@ def select(value: Any, field: str) -> Any:
     if type(value) is DeviceActivation:
         return getattr(value, field)
     if type(value) is Optional:
-        return Optional(select(value.value, field)) if value.has_value else OPTIONAL_NONE
+        return optional_select(value.value, field) if value.has_value else OPTIONAL_NONE
     raise EvalError(f"type '{type_name(value)}' does not support field selection")
 
 
@@ -265,17 +268,22 @@ def optional_select(value: Any, field: str) -> Optional:
     """`value.?field`."""
     if type(value) is Optional:
         return optional_select(value.value, field) if value.has_value else OPTIONAL_NONE
+    if type(value) is DomainMap:
+        return Optional(value[field])
     if isinstance(value, dict):
         return Optional(value[field]) if field in value else OPTIONAL_NONE
     if type(value) is DeviceActivation:
         return Optional(getattr(value, field))
-    raise EvalError(f"type '{type_name(value)}' does not support field selection")
+    # cel-go: selecting on a present value that is not a map is an error, not none.
+    raise EvalError(f"no such key: {field}")
 
 
 def has_field(value: Any, field: str) -> bool:
-    """`has(value.field)`."""
+    """`has(value.field)`; on an optional, false when it is none."""
     if isinstance(value, dict):
         return field in value
     if type(value) is DeviceActivation:
         return True
+    if type(value) is Optional:
+        return value.has_value and has_field(value.value, field)
     raise EvalError(f"invalid type for field selection: {type_name(value)}")

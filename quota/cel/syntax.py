@@ -302,6 +302,7 @@ def _expand_has(args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
 _COMPREHENSIONS: dict[str, tuple[int, ...]] = {
     "all": (2, 3), "exists": (2, 3), "exists_one": (2, 3), "existsOne": (2, 3), "filter": (2,), "map": (2, 3),
     "transformList": (3, 4), "transformMap": (3, 4), "transformMapEntry": (3, 4),
+    "optMap": (2,), "optFlatMap": (2,),
 }
 # Function namespaces of the Kubernetes environment: `optional.of(x)` is one function.
 _NAMESPACES = ("optional", "sets", "strings", "lists", "math", "format")
@@ -334,7 +335,7 @@ def _comprehension(name: str, target: ast.Node, args: tuple[ast.Node, ...], pos:
     return ast.Comprehension(kind, target, var, body, pred, pos, var2)
 
 
-_ESCAPE = re.compile(r"\\(?:[abfnrtv\"'`?\\]|[0-3][0-7]{2}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\|.", re.S)
+_ESCAPE = re.compile(r"\\(?:[abfnrtv\"'`?\\]|[0-3][0-7]{2}|[xX][0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\|.", re.S)
 _SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 
 
