@@ -17,6 +17,7 @@ from quota.cel import ast
 from quota.cel import extlib as _extlib  # noqa: F401 - registers the extension libraries
 from quota.cel import k8slib as _k8slib  # noqa: F401 - registers quantity/semver/includes
 from quota.cel import netlib as _netlib  # noqa: F401 - registers the IP and CIDR libraries
+from quota.cel import strformat as _strformat  # noqa: F401 - registers string.format
 from quota.cel.library import REGISTRY, Overload
 from quota.cel.types import (
     BOOL,
@@ -52,7 +53,7 @@ TYPE_IDENTS = frozenset(
 
 # Valid in the Kubernetes environment, not implemented here (listed in README.md).
 UNSUPPORTED = {
-    "timestamp": "timestamps", "duration": "durations", "url": "the URL library", "isURL": "the URL library", "format": "string formatting",
+    "timestamp": "timestamps", "duration": "durations", "url": "the URL library", "isURL": "the URL library",
     "sortBy": "the sortBy macro",
 }
 _NUMERIC = ("int", "uint", "double")
