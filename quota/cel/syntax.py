@@ -11,14 +11,13 @@ names and types next; nothing here evaluates.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from quota.cel import ast
-from quota.cel.values import INT64_MAX, UINT64_MAX, Uint
+from quota.cel.literals import SyntaxProblem, decode_literal
 
 __all__ = ["SyntaxProblem", "parse"]
 
@@ -85,16 +84,6 @@ _RESERVED = frozenset(
     "as break const continue else for function if import in let loop package namespace return var void while".split()
 )
 _KEYWORD_VALUES: dict[str, Any] = {"true": True, "false": False, "null": None}
-
-
-class SyntaxProblem(Exception):
-    """A parse or macro error; `quota.cel.selector` turns it into CelCompileError."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
 
 
 def parse(text: str) -> ast.Node:
@@ -278,7 +267,7 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
         return (_checked(c[0]), _checked(c[1]), True)
 
     def literal(self, meta: Any, c: list[lark.Token]) -> ast.Node:
-        return _literal(c[0])
+        return decode_literal(c[0])
 
 
 def _checked(node: Any) -> ast.Node:
@@ -333,69 +322,3 @@ def _comprehension(name: str, target: ast.Node, args: tuple[ast.Node, ...], pos:
     rest = args[count:]
     body, pred = (rest[-1], rest[0] if len(rest) == 2 else None)
     return ast.Comprehension(kind, target, var, body, pred, pos, var2)
-
-
-_ESCAPE = re.compile(r"\\(?:[abfnrtv\"'`?\\]|[0-3][0-7]{2}|[xX][0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\|.", re.S)
-_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
-
-
-def _unescape(body: str, *, as_bytes: bool, pos: tuple[int, int]) -> list[int] | str:
-    """Decode cel-spec escapes; bytes literals keep \\x and octal escapes as raw octets."""
-    out: list[int] = []
-    chars: list[str] = []
-    for match in _ESCAPE.finditer(body):
-        piece = match.group()
-        if piece == "\\":
-            raise SyntaxProblem("Syntax error: invalid escape sequence", *pos)
-        if len(piece) == 1 or piece[0] != "\\":
-            chars.append(piece)
-            out.extend(piece.encode())
-            continue
-        kind = piece[1]
-        if kind in _SIMPLE or kind in "\"'`?\\":
-            text = _SIMPLE.get(kind, kind)
-            chars.append(text)
-            out.extend(text.encode())
-        elif kind in "xX" or kind.isdigit():
-            code = int(piece[2:], 16) if kind in "xX" else int(piece[1:], 8)
-            chars.append(chr(code))
-            out.append(code)
-        else:
-            code = int(piece[2:], 16)
-            if as_bytes:
-                raise SyntaxProblem("Syntax error: unicode escape in bytes literal", *pos)
-            if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
-                raise SyntaxProblem("Syntax error: invalid unicode code point", *pos)
-            chars.append(chr(code))
-    return out if as_bytes else "".join(chars)
-
-
-def _literal(token: lark.Token) -> ast.Lit:
-    text = str(token)
-    pos = _pos(token)
-    if token.type == "INT_LIT":
-        value = int(text, 16) if text.startswith("0x") else int(text)
-        if value > INT64_MAX + 1:
-            raise SyntaxProblem("invalid int literal", *pos)
-        # INT64_MAX + 1 is only valid under a unary minus; `neg` folds it.
-        return ast.Lit(value, negatable=True)
-    if token.type == "UINT_LIT":
-        value = int(text[:-1], 16) if text.startswith("0x") else int(text[:-1])
-        if value > UINT64_MAX:
-            raise SyntaxProblem("invalid uint literal", *pos)
-        return ast.Lit(Uint(value))
-    if token.type == "FLOAT_LIT":
-        return ast.Lit(float(text), negatable=True)
-    is_bytes = token.type == "BYTES_LIT"
-    prefix_len = 0
-    while text[prefix_len] not in "\"'":
-        prefix_len += 1
-    prefix = text[:prefix_len].lower()
-    quote = 3 if text[prefix_len : prefix_len + 3] in ('"""', "'''") else 1
-    body = text[prefix_len + quote : len(text) - quote]
-    if "r" in prefix:
-        return ast.Lit(body.encode() if is_bytes else body)
-    decoded = _unescape(body, as_bytes=is_bytes, pos=pos)
-    if isinstance(decoded, list):
-        return ast.Lit(bytes(decoded))
-    return ast.Lit(decoded)
