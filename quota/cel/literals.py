@@ -93,6 +93,8 @@ def decode_literal(token: lark.Token) -> ast.Lit:
     body = text[prefix_len + quote : len(text) - quote]
     if "r" in prefix:
         return ast.Lit(body.encode() if is_bytes else body)
+    if "\\" not in body:  # the common case: nothing to decode
+        return ast.Lit(body.encode() if is_bytes else body)
     decoded = _unescape(body, as_bytes=is_bytes, pos=pos)
     if isinstance(decoded, list):
         return ast.Lit(bytes(decoded))

@@ -170,7 +170,6 @@ def _pos(meta_or_token: Any) -> tuple[int, int]:
     return (line, column)
 
 
-@lark.v_args(meta=True)
 class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
     """Turn the lark tree into ast nodes, expanding macros on the way. Non-recursive:
     a 10 KiB expression can nest deeper than Python's recursion limit."""
@@ -184,13 +183,13 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
                 children[i] = child.balanced()
         return super()._call_userfunc(tree, children)  # type: ignore[no-untyped-call]
 
-    def cond(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def cond(self, c: list[ast.Node]) -> ast.Node:
         return ast.Cond(c[0], c[1], c[2])
 
-    def or_(self, meta: Any, c: list[Any]) -> Any:
+    def or_(self, c: list[Any]) -> Any:
         return self._chain("or_", c)
 
-    def and_(self, meta: Any, c: list[Any]) -> Any:
+    def and_(self, c: list[Any]) -> Any:
         return self._chain("and_", c)
 
     @staticmethod
@@ -200,16 +199,16 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
             return c[0]
         return _Chain(rule, [c[0], c[1]])
 
-    def binop(self, meta: Any, c: list[Any]) -> ast.Node:
+    def binop(self, c: list[Any]) -> ast.Node:
         return ast.Binary(str(c[1]), c[0], c[2], _pos(c[1]))
 
-    def in_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def in_(self, c: list[ast.Node]) -> ast.Node:
         return ast.Binary("in", c[0], c[1], _at(c[0]))
 
-    def not_(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def not_(self, c: list[ast.Node]) -> ast.Node:
         return ast.Not(c[0])
 
-    def neg(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def neg(self, c: list[ast.Node]) -> ast.Node:
         operand = c[0]
         # cel-go folds `-` into numeric literals, which is how -9223372036854775808 parses;
         # an unfolded int literal above INT64_MAX is rejected by the checker.
@@ -217,69 +216,69 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
             return ast.Lit(-operand.value)
         return ast.Neg(operand, _at(operand))
 
-    def select(self, meta: Any, c: list[Any]) -> ast.Node:
+    def select(self, c: list[Any]) -> ast.Node:
         return ast.Select(_checked(c[0]), str(c[1]), False, _pos(c[1]))
 
-    def opt_select(self, meta: Any, c: list[Any]) -> ast.Node:
+    def opt_select(self, c: list[Any]) -> ast.Node:
         return ast.Select(_checked(c[0]), str(c[1]), True, _pos(c[1]))
 
-    def index(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def index(self, c: list[ast.Node]) -> ast.Node:
         return ast.Index(_checked(c[0]), _checked(c[1]), False, _at(c[0]))
 
-    def opt_index(self, meta: Any, c: list[ast.Node]) -> ast.Node:
+    def opt_index(self, c: list[ast.Node]) -> ast.Node:
         return ast.Index(_checked(c[0]), _checked(c[1]), True, _at(c[0]))
 
-    def message(self, meta: Any, c: list[Any]) -> ast.Node:
+    def message(self, c: list[Any]) -> ast.Node:
         raise SyntaxProblem("message construction is not supported: the DRA environment declares no message types", *_at(c[0]))
 
-    def method(self, meta: Any, c: list[Any]) -> ast.Node:
+    def method(self, c: list[Any]) -> ast.Node:
         target, name, args = c[0], str(c[1]), tuple(c[2] or ())
         return _expand_method(target, name, args, _pos(c[1]))
 
-    def call(self, meta: Any, c: list[Any]) -> ast.Node:
+    def call(self, c: list[Any]) -> ast.Node:
         name, args = str(c[0]), tuple(c[1] or ())
         _check_ident(c[0])
         if name == "has":
             return _expand_has(args, _pos(c[0]))
         return ast.Call(name, None, tuple(_checked(a) for a in args), _pos(c[0]))
 
-    def ident(self, meta: Any, c: list[lark.Token]) -> ast.Node:
+    def ident(self, c: list[lark.Token]) -> ast.Node:
         name = str(c[0])
         if name in _KEYWORD_VALUES:
             return ast.Lit(_KEYWORD_VALUES[name])
         _check_ident(c[0])
         return ast.Ident(name, _pos(c[0]))
 
-    def list_lit(self, meta: Any, c: list[Any]) -> ast.Node:
+    def list_lit(self, c: list[Any]) -> ast.Node:
         items = c[0] or ()
         return ast.ListLit(tuple(node for node, _ in items), tuple(i for i, (_, opt) in enumerate(items) if opt))
 
-    def map_lit(self, meta: Any, c: list[Any]) -> ast.Node:
+    def map_lit(self, c: list[Any]) -> ast.Node:
         entries = c[0] or ()
         return ast.MapLit(tuple((k, v) for k, v, _ in entries), tuple(i for i, (_, _, opt) in enumerate(entries) if opt))
 
-    def items(self, meta: Any, c: list[tuple[ast.Node, bool]]) -> list[tuple[ast.Node, bool]]:
+    def items(self, c: list[tuple[ast.Node, bool]]) -> list[tuple[ast.Node, bool]]:
         return c
 
-    def item(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, bool]:
+    def item(self, c: list[ast.Node]) -> tuple[ast.Node, bool]:
         return (_checked(c[0]), False)
 
-    def opt_item(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, bool]:
+    def opt_item(self, c: list[ast.Node]) -> tuple[ast.Node, bool]:
         return (_checked(c[0]), True)
 
-    def args(self, meta: Any, c: list[ast.Node]) -> list[ast.Node]:
+    def args(self, c: list[ast.Node]) -> list[ast.Node]:
         return c
 
-    def entries(self, meta: Any, c: list[Any]) -> list[Any]:
+    def entries(self, c: list[Any]) -> list[Any]:
         return c
 
-    def entry(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
+    def entry(self, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
         return (_checked(c[0]), _checked(c[1]), False)
 
-    def opt_entry(self, meta: Any, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
+    def opt_entry(self, c: list[ast.Node]) -> tuple[ast.Node, ast.Node, bool]:
         return (_checked(c[0]), _checked(c[1]), True)
 
-    def literal(self, meta: Any, c: list[lark.Token]) -> ast.Node:
+    def literal(self, c: list[lark.Token]) -> ast.Node:
         return decode_literal(c[0])
 
 
