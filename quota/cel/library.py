@@ -293,7 +293,9 @@ def _optional_of(v: Any) -> Optional:
 
 @register("optional.ofNonZeroValue", "A -> optional_type(A)")
 def _optional_of_non_zero(v: Any) -> Optional:
-    zero = v is None or (type(v) is not bool and v in (0, "", b"")) or v is False or v in ((), {})
+    # The zero value of each CEL type: null, false, 0, 0u, 0.0, "", b"", [], {}.
+    zero = v is None or (type(v) in (bool, int, Uint, float, str, bytes, tuple) and not v) or (
+        isinstance(v, dict) and not v)
     return OPTIONAL_NONE if zero else Optional(v)
 
 

@@ -44,6 +44,8 @@ MATCHING = [
     f"{NV}.?type.orValue({NV}.missing) == \"gpu\"",
     "optional.of(1).hasValue() && !optional.none().hasValue() && optional.none().orValue(3) == 3",
     "optional.none().or(optional.of(2)).value() == 2",
+    "![0, false, '', [], {}, 0.0, 0u, null].exists(z, optional.ofNonZeroValue(dyn(z)).hasValue())",
+    "[1, true, 'a', [0], {'k': 0}, 0.5, 1u].all(z, optional.ofNonZeroValue(dyn(z)).hasValue())",
     "[?optional.of(1), ?optional.none()] == [1]",
     '{"a": 1, ?"b": optional.none()}.size() == 1',
     # cel.bind is a lazy substitution
