@@ -44,8 +44,10 @@ MATCHING = [
     f"{NV}.?type.orValue({NV}.missing) == \"gpu\"",
     "optional.of(1).hasValue() && !optional.none().hasValue() && optional.none().orValue(3) == 3",
     "optional.none().or(optional.of(2)).value() == 2",
-    "![0, false, '', [], {}, 0.0, 0u, null].exists(z, optional.ofNonZeroValue(dyn(z)).hasValue())",
-    "[1, true, 'a', [0], {'k': 0}, 0.5, 1u].all(z, optional.ofNonZeroValue(dyn(z)).hasValue())",
+    "![dyn(0), dyn(false), dyn(''), dyn([]), dyn({}), dyn(0.0), dyn(0u), dyn(null)]"
+    ".exists(z, optional.ofNonZeroValue(z).hasValue())",
+    "[dyn(1), dyn(true), dyn('a'), dyn([0]), dyn({'k': 0}), dyn(0.5), dyn(1u)]"
+    ".all(z, optional.ofNonZeroValue(z).hasValue())",
     "[?optional.of(1), ?optional.none()] == [1]",
     '{"a": 1, ?"b": optional.none()}.size() == 1',
     # cel.bind is a lazy substitution
