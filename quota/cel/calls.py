@@ -4,9 +4,10 @@
 one statically proven overload is called directly, several are dispatched on the
 runtime types (cel-go's dynamic dispatch for `dyn` arguments). `optional.or` and
 `orValue` short-circuit like cel-go's planner. `compile_comprehension` implements
-all / exists / exists_one / map / filter with cel-go's error absorption (`all` is
-false if any element is false, even when another element errored) and charges each
-step to the cost budget of `quota.cel.evaluator.State`.
+all / exists / exists_one / map / filter and the optional macros optMap / optFlatMap
+with cel-go's error absorption (`all` is false if any element is false, even when
+another element errored) and charges each step to the budget in `quota.cel.runtime`;
+the two-variable forms live in `quota.cel.twovar`.
 """
 
 from __future__ import annotations

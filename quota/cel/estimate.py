@@ -8,7 +8,8 @@ the DRA API (k/k resource/v1 types.go, as compile.go declares them to cel-go): a
 32 attributes+capacities per device, ids of 32 characters, domains and driver names
 of 63, attribute values of 64 characters or list elements. Every node costs 1 (a call
 2); a comprehension costs its range plus size x (body + 2), like `quota.cel.evaluator`
-charges at run time, so the estimate bounds `evaluate_with_cost`. `None` means unbounded (a loop over something of unknown size).
+charges at run time, so the estimate bounds `evaluate_with_cost`. `None` means
+unbounded (a loop over something of unknown size).
 """
 
 from __future__ import annotations

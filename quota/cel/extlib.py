@@ -10,7 +10,8 @@ Registered into `quota.cel.library.REGISTRY` on import:
   lastIndexOf; and the cel-go ext.Lists functions slice, flatten, distinct, reverse,
   sort, first, last, lists.range;
 - cel-go ext.Sets: sets.contains, sets.equivalent, sets.intersects.
-Sizes feed the runtime cost (`scan_cost`), which `quota.cel.evaluator` enforces.
+Sizes feed the runtime cost (`scan_cost`), which `quota.cel.runtime` enforces;
+`format` lives in `quota.cel.strformat`.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ isQuantity, sign, isGreaterThan, isLessThan, compareTo, add, sub, mul, div, divI
 isInteger, asInteger, asApproximateFloat) and semverlib.go version 1 (semver and
 isSemver with the optional normalize flag, major/minor/patch, comparisons). Quantities
 are exact fractions parsed by `quota.quantity.parse_quantity`; the grammar check in
-front of it reproduces apimachinery's two error messages. `includes` is the DRA helper
-for list-typed attributes (dynamic-resource-allocation/cel, DRAListTypeAttributes).
+front of it reproduces apimachinery's two error messages. `includes` and `asList` are
+the DRA helpers for list-typed attributes (dynamic-resource-allocation/cel,
+DRAListTypeAttributes).
 """
 
 from __future__ import annotations

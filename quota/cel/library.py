@@ -5,8 +5,10 @@ is a method, its parameter and result types (`quota.cel.types` syntax) and the
 implementation over `quota.cel.values`. `quota.cel.checker` resolves calls against the
 registry at compile time; `quota.cel.evaluator` calls the chosen implementations.
 The Kubernetes and extension libraries register themselves from
-`quota.cel.extlib` (strings, lists, regex, sets) and `quota.cel.k8slib` (quantity,
-semver, includes). Implementations raise `EvalError` with cel-go's wording.
+`quota.cel.extlib` (strings, lists, regex, sets), `quota.cel.strformat` (format),
+`quota.cel.k8slib` (quantity, semver, includes, asList) and `quota.cel.netlib` (IP,
+CIDR); `quota.cel.checker` imports them all. Implementations raise `EvalError` with
+cel-go's wording.
 """
 
 from __future__ import annotations

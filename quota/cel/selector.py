@@ -1,8 +1,8 @@
 """The public face of the DRA CEL environment: compile a selector, evaluate it.
 
 `compile_selector` runs the pipeline parse (`quota.cel.syntax`) -> check
-(`quota.cel.checker`) -> references (`quota.cel.references`) -> closures
-(`quota.cel.evaluator`) once per expression and keeps the result in an LRU cache, like
+(`quota.cel.checker`) -> references (`quota.cel.references`) and cost estimate
+(`quota.cel.estimate`) -> closures (`quota.cel.evaluator`) once per expression and keeps the result in an LRU cache, like
 the scheduler's compiled-expression cache (k/k dynamic-resource-allocation/cel/cache.go).
 Errors carry the API server's and scheduler's wording: "compilation failed: ...",
 "must evaluate to bool ...", "no such key: ...", "... actual cost limit exceeded".

@@ -2,11 +2,13 @@
 
 The grammar is cel-python's `celpy/cel.lark` (itself the cel-spec EBNF) reshaped with
 lark's `?rule` inlining so trees stay shallow, plus what the Kubernetes environment
-accepts and celpy 0.5 does not: optional field/index selection `a.?b`, `a[?k]`
-(cel-go OptionalTypes), trailing commas in list/map literals, and exact int64 bounds
-for negative literals. Macros (`has`, `all`, `exists`, `exists_one`, `map`, `filter`,
-`cel.bind`) are recognised here, as cel-go's parser does. `quota.cel.checker` resolves
-names and types next; nothing here evaluates.
+accepts and celpy 0.5 does not: optional field/index selection `a.?b`, `a[?k]` and
+optional list/map entries (cel-go OptionalTypes), trailing commas in literals, and
+exact int64 bounds for negative literals. Macros (`has`, `all`, `exists`,
+`exists_one`, `map`, `filter`, the two-variable forms, `optMap`/`optFlatMap`,
+`cel.bind`) are recognised here and `&&`/`||` runs are balanced, as cel-go's parser
+does; literals decode in `quota.cel.literals`. `quota.cel.checker` resolves names and
+types next; nothing here evaluates.
 """
 
 from __future__ import annotations
