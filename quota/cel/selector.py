@@ -97,6 +97,8 @@ class CompiledSelector:
 
 def compile_selector(expression: str) -> CompiledSelector:
     """Compile (or fetch from the LRU cache) one CEL selector expression."""
+    if not isinstance(expression, str):  # YAML can hand over a number or a list
+        raise CelCompileError(f"expression must be a string, not {type(expression).__name__}")
     result = _compile_cached(expression)
     if isinstance(result, CelCompileError):
         raise CelCompileError(str(result))

@@ -263,3 +263,9 @@ def test_ip_and_cidr_libraries(expression: str, device: Any) -> None:
 def test_ip_errors_name_the_input() -> None:
     with pytest.raises(CelRuntimeError, match='IPv4-mapped IPv6 address "::ffff:1.2.3.4" is not allowed'):
         compile_selector('ip("::ffff:1.2.3.4").family() == 6').evaluate(activation())
+
+
+@pytest.mark.parametrize("value", [1, None, ["device.driver == 'a'"]])
+def test_non_string_expression_is_a_compile_error(value: Any) -> None:
+    with pytest.raises(CelCompileError, match="expression must be a string"):
+        compile_selector(value)
