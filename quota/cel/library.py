@@ -190,7 +190,11 @@ def _double_int(v: int) -> float:
 
 @register("double", "string -> double")
 def _double_string(v: str) -> float:
+    # Go's strconv.ParseFloat: no surrounding blanks, no digit separators (Python
+    # accepts both).
     try:
+        if v != v.strip() or "_" in v:
+            raise ValueError(v)
         return float(v)
     except ValueError:
         raise EvalError(f'cannot convert string "{v}" to double') from None

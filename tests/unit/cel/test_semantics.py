@@ -121,6 +121,8 @@ FAILING_AT_RUNTIME = [
     (f'{NV}.index.isGreaterThan(quantity("1"))', "no such overload"),
     ('int("x") == 1', 'cannot convert string "x" to int'),
     ("int(1e30) == 1", "range error"),
+    ('double("1_000") == 1000.0', 'cannot convert string "1_000" to double'),
+    ('double(" 1.5") == 1.5', "cannot convert string"),
     ("[].min() == 1", "min called on empty list"),
     ("optional.none().value() == 1", "optional.none() dereference"),
     ('"abc".substring(2, 1) == ""', "invalid substring range"),
