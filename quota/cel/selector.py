@@ -40,7 +40,7 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "estimated_cost", "_fn", "_slots", "_base_cost")
+    __slots__ = ("expression", "references", "estimated_cost", "_fn", "_slots", "_base_cost", "_paths")
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class CompiledSelector:
     ) -> None:
         self.expression = expression
         self.references = refs
+        self._paths = tuple(sorted(refs)) if refs is not None else ()
         # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
         self.estimated_cost = estimated_cost
         self._fn = fn
@@ -92,7 +93,7 @@ class CompiledSelector:
         Without static references every device is its own group."""
         if self.references is None:
             return ("device", id(activation))
-        return projection(activation, sorted(self.references))
+        return projection(activation, self._paths)
 
 
 def compile_selector(expression: str) -> CompiledSelector:
