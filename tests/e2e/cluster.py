@@ -314,6 +314,14 @@ class ControlPlane:
                 # address (the host's non-loopback IP) into the kubernetes
                 # Service's endpoints; "none" writes nothing.
                 "--endpoint-reconciler-type=none",
+                # Without it the apiserver derives the advertise address from
+                # the default route's interface (a non-loopback IP, and start-up
+                # fails on hosts without a default route). 127.0.0.1 is only
+                # invalid where it would be written into the kubernetes
+                # Endpoints (loopback IPs fail validation,
+                # pkg/apis/core/validation/validation.go), which reconciler
+                # "none" never does.
+                "--advertise-address=127.0.0.1",
                 # APF adds queuing and periodic config writes that only cost
                 # CPU on a single-client test cluster (envtest does the same).
                 "--enable-priority-and-fairness=false",

@@ -46,20 +46,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """Build (no-op when up to date) and start the control plane; stop it at session end."""
     global _control_plane
+    problem = None
     try:
         binary = build()
     except ControlPlaneError as e:
-        pytest.fail(f"cannot build the minik8s control plane:\n{e}", pytrace=False)
+        problem = f"cannot build the minik8s control plane:\n{e}"
+    if problem:  # outside the except block: no chained traceback noise
+        pytest.fail(problem, pytrace=False)
     cp = ControlPlane(binary=binary, workdir=tmp_path_factory.mktemp("minik8s"))
     _control_plane = cp
     try:
         cp.start(timeout=float(os.environ.get("MINIK8S_START_TIMEOUT", "180")))
-    except BaseException as e:
-        cp.stop()
-        _control_plane = None
-        if isinstance(e, ControlPlaneError):
-            pytest.fail(f"cannot start the minik8s control plane: {e}", pytrace=False)
-        raise
+    except ControlPlaneError as e:
+        problem = f"cannot start the minik8s control plane: {e}"
+    finally:
+        if problem or cp.startup_seconds == 0.0:  # also on KeyboardInterrupt etc.
+            cp.stop()
+            _control_plane = None
+    if problem:
+        pytest.fail(problem, pytrace=False)
     try:
         yield cp
     finally:
