@@ -72,13 +72,16 @@ def _quantity(value: Fraction) -> Quantity:
     return Quantity(value)
 
 
-_MISSING = ("missing",)
+# Private sentinels: no attribute value can equal them.
+_MISSING = object()
+_BOOL = object()
 
 
 def projection(activation: DeviceActivation, paths: Iterable[DevicePath]) -> Hashable:
     """A hashable key equal for two devices iff every path holds an equal, same-typed
-    value (or is missing on both). Values are tagged by type because Python's `1 ==
-    True` must not merge an int attribute with a bool one."""
+    value (or is missing on both). Python's `1 == True` must not merge an int attribute
+    with a bool one, so bools are tagged; strings, ints, semvers (whose equality ignores
+    the build metadata CEL cannot see) and quantities are their own keys."""
     parts: list[Hashable] = [activation.error]
     for path in paths:
         if path[0] == "driver":
@@ -87,17 +90,18 @@ def projection(activation: DeviceActivation, paths: Iterable[DevicePath]) -> Has
             parts.append(activation.allowMultipleAllocations)
         else:
             maps = activation.attributes if path[0] == "attributes" else activation.capacity
-            values = maps.get(path[1], {})
-            parts.append(_tag(values[path[2]]) if path[2] in values else _MISSING)
+            value = maps.get(path[1], _NO_IDS).get(path[2], _MISSING)
+            kind = type(value)
+            parts.append(value if kind is str or kind is int or kind is Quantity else _key(value))
     return tuple(parts)
 
 
-def _tag(value: Any) -> Hashable:
-    if isinstance(value, tuple):
-        return ("list", tuple(_tag(v) for v in value))
-    if isinstance(value, Semver):
-        # Build metadata is invisible to CEL (comparison and == ignore it).
-        return ("semver", value.major, value.minor, value.patch, value.pre)
-    if isinstance(value, Quantity):
-        return ("quantity", value.value)
-    return (type(value).__name__, value)
+_NO_IDS: dict[str, Any] = {}
+
+
+def _key(value: Any) -> Hashable:
+    if type(value) is bool:
+        return (_BOOL, value)
+    if type(value) is tuple:
+        return tuple(_key(v) for v in value)
+    return value  # type: ignore[no-any-return]

@@ -178,3 +178,18 @@ def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[st
         return
     assert selector.estimated_cost is not None
     assert actual <= selector.estimated_cost
+
+
+def test_group_key_edge_values() -> None:
+    selector = compile_selector(f"{A}.x.size() > 0 || true")
+    key = selector.group_key
+    # a list attribute that happens to spell the sentinel is not "missing"
+    assert key(activation("d1", attributes={"x": ["missing"]})) != key(activation("d1"))
+    # bools inside lists are tagged too
+    assert key(activation("d1", attributes={"x": [1, 0]})) != key(activation("d1", attributes={"x": [True, False]}))
+    # semvers differing only in build metadata are indistinguishable to CEL
+    assert key(activation("d1", attributes={"x": "v:1.0.0+a"})) == key(activation("d1", attributes={"x": "v:1.0.0+b"}))
+    assert key(activation("d1", attributes={"x": "v:1.0.0-rc"})) != key(activation("d1", attributes={"x": "v:1.0.0"}))
+    # quantities group by value
+    sel = compile_selector('device.capacity["d1"].m.isInteger()')
+    assert sel.group_key(activation("d1", capacity={"m": "1Gi"})) == sel.group_key(activation("d1", capacity={"m": "1024Mi"}))
