@@ -45,8 +45,20 @@ stamp=$(
 		sha256sum go.mod go.sum build.sh ./*.go
 	} | sha256sum | cut -d' ' -f1
 )
-if [[ -x $bin && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
+up_to_date() { [[ -x $bin && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; }
+if up_to_date; then
 	exit 0
+fi
+
+# Concurrent callers (two pytest sessions, CI step + fixture) wait for one
+# build instead of compiling Kubernetes twice on the same cores.
+mkdir -p "$out_dir"
+if command -v flock >/dev/null 2>&1; then
+	exec 9>"$out_dir/minik8s.lock"
+	flock 9
+	if up_to_date; then
+		exit 0
+	fi
 fi
 
 # A cold build needs ~1 GiB of modules and ~2-3 GiB of build cache, plus
@@ -73,7 +85,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-mkdir -p "$out_dir"
 tmp="$bin.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 echo "tests/cluster/build.sh: building minik8s ($kube_version, $go_version) -> $bin" >&2

@@ -225,7 +225,7 @@ class RecordingWebhook:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def test_webhook(cluster: ControlPlane) -> AsyncIterator[tuple[RecordingWebhook, int]]:
+async def webhook_server(cluster: ControlPlane) -> AsyncIterator[tuple[RecordingWebhook, int]]:
     hook = RecordingWebhook()
     app = web.Application()
     app.router.add_post("/validate", hook.handle)
@@ -245,9 +245,9 @@ async def test_webhook(cluster: ControlPlane) -> AsyncIterator[tuple[RecordingWe
 
 
 async def test_webhook_called_through_service_reference(
-    kube: Kube, cluster: ControlPlane, namespace: str, test_webhook: tuple[RecordingWebhook, int]
+    kube: Kube, cluster: ControlPlane, namespace: str, webhook_server: tuple[RecordingWebhook, int]
 ) -> None:
-    hook, port = test_webhook
+    hook, port = webhook_server
     svc_ns, svc_name = WEBHOOK_SERVICES[0]
     config_name = f"minik8s-smoke-{namespace}"
     await kube.create(
@@ -312,11 +312,11 @@ async def test_webhook_called_through_service_reference(
 
 
 async def test_webhook_tls_server_name_is_verified(
-    kube: Kube, cluster: ControlPlane, namespace: str, test_webhook: tuple[RecordingWebhook, int]
+    kube: Kube, cluster: ControlPlane, namespace: str, webhook_server: tuple[RecordingWebhook, int]
 ) -> None:
     """A Service name outside the certificate's SANs must fail TLS: the override changes
     only where the apiserver dials, not what it verifies."""
-    hook, port = test_webhook
+    hook, port = webhook_server
     config_name = f"minik8s-badname-{namespace}"
     await kube.create(
         "admissionregistration.k8s.io/v1",
