@@ -5,7 +5,8 @@ Prints (and writes to bench/results/pricing.json):
 - per-claim pricing latency p50/p99 for (a) selectors already seen, (b) selectors never
   seen before over attributes other selectors already used (new literals: the common
   case), (c) selectors reading a device field no selector read before (the first claim
-  that looks at, say, `architecture`), and the realistic generated claim mix;
+  that looks at, say, `architecture`: once per field per process), (d) seen selectors
+  right after a ResourceSlice changed (churn), and the realistic generated claim mix;
 - each against its target (issue #2), as a ratio.
 
 Not a timed test: run `python bench/pricing.py [--nodes N]`.
@@ -14,6 +15,7 @@ Not a timed test: run `python bench/pricing.py [--nodes N]`.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import random
@@ -111,6 +113,18 @@ def summary(name: str, times: list[float], target_ms: float | None) -> dict[str,
     return row
 
 
+def churn(pricer: Pricer, inventory: Inventory, slices: list[dict[str, Any]], seen: list[ClaimSpec],
+          rng: random.Random, n: int) -> list[float]:
+    """Each sample: one slice republished with a new pool generation, then a seen selector."""
+    times = []
+    for _ in range(n):
+        updated = copy.deepcopy(slices[rng.randrange(len(slices))])
+        updated["spec"]["pool"]["generation"] += 1
+        inventory.add_or_update_slice(updated)
+        times.extend(measure(pricer, [rng.choice(seen)]))
+    return times
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     value = fn()
@@ -147,6 +161,7 @@ def main() -> None:
     rows.append(summary("(a) selector already seen", measure(pricer, [rng.choice(seen) for _ in range(args.samples * 10)]), 1.0))
     rows.append(summary("(b) never seen, fields already read", measure(pricer, new_literal_selectors(rng, args.samples)), 50.0))
     rows.append(summary("(c) never seen, reads a new field", measure(pricer, new_field_selectors()), None))
+    rows.append(summary("(d) seen, right after a slice update", churn(pricer, inventory, slices, seen, rng, args.samples), 1.0))
     claims = [parse_claim(c) for c in generate_claims(args.samples * 4, 50, 7, slices, allocated_fraction=0.0)]
     mix = [c.spec for c in claims]
     rows.append(summary("generated claim mix (first pass)", measure(pricer, mix), None))

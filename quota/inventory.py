@@ -13,6 +13,7 @@ Adding, changing or deleting a slice rebuilds only that slice's pool.
 from __future__ import annotations
 
 import gc
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from quota.slices import ParsedSlice, parse_slice
 __all__ = ["Inventory", "PoolKey", "InventoryChange", "gc_paused"]
 
 PoolKey = tuple[str, str]  # (driver, pool name)
+_JOURNAL_LENGTH = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,11 @@ class Inventory:
         self._slice_pool: dict[str, PoolKey] = {}
         self._pools: dict[PoolKey, _Pool] = {}
         self._usable: dict[DeviceKey, Device] = {}
+        # Per usable pool, its devices; a pool's tuple is replaced only when that pool is
+        # rebuilt, so its identity tells caches (quota.selectors) what is unchanged.
+        self._usable_pools: dict[PoolKey, tuple[Device, ...]] = {}
+        # (generation, pools it rebuilt) for recent changes: caches catch up per pool.
+        self._journal: deque[tuple[int, tuple[PoolKey, ...]]] = deque(maxlen=_JOURNAL_LENGTH)
         self.generation = 0
 
     # -- mutations (synchronous: atomic on the event loop) -------------------------
@@ -86,10 +93,13 @@ class Inventory:
             self._slice_pool.clear()
             self._pools.clear()
             self._usable.clear()
+            self._usable_pools.clear()
             for item in parsed:
                 self._slice_pool[item.name] = item.pool_key
                 self._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
             change = self._rebuild(list(self._pools))
+            # A relist may drop pools _rebuild never saw: caches must rescan everything.
+            self._journal.clear()
         return InventoryChange(tuple(sorted(gone | set(change.pools))), change.generation)
 
     # -- queries ----------------------------------------------------------------
@@ -97,6 +107,18 @@ class Inventory:
     def usable(self) -> Mapping[DeviceKey, Device]:
         """Devices of complete pools at their highest generation: allocation candidates."""
         return self._usable
+
+    def usable_pools(self) -> Mapping[PoolKey, tuple[Device, ...]]:
+        """The usable devices by pool; a pool's tuple is the same object until it changes."""
+        return self._usable_pools
+
+    def changed_since(self, generation: int) -> set[PoolKey] | None:
+        """Pools rebuilt after `generation`, or None when that is too long ago to tell."""
+        if generation == self.generation:
+            return set()
+        if not self._journal or self._journal[0][0] > generation + 1:
+            return None
+        return {pool for gen, pools in self._journal if gen > generation for pool in pools}
 
     def lookup(self, key: DeviceKey) -> Device | None:
         """A device of the pool's highest generation, usable or not (allocated claims)."""
@@ -123,6 +145,7 @@ class Inventory:
             if pool.complete:
                 for name in pool.known:
                     self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
+            self._usable_pools.pop(pool_key, None)
             if not pool.slices:
                 del self._pools[pool_key]
                 rebuilt.append(pool_key)
@@ -131,8 +154,10 @@ class Inventory:
             if pool.complete:
                 for device in pool.known.values():
                     self._usable[device.key] = device
+                self._usable_pools[pool_key] = tuple(pool.known.values())
             rebuilt.append(pool_key)
         self.generation += 1
+        self._journal.append((self.generation, tuple(rebuilt)))
         return InventoryChange(tuple(rebuilt), self.generation)
 
     @staticmethod
