@@ -18,6 +18,7 @@ from quota.cel import extlib as _extlib  # noqa: F401 - registers the extension 
 from quota.cel import k8slib as _k8slib  # noqa: F401 - registers quantity/semver/includes
 from quota.cel import netlib as _netlib  # noqa: F401 - registers the IP and CIDR libraries
 from quota.cel import strformat as _strformat  # noqa: F401 - registers string.format
+from quota.cel import timelib as _timelib  # noqa: F401 - registers timestamps and durations
 from quota.cel.library import REGISTRY, Overload
 from quota.cel.types import (
     BOOL,
@@ -37,6 +38,7 @@ from quota.cel.types import (
     join,
 )
 from quota.cel.extlib import compile_regex
+from quota.cel.timelib import parse_duration, parse_timestamp
 from quota.cel.values import INT64_MAX, EvalError, Uint
 
 __all__ = ["Annotations", "CheckProblem", "check", "DEVICE_FIELDS"]
@@ -53,11 +55,17 @@ TYPE_IDENTS = frozenset(
 
 # Valid in the Kubernetes environment, not implemented here (listed in README.md).
 UNSUPPORTED = {
-    "timestamp": "timestamps", "duration": "durations", "url": "the URL library", "isURL": "the URL library",
+    "url": "the URL library", "isURL": "the URL library",
     "sortBy": "the sortBy macro",
 }
 _NUMERIC = ("int", "uint", "double")
-_ORDERED = ("int", "uint", "double", "string", "bytes", "bool")
+_TS, _DUR = "google.protobuf.Timestamp", "google.protobuf.Duration"
+_ORDERED = ("int", "uint", "double", "string", "bytes", "bool", _TS, _DUR)
+# Time arithmetic (cel-spec): the result type of each allowed (op, left, right).
+_TIME_ARITHMETIC = {
+    ("+", _TS, _DUR): _TS, ("+", _DUR, _TS): _TS, ("+", _DUR, _DUR): _DUR,
+    ("-", _TS, _TS): _DUR, ("-", _TS, _DUR): _TS, ("-", _DUR, _DUR): _DUR,
+}
 
 
 class CheckProblem(Exception):
@@ -160,16 +168,16 @@ class _Checker:
         return BOOL
 
     def _Call(self, node: ast.Call, scope: dict[str, T]) -> T:
-        target = self.visit(node.target, scope) if node.target is not None else None
-        args = [self.visit(a, scope) for a in node.args]
         name = node.function
-        if name not in REGISTRY:
+        target = self.visit(node.target, scope) if node.target is not None else None
+        if name not in REGISTRY:  # before the arguments: a macro's variables are not declared
             if name in UNSUPPORTED or name.startswith("format."):
                 what = UNSUPPORTED.get(name, "the format library")
                 raise CheckProblem(
                     f"'{name}' ({what}) is valid in Kubernetes but not supported by dra-quota's CEL evaluator", node.pos
                 )
             raise CheckProblem(f"undeclared reference to '{name}' (in container '')", node.pos)
+        args = [self.visit(a, scope) for a in node.args]
         given = ([target] if target is not None else []) + args
         candidates = tuple(
             o for o in REGISTRY[name]
@@ -180,6 +188,8 @@ class _Checker:
             raise CheckProblem(_overload_text(name, target, args), node.pos)
         if name == "matches":
             _validate_regex_literal(node)
+        if name in ("timestamp", "duration"):
+            _validate_time_literal(node)
         self.notes.overloads[id(node)] = candidates
         result = _instantiate(candidates[0], given)
         for other in candidates[1:]:
@@ -303,13 +313,18 @@ class _Checker:
             if right.is_dyn:
                 return BOOL
             raise fail
-        allowed = {"+": ("int", "uint", "double", "string", "bytes", "list"), "-": _NUMERIC, "*": _NUMERIC,
-                   "/": _NUMERIC, "%": ("int", "uint")}[op]
+        timed = _TIME_ARITHMETIC.get((op, left.name, right.name))
+        if timed is not None:
+            return T(timed)
+        if not dyn and (left.name in (_TS, _DUR) or right.name in (_TS, _DUR)):
+            raise fail  # any other mix of times, e.g. timestamp + timestamp
+        allowed = {"+": ("int", "uint", "double", "string", "bytes", "list", _TS, _DUR), "-": (*_NUMERIC, _TS, _DUR),
+                   "*": _NUMERIC, "/": _NUMERIC, "%": ("int", "uint")}[op]
         if dyn:
             concrete = right if left.is_dyn else left
             if not concrete.is_dyn and concrete.name not in allowed:
                 raise fail
-            return concrete if not concrete.is_dyn else DYN
+            return concrete if not concrete.is_dyn and concrete.name not in (_TS, _DUR) else DYN
         if left.name != right.name or left.name not in allowed:
             raise fail
         return join(left, right)
@@ -324,6 +339,17 @@ def _validate_regex_literal(node: ast.Call) -> None:
         except EvalError as exc:
             if str(exc).startswith("invalid regular expression"):  # not the fallback's risk refusal
                 raise CheckProblem("invalid matches argument", node.pos) from None
+
+
+def _validate_time_literal(node: ast.Call) -> None:
+    # cel.ValidateTimestampLiterals / ValidateDurationLiterals (base.go, 1.29).
+    argument = node.args[0] if len(node.args) == 1 else None
+    if isinstance(argument, ast.Lit) and type(argument.value) is str:
+        parse = parse_timestamp if node.function == "timestamp" else parse_duration
+        try:
+            parse(argument.value)
+        except EvalError:
+            raise CheckProblem(f"invalid {node.function} argument", node.pos) from None
 
 
 def _unwrap_optional(t: T) -> T:

@@ -14,6 +14,7 @@ import math
 from typing import Any, Final
 
 from quota.cel.library import check_int, check_uint
+from quota.cel.timelib import Duration, Timestamp
 from quota.cel.values import INT64_MIN, OPTIONAL_NONE, EvalError, Optional, Uint, cel_equal, type_name
 
 EMPTY: Final[dict[str, Any]] = {}
@@ -50,7 +51,7 @@ def no_overload(op: str, *args: Any) -> EvalError:
     return EvalError(f"no such overload: {op}({', '.join(type_name(a) for a in args)})")
 
 
-_ORDERED: Final = frozenset((bool, int, Uint, float, str, bytes))
+_ORDERED: Final = frozenset((bool, int, Uint, float, str, bytes, Timestamp, Duration))
 _NUMBERS: Final = frozenset((int, Uint, float))
 
 
@@ -85,7 +86,13 @@ def greater_equal(a: Any, b: Any) -> bool:
 def add(a: Any, b: Any) -> Any:
     ta = type(a)
     if ta is not type(b):
+        if ta is Timestamp and type(b) is Duration:
+            return Timestamp(a.ns + b.ns)
+        if ta is Duration and type(b) is Timestamp:
+            return Timestamp(a.ns + b.ns)
         raise no_overload("_+_", a, b)
+    if ta is Duration:
+        return Duration(a.ns + b.ns)
     if ta is int:
         return check_int(a + b)
     if ta is float or ta is str or ta is bytes or ta is tuple:
@@ -110,7 +117,13 @@ def concat_cost(a: Any, b: Any) -> int:
 def subtract(a: Any, b: Any) -> Any:
     ta = type(a)
     if ta is not type(b):
+        if ta is Timestamp and type(b) is Duration:
+            return Timestamp(a.ns - b.ns)
         raise no_overload("_-_", a, b)
+    if ta is Timestamp:
+        return Duration(a.ns - b.ns)
+    if ta is Duration:
+        return Duration(a.ns - b.ns)
     if ta is int:
         return check_int(a - b)
     if ta is float:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quota.cel.library import format_double, register
+from quota.cel.timelib import Duration, Timestamp, format_duration, format_timestamp
 from quota.cel.values import CelType, EvalError, Uint, type_name
 
 _CLAUSE = re.compile(r"%(?:\.(\d+))?(.)?", re.S)
@@ -72,6 +73,10 @@ def _string(value: Any, _: int | None = None) -> str:
         return "null"
     if kind is CelType:
         return str(value.name)
+    if kind is Timestamp:
+        return format_timestamp(value)
+    if kind is Duration:
+        return format_duration(value)
     if kind is tuple:
         return "[" + ", ".join(_string(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -18,6 +18,7 @@ TOKENS = [
     ".all(v, ", ".exists(i, v, ", ".map(v, ", "v", "i", "cel.bind(v, ", "quantity('1Gi')", "semver('1.0.0')",
     ".compareTo(", ".isGreaterThan(", "optional.of(", ".orValue(", ".matches('a+')", ".split(',')",
     "lists.range(3)", "'%s'.format([", "dyn(", "int(", "string(", "ip('1.2.3.4')", ".includes(",
+    "timestamp(0)", "duration('1h')", ".getHours(", "timestamp('2023-01-01T00:00:00Z')",
 ]
 DEVICE = activation(
     "d", attributes={"x": 1, "s": "a,b", "l": [1, 2], "v": "v:1.2.3"}, capacity={"memory": "1Gi"},

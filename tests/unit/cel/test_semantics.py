@@ -153,7 +153,10 @@ COMPILE_ERRORS = [
     ("1 && true", "found no matching overload for '_&&_'"),
     ('device.driver.matches("(")', "invalid matches argument"),
     ("-1u == 1u", "found no matching overload for '-_'"),
-    ('timestamp("2020-01-01T00:00:00Z") > timestamp("2019-01-01T00:00:00Z")', "not supported by dra-quota"),
+    ("[3, 1].sortBy(x, x) == [1, 3]", "not supported by dra-quota"),
+    ('duration("1x") > duration("0s")', "invalid duration argument"),
+    ('timestamp("2023-13-01T00:00:00Z") > timestamp(0)', "invalid timestamp argument"),
+    ('timestamp(0) + timestamp(0) > timestamp(0)', "found no matching overload for '_+_'"),
     ('url("https://example.com").getHost() == "x"', "not supported by dra-quota"),
     ("device.attributes.x{}", "message construction is not supported"),
     ("while", "reserved identifier 'while'"),
@@ -240,6 +243,34 @@ def test_two_variable_comprehensions(expression: str, device: Any) -> None:
 def test_two_variable_comprehension_needs_distinct_names() -> None:
     with pytest.raises(CelCompileError, match="variable names must be different"):
         compile_selector("[1].all(x, x, true)")
+
+
+TIME = [
+    'timestamp("2023-02-03T23:31:20Z") < timestamp("2023-02-03T23:31:21Z")',
+    'string(timestamp("2023-02-03T23:31:20.5+01:00")) == "2023-02-03T22:31:20.5Z"',
+    'timestamp("2023-01-01T00:00:00Z") - timestamp("2022-12-31T00:00:00Z") == duration("24h")',
+    'duration("1h45m47s") == duration("6347s") && string(duration("1h45m47s")) == "6347s" && string(duration("1.5s")) == "1.5s"',
+    'timestamp("2023-01-01T00:00:00Z") + duration("1h") > timestamp("2023-01-01T00:59:59Z")',
+    'timestamp("2023-03-15T10:20:30.123Z").getFullYear() == 2023 && timestamp("2023-03-15T10:20:30.123Z").getMonth() == 2',
+    'timestamp("2023-03-15T10:20:30.123Z").getDate() == 15 && timestamp("2023-03-15T10:20:30.123Z").getDayOfMonth() == 14',
+    'timestamp("2023-03-15T10:20:30.123Z").getDayOfWeek() == 3 && timestamp("2023-03-15T10:20:30.123Z").getDayOfYear() == 73',
+    'timestamp("2023-03-15T10:20:30.123Z").getMilliseconds() == 123 && timestamp("2023-03-15T10:20:30Z").getHours("+05:30") == 15',
+    'duration("-1.5h").getMinutes() == -90 && duration("90m").getHours() == 1 && duration("2s").getMilliseconds() == 2000',
+    'int(timestamp("2004-09-16T23:59:59Z")) == 1095379199 && timestamp(1095379199) == timestamp("2004-09-16T23:59:59Z")',
+    '"%s".format([duration("2h")]) == "7200s" && "%s".format([timestamp(0)]) == "1970-01-01T00:00:00Z"',
+]
+
+
+@pytest.mark.parametrize("expression", TIME)
+def test_timestamps_and_durations(expression: str, device: Any) -> None:
+    assert compile_selector(expression).evaluate(device) is True
+
+
+def test_time_range_errors() -> None:
+    with pytest.raises(CelRuntimeError, match="timestamp out of range"):
+        compile_selector('timestamp("9999-12-31T23:59:59Z") + duration("1s") > timestamp(0)').evaluate(activation())
+    with pytest.raises(CelRuntimeError, match="unknown time zone"):
+        compile_selector('timestamp(0).getHours("Mars/Olympus") == 0').evaluate(activation())
 
 
 NETWORK = [
