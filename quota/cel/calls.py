@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quota.cel import ops
+from quota.cel.extlib import sort_keys
 from quota.cel.runtime import Fn, State, charge, needs_runtime_check, not_iterable
 from quota.cel.library import Overload
 from quota.cel.types import T, runtime_test
@@ -188,6 +189,22 @@ def _filter(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
     return run
 
 
+def _sort_by(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
+    """ext.Lists `list.sortBy(v, key)`: a stable sort by the key of each element."""
+
+    def run(st: State) -> tuple[Any, ...]:
+        items = _items(rng, st)
+        keys = []
+        for item in items:
+            charge(st, step)
+            st.slots[slot] = item
+            keys.append(body(st))
+        order = sort_keys(keys)
+        return tuple(items[i] for i in order)
+
+    return run
+
+
 def _opt_map(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
     return _optional_macro(rng, slot, body, step, flat=False)
 
@@ -224,5 +241,6 @@ _BUILDERS: dict[str, Callable[[Fn, int, Fn, Fn | None, int], Fn]] = {
     "map": _map,
     "filter": _filter,
     "optMap": _opt_map,
+    "sortBy": _sort_by,
     "optFlatMap": _opt_flat_map,
 }

@@ -56,7 +56,6 @@ TYPE_IDENTS = frozenset(
 # Valid in the Kubernetes environment, not implemented here (listed in README.md).
 UNSUPPORTED = {
     "url": "the URL library", "isURL": "the URL library",
-    "sortBy": "the sortBy macro",
 }
 _NUMERIC = ("int", "uint", "double")
 _TS, _DUR = "google.protobuf.Timestamp", "google.protobuf.Duration"
@@ -239,6 +238,8 @@ class _Checker:
             self._expect_bool(self.visit(node.pred, inner), node.kind, node.pos)
         if node.kind in ("map", "transformList"):
             return T("list", (body,))
+        if node.kind == "sortBy":
+            return T("list", (first,))
         if node.kind == "transformMap":
             return T("map", (first, body))
         if node.kind == "transformMapEntry":

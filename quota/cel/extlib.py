@@ -360,6 +360,12 @@ def _sort(items: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(sorted(items, key=_key))
 
 
+def sort_keys(keys: list[Any]) -> list[int]:
+    """Positions in the stable order of `keys` (for the sortBy macro)."""
+    _comparable(tuple(keys))
+    return sorted(range(len(keys)), key=lambda i: _key(keys[i]))
+
+
 @register("first", "list(A) -> optional_type(A)", member=True)
 def _first(items: tuple[Any, ...]) -> Optional:
     return Optional(items[0]) if items else OPTIONAL_NONE

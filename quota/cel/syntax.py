@@ -305,7 +305,7 @@ def _expand_has(args: tuple[ast.Node, ...], pos: tuple[int, int]) -> ast.Node:
 _COMPREHENSIONS: dict[str, tuple[int, ...]] = {
     "all": (2, 3), "exists": (2, 3), "exists_one": (2, 3), "existsOne": (2, 3), "filter": (2,), "map": (2, 3),
     "transformList": (3, 4), "transformMap": (3, 4), "transformMapEntry": (3, 4),
-    "optMap": (2,), "optFlatMap": (2,),
+    "optMap": (2,), "optFlatMap": (2,), "sortBy": (2,),
 }
 # Function namespaces of the Kubernetes environment: `optional.of(x)` is one function.
 _NAMESPACES = ("optional", "sets", "strings", "lists", "math", "format")
