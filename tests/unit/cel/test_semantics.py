@@ -85,7 +85,7 @@ MATCHING = [
     "[1, 2, 3].slice(1, 2) == [2] && [[1], [2]].flatten() == [1, 2] && [1, 1, 2].distinct() == [1, 2]",
     "[1, 2].reverse() == [2, 1] && lists.range(3) == [0, 1, 2] && [1, 2].first().value() == 1",
     '[3, 1, 2].sortBy(x, x) == [1, 2, 3] && ["bb", "a", "ccc"].sortBy(s, -s.size()) == ["ccc", "bb", "a"]',
-    '[dyn({"n": "b", "v": 2}), dyn({"n": "a", "v": 2}), dyn({"n": "c", "v": 1})].sortBy(m, m.v).map(m, m.n) == ["c", "b", "a"]',
+    '[{"n": "b", "v": dyn(2)}, {"n": "a", "v": dyn(2)}, {"n": "c", "v": dyn(1)}].sortBy(m, m.v).map(m, m.n) == ["c", "b", "a"]',
     '[quantity("2Gi"), quantity("1Gi")].min() == quantity("1024Mi")',
     "sets.contains([1, 2, 3], [2]) && sets.intersects([1], [1, 2]) && sets.equivalent([1, 2], [2, 1, 1])",
     # macros
