@@ -43,11 +43,12 @@ WEBHOOK_SERVICES = (
     ("dra-quota-system", "dra-quota-webhook"),
 )
 
-# Keep the KCM to what a kubelet-less cluster can run: no node-lifecycle /
-# taint-eviction (they would taint and evict the fake nodes, which never post
-# heartbeats), no pod-gc (it deletes pods bound to nodes without kubelets... and
-# orphans), no node-ipam / volume controllers. Names from k8s.io/kubernetes
-# cmd/kube-controller-manager/names/controller_names.go (1.37).
+# Keep the KCM to what a kubelet-less cluster can run and the tests need: no
+# node-lifecycle / taint-eviction (the fake nodes never post heartbeats, so
+# they would be tainted unreachable and their pods evicted), no pod-gc (it
+# force-deletes pods of vanished nodes behind a test's back; the fixtures
+# delete pods themselves), no node-ipam, endpoint or volume controllers.
+# Names from k8s.io/kubernetes cmd/kube-controller-manager/names/controller_names.go (1.37).
 KCM_CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",

@@ -110,7 +110,14 @@ async def make_namespace(
 
     yield make
     for name in created:
-        # Not awaited to completion: namespace deletion (finalizers, GC) is the
+        # Pods first, with grace period 0: the namespace controller deletes
+        # them with their own terminationGracePeriodSeconds, and without a
+        # kubelet to confirm, a bound pod with a non-zero grace period (and so
+        # the namespace) would stay Terminating forever, keeping its claims
+        # allocated (CheckGracefulDelete, pkg/registry/core/pod/strategy.go).
+        # driver.create_pod sets 0 already; pods made otherwise may not.
+        await kube.delete_collection("v1", "pods", namespace=name, grace_period_seconds=0)
+        # Not awaited to completion: the rest (claims, finalizers, GC) is the
         # namespace controller's business and must not slow every test down.
         await kube.delete("v1", "namespaces", name)
 

@@ -264,6 +264,24 @@ class Kube:
                 return None
             raise
 
+    async def delete_collection(
+        self,
+        api_version: str,
+        plural: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> None:
+        """DELETE on the collection (``deletecollection`` verb), optionally filtered by labels."""
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        params = {"labelSelector": label_selector} if label_selector else None
+        await self.request(
+            "DELETE", resource_path(api_version, plural, namespace=namespace), body=options, params=params
+        )
+
     # -- waiting ---------------------------------------------------------------------------------
 
     async def wait_for(
