@@ -367,13 +367,28 @@ def _refine(
     return out
 
 
+_TRUE, _FALSE = object(), object()
+
+
+def _typed(value: object) -> object:
+    """A key that keeps CEL's types apart: Python has `1 == True` (and equal hashes),
+    CEL does not, so bools (also inside list attributes) get their own tokens."""
+    if value is True:
+        return _TRUE
+    if value is False:
+        return _FALSE
+    if type(value) is tuple:
+        return (tuple, tuple(_typed(item) for item in value))
+    return value
+
+
 def _values(device: Device, paths: tuple[DevicePath, ...]) -> list[object]:
     """The value (or absence) of every path; capacities by identity (see `_by_base`)."""
     out: list[object] = []
     for path in paths:
         kind = path[0]
         if kind == "attributes":
-            out.append(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING))
+            out.append(_typed(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING)))
         elif kind == "capacity":
             out.append(id(device.capacity.get(path[1], _EMPTY).get(path[2])))
         elif kind == "driver":

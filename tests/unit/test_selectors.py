@@ -83,6 +83,24 @@ def test_runtime_errors_only_where_the_previous_stage_kept_devices() -> None:
     assert failed.error is not None and failed.error.stage == 1 and "model" in failed.error.message
 
 
+def test_bool_and_int_attributes_never_share_a_group() -> None:
+    # Python has 1 == True with equal hashes; CEL does not: true == 1 is false.
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("s", [
+        make_device("one", attrs={"x": 1}), make_device("true", attrs={"x": True}),
+        make_device("ones", attrs={"x": 2}),
+    ], driver=D))
+    inv.add_or_update_slice(make_slice("l", [
+        {"name": "ints", "attributes": {"xs": {"ints": [1, 0]}}},
+        {"name": "bools", "attributes": {"xs": {"bools": [True, False]}}},
+    ], driver=D, node="node-2"))
+    matcher = SelectorMatcher(inv)
+    x = f"has(device.attributes['{D}'].x) && device.attributes['{D}'].x"
+    assert {k.device for k in keys(matcher, ((f"{x} == 1",),))} == {"one"}
+    assert {k.device for k in keys(matcher, ((f"{x} == true",),))} == {"true"}
+    assert {k.device for k in keys(matcher, ((f"has(device.attributes['{D}'].xs) && device.attributes['{D}'].xs == [1, 0]",),))} == {"ints"}
+
+
 events = st.lists(
     st.tuples(
         st.sampled_from(["update", "delete", "relist"]),
