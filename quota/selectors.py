@@ -27,6 +27,8 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quota.cel import (
+    COST_EXCEEDED,
+    COST_LIMIT,
     CelCompileError,
     CelRuntimeError,
     CompiledSelector,
@@ -145,6 +147,11 @@ class _Stage:
     paths: tuple[DevicePath, ...] | None
 
 
+@dataclass(slots=True)
+class _Budget:
+    remaining: int
+
+
 class _StageFailed(Exception):
     def __init__(self, error: SelectorError) -> None:
         super().__init__(error.message)
@@ -193,8 +200,9 @@ class SelectorMatcher:
                 return Match((), stage)
             compiled.append(stage)
         partition = self._partition(tuple(s.paths for s in compiled), extra, generation)
+        budget = _Budget(MATCH_COST_BUDGET)
         try:
-            kept = [devices for devices in partition.merged() if self._passes(compiled, devices[0])]
+            kept = [devices for devices in partition.merged() if self._passes(compiled, devices[0], budget)]
             result = Match(tuple(DeviceGroup(devices) for devices in kept))
         except _StageFailed as failed:
             result = Match((), failed.error)
@@ -285,12 +293,12 @@ class SelectorMatcher:
 
     # -- verdicts --------------------------------------------------------------------
 
-    def _passes(self, stages: list[_Stage], device: Device) -> bool:
+    def _passes(self, stages: list[_Stage], device: Device, budget: _Budget) -> bool:
         """Every stage in order, as the scheduler evaluates them: later stages only see
         devices the earlier ones kept, so their runtime errors cannot fire on others."""
-        return all(self._verdict(stage, device) for stage in stages)
+        return all(self._verdict(stage, device, budget) for stage in stages)
 
-    def _verdict(self, stage: _Stage, device: Device) -> bool:
+    def _verdict(self, stage: _Stage, device: Device, budget: _Budget) -> bool:
         """One stage's selectors on one device, cached by the values they can read."""
         key: Hashable | None = None
         if stage.paths is not None:
@@ -301,12 +309,19 @@ class SelectorMatcher:
         activation = self._activation(device)
         verdict = True
         for position, selector in enumerate(stage.selectors):
+            limit = min(COST_LIMIT, budget.remaining)
             try:
-                matched = selector.evaluate(activation)
+                matched, cost = selector.evaluate_with_cost(activation, cost_limit=limit)
             except CelRuntimeError as err:
-                raise _StageFailed(
-                    SelectorError(stage.index, position, f"{err} (device {device.key})", compile_error=False)
-                ) from None
+                message = f"{err} (device {device.key})"
+                if limit < COST_LIMIT and str(err) == COST_EXCEEDED:
+                    message = (
+                        f"evaluating the selectors over the inventory exceeded the budget of "
+                        f"{MATCH_COST_BUDGET} CEL cost units; make the selector cheaper or read "
+                        "attributes by name so devices can be grouped"
+                    )
+                raise _StageFailed(SelectorError(stage.index, position, message, compile_error=False)) from None
+            budget.remaining -= cost
             if not matched:
                 verdict = False
                 break
@@ -368,6 +383,11 @@ def _refine(
 
 
 _TRUE, _FALSE = object(), object()
+
+# CEL cost one match may spend across all the devices it evaluates (the per-evaluation
+# limit is the scheduler's 1,000,000). About 200 ns a unit: ~1 s at worst, inside the
+# webhook's 5 s timeout; grouping keeps real selectors orders of magnitude below it.
+MATCH_COST_BUDGET = 5_000_000
 
 
 def _typed(value: object) -> object:

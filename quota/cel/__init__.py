@@ -5,6 +5,7 @@ Public API (used by `quota.inventory` / `quota.pricing`)::
     sel = compile_selector(expr)      # LRU-cached; CelCompileError
     act = device_activation(device)   # once per quota.model.Device
     sel.evaluate(act) -> bool         # CelRuntimeError
+    sel.evaluate_with_cost(act, cost_limit=n) -> (bool, cost)   # one budget over many devices
     sel.references                    # frozenset[DevicePath] | None
     sel.group_key(act)                # equal keys => equal outcomes
     projection(act, paths)            # the same key for a union of several selectors' paths
@@ -15,6 +16,7 @@ package for the supported language, the gaps against the scheduler and the numbe
 
 from quota.cel.activation import DeviceActivation, device_activation, projection
 from quota.cel.references import DevicePath
+from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT
 from quota.cel.selector import (
     MAX_EXPRESSION_BYTES,
     CelCompileError,
@@ -24,6 +26,8 @@ from quota.cel.selector import (
 )
 
 __all__ = [
+    "COST_EXCEEDED",
+    "COST_LIMIT",
     "MAX_EXPRESSION_BYTES",
     "CelCompileError",
     "CelRuntimeError",

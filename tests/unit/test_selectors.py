@@ -101,6 +101,19 @@ def test_bool_and_int_attributes_never_share_a_group() -> None:
     assert {k.device for k in keys(matcher, ((f"has(device.attributes['{D}'].xs) && device.attributes['{D}'].xs == [1, 0]",),))} == {"ints"}
 
 
+def test_a_match_has_one_cost_budget_across_devices() -> None:
+    # Reads the whole attribute map (no grouping), so every device is evaluated; each
+    # evaluation stays under the per-evaluation limit, the sum does not.
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(60)])
+    heavy = (f"size(device.attributes['{D}']) > 0 && "
+             "lists.range(300).all(x, lists.range(100).all(y, x + y >= 0))",)
+    failed = SelectorMatcher(inv).match((heavy,))
+    assert failed.error is not None and "exceeded the budget of 5000000 CEL cost units" in failed.error.message
+    cheap = (f"size(device.attributes['{D}']) > 0",)
+    assert SelectorMatcher(inv).match((cheap,)).count == 180
+
+
 events = st.lists(
     st.tuples(
         st.sampled_from(["update", "delete", "relist"]),
