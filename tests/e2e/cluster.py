@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .kube import Kube
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tests" / "cluster" / "build.sh"
 DEFAULT_BINARY = REPO_ROOT / ".cache" / "minik8s"
@@ -174,6 +176,11 @@ class ControlPlane:
     def webhook_cert(self) -> tuple[Path, Path]:
         """Serving certificate for a test webhook, valid for every name in :data:`WEBHOOK_SERVICES`."""
         return self.certs / "webhook.crt", self.certs / "webhook.key"
+
+    def client(self) -> Kube:
+        """A new admin (system:masters) :class:`~tests.e2e.kube.Kube` client; close it when done."""
+        cert, key = self.admin_cert
+        return Kube(self.server, ca_file=str(self.ca_file), cert_file=str(cert), key_file=str(key))
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -74,8 +74,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
     """Admin (system:masters) client for the control plane; plain-dict API, see kube.py."""
-    cert, key = cluster.admin_cert
-    async with Kube(cluster.server, ca_file=str(cluster.ca_file), cert_file=str(cert), key_file=str(key)) as k:
+    async with cluster.client() as k:
         yield k
 
 

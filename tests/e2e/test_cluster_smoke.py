@@ -7,6 +7,7 @@ kube-controller-manager produces, so a broken or faked control plane fails them.
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -54,6 +55,23 @@ async def test_version_and_resource_v1_served(kube: Kube) -> None:
     assert "resourceclaims/status" in resources
     assert resources["resourceclaims"]["namespaced"] is True
     assert resources["resourceslices"]["namespaced"] is False
+
+
+async def test_admin_kubeconfig_works_with_kubernetes_asyncio(cluster: ControlPlane, namespace: str) -> None:
+    """The product talks to Kubernetes through kubernetes_asyncio with raw dicts; the
+    minted kubeconfig (embedded EC client key, CA) must work with it unchanged."""
+    from kubernetes_asyncio import client, config
+
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    async with api:
+        assert api.configuration.host == cluster.server
+        version = await client.VersionApi(api).get_code()
+        assert version.git_version.startswith("v1.37.")
+        resp = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", _preload_content=False
+        )
+        body = json.loads(await resp.read())
+        assert body["kind"] == "ResourceClaimList" and body["items"] == []
 
 
 async def test_scheduler_allocates_template_claim(kube: Kube, namespace: str, make_fleet: MakeFleet) -> None:
