@@ -53,16 +53,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         problem = f"cannot build the minik8s control plane:\n{e}"
     if problem:  # outside the except block: no chained traceback noise
         pytest.fail(problem, pytrace=False)
-    cp = ControlPlane(binary=binary, workdir=tmp_path_factory.mktemp("minik8s"))
-    _control_plane = cp
-    try:
-        cp.start(timeout=float(os.environ.get("MINIK8S_START_TIMEOUT", "180")))
-    except ControlPlaneError as e:
-        problem = f"cannot start the minik8s control plane: {e}"
-    finally:
-        if problem or cp.startup_seconds == 0.0:  # also on KeyboardInterrupt etc.
-            cp.stop()
-            _control_plane = None
+    timeout = float(os.environ.get("MINIK8S_START_TIMEOUT", "180"))
+    # free_ports() closes its probe sockets before the components bind them, so
+    # another process may grab one in between; retry once with fresh ports then.
+    for attempt in (1, 2):
+        problem = None
+        cp = ControlPlane(binary=binary, workdir=tmp_path_factory.mktemp("minik8s"))
+        _control_plane = cp
+        try:
+            cp.start(timeout=timeout)
+        except ControlPlaneError as e:
+            problem = f"cannot start the minik8s control plane: {e}"
+        finally:
+            if problem or cp.startup_seconds == 0.0:  # also on KeyboardInterrupt etc.
+                cp.stop()
+                _control_plane = None
+        if not (problem and "address already in use" in problem and attempt == 1):
+            break
     if problem:
         pytest.fail(problem, pytrace=False)
     try:
