@@ -279,9 +279,8 @@ class ControlPlane:
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=minik8s={peer}",
-                # Metrics/health on their own loopback port; etcd's default
-                # would also listen on the client URL only, this keeps /health
-                # available even while the client port is busy.
+                # /health and /metrics also on a separate plain-HTTP loopback
+                # listener, which the readiness probe uses.
                 f"--listen-metrics-urls=http://127.0.0.1:{self.etcd_metrics_port}",
                 # Throw-away data: skip fsync as envtest and
                 # k8s.io/apiserver/pkg/storage/etcd3/testserver do.
