@@ -136,6 +136,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
+                        help="gc.freeze() after the initial load, as the server does (default on)")
     args = parser.parse_args()
 
     base_rss = rss_mib()
@@ -143,6 +145,10 @@ def main() -> None:
     inventory = Inventory()
     _, load_s = timed(lambda: inventory.replace_all(slices))
     gc.collect()
+    if args.freeze:
+        # What a long-running server does after its initial list: the inventory is
+        # long-lived, so later collections should not rescan its millions of objects.
+        gc.freeze()
     devices = len(inventory.usable())
     rss = rss_mib()
     print(f"inventory: {args.nodes} nodes, {len(slices)} slices, {devices} devices "
