@@ -153,6 +153,23 @@ def _pci(bus: int) -> tuple[str, str]:
     return f"0000:{bus:02x}:00.0", f"pci0000:{max(bus - 1, 0):02x}"
 
 
+def _gpu_attributes(
+    model: GpuModel, driver_version: str, cuda_driver_version: str, bus_id: str, root: str, numa_node: int
+) -> JSON:
+    """Attributes a full GPU publishes and its MIG devices inherit from it."""
+    return {
+        "productName": {"string": model.product_name},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": model.architecture},
+        "cudaComputeCapability": {"version": model.compute_capability},
+        "driverVersion": {"version": driver_version},
+        "cudaDriverVersion": {"version": cuda_driver_version},
+        "resource.kubernetes.io/pciBusID": {"string": bus_id},
+        "resource.kubernetes.io/pcieRoot": {"string": root},
+        "resource.kubernetes.io/numaNode": {"int": numa_node},
+    }
+
+
 def nvidia_gpu_device(
     *,
     index: int,
@@ -172,15 +189,7 @@ def nvidia_gpu_device(
         "attributes": {
             "type": {"string": "gpu"},
             "uuid": {"string": f"GPU-{uuid}"},
-            "productName": {"string": model.product_name},
-            "brand": {"string": "Nvidia"},
-            "architecture": {"string": model.architecture},
-            "cudaComputeCapability": {"version": model.compute_capability},
-            "driverVersion": {"version": driver_version},
-            "cudaDriverVersion": {"version": cuda_driver_version},
-            "resource.kubernetes.io/pciBusID": {"string": bus_id},
-            "resource.kubernetes.io/pcieRoot": {"string": root},
-            "resource.kubernetes.io/numaNode": {"int": numa_node},
+            **_gpu_attributes(model, driver_version, cuda_driver_version, bus_id, root, numa_node),
         },
         "capacity": capacity,
     }
@@ -212,15 +221,7 @@ def nvidia_mig_device(
             "uuid": {"string": f"MIG-{uuid}"},
             "parentUUID": {"string": f"GPU-{parent_uuid}"},
             "profile": {"string": profile.name},
-            "productName": {"string": parent_model.product_name},
-            "brand": {"string": "Nvidia"},
-            "architecture": {"string": parent_model.architecture},
-            "cudaComputeCapability": {"version": parent_model.compute_capability},
-            "driverVersion": {"version": driver_version},
-            "cudaDriverVersion": {"version": cuda_driver_version},
-            "resource.kubernetes.io/pciBusID": {"string": bus_id},
-            "resource.kubernetes.io/pcieRoot": {"string": root},
-            "resource.kubernetes.io/numaNode": {"int": numa_node},
+            **_gpu_attributes(parent_model, driver_version, cuda_driver_version, bus_id, root, numa_node),
         },
         "capacity": {
             "memory": {"value": _mib(profile.memory_mib)},

@@ -96,48 +96,41 @@ def compile_comprehension(kind: str, rng: Fn, slot: int, body: Fn, pred: Fn | No
     return builder(rng, slot, body, pred, step)
 
 
-def _all(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
-    def run(st: State) -> bool:
-        error: EvalError | None = None
-        for item in _items(rng, st):
-            charge(st, step)
-            st.slots[slot] = item
-            try:
-                result = body(st)
-            except EvalError as exc:
-                error = error or exc
-                continue
-            if result is False:
-                return False
-            if result is not True:
-                error = error or ops.no_overload("all", result)
-        if error is not None:
-            raise error
-        return True
+def _quantifier(name: str, stop_on: bool) -> Callable[[Fn, int, Fn, Fn | None, int], Fn]:
+    """`all` (stops on false) and `exists` (stops on true), with cel-go's error absorption:
+    an element that errors is ignored if another decides the result, else re-raised."""
 
-    return run
+    # Compared by identity with untyped results; kept apart from the bools returned so
+    # the comparison cannot narrow them.
+    decisive: object = stop_on
+    other: object = not stop_on
+
+    def build(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
+        def run(st: State) -> bool:
+            error: EvalError | None = None
+            for item in _items(rng, st):
+                charge(st, step)
+                st.slots[slot] = item
+                try:
+                    result = body(st)
+                except EvalError as exc:
+                    error = error or exc
+                    continue
+                if result is decisive:
+                    return stop_on
+                if result is not other:
+                    error = error or ops.no_overload(name, result)
+            if error is not None:
+                raise error
+            return not stop_on
+
+        return run
+
+    return build
 
 
-def _exists(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
-    def run(st: State) -> bool:
-        error: EvalError | None = None
-        for item in _items(rng, st):
-            charge(st, step)
-            st.slots[slot] = item
-            try:
-                result = body(st)
-            except EvalError as exc:
-                error = error or exc
-                continue
-            if result is True:
-                return True
-            if result is not False:
-                error = error or ops.no_overload("exists", result)
-        if error is not None:
-            raise error
-        return False
-
-    return run
+_all = _quantifier("all", stop_on=False)
+_exists = _quantifier("exists", stop_on=True)
 
 
 def _exists_one(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:

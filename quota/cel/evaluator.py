@@ -256,44 +256,36 @@ class _Compiler:
         return bind, False
 
     def _And(self, node: ast.And, scope: Scope) -> tuple[Fn, bool]:
-        left, c1 = self.compile(node.left, scope)
-        right, c2 = self.compile(node.right, scope)
-
-        def and_(st: State) -> bool:
-            try:
-                a = left(st)
-            except EvalError as exc:
-                a = exc
-            if a is False:
-                return False
-            b = right(st)  # errors on the right propagate unless the left was false
-            if b is False:
-                return False
-            if a is True and b is True:
-                return True
-            raise a if isinstance(a, EvalError) else ops.no_overload("_&&_", a, b)
-
-        return and_, c1 and c2
+        return self._junction(node.left, node.right, scope, stop_on=False, name="_&&_")
 
     def _Or(self, node: ast.Or, scope: Scope) -> tuple[Fn, bool]:
-        left, c1 = self.compile(node.left, scope)
-        right, c2 = self.compile(node.right, scope)
+        return self._junction(node.left, node.right, scope, stop_on=True, name="_||_")
 
-        def or_(st: State) -> bool:
+    def _junction(self, left_node: ast.Node, right_node: ast.Node, scope: Scope, *, stop_on: bool,
+                  name: str) -> tuple[Fn, bool]:
+        """`&&` (decided by false) and `||` (decided by true), commutative over errors as
+        in cel-go: an error on one side is absorbed when the other side decides."""
+        left, c1 = self.compile(left_node, scope)
+        right, c2 = self.compile(right_node, scope)
+        # Compared by identity with untyped results; kept apart from the bools returned.
+        decisive: object = stop_on
+        other: object = not stop_on
+
+        def junction(st: State) -> bool:
             try:
                 a = left(st)
             except EvalError as exc:
                 a = exc
-            if a is True:
-                return True
-            b = right(st)
-            if b is True:
-                return True
-            if a is False and b is False:
-                return False
-            raise a if isinstance(a, EvalError) else ops.no_overload("_||_", a, b)
+            if a is decisive:
+                return stop_on
+            b = right(st)  # errors on the right propagate unless the left decided
+            if b is decisive:
+                return stop_on
+            if a is other and b is other:
+                return not stop_on
+            raise a if isinstance(a, EvalError) else ops.no_overload(name, a, b)
 
-        return or_, c1 and c2
+        return junction, c1 and c2
 
     def _Not(self, node: ast.Not, scope: Scope) -> tuple[Fn, bool]:
         operand, const = self.compile(node.operand, scope)
