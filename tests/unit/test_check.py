@@ -175,6 +175,22 @@ def test_a_malformed_claim_is_denied_not_a_crash(tmp_path: Path, capsys: pytest.
     assert obj["reason"] == "invalid ResourceClaim: spec.devices.requests[0].exactly.deviceClassName is required"
 
 
+def test_a_reader_that_goes_away_is_not_a_crash() -> None:
+    import subprocess
+    import sys
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "quota.cli", "check", "-f", str(EXAMPLES)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"KIND")
+        proc.stdout.close()  # like `| head -1`
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys)
     assert code == 2 and "check" in err
