@@ -110,8 +110,10 @@ class Pricer:
         warnings: list[str] = []
         errors: list[str] = []
         chosen: int | None = None
+        counts: list[int] = []
         for alt in request.alternatives:
             est = self._requirement(alt, mode)
+            counts.append(est.candidates)  # the same in both modes
             alternatives.append((alt.device_class, est.charge))
             warnings.extend(f"request {alt.name}: {w}" for w in est.warnings)
             if est.error is not None:
@@ -119,12 +121,9 @@ class Pricer:
             # Report the candidates of the alternative the scheduler would try to take.
             if chosen is None and est.candidates >= max(alt.count, 1):
                 chosen = est.candidates
-        candidates = chosen if chosen is not None else max((self._count(a) for a in request.alternatives), default=0)
+        candidates = chosen if chosen is not None else max(counts, default=0)
         charge = combine((c for _, c in alternatives), mode)
         return PricedRequest(request.name, candidates, charge, tuple(alternatives), mode), warnings, errors
-
-    def _count(self, alt: DeviceRequirement) -> int:
-        return self._requirement(alt, "conservative").candidates
 
     def _requirement(self, req: DeviceRequirement, mode: Mode) -> _Estimate:
         cls = self.classes.get(req.device_class)
