@@ -262,12 +262,21 @@ async def webhook_server(cluster: ControlPlane) -> AsyncIterator[tuple[Recording
         await runner.cleanup()
 
 
-async def test_webhook_called_through_service_reference(
-    kube: Kube, cluster: ControlPlane, namespace: str, webhook_server: tuple[RecordingWebhook, int]
+async def create_configmap_webhook(
+    kube: Kube,
+    cluster: ControlPlane,
+    namespace: str,
+    *,
+    config_name: str,
+    webhook_name: str,
+    service_namespace: str,
+    service_name: str,
+    port: int,
 ) -> None:
-    hook, port = webhook_server
-    svc_ns, svc_name = WEBHOOK_SERVICES[0]
-    config_name = f"minik8s-smoke-{namespace}"
+    """A ValidatingWebhookConfiguration for ConfigMap CREATEs in `namespace` only (other
+    tests share the cluster), calling the webhook through a Service reference as
+    production manifests do: the apiserver's --loopback-service rule dials
+    127.0.0.1:<port> and verifies the certificate for <svc>.<ns>.svc."""
     await kube.create(
         "admissionregistration.k8s.io/v1",
         "validatingwebhookconfigurations",
@@ -276,18 +285,15 @@ async def test_webhook_called_through_service_reference(
             "metadata": {"name": config_name},
             "webhooks": [
                 {
-                    "name": "smoke.minik8s.test",
-                    # A Service reference, as production manifests use. The
-                    # apiserver's --loopback-service rule dials 127.0.0.1:<port>
-                    # and verifies the certificate for <svc>.<ns>.svc.
+                    "name": webhook_name,
                     "clientConfig": {
-                        "service": {"namespace": svc_ns, "name": svc_name, "port": port, "path": "/validate"},
+                        "service": {"namespace": service_namespace, "name": service_name, "port": port,
+                                    "path": "/validate"},
                         "caBundle": base64.b64encode(cluster.ca_file.read_bytes()).decode(),
                     },
                     "rules": [
                         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}
                     ],
-                    # Only this test's namespace: other tests share the cluster.
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                     "failurePolicy": "Fail",
                     "sideEffects": "None",
@@ -296,6 +302,18 @@ async def test_webhook_called_through_service_reference(
                 }
             ],
         },
+    )
+
+
+async def test_webhook_called_through_service_reference(
+    kube: Kube, cluster: ControlPlane, namespace: str, webhook_server: tuple[RecordingWebhook, int]
+) -> None:
+    hook, port = webhook_server
+    svc_ns, svc_name = WEBHOOK_SERVICES[0]
+    config_name = f"minik8s-smoke-{namespace}"
+    await create_configmap_webhook(
+        kube, cluster, namespace, config_name=config_name, webhook_name="smoke.minik8s.test",
+        service_namespace=svc_ns, service_name=svc_name, port=port,
     )
     try:
         denied_cm = {"kind": "ConfigMap", "metadata": {"name": "denied", "labels": {"deny": "yes"}}}
@@ -336,30 +354,9 @@ async def test_webhook_tls_server_name_is_verified(
     only where the apiserver dials, not what it verifies."""
     hook, port = webhook_server
     config_name = f"minik8s-badname-{namespace}"
-    await kube.create(
-        "admissionregistration.k8s.io/v1",
-        "validatingwebhookconfigurations",
-        {
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": config_name},
-            "webhooks": [
-                {
-                    "name": "badname.minik8s.test",
-                    "clientConfig": {
-                        "service": {"namespace": "elsewhere", "name": "not-in-cert", "port": port, "path": "/validate"},
-                        "caBundle": base64.b64encode(cluster.ca_file.read_bytes()).decode(),
-                    },
-                    "rules": [
-                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}
-                    ],
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                    "failurePolicy": "Fail",
-                    "sideEffects": "None",
-                    "admissionReviewVersions": ["v1"],
-                    "timeoutSeconds": 5,
-                }
-            ],
-        },
+    await create_configmap_webhook(
+        kube, cluster, namespace, config_name=config_name, webhook_name="badname.minik8s.test",
+        service_namespace="elsewhere", service_name="not-in-cert", port=port,
     )
     try:
         cm = {"kind": "ConfigMap", "metadata": {"name": "x"}}
