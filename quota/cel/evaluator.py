@@ -14,7 +14,6 @@ comprehension step costs its body's size, traversals cost a tenth of the length,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from quota.cel import ast, ops

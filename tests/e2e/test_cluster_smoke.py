@@ -19,7 +19,6 @@ from aiohttp import web
 from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
 from .driver import (
     DRIVER,
-    RESOURCE_V1,
     Gpu,
     GpuFleet,
     allocation_results,
