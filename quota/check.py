@@ -30,7 +30,6 @@ from quota.slices import SliceError
 
 __all__ = ["CheckInputError", "ObjectResult", "Report", "load_documents", "run_check"]
 
-_STATE_KINDS = ("DeviceClass", "ResourceSlice", "Namespace", "DeviceQuota")
 _CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 _SUFFIXES = (".yaml", ".yml", ".json")
 # A YAML bomb or a stray multi-gigabyte file must not take the tool down.

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from quota.check import CheckInputError, Report, load_documents, run_check
+from quota.devicequota import format_amount
 from quota.model import Charge
 from quota.quantity import format_quantity
 
@@ -100,14 +101,10 @@ def render_table(report: Report, out: TextIO) -> None:
                 used, reserved = q["used"][resource], q["reserved"][resource]
                 hard = q["hard"].get(resource)
                 cells.append(" / ".join(
-                    _amount(resource, v) if v is not None else "-" for v in (used, reserved, hard)
+                    format_amount(resource, v) if v is not None else "-" for v in (used, reserved, hard)
                 ))
             quota_rows.append((q["name"], q["namespace"], *cells))
         _print_rows(quota_rows, out)
-
-
-def _amount(resource: str, value: int) -> str:
-    return format_quantity(value) if resource == "memory" else str(value)
 
 
 def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:

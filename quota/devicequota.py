@@ -31,6 +31,7 @@ __all__ = [
     "Decision",
     "parse_device_quota",
     "check",
+    "format_amount",
     "format_resource",
 ]
 
@@ -154,8 +155,13 @@ def _limit(raw: Any, where: str) -> int | None:
     return ceil_int(value)
 
 
+def format_amount(resource: str, value: int) -> str:
+    """Memory as a quantity (`80Gi`), devices as a count."""
+    return format_quantity(value) if resource == "memory" else str(value)
+
+
 def format_resource(resource: str, value: int) -> str:
-    return f"{resource}={format_quantity(value) if resource == 'memory' else value}"
+    return f"{resource}={format_amount(resource, value)}"
 
 
 def check(checks: Sequence[QuotaCheck]) -> Decision:

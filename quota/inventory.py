@@ -128,12 +128,6 @@ class Inventory:
     def incomplete_pools(self) -> dict[PoolKey, str]:
         return {key: pool.incomplete_reason for key, pool in self._pools.items() if not pool.complete}
 
-    def pool_count(self) -> int:
-        return len(self._pools)
-
-    def slice_count(self) -> int:
-        return len(self._slice_pool)
-
     # -- internals ----------------------------------------------------------------
 
     def _rebuild(self, pool_keys: Iterable[PoolKey]) -> InventoryChange:
