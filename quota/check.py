@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from quota.admission import Admission, Admitter
-from quota.claims import ClaimError, parse_claim, parse_device_class
+from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger
@@ -160,13 +160,25 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
             raise CheckInputError(f"{doc.source}: {err}") from None
     for pool, reason in sorted(inventory.incomplete_pools().items()):
         report.warnings.append(f"pool {pool[0]}/{pool[1]} is incomplete ({reason}): its devices are not candidates")
+    parsed = [_parse(doc) for doc in claims]
     results: dict[int, ObjectResult] = {}
     # Allocated claims are existing state: account them before admitting anything.
-    for phase in ("allocated", "pending"):
-        for index, doc in enumerate(claims):
-            result = _run_one(doc, phase, admitter, namespaces)
-            if result is not None:
-                results[index] = result
+    for index, (kind, namespace, name, claim) in enumerate(parsed):
+        if isinstance(claim, Claim) and kind == "ResourceClaim" and claim.allocation is not None:
+            admission = admitter.account_allocated(claim)
+            results[index] = _result(kind, namespace, name, admission, allocated=True)
+    for index, (kind, namespace, name, claim) in enumerate(parsed):
+        if index in results:
+            continue
+        if isinstance(claim, ClaimError):
+            results[index] = ObjectResult(kind, namespace, name, False, f"invalid {kind}: {claim}", (), ZERO, ())
+            continue
+        labels = namespaces.get(namespace)
+        if kind == "ResourceClaimTemplate":
+            admission = admitter.admit_template(claim, namespace_labels=labels)
+        else:
+            admission = admitter.admit_claim(claim, namespace_labels=labels)
+        results[index] = _result(kind, namespace, name, admission, allocated=False)
     report.objects = [results[i] for i in sorted(results)]
     report.quotas = [
         {
@@ -181,29 +193,15 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
     return report
 
 
-def _run_one(doc: Document, phase: str, admitter: Admitter, namespaces: Mapping[str, Mapping[str, str]]) -> ObjectResult | None:
-    obj = doc.obj
-    meta = as_map(obj.get("metadata"))
-    kind, namespace = str(obj["kind"]), str(meta.get("namespace") or "default")
+def _parse(doc: Document) -> tuple[str, str, str, Claim | ClaimError]:
+    """(kind, namespace, name, the claim or why it could not be read)."""
+    meta = as_map(doc.obj.get("metadata"))
+    kind, namespace = str(doc.obj["kind"]), str(meta.get("namespace") or "default")
     name = str(meta.get("name") or meta.get("generateName") or "")
     try:
-        claim = parse_claim(obj)
+        return kind, namespace, name, parse_claim(doc.obj)
     except ClaimError as err:
-        if phase == "allocated":
-            return None
-        return ObjectResult(kind, namespace, name, False, f"invalid {kind}: {err}", (), ZERO, ())
-    allocated = kind == "ResourceClaim" and claim.allocation is not None
-    if (phase == "allocated") != allocated:
-        return None
-    labels = namespaces.get(namespace)
-    admission: Admission
-    if allocated:
-        admission = admitter.account_allocated(claim)
-    elif kind == "ResourceClaimTemplate":
-        admission = admitter.admit_template(claim, namespace_labels=labels)
-    else:
-        admission = admitter.admit_claim(claim, namespace_labels=labels)
-    return _result(kind, namespace, name, admission, allocated)
+        return kind, namespace, name, err
 
 
 def _result(kind: str, namespace: str, name: str, admission: Admission, allocated: bool) -> ObjectResult:
