@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from quota.check import CheckInputError, Report, load_documents, run_check
+from quota.check import Report, run_check
+from quota.loader import CheckInputError, load_documents
 from quota.devicequota import format_amount
 from quota.model import Charge
 from quota.quantity import format_quantity
