@@ -10,13 +10,16 @@ Errors carry the API server's and scheduler's wording: "compilation failed: ..."
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Hashable
+import sys
+from collections.abc import Hashable, Iterator
 
 from quota.cel import checker, references, syntax
 from quota.cel.estimate import estimate
 from quota.cel.activation import projection
 from quota.cel.evaluator import compile_program, node_count
+from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
 from quota.cel.values import CostLimitExceeded, EvalError, type_name
@@ -111,9 +114,38 @@ def _compile_cached(expression: str) -> CompiledSelector | CelCompileError:
     # Failures are cached too: a bad selector in a popular class must not be re-parsed
     # for every admission request.
     try:
-        return _compile(expression)
+        with _recursion_room():
+            return _compile(expression)
     except CelCompileError as exc:
         return exc
+    except (RecursionError, MemoryError) as exc:  # a safety net: the limits should prevent both
+        return CelCompileError(f"expression too complex to compile ({type(exc).__name__})")
+
+
+@contextlib.contextmanager
+def _recursion_room() -> Iterator[None]:
+    """The checker, compiler and estimator recurse over the AST with up to 3 Python
+    frames per level; `quota.cel.nesting` bounds the depth (MAX_AST_DEPTH), and this
+    makes sure the interpreter's limit leaves room for that on top of the caller's
+    stack. Python 3.11+ keeps Python-to-Python calls off the C stack, so a higher
+    limit is safe; compilation is rare (cached), evaluation never needs this."""
+    previous = sys.getrecursionlimit()
+    needed = _frame_depth() + 4 * MAX_AST_DEPTH + 100
+    if needed > previous:
+        sys.setrecursionlimit(needed)
+    try:
+        yield
+    finally:
+        if needed > previous:
+            sys.setrecursionlimit(previous)
+
+
+def _frame_depth() -> int:
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return depth
 
 
 def _compile(expression: str) -> CompiledSelector:

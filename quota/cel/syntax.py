@@ -20,6 +20,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from quota.cel import ast
 from quota.cel.literals import SyntaxProblem, decode_literal
+from quota.cel.nesting import ast_depth_problem, lark_depth_problem
 
 __all__ = ["SyntaxProblem", "parse"]
 
@@ -35,8 +36,8 @@ _GRAMMAR = r"""
 ?add: mul | add ADDOP mul                    -> binop
 ?mul: unary | mul MULOP unary                -> binop
 ?unary: member
-      | "!" unary                            -> not_
-      | "-" unary                            -> neg
+      | BANG+ member                         -> not_
+      | MINUS+ member                        -> neg
 ?member: primary
        | member "." IDENT                    -> select
        | member ".?" IDENT                   -> opt_select
@@ -48,7 +49,7 @@ _GRAMMAR = r"""
         | "." IDENT                          -> ident
         | IDENT "(" [args] ")"               -> call
         | "." IDENT "(" [args] ")"           -> call
-        | "(" expr ")"
+        | "(" expr ")"                       -> paren
         | "[" [items] "]"                    -> list_lit
         | "{" [entries] "}"                  -> map_lit
         | literal
@@ -63,6 +64,8 @@ entry: expr ":" expr                         -> entry
 literal: FLOAT_LIT | UINT_LIT | INT_LIT | BYTES_LIT | STRING_LIT
 
 RELOP: "<=" | ">=" | "==" | "!=" | "<" | ">"
+BANG: "!"
+MINUS: "-"
 ADDOP: "+" | "-"
 MULOP: "*" | "/" | "%"
 FLOAT_LIT.4: /([0-9]+\.[0-9]+([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+)/
@@ -96,6 +99,10 @@ def parse(text: str) -> ast.Node:
         tree = _PARSER.parse(text)
     except UnexpectedInput as exc:
         raise SyntaxProblem(_describe(exc), exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1) from None
+    # cel-go checks nesting while parsing, before any error of the tree builder.
+    problem = lark_depth_problem(tree)
+    if problem is not None:
+        raise SyntaxProblem(problem)
     try:
         root = _Builder().transform(tree)
     except VisitError as exc:
@@ -104,24 +111,10 @@ def parse(text: str) -> ast.Node:
         raise
     if isinstance(root, _Chain):
         root = root.balanced()
-    if _depth(root) > MAX_DEPTH:
-        raise SyntaxProblem(f"expression recursion limit exceeded: {MAX_DEPTH}")
+    problem = ast_depth_problem(root)
+    if problem is not None:
+        raise SyntaxProblem(problem)
     return root
-
-
-# cel-go's parser refuses deeper nesting (parser option MaxRecursionDepth, default
-# 250); the limit also keeps every recursive pass here far below Python's own limit.
-MAX_DEPTH = 250
-
-
-def _depth(root: ast.Node) -> int:
-    deepest = 0
-    stack = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in ast.children(node))
-    return deepest
 
 
 class _Chain:
@@ -207,11 +200,19 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
     def in_(self, c: list[ast.Node]) -> ast.Node:
         return ast.Binary("in", c[0], c[1], _at(c[0]))
 
-    def not_(self, c: list[ast.Node]) -> ast.Node:
-        return ast.Not(c[0])
+    def paren(self, c: list[ast.Node]) -> ast.Node:
+        return c[0]
 
-    def neg(self, c: list[ast.Node]) -> ast.Node:
-        operand = c[0]
+    # cel-go's VisitLogicalNot / VisitNegate: a run of `!` or `-` before a member
+    # collapses by parity, so `!!x` is `x` and a long run is no nesting at all.
+    def not_(self, c: list[Any]) -> ast.Node:
+        operand = _checked(c[-1])
+        return operand if len(c) % 2 else ast.Not(operand)
+
+    def neg(self, c: list[Any]) -> ast.Node:
+        operand = _checked(c[-1])
+        if len(c) % 2:
+            return operand
         # cel-go folds `-` into numeric literals, which is how -9223372036854775808 parses;
         # an unfolded int literal above INT64_MAX is rejected by the checker.
         if isinstance(operand, ast.Lit) and operand.negatable:

@@ -165,7 +165,7 @@ COMPILE_ERRORS = [
     ('"\\q" == "q"', "invalid escape sequence"),
     ("a +", "Syntax error: mismatched input '<EOF>'"),
     ("1 # 2", "Syntax error: token recognition error at: '#'"),
-    ("-" * 300 + "1 < 0", "expression recursion limit exceeded"),
+    ("(" * 300 + "1 < 0" + ")" * 300, "expression recursion limit exceeded"),
 ]
 
 
