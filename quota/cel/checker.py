@@ -36,6 +36,7 @@ from quota.cel.types import (
     T,
     assignable,
     join,
+    qualified_name,
 )
 from quota.cel.extlib import compile_regex
 from quota.cel.timelib import parse_duration, parse_timestamp
@@ -102,6 +103,7 @@ def _overload_text(name: str, target: T | None, args: list[T]) -> str:
 class _Checker:
     def __init__(self, notes: Annotations) -> None:
         self.notes = notes
+        self.exempt: set[int] = set()  # list literals the homogeneity rule skips
 
     def visit(self, node: ast.Node, scope: dict[str, T]) -> T:
         result: T = getattr(self, "_" + type(node).__name__)(node, scope)
@@ -124,6 +126,8 @@ class _Checker:
         raise CheckProblem(f"undeclared reference to '{node.name}' (in container '')", node.pos)
 
     def _Select(self, node: ast.Select, scope: dict[str, T]) -> T:
+        if qualified_name(node, scope) is not None:
+            return TYPE
         operand = self.visit(node.operand, scope)
         result = self._field_type(operand, node.field, node.pos)
         if node.optional and result.name != "optional_type":
@@ -176,6 +180,10 @@ class _Checker:
                     f"'{name}' ({what}) is valid in Kubernetes but not supported by dra-quota's CEL evaluator", node.pos
                 )
             raise CheckProblem(f"undeclared reference to '{name}' (in container '')", node.pos)
+        if name == "format":
+            # cel-go exempts format()'s argument list from HomogeneousAggregateLiterals
+            # (ext/strings.go registers it as an exempt function): `["a", 1]` is fine there.
+            self.exempt.update(id(a) for a in node.args if isinstance(a, ast.ListLit))
         args = [self.visit(a, scope) for a in node.args]
         given = ([target] if target is not None else []) + args
         candidates = tuple(
@@ -197,11 +205,12 @@ class _Checker:
 
     def _ListLit(self, node: ast.ListLit, scope: dict[str, T]) -> T:
         elem: T | None = None
+        exempt = id(node) in self.exempt
         for i, item in enumerate(node.items):
             item_type = self.visit(item, scope)
             if i in node.optional:
                 item_type = _unwrap_optional(item_type)
-            elem = _homogeneous(elem, item_type)
+            elem = join(elem, item_type) if exempt and elem is not None else _homogeneous(elem, item_type)
         return T("list", (elem or DYN,))
 
     def _MapLit(self, node: ast.MapLit, scope: dict[str, T]) -> T:

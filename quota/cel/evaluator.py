@@ -19,6 +19,7 @@ from typing import Any
 from quota.cel import ast, ops
 from quota.cel.calls import compile_call, compile_comprehension
 from quota.cel.twovar import compile_two_var
+from quota.cel.types import qualified_name
 from quota.cel.checker import Annotations
 from quota.cel.library import Overload
 from quota.cel.runtime import Fn, State, charge
@@ -126,6 +127,10 @@ class _Compiler:
         return top.field, domain, key
 
     def _Select(self, node: ast.Select, scope: Scope) -> tuple[Fn, bool]:
+        qualified = qualified_name(node, scope)
+        if qualified is not None:
+            type_value = CelType(qualified)
+            return (lambda st: type_value), True
         path = self._device_path(node, scope)
         if path is not None:
             return self._path_fn(*path), False
@@ -319,7 +324,41 @@ class _Compiler:
     def _Binary(self, node: ast.Binary, scope: Scope) -> tuple[Fn, bool]:
         left, c1 = self.compile(node.left, scope)
         right, c2 = self.compile(node.right, scope)
+        if node.op in _COMPARISONS and not (_small_literal(node.left) or _small_literal(node.right)):
+            return _charged_comparison(node.op, left, right), c1 and c2
         return _binary(node.op, left, right), c1 and c2
+
+
+_COMPARISONS = frozenset(("==", "!=", "<", "<=", ">", ">="))
+_SIZED = frozenset((str, bytes, tuple, dict, ops.DomainMap))
+
+
+def _small_literal(node: ast.Node) -> bool:
+    """A comparison with a literal costs at most the literal's size: nothing to charge
+    (this keeps the common `attr == "gpu"` free of the size check)."""
+    return isinstance(node, ast.Lit) and not (isinstance(node.value, (str, bytes)) and len(node.value) > 1000)
+
+
+def _not_equal(a: Any, b: Any) -> bool:
+    return not cel_equal(a, b)
+
+
+_VALUE_COMPARE = {"==": cel_equal, "!=": _not_equal, "<": ops.less, "<=": ops.less_equal, ">": ops.greater,
+                  ">=": ops.greater_equal}
+
+
+def _charged_comparison(op: str, left: Fn, right: Fn) -> Fn:
+    """Charge a comparison of two computed values by their size before comparing
+    (cel-go runtimecost.go charges `_==_` and string ordering by the smaller operand)."""
+    compare = _VALUE_COMPARE[op]
+
+    def charged(st: State) -> Any:
+        a, b = left(st), right(st)
+        if type(a) in _SIZED:
+            charge(st, ops.comparison_cost(a, b, st.limit - st.cost))
+        return compare(a, b)
+
+    return charged
 
 
 def _binary(op: str, left: Fn, right: Fn) -> Fn:
@@ -340,7 +379,9 @@ def _binary(op: str, left: Fn, right: Fn) -> Fn:
         def member(st: State) -> bool:
             item, container = left(st), right(st)
             if type(container) is tuple:
-                charge(st, len(container) // 10)
+                # every element is compared with the item, which may itself be a list
+                cap = st.limit - st.cost
+                charge(st, len(container) * max(1, ops.elements(item, cap)) // 10)
             return ops.contains(container, item)
 
         return member

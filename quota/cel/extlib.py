@@ -75,14 +75,20 @@ def _last_index_of(s: str, sub: str, end: int | None = None) -> int:
 register("lastIndexOf", "string, string, int -> int", member=True, cost=scan_cost)(_last_index_of)
 
 
+# str.translate runs in C: a per-character Python loop over a megabyte-long string
+# would take a second while charging only a tenth of its length.
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
 @register("lowerAscii", "string -> string", member=True, cost=scan_cost)
 def _lower_ascii(s: str) -> str:
-    return "".join(c.lower() if c.isascii() else c for c in s)
+    return s.translate(_LOWER)
 
 
 @register("upperAscii", "string -> string", member=True, cost=scan_cost)
 def _upper_ascii(s: str) -> str:
-    return "".join(c.upper() if c.isascii() else c for c in s)
+    return s.translate(_UPPER)
 
 
 def _replace_cost(s: str, old: str, new: str, n: int = -1) -> int:
@@ -156,7 +162,7 @@ def _join(items: tuple[Any, ...], sep: str = "") -> str:
 register("join", "list(string), string -> string", member=True, cost=_join_cost)(_join)
 
 
-@register("strings.quote", "string -> string", cost=scan_cost)
+@register("strings.quote", "string -> string", cost=lambda s: len(s) // 5)  # escapes double it at most
 def _quote(s: str) -> str:
     escaped = s.replace("\\", "\\\\").replace('"', '\\"')
     for raw, esc in (("\a", "\\a"), ("\b", "\\b"), ("\f", "\\f"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\v", "\\v")):
@@ -167,9 +173,22 @@ def _quote(s: str) -> str:
 # --- regular expressions ------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
+# Patterns longer than this are compiled per call, not cached: a selector building
+# megabyte-long patterns per device must not fill the cache with them.
+_CACHED_PATTERN = 1024
+
+
 def compile_regex(pattern: str) -> Any:
-    """Compile with RE2 (cached: patterns are nearly always literals)."""
+    """Compile with RE2 (cached: patterns are nearly always short literals)."""
+    return _compile_cached(pattern) if len(pattern) <= _CACHED_PATTERN else _compile_regex(pattern)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_cached(pattern: str) -> Any:
+    return _compile_regex(pattern)
+
+
+def _compile_regex(pattern: str) -> Any:
     try:
         if _re2 is not None:
             return _re2.compile(pattern, _OPTIONS)
@@ -214,19 +233,28 @@ def check_backtracking_risk(pattern: str) -> None:
         raise EvalError(f"regular expression {pattern!r} needs google-re2 (more than 3 repetitions)")
 
 
-@register("matches", "string, string -> bool", member=True, cost=scan_cost)
-@register("matches", "string, string -> bool", cost=scan_cost)
+def _regex_cost(s: str, pattern: str, *_: Any) -> int:
+    # Compiling is linear in the pattern, matching in the subject (RE2).
+    return (len(s) + len(pattern)) // 10
+
+
+@register("matches", "string, string -> bool", member=True, cost=_regex_cost)
+@register("matches", "string, string -> bool", cost=_regex_cost)
 def _matches(s: str, pattern: str) -> bool:
     return compile_regex(pattern).search(s) is not None
 
 
-@register("find", "string, string -> string", member=True, cost=scan_cost)
+@register("find", "string, string -> string", member=True, cost=_regex_cost)
 def _find(s: str, pattern: str) -> str:
     match = compile_regex(pattern).search(s)
     return "" if match is None else str(match.group(0))
 
 
-@register("findAll", "string, string -> list(string)", member=True, cost=_element_cost)
+def _find_all_cost(s: str, pattern: str, *_: Any) -> int:
+    return _element_cost(s) + len(pattern) // 10
+
+
+@register("findAll", "string, string -> list(string)", member=True, cost=_find_all_cost)
 def _find_all(s: str, pattern: str, limit: int = -1) -> tuple[str, ...]:
     if limit == 0:
         return ()
@@ -234,7 +262,7 @@ def _find_all(s: str, pattern: str, limit: int = -1) -> tuple[str, ...]:
     return found if limit < 0 else found[:limit]
 
 
-register("findAll", "string, string, int -> list(string)", member=True, cost=_element_cost)(_find_all)
+register("findAll", "string, string, int -> list(string)", member=True, cost=_find_all_cost)(_find_all)
 
 
 # --- Kubernetes lists library and cel-go ext.Lists ------------------------------------

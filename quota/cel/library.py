@@ -141,14 +141,29 @@ def _int_double(v: float) -> int:
     return int(v)
 
 
-@register("int", "string -> int")
+# More digits than this (after leading zeros) cannot be a 64-bit value; checked before
+# int(), which refuses more than 4300 digits with a ValueError of its own.
+_MAX_DIGITS = 20
+
+
+def _digits(v: str) -> int | None:
+    body = v.lstrip("+-").lstrip("0")
+    return int(v) if len(body) <= _MAX_DIGITS else None
+
+
+@register("int", "string -> int", cost=scan_cost)
 def _int_string(v: str) -> int:
     if not _INT_TEXT.match(v):
-        raise EvalError(f'cannot convert string "{v}" to int')
-    value = int(v)
-    if value < INT64_MIN or value > INT64_MAX:
-        raise EvalError(f'cannot convert string "{v}" to int: value out of range')
+        raise EvalError(f'cannot convert string "{_shown(v)}" to int')
+    value = _digits(v)
+    if value is None or value < INT64_MIN or value > INT64_MAX:
+        raise EvalError(f'cannot convert string "{_shown(v)}" to int: value out of range')
     return value
+
+
+def _shown(v: str) -> str:
+    """A converted string in an error message, cut short: it may be megabytes long."""
+    return v if len(v) <= 64 else v[:64] + "..."
 
 
 @register("uint", "uint -> uint")
@@ -170,11 +185,12 @@ def _uint_double(v: float) -> Uint:
     return Uint(int(v))
 
 
-@register("uint", "string -> uint")
+@register("uint", "string -> uint", cost=scan_cost)
 def _uint_string(v: str) -> Uint:
-    if not v.isascii() or not v.isdigit() or int(v) > UINT64_MAX:
-        raise EvalError(f'cannot convert string "{v}" to uint')
-    return Uint(int(v))
+    value = _digits(v) if v.isascii() and v.isdigit() else None
+    if value is None or value > UINT64_MAX:
+        raise EvalError(f'cannot convert string "{_shown(v)}" to uint')
+    return Uint(value)
 
 
 @register("double", "double -> double")
@@ -188,7 +204,7 @@ def _double_int(v: int) -> float:
     return float(v)
 
 
-@register("double", "string -> double")
+@register("double", "string -> double", cost=scan_cost)
 def _double_string(v: str) -> float:
     # Go's strconv.ParseFloat: no surrounding blanks, no digit separators (Python
     # accepts both).
@@ -197,7 +213,7 @@ def _double_string(v: str) -> float:
             raise ValueError(v)
         return float(v)
     except ValueError:
-        raise EvalError(f'cannot convert string "{v}" to double') from None
+        raise EvalError(f'cannot convert string "{_shown(v)}" to double') from None
 
 
 @register("string", "string -> string")
@@ -221,7 +237,7 @@ def _string_double(v: float) -> str:
     return format_double(v)
 
 
-@register("string", "bytes -> string")
+@register("string", "bytes -> string", cost=scan_cost)
 def _string_bytes(v: bytes) -> str:
     try:
         return v.decode("utf-8")
@@ -234,7 +250,7 @@ def _bytes_bytes(v: bytes) -> bytes:
     return v
 
 
-@register("bytes", "string -> bytes")
+@register("bytes", "string -> bytes", cost=scan_cost)
 def _bytes_string(v: str) -> bytes:
     return v.encode("utf-8")
 
@@ -251,7 +267,7 @@ def _bool_bool(v: bool) -> bool:
 @register("bool", "string -> bool")
 def _bool_string(v: str) -> bool:
     if v not in _BOOL_TEXT:
-        raise EvalError(f'cannot convert string "{v}" to bool')
+        raise EvalError(f'cannot convert string "{_shown(v)}" to bool')
     return _BOOL_TEXT[v]
 
 

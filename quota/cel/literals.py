@@ -67,19 +67,29 @@ def _unescape(body: str, *, as_bytes: bool, pos: tuple[int, int]) -> list[int] |
     return out if as_bytes else "".join(chars)
 
 
+def _whole(text: str) -> int | None:
+    """A decimal or 0x literal, or None when it has more digits than any 64-bit value
+    (checked first: Python refuses to convert more than 4300 digits at all)."""
+    base, digits = (16, text[2:]) if text.startswith("0x") else (10, text)
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > (16 if base == 16 else 20):
+        return None
+    return int(digits, base)
+
+
 def decode_literal(token: lark.Token) -> ast.Lit:
     """The value of an INT/UINT/FLOAT/STRING/BYTES token."""
     text = str(token)
     pos = _pos(token)
     if token.type == "INT_LIT":
-        value = int(text, 16) if text.startswith("0x") else int(text)
-        if value > INT64_MAX + 1:
+        value = _whole(text)
+        if value is None or value > INT64_MAX + 1:
             raise SyntaxProblem("invalid int literal", *pos)
         # INT64_MAX + 1 is only valid under a unary minus; `neg` folds it.
         return ast.Lit(value, negatable=True)
     if token.type == "UINT_LIT":
-        value = int(text[:-1], 16) if text.startswith("0x") else int(text[:-1])
-        if value > UINT64_MAX:
+        value = _whole(text[:-1])
+        if value is None or value > UINT64_MAX:
             raise SyntaxProblem("invalid uint literal", *pos)
         return ast.Lit(Uint(value))
     if token.type == "FLOAT_LIT":

@@ -72,6 +72,13 @@ def parse_ip(text: str) -> IP:
 
 
 def parse_cidr(text: str) -> CIDR:
+    if "%" in text:
+        # Go's netip.ParsePrefix (library/cidr.go) refuses zones; Python's
+        # ip_interface would keep the address and drop the zone silently.
+        raise EvalError(
+            f"network address parse error during conversion from string: netip.ParsePrefix({text!r}): "
+            "IPv6 zones cannot be present in a prefix"
+        )
     if "/" not in text:
         raise EvalError(f'network address parse error during conversion from string: no "/" in "{text}"')
     try:

@@ -114,6 +114,29 @@ def concat_cost(a: Any, b: Any) -> int:
     return 0
 
 
+def comparison_cost(a: Any, b: Any, cap: int) -> int:
+    """cel-go (interpreter/runtimecost.go) charges `==` and string ordering by the
+    smaller operand's size x 0.1. Python compares nested lists and maps element by
+    element, so those pay one per element inside (counted up to `cap`)."""
+    if type(a) is str or type(a) is bytes:
+        return min(len(a), len(b)) // 10 if type(b) is type(a) else 0
+    return min(elements(a, cap), elements(b, cap))
+
+
+def elements(value: Any, cap: int) -> int:
+    """How many values a list or map holds at every depth, counting stops past `cap`."""
+    count, stack = 0, [value]
+    while stack and count <= cap:
+        item = stack.pop()
+        if type(item) is tuple:
+            count += len(item)
+            stack.extend(x for x in item if type(x) is tuple or isinstance(x, dict))
+        elif isinstance(item, dict):
+            count += len(item)
+            stack.extend(x for x in item.values() if type(x) is tuple or isinstance(x, dict))
+    return count
+
+
 def subtract(a: Any, b: Any) -> Any:
     ta = type(a)
     if ta is not type(b):

@@ -23,12 +23,51 @@ from quota.cel.values import CelType, EvalError, Uint, type_name
 _CLAUSE = re.compile(r"%(?:\.(\d+))?(.)?", re.S)
 
 
-def _size(value: Any) -> int:
-    return len(value) if isinstance(value, (str, bytes, tuple, dict)) else 1
+# Digits a %f clause can print before the point (the largest double is about 1.8e308),
+# and the most any other scalar renders to (an int64 in binary, a timestamp).
+_MAX_INTEGER_DIGITS = 310
+_SCALAR_WIDTH = 64
+# Rendering sizes are summed only up to this, enough to exceed any cost budget.
+_SIZE_CAP = 10**8
 
 
-@register("format", "string, list(dyn) -> string", member=True,
-          cost=lambda text, args: (len(text) + sum(_size(a) for a in args)) // 10)
+def _rendered_size(value: Any, budget: int = _SIZE_CAP) -> int:
+    """An upper bound of len(_string(value)), computed without rendering it."""
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return len(value)
+    if kind is tuple or isinstance(value, dict):
+        total = 2
+        for item in value.items() if isinstance(value, dict) else value:
+            total += 4 + (_rendered_size(item[0], budget) + _rendered_size(item[1], budget)
+                          if isinstance(value, dict) else _rendered_size(item, budget))
+            if total > budget:
+                break
+        return total
+    return _SCALAR_WIDTH
+
+
+def _format_cost(text: str, args: tuple[Any, ...]) -> int:
+    """Charge what the result will hold before producing it: cel-go charges format by
+    its inputs, but `%.1000000000e` makes Python (and Go) allocate a gigabyte, so the
+    precision counts as output (quota.cel README, "Cost limit design")."""
+    size, used = len(text), 0
+    for match in _CLAUSE.finditer(text):
+        precision, verb = match.group(1), match.group(2)
+        if verb == "%" and precision is None or used >= len(args):
+            continue
+        value, used = args[used], used + 1
+        digits = 6 if precision is None else int(precision) if len(precision) < 12 else _SIZE_CAP
+        if verb in ("f", "e"):
+            size += digits + _MAX_INTEGER_DIGITS
+        else:
+            size += _rendered_size(value) * (2 if verb in ("x", "X") else 1)
+        if size > _SIZE_CAP:
+            break
+    return size // 10
+
+
+@register("format", "string, list(dyn) -> string", member=True, cost=_format_cost)
 def _format(text: str, args: tuple[Any, ...]) -> str:
     out: list[str] = []
     position, used = 0, 0

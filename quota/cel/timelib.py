@@ -3,7 +3,7 @@
 Selectors rarely need them (a device carries no time), but they are part of the
 standard environment the scheduler compiles against, so an expression using them
 must not be refused. Values are whole nanoseconds: `Timestamp` since the Unix epoch
-(UTC, years 1 to 9999), `Duration` signed (at most 10,000 years, as cel-spec). Parsing
+(UTC, years 1 to 9999), `Duration` signed (int64 nanoseconds, as cel-go). Parsing
 follows Go: RFC 3339 for `timestamp()`, time.ParseDuration for `duration()`. Operators
 live in `quota.cel.ops`, getters and conversions are registered here into
 `quota.cel.library.REGISTRY` (imported by `quota.cel.checker`).
@@ -23,7 +23,11 @@ from quota.cel.values import EvalError
 NANOS = 10**9
 _MIN_NS = -62135596800 * NANOS  # 0001-01-01T00:00:00Z
 _MAX_NS = 253402300799 * NANOS + NANOS - 1  # 9999-12-31T23:59:59.999999999Z
-_MAX_DURATION_NS = 315576000000 * NANOS + NANOS - 1
+# cel-go holds a duration in Go's time.Duration, int64 nanoseconds (about ±292 years;
+# common/types/duration.go), and reports arithmetic past it as an integer overflow.
+# cel-spec allows ±10,000 years; Kubernetes 1.37 runs cel-go, so cel-go's range holds.
+_MIN_DURATION_NS = -(2**63)
+_MAX_DURATION_NS = 2**63 - 1
 
 
 class Timestamp:
@@ -53,8 +57,8 @@ class Duration:
     cel_type_name = "google.protobuf.Duration"
 
     def __init__(self, ns: int) -> None:
-        if abs(ns) > _MAX_DURATION_NS:
-            raise EvalError("duration out of range")
+        if not _MIN_DURATION_NS <= ns <= _MAX_DURATION_NS:
+            raise EvalError("integer overflow")
         self.ns = ns
 
     def __eq__(self, other: object) -> bool:
@@ -122,13 +126,18 @@ def parse_duration(text: str) -> Duration:
         part = _PART.match(body, position)
         if part is None or not (part.group(1) or part.group(2)):
             raise EvalError(f'invalid duration "{text}"')
-        number = Fraction(f"{part.group(1) or 0}.{part.group(2) or 0}")
+        if len(part.group(1)) > 20:  # past int64 in any unit (and Python's digit limit)
+            raise EvalError(f'invalid duration "{text[:64]}"')
+        # Digits past the 30th are below a nanosecond in every unit.
+        number = Fraction(f"{part.group(1) or 0}.{(part.group(2) or '0')[:30]}")
         total += number * _UNITS[part.group(3)]
         position = part.end()
     if not body:
         raise EvalError(f'invalid duration "{text}"')
-    nanos = int(total)
-    return Duration(-nanos if text.startswith("-") else nanos)
+    nanos = -int(total) if text.startswith("-") else int(total)
+    if not _MIN_DURATION_NS <= nanos <= _MAX_DURATION_NS:  # Go: time: invalid duration
+        raise EvalError(f'invalid duration "{text}"')
+    return Duration(nanos)
 
 
 def _seconds_text(ns: int) -> str:

@@ -10,11 +10,12 @@ overload"; `quota.cel.evaluator` uses `runtime_test` for dynamic dispatch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from quota.cel import ast
 from quota.cel.values import CelType, Optional, Quantity, Semver, Uint
 
 
@@ -55,6 +56,27 @@ _NAMES = {
     "dyn": DYN, "bool": BOOL, "int": INT, "uint": UINT, "double": DOUBLE, "string": STRING,
     "bytes": BYTES, "null_type": NULL, "type": TYPE, "quantity": QUANTITY, "semver": SEMVER,
 }
+
+
+# Dotted type identifiers the Kubernetes environment declares (cel-go's well-known
+# types; apiserver/pkg/cel library: QuantityType "kubernetes.Quantity", SemverType
+# "kubernetes.Semver", IPType "net.IP", CIDRType "net.CIDR"), usable as `type(x) == net.IP`.
+QUALIFIED_TYPES = frozenset((
+    "google.protobuf.Timestamp", "google.protobuf.Duration", "kubernetes.Quantity", "kubernetes.Semver",
+    "net.IP", "net.CIDR",
+))
+
+
+def qualified_name(node: ast.Node, scope: Container[str]) -> str | None:
+    """`a.b.c` made of plain selections on an identifier that is not a variable."""
+    parts: list[str] = []
+    while isinstance(node, ast.Select) and not node.optional:
+        parts.append(node.field)
+        node = node.operand
+    if not isinstance(node, ast.Ident) or node.name in scope or node.name == "device":
+        return None
+    name = ".".join([node.name, *reversed(parts)])
+    return name if name in QUALIFIED_TYPES else None
 
 
 @cache
