@@ -1,0 +1,63 @@
+"""The webhook's TLS server context: TLS 1.2+, and a certificate swapped without restart.
+
+Neighbours: `certs.rotation` decides when the pair changes; the server (aiohttp) is
+given `ReloadingContext.context` once at start. A new pair is loaded into a fresh
+SSLContext and selected per handshake from the SNI callback (which OpenSSL runs on
+every ClientHello, with or without a server name), so connections already open keep
+their session and new ones get the new certificate: the same effect as
+controller-runtime's certwatcher `GetCertificate` (kueue.md §4).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+
+from certs.authority import KeyPair, inspect
+
+__all__ = ["ReloadingContext", "server_context"]
+
+
+def server_context(pair: KeyPair) -> ssl.SSLContext:
+    """A server context serving `pair`, TLS 1.2 or newer only."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # Renegotiation is a DoS vector and nothing the API server needs.
+    context.options |= ssl.OP_NO_RENEGOTIATION
+    _load(context, pair)
+    return context
+
+
+def _load(context: ssl.SSLContext, pair: KeyPair) -> None:
+    # ssl loads key material only from files: a private, unlinked-right-after temp file
+    # (0600 in a 0700 directory) keeps the key off any shared path.
+    with tempfile.TemporaryDirectory(prefix="dra-quota-tls-") as tmp:
+        path = os.path.join(tmp, "pair.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(pair.key_pem + b"\n" + pair.cert_pem)
+        context.load_cert_chain(path)
+
+
+class ReloadingContext:
+    """Serves the newest pair given to `update`, from the next handshake on."""
+
+    def __init__(self, pair: KeyPair) -> None:
+        self.context = server_context(pair)
+        self._current = self.context
+        self.serial = inspect(pair.cert_pem).serial
+        self.context.sni_callback = self._select
+
+    def update(self, pair: KeyPair) -> bool:
+        """Switch to `pair` (False when it is the one already served)."""
+        serial = inspect(pair.cert_pem).serial
+        if serial == self.serial:
+            return False
+        fresh = server_context(pair)
+        self._current, self.serial = fresh, serial
+        return True
+
+    def _select(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext) -> None:
+        if self._current is not self.context:
+            connection.context = self._current
