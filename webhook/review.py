@@ -1,0 +1,214 @@
+"""AdmissionReview v1 on the wire: a request body in, a review to send back out.
+
+Neighbours: the aiohttp server hands request bodies to `parse_review` and sends what
+`respond` builds; the per-kind handlers turn an `AdmissionRequest` into a `Verdict`.
+Shapes: k/k staging/src/k8s.io/api/admission/v1/types.go. Every body gets a
+well-formed review back, however broken it is: a review that cannot be read is
+denied with a message saying what is wrong (and echoes the uid when one was found),
+never answered with a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+__all__ = [
+    "API_VERSION",
+    "AdmissionRequest",
+    "GroupVersionKind",
+    "GroupVersionResource",
+    "ReviewError",
+    "UserInfo",
+    "Verdict",
+    "parse_review",
+    "respond",
+]
+
+API_VERSION = "admission.k8s.io/v1"
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+# Audit annotation keys: the API server stores `<webhook name>/<key>` and silently drops
+# keys that do not make a valid qualified name, so the key must be one name segment.
+_AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Warnings travel as HTTP Warning headers: the API server truncates long ones (k8s.io/
+# apiserver pkg/endpoints/filters/warning.go), so keep each readable and bounded.
+MAX_WARNING_CHARS = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+class ReviewError(ValueError):
+    """A body that is not an AdmissionReview request we can answer; `uid` if one was read."""
+
+    def __init__(self, message: str, uid: str = "") -> None:
+        super().__init__(message)
+        self.uid = uid
+
+
+@dataclass(frozen=True, slots=True)
+class GroupVersionKind:
+    group: str
+    version: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupVersionResource:
+    group: str
+    version: str
+    resource: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    uid: str
+    kind: GroupVersionKind
+    resource: GroupVersionResource
+    sub_resource: str
+    name: str
+    namespace: str
+    operation: Operation
+    user: UserInfo
+    object: Mapping[str, Any] | None
+    old_object: Mapping[str, Any] | None
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a handler decided; `respond` turns it into the review's `response`."""
+
+    allowed: bool
+    message: str = ""
+    # metav1.StatusReason and HTTP code of a denial (in-tree quota uses Forbidden/403).
+    reason: str = "Forbidden"
+    code: int = 403
+    warnings: tuple[str, ...] = ()
+    patch: Sequence[Mapping[str, Any]] = ()
+    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_review(review: Any) -> AdmissionRequest:
+    """The request of a decoded AdmissionReview (ReviewError naming the field otherwise)."""
+    if not isinstance(review, dict):
+        raise ReviewError("the body must be a JSON object (an AdmissionReview)")
+    request = review.get("request")
+    uid = request.get("uid") if isinstance(request, dict) else None
+    uid = uid if isinstance(uid, str) else ""
+    if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
+        raise ReviewError(
+            f"expected apiVersion {API_VERSION} kind AdmissionReview, got apiVersion "
+            f"{_show(review.get('apiVersion'))} kind {_show(review.get('kind'))} "
+            "(set admissionReviewVersions: [v1] in the webhook configuration)",
+            uid,
+        )
+    if not isinstance(request, dict):
+        raise ReviewError("request is missing or not an object", uid)
+    if not uid:
+        raise ReviewError("request.uid is missing or not a string")
+    operation = request.get("operation")
+    if operation not in _OPERATIONS:
+        raise ReviewError(f"request.operation must be one of {', '.join(_OPERATIONS)}, got {_show(operation)}", uid)
+    return AdmissionRequest(
+        uid=uid,
+        kind=GroupVersionKind(*_strings(request.get("kind"), "request.kind", ("group", "version", "kind"), uid)),
+        resource=GroupVersionResource(
+            *_strings(request.get("resource"), "request.resource", ("group", "version", "resource"), uid)
+        ),
+        sub_resource=_string(request.get("subResource"), "request.subResource", uid),
+        name=_string(request.get("name"), "request.name", uid),
+        namespace=_string(request.get("namespace"), "request.namespace", uid),
+        operation=cast(Operation, operation),
+        user=_user(request.get("userInfo"), uid),
+        object=_object(request.get("object"), "request.object", uid),
+        old_object=_object(request.get("oldObject"), "request.oldObject", uid),
+        dry_run=request.get("dryRun") is True,
+    )
+
+
+def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
+    """The AdmissionReview to send back for request `uid`."""
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {
+            "code": verdict.code,
+            "reason": verdict.reason,
+            "message": clean(verdict.message),
+        }
+    if verdict.warnings:
+        response["warnings"] = [_warning(w) for w in verdict.warnings]
+    if verdict.patch and verdict.allowed:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode("ascii")
+    annotations = {k: clean(v) for k, v in verdict.audit_annotations.items()}
+    for key in annotations:
+        if not _AUDIT_KEY.match(key):
+            raise ValueError(f"audit annotation key {key!r} is not one name segment of at most 63 characters")
+    if annotations:
+        response["auditAnnotations"] = annotations
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def clean(text: str) -> str:
+    """`text` without control or bidi-override characters and lone surrogates."""
+    text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _warning(text: str) -> str:
+    text = clean(text)
+    return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 1] + "…"
+
+
+def _string(value: Any, where: str, uid: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ReviewError(f"{where} must be a string", uid)
+    return value
+
+
+def _strings(value: Any, where: str, keys: tuple[str, str, str], uid: str) -> tuple[str, str, str]:
+    if not isinstance(value, dict):
+        raise ReviewError(f"{where} is missing or not an object", uid)
+    a, b, c = (_string(value.get(k), f"{where}.{k}", uid) for k in keys)
+    return a, b, c
+
+
+def _user(value: Any, uid: str) -> UserInfo:
+    if value is None:
+        return UserInfo("")
+    if not isinstance(value, dict):
+        raise ReviewError("request.userInfo must be an object", uid)
+    groups = value.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ReviewError("request.userInfo.groups must be a list of strings", uid)
+    return UserInfo(
+        _string(value.get("username"), "request.userInfo.username", uid),
+        _string(value.get("uid"), "request.userInfo.uid", uid),
+        tuple(groups),
+    )
+
+
+def _object(value: Any, where: str, uid: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ReviewError(f"{where} must be an object", uid)
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return clean(text if len(text) <= 64 else text[:61] + "...")
