@@ -3,7 +3,14 @@
 Parses the grammar of k8s.io/apimachinery/pkg/api/resource/quantity.go
 (`<signedNumber><suffix>`, suffixes binary SI, decimal SI or an `e`/`E` exponent) into
 `fractions.Fraction`, so `64Gi == 65536Mi` holds exactly and nothing rounds until a
-charge is turned into whole bytes. Used by the inventory (capacities), pricing
+charge is turned into whole bytes. Bounded like apimachinery's model: values are
+rounded up to whole nano-units (ParseQuantity rounds non-zero amounts up to 1n); text
+longer than 64 characters, exponents past 10^±100 and numbers of more than 64 digits
+are refused, so no hostile quantity reaches Python's 4,300-digit limit or allocates a
+huge integer. `parse_amount` adds the int64 bound for amounts objects hold (capacities,
+requests, limits): `Quantity.Value()` is an int64, beyond it the API server caps or
+saturates, which would make a charge silently wrong. CEL's `quantity()` uses the
+unbounded-magnitude `parse_quantity`, as apimachinery's does. Used by the inventory (capacities), pricing
 (requests, requestPolicy) and DeviceQuota (hard limits); the CEL `quantity()` type wraps
 the same values. Pure: no I/O.
 """
@@ -15,7 +22,9 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
-__all__ = ["QuantityError", "parse_quantity", "format_quantity", "ceil_int"]
+from quota.raw import show
+
+__all__ = ["QuantityError", "parse_quantity", "parse_amount", "format_quantity", "ceil_int"]
 
 
 class QuantityError(ValueError):
@@ -39,9 +48,15 @@ _QUANTITY = re.compile(
     r"^(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
     r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?))$"
 )
-# apimachinery refuses exponents this large; bounding them keeps a hostile quantity
-# such as "1e999999999" from allocating a gigantic integer.
+# Bounding exponents keeps a hostile quantity such as "1e999999999" from allocating a
+# gigantic integer; anything past 10^100 is refused by the magnitude bound anyway.
 _MAX_EXPONENT = 100
+# The longest quantity that can fit the bounds (19 integer digits, 9 fractional, a
+# sign, a suffix) is far shorter; the bound keeps a 5,000-digit string away from int().
+_MAX_TEXT = 64
+_MAX_NUMBER = 10**_MAX_TEXT
+_MAX_AMOUNT = 2**63 - 1
+_NANO = 10**9
 
 
 def parse_quantity(value: str | int | float | Fraction) -> Fraction:
@@ -51,14 +66,37 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
     if isinstance(value, Fraction):
         return value
     if isinstance(value, int):
-        return Fraction(value)
+        return _bounded(Fraction(value), show(value))
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise QuantityError(f"quantity {value!r} is not a finite number")
-        return Fraction(value)
+            raise QuantityError(f"quantity {show(value)} is not a finite number")
+        return _bounded(Fraction(value), show(value))
     if not isinstance(value, str):
-        raise QuantityError(f"quantity must be a string or number, not {type(value).__name__}")
+        raise QuantityError(f"quantity must be a string or number, not {show(value)}")
     return _parse_text(value)
+
+
+def parse_amount(value: str | int | float | Fraction) -> Fraction:
+    """A quantity an object field holds: also at most 2^63-1 in magnitude (an int64)."""
+    amount = parse_quantity(value)
+    if abs(amount) > _MAX_AMOUNT:
+        raise QuantityError(f"quantity {show(value)} is out of range: its magnitude must be at most 2^63-1")
+    return amount
+
+
+def _bounded(value: Fraction, shown: str) -> Fraction:
+    """A JSON number as a quantity: no more than 64 digits, like quantity text."""
+    if abs(value) >= _MAX_NUMBER:
+        raise QuantityError(f"quantity {shown} is out of range: more than {_MAX_TEXT} digits")
+    return _round_nano(value)
+
+
+def _round_nano(value: Fraction) -> Fraction:
+    """ParseQuantity rounds non-zero amounts up (away from 0) to whole nano-units."""
+    if (value * _NANO).denominator != 1:
+        nanos = math.ceil(abs(value) * _NANO)
+        value = Fraction(nanos if value > 0 else -nanos, _NANO)
+    return value
 
 
 # Inventories repeat a handful of values ("80Gi", "1Mi") tens of thousands of times;
@@ -66,24 +104,26 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
 @lru_cache(maxsize=4096)
 def _parse_text(value: str) -> Fraction:
     text = value.strip()
-    match = _QUANTITY.match(text)
+    if len(text) > _MAX_TEXT:
+        raise QuantityError(f"quantity {show(value)} is longer than {_MAX_TEXT} characters")
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise QuantityError(
-            f"quantity {value!r} must match the regular expression "
+            f"quantity {show(value)} must match the regular expression "
             "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (e.g. 80Gi, 500m, 1e9)"
         )
     number = Fraction(match["num"] if not match["num"].endswith(".") else match["num"][:-1])
     if match["exp"] is not None:
         exponent = int(match["exp"][1:])
         if abs(exponent) > _MAX_EXPONENT:
-            raise QuantityError(f"quantity {value!r} has an exponent out of range")
+            raise QuantityError(f"quantity {show(value)} has an exponent out of range")
         scale = Fraction(10) ** exponent
     elif match["suffix"] in _BINARY:
         scale = Fraction(_BINARY[match["suffix"]])
     else:
         scale = _DECIMAL[match["suffix"]]
     result = number * scale
-    return -result if match["sign"] == "-" else result
+    return _round_nano(-result if match["sign"] == "-" else result)
 
 
 def ceil_int(value: Fraction) -> int:

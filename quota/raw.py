@@ -1,16 +1,22 @@
 """Reading raw Kubernetes JSON defensively: one way to walk and check fields.
 
 Neighbours: the parsers (`quota.slices`, `quota.claims`, `quota.devicequota`,
-`quota.check`) turn raw objects into domain values with these helpers, so a field of
+`quota.meta`) turn raw objects into domain values with these helpers, so a field of
 the wrong type becomes a parser error naming it instead of an AttributeError deep in
-the webhook (tests/unit/test_fuzz_parsers.py holds them to that).
+the webhook (tests/unit/test_fuzz_parsers.py holds them to that). `show` is the one way
+a hostile value enters an error message.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dig", "as_map", "as_list"]
+__all__ = ["dig", "as_map", "as_list", "show"]
+
+_SHOW_CHARS = 64
+# Python refuses to print integers of more than 4300 digits (ValueError) and a printed
+# 10**4000 says nothing useful: past this, describe the size instead.
+_SHOW_INT = 10**30
 
 
 def dig(obj: Any, *path: str) -> Any:
@@ -23,14 +29,36 @@ def dig(obj: Any, *path: str) -> Any:
 
 
 def as_map(value: Any) -> dict[str, Any]:
-    """A map field; absent or of the wrong type reads as empty (metadata, status)."""
+    """A map field; absent or of the wrong type reads as empty (status)."""
     return value if isinstance(value, dict) else {}
 
 
-def as_list(value: Any, where: str, error: type[ValueError]) -> list[Any]:
+def as_list(value: Any, where: str, error: type[Exception]) -> list[Any]:
     """An optional list field: absent is empty, anything but a list is an `error`."""
     if value is None:
         return []
     if not isinstance(value, list):
-        raise error(f"{where} must be a list")
+        raise error(f"{where} must be a list, got {show(value)}")
     return value
+
+
+def show(value: Any) -> str:
+    """A value from user input, safe in a message: bounded, ASCII, never raises.
+
+    Strings go through `ascii()` so newlines, ANSI escapes, bidi overrides and lone
+    surrogates arrive escaped; containers are named, not printed (a deep one would hit
+    the recursion limit, a large one would flood the message).
+    """
+    if isinstance(value, str):
+        return ascii(value if len(value) <= _SHOW_CHARS else value[: _SHOW_CHARS - 3] + "...")
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        if -_SHOW_INT < value < _SHOW_INT:
+            return str(value)
+        return f"an integer of {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, dict):
+        return "a map"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"

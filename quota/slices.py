@@ -5,6 +5,9 @@ only reads JSON. Objects are the dicts `json.loads` or YAML give (plain `dict` c
 `Mapping` check dominated load time). Names follow TYPES (staging/src/k8s.io/api/resource/v1/types.go):
 attribute and capacity names without a domain belong to the driver's domain, exactly
 one of nodeName / nodeSelector / allNodes / perDeviceNodeSelection scopes the slice.
+Field rules are the API server's (pkg/apis/resource/validation/validation.go, through
+`quota.validation`): names, list limits, non-negative int64 counts and quantities,
+unique device names, consistent requestPolicies. What it refuses, we refuse by field.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from quota import validation
+from quota.meta import parse_meta, require_version
 from quota.model import (
     AttributeValue,
     Capacity,
@@ -23,12 +28,13 @@ from quota.model import (
     DeviceKey,
     RequestPolicy,
     Taint,
-    ValidRange,
     Version,
     qualify,
 )
-from quota.quantity import QuantityError, parse_quantity
-from quota.raw import as_list, dig
+from quota.quantity import QuantityError, parse_amount
+from quota.raw import as_list, show
+from quota.requestpolicy import parse_policy
+from quota.validation import at_most, dns_label, dns_subdomain, integer, qualified_name, string
 
 __all__ = ["SliceError", "ParsedSlice", "parse_slice"]
 
@@ -55,86 +61,176 @@ _SCALAR_KINDS = ("int", "bool", "string", "version")
 # Semantic Versioning 2.0.0 (semver.org's own regex): the API server rejects slices whose
 # version attributes do not parse (pkg/apis/resource/validation), so we do too.
 _SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?",
+    re.ASCII,  # Go's \d is ASCII only
 )
 _LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+_MIN_INT64 = -(2**63)
+_DEVICE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")  # IsDNS1123Label, fast path
 
 
 def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     if not isinstance(obj, dict):
         raise SliceError("a ResourceSlice must be an object")
-    name = str(dig(obj, "metadata", "name") or "")
-    if not name:
-        raise SliceError("ResourceSlice without metadata.name")
+    require_version(obj, "ResourceSlice", SliceError)
+    name = parse_meta(obj, "ResourceSlice", SliceError, namespaced=False).name
+    where = f"ResourceSlice {name}: spec"
     spec = obj.get("spec")
     if not isinstance(spec, dict):
-        raise SliceError(f"ResourceSlice {name!r}: spec is missing")
-    driver = spec.get("driver")
+        raise SliceError(f"{where} is required")
+    driver = dns_subdomain(spec.get("driver"), f"{where}.driver", SliceError, max_length=63)
     pool = spec.get("pool")
-    if not isinstance(driver, str) or not driver:
-        raise SliceError(f"ResourceSlice {name!r}: spec.driver is required")
-    if not isinstance(pool, dict) or not isinstance(pool.get("name"), str):
-        raise SliceError(f"ResourceSlice {name!r}: spec.pool.name is required")
-    pool_name = str(pool["name"])
-    generation = _int(pool.get("generation", 0), f"ResourceSlice {name!r}: spec.pool.generation")
-    count = _int(pool.get("resourceSliceCount", 1), f"ResourceSlice {name!r}: spec.pool.resourceSliceCount")
-    node_name = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else None
+    if not isinstance(pool, dict):
+        raise SliceError(f"{where}.pool is required")
+    pool_name = validation.pool_name(pool.get("name"), f"{where}.pool.name", SliceError)
+    generation = integer(pool.get("generation", 0), f"{where}.pool.generation", SliceError)
+    count = integer(pool.get("resourceSliceCount"), f"{where}.pool.resourceSliceCount", SliceError, minimum=1)
+    node_name = _node_scope(spec, where)
+    raw_devices = as_list(spec.get("devices"), f"{where}.devices", SliceError)
+    if raw_devices and spec.get("sharedCounters") is not None:
+        raise SliceError(f"{where}: only one of sharedCounters or devices is allowed")
+    per_device = spec.get("perDeviceNodeSelection") is True
     devices = []
-    for index, raw in enumerate(as_list(spec.get("devices"), f"ResourceSlice {name!r}: spec.devices", SliceError)):
-        where = f"ResourceSlice {name!r}: spec.devices[{index}]"
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_devices):
+        at = f"{where}.devices[{index}]"
         if not isinstance(raw, dict):
-            raise SliceError(f"{where}: must be an object")
-        devices.append(_device(raw, driver, pool_name, node_name, where))
-    return ParsedSlice(name, driver, pool_name, generation, max(count, 1), tuple(devices))
+            raise SliceError(f"{at} must be an object")
+        device = _device(raw, driver, pool_name, node_name, at, per_device)
+        if device.key.device in seen:
+            raise SliceError(f"{at}.name: duplicate device name {device.key.device!r} in the slice")
+        seen.add(device.key.device)
+        devices.append(device)
+    if len(devices) > validation.MAX_SLICE_DEVICES_ADVANCED:
+        _check_device_count(devices, where)
+    return ParsedSlice(name, driver, pool_name, generation, count, tuple(devices))
 
 
-def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_node: str | None, where: str) -> Device:
+def _node_scope(spec: Mapping[str, Any], where: str) -> str | None:
+    """Exactly one of nodeName / nodeSelector / allNodes / perDeviceNodeSelection (validation.go)."""
+    node_name = spec.get("nodeName")
+    set_fields = [f for f in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(f) is not None]
+    if len(set_fields) != 1:
+        raise SliceError(f"{where}: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection is required")
+    for flag in ("allNodes", "perDeviceNodeSelection"):
+        if flag in set_fields and spec[flag] is not True:
+            raise SliceError(f"{where}.{flag} must be either unset or set to true")
+    if node_name is None:
+        return None
+    return dns_subdomain(node_name, f"{where}.nodeName", SliceError)
+
+
+def _check_device_count(devices: list[Device], where: str) -> None:
+    # ResourceSliceMaxDevicesWithAdvancedFeatures applies once any device uses taints,
+    # counters or list attributes (validateResourceSliceSpec).
+    advanced = any(
+        d.taints or d.consumes_counters or any(isinstance(v, tuple) for a in d.attributes.values() for v in a.values())
+        for d in devices
+    )
+    limit = validation.MAX_SLICE_DEVICES_ADVANCED if advanced else validation.MAX_SLICE_DEVICES
+    if len(devices) > limit:
+        raise SliceError(f"{where}.devices: must have at most {limit} items, got {len(devices)}")
+
+
+def _device(
+    raw: Mapping[str, Any], driver: str, pool: str, slice_node: str | None, where: str, per_device: bool
+) -> Device:
     dev_name = raw.get("name")
-    if not isinstance(dev_name, str) or not dev_name:
-        raise SliceError(f"{where}: name is required")
+    if type(dev_name) is not str or _DEVICE_NAME.fullmatch(dev_name) is None:
+        dev_name = dns_label(dev_name, f"{where}.name", SliceError)  # raises, naming what is wrong
     where = f"{where} ({dev_name})"
-    # perDeviceNodeSelection: the device names its own node, or none (pool-wide).
-    node = slice_node if slice_node is not None else raw.get("nodeName")
-    node = node if isinstance(node, str) and node else None
+    attributes, capacity = raw.get("attributes") or {}, raw.get("capacity") or {}
+    if type(attributes) is dict and type(capacity) is dict and len(attributes) + len(capacity) > validation.MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceError(
+            f"{where}: the total number of attributes and capacities must not exceed "
+            f"{validation.MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    shared = raw.get("allowMultipleAllocations")
+    if shared is not None and type(shared) is not bool:
+        raise SliceError(f"{where}.allowMultipleAllocations must be a boolean, got {show(shared)}")
+    node = slice_node
+    if per_device:
+        # perDeviceNodeSelection: the device names its own node, or none (pool-wide).
+        own = raw.get("nodeName")
+        node = None if own is None else dns_subdomain(own, f"{where}.nodeName", SliceError)
+    elif any(raw.get(f) is not None for f in ("nodeName", "nodeSelector", "allNodes")):
+        raise SliceError(f"{where}: nodeName, nodeSelector and allNodes can only be set with perDeviceNodeSelection")
     scope = f"node/{node}" if node is not None else f"pool/{driver}/{pool}"
     return Device(
         key=DeviceKey(driver, pool, dev_name),
-        attributes=_attributes(raw.get("attributes") or {}, driver, where),
-        capacity=_capacities(raw.get("capacity") or {}, driver, where),
-        allow_multiple_allocations=raw.get("allowMultipleAllocations") is True,
+        attributes=_attributes(attributes, driver, where),
+        capacity=_capacities(capacity, driver, where, shared=shared is True),
+        allow_multiple_allocations=shared is True,
         node_name=node,
         scope=scope,
-        taints=tuple(
-            Taint(str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
-            for t in as_list(raw.get("taints"), f"{where}: taints", SliceError)
-            if isinstance(t, dict)
+        taints=_taints(raw.get("taints"), where) if raw.get("taints") is not None else (),
+        consumes_counters=tuple(
+            _consumption(c, where)
+            for c in at_most(as_list(raw.get("consumesCounters"), f"{where}.consumesCounters", SliceError),
+                             validation.MAX_COUNTER_CONSUMPTIONS, f"{where}.consumesCounters", SliceError)
         ),
-        consumes_counters=tuple(_consumption(c, where) for c in as_list(raw.get("consumesCounters"), f"{where}: consumesCounters", SliceError)),
         binds_to_node=raw.get("bindsToNode") is True,
     )
 
 
+_TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+def _taints(raw: Any, where: str) -> tuple[Taint, ...]:
+    where = f"{where}.taints"
+    taints = []
+    for i, item in enumerate(at_most(as_list(raw, where, SliceError), validation.MAX_TAINTS, where, SliceError)):
+        if not isinstance(item, dict):
+            raise SliceError(f"{where}[{i}] must be an object")
+        effect = item.get("effect")
+        if effect not in _TAINT_EFFECTS:
+            raise SliceError(f"{where}[{i}].effect: unsupported value {show(effect)}: supported values: None, NoExecute, NoSchedule")
+        key = string(item.get("key"), f"{where}[{i}].key", SliceError, max_length=316)
+        value = item.get("value")
+        value = "" if value in (None, "") else string(value, f"{where}[{i}].value", SliceError, max_length=63)
+        taints.append(Taint(key, value, str(effect)))
+    return tuple(taints)
+
+
 def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, AttributeValue]]:
     if not isinstance(raw, dict):
-        raise SliceError(f"{where}: attributes must be a map")
+        raise SliceError(f"{where}.attributes must be a map, got {show(raw)}")
     own: dict[str, AttributeValue] = {}
     out: dict[str, dict[str, AttributeValue]] = {driver: own}
+    values = 0
     for qualified, value in raw.items():
         # Hot loop (tens of thousands of devices): error context is built only on error.
+        if qualified not in _VALID_NAMES:
+            _check_name(qualified, f"{where}.attributes")
         try:
             parsed = _attribute(value)
         except SliceError as err:
-            raise SliceError(f"{where}: attribute {qualified!r}: {err}") from None
+            raise SliceError(f"{where}.attributes[{qualified!r}]: {err}") from None
+        values += len(parsed) if type(parsed) is tuple else 1
         if "/" in qualified:
             domain, _, ident = qualified.partition("/")
             out.setdefault(domain, {})[ident] = parsed
         else:
             own[qualified] = parsed
+    if values > validation.MAX_ATTRIBUTE_VALUES:
+        raise SliceError(f"{where}: the total number of attribute values must not exceed {validation.MAX_ATTRIBUTE_VALUES}")
     if not own:
         del out[driver]
     return out
+
+
+# Attribute and capacity names already checked: drivers repeat a few dozen names over
+# tens of thousands of devices. Bounded so hostile unique names cannot grow it forever.
+_VALID_NAMES: set[Any] = set()
+_VALID_NAMES_LIMIT = 65536
+
+
+def _check_name(name: Any, where: str) -> None:
+    qualified_name(name, f"{where}: key", SliceError)
+    if len(_VALID_NAMES) < _VALID_NAMES_LIMIT:
+        _VALID_NAMES.add(name)
 
 
 def _attribute(value: Any) -> AttributeValue:
@@ -151,42 +247,51 @@ def _attribute(value: Any) -> AttributeValue:
     kind = kinds[0]
     if kind in _LIST_KINDS:
         items = value[kind]
-        if not isinstance(items, list):
-            raise SliceError(f"{kind} must be a list")
+        if not isinstance(items, list) or not items:
+            raise SliceError(f"{kind} must be a non-empty list")
         return tuple(_scalar(_LIST_KINDS[kind], item) for item in items)  # type: ignore[return-value]
     return _scalar(kind, value[kind])
 
 
 def _scalar(kind: str, value: Any) -> int | bool | str | Version:
     kind_of_value = type(value)
-    if kind == "string" and kind_of_value is str:
+    if kind == "string" and kind_of_value is str and len(value) <= validation.MAX_ATTRIBUTE_LENGTH:
         return value  # type: ignore[no-any-return]
-    if kind == "int" and kind_of_value is int:
+    if kind == "int" and kind_of_value is int and _MIN_INT64 <= value <= validation.MAX_INT64:
         return value  # type: ignore[no-any-return]
     if kind == "bool" and kind_of_value is bool:
         return value  # type: ignore[no-any-return]
     if kind == "version" and kind_of_value is str:
-        if len(value) > 64 or _SEMVER.match(value) is None:
-            raise SliceError(f"version {value!r} is not a semantic version 2.0.0 string of at most 64 characters")
+        if len(value) > validation.MAX_ATTRIBUTE_LENGTH or _SEMVER.fullmatch(value) is None:
+            raise SliceError(f"version {show(value)} is not a semantic version 2.0.0 string of at most 64 characters")
         return Version(value)
-    raise SliceError(f"{kind} value {value!r} has the wrong type")
+    if kind == "string" and kind_of_value is str:
+        raise SliceError(f"string must be at most {validation.MAX_ATTRIBUTE_LENGTH} characters, got {len(value)}")
+    if kind == "int" and kind_of_value is int:
+        raise SliceError(f"int {show(value)} is out of the int64 range")
+    raise SliceError(f"{kind} value {show(value)} has the wrong type")
 
 
-def _capacities(raw: Any, driver: str, where: str) -> dict[str, dict[str, Capacity]]:
+def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str, dict[str, Capacity]]:
     if not isinstance(raw, dict):
-        raise SliceError(f"{where}: capacity must be a map")
+        raise SliceError(f"{where}.capacity must be a map, got {show(raw)}")
     out: dict[str, dict[str, Capacity]] = {}
     for qualified, value in raw.items():
+        if qualified not in _VALID_NAMES:
+            _check_name(qualified, f"{where}.capacity")
+        at = f"{where}.capacity[{qualified!r}]"
         if not isinstance(value, dict) or "value" not in value:
-            raise SliceError(f"{where}: capacity {qualified!r}: must be an object with a value")
-        domain, ident = qualify(str(qualified), driver)
-        policy = value.get("requestPolicy")
-        try:
-            amount = parse_quantity(value["value"])
-        except QuantityError as err:
-            raise SliceError(f"{where}: capacity {qualified!r}: {err}") from None
-        parsed = Capacity(amount, _policy(policy, f"{where}: capacity {qualified!r}") if isinstance(policy, dict) else None)
-        out.setdefault(domain, {})[ident] = _intern(parsed)
+            raise SliceError(f"{at}: must be an object with a value")
+        domain, ident = qualify(qualified, driver)
+        amount = _quantity(value["value"], f"{at}.value")
+        raw_policy = value.get("requestPolicy")
+        policy = None
+        if raw_policy is not None:
+            if not shared:
+                # validateSingleAllocatableDeviceCapacity: consumable capacity needs sharing.
+                raise SliceError(f"{at}.requestPolicy: allowMultipleAllocations must be true")
+            policy = _policy(raw_policy, amount, f"{at}.requestPolicy")
+        out.setdefault(domain, {})[ident] = _intern(Capacity(amount, policy))
     return out
 
 
@@ -205,43 +310,66 @@ def _intern(capacity: Capacity) -> Capacity:
     return capacity
 
 
-def _policy(raw: Mapping[str, Any], where: str) -> RequestPolicy:
-    default = _quantity(raw["default"], f"{where}.default") if raw.get("default") is not None else None
-    values = tuple(sorted(_quantity(v, f"{where}.validValues") for v in as_list(raw.get("validValues"), f"{where}.validValues", SliceError)))
-    rng = raw.get("validRange")
-    valid_range = None
-    if isinstance(rng, dict):
-        valid_range = ValidRange(
-            min=_quantity(rng.get("min", 0), f"{where}.validRange.min"),
-            max=_quantity(rng["max"], f"{where}.validRange.max") if rng.get("max") is not None else None,
-            step=_quantity(rng["step"], f"{where}.validRange.step") if rng.get("step") is not None else None,
-        )
-    return RequestPolicy(default=default, valid_values=values, valid_range=valid_range)
-
-
 def _consumption(raw: Any, where: str) -> CounterConsumption:
     if not isinstance(raw, dict):
-        raise SliceError(f"{where}: consumesCounters entries must be objects")
+        raise SliceError(f"{where}.consumesCounters entries must be objects")
     counters = raw.get("counters") or {}
     if not isinstance(counters, dict):
-        raise SliceError(f"{where}: consumesCounters counters must be a map")
+        raise SliceError(f"{where}.consumesCounters counters must be a map")
     return CounterConsumption(
-        counter_set=str(raw.get("counterSet", "")),
+        counter_set=dns_label(raw.get("counterSet"), f"{where}.consumesCounters.counterSet", SliceError),
         counters={
-            str(k): _quantity(v.get("value", 0) if isinstance(v, dict) else v, f"{where}: counter {k!r}")
+            dns_label(k, f"{where}.consumesCounters.counters: key", SliceError): _quantity(
+                v.get("value") if isinstance(v, dict) else v, f"{where}.consumesCounters.counters[{k!r}]"
+            )
             for k, v in counters.items()
         },
     )
 
 
+# Checked results for the few distinct capacity strings and policies an inventory
+# repeats tens of thousands of times (Fraction comparisons dominated load time).
+# Bounded, like the other caches here, against hostile unique values.
+_AMOUNTS: dict[str, Fraction] = {}
+_POLICIES: dict[tuple[Any, ...], RequestPolicy] = {}
+_CACHE_LIMIT = 4096
+
+
 def _quantity(value: Any, where: str) -> Fraction:
+    """A non-negative quantity: a negative capacity would lower charges."""
+    if type(value) is str and (found := _AMOUNTS.get(value)) is not None:
+        return found
     try:
-        return parse_quantity(value)
+        amount = parse_amount(value)
     except QuantityError as err:
         raise SliceError(f"{where}: {err}") from None
+    if amount < 0:
+        raise SliceError(f"{where}: must not be negative, got {show(value)}")
+    if type(value) is str and len(_AMOUNTS) < _CACHE_LIMIT:
+        _AMOUNTS[value] = amount
+    return amount
 
 
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SliceError(f"{where} must be an integer, got {value!r}")
-    return value
+def _policy(raw: Any, capacity: Fraction, where: str) -> RequestPolicy:
+    key = _policy_key(raw, capacity)
+    found = _POLICIES.get(key) if key is not None else None
+    if found is None:
+        found = parse_policy(raw, capacity, where, SliceError)
+        if key is not None and len(_POLICIES) < _CACHE_LIMIT:
+            _POLICIES[key] = found
+    return found
+
+
+def _policy_key(raw: Any, capacity: Fraction) -> tuple[Any, ...] | None:
+    """The fields a policy is read from, when all are plain strings (else: no caching)."""
+    if type(raw) is not dict:
+        return None
+    rng = raw.get("validRange")
+    rng = {} if rng is None else rng
+    values = raw.get("validValues") or []
+    if type(rng) is not dict or type(values) is not list:
+        return None
+    fields = (raw.get("default"), rng.get("min"), rng.get("max"), rng.get("step"))
+    if not all(type(f) is str or f is None for f in fields) or not all(type(v) is str for v in values):
+        return None
+    return (capacity, raw.get("validRange") is not None, *fields, *values)

@@ -115,7 +115,7 @@ def test_partitionable_devices_keep_their_counters() -> None:
         (lambda s: s["spec"]["devices"][0]["attributes"].update(bad={"int": 1, "string": "x"}), "exactly one of"),
         (lambda s: s["spec"]["devices"][0]["attributes"].update(bad={"int": "1"}), "wrong type"),
         (lambda s: s["spec"]["devices"][0]["capacity"].update(memory={"value": "lots"}), "quantity 'lots'"),
-        (lambda s: s["metadata"].pop("name"), "without metadata.name"),
+        (lambda s: s["metadata"].pop("name"), "metadata.name is required"),
         (lambda s: s["spec"]["devices"][0]["attributes"].update(driverVersion={"version": "580.95.05"}),
          "'580.95.05' is not a semantic version"),
     ],

@@ -100,14 +100,16 @@ def test_allocation_charge_is_the_sum_of_device_memories(inv: Inventory, data: s
 @given(st.integers(1, 200 * 1024), st.sampled_from([1, 2, 64]))
 def test_shared_charge_is_the_rounded_request_never_less(request_mib: int, step_mib: int) -> None:
     inv = Inventory()
-    policy = {"default": "1Gi", "validRange": {"min": "1Mi", "max": "200Gi", "step": f"{step_mib}Mi"}}
+    # min and max are whole steps apart for every step drawn, as the API server requires.
+    policy = {"default": "1Gi", "validRange": {"min": "64Mi", "max": "200Gi", "step": f"{step_mib}Mi"}}
     inv.add_or_update_slice(make_slice("s", [make_device("d", memory="200Gi", shared=True, policy=policy)], driver=D))
     spec = parse_claim(make_claim("c", request("r", exactly("shared", capacity={"memory": f"{request_mib}Mi"})))).spec
     pricing = Pricer(inv, CLASSES).estimate(spec)
-    rounded_mib = 1 + -(-(request_mib - 1) // step_mib) * step_mib  # raised to min 1Mi, up to the step
+    raised = max(request_mib, 64)  # raised to min, then up to the step
+    rounded_mib = 64 + -(-(raised - 64) // step_mib) * step_mib
     if rounded_mib > 200 * 1024:
         # Above validRange.max the device cannot serve it: no candidate, priced at the whole device.
         assert pricing.total.memory == 200 * 1024 * MiB and "no device matches now" in pricing.warnings[0]
     else:
         assert pricing.total.memory == rounded_mib * MiB
-        assert request_mib * MiB <= pricing.total.memory < (request_mib + step_mib) * MiB
+        assert request_mib * MiB <= pricing.total.memory < (raised + step_mib) * MiB
