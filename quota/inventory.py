@@ -2,7 +2,9 @@
 
 Neighbours: `quota.slices` parses one slice into devices; `quota.selectors` matches
 selectors against `Inventory.usable()`; `quota.pricing` looks allocated devices up with
-`Inventory.lookup`. Pure and synchronous: the controller feeds it watch events.
+`Inventory.lookup`. Pure and synchronous: the controller feeds it watch events. Each
+usable pool is indexed by field (`quota.columns`) when it is rebuilt, so that no selector
+ever has to read a field on every device.
 
 Pool rules follow the scheduler (k8s.io/dynamic-resource-allocation/structured, pools.go):
 only the highest `pool.generation` of a pool counts, and a pool is usable for
@@ -19,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from quota.columns import ColumnTable, PoolIndex
 from quota.model import Device, DeviceKey
 from quota.slices import ParsedSlice, parse_slice
 
@@ -55,9 +58,10 @@ class Inventory:
         self._slice_pool: dict[str, PoolKey] = {}
         self._pools: dict[PoolKey, _Pool] = {}
         self._usable: dict[DeviceKey, Device] = {}
-        # Per usable pool, its devices; a pool's tuple is replaced only when that pool is
-        # rebuilt, so its identity tells caches (quota.selectors) what is unchanged.
-        self._usable_pools: dict[PoolKey, tuple[Device, ...]] = {}
+        # Per usable pool, its devices and their columns; a pool's index is replaced only
+        # when that pool is rebuilt.
+        self._usable_pools: dict[PoolKey, PoolIndex] = {}
+        self._columns = ColumnTable()
         # (generation, pools it rebuilt) for recent changes: caches catch up per pool.
         self._journal: deque[tuple[int, tuple[PoolKey, ...]]] = deque(maxlen=_JOURNAL_LENGTH)
         self.generation = 0
@@ -108,8 +112,8 @@ class Inventory:
         """Devices of complete pools at their highest generation: allocation candidates."""
         return self._usable
 
-    def usable_pools(self) -> Mapping[PoolKey, tuple[Device, ...]]:
-        """The usable devices by pool; a pool's tuple is the same object until it changes."""
+    def usable_pools(self) -> Mapping[PoolKey, PoolIndex]:
+        """The usable devices by pool, indexed by field; the same object until it changes."""
         return self._usable_pools
 
     def changed_since(self, generation: int) -> set[PoolKey] | None:
@@ -148,7 +152,7 @@ class Inventory:
             if pool.complete:
                 for device in pool.known.values():
                     self._usable[device.key] = device
-                self._usable_pools[pool_key] = tuple(pool.known.values())
+                self._usable_pools[pool_key] = self._columns.index(tuple(pool.known.values()))
             rebuilt.append(pool_key)
         self.generation += 1
         self._journal.append((self.generation, tuple(rebuilt)))

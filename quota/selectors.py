@@ -11,20 +11,23 @@ Why it is fast:
   tens of thousands of devices. `CompiledSelector.references` names the device fields
   an expression can read; devices that agree on those fields (and on what pricing
   needs: driver, memory, sharing, taints) get the same verdict, so each stage groups
-  its input by those values and evaluates CEL once per distinct projection. Verdicts
-  are cached by (expressions, projected values), across inventory changes.
-- Stage results are kept per pool, keyed by the identity of their input (the pool's
-  device tuple, or the previous stage's result for that pool). After a slice update
-  only that pool is recomputed; the other pools are reused and merely merged.
+  its input by those values (`quota.partitions`) and evaluates CEL once per group.
+  Verdicts are cached by (expressions, values read), across inventory changes.
+- Grouping never reads devices: the inventory keeps each pool's columns
+  (`quota.columns`), so a field no selector read before costs a lookup per pool, and
+  pools that agree on it are split once. Partitions are kept per chain of field sets
+  and refreshed per pool: after a slice update only that pool moves.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
+import operator
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
 
 from quota.cel import (
     COST_EXCEEDED,
@@ -37,15 +40,13 @@ from quota.cel import (
     compile_selector,
     device_activation,
 )
-from quota.inventory import Inventory, PoolKey
-from quota.model import MEMORY, Device
+from quota.columns import base_fields, cel_value
+from quota.inventory import Inventory
+from quota.model import Device
+from quota.partitions import FieldsOf, Part, Partition
 
 __all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
-_MISSING = object()
-_EMPTY: dict[str, object] = {}
-
-GroupKey = tuple[object, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +59,57 @@ class SelectorError:
     compile_error: bool
 
 
-@dataclass(frozen=True, slots=True)
+class _Devices(Sequence[Device]):
+    """A group's devices, materialized on first iteration: pricing mostly needs only how
+    many there are and one of them, and a group can span thousands of pools."""
+
+    __slots__ = ("_parts", "_len", "_all")
+
+    def __init__(self, parts: tuple[Part, ...]) -> None:
+        self._parts = parts
+        self._len = sum(len(pools) * len(positions) for pools, positions in parts)
+        self._all: tuple[Device, ...] | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> Device: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Device]: ...
+
+    def __getitem__(self, index: int | slice) -> Device | Sequence[Device]:
+        if isinstance(index, int) and index == 0 and self._parts:
+            pools, positions = self._parts[0]
+            return pools[0].devices[positions[0]]
+        return self._materialized()[index]
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self._materialized())
+
+    def _materialized(self) -> tuple[Device, ...]:
+        if self._all is None:
+            out: list[Device] = []
+            for pools, positions in self._parts:
+                if len(positions) == 1:
+                    position = positions[0]
+                    out.extend([pool.devices[position] for pool in pools])
+                else:
+                    get = operator.itemgetter(*positions)
+                    for pool in pools:
+                        out.extend(get(pool.devices))
+            self._all = tuple(out)
+        return self._all
+
+
 class DeviceGroup:
     """Devices identical in everything the selectors and pricing look at."""
 
-    devices: tuple[Device, ...]
+    __slots__ = ("devices",)
+
+    def __init__(self, parts: tuple[Part, ...]) -> None:
+        self.devices: Sequence[Device] = _Devices(parts)
 
     @property
     def representative(self) -> Device:
@@ -101,43 +148,6 @@ class _LRU(OrderedDict[Hashable, object]):
             self.popitem(last=False)
 
 
-@dataclass(slots=True)
-class _PoolPart:
-    """One pool's groups in a partition, computed from `source` (compared by identity)."""
-
-    source: object
-    groups: list[tuple[GroupKey, list[Device]]]
-
-
-@dataclass(slots=True)
-class _Partition:
-    """The usable devices grouped by base fields and a chain of path sets, per pool.
-
-    Depends only on which fields are read, not on the expressions: every selector that
-    reads `productName` shares one partition, whatever literal it compares with.
-    """
-
-    parent: _Partition | None
-    paths: tuple[DevicePath, ...] | None
-    extra: tuple[str, ...]
-    pools: dict[PoolKey, _PoolPart] = field(default_factory=dict)
-    generation: int = -1
-    # Per group key, the devices of each pool in it: patched per changed pool.
-    by_key: dict[GroupKey, dict[PoolKey, list[Device]]] = field(default_factory=dict)
-    # Per group key, all its devices; dropped when the key's pools change.
-    groups: dict[GroupKey, tuple[Device, ...]] = field(default_factory=dict)
-
-    def merged(self) -> Iterator[tuple[Device, ...]]:
-        """One group per key across pools: pricing then works per distinct device shape."""
-        for key, per_pool in self.by_key.items():
-            devices = self.groups.get(key)
-            if devices is None:
-                # chain runs in C: a group can hold tens of thousands of devices.
-                devices = tuple(itertools.chain.from_iterable(per_pool.values()))
-                self.groups[key] = devices
-            yield devices
-
-
 @dataclass(frozen=True, slots=True)
 class _Stage:
     index: int
@@ -171,7 +181,7 @@ class SelectorMatcher:
     ) -> None:
         self._inventory = inventory
         self._compiled = _LRU(cache_size)
-        # A partition references every usable device (about 2 MB at 58,000 devices), and
+        # A partition holds a state per usable pool (about 0.5 MB at 5,000 pools), and
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
         self._partitions = _LRU(partition_cache_size)
         self._results = _LRU(cache_size)
@@ -202,8 +212,8 @@ class SelectorMatcher:
         partition = self._partition(tuple(s.paths for s in compiled), extra, generation)
         budget = _Budget(MATCH_COST_BUDGET)
         try:
-            kept = [devices for devices in partition.merged() if self._passes(compiled, devices[0], budget)]
-            result = Match(tuple(DeviceGroup(devices) for devices in kept))
+            groups = [DeviceGroup(tuple(parts)) for parts in partition.merged().values()]
+            result = Match(tuple(g for g in groups if self._passes(compiled, g.representative, budget)))
         except _StageFailed as failed:
             result = Match((), failed.error)
         self._results.store(result_key, result)
@@ -233,63 +243,33 @@ class SelectorMatcher:
 
     def _partition(
         self, chain: tuple[tuple[DevicePath, ...] | None, ...], extra: tuple[str, ...], generation: int
-    ) -> _Partition:
-        """The partition for a chain of path sets, refined from the one for its prefix."""
+    ) -> Partition:
+        """The partition for a chain of path sets, refined from the one for its prefix.
+
+        It depends only on which fields are read, not on the expressions: every selector
+        that reads `productName` shares one partition, whatever literal it compares with.
+        """
         key = (chain, extra)
         partition = self._partitions.lookup(key)
-        if not isinstance(partition, _Partition):
-            parent = self._partition(chain[:-1], extra, generation) if chain else None
-            partition = _Partition(parent, chain[-1] if chain else None, extra)
+        if not isinstance(partition, Partition):
+            partition = Partition(None, _base(extra) if not chain else _fixed(chain[-1]))
             self._partitions.store(key, partition)
         if partition.generation != generation:
-            if partition.parent is not None:
-                self._partition(chain[:-1], extra, generation)
-            self._refresh(partition)
+            parent = self._partition(chain[:-1], extra, generation) if chain else None
+            if parent is not partition.parent:
+                # The parent was evicted and rebuilt since: start over from the new one.
+                partition.parent = parent
+                partition.generation = -1
+            pools = self._inventory.usable_pools()
+            # The journal names the pools rebuilt since (the parent, refreshed first,
+            # already moved them); when it cannot tell, every pool is recomputed.
+            changed = self._inventory.changed_since(partition.generation) if partition.generation >= 0 else None
+            if changed is None:
+                self.pools_computed += partition.rebuild(pools)
+            else:
+                self.pools_computed += partition.refresh(changed, pools)
             partition.generation = generation
         return partition
-
-    def _refresh(self, partition: _Partition) -> None:
-        """Recompute only the pools whose source changed, and patch the merged groups.
-
-        The inventory's journal names the pools rebuilt since the partition's
-        generation (a parent partition is refreshed first, so its changed pools are
-        among them); when the journal cannot tell, every pool's source is compared.
-        """
-        sources: Mapping[PoolKey, object] = (
-            self._inventory.usable_pools() if partition.parent is None else partition.parent.pools
-        )
-        changed = self._inventory.changed_since(partition.generation) if partition.generation >= 0 else None
-        candidates: Iterable[PoolKey] = (set(sources) | set(partition.pools)) if changed is None else changed
-        for pool_key in candidates:
-            source = sources.get(pool_key)
-            part = partition.pools.get(pool_key)
-            if part is not None and part.source is source:
-                continue
-            if part is not None:
-                self._unmerge(partition, pool_key, part)
-            if source is None:
-                continue
-            if isinstance(source, _PoolPart):
-                groups = _refine(source.groups, partition.paths)
-            else:
-                assert isinstance(source, tuple)
-                groups = _by_base(source, partition.extra)
-            part = _PoolPart(source, groups)
-            partition.pools[pool_key] = part
-            for key, devices in groups:
-                partition.by_key.setdefault(key, {})[pool_key] = devices
-                partition.groups.pop(key, None)
-            self.pools_computed += 1
-
-    @staticmethod
-    def _unmerge(partition: _Partition, pool_key: PoolKey, part: _PoolPart) -> None:
-        del partition.pools[pool_key]
-        for key, _ in part.groups:
-            per_pool = partition.by_key[key]
-            del per_pool[pool_key]
-            if not per_pool:
-                del partition.by_key[key]
-            partition.groups.pop(key, None)
 
     # -- verdicts --------------------------------------------------------------------
 
@@ -302,7 +282,7 @@ class SelectorMatcher:
         """One stage's selectors on one device, cached by the values they can read."""
         key: Hashable | None = None
         if stage.paths is not None:
-            key = (stage.expressions, tuple(_values(device, stage.paths)))
+            key = (stage.expressions, tuple([cel_value(device, path) for path in stage.paths]))
             cached = self._verdicts.lookup(key)
             if isinstance(cached, bool):
                 return cached
@@ -337,82 +317,17 @@ class SelectorMatcher:
         return activation
 
 
-def _by_base(devices: Iterable[Device], extra: tuple[str, ...]) -> list[tuple[GroupKey, list[Device]]]:
-    """Group by what pricing needs uniform within a group: driver, memory, sharing, taints.
-
-    Capacities are compared by identity: `quota.slices` interns equal ones, and hashing
-    their Fractions dominated grouping time (a finer grouping is still correct).
-    """
-    buckets: dict[GroupKey, list[Device]] = {}
-    for device in devices:
-        own = device.capacity.get(device.key.driver, _EMPTY)
-        key: GroupKey = (device.key.driver, id(own.get(MEMORY)), device.allow_multiple_allocations, device.taints)
-        for name in extra:
-            domain, _, ident = name.rpartition("/")
-            key += (id(device.capacity.get(domain or device.key.driver, _EMPTY).get(ident)),)
-        found = buckets.get(key)
-        if found is None:
-            buckets[key] = [device]
-        else:
-            found.append(device)
-    return list(buckets.items())
-
-
-def _refine(
-    groups: Iterable[tuple[GroupKey, list[Device]]], paths: tuple[DevicePath, ...] | None
-) -> list[tuple[GroupKey, list[Device]]]:
-    """Split groups further by the values of `paths` (by device when paths is None)."""
-    out: list[tuple[GroupKey, list[Device]]] = []
-    for key, devices in groups:
-        if paths is None:
-            out.extend(((*key, id(d)), [d]) for d in devices)
-            continue
-        if not paths:
-            out.append((key, devices))
-            continue
-        buckets: dict[GroupKey, list[Device]] = {}
-        for device in devices:
-            sub = (*key, *_values(device, paths))
-            found = buckets.get(sub)
-            if found is None:
-                buckets[sub] = [device]
-            else:
-                found.append(device)
-        out.extend(buckets.items())
-    return out
-
-
-_TRUE, _FALSE = object(), object()
-
 # CEL cost one match may spend across all the devices it evaluates (the per-evaluation
 # limit is the scheduler's 1,000,000). About 200 ns a unit: ~1 s at worst, inside the
 # webhook's 5 s timeout; grouping keeps real selectors orders of magnitude below it.
 MATCH_COST_BUDGET = 5_000_000
 
 
-def _typed(value: object) -> object:
-    """A key that keeps CEL's types apart: Python has `1 == True` (and equal hashes),
-    CEL does not, so bools (also inside list attributes) get their own tokens."""
-    if value is True:
-        return _TRUE
-    if value is False:
-        return _FALSE
-    if type(value) is tuple:
-        return (tuple, tuple(_typed(item) for item in value))
-    return value
+def _base(extra: tuple[str, ...]) -> FieldsOf:
+    """The base level: what pricing needs uniform in a group, in each pool's own domain."""
+    by_driver = functools.lru_cache(maxsize=64)(lambda driver: base_fields(driver, extra))
+    return lambda pool: by_driver(pool.devices[0].key.driver) if pool.devices else ()
 
 
-def _values(device: Device, paths: tuple[DevicePath, ...]) -> list[object]:
-    """The value (or absence) of every path; capacities by identity (see `_by_base`)."""
-    out: list[object] = []
-    for path in paths:
-        kind = path[0]
-        if kind == "attributes":
-            out.append(_typed(device.attributes.get(path[1], _EMPTY).get(path[2], _MISSING)))
-        elif kind == "capacity":
-            out.append(id(device.capacity.get(path[1], _EMPTY).get(path[2])))
-        elif kind == "driver":
-            out.append(device.key.driver)
-        else:
-            out.append(device.allow_multiple_allocations)
-    return out
+def _fixed(paths: tuple[DevicePath, ...] | None) -> FieldsOf:
+    return lambda pool: paths

@@ -1,0 +1,182 @@
+"""The usable devices grouped by the values of a chain of field sets, kept per pool.
+
+Neighbours: `quota.columns` gives each pool's columns; `quota.selectors` builds one
+`Partition` per chain of field sets its selectors read (the base fields pricing needs
+first) and evaluates CEL once per merged group.
+
+Why it is fast: a pool's groups are a `State`, (key, device positions) pairs, and pools
+in the same state form a class. Refining a level by new fields looks up one column per
+pool and field (a dict lookup, whatever the pool's size), buckets each class's pools by
+those column objects (interned, so compared by identity), and splits the positions once
+per bucket: the work is one lookup per pool plus the distinct shapes, never a read of
+each device. Tens of thousands of devices fall into a few dozen classes.
+
+Incremental: a level remembers each pool's state, so after a slice update only the
+rebuilt pools move between classes (`refresh`), level by level from the base.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import compress, repeat
+
+from quota.columns import MISSING, Column, Field, PoolIndex
+
+__all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
+
+PoolKey = tuple[str, str]
+GroupKey = tuple[object, ...]
+# A pool's columns for a level's fields (None: a field no device of the pool has).
+Signature = tuple[Column | None, ...]
+# A pool's groups: (key, ascending device positions), disjoint, covering the pool.
+State = tuple[tuple[GroupKey, tuple[int, ...]], ...]
+# One piece of a merged group: the same positions in each of these pools.
+Part = tuple[tuple[PoolIndex, ...], tuple[int, ...]]
+# The fields a level splits by for a pool (the base fields depend on its driver), or
+# None when a selector reads `device` as a whole: then every device is its own group.
+FieldsOf = Callable[[PoolIndex], tuple[Field, ...] | None]
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole(n: int) -> State:
+    return (((), tuple(range(n))),) if n else ()
+
+
+@dataclass(slots=True)
+class Partition:
+    """One level: the parent's groups split by `fields_of` (the base level has no parent)."""
+
+    parent: Partition | None
+    fields_of: FieldsOf
+    generation: int = -1
+    states: dict[PoolKey, State] = field(default_factory=dict)
+    classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
+
+    def merged(self) -> dict[GroupKey, list[Part]]:
+        """Groups across pools: pricing then works per distinct device shape."""
+        out: dict[GroupKey, list[Part]] = {}
+        for state, members in self.classes.items():
+            pools = tuple(members.values())
+            for key, positions in state:
+                found = out.get(key)
+                if found is None:
+                    out[key] = [(pools, positions)]
+                else:
+                    found.append((pools, positions))
+        return out
+
+    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex]) -> int:
+        """Recompute every pool, one split per (class, columns); returns the pools done."""
+        self.states.clear()
+        self.classes.clear()
+        parents = _by_shape(indexes) if self.parent is None else list(self.parent.classes.items())
+        for parent_state, members in parents:
+            # One class has one driver (see _by_shape), hence the same fields.
+            fields = self.fields_of(next(iter(members.values())))
+            for signature, bucket in _buckets(members, fields):
+                state = self._split(parent_state, signature, next(iter(bucket.values())))
+                self.states.update(dict.fromkeys(bucket, state))
+                found = self.classes.get(state)
+                if found is None:
+                    self.classes[state] = bucket
+                else:
+                    found.update(bucket)
+        return len(self.states)
+
+    def refresh(self, changed: Iterable[PoolKey], indexes: Mapping[PoolKey, PoolIndex]) -> int:
+        """Move only the `changed` pools (the parent level is refreshed already)."""
+        done = 0
+        for pool_key in changed:
+            old = self.states.pop(pool_key, None)
+            if old is not None:
+                members = self.classes[old]
+                del members[pool_key]
+                if not members:
+                    del self.classes[old]
+            pool = indexes.get(pool_key)
+            if pool is None:
+                continue
+            parent_state = _whole(len(pool.devices)) if self.parent is None else self.parent.states.get(pool_key)
+            if parent_state is None:
+                continue
+            fields = self.fields_of(pool)
+            signature = None if fields is None else tuple([pool.columns.get(f) for f in fields])
+            state = self._split(parent_state, signature, pool)
+            self.states[pool_key] = state
+            self.classes.setdefault(state, {})[pool_key] = pool
+            done += 1
+        return done
+
+    @staticmethod
+    def _split(state: State, signature: Signature | None, pool: PoolIndex) -> State:
+        if signature is None:
+            # Per device: identities of live devices never collide across pools.
+            return tuple(((*key, id(pool.devices[p])), (p,)) for key, positions in state for p in positions)
+        if all(c is None for c in signature):
+            # No device of the pool has any of the fields: nothing splits.
+            extra = (MISSING,) * len(signature)
+            return tuple(((*key, *extra), positions) for key, positions in state)
+        absent = (MISSING,) * len(pool.devices)
+        columns = [absent if c is None else c.values for c in signature]
+        out: dict[GroupKey, list[int]] = {}
+        for key, positions in state:
+            for p in positions:
+                sub = (*key, *[values[p] for values in columns])
+                found = out.get(sub)
+                if found is None:
+                    out[sub] = [p]
+                else:
+                    found.append(p)
+        return tuple((key, tuple(positions)) for key, positions in out.items())
+
+
+def _buckets(
+    members: dict[PoolKey, PoolIndex], fields: tuple[Field, ...] | None
+) -> list[tuple[Signature | None, dict[PoolKey, PoolIndex]]]:
+    """One class's pools by their columns for `fields`.
+
+    Per pool, only a dict lookup per field runs in Python; splitting the class runs in C
+    when it has few distinct column sets, as it nearly always has (a field no pool has
+    gives one: every lookup answers None).
+    """
+    if fields is None:
+        # Whole-device reads: every pool splits on its own.
+        return [(None, {key: pool}) for key, pool in members.items()]
+    if not fields:
+        return [((), dict(members))]
+    pools = list(members.values())
+    signatures: list[Signature] = (
+        [(pool.columns.get(fields[0]),) for pool in pools] if len(fields) == 1
+        else list(zip(*[[pool.columns.get(f) for pool in pools] for f in fields]))
+    )
+    # Columns hash by identity (interned), so these are cheap to hash and compare.
+    distinct = list(dict.fromkeys(signatures))
+    if len(distinct) == 1:
+        return [(distinct[0], dict(members))]  # a copy: levels move pools independently
+    items = list(members.items())
+    if len(distinct) <= _FEW:
+        return [(sig, dict(compress(items, map(operator.eq, signatures, repeat(sig))))) for sig in distinct]
+    buckets: dict[Signature, dict[PoolKey, PoolIndex]] = {}
+    for (key, pool), sig in zip(items, signatures):
+        found = buckets.get(sig)
+        if found is None:
+            buckets[sig] = {key: pool}
+        else:
+            found[key] = pool
+    return list(buckets.items())
+
+
+# Up to this many distinct column sets in a class, one C pass over the class per set is
+# cheaper than a Python loop over its pools.
+_FEW = 16
+
+
+def _by_shape(indexes: Mapping[PoolKey, PoolIndex]) -> list[tuple[State, dict[PoolKey, PoolIndex]]]:
+    """The base level's parent: every pool whole, by size and driver."""
+    out: dict[tuple[int, str], dict[PoolKey, PoolIndex]] = {}
+    for pool_key, pool in indexes.items():
+        out.setdefault((len(pool.devices), pool_key[0]), {})[pool_key] = pool
+    return [(_whole(size), members) for (size, _), members in out.items()]
