@@ -19,11 +19,12 @@ dominated grouping time), which also keeps a group uniform in its request policy
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from quota.model import MEMORY, AttributeValue, Capacity, Device
+from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
 __all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS",
            "base_fields", "cel_value"]
@@ -61,7 +62,24 @@ class PoolIndex:
     columns: Mapping[Field, Column]
 
 
+# Types that are their own grouping keys (`object` is MISSING's).
+_PLAIN = frozenset({str, int, object})
+
+
+def _attribute_maps(devices: tuple[Device, ...]) -> dict[str, list[Mapping[str, object]]]:
+    domains = set().union(*[d.attributes for d in devices])
+    return {domain: [d.attributes.get(domain, _EMPTY) for d in devices] for domain in domains}
+
+
+def _capacity_maps(devices: tuple[Device, ...]) -> dict[str, list[Mapping[str, object]]]:
+    domains = set().union(*[d.capacity for d in devices])
+    return {domain: [d.capacity.get(domain, _EMPTY) for d in devices] for domain in domains}
+
+
 def _typed(value: AttributeValue) -> object:
+    if type(value) is Version:
+        # A tuple hashes in C; the dataclass's hash runs in Python, per device.
+        return (Version, value.text)
     if value is True:
         return _TRUE
     if value is False:
@@ -85,6 +103,12 @@ def cel_value(device: Device, path: Field) -> object:
     return device.allow_multiple_allocations
 
 
+def _forget(columns: dict[tuple[object, ...], weakref.ref[Column]], values: tuple[object, ...],
+            ref: weakref.ref[Column]) -> None:
+    if columns.get(values) is ref:  # not a newer column for the same values
+        del columns[values]
+
+
 def base_fields(driver: str, capacity_names: tuple[str, ...]) -> tuple[Field, ...]:
     """What pricing needs uniform within a group: driver, memory, sharing, taints, and the
     capacities a request asks for (unqualified names are in the driver's domain)."""
@@ -103,46 +127,39 @@ class ColumnTable:
     """
 
     def __init__(self) -> None:
-        self._columns: weakref.WeakValueDictionary[tuple[object, ...], Column] = weakref.WeakValueDictionary()
+        # A dict of weak references rather than a WeakValueDictionary, whose lookups run
+        # in Python: 5,000 pools x 20 fields go through here at every relist.
+        self._columns: dict[tuple[object, ...], weakref.ref[Column]] = {}
         self._fields: dict[Field, Field] = {}
 
     def index(self, devices: tuple[Device, ...]) -> PoolIndex:
-        """Read every field of every device once. Nested per-domain dicts keyed by the
-        (hash-cached) strings avoid building a field tuple per device and attribute."""
-        n = len(devices)
-        attributes: dict[str, dict[str, list[object]]] = {}
-        capacities: dict[str, dict[str, list[object]]] = {}
-        for position, device in enumerate(devices):
-            for domain, values in device.attributes.items():
-                known = attributes.setdefault(domain, {})
-                for ident, value in values.items():
-                    column = known.get(ident)
-                    if column is None:
-                        column = known[ident] = [MISSING] * n
-                    column[position] = _typed(value)
-            for domain, caps in device.capacity.items():
-                known = capacities.setdefault(domain, {})
-                for ident, cap in caps.items():
-                    column = known.get(ident)
-                    if column is None:
-                        column = known[ident] = [MISSING] * n
-                    column[position] = id(cap)
+        """Read every field of every device once. Field by field rather than device by
+        device: each column is then one comprehension (about 50 ns a device), and only
+        columns holding other than strings and ints go through `_typed`."""
         columns: dict[Field, Column] = {
-            DRIVER: self._column(tuple(d.key.driver for d in devices)),
-            MULTI: self._column(tuple(d.allow_multiple_allocations for d in devices)),
-            TAINTS: self._column(tuple(d.taints for d in devices)),
+            DRIVER: self._column(tuple([d.key.driver for d in devices])),
+            MULTI: self._column(tuple([d.allow_multiple_allocations for d in devices])),
+            TAINTS: self._column(tuple([d.taints for d in devices])),
         }
-        for kind, table in (("attributes", attributes), ("capacity", capacities)):
-            for domain, idents in table.items():
-                for ident, keys in idents.items():
-                    columns[self._field((kind, domain, ident))] = self._column(tuple(keys))
+        for kind, per_domain in (("attributes", _attribute_maps), ("capacity", _capacity_maps)):
+            for domain, maps in per_domain(devices).items():
+                for ident in set().union(*maps):
+                    raw = [m.get(ident, MISSING) for m in maps]
+                    if kind == "capacity":
+                        values = tuple([MISSING if v is MISSING else id(v) for v in raw])
+                    elif set(map(type, raw)) <= _PLAIN:
+                        values = tuple(raw)
+                    else:
+                        values = tuple([_typed(v) for v in raw])  # type: ignore[arg-type]
+                    columns[self._field((kind, domain, ident))] = self._column(values)
         return PoolIndex(devices, columns)
 
     def _column(self, values: tuple[object, ...]) -> Column:
-        found = self._columns.get(values)
+        ref = self._columns.get(values)
+        found = ref() if ref is not None else None
         if found is None:
             found = Column(values)
-            self._columns[values] = found
+            self._columns[values] = weakref.ref(found, functools.partial(_forget, self._columns, values))
         return found
 
     def _field(self, field: Field) -> Field:

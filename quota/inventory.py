@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.columns import ColumnTable, PoolIndex
+from quota.columns import ColumnTable, Field, PoolIndex
 from quota.model import Device, DeviceKey
 from quota.slices import ParsedSlice, parse_slice
 
@@ -62,6 +62,8 @@ class Inventory:
         # when that pool is rebuilt.
         self._usable_pools: dict[PoolKey, PoolIndex] = {}
         self._columns = ColumnTable()
+        # Per field, how many usable pools have it: a field no pool has needs no lookup.
+        self._field_pools: dict[Field, int] = {}
         # (generation, pools it rebuilt) for recent changes: caches catch up per pool.
         self._journal: deque[tuple[int, tuple[PoolKey, ...]]] = deque(maxlen=_JOURNAL_LENGTH)
         self.generation = 0
@@ -98,6 +100,7 @@ class Inventory:
             self._pools.clear()
             self._usable.clear()
             self._usable_pools.clear()
+            self._field_pools.clear()
             for item in parsed:
                 self._slice_pool[item.name] = item.pool_key
                 self._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
@@ -115,6 +118,10 @@ class Inventory:
     def usable_pools(self) -> Mapping[PoolKey, PoolIndex]:
         """The usable devices by pool, indexed by field; the same object until it changes."""
         return self._usable_pools
+
+    def field_pools(self) -> Mapping[Field, int]:
+        """How many usable pools have each field (absent: none has it)."""
+        return self._field_pools
 
     def changed_since(self, generation: int) -> set[PoolKey] | None:
         """Pools rebuilt after `generation`, or None when that is too long ago to tell."""
@@ -143,7 +150,7 @@ class Inventory:
             if pool.complete:
                 for name in pool.known:
                     self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
-            self._usable_pools.pop(pool_key, None)
+            self._count_fields(self._usable_pools.pop(pool_key, None), -1)
             if not pool.slices:
                 del self._pools[pool_key]
                 rebuilt.append(pool_key)
@@ -152,11 +159,24 @@ class Inventory:
             if pool.complete:
                 for device in pool.known.values():
                     self._usable[device.key] = device
-                self._usable_pools[pool_key] = self._columns.index(tuple(pool.known.values()))
+                index = self._columns.index(tuple(pool.known.values()))
+                self._usable_pools[pool_key] = index
+                self._count_fields(index, 1)
             rebuilt.append(pool_key)
         self.generation += 1
         self._journal.append((self.generation, tuple(rebuilt)))
         return InventoryChange(tuple(rebuilt), self.generation)
+
+    def _count_fields(self, index: PoolIndex | None, delta: int) -> None:
+        if index is None:
+            return
+        counts = self._field_pools
+        for name in index.columns:
+            left = counts.get(name, 0) + delta
+            if left:
+                counts[name] = left
+            else:
+                del counts[name]
 
     @staticmethod
     def _refresh_pool(pool: _Pool) -> None:

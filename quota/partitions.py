@@ -68,7 +68,7 @@ class Partition:
                     found.append((pools, positions))
         return out
 
-    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex]) -> int:
+    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int]) -> int:
         """Recompute every pool, one split per (class, columns); returns the pools done."""
         self.states.clear()
         self.classes.clear()
@@ -76,7 +76,7 @@ class Partition:
         for parent_state, members in parents:
             # One class has one driver (see _by_shape), hence the same fields.
             fields = self.fields_of(next(iter(members.values())))
-            for signature, bucket in _buckets(members, fields):
+            for signature, bucket in _buckets(members, fields, present):
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))
                 found = self.classes.get(state)
@@ -134,28 +134,28 @@ class Partition:
 
 
 def _buckets(
-    members: dict[PoolKey, PoolIndex], fields: tuple[Field, ...] | None
+    members: dict[PoolKey, PoolIndex], fields: tuple[Field, ...] | None, present: Mapping[Field, int]
 ) -> list[tuple[Signature | None, dict[PoolKey, PoolIndex]]]:
     """One class's pools by their columns for `fields`.
 
-    Per pool, only a dict lookup per field runs in Python; splitting the class runs in C
-    when it has few distinct column sets, as it nearly always has (a field no pool has
-    gives one: every lookup answers None).
+    A field no pool has (`present`: pools per field) costs nothing per pool: a tenant
+    inventing names splits nothing. Otherwise only a dict lookup per pool and field
+    runs in Python; splitting the class runs in C when it has few distinct column
+    sets, as it nearly always has.
     """
     if fields is None:
         # Whole-device reads: every pool splits on its own.
         return [(None, {key: pool}) for key, pool in members.items()]
-    if not fields:
-        return [((), dict(members))]
     pools = list(members.values())
-    signatures: list[Signature] = (
-        [(pool.columns.get(fields[0]),) for pool in pools] if len(fields) == 1
-        else list(zip(*[[pool.columns.get(f) for pool in pools] for f in fields]))
-    )
+    nowhere: list[Column | None] = [None] * len(pools)
+    per_field = [[pool.columns.get(f) for pool in pools] if present.get(f) else nowhere for f in fields]
+    if all(column is nowhere for column in per_field):
+        return [((None,) * len(fields), dict(members))]  # a copy: levels move pools apart
+    signatures: list[Signature] = list(zip(*per_field))
     # Columns hash by identity (interned), so these are cheap to hash and compare.
     distinct = list(dict.fromkeys(signatures))
     if len(distinct) == 1:
-        return [(distinct[0], dict(members))]  # a copy: levels move pools independently
+        return [(distinct[0], dict(members))]
     items = list(members.items())
     if len(distinct) <= _FEW:
         return [(sig, dict(compress(items, map(operator.eq, signatures, repeat(sig))))) for sig in distinct]

@@ -265,7 +265,7 @@ class SelectorMatcher:
             # already moved them); when it cannot tell, every pool is recomputed.
             changed = self._inventory.changed_since(partition.generation) if partition.generation >= 0 else None
             if changed is None:
-                self.pools_computed += partition.rebuild(pools)
+                self.pools_computed += partition.rebuild(pools, self._inventory.field_pools())
             else:
                 self.pools_computed += partition.refresh(changed, pools)
             partition.generation = generation
