@@ -1,0 +1,91 @@
+"""The long fuzz run: every fuzz suite of the tests, with many more examples.
+
+The suites in tests/ run a few hundred examples each in CI; each reads the example
+count from DRA_QUOTA_FUZZ_EXAMPLES and runs every example under `tests/unit/bounds.py`
+(a time bound and a memory bound: a hang or a blow-up fails the example). This script
+finds those suites, runs them with a large count through pytest, and reports how many
+inputs each tried and how many failed (a traceback, a hang, an allocation over the
+bound), from hypothesis' own statistics.
+
+    python bench/fuzz.py                 # 5,000 examples per fuzz test
+    python bench/fuzz.py --examples 500  # a quicker pass
+
+Writes bench/results/fuzz.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = "DRA_QUOTA_FUZZ_EXAMPLES"
+# hypothesis --hypothesis-show-statistics: "  - during generate phase (1.23 seconds):
+#     - Typical runtimes: ..., of which ... in data generation
+#     - 500 passing examples, 0 failing examples, 12 invalid examples"
+_TEST = re.compile(r"^(tests/\S+::\S+):$")
+_COUNTS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
+
+
+def suites() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if ENV in path.read_text(encoding="utf-8"):
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=5000)
+    args = parser.parse_args()
+    files = suites()
+    if not files:
+        sys.exit(f"no test file reads {ENV}")
+    env = {**os.environ, ENV: str(args.examples)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics",
+         *files],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    seconds = time.monotonic() - started
+    per_test: dict[str, list[int]] = {}
+    current = None
+    for line in proc.stdout.splitlines():
+        if (m := _TEST.match(line.strip())) is not None:
+            current = m.group(1)
+        elif current is not None and (m := _COUNTS.search(line)) is not None:
+            totals = per_test.setdefault(current, [0, 0, 0])
+            for i in range(3):
+                totals[i] += int(m.group(i + 1))
+    tried = sum(p + f for p, f, _ in per_test.values())
+    failing = sum(f for _, f, _ in per_test.values())
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+    print(f"{'test':90} {'passing':>8} {'failing':>8} {'invalid':>8}")
+    for name, (p, f, i) in sorted(per_test.items()):
+        print(f"{name[-90:]:90} {p:8} {f:8} {i:8}")
+    summary = (f"{len(per_test)} fuzz tests, {tried} inputs tried, {failing} failing "
+               f"(tracebacks, hangs or allocations over the per-example bound), pytest exit {proc.returncode}, "
+               f"{seconds:.0f} s, peak RSS of the run {rss} MiB")
+    print(summary)
+    if proc.returncode != 0:
+        print(proc.stdout[-4000:])
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fuzz.json").write_text(json.dumps({
+        "examples_per_test": args.examples, "tests": per_test, "tried": tried, "failing": failing,
+        "exit": proc.returncode, "seconds": round(seconds), "peak_rss_mib": rss,
+    }, indent=2))
+    return 0 if proc.returncode == 0 and failing == 0 and tried else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""webhook.server over real HTTPS on loopback: always a review, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from certs.authority import service_names
+from certs.rotation import Policy, plan
+from certs.tls import server_context
+from webhook.review import AdmissionRequest, Verdict
+from webhook.server import build_app
+
+from .test_review import REVIEW, review
+
+# The server fixture runs on the session loop (pyproject's default fixture loop scope).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+READY = {"value": False}
+
+
+async def allow(request: AdmissionRequest) -> Verdict:
+    return Verdict(True, warnings=(f"seen {request.name}",))
+
+
+async def crash(request: AdmissionRequest) -> Verdict:
+    raise KeyError("a bug")
+
+
+async def stall(request: AdmissionRequest) -> Verdict:
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture
+async def base_url() -> AsyncIterator[tuple[str, ssl.SSLContext]]:
+    minted = plan(None, Policy(dns_names=service_names("dra-quota", "ns"), ip_addresses=("127.0.0.1",)),
+                  now=datetime.now(timezone.utc), trusted=frozenset())
+    assert minted is not None
+    app = build_app({"/validate": allow, "/crash": crash, "/stall": stall}, ready=lambda: READY["value"],
+                    max_body_bytes=64 * 1024)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(minted.material.serving))
+    await site.start()
+    port = runner.addresses[0][1]
+    client = ssl.create_default_context(cadata=minted.material.bundle[0].decode())
+    try:
+        yield f"https://127.0.0.1:{port}", client
+    finally:
+        await runner.cleanup()
+
+
+async def post(base: tuple[str, ssl.SSLContext], path: str, body: bytes) -> tuple[int, Any]:
+    url, client = base
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + path, data=body, ssl=client, headers={"Content-Type": "application/json"}) as resp:
+            return resp.status, await resp.json()
+
+
+async def test_a_review_is_answered_with_the_uid(base_url: tuple[str, ssl.SSLContext]) -> None:
+    status, out = await post(base_url, "/validate", json.dumps(REVIEW).encode())
+    assert status == 200
+    assert out["response"] == {"uid": REVIEW["request"]["uid"], "allowed": True, "warnings": ["seen gpu-x7k2q"]}
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "uid"),
+    [
+        (b"not json", "malformed AdmissionReview: the body is not JSON", ""),
+        (b"[" * 20000 + b"]" * 20000, "malformed AdmissionReview: the body is not JSON", ""),
+        (b"\xff\xfe", "malformed AdmissionReview: the body is not JSON", ""),
+        (json.dumps(review(operation="PATCH")).encode(), "malformed AdmissionReview: request.operation must be one of", REVIEW["request"]["uid"]),
+        (b" " * (64 * 1024 + 1), "the AdmissionReview is larger than 65536 bytes", ""),
+    ],
+)
+async def test_a_bad_body_gets_a_review_saying_what_is_wrong(
+    base_url: tuple[str, ssl.SSLContext], body: bytes, message: str, uid: str
+) -> None:
+    status, out = await post(base_url, "/validate", body)
+    assert status == 200
+    assert out["response"]["allowed"] is False and out["response"]["uid"] == uid
+    assert out["response"]["status"]["message"].startswith(message)
+
+
+async def test_an_endpoint_that_fails_is_a_denial_not_a_500(base_url: tuple[str, ssl.SSLContext]) -> None:
+    status, out = await post(base_url, "/crash", json.dumps(REVIEW).encode())
+    assert status == 200
+    assert out["response"]["status"]["message"].startswith("dra-quota failed to evaluate this request")
+
+
+async def test_a_slow_endpoint_is_denied_inside_the_api_servers_timeout(base_url: tuple[str, ssl.SSLContext]) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, out = await post(base_url, "/stall?timeout=1s", json.dumps(REVIEW).encode())
+    assert status == 200 and loop.time() - started < 1.0
+    assert "could not decide within the webhook timeout" in out["response"]["status"]["message"]
+
+
+async def test_readiness_follows_the_caches(base_url: tuple[str, ssl.SSLContext]) -> None:
+    url, client = base_url
+    async with aiohttp.ClientSession() as session:
+        READY["value"] = False
+        async with session.get(url + "/readyz", ssl=client) as resp:
+            assert resp.status == 503
+        READY["value"] = True
+        async with session.get(url + "/readyz", ssl=client) as resp:
+            assert resp.status == 200
+        async with session.get(url + "/healthz", ssl=client) as resp:
+            assert resp.status == 200

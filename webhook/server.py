@@ -1,0 +1,130 @@
+"""The HTTPS admission server: AdmissionReview endpoints, health and readiness.
+
+Neighbours: `webhook.review` reads and writes reviews; the endpoint functions given to
+`build_app` (one per path, e.g. `/validate`, `/mutate`) decide; `certs.tls` supplies
+the SSL context the caller serves this app with.
+
+Whatever arrives, the answer is HTTP 200 with a well-formed AdmissionReview: a body that
+is too large, not JSON or not a review is denied with a message saying what is wrong;
+an endpoint that fails or runs past its deadline is denied with a message too, never a
+500 (the API server would report a 500 without our words, then apply failurePolicy).
+The deadline comes from the `timeout` query parameter the API server adds to every
+webhook call (k8s.io/apiserver pkg/admission/plugin/webhook/request, `?timeout=5s`),
+less a margin, so our denial arrives before the API server gives up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+
+__all__ = ["Endpoint", "MAX_BODY_BYTES", "build_app", "decode_body"]
+
+log = logging.getLogger(__name__)
+
+# An API object is at most ~1.5 MiB in etcd (and 3 MiB on the API server's wire);
+# a review carries the object and, on UPDATE, the old object too.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
+_MARGIN = 0.5
+_GO_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns))+$")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+Endpoint = Callable[[AdmissionRequest], Awaitable[Verdict]]
+BodyDecoder = Callable[[bytes], Any]
+
+
+def decode_body(body: bytes) -> Any:
+    """JSON from the API server; anything it would not send raises ValueError."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def build_app(
+    endpoints: Mapping[str, Endpoint],
+    *,
+    ready: Callable[[], bool],
+    decode: BodyDecoder = decode_body,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> web.Application:
+    # client_max_size bounds what aiohttp buffers; we read one byte more to tell.
+    app = web.Application(client_max_size=max_body_bytes + 1)
+    for path, endpoint in endpoints.items():
+        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz(ready))
+    return app
+
+
+def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        started = time.monotonic()
+        body = await request.content.read(limit + 1)
+        if len(body) > limit:
+            return _answer("", Verdict(False, f"the AdmissionReview is larger than {limit} bytes", "RequestEntityTooLarge", 413))
+        try:
+            review = parse_review(_decoded(body, decode))
+        except ReviewError as err:
+            log.warning("malformed AdmissionReview on %s: %s", path, err)
+            return _answer(err.uid, Verdict(False, f"malformed AdmissionReview: {err}", "BadRequest", 400))
+        deadline = _deadline(request.query.get("timeout")) - (time.monotonic() - started)
+        verdict = await _decide(endpoint, review, deadline)
+        return _answer(review.uid, verdict)
+
+    return handle
+
+
+def _decoded(body: bytes, decode: BodyDecoder) -> Any:
+    try:
+        return decode(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ReviewError(f"the body is not JSON: {err}") from None
+
+
+async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float) -> Verdict:
+    where = f"{review.operation} {review.resource.resource} {review.namespace}/{review.name} uid={review.uid}"
+    try:
+        return await asyncio.wait_for(endpoint(review), timeout=max(deadline, 0.0))
+    except asyncio.TimeoutError:
+        log.warning("deadline of %.1fs passed deciding %s", deadline, where)
+        return Verdict(False, f"dra-quota could not decide within the webhook timeout ({deadline:.1f}s); retry",
+                       "Timeout", 504)
+    except Exception:  # an endpoint bug must become a denial, not a 500
+        log.exception("failed deciding %s", where)
+        return Verdict(False, "dra-quota failed to evaluate this request (see its logs); retry", "ServiceUnavailable", 503)
+
+
+def _deadline(timeout: str | None) -> float:
+    """The API server's `timeout` (a Go duration), less a margin for the answer's trip."""
+    seconds = DEFAULT_TIMEOUT
+    if timeout and _GO_DURATION.match(timeout):
+        seconds = sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)", timeout))
+    return max(min(seconds, 30.0) - _MARGIN, 0.1)
+
+
+def _answer(uid: str, verdict: Verdict) -> web.Response:
+    return web.json_response(respond(uid, verdict), dumps=lambda o: json.dumps(o, ensure_ascii=False))
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _readyz(ready: Callable[[], bool]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="caches not synced yet")
+
+    return handle
