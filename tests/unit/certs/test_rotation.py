@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ssl
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
 from certs.authority import CLOCK_SKEW, KeyPair, inspect, new_ca, new_serving, service_names
+from certs.commands import CertsError, describe, generate
 from certs.rotation import Material, Policy, plan
 
 from .handshake import verify
@@ -126,3 +128,29 @@ def test_a_serving_certificate_never_outlives_its_ca() -> None:
     assert inspect(leaf.cert_pem).not_after == inspect(ca.cert_pem).not_after
     with pytest.raises(ValueError, match="validity must be positive"):
         new_serving(ca, dns_names=("a",), now=T0 + 2 * DAY, validity=DAY)
+
+
+def test_generate_writes_the_four_files_keys_private_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    written = generate(tmp_path, service="dra-quota", namespace="ops", ip_addresses=("127.0.0.1",), days=30)
+    assert sorted(p.name for p in written) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+    leaf = inspect((tmp_path / "tls.crt").read_bytes())
+    assert leaf.dns_names == service_names("dra-quota", "ops") and leaf.ip_addresses == ("127.0.0.1",)
+    assert (leaf.not_after - leaf.not_before) == 30 * DAY + CLOCK_SKEW
+    with pytest.raises(CertsError, match="exists"):
+        generate(tmp_path, service="dra-quota", namespace="ops")
+    generate(tmp_path, service="other", namespace="ops", force=True)
+    assert inspect((tmp_path / "tls.crt").read_bytes()).dns_names[0] == "other"
+
+
+def test_describe_lists_every_certificate_of_a_bundle() -> None:
+    material = created()
+    text = describe(b"".join((material.serving.cert_pem, material.ca.cert_pem)), now=T0 + 4 * DAY)
+    blocks = text.strip().split("\n\n")
+    assert len(blocks) == 2
+    assert "ca:          no" in blocks[0] and "dra-quota.dra-quota-system.svc" in blocks[0]
+    assert "(EXPIRED 1 days ago)" in blocks[0]
+    assert "ca:          yes" in blocks[1] and "(valid, 6 days left)" in blocks[1]
+    with pytest.raises(CertsError, match="no certificate found"):
+        describe(b"hello")
