@@ -59,10 +59,10 @@ def describe(pem: bytes, *, now: datetime | None = None) -> str:
     now = now or datetime.now(timezone.utc)
     try:
         blocks = split_pem(pem)
-    except ValueError as err:
-        raise CertsError(f"not a PEM certificate: {err}") from None
+    except ValueError:
+        blocks = []
     if not blocks:
-        raise CertsError("no certificate found")
+        raise CertsError("no PEM certificate found (expected -----BEGIN CERTIFICATE----- blocks)")
     out = []
     for block in blocks:
         info = inspect(block)

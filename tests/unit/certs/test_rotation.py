@@ -152,5 +152,6 @@ def test_describe_lists_every_certificate_of_a_bundle() -> None:
     assert "ca:          no" in blocks[0] and "dra-quota.dra-quota-system.svc" in blocks[0]
     assert "(EXPIRED 1 days ago)" in blocks[0]
     assert "ca:          yes" in blocks[1] and "(valid, 6 days left)" in blocks[1]
-    with pytest.raises(CertsError, match="no certificate found"):
-        describe(b"hello")
+    for garbage in (b"hello", b"", b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"):
+        with pytest.raises(CertsError, match="no PEM certificate found"):
+            describe(garbage)
