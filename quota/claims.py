@@ -3,8 +3,10 @@
 Neighbours: `quota.pricing` prices the `ClaimSpec` built here; `quota.check` and the
 webhook feed raw JSON in. Defaults follow k/k pkg/apis/resource/v1/defaults.go
 (allocationMode ExactCount, count 1); the shapes follow TYPES
-(staging/src/k8s.io/api/resource/v1/types.go). A malformed object raises `ClaimError`
-whose message names the field to fix.
+(staging/src/k8s.io/api/resource/v1/types.go) and the field rules those of the API
+server (pkg/apis/resource/validation/validation.go, through `quota.validation`): what
+it would refuse (a negative consumedCapacity, 33 requests, a count past int64) is
+refused here. A malformed object raises `ClaimError` whose message names the field.
 """
 
 from __future__ import annotations
@@ -24,8 +26,27 @@ from quota.model import (
     DeviceKey,
     Namespace,
 )
-from quota.quantity import QuantityError, parse_quantity
-from quota.raw import as_list, as_map, dig
+from quota.meta import parse_meta, require_version
+from quota.quantity import QuantityError, parse_amount
+from quota.raw import as_list, dig, show
+from quota.validation import (
+    MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_CEL_LENGTH,
+    MAX_DEVICE_REQUESTS,
+    MAX_FIRST_AVAILABLE,
+    MAX_INT64,
+    MAX_RESULTS,
+    MAX_SELECTORS,
+    MAX_TOLERATIONS,
+    at_most,
+    dns_label,
+    dns_subdomain,
+    integer,
+    optional_string,
+    pool_name,
+    qualified_name,
+    string,
+)
 
 __all__ = [
     "ClaimError",
@@ -114,68 +135,77 @@ class Claim:
 
 def parse_claim(obj: Mapping[str, Any]) -> Claim:
     """A ResourceClaim or ResourceClaimTemplate (templates are priced as the claim they stamp)."""
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):
         raise ClaimError("a ResourceClaim must be an object")
     kind = obj.get("kind", "ResourceClaim")
     if kind not in ("ResourceClaim", "ResourceClaimTemplate"):
-        raise ClaimError(f"expected a ResourceClaim or ResourceClaimTemplate, got kind {kind!r}")
-    meta = as_map(obj.get("metadata"))
-    name = str(meta.get("name") or meta.get("generateName") or "")
+        raise ClaimError(f"expected a ResourceClaim or ResourceClaimTemplate, got kind {show(kind)}")
+    require_version(obj, kind, ClaimError)
+    meta = parse_meta(obj, kind, ClaimError, namespaced=True, generate_name=True)
     spec = obj.get("spec")
     if kind == "ResourceClaimTemplate":
-        spec = dig(spec, "spec")
+        if not isinstance(spec, dict):
+            raise ClaimError("spec is required")
+        spec = spec.get("spec")
         prefix = "spec.spec"
     else:
         prefix = "spec"
-    status = as_map(obj.get("status"))
-    annotations = as_map(meta.get("annotations"))
+    status = obj.get("status")
+    if status is not None and not isinstance(status, dict):
+        raise ClaimError(f"status must be an object, got {show(status)}")
     return Claim(
         kind=kind,
-        namespace=Namespace(str(meta.get("namespace") or "default")),
-        name=name,
-        uid=ClaimUid(str(meta.get("uid") or "")),
+        namespace=Namespace(meta.namespace),
+        name=meta.name,
+        uid=ClaimUid(meta.uid),
         spec=parse_claim_spec(spec, prefix),
-        allocation=_allocation(status.get("allocation")),
-        recorded_charge=_recorded_charge(annotations.get(CHARGE_ANNOTATION)),
+        allocation=_allocation((status or {}).get("allocation")),
+        recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
     )
 
 
 def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         raise ClaimError(f"{prefix} is required")
     devices = spec.get("devices") or {}
-    if not isinstance(devices, Mapping):
+    if not isinstance(devices, dict):
         raise ClaimError(f"{prefix}.devices must be an object")
-    raw_requests = devices.get("requests") or []
-    if not isinstance(raw_requests, list):
-        raise ClaimError(f"{prefix}.devices.requests must be a list")
+    where = f"{prefix}.devices.requests"
+    raw_requests = at_most(as_list(devices.get("requests"), where, ClaimError), MAX_DEVICE_REQUESTS, where, ClaimError)
     requests = []
     for i, raw in enumerate(raw_requests):
-        where = f"{prefix}.devices.requests[{i}]"
-        if not isinstance(raw, Mapping):
-            raise ClaimError(f"{where} must be an object")
-        requests.append(_request(raw, where))
+        if not isinstance(raw, dict):
+            raise ClaimError(f"{where}[{i}] must be an object")
+        requests.append(_request(raw, f"{where}[{i}]"))
+    _unique([r.name for r in requests], where)
     return ClaimSpec(tuple(requests))
 
 
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):
         raise ClaimError("a DeviceClass must be an object")
-    name = dig(obj, "metadata", "name")
-    if not isinstance(name, str) or not name:
-        raise ClaimError("DeviceClass without metadata.name")
+    require_version(obj, "DeviceClass", ClaimError)
+    name = parse_meta(obj, "DeviceClass", ClaimError, namespaced=False).name
     spec = obj.get("spec") or {}
-    if not isinstance(spec, Mapping):
-        raise ClaimError(f"DeviceClass {name!r}: spec must be an object")
-    selectors = _selectors(spec.get("selectors"), f"DeviceClass {name!r}: spec.selectors")
+    if not isinstance(spec, dict):
+        raise ClaimError(f"DeviceClass {name}: spec must be an object")
+    selectors = _selectors(spec.get("selectors"), f"DeviceClass {name}: spec.selectors")
     ext = spec.get("extendedResourceName")
-    return DeviceClass(DeviceClassName(name), selectors, ext if isinstance(ext, str) else None)
+    if ext is not None:
+        ext = string(ext, f"DeviceClass {name}: spec.extendedResourceName", ClaimError, max_length=253)
+    return DeviceClass(DeviceClassName(name), selectors, ext)
+
+
+def _unique(names: list[str], where: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ClaimError(f"{where}[{i}].name: duplicate name {name!r}")
+        seen.add(name)
 
 
 def _request(raw: Mapping[str, Any], where: str) -> Request:
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise ClaimError(f"{where}.name is required")
+    name = dns_label(raw.get("name"), f"{where}.name", ClaimError)
     exactly, first = raw.get("exactly"), raw.get("firstAvailable")
     if (exactly is None) == (first is None):
         raise ClaimError(f"{where}: exactly one of exactly or firstAvailable must be set")
@@ -183,34 +213,34 @@ def _request(raw: Mapping[str, Any], where: str) -> Request:
         return Request(name, (_requirement(exactly, name, f"{where}.exactly", subrequest=False),))
     if not isinstance(first, list) or not first:
         raise ClaimError(f"{where}.firstAvailable must be a non-empty list")
+    at_most(first, MAX_FIRST_AVAILABLE, f"{where}.firstAvailable", ClaimError)
     alternatives = []
     for j, sub in enumerate(first):
         sub_where = f"{where}.firstAvailable[{j}]"
-        sub_name = dig(sub, "name")
-        if not isinstance(sub_name, str) or not sub_name:
-            raise ClaimError(f"{sub_where}.name is required")
+        sub_name = dns_label(dig(sub, "name"), f"{sub_where}.name", ClaimError)
         alternatives.append(_requirement(sub, f"{name}/{sub_name}", sub_where, subrequest=True))
+    _unique([a.name for a in alternatives], f"{where}.firstAvailable")
     return Request(name, tuple(alternatives), first_available=True)
 
 
 def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> DeviceRequirement:
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise ClaimError(f"{where} must be an object")
-    cls = raw.get("deviceClassName")
-    if not isinstance(cls, str) or not cls:
-        raise ClaimError(f"{where}.deviceClassName is required")
+    cls = dns_subdomain(raw.get("deviceClassName"), f"{where}.deviceClassName", ClaimError)
     mode = raw.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
-        raise ClaimError(f"{where}.allocationMode: unsupported value {mode!r}: supported values: All, ExactCount")
+        raise ClaimError(f"{where}.allocationMode: unsupported value {show(mode)}: supported values: All, ExactCount")
     count = raw.get("count")
-    if count is None or count == 0:
-        # v1 defaults count to 1; a stored v1beta2 object may keep 0 on a last subrequest.
-        count = 1
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ClaimError(f"{where}.count must be a positive integer, got {count!r}")
     if mode == "All":
+        if count not in (None, 0):
+            raise ClaimError(f"{where}.count must not be specified when allocationMode is All")
         count = 0
-    requests = dig(raw, "capacity", "requests")
+    else:
+        # v1 defaults count to 1; a stored v1beta2 object may keep 0 on a last subrequest.
+        count = 1 if count is None or count == 0 else integer(count, f"{where}.count", ClaimError, minimum=1)
+    admin = raw.get("adminAccess")
+    if admin is not None and type(admin) is not bool:
+        raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
     return DeviceRequirement(
         name=name,
         device_class=DeviceClassName(cls),
@@ -218,82 +248,119 @@ def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> Device
         allocation_mode="All" if mode == "All" else "ExactCount",
         count=count,
         # Subrequests cannot ask for adminAccess (TYPES: DeviceSubRequest has no such field).
-        admin_access=(raw.get("adminAccess") is True) and not subrequest,
-        capacity_requests=_capacity_requests(requests, f"{where}.capacity.requests"),
-        tolerations=tuple(
-            Toleration(
-                str(t.get("key", "")), str(t.get("operator") or "Equal"), str(t.get("value", "")),
-                str(t.get("effect", "")),
-            )
-            for t in as_list(raw.get("tolerations"), f"{where}.tolerations", ClaimError)
-            if isinstance(t, Mapping)
-        ),
+        admin_access=admin is True and not subrequest,
+        capacity_requests=_capacity_requests(dig(raw, "capacity", "requests"), f"{where}.capacity.requests"),
+        tolerations=_tolerations(raw.get("tolerations"), f"{where}.tolerations"),
     )
 
 
-def _selectors(raw: Any, where: str) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ClaimError(f"{where} must be a list")
+_OPERATORS = ("Exists", "Equal")
+_EFFECTS = ("", "NoSchedule", "NoExecute")
+
+
+def _tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
     out = []
-    for i, sel in enumerate(raw):
+    for i, item in enumerate(at_most(as_list(raw, where, ClaimError), MAX_TOLERATIONS, where, ClaimError)):
+        if not isinstance(item, dict):
+            raise ClaimError(f"{where}[{i}] must be an object")
+        fields = {
+            f: optional_string(item.get(f), f"{where}[{i}].{f}", ClaimError, max_length=316)
+            for f in ("key", "operator", "value", "effect")
+        }
+        operator = fields["operator"] or "Equal"
+        if operator not in _OPERATORS or fields["effect"] not in _EFFECTS:
+            raise ClaimError(f"{where}[{i}]: operator must be Exists or Equal, effect NoSchedule, NoExecute or empty")
+        out.append(Toleration(fields["key"], operator, fields["value"], fields["effect"]))
+    return tuple(out)
+
+
+def _selectors(raw: Any, where: str) -> tuple[str, ...]:
+    out = []
+    for i, sel in enumerate(at_most(as_list(raw, where, ClaimError), MAX_SELECTORS, where, ClaimError)):
         expr = dig(sel, "cel", "expression")
-        if not isinstance(expr, str):
-            raise ClaimError(f"{where}[{i}].cel.expression is required")
-        out.append(expr)
+        out.append(string(expr, f"{where}[{i}].cel.expression", ClaimError, max_length=MAX_CEL_LENGTH))
     return tuple(out)
 
 
 def _capacity_requests(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
+    """Capacity requests or consumed capacities: qualified names to non-negative amounts."""
     if raw is None:
         return ()
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise ClaimError(f"{where} must be a map of capacity name to quantity")
+    if len(raw) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ClaimError(f"{where}: must have at most {MAX_ATTRIBUTES_AND_CAPACITIES} entries")
     out = []
     for key, value in raw.items():
+        qualified_name(key, f"{where}: key", ClaimError)
         try:
-            out.append((str(key), parse_quantity(value)))
+            amount = parse_amount(value)
         except QuantityError as err:
             raise ClaimError(f"{where}[{key}]: {err}") from None
+        if amount < 0:
+            raise ClaimError(f"{where}[{key}]: must not be negative, got {show(value)}")
+        out.append((key, amount))
     return tuple(sorted(out))
 
 
 def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
-    if not isinstance(raw, Mapping):
+    if raw is None:
         return None
-    results = dig(raw, "devices", "results")
-    out = []
-    for i, res in enumerate(as_list(results, "status.allocation.devices.results", ClaimError)):
-        where = f"status.allocation.devices.results[{i}]"
-        if not isinstance(res, Mapping):
-            raise ClaimError(f"{where} must be an object")
-        try:
-            key = DeviceKey(str(res["driver"]), str(res["pool"]), str(res["device"]))
-        except KeyError as err:
-            raise ClaimError(f"{where}.{err.args[0]} is required") from None
-        consumed = res.get("consumedCapacity") or {}
-        out.append(
-            AllocatedDevice(
-                request=str(res.get("request", "")),
-                key=key,
-                admin_access=res.get("adminAccess") is True,
-                share_id=res.get("shareID") if isinstance(res.get("shareID"), str) else None,
-                consumed_capacity=_capacity_requests(consumed, f"{where}.consumedCapacity"),
-            )
-        )
-    return tuple(out)
+    where = "status.allocation.devices.results"
+    if not isinstance(raw, dict):
+        raise ClaimError(f"status.allocation must be an object, got {show(raw)}")
+    results = at_most(as_list(dig(raw, "devices", "results"), where, ClaimError), MAX_RESULTS, where, ClaimError)
+    return tuple(_result(res, f"{where}[{i}]") for i, res in enumerate(results))
+
+
+def _result(res: Any, where: str) -> AllocatedDevice:
+    if not isinstance(res, dict):
+        raise ClaimError(f"{where} must be an object")
+    key = DeviceKey(
+        dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63),
+        pool_name(res.get("pool"), f"{where}.pool", ClaimError),
+        dns_label(res.get("device"), f"{where}.device", ClaimError),
+    )
+    admin, share = res.get("adminAccess"), res.get("shareID")
+    if admin is not None and type(admin) is not bool:
+        raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
+    return AllocatedDevice(
+        request=string(res.get("request"), f"{where}.request", ClaimError, max_length=127),
+        key=key,
+        admin_access=admin is True,
+        share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),
+        consumed_capacity=_capacity_requests(res.get("consumedCapacity"), f"{where}.consumedCapacity"),
+    )
+
+
+# Our own annotation is a two-field JSON object of int64s: anything longer, deeper or
+# larger was not written by us (the user owns annotations until our mutating webhook
+# replaces them) and is ignored rather than parsed at any cost.
+_CHARGE_MAX_BYTES = 256
+_CHARGE_MAX_DIGITS = 19
 
 
 def _recorded_charge(raw: Any) -> Charge | None:
     """The `draquota.io/charge` annotation; ignored (None) when absent or not ours."""
-    if not isinstance(raw, str):
+    if not isinstance(raw, str) or len(raw) > _CHARGE_MAX_BYTES:
         return None
     try:
-        data = json.loads(raw)
+        # Depth is bounded by the length (far below the recursion limit); integers are
+        # bounded before int() sees them.
+        data = json.loads(raw, parse_int=_small_int, parse_constant=_refuse)
         memory, devices = data["memory"], data["devices"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (memory, devices)):
+    if not all(type(v) is int and 0 <= v <= MAX_INT64 for v in (memory, devices)):
         return None
     return Charge(memory, devices)
+
+
+def _small_int(text: str) -> int:
+    if len(text.lstrip("-")) > _CHARGE_MAX_DIGITS:
+        raise ValueError("integer too long")
+    return int(text)
+
+
+def _refuse(text: str) -> Any:
+    raise ValueError(f"{text} is not a number")

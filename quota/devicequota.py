@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
-from quota.quantity import QuantityError, ceil_int, format_quantity, parse_quantity
-from quota.raw import as_map
+from quota.meta import parse_meta, require_version
+from quota.quantity import QuantityError, ceil_int, format_quantity, parse_amount
+from quota.raw import as_list, show
+from quota.validation import at_most, dns_subdomain, integer
 
 __all__ = [
     "GROUP",
@@ -42,6 +44,7 @@ PLURAL = "devicequotas"
 
 Enforcement = Literal["Enforce", "Audit"]
 RESOURCES = ("devices", "memory")  # sorted: the order denial messages use
+MAX_CLASS_NAMES = 64  # the CRD's maxItems
 
 
 class QuotaError(ValueError):
@@ -104,38 +107,41 @@ class Decision:
 
 
 def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
-    if not isinstance(obj, Mapping):
+    """A DeviceQuota, checked against deploy/crds/devicequota.yaml's schema."""
+    if not isinstance(obj, dict):
         raise QuotaError("a DeviceQuota must be an object")
-    meta = as_map(obj.get("metadata"))
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise QuotaError("DeviceQuota without metadata.name")
-    where = f"DeviceQuota {meta.get('namespace', 'default')}/{name}"
+    require_version(obj, KIND, QuotaError)
+    meta = parse_meta(obj, KIND, QuotaError, namespaced=True)
+    where = f"DeviceQuota {meta.namespace}/{meta.name}"
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         raise QuotaError(f"{where}: spec is required")
     hard = spec.get("hard") or {}
-    if not isinstance(hard, Mapping):
-        raise QuotaError(f"{where}: spec.hard must be a map")
-    unknown = sorted(set(hard) - set(RESOURCES))
+    if not isinstance(hard, dict):
+        raise QuotaError(f"{where}: spec.hard must be a map, got {show(hard)}")
+    unknown = [key for key in hard if key not in RESOURCES]
     if unknown:
-        raise QuotaError(f"{where}: spec.hard: unsupported resource(s) {', '.join(unknown)}: use memory, devices")
-    classes = spec.get("deviceClassNames") or []
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-        raise QuotaError(f"{where}: spec.deviceClassNames must be a list of names")
+        names = ", ".join(show(k) for k in unknown[:4])
+        raise QuotaError(f"{where}: spec.hard: unsupported resource(s) {names}: use memory, devices")
+    classes = as_list(spec.get("deviceClassNames"), f"{where}: spec.deviceClassNames", QuotaError)
+    at_most(classes, MAX_CLASS_NAMES, f"{where}: spec.deviceClassNames", QuotaError)
+    for i, cls in enumerate(classes):
+        dns_subdomain(cls, f"{where}: spec.deviceClassNames[{i}]", QuotaError)
     enforcement = spec.get("enforcement") or "Enforce"
     if enforcement not in ("Enforce", "Audit"):
-        raise QuotaError(f"{where}: spec.enforcement must be Enforce or Audit, got {enforcement!r}")
+        raise QuotaError(f"{where}: spec.enforcement must be Enforce or Audit, got {show(enforcement)}")
     mode = spec.get("pricing")
     if mode not in (None, "Conservative", "Optimistic"):
-        raise QuotaError(f"{where}: spec.pricing must be Conservative or Optimistic, got {mode!r}")
+        raise QuotaError(f"{where}: spec.pricing must be Conservative or Optimistic, got {show(mode)}")
     enforcement_value: Enforcement = "Audit" if enforcement == "Audit" else "Enforce"
+    devices = hard.get("devices")
     return DeviceQuota(
-        namespace=Namespace(str(meta.get("namespace") or "default")),
-        name=name,
+        namespace=Namespace(meta.namespace),
+        name=meta.name,
         hard=Limits(
             memory=_limit(hard.get("memory"), f"{where}: spec.hard.memory"),
-            devices=_limit(hard.get("devices"), f"{where}: spec.hard.devices"),
+            # The CRD types devices as a non-negative int64, not a quantity.
+            devices=None if devices is None else integer(devices, f"{where}: spec.hard.devices", QuotaError),
         ),
         device_classes=frozenset(DeviceClassName(c) for c in classes),
         enforcement=enforcement_value,
@@ -147,7 +153,7 @@ def _limit(raw: Any, where: str) -> int | None:
     if raw is None:
         return None
     try:
-        value = parse_quantity(raw)
+        value = parse_amount(raw)
     except QuantityError as err:
         raise QuotaError(f"{where}: {err}") from None
     if value < 0:

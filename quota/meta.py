@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quota.raw import show
-from quota.validation import dns_label, dns_subdomain, string
+from quota.validation import dns_label, dns_subdomain, optional_string, string
 
 __all__ = [
     "API_VERSIONS",
@@ -95,11 +95,10 @@ def parse_meta(
     if namespaced:
         raw_namespace = meta.get("namespace")
         namespace = "default" if raw_namespace in (None, "") else dns_label(raw_namespace, f"{where}: metadata.namespace", error)
-    uid = meta.get("uid")
     return ObjectMeta(
         name=name,
         namespace=namespace,
-        uid="" if uid in (None, "") else string(uid, f"{where}: metadata.uid", error, max_length=128),
+        uid=optional_string(meta.get("uid"), f"{where}: metadata.uid", error, max_length=128),
         labels=_labels(meta.get("labels"), f"{where}: metadata.labels", error),
         annotations=_annotations(meta.get("annotations"), f"{where}: metadata.annotations", error),
     )

@@ -34,7 +34,7 @@ from quota.model import (
 from quota.quantity import QuantityError, parse_amount
 from quota.raw import as_list, show
 from quota.requestpolicy import parse_policy
-from quota.validation import at_most, dns_label, dns_subdomain, integer, qualified_name, string
+from quota.validation import at_most, dns_label, dns_subdomain, integer, optional_string, qualified_name, string
 
 __all__ = ["SliceError", "ParsedSlice", "parse_slice"]
 
@@ -188,8 +188,7 @@ def _taints(raw: Any, where: str) -> tuple[Taint, ...]:
         if effect not in _TAINT_EFFECTS:
             raise SliceError(f"{where}[{i}].effect: unsupported value {show(effect)}: supported values: None, NoExecute, NoSchedule")
         key = string(item.get("key"), f"{where}[{i}].key", SliceError, max_length=316)
-        value = item.get("value")
-        value = "" if value in (None, "") else string(value, f"{where}[{i}].value", SliceError, max_length=63)
+        value = optional_string(item.get("value"), f"{where}[{i}].value", SliceError, max_length=63)
         taints.append(Taint(key, value, str(effect)))
     return tuple(taints)
 

@@ -40,6 +40,7 @@ __all__ = [
     "qualified_name",
     "is_qualified_name",
     "string",
+    "optional_string",
 ]
 
 # Kubernetes int64 fields (count, pool.generation, resourceSliceCount): Go's json
@@ -97,6 +98,11 @@ def string(value: Any, where: str, error: type[Exception], *, max_length: int | 
     if max_length is not None and len(value) > max_length:
         raise error(f"{where} must be at most {max_length} characters, got {len(value)}")
     return value
+
+
+def optional_string(value: Any, where: str, error: type[Exception], *, max_length: int | None = None) -> str:
+    """A string field whose absence reads as "" (taint values, toleration fields, uids)."""
+    return "" if value is None or value == "" else string(value, where, error, max_length=max_length)
 
 
 def dns_label(value: Any, where: str, error: type[Exception]) -> str:

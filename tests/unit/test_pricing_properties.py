@@ -41,7 +41,8 @@ def inventories(draw: st.DrawFn) -> Inventory:
 
 
 requirement = st.builds(
-    lambda cls, count, mode, admin, cap: exactly(cls, count=count, mode=mode, admin=admin,
+    # allocationMode All takes no count (the API server refuses one).
+    lambda cls, count, mode, admin, cap: exactly(cls, count=None if mode else count, mode=mode, admin=admin,
                                                  capacity={"memory": cap} if cap else None),
     st.sampled_from(["gpu", "shared", "any"]),
     st.integers(1, 4),
