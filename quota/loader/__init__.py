@@ -1,0 +1,127 @@
+"""Reading `dra-quota check`'s input: files, folders and stdin into Kubernetes object documents.
+
+Neighbours: `quota.check` runs admission over the `Document`s this package yields;
+`quota.cli` maps `CheckInputError` to exit code 2. Nothing here knows about kinds beyond
+`kind: List` expansion: parsing objects is the parsers' job (`quota.slices`,
+`quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded reads),
+`jsondocs` and `yamldocs` (decoding, bounded), `limits` (the bounds and why).
+
+JSON or YAML: a file named `*.json`, or any input whose first character (after a
+byte-order mark and whitespace) is `{` or `[`, goes through the stdlib's C JSON
+decoder; `kubectl -o json` output piped in on stdin is recognised that way. Content that
+starts with `{` but is not JSON (a YAML flow mapping) falls back to YAML unless the
+file is named `*.json`. Everything else goes through libyaml (PyYAML's pure-Python
+loader when libyaml is missing). The same bounds hold on both paths.
+
+Text must be UTF-8 (as the API server requires); a UTF-8 byte-order mark is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents
+from quota.loader.limits import DecodeError
+from quota.loader.sources import Source, SourceError, read_sources
+from quota.loader.yamldocs import yaml_documents
+
+__all__ = ["CheckInputError", "Document", "iter_documents", "load_documents"]
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_START = re.compile(rb"[ \t\r\n]*[{\[]")
+_Value = tuple[int, int | None, Any]  # line, List item index (None: a document), value
+
+
+class CheckInputError(Exception):
+    """Input that cannot be read at all: exit code 2, with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    source: str
+    obj: Mapping[str, Any]
+
+
+def load_documents(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
+    """Every object in the files and folders given (folders recursively, sorted by name)."""
+    warnings: list[str] = []
+    return list(iter_documents(paths, warnings)), warnings
+
+
+def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Document]:
+    """The objects of `load_documents` one at a time, read file by file, a `List`'s
+    items one by one: a caller that parses each and lets it go never holds the raw
+    objects of a large dump all at once. Warnings are appended as they arise."""
+    sources = read_sources(paths)
+    while True:
+        try:
+            source = next(sources, None)
+        except SourceError as err:
+            raise CheckInputError(str(err)) from None
+        if source is None:
+            return
+        name, decoded = source.name, _decode(source)
+        del source  # the raw bytes: only the text is needed from here on
+        try:
+            yield from _documents(name, decoded, warnings)
+        except DecodeError as err:
+            at = f"{name}:{err.line}" if err.line is not None else name
+            raise CheckInputError(f"{at}: {err.message}") from None
+        except (RecursionError, MemoryError) as err:
+            # The bounds should make these unreachable; if one still happens it is the
+            # input's fault, and it must not surface as a traceback.
+            raise CheckInputError(f"{name}: too large or too deeply nested ({type(err).__name__})") from None
+
+
+def _documents(name: str, decoded: Iterator[_Value], warnings: list[str]) -> Iterator[Document]:
+    number = 0
+    for line, index, value in decoded:
+        if not index:  # a document, or the first item of a List document
+            number += 1
+        where = f"{name}:{line} (document {number}" + (f", List item {index + 1})" if index is not None else ")")
+        for item in _expand(value):
+            if not isinstance(item, Mapping) or not isinstance(item.get("kind"), str):
+                warnings.append(f"{where}: skipped: not a Kubernetes object (no kind)")
+                continue
+            yield Document(where, item)
+
+
+def _decode(source: Source) -> Iterator[_Value]:
+    """The values of one source, by the decoder its name or first character calls for."""
+    data = source.data[len(_BOM):] if source.data.startswith(_BOM) else source.data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise CheckInputError(f"{source.name}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+    if not (source.json or _JSON_START.match(data)):
+        return yaml_documents(text)
+    values = json_documents(text, depth_checked=depth_within_bound(data),
+                            surrogate_escapes=has_surrogate_escapes(data))
+    return values if source.json else _json_else_yaml(values, text)
+
+
+def _json_else_yaml(values: Iterator[_Value], text: str) -> Iterator[_Value]:
+    """JSON if its first value parses as JSON, else YAML (a flow mapping is not JSON)."""
+    try:
+        first = next(values, None)
+    except DecodeError as err:
+        if not err.message.startswith("not valid JSON"):
+            raise
+        yield from yaml_documents(text)
+        return
+    if first is not None:
+        yield first
+        yield from values
+
+
+def _expand(obj: Any) -> Iterator[Any]:
+    if obj is None:
+        return
+    if isinstance(obj, Mapping) and obj.get("kind") == "List" and isinstance(obj.get("items"), list):
+        yield from obj["items"]
+    else:
+        yield obj
