@@ -150,9 +150,10 @@ def _core_number(name: str, part: str) -> int:
         raise EvalError(f'Invalid character(s) found in {name} number "{part}"')
     if len(part) > 1 and part[0] == "0":
         raise EvalError(f'{name.capitalize()} number must not contain leading zeroes "{part}"')
-    number = int(part)
+    # Length first: int() refuses more than 4300 digits with an error of its own.
+    number = int(part) if len(part) <= 20 else UINT64_MAX + 1
     if number > UINT64_MAX:
-        raise EvalError(f'strconv.ParseUint: parsing "{part}": value out of range')
+        raise EvalError(f'strconv.ParseUint: parsing "{part[:64]}": value out of range')
     return number
 
 
@@ -164,6 +165,8 @@ def _pre_release(ident: str) -> int | str:
     if ident.isdigit():
         if not _NUMERIC.match(ident):
             raise EvalError(f'Leading zeroes are not allowed in numeric prerelease "{ident}"')
+        if len(ident) > 20 or int(ident) > UINT64_MAX:  # blang/semver: strconv.ParseUint
+            raise EvalError(f'strconv.ParseUint: parsing "{ident[:64]}": value out of range')
         return int(ident)
     return ident
 
