@@ -22,7 +22,8 @@ from quota.ledger import Ledger
 from quota.loader import CheckInputError, Document
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode
 from quota.pricing import Pricer, Pricing
-from quota.raw import as_map
+from quota.printable import for_json
+from quota.meta import NamespaceError, parse_namespace, require_version
 from quota.slices import SliceError
 
 __all__ = ["ObjectResult", "Report", "run_check"]
@@ -67,7 +68,7 @@ class Report:
         return {"objects": [o.as_json() for o in self.objects], "quotas": self.quotas}
 
     def dumps(self) -> str:
-        return json.dumps(self.as_json(), indent=2, sort_keys=False)
+        return json.dumps(for_json(self.as_json()), indent=2, sort_keys=False)
 
 
 def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Report:
@@ -87,15 +88,18 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
             elif kind == "ResourceSlice":
                 inventory.add_or_update_slice(doc.obj)
             elif kind == "Namespace":
-                meta = doc.obj.get("metadata") or {}
-                namespaces[str(meta.get("name", ""))] = dict(meta.get("labels") or {})
+                ns = parse_namespace(doc.obj)
+                namespaces[ns.name] = ns.labels
             elif kind == "DeviceQuota":
                 ledger.add_or_update_quota(parse_device_quota(doc.obj))
             elif kind in _CLAIM_KINDS:
+                # An unknown version stops the run like any unreadable object; other
+                # defects of a claim are that claim's denial, as in the webhook.
+                require_version(doc.obj, kind, ClaimError)
                 claims.append(doc)
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
-        except (SliceError, ClaimError, QuotaError) as err:
+        except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
             raise CheckInputError(f"{doc.source}: {err}") from None
     for pool, reason in sorted(inventory.incomplete_pools().items()):
         report.warnings.append(f"pool {pool[0]}/{pool[1]} is incomplete ({reason}): its devices are not candidates")
@@ -134,13 +138,20 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
 
 def _parse(doc: Document) -> tuple[str, str, str, Claim | ClaimError]:
     """(kind, namespace, name, the claim or why it could not be read)."""
-    meta = as_map(doc.obj.get("metadata"))
-    kind, namespace = str(doc.obj["kind"]), str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or meta.get("generateName") or "")
+    meta = doc.obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    kind = str(doc.obj["kind"])
+    namespace = _text(meta.get("namespace")) or "default"
+    name = _text(meta.get("name")) or _text(meta.get("generateName"))
     try:
         return kind, namespace, name, parse_claim(doc.obj)
     except ClaimError as err:
         return kind, namespace, name, err
+
+
+def _text(value: Any) -> str:
+    """A name for the report row of an object that may not parse: strings only."""
+    return value if isinstance(value, str) else ""
 
 
 def _result(kind: str, namespace: str, name: str, admission: Admission, allocated: bool) -> ObjectResult:

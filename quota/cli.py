@@ -17,6 +17,7 @@ from quota.check import Report, run_check
 from quota.loader import CheckInputError, load_documents
 from quota.devicequota import format_amount
 from quota.model import Charge
+from quota.printable import for_terminal
 from quota.quantity import format_quantity
 
 EXIT_OK = 0
@@ -70,10 +71,10 @@ def _run_check(args: argparse.Namespace) -> int:
         docs, load_warnings = load_documents(args.paths)
         report = run_check(docs, mode=args.mode)
     except CheckInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return EXIT_INPUT
     for warning in (*load_warnings, *report.warnings):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {for_terminal(warning)}", file=sys.stderr)
     if args.output == "json":
         print(report.dumps())
     else:
@@ -109,7 +110,9 @@ def render_table(report: Report, out: TextIO) -> None:
 
 
 def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    # The last column (details) is free text and is not padded.
+    # The last column (details) is free text and is not padded. Every cell is escaped:
+    # one row per object, whatever its name or reason holds.
+    rows = [[for_terminal(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
