@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from quota.claims import Claim
 from quota.devicequota import QuotaCheck, Usage, check
 from quota.ledger import Entry, Ledger
-from quota.model import Charge, DeviceKey, Mode
+from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
 __all__ = ["ADMIN_ACCESS_LABEL", "Admission", "Admitter", "claim_ref"]
@@ -39,6 +39,15 @@ class Admission:
         return self.pricing.total
 
 
+def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str:
+    return (
+        f'DeviceQuota "{quota}" limits memory but request {alternative} cannot be priced: no device of '
+        f"class {cls} that could serve it publishes a memory capacity. Publish the devices "
+        f"(ResourceSlices with a memory capacity), or leave class {cls} out of the quota's "
+        "spec.deviceClassNames"
+    )
+
+
 def claim_ref(claim: Claim) -> str:
     """The ledger key of a claim: namespace/name (the uid does not exist before CREATE)."""
     return f"{claim.namespace}/{claim.name}"
@@ -58,7 +67,7 @@ class Admitter:
             return entry
         pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
-        warnings = (*pricing.warnings, *decision.warnings)
+        warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *decision.warnings)
         return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged)
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
@@ -73,7 +82,7 @@ class Admitter:
         if not never.allowed:
             return Admission(False, f"a claim from this template can never fit: {never.message}", pricing.warnings, pricing)
         now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)])
-        warnings = (*pricing.warnings, *never.warnings)
+        warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
         if not now.allowed:
             warnings = (*warnings, f"claims from this template do not fit now: {now.message}")
         return Admission(True, "", warnings, pricing, now.charged if now.allowed else ())
@@ -86,7 +95,34 @@ class Admitter:
             return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
         if pricing.errors:
             return Admission(False, "; ".join(pricing.errors), pricing.warnings, pricing)
+        denials, _ = self._unpriced(claim, pricing)
+        if denials:
+            return Admission(False, "; ".join(denials), pricing.warnings, pricing)
         return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+
+    def _unpriced(self, claim: Claim, pricing: Pricing) -> tuple[list[str], list[str]]:
+        """Denials (Enforce) and warnings (Audit) for memory no known device can price.
+
+        A request whose devices publish no `memory` capacity, or whose class has no
+        devices at all, is charged 0 memory: under a quota that limits memory that would
+        make it free, however many are made. So no price is no admission (DESIGN.md,
+        "The charge of a claim"; README, "Claims no device can price").
+        """
+        denials: list[str] = []
+        warnings: list[str] = []
+        for quota in self.ledger.quotas(claim.namespace):
+            if quota.hard.memory is None:
+                continue
+            for request in pricing.requests:
+                for alternative, cls in request.unpriced:
+                    if not quota.in_scope(cls):
+                        continue
+                    message = _unpriced_message(quota.name, alternative, cls)
+                    if quota.enforcement == "Audit":
+                        warnings.append(f"{message} (enforcement: Audit, admitted)")
+                    else:
+                        denials.append(message)
+        return denials, warnings
 
     def account_allocated(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""

@@ -42,6 +42,9 @@ class PricedRequest:
     # (class, charge) per alternative: one for `exactly`, one per firstAvailable subrequest.
     alternatives: tuple[tuple[DeviceClassName, Charge], ...]
     mode: Mode = "conservative"
+    # (alternative name, class) of alternatives whose memory no known device tells:
+    # charged 0 memory, which `quota.admission` must not let through a memory limit.
+    unpriced: tuple[tuple[str, DeviceClassName], ...] = ()
 
     def scoped(self, in_scope: ScopeTest) -> Charge:
         """The charge a quota scoped by `in_scope` sees: out-of-scope alternatives cost 0."""
@@ -73,6 +76,7 @@ class _Estimate:
     charge: Charge
     warnings: tuple[str, ...] = ()
     error: str | None = None
+    unpriced: bool = False
 
 
 class Pricer:
@@ -111,8 +115,11 @@ class Pricer:
         errors: list[str] = []
         chosen: int | None = None
         counts: list[int] = []
+        unpriced: list[tuple[str, DeviceClassName]] = []
         for alt in request.alternatives:
             est = self._requirement(alt, mode)
+            if est.unpriced:
+                unpriced.append((alt.name, alt.device_class))
             counts.append(est.candidates)  # the same in both modes
             alternatives.append((alt.device_class, est.charge))
             warnings.extend(f"request {alt.name}: {w}" for w in est.warnings)
@@ -123,7 +130,8 @@ class Pricer:
                 chosen = est.candidates
         candidates = chosen if chosen is not None else max(counts, default=0)
         charge = combine((c for _, c in alternatives), mode)
-        return PricedRequest(request.name, candidates, charge, tuple(alternatives), mode), warnings, errors
+        priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced))
+        return priced, warnings, errors
 
     def _requirement(self, req: DeviceRequirement, mode: Mode) -> _Estimate:
         cls = self.classes.get(req.device_class)
@@ -158,12 +166,13 @@ class Pricer:
         if count == 0:
             return self._no_candidate(req, cls, mode)
         warnings: tuple[str, ...] = ()
+        unpriced = not _publish_memory(g for _, _, g in priced)
         if req.allocation_mode == "All":
-            return _Estimate(count, _all_mode(priced))
+            return _Estimate(count, _all_mode(priced), unpriced=unpriced)
         per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
         if count < req.count:
             warnings = (f"only {count} device(s) match now, {req.count} requested",)
-        return _Estimate(count, Charge(per_device * req.count, req.count), warnings)
+        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced)
 
     def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
         """Price at the class's largest device so the claim cannot slip in for free."""
@@ -177,7 +186,7 @@ class Pricer:
         return _Estimate(0, charge, (
             f"no device matches now; charged as {charge.devices} device(s) of the largest in class "
             f"{cls.name} ({format_quantity(largest)} each)",
-        ))
+        ), unpriced=not _publish_memory(class_match.groups))
 
     # -- allocated claims: exact --------------------------------------------------
 
@@ -237,6 +246,11 @@ def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, Devi
         if charge is not None:
             out.append((charge, len(group.devices), group))
     return out
+
+
+def _publish_memory(groups: Iterable[DeviceGroup]) -> bool:
+    """Whether any of these devices publishes a `memory` capacity (0 included)."""
+    return any(g.representative.own_capacity(MEMORY) is not None for g in groups)
 
 
 def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
