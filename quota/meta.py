@@ -68,6 +68,8 @@ class NamespaceInfo:
 
 def require_version(obj: Mapping[str, Any], kind: str, error: type[Exception]) -> None:
     """Refuse an object of `kind` whose apiVersion is not the one this tool reads."""
+    if not isinstance(obj, dict):
+        raise error(f"a {kind} must be an object, got {show(obj)}")
     expected = API_VERSIONS[kind]
     version = obj.get("apiVersion")
     if version != expected:
