@@ -27,7 +27,7 @@ def test_parses_quantities_scope_and_modes() -> None:
         (make_quota("q", enforcement="Sometimes"), "Enforce or Audit"),
         (make_quota("q", pricing="Cheap"), "Conservative or Optimistic"),
         ({**make_quota("q"), "spec": {"hard": {"cpu": "1"}}}, "unsupported resource"),
-        ({"kind": "DeviceQuota", "metadata": {}}, "metadata.name is required"),
+        ({"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota", "metadata": {}}, "metadata.name is required"),
     ],
 )
 def test_rejects_bad_quotas(raw: dict, message: str) -> None:  # type: ignore[type-arg]
