@@ -1,16 +1,14 @@
 """Per-pool columns: the values every device field takes over one pool's devices.
 
-Neighbours: `quota.inventory` indexes each usable pool when it rebuilds that pool
-(`ColumnTable.index`: which fields its devices have); `quota.partitions` groups devices
-by columns instead of reading devices; `quota.selectors` keys its verdicts with
-`cel_value`.
+Neighbours: `quota.inventory` indexes each usable pool once, when it rebuilds that pool
+(`ColumnTable.index`); `quota.partitions` groups devices by columns instead of reading
+devices; `quota.selectors` keys its verdicts with `cel_value`.
 
 Why: the first selector to read a field used to read that field on every device of the
-inventory (~3 µs a device, ~190 ms at 58,000 devices) and regroup them all. Now a field
-no pool has costs nothing (the inventory counts pools per field name), and an existing
-one is read once per pool into a column (about 50 ns a device), kept with the pool.
-Columns are interned (the 2,000 H100 nodes share one `architecture` column object), so
-pools compare by identity, not value by value.
+inventory (~3 µs a device, ~190 ms at 58,000 devices). Reading every field of a pool once
+when the pool is built costs about as much as one such scan, and afterwards a field is a
+dictionary lookup per pool. Columns are interned (the 2,000 H100 nodes share one
+`architecture` column object), so pools compare by identity, not value by value.
 
 A column holds grouping keys, not raw values: they must be equal exactly when CEL cannot
 tell the values apart, and may be finer. Python has `1 == True` with equal hashes, CEL
@@ -24,7 +22,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
@@ -55,28 +53,27 @@ class Column:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PoolIndex:
-    """A usable pool's devices, the fields any of them has, and their columns.
+    """A usable pool's devices and the column of every field any of them has.
 
-    Only the names are read when the pool is built (a few set unions); a column is read
-    the first time a selector splits this pool by its field, then kept. Reading every
-    column up front cost about 20% more load time for columns most pools never need.
+    A field no device of the pool has is absent from `columns`: reads MISSING everywhere.
     """
 
     devices: tuple[Device, ...]
-    names: frozenset[Field]
-    table: ColumnTable
-    columns: dict[Field, Column] = field(default_factory=dict)
-
-    def column(self, name: Field) -> Column | None:
-        """The column of `name`, or None when no device of the pool has that field."""
-        found = self.columns.get(name)
-        if found is None and name in self.names:
-            found = self.columns[name] = self.table.column(self.devices, name)
-        return found
+    columns: Mapping[Field, Column]
 
 
 # Types that are their own grouping keys (`object` is MISSING's).
 _PLAIN = frozenset({str, int, object})
+
+
+def _attribute_maps(devices: tuple[Device, ...]) -> dict[str, list[Mapping[str, object]]]:
+    domains = set().union(*[d.attributes for d in devices])
+    return {domain: [d.attributes.get(domain, _EMPTY) for d in devices] for domain in domains}
+
+
+def _capacity_maps(devices: tuple[Device, ...]) -> dict[str, list[Mapping[str, object]]]:
+    domains = set().union(*[d.capacity for d in devices])
+    return {domain: [d.capacity.get(domain, _EMPTY) for d in devices] for domain in domains}
 
 
 def _typed(value: AttributeValue) -> object:
@@ -136,34 +133,26 @@ class ColumnTable:
         self._fields: dict[Field, Field] = {}
 
     def index(self, devices: tuple[Device, ...]) -> PoolIndex:
-        """The pool's field names: set unions in C, no value read."""
-        names = {DRIVER, MULTI, TAINTS}
-        for kind in ("attributes", "capacity"):
-            maps = [d.attributes for d in devices] if kind == "attributes" else [d.capacity for d in devices]
-            for domain in set().union(*maps):
-                idents: set[str] = set().union(*[m.get(domain, _EMPTY) for m in maps])
-                names.update(self._field((kind, domain, ident)) for ident in idents)
-        return PoolIndex(devices, frozenset(names), self)
-
-    def column(self, devices: tuple[Device, ...], name: Field) -> Column:
-        """Read one field on a pool's devices: one comprehension, about 50 ns a device;
-        only values other than strings and ints go through `_typed`."""
-        kind = name[0]
-        raw: list[object]
-        if kind == "driver":
-            raw = [d.key.driver for d in devices]
-        elif kind == "allowMultipleAllocations":
-            raw = [d.allow_multiple_allocations for d in devices]
-        elif kind == "taints":
-            raw = [d.taints for d in devices]
-        elif kind == "capacity":
-            caps = [d.capacity.get(name[1], _EMPTY).get(name[2]) for d in devices]
-            raw = [MISSING if c is None else id(c) for c in caps]
-        else:
-            raw = [d.attributes.get(name[1], _EMPTY).get(name[2], MISSING) for d in devices]
-            if not set(map(type, raw)) <= _PLAIN:
-                raw = [_typed(v) for v in raw]  # type: ignore[arg-type]
-        return self._column(tuple(raw))
+        """Read every field of every device once. Field by field rather than device by
+        device: each column is then one comprehension (about 50 ns a device), and only
+        columns holding other than strings and ints go through `_typed`."""
+        columns: dict[Field, Column] = {
+            DRIVER: self._column(tuple([d.key.driver for d in devices])),
+            MULTI: self._column(tuple([d.allow_multiple_allocations for d in devices])),
+            TAINTS: self._column(tuple([d.taints for d in devices])),
+        }
+        for kind, per_domain in (("attributes", _attribute_maps), ("capacity", _capacity_maps)):
+            for domain, maps in per_domain(devices).items():
+                for ident in set().union(*maps):
+                    raw = [m.get(ident, MISSING) for m in maps]
+                    if kind == "capacity":
+                        values = tuple([MISSING if v is MISSING else id(v) for v in raw])
+                    elif set(map(type, raw)) <= _PLAIN:
+                        values = tuple(raw)
+                    else:
+                        values = tuple([_typed(v) for v in raw])  # type: ignore[arg-type]
+                    columns[self._field((kind, domain, ident))] = self._column(values)
+        return PoolIndex(devices, columns)
 
     def _column(self, values: tuple[object, ...]) -> Column:
         ref = self._columns.get(values)

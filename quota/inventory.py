@@ -3,8 +3,8 @@
 Neighbours: `quota.slices` parses one slice into devices; `quota.selectors` matches
 selectors against `Inventory.usable()`; `quota.pricing` looks allocated devices up with
 `Inventory.lookup`. Pure and synchronous: the controller feeds it watch events. Each
-usable pool is indexed by field name (`quota.columns`) when it is rebuilt, and the pools
-having each field are counted, so that no selector has to look at a field no pool has.
+usable pool is indexed by field (`quota.columns`) when it is rebuilt, so that no selector
+ever has to read a field on every device.
 
 Pool rules follow the scheduler (k8s.io/dynamic-resource-allocation/structured, pools.go):
 only the highest `pool.generation` of a pool counts, and a pool is usable for
@@ -171,7 +171,7 @@ class Inventory:
         if index is None:
             return
         counts = self._field_pools
-        for name in index.names:
+        for name in index.columns:
             left = counts.get(name, 0) + delta
             if left:
                 counts[name] = left

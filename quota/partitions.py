@@ -103,7 +103,7 @@ class Partition:
             if parent_state is None:
                 continue
             fields = self.fields_of(pool)
-            signature = None if fields is None else tuple([pool.column(f) for f in fields])
+            signature = None if fields is None else tuple([pool.columns.get(f) for f in fields])
             state = self._split(parent_state, signature, pool)
             self.states[pool_key] = state
             self.classes.setdefault(state, {})[pool_key] = pool
@@ -148,7 +148,7 @@ def _buckets(
         return [(None, {key: pool}) for key, pool in members.items()]
     pools = list(members.values())
     nowhere: list[Column | None] = [None] * len(pools)
-    per_field = [[pool.column(f) for pool in pools] if present.get(f) else nowhere for f in fields]
+    per_field = [[pool.columns.get(f) for pool in pools] if present.get(f) else nowhere for f in fields]
     if all(column is nowhere for column in per_field):
         return [((None,) * len(fields), dict(members))]  # a copy: levels move pools apart
     signatures: list[Signature] = list(zip(*per_field))
