@@ -30,6 +30,7 @@ from quota.cel.values import (
     EvalError,
     Optional,
     Uint,
+    go_parse_float,
     type_name,
 )
 
@@ -206,12 +207,8 @@ def _double_int(v: int) -> float:
 
 @register("double", "string -> double", cost=scan_cost)
 def _double_string(v: str) -> float:
-    # Go's strconv.ParseFloat: no surrounding blanks, no digit separators (Python
-    # accepts both).
     try:
-        if v != v.strip() or "_" in v:
-            raise ValueError(v)
-        return float(v)
+        return go_parse_float(v)
     except ValueError:
         raise EvalError(f'cannot convert string "{_shown(v)}" to double') from None
 

@@ -15,7 +15,7 @@ import re
 import lark
 
 from quota.cel import ast
-from quota.cel.values import INT64_MAX, UINT64_MAX, Uint
+from quota.cel.values import INT64_MAX, UINT64_MAX, Uint, go_parse_float
 
 
 class SyntaxProblem(Exception):
@@ -93,7 +93,10 @@ def decode_literal(token: lark.Token) -> ast.Lit:
             raise SyntaxProblem("invalid uint literal", *pos)
         return ast.Lit(Uint(value))
     if token.type == "FLOAT_LIT":
-        return ast.Lit(float(text), negatable=True)
+        try:
+            return ast.Lit(go_parse_float(text), negatable=True)
+        except ValueError:
+            raise SyntaxProblem("invalid double literal", *pos) from None
     is_bytes = token.type == "BYTES_LIT"
     prefix_len = 0
     while text[prefix_len] not in "\"'":

@@ -10,6 +10,7 @@ evaluates expressions with them, `quota.cel.activation` builds them from devices
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 from typing import Any, Final
@@ -241,6 +242,24 @@ class CelType:
 
     def __repr__(self) -> str:
         return self.name
+
+
+_INFINITY_SPELLINGS = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def go_parse_float(text: str) -> float:
+    """strconv.ParseFloat(text, 64) as cel-go calls it for literals and double(string).
+
+    Python's float() turns a finite number too large for a double into inf where Go
+    reports ErrRange (and cel-go an error), and accepts blanks and `_` separators that
+    Go refuses. Raises ValueError for anything Go would refuse.
+    """
+    if text != text.strip() or "_" in text:
+        raise ValueError(text)
+    value = float(text)
+    if math.isinf(value) and text.lower() not in _INFINITY_SPELLINGS:
+        raise ValueError(f"{text}: value out of range")
+    return value
 
 
 def type_name(value: Any) -> str:

@@ -84,6 +84,9 @@ PYTHON_LIMITS_COMPILE = [
     ("18446744073709551616u > 0u", "invalid uint literal"),
     ("duration('" + BIG + "s') > duration('1s')", "invalid duration argument"),
     ("duration('2562048h') > duration('1s')", "invalid duration argument"),
+    # Go's ParseFloat reports ErrRange past the largest double; Python would say inf.
+    (BIG + ".0 > 0.0", "invalid double literal"),
+    ("1e400 > 0.0", "invalid double literal"),
 ]
 
 
@@ -99,6 +102,8 @@ PYTHON_LIMITS_RUNTIME = [
     (f"quantity('{BIG}').sign() > 0", "quantit"),
     (f"semver('{BIG}.0.0').major() > 0", "value out of range"),
     ("int('9223372036854775808') > 0", "value out of range"),
+    (f"double('{BIG}') > 0.0", "to double"),
+    ("double('1e400') > 0.0", "to double"),
     ("duration('2562047h') + duration('1h') > duration('0s')", "integer overflow"),
     ("timestamp('9999-12-31T00:00:00Z') - timestamp('0001-01-01T00:00:00Z') > duration('0s')", "integer overflow"),
 ]
@@ -115,7 +120,8 @@ def test_python_limits_are_runtime_errors(expression: str, message: str) -> None
     [
         "9223372036854775807 > 0 && -9223372036854775808 < 0 && 18446744073709551615u > 0u",
         "0x7fffffffffffffff == 9223372036854775807 && 000000000000000000000000001 == 1",
-        f"double('{BIG}') > 1e300 && int('-9223372036854775808') < 0",
+        "double('1.7976931348623157e308') > 1e300 && int('-9223372036854775808') < 0",
+        "double('1e-400') == 0.0 && double('-Inf') < 0.0 && 1e-400 == 0.0",
         "duration('2562047h') > duration('1h') && string(1e308) == '1e+308'",
     ],
 )
