@@ -101,8 +101,8 @@ def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Repor
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
             raise CheckInputError(f"{doc.source}: {err}") from None
-    for pool, reason in sorted(inventory.incomplete_pools().items()):
-        report.warnings.append(f"pool {pool[0]}/{pool[1]} is incomplete ({reason}): its devices are not candidates")
+    for pool, reason in sorted(inventory.unusable_pools().items()):
+        report.warnings.append(f"pool {pool[0]}/{pool[1]} is not usable ({reason}): its devices are not candidates")
     parsed = [_parse(doc) for doc in claims]
     results: dict[int, ObjectResult] = {}
     # Allocated claims are existing state: account them before admitting anything.

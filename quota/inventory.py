@@ -44,8 +44,8 @@ class _Pool:
     slices: dict[str, ParsedSlice] = field(default_factory=dict)
     # Devices of the highest generation, complete or not (for allocated-claim lookups).
     known: dict[str, Device] = field(default_factory=dict)
-    complete: bool = False
-    incomplete_reason: str = ""
+    usable: bool = False
+    unusable_reason: str = ""
 
 
 class Inventory:
@@ -136,8 +136,8 @@ class Inventory:
         pool = self._pools.get((key.driver, key.pool))
         return pool.known.get(key.device) if pool is not None else None
 
-    def incomplete_pools(self) -> dict[PoolKey, str]:
-        return {key: pool.incomplete_reason for key, pool in self._pools.items() if not pool.complete}
+    def unusable_pools(self) -> dict[PoolKey, str]:
+        return {key: pool.unusable_reason for key, pool in self._pools.items() if not pool.usable}
 
     # -- internals ----------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class Inventory:
             pool = self._pools.get(pool_key)
             if pool is None:
                 continue
-            if pool.complete:
+            if pool.usable:
                 for name in pool.known:
                     self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
             self._count_fields(self._usable_pools.pop(pool_key, None), -1)
@@ -156,7 +156,7 @@ class Inventory:
                 rebuilt.append(pool_key)
                 continue
             self._refresh_pool(pool)
-            if pool.complete:
+            if pool.usable:
                 for device in pool.known.values():
                     self._usable[device.key] = device
                 index = self._columns.index(tuple(pool.known.values()))
@@ -181,13 +181,31 @@ class Inventory:
     @staticmethod
     def _refresh_pool(pool: _Pool) -> None:
         top = max(s.pool_generation for s in pool.slices.values())
-        current = [s for s in pool.slices.values() if s.pool_generation == top]
+        current = sorted((s for s in pool.slices.values() if s.pool_generation == top), key=lambda s: s.name)
         expected = max(s.slice_count for s in current)
-        pool.known = {d.key.device: d for s in current for d in s.devices}
-        pool.complete = len(current) >= expected
-        pool.incomplete_reason = (
-            "" if pool.complete else f"generation {top}: {len(current)} of {expected} slices published"
-        )
+        known: dict[str, Device] = {}
+        owner: dict[str, str] = {}
+        duplicate = ""
+        for item in current:
+            for device in item.devices:
+                name = device.key.device
+                if name in known:
+                    # The scheduler marks such a pool invalid and allocates nothing from it
+                    # (k8s.io/dynamic-resource-allocation/structured pools.go): so do we.
+                    duplicate = duplicate or (
+                        f"generation {top}: device {name!r} is published by slices {owner[name]!r} and {item.name!r}"
+                    )
+                    continue
+                known[name] = device
+                owner[name] = item.name
+        pool.known = known
+        pool.usable = len(current) >= expected and not duplicate
+        if duplicate:
+            pool.unusable_reason = f"invalid, {duplicate}"
+        elif not pool.usable:
+            pool.unusable_reason = f"incomplete, generation {top}: {len(current)} of {expected} slices published"
+        else:
+            pool.unusable_reason = ""
 
 
 @contextmanager

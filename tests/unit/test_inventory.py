@@ -41,7 +41,7 @@ def test_a_pool_is_usable_only_when_all_its_slices_are_present() -> None:
     inv.add_or_update_slice(make_slice("a", [make_device("gpu-0")], count=2))
     assert not inv.usable()
     assert inv.lookup(KEY) is not None, "allocated claims may still look the device up"
-    assert inv.incomplete_pools() == {("gpu.example.com", "node-1"): "generation 1: 1 of 2 slices published"}
+    assert inv.unusable_pools() == {("gpu.example.com", "node-1"): "incomplete, generation 1: 1 of 2 slices published"}
     inv.add_or_update_slice(make_slice("b", [make_device("gpu-1")], count=2))
     assert sorted(k.device for k in inv.usable()) == ["gpu-0", "gpu-1"]
 
@@ -125,3 +125,17 @@ def test_malformed_slices_are_reported_precisely(mutate, message: str) -> None: 
     mutate(raw)
     with pytest.raises(SliceError, match=message):
         Inventory().add_or_update_slice(raw)
+
+
+def test_a_device_name_published_twice_in_one_pool_generation_makes_the_pool_unusable() -> None:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("a", [make_device("gpu-0", memory="80Gi")], count=2))
+    inv.add_or_update_slice(make_slice("b", [make_device("gpu-0", memory="1Gi")], count=2))
+    assert not inv.usable(), "the scheduler allocates nothing from an invalid pool"
+    assert inv.unusable_pools() == {
+        ("gpu.example.com", "node-1"): "invalid, generation 1: device 'gpu-0' is published by slices 'a' and 'b'"
+    }
+    found = inv.lookup(KEY)
+    assert found is not None and found.memory == 80 * GiB, "allocated claims still find the first one"
+    inv.add_or_update_slice(make_slice("b", [make_device("gpu-1")], count=2))
+    assert sorted(k.device for k in inv.usable()) == ["gpu-0", "gpu-1"]
