@@ -9,6 +9,12 @@ depends on nothing but those values and their presence. Anything that exposes a 
 map (iterating, sizing, comparing, passing it to a function, `in` on the domain map, a
 computed key, a conditional choosing between maps) makes the answer None. `cel.bind`
 aliases of device parts are followed, since a binding is a pure substitution.
+
+`presence_only(root)` names the referenced paths the expression only tests for presence
+(`has(m.x)`, `"x" in m` with a literal key): its outcome depends on whether they exist,
+never on their values, so devices need only agree on that (a `uuid` is unique per
+device, its presence is not). Optional selection (`m.?x`) counts as a value read: it
+hands the value on.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from quota.cel import ast
 
 DevicePath = tuple[str, ...]
 
-__all__ = ["DevicePath", "references"]
+__all__ = ["DevicePath", "references", "presence_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +46,31 @@ _SCALAR_FIELDS = ("driver", "allowMultipleAllocations")
 
 
 def references(root: ast.Node) -> frozenset[DevicePath] | None:
-    found: set[DevicePath] = set()
+    walker = _Walker()
     try:
-        _Walker(found).value(root, {})
+        walker.value(root, {})
     except _Unresolvable:
         return None
-    return frozenset(found)
+    return frozenset(walker.found | walker.tested)
+
+
+def presence_only(root: ast.Node) -> frozenset[DevicePath]:
+    """The referenced paths read only by presence tests (empty when `references` is None)."""
+    walker = _Walker()
+    try:
+        walker.value(root, {})
+    except _Unresolvable:
+        return frozenset()
+    return frozenset(walker.tested - walker.found)
 
 
 Env = dict[str, "_Part | None"]
 
 
 class _Walker:
-    def __init__(self, found: set[DevicePath]) -> None:
-        self.found = found
+    def __init__(self) -> None:
+        self.found: set[DevicePath] = set()  # values read
+        self.tested: set[DevicePath] = set()  # presence tested
 
     def value(self, node: ast.Node, env: Env) -> None:
         """`node` is used as a value: it must not be a device part."""
@@ -127,7 +144,7 @@ class _Walker:
         if part is None:
             return
         if part.kind == "ids":
-            self.found.add((part.map_name, part.domain, field))
+            self.tested.add((part.map_name, part.domain, field))
         elif part.kind == "device" and field in _SCALAR_FIELDS:
             self.found.add((field,))
         elif part.kind == "domains":
@@ -142,4 +159,4 @@ class _Walker:
         key = node.left
         if container.kind != "ids" or not (isinstance(key, ast.Lit) and type(key.value) is str):
             raise _Unresolvable
-        self.found.add((container.map_name, container.domain, key.value))
+        self.tested.add((container.map_name, container.domain, key.value))

@@ -43,7 +43,8 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "estimated_cost", "_fn", "_slots", "_base_cost", "_paths")
+    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "_fn", "_slots", "_base_cost",
+                 "_paths")
 
     def __init__(
         self,
@@ -54,9 +55,12 @@ class CompiledSelector:
         *,
         base_cost: int,
         estimated_cost: int | None,
+        presence_only: frozenset[references.DevicePath] = frozenset(),
     ) -> None:
         self.expression = expression
         self.references = refs
+        # The references only tested for presence: devices need agree on nothing more.
+        self.presence_only = presence_only
         self._paths = tuple(sorted(refs)) if refs is not None else ()
         # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
         self.estimated_cost = estimated_cost
@@ -172,6 +176,7 @@ def _compile(expression: str) -> CompiledSelector:
         slots,
         base_cost=node_count(root),
         estimated_cost=estimate(root),
+        presence_only=references.presence_only(root),
     )
 
 

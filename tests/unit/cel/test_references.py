@@ -3,7 +3,9 @@
 The pricing layer (quota.selectors) evaluates one device per group of devices that
 agree on the referenced paths, so the table pins the shapes that must resolve and the
 ones that must give up (None), and the hypothesis test checks soundness: two devices
-that agree on every referenced path (value or absence) get the same outcome.
+that agree on every referenced path (value or absence) get the same outcome. Paths
+only tested for presence (`presence_only`) need agree on presence alone: a table and
+the same property with their values redrawn.
 """
 
 from __future__ import annotations
@@ -57,6 +59,26 @@ UNRESOLVED = [
 @pytest.mark.parametrize(("expression", "paths"), RESOLVED)
 def test_resolved(expression: str, paths: set[tuple[str, ...]]) -> None:
     assert compile_selector(expression).references == frozenset(paths)
+
+
+PRESENCE_ONLY = [
+    (f"has({A}.x)", {("attributes", "d1", "x")}),
+    (f'"x" in {A}', {("attributes", "d1", "x")}),
+    ('has(device.capacity["d1"].mem)', {("capacity", "d1", "mem")}),
+    (f"cel.bind(g, {A}, has(g.x) && !has(g.y))", {("attributes", "d1", "x"), ("attributes", "d1", "y")}),
+    (f"has({A}.x) && {A}.x == 1", set()),  # also read by value
+    (f'"x" in {A} || {A}.?x.hasValue()', set()),  # optional selection hands the value on
+    (f"{A}.x == 1", set()),
+    (f"has({A}.x) && {A}.size() > 1", set()),  # unresolved: nothing is presence-only
+    ("has(device.driver)", set()),
+]
+
+
+@pytest.mark.parametrize(("expression", "paths"), PRESENCE_ONLY)
+def test_presence_only(expression: str, paths: set[tuple[str, ...]]) -> None:
+    selector = compile_selector(expression)
+    assert selector.presence_only == frozenset(paths)
+    assert selector.references is None or selector.presence_only <= selector.references
 
 
 @pytest.mark.parametrize("expression", UNRESOLVED)
@@ -151,6 +173,24 @@ def test_devices_agreeing_on_references_get_the_same_outcome(expression: str, x:
             if name in x[kind]:
                 y[kind][name] = x[kind][name]
     assert selector.group_key(activation(**x)) == selector.group_key(activation(**y))
+    assert _outcome(selector, x) == _outcome(selector, y)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_expr(3), devices(), st.data())
+def test_presence_only_paths_need_agree_on_presence_alone(expression: str, x: dict[str, Any], data: st.DataObject) -> None:
+    try:
+        selector = compile_selector(expression)
+    except CelCompileError:
+        return
+    if not selector.presence_only:
+        return
+    y = {**x, "attributes": dict(x["attributes"]), "capacity": dict(x["capacity"])}
+    for kind, domain, ident in selector.presence_only:
+        name = f"{domain}/{ident}"
+        if name in y[kind]:  # present on both, with another value
+            pool = ["1Gi", "3"] if kind == "capacity" else [0, True, "y", "v:3.0.0", [2]]
+            y[kind][name] = data.draw(st.sampled_from(pool))
     assert _outcome(selector, x) == _outcome(selector, y)
 
 
