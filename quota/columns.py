@@ -15,6 +15,12 @@ tell the values apart, and may be finer. Python has `1 == True` with equal hashe
 does not, so bools (also inside list attributes) get their own tokens; capacities are
 keyed by identity (`quota.slices` interns equal ones, and hashing their Fractions
 dominated grouping time), which also keeps a group uniform in its request policy.
+
+A selector that only tests a field for presence reads its presence column
+(`presence(field)`), derived once per distinct column, so a `uuid` (one column per pool)
+tested with `has()` groups like any field every device has. And a device whose version
+attribute CEL cannot parse fails every selector (`quota.cel.activation`): the ERROR
+column, present only in pools holding such a device, keeps it out of healthy groups.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quota.cel.activation import activation_error, version_error
 from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
-__all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS",
-           "base_fields", "cel_value"]
+__all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS", "ERROR",
+           "base_fields", "cel_value", "presence", "column"]
 
 # A `quota.cel` DevicePath (("attributes" | "capacity", domain, id), ("driver",),
 # ("allowMultipleAllocations",)), or ("taints",), which pricing needs uniform in a group.
@@ -35,20 +42,38 @@ Field = tuple[str, ...]
 DRIVER: Field = ("driver",)
 MULTI: Field = ("allowMultipleAllocations",)
 TAINTS: Field = ("taints",)
+# Per device, why CEL cannot see it (quota.cel.activation_error), or None.
+ERROR: Field = ("error",)
+# presence(field) = (PRESENCE, *field): whether the device has the field, not its value.
+PRESENCE = "present"
 
 # Private tokens: no attribute value can equal them.
 MISSING = object()
-_TRUE, _FALSE = object(), object()
+_TRUE, _FALSE, _PRESENT = object(), object(), object()
 _EMPTY: dict[str, object] = {}
 
 
 class Column:
     """One field's keys by device position in a pool; interned, so compared by identity."""
 
-    __slots__ = ("values", "__weakref__")
+    __slots__ = ("values", "_presence", "__weakref__")
 
     def __init__(self, values: tuple[object, ...]) -> None:
         self.values = values
+        self._presence: Column | None = None
+
+    def presence(self) -> Column:
+        """Which devices have the field at all: few distinct ones, whatever the values."""
+        if self._presence is None:
+            self._presence = _presence_column(tuple([_PRESENT if v is not MISSING else MISSING for v in self.values]))
+        return self._presence
+
+
+# Interned like the table's columns (identity is what grouping compares); the distinct
+# presence patterns are few (per pool size, mostly "all present"), so a bounded cache.
+@functools.lru_cache(maxsize=4096)
+def _presence_column(values: tuple[object, ...]) -> Column:
+    return Column(values)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -89,10 +114,24 @@ def _typed(value: AttributeValue) -> object:
     return value
 
 
+def presence(path: Field) -> Field:
+    return (PRESENCE, *path)
+
+
+def column(pool: PoolIndex, field: Field) -> Column | None:
+    """The pool's column for `field`, a presence field included (None: no device has it)."""
+    if field[0] == PRESENCE:
+        found = pool.columns.get(field[1:])
+        return None if found is None else found.presence()
+    return pool.columns.get(field)
+
+
 def cel_value(device: Device, path: Field) -> object:
     """The key of what CEL sees at `path` on `device` (capacities by amount, not identity:
     verdicts are cached across inventory changes, where an identity could be reused)."""
     kind = path[0]
+    if kind == PRESENCE:
+        return cel_value(device, path[1:]) is not MISSING
     if kind == "attributes":
         return _typed(device.attributes.get(path[1], _EMPTY).get(path[2], MISSING))  # type: ignore[arg-type]
     if kind == "capacity":
@@ -103,6 +142,12 @@ def cel_value(device: Device, path: Field) -> object:
     return device.allow_multiple_allocations
 
 
+def _broken(value: object) -> bool:
+    if type(value) is Version:
+        return version_error(value.text) is not None
+    return type(value) is tuple and any(map(_broken, value))
+
+
 def _forget(columns: dict[tuple[object, ...], weakref.ref[Column]], values: tuple[object, ...],
             ref: weakref.ref[Column]) -> None:
     if columns.get(values) is ref:  # not a newer column for the same values
@@ -110,9 +155,10 @@ def _forget(columns: dict[tuple[object, ...], weakref.ref[Column]], values: tupl
 
 
 def base_fields(driver: str, capacity_names: tuple[str, ...]) -> tuple[Field, ...]:
-    """What pricing needs uniform within a group: driver, memory, sharing, taints, and the
-    capacities a request asks for (unqualified names are in the driver's domain)."""
-    fields = [DRIVER, ("capacity", driver, MEMORY), MULTI, TAINTS]
+    """What pricing needs uniform within a group: ERROR (first: `quota.selectors` reads it
+    from group keys), driver, memory, sharing, taints, and the capacities a request asks
+    for (unqualified names are in the driver's domain)."""
+    fields = [ERROR, DRIVER, ("capacity", driver, MEMORY), MULTI, TAINTS]
     for name in capacity_names:
         domain, _, ident = name.rpartition("/")
         fields.append(("capacity", domain or driver, ident))
@@ -141,6 +187,7 @@ class ColumnTable:
             MULTI: self._column(tuple([d.allow_multiple_allocations for d in devices])),
             TAINTS: self._column(tuple([d.taints for d in devices])),
         }
+        broken = False
         for kind, per_domain in (("attributes", _attribute_maps), ("capacity", _capacity_maps)):
             for domain, maps in per_domain(devices).items():
                 for ident in set().union(*maps):
@@ -151,7 +198,10 @@ class ColumnTable:
                         values = tuple(raw)
                     else:
                         values = tuple([_typed(v) for v in raw])  # type: ignore[arg-type]
+                        broken = broken or any(map(_broken, set(raw)))
                     columns[self._field((kind, domain, ident))] = self._column(values)
+        if broken:
+            columns[ERROR] = self._column(tuple([activation_error(d) for d in devices]))
         return PoolIndex(devices, columns)
 
     def _column(self, values: tuple[object, ...]) -> Column:

@@ -2,7 +2,7 @@
 
 Neighbours: `quota.columns` gives each pool's columns; `quota.selectors` builds one
 `Partition` per chain of field sets its selectors read (the base fields pricing needs
-first) and evaluates CEL once per merged group.
+first) and evaluates CEL once per distinct group key.
 
 Why it is fast: a pool's groups are a `State`, (key, device positions) pairs, and pools
 in the same state form a class. Refining a level by new fields looks up one column per
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 
-from quota.columns import MISSING, Column, Field, PoolIndex
+from quota.columns import MISSING, PRESENCE, Column, Field, PoolIndex, column
 
 __all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
 
@@ -35,8 +35,9 @@ Signature = tuple[Column | None, ...]
 State = tuple[tuple[GroupKey, tuple[int, ...]], ...]
 # One piece of a merged group: the same positions in each of these pools.
 Part = tuple[tuple[PoolIndex, ...], tuple[int, ...]]
-# The fields a level splits by for a pool (the base fields depend on its driver), or
-# None when a selector reads `device` as a whole: then every device is its own group.
+# The fields a level splits by for a pool (the base fields depend on its driver; a
+# `quota.columns.presence` field splits by presence alone), or None when a selector
+# reads `device` as a whole: then every device is its own group.
 FieldsOf = Callable[[PoolIndex], tuple[Field, ...] | None]
 
 
@@ -55,18 +56,13 @@ class Partition:
     states: dict[PoolKey, State] = field(default_factory=dict)
     classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
 
-    def merged(self) -> dict[GroupKey, list[Part]]:
-        """Groups across pools: pricing then works per distinct device shape."""
-        out: dict[GroupKey, list[Part]] = {}
+    def pieces(self) -> Iterator[tuple[GroupKey, Part]]:
+        """Every group of every class, with its key: a key can recur across classes
+        (`quota.selectors` merges what passes its selectors by what pricing needs)."""
         for state, members in self.classes.items():
             pools = tuple(members.values())
             for key, positions in state:
-                found = out.get(key)
-                if found is None:
-                    out[key] = [(pools, positions)]
-                else:
-                    found.append((pools, positions))
-        return out
+                yield key, (pools, positions)
 
     def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int]) -> int:
         """Recompute every pool, one split per (class, columns); returns the pools done."""
@@ -103,7 +99,7 @@ class Partition:
             if parent_state is None:
                 continue
             fields = self.fields_of(pool)
-            signature = None if fields is None else tuple([pool.columns.get(f) for f in fields])
+            signature = None if fields is None else tuple([column(pool, f) for f in fields])
             state = self._split(parent_state, signature, pool)
             self.states[pool_key] = state
             self.classes.setdefault(state, {})[pool_key] = pool
@@ -148,7 +144,8 @@ def _buckets(
         return [(None, {key: pool}) for key, pool in members.items()]
     pools = list(members.values())
     nowhere: list[Column | None] = [None] * len(pools)
-    per_field = [[pool.columns.get(f) for pool in pools] if present.get(f) else nowhere for f in fields]
+    per_field = [_column_per_pool(pools, f) if present.get(f[1:] if f[0] == PRESENCE else f) else nowhere
+                 for f in fields]
     if all(column is nowhere for column in per_field):
         return [((None,) * len(fields), dict(members))]  # a copy: levels move pools apart
     signatures: list[Signature] = list(zip(*per_field))
@@ -167,6 +164,12 @@ def _buckets(
         else:
             found[key] = pool
     return list(buckets.items())
+
+
+def _column_per_pool(pools: list[PoolIndex], field: Field) -> list[Column | None]:
+    if field[0] != PRESENCE:
+        return [pool.columns.get(field) for pool in pools]
+    return [column(pool, field) for pool in pools]
 
 
 # Up to this many distinct column sets in a class, one C pass over the class per set is

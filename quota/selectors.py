@@ -11,8 +11,10 @@ Why it is fast:
   tens of thousands of devices. `CompiledSelector.references` names the device fields
   an expression can read; devices that agree on those fields (and on what pricing
   needs: driver, memory, sharing, taints) get the same verdict, so each stage groups
-  its input by those values (`quota.partitions`) and evaluates CEL once per group.
-  Verdicts are cached by (expressions, values read), across inventory changes.
+  its input by those values (`quota.partitions`) and evaluates CEL once per distinct
+  value (`quota.verdicts`), on a view of just those fields. The groups that pass are
+  merged by what pricing needs, so pricing sees a few groups even when CEL had to run
+  per device.
 - Grouping never reads devices: the inventory keeps each pool's columns
   (`quota.columns`), so a field no selector read before costs a lookup per pool, and
   pools that agree on it are split once. Partitions are kept per chain of field sets
@@ -29,34 +31,14 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from quota.cel import (
-    COST_EXCEEDED,
-    COST_LIMIT,
-    CelCompileError,
-    CelRuntimeError,
-    CompiledSelector,
-    DeviceActivation,
-    DevicePath,
-    compile_selector,
-    device_activation,
-)
-from quota.columns import base_fields, cel_value
+from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
+from quota.columns import Field, base_fields
 from quota.inventory import Inventory
 from quota.model import Device
-from quota.partitions import FieldsOf, Part, Partition
+from quota.partitions import FieldsOf, GroupKey, Part, Partition
+from quota.verdicts import MATCH_COST_BUDGET, Budget, SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
 
 __all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
-
-
-
-@dataclass(frozen=True, slots=True)
-class SelectorError:
-    """A selector that failed to compile, or errored on a device (stage, index, message)."""
-
-    stage: int
-    index: int
-    message: str
-    compile_error: bool
 
 
 class _Devices(Sequence[Device]):
@@ -104,7 +86,7 @@ class _Devices(Sequence[Device]):
 
 
 class DeviceGroup:
-    """Devices identical in everything the selectors and pricing look at."""
+    """Devices that passed the selectors, identical in everything pricing looks at."""
 
     __slots__ = ("devices",)
 
@@ -148,26 +130,6 @@ class _LRU(OrderedDict[Hashable, object]):
             self.popitem(last=False)
 
 
-@dataclass(frozen=True, slots=True)
-class _Stage:
-    index: int
-    expressions: tuple[str, ...]
-    selectors: tuple[CompiledSelector, ...]
-    # Sorted paths the stage's selectors read; None when one reads `device` dynamically.
-    paths: tuple[DevicePath, ...] | None
-
-
-@dataclass(slots=True)
-class _Budget:
-    remaining: int
-
-
-class _StageFailed(Exception):
-    def __init__(self, error: SelectorError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 class SelectorMatcher:
     """Matches selector chains against one inventory, incrementally per pool."""
 
@@ -185,13 +147,13 @@ class SelectorMatcher:
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
         self._partitions = _LRU(partition_cache_size)
         self._results = _LRU(cache_size)
-        self._verdicts = _LRU(verdict_cache_size)
+        self._verdicts = Verdicts(verdict_cache_size)
         self._activations: weakref.WeakKeyDictionary[Device, DeviceActivation] = weakref.WeakKeyDictionary()
         # Pools (re)partitioned so far: lets tests and benchmarks see incrementality.
         self.pools_computed = 0
 
     def match(self, stages: Sequence[Sequence[str]], capacity_names: Sequence[str] = ()) -> Match:
-        """Devices passing every selector of every stage, grouped.
+        """Devices passing every selector of every stage, grouped by what pricing reads.
 
         `capacity_names` are the capacities a request asks for: they join the grouping
         key so every device of a group has the same capacity to check and charge.
@@ -203,28 +165,26 @@ class SelectorMatcher:
         cached = self._results.lookup(result_key)
         if isinstance(cached, Match):
             return cached
-        compiled: list[_Stage] = []
+        compiled: list[Stage] = []
         for index, expressions in enumerate(chain):
             stage = self._stage(index, expressions)
             if isinstance(stage, SelectorError):
                 return Match((), stage)
             compiled.append(stage)
-        partition = self._partition(tuple(s.paths for s in compiled), extra, generation)
-        budget = _Budget(MATCH_COST_BUDGET)
+        partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
         try:
-            groups = [DeviceGroup(tuple(parts)) for parts in partition.merged().values()]
-            result = Match(tuple(g for g in groups if self._passes(compiled, g.representative, budget)))
-        except _StageFailed as failed:
+            result = Match(self._kept(compiled, partition, len(base_fields("", extra))))
+        except StageFailed as failed:
             result = Match((), failed.error)
         self._results.store(result_key, result)
         return result
 
-    def _stage(self, index: int, expressions: tuple[str, ...]) -> _Stage | SelectorError:
+    def _stage(self, index: int, expressions: tuple[str, ...]) -> Stage | SelectorError:
         cached = self._compiled.lookup((index, expressions))
-        if isinstance(cached, (_Stage, SelectorError)):
+        if isinstance(cached, (Stage, SelectorError)):
             return cached
         selectors: list[CompiledSelector] = []
-        result: _Stage | SelectorError
+        result: Stage | SelectorError
         for position, expression in enumerate(expressions):
             try:
                 selectors.append(compile_selector(expression))
@@ -232,19 +192,16 @@ class SelectorMatcher:
                 result = SelectorError(index, position, str(err), compile_error=True)
                 break
         else:
-            paths: set[DevicePath] | None = set()
-            for selector in selectors:
-                paths = None if paths is None or selector.references is None else paths | selector.references
-            result = _Stage(index, expressions, tuple(selectors), tuple(sorted(paths)) if paths is not None else None)
+            result = new_stage(index, expressions, tuple(selectors))
         self._compiled.store((index, expressions), result)
         return result
 
     # -- partitions ------------------------------------------------------------------
 
     def _partition(
-        self, chain: tuple[tuple[DevicePath, ...] | None, ...], extra: tuple[str, ...], generation: int
+        self, chain: tuple[tuple[Field, ...] | None, ...], extra: tuple[str, ...], generation: int
     ) -> Partition:
-        """The partition for a chain of path sets, refined from the one for its prefix.
+        """The partition for a chain of field sets, refined from the one for its prefix.
 
         It depends only on which fields are read, not on the expressions: every selector
         that reads `productName` shares one partition, whatever literal it compares with.
@@ -273,41 +230,34 @@ class SelectorMatcher:
 
     # -- verdicts --------------------------------------------------------------------
 
-    def _passes(self, stages: list[_Stage], device: Device, budget: _Budget) -> bool:
-        """Every stage in order, as the scheduler evaluates them: later stages only see
-        devices the earlier ones kept, so their runtime errors cannot fire on others."""
-        return all(self._verdict(stage, device, budget) for stage in stages)
-
-    def _verdict(self, stage: _Stage, device: Device, budget: _Budget) -> bool:
-        """One stage's selectors on one device, cached by the values they can read."""
-        key: Hashable | None = None
-        if stage.paths is not None:
-            key = (stage.expressions, tuple([cel_value(device, path) for path in stage.paths]))
-            cached = self._verdicts.lookup(key)
-            if isinstance(cached, bool):
-                return cached
-        activation = self._activation(device)
-        verdict = True
-        for position, selector in enumerate(stage.selectors):
-            limit = min(COST_LIMIT, budget.remaining)
-            try:
-                matched, cost = selector.evaluate_with_cost(activation, cost_limit=limit)
-            except CelRuntimeError as err:
-                message = f"{err} (device {device.key})"
-                if limit < COST_LIMIT and str(err) == COST_EXCEEDED:
-                    message = (
-                        f"evaluating the selectors over the inventory exceeded the budget of "
-                        f"{MATCH_COST_BUDGET} CEL cost units; make the selector cheaper or read "
-                        "attributes by name so devices can be grouped"
-                    )
-                raise _StageFailed(SelectorError(stage.index, position, message, compile_error=False)) from None
-            budget.remaining -= cost
-            if not matched:
-                verdict = False
-                break
-        if key is not None:
-            self._verdicts.store(key, verdict)
-        return verdict
+    def _kept(self, stages: list[Stage], partition: Partition, base: int) -> tuple[DeviceGroup, ...]:
+        """The groups passing every stage, merged by their first `base` key values (the
+        fields pricing needs uniform). Stages run in order, as the scheduler evaluates
+        them: later ones only see devices the earlier ones kept, so their runtime errors
+        cannot fire on others."""
+        budget = Budget(MATCH_COST_BUDGET)
+        runs: list[StageRun] = []
+        for stage in stages:
+            runs.append(StageRun(stage, runs[-1].end if runs else base, self._verdicts,
+                                 activation=self._activation, budget=budget))
+        evaluated = [s for s in stages if s.selectors]
+        kept: dict[GroupKey, list[Part]] = {}
+        for key, part in partition.pieces():
+            pools, positions = part
+            device = pools[0].devices[positions[0]]
+            if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
+                message = f"{key[0]} (device {device.key})"
+                raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
+            for run in runs:
+                if not run.passes(key, device):
+                    break
+            else:
+                found = kept.get(key[:base])
+                if found is None:
+                    kept[key[:base]] = [part]
+                else:
+                    found.append(part)
+        return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
 
     def _activation(self, device: Device) -> DeviceActivation:
         activation = self._activations.get(device)
@@ -317,17 +267,11 @@ class SelectorMatcher:
         return activation
 
 
-# CEL cost one match may spend across all the devices it evaluates (the per-evaluation
-# limit is the scheduler's 1,000,000). About 200 ns a unit: ~1 s at worst, inside the
-# webhook's 5 s timeout; grouping keeps real selectors orders of magnitude below it.
-MATCH_COST_BUDGET = 5_000_000
-
-
 def _base(extra: tuple[str, ...]) -> FieldsOf:
     """The base level: what pricing needs uniform in a group, in each pool's own domain."""
     by_driver = functools.lru_cache(maxsize=64)(lambda driver: base_fields(driver, extra))
     return lambda pool: by_driver(pool.devices[0].key.driver) if pool.devices else ()
 
 
-def _fixed(paths: tuple[DevicePath, ...] | None) -> FieldsOf:
-    return lambda pool: paths
+def _fixed(fields: tuple[Field, ...] | None) -> FieldsOf:
+    return lambda pool: fields

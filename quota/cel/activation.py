@@ -6,7 +6,10 @@ attributes parsed as semver (a version that does not parse fails every selector 
 that device, as there), capacities as Kubernetes quantities, `allowMultipleAllocations`
 false when unset, and unknown domains reading as empty maps (`DomainMap`). Also the
 projection used to group devices by the values a selector can see
-(`projection`), the other half of `quota.cel.references`.
+(`projection`), the other half of `quota.cel.references`, and the minimal `device`
+for a selector whose references are known (`projected_activation`): built per
+evaluation from those paths alone, so a selector that must run once per device (a
+`uuid`) costs ~1 µs a device to present instead of converting every attribute.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from quota.cel.references import DevicePath
 from quota.cel.values import EvalError, Quantity, Semver, parse_semver
 from quota.model import AttributeValue, Device, Version
 
-__all__ = ["DeviceActivation", "device_activation", "projection"]
+__all__ = ["DeviceActivation", "device_activation", "activation_error", "version_error", "projected_activation", "Projection",
+           "projection_of", "projection"]
 
 
 class _Broken(Exception):
@@ -46,6 +50,63 @@ def device_activation(device: Device) -> DeviceActivation:
     return DeviceActivation(device.driver, attributes, capacity, bool(device.allow_multiple_allocations), error)
 
 
+def activation_error(device: Device) -> str | None:
+    """The `error` `device_activation(device)` would carry, without building the rest."""
+    for domain, values in device.attributes.items():
+        for ident, value in values.items():
+            if type(value) is Version or type(value) is tuple:
+                try:
+                    _attribute(value)
+                except _Broken as exc:
+                    return f"attribute {domain}/{ident}: parse semantic version: {exc}"
+    return None
+
+
+# Per (is-attribute, domain): the ids a selector reads there.
+Projection = tuple[tuple[bool, str, tuple[str, ...]], ...]
+
+
+def projection_of(paths: Iterable[DevicePath]) -> Projection:
+    """What `projected_activation` reads, from a selector's `references`."""
+    by_domain: dict[tuple[bool, str], list[str]] = {}
+    for path in paths:
+        if path[0] in ("attributes", "capacity"):
+            by_domain.setdefault((path[0] == "attributes", path[1]), []).append(path[2])
+    return tuple((is_attribute, domain, tuple(ids)) for (is_attribute, domain), ids in by_domain.items())
+
+
+def projected_activation(device: Device, projection: Projection, error: str | None) -> DeviceActivation:
+    """`device_activation(device)` restricted to the paths of `projection`.
+
+    An expression whose `references` those paths cover cannot tell the two apart: it
+    reads ids by literal name only (`quota.cel.references`), so a domain the device
+    lacks stays an unknown domain (empty map), an id it lacks stays absent ("no such
+    key"), and a present one holds the same converted value. `error` must be
+    `activation_error(device)`: a broken version anywhere fails every selector."""
+    attributes = DomainMap()
+    capacity = DomainMap()
+    for is_attribute, domain, ids in projection:
+        if is_attribute:
+            values = device.attributes.get(domain)
+            if values is not None:
+                attributes[domain] = {i: _converted(values[i]) for i in ids if i in values}
+        else:
+            caps = device.capacity.get(domain)
+            if caps is not None:
+                capacity[domain] = {i: _quantity(caps[i].value) for i in ids if i in caps}
+    return DeviceActivation(device.driver, attributes, capacity, bool(device.allow_multiple_allocations), error)
+
+
+def _converted(value: AttributeValue) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool:
+        return value
+    try:
+        return _attribute(value)
+    except _Broken:
+        return None  # never read: the activation's error fails the evaluation first
+
+
 def _attribute(value: AttributeValue) -> Any:
     if isinstance(value, tuple):
         return tuple(_attribute(v) for v in value)
@@ -65,6 +126,13 @@ def _semver(text: str) -> Semver | str:
         return parse_semver(text)
     except EvalError as exc:
         return str(exc)
+
+
+def version_error(text: str) -> str | None:
+    """Why CEL cannot parse a version attribute (the API server's regex lets through
+    numbers past uint64, which blang/semver refuses), or None."""
+    semver = _semver(text)
+    return semver if isinstance(semver, str) else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,183 @@
+"""One stage of selectors evaluated over the groups of a partition, and its verdict caches.
+
+Neighbours: `quota.selectors` compiles each stage (`new_stage`), builds the partition
+for the chain of field sets the stages read (`quota.partitions`) and asks a `StageRun`
+per stage whether each group passes; `quota.cel` evaluates one selector.
+
+Why it is fast:
+- A group's key holds the base fields, then each stage's fields in order, so a stage's
+  verdict depends only on its slice of the key: a `StageRun` looks it up per distinct
+  slice (a class selector over 58,000 per-device groups runs once).
+- CEL sees a `device` projected on the paths the stage can read
+  (`quota.cel.activation.projected_activation`, ~1 µs), never the whole device.
+- Verdicts are kept across matches and inventory changes, per stage, by the values it
+  reads (`Verdicts`); a stage reading a value unique per device (a uuid) fills neither
+  that cache nor the per-match one past `PER_STAGE` entries: it just evaluates.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from quota.cel import COST_EXCEEDED, COST_LIMIT, CelRuntimeError, CompiledSelector, DeviceActivation, DevicePath
+from quota.cel.activation import Projection, projected_activation, projection_of
+from quota.columns import Field, cel_value, presence
+from quota.model import Device
+from quota.partitions import GroupKey
+
+__all__ = ["SelectorError", "Stage", "StageFailed", "Budget", "Verdicts", "StageRun", "new_stage",
+           "MATCH_COST_BUDGET", "PER_STAGE"]
+
+# CEL cost one match may spend across all the devices it evaluates (the per-evaluation
+# limit is the scheduler's 1,000,000). About 200 ns a unit: ~1 s at worst, inside the
+# webhook's 5 s timeout; grouping keeps real selectors orders of magnitude below it.
+MATCH_COST_BUDGET = 5_000_000
+
+# Distinct values of one stage worth remembering: a few per device shape for real
+# selectors; past this many the stage reads something per device.
+PER_STAGE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorError:
+    """A selector that failed to compile, or errored on a device (stage, index, message)."""
+
+    stage: int
+    index: int
+    message: str
+    compile_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    expressions: tuple[str, ...]
+    selectors: tuple[CompiledSelector, ...]
+    # Sorted fields the stage's selectors read, as presence fields where they only test
+    # presence; None when one reads `device` dynamically.
+    fields: tuple[Field, ...] | None
+    # The paths they can read: all of `device` their evaluation needs to be shown.
+    projection: Projection
+
+
+def new_stage(index: int, expressions: tuple[str, ...], selectors: tuple[CompiledSelector, ...]) -> Stage:
+    """A path some selector reads by value is a value field; one only ever tested for
+    presence (`quota.cel.references.presence_only`) splits devices by presence alone."""
+    values: set[DevicePath] = set()
+    tested: set[DevicePath] = set()
+    for selector in selectors:
+        if selector.references is None:
+            return Stage(index, expressions, selectors, None, ())
+        values |= selector.references - selector.presence_only
+        tested |= selector.presence_only
+    fields = sorted(values) + sorted(presence(p) for p in tested - values)
+    return Stage(index, expressions, selectors, tuple(fields), projection_of(values | tested))
+
+
+@dataclass(slots=True)
+class Budget:
+    remaining: int
+
+
+class StageFailed(Exception):
+    def __init__(self, error: SelectorError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Verdicts:
+    """Per stage (its expressions), verdicts by the values its selectors read.
+
+    Kept across inventory changes: a seen selector after a slice update evaluates
+    nothing. A table stops growing at `per_table` entries: a selector reading a value
+    unique per device would otherwise fill the cache with verdicts nobody asks for
+    again and evict every useful one. `limit` bounds all tables' entries together.
+    """
+
+    def __init__(self, limit: int, per_table: int = PER_STAGE) -> None:
+        self._tables: OrderedDict[tuple[str, ...], dict[Hashable, bool]] = OrderedDict()
+        self._limit = limit
+        self._per_table = per_table
+        self._entries = 0
+
+    def table(self, expressions: tuple[str, ...]) -> dict[Hashable, bool]:
+        found = self._tables.get(expressions)
+        if found is None:
+            found = self._tables[expressions] = {}
+        self._tables.move_to_end(expressions)
+        return found
+
+    def store(self, table: dict[Hashable, bool], key: Hashable, verdict: bool) -> None:
+        if len(table) >= self._per_table:
+            return
+        table[key] = verdict
+        self._entries += 1
+        while self._entries > self._limit and len(self._tables) > 1:
+            self._entries -= len(self._tables.popitem(last=False)[1])
+
+
+class StageRun:
+    """One stage's verdicts during one match, by its slice [start, end) of group keys."""
+
+    __slots__ = ("stage", "start", "end", "memo", "table", "verdicts", "activation", "budget")
+
+    def __init__(self, stage: Stage, start: int, verdicts: Verdicts, *,
+                 activation: Callable[[Device], DeviceActivation], budget: Budget) -> None:
+        self.stage = stage
+        self.start = start
+        self.end = start + (1 if stage.fields is None else len(stage.fields))
+        # None: evaluate every group (a dynamic stage, or one that turned out per device).
+        self.memo: dict[GroupKey, bool] | None = None if stage.fields is None else {}
+        self.table = verdicts.table(stage.expressions)
+        self.verdicts = verdicts
+        self.activation = activation
+        self.budget = budget
+
+    def passes(self, key: GroupKey, device: Device) -> bool:
+        memo = self.memo
+        if memo is None:
+            return self._evaluate(device)
+        values = key[self.start:self.end]
+        found = memo.get(values)
+        if found is None:
+            found = memo[values] = self._cached(device)
+            if len(memo) > PER_STAGE:
+                # Values unique per device: neither cache will be asked for them again.
+                self.memo = None
+        return found
+
+    def _cached(self, device: Device) -> bool:
+        assert self.stage.fields is not None
+        key = tuple([cel_value(device, f) for f in self.stage.fields])
+        found = self.table.get(key)
+        if found is None:
+            found = self._evaluate(device)
+            self.verdicts.store(self.table, key, found)
+        return found
+
+    def _evaluate(self, device: Device) -> bool:
+        stage, budget = self.stage, self.budget
+        if stage.fields is None:
+            activation = self.activation(device)
+        else:
+            # Error devices never get here (quota.selectors fails on their ERROR field).
+            activation = projected_activation(device, stage.projection, None)
+        for position, selector in enumerate(stage.selectors):
+            limit = min(COST_LIMIT, budget.remaining)
+            try:
+                matched, cost = selector.evaluate_with_cost(activation, cost_limit=limit)
+            except CelRuntimeError as err:
+                message = f"{err} (device {device.key})"
+                if limit < COST_LIMIT and str(err) == COST_EXCEEDED:
+                    message = (
+                        f"evaluating the selectors over the inventory exceeded the budget of "
+                        f"{MATCH_COST_BUDGET} CEL cost units; make the selector cheaper or read "
+                        "attributes by name so devices can be grouped"
+                    )
+                raise StageFailed(SelectorError(stage.index, position, message, compile_error=False)) from None
+            budget.remaining -= cost
+            if not matched:
+                return False
+        return True
