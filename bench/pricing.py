@@ -8,9 +8,11 @@ Prints (and writes to bench/results/pricing.json):
   that looks at, say, `architecture`: once per field per process), (d) seen selectors
   right after a ResourceSlice changed (churn), (e) 200 selectors each reading a field
   no selector read before (existing attribute and capacity names, names that exist
-  nowhere guarded with has(), other domains: what a tenant inventing names sends), (f) a
-  selector reading `uuid`, one distinct value per device (CEL then runs per device: the
-  floor of any grouping), and the realistic generated claim mix;
+  nowhere guarded with has(), other domains: what a tenant inventing names sends), (f)
+  selectors reading `uuid`, one distinct value per device (CEL then runs per device: the
+  floor of any grouping; the first also partitions by uuid), (g) selectors testing only
+  the presence of per-device fields (grouped by presence), and the realistic generated
+  claim mix;
 - each against its target (issues #2 and #6), as a ratio.
 
 Not a timed test: run `python bench/pricing.py [--nodes N]`.
@@ -128,6 +130,25 @@ def unread_field_selectors(n: int) -> list[ClaimSpec]:
     return out
 
 
+def uuid_selectors(slices: list[dict[str, Any]]) -> list[ClaimSpec]:
+    """A tenant pinning one GPU, or a prefix of uuids: CEL must run on every device."""
+    pinned = slices[len(slices) // 2]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+    return [spec(cls, expression) for cls in ("gpu.nvidia.com", "mig.nvidia.com") for expression in (
+        f"device.attributes['{D}'].uuid != 'GPU-0'",
+        f"device.attributes['{D}'].uuid == '{pinned}'",
+        f"device.attributes['{D}'].uuid.startsWith('GPU-3')",
+    )]
+
+
+def presence_selectors() -> list[ClaimSpec]:
+    """Presence of per-device fields only: as cheap as a field every device has."""
+    return [spec(cls, expression) for cls in ("gpu.nvidia.com", "mig.nvidia.com") for expression in (
+        f"'uuid' in device.attributes['{D}']",
+        f"has(device.attributes['{D}'].uuid) && !has(device.attributes['{D}'].parentUUID)",
+        f"!('parentUUID' in device.attributes['{D}']) || has(device.attributes['{D}'].uuid)",
+    )]
+
+
 def measure(pricer: Pricer, specs: Sequence[ClaimSpec]) -> list[float]:
     times = []
     for s in specs:
@@ -216,8 +237,8 @@ def main() -> None:
     rows.append(summary("(b) never seen, fields already read", measure(pricer, new_literal_selectors(rng, args.samples)), 50.0))
     rows.append(summary("(c) never seen, reads a new field", measure(pricer, new_field_selectors()), 50.0))
     rows.append(summary("(e) never seen, reads a field never read", measure(pricer, unread_field_selectors(200)), 50.0))
-    rows.append(summary("(f) never seen, reads uuid (CEL per device)",
-                        measure(pricer, [spec("gpu.nvidia.com", f"device.attributes['{D}'].uuid != 'GPU-0'")]), None))
+    rows.append(summary("(f) never seen, reads uuid (CEL per device)", measure(pricer, uuid_selectors(slices)), 200.0))
+    rows.append(summary("(g) never seen, presence of per-device fields", measure(pricer, presence_selectors()), 50.0))
     rows.append(summary("(d) seen, right after a slice update", churn(pricer, inventory, slices, seen, rng, args.samples), 1.0))
     claims = [parse_claim(c) for c in generate_claims(args.samples * 4, 50, 7, slices, allocated_fraction=0.0)]
     mix = [c.spec for c in claims]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 
@@ -56,14 +56,6 @@ class Partition:
     states: dict[PoolKey, State] = field(default_factory=dict)
     classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
 
-    def pieces(self) -> Iterator[tuple[GroupKey, Part]]:
-        """Every group of every class, with its key: a key can recur across classes
-        (`quota.selectors` merges what passes its selectors by what pricing needs)."""
-        for state, members in self.classes.items():
-            pools = tuple(members.values())
-            for key, positions in state:
-                yield key, (pools, positions)
-
     def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int]) -> int:
         """Recompute every pool, one split per (class, columns); returns the pools done."""
         self.states.clear()
@@ -75,10 +67,9 @@ class Partition:
             for signature, bucket in _buckets(members, fields, present):
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))
-                found = self.classes.get(state)
-                if found is None:
-                    self.classes[state] = bucket
-                else:
+                # One lookup: a state hashes every key in it, and tuples cache no hash.
+                found = self.classes.setdefault(state, bucket)
+                if found is not bucket:
                     found.update(bucket)
         return len(self.states)
 
@@ -111,22 +102,32 @@ class Partition:
         if signature is None:
             # Per device: identities of live devices never collide across pools.
             return tuple(((*key, id(pool.devices[p])), (p,)) for key, positions in state for p in positions)
-        if all(c is None for c in signature):
+        if signature.count(None) == len(signature):
             # No device of the pool has any of the fields: nothing splits.
             extra = (MISSING,) * len(signature)
             return tuple(((*key, *extra), positions) for key, positions in state)
         absent = (MISSING,) * len(pool.devices)
         columns = [absent if c is None else c.values for c in signature]
-        out: dict[GroupKey, list[int]] = {}
+        out: list[tuple[GroupKey, tuple[int, ...]]] = []
         for key, positions in state:
-            for p in positions:
-                sub = (*key, *[values[p] for values in columns])
-                found = out.get(sub)
-                if found is None:
-                    out[sub] = [p]
-                else:
-                    found.append(p)
-        return tuple((key, tuple(positions)) for key, positions in out.items())
+            # Column by column, then zipped; keys of distinct parent groups never meet.
+            subs = [key + row for row in zip(*[[values[p] for p in positions] for values in columns])]
+            distinct = len(set(subs))
+            if distinct == 1:
+                out.append((subs[0], positions))
+            elif distinct == len(subs):
+                # Every device apart (a per-device field such as a uuid): no dict needed.
+                out.extend(zip(subs, [(p,) for p in positions]))
+            else:
+                split: dict[GroupKey, list[int]] = {}
+                for p, sub in zip(positions, subs):
+                    found = split.get(sub)
+                    if found is None:
+                        split[sub] = [p]
+                    else:
+                        found.append(p)
+                out.extend((sub, tuple(group)) for sub, group in split.items())
+        return tuple(out)
 
 
 def _buckets(

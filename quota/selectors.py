@@ -242,21 +242,25 @@ class SelectorMatcher:
                                  activation=self._activation, budget=budget))
         evaluated = [s for s in stages if s.selectors]
         kept: dict[GroupKey, list[Part]] = {}
-        for key, part in partition.pieces():
-            pools, positions = part
-            device = pools[0].devices[positions[0]]
-            if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
-                message = f"{key[0]} (device {device.key})"
-                raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
-            for run in runs:
-                if not run.passes(key, device):
-                    break
-            else:
-                found = kept.get(key[:base])
-                if found is None:
-                    kept[key[:base]] = [part]
+        # Class by class (pools with the same groups): a key may recur across classes.
+        for state, members in partition.classes.items():
+            pools = tuple(members.values())
+            devices = pools[0].devices
+            for key, positions in state:
+                device = devices[positions[0]]
+                if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
+                    message = f"{key[0]} (device {device.key})"
+                    raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
+                for run in runs:
+                    if not run.passes(key, device):
+                        break
                 else:
-                    found.append(part)
+                    head = key[:base]
+                    found = kept.get(head)
+                    if found is None:
+                        kept[head] = [(pools, positions)]
+                    else:
+                        found.append((pools, positions))
         return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
 
     def _activation(self, device: Device) -> DeviceActivation:

@@ -83,18 +83,25 @@ def projected_activation(device: Device, projection: Projection, error: str | No
     lacks stays an unknown domain (empty map), an id it lacks stays absent ("no such
     key"), and a present one holds the same converted value. `error` must be
     `activation_error(device)`: a broken version anywhere fails every selector."""
-    attributes = DomainMap()
-    capacity = DomainMap()
+    attributes = capacity = _NO_DOMAINS
     for is_attribute, domain, ids in projection:
         if is_attribute:
             values = device.attributes.get(domain)
             if values is not None:
+                if attributes is _NO_DOMAINS:
+                    attributes = DomainMap()
                 attributes[domain] = {i: _converted(values[i]) for i in ids if i in values}
         else:
             caps = device.capacity.get(domain)
             if caps is not None:
+                if capacity is _NO_DOMAINS:
+                    capacity = DomainMap()
                 capacity[domain] = {i: _quantity(caps[i].value) for i in ids if i in caps}
     return DeviceActivation(device.driver, attributes, capacity, bool(device.allow_multiple_allocations), error)
+
+
+# Shared by every projected device without a domain on that side: CEL never mutates it.
+_NO_DOMAINS = DomainMap()
 
 
 def _converted(value: AttributeValue) -> Any:
