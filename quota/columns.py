@@ -34,7 +34,7 @@ from quota.cel.activation import activation_error, version_error
 from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
 __all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS", "ERROR",
-           "base_fields", "cel_value", "presence", "column"]
+           "ERROR_AT", "DRIVER_AT", "MULTI_AT", "base_fields", "cel_value", "untyped", "presence", "column"]
 
 # A `quota.cel` DevicePath (("attributes" | "capacity", domain, id), ("driver",),
 # ("allowMultipleAllocations",)), or ("taints",), which pricing needs uniform in a group.
@@ -126,6 +126,19 @@ def column(pool: PoolIndex, field: Field) -> Column | None:
     return pool.columns.get(field)
 
 
+def untyped(key: object) -> AttributeValue:
+    """The value an attribute or MULTI column's key stands for (not MISSING; capacity
+    keys are identities and stand for nothing)."""
+    if key is _TRUE:
+        return True
+    if key is _FALSE:
+        return False
+    if type(key) is tuple:
+        kind, inner = key
+        return Version(inner) if kind is Version else tuple([untyped(k) for k in inner])  # type: ignore[return-value]
+    return key  # type: ignore[return-value]
+
+
 def cel_value(device: Device, path: Field) -> object:
     """The key of what CEL sees at `path` on `device` (capacities by amount, not identity:
     verdicts are cached across inventory changes, where an identity could be reused)."""
@@ -154,10 +167,13 @@ def _forget(columns: dict[tuple[object, ...], weakref.ref[Column]], values: tupl
         del columns[values]
 
 
+# Where base_fields puts the fields callers read back from group keys.
+ERROR_AT, DRIVER_AT, MULTI_AT = 0, 1, 3
+
+
 def base_fields(driver: str, capacity_names: tuple[str, ...]) -> tuple[Field, ...]:
-    """What pricing needs uniform within a group: ERROR (first: `quota.selectors` reads it
-    from group keys), driver, memory, sharing, taints, and the capacities a request asks
-    for (unqualified names are in the driver's domain)."""
+    """What pricing needs uniform within a group: ERROR, driver, memory, sharing, taints,
+    and the capacities a request asks for (unqualified names are in the driver's domain)."""
     fields = [ERROR, DRIVER, ("capacity", driver, MEMORY), MULTI, TAINTS]
     for name in capacity_names:
         domain, _, ident = name.rpartition("/")
@@ -184,7 +200,9 @@ class ColumnTable:
         columns holding other than strings and ints go through `_typed`."""
         columns: dict[Field, Column] = {
             DRIVER: self._column(tuple([d.key.driver for d in devices])),
-            MULTI: self._column(tuple([d.allow_multiple_allocations for d in devices])),
+            # Tokens, not bools: interning by value would hand an int column of 0s
+            # the same object, and keys must decode to values (`untyped`).
+            MULTI: self._column(tuple([_TRUE if d.allow_multiple_allocations else _FALSE for d in devices])),
             TAINTS: self._column(tuple([d.taints for d in devices])),
         }
         broken = False

@@ -8,8 +8,11 @@ Why it is fast:
 - A group's key holds the base fields, then each stage's fields in order, so a stage's
   verdict depends only on its slice of the key: a `StageRun` looks it up per distinct
   slice (a class selector over 58,000 per-device groups runs once).
-- CEL sees a `device` projected on the paths the stage can read
-  (`quota.cel.activation.projected_activation`, ~1 µs), never the whole device.
+- CEL sees a `device` projected on the paths the stage can read, never the whole
+  device converted: built from the group key itself (`_KeyView`: driver and sharing are
+  base fields, attributes and presence the stage's own), or, for a stage reading a
+  capacity's amount (keys hold capacities by identity), from the device's own paths
+  (`quota.cel.activation.projected_activation`). Either costs about a microsecond.
 - Verdicts are kept across matches and inventory changes, per stage, by the values it
   reads (`Verdicts`); a stage reading a value unique per device (a uuid) fills neither
   that cache nor the per-match one past `PER_STAGE` entries: it just evaluates.
@@ -22,8 +25,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from quota.cel import COST_EXCEEDED, COST_LIMIT, CelRuntimeError, CompiledSelector, DeviceActivation, DevicePath
-from quota.cel.activation import Projection, projected_activation, projection_of
-from quota.columns import Field, cel_value, presence
+from quota.cel.activation import Projection, cel_attribute, projected_activation, projection_of
+from quota.cel.ops import DomainMap
+from quota.columns import DRIVER_AT, MISSING, MULTI_AT, PRESENCE, Field, cel_value, presence, untyped
 from quota.model import Device
 from quota.partitions import GroupKey
 
@@ -118,10 +122,47 @@ class Verdicts:
             self._entries -= len(self._tables.popitem(last=False)[1])
 
 
+class _KeyView:
+    """Builds the projected `device` from a group key: the values the stage reads are in
+    its slice, so the (cold) device objects are never touched."""
+
+    __slots__ = ("start", "plan")
+
+    def __init__(self, start: int, fields: tuple[Field, ...]) -> None:
+        self.start = start
+        # (offset in the key, attributes?, domain, id, presence only?); driver and
+        # allowMultipleAllocations come from the base fields, whether read or not.
+        self.plan: list[tuple[int, bool, str, str, bool]] = []
+        for at, field in enumerate(fields, start):
+            presence_only = field[0] == PRESENCE
+            path = field[1:] if presence_only else field
+            if len(path) == 3:  # ("attributes" | "capacity", domain, id)
+                self.plan.append((at, path[0] == "attributes", path[1], path[2], presence_only))
+
+    @staticmethod
+    def usable(fields: tuple[Field, ...]) -> bool:
+        """Keys hold capacities by identity: their amounts must come from the device."""
+        return all(f[0] != "capacity" for f in fields)
+
+    def activation(self, key: GroupKey) -> DeviceActivation:
+        attributes, capacity = DomainMap(), DomainMap()
+        for at, is_attribute, domain, ident, presence_only in self.plan:
+            value = key[at]
+            if value is MISSING:
+                continue
+            side = attributes if is_attribute else capacity
+            ids: dict[str, object] | None = side.get(domain)
+            if ids is None:
+                ids = side[domain] = {}
+            # Only its presence is ever tested: any value stands for it.
+            ids[ident] = True if presence_only else cel_attribute(untyped(value))
+        return DeviceActivation(key[DRIVER_AT], attributes, capacity, untyped(key[MULTI_AT]))  # type: ignore[arg-type]
+
+
 class StageRun:
     """One stage's verdicts during one match, by its slice [start, end) of group keys."""
 
-    __slots__ = ("stage", "start", "end", "memo", "table", "verdicts", "activation", "budget")
+    __slots__ = ("stage", "start", "end", "memo", "table", "verdicts", "activation", "budget", "view")
 
     def __init__(self, stage: Stage, start: int, verdicts: Verdicts, *,
                  activation: Callable[[Device], DeviceActivation], budget: Budget) -> None:
@@ -134,36 +175,40 @@ class StageRun:
         self.verdicts = verdicts
         self.activation = activation
         self.budget = budget
+        fields = stage.fields
+        self.view = _KeyView(start, fields) if fields is not None and _KeyView.usable(fields) else None
 
     def passes(self, key: GroupKey, device: Device) -> bool:
         memo = self.memo
         if memo is None:
-            return self._evaluate(device)
+            return self._evaluate(key, device)
         values = key[self.start:self.end]
         found = memo.get(values)
         if found is None:
-            found = memo[values] = self._cached(device)
+            found = memo[values] = self._cached(key, device)
             if len(memo) > PER_STAGE:
                 # Values unique per device: neither cache will be asked for them again.
                 self.memo = None
         return found
 
-    def _cached(self, device: Device) -> bool:
+    def _cached(self, key: GroupKey, device: Device) -> bool:
         assert self.stage.fields is not None
-        key = tuple([cel_value(device, f) for f in self.stage.fields])
-        found = self.table.get(key)
+        values = tuple([cel_value(device, f) for f in self.stage.fields])
+        found = self.table.get(values)
         if found is None:
-            found = self._evaluate(device)
-            self.verdicts.store(self.table, key, found)
+            found = self._evaluate(key, device)
+            self.verdicts.store(self.table, values, found)
         return found
 
-    def _evaluate(self, device: Device) -> bool:
+    def _evaluate(self, key: GroupKey, device: Device) -> bool:
         stage, budget = self.stage, self.budget
-        if stage.fields is None:
-            activation = self.activation(device)
-        else:
-            # Error devices never get here (quota.selectors fails on their ERROR field).
+        # Error devices never get to a projection (quota.selectors fails on their ERROR).
+        if self.view is not None:
+            activation = self.view.activation(key)
+        elif stage.fields is not None:
             activation = projected_activation(device, stage.projection, None)
+        else:
+            activation = self.activation(device)
         for position, selector in enumerate(stage.selectors):
             limit = min(COST_LIMIT, budget.remaining)
             try:

@@ -24,8 +24,8 @@ from quota.cel.references import DevicePath
 from quota.cel.values import EvalError, Quantity, Semver, parse_semver
 from quota.model import AttributeValue, Device, Version
 
-__all__ = ["DeviceActivation", "device_activation", "activation_error", "version_error", "projected_activation", "Projection",
-           "projection_of", "projection"]
+__all__ = ["DeviceActivation", "device_activation", "activation_error", "version_error", "cel_attribute",
+           "projected_activation", "Projection", "projection_of", "projection"]
 
 
 class _Broken(Exception):
@@ -90,7 +90,7 @@ def projected_activation(device: Device, projection: Projection, error: str | No
             if values is not None:
                 if attributes is _NO_DOMAINS:
                     attributes = DomainMap()
-                attributes[domain] = {i: _converted(values[i]) for i in ids if i in values}
+                attributes[domain] = {i: cel_attribute(values[i]) for i in ids if i in values}
         else:
             caps = device.capacity.get(domain)
             if caps is not None:
@@ -104,7 +104,8 @@ def projected_activation(device: Device, projection: Projection, error: str | No
 _NO_DOMAINS = DomainMap()
 
 
-def _converted(value: AttributeValue) -> Any:
+def cel_attribute(value: AttributeValue) -> Any:
+    """What CEL sees of an attribute value (None for a version it cannot parse)."""
     kind = type(value)
     if kind is str or kind is int or kind is bool:
         return value
