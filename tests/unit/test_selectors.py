@@ -7,9 +7,13 @@ events it answers exactly what a fresh matcher over the same inventory answers.
 
 from __future__ import annotations
 
+from typing import Any
+from unittest.mock import patch
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
 from quota.selectors import SelectorMatcher
@@ -112,6 +116,30 @@ def test_a_match_has_one_cost_budget_across_devices() -> None:
     assert failed.error is not None and "exceeded the budget of 5000000 CEL cost units" in failed.error.message
     cheap = (f"size(device.attributes['{D}']) > 0",)
     assert SelectorMatcher(inv).match((cheap,)).count == 180
+
+
+def test_a_per_device_selector_does_not_evict_the_verdicts_of_others() -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(10)])
+    evaluations = []
+    evaluate = CompiledSelector.evaluate_with_cost
+
+    def counted(self: CompiledSelector, *args: Any, **kwargs: Any) -> tuple[bool, int]:
+        evaluations.append(self.expression)
+        return evaluate(self, *args, **kwargs)
+
+    with patch("quota.verdicts.PER_STAGE", 2), patch.object(CompiledSelector, "evaluate_with_cost", counted):
+        matcher = SelectorMatcher(inv, verdict_cache_size=8)
+        inv.add_or_update_slice(make_slice("names", [make_device(f"n-{i}", attrs={"name": f"n{i}", "type": "nic"})
+                                                     for i in range(20)], driver=D, node="names"))
+        assert len(keys(matcher, (GPU, MODEL))) == 10
+        # 20 devices, 20 names: CEL runs per device, and only 3 of its verdicts are kept.
+        per_device = ((f"!has(device.attributes['{D}'].name) || device.attributes['{D}'].name != 'x'",),)
+        assert len(keys(matcher, per_device)) == 40
+        evaluations.clear()
+        inv.add_or_update_slice(node_slice(3, ["h100", "a100"], generation=2))
+        assert len(keys(matcher, (GPU, MODEL))) == 10
+    assert evaluations == []  # every verdict came from the cache
 
 
 events = st.lists(
