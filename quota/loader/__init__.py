@@ -23,14 +23,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents
-from quota.loader.limits import DecodeError
+from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents, value_count_within_bound
+from quota.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.loader.sources import Source, SourceError, read_sources
 from quota.loader.yamldocs import yaml_documents
 
-__all__ = ["CheckInputError", "Document", "iter_documents", "load_documents"]
+__all__ = ["MAX_VALUES", "CheckInputError", "Document", "iter_documents", "load_documents"]
 
 _BOM = b"\xef\xbb\xbf"
+# Documents and List items per run: empty YAML documents cost ~5 us each, so a
+# 256 MiB file of `---` lines would otherwise keep the tool busy for minutes. A
+# 100,000-slice cluster dump plus claims stays well inside.
+MAX_VALUES = 500_000
 _JSON_START = re.compile(rb"[ \t\r\n]*[{\[]")
 _Value = tuple[int, int | None, Any]  # line, List item index (None: a document), value
 
@@ -55,7 +59,7 @@ def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Docume
     """The objects of `load_documents` one at a time, read file by file, a `List`'s
     items one by one: a caller that parses each and lets it go never holds the raw
     objects of a large dump all at once. Warnings are appended as they arise."""
-    sources = read_sources(paths)
+    sources, budget = read_sources(paths), [MAX_VALUES]
     while True:
         try:
             source = next(sources, None)
@@ -66,7 +70,7 @@ def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Docume
         name, decoded = source.name, _decode(source)
         del source  # the raw bytes: only the text is needed from here on
         try:
-            yield from _documents(name, decoded, warnings)
+            yield from _documents(name, decoded, warnings, budget)
         except DecodeError as err:
             at = f"{name}:{err.line}" if err.line is not None else name
             raise CheckInputError(f"{at}: {err.message}") from None
@@ -76,9 +80,12 @@ def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Docume
             raise CheckInputError(f"{name}: too large or too deeply nested ({type(err).__name__})") from None
 
 
-def _documents(name: str, decoded: Iterator[_Value], warnings: list[str]) -> Iterator[Document]:
+def _documents(name: str, decoded: Iterator[_Value], warnings: list[str], budget: list[int]) -> Iterator[Document]:
     number = 0
     for line, index, value in decoded:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise CheckInputError(f"{name}:{line}: more than {MAX_VALUES:,} documents and List items in all")
         if not index:  # a document, or the first item of a List document
             number += 1
         where = f"{name}:{line} (document {number}" + (f", List item {index + 1})" if index is not None else ")")
@@ -98,7 +105,10 @@ def _decode(source: Source) -> Iterator[_Value]:
         line = data.count(b"\n", 0, err.start) + 1
         raise CheckInputError(f"{source.name}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x})") from None
     if not (source.json or _JSON_START.match(data)):
-        return yaml_documents(text)
+        del text  # libyaml reads the bytes; the text was only the UTF-8 check
+        return yaml_documents(data)
+    if not value_count_within_bound(data):
+        raise CheckInputError(f"{source.name}: {TOO_MANY_VALUES}")
     values = json_documents(text, depth_checked=depth_within_bound(data),
                             surrogate_escapes=has_surrogate_escapes(data))
     return values if source.json else _json_else_yaml(values, text)
@@ -111,7 +121,7 @@ def _json_else_yaml(values: Iterator[_Value], text: str) -> Iterator[_Value]:
     except DecodeError as err:
         if not err.message.startswith("not valid JSON"):
             raise
-        yield from yaml_documents(text)
+        yield from yaml_documents(text.encode())
         return
     if first is not None:
         yield first

@@ -19,9 +19,9 @@ from collections.abc import Generator, Iterator
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, NoReturn
 
-from quota.loader.limits import MAX_DEPTH, DecodeError, check_int, replace_lone_surrogates
+from quota.loader.limits import MAX_DEPTH, MAX_VALUES_PER_FILE, DecodeError, check_int, replace_lone_surrogates
 
-__all__ = ["depth_within_bound", "has_surrogate_escapes", "json_documents"]
+__all__ = ["depth_within_bound", "has_surrogate_escapes", "json_documents", "value_count_within_bound"]
 
 _WS = re.compile(r"[ \t\n\r]*")
 # Bytes that can matter for nesting depth, and the letters that may follow a backslash
@@ -32,16 +32,23 @@ _SKELETON_STRING = re.compile(rb'"[^"]*"')
 # Tokens of the slow scan: a string (possibly unterminated) or a structural character.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\(?:.|\Z)[^"\\]*)*(?:"|\Z)|[{}\[\]:]', re.S)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
+_SLOW_SCAN_TOKENS = 2_000_000
 
 
 class _Duplicate(Exception):
-    pass
+    def __init__(self, key: str) -> None:
+        self.key = key
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        raise _Duplicate()
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(key)
+            seen.add(key)
     return obj
 
 
@@ -60,11 +67,13 @@ def json_documents(text: str, *, depth_checked: bool, surrogate_escapes: bool) -
     Several concatenated values (`jq -c` output) are several documents.
     """
     if not depth_checked:
-        _fail_at_first_problem(text, 0)
+        _fail_at_first_problem(text, 0, _TOO_DEEP)
     fixed = replace_lone_surrogates if surrogate_escapes else _same
     pos = _skip(text, 0)
+    line, counted = 1, 0
     while pos < len(text):
-        line = _line(text, pos)
+        line += text.count("\n", counted, pos)  # counted once: a file may hold a million values
+        counted = pos
         if text.startswith("{", pos) and _tail_kind(text) == "List":
             reader = _ListReader(text, pos, line)
             for item_line, index, value in reader.values():
@@ -74,6 +83,14 @@ def json_documents(text: str, *, depth_checked: bool, surrogate_escapes: bool) -
             value, pos = _decode(text, pos)
             yield line, None, fixed(value)
         pos = _skip(text, pos)
+
+
+def value_count_within_bound(data: bytes) -> bool:
+    """Whether the file may hold at most MAX_VALUES_PER_FILE values: every value but a
+    container's first is preceded by `,` or `:`, and every container opens with a
+    bracket (those inside strings count too: an overestimate, C-speed)."""
+    separators = sum(data.count(c) for c in (b",", b":", b"{", b"["))
+    return separators < MAX_VALUES_PER_FILE
 
 
 def has_surrogate_escapes(data: bytes) -> bool:
@@ -111,10 +128,10 @@ def _decode(text: str, pos: int) -> tuple[Any, int]:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as err:
         raise DecodeError(f"not valid JSON: {err.msg} (column {err.colno})", line=err.lineno) from None
-    except _Duplicate:
-        _fail_at_first_problem(text, pos)
-    except RecursionError:  # only without the depth check's verdict, i.e. never; belt and braces
-        _fail_at_first_problem(text, pos)
+    except _Duplicate as err:
+        _fail_at_first_problem(text, pos, f'duplicate key "{err.key}"')
+    except RecursionError:  # invalid JSON the skeleton cannot judge: `[[[..."]]]`
+        _fail_at_first_problem(text, pos, _TOO_DEEP)
     except DecodeError as err:
         raise DecodeError(err.message, line=_line_of_literal(text, pos, err.message)) from None
 
@@ -139,7 +156,7 @@ class _ListReader:
                 pos = _skip(text, self._expect(pos, ",") + 1)
             if not text.startswith('"', pos):
                 self._syntax(pos, "expecting property name enclosed in double quotes")
-            key, pos = scanstring(text, pos + 1, True)
+            key, pos = _key(text, pos)
             if key in rest or (key == "items" and streamed):
                 raise DecodeError(f'duplicate key "{key}"', line=_line(text, pos))
             pos = _skip(text, self._expect(_skip(text, pos), ":") + 1)
@@ -181,6 +198,14 @@ class _ListReader:
         raise DecodeError(f"not valid JSON: {message}", line=_line(self.text, pos))
 
 
+def _key(text: str, pos: int) -> tuple[str, int]:
+    """The property name whose opening quote is at `pos`, and the position after it."""
+    try:
+        return scanstring(text, pos + 1, True)  # type: ignore[no-any-return]
+    except json.JSONDecodeError as err:
+        raise DecodeError(f"not valid JSON: {err.msg} (column {err.colno})", line=err.lineno) from None
+
+
 def _skip(text: str, pos: int) -> int:
     return _WS.match(text, pos).end()  # type: ignore[union-attr]
 
@@ -214,29 +239,31 @@ def _tail_kind(text: str) -> Any:
     return kind if text.startswith("}", pos) and _skip(text, pos + 1) == len(text) else None
 
 
-def _fail_at_first_problem(text: str, pos: int) -> NoReturn:
-    """The error path: scan token by token for the first over-deep bracket or
-    duplicate key from `pos`, and raise naming its line."""
+def _fail_at_first_problem(text: str, pos: int, problem: str) -> NoReturn:
+    """The error path: scan token by token from `pos` for the first over-deep bracket
+    or duplicate key, and raise naming its line. `problem` is what the fast path found:
+    the message, without a line, when the scan gives up (a bounded number of tokens,
+    so a 256 MiB file costs seconds, not minutes)."""
     stack: list[set[str] | None] = []
     previous = ""
-    for token in _TOKEN.finditer(text, pos):
+    for count, token in enumerate(_TOKEN.finditer(text, pos)):
+        if count > _SLOW_SCAN_TOKENS:
+            break
         kind = token.group()
         if kind in ("{", "["):
             stack.append(set() if kind == "{" else None)
             if len(stack) > MAX_DEPTH:
-                raise DecodeError(f"nested deeper than {MAX_DEPTH} levels", line=_line(text, token.start()))
+                raise DecodeError(_TOO_DEEP, line=_line(text, token.start()))
         elif kind in ("}", "]"):
             if stack:
                 stack.pop()
-            if not stack:
-                break
         elif kind == ":" and previous.startswith('"') and stack and stack[-1] is not None:
             key = json.loads(previous)
             if key in stack[-1]:
                 raise DecodeError(f'duplicate key "{key}"', line=_line(text, token.start()))
             stack[-1].add(key)
         previous = kind
-    raise DecodeError("not valid JSON", line=_line(text, pos))
+    raise DecodeError(problem)
 
 
 def _line_of_literal(text: str, pos: int, message: str) -> int | None:

@@ -17,6 +17,11 @@ Why these numbers:
   otherwise surface as a ValueError traceback.
 - YAML aliases may add at most as many nodes as the document has (and at least
   10,000): anchors for shared labels stay usable, a "billion laughs" does not.
+- At most 8,000,000 values (scalars and collections) per file. Small values cost up
+  to ~30x their bytes once decoded (`{},` is 3 bytes and a 64-byte dict), so the file
+  size bound alone would let a dense 256 MiB file take several GB. A 5,000-node
+  kubectl dump holds 4,400,000 values (room for ~9,000 nodes, as the size bound);
+  the bound keeps a hostile file under ~1 GB (measured: 40M `- []` lines, 0.8 GB).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ __all__ = [
     "INT64_MIN",
     "INT64_MAX",
     "ALIAS_EXPANSION_FLOOR",
+    "MAX_VALUES_PER_FILE",
+    "TOO_MANY_VALUES",
     "DecodeError",
     "check_int",
     "replace_lone_surrogates",
@@ -39,6 +46,8 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # An int64 has at most 19 digits; YAML spellings (0b..., 1_000) are longer but bounded.
 _MAX_INT_SPELLING = 80
 ALIAS_EXPANSION_FLOOR = 10_000
+MAX_VALUES_PER_FILE = 8_000_000
+TOO_MANY_VALUES = f"more than {MAX_VALUES_PER_FILE:,} values in one file"
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -31,14 +31,22 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import ScalarNode
 
 from quota.inventory import gc_paused
-from quota.loader.limits import ALIAS_EXPANSION_FLOOR, MAX_DEPTH, DecodeError, check_int, replace_lone_surrogates
+from quota.loader.limits import (
+    ALIAS_EXPANSION_FLOOR,
+    MAX_DEPTH,
+    MAX_VALUES_PER_FILE,
+    TOO_MANY_VALUES,
+    DecodeError,
+    check_int,
+    replace_lone_surrogates,
+)
 
 __all__ = ["yaml_documents", "WITH_LIBYAML"]
 
 WITH_LIBYAML: bool = bool(yaml.__with_libyaml__)
 # Used for its parser (events) and resolver (implicit tags) only.
 _Parser: type[yaml.SafeLoader] = yaml.CSafeLoader if WITH_LIBYAML else yaml.SafeLoader  # type: ignore[assignment]
-_UNICODE_ESCAPE = re.compile(r"\\[uU]")
+_UNICODE_ESCAPE = re.compile(rb"\\[uU]")
 _TAG = "tag:yaml.org,2002:"
 _STR, _MERGE, _INT, _TIMESTAMP = _TAG + "str", _TAG + "merge", _TAG + "int", _TAG + "timestamp"
 _MAP_TAGS = (None, "!", _TAG + "map")
@@ -124,10 +132,11 @@ class _Refused(Exception):
 class _Builder:
     """Plain values from one file's parser events."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, data: bytes) -> None:
         # PyYAML's stubs leave the parser's event methods untyped; events are typed below.
-        self.parser: Any = _Parser(text)
+        self.parser: Any = _Parser(data)
         self.constructor = SafeConstructor()
+        self.values = 0  # in the file so far, aliases expanded
 
     def documents(self) -> Iterator[tuple[int, Any]]:
         parser = self.parser
@@ -171,6 +180,11 @@ class _Builder:
                 done = stack.pop()
                 value, nodes, height, anchor = done.finish(), done.nodes, done.height, done.anchor
                 composed += 1
+            # Counted as they are built (aliases expanded): a flat list of a hundred
+            # million zeros must stop early, not when it closes.
+            self.values += 1 if kind is not events.AliasEvent else nodes
+            if self.values > MAX_VALUES_PER_FILE:
+                raise _Refused(TOO_MANY_VALUES, event.start_mark)
             if anchor is not None:
                 anchors[anchor] = (value, nodes, height)
             if not stack:
@@ -213,10 +227,12 @@ class _Builder:
         return construct(self.constructor, node)
 
 
-def yaml_documents(text: str) -> Iterator[tuple[int, int | None, Any]]:
-    """(line, List item index or None, value) for each document; a List's items one by one."""
-    fixed = replace_lone_surrogates if _UNICODE_ESCAPE.search(text) else _same
-    builder = _Builder(text)
+def yaml_documents(data: bytes) -> Iterator[tuple[int, int | None, Any]]:
+    """(line, List item index or None, value) for each document of UTF-8 `data` (checked
+    by the caller; bytes, since libyaml would otherwise hold a UTF-8 copy of a str);
+    a List's items one by one."""
+    fixed = replace_lone_surrogates if _UNICODE_ESCAPE.search(data) else _same
+    builder = _Builder(data)
     try:
         for line, value in builder.documents():
             items = value.get("items") if isinstance(value, dict) and value.get("kind") == "List" else None

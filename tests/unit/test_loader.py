@@ -15,8 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+import quota.loader as loader
 from quota.cli import main
+from quota.loader import jsondocs, yamldocs
 from quota.loader import CheckInputError, load_documents
 from quota.loader.sources import MAX_FILE_BYTES
 
@@ -90,6 +93,7 @@ CASES: list[tuple[str, Callable[[Path], str], str]] = [
     ("deep-yaml-flow", _write("deep.yaml", "a: " + "[" * 100000 + "]" * 100000 + "\n"),
      ":1: nested deeper than 100 levels"),
     ("deep-json", _write("deep.json", '{"a":\n' + "[" * 5000 + "]" * 5000 + "}"), ":2: nested deeper than 100 levels"),
+    ("deep-json-unterminated", _write("deep.json", "[" * 5000 + '"' + "]" * 5000), ":1: nested deeper than 100 levels"),
     ("deep-json-101", _write("deep.json", "[" * 101 + "]" * 101), ":1: nested deeper than 100 levels"),
     ("big-int-yaml", _write("b.yaml", "kind: X\ncount: " + "9" * 4301 + "\n"),
      ":2: integer 99999999999999999999... (4301 characters) is out of range: Kubernetes integers are 64-bit"),
@@ -206,3 +210,53 @@ def test_folders_are_walked_sorted_skipping_hidden_and_symlinked_folders(tmp_pat
     (top / "loop").symlink_to(top)
     docs, _ = load_documents([str(top)])
     assert [d.source for d in docs] == [f"{top}/a/z.yml:1 (document 1)", f"{top}/b.yaml:1 (document 1)"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("v.json", "[" + "1," * 20 + "1]", ": more than 10 values in one file"),
+        ("v.yaml", "- 1\n" * 20, ":11: more than 10 values in one file"),
+    ],
+)
+def test_values_per_file_are_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                     name: str, content: str, message: str) -> None:
+    for module in (jsondocs, yamldocs):
+        monkeypatch.setattr(module, "MAX_VALUES_PER_FILE", 10)
+    for module in (yamldocs, loader):
+        monkeypatch.setattr(module, "TOO_MANY_VALUES", "more than 10 values in one file")
+    (tmp_path / name).write_text(content)
+    with pytest.raises(CheckInputError) as caught:
+        load_documents([str(tmp_path / name)])
+    assert str(caught.value) == str(tmp_path / name) + message
+
+
+def test_documents_per_run_are_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(loader, "MAX_VALUES", 3)
+    (tmp_path / "many.yaml").write_text("---\n" * 5)
+    with pytest.raises(CheckInputError) as caught:
+        load_documents([str(tmp_path / "many.yaml")])
+    assert str(caught.value) == f"{tmp_path}/many.yaml:4: more than 3 documents and List items in all"
+
+
+@pytest.mark.parametrize(
+    ("content", "outcome"),
+    [
+        (NS, {"name": "team-a"}),
+        ('kind: X\nmetadata: {name: "a\\ud800b"}\n', {"name": "a\ufffdb"}),
+        ("kind: X\nmetadata: {a: 1, a: 2}\n", "p.yaml:2: duplicate key 'a'"),
+        ("kind: X\nmetadata: " + "[" * 200 + "]" * 200 + "\n", "p.yaml:2: nested deeper than 100 levels"),
+        (LAUGHS, 'p.yaml:5: aliases expand this document too much (a "billion laughs")'),
+    ],
+)
+def test_without_libyaml_the_same_bounds_hold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              content: str, outcome: dict[str, str] | str) -> None:
+    monkeypatch.setattr(yamldocs, "_Parser", yaml.SafeLoader)
+    (tmp_path / "p.yaml").write_text(content)
+    if isinstance(outcome, str):
+        with pytest.raises(CheckInputError) as caught:
+            load_documents([str(tmp_path / "p.yaml")])
+        assert str(caught.value) == f"{tmp_path}/{outcome}"
+    else:
+        docs, _ = load_documents([str(tmp_path / "p.yaml")])
+        assert docs[0].obj["metadata"] == outcome
