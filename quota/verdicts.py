@@ -126,10 +126,9 @@ class _KeyView:
     """Builds the projected `device` from a group key: the values the stage reads are in
     its slice, so the (cold) device objects are never touched."""
 
-    __slots__ = ("start", "plan")
+    __slots__ = ("plan",)
 
     def __init__(self, start: int, fields: tuple[Field, ...]) -> None:
-        self.start = start
         # (offset in the key, attributes?, domain, id, presence only?); driver and
         # allowMultipleAllocations come from the base fields, whether read or not.
         self.plan: list[tuple[int, bool, str, str, bool]] = []
