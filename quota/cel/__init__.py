@@ -7,14 +7,12 @@ Public API (used by `quota.inventory` / `quota.pricing`)::
     sel.evaluate(act) -> bool         # CelRuntimeError
     sel.evaluate_with_cost(act, cost_limit=n) -> (bool, cost)   # one budget over many devices
     sel.references                    # frozenset[DevicePath] | None
-    sel.group_key(act)                # equal keys => equal outcomes
-    projection(act, paths)            # the same key for a union of several selectors' paths
 
 Parsing builds on cel-python's grammar (`celpy/cel.lark`); see README.md in this
 package for the supported language, the gaps against the scheduler and the numbers.
 """
 
-from quota.cel.activation import DeviceActivation, device_activation, projection
+from quota.cel.activation import DeviceActivation, device_activation
 from quota.cel.references import DevicePath
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT
 from quota.cel.selector import (
@@ -36,5 +34,4 @@ __all__ = [
     "DevicePath",
     "compile_selector",
     "device_activation",
-    "projection",
 ]

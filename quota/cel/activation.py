@@ -5,9 +5,8 @@ capacity grouped by domain (the model already splits qualified names), version
 attributes parsed as semver (a version that does not parse fails every selector on
 that device, as there), capacities as Kubernetes quantities, `allowMultipleAllocations`
 false when unset, and unknown domains reading as empty maps (`DomainMap`). Also the
-projection used to group devices by the values a selector can see
-(`projection`), the other half of `quota.cel.references`, and the minimal `device`
-for a selector whose references are known (`projected_activation`): built per
+minimal `device` for a selector whose references are known (`projected_activation`,
+the other half of `quota.cel.references`; `quota.columns` does the grouping): built per
 evaluation from those paths alone, so a selector that must run once per device (a
 `uuid`) costs ~1 µs a device to present instead of converting every attribute.
 """
@@ -15,7 +14,7 @@ evaluation from those paths alone, so a selector that must run once per device (
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -25,7 +24,7 @@ from quota.cel.values import EvalError, Quantity, Semver, parse_semver
 from quota.model import AttributeValue, Device, Version
 
 __all__ = ["DeviceActivation", "device_activation", "activation_error", "version_error", "cel_attribute",
-           "projected_activation", "Projection", "projection_of", "projection"]
+           "projected_activation", "Projection", "projection_of"]
 
 
 class _Broken(Exception):
@@ -146,38 +145,3 @@ def version_error(text: str) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _quantity(value: Fraction) -> Quantity:
     return Quantity(value)
-
-
-# Private sentinels: no attribute value can equal them.
-_MISSING = object()
-_BOOL = object()
-
-
-def projection(activation: DeviceActivation, paths: Iterable[DevicePath]) -> Hashable:
-    """A hashable key equal for two devices iff every path holds an equal, same-typed
-    value (or is missing on both). Python's `1 == True` must not merge an int attribute
-    with a bool one, so bools are tagged; strings, ints, semvers (whose equality ignores
-    the build metadata CEL cannot see) and quantities are their own keys."""
-    parts: list[Hashable] = [activation.error]
-    for path in paths:
-        if path[0] == "driver":
-            parts.append(activation.driver)
-        elif path[0] == "allowMultipleAllocations":
-            parts.append(activation.allowMultipleAllocations)
-        else:
-            maps = activation.attributes if path[0] == "attributes" else activation.capacity
-            value = maps.get(path[1], _NO_IDS).get(path[2], _MISSING)
-            kind = type(value)
-            parts.append(value if kind is str or kind is int or kind is Quantity else _key(value))
-    return tuple(parts)
-
-
-_NO_IDS: dict[str, Any] = {}
-
-
-def _key(value: Any) -> Hashable:
-    if type(value) is bool:
-        return (_BOOL, value)
-    if type(value) is tuple:
-        return tuple(_key(v) for v in value)
-    return value  # type: ignore[no-any-return]

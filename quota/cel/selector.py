@@ -13,11 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 
 from quota.cel import checker, references, syntax
 from quota.cel.estimate import estimate
-from quota.cel.activation import projection
 from quota.cel.evaluator import compile_program, node_count
 from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
@@ -43,8 +42,7 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "_fn", "_slots", "_base_cost",
-                 "_paths")
+    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "_fn", "_slots", "_base_cost")
 
     def __init__(
         self,
@@ -61,7 +59,6 @@ class CompiledSelector:
         self.references = refs
         # The references only tested for presence: devices need agree on nothing more.
         self.presence_only = presence_only
-        self._paths = tuple(sorted(refs)) if refs is not None else ()
         # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
         self.estimated_cost = estimated_cost
         self._fn = fn
@@ -94,13 +91,6 @@ class CompiledSelector:
         if type(result) is not bool:
             raise CelRuntimeError(f"CEL result of type {type_name(result)} could not be converted to bool")
         return result, self._base_cost + state.cost
-
-    def group_key(self, activation: DeviceActivation) -> Hashable:
-        """Devices with equal keys get equal `evaluate` outcomes (value or error).
-        Without static references every device is its own group."""
-        if self.references is None:
-            return ("device", id(activation))
-        return projection(activation, self._paths)
 
 
 def compile_selector(expression: str) -> CompiledSelector:

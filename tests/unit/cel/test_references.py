@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from quota.cel import CelCompileError, CelRuntimeError, compile_selector, projection
+from quota.cel import CelCompileError, CelRuntimeError, compile_selector
 from quota.cel.activation import activation_error, device_activation, projected_activation, projection_of
 from tests.unit.cel.devices import activation, make_device
 
@@ -85,19 +85,6 @@ def test_presence_only(expression: str, paths: set[tuple[str, ...]]) -> None:
 @pytest.mark.parametrize("expression", UNRESOLVED)
 def test_unresolved(expression: str) -> None:
     assert compile_selector(expression).references is None
-
-
-def test_group_key_separates_int_from_bool_and_missing() -> None:
-    selector = compile_selector(f"{A}.x == 1")
-    keys = {selector.group_key(activation("d1", attributes={"x": value})) for value in (1, True, 1.0 == 1)}
-    keys.add(selector.group_key(activation("d1")))
-    assert len(keys) == 3  # 1, True (== the third value, also True) and missing
-
-
-def test_group_key_without_references_is_per_device() -> None:
-    selector = compile_selector(f"{A}.size() == 1")
-    one, two = activation("d1", attributes={"x": 1}), activation("d1", attributes={"x": 1})
-    assert selector.group_key(one) != selector.group_key(two)
 
 
 # --- soundness ------------------------------------------------------------------------
@@ -178,7 +165,6 @@ def test_devices_agreeing_on_references_get_the_same_outcome(expression: str, x:
     # A version CEL cannot parse fails the whole device, whatever the selector reads:
     # that is the device's own (quota.columns groups it apart as ERROR), not a path's.
     assume(activation(**x).error == activation(**y).error)
-    assert selector.group_key(activation(**x)) == selector.group_key(activation(**y))
     assert _outcome(selector, x) == _outcome(selector, y)
 
 
@@ -224,16 +210,6 @@ def _outcome_of(selector: Any, act: Any) -> Any:
         return str(exc)
 
 
-def test_projection_over_several_selectors_paths() -> None:
-    first = compile_selector(f"{A}.x == 1").references
-    second = compile_selector("device.driver == 'd1'").references
-    assert first is not None and second is not None
-    paths = sorted(first | second)
-    same = [activation("d1", attributes={"x": 1, "y": i}) for i in range(3)]
-    assert len({projection(act, paths) for act in same}) == 1
-    assert projection(activation("d2", attributes={"x": 1}), paths) != projection(same[0], paths)
-
-
 @settings(max_examples=300, deadline=None)
 @given(_expr(3), devices())
 def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[str, Any]) -> None:
@@ -248,18 +224,3 @@ def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[st
         return
     assert selector.estimated_cost is not None
     assert actual <= selector.estimated_cost
-
-
-def test_group_key_edge_values() -> None:
-    selector = compile_selector(f"{A}.x.size() > 0 || true")
-    key = selector.group_key
-    # a list attribute that happens to spell the sentinel is not "missing"
-    assert key(activation("d1", attributes={"x": ["missing"]})) != key(activation("d1"))
-    # bools inside lists are tagged too
-    assert key(activation("d1", attributes={"x": [1, 0]})) != key(activation("d1", attributes={"x": [True, False]}))
-    # semvers differing only in build metadata are indistinguishable to CEL
-    assert key(activation("d1", attributes={"x": "v:1.0.0+a"})) == key(activation("d1", attributes={"x": "v:1.0.0+b"}))
-    assert key(activation("d1", attributes={"x": "v:1.0.0-rc"})) != key(activation("d1", attributes={"x": "v:1.0.0"}))
-    # quantities group by value
-    sel = compile_selector('device.capacity["d1"].m.isInteger()')
-    assert sel.group_key(activation("d1", capacity={"m": "1Gi"})) == sel.group_key(activation("d1", capacity={"m": "1024Mi"}))
