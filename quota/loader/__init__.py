@@ -36,6 +36,10 @@ _BOM = b"\xef\xbb\xbf"
 # 100,000-slice cluster dump plus claims stays well inside.
 MAX_VALUES = 500_000
 _JSON_START = re.compile(rb"[ \t\r\n]*[{\[]")
+# A line opening with a document marker, a directive or a comment is YAML: JSON has no
+# such token, and its strings cannot hold a raw newline, so no JSON line starts so.
+# (`{...}` documents separated by `---` are a common way to write YAML by hand.)
+_YAML_ONLY_LINE = re.compile(rb"^(?:---|\.\.\.|%|#)", re.MULTILINE)
 _Value = tuple[int, int | None, Any]  # line, List item index (None: a document), value
 
 
@@ -104,7 +108,7 @@ def _decode(source: Source) -> Iterator[_Value]:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise CheckInputError(f"{source.name}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x})") from None
-    if not (source.json or _JSON_START.match(data)):
+    if not source.json and (not _JSON_START.match(data) or _YAML_ONLY_LINE.search(data)):
         del text  # libyaml reads the bytes; the text was only the UTF-8 check
         return yaml_documents(data)
     if not value_count_within_bound(data):

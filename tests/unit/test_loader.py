@@ -196,6 +196,20 @@ def test_values_stay_json_values(tmp_path: Path, name: str, content: str, value:
     assert docs[0].obj["metadata"]["name"] == value
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"kind": "Namespace", "metadata": {"name": "a"}}\n---\n{"kind": "Namespace", "metadata": {"name": "b"}}\n',
+        '---\n{"kind": "Namespace", "metadata": {"name": "a"}}\n---\n{"kind": "Namespace", "metadata": {"name": "b"}}\n',
+        '{"kind": "Namespace", "metadata": {"name": "a"}}\n# and another\n---\n{kind: Namespace, metadata: {name: b}}\n',
+    ],
+)
+def test_json_documents_in_a_yaml_stream_are_yaml(tmp_path: Path, content: str) -> None:
+    (tmp_path / "docs.yaml").write_text(content)
+    docs, _ = load_documents([str(tmp_path / "docs.yaml")])
+    assert [d.obj["metadata"]["name"] for d in docs] == ["a", "b"]
+
+
 def test_merge_keys_may_override_but_own_keys_may_not_repeat(tmp_path: Path) -> None:
     (tmp_path / "m.yaml").write_text("kind: X\nbase: &b {a: 1, c: 3}\nobj:\n  <<: *b\n  a: 2\n")
     docs, _ = load_documents([str(tmp_path / "m.yaml")])
