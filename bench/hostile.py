@@ -245,6 +245,12 @@ def cases(tmp: Path) -> list[Case]:
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "dup"},
             "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "dup", "generation": 1, "resourceSliceCount": 1},
                      "nodeName": "dup", "devices": [GPU, {**GPU, "capacity": {"memory": {"value": "1Gi"}}}]}})),
+        Case("values/duplicate-devices-across-slices", "\n---\n".join(json.dumps({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"dup-{i}"},
+            "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "dup", "generation": 1, "resourceSliceCount": 2},
+                     "nodeName": "dup", "devices": [{**GPU, "capacity": {"memory": {"value": mem}}}]}})
+            for i, mem in enumerate(("1Gi", "1000Gi"))) + "\n---\n" + claim("c", "device.attributes['gpu.nvidia.com'].type == 'gpu' && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Gi')) == 0"),
+             expect=_not_allowed_if_error),
         Case("values/duplicate-yaml-keys", "apiVersion: draquota.io/v1alpha1\nkind: DeviceQuota\nmetadata: {name: q, namespace: team-a}\nspec:\n  hard:\n    memory: 1Gi\n    memory: 1000Gi\n"),
         Case("values/duplicate-json-keys", '{"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota", "metadata": {"name": "q", "namespace": "team-a"}, "spec": {"hard": {"memory": "1Gi", "memory": "1000Gi"}}}', suffix=".json"),
         Case("values/negative-count", claim("c", None, count=-3)),
