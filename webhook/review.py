@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from quota.raw import show
+
 __all__ = [
     "API_VERSION",
     "AdmissionRequest",
@@ -109,7 +111,7 @@ def parse_review(review: Any) -> AdmissionRequest:
     if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
         raise ReviewError(
             f"expected apiVersion {API_VERSION} kind AdmissionReview, got apiVersion "
-            f"{_show(review.get('apiVersion'))} kind {_show(review.get('kind'))} "
+            f"{show(review.get('apiVersion'))} kind {show(review.get('kind'))} "
             "(set admissionReviewVersions: [v1] in the webhook configuration)",
             uid,
         )
@@ -119,7 +121,7 @@ def parse_review(review: Any) -> AdmissionRequest:
         raise ReviewError("request.uid is missing or not a string")
     operation = request.get("operation")
     if operation not in _OPERATIONS:
-        raise ReviewError(f"request.operation must be one of {', '.join(_OPERATIONS)}, got {_show(operation)}", uid)
+        raise ReviewError(f"request.operation must be one of {', '.join(_OPERATIONS)}, got {show(operation)}", uid)
     return AdmissionRequest(
         uid=uid,
         kind=GroupVersionKind(*_strings(request.get("kind"), "request.kind", ("group", "version", "kind"), uid)),
@@ -207,8 +209,3 @@ def _object(value: Any, where: str, uid: str) -> Mapping[str, Any] | None:
     if not isinstance(value, dict):
         raise ReviewError(f"{where} must be an object", uid)
     return value
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return clean(text if len(text) <= 64 else text[:61] + "...")

@@ -10,6 +10,7 @@ Main thread only (signals); pytest runs tests there.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import tracemalloc
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["Exceeded", "bounded"]
+__all__ = ["Exceeded", "bounded", "fuzz_examples"]
 
 MiB = 1024 * 1024
 
@@ -65,3 +66,9 @@ def bounded(*, seconds: float = 5.0, megabytes: int = 256) -> Iterator[None]:
             tracemalloc.stop()
     if peak > megabytes * MiB:
         raise Exceeded(f"memory bound exceeded: peak {peak // MiB} MiB > {megabytes} MiB")
+
+
+def fuzz_examples(default: int) -> int:
+    """Examples per fuzz test: `default` in the suite, DRA_QUOTA_FUZZ_EXAMPLES for a long
+    run (bench/fuzz.py finds the suites by their calls to this function)."""
+    return int(os.environ.get("DRA_QUOTA_FUZZ_EXAMPLES", str(default)))

@@ -9,7 +9,6 @@ both syntaxes, long numbers, aliases. Every example runs under
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,9 @@ from hypothesis import strategies as st
 
 from quota.loader import CheckInputError, load_documents
 
-from .bounds import bounded
+from .bounds import bounded, fuzz_examples
 
-EXAMPLES = int(os.environ.get("DRA_QUOTA_FUZZ_EXAMPLES", "100"))
+EXAMPLES = fuzz_examples(100)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None)
 
 SLICE_YAML = """\

@@ -12,7 +12,6 @@ number of examples per test (bench/ runs a long one).
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +26,7 @@ from quota.meta import NamespaceError, parse_namespace
 from quota.pricing import Pricer
 from quota.slices import SliceError
 
-from .bounds import bounded
+from .bounds import bounded, fuzz_examples
 from .builders import exactly, first_available, make_claim, make_device, make_quota, make_slice, request, result
 from .test_pricing import CLASSES, inventory
 
@@ -56,7 +55,7 @@ hostile_values = st.one_of(
     st.lists(st.just({"name": "x"}), min_size=33, max_size=200),
 )
 values = json_values | hostile_values
-EXAMPLES = int(os.environ.get("DRA_QUOTA_FUZZ_EXAMPLES", "150"))
+EXAMPLES = fuzz_examples(150)
 BOUND = {"seconds": 10.0, "megabytes": 256}
 
 

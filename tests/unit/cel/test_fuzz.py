@@ -8,16 +8,15 @@ overrides the example count of each test, so `bench/` can run the same suite lon
 
 from __future__ import annotations
 
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quota.cel import CelCompileError, CelRuntimeError, compile_selector
-from tests.unit.bounds import bounded
+from tests.unit.bounds import bounded, fuzz_examples
 from tests.unit.cel.devices import activation
 
-EXAMPLES = int(os.environ.get("DRA_QUOTA_FUZZ_EXAMPLES", "150"))
+EXAMPLES = fuzz_examples(150)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 DEVICES = [

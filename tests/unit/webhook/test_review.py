@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
-from ..bounds import bounded
-from ..test_fuzz_parsers import json_values, paths, splice
+from ..bounds import bounded, fuzz_examples
+from ..test_fuzz_parsers import paths, splice, values
 
 REVIEW: dict[str, Any] = {
     "apiVersion": "admission.k8s.io/v1",
@@ -106,12 +106,12 @@ def test_lone_surrogates_and_bidi_overrides_never_reach_the_wire() -> None:
     assert "\u202e" not in text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=fuzz_examples(200), deadline=None)
 @given(st.data())
 def test_fuzz_any_mutation_of_a_review_is_read_or_refused_cleanly(data: st.DataObject) -> None:
     body = copy.deepcopy(REVIEW)
     path = data.draw(st.sampled_from(paths(body)))
-    body = splice(body, path, data.draw(json_values))
+    body = splice(body, path, data.draw(values))
     with bounded(seconds=2, megabytes=64):
         try:
             request = parse_review(body)
