@@ -11,8 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
+from certs.commands import CertsError, describe, generate
 from quota.check import Report, run_check
 from quota.inventory import gc_paused
 from quota.loader import CheckInputError, iter_documents
@@ -23,6 +25,7 @@ from quota.quantity import format_quantity
 
 EXIT_OK = 0
 EXIT_INPUT = 2
+_MAX_PEM_BYTES = 1024 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +67,61 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--mode", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
     check.set_defaults(run=_run_check)
+    _add_certs(sub)
     return parser
+
+
+def _add_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    certs = sub.add_parser("certs", help="generate or inspect webhook certificates",
+                           description="Make or read the webhook's CA and serving certificate by hand.")
+    verbs = certs.add_subparsers(dest="verb", metavar="VERB", required=True)
+    generate = verbs.add_parser(
+        "generate", help="write ca.crt, ca.key, tls.crt, tls.key for the webhook Service",
+        description="Mint a CA and a serving certificate for <service>.<namespace>.svc (and the "
+                    "other Service names), as the server would: for --cert-mode files or to see what "
+                    "it manages. Keys are written 0600; existing files are kept unless --force.")
+    generate.add_argument("--service", default="dra-quota", help="webhook Service name (default dra-quota)")
+    generate.add_argument("--namespace", default="dra-quota-system", help="its namespace (default dra-quota-system)")
+    generate.add_argument("--ip", dest="ips", action="append", default=[], metavar="IP",
+                          help="also valid for this IP address (repeatable; e.g. 127.0.0.1 for local tests)")
+    generate.add_argument("--days", type=int, default=365, help="serving certificate validity (default 365)")
+    generate.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write into")
+    generate.add_argument("--force", action="store_true", help="overwrite existing files")
+    generate.set_defaults(run=_run_certs_generate)
+    inspect = verbs.add_parser("inspect", help="print the certificates of a PEM file or bundle",
+                               description="Subject, issuer, names, validity and fingerprint of each "
+                                           "certificate in FILE (- for standard input).")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.set_defaults(run=_run_certs_inspect)
+
+
+def _run_certs_generate(args: argparse.Namespace) -> int:
+    try:
+        written = generate(args.out, service=args.service, namespace=args.namespace, ip_addresses=args.ips,
+                           days=args.days, force=args.force)
+    except (CertsError, OSError, ValueError) as err:
+        print(f"error: {for_terminal(str(err))}", file=sys.stderr)
+        return EXIT_INPUT
+    for path in written:
+        print(path)
+    return EXIT_OK
+
+
+def _run_certs_inspect(args: argparse.Namespace) -> int:
+    try:
+        # A PEM bundle is a few KiB; the bound keeps `inspect /dev/zero` from reading forever.
+        if args.file == "-":
+            pem = sys.stdin.buffer.read(_MAX_PEM_BYTES + 1)
+        else:
+            with open(args.file, "rb") as handle:
+                pem = handle.read(_MAX_PEM_BYTES + 1)
+        if len(pem) > _MAX_PEM_BYTES:
+            raise CertsError(f"larger than {_MAX_PEM_BYTES} bytes: not a PEM bundle")
+        print(describe(pem), end="")
+    except (CertsError, OSError) as err:
+        print(f"error: {for_terminal(f'{args.file}: {err}')}", file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_OK
 
 
 def _run_check(args: argparse.Namespace) -> int:
