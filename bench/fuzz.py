@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = "DRA_QUOTA_FUZZ_EXAMPLES"
 # hypothesis --hypothesis-show-statistics: "  - during generate phase (1.23 seconds):
 #     - Typical runtimes: ..., of which ... in data generation
-#     - 500 passing examples, 0 failing examples, 12 invalid examples"
+#     - 500 passing, 0 failing, and 12 invalid test cases"
 _TEST = re.compile(r"^(tests/\S+::\S+):$")
-_COUNTS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
+_COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
 def suites() -> list[str]:
