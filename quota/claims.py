@@ -27,7 +27,7 @@ from quota.model import (
     Namespace,
 )
 from quota.meta import parse_meta, require_version
-from quota.quantity import QuantityError, parse_amount
+from quota.quantity import non_negative_amount
 from quota.raw import as_list, dig, show
 from quota.validation import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
@@ -293,13 +293,7 @@ def _capacity_requests(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]
     out = []
     for key, value in raw.items():
         qualified_name(key, f"{where}: key", ClaimError)
-        try:
-            amount = parse_amount(value)
-        except QuantityError as err:
-            raise ClaimError(f"{where}[{key}]: {err}") from None
-        if amount < 0:
-            raise ClaimError(f"{where}[{key}]: must not be negative, got {show(value)}")
-        out.append((key, amount))
+        out.append((key, non_negative_amount(value, f"{where}[{key}]", ClaimError)))
     return tuple(sorted(out))
 
 

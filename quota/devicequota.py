@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
 from quota.meta import parse_meta, require_version
-from quota.quantity import QuantityError, ceil_int, format_quantity, parse_amount
+from quota.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.raw import as_list, show
 from quota.validation import at_most, dns_subdomain, integer
 
@@ -152,13 +152,7 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
 def _limit(raw: Any, where: str) -> int | None:
     if raw is None:
         return None
-    try:
-        value = parse_amount(raw)
-    except QuantityError as err:
-        raise QuotaError(f"{where}: {err}") from None
-    if value < 0:
-        raise QuotaError(f"{where}: must not be negative")
-    return ceil_int(value)
+    return ceil_int(non_negative_amount(raw, where, QuotaError))
 
 
 def format_amount(resource: str, value: int) -> str:

@@ -21,6 +21,7 @@ import math
 import re
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 from quota.raw import show
 
@@ -81,6 +82,18 @@ def parse_amount(value: str | int | float | Fraction) -> Fraction:
     amount = parse_quantity(value)
     if abs(amount) > _MAX_AMOUNT:
         raise QuantityError(f"quantity {show(value)} is out of range: its magnitude must be at most 2^63-1")
+    return amount
+
+
+def non_negative_amount(value: Any, where: str, error: type[Exception]) -> Fraction:
+    """`parse_amount` for a field that must not be negative (capacities, requests,
+    limits: a negative one would lower charges); failures raise `error` naming `where`."""
+    try:
+        amount = parse_amount(value)  # wrong types raise QuantityError too
+    except QuantityError as err:
+        raise error(f"{where}: {err}") from None
+    if amount < 0:
+        raise error(f"{where}: must not be negative, got {show(value)}")
     return amount
 
 

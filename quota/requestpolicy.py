@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from quota.model import RequestPolicy, ValidRange
-from quota.quantity import QuantityError, format_quantity, parse_amount
+from quota.quantity import format_quantity, non_negative_amount
 from quota.raw import as_list, show
 from quota.validation import MAX_VALID_VALUES, at_most
 
@@ -34,7 +34,7 @@ def parse_policy(raw: Any, capacity: Fraction, where: str, error: type[Exception
     if values_raw and range_raw is not None:
         raise error(f"{where}: exactly one policy can be specified, cannot specify validValues and validRange")
     if values_raw:
-        values = tuple(_amount(v, f"{where}.validValues[{i}]", error) for i, v in enumerate(values_raw))
+        values = tuple(non_negative_amount(v, f"{where}.validValues[{i}]", error) for i, v in enumerate(values_raw))
         _check_values(values, default, capacity, where, error)
         return RequestPolicy(default=default, valid_values=values)
     if range_raw is not None:
@@ -64,7 +64,7 @@ def _range(raw: Any, where: str, error: type[Exception]) -> ValidRange:
     if raw.get("min") is None:
         raise error(f"{where}.min: required when validRange is defined")
     return ValidRange(
-        min=_amount(raw["min"], f"{where}.min", error),
+        min=non_negative_amount(raw["min"], f"{where}.min", error),
         max=_optional(raw.get("max"), f"{where}.max", error),
         step=_optional(raw.get("step"), f"{where}.step", error),
     )
@@ -99,14 +99,4 @@ def _check_range(
 
 
 def _optional(value: Any, where: str, error: type[Exception]) -> Fraction | None:
-    return None if value is None else _amount(value, where, error)
-
-
-def _amount(value: Any, where: str, error: type[Exception]) -> Fraction:
-    try:
-        amount = parse_amount(value)
-    except QuantityError as err:
-        raise error(f"{where}: {err}") from None
-    if amount < 0:
-        raise error(f"{where}: must not be negative, got {show(value)}")
-    return amount
+    return None if value is None else non_negative_amount(value, where, error)

@@ -31,7 +31,7 @@ from quota.model import (
     Version,
     qualify,
 )
-from quota.quantity import QuantityError, parse_amount
+from quota.quantity import non_negative_amount
 from quota.raw import as_list, show
 from quota.requestpolicy import parse_policy
 from quota.validation import at_most, dns_label, dns_subdomain, integer, optional_string, qualified_name, string
@@ -338,12 +338,7 @@ def _quantity(value: Any, where: str) -> Fraction:
     """A non-negative quantity: a negative capacity would lower charges."""
     if type(value) is str and (found := _AMOUNTS.get(value)) is not None:
         return found
-    try:
-        amount = parse_amount(value)
-    except QuantityError as err:
-        raise SliceError(f"{where}: {err}") from None
-    if amount < 0:
-        raise SliceError(f"{where}: must not be negative, got {show(value)}")
+    amount = non_negative_amount(value, where, SliceError)
     if type(value) is str and len(_AMOUNTS) < _CACHE_LIMIT:
         _AMOUNTS[value] = amount
     return amount
