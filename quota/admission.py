@@ -8,11 +8,11 @@ so both run exactly the same code. Pure and synchronous.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quota.claims import Claim
 from quota.devicequota import QuotaCheck, Usage, check
-from quota.ledger import Entry, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
@@ -48,9 +48,16 @@ def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str
     )
 
 
-def claim_ref(claim: Claim) -> str:
-    """The ledger key of a claim: namespace/name (the uid does not exist before CREATE)."""
-    return f"{claim.namespace}/{claim.name}"
+def claim_ref(claim: Claim) -> ClaimRef:
+    """The ledger key of a claim: its uid, else namespace/name.
+
+    A validating webhook sees the uid the API server generated for the CREATE (the
+    mutating phase sees none), and names are reused: a `generateName` collision re-runs
+    admission under a new name and uid, and a late DELETE of an old claim must not
+    erase the reservation of a new claim of the same name. Files read by `dra-quota
+    check` carry no uids: there namespace/name is the identity.
+    """
+    return ClaimRef(claim.uid or f"{claim.namespace}/{claim.name}")
 
 
 class Admitter:
@@ -134,6 +141,41 @@ class Admitter:
             if not entry.charge_for(q, self.ledger.default_mode).is_zero()
         )
         return Admission(True, "", pricing.warnings, pricing, charged)
+
+    def allocate_claim(self, claim: Claim, *, enforce: bool, dry_run: bool = False) -> Admission:
+        """The `status` update that sets an allocation: the exact charge replaces the reservation.
+
+        Denied only when the exact charge exceeds what the claim reserved and the excess
+        breaks `hard` (an Optimistic quota can price below what the scheduler picks);
+        with `enforce` false that is a warning and the charge is accounted anyway.
+        """
+        pricing = self.pricer.exact(self._own_record(claim))
+        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
+        decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
+        warnings = (*pricing.warnings, *decision.warnings)
+        if decision.allowed:
+            return Admission(True, "", warnings, pricing, decision.charged)
+        message = f"the allocated devices charge more than the claim reserved (requested: the excess): {decision.message}"
+        if enforce:
+            return Admission(False, message, warnings, pricing)
+        return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing)
+
+    def price(self, claim: Claim) -> Pricing:
+        """The estimate in the default mode: what the mutating webhook writes on a claim."""
+        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode)
+
+    def _own_record(self, claim: Claim) -> Claim:
+        """`claim` with the charge the ledger holds for it in place of its annotation.
+
+        `draquota.io/charge` is tenant-writable metadata: where the ledger already
+        counts the claim, its own record prices devices that vanished from the
+        inventory. The annotation stays the fallback for claims the ledger never saw
+        (a claim admitted before this process started). `account_allocated` keeps
+        reading the annotation: `dra-quota check` has nothing else.
+        """
+        held = self.ledger.entry(claim_ref(claim))
+        pricing = None if held is None else held.pricing.get(self.ledger.default_mode)
+        return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
 
     def _estimate(self, claim: Claim) -> dict[Mode, Pricing]:
         modes: set[Mode] = {self.ledger.default_mode}

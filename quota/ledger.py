@@ -12,14 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import NewType
 
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.pricing import Pricing
 
-__all__ = ["QuotaKey", "Entry", "Ledger"]
+__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger"]
 
 QuotaKey = tuple[Namespace, str]
+# The key of a claim: its uid when it has one (every claim the API server admits does),
+# else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
+# '/', so the two forms cannot collide.
+ClaimRef = NewType("ClaimRef", str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +32,7 @@ class Entry:
     """One claim as the ledger counts it: exact once allocated, else a reservation."""
 
     namespace: Namespace
-    ref: str
+    ref: ClaimRef
     # Pricing per mode: quotas may price optimistically while the default is conservative.
     pricing: Mapping[Mode, Pricing]
     allocated: bool
@@ -42,8 +47,8 @@ class Ledger:
         self.default_mode: Mode = default_mode
         self._quotas: dict[Namespace, dict[str, DeviceQuota]] = {}
         self._usage: dict[QuotaKey, Usage] = {}
-        self._entries: dict[str, Entry] = {}
-        self._by_namespace: dict[Namespace, dict[str, Entry]] = {}
+        self._entries: dict[ClaimRef, Entry] = {}
+        self._by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
 
     # -- quotas -------------------------------------------------------------------
 
@@ -79,14 +84,27 @@ class Ledger:
         self._by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
         return tuple(dict.fromkeys((*touched, *self._apply(entry, +1))))
 
-    def delete_claim(self, ref: str) -> tuple[QuotaKey, ...]:
+    def delete_claim(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
         old = self._entries.pop(ref, None)
         if old is None:
             return ()
         self._by_namespace.get(old.namespace, {}).pop(ref, None)
         return self._apply(old, -1)
 
-    def entry(self, ref: str) -> Entry | None:
+    def release(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
+        """Drop `ref`'s reservation; an allocated claim keeps counting until it is gone.
+
+        A DELETE of an allocated claim only marks it for deletion: its devices stay in
+        use until the pod stops and the claim is deallocated (the delete-protection
+        finalizer, k/k pkg/controller/resourceclaim/controller.go), so only the
+        controller's view of the claim disappearing may end its `used` charge.
+        """
+        old = self._entries.get(ref)
+        if old is None or old.allocated:
+            return ()
+        return self.delete_claim(ref)
+
+    def entry(self, ref: ClaimRef) -> Entry | None:
         return self._entries.get(ref)
 
     def entries(self) -> Iterable[Entry]:
@@ -108,6 +126,28 @@ class Ledger:
             checks.append(QuotaCheck(quota, usage, entry.charge_for(quota, self.default_mode)))
         decision = check(checks)
         if decision.allowed and not dry_run:
+            self.add_or_update_claim(entry)
+        return decision
+
+    def allocate(self, entry: Entry, *, enforce: bool, dry_run: bool = False) -> Decision:
+        """Replace `entry.ref`'s reservation with `entry`, its exact (allocated) charge.
+
+        Only growth past what the claim holds is checked: per quota the excess of the
+        exact charge over the reservation must fit (`used + reserved + excess <= hard`,
+        the reservation being part of `reserved`). An allocation within its reservation
+        always passes, even under a quota already over `hard`: blocking it would stall
+        the scheduler on capacity the claim already holds. With `enforce` false the
+        entry is accounted whatever the decision says (account-only).
+        """
+        previous = self._entries.get(entry.ref)
+        checks = []
+        for quota in self.quotas(entry.namespace):
+            held = previous.charge_for(quota, self.default_mode) if previous is not None else ZERO
+            exact = entry.charge_for(quota, self.default_mode)
+            excess = Charge(max(exact.memory - held.memory, 0), max(exact.devices - held.devices, 0))
+            checks.append(QuotaCheck(quota, self.usage(entry.namespace, quota.name), excess))
+        decision = check(checks)
+        if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)
         return decision
 

@@ -1,10 +1,11 @@
 """quota.ledger: incremental usage, atomic reserve, no double counting."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import parse_device_quota
-from quota.ledger import Entry, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import PricedRequest, Pricing
 
@@ -18,7 +19,7 @@ def entry(ref: str, memory: int, devices: int = 1, *, cls: DeviceClassName = GPU
           ns: Namespace = NS) -> Entry:
     charge = Charge(memory, devices)
     pricing = Pricing((PricedRequest("r", devices, charge, ((cls, charge),)),))
-    return Entry(ns, ref, {"conservative": pricing}, allocated)
+    return Entry(ns, ClaimRef(ref), {"conservative": pricing}, allocated)
 
 
 def ledger(*quotas: dict) -> Ledger:  # type: ignore[type-arg]
@@ -92,3 +93,68 @@ def test_no_sequence_of_admissions_exceeds_hard(ops: list[tuple[int, int, bool]]
         # the incremental usage equals a recomputation from the entries
         total = sum((e.charge_for(led.quotas(NS)[0], "conservative") for e in led.entries()), Charge())
         assert usage.reserved == total
+
+
+UID_A, UID_B = "6f1c2a9e-0d4b-4c57-9a43-0e1f3b2a7c01", "b7d3e0c4-8a21-4f6e-9c55-2d7a1e9f4b02"
+
+
+def test_uid_keys_a_retry_replaces_and_a_reused_name_does_not() -> None:
+    led = ledger(make_quota("q", memory="100Gi"))
+    assert led.admit(entry(UID_A, 40 * GiB)).allowed
+    assert led.admit(entry(UID_A, 40 * GiB)).allowed  # the API server called again
+    assert led.admit(entry(UID_B, 40 * GiB)).allowed  # same name, new object
+    assert led.usage(NS, "q").reserved == Charge(80 * GiB, 2)
+    led.release(ClaimRef(UID_A))  # a late DELETE of the old object
+    assert led.usage(NS, "q").reserved == Charge(40 * GiB, 1)
+    assert led.entry(ClaimRef(UID_B)) is not None
+
+
+def test_release_drops_only_a_reservation() -> None:
+    led = ledger(make_quota("q", memory="100Gi"))
+    led.add_or_update_claim(entry(UID_A, 40 * GiB, allocated=True))
+    assert led.release(ClaimRef(UID_A)) == ()
+    assert led.usage(NS, "q").used == Charge(40 * GiB, 1)
+    assert led.release(ClaimRef("never-admitted")) == ()
+
+
+@pytest.mark.parametrize(
+    ("reserved", "exact", "enforce", "allowed", "used"),
+    [
+        (40, 30, True, True, 30),     # within the reservation: the reservation shrinks to the exact charge
+        (40, 60, True, True, 60),     # more than reserved, but the excess fits
+        (40, 90, True, False, 0),     # the excess breaks hard: denied, the reservation stays
+        (40, 90, False, False, 90),   # account-only: accounted anyway (the decision still says why)
+        (None, 50, True, True, 50),   # never reserved (admitted before this process): the whole charge is checked
+    ],
+)
+def test_allocate_checks_only_the_excess_over_the_reservation(
+    reserved: int | None, exact: int, enforce: bool, allowed: bool, used: int
+) -> None:
+    led = ledger(make_quota("q", memory="100Gi"), make_quota("other", memory="1Gi", classes=["mig"]))
+    assert led.admit(entry("someone-else", 30 * GiB)).allowed
+    if reserved is not None:
+        assert led.admit(entry(UID_A, reserved * GiB)).allowed
+    decision = led.allocate(entry(UID_A, exact * GiB, allocated=True), enforce=enforce)
+    assert decision.allowed is allowed
+    usage = led.usage(NS, "q")
+    assert usage.used == (Charge(used * GiB, 1) if used else Charge())
+    if not allowed:
+        assert 'exceeded DeviceQuota "q": requested memory=' in decision.message
+    if used == 0:
+        assert usage.reserved == Charge((30 + (reserved or 0)) * GiB, 2)
+
+
+def test_allocate_within_the_reservation_passes_a_quota_already_over_hard() -> None:
+    led = ledger(make_quota("q", memory="100Gi"))
+    assert led.admit(entry(UID_A, 60 * GiB)).allowed
+    led.add_or_update_claim(entry("existing", 80 * GiB, allocated=True))  # accounted, not admitted
+    assert led.allocate(entry(UID_A, 60 * GiB, allocated=True), enforce=True).allowed
+    assert led.allocate(entry(UID_A, 60 * GiB, allocated=True), enforce=True).allowed  # repeated: no double count
+    assert led.usage(NS, "q").used == Charge(140 * GiB, 2)
+
+
+def test_allocate_dry_run_changes_nothing() -> None:
+    led = ledger(make_quota("q", memory="100Gi"))
+    assert led.admit(entry(UID_A, 40 * GiB)).allowed
+    assert led.allocate(entry(UID_A, 30 * GiB, allocated=True), enforce=True, dry_run=True).allowed
+    assert led.usage(NS, "q").reserved == Charge(40 * GiB, 1)
