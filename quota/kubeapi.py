@@ -1,0 +1,408 @@
+"""The Kubernetes API as plain dicts: the one client the webhook and the controller share.
+
+Neighbours: `quota.watching` builds reflectors (list + watch) on `KubeApi.list` and
+`KubeApi.watch`; the pure stores (`quota.inventory`, `quota.ledger`) never see this module.
+
+Configuration comes from kubernetes_asyncio (`load_kube_config` for a kubeconfig file and
+context, `load_incluster_config` for the service account), so the TLS material, the
+`tls-server-name`, `proxy-url` and the bearer token are read exactly as that library reads
+them. Requests go through our own aiohttp session rather than the generated
+`ApiClient.call_api(..., _preload_content=False)`, because that path
+(kubernetes_asyncio client/api_client.py, client/rest.py) keeps every response in
+`last_response` (a watch stream would stay referenced), deep-copies every body through
+`sanitize_for_serialization`, honours `*_PROXY` from the environment (trust_env) and
+gives no handle on the connector or read buffer. The token is still fetched per request
+through `Configuration.auth_settings()`, which runs the `refresh_api_key_hook` that
+`load_incluster_config` installs: the projected service-account token is re-read as
+kubernetes_asyncio does it (incluster_config.py, every TOKEN_REFRESH_PERIOD).
+
+Objects are never turned into generated models: DRA fields newer than the models would be
+lost, and model construction costs more than the JSON decoding itself. Every HTTP failure
+is one `ApiError` carrying the status code, the `Status` reason and message; transport
+failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes_asyncio.client import Configuration
+from kubernetes_asyncio.config import load_incluster_config, load_kube_config
+
+__all__ = [
+    "ApiError",
+    "KubeApi",
+    "LineBuffer",
+    "Listing",
+    "Obj",
+    "PatchType",
+    "Resource",
+    "decode_event",
+]
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+PatchType = Literal["merge", "json", "strategic", "apply"]
+_PATCH_CONTENT_TYPES: dict[PatchType, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",  # JSON is YAML: the API server accepts it
+}
+# A list restarted this many times because its continue token expired gives up: each
+# restart is a full list, and a cluster compacting faster than we can page is broken.
+_MAX_LIST_RESTARTS = 3
+
+
+class ApiError(Exception):
+    """A non-2xx answer (or a watch ERROR event), with the decoded `Status` fields."""
+
+    def __init__(self, status: int, reason: str, message: str, *, where: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{where}: HTTP {status} {reason}: {message}" if where else f"HTTP {status} {reason}: {message}")
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes, *, where: str) -> ApiError:
+        """Decode a `Status` body when there is one; keep a short text otherwise."""
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where)
+        return cls(status, "", body[:500].decode("utf-8", "replace"), where=where)
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A REST collection: `Resource("resource.k8s.io/v1", "resourceclaims")`."""
+
+    api_version: str
+    plural: str
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        parts = [base]
+        if namespace is not None:
+            parts += ["namespaces", quote(namespace, safe="")]
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(quote(name, safe=""))
+        if subresource is not None:
+            parts.append(subresource)
+        return "/".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A complete list: its items and the resourceVersion to watch from."""
+
+    items: list[Obj]
+    resource_version: str
+
+
+class LineBuffer:
+    """Splits a byte stream into newline-terminated JSON documents.
+
+    As kopf `_cogs/clients/watching.py` `_iter_jsonlines`: aiohttp's own line reader fails
+    on lines above its buffer limit, and one watch event (a ResourceSlice with 128 devices,
+    a claim with many results) can be far larger.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line for line in lines if line.strip()]
+
+    def rest(self) -> bytes:
+        """What is left after the stream ended (a last line without a newline)."""
+        rest, self._buffer = self._buffer.strip(), b""
+        return rest
+
+
+def decode_event(line: bytes) -> tuple[str, Obj]:
+    """One watch line -> (type, object). An ERROR event raises `ApiError` with its code.
+
+    The API server reports "too old resource version" on an established watch as an ERROR
+    event whose object is a `Status` with code 410 (k8s.io/apiserver
+    pkg/storage/cacher/cacher.go newErrWatcher), not as an HTTP 410: callers handle both
+    the same way through `ApiError.status`.
+    """
+    event = json.loads(line)
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        raise ValueError(f"not a watch event: {line[:200]!r}")
+    kind, obj = str(event.get("type", "")), event["object"]
+    if kind == "ERROR":
+        raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message", "")), where="watch")
+    return kind, obj
+
+
+def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
+    return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in params.items() if v is not None}
+
+
+class KubeApi:
+    """Async REST client for one API server. Build it with `from_kubeconfig` or `in_cluster`.
+
+    Every call but `watch` is bounded by `request_timeout` (seconds, whole round trip);
+    connecting is bounded by `connect_timeout`; a watch is bounded by its `silence`
+    (the longest wait for one read) instead.
+    """
+
+    def __init__(self, configuration: Configuration, *, request_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+        self._config = configuration
+        self.server = str(configuration.host).rstrip("/")
+        self._ssl = _ssl_context(configuration)
+        self._server_hostname: str | None = configuration.tls_server_name or None
+        self._proxy: str | None = configuration.proxy or None
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    async def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None, **kwargs: float) -> KubeApi:
+        """A client from a kubeconfig file (default: $KUBECONFIG or ~/.kube/config) and context."""
+        configuration = Configuration()
+        await load_kube_config(config_file=path, context=context, client_configuration=configuration, persist_config=False)
+        return cls(configuration, **kwargs)
+
+    @classmethod
+    def in_cluster(cls, **kwargs: float) -> KubeApi:
+        """A client from the Pod's service account, its token re-read as it rotates."""
+        configuration = Configuration()
+        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # untyped upstream
+        return cls(configuration, **kwargs)
+
+    async def __aenter__(self) -> KubeApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Created lazily so that the session binds to the running event loop.
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=64),
+                timeout=self._timeout,
+                trust_env=False,  # only the kubeconfig's proxy-url, never *_PROXY
+            )
+        return self._session
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        # auth_settings() runs refresh_api_key_hook: the in-cluster token is re-read here.
+        auth = (await self._config.auth_settings()).get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = str(auth["value"])
+        return headers
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int | bool | None] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        started = time.monotonic()
+        data = None if body is None else json.dumps(body)
+        headers = await self._headers(content_type if data is not None else None)
+        async with self._http().request(
+            method,
+            self.server + path,
+            params=_query(params or {}),
+            data=data,
+            headers=headers,
+            proxy=self._proxy,
+            server_hostname=self._server_hostname,
+        ) as resp:
+            raw = await resp.read()
+        logger.debug("%s %s -> %d in %.3fs", method, path, resp.status, time.monotonic() - started)
+        if resp.status >= 300:
+            raise ApiError.from_body(resp.status, raw, where=f"{method} {path}")
+        decoded = json.loads(raw) if raw else {}
+        if not isinstance(decoded, dict):
+            raise ApiError(resp.status, "BadResponse", f"expected a JSON object, got {raw[:200]!r}", where=f"{method} {path}")
+        return decoded
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None, subresource: str | None = None) -> Obj:
+        return await self._request("GET", resource.path(namespace, name, subresource))
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 500,
+        transform: Callable[[Obj], Obj] | None = None,
+    ) -> Listing:
+        """All items, `limit` per page, each passed through `transform` as its page arrives.
+
+        `transform` runs page by page so a caller that trims objects never holds the full
+        list of untrimmed ones. Items get the `apiVersion` and `kind` the API server leaves
+        out of list items, so they read like watched objects. When a continue token has
+        expired (410, etcd compacted past it) the list starts over, as client-go's pager
+        falls back to a full list (k8s.io/client-go tools/pager/pager.go).
+        """
+        path = resource.path(namespace)
+        for _ in range(_MAX_LIST_RESTARTS + 1):
+            items: list[Obj] = []
+            params: dict[str, str | int | bool | None] = {
+                "limit": limit, "labelSelector": label_selector, "fieldSelector": field_selector,
+            }
+            try:
+                while True:
+                    page = await self._request("GET", path, params=params)
+                    api_version = page.get("apiVersion", resource.api_version)
+                    kind = str(page.get("kind", "")).removesuffix("List")
+                    for item in page.get("items") or []:
+                        item.setdefault("apiVersion", api_version)
+                        item.setdefault("kind", kind)
+                        items.append(transform(item) if transform else item)
+                    meta = page.get("metadata") or {}
+                    if not meta.get("continue"):
+                        return Listing(items, str(meta.get("resourceVersion", "")))
+                    params["continue"] = meta["continue"]
+            except ApiError as e:
+                if e.status != 410 or "continue" not in params:
+                    raise
+                logger.info("list %s in %s: continue token expired after %d items, listing again",
+                            resource.plural, namespace or "all namespaces", len(items))
+        raise ApiError(410, "Expired", f"list {path}: continue token expired {_MAX_LIST_RESTARTS + 1} times in a row")
+
+    async def watch(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int = 300,
+        silence: float = 90.0,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        send_initial_events: bool = False,
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
+        """Stream (type, object) events until the server ends the watch after `timeout_seconds`.
+
+        Bookmarks are always requested: BOOKMARK events carry only a resourceVersion, so a
+        quiet collection's watch still advances and a reconnect does not fall behind the
+        watch cache (KEP-956). A read waiting longer than `silence` raises a timeout (an
+        `aiohttp.ServerTimeoutError`): a dead peer behind a half-open TCP connection would
+        otherwise keep us waiting forever. `send_initial_events` asks for the existing
+        objects as ADDED events first, closed by a BOOKMARK annotated
+        `k8s.io/initial-events-end` (KEP-3157 streaming lists).
+        """
+        params: dict[str, str | int | bool | None] = {
+            "watch": True,
+            "allowWatchBookmarks": True,
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+        }
+        if send_initial_events:
+            params.update(sendInitialEvents=True, resourceVersionMatch="NotOlderThan")
+        path = resource.path(namespace)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=silence)
+        async with self._http().get(
+            self.server + path,
+            params=_query(params),
+            headers=await self._headers(None),
+            timeout=timeout,
+            proxy=self._proxy,
+            server_hostname=self._server_hostname,
+        ) as resp:
+            if resp.status >= 300:
+                raise ApiError.from_body(resp.status, await resp.read(), where=f"WATCH {path}")
+            lines = LineBuffer()
+            async for chunk in resp.content.iter_any():
+                for line in lines.feed(chunk):
+                    yield decode_event(line)
+            if rest := lines.rest():
+                yield decode_event(rest)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def create(
+        self, resource: Resource, body: Obj, *, namespace: str | None = None,
+        field_manager: str | None = None, dry_run: bool = False,
+    ) -> Obj:
+        params = {"fieldManager": field_manager, "dryRun": "All" if dry_run else None}
+        return await self._request("POST", resource.path(namespace), params=params, body=body)
+
+    async def replace(
+        self, resource: Resource, body: Obj, *, namespace: str | None = None,
+        subresource: str | None = None, field_manager: str | None = None,
+    ) -> Obj:
+        """PUT: optimistic concurrency through `metadata.resourceVersion` in `body` (409 on conflict)."""
+        path = resource.path(namespace, body["metadata"]["name"], subresource)
+        return await self._request("PUT", path, params={"fieldManager": field_manager}, body=body)
+
+    async def update_status(self, resource: Resource, body: Obj, *, namespace: str | None = None,
+                            field_manager: str | None = None) -> Obj:
+        return await self.replace(resource, body, namespace=namespace, subresource="status", field_manager=field_manager)
+
+    async def patch(
+        self, resource: Resource, name: str, patch: Any, *, patch_type: PatchType = "merge",
+        namespace: str | None = None, subresource: str | None = None,
+        field_manager: str | None = None, force: bool = False,
+    ) -> Obj:
+        """PATCH; `apply` is server-side apply, which needs a `field_manager` (`force` takes fields over)."""
+        if patch_type == "apply" and not field_manager:
+            raise ValueError("server-side apply needs a field_manager")
+        params = {"fieldManager": field_manager, "force": True if force else None}
+        return await self._request("PATCH", resource.path(namespace, name, subresource), params=params,
+                                   body=patch, content_type=_PATCH_CONTENT_TYPES[patch_type])
+
+    async def delete(
+        self, resource: Resource, name: str, *, namespace: str | None = None,
+        grace_period_seconds: int | None = None, propagation_policy: str | None = None,
+        preconditions: Mapping[str, str] | None = None,
+    ) -> Obj:
+        """DELETE; returns the deleted object (or a Status). `preconditions` fence on uid/resourceVersion."""
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if propagation_policy is not None:
+            options["propagationPolicy"] = propagation_policy
+        if preconditions:
+            options["preconditions"] = dict(preconditions)
+        return await self._request("DELETE", resource.path(namespace, name), body=options)
+
+
+def _ssl_context(configuration: Configuration) -> ssl.SSLContext:
+    """The TLS context kubernetes_asyncio's own RESTClientObject would build (client/rest.py)."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
