@@ -1,0 +1,240 @@
+"""Reflectors: keep a synchronous store equal to one kind of object on the API server.
+
+Neighbours: `quota.kubeapi` does the HTTP; the stores behind the `Store` protocol (adapters
+over `quota.inventory` and `quota.ledger`, later) are pure and synchronous, so each
+callback is atomic on the event loop and a decision never sees half an event.
+
+The loop follows client-go's reflector (k8s.io/client-go tools/cache/reflector.go) and
+kopf (`_cogs/clients/watching.py`): list (paginated), hand the store the whole list at
+once, then watch from the list's resourceVersion with bookmarks, remembering the last
+resourceVersion seen. A watch the server ends (timeoutSeconds) is reopened from there; a
+connection error or a silent connection is reopened from there after a capped, jittered
+exponential backoff; a 410 Gone (as an HTTP status or as an ERROR event) means the server
+no longer has events that old, so the only way back is a fresh list, which replaces the
+store. `synced` is set after the first complete list, never before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
+
+import aiohttp
+
+from quota.kubeapi import ApiError, KubeApi, Obj, Resource
+
+__all__ = [
+    "LAST_APPLIED",
+    "Backoff",
+    "Reflector",
+    "ReflectorStats",
+    "Store",
+    "Trim",
+    "WatchSettings",
+    "trim_claim",
+    "trim_object",
+]
+
+logger = logging.getLogger(__name__)
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+Trim = Callable[[Obj], Obj]
+
+
+class Store(Protocol):
+    """What a reflector feeds. Synchronous on purpose: no await, so each call is atomic.
+
+    Callbacks must not raise: a reflector has no better answer to a store error than to
+    stop, and a stopped reflector means a stale cache.
+    """
+
+    def replace(self, objects: list[Obj]) -> None: ...
+    def upsert(self, obj: Obj) -> None: ...
+    def delete(self, obj: Obj) -> None: ...
+
+
+# -- trimming -----------------------------------------------------------------------------------
+
+
+def trim_object(obj: Obj) -> Obj:
+    """Drop what no reader needs and what weighs most: managedFields, last-applied annotation.
+
+    A shallow copy (nested values are shared, the input is untouched): 150,000 claims as
+    full dicts are about 1 GB, and managedFields is often a third of an object.
+    """
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**obj, "metadata": meta}
+
+
+_CLAIM_STATUS_KEPT = ("allocation", "reservedFor")
+
+
+def trim_claim(obj: Obj) -> Obj:
+    """`trim_object`, and of a ResourceClaim's status only what accounting reads.
+
+    `status.allocation` is what is charged and `status.reservedFor` names the consuming
+    pods; `status.devices` (driver-written conditions and network data per device) is
+    dropped.
+    """
+    trimmed = trim_object(obj)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        trimmed["status"] = {k: status[k] for k in _CLAIM_STATUS_KEPT if k in status}
+    return trimmed
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter, as client-go's wait.Backoff.
+
+    The jitter spreads the reconnects of many replicas after an API server restart, so
+    that they do not all list at the same instant (the thundering herd client-go's
+    reflector avoids the same way).
+    """
+
+    initial: float = 0.2
+    factor: float = 2.0
+    cap: float = 30.0
+    jitter: float = 0.5  # up to this fraction of the delay added at random
+
+    def delay(self, attempt: int, *, rand: float) -> float:
+        """Seconds to wait before retry number `attempt` (0-based); `rand` is uniform in [0, 1)."""
+        base = min(self.cap, self.initial * self.factor ** min(attempt, 64))
+        return min(self.cap, base * (1.0 + self.jitter * rand))
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSettings:
+    page_size: int = 500
+    # Server-side watch length, randomised in [1, 2) times this as client-go's reflector
+    # does (minWatchTimeout 5 min) so that watches of many clients do not end together.
+    server_timeout: int = 300
+    # Longest wait for one read. The API server sends a BOOKMARK about once a minute on a
+    # quiet watch (k8s.io/apiserver pkg/storage/cacher, bookmarkFrequency), so a minute
+    # and a half of silence means the connection is dead, not the collection quiet.
+    silence: float = 90.0
+    backoff: Backoff = Backoff()
+
+
+@dataclass(slots=True)
+class ReflectorStats:
+    """Plain counters, read by the metrics layer later."""
+
+    lists: int = 0  # complete lists handed to the store (the first one included)
+    relists: int = 0  # lists caused by 410 Gone
+    restarts: int = 0  # watches reopened after an error or a silent connection
+    events: int = 0  # ADDED/MODIFIED/DELETED applied
+    bookmarks: int = 0
+
+
+# -- the reflector ------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Reflector:
+    """List and watch one resource into `store`; `await run()` until cancelled."""
+
+    api: KubeApi
+    resource: Resource
+    store: Store
+    namespace: str | None = None
+    label_selector: str | None = None
+    trim: Trim = trim_object
+    settings: WatchSettings = WatchSettings()
+    rand: Callable[[], float] = random.random
+    synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    # The resourceVersion the next watch starts from: the list's, then each event's.
+    resource_version: str | None = field(default=None, init=False)
+    stats: ReflectorStats = field(default_factory=ReflectorStats, init=False)
+    _attempt: int = field(default=0, init=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.resource.plural} in {self.namespace}" if self.namespace else f"{self.resource.plural} (all namespaces)"
+
+    async def run(self) -> NoReturn:
+        must_list = True
+        while True:
+            try:
+                if must_list:
+                    await self._list()
+                    must_list = False
+                await self._watch()
+                continue  # the server ended the watch (timeoutSeconds): reopen at once
+            except ApiError as e:
+                if e.status == 410:
+                    # reflector.go: an expired resourceVersion ends the watch and relists.
+                    logger.info("%s: resourceVersion %s expired (%s), listing again", self.where, self.resource_version, e.message)
+                    must_list = True
+                    self.stats.relists += 1
+                else:
+                    logger.warning("%s: %s", self.where, e)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                # ClientError covers refused/reset connections and the silence timeout
+                # (ServerTimeoutError); ValueError a truncated or garbled JSON line.
+                logger.warning("%s: watch connection lost (%s: %s), reconnecting", self.where, type(e).__name__, e)
+            self.stats.restarts += 1
+            delay = self.settings.backoff.delay(self._attempt, rand=self.rand())
+            self._attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _list(self) -> None:
+        listing = await self.api.list(
+            self.resource,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            limit=self.settings.page_size,
+            transform=self.trim,
+        )
+        self.store.replace(listing.items)
+        self.resource_version = listing.resource_version
+        self.stats.lists += 1
+        self._attempt = 0
+        if not self.synced.is_set():
+            logger.info("%s: synced, %d objects at resourceVersion %s", self.where, len(listing.items), self.resource_version)
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        timeout = int(self.settings.server_timeout * (1.0 + self.rand()))
+        stream = self.api.watch(
+            self.resource,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            resource_version=self.resource_version,
+            timeout_seconds=timeout,
+            silence=self.settings.silence,
+        )
+        async with contextlib.aclosing(stream):
+            async for kind, obj in stream:
+                self._attempt = 0  # the connection works: the next failure starts the backoff over
+                self.apply(kind, obj)
+
+    def apply(self, kind: str, obj: Obj) -> None:
+        """Apply one decoded watch event to the store and advance the resourceVersion."""
+        if kind in ("ADDED", "MODIFIED"):
+            self.store.upsert(self.trim(obj))
+            self.stats.events += 1
+        elif kind == "DELETED":
+            self.store.delete(self.trim(obj))
+            self.stats.events += 1
+        elif kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+        else:
+            logger.warning("%s: ignoring a watch event of type %r", self.where, kind)
+            return
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+

@@ -1,0 +1,187 @@
+"""The pure parts of the Kubernetes access layer: event decoding, line splitting, backoff,
+trimming, and how a reflector applies one event to its store (quota.kubeapi, quota.watching).
+
+The I/O (lists, watches, 410s, reconnects) is proven against the real API server in
+tests/e2e/test_watching.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, cast
+
+import pytest
+
+from quota.kubeapi import ApiError, KubeApi, LineBuffer, Obj, Resource, decode_event
+from quota.watching import LAST_APPLIED, Backoff, Reflector, trim_claim, trim_object
+
+
+def make_obj(name: str = "a", rv: str = "7", **extra: Any) -> Obj:
+    meta: Obj = {
+        "name": name,
+        "namespace": "ns",
+        "resourceVersion": rv,
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:data": {}}}],
+        "annotations": {LAST_APPLIED: "{...}", "draquota.io/charge": "{}"},
+    }
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, **extra}
+
+
+class RecordingStore:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def replace(self, objects: list[Obj]) -> None:
+        self.calls.append(("replace", objects))
+
+    def upsert(self, obj: Obj) -> None:
+        self.calls.append(("upsert", obj))
+
+    def delete(self, obj: Obj) -> None:
+        self.calls.append(("delete", obj))
+
+
+def make_reflector(store: RecordingStore) -> Reflector:
+    # apply() never touches the API client.
+    return Reflector(api=cast(KubeApi, None), resource=Resource("v1", "configmaps"), store=store)
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"type": "ADDED", "object": {"metadata": {"name": "a"}}}, ("ADDED", {"metadata": {"name": "a"}})),
+        ({"type": "BOOKMARK", "object": {"kind": "ConfigMap", "metadata": {"resourceVersion": "9"}}},
+         ("BOOKMARK", {"kind": "ConfigMap", "metadata": {"resourceVersion": "9"}})),
+    ],
+)
+def test_decode_event(event: Obj, expected: tuple[str, Obj]) -> None:
+    assert decode_event(json.dumps(event).encode()) == expected
+
+
+def test_error_event_raises_api_error_with_its_code() -> None:
+    line = json.dumps({"type": "ERROR", "object": {
+        "kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version: 1 (4242)"}})
+    with pytest.raises(ApiError) as caught:
+        decode_event(line.encode())
+    assert (caught.value.status, caught.value.reason, caught.value.message) == (410, "Expired", "too old resource version: 1 (4242)")
+
+
+@pytest.mark.parametrize("line", [b"[]", b'{"type": "ADDED"}', b'{"type": "ADDED", "object": 3}', b"{trunc"])
+def test_malformed_event_is_a_value_error(line: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_event(line)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (404, b'{"kind":"Status","reason":"NotFound","message":"configmaps \\"x\\" not found"}',
+         (404, "NotFound", 'configmaps "x" not found')),
+        (502, b"<html>bad gateway</html>", (502, "", "<html>bad gateway</html>")),
+    ],
+)
+def test_api_error_from_body(status: int, body: bytes, expected: tuple[int, str, str]) -> None:
+    error = ApiError.from_body(status, body, where="GET /x")
+    assert (error.status, error.reason, error.message) == expected
+    assert str(error).startswith(f"GET /x: HTTP {status}")
+
+
+def test_line_buffer_joins_chunks_and_keeps_big_lines() -> None:
+    big = json.dumps({"type": "ADDED", "object": {"data": "x" * 300_000}}).encode()
+    buffer = LineBuffer()
+    assert buffer.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert buffer.feed(b":2}\n\n" + big[:1000]) == [b'{"b":2}']
+    assert buffer.feed(big[1000:] + b"\n") == [big]  # above aiohttp's 128 KiB readline limit
+    assert buffer.feed(b'{"c":3}') == []
+    assert buffer.rest() == b'{"c":3}'
+    assert buffer.rest() == b""
+
+
+@pytest.mark.parametrize(
+    ("api_version", "args", "path"),
+    [
+        ("v1", {}, "/api/v1/configmaps"),
+        ("v1", {"namespace": "ns", "name": "a b"}, "/api/v1/namespaces/ns/configmaps/a%20b"),
+        ("resource.k8s.io/v1", {"namespace": "ns", "name": "c", "subresource": "status"},
+         "/apis/resource.k8s.io/v1/namespaces/ns/configmaps/c/status"),
+    ],
+)
+def test_resource_path(api_version: str, args: dict[str, str], path: str) -> None:
+    assert Resource(api_version, "configmaps").path(**args) == path
+
+
+# -- backoff --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "rand", "expected"),
+    [(0, 0.0, 0.2), (1, 0.0, 0.4), (3, 0.0, 1.6), (3, 0.5, 2.0), (7, 0.0, 25.6), (8, 0.0, 30.0),
+     (7, 0.99, 30.0), (10_000, 0.5, 30.0)],
+)
+def test_backoff_is_exponential_jittered_and_capped(attempt: int, rand: float, expected: float) -> None:
+    assert Backoff().delay(attempt, rand=rand) == pytest.approx(expected)
+
+
+# -- trimming -------------------------------------------------------------------------------------
+
+
+def test_trim_object_drops_managed_fields_and_last_applied_without_touching_input() -> None:
+    obj = make_obj(data={"k": "v"})
+    before = copy.deepcopy(obj)
+    trimmed = trim_object(obj)
+    assert obj == before
+    assert trimmed == {
+        "apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"},
+        "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "7", "annotations": {"draquota.io/charge": "{}"}},
+    }
+
+
+def test_trim_object_without_metadata_extras() -> None:
+    assert trim_object({"metadata": {"name": "a"}}) == {"metadata": {"name": "a"}}
+
+
+def test_trim_claim_keeps_only_what_accounting_reads() -> None:
+    status = {"allocation": {"devices": {"results": []}}, "reservedFor": [{"resource": "pods", "name": "p"}],
+              "devices": [{"driver": "gpu.example.com", "conditions": [], "data": {"big": "x" * 1000}}]}
+    trimmed = trim_claim(make_obj(spec={"devices": {}}, status=status))
+    assert trimmed["status"] == {"allocation": status["allocation"], "reservedFor": status["reservedFor"]}
+    assert trimmed["spec"] == {"devices": {}}
+    assert "managedFields" not in trimmed["metadata"]
+    assert "status" not in trim_claim(make_obj())
+
+
+# -- applying events ------------------------------------------------------------------------------
+
+
+def test_reflector_applies_events_trimmed_and_follows_resource_versions() -> None:
+    store = RecordingStore()
+    reflector = make_reflector(store)
+    reflector.apply("ADDED", make_obj("a", "10"))
+    reflector.apply("MODIFIED", make_obj("a", "11"))
+    reflector.apply("DELETED", make_obj("a", "12"))
+    assert [(op, o["metadata"]["resourceVersion"]) for op, o in store.calls] == [("upsert", "10"), ("upsert", "11"), ("delete", "12")]
+    assert all("managedFields" not in o["metadata"] for _, o in store.calls)
+    assert reflector.resource_version == "12"
+    assert (reflector.stats.events, reflector.stats.bookmarks) == (3, 0)
+
+
+def test_bookmark_only_advances_the_resource_version() -> None:
+    store = RecordingStore()
+    reflector = make_reflector(store)
+    reflector.resource_version = "12"
+    reflector.apply("BOOKMARK", {"kind": "ConfigMap", "metadata": {"resourceVersion": "40"}})
+    assert store.calls == []
+    assert reflector.resource_version == "40"
+    assert (reflector.stats.events, reflector.stats.bookmarks) == (0, 1)
+
+
+def test_unknown_event_type_changes_nothing() -> None:
+    store = RecordingStore()
+    reflector = make_reflector(store)
+    reflector.resource_version = "12"
+    reflector.apply("SURPRISE", make_obj("a", "13"))
+    assert (store.calls, reflector.resource_version, reflector.stats.events) == ([], "12", 0)
