@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from quota.policy import PolicyRecord
 from quota.raw import show
 
 __all__ = [
@@ -99,6 +100,9 @@ class Verdict:
     warnings: tuple[str, ...] = ()
     patch: Sequence[Mapping[str, Any]] = ()
     audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    # adminAccess grants and refusals: not on the wire; the server turns each into an
+    # Event and a metric (the audit annotation already carries it in the response).
+    records: tuple[PolicyRecord, ...] = ()
 
 
 def parse_review(review: Any) -> AdmissionRequest:
@@ -141,7 +145,9 @@ def parse_review(review: Any) -> AdmissionRequest:
 
 def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
     """The AdmissionReview to send back for request `uid`."""
-    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    # The API server's uids are UUIDs; anything else cannot match its request anyway,
+    # and a lone surrogate in it would make the answer unencodable (a 500).
+    response: dict[str, Any] = {"uid": clean(uid), "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {
             "code": verdict.code,
