@@ -1,0 +1,151 @@
+"""A loopback admission webhook that records which requests the API server sends it.
+
+Used by test_admission_config.py to prove what the shipped webhook configurations
+(deploy/manifests/webhooks.yaml) select on the real API server. It allows everything;
+on ``/mutate`` it answers with the JSON patch our mutating webhook would send (the two
+``draquota.io/*`` annotations, replacing what the user wrote), so the test also sees the
+mutation land. The test rewrites each webhook's ``clientConfig.service.path`` to
+``<shipped path>/<webhook name>`` so every recorded review says which webhook it came from.
+
+Also :func:`impersonated`: one API request as another user through the admin client.
+``tests/e2e/kube.py``'s ``Kube.request`` takes no extra headers, so this goes through the
+same aiohttp session (``Kube._http``) with ``Impersonate-User``/``Impersonate-Group``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .kube import MERGE_PATCH, ApiError, Kube
+
+CHARGE = {"memory": 0, "devices": 1}
+QUOTAS = "e2e-recorder"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One review as received: which path/webhook, and the request's main fields."""
+
+    path: str
+    webhook: str
+    operation: str
+    namespace: str
+    name: str
+    sub_resource: str
+    dry_run: bool
+    username: str
+    request: dict[str, Any] = field(compare=False, repr=False)
+
+    @property
+    def object(self) -> dict[str, Any]:
+        return self.request.get("object") or {}
+
+    @property
+    def old_object(self) -> dict[str, Any]:
+        return self.request.get("oldObject") or {}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+    def reviews(self, *, webhook: str | None = None, name: str | None = None) -> list[Seen]:
+        return [s for s in self.seen if (webhook is None or s.webhook == webhook) and (name is None or s.name == name)]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        review = await request.json()
+        req = review["request"]
+        base, _, hook = request.path.lstrip("/").partition("/")
+        seen = Seen(
+            path="/" + base,
+            webhook=hook,
+            operation=req.get("operation", ""),
+            namespace=req.get("namespace", ""),
+            name=req.get("name", ""),
+            sub_resource=req.get("subResource", ""),
+            dry_run=bool(req.get("dryRun")),
+            username=(req.get("userInfo") or {}).get("username", ""),
+            request=req,
+        )
+        self.seen.append(seen)
+        response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+        if seen.path == "/mutate":
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(_charge_patch(seen.object)).encode()).decode()
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+
+
+def _charge_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    ours = {"draquota.io/charge": json.dumps(CHARGE, separators=(",", ":")), "draquota.io/quotas": QUOTAS}
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if not annotations:
+        return [{"op": "add", "path": "/metadata/annotations", "value": ours}]
+    # "add" on an existing member replaces it (RFC 6902 4.1); "/" in keys is "~1".
+    return [{"op": "add", "path": "/metadata/annotations/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
+            for k, v in ours.items()]
+
+
+@asynccontextmanager
+async def serve_recorder(cert_file: str, key_file: str, port: int) -> AsyncIterator[Recorder]:
+    """HTTPS on 127.0.0.1:<port> with the test webhook certificate; any path under /validate and /mutate."""
+    recorder = Recorder()
+    app = web.Application()
+    app.router.add_post("/validate/{hook}", recorder.handle)
+    app.router.add_post("/mutate/{hook}", recorder.handle)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert_file, key_file)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx)
+    await site.start()
+    try:
+        yield recorder
+    finally:
+        await runner.cleanup()
+
+
+async def impersonated(
+    kube: Kube,
+    method: str,
+    path: str,
+    *,
+    user: str,
+    groups: Sequence[str] = (),
+    body: Any = None,
+    params: Mapping[str, str] | None = None,
+    content_type: str = MERGE_PATCH,
+) -> Any:
+    """Like ``Kube.request`` but as ``user`` (and ``groups``), via the admin's impersonate right.
+
+    Raises :class:`ApiError` on non-2xx, exactly like ``Kube.request``.
+    """
+    headers: dict[str, Any] = {"Accept": "application/json", "Impersonate-User": user}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = content_type
+        data = json.dumps(body)
+    # Impersonate-Group may repeat: a multidict keeps every value.
+    h = CIMultiDict(headers)
+    for g in groups:
+        h.add("Impersonate-Group", g)
+    async with kube._http().request(method, kube.server + path, data=data, params=dict(params or {}), headers=h) as resp:
+        text = await resp.text()
+        try:
+            decoded: Any = json.loads(text) if text else None
+        except ValueError:
+            decoded = text
+        if resp.status >= 300:
+            raise ApiError(method, path, resp.status, decoded)
+        return decoded
