@@ -32,6 +32,8 @@ ENV = "DRA_QUOTA_FUZZ_EXAMPLES"
 #     - 500 passing, 0 failing, and 12 invalid test cases"
 _TEST = re.compile(r"^(tests/\S+::\S+):$")
 _COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
+_PHASE = re.compile(r"during (\w+) phase")
+_ERRORS = re.compile(r"Found (\d+) distinct errors? in this phase")
 
 
 def suites() -> list[str]:
@@ -58,21 +60,29 @@ def main() -> int:
     )
     seconds = time.monotonic() - started
     per_test: dict[str, list[int]] = {}
-    current = None
+    current, phase = None, ""
     for line in proc.stdout.splitlines():
         if (m := _TEST.match(line.strip())) is not None:
             current = m.group(1)
-        elif current is not None and (m := _COUNTS.search(line)) is not None:
-            totals = per_test.setdefault(current, [0, 0, 0])
-            for i in range(3):
-                totals[i] += int(m.group(i + 1))
-    tried = sum(p + f for p, f, _ in per_test.values())
+            per_test.setdefault(current, [0, 0, 0])
+        elif (m := _PHASE.search(line)) is not None:
+            phase = m.group(1)
+        elif current is None:
+            continue
+        elif (m := _COUNTS.search(line)) is not None and phase != "shrink":
+            # Inputs tried: the explicit, reuse and generate phases; shrinking replays
+            # variants of one failure and would inflate both counts.
+            per_test[current][0] += int(m.group(1)) + int(m.group(2))
+            per_test[current][2] += int(m.group(3))
+        elif (m := _ERRORS.search(line)) is not None:
+            per_test[current][1] += int(m.group(1))
+    tried = sum(t for t, _, _ in per_test.values())
     failing = sum(f for _, f, _ in per_test.values())
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-    print(f"{'test':90} {'passing':>8} {'failing':>8} {'invalid':>8}")
+    print(f"{'test':90} {'tried':>8} {'errors':>8} {'invalid':>8}")
     for name, (p, f, i) in sorted(per_test.items()):
         print(f"{name[-90:]:90} {p:8} {f:8} {i:8}")
-    summary = (f"{len(per_test)} fuzz tests, {tried} inputs tried, {failing} failing "
+    summary = (f"{len(per_test)} fuzz tests, {tried} inputs tried, {failing} distinct errors "
                f"(tracebacks, hangs or allocations over the per-example bound), pytest exit {proc.returncode}, "
                f"{seconds:.0f} s, peak RSS of the run {rss} MiB")
     print(summary)
