@@ -16,7 +16,7 @@ from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
-__all__ = ["ADMIN_ACCESS_LABEL", "Admission", "Admitter", "claim_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "Admission", "Admitter", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -49,6 +49,11 @@ def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str
 
 
 def claim_ref(claim: Claim) -> ClaimRef:
+    """The ledger key of a parsed claim (see `object_ref`)."""
+    return object_ref(uid=claim.uid, namespace=claim.namespace, name=claim.name)
+
+
+def object_ref(*, uid: str, namespace: str, name: str) -> ClaimRef:
     """The ledger key of a claim: its uid, else namespace/name.
 
     A validating webhook sees the uid the API server generated for the CREATE (the
@@ -57,7 +62,7 @@ def claim_ref(claim: Claim) -> ClaimRef:
     erase the reservation of a new claim of the same name. Files read by `dra-quota
     check` carry no uids: there namespace/name is the identity.
     """
-    return ClaimRef(claim.uid or f"{claim.namespace}/{claim.name}")
+    return ClaimRef(uid or f"{namespace}/{name}")
 
 
 class Admitter:

@@ -1,0 +1,342 @@
+"""webhook.claims: claim and template admission from realistic AdmissionReview requests."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
+from quota.devicequota import parse_device_quota
+from quota.ledger import ClaimRef, Ledger
+from quota.model import Charge, Namespace
+from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
+from quota.pricing import Pricer
+from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, delete_claim, update_claim
+from webhook.review import AdmissionRequest, Verdict, parse_review
+
+from ..builders import GiB, exactly, make_claim, make_quota, request, result
+from ..test_pricing import CLASSES, inventory
+
+NS = Namespace("team-a")
+D = "gpu.example.com"
+H100 = f"device.attributes['{D}'].model == 'h100'"  # 80Gi each, on node-1
+H200 = f"device.attributes['{D}'].model == 'h200'"  # 141Gi each, on node-2
+ALICE = {"username": "alice", "uid": "a1", "groups": ["team-a-devs", "system:authenticated"]}
+ADMIN = {"username": "root-ops", "uid": "r1", "groups": ["gpu-admins", "system:authenticated"]}
+CONTROLLER_USER = {"username": CLAIM_CONTROLLER, "uid": "c1",
+                   "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]}
+ADMIN_LABELS = {"kubernetes.io/metadata.name": "team-a", "resource.kubernetes.io/admin-access": "true"}
+POLICY = parse_policy({"groups": ["gpu-admins"]})
+CLAIM_GVR = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}
+TEMPLATE_GVR = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaimtemplates"}
+UID = "3c1f5e2a-9b7d-4e61-8f0a-5d2c6b4e7a10"
+UID2 = "8e4b2d7c-1a6f-4c93-b5e0-7f3a9d1c2b64"
+
+
+def context(*quotas: dict[str, Any], labels: Mapping[str, str] | None = None,
+            allocation_check: str = "enforce") -> ClaimContext:
+    ledger = Ledger()
+    for quota in quotas:
+        ledger.add_or_update_quota(parse_device_quota(quota))
+    known = {"team-a": labels or {"kubernetes.io/metadata.name": "team-a"}}
+    return ClaimContext(Admitter(Pricer(inventory(), CLASSES), ledger), known.get, lambda: POLICY,
+                        allocation_check)  # type: ignore[arg-type]
+
+
+def stored(obj: dict[str, Any], *, uid: str | None = UID, name: str = "train-gpu-x7k2q") -> dict[str, Any]:
+    """`obj` as the validating phase of a generateName CREATE sees it: generated name and uid."""
+    out = copy.deepcopy(obj)
+    meta = out["metadata"]
+    meta["generateName"] = "train-gpu-"
+    meta["name"] = name
+    if uid is not None:
+        meta["uid"] = uid
+    meta["creationTimestamp"] = "2026-11-23T18:30:00Z"
+    meta["managedFields"] = [{"manager": "kubectl-create", "operation": "Update", "apiVersion": "resource.k8s.io/v1"}]
+    return out
+
+
+def review_request(obj: dict[str, Any] | None, *, operation: str = "CREATE", gvr: dict[str, str] = CLAIM_GVR,
+                   sub: str = "", old: dict[str, Any] | None = None, user: dict[str, Any] = ALICE,
+                   dry_run: bool = False, name: str = "train-gpu-x7k2q") -> AdmissionRequest:
+    kind = (obj or old or {}).get("kind", "ResourceClaim")
+    raw: dict[str, Any] = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": gvr["group"], "version": "v1", "kind": kind},
+        "resource": gvr,
+        "requestKind": {"group": gvr["group"], "version": "v1", "kind": kind},
+        "requestResource": gvr,
+        "name": name,
+        "namespace": "team-a",
+        "operation": operation,
+        "userInfo": user,
+        "object": obj,
+        "oldObject": old,
+        "dryRun": dry_run,
+        "options": {"kind": f"{operation.title()}Options", "apiVersion": "meta.k8s.io/v1"},
+    }
+    if sub:
+        raw["subResource"] = sub
+        raw["requestSubResource"] = sub
+    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": raw})
+
+
+def gpu_claim(selector: str = H100, *, admin: bool = False, count: int | None = None,
+              kind: str = "ResourceClaim") -> dict[str, Any]:
+    obj = make_claim("ignored", request("gpu", exactly("gpu", selector, admin=admin, count=count)), kind=kind)
+    del obj["metadata"]["name"]
+    return obj
+
+
+def reserved(ctx: ClaimContext, quota: str = "gpus") -> Charge:
+    return ctx.admitter.ledger.usage(NS, quota).reserved
+
+
+GPUS = make_quota("gpus", memory="200Gi", devices=4)
+DENIED_THIRD = ('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=160Gi, '
+                "limited memory=200Gi")
+
+
+def test_creates_reserve_until_the_quota_is_full() -> None:
+    ctx = context(GPUS)
+    for i, uid in enumerate((UID, UID2)):
+        assert create_claim(ctx, review_request(stored(gpu_claim(), uid=uid, name=f"g-{i}"))) == Verdict(True)
+    third = create_claim(ctx, review_request(stored(gpu_claim(), uid="third", name="g-2")))
+    assert third == Verdict(False, DENIED_THIRD)
+    assert reserved(ctx) == Charge(160 * GiB, 2)
+
+
+def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
+    ctx = context(GPUS)
+    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
+    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed  # the same call again
+    assert reserved(ctx) == Charge(80 * GiB, 1)
+    # The same name under a new uid (a collision re-ran admission, or a delete and re-create).
+    assert create_claim(ctx, review_request(stored(gpu_claim(), uid=UID2))).allowed
+    assert reserved(ctx) == Charge(160 * GiB, 2)
+    # A late DELETE of the first object releases only its own reservation.
+    delete_claim(ctx, review_request(None, operation="DELETE", old=stored(gpu_claim())))
+    assert reserved(ctx) == Charge(80 * GiB, 1)
+    assert ctx.admitter.ledger.entry(ClaimRef(UID2)) is not None
+
+
+@pytest.mark.parametrize(
+    ("quota", "dry_run", "expected", "reserved_after"),
+    [
+        (make_quota("gpus", memory="100Gi"), True, Verdict(True), Charge()),
+        (make_quota("gpus", memory="50Gi"), True, Verdict(
+            False, 'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, '
+                   "limited memory=50Gi"), Charge()),
+        (make_quota("gpus", memory="50Gi", enforcement="Audit"), False, Verdict(True, warnings=(
+            'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, limited '
+            "memory=50Gi (enforcement: Audit, admitted)",)), Charge(80 * GiB, 1)),
+        (make_quota("gpus", memory="100Gi", classes=["mig"]), False, Verdict(True), Charge()),
+    ],
+    ids=["dry-run", "dry-run-denied", "audit", "out-of-scope"],
+)
+def test_create_table(quota: dict[str, Any], dry_run: bool, expected: Verdict, reserved_after: Charge) -> None:
+    ctx = context(quota)
+    assert create_claim(ctx, review_request(stored(gpu_claim()), dry_run=dry_run)) == expected
+    assert reserved(ctx) == reserved_after
+
+
+def test_the_request_namespace_is_the_claims() -> None:
+    ctx = context(GPUS)
+    obj = stored(gpu_claim())
+    del obj["metadata"]["namespace"]
+    assert create_claim(ctx, review_request(obj)).allowed
+    assert reserved(ctx) == Charge(80 * GiB, 1)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda o: o["spec"]["devices"]["requests"][0]["exactly"].update(count="two"),
+         "invalid ResourceClaim: spec.devices.requests[0].exactly.count"),
+        (lambda o: o["metadata"].update(uid=7), "invalid ResourceClaim: ResourceClaim train-gpu-x7k2q: metadata.uid"),
+        (lambda o: o.update(apiVersion="resource.k8s.io/v1beta1"),
+         "invalid ResourceClaim: ResourceClaim with apiVersion 'resource.k8s.io/v1beta1' is not supported"),
+        (lambda o: (o["metadata"].pop("uid"), o["metadata"].pop("name")),
+         "metadata.uid and metadata.name are missing"),
+    ],
+)
+def test_malformed_claims_are_denied_naming_the_field(mutate: Any, message: str) -> None:
+    obj = stored(gpu_claim())
+    mutate(obj)
+    verdict = create_claim(context(GPUS), review_request(obj))
+    assert (verdict.allowed, verdict.reason, verdict.code) == (False, "Invalid", 422)
+    assert verdict.message.startswith(message), verdict.message
+
+
+def test_a_missing_object_is_denied() -> None:
+    verdict = create_claim(context(GPUS), review_request(None))
+    assert verdict == Verdict(False, "request.object is missing on a CREATE of resourceclaims", "Invalid", 422)
+
+
+TEMPLATE_GPUS = make_quota("gpus", memory="200Gi")
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (1, Verdict(True)),
+        (2, Verdict(True, warnings=(
+            'claims from this template do not fit now: exceeded DeviceQuota "gpus": requested memory=160Gi, '
+            "used memory=0, reserved memory=80Gi, limited memory=200Gi",))),
+        (3, Verdict(False, 'a claim from this template can never fit: exceeded DeviceQuota "gpus": requested '
+                           "memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi")),
+    ],
+)
+def test_templates_reserve_nothing(count: int, expected: Verdict) -> None:
+    ctx = context(TEMPLATE_GPUS)
+    assert create_claim(ctx, review_request(stored(gpu_claim(), uid="other"))).allowed  # 80Gi reserved
+    template = stored(gpu_claim(count=count, kind="ResourceClaimTemplate"), uid="tmpl")
+    assert create_template(ctx, review_request(template, gvr=TEMPLATE_GVR)) == expected
+    assert reserved(ctx) == Charge(80 * GiB, 1)
+
+
+def allocated(obj: dict[str, Any], *devices: tuple[str, str]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["status"] = {"allocation": {"devices": {"results": [result("gpu", d, pool=p) for p, d in devices]}}}
+    return out
+
+
+def status_update(obj: dict[str, Any], old: dict[str, Any], *, dry_run: bool = False) -> AdmissionRequest:
+    scheduler = {"username": "system:kube-scheduler", "groups": ["system:authenticated"]}
+    return review_request(obj, operation="UPDATE", sub="status", old=old, user=scheduler, dry_run=dry_run)
+
+
+EXCEEDED = ("the allocated devices charge more than the claim reserved (requested: the excess): "
+            'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=160Gi, '
+            "limited memory=160Gi")
+
+
+@pytest.mark.parametrize(
+    ("device", "check", "expected", "used", "still_reserved"),
+    [
+        (("node-1", "gpu-0"), "enforce", Verdict(True), Charge(80 * GiB, 1), Charge(80 * GiB, 1)),
+        # priced at an h100, allocated an h200 (as an Optimistic quota may): 61Gi more, nothing left
+        (("node-2", "gpu-0"), "enforce", Verdict(False, EXCEEDED), Charge(), Charge(160 * GiB, 2)),
+        (("node-2", "gpu-0"), "account-only", Verdict(True, warnings=(
+            f"{EXCEEDED} (allocation check: account-only, admitted)",)), Charge(141 * GiB, 1), Charge(80 * GiB, 1)),
+    ],
+)
+def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check: str, expected: Verdict,
+                                                 used: Charge, still_reserved: Charge) -> None:
+    ctx = context(make_quota("gpus", memory="160Gi"), allocation_check=check)
+    claim = stored(gpu_claim())
+    assert create_claim(ctx, review_request(claim)).allowed
+    assert create_claim(ctx, review_request(stored(gpu_claim(), uid=UID2, name="other"))).allowed
+    assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
+    usage = ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used, usage.reserved) == (used, still_reserved)
+    # the scheduler's retry of the same update counts nothing twice
+    allocate_claim(ctx, status_update(allocated(claim, device), claim))
+    assert ctx.admitter.ledger.usage(NS, "gpus") == usage
+
+
+def test_only_the_update_that_sets_the_allocation_is_checked() -> None:
+    ctx = context(make_quota("gpus", memory="1Gi"))
+    claim = allocated(stored(gpu_claim()), ("node-2", "gpu-0"))
+    # deallocation, and a driver's status.devices write on an allocated claim
+    assert allocate_claim(ctx, status_update(stored(gpu_claim()), claim)) == Verdict(True)
+    assert allocate_claim(ctx, status_update({**claim, "status": {**claim["status"], "devices": []}}, claim)) == Verdict(True)
+    assert ctx.admitter.ledger.usage(NS, "gpus").used == Charge()
+
+
+def test_a_dry_run_allocation_changes_nothing() -> None:
+    ctx = context(GPUS)
+    claim = stored(gpu_claim())
+    assert create_claim(ctx, review_request(claim)).allowed
+    assert allocate_claim(ctx, status_update(allocated(claim, ("node-1", "gpu-0")), claim, dry_run=True)) == Verdict(True)
+    assert (ctx.admitter.ledger.usage(NS, "gpus").used, reserved(ctx)) == (Charge(), Charge(80 * GiB, 1))
+
+
+def test_delete_releases_a_reservation_at_once_but_not_a_dry_run() -> None:
+    ctx = context(GPUS)
+    claim = stored(gpu_claim())
+    assert create_claim(ctx, review_request(claim)).allowed
+    assert delete_claim(ctx, review_request(None, operation="DELETE", old=claim, dry_run=True)) == Verdict(True)
+    assert reserved(ctx) == Charge(80 * GiB, 1)
+    assert delete_claim(ctx, review_request(None, operation="DELETE", old=claim)) == Verdict(True)
+    assert reserved(ctx) == Charge()
+
+
+def admin_record(outcome: str, username: str, basis: str, kind: str = "ResourceClaim") -> PolicyRecord:
+    action = f"create {kind} team-a/train-gpu-x7k2q with adminAccess"
+    return PolicyRecord(outcome, username, action, basis, kind, "team-a", "train-gpu-x7k2q")  # type: ignore[arg-type]
+
+
+def with_admin(record: PolicyRecord, allowed: bool = True, message: str = "") -> Verdict:
+    return Verdict(allowed, message, audit_annotations={"admin-access": record.audit_value}, records=(record,))
+
+
+REFUSED = "not on the adminAccess allowlist"
+STAMPED = "stamped from a Pod's ResourceClaimTemplate, judged at the template's CREATE"
+POD_MARKS = {
+    "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+    "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": "p-1", "controller": True,
+                         "blockOwnerDeletion": True}],
+}
+
+
+@pytest.mark.parametrize(
+    ("user", "marks", "labels", "expected"),
+    [
+        (ADMIN, {}, ADMIN_LABELS, with_admin(admin_record("granted", "root-ops", "allowlisted group gpu-admins"))),
+        (ALICE, {}, ADMIN_LABELS, with_admin(
+            r := admin_record("refused", "alice", REFUSED), False,
+            f"alice may not {r.action}: not on dra-quota's adminAccess allowlist")),
+        (CONTROLLER_USER, POD_MARKS, ADMIN_LABELS, with_admin(admin_record("granted", CLAIM_CONTROLLER, STAMPED))),
+        (CONTROLLER_USER, {}, ADMIN_LABELS, with_admin(
+            r := admin_record("refused", CLAIM_CONTROLLER, REFUSED), False,
+            f"{CLAIM_CONTROLLER} may not {r.action}: not on dra-quota's adminAccess allowlist")),
+        (ALICE, POD_MARKS, ADMIN_LABELS, with_admin(
+            r := admin_record("refused", "alice", REFUSED), False,
+            f"alice may not {r.action}: not on dra-quota's adminAccess allowlist")),
+        # allowlisted, but the namespace lacks the label: nothing is granted, nothing recorded
+        (ADMIN, {}, None, Verdict(False, ADMIN_ACCESS_MESSAGE)),
+    ],
+    ids=["allowlisted", "refused", "controller-for-pod", "controller-alone", "forged-marks", "no-label"],
+)
+def test_admin_access_claims(user: dict[str, Any], marks: dict[str, Any], labels: Mapping[str, str] | None,
+                             expected: Verdict) -> None:
+    ctx = context(GPUS, labels=labels)
+    obj = stored(gpu_claim(admin=True))
+    obj["metadata"].update(copy.deepcopy(marks))
+    assert create_claim(ctx, review_request(obj, user=user)) == expected
+    assert reserved(ctx) == Charge()  # adminAccess requests cost nothing
+
+
+def test_admin_access_templates_follow_the_allowlist_too() -> None:
+    template = stored(gpu_claim(admin=True, kind="ResourceClaimTemplate"))
+    ctx = context(GPUS, labels=ADMIN_LABELS)
+    granted = admin_record("granted", "root-ops", "allowlisted group gpu-admins", "ResourceClaimTemplate")
+    assert create_template(ctx, review_request(template, gvr=TEMPLATE_GVR, user=ADMIN)) == with_admin(granted)
+    # the controller's account never makes templates: no stamped-from-Pod exception here
+    verdict = create_template(ctx, review_request(template, gvr=TEMPLATE_GVR, user=CONTROLLER_USER))
+    assert not verdict.allowed and verdict.records[0].outcome == "refused"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ({"draquota.io/charge": '{"memory":85899345920,"devices":1}'}, {"draquota.io/charge": '{"memory":0,"devices":1}'},
+         Verdict(False, "annotation draquota.io/charge is written by dra-quota at creation and may not be changed "
+                        "(was '{\"memory\":85899345920,\"devices\":1}', now '{\"memory\":0,\"devices\":1}')")),
+        ({"draquota.io/quotas": "gpus"}, {},
+         Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
+                        "(was 'gpus', now None)")),
+        ({}, {"draquota.io/quotas": ""},
+         Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
+                        "(was None, now '')")),
+        ({"draquota.io/quotas": "gpus"}, {"draquota.io/quotas": "gpus", "team": "ml"}, Verdict(True)),
+    ],
+)
+def test_our_annotations_may_not_change(old: dict[str, str], new: dict[str, str], expected: Verdict) -> None:
+    before, after = stored(gpu_claim()), stored(gpu_claim())
+    before["metadata"]["annotations"], after["metadata"]["annotations"] = old, new
+    assert update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)) == expected

@@ -1,0 +1,199 @@
+"""Validating admission of ResourceClaims and ResourceClaimTemplates: requests in, Verdicts out.
+
+Neighbours: `webhook.endpoints` dispatches here by resource, subresource and operation;
+`quota.admission.Admitter` prices, checks and reserves; `quota.policy` judges
+adminAccess. A thin adapter in kueue's pkg/webhooks style: read the object, call the
+domain, say what it decided. Every step from parsing to reserving is synchronous (no
+await between the check and the reservation), so on the event loop two admissions can
+never both see the same headroom. No Kubernetes I/O: namespace labels and the policy
+come from the caller's caches.
+
+Reservations are keyed by the claim's uid (`quota.admission.claim_ref`): a validating
+webhook sees the name and uid the API server generated for a `generateName` create,
+a name collision re-runs admission under a new name and uid, and the same uid seen twice
+(a retried call) replaces its reservation instead of counting twice.
+
+Our annotations (`draquota.io/charge`, `draquota.io/quotas`) are written by the
+mutating webhook at CREATE. Nothing decides on them: the ledger keeps its own record of
+each claim's charge (`Admitter.allocate_claim`). They are what queue managers and
+dashboards read, so a later change by anyone is refused (`update_claim`), instead of
+letting a tenant publish a smaller charge than the one counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from quota.admission import Admission, Admitter, object_ref
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
+from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
+from quota.raw import as_map, dig, show
+from webhook.review import AdmissionRequest, Verdict
+
+__all__ = [
+    "AllocationCheck",
+    "ClaimContext",
+    "allocate_claim",
+    "create_claim",
+    "create_template",
+    "delete_claim",
+    "update_claim",
+    "with_namespace",
+]
+
+AllocationCheck = Literal["enforce", "account-only"]
+NamespaceLabels = Callable[[str], "Mapping[str, str] | None"]
+OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimContext:
+    """What the claim handlers need: the domain, and the caches the server keeps."""
+
+    admitter: Admitter
+    # Labels of a namespace from the cache, None when it is not known (yet).
+    namespace_labels: NamespaceLabels
+    # Called per request, so a reloaded ConfigMap applies to the next review.
+    policy: Callable[[], AdminAccessPolicy]
+    allocation_check: AllocationCheck = "enforce"
+
+
+def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim CREATE: adminAccess policy, then price, check every quota, reserve."""
+    claim = _claim(request, request.object)
+    if isinstance(claim, Verdict):
+        return claim
+    if not claim.uid and not isinstance(dig(request.object, "metadata", "name"), str):
+        # parse_claim reads generateName as the name; two such claims would share a key.
+        return _invalid("metadata.uid and metadata.name are missing: the API server sets both before validating admission")
+    record = _judge(ctx, request, claim)
+    if record is not None and record.outcome == "refused":
+        return _refusal(record)
+    admission = ctx.admitter.admit_claim(
+        claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=request.dry_run
+    )
+    return _verdict(admission, record)
+
+
+def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaimTemplate CREATE: denied if its claim could never fit; reserves nothing."""
+    claim = _claim(request, request.object)
+    if isinstance(claim, Verdict):
+        return claim
+    record = _judge(ctx, request, claim)
+    if record is not None and record.outcome == "refused":
+        return _refusal(record)
+    admission = ctx.admitter.admit_template(claim, namespace_labels=ctx.namespace_labels(claim.namespace))
+    return _verdict(admission, record)
+
+
+def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """`resourceclaims/status` UPDATE: only the one that sets `status.allocation` is ours.
+
+    The scheduler writes the allocation once, in PreBind (k/k pkg/scheduler/framework/
+    plugins/dynamicresources); deallocation, Unreserve and drivers' `status.devices`
+    writes pass untouched, so a quota can never block a claim's release.
+    """
+    if dig(request.old_object, "status", "allocation") is not None or dig(request.object, "status", "allocation") is None:
+        return Verdict(True)
+    claim = _claim(request, request.object)
+    if isinstance(claim, Verdict):
+        return claim
+    admission = ctx.admitter.allocate_claim(claim, enforce=ctx.allocation_check == "enforce", dry_run=request.dry_run)
+    return _verdict(admission, None)
+
+
+def delete_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim DELETE: release its reservation at once; never denied.
+
+    The scheduler deletes a claim it made for extended resources when its status update
+    fails, and a Pod's claims go with the Pod: waiting for a TTL would hold quota nobody
+    uses. An allocated claim keeps its `used` charge until it is gone (`Ledger.release`).
+    """
+    uid = dig(request.old_object, "metadata", "uid")
+    if not request.dry_run:
+        uid = uid if isinstance(uid, str) else ""
+        ctx.admitter.ledger.release(object_ref(uid=uid, namespace=request.namespace, name=request.name))
+    return Verdict(True)
+
+
+def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim UPDATE (main resource): our annotations may not change.
+
+    Spec is immutable and status is reset on this path (dra-api.md §8), so metadata is
+    all a tenant can change here; ours are written once, by our mutating webhook at
+    CREATE, which is not an UPDATE.
+    """
+    old = as_map(dig(request.old_object, "metadata", "annotations"))
+    new = as_map(dig(request.object, "metadata", "annotations"))
+    changed = [key for key in OUR_ANNOTATIONS if old.get(key) != new.get(key)]
+    if not changed:
+        return Verdict(True)
+    return Verdict(
+        False,
+        f"annotation {changed[0]} is written by dra-quota at creation and may not be changed "
+        f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
+    )
+
+
+def with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
+    """`obj` with the request's namespace when its metadata names none.
+
+    The create handler copies the request's namespace into the object before admission
+    (k/k staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go,
+    EnsureObjectNamespaceMatchesRequestNamespace); `parse_claim` would read a missing
+    one as "default", which must never charge another namespace's quotas.
+    """
+    meta = obj.get("metadata")
+    if namespace and isinstance(meta, dict) and not meta.get("namespace"):
+        return {**obj, "metadata": {**meta, "namespace": namespace}}
+    return obj
+
+
+def _claim(request: AdmissionRequest, obj: Mapping[str, Any] | None) -> Claim | Verdict:
+    if obj is None:
+        return _invalid(f"request.object is missing on a {request.operation} of {request.resource.resource}")
+    try:
+        return parse_claim(with_namespace(obj, request.namespace))
+    except ClaimError as err:
+        kind = obj.get("kind") if isinstance(obj.get("kind"), str) else "ResourceClaim"
+        return _invalid(f"invalid {kind}: {err}")
+
+
+def _judge(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) -> PolicyRecord | None:
+    if not claim.admin_access:
+        return None
+    return judge_claim(
+        ctx.policy(),
+        username=request.user.username,
+        groups=request.user.groups,
+        kind=claim.kind,
+        namespace=claim.namespace,
+        name=claim.name,
+        from_pod=claim.kind == "ResourceClaim" and request.object is not None and stamped_from_pod(request.object),
+    )
+
+
+def _refusal(record: PolicyRecord) -> Verdict:
+    return Verdict(
+        False,
+        f"{record.username or '(anonymous)'} may not {record.action}: not on dra-quota's adminAccess allowlist",
+        audit_annotations={AUDIT_KEY: record.audit_value},
+        records=(record,),
+    )
+
+
+def _verdict(admission: Admission, record: PolicyRecord | None) -> Verdict:
+    if not admission.allowed:
+        # Nothing was granted: the claim does not exist.
+        return Verdict(False, admission.reason, warnings=admission.warnings)
+    if record is None:
+        return Verdict(True, warnings=admission.warnings)
+    return Verdict(True, warnings=admission.warnings, audit_annotations={AUDIT_KEY: record.audit_value},
+                   records=(record,))
+
+
+def _invalid(message: str) -> Verdict:
+    return Verdict(False, message, reason="Invalid", code=422)
