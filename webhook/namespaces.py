@@ -1,0 +1,66 @@
+"""Validating admission of Namespaces: who may touch the adminAccess label.
+
+Neighbours: `webhook.endpoints` dispatches Namespace CREATE and UPDATE here, including
+the `status` and `finalize` subresources (on 1.37 both write the whole object, labels
+included: k/k pkg/registry/core/namespace/storage, StatusREST and FinalizeREST);
+`quota.policy` decides. Only the label `resource.kubernetes.io/admin-access` is read:
+a Namespace is cluster infrastructure, so anything else about it, however odd, is not
+ours to refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from quota.admission import ADMIN_ACCESS_LABEL
+from quota.policy import AUDIT_KEY, AdminAccessPolicy, judge_label_change
+from quota.raw import dig, show
+from webhook.review import AdmissionRequest, Verdict
+
+__all__ = ["update_namespace"]
+
+
+def update_namespace(policy: Callable[[], AdminAccessPolicy], request: AdmissionRequest) -> Verdict:
+    """CREATE or UPDATE (any subresource): a change of the label needs the allowlist."""
+    new = _label(request.object, "request.object")
+    old = _label(request.old_object, "request.oldObject") if request.operation == "UPDATE" else None
+    if isinstance(new, Verdict):
+        return new
+    if isinstance(old, Verdict):
+        return old
+    record = judge_label_change(
+        policy(),
+        username=request.user.username,
+        groups=request.user.groups,
+        namespace=request.name or _name(request.object),
+        old=old,
+        new=new,
+    )
+    if record is None:
+        return Verdict(True)
+    audit = {AUDIT_KEY: record.audit_value}
+    if record.outcome == "granted":
+        return Verdict(True, audit_annotations=audit, records=(record,))
+    return Verdict(
+        False,
+        f"{record.username or '(anonymous)'} may not {record.action}: not on dra-quota's adminAccess allowlist",
+        audit_annotations=audit,
+        records=(record,),
+    )
+
+
+def _label(obj: Mapping[str, Any] | None, where: str) -> str | None | Verdict:
+    labels = dig(obj, "metadata", "labels")
+    if labels is not None and not isinstance(labels, dict):
+        return Verdict(False, f"{where}.metadata.labels must be a map, got {show(labels)}", reason="Invalid", code=422)
+    value = (labels or {}).get(ADMIN_ACCESS_LABEL)
+    if value is not None and not isinstance(value, str):
+        return Verdict(False, f"{where}.metadata.labels[{ADMIN_ACCESS_LABEL!r}] must be a string, got {show(value)}",
+                       reason="Invalid", code=422)
+    return value
+
+
+def _name(obj: Mapping[str, Any] | None) -> str:
+    name = dig(obj, "metadata", "name")
+    return name if isinstance(name, str) else ""
