@@ -42,6 +42,7 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # apiserver pkg/endpoints/filters/warning.go), so keep each readable and bounded.
 MAX_WARNING_CHARS = 512
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ReviewError(ValueError):
@@ -214,4 +215,25 @@ def _object(value: Any, where: str, uid: str) -> Mapping[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise ReviewError(f"{where} must be an object", uid)
+    if _holds_lone_surrogate(value):
+        # Python's json accepts a "\ud800" escape; Go's encoding/json (the API server)
+        # never sends one (it decodes it to U+FFFD). Such a string cannot be encoded as
+        # UTF-8, which every layer below (CEL, messages, patches) assumes.
+        raise ReviewError(f"{where} holds a lone UTF-16 surrogate, which the API server never sends", uid)
     return value
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    """Any string in `value` (keys included) with a lone surrogate; iterative, for any depth."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
 from quota.devicequota import parse_device_quota
@@ -15,9 +19,12 @@ from quota.model import Charge, Namespace
 from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
 from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, delete_claim, update_claim
-from webhook.review import AdmissionRequest, Verdict, parse_review
+from webhook.endpoints import endpoints
+from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
+from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, exactly, make_claim, make_quota, request, result
+from ..test_fuzz_parsers import paths, splice, values
 from ..test_pricing import CLASSES, inventory
 
 NS = Namespace("team-a")
@@ -32,6 +39,8 @@ ADMIN_LABELS = {"kubernetes.io/metadata.name": "team-a", "resource.kubernetes.io
 POLICY = parse_policy({"groups": ["gpu-admins"]})
 CLAIM_GVR = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}
 TEMPLATE_GVR = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaimtemplates"}
+# One pricer for the module: its caches are keyed on the inventory, which never changes here.
+PRICER = Pricer(inventory(), CLASSES)
 UID = "3c1f5e2a-9b7d-4e61-8f0a-5d2c6b4e7a10"
 UID2 = "8e4b2d7c-1a6f-4c93-b5e0-7f3a9d1c2b64"
 
@@ -42,8 +51,7 @@ def context(*quotas: dict[str, Any], labels: Mapping[str, str] | None = None,
     for quota in quotas:
         ledger.add_or_update_quota(parse_device_quota(quota))
     known = {"team-a": labels or {"kubernetes.io/metadata.name": "team-a"}}
-    return ClaimContext(Admitter(Pricer(inventory(), CLASSES), ledger), known.get, lambda: POLICY,
-                        allocation_check)  # type: ignore[arg-type]
+    return ClaimContext(Admitter(PRICER, ledger), known.get, lambda: POLICY, allocation_check)  # type: ignore[arg-type]
 
 
 def stored(obj: dict[str, Any], *, uid: str | None = UID, name: str = "train-gpu-x7k2q") -> dict[str, Any]:
@@ -340,3 +348,133 @@ def test_our_annotations_may_not_change(old: dict[str, str], new: dict[str, str]
     before, after = stored(gpu_claim()), stored(gpu_claim())
     before["metadata"]["annotations"], after["metadata"]["annotations"] = old, new
     assert update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)) == expected
+
+
+# -- the endpoints --------------------------------------------------------------------
+
+
+def run(path: str, ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    return asyncio.run(endpoints(ctx)[path](request))
+
+
+@pytest.mark.parametrize(
+    ("path", "request_", "expected"),
+    [
+        ("/validate", review_request(stored(gpu_claim()), operation="CONNECT"), Verdict(True)),
+        ("/validate", review_request(stored(gpu_claim()), gvr={**CLAIM_GVR, "resource": "deviceclasses"}), Verdict(True)),
+        ("/validate", review_request(stored(gpu_claim()), sub="binding", operation="UPDATE", old=stored(gpu_claim())),
+         Verdict(True)),
+        ("/validate", review_request(stored(gpu_claim(count=3))), Verdict(False, (
+            'exceeded DeviceQuota "gpus": requested memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi'))),
+        ("/mutate", review_request(stored(gpu_claim()), operation="UPDATE", old=stored(gpu_claim())), Verdict(True)),
+        ("/mutate", review_request(stored(gpu_claim()), gvr=TEMPLATE_GVR), Verdict(True)),
+    ],
+    ids=["connect", "other-resource", "other-subresource", "claim-create", "mutate-update", "mutate-template"],
+)
+def test_endpoints_dispatch_and_skip_what_is_not_ours(path: str, request_: AdmissionRequest, expected: Verdict) -> None:
+    assert run(path, context(GPUS), request_) == expected
+
+
+def test_the_mutating_endpoint_patches_a_claim_create() -> None:
+    verdict = run("/mutate", context(GPUS), review_request(stored(gpu_claim())))
+    assert verdict == Verdict(True, patch=[{"op": "add", "path": "/metadata/annotations", "value": {
+        "draquota.io/charge": '{"memory":85899345920,"devices":1}', "draquota.io/quotas": "gpus"}}])
+
+
+# -- no sequence over-commits, no retry counts twice ----------------------------------------
+
+SIZES = (H100, H200, "device.attributes['gpu.example.com'].type == 'gpu'")
+DEVICES = (("node-1", "gpu-0"), ("node-2", "gpu-1"), ("node-1", "gpu-3"))
+ENFORCED = make_quota("gpus", memory="300Gi", devices=3)
+op = st.tuples(st.sampled_from(["create", "retry", "delete", "allocate", "dry-run"]),
+               st.integers(0, 3), st.integers(0, 2), st.integers(0, 2))
+
+
+@settings(max_examples=fuzz_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, max_size=25), st.sampled_from(["enforce", "account-only"]))
+def test_no_sequence_over_commits_and_no_retry_counts_twice(ops: list[tuple[str, int, int, int]], check: str) -> None:
+    ctx = context(ENFORCED, make_quota("audit", memory="100Gi", enforcement="Audit"), allocation_check=check)
+    ledger = ctx.admitter.ledger
+    quota = ledger.quotas(NS)[0]
+    for kind, uid, size, device in ops:
+        # uids are reused across sizes and names: the key is the uid, whatever the name
+        claim = stored(gpu_claim(SIZES[size]), uid=f"uid-{uid}", name=f"c-{size}")
+        if kind in ("create", "retry", "dry-run"):
+            create_claim(ctx, review_request(claim, dry_run=kind == "dry-run"))
+            if kind == "retry":
+                before = ledger.usage(NS, "gpus")
+                create_claim(ctx, review_request(claim))
+                assert ledger.usage(NS, "gpus") == before
+        elif kind == "delete":
+            delete_claim(ctx, review_request(None, operation="DELETE", old=claim, name=f"c-{size}"))
+        else:
+            allocate_claim(ctx, status_update(allocated(claim, DEVICES[device]), claim))
+        usage = ledger.usage(NS, "gpus")
+        if check == "enforce":
+            total = usage.used + usage.reserved
+            assert total.memory <= 300 * GiB and total.devices <= 3
+        # incremental usage is a recomputation from the entries: nothing counted twice
+        used = sum((e.charge_for(quota, "conservative") for e in ledger.entries() if e.allocated), Charge())
+        held = sum((e.charge_for(quota, "conservative") for e in ledger.entries() if not e.allocated), Charge())
+        assert (usage.used, usage.reserved) == (used, held)
+
+
+# -- fuzzing the endpoints with mutated reviews ----------------------------------------------
+
+ADMIN_CLAIM = stored(gpu_claim(admin=True))
+ADMIN_CLAIM["metadata"].update(copy.deepcopy(POD_MARKS))
+ADMIN_CLAIM["metadata"]["annotations"]["draquota.io/charge"] = '{"memory":1,"devices":1}'
+
+
+def raw_review(obj: Any, *, operation: str = "CREATE", gvr: dict[str, str] = CLAIM_GVR, sub: str = "",
+               old: Any = None, user: dict[str, Any] = CONTROLLER_USER, dry_run: bool = False) -> dict[str, Any]:
+    request_ = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "kind": {"group": gvr["group"], "version": "v1", "kind": "X"},
+        "resource": dict(gvr), "subResource": sub, "name": "train-gpu-x7k2q", "namespace": "team-a",
+        "operation": operation, "userInfo": copy.deepcopy(user), "object": copy.deepcopy(obj),
+        "oldObject": copy.deepcopy(old), "dryRun": dry_run,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request_}
+
+
+NAMESPACE_GVR = {"group": "", "version": "v1", "resource": "namespaces"}
+TEMPLATE = stored(gpu_claim(admin=True, count=2, kind="ResourceClaimTemplate"))
+NS_OBJECT = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": dict(ADMIN_LABELS)}}
+BASES = [
+    raw_review(ADMIN_CLAIM),
+    raw_review(TEMPLATE, gvr=TEMPLATE_GVR, user=ADMIN),
+    raw_review(allocated(ADMIN_CLAIM, DEVICES[1]), operation="UPDATE", sub="status", old=ADMIN_CLAIM),
+    raw_review(None, operation="DELETE", old=ADMIN_CLAIM, dry_run=True),
+    raw_review(ADMIN_CLAIM, operation="UPDATE", old=stored(gpu_claim())),
+    raw_review(NS_OBJECT, operation="UPDATE", gvr=NAMESPACE_GVR, sub="finalize",
+               old={**NS_OBJECT, "metadata": {"name": "team-a"}}, user=ALICE),
+]
+
+
+@settings(max_examples=fuzz_examples(150), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data(), st.sampled_from(range(len(BASES))), values)
+def test_fuzz_the_endpoints_answer_every_mutated_review(data: st.DataObject, base: int, value: Any) -> None:
+    body = copy.deepcopy(BASES[base])
+    body = splice(body, data.draw(st.sampled_from(paths(body))), value)
+    ctx = context(GPUS, make_quota("audit", memory="1Gi", enforcement="Audit"), labels=ADMIN_LABELS)
+    with bounded(seconds=10, megabytes=256):
+        try:
+            request_ = parse_review(body)
+        except ReviewError:
+            return
+        for path in ("/validate", "/mutate"):
+            verdict = run(path, ctx, request_)
+            assert isinstance(verdict, Verdict)
+            assert verdict.allowed or (verdict.message and not verdict.patch)
+            json.dumps(respond(request_.uid, verdict), ensure_ascii=False).encode("utf-8")
+        total = ctx.admitter.ledger.usage(NS, "gpus")
+        assert total.used.memory + total.reserved.memory <= 200 * GiB
+
+
+def test_a_lone_surrogate_in_the_object_is_a_malformed_review() -> None:
+    body = raw_review(ADMIN_CLAIM)
+    body["request"]["object"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "'\ud800' == 'x'"}}]
+    with pytest.raises(ReviewError, match="request.object holds a lone UTF-16 surrogate"):
+        parse_review(body)
