@@ -1,0 +1,537 @@
+"""deploy/manifests/webhooks.yaml and admin-access-policy.yaml on the real 1.37 API server.
+
+What the configurations select is decided by the API server (rules, selectors, CEL
+matchConditions, dryRun and sideEffects), so it is proven there: the shipped objects are
+applied as they are, except for what a shared test cluster needs:
+- unique object names per test, and an extra objectSelector requirement on a per-test
+  label, so only this test's objects are ever sent to this test's webhook (other e2e
+  tests run against the same API server; the shipped namespaceSelector stays intact);
+- clientConfig.service.port -> the loopback recorder's port (the API server's
+  --loopback-service resolver dials 127.0.0.1:<service port> and verifies the certificate
+  for dra-quota-webhook.dra-quota-system.svc), the test CA as caBundle, and the path
+  suffixed with the webhook's name so each review says which webhook sent it;
+- for the policy: the parameter ConfigMap in a test namespace, and the binding narrowed
+  to the per-test label.
+Every cluster-scoped object is deleted after its test.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from quota.policy import parse_policy
+
+from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
+from .driver import RESOURCE_V1, claim_spec, exact_request
+from .kube import ApiError, Kube, Obj, poll, resource_path
+from .webhook_recorder import Recorder, impersonated, serve_recorder
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+WEBHOOKS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
+POLICY_DOCS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/admin-access-policy.yaml").read_text()) if d]
+ADMISSION = "admissionregistration.k8s.io/v1"
+RUN_LABEL = "e2e.draquota.io/run"
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+OUR_SA = "system:serviceaccount:dra-quota-system:dra-quota"
+
+QUOTA = "quota.resourceclaims.draquota.io"
+RELEASE = "release.resourceclaims.draquota.io"
+ALLOCATION = "allocation.resourceclaims.draquota.io"
+NAMESPACES = "admin-access.namespaces.draquota.io"
+CHARGE = "charge.resourceclaims.draquota.io"
+
+MakeNamespace = Callable[..., Awaitable[str]]
+
+PLURALS = {
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+}
+
+
+def doc(docs: list[Obj], kind: str) -> Obj:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return copy.deepcopy(found)
+
+
+class ClusterObjects:
+    """Creates cluster-scoped objects and deletes them all after the test (reverse order)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.created: list[tuple[str, str, str]] = []
+
+    async def create(self, body: Obj) -> Obj:
+        api_version, plural = body["apiVersion"], PLURALS[body["kind"]]
+        result = await self.kube.create(api_version, plural, body)
+        self.created.append((api_version, plural, body["metadata"]["name"]))
+        return result
+
+    async def delete_all(self) -> None:
+        for api_version, plural, name in reversed(self.created):
+            await self.kube.delete(api_version, plural, name)
+        self.created.clear()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster_objects(kube: Kube, make_namespace: MakeNamespace) -> AsyncIterator[ClusterObjects]:
+    # Depends on make_namespace so it is torn down first: the webhook configurations and
+    # the policy are gone before the test's namespaces are deleted.
+    objects = ClusterObjects(kube)
+    try:
+        yield objects
+    finally:
+        await objects.delete_all()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def recorder(cluster: ControlPlane) -> AsyncIterator[tuple[Recorder, int]]:
+    cert, key = cluster.webhook_cert
+    port = free_ports(1)[0]
+    async with serve_recorder(str(cert), str(key), port) as rec:
+        yield rec, port
+
+
+def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
+    """The shipped configurations, adapted to the shared test cluster (see the module docstring)."""
+    ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
+    configs = []
+    for config in copy.deepcopy(WEBHOOKS):
+        config["metadata"]["name"] = f"{config['metadata']['name']}-e2e-{run}"
+        for hook in config["webhooks"]:
+            service = hook["clientConfig"]["service"]
+            assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
+            assert service["port"] == 443
+            service["port"] = port
+            service["path"] = f"{service['path']}/{hook['name']}"
+            hook["clientConfig"]["caBundle"] = ca
+            selector = hook.setdefault("objectSelector", {})
+            selector.setdefault("matchExpressions", []).append({"key": RUN_LABEL, "operator": "In", "values": [run]})
+        configs.append(config)
+    return configs
+
+
+
+
+def claim(name: str, run: str, *, annotations: dict[str, str] | None = None) -> Obj:
+    meta: Obj = {"name": name, "labels": {RUN_LABEL: run}}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"kind": "ResourceClaim", "metadata": meta, "spec": claim_spec(exact_request("gpu", "e2e-no-such-class"))}
+
+
+async def create_claim(kube: Kube, namespace: str, body: Obj, *, dry_run: bool = False) -> Obj:
+    return await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=namespace, dry_run=dry_run)
+
+
+async def apply_webhooks(
+    kube: Kube, objects: ClusterObjects, cluster: ControlPlane, port: int, run: str, rec: Recorder, namespace: str
+) -> None:
+    """Create both configurations and wait until the API server calls both (a dry-run probe)."""
+    for config in adapted_webhooks(run, port, cluster):
+        await objects.create(config)
+
+    async def observed() -> bool:
+        await create_claim(kube, namespace, claim("probe", run), dry_run=True)
+        hooks = {s.webhook for s in rec.reviews(name="probe")}
+        return {QUOTA, CHARGE} <= hooks
+
+    await poll(observed, timeout=30, what="both webhook configurations to take effect")
+    rec.clear()
+
+
+def run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+# -- (a), (d) and dryRun: claim and template CREATE, claim DELETE ----------------------------------
+
+
+async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace,
+    cluster_objects: ClusterObjects, recorder: tuple[Recorder, int],
+) -> None:  # fmt: skip
+    rec, port = recorder
+    run = run_id()
+    ns = await make_namespace("admcfg")
+    await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
+
+    # dryRun reaches both webhooks (sideEffects NoneOnDryRun) with dryRun true, and
+    # nothing is persisted.
+    await create_claim(kube, ns, claim("dry", run), dry_run=True)
+    assert [(s.webhook, s.path, s.operation, s.dry_run) for s in rec.reviews(name="dry")] == [
+        (CHARGE, "/mutate", "CREATE", True),
+        (QUOTA, "/validate", "CREATE", True),
+    ]
+    assert await kube.get_or_none(RESOURCE_V1, "resourceclaims", "dry", namespace=ns) is None
+
+    # A real CREATE: mutating first, then validating (which sees the mutated object);
+    # the user's own draquota.io/charge is replaced by ours.
+    created = await create_claim(kube, ns, claim("c1", run, annotations={"draquota.io/charge": "forged"}))
+    seen = rec.reviews(name="c1")
+    assert [(s.webhook, s.operation, s.dry_run, s.sub_resource) for s in seen] == [
+        (CHARGE, "CREATE", False, ""),
+        (QUOTA, "CREATE", False, ""),
+    ]
+    assert seen[0].object["metadata"]["annotations"]["draquota.io/charge"] == "forged"
+    assert seen[1].object["metadata"]["annotations"]["draquota.io/charge"] == '{"memory":0,"devices":1}'
+    assert seen[1].request["uid"] and seen[1].object["metadata"]["uid"] == created["metadata"]["uid"]
+    assert created["metadata"]["annotations"] == {"draquota.io/charge": '{"memory":0,"devices":1}',
+                                                  "draquota.io/quotas": "e2e-recorder"}  # fmt: skip
+
+    # A generateName CREATE: the validating webhook sees the generated name and uid,
+    # the mutating one sees neither (issue 7).
+    generated = {**claim("", run)}
+    generated["metadata"] = {"generateName": "gen-", "labels": {RUN_LABEL: run}}
+    made = await create_claim(kube, ns, generated)
+    gen_seen = [s for s in rec.seen if (s.object.get("metadata") or {}).get("generateName") == "gen-"]
+    assert [(s.webhook, s.name) for s in gen_seen] == [(CHARGE, ""), (QUOTA, made["metadata"]["name"])]
+    assert "uid" not in gen_seen[0].object["metadata"]
+    assert gen_seen[1].object["metadata"]["uid"] == made["metadata"]["uid"]
+
+    # Templates: quota webhook only (no charge annotation on templates).
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t1", "labels": {RUN_LABEL: run}},
+                "spec": {"spec": claim_spec(exact_request("gpu", "e2e-no-such-class"))}}  # fmt: skip
+    await kube.create(RESOURCE_V1, "resourceclaimtemplates", template, namespace=ns)
+    assert [(s.webhook, s.operation) for s in rec.reviews(name="t1")] == [(QUOTA, "CREATE")]
+
+    # Metadata UPDATE of a claim is none of our business (spec is immutable).
+    rec.clear()
+    await kube.patch(RESOURCE_V1, "resourceclaims", "c1", {"metadata": {"labels": {"x": "y"}}}, namespace=ns)
+    assert rec.seen == []
+
+    # DELETE reaches the release webhook (failurePolicy Ignore), with the old object.
+    await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=ns)
+    (deleted,) = rec.reviews(name="c1")
+    assert (deleted.webhook, deleted.operation, deleted.path) == (RELEASE, "DELETE", "/validate")
+    assert deleted.old_object["metadata"]["uid"] == created["metadata"]["uid"]
+    assert deleted.request.get("object") is None
+
+    # kube-system is excluded by the shipped namespaceSelector, even for an object that
+    # carries this test's label (so only the NotIn can be what skips it). Webhook calls
+    # are synchronous: had it matched, the review would be recorded before create returns.
+    rec.clear()
+    try:
+        await create_claim(kube, "kube-system", claim(f"e2e-{run}", run))
+        await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace="kube-system")
+        assert rec.seen == [], [(s.webhook, s.namespace, s.name) for s in rec.seen]
+    finally:
+        await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace="kube-system")
+    # ... while the same create in the test namespace still reaches us.
+    await create_claim(kube, ns, claim("after", run))
+    assert {s.webhook for s in rec.reviews(name="after")} == {QUOTA, CHARGE}
+
+    # Objects without this test's label never reach this test's webhooks.
+    rec.clear()
+    await create_claim(kube, ns, {**claim("unlabelled", run), "metadata": {"name": "unlabelled"}})
+    assert rec.seen == []
+
+
+# -- (b) the allocation check: only the status update that sets status.allocation ---------------
+
+
+def allocation() -> Obj:
+    return {
+        "devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "pool-a", "device": "gpu-0"}]
+        }
+    }
+
+
+async def test_allocation_webhook_sees_only_the_update_that_sets_allocation(
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace,
+    cluster_objects: ClusterObjects, recorder: tuple[Recorder, int],
+) -> None:  # fmt: skip
+    rec, port = recorder
+    run = run_id()
+    ns = await make_namespace("admalloc")
+    await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
+    await create_claim(kube, ns, claim("alloc", run))
+    rec.clear()
+
+    async def status(patch: Obj, *, user: str | None = None) -> Obj:
+        if user is None:
+            return await kube.patch(RESOURCE_V1, "resourceclaims", "alloc", {"status": patch}, namespace=ns,
+                                    subresource="status")  # fmt: skip
+        # Our own ServiceAccount (impersonated; system:masters so RBAC is not the question).
+        path = resource_path(RESOURCE_V1, "resourceclaims", "alloc", ns, "status")
+        result: Obj = await impersonated(kube, "PATCH", path, user=user, groups=["system:masters"],
+                                         body={"status": patch})  # fmt: skip
+        return result
+
+    # The scheduler's write: allocation set (as the scheduler does, reservedFor with it).
+    consumer = {"apiGroup": "e2e.draquota.io", "resource": "widgets", "name": "w1", "uid": str(uuid.uuid4())}
+    # An unknown consumer type: the resourceclaim controller keeps such entries instead
+    # of pruning them (syncClaim, pkg/controller/resourceclaim/controller.go), so it
+    # cannot deallocate the claim behind the test's back.
+    updated = await status({"allocation": allocation(), "reservedFor": [consumer]})
+    assert updated["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    (seen,) = rec.seen
+    assert (seen.webhook, seen.operation, seen.sub_resource, seen.name) == (ALLOCATION, "UPDATE", "status", "alloc")
+    assert "allocation" not in (seen.old_object.get("status") or {})
+    assert seen.object["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+
+    # Later status writes never reach us: a reservedFor change (a second consumer), a
+    # driver's status.devices, then deallocation (allocation and reservedFor cleared).
+    rec.clear()
+    other = {**consumer, "name": "w2", "uid": str(uuid.uuid4())}
+    await status({"reservedFor": [consumer, other]})
+    device_status = {"driver": "gpu.nvidia.com", "pool": "pool-a", "device": "gpu-0",
+                     "conditions": [{"type": "Ready", "status": "True", "reason": "E2E", "message": "",
+                                     "lastTransitionTime": "2026-11-23T00:00:00Z"}]}  # fmt: skip
+    with_devices = await status({"devices": [device_status]})
+    assert with_devices["status"]["devices"][0]["device"] == "gpu-0"
+    await status({"reservedFor": [consumer]})
+    freed = await status({"reservedFor": None, "allocation": None, "devices": None})
+    assert "allocation" not in freed["status"]
+    assert rec.seen == [], [(s.webhook, s.operation, s.sub_resource) for s in rec.seen]
+
+    # Our own ServiceAccount's writes are skipped even when they set the allocation ...
+    await status({"allocation": allocation()}, user=OUR_SA)
+    await status({"allocation": None}, user=OUR_SA)
+    assert rec.seen == []
+    # ... while anyone else's identical write reaches us.
+    await status({"allocation": allocation()})
+    assert [(s.webhook, s.username) for s in rec.seen] == [(ALLOCATION, rec.seen[0].username)]
+    assert rec.seen[0].username != OUR_SA
+
+
+# -- (c) the namespace label webhook -----------------------------------------------------------
+
+
+async def namespace_dry_run_patch(kube: Kube, name: str, labels: dict[str, str | None]) -> Obj:
+    result: Obj = await kube.request("PATCH", resource_path("v1", "namespaces", name), body={"metadata": {"labels": labels}},
+                                     params={"dryRun": "All"}, content_type="application/merge-patch+json")  # fmt: skip
+    return result
+
+
+async def finalize(kube: Kube, name: str, labels: dict[str, str | None], *, user: str | None = None,
+                   groups: tuple[str, ...] = ()) -> Obj:  # fmt: skip
+    """PUT namespaces/<name>/finalize with the labels changed (the subresource takes no PATCH)."""
+    current = await kube.get("v1", "namespaces", name)
+    merged = {**(current["metadata"].get("labels") or {}), **labels}
+    current["metadata"]["labels"] = {k: v for k, v in merged.items() if v is not None}
+    path = resource_path("v1", "namespaces", name, subresource="finalize")
+    if user is None:
+        result: Obj = await kube.request("PUT", path, body=current)
+    else:
+        result = await impersonated(kube, "PUT", path, user=user, groups=groups, body=current,
+                                    content_type="application/json")  # fmt: skip
+    return result
+
+
+async def test_namespace_webhook_sees_only_admin_access_label_changes(
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace,
+    cluster_objects: ClusterObjects, recorder: tuple[Recorder, int],
+) -> None:  # fmt: skip
+    rec, port = recorder
+    run = run_id()
+    ns = await make_namespace("admns", labels={RUN_LABEL: run})
+    for config in adapted_webhooks(run, port, cluster):
+        await cluster_objects.create(config)
+
+    async def observed() -> bool:
+        await namespace_dry_run_patch(kube, ns, {ADMIN_LABEL: "true"})
+        return bool(rec.reviews(webhook=NAMESPACES))
+
+    await poll(observed, timeout=30, what="the namespace webhook to take effect")
+    assert {(s.operation, s.name, s.sub_resource, s.dry_run) for s in rec.seen} == {("UPDATE", ns, "", True)}
+    rec.clear()
+
+    def seen() -> list[tuple[str, str, str | None, str | None]]:
+        out = []
+        for s in rec.seen:
+            old = (s.old_object.get("metadata") or {}).get("labels") or {}
+            new = (s.object.get("metadata") or {}).get("labels") or {}
+            out.append((s.operation, s.sub_resource, old.get(ADMIN_LABEL), new.get(ADMIN_LABEL)))
+        rec.clear()
+        return out
+
+    async def patch(labels: dict[str, str | None], subresource: str | None = None) -> None:
+        await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": labels}}, subresource=subresource)
+
+    await patch({"team": "a"})  # other labels: not ours
+    assert seen() == []
+    await patch({ADMIN_LABEL: "true"})  # added
+    assert seen() == [("UPDATE", "", None, "true")]
+    await patch({"team": "b"})  # label present but unchanged: objectSelector matches, CEL does not
+    assert seen() == []
+    await patch({ADMIN_LABEL: "false"}, "status")  # changed through namespaces/status
+    assert seen() == [("UPDATE", "status", "true", "false")]
+    await patch({"team": "c"}, "status")
+    assert seen() == []
+    await finalize(kube, ns, {ADMIN_LABEL: None})  # removed through namespaces/finalize
+    assert seen() == [("UPDATE", "finalize", "false", None)]
+    await finalize(kube, ns, {"team": "d"})
+    assert seen() == []
+
+    # CREATE: with the label it reaches us (there is no oldObject), without it does not.
+    created = await make_namespace("admnew", labels={RUN_LABEL: run, ADMIN_LABEL: "true"})
+    assert seen() == [("CREATE", "", None, "true")]
+    await make_namespace("admplain", labels={RUN_LABEL: run})
+    assert seen() == []
+    assert created
+
+
+# -- the ValidatingAdmissionPolicy: the label guard in the API server itself ------------------------
+
+
+async def test_admin_access_policy_guards_the_label(
+    kube: Kube, make_namespace: MakeNamespace, cluster_objects: ClusterObjects
+) -> None:
+    run = run_id()
+    alice, mallory, carol = f"e2e-alice-{run}", f"e2e-mallory-{run}", f"e2e-carol-{run}"
+    admins = f"e2e-admins-{run}"
+    params_ns = await make_namespace("admparams")
+    bot = f"system:serviceaccount:{params_ns}:bot"
+    target = await make_namespace("admvap", labels={RUN_LABEL: run})
+    other = await make_namespace("admvap2", labels={RUN_LABEL: run})
+
+    # RBAC to write namespaces (and their subresources) for every test user, so the
+    # policy, not RBAC, is what decides.
+    role = f"e2e-ns-writer-{run}"
+    await cluster_objects.create({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces", "namespaces/status", "namespaces/finalize"],
+                   "verbs": ["get", "create", "patch", "update"]}],
+    })  # fmt: skip
+    await cluster_objects.create({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in (alice, mallory, carol)]
+        + [{"kind": "ServiceAccount", "name": "bot", "namespace": params_ns}],
+    })  # fmt: skip
+
+    # The shipped ConfigMap, policy and binding: unique names, params in a test
+    # namespace, binding narrowed to this test's namespaces.
+    params = doc(POLICY_DOCS, "ConfigMap")
+    params["metadata"].update(name=f"admin-access-{run}", namespace=params_ns)
+    params["data"] = {"users": f" {alice} , someone-else", "groups": admins, "serviceAccounts": f"{params_ns}:*"}
+    # The webhook reads the same ConfigMap (quota/policy.py): it must agree on who is in.
+    webhook_policy = parse_policy(params["data"])
+    assert [webhook_policy.basis(u, g) is not None for u, g in
+            ((alice, []), (mallory, []), (carol, [admins]), (bot, []))] == [True, False, True, True]  # fmt: skip
+    await kube.create("v1", "configmaps", params, namespace=params_ns)
+    policy = doc(POLICY_DOCS, "ValidatingAdmissionPolicy")
+    policy["metadata"]["name"] = f"dra-quota-admin-access-label-{run}"
+    await cluster_objects.create(policy)
+    # (status.typeChecking would list CEL type warnings, but it is written by
+    # kube-controller-manager's validatingadmissionpolicy-status-controller, which the
+    # test control plane does not run; the behaviour below is the proof instead.)
+    binding = doc(POLICY_DOCS, "ValidatingAdmissionPolicyBinding")
+    binding["metadata"]["name"] = policy["metadata"]["name"]
+    binding["spec"]["policyName"] = policy["metadata"]["name"]
+    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Deny"
+    binding["spec"]["paramRef"].update(name=params["metadata"]["name"], namespace=params_ns)
+    binding["spec"]["matchResources"] = {"objectSelector": {"matchLabels": {RUN_LABEL: run}}}
+    await cluster_objects.create(binding)
+
+    ns_path = resource_path("v1", "namespaces", target)
+    status_path = resource_path("v1", "namespaces", target, subresource="status")
+
+    async def as_user(user: str, labels: dict[str, str | None], *, path: str = ns_path, groups: tuple[str, ...] = (),
+                      dry_run: bool = False) -> Obj:  # fmt: skip
+        result: Obj = await impersonated(kube, "PATCH", path, user=user, groups=groups,
+                                         body={"metadata": {"labels": labels}},
+                                         params={"dryRun": "All"} if dry_run else None)  # fmt: skip
+        return result
+
+    async def denied(call: Awaitable[Obj]) -> ApiError:
+        with pytest.raises(ApiError) as err:
+            await call
+        return err.value
+
+    ours = "reserved to the principals listed in ConfigMap"
+
+    # The policy (and RBAC) take a moment to be observed: poll with a dry run until
+    # mallory's attempt is refused by the policy (not by RBAC).
+    async def policy_denies() -> ApiError | None:
+        try:
+            await as_user(mallory, {ADMIN_LABEL: "true"}, dry_run=True)
+        except ApiError as e:
+            return e if ours in e.message else None
+        return None
+
+    err = await poll(policy_denies, timeout=60, what="the admission policy to deny a non-allowlisted user")
+    assert err.status == 403 and err.reason == "Forbidden", err.body
+    assert f'ValidatingAdmissionPolicy \'{policy["metadata"]["name"]}\'' in err.message
+    assert f"(<absent> -> \"true\")" in err.message
+    assert f"ConfigMap {params_ns}/{params['metadata']['name']}" in err.message
+    assert f'user "{mallory}" is not one of them' in err.message
+
+    # Not-allowlisted: adding via UPDATE, namespaces/status and namespaces/finalize.
+    err = await denied(as_user(mallory, {ADMIN_LABEL: "true"}))
+    assert err.status == 403 and ours in err.message
+    err = await denied(as_user(mallory, {ADMIN_LABEL: "true"}, path=status_path))
+    assert err.status == 403 and ours in err.message
+    err = await denied(finalize(kube, target, {ADMIN_LABEL: "true"}, user=mallory))
+    assert err.status == 403 and ours in err.message
+    # ... nor by creating a namespace that carries it.
+    err = await denied(impersonated(kube, "POST", "/api/v1/namespaces", user=mallory, content_type="application/json",
+                                    body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                                        "name": f"e2e-mallory-{run}", "labels": {RUN_LABEL: run, ADMIN_LABEL: "true"}}}))  # fmt: skip
+    assert err.status == 403 and ours in err.message
+    assert ADMIN_LABEL not in (await kube.get("v1", "namespaces", target))["metadata"]["labels"]
+    # Other labels stay free for everyone.
+    await as_user(mallory, {"team": "mallory"})
+
+    # Allowlisted by user name (list entries trimmed): plain UPDATE.
+    await as_user(alice, {ADMIN_LABEL: "true"})
+    assert (await kube.get("v1", "namespaces", target))["metadata"]["labels"][ADMIN_LABEL] == "true"
+    # A non-allowlisted user can neither change nor remove it, through any path ...
+    changes: list[dict[str, str | None]] = [{ADMIN_LABEL: "false"}, {ADMIN_LABEL: None}]
+    for labels in changes:
+        for path in (ns_path, status_path):
+            err = await denied(as_user(mallory, labels, path=path))
+            assert err.status == 403 and ours in err.message, (labels, path)
+        err = await denied(finalize(kube, target, labels, user=mallory))
+        assert err.status == 403 and ours in err.message
+    err = await denied(as_user(mallory, {ADMIN_LABEL: None}))
+    assert '("true" -> <absent>)' in err.message
+    # ... and may still write the labelled namespace otherwise (the matchCondition).
+    await as_user(mallory, {"team": "still-mallory"}, path=status_path)
+    # Allowlisted by group, through namespaces/status.
+    await as_user(carol, {ADMIN_LABEL: "false"}, path=status_path, groups=(admins,))
+    assert (await kube.get("v1", "namespaces", target))["metadata"]["labels"][ADMIN_LABEL] == "false"
+    await as_user(alice, {ADMIN_LABEL: "true"}, path=status_path)
+    assert (await kube.get("v1", "namespaces", target))["metadata"]["labels"][ADMIN_LABEL] == "true"
+    # Allowlisted ServiceAccount (<namespace>:*), removing it through namespaces/finalize.
+    await finalize(kube, target, {ADMIN_LABEL: None}, user=bot)
+    assert ADMIN_LABEL not in (await kube.get("v1", "namespaces", target))["metadata"]["labels"]
+    # The cluster admin is not allowlisted: admission policies apply to system:masters too.
+    err = await denied(kube.patch("v1", "namespaces", target, {"metadata": {"labels": {ADMIN_LABEL: "true"}}}))
+    assert err.status == 403 and ours in err.message
+
+    # parameterNotFoundAction Deny: without the ConfigMap the guard fails closed, even
+    # for alice, but only for writes that touch a labelled namespace (objectSelector).
+    await as_user(alice, {ADMIN_LABEL: "true"}, path=ns_path)
+    await kube.delete("v1", "configmaps", params["metadata"]["name"], namespace=params_ns)
+
+    async def fails_closed() -> ApiError | None:
+        try:
+            await as_user(alice, {ADMIN_LABEL: None}, dry_run=True)
+        except ApiError as e:
+            return e
+        return None
+
+    err = await poll(fails_closed, timeout=60, what="the policy to deny once its ConfigMap is gone")
+    # A binding that cannot be configured is a policy error, answered 422 Invalid
+    # (k8s.io/apiserver pkg/admission/plugin/policy/generic/policy_dispatcher.go).
+    assert err.status == 422, err.body
+    assert "no params found for policy binding with `Deny` parameterNotFoundAction" in err.message
+    await as_user(mallory, {"team": "unlabelled-is-unaffected"}, path=resource_path("v1", "namespaces", other))
