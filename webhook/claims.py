@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 AllocationCheck = Literal["enforce", "account-only"]
-NamespaceLabels = Callable[[str], "Mapping[str, str] | None"]
+NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
 
 
