@@ -50,6 +50,7 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 _SERVICE_ACCOUNT = "system:serviceaccount:"
 _FIELDS = ("users", "groups", "serviceAccounts", "claimControllers")
 _WHITESPACE = re.compile(r"\s")
+_SEPARATORS = re.compile(r"[,\n]")
 
 Outcome = Literal["granted", "refused"]
 
@@ -165,7 +166,7 @@ def stamped_from_pod(obj: Mapping[str, Any]) -> bool:
 
 
 def parse_policy(raw: Mapping[str, Any]) -> AdminAccessPolicy:
-    """The policy from a ConfigMap's data or flags: each field a list, or a comma-separated string."""
+    """The policy from a ConfigMap's data or flags: each field a list, or names separated by commas or newlines."""
     if not isinstance(raw, dict):
         raise PolicyError(f"the adminAccess policy must be a map, got {show(raw)}")
     unknown = [k for k in raw if k not in _FIELDS]
@@ -190,7 +191,9 @@ def _names(value: Any, field: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
+        # As the ValidatingAdmissionPolicy reads the same ConfigMap (deploy/manifests/
+        # admin-access-policy.yaml): commas or newlines separate names.
+        value = [part.strip() for part in _SEPARATORS.split(value) if part.strip()]
     if not isinstance(value, list):
         raise PolicyError(f"adminAccess policy: {field} must be a list of names or a comma-separated string, got {show(value)}")
     for i, name in enumerate(value):

@@ -19,7 +19,7 @@ from quota.policy import (
 
 POLICY = parse_policy({
     "users": ["alice"],
-    "groups": "gpu-admins, sre",
+    "groups": "gpu-admins,\n sre\n",
     "serviceAccounts": ["ops:deployer", "platform:*"],
 })
 SA = "system:serviceaccount:"
