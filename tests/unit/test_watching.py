@@ -13,6 +13,8 @@ from typing import Any, cast
 
 import pytest
 
+from kubernetes_asyncio.client import Configuration
+
 from quota.kubeapi import ApiError, KubeApi, LineBuffer, Obj, Resource, decode_event
 from quota.watching import LAST_APPLIED, Backoff, Reflector, trim_claim, trim_object
 
@@ -185,3 +187,51 @@ def test_unknown_event_type_changes_nothing() -> None:
     reflector.resource_version = "12"
     reflector.apply("SURPRISE", make_obj("a", "13"))
     assert (store.calls, reflector.resource_version, reflector.stats.events) == ([], "12", 0)
+
+
+# -- list restarts --------------------------------------------------------------------------------
+
+
+class ScriptedApi(KubeApi):
+    """Answers list pages from a script; the real API server cannot be made to expire a
+    continue token on demand (1.37 serves continuations from watch-cache snapshots, even
+    after etcd has compacted past them)."""
+
+    def __init__(self, pages: list[Obj | ApiError]) -> None:
+        super().__init__(Configuration())
+        self.pages = pages
+        self.queries: list[dict[str, Any]] = []
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Obj:
+        self.queries.append(dict(kwargs["params"]))
+        page = self.pages.pop(0)
+        if isinstance(page, ApiError):
+            raise page
+        return page
+
+
+def page(names: list[str], rv: str, token: str = "") -> Obj:
+    return {"kind": "ConfigMapList", "apiVersion": "v1", "metadata": {"resourceVersion": rv, "continue": token},
+            "items": [{"metadata": {"name": n}} for n in names]}
+
+
+async def test_list_starts_over_when_its_continue_token_expired() -> None:
+    expired = ApiError(410, "Expired", "The provided continue parameter is too old")
+    api = ScriptedApi([page(["a", "b"], "5", "t1"), expired, page(["a", "b"], "9", "t2"), page(["c"], "9")])
+    listing = await api.list(Resource("v1", "configmaps"), limit=2)
+    assert [o["metadata"]["name"] for o in listing.items] == ["a", "b", "c"]
+    assert listing.resource_version == "9"
+    assert [q.get("continue") for q in api.queries] == [None, "t1", None, "t2"]
+    assert {(o["apiVersion"], o["kind"]) for o in listing.items} == {("v1", "ConfigMap")}
+
+
+async def test_list_gives_up_after_repeated_expiry_and_never_retries_other_errors() -> None:
+    expired = ApiError(410, "Expired", "too old")
+    api = ScriptedApi([page(["a"], "5", "t"), expired] * 4)
+    with pytest.raises(ApiError) as caught:
+        await api.list(Resource("v1", "configmaps"))
+    assert caught.value.status == 410 and len(api.queries) == 8
+    forbidden = ScriptedApi([page(["a"], "5", "t"), ApiError(403, "Forbidden", "no")])
+    with pytest.raises(ApiError) as caught:
+        await forbidden.list(Resource("v1", "configmaps"))
+    assert caught.value.status == 403 and len(forbidden.queries) == 2
