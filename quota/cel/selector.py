@@ -143,7 +143,14 @@ def _frame_depth() -> int:
 
 
 def _compile(expression: str) -> CompiledSelector:
-    size = len(expression.encode("utf-8"))
+    try:
+        size = len(expression.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        # Only a Python string can hold one: Go's JSON decoder (the API server) turns a
+        # lone surrogate escape into U+FFFD, so no stored expression contains it.
+        raise CelCompileError(
+            f"expression is not valid UTF-8 text: a lone surrogate at character {err.start}"
+        ) from None
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(
             f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_BYTES} bytes"

@@ -215,3 +215,7 @@ def test_conformance_edge_errors(expression: str, message: str) -> None:
 def test_homogeneous_literals_are_still_required_outside_format() -> None:
     assert "expected type 'string' but found 'int'" in _compile_error("['a', 1].size() == 2")
     assert "undeclared reference to 'net'" in _compile_error("net.Foo == net.Foo")
+
+
+def test_a_lone_surrogate_is_a_compile_error_not_a_crash() -> None:
+    assert "not valid UTF-8 text: a lone surrogate at character 18" in _compile_error('device.driver == "\ud800"')
