@@ -138,6 +138,29 @@ def allocated(consumed: str) -> str:
     })
 
 
+def allocated_on(result: dict[str, Any], name: str = "alloc") -> str:
+    return json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "h100-node-1", "device": "gpu-0", **result}]}}},
+    })
+
+
+def _charged_at_least(memory: int) -> Expect:
+    def check(report: dict[str, Any]) -> str | None:
+        obj = report["objects"][-1]
+        if obj["allowed"] and obj["charge"]["memory"] < memory:
+            return f"charged {obj['charge']['memory']} bytes of memory, expected at least {memory}"
+        return None
+    return check
+
+
+def _refused(report: dict[str, Any]) -> str | None:
+    return "accepted" if report["objects"][-1]["allowed"] else None
+
+
 def cases(tmp: Path) -> list[Case]:
     out: list[Case] = []
     # -- 1. CEL work bounded by what it produces ----------------------------------
@@ -257,6 +280,20 @@ def cases(tmp: Path) -> list[Case]:
         Case("values/negative-capacity-request", claim("c", None, cls="shared.gpu.nvidia.com", capacity={"requests": {"memory": "-40Gi"}}), expect=_within_hard),
         Case("values/negative-hard", "apiVersion: draquota.io/v1alpha1\nkind: DeviceQuota\nmetadata: {name: q, namespace: team-a}\nspec: {hard: {memory: -1Gi}}\n"),
         Case("values/count-huge", claim("c", None, count=2**63)),
+        # consumedCapacity and results the scheduler never writes must not lower a charge.
+        Case("values/consumed-on-unshared-device", allocated_on({"consumedCapacity": {"memory": "0"}}),
+             expect=_charged_at_least(80 * 2**30)),
+        Case("values/consumed-both-names", allocated_on({"pool": "l40s-node-1", "shareID": "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+                                                         "consumedCapacity": {"memory": "48Gi", "gpu.nvidia.com/memory": "0"}}),
+             expect=_charged_at_least(48 * 2**30)),
+        Case("values/request-both-names", claim("c", None, cls="shared.gpu.nvidia.com", capacity={"requests": {
+            "gpu.nvidia.com/memory": "1Mi", "memory": "48Gi"}}), expect=_charged_at_least(48 * 2**30)),
+        Case("values/result-names-no-request", allocated_on({"request": "bogus"}), expect=_refused),
+        Case("values/result-names-first-available-parent", json.dumps({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "fa", "namespace": "team-a"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [{"name": "h100", "deviceClassName": "gpu.nvidia.com"}]}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h100-node-1", "device": "gpu-0"}]}}}}), expect=_refused),
         Case("values/many-requests", json.dumps({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "many", "namespace": "team-a"},
             "spec": {"devices": {"requests": [{"name": f"r{i}", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].?x{i}.orValue('') == ''"}}]}} for i in range(5000)]}}})),
@@ -308,6 +345,8 @@ def cases(tmp: Path) -> list[Case]:
                            "spec": {"driver": "nomem.example.com", "pool": {"name": "nm", "generation": 1, "resourceSliceCount": 1}, "nodeName": "nm",
                                     "devices": [{"name": "d0", "attributes": {"type": {"string": "gpu"}}}]}})
              + "\n---\n" + "\n---\n".join(claim(f"c{i}", None, cls="nomem", ns="free") for i in range(20))),
+        Case("free/allocated-unknown-device", allocated_on({"device": "gpu-99"}), expect=_charged_at_least(80 * 2**30)),
+        Case("free/allocated-other-drivers-pool", allocated_on({"driver": "gpu.amd.com"}), expect=_charged_at_least(80 * 2**30)),
         Case("free/first-available-optimistic", empty_class + "---\n" + "\n---\n".join(json.dumps({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"fa{i}", "namespace": "free"},
             "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [

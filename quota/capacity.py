@@ -85,10 +85,15 @@ def memory_charge(device: Device, requirement: DeviceRequirement) -> int | None:
 
 
 def _requested(requirement: DeviceRequirement, driver: str, domain: str, ident: str) -> Fraction | None:
-    for name, amount in requirement.capacity_requests:
-        if qualify(name, driver) == (domain, ident):
-            return amount
-    return None
+    """The request for one capacity; the largest when it is named with and without prefix.
+
+    `memory` and `<driver>/memory` name the same capacity of that driver's devices.
+    Kubernetes 1.37 matches the name exactly as published, 1.38 accepts both and fails
+    scheduling when both are given: taking the first would let a tenant pair a tiny
+    request with the one the scheduler honours and be charged the tiny one.
+    """
+    amounts = [amount for name, amount in requirement.capacity_requests if qualify(name, driver) == (domain, ident)]
+    return max(amounts, default=None)
 
 
 def tolerates_all(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> bool:

@@ -153,15 +153,36 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     status = obj.get("status")
     if status is not None and not isinstance(status, dict):
         raise ClaimError(f"status must be an object, got {show(status)}")
+    claim_spec = parse_claim_spec(spec, prefix)
+    allocation = _allocation((status or {}).get("allocation"))
+    _check_result_requests(allocation, claim_spec)
     return Claim(
         kind=kind,
         namespace=Namespace(meta.namespace),
         name=meta.name,
         uid=ClaimUid(meta.uid),
-        spec=parse_claim_spec(spec, prefix),
-        allocation=_allocation((status or {}).get("allocation")),
+        spec=claim_spec,
+        allocation=allocation,
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
     )
+
+
+def _check_result_requests(allocation: tuple[AllocatedDevice, ...] | None, spec: ClaimSpec) -> None:
+    """Each result names a request of the spec: its class decides which quotas it counts in.
+
+    The API server's validateRequestNameRef refuses a result naming no request; a result
+    that named nothing would be charged to no class and slip past every DeviceQuota scoped
+    by deviceClassNames. The scheduler writes <request>/<subrequest> for firstAvailable
+    (allocator.go), and a bare parent name would leave the class ambiguous, so only the
+    names of exactly-requests and of subrequests are accepted.
+    """
+    names = {alt.name for req in spec.requests for alt in req.alternatives}
+    for i, result in enumerate(allocation or ()):
+        if result.request not in names:
+            raise ClaimError(
+                f"status.allocation.devices.results[{i}].request: {show(result.request)} is not the name of an "
+                "exactly request or of a firstAvailable subrequest (<request>/<subrequest>) in the claim"
+            )
 
 
 def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:

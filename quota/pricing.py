@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import reduce
 
-from quota.capacity import memory_charge, tolerates_all
+from quota.capacity import memory_charge, round_request, tolerates_all
 from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, Request
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
@@ -206,12 +206,20 @@ class Pricer:
             per_request.setdefault(top, (cls, []))[1].append(charge)
         warnings: list[str] = []
         if unknown:
-            known = sum((c for _, cs in per_request.values() for c in cs), ZERO)
-            share = _vanished_share(claim, known, len(unknown))
             names = ", ".join(str(r.key) for r in unknown)
-            warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
-                            f"{format_quantity(share)} each from the charge recorded at admission")
-            for result in unknown:
+            if claim.recorded_charge is not None:
+                known = sum((c for _, cs in per_request.values() for c in cs), ZERO)
+                share = _vanished_share(claim.recorded_charge, known, len(unknown))
+                warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
+                                f"{format_quantity(share)} each from the charge recorded at admission")
+                shares = [share] * len(unknown)
+            else:
+                # Nothing recorded (a device that never existed, or another driver's pool
+                # named): the class's largest device, so an allocation cannot be free.
+                shares = [self._largest_in_class(classes.get(r.request, DeviceClassName(""))) for r in unknown]
+                warnings.append(f"allocated device(s) {names} not in the inventory and no charge recorded; "
+                                "charged as the largest device of their class")
+            for result, share in zip(unknown, shares, strict=True):
                 per_request[result.request.split("/", 1)[0]][1].append(Charge(share, 0))
         requests = tuple(
             PricedRequest(name, len(charges), total, ((cls, total),))
@@ -220,14 +228,30 @@ class Pricer:
         )
         return Pricing(requests, exact=True, warnings=tuple(warnings))
 
+    def _largest_in_class(self, name: DeviceClassName) -> int:
+        cls = self.classes.get(name)
+        if cls is None:
+            return 0
+        return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
+
     def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
         if result.admin_access:
             return ZERO
         driver = result.key.driver
-        for name, amount in result.consumed_capacity:
-            if qualify(name, driver) == (driver, MEMORY):
-                return Charge(ceil_int(amount), 1)
         device = self.inventory.lookup(result.key)
+        if device is not None and not device.allow_multiple_allocations:
+            # A device that is not shared is allocated whole, whatever consumedCapacity says.
+            return Charge(ceil_int(device.memory), 1)
+        # Named with and without prefix, the largest counts: two entries for one capacity
+        # never come from the scheduler, and the first must not undercut the other.
+        consumed = [amount for name, amount in result.consumed_capacity if qualify(name, driver) == (driver, MEMORY)]
+        if consumed:
+            amount = max(consumed)
+            capacity = device.capacity.get(driver, {}).get(MEMORY) if device is not None else None
+            # What the device sets aside for that amount: a share below the policy's
+            # minimum or between its steps still holds the rounded amount.
+            rounded = round_request(amount, capacity) if capacity is not None else None
+            return Charge(ceil_int(rounded if rounded is not None else amount), 1)
         if device is not None:
             return Charge(ceil_int(device.memory), 1)
         if result.key in recorded:
@@ -270,7 +294,5 @@ def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
     return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
 
 
-def _vanished_share(claim: Claim, known: Charge, unknown: int) -> int:
-    if claim.recorded_charge is None:
-        return 0
-    return max(claim.recorded_charge.memory - known.memory, 0) // unknown
+def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:
+    return max(recorded.memory - known.memory, 0) // unknown

@@ -58,6 +58,9 @@ POLICY = {"default": "80Gi", "validRange": {"min": "1Mi", "max": "80Gi", "step":
         ({"shared": True, "policy": POLICY}, req(memory="20Gi"), 20 * GiB),
         ({"shared": True, "policy": POLICY}, req(**{"gpu.example.com/memory": "20Gi"}), 20 * GiB),
         ({"shared": True, "policy": POLICY}, req(memory="100Mi"), 100 * MiB),
+        # One capacity named with and without the driver prefix: the larger, in either order.
+        ({"shared": True, "policy": POLICY}, req(memory="20Gi", **{"gpu.example.com/memory": "1Mi"}), 20 * GiB),
+        ({"shared": True, "policy": POLICY}, req(memory="1Mi", **{"gpu.example.com/memory": "20Gi"}), 20 * GiB),
         ({"shared": True, "policy": {"default": "8Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}, req(), 8 * GiB),
         ({"shared": True}, req(), 80 * GiB),  # no policy: the whole capacity
         ({"shared": True, "policy": POLICY}, req(memory="81Gi"), None),

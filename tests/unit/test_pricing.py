@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from quota.claims import parse_claim, parse_device_class
+from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
@@ -195,6 +195,29 @@ def test_exact_charge_uses_consumed_capacity_on_shared_devices() -> None:
     assert pricing.total == Charge(20 * GiB, 1)
     qualified = exact([result("r", "shared-0", pool="node-3", consumed={f"{D}/memory": "7Gi"})])
     assert qualified.total == Charge(7 * GiB, 1)
+
+
+def test_exact_consumed_capacity_cannot_undercut_the_device() -> None:
+    # Not shared: allocated whole, whatever consumedCapacity says.
+    assert exact([result("r", "gpu-0", pool="node-2", consumed={"memory": "0"})]).total == Charge(141 * GiB, 1)
+    # One capacity named with and without prefix: the larger counts, in either order.
+    both = {"memory": "20Gi", f"{D}/memory": "0"}
+    assert exact([result("r", "shared-0", pool="node-3", consumed=both)]).total == Charge(20 * GiB, 1)
+    # Below the policy's minimum: what the device sets aside for it.
+    assert exact([result("r", "shared-0", pool="node-3", consumed={"memory": "0"})]).total == Charge(MiB, 1)
+
+
+def test_exact_device_never_seen_is_charged_as_the_largest_of_its_class() -> None:
+    for gone in (result("r", "gpu-9", pool="node-9"), result("r", "gpu-0", pool="node-2", driver="other.example.com")):
+        pricing = exact([gone])
+        assert pricing.total == Charge(141 * GiB, 1)
+        assert "no charge recorded" in pricing.warnings[0]
+
+
+def test_results_must_name_a_request_of_the_claim() -> None:
+    for name in ("bogus", "r"):  # "r" is a firstAvailable parent: the class would be ambiguous
+        with pytest.raises(ClaimError, match=r"results\[0\]\.request: '(bogus|r)' is not the name"):
+            parse_claim(make_claim("c", first_available("r", ("big", exactly("gpu"))), allocation=[result(name, "gpu-0")]))
 
 
 def test_exact_admin_access_is_free() -> None:
