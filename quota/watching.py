@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
@@ -43,6 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_SHORT_WATCH = 1.0  # seconds; client-go reflector.go: "watch lasted less than a second"
 Trim = Callable[[Obj], Obj]
 
 
@@ -171,8 +173,8 @@ class Reflector:
                 if must_list:
                     await self._list()
                     must_list = False
-                await self._watch()
-                continue  # the server ended the watch (timeoutSeconds): reopen at once
+                if await self._watch():
+                    continue  # the server ended the watch (timeoutSeconds): reopen at once
             except ApiError as e:
                 if e.status == 410:
                     # reflector.go: an expired resourceVersion ends the watch and relists.
@@ -206,8 +208,15 @@ class Reflector:
             logger.info("%s: synced, %d objects at resourceVersion %s", self.where, len(listing.items), self.resource_version)
         self.synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> bool:
+        """Watch until the stream ends; False for a watch that ended at once with nothing in it.
+
+        Such a watch is treated as an error (backoff) rather than reopened at once, as
+        client-go's reflector.go does ("very short watch"): a proxy or a broken server
+        answering every watch with an empty 200 would otherwise be hammered in a loop.
+        """
         timeout = int(self.settings.server_timeout * (1.0 + self.rand()))
+        started, received = time.monotonic(), 0
         stream = self.api.watch(
             self.resource,
             namespace=self.namespace,
@@ -219,7 +228,13 @@ class Reflector:
         async with contextlib.aclosing(stream):
             async for kind, obj in stream:
                 self._attempt = 0  # the connection works: the next failure starts the backoff over
+                received += 1
                 self.apply(kind, obj)
+        if received or time.monotonic() - started >= _SHORT_WATCH:
+            return True
+        logger.warning("%s: the watch ended after %.2fs without an event, reconnecting after a backoff",
+                       self.where, time.monotonic() - started)
+        return False
 
     def apply(self, kind: str, obj: Obj) -> None:
         """Apply one decoded watch event to the store and advance the resourceVersion."""

@@ -7,16 +7,18 @@ tests/e2e/test_watching.py.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import pytest
 
 from kubernetes_asyncio.client import Configuration
 
-from quota.kubeapi import ApiError, KubeApi, LineBuffer, Obj, Resource, decode_event
-from quota.watching import LAST_APPLIED, Backoff, Reflector, trim_claim, trim_object
+from quota.kubeapi import ApiError, KubeApi, LineBuffer, Listing, Obj, Resource, decode_event
+from quota.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
 
 
 def make_obj(name: str = "a", rv: str = "7", **extra: Any) -> Obj:
@@ -235,3 +237,41 @@ async def test_list_gives_up_after_repeated_expiry_and_never_retries_other_error
     with pytest.raises(ApiError) as caught:
         await forbidden.list(Resource("v1", "configmaps"))
     assert caught.value.status == 403 and len(forbidden.queries) == 2
+
+
+class EmptyWatchApi(KubeApi):
+    """Every list is empty and every watch ends at once without an event."""
+
+    def __init__(self) -> None:
+        super().__init__(Configuration())
+        self.watches = 0
+
+    async def list(self, resource: Resource, **kwargs: Any) -> Listing:  # type: ignore[override]
+        return Listing([], "5")
+
+    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:  # type: ignore[override]
+        self.watches += 1
+        return
+        yield  # an async generator that yields nothing
+
+
+async def test_a_watch_that_ends_at_once_empty_backs_off_instead_of_looping() -> None:
+    api = EmptyWatchApi()
+    store = RecordingStore()
+    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store,
+                          settings=WatchSettings(backoff=Backoff(initial=0.001, cap=0.001)))
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 5)
+
+        async def three_watches() -> None:
+            while api.watches < 3:  # condition polling; the deadline is wait_for's
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(three_watches(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert store.calls == [("replace", [])]
+    assert reflector.stats.lists == 1 and reflector.stats.restarts >= 2
