@@ -36,6 +36,7 @@ from urllib.parse import quote
 import aiohttp
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config
+from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
 __all__ = [
     "ApiError",
@@ -181,10 +182,17 @@ class KubeApi:
         return cls(configuration, **kwargs)
 
     @classmethod
-    def in_cluster(cls, **kwargs: float) -> KubeApi:
-        """A client from the Pod's service account, its token re-read as it rotates."""
+    def in_cluster(cls, *, token_file: str = SERVICE_TOKEN_FILENAME, ca_file: str = SERVICE_CERT_FILENAME,
+                   **kwargs: float) -> KubeApi:
+        """A client from the Pod's service account (KUBERNETES_SERVICE_HOST/PORT), its token re-read as it rotates.
+
+        The files are those of the projected service-account volume unless a Pod mounts its
+        token elsewhere.
+        """
         configuration = Configuration()
-        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # untyped upstream
+        load_incluster_config(  # type: ignore[no-untyped-call]  # untyped upstream
+            client_configuration=configuration, token_filename=token_file, cert_filename=ca_file
+        )
         return cls(configuration, **kwargs)
 
     async def __aenter__(self) -> KubeApi:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import contextlib
+import datetime
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -29,7 +31,7 @@ from quota.kubeapi import ApiError, KubeApi, Obj, Resource
 from quota.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings
 
 from .cluster import ControlPlane
-from .kube import poll
+from .kube import Kube, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -217,6 +219,44 @@ def make_reflector(
     api: KubeApi, namespace: str, store: DictStore, settings: WatchSettings = FAST, resource: Resource = CONFIGMAPS
 ) -> Reflector:
     return Reflector(api=api, resource=resource, store=store, namespace=namespace, label_selector=LABEL, settings=settings)
+
+
+# -- auth ------------------------------------------------------------------------------------------
+
+
+async def test_in_cluster_auth_reads_the_rotated_token_and_never_logs_it(
+    cluster: ControlPlane, kube: Kube, namespace: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    tokens = {}
+    for account in ("first", "second"):
+        await kube.create("v1", "serviceaccounts", {"metadata": {"name": account}}, namespace=namespace)
+        review = await kube.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
+        )
+        tokens[account] = review["status"]["token"]
+    token_file = tmp_path / "token"
+    token_file.write_text(tokens["first"])
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(cluster.apiserver_port))
+    # kubernetes_asyncio re-reads the token file once a minute; make "a minute" now.
+    monkeypatch.setattr("kubernetes_asyncio.config.incluster_config.TOKEN_REFRESH_PERIOD", datetime.timedelta(0))
+    caplog.set_level(logging.DEBUG)
+
+    async def who() -> str:
+        # A fresh service account may do nothing: the 403 names who the API server saw.
+        with pytest.raises(ApiError) as caught:
+            await client.list(CONFIGMAPS, namespace=namespace)
+        assert caught.value.status == 403
+        return caught.value.message
+
+    async with KubeApi.in_cluster(token_file=str(token_file), ca_file=str(cluster.ca_file)) as client:
+        assert client.server == f"https://127.0.0.1:{cluster.apiserver_port}"
+        assert f"system:serviceaccount:{namespace}:first" in await who()
+        token_file.write_text(tokens["second"])  # the kubelet rotates the projected token
+        assert f"system:serviceaccount:{namespace}:second" in await who()
+    assert caplog.text and not any(t in caplog.text or t[-20:] in caplog.text for t in tokens.values())
 
 
 # -- list ------------------------------------------------------------------------------------------
