@@ -294,6 +294,9 @@ def cases(tmp: Path) -> list[Case]:
             "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [{"name": "h100", "deviceClassName": "gpu.nvidia.com"}]}]}},
             "status": {"allocation": {"devices": {"results": [
                 {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h100-node-1", "device": "gpu-0"}]}}}}), expect=_refused),
+        Case("values/quota-defined-twice", "apiVersion: draquota.io/v1alpha1\nkind: DeviceQuota\nmetadata: {name: gpus, namespace: team-a}\nspec: {hard: {memory: 1000Ti}}\n", exit_codes=(2,)),
+        Case("values/namespace-redefined-with-label", "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {resource.kubernetes.io/admin-access: 'true'}}\n---\n"
+             + claim("admin", None, adminAccess=True), exit_codes=(2,)),
         Case("values/many-requests", json.dumps({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "many", "namespace": "team-a"},
             "spec": {"devices": {"requests": [{"name": f"r{i}", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].?x{i}.orValue('') == ''"}}]}} for i in range(5000)]}}})),

@@ -79,19 +79,25 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
     ledger = Ledger(default_mode=mode)
     admitter = Admitter(Pricer(inventory, classes), ledger)
     claims: list[Document] = []
+    seen: dict[tuple[str, str, str], str] = {}
     for doc in docs:
         kind = doc.obj["kind"]
         try:
             if kind == "DeviceClass":
                 cls = parse_device_class(doc.obj)
+                _once(seen, doc, kind, "", cls.name)
                 classes[cls.name] = cls
             elif kind == "ResourceSlice":
                 inventory.add_or_update_slice(doc.obj)
+                _once(seen, doc, kind, "", str(doc.obj["metadata"]["name"]))
             elif kind == "Namespace":
                 ns = parse_namespace(doc.obj)
+                _once(seen, doc, kind, "", ns.name)
                 namespaces[ns.name] = ns.labels
             elif kind == "DeviceQuota":
-                ledger.add_or_update_quota(parse_device_quota(doc.obj))
+                quota = parse_device_quota(doc.obj)
+                _once(seen, doc, kind, quota.namespace, quota.name)
+                ledger.add_or_update_quota(quota)
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
                 # defects of a claim are that claim's denial, as in the webhook.
@@ -134,6 +140,20 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
         for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))
     ]
     return report
+
+
+def _once(seen: dict[tuple[str, str, str], str], doc: Document, kind: str, namespace: str, name: str) -> None:
+    """Refuse a second definition of one object: which one `check` used would be a guess.
+
+    A later Namespace without the label, or a DeviceQuota with another `hard`, silently
+    replaced the first: a reviewer reads one file, the tool enforces the other (the same
+    reason duplicate YAML keys are refused).
+    """
+    key = (kind, namespace, name)
+    if key in seen:
+        shown = f"{namespace}/{name}" if namespace else name
+        raise CheckInputError(f"{doc.source}: {kind} {shown} is defined twice (first at {seen[key]})")
+    seen[key] = doc.source
 
 
 def _parse(doc: Document) -> tuple[str, str, str, Claim | ClaimError]:

@@ -194,3 +194,19 @@ def test_a_reader_that_goes_away_is_not_a_crash() -> None:
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys)
     assert code == 2 and "check" in err
+
+
+@pytest.mark.parametrize("kind_doc", [
+    "apiVersion: draquota.io/v1alpha1\nkind: DeviceQuota\nmetadata: {name: q, namespace: team-a}\nspec: {hard: {memory: 1Gi}}\n",
+    "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n",
+    "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: c}\n",
+])
+def test_an_object_defined_twice_exits_2_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     kind_doc: str) -> None:
+    # The later one silently replaced the first (a Namespace gaining the adminAccess label,
+    # a DeviceQuota another hard): the reviewer reads one, the tool enforced the other.
+    path = tmp_path / "twice.yaml"
+    path.write_text(kind_doc + "---\n" + kind_doc.replace("1Gi", "1000Gi"))
+    code, _, err = run(capsys, "check", "-f", str(path))
+    assert code == 2
+    assert "is defined twice (first at" in err and f"{path}:1 (document 1)" in err
