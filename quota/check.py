@@ -150,6 +150,8 @@ def _once(seen: dict[tuple[str, str, str], str], doc: Document, kind: str, names
     reason duplicate YAML keys are refused).
     """
     key = (kind, namespace, name)
+    if seen.get(key) == doc.source:
+        return  # the same file named twice (`-f dir -f dir/file`): the same definition
     if key in seen:
         shown = f"{namespace}/{name}" if namespace else name
         raise CheckInputError(f"{doc.source}: {kind} {shown} is defined twice (first at {seen[key]})")
