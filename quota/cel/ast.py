@@ -153,3 +153,16 @@ def children(node: Node) -> list[Node]:
             for item in child:
                 out.extend(part for part in (item if isinstance(item, tuple) else (item,)) if isinstance(part, Node))
     return out
+
+
+COMPARISONS = frozenset(("==", "!=", "<", "<=", ">", ">="))
+
+
+def uncharged_comparison(node: Binary) -> bool:
+    """A comparison with a small literal costs at most the literal's size, so the
+    evaluator charges nothing for it (keeping the common `attr == "gpu"` free of the size
+    check) and the estimator adds nothing; other comparisons pay by operand size."""
+    return any(
+        isinstance(side, Lit) and not (isinstance(side.value, (str, bytes)) and len(side.value) > 1000)
+        for side in (node.left, node.right)
+    )

@@ -104,6 +104,13 @@ class _Estimator:
             return Est(cost)
         if isinstance(node, ast.Binary) and node.op == "in":
             return Est(cost + (parts[1].size or 0) // 10)
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISONS and not ast.uncharged_comparison(node):
+            # As the evaluator charges it (ops.comparison_cost): the smaller operand's
+            # values at every depth (strings: a tenth of their length, bounded by it).
+            bounds = [b for b in (_values_within(parts[0]), _values_within(parts[1])) if b is not None]
+            if not bounds:
+                raise _Unbounded
+            return Est(cost + min(bounds))
         if isinstance(node, ast.Cond):
             return Est(cost, *_fields(_widest(parts[1:]) or Est(0)))
         return Est(cost)
@@ -164,6 +171,16 @@ class _Estimator:
         if name in ("orValue", "value", "dyn", "optional.of", "or"):
             return Est(cost, *_fields(_widest(parts) or Est(0)))
         return Est(cost)
+
+
+def _values_within(e: Est) -> int | None:
+    """An upper bound of the values `e` holds at every depth (or its length), None if unknown."""
+    if e.elem is None:
+        return e.size if e.size is not None else 0
+    inner = _values_within(e.elem)
+    if e.size is None or inner is None:
+        return None
+    return e.size * (1 + inner)
 
 
 def _fields(e: Est) -> tuple[int | None, Est | None, Est | None]:

@@ -324,19 +324,12 @@ class _Compiler:
     def _Binary(self, node: ast.Binary, scope: Scope) -> tuple[Fn, bool]:
         left, c1 = self.compile(node.left, scope)
         right, c2 = self.compile(node.right, scope)
-        if node.op in _COMPARISONS and not (_small_literal(node.left) or _small_literal(node.right)):
+        if node.op in ast.COMPARISONS and not ast.uncharged_comparison(node):
             return _charged_comparison(node.op, left, right), c1 and c2
         return _binary(node.op, left, right), c1 and c2
 
 
-_COMPARISONS = frozenset(("==", "!=", "<", "<=", ">", ">="))
 _SIZED = frozenset((str, bytes, tuple, dict, ops.DomainMap))
-
-
-def _small_literal(node: ast.Node) -> bool:
-    """A comparison with a literal costs at most the literal's size: nothing to charge
-    (this keeps the common `attr == "gpu"` free of the size check)."""
-    return isinstance(node, ast.Lit) and not (isinstance(node.value, (str, bytes)) and len(node.value) > 1000)
 
 
 def _not_equal(a: Any, b: Any) -> bool:

@@ -183,6 +183,9 @@ def test_presence_only_paths_need_agree_on_presence_alone(expression: str, x: di
         if name in y[kind]:  # present on both, with another value
             pool = ["1Gi", "3"] if kind == "capacity" else [0, True, "y", "v:3.0.0", [2]]
             y[kind][name] = data.draw(st.sampled_from(pool))
+    # A version CEL cannot parse fails the whole device (quota.columns groups it apart
+    # as ERROR), whatever the selector reads: not a path's doing.
+    assume(activation(**x).error == activation(**y).error)
     assert _outcome(selector, x) == _outcome(selector, y)
 
 
