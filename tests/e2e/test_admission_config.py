@@ -176,6 +176,33 @@ def once(items: list[Any]) -> list[Any]:
     return out
 
 
+# -- the shape of the shipped objects (no cluster needed) ------------------------------------------
+
+
+def test_shipped_webhooks_share_the_common_settings() -> None:
+    """DESIGN "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
+    v1 reviews, dryRun-safe, Equivalent matching; failure policies as documented in the file."""
+    hooks = {h["name"]: (c["kind"], h) for c in WEBHOOKS for h in c["webhooks"]}
+    assert set(hooks) == {QUOTA, RELEASE, ALLOCATION, ANNOTATIONS, NAMESPACES, CHARGE}
+    for name, (_kind, hook) in hooks.items():
+        assert hook["admissionReviewVersions"] == ["v1"], name
+        assert hook["sideEffects"] == "NoneOnDryRun", name
+        assert hook["timeoutSeconds"] == 5, name
+        assert hook["matchPolicy"] == "Equivalent", name
+        assert hook["namespaceSelector"] == {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "dra-quota-system"]}]}, name  # fmt: skip
+        service = hook["clientConfig"]["service"]
+        assert (service["namespace"], service["name"], service["port"]) == ("dra-quota-system", "dra-quota-webhook", 443)
+        assert service["path"] == ("/mutate" if _kind == "MutatingWebhookConfiguration" else "/validate"), name
+        assert "caBundle" not in hook["clientConfig"], "injected by certs/ or cert-manager"
+    assert {n: h["failurePolicy"] for n, (_, h) in hooks.items()} == {
+        QUOTA: "Fail", RELEASE: "Ignore", ALLOCATION: "Ignore", ANNOTATIONS: "Fail", NAMESPACES: "Fail", CHARGE: "Fail",
+    }  # fmt: skip
+    assert hooks[CHARGE][1]["reinvocationPolicy"] == "Never"
+    skips_us = {n for n, (_, h) in hooks.items() if any(OUR_SA in c["expression"] for c in h.get("matchConditions", []))}
+    assert skips_us == {ALLOCATION, ANNOTATIONS}
+
+
 # -- (a), (d) and dryRun: claim and template CREATE, claim DELETE ----------------------------------
 
 
@@ -268,16 +295,28 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
     assert deleted.old_object["metadata"]["uid"] == created["metadata"]["uid"]
     assert deleted.request.get("object") is None
 
-    # kube-system is excluded by the shipped namespaceSelector, even for an object that
-    # carries this test's label (so only the NotIn can be what skips it). Webhook calls
-    # are synchronous: had it matched, the review would be recorded before create returns.
-    rec.clear()
+    # kube-system and our own namespace are excluded by the shipped namespaceSelector,
+    # even for objects that carry this test's label (so only the NotIn can be what skips
+    # them). Webhook calls are synchronous: had one matched, its review would be
+    # recorded before the call returned. dra-quota-system is created if missing and left
+    # in place (other tests may be using it).
     try:
-        await create_claim(kube, "kube-system", claim(f"e2e-{run}", run))
-        await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace="kube-system")
-        assert rec.seen == [], [(s.webhook, s.namespace, s.name) for s in rec.seen]
-    finally:
-        await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace="kube-system")
+        await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": {"name": "dra-quota-system"}})
+    except ApiError as e:
+        if e.status != 409:
+            raise
+    rec.clear()
+    for excluded in ("kube-system", "dra-quota-system"):
+        try:
+            await create_claim(kube, excluded, claim(f"e2e-{run}", run))
+            await kube.patch(RESOURCE_V1, "resourceclaims", f"e2e-{run}", {"status": {"allocation": allocation()}},
+                             namespace=excluded, subresource="status")  # fmt: skip
+            await kube.patch(RESOURCE_V1, "resourceclaims", f"e2e-{run}", {"status": {"allocation": None}},
+                             namespace=excluded, subresource="status")  # fmt: skip
+            await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace=excluded)
+            assert rec.seen == [], [(s.webhook, s.namespace, s.name) for s in rec.seen]
+        finally:
+            await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace=excluded)
     # ... while the same create in the test namespace still reaches us.
     await create_claim(kube, ns, claim("after", run))
     assert {s.webhook for s in rec.reviews(name="after")} == {QUOTA, CHARGE}
