@@ -398,6 +398,46 @@ async def test_allocation_webhook_sees_only_the_update_that_sets_allocation(
     assert rec.seen[0].username != OUR_SA
 
 
+# -- failure policies: what a down webhook blocks and what it does not ---------------------------
+
+
+async def test_failure_policies_when_the_webhook_is_down(
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace, cluster_objects: ClusterObjects
+) -> None:
+    run = run_id()
+    ns = await make_namespace("admdown", labels={RUN_LABEL: run})
+    cert, key = cluster.webhook_cert
+    port = free_ports(1)[0]
+    async with serve_recorder(str(cert), str(key), port) as rec:
+        await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
+        await create_claim(kube, ns, claim("before", run))
+    # Nothing listens on the port any more: every call fails with "connection refused".
+
+    async def fails(call: Awaitable[Any], webhook: str) -> None:
+        with pytest.raises(ApiError) as err:
+            await call
+        assert err.value.status == 500, err.value.body
+        assert f'failed calling webhook "{webhook}"' in err.value.message, err.value.message
+
+    # Fail: claim CREATE (the mutating webhook is called first), our annotations, the
+    # admin-access label.
+    await fails(create_claim(kube, ns, claim("during", run)), CHARGE)
+    await fails(kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"annotations": {"draquota.io/charge": "x"}}},
+                           namespace=ns), ANNOTATIONS)  # fmt: skip
+    await fails(kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {ADMIN_LABEL: "true"}}}), NAMESPACES)
+    # Ignore: DRA scheduling goes on (the allocation write), and so do deallocation and
+    # deletion; writes none of our webhooks select were never in question.
+    allocated = await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": allocation()}},
+                                 namespace=ns, subresource="status")  # fmt: skip
+    assert allocated["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": None}}, namespace=ns,
+                     subresource="status")  # fmt: skip
+    await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"labels": {"x": "y"}}}, namespace=ns)
+    await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {"team": "a"}}})
+    await kube.delete(RESOURCE_V1, "resourceclaims", "before", namespace=ns)
+    await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "before", namespace=ns, timeout=30)
+
+
 # -- (c) the namespace label webhook -----------------------------------------------------------
 
 
