@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from quota.policy import PolicyRecord
+from quota.printable import for_terminal
 from quota.raw import show
 
 __all__ = [
@@ -41,7 +42,6 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # Warnings travel as HTTP Warning headers: the API server truncates long ones (k8s.io/
 # apiserver pkg/endpoints/filters/warning.go), so keep each readable and bounded.
 MAX_WARNING_CHARS = 512
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -148,19 +148,19 @@ def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
     """The AdmissionReview to send back for request `uid`."""
     # The API server's uids are UUIDs; anything else cannot match its request anyway,
     # and a lone surrogate in it would make the answer unencodable (a 500).
-    response: dict[str, Any] = {"uid": clean(uid), "allowed": verdict.allowed}
+    response: dict[str, Any] = {"uid": for_terminal(uid), "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {
             "code": verdict.code,
             "reason": verdict.reason,
-            "message": clean(verdict.message),
+            "message": for_terminal(verdict.message),
         }
     if verdict.warnings:
         response["warnings"] = [_warning(w) for w in verdict.warnings]
     if verdict.patch and verdict.allowed:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode("ascii")
-    annotations = {k: clean(v) for k, v in verdict.audit_annotations.items()}
+    annotations = {k: for_terminal(v) for k, v in verdict.audit_annotations.items()}
     for key in annotations:
         if not _AUDIT_KEY.match(key):
             raise ValueError(f"audit annotation key {key!r} is not one name segment of at most 63 characters")
@@ -169,14 +169,8 @@ def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def clean(text: str) -> str:
-    """`text` without control or bidi-override characters and lone surrogates."""
-    text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def _warning(text: str) -> str:
-    text = clean(text)
+    text = for_terminal(text)
     return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 1] + "…"
 
 

@@ -88,7 +88,7 @@ def test_an_admission_carries_its_patch_warnings_and_audit_annotations() -> None
     out = respond("u", Verdict(True, warnings=("w\x1b[31m\nforged", "x" * 2000), patch=patch,
                                audit_annotations={"admin-access-grant": "alice"}))["response"]
     assert json.loads(base64.b64decode(out["patch"])) == patch and out["patchType"] == "JSONPatch"
-    assert out["warnings"][0] == "w\\u001b[31m\\u000aforged"
+    assert out["warnings"][0] == "w\\x1b[31m\\x0aforged"
     assert len(out["warnings"][1]) == 512 and out["warnings"][1].endswith("…")
     assert out["auditAnnotations"] == {"admin-access-grant": "alice"}
 
