@@ -80,9 +80,22 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
             return _answer(err.uid, Verdict(False, f"malformed AdmissionReview: {err}", "BadRequest", 400))
         deadline = _deadline(request.query.get("timeout")) - (time.monotonic() - started)
         verdict = await _decide(endpoint, review, deadline)
+        _log_decision(path, review, verdict, time.monotonic() - started)
         return _answer(review.uid, verdict)
 
     return handle
+
+
+def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds: float) -> None:
+    # `extra` keys must not be LogRecord attributes (`name` is one: makeRecord raises).
+    # Denials at INFO (each is a user-visible event worth finding by uid), allowed ones at
+    # DEBUG: at hundreds of reviews a second they would drown everything else.
+    fields = {"uid": review.uid, "operation": review.operation, "resource": review.resource.resource,
+              "namespace": review.namespace, "object_name": review.name, "allowed": verdict.allowed,
+              "duration_ms": round(seconds * 1000, 2)}
+    log.log(logging.DEBUG if verdict.allowed else logging.INFO, "%s %s %s %s/%s uid=%s in %.1fms%s",
+            path, "allowed" if verdict.allowed else "denied", review.operation, review.namespace, review.name,
+            review.uid, seconds * 1000, "" if verdict.allowed else f": {verdict.message}", extra=fields)
 
 
 def _decoded(body: bytes, decode: BodyDecoder) -> Any:

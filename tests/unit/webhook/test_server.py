@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -88,6 +89,20 @@ async def test_a_bad_body_gets_a_review_saying_what_is_wrong(
     assert status == 200
     assert out["response"]["allowed"] is False and out["response"]["uid"] == uid
     assert out["response"]["status"]["message"].startswith(message)
+
+
+async def test_each_review_is_logged_with_its_uid(
+    base_url: tuple[str, ssl.SSLContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="webhook.server"):
+        await post(base_url, "/validate", json.dumps(REVIEW).encode())
+        await post(base_url, "/crash", json.dumps(REVIEW).encode())
+    (allowed, denied) = [r for r in caplog.records if hasattr(r, "allowed")]
+    uid = REVIEW["request"]["uid"]
+    assert (allowed.levelno, getattr(allowed, "allowed"), getattr(allowed, "uid")) == (logging.DEBUG, True, uid)
+    assert (denied.levelno, getattr(denied, "allowed"), getattr(denied, "uid")) == (logging.INFO, False, uid)
+    assert denied.getMessage().startswith(f"/crash denied CREATE {REVIEW['request']['namespace']}/")
+    assert "dra-quota failed to evaluate" in denied.getMessage()
 
 
 async def test_an_endpoint_that_fails_is_a_denial_not_a_500(base_url: tuple[str, ssl.SSLContext]) -> None:
