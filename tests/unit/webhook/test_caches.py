@@ -1,0 +1,132 @@
+"""webhook.caches: reflector stores that never raise, and claims accounted from the cluster's view."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import pytest
+
+from quota.admission import Admitter
+from quota.claims import parse_claim
+from quota.devicequota import Usage
+from quota.inventory import Inventory
+from quota.ledger import ClaimRef, Ledger
+from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
+from quota.pricing import Pricer
+from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
+
+from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
+
+D = "gpu.example.com"
+NS = Namespace("team-a")
+GPU_CLASS = make_class("gpu", f"device.attributes['{D}'].type == 'gpu'")
+
+
+def with_uid(obj: dict[str, Any], uid: str) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def claim(name: str, uid: str, *, allocated: bool = False) -> dict[str, Any]:
+    allocation = [result("gpu", "gpu-0")] if allocated else None
+    return with_uid(make_claim(name, request("gpu", exactly("gpu")), allocation=allocation), uid)
+
+
+class World:
+    def __init__(self) -> None:
+        self.inventory = Inventory()
+        self.classes: dict[DeviceClassName, DeviceClass] = {}
+        self.namespaces: dict[str, Any] = {}
+        self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger())
+        self.slices = SliceStore(self.inventory)
+        self.class_store = ClassStore(self.classes)
+        self.namespace_store = NamespaceStore(self.namespaces)
+        self.quotas = QuotaStore(self.admitter)
+        self.claims = ClaimStore(self.admitter)
+        self.slices.replace([make_slice("n1", [make_device(f"gpu-{i}", memory="80Gi") for i in range(4)])])
+        self.class_store.replace([GPU_CLASS])
+        self.quotas.replace([make_quota("gpus", memory="160Gi")])
+
+    def usage(self) -> Usage:
+        return self.admitter.ledger.usage(NS, "gpus")
+
+
+def test_malformed_objects_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    world = World()
+    bad_slice = make_slice("bad", [make_device("x", memory="lots")], node="node-2")
+    bad_class = {**make_class("broken"), "apiVersion": "resource.k8s.io/v1beta1"}
+    bad_quota = make_quota("bad", memory="-1")
+    bad_claim = {**claim("bad", "u-bad"), "spec": {"devices": {"requests": "nope"}}}
+    bad_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": "x"}}
+    good_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {"a": "b"}}}
+    with caplog.at_level(logging.WARNING, logger="webhook.caches"):
+        world.slices.replace([make_slice("n1", [make_device("gpu-0")]), bad_slice])
+        world.slices.upsert(bad_slice)
+        world.class_store.replace([GPU_CLASS, bad_class])
+        world.class_store.upsert(bad_class)
+        world.namespace_store.replace([good_namespace, bad_namespace])
+        world.quotas.replace([make_quota("gpus", memory="160Gi"), bad_quota])
+        world.quotas.upsert(bad_quota)
+        world.claims.replace([claim("c1", "u1"), bad_claim])
+        world.claims.upsert(bad_claim)
+    assert len(world.inventory.usable()) == 1
+    assert list(world.classes) == ["gpu"]
+    assert world.namespaces == {"team-a": {"a": "b"}}
+    assert [q.name for q in world.admitter.ledger.quotas()] == ["gpus"]
+    assert world.usage().reserved == Charge(80 * GiB, 1)
+    skipped = [r.getMessage() for r in caplog.records]
+    for described in ("ResourceSlice bad", "DeviceClass broken", "Namespace ns", "DeviceQuota team-a/bad",
+                      "ResourceClaim team-a/bad"):
+        assert any(m.startswith(f"skipping {described}: ") for m in skipped), (described, skipped)
+
+
+def test_claims_reserve_confirm_charge_and_release() -> None:
+    world = World()
+    ledger = world.admitter.ledger
+    # An admission reserved c1; its ADDED event confirms the same reservation (no double count).
+    admitted = world.admitter.admit_claim(parse_claim(claim("c1", "u1")), namespace_labels={})
+    assert admitted.allowed
+    world.claims.upsert(claim("c1", "u1"))
+    assert world.usage().reserved == Charge(80 * GiB, 1) and world.usage().pending_claims == 1
+    # A claim this process never admitted (it started later) is reserved as admission would.
+    world.claims.upsert(claim("c2", "u2"))
+    assert world.usage().reserved == Charge(160 * GiB, 2)
+    # Allocation: exact, moves from reserved to used.
+    world.claims.upsert(claim("c2", "u2", allocated=True))
+    assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
+    # Deallocated (status.allocation removed): a reservation again.
+    world.claims.upsert(claim("c2", "u2"))
+    assert (world.usage().used, world.usage().reserved) == (ZERO, Charge(160 * GiB, 2))
+    world.claims.delete(claim("c2", "u2"))
+    world.claims.delete(claim("c1", "u1"))
+    assert world.usage() == Usage()
+    assert ledger.entry(ClaimRef("u1")) is None
+
+
+def test_a_relist_drops_claims_that_disappeared_and_keeps_the_rest() -> None:
+    world = World()
+    world.claims.replace([claim("c1", "u1"), claim("c2", "u2", allocated=True)])
+    assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
+    world.claims.replace([claim("c2", "u2", allocated=True)])
+    assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), ZERO)
+
+
+def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
+    world = World()
+    world.claims.upsert(claim("c1", "u1"))
+    world.quotas.upsert(make_quota("more", memory="1Ti"))
+    assert world.admitter.ledger.usage(NS, "more").reserved == Charge(80 * GiB, 1)
+    world.quotas.delete(make_quota("more"))
+    world.quotas.replace([])
+    assert world.admitter.ledger.quotas() == []
+    world.class_store.delete(GPU_CLASS)
+    assert world.classes == {}
+    world.namespace_store.upsert({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
+    world.namespace_store.delete({"metadata": {"name": "x"}})
+    assert world.namespaces == {}
+    world.slices.delete(make_slice("n1", []))
+    world.slices.delete({"metadata": {}})
+    assert world.inventory.usable() == {}

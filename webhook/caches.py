@@ -1,0 +1,198 @@
+"""The webhook's caches: reflector stores that feed the inventory, classes, namespaces and ledger.
+
+Neighbours: `quota.watching.Reflector` calls these stores (synchronously, one event at a
+time); `webhook.serve` builds one reflector per store; the handlers in `webhook.claims`
+read what they keep through `ClaimContext`. Each adapter turns the raw objects of one
+kind into the domain's updates and nothing else.
+
+A store must never raise (`quota.watching.Store`): one malformed object would stop its
+reflector and freeze the whole cache. So every object is parsed on its own, and one
+that cannot be parsed is logged with its kind, namespace and name and skipped; the
+rest of the list or stream still applies.
+
+Claims are accounted from what the API server holds, so a restart re-derives every
+reservation: an allocated claim is charged exactly to `used` (`Admitter.account_allocated`);
+an unallocated one keeps the reservation this process made when it admitted it, or,
+when this process never saw its admission (it started later), is priced again and
+reserved as admission would have; a deleted claim releases whatever it held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, TypeVar
+
+from quota.admission import Admitter, claim_ref, object_ref
+from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
+from quota.devicequota import QuotaError, parse_device_quota
+from quota.inventory import Inventory
+from quota.ledger import ClaimRef, Entry
+from quota.meta import NamespaceError, parse_namespace
+from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
+from quota.pricing import Pricing
+from quota.slices import SliceError, parse_slice
+
+__all__ = ["ClaimStore", "ClassStore", "NamespaceStore", "QuotaStore", "SliceStore"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+# What the domain parsers raise for an object they refuse (all ValueError subclasses).
+_PARSE_ERRORS = (SliceError, ClaimError, QuotaError, NamespaceError, ValueError, KeyError, TypeError)
+
+
+def _describe(kind: str, obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def _parsed(kind: str, obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], T]) -> T | None:
+    """`parse(obj)`, or None after logging why the object is skipped."""
+    try:
+        return parse(obj)
+    except _PARSE_ERRORS as err:
+        log.warning("skipping %s: %s", _describe(kind, obj), err)
+        return None
+
+
+class SliceStore:
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+
+    def replace(self, objects: list[Obj]) -> None:
+        try:
+            self.inventory.replace_all(objects)
+        except _PARSE_ERRORS:
+            # Rare: find the culprits one by one (each is logged), then swap in the rest.
+            self.inventory.replace_all([o for o in objects if _parsed("ResourceSlice", o, _check_slice) is not None])
+
+    def upsert(self, obj: Obj) -> None:
+        _parsed("ResourceSlice", obj, self.inventory.add_or_update_slice)
+
+    def delete(self, obj: Obj) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if isinstance(name, str):
+            self.inventory.delete_slice(name)
+
+
+def _check_slice(obj: Mapping[str, Any]) -> bool:
+    parse_slice(obj)  # the inventory's own parser: the same verdict replace_all reaches
+    return True
+
+
+class ClassStore:
+    """DeviceClasses by name, in the live map the `Pricer` reads."""
+
+    def __init__(self, classes: MutableMapping[DeviceClassName, DeviceClass]) -> None:
+        self.classes = classes
+
+    def replace(self, objects: list[Obj]) -> None:
+        parsed = [c for c in (_parsed("DeviceClass", o, parse_device_class) for o in objects) if c is not None]
+        self.classes.clear()
+        self.classes.update((c.name, c) for c in parsed)
+
+    def upsert(self, obj: Obj) -> None:
+        cls = _parsed("DeviceClass", obj, parse_device_class)
+        if cls is not None:
+            self.classes[cls.name] = cls
+
+    def delete(self, obj: Obj) -> None:
+        self.classes.pop(DeviceClassName(str((obj.get("metadata") or {}).get("name"))), None)
+
+
+class NamespaceStore:
+    """Namespace labels by name: the adminAccess label rule reads them."""
+
+    def __init__(self, labels: MutableMapping[str, Mapping[str, str]]) -> None:
+        self.labels = labels
+
+    def replace(self, objects: list[Obj]) -> None:
+        parsed = [n for n in (_parsed("Namespace", o, parse_namespace) for o in objects) if n is not None]
+        self.labels.clear()
+        self.labels.update((n.name, n.labels) for n in parsed)
+
+    def upsert(self, obj: Obj) -> None:
+        ns = _parsed("Namespace", obj, parse_namespace)
+        if ns is not None:
+            self.labels[ns.name] = ns.labels
+
+    def delete(self, obj: Obj) -> None:
+        self.labels.pop(str((obj.get("metadata") or {}).get("name")), None)
+
+
+class QuotaStore:
+    def __init__(self, admitter: Admitter) -> None:
+        self.ledger = admitter.ledger
+
+    def replace(self, objects: list[Obj]) -> None:
+        parsed = [q for q in (_parsed("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
+        keep = {(q.namespace, q.name) for q in parsed}
+        for quota in self.ledger.quotas():
+            if (quota.namespace, quota.name) not in keep:
+                self.ledger.delete_quota(quota.namespace, quota.name)
+        for quota in parsed:
+            self.ledger.add_or_update_quota(quota)
+
+    def upsert(self, obj: Obj) -> None:
+        quota = _parsed("DeviceQuota", obj, parse_device_quota)
+        if quota is not None:
+            self.ledger.add_or_update_quota(quota)
+
+    def delete(self, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
+
+
+class ClaimStore:
+    """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
+
+    def __init__(self, admitter: Admitter) -> None:
+        self.admitter = admitter
+        self.ledger = admitter.ledger
+
+    def replace(self, objects: list[Obj]) -> None:
+        # A claim missing from a fresh list was deleted while the watch was down. A
+        # reservation made by an admission whose claim is not persisted yet is dropped
+        # too: its ADDED event follows the list (the watch resumes from the list's
+        # resourceVersion) and reserves it again.
+        claims = [c for c in (_parsed("ResourceClaim", o, parse_claim) for o in objects) if c is not None]
+        present = {claim_ref(c) for c in claims}
+        for ref in [e.ref for e in self.ledger.entries() if e.ref not in present]:
+            self.ledger.delete_claim(ref)
+        for claim in claims:
+            self._account(claim)
+
+    def upsert(self, obj: Obj) -> None:
+        claim = _parsed("ResourceClaim", obj, parse_claim)
+        if claim is not None:
+            self._account(claim)
+
+    def delete(self, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        self.ledger.delete_claim(_ref(uid if isinstance(uid, str) else "", meta))
+
+    def _account(self, claim: Claim) -> None:
+        if claim.allocation is not None:
+            self.admitter.account_allocated(claim)
+            return
+        held = self.ledger.entry(claim_ref(claim))
+        if held is not None and not held.allocated:
+            return  # reserved at admission: the claim confirms it
+        # Never admitted by this process (it started later), or deallocated: reserve it as
+        # admission would, without a check. It exists, so refusing it now changes nothing.
+        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._pricings(claim), allocated=False))
+
+    def _pricings(self, claim: Claim) -> dict[Mode, Pricing]:
+        # Every mode the namespace's quotas price in, as `Admitter` does at admission.
+        modes: set[Mode] = {self.ledger.default_mode}
+        modes.update(q.mode for q in self.ledger.quotas(claim.namespace) if q.mode is not None)
+        return {mode: self.admitter.pricer.estimate(claim.spec, mode=mode) for mode in sorted(modes)}
+
+
+def _ref(uid: str, meta: Mapping[str, Any]) -> ClaimRef:
+    return object_ref(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""))
