@@ -1,13 +1,14 @@
 """The `dra-quota` command line.
 
-Neighbours: `quota.check` does the work of `check`; later subcommands (`serve`,
-`certs`, `demo`) delegate to their packages. This module parses flags, renders
+Neighbours: `quota.check` does the work of `check`, `webhook.serve` of `serve`,
+`certs.commands` of `certs`. This module parses flags, renders
 tables and maps failures to exit codes: 0 when it ran, 2 on unreadable input.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from quota.devicequota import format_amount
 from quota.model import Charge
 from quota.printable import for_terminal
 from quota.quantity import format_quantity
+from webhook.serve import LIMITATIONS, ServeError, ServeOptions, configure_logging, serve
 
 EXIT_OK = 0
 EXIT_INPUT = 2
@@ -68,7 +70,49 @@ def _parser() -> argparse.ArgumentParser:
                        help="price unallocated claims at the largest (default) or smallest candidate")
     check.set_defaults(run=_run_check)
     _add_certs(sub)
+    _add_serve(sub)
     return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser(
+        "serve", help="run the admission webhook against a cluster",
+        description="Serve the validating and mutating admission webhook over HTTPS, with caches of "
+                    "ResourceSlices, DeviceClasses, Namespaces, DeviceQuotas and ResourceClaims kept by "
+                    f"list+watch. {LIMITATIONS} Stops cleanly on SIGTERM or SIGINT (exit 0).")
+    serve.add_argument("--kubeconfig", metavar="FILE",
+                       help="kubeconfig to reach the API server (default: the Pod's service account)")
+    serve.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument("--cert-mode", choices=("files",), default="files",
+                       help="where the serving certificate comes from; only files for now (reloaded on change)")
+    serve.add_argument("--tls-cert-file", type=Path, required=True, metavar="FILE", help="PEM serving certificate (chain)")
+    serve.add_argument("--tls-key-file", type=Path, required=True, metavar="FILE", help="PEM private key")
+    serve.add_argument("--admin-access-policy", type=Path, metavar="FILE",
+                       help="adminAccess allowlist: a YAML/JSON map (users, groups, serviceAccounts) or a "
+                            "ConfigMap holding it; read at start (default: nobody allowlisted)")
+    serve.add_argument("--allocation-check", choices=("enforce", "account-only"), default="enforce",
+                       help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
+    serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
+                       help="price unallocated claims at the largest (default) or smallest candidate")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
+                       help="info logs denials, debug also every allowed review (default info)")
+    serve.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format, args.log_level)
+    options = ServeOptions(
+        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, kubeconfig=args.kubeconfig,
+        bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
+        allocation_check=args.allocation_check, default_pricing=args.default_pricing,
+    )
+    try:
+        return asyncio.run(serve(options))
+    except ServeError as err:
+        print(f"error: {for_terminal(str(err))}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 def _add_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

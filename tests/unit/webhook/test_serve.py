@@ -1,0 +1,121 @@
+"""webhook.serve: the policy file, JSON log lines, and the certificate pair reloaded from disk."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from certs.authority import inspect
+from certs.tls import ReloadingContext
+from quota.cli import main
+from webhook.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, load_policy, serve
+
+from ..certs.test_tls import mint
+
+
+def test_the_policy_comes_from_a_map_or_a_configmap(tmp_path: Path) -> None:
+    assert load_policy(None).groups == frozenset()
+    plain = tmp_path / "policy.yaml"
+    plain.write_text("groups: [gpu-admins]\nusers: alice\n")
+    assert (load_policy(plain).groups, load_policy(plain).users) == (frozenset({"gpu-admins"}), frozenset({"alice"}))
+    configmap = tmp_path / "cm.json"
+    configmap.write_text(json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p"},
+                                     "data": {"serviceAccounts": "ops:robot, ops:*"}}))
+    assert load_policy(configmap).service_accounts == frozenset({"ops:robot", "ops:*"})
+    for text in ("nobody: [x]\n", "[a, b]\n", "groups: [\n"):
+        plain.write_text(text)
+        with pytest.raises(ServeError, match="--admin-access-policy"):
+            load_policy(plain)
+    with pytest.raises(ServeError, match="--admin-access-policy"):
+        load_policy(tmp_path / "missing.yaml")
+
+
+def test_json_log_lines_carry_the_review_fields() -> None:
+    record = logging.LogRecord("webhook.server", logging.INFO, __file__, 1, "denied %s", ("x",), None)
+    record.uid, record.object_name, record.allowed = "u-1", "c1", False
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "denied x" and line["level"] == "info" and line["logger"] == "webhook.server"
+    assert (line["uid"], line["object_name"], line["allowed"]) == ("u-1", "c1", False)
+    assert "namespace" not in line
+
+
+async def test_a_changed_pair_on_disk_is_served_and_a_broken_one_is_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = mint(), mint()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(first.serving.cert_pem)
+    key.write_bytes(first.serving.key_pem)
+    options = ServeOptions(tls_cert_file=cert, tls_key_file=key, cert_poll_seconds=0.01)
+    tls = ReloadingContext(first.serving)
+    task = asyncio.create_task(_reload_certificates(options, tls, _stamp(options)))
+
+    async def until(condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not condition():
+                await asyncio.sleep(0.01)
+
+    try:
+        # A key that does not match the certificate (a half-written swap) is not loaded...
+        with caplog.at_level(logging.WARNING, logger="webhook.serve"):
+            cert.write_bytes(second.serving.cert_pem)
+            await until(lambda: any("keeping the current one" in r.getMessage() for r in caplog.records))
+        assert tls.serial == inspect(first.serving.cert_pem).serial
+        # ...and the matching pair is, once it is complete.
+        key.write_bytes(second.serving.key_pem)
+        await until(lambda: tls.serial == inspect(second.serving.cert_pem).serial)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_the_cli_states_the_limitation_and_refuses_what_it_cannot_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process's logging setup replaces the root handlers: not in a shared test process.
+    monkeypatch.setattr("quota.cli.configure_logging", lambda *_: None)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "Single replica only" in " ".join(capsys.readouterr().out.split())
+    missing = str(tmp_path / "missing.crt")
+    assert main(["serve", "--tls-cert-file", missing, "--tls-key-file", missing]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot load the serving certificate: ")
+    material = mint()
+    cert, key, kubeconfig = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "kubeconfig"
+    cert.write_bytes(material.serving.cert_pem)
+    key.write_bytes(material.serving.key_pem)
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    assert main(["serve", "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--kubeconfig", str(kubeconfig)]) == 2
+    assert "error: cannot reach the cluster: " in capsys.readouterr().err
+
+
+async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    material = mint()
+    cert, key, kubeconfig = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "kubeconfig"
+    cert.write_bytes(material.serving.cert_pem)
+    key.write_bytes(material.serving.key_pem)
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+
+    async def broken(self: Caches) -> None:
+        raise RuntimeError("a store bug")
+
+    monkeypatch.setattr(Caches, "run", broken)
+    options = ServeOptions(tls_cert_file=cert, tls_key_file=key, kubeconfig=str(kubeconfig),
+                           bind_address="127.0.0.1", port=0)
+    async with asyncio.timeout(10):
+        assert await serve(options) == 1
+    # The handlers are the process's; a returned serve() leaves the loop as it found it.
+    assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False

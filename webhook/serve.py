@@ -1,0 +1,292 @@
+"""`dra-quota serve`: the admission webhook over HTTPS, on caches of the live cluster.
+
+Neighbours: `quota.cli` parses the flags into `ServeOptions`; `quota.kubeapi` talks to
+the API server and `quota.watching.Reflector` keeps `webhook.caches` current;
+`webhook.endpoints` and `webhook.server` answer the reviews; `certs.tls` serves the
+certificate pair. This module only wires them together and owns the process's life:
+start-up, readiness, certificate reload, signals and shutdown.
+
+Start-up order: ResourceSlices, DeviceClasses, Namespaces and DeviceQuotas are listed
+first; ResourceClaims only once those are synced, because re-deriving a claim's charge
+prices it against the inventory and the classes (an empty inventory would price every
+existing claim at nothing). `/readyz` answers 200 only after every reflector synced,
+and 503 again once shutdown began, so no review reaches a replica with a partial view.
+
+Limitations of this first version (single replica):
+- Reservations live in this process's memory only; nothing is written to DeviceQuota
+  status. After a restart they are re-derived from the claims on the API server, so an
+  admission that had not yet been persisted when the process died is forgotten. Two
+  replicas would each admit up to `hard`: run exactly one.
+- No leader election, no quota controller, no metrics yet; certificates only from
+  files (`--cert-mode files`, e.g. cert-manager or `dra-quota certs generate`), reloaded
+  when they change on disk. The adminAccess policy file is read once at start.
+- A reservation whose claim was never persisted (another webhook denied it, the
+  create failed) is held until the next relist of claims or a restart (no TTL yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from aiohttp import web
+from kubernetes_asyncio.config import ConfigException
+
+from certs.authority import KeyPair
+from certs.tls import ReloadingContext
+from quota.admission import Admitter
+from quota.inventory import Inventory
+from quota.kubeapi import KubeApi, Resource
+from quota.ledger import Ledger
+from quota.model import DeviceClass, DeviceClassName, Mode
+from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
+from quota.pricing import Pricer
+from quota.watching import Reflector, Store, trim_claim, trim_object
+from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
+from webhook.claims import AllocationCheck, ClaimContext
+from webhook.endpoints import endpoints
+from webhook.server import build_app
+
+__all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
+
+log = logging.getLogger(__name__)
+
+LIMITATIONS = (
+    "Single replica only: reservations are kept in memory (not on DeviceQuota status) and "
+    "re-derived from the claims on restart; no leader election, no metrics yet."
+)
+SLICES = Resource("resource.k8s.io/v1", "resourceslices")
+CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
+NAMESPACES = Resource("v1", "namespaces")
+QUOTAS = Resource("draquota.io/v1alpha1", "devicequotas")
+CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
+
+
+class ServeError(Exception):
+    """A start-up failure worth one line (bad flag value, unreadable file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    tls_cert_file: Path
+    tls_key_file: Path
+    kubeconfig: str | None = None  # None: in-cluster service account
+    bind_address: str = "0.0.0.0"
+    port: int = 8443
+    admin_access_policy: Path | None = None
+    allocation_check: AllocationCheck = "enforce"
+    default_pricing: Mode = "conservative"
+    cert_poll_seconds: float = 5.0
+    # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
+    # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
+    shutdown_grace_seconds: float = 10.0
+
+
+# -- logging ------------------------------------------------------------------------------------
+
+# The fields webhook.server attaches to each review's log line.
+_EXTRA_FIELDS = ("uid", "operation", "resource", "namespace", "object_name", "allowed", "duration_ms")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the review fields a handler attached as `extra`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update({k: getattr(record, k) for k in _EXTRA_FIELDS if hasattr(record, k)})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def configure_logging(log_format: Literal["text", "json"], level: str = "INFO") -> None:
+    """`level` for our packages; libraries stay at INFO (asyncio and the kubeconfig loader
+    are chatty at DEBUG and say nothing about reviews)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=max(logging.INFO, logging.getLevelName(level.upper())), handlers=[handler], force=True)
+    for package in ("quota", "webhook", "certs"):
+        logging.getLogger(package).setLevel(level.upper())
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def load_policy(path: Path | None) -> AdminAccessPolicy:
+    """The adminAccess policy from a YAML/JSON map, or from a ConfigMap's `data`; empty without a file."""
+    if path is None:
+        return parse_policy({})
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ServeError(f"--admin-access-policy {path}: {err}") from None
+    if isinstance(raw, dict) and raw.get("kind") == "ConfigMap":
+        raw = raw.get("data") or {}
+    try:
+        return parse_policy(raw if raw is not None else {})
+    except PolicyError as err:
+        raise ServeError(f"--admin-access-policy {path}: {err}") from None
+
+
+def _read_pair(options: ServeOptions) -> KeyPair:
+    return KeyPair(options.tls_cert_file.read_bytes(), options.tls_key_file.read_bytes())
+
+
+def _stamp(options: ServeOptions) -> tuple[int, ...]:
+    stats = [os.stat(p) for p in (options.tls_cert_file, options.tls_key_file)]
+    return tuple(v for s in stats for v in (s.st_mtime_ns, s.st_size, s.st_ino))
+
+
+async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, stamp: tuple[int, ...]) -> None:
+    """Poll the pair's files; serve a changed pair from the next handshake on.
+
+    Polling rather than inotify: a mounted Secret changes by an atomic symlink swap
+    (kubelet's AtomicWriter, `..data`), which stat of the path follows. A pair read
+    half-written (cert and key not matching yet) fails to load and is retried. `stamp`
+    is the files' state taken before the pair being served was read, so a change made
+    while it was read is not missed.
+    """
+    while True:
+        await asyncio.sleep(options.cert_poll_seconds)
+        try:
+            current = _stamp(options)
+            if current == stamp:
+                continue
+            if tls.update(_read_pair(options)):
+                log.info("serving certificate reloaded from %s (serial %x)", options.tls_cert_file, tls.serial)
+            stamp = current
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            log.warning("cannot reload the serving certificate from %s: %s; keeping the current one",
+                        options.tls_cert_file, err)
+
+
+# -- the process --------------------------------------------------------------------------------
+
+
+class Caches:
+    """The domain objects the handlers read, and one reflector per kind feeding them."""
+
+    def __init__(self, api: KubeApi, default_pricing: Mode) -> None:
+        self.inventory = Inventory()
+        self.classes: dict[DeviceClassName, DeviceClass] = {}
+        self.namespaces: dict[str, Mapping[str, str]] = {}
+        self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+
+        def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
+            return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
+
+        self.first = [
+            reflector(SLICES, SliceStore(self.inventory)),
+            reflector(CLASSES, ClassStore(self.classes)),
+            reflector(NAMESPACES, NamespaceStore(self.namespaces)),
+            reflector(QUOTAS, QuotaStore(self.admitter)),
+        ]
+        self.claims = reflector(CLAIMS, ClaimStore(self.admitter), claims=True)
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in (*self.first, self.claims))
+
+    async def run(self) -> None:
+        """Run every reflector until cancelled; claims start once the others synced (module doc)."""
+        async with asyncio.TaskGroup() as group:
+            for r in self.first:
+                group.create_task(r.run(), name=f"reflector {r.resource.plural}")
+            await asyncio.gather(*(r.synced.wait() for r in self.first))
+            group.create_task(self.claims.run(), name="reflector resourceclaims")
+
+
+async def serve(options: ServeOptions) -> int:
+    """Serve until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background task died."""
+    started = time.monotonic()
+    policy = load_policy(options.admin_access_policy)
+    try:
+        stamp = _stamp(options)
+        tls = ReloadingContext(_read_pair(options))
+    except (OSError, ValueError) as err:
+        raise ServeError(f"cannot load the serving certificate: {err}") from None
+    try:
+        api = await KubeApi.from_kubeconfig(options.kubeconfig) if options.kubeconfig else KubeApi.in_cluster()
+    except (ConfigException, OSError, ValueError) as err:
+        raise ServeError(f"cannot reach the cluster: {err}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    caches = Caches(api, options.default_pricing)
+    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check)
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set())
+    runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
+    await runner.setup()
+    background = [
+        asyncio.create_task(caches.run(), name="caches"),
+        asyncio.create_task(_reload_certificates(options, tls, stamp), name="certificate reload"),
+    ]
+    failed: list[str] = []
+
+    def fatal(task: asyncio.Task[None]) -> None:
+        # A dead reflector means a frozen cache: answering from it would admit against
+        # stale usage, so stop (the Deployment restarts us) rather than serve on.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed, shutting down", task.get_name(), exc_info=task.exception())
+            failed.append(task.get_name())
+            stop.set()
+
+    for task in background:
+        task.add_done_callback(fatal)
+    try:
+        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context)
+        await site.start()
+        log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
+        await _announce_ready(caches, stop, started)
+        await stop.wait()
+        log.info("shutting down: no new connections, finishing in-flight reviews")
+    finally:
+        # runner.cleanup closes the listener, then waits up to shutdown_timeout for the
+        # handlers in flight: they read the caches, so the reflectors stop after them.
+        await runner.cleanup()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await api.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+    return 1 if failed else 0
+
+
+async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -> None:
+    """Wait for every reflector's first sync (or shutdown) and log how long it took."""
+
+    async def synced() -> None:
+        for r in (*caches.first, caches.claims):
+            await r.synced.wait()
+
+    tasks = [asyncio.create_task(synced()), asyncio.create_task(stop.wait())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    if caches.synced:
+        log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims",
+                 time.monotonic() - started, len(caches.inventory.usable()), len(caches.classes),
+                 len(caches.namespaces), len(caches.admitter.ledger.quotas()),
+                 sum(1 for _ in caches.admitter.ledger.entries()))
