@@ -1,0 +1,326 @@
+"""`dra-quota serve` as a process, reached by the real 1.37 API server through its Service.
+
+The process runs with the admin kubeconfig and the test webhook certificate on a free
+loopback port; the shipped configurations (deploy/manifests/webhooks.yaml) are applied
+with what a shared test cluster needs, as in test_admission_config.py:
+- unique object names per test;
+- the namespaceSelector also requires a per-test namespace label, so no other e2e
+  test's objects are ever sent to this process (the shipped requirements stay);
+- clientConfig.service.port -> the process's port (the API server's --loopback-service
+  resolver dials 127.0.0.1:<service port> and verifies the certificate for
+  dra-quota-webhook.dra-quota-system.svc) and the test CA as caBundle.
+The configurations are deleted after each test before the process stops: a
+configuration left pointing at a dead server fails every later claim create.
+On failure, the process's log is attached to the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import re
+import signal
+import ssl
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+
+from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
+from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
+from .kube import ApiError, Kube, Obj, poll
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+WEBHOOKS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
+CRD = yaml.safe_load((ROOT / "deploy/crds/devicequota.yaml").read_text())
+ADMISSION = "admissionregistration.k8s.io/v1"
+DQ = "draquota.io/v1alpha1"
+RUN_LABEL = "e2e.draquota.io/serve"
+QUOTA_HOOK = "quota.resourceclaims.draquota.io"
+PLURALS = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+           "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
+
+MakeNamespace = Callable[..., Awaitable[str]]
+MakeFleet = Callable[..., Awaitable[GpuFleet]]
+
+
+# -- the process --------------------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """One `dra-quota serve` process on `port`, logging to `log`; `start` again after it stopped."""
+
+    cluster: ControlPlane
+    port: int
+    log: Path
+    process: asyncio.subprocess.Process | None = None
+    ready_seconds: float = 0.0
+
+    async def start(self) -> None:
+        cert, key = self.cluster.webhook_cert
+        started = time.monotonic()
+        with self.log.open("ab") as out:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig),
+                "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+            )
+        process = self.process
+        # Verify the chain against the test CA; the certificate names the Service, not 127.0.0.1.
+        ctx = ssl.create_default_context(cafile=str(self.cluster.ca_file))
+        ctx.check_hostname = False
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> bool:
+                if process.returncode is not None:
+                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
+                try:
+                    async with http.get(f"https://127.0.0.1:{self.port}/readyz", ssl=ctx) as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await poll(ready, timeout=60, what="dra-quota serve /readyz")
+        self.ready_seconds = time.monotonic() - started
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+
+    @contextlib.contextmanager
+    def log_on_failure(self) -> Iterator[None]:
+        """Attach the process's log to any failure inside (it shows in the test report)."""
+        try:
+            yield
+        except BaseException as err:
+            err.add_note(f"--- dra-quota serve log ({self.log}) ---\n{self.log_text()[-20000:]}")
+            raise
+
+    async def terminate(self, timeout: float = 10.0) -> tuple[int, float]:
+        """SIGTERM; the exit code and how long the process took to exit."""
+        assert self.process is not None
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(self.process.wait(), timeout)
+        return code, time.monotonic() - started
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
+    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log")
+    try:
+        with handle.log_on_failure():
+            await handle.start()
+        yield handle
+    finally:
+        await handle.kill()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def crd(kube: Kube) -> None:
+    try:
+        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CRD)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                  CRD["metadata"]["name"], "Established", timeout=60)
+
+
+# -- the webhook configurations -----------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    run: str
+    namespace: str
+    fleet: GpuFleet
+    served: Served
+    configs: list[tuple[str, str]]
+
+
+def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
+    """The shipped configurations, adapted to the shared test cluster (see the module docstring)."""
+    ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
+    configs = []
+    for config in copy.deepcopy(WEBHOOKS):
+        config["metadata"]["name"] = f"{config['metadata']['name']}-serve-{run}"
+        for hook in config["webhooks"]:
+            service = hook["clientConfig"]["service"]
+            assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
+            service["port"] = port
+            hook["clientConfig"]["caBundle"] = ca
+            selector = hook.setdefault("namespaceSelector", {})
+            selector.setdefault("matchExpressions", []).append({"key": RUN_LABEL, "operator": "In", "values": [run]})
+        configs.append(config)
+    return configs
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespace: MakeNamespace,
+                make_fleet: MakeFleet) -> AsyncIterator[Setup]:
+    """A labelled namespace, a 4-GPU fleet, and the webhook configurations pointing at `served`.
+
+    Depends on `served` and `make_namespace`, so its teardown (deleting the configurations)
+    runs before the process stops and before the namespace goes.
+    """
+    run = uuid.uuid4().hex[:8]
+    fleet = await make_fleet("serve")
+    await fleet.add_node("n1", [Gpu()] * 4)
+    namespace = await make_namespace("serve", labels={RUN_LABEL: run})
+    created: list[tuple[str, str]] = []
+    try:
+        for config in adapted_webhooks(run, served.port, cluster):
+            plural = PLURALS[config["kind"]]
+            await kube.create(ADMISSION, plural, config)
+            created.append((plural, config["metadata"]["name"]))
+        yield Setup(run, namespace, fleet, served, created)
+    finally:
+        for plural, name in reversed(created):
+            await kube.delete(ADMISSION, plural, name)
+
+
+async def make_quota(kube: Kube, setup: Setup, name: str, memory: str) -> None:
+    """A DeviceQuota, then wait until the process enforces it (a dry-run probe it must deny)."""
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": name},
+                                           "spec": {"hard": {"memory": memory}}}, namespace=setup.namespace)
+
+    async def enforced() -> bool:
+        # Four GPUs never fit: denied with the quota's message once the webhooks are
+        # called and the process has the quota and the fleet's devices in its caches.
+        message = await denial(create(kube, setup, "probe", count=4, dry_run=True))
+        return f'exceeded DeviceQuota "{name}"' in message
+
+    await poll(enforced, timeout=30, what="the webhook to enforce the DeviceQuota")
+
+
+def claim_body(setup: Setup, name: str, count: int = 1) -> Obj:
+    return {"kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class, count=count))}
+
+
+async def create(kube: Kube, setup: Setup, name: str, *, count: int = 1, dry_run: bool = False) -> Obj:
+    return await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, name, count),
+                             namespace=setup.namespace, dry_run=dry_run)
+
+
+async def denial(call: Awaitable[Any]) -> str:
+    """The API server's message for a denied write ("" when it was allowed)."""
+    try:
+        await call
+    except ApiError as err:
+        if err.status in (403, 422):
+            return err.message
+        raise
+    return ""
+
+
+def exceeded(quota: str, *, used: str, reserved: str, limited: str, requested: str = "80Gi") -> str:
+    return (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "{quota}": '
+            f"requested memory={requested}, used memory={used}, reserved memory={reserved}, limited memory={limited}")
+
+
+def review_latencies(log: str) -> list[float]:
+    return [float(m) for m in re.findall(r" uid=\S+ in ([0-9.]+)ms", log)]
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> None:
+    with setup.served.log_on_failure():
+        await make_quota(kube, setup, "gpus", "160Gi")  # two 80Gi GPUs' worth
+
+        first = await create(kube, setup, "c1")
+        # dryRun is evaluated, never reserved: two of them leave room for a second claim.
+        for name in ("d1", "d2"):
+            assert await denial(create(kube, setup, name, dry_run=True)) == ""
+        second = await create(kube, setup, "c2")
+        message = await denial(create(kube, setup, "c3"))
+        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
+
+        for claim in (first, second):
+            annotations = claim["metadata"]["annotations"]
+            assert annotations["draquota.io/charge"] == '{"memory":85899345920,"devices":1}'
+            assert annotations["draquota.io/quotas"] == "gpus"
+
+        await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace)
+        await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace, timeout=30)
+        await create(kube, setup, "c4")
+        assert (await denial(create(kube, setup, "c5"))).startswith(f'admission webhook "{QUOTA_HOOK}" denied')
+        latencies = review_latencies(setup.served.log_text())
+        assert latencies, "the process logs each review with its uid and duration"
+        print(f"serve ready in {setup.served.ready_seconds:.2f}s; {len(latencies)} reviews, "
+              f"max {max(latencies):.1f}ms, median {sorted(latencies)[len(latencies) // 2]:.1f}ms")
+
+
+async def test_claims_from_pod_templates_are_admitted_the_same_way(kube: Kube, setup: Setup) -> None:
+    with setup.served.log_on_failure():
+        await make_quota(kube, setup, "gpus", "160Gi")
+        await create(kube, setup, "direct")
+        spec = claim_spec(exact_request("gpu", setup.fleet.device_class))
+        await create_claim_template(kube, setup.namespace, "one-gpu", spec)
+        for pod in ("p1", "p2"):
+            await create_pod(kube, setup.namespace, pod, template="one-gpu", node_selector=setup.fleet.node_selector)
+
+        async def generated() -> Obj | None:
+            claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=setup.namespace)
+            owned = [c for c in claims if any(o.get("kind") == "Pod" for o in c["metadata"].get("ownerReferences") or [])]
+            return owned[0] if owned else None
+
+        claim = await poll(generated, timeout=60, what="a claim generated from the template")
+        assert claim["metadata"]["annotations"]["draquota.io/quotas"] == "gpus"
+        owner = next(o["name"] for o in claim["metadata"]["ownerReferences"] if o["kind"] == "Pod")
+        refused = "p2" if owner == "p1" else "p1"
+
+        async def failed_event() -> str | None:
+            events = await kube.list("v1", "events", namespace=setup.namespace,
+                                     field_selector=f"involvedObject.name={refused},reason=FailedResourceClaimCreation")
+            return next((e["message"] for e in events if 'exceeded DeviceQuota "gpus"' in e["message"]), None)
+
+        message = await poll(failed_event, timeout=60, what=f"FailedResourceClaimCreation on pod {refused}")
+        # The numbers move as the scheduler allocates the admitted claims; the form does not.
+        assert re.search(r'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=\S+, '
+                         r'reserved memory=\S+, limited memory=160Gi', message), message
+        await kube.delete("v1", "pods", refused, namespace=setup.namespace, grace_period_seconds=0)
+
+
+async def test_reservations_are_re_derived_from_the_claims_after_a_restart(kube: Kube, setup: Setup) -> None:
+    with setup.served.log_on_failure():
+        await make_quota(kube, setup, "gpus", "160Gi")
+        for name in ("c1", "c2"):
+            await create(kube, setup, name)
+        code, _ = await setup.served.terminate()
+        assert code == 0
+        await setup.served.start()
+        # The new process never admitted c1 and c2: it reserves them from the list.
+        message = await denial(create(kube, setup, "c3"))
+        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
+
+
+async def test_sigterm_stops_the_process_cleanly(kube: Kube, setup: Setup) -> None:
+    with setup.served.log_on_failure():
+        for plural, name in reversed(setup.configs):
+            await kube.delete(ADMISSION, plural, name)
+        setup.configs.clear()
+        code, seconds = await setup.served.terminate()
+        assert code == 0 and seconds < 5, (code, seconds)
+        log = setup.served.log_text()
+        assert "stopped" in log and "Traceback" not in log
