@@ -70,7 +70,8 @@ class _Estimator:
     def visit(self, node: ast.Node, env: dict[str, Est]) -> Est:
         if isinstance(node, ast.Lit):
             value = node.value
-            return Est(1, len(value) if isinstance(value, (str, bytes)) else None)
+            # A scalar holds nothing (size 0), which keeps it from widening a bound to unknown.
+            return Est(1, len(value) if isinstance(value, (str, bytes)) else 0)
         if isinstance(node, ast.Ident):
             if node.name in env:
                 return Est(1, *_fields(env[node.name]))
