@@ -165,6 +165,11 @@ class Admitter:
             return Admission(False, message, warnings, pricing)
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing)
 
+    def reserve_existing(self, claim: Claim) -> None:
+        """Count an unallocated claim that already exists, without a check: one admitted
+        before this process started, or deallocated. Refusing it now would change nothing."""
+        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False))
+
     def price(self, claim: Claim) -> Pricing:
         """The estimate in the default mode: what the mutating webhook writes on a claim."""
         return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode)

@@ -27,10 +27,9 @@ from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef
 from quota.meta import NamespaceError, parse_namespace
-from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
-from quota.pricing import Pricing
+from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
 
 __all__ = ["ClaimStore", "ClassStore", "NamespaceStore", "QuotaStore", "SliceStore"]
@@ -183,15 +182,8 @@ class ClaimStore:
         held = self.ledger.entry(claim_ref(claim))
         if held is not None and not held.allocated:
             return  # reserved at admission: the claim confirms it
-        # Never admitted by this process (it started later), or deallocated: reserve it as
-        # admission would, without a check. It exists, so refusing it now changes nothing.
-        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._pricings(claim), allocated=False))
-
-    def _pricings(self, claim: Claim) -> dict[Mode, Pricing]:
-        # Every mode the namespace's quotas price in, as `Admitter` does at admission.
-        modes: set[Mode] = {self.ledger.default_mode}
-        modes.update(q.mode for q in self.ledger.quotas(claim.namespace) if q.mode is not None)
-        return {mode: self.admitter.pricer.estimate(claim.spec, mode=mode) for mode in sorted(modes)}
+        # Never admitted by this process (it started later), or deallocated.
+        self.admitter.reserve_existing(claim)
 
 
 def _ref(uid: str, meta: Mapping[str, Any]) -> ClaimRef:
