@@ -23,6 +23,7 @@ from quota.devicequota import format_amount
 from quota.model import Charge
 from quota.printable import for_terminal
 from quota.quantity import format_quantity
+from webhook import certificates
 from webhook.serve import LIMITATIONS, ServeError, ServeOptions, configure_logging, serve
 
 EXIT_OK = 0
@@ -84,10 +85,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="kubeconfig to reach the API server (default: the Pod's service account)")
     serve.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
-    serve.add_argument("--cert-mode", choices=("files",), default="files",
-                       help="where the serving certificate comes from; only files for now (reloaded on change)")
-    serve.add_argument("--tls-cert-file", type=Path, required=True, metavar="FILE", help="PEM serving certificate (chain)")
-    serve.add_argument("--tls-key-file", type=Path, required=True, metavar="FILE", help="PEM private key")
+    serve.add_argument("--cert-mode", choices=("self", "files"),
+                       help="self: CA and serving certificate in a Secret, caBundles patched, renewed and "
+                            "rotated in place; files: --tls-cert-file/--tls-key-file, reloaded on change "
+                            "(default: files when those are given, else self)")
+    serve.add_argument("--tls-cert-file", type=Path, metavar="FILE", help="PEM serving certificate (chain)")
+    serve.add_argument("--tls-key-file", type=Path, metavar="FILE", help="PEM private key")
+    certificates.add_arguments(serve)
     serve.add_argument("--admin-access-policy", type=Path, metavar="FILE",
                        help="adminAccess allowlist: a YAML/JSON map (users, groups, serviceAccounts) or a "
                             "ConfigMap holding it; read at start (default: nobody allowlisted)")
@@ -95,6 +99,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
     serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
+    serve.add_argument("--reservation-ttl", type=float, default=60.0, metavar="SECONDS",
+                       help="an admitted claim's reservation is persisted on the DeviceQuota status and "
+                            "counted by every replica until its claim is seen, at most this long: an "
+                            "entry whose claim never appeared is dropped after it; keep it longer than "
+                            "any replica's watch lag (default 60)")
+    serve.add_argument("--reuse-port", action="store_true",
+                       help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
@@ -103,10 +114,22 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    files = args.tls_cert_file is not None or args.tls_key_file is not None
+    mode = args.cert_mode or ("files" if files else "self")
+    if (mode == "files") != files or (files and None in (args.tls_cert_file, args.tls_key_file)):
+        print("error: --tls-cert-file and --tls-key-file go together, with --cert-mode files only", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        self_managed = certificates.from_args(args) if mode == "self" else None
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INPUT
     options = ServeOptions(
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, kubeconfig=args.kubeconfig,
+        certificates=self_managed,
         bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
+        reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
     )
     try:
         return asyncio.run(serve(options))

@@ -12,16 +12,17 @@ prices it against the inventory and the classes (an empty inventory would price 
 existing claim at nothing). `/readyz` answers 200 only after every reflector synced,
 and 503 again once shutdown began, so no review reaches a replica with a partial view.
 
-Limitations of this first version (single replica):
-- Reservations live in this process's memory only; nothing is written to DeviceQuota
-  status. After a restart they are re-derived from the claims on the API server, so an
-  admission that had not yet been persisted when the process died is forgotten. Two
-  replicas would each admit up to `hard`: run exactly one.
-- No leader election, no quota controller, no metrics yet; certificates only from
-  files (`--cert-mode files`, e.g. cert-manager or `dra-quota certs generate`), reloaded
-  when they change on disk. The adminAccess policy file is read once at start.
-- A reservation whose claim was never persisted (another webhook denied it, the
-  create failed) is held until the next relist of claims or a restart (no TTL yet).
+Reservations are persisted on DeviceQuota status before a claim is admitted
+(`webhook.reservations`, protocol and TTL in `quota.reservations`), so several replicas
+share the quotas without over-committing; `--reuse-port` lets them share one port.
+
+Limitations of this version:
+- No leader election, no quota controller, no metrics yet. Certificates: self-managed
+  by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
+  from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
+  disk. The adminAccess policy file is read once at start.
+- `status.used` is not written (the quota controller's job); each replica counts
+  allocated claims from its own cache.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,18 +43,22 @@ from aiohttp import web
 from kubernetes_asyncio.config import ConfigException
 
 from certs.authority import KeyPair
+from certs.manager import Conflict
 from certs.tls import ReloadingContext
 from quota.admission import Admitter
 from quota.inventory import Inventory
-from quota.kubeapi import KubeApi, Resource
+from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
 from quota.pricing import Pricer
 from quota.watching import Reflector, Store, trim_claim, trim_object
+from webhook.certificates import SelfManaged
+from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.endpoints import endpoints
+from webhook.reservations import Reservations
 from webhook.server import build_app
 
 __all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
@@ -61,8 +66,8 @@ __all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "lo
 log = logging.getLogger(__name__)
 
 LIMITATIONS = (
-    "Single replica only: reservations are kept in memory (not on DeviceQuota status) and "
-    "re-derived from the claims on restart; no leader election, no metrics yet."
+    "Reservations are persisted on DeviceQuota status (several replicas may serve); "
+    "no quota controller (status.used), no leader election, no metrics yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -77,8 +82,10 @@ class ServeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    tls_cert_file: Path
-    tls_key_file: Path
+    # --cert-mode files: both paths; --cert-mode self: `certificates`, and no paths.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    certificates: SelfManaged | None = None
     kubeconfig: str | None = None  # None: in-cluster service account
     bind_address: str = "0.0.0.0"
     port: int = 8443
@@ -86,6 +93,11 @@ class ServeOptions:
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
     cert_poll_seconds: float = 5.0
+    # How long a persisted reservation holds before any replica may drop it
+    # (quota.reservations: longer than any replica's claim watch lags).
+    reservation_ttl: float = 60.0
+    # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
+    reuse_port: bool = False
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
     # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
     shutdown_grace_seconds: float = 10.0
@@ -146,10 +158,12 @@ def load_policy(path: Path | None) -> AdminAccessPolicy:
 
 
 def _read_pair(options: ServeOptions) -> KeyPair:
+    assert options.tls_cert_file is not None and options.tls_key_file is not None
     return KeyPair(options.tls_cert_file.read_bytes(), options.tls_key_file.read_bytes())
 
 
 def _stamp(options: ServeOptions) -> tuple[int, ...]:
+    assert options.tls_cert_file is not None and options.tls_key_file is not None
     stats = [os.stat(p) for p in (options.tls_cert_file, options.tls_key_file)]
     return tuple(v for s in stats for v in (s.st_mtime_ns, s.st_size, s.st_ino))
 
@@ -183,11 +197,12 @@ async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, sta
 class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
-    def __init__(self, api: KubeApi, default_pricing: Mode) -> None:
+    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0) -> None:
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
@@ -196,9 +211,10 @@ class Caches:
             reflector(SLICES, SliceStore(self.inventory)),
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, NamespaceStore(self.namespaces)),
-            reflector(QUOTAS, QuotaStore(self.admitter)),
+            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe,
+                                         drop=self.reservations.drop)),
         ]
-        self.claims = reflector(CLAIMS, ClaimStore(self.admitter), claims=True)
+        self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget), claims=True)
 
     @property
     def synced(self) -> bool:
@@ -217,27 +233,38 @@ async def serve(options: ServeOptions) -> int:
     """Serve until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background task died."""
     started = time.monotonic()
     policy = load_policy(options.admin_access_policy)
-    try:
-        stamp = _stamp(options)
-        tls = ReloadingContext(_read_pair(options))
-    except (OSError, ValueError) as err:
-        raise ServeError(f"cannot load the serving certificate: {err}") from None
+    if options.certificates is None:
+        try:
+            stamp = _stamp(options)
+            tls = ReloadingContext(_read_pair(options))
+        except (OSError, ValueError) as err:
+            raise ServeError(f"cannot load the serving certificate: {err}") from None
     try:
         api = await KubeApi.from_kubeconfig(options.kubeconfig) if options.kubeconfig else KubeApi.in_cluster()
     except (ConfigException, OSError, ValueError) as err:
         raise ServeError(f"cannot reach the cluster: {err}") from None
+    if options.certificates is None:
+        certificates: Coroutine[Any, Any, None] = _reload_certificates(options, tls, stamp)
+    else:
+        try:
+            tls, manager = await start_self_managed(api, options.certificates)
+        except (ApiError, Conflict, OSError) as err:
+            await api.close()
+            raise ServeError(f"cannot set up the self-managed certificate: {err}") from None
+        certificates = manager.run()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    caches = Caches(api, options.default_pricing)
-    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check)
+    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl)
+    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check,
+                       reservations=caches.reservations)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set())
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
     await runner.setup()
     background = [
         asyncio.create_task(caches.run(), name="caches"),
-        asyncio.create_task(_reload_certificates(options, tls, stamp), name="certificate reload"),
+        asyncio.create_task(certificates, name="certificates"),
     ]
     failed: list[str] = []
 
@@ -252,7 +279,8 @@ async def serve(options: ServeOptions) -> int:
     for task in background:
         task.add_done_callback(fatal)
     try:
-        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context)
+        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
+                            reuse_port=options.reuse_port or None)
         await site.start()
         log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
