@@ -1,0 +1,244 @@
+"""`dra-quota serve --cert-mode self` against the real 1.37 API server.
+
+The process mints its CA and serving certificate into a per-test Secret in
+dra-quota-system, patches the caBundle of the shipped configurations (adapted as in
+test_serve.py, with their caBundle removed so only the process can make them work) and
+serves `dra-quota-webhook.dra-quota-system.svc`, the name the API server verifies.
+Proof that the API server trusts what is served: every claim create comes back with
+the mutating webhook's `draquota.io/charge` annotation (failurePolicy Fail, so a TLS
+failure is a failed create, never a silent skip).
+
+Rotation under load uses validities of seconds (the NotBefore back-dating of an hour
+in certs.authority does not matter): serving certificates live 10 s and are renewed
+7 s ahead, the CA lives 60 s and rolls over 45 s ahead (so once, ~15 s in), and a new
+CA must sit in every caBundle for 2 s before the leaf moves to it. Dry-run creates
+run continuously meanwhile; each one goes through both webhooks and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ssl
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+
+from .cluster import ControlPlane, free_ports
+from .conftest import unique
+from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
+from .kube import ApiError, Kube, Obj, poll
+from .test_serve import ADMISSION, PLURALS, ROOT, RUN_LABEL, MakeFleet, MakeNamespace, adapted_webhooks, crd
+
+__all__ = ["crd"]  # the CRD fixture, shared with test_serve.py
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE, SERVICE = "dra-quota-system", "dra-quota-webhook"
+CHARGE = "draquota.io/charge"
+ROTATION_FLAGS = ("--cert-check-period", "0.5s", "--ca-trust-delay", "2s", "--ca-validity", "60s",
+                  "--ca-renew-before", "45s", "--cert-validity", "10s", "--cert-renew-before", "7s")
+
+
+@dataclass
+class SelfServed:
+    cluster: ControlPlane
+    port: int
+    log: Path
+    secret: str
+    configurations: str
+    flags: tuple[str, ...] = ()
+    process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig),
+                "--cert-mode", "self", "--namespace", NAMESPACE, "--service-name", SERVICE,
+                "--cert-secret", self.secret, "--webhook-configurations", self.configurations,
+                "--bind-address", "127.0.0.1", "--port", str(self.port), *self.flags,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+            )
+        process = self.process
+        # Readiness only: whether the certificate is right is the API server's to judge.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> bool:
+                if process.returncode is not None:
+                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
+                try:
+                    async with http.get(f"https://127.0.0.1:{self.port}/readyz", ssl=ctx) as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await poll(ready, timeout=60, what="dra-quota serve /readyz")
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+
+    @contextlib.contextmanager
+    def log_on_failure(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as err:
+            err.add_note(f"--- dra-quota serve log ({self.log}) ---\n{self.log_text()[-20000:]}")
+            raise
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+@dataclass
+class CertSetup:
+    kube: Kube
+    namespace: str
+    fleet: GpuFleet
+    served: SelfServed
+    configs: list[tuple[str, str]] = field(default_factory=list)
+
+
+async def _ensure_namespace(kube: Kube, name: str) -> None:
+    try:
+        await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": {"name": name}})
+    except ApiError as err:
+        if err.status != 409:
+            raise
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube: Kube, crd: None,
+                     make_namespace: MakeNamespace, make_fleet: MakeFleet,
+                     tmp_path: Path) -> AsyncIterator[CertSetup]:
+    """Configurations without caBundle, then the process; torn down in the reverse order."""
+    flags = tuple(getattr(request, "param", ()))
+    run = uuid.uuid4().hex[:8]
+    fleet = await make_fleet("certs")
+    await fleet.add_node("n1", [Gpu()])
+    namespace = await make_namespace("certs", labels={RUN_LABEL: run})
+    await _ensure_namespace(kube, NAMESPACE)
+    port = free_ports(1)[0]
+    names = []
+    setup = CertSetup(kube, namespace, fleet,
+                      SelfServed(cluster, port, tmp_path / "serve.log", unique("tls"), "", flags))
+    try:
+        for config in adapted_webhooks(run, port, cluster):
+            for hook in config["webhooks"]:
+                del hook["clientConfig"]["caBundle"]
+            plural = PLURALS[config["kind"]]
+            await kube.create(ADMISSION, plural, config)
+            setup.configs.append((plural, config["metadata"]["name"]))
+            names.append(f"{config['kind'].removesuffix('WebhookConfiguration').lower()}/{config['metadata']['name']}")
+        setup.served.configurations = ",".join(names)
+        with setup.served.log_on_failure():
+            await setup.served.start()
+        yield setup
+    finally:
+        for plural, name in reversed(setup.configs):
+            await kube.delete(ADMISSION, plural, name)
+        await setup.served.kill()
+        with contextlib.suppress(ApiError):
+            await kube.delete("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+
+
+def _certs(b64: str) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(base64.b64decode(b64)) if b64 else []
+
+
+async def _bundles(kube: Kube, setup: CertSetup) -> list[list[x509.Certificate]]:
+    out = []
+    for plural, name in setup.configs:
+        config = await kube.get(ADMISSION, plural, name)
+        out += [_certs(h["clientConfig"].get("caBundle", "")) for h in config["webhooks"]]
+    return out
+
+
+async def _dry_run(kube: Kube, setup: CertSetup) -> Obj:
+    body = {"kind": "ResourceClaim", "metadata": {"name": unique("c")},
+            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class))}
+    created: Obj = await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=setup.namespace, dry_run=True)
+    return created
+
+
+async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kube, cert_setup: CertSetup) -> None:
+    setup = cert_setup
+    with setup.served.log_on_failure():
+        secret = await kube.get("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+        assert set(secret["data"]) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
+        ca = _certs(secret["data"]["ca.crt"])
+        leaf = _certs(secret["data"]["tls.crt"])[0]
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert f"{SERVICE}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+        bundles = await _bundles(kube, setup)
+        assert len(bundles) == 6 and all(b == ca for b in bundles), "every webhook of both configurations"
+        # The API server calls both webhooks over TLS it verified: the charge annotation
+        # comes from /mutate, and the create passed /validate (no quota: admitted).
+        claim = await _dry_run(kube, setup)
+        assert CHARGE in claim["metadata"]["annotations"]
+        log = setup.served.log_text()
+        assert "PRIVATE KEY" not in log and secret["data"]["tls.key"] not in log
+
+
+@pytest.mark.parametrize("cert_setup", [ROTATION_FLAGS], indirect=True)
+async def test_rotation_under_load_fails_no_request(kube: Kube, cert_setup: CertSetup) -> None:
+    setup = cert_setup
+    ok, failures, stop = [0], [], asyncio.Event()
+
+    async def client() -> None:
+        while not stop.is_set():
+            try:
+                claim = await _dry_run(kube, setup)
+                if CHARGE in claim["metadata"].get("annotations", {}):
+                    ok[0] += 1
+                else:
+                    failures.append("created without our charge: the mutating webhook was skipped")
+            except ApiError as err:
+                failures.append(str(err)[:300])
+
+    serials: set[int] = set()
+    cas: set[bytes] = set()
+    max_bundle = [0]
+
+    async def rotated() -> bool:
+        secret = await kube.get("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+        leaf = _certs(secret["data"]["tls.crt"])[0]
+        serials.add(leaf.serial_number)
+        bundle = _certs(secret["data"]["ca.crt"])
+        cas.update(c.fingerprint(hashes.SHA256()) for c in bundle)
+        configured = await _bundles(kube, setup)
+        max_bundle[0] = max(max_bundle[0], min(len(b) for b in configured))
+        # Done once the leaf comes from the second CA and was renewed by it at least twice.
+        on_new_ca = leaf.issuer == bundle[0].subject and len(cas) >= 2
+        return on_new_ca and len(serials) >= 8
+
+    with setup.served.log_on_failure():
+        started = time.monotonic()
+        clients = [asyncio.create_task(client()) for _ in range(2)]
+        try:
+            await poll(rotated, timeout=90, what="renewals and one CA rollover", interval=0.2, max_interval=0.2)
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+        seconds = time.monotonic() - started
+        log = setup.served.log_text()
+        writes = log.count("certificate Secret written")
+        moved = log.count("moved the serving certificate to the new CA")
+        print(f"rotation under load: {ok[0]} creates in {seconds:.1f}s, {len(failures)} failed; "
+              f"{writes} Secret writes, {len(serials)} leaves seen, {len(cas)} CAs, {moved} leaf move(s), "
+              f"caBundle held up to {max_bundle[0]} CAs")
+        assert not failures, failures[:5]
+        assert moved == 1 and max_bundle[0] >= 2, "old and new CA side by side during the rollover"
+        assert ok[0] >= 50
