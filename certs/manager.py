@@ -183,6 +183,12 @@ class CertificateManager:
                 return False
             log.info("caBundle of %s %s set to %d CA(s)", configuration.kind, configuration.name,
                      len(material.bundle))
+        if configurations:
+            # Every configuration now holds the bundle: the trust delay runs from here,
+            # not from the next pass's read.
+            now = self.monotonic()
+            for fingerprint in material.fingerprints():
+                self._trusted_since.setdefault(fingerprint, now)
         return True
 
     def _serve(self, material: Material) -> None:
