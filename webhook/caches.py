@@ -124,8 +124,14 @@ class NamespaceStore:
 
 
 class QuotaStore:
-    def __init__(self, admitter: Admitter) -> None:
+    """DeviceQuotas into the ledger; `observe`/`drop` also get the raw objects, for the
+    persisted reservations (`webhook.reservations`) to write against the newest one."""
+
+    def __init__(self, admitter: Admitter, *, observe: Callable[[Obj], None] | None = None,
+                 drop: Callable[[str, str], None] | None = None) -> None:
         self.ledger = admitter.ledger
+        self.observe = observe
+        self.drop = drop
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [q for q in (_parsed("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
@@ -133,25 +139,37 @@ class QuotaStore:
         for quota in self.ledger.quotas():
             if (quota.namespace, quota.name) not in keep:
                 self.ledger.delete_quota(quota.namespace, quota.name)
+                if self.drop is not None:
+                    self.drop(quota.namespace, quota.name)
         for quota in parsed:
             self.ledger.add_or_update_quota(quota)
+        if self.observe is not None:
+            for obj in objects:
+                self.observe(obj)
 
     def upsert(self, obj: Obj) -> None:
         quota = _parsed("DeviceQuota", obj, parse_device_quota)
         if quota is not None:
             self.ledger.add_or_update_quota(quota)
+            if self.observe is not None:
+                self.observe(obj)
 
     def delete(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
         self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
+        if self.drop is not None:
+            self.drop(str(meta.get("namespace")), str(meta.get("name")))
 
 
 class ClaimStore:
     """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
 
-    def __init__(self, admitter: Admitter) -> None:
+    def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
+        # Told the uid of each claim deleted from the cache: its persisted reservation
+        # (`webhook.reservations`) must not count again once the claim no longer does.
+        self.forget = forget
 
     def replace(self, objects: list[Obj]) -> None:
         # A claim missing from a fresh list was deleted while the watch was down. A
@@ -162,6 +180,8 @@ class ClaimStore:
         present = {claim_ref(c) for c in claims}
         for ref in [e.ref for e in self.ledger.entries() if e.ref not in present]:
             self.ledger.delete_claim(ref)
+            if self.forget is not None:
+                self.forget(ref)
         for claim in claims:
             self._account(claim)
 
@@ -174,6 +194,8 @@ class ClaimStore:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
         self.ledger.delete_claim(_ref(uid if isinstance(uid, str) else "", meta))
+        if self.forget is not None and isinstance(uid, str) and uid:
+            self.forget(uid)
 
     def _account(self, claim: Claim) -> None:
         if claim.allocation is not None:

@@ -26,10 +26,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from quota.admission import Admission, Admitter, object_ref
+from quota.admission import Admission, Admitter, claim_ref, object_ref
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
+from quota.devicequota import DeviceQuota
+from quota.model import Charge
+from quota.pricing import Pricing
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
+from webhook.reservations import Reservations
 from webhook.review import AdmissionRequest, Verdict
 
 __all__ = [
@@ -37,8 +41,10 @@ __all__ = [
     "ClaimContext",
     "allocate_claim",
     "create_claim",
+    "create_claim_persisted",
     "create_template",
     "delete_claim",
+    "delete_claim_persisted",
     "update_claim",
     "with_namespace",
 ]
@@ -46,6 +52,8 @@ __all__ = [
 AllocationCheck = Literal["enforce", "account-only"]
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
+# How `quota.devicequota.check` starts a denial.
+QUOTA_DENIAL = "exceeded DeviceQuota"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,9 @@ class ClaimContext:
     # Called per request, so a reloaded ConfigMap applies to the next review.
     policy: Callable[[], AdminAccessPolicy]
     allocation_check: AllocationCheck = "enforce"
+    # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
+    # (`webhook.reservations`); None keeps them in this process's ledger only.
+    reservations: Reservations | None = None
 
 
 def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -75,6 +86,43 @@ def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=request.dry_run
     )
     return _verdict(admission, record)
+
+
+async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim CREATE with the reservation persisted on each DeviceQuota's status.
+
+    The same checks as `create_claim`, but the ledger only prices (a dry run: it holds
+    what this replica's cache holds, not what other replicas admitted); the quota check
+    proper runs against the persisted reservations, in `webhook.reservations`.
+    """
+    assert ctx.reservations is not None
+    claim = _claim(request, request.object)
+    if isinstance(claim, Verdict):
+        return claim
+    if not claim.uid:
+        return _invalid("metadata.uid is missing: the API server sets it before validating admission")
+    record = _judge(ctx, request, claim)
+    if record is not None and record.outcome == "refused":
+        return _refusal(record)
+    priced = ctx.admitter.admit_claim(claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=True)
+    if not priced.allowed and not priced.reason.startswith(QUOTA_DENIAL):
+        return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
+    charges = {q: c for q in ctx.admitter.ledger.quotas(claim.namespace)
+               if not (c := _charge(ctx, claim, priced.pricing, q)).is_zero()}
+    decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
+                                            dry_run=request.dry_run)
+    # The ledger's quota warnings (Audit) came from this replica's cache alone; the
+    # reservations' own replace them.
+    warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
+    return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged), record)
+
+
+def _charge(ctx: ClaimContext, claim: Claim, pricing: Pricing, quota: DeviceQuota) -> Charge:
+    """What `claim` takes from `quota`, in the quota's pricing mode (as `Entry.charge_for`)."""
+    mode = quota.mode or ctx.admitter.ledger.default_mode
+    if mode != ctx.admitter.ledger.default_mode:
+        pricing = ctx.admitter.pricer.estimate(claim.spec, mode=mode)
+    return pricing.charge_for(quota.device_classes)
 
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -117,6 +165,15 @@ def delete_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         uid = uid if isinstance(uid, str) else ""
         ctx.admitter.ledger.release(object_ref(uid=uid, namespace=request.namespace, name=request.name))
     return Verdict(True)
+
+
+async def delete_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim DELETE: as `delete_claim`, and its persisted entries are removed."""
+    verdict = delete_claim(ctx, request)
+    uid = dig(request.old_object, "metadata", "uid")
+    if ctx.reservations is not None and not request.dry_run and isinstance(uid, str) and uid:
+        await ctx.reservations.release(request.namespace, uid)
+    return verdict
 
 
 def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:

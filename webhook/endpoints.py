@@ -5,15 +5,26 @@ modules (`webhook.claims`, `webhook.namespaces`, `webhook.mutating`) decide. A r
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
-The handlers are synchronous, so a check and its reservation run without an await
-between them.
+The in-memory handlers are synchronous, so a check and its reservation run without an
+await between them; the persisted ones (`webhook.reservations`) await a conditional
+status write instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
-from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, delete_claim, update_claim
+from webhook.claims import (
+    ClaimContext,
+    allocate_claim,
+    create_claim,
+    create_claim_persisted,
+    create_template,
+    delete_claim,
+    delete_claim_persisted,
+    update_claim,
+)
 from webhook.mutating import annotate_claim
 from webhook.namespaces import update_namespace
 from webhook.review import AdmissionRequest, Verdict
@@ -21,11 +32,21 @@ from webhook.server import Endpoint
 
 __all__ = ["endpoints"]
 
-Handler = Callable[[ClaimContext, AdmissionRequest], Verdict]
+Handler = Callable[[ClaimContext, AdmissionRequest], Verdict | Awaitable[Verdict]]
 # (API group, resource, subresource, operation) -> handler. The `status` and `finalize`
 # subresources of namespaces write labels too; claims' `status` carries the allocation.
 Route = tuple[str, str, str, str]
 RESOURCE = "resource.k8s.io"
+
+
+def _create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awaitable[Verdict]:
+    # With persisted reservations the handler awaits the status write: the one await
+    # between check and answer, made safe by the write's resourceVersion precondition.
+    return create_claim(ctx, request) if ctx.reservations is None else create_claim_persisted(ctx, request)
+
+
+def _delete_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awaitable[Verdict]:
+    return delete_claim(ctx, request) if ctx.reservations is None else delete_claim_persisted(ctx, request)
 
 
 def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -33,9 +54,9 @@ def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
 
 VALIDATING: dict[Route, Handler] = {
-    (RESOURCE, "resourceclaims", "", "CREATE"): create_claim,
+    (RESOURCE, "resourceclaims", "", "CREATE"): _create_claim,
     (RESOURCE, "resourceclaims", "", "UPDATE"): update_claim,
-    (RESOURCE, "resourceclaims", "", "DELETE"): delete_claim,
+    (RESOURCE, "resourceclaims", "", "DELETE"): _delete_claim,
     (RESOURCE, "resourceclaims", "status", "UPDATE"): allocate_claim,
     (RESOURCE, "resourceclaimtemplates", "", "CREATE"): create_template,
     **{("", "namespaces", sub, op): _namespace for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
@@ -54,6 +75,9 @@ def _endpoint(ctx: ClaimContext, table: dict[Route, Handler]) -> Endpoint:
     async def decide(request: AdmissionRequest) -> Verdict:
         resource = request.resource
         handler = table.get((resource.group, resource.resource, request.sub_resource, request.operation))
-        return Verdict(True) if handler is None else handler(ctx, request)
+        if handler is None:
+            return Verdict(True)
+        verdict = handler(ctx, request)
+        return await verdict if inspect.isawaitable(verdict) else verdict
 
     return decide

@@ -1,0 +1,113 @@
+"""webhook.reservations against a scripted API server: what the real one cannot do on demand.
+
+The fake keeps one DeviceQuota per name with a resourceVersion, answers a status PUT
+with 409 when the precondition is stale, and can be told to inject conflicts (another
+replica writing in between) — the real control plane is exercised in
+tests/e2e/test_replicas.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from quota.devicequota import DeviceQuota, parse_device_quota
+from quota.kubeapi import ApiError, Resource
+from quota.ledger import Ledger
+from quota.model import Charge, Namespace
+from webhook.reservations import CONTENTION, Reservations
+
+from ..builders import GiB, make_quota
+
+NS = Namespace("team-a")
+GPU = Charge(80 * GiB, 1)
+
+
+class FakeApi:
+    def __init__(self, *quotas: dict[str, Any]) -> None:
+        self.objects = {q["metadata"]["name"]: {**copy.deepcopy(q), "status": {}} for q in quotas}
+        for obj in self.objects.values():
+            obj["metadata"]["resourceVersion"] = "1"
+        self.writes = 0
+        self.conflicts_to_inject = 0
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        if name not in self.objects:
+            raise ApiError(404, "NotFound", name)
+        return copy.deepcopy(self.objects[name])
+
+    async def update_status(self, resource: Resource, body: dict[str, Any], *,
+                            namespace: str | None = None) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        name = body["metadata"]["name"]
+        current = self.objects[name]
+        if self.conflicts_to_inject:
+            self.conflicts_to_inject -= 1
+            current["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
+        if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
+        self.writes += 1
+        current["status"] = copy.deepcopy(body["status"])
+        current["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(current)
+
+
+def setup(*quotas: dict[str, Any]) -> tuple[FakeApi, Reservations, list[DeviceQuota]]:
+    api = FakeApi(*quotas)
+    ledger = Ledger()
+    parsed = [parse_device_quota(q) for q in quotas]
+    for quota in parsed:
+        ledger.add_or_update_quota(quota)
+    return api, Reservations(api, ledger, ttl=60.0, clock=lambda: 1_000.0), parsed  # type: ignore[arg-type]
+
+
+async def test_concurrent_admissions_share_one_write_and_stop_at_hard() -> None:
+    api, reservations, (quota,) = setup(make_quota("gpus", memory="400Gi"))
+    decisions = await asyncio.gather(*(reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}")
+                                       for i in range(8)))
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 3
+    assert api.writes == 1
+    assert decisions[5].message.startswith('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, '
+                                           "reserved memory=400Gi")
+    status = api.objects["gpus"]["status"]
+    assert sorted(status["reservations"]) == [f"u{i}" for i in range(5)]
+    assert status["reserved"] == {"memory": 400 * GiB, "devices": 5}
+
+
+async def test_a_conflict_is_re_read_and_re_checked_then_denied_after_three() -> None:
+    api, reservations, (quota,) = setup(make_quota("gpus", memory="400Gi"))
+    api.conflicts_to_inject = 3
+    assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
+    api.conflicts_to_inject = 4
+    denied = await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")
+    assert (denied.allowed, denied.message) == (False, CONTENTION)
+    assert list(api.objects["gpus"]["status"]["reservations"]) == ["u1"]
+
+
+async def test_a_retried_uid_and_a_dry_run_count_nothing_more() -> None:
+    api, reservations, (quota,) = setup(make_quota("gpus", memory="160Gi"))
+    for _ in range(2):
+        assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
+    writes = api.writes
+    assert (await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2", dry_run=True)).allowed
+    assert api.writes == writes and list(api.objects["gpus"]["status"]["reservations"]) == ["u1"]
+
+
+async def test_a_later_quota_denying_releases_the_earlier_ones() -> None:
+    api, reservations, quotas = setup(make_quota("a-roomy", memory="800Gi"), make_quota("b-tight", memory="40Gi"))
+    decision = await reservations.admit({q: GPU for q in quotas}, uid="u1", claim="team-a/c1")
+    assert not decision.allowed and 'exceeded DeviceQuota "b-tight"' in decision.message
+    assert api.objects["a-roomy"]["status"]["reservations"] == {}
+    assert api.objects["b-tight"]["status"] == {}  # denied: nothing to write
+
+
+async def test_a_delete_releases_the_entry_and_the_quota_going_away_holds_nothing() -> None:
+    api, reservations, (quota,) = setup(make_quota("gpus", memory="80Gi"))
+    assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
+    await reservations.release(NS, "u1")
+    assert api.objects["gpus"]["status"]["reservations"] == {}
+    del api.objects["gpus"]
+    reservations.drop(NS, "gpus")
+    assert (await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed
