@@ -99,6 +99,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
     serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
+    serve.add_argument("--reservation-ttl", type=float, default=60.0, metavar="SECONDS",
+                       help="an admitted claim's reservation is persisted on the DeviceQuota status and "
+                            "counted by every replica until its claim is seen, at most this long: an "
+                            "entry whose claim never appeared is dropped after it; keep it longer than "
+                            "any replica's watch lag (default 60)")
+    serve.add_argument("--reuse-port", action="store_true",
+                       help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
@@ -122,6 +129,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         certificates=self_managed,
         bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
+        reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
     )
     try:
         return asyncio.run(serve(options))

@@ -12,17 +12,17 @@ prices it against the inventory and the classes (an empty inventory would price 
 existing claim at nothing). `/readyz` answers 200 only after every reflector synced,
 and 503 again once shutdown began, so no review reaches a replica with a partial view.
 
-Limitations of this first version (single replica):
-- Reservations live in this process's memory only; nothing is written to DeviceQuota
-  status. After a restart they are re-derived from the claims on the API server, so an
-  admission that had not yet been persisted when the process died is forgotten. Two
-  replicas would each admit up to `hard`: run exactly one.
+Reservations are persisted on DeviceQuota status before a claim is admitted
+(`webhook.reservations`, protocol and TTL in `quota.reservations`), so several replicas
+share the quotas without over-committing; `--reuse-port` lets them share one port.
+
+Limitations of this version:
 - No leader election, no quota controller, no metrics yet. Certificates: self-managed
   by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy file is read once at start.
-- A reservation whose claim was never persisted (another webhook denied it, the
-  create failed) is held until the next relist of claims or a restart (no TTL yet).
+- `status.used` is not written (the quota controller's job); each replica counts
+  allocated claims from its own cache.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.endpoints import endpoints
+from webhook.reservations import Reservations
 from webhook.server import build_app
 
 __all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
@@ -65,8 +66,8 @@ __all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "lo
 log = logging.getLogger(__name__)
 
 LIMITATIONS = (
-    "Single replica only: reservations are kept in memory (not on DeviceQuota status) and "
-    "re-derived from the claims on restart; no leader election, no metrics yet."
+    "Reservations are persisted on DeviceQuota status (several replicas may serve); "
+    "no quota controller (status.used), no leader election, no metrics yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -92,6 +93,11 @@ class ServeOptions:
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
     cert_poll_seconds: float = 5.0
+    # How long a persisted reservation holds before any replica may drop it
+    # (quota.reservations: longer than any replica's claim watch lags).
+    reservation_ttl: float = 60.0
+    # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
+    reuse_port: bool = False
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
     # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
     shutdown_grace_seconds: float = 10.0
@@ -191,11 +197,12 @@ async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, sta
 class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
-    def __init__(self, api: KubeApi, default_pricing: Mode) -> None:
+    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0) -> None:
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
@@ -204,9 +211,10 @@ class Caches:
             reflector(SLICES, SliceStore(self.inventory)),
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, NamespaceStore(self.namespaces)),
-            reflector(QUOTAS, QuotaStore(self.admitter)),
+            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe,
+                                         drop=self.reservations.drop)),
         ]
-        self.claims = reflector(CLAIMS, ClaimStore(self.admitter), claims=True)
+        self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget), claims=True)
 
     @property
     def synced(self) -> bool:
@@ -248,8 +256,9 @@ async def serve(options: ServeOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    caches = Caches(api, options.default_pricing)
-    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check)
+    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl)
+    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check,
+                       reservations=caches.reservations)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set())
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
     await runner.setup()
@@ -270,7 +279,8 @@ async def serve(options: ServeOptions) -> int:
     for task in background:
         task.add_done_callback(fatal)
     try:
-        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context)
+        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
+                            reuse_port=options.reuse_port or None)
         await site.start()
         log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)

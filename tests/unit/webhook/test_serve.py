@@ -84,7 +84,8 @@ def test_the_cli_states_the_limitation_and_refuses_what_it_cannot_load(
     monkeypatch.setattr("quota.cli.configure_logging", lambda *_: None)
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
-    assert "Single replica only" in " ".join(capsys.readouterr().out.split())
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "Reservations are persisted on DeviceQuota status" in help_text and "--reservation-ttl" in help_text
     missing = str(tmp_path / "missing.crt")
     assert main(["serve", "--tls-cert-file", missing, "--tls-key-file", missing]) == 2
     assert capsys.readouterr().err.startswith("error: cannot load the serving certificate: ")
