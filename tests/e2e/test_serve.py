@@ -68,6 +68,7 @@ class Served:
     log: Path
     process: asyncio.subprocess.Process | None = None
     ready_seconds: float = 0.0
+    args: tuple[str, ...] = ()  # extra `dra-quota serve` flags
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -76,7 +77,7 @@ class Served:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
+                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug", *self.args,
                 stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
             )
         process = self.process
