@@ -21,11 +21,12 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from multidict import CIMultiDict
 
 Obj = dict[str, Any]
 
@@ -124,9 +125,15 @@ class Kube:
         body: Any = None,
         params: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
+        extra_headers: Sequence[tuple[str, str]] = (),
     ) -> Any:
-        """One HTTP round trip; returns the decoded JSON (or text) body, raises :class:`ApiError` on non-2xx."""
-        headers = {"Accept": "application/json"}
+        """One HTTP round trip; returns the decoded JSON (or text) body, raises :class:`ApiError` on non-2xx.
+
+        ``extra_headers`` are pairs so that a header may repeat (``Impersonate-Group``).
+        """
+        headers = CIMultiDict({"Accept": "application/json"})
+        for name, value in extra_headers:
+            headers.add(name, value)
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from multidict import CIMultiDict
 
-from .kube import MERGE_PATCH, ApiError, Kube
+from .kube import MERGE_PATCH, Kube
 
 CHARGE = {"memory": 0, "devices": 1}
 QUOTAS = "e2e-recorder"
@@ -127,25 +126,7 @@ async def impersonated(
     params: Mapping[str, str] | None = None,
     content_type: str = MERGE_PATCH,
 ) -> Any:
-    """Like ``Kube.request`` but as ``user`` (and ``groups``), via the admin's impersonate right.
-
-    Raises :class:`ApiError` on non-2xx, exactly like ``Kube.request``.
-    """
-    headers: dict[str, Any] = {"Accept": "application/json", "Impersonate-User": user}
-    data = None
-    if body is not None:
-        headers["Content-Type"] = content_type
-        data = json.dumps(body)
-    # Impersonate-Group may repeat: a multidict keeps every value.
-    h = CIMultiDict(headers)
-    for g in groups:
-        h.add("Impersonate-Group", g)
-    async with kube._http().request(method, kube.server + path, data=data, params=dict(params or {}), headers=h) as resp:
-        text = await resp.text()
-        try:
-            decoded: Any = json.loads(text) if text else None
-        except ValueError:
-            decoded = text
-        if resp.status >= 300:
-            raise ApiError(method, path, resp.status, decoded)
-        return decoded
+    """``Kube.request`` as ``user`` (and ``groups``), via the admin's impersonate right."""
+    headers = [("Impersonate-User", user), *(("Impersonate-Group", g) for g in groups)]
+    return await kube.request(method, path, body=body, params=params, content_type=content_type,
+                              extra_headers=headers)
