@@ -20,15 +20,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ssl
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from cryptography import x509
@@ -38,7 +35,7 @@ from .cluster import ControlPlane, free_ports
 from .conftest import unique
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll
-from .test_serve import ADMISSION, PLURALS, ROOT, RUN_LABEL, MakeFleet, MakeNamespace, adapted_webhooks, crd
+from .test_serve import ADMISSION, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
 
 __all__ = ["crd"]  # the CRD fixture, shared with test_serve.py
 
@@ -51,63 +48,12 @@ ROTATION_FLAGS = ("--cert-check-period", "0.5s", "--ca-trust-delay", "2s", "--ca
 
 
 @dataclass
-class SelfServed:
-    cluster: ControlPlane
-    port: int
-    log: Path
-    secret: str
-    configurations: str
-    flags: tuple[str, ...] = ()
-    process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig),
-                "--cert-mode", "self", "--namespace", NAMESPACE, "--service-name", SERVICE,
-                "--cert-secret", self.secret, "--webhook-configurations", self.configurations,
-                "--bind-address", "127.0.0.1", "--port", str(self.port), *self.flags,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
-            )
-        process = self.process
-        # Readiness only: whether the certificate is right is the API server's to judge.
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        async with aiohttp.ClientSession() as http:
-            async def ready() -> bool:
-                if process.returncode is not None:
-                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
-                try:
-                    async with http.get(f"https://127.0.0.1:{self.port}/readyz", ssl=ctx) as resp:
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await poll(ready, timeout=60, what="dra-quota serve /readyz")
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
-
-    @contextlib.contextmanager
-    def log_on_failure(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException as err:
-            err.add_note(f"--- dra-quota serve log ({self.log}) ---\n{self.log_text()[-20000:]}")
-            raise
-
-    async def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.kill()
-            await self.process.wait()
-
-
-@dataclass
 class CertSetup:
     kube: Kube
     namespace: str
     fleet: GpuFleet
-    served: SelfServed
+    served: Served
+    secret: str
     configs: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -132,8 +78,9 @@ async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube
     await _ensure_namespace(kube, NAMESPACE)
     port = free_ports(1)[0]
     names = []
-    setup = CertSetup(kube, namespace, fleet,
-                      SelfServed(cluster, port, tmp_path / "serve.log", unique("tls"), "", flags))
+    secret = unique("tls")
+    served = Served(cluster, port, tmp_path / "serve.log", self_managed=True)
+    setup = CertSetup(kube, namespace, fleet, served, secret)
     try:
         for config in adapted_webhooks(run, port, cluster):
             for hook in config["webhooks"]:
@@ -142,7 +89,8 @@ async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube
             await kube.create(ADMISSION, plural, config)
             setup.configs.append((plural, config["metadata"]["name"]))
             names.append(f"{config['kind'].removesuffix('WebhookConfiguration').lower()}/{config['metadata']['name']}")
-        setup.served.configurations = ",".join(names)
+        served.args = ("--cert-mode", "self", "--namespace", NAMESPACE, "--service-name", SERVICE,
+                       "--cert-secret", secret, "--webhook-configurations", ",".join(names), *flags)
         with setup.served.log_on_failure():
             await setup.served.start()
         yield setup
@@ -151,7 +99,7 @@ async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube
             await kube.delete(ADMISSION, plural, name)
         await setup.served.kill()
         with contextlib.suppress(ApiError):
-            await kube.delete("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+            await kube.delete("v1", "secrets", setup.secret, namespace=NAMESPACE)
 
 
 def _certs(b64: str) -> list[x509.Certificate]:
@@ -176,7 +124,7 @@ async def _dry_run(kube: Kube, setup: CertSetup) -> Obj:
 async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kube, cert_setup: CertSetup) -> None:
     setup = cert_setup
     with setup.served.log_on_failure():
-        secret = await kube.get("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+        secret = await kube.get("v1", "secrets", setup.secret, namespace=NAMESPACE)
         assert set(secret["data"]) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
         ca = _certs(secret["data"]["ca.crt"])
         leaf = _certs(secret["data"]["tls.crt"])[0]
@@ -213,7 +161,7 @@ async def test_rotation_under_load_fails_no_request(kube: Kube, cert_setup: Cert
     max_bundle = [0]
 
     async def rotated() -> bool:
-        secret = await kube.get("v1", "secrets", setup.served.secret, namespace=NAMESPACE)
+        secret = await kube.get("v1", "secrets", setup.secret, namespace=NAMESPACE)
         leaf = _certs(secret["data"]["tls.crt"])[0]
         serials.add(leaf.serial_number)
         bundle = _certs(secret["data"]["ca.crt"])
