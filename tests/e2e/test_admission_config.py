@@ -17,7 +17,6 @@ Every cluster-scoped object is deleted after its test.
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import uuid
@@ -31,15 +30,15 @@ import yaml
 
 from quota.policy import parse_policy
 
-from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
+from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .webhook_recorder import Recorder, impersonated, serve_recorder
+from .webhook_recorder import WEBHOOKS, Recorder, impersonated, serve_recorder
+from .webhook_recorder import adapted_webhooks as shipped_for_test
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-WEBHOOKS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
 POLICY_DOCS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/admin-access-policy.yaml").read_text()) if d]
 ADMISSION = "admissionregistration.k8s.io/v1"
 RUN_LABEL = "e2e.draquota.io/run"
@@ -109,24 +108,8 @@ async def recorder(cluster: ControlPlane) -> AsyncIterator[tuple[Recorder, int]]
 
 
 def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
-    """The shipped configurations, adapted to the shared test cluster (see the module docstring)."""
-    ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
-    configs = []
-    for config in copy.deepcopy(WEBHOOKS):
-        config["metadata"]["name"] = f"{config['metadata']['name']}-e2e-{run}"
-        for hook in config["webhooks"]:
-            service = hook["clientConfig"]["service"]
-            assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
-            assert service["port"] == 443
-            service["port"] = port
-            service["path"] = f"{service['path']}/{hook['name']}"
-            hook["clientConfig"]["caBundle"] = ca
-            selector = hook.setdefault("objectSelector", {})
-            selector.setdefault("matchExpressions", []).append({"key": RUN_LABEL, "operator": "In", "values": [run]})
-        configs.append(config)
-    return configs
-
-
+    return shipped_for_test(run, port, cluster, label=RUN_LABEL, name_suffix="e2e", selector="objectSelector",
+                            path_per_hook=True)
 
 
 def claim(name: str, run: str, *, annotations: dict[str, str] | None = None) -> Obj:

@@ -17,9 +17,7 @@ On failure, the process's log is attached to the error.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import copy
 import re
 import signal
 import ssl
@@ -36,14 +34,14 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
+from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
 from .kube import ApiError, Kube, Obj, poll
+from .webhook_recorder import adapted_webhooks as shipped_for_test
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-WEBHOOKS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
 CRD = yaml.safe_load((ROOT / "deploy/crds/devicequota.yaml").read_text())
 ADMISSION = "admissionregistration.k8s.io/v1"
 DQ = "draquota.io/v1alpha1"
@@ -165,20 +163,7 @@ class Setup:
 
 
 def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
-    """The shipped configurations, adapted to the shared test cluster (see the module docstring)."""
-    ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
-    configs = []
-    for config in copy.deepcopy(WEBHOOKS):
-        config["metadata"]["name"] = f"{config['metadata']['name']}-serve-{run}"
-        for hook in config["webhooks"]:
-            service = hook["clientConfig"]["service"]
-            assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
-            service["port"] = port
-            hook["clientConfig"]["caBundle"] = ca
-            selector = hook.setdefault("namespaceSelector", {})
-            selector.setdefault("matchExpressions", []).append({"key": RUN_LABEL, "operator": "In", "values": [run]})
-        configs.append(config)
-    return configs
+    return shipped_for_test(run, port, cluster, label=RUN_LABEL, name_suffix="serve", selector="namespaceSelector")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
