@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from aiohttp import web
 from kubernetes_asyncio.config import ConfigException
 
@@ -49,6 +48,7 @@ from quota.admission import Admitter
 from quota.inventory import Inventory
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import Ledger
+from quota.loader import CheckInputError, read_values
 from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
 from quota.pricing import Pricer
@@ -146,9 +146,14 @@ def load_policy(path: Path | None) -> AdminAccessPolicy:
     if path is None:
         return parse_policy({})
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ServeError(f"--admin-access-policy {path}: {err}") from None
+        # The loader `check` uses: a duplicate `users:` key, say, is refused rather than
+        # silently dropping one of the two lists.
+        values = read_values(str(path))
+    except CheckInputError as err:
+        raise ServeError(f"--admin-access-policy {err}") from None
+    if len(values) > 1:
+        raise ServeError(f"--admin-access-policy {path}: one document expected, found {len(values)}")
+    raw = values[0] if values else None
     if isinstance(raw, dict) and raw.get("kind") == "ConfigMap":
         raw = raw.get("data") or {}
     try:

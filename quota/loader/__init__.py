@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from quota.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.loader.sources import Source, SourceError, read_sources
 from quota.loader.yamldocs import yaml_documents
 
-__all__ = ["MAX_VALUES", "CheckInputError", "Document", "iter_documents", "load_documents"]
+__all__ = ["MAX_VALUES", "CheckInputError", "Document", "iter_documents", "load_documents", "read_values"]
 
 _BOM = b"\xef\xbb\xbf"
 # Documents and List items per run: empty YAML documents cost ~5 us each, so a
@@ -65,23 +66,45 @@ def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Docume
     objects of a large dump all at once. Warnings are appended as they arise."""
     sources, budget = read_sources(paths), [MAX_VALUES]
     while True:
-        try:
-            source = next(sources, None)
-        except SourceError as err:
-            raise CheckInputError(str(err)) from None
+        source = _next_source(sources)
         if source is None:
             return
         name, decoded = source.name, _decode(source)
         del source  # the raw bytes: only the text is needed from here on
-        try:
+        with _reading(name):
             yield from _documents(name, decoded, warnings, budget)
-        except DecodeError as err:
-            at = f"{name}:{err.line}" if err.line is not None else name
-            raise CheckInputError(f"{at}: {err.message}") from None
-        except (RecursionError, MemoryError) as err:
-            # The bounds should make these unreachable; if one still happens it is the
-            # input's fault, and it must not surface as a traceback.
-            raise CheckInputError(f"{name}: too large or too deeply nested ({type(err).__name__})") from None
+
+
+def read_values(path: str) -> list[Any]:
+    """The top-level values of one small file (a configuration, not a dump), with the
+    same bounds and strictness as `check`'s input: duplicate keys, deep nesting, alias
+    bombs and out-of-range integers are refused. CheckInputError says why."""
+    source = _next_source(read_sources([path]))
+    if source is None:
+        raise CheckInputError(f"{path}: nothing to read")
+    with _reading(source.name):
+        return [value for _, _, value in _decode(source)]
+
+
+def _next_source(sources: Iterator[Source]) -> Source | None:
+    try:
+        return next(sources, None)
+    except SourceError as err:
+        raise CheckInputError(str(err)) from None
+
+
+@contextmanager
+def _reading(name: str) -> Iterator[None]:
+    """Decoding errors of source `name` as CheckInputError, with the line where known."""
+    try:
+        yield
+    except DecodeError as err:
+        at = f"{name}:{err.line}" if err.line is not None else name
+        raise CheckInputError(f"{at}: {err.message}") from None
+    except (RecursionError, MemoryError) as err:
+        # The bounds should make these unreachable; if one still happens it is the
+        # input's fault, and it must not surface as a traceback.
+        raise CheckInputError(f"{name}: too large or too deeply nested ({type(err).__name__})") from None
 
 
 def _documents(name: str, decoded: Iterator[_Value], warnings: list[str], budget: list[int]) -> Iterator[Document]:

@@ -33,6 +33,13 @@ def test_the_policy_comes_from_a_map_or_a_configmap(tmp_path: Path) -> None:
         plain.write_text(text)
         with pytest.raises(ServeError, match="--admin-access-policy"):
             load_policy(plain)
+    # Read as strictly as check's input: a second `users:` must not silently win.
+    plain.write_text("users: [alice]\nusers: [mallory]\n")
+    with pytest.raises(ServeError, match="duplicate key 'users'"):
+        load_policy(plain)
+    plain.write_text("users: [alice]\n---\nusers: [mallory]\n")
+    with pytest.raises(ServeError, match="one document expected, found 2"):
+        load_policy(plain)
     with pytest.raises(ServeError, match="--admin-access-policy"):
         load_policy(tmp_path / "missing.yaml")
 
