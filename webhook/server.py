@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
+from quota.cel.timelib import NANOS, parse_duration
+from quota.cel.values import EvalError
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "build_app", "decode_body"]
@@ -36,8 +37,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
 _MARGIN = 0.5
-_GO_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns))+$")
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 Endpoint = Callable[[AdmissionRequest], Awaitable[Verdict]]
 BodyDecoder = Callable[[bytes], Any]
@@ -121,8 +120,11 @@ async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float)
 def _deadline(timeout: str | None) -> float:
     """The API server's `timeout` (a Go duration), less a margin for the answer's trip."""
     seconds = DEFAULT_TIMEOUT
-    if timeout and _GO_DURATION.match(timeout):
-        seconds = sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)", timeout))
+    if timeout:
+        try:
+            seconds = parse_duration(timeout).ns / NANOS
+        except EvalError:
+            pass  # not a Go duration: keep the default
     return max(min(seconds, 30.0) - _MARGIN, 0.1)
 
 

@@ -18,7 +18,7 @@ from certs.authority import service_names
 from certs.rotation import Policy, plan
 from certs.tls import server_context
 from webhook.review import AdmissionRequest, Verdict
-from webhook.server import build_app
+from webhook.server import _deadline, build_app
 
 from .test_review import REVIEW, review
 
@@ -130,3 +130,11 @@ async def test_readiness_follows_the_caches(base_url: tuple[str, ssl.SSLContext]
             assert resp.status == 200
         async with session.get(url + "/healthz", ssl=client) as resp:
             assert resp.status == 200
+
+
+@pytest.mark.parametrize(
+    ("timeout", "deadline"),
+    [("5s", 4.5), ("1m", 29.5), ("1500ms", 1.0), ("2.5s", 2.0), (None, 9.5), ("soon", 9.5), ("5", 9.5), ("100ms", 0.1)],
+)
+async def test_the_deadline_is_the_api_servers_go_duration_less_a_margin(timeout: str | None, deadline: float) -> None:
+    assert _deadline(timeout) == pytest.approx(deadline)
