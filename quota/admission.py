@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from quota.claims import Claim
-from quota.devicequota import QuotaCheck, Usage, check
+from quota.devicequota import DeviceQuota, QuotaCheck, Usage, check
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
@@ -164,6 +164,11 @@ class Admitter:
         if enforce:
             return Admission(False, message, warnings, pricing)
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing)
+
+    def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:
+        """What `claim` takes from each quota of its namespace, each in its pricing mode."""
+        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False)
+        return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(claim.namespace)}
 
     def reserve_existing(self, claim: Claim) -> None:
         """Count an unallocated claim that already exists, without a check: one admitted

@@ -28,9 +28,6 @@ from typing import Any, Literal
 
 from quota.admission import Admission, Admitter, claim_ref, object_ref
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
-from quota.devicequota import DeviceQuota
-from quota.model import Charge
-from quota.pricing import Pricing
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from webhook.reservations import Reservations
@@ -107,22 +104,13 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     priced = ctx.admitter.admit_claim(claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=True)
     if not priced.allowed and not priced.reason.startswith(QUOTA_DENIAL):
         return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
-    charges = {q: c for q in ctx.admitter.ledger.quotas(claim.namespace)
-               if not (c := _charge(ctx, claim, priced.pricing, q)).is_zero()}
+    charges = {q: c for q, c in ctx.admitter.charges(claim).items() if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
                                             dry_run=request.dry_run)
     # The ledger's quota warnings (Audit) came from this replica's cache alone; the
     # reservations' own replace them.
     warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
     return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged), record)
-
-
-def _charge(ctx: ClaimContext, claim: Claim, pricing: Pricing, quota: DeviceQuota) -> Charge:
-    """What `claim` takes from `quota`, in the quota's pricing mode (as `Entry.charge_for`)."""
-    mode = quota.mode or ctx.admitter.ledger.default_mode
-    if mode != ctx.admitter.ledger.default_mode:
-        pricing = ctx.admitter.pricer.estimate(claim.spec, mode=mode)
-    return pricing.charge_for(quota.device_classes)
 
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
