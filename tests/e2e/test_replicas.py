@@ -6,15 +6,17 @@ spreads the API server's connections over them. The shipped webhook configuratio
 applied as in test_serve.py (its helpers are reused). Every DeviceQuota, namespace and
 device exists before the replicas start, so `/readyz` means each replica has them all.
 
-Rounds, each in its own namespace with `hard` = 800Gi (K = 10 claims of one 80Gi GPU),
-each a burst of concurrent creates from 4 clients (separate connection pools); a client
-retries a create that failed for any reason but the quota (a conflict-exhausted
-denial, a webhook call cut by the SIGKILL), as a controller would:
-1. one replica, equal sizes: exactly K persisted (the 1-replica rate);
-2. two replicas, equal sizes: exactly K (the 2-replica rate);
-3. two replicas, mixed sizes: the persisted claims' charges sum to at most `hard`;
-4. two replicas, one SIGKILLed mid-burst: never above K while it runs; its orphaned
-   reservations expire after the TTL (3 s here), then retried creates reach exactly K.
+Bursts, each in its own namespace with `hard` = K x 80Gi (K claims of one 80Gi GPU), each
+of BURST concurrent creates from 4 clients (separate connection pools); a client retries a
+create that failed for any reason but the quota (a conflict-exhausted denial, a webhook
+call cut by the SIGKILL), as a controller would:
+0. one replica, equal sizes: exactly K persisted (the 1-replica rate);
+then 3 rounds with two replicas, each of two bursts:
+- equal sizes: exactly K persisted;
+- mixed sizes (1 or 2 GPUs): the persisted claims' charges sum to at most `hard`;
+and in the last round one replica is SIGKILLed mid-burst of equal sizes: never above K
+while it runs; its orphaned reservations expire after the TTL (3 s here), then retried
+creates reach exactly K. The killed replica is restarted for the round's mixed burst.
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ pytestmark = pytest.mark.e2e
 __all__ = ["crd"]  # the fixture, imported for its name
 
 GiB = 1024**3
-K = 10
+K = 40
 TTL = 3.0
 CLIENTS = 4
-BURST = 120
+BURST = 300
+ROUNDS = 3
 
 
 @dataclass
@@ -65,6 +68,8 @@ class Replica(Served):
     args: tuple[str, ...] = ("--reuse-port", "--reservation-ttl", str(TTL))
 
     async def start(self) -> None:
+        # The log is appended to across restarts: count this start's line.
+        earlier = self.log_text().count("ready after")
         await super().start()
         # /readyz on the shared port may have been answered by the other replica: this
         # process says itself when its caches synced.
@@ -74,7 +79,7 @@ class Replica(Served):
         async def ready() -> bool:
             if process.returncode is not None:
                 raise AssertionError(f"dra-quota serve exited with {process.returncode}")
-            return "ready after" in self.log_text()
+            return self.log_text().count("ready after") > earlier
 
         await poll(ready, timeout=60, what=f"dra-quota serve ({self.log.name}) ready")
 
@@ -187,13 +192,16 @@ async def test_two_replicas_never_over_commit(cluster: ControlPlane, kube: Kube,
     run = uuid.uuid4().hex[:8]
     fleet = await make_fleet("replicas")
     await fleet.add_node("n1", [Gpu()] * 4)
-    rounds = []
-    for _ in range(4):
+
+    async def new_round() -> Round:
         ns = await make_namespace("replicas", labels={RUN_LABEL: run})
         await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                                "spec": {"hard": {"memory": f"{K * 80}Gi"}}}, namespace=ns)
-        rounds.append(Round(kube, clients, ns, fleet.device_class))
-    namespaces = [r.namespace for r in rounds]
+        return Round(kube, clients, ns, fleet.device_class)
+
+    # Every namespace and quota exists before the replicas start (module doc).
+    single = await new_round()
+    rounds = [(await new_round(), await new_round()) for _ in range(ROUNDS)]
     port = free_ports(1)[0]
     a = Replica(cluster, port, tmp_path / "a.log")
     b = Replica(cluster, port, tmp_path / "b.log")
@@ -207,74 +215,38 @@ async def test_two_replicas_never_over_commit(cluster: ControlPlane, kube: Kube,
                 configs.append((PLURALS[config["kind"]], config["metadata"]["name"]))
 
             # dryRun is evaluated and persists nothing.
-            before = await kube.get(DQ, "devicequotas", "gpus", namespace=namespaces[0])
-            await kube.create(RESOURCE_V1, "resourceclaims", rounds[0].claim("dry"), namespace=namespaces[0],
+            before = await kube.get(DQ, "devicequotas", "gpus", namespace=single.namespace)
+            await kube.create(RESOURCE_V1, "resourceclaims", single.claim("dry"), namespace=single.namespace,
                               dry_run=True)
-            after = await kube.get(DQ, "devicequotas", "gpus", namespace=namespaces[0])
+            after = await kube.get(DQ, "devicequotas", "gpus", namespace=single.namespace)
             assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
-            # 1: one replica, K equal claims.
-            one = await burst(rounds[0], [1] * BURST)
-            assert (one.created, sum(await persisted(kube, namespaces[0]))) == (K, K), one
-            a_reviews = len(review_latencies(a.log_text()))
+            # 0: one replica, K equal claims.
+            one = await burst(single, [1] * BURST)
+            assert (one.created, sum(await persisted(kube, single.namespace))) == (K, K), one
             report.append(f"1 replica: {one.rate:.0f} creates/s ({BURST} ops, {one.retries} retries, "
                           f"{one.seconds:.2f}s)")
+            a_reviews = len(review_latencies(a.log_text()))
 
-            # 2: two replicas, K equal claims.
             await b.start()
-            two = await burst(rounds[1], [1] * BURST)
-            assert (two.created, sum(await persisted(kube, namespaces[1]))) == (K, K), two
+            mixed_sizes = [1 + (i % 3 == 0) for i in range(BURST)]
+            for number, (equal, mixed) in enumerate(rounds, 1):
+                if number < ROUNDS:
+                    two = await burst(equal, [1] * BURST)
+                    assert (two.created, sum(await persisted(kube, equal.namespace))) == (K, K), two
+                    report.append(f"round {number}, 2 replicas: {two.rate:.0f} creates/s ({BURST} ops, "
+                                  f"{two.retries} retries, {two.seconds:.2f}s); errors retried: {two.errors}")
+                else:
+                    report.append(await killed_mid_burst(kube, equal, b))
+                    await b.start()  # it rejoins for the mixed burst
+                three = await burst(mixed, mixed_sizes)
+                gpus = sum(await persisted(kube, mixed.namespace))
+                assert gpus <= K and three.max_seen <= K, three
+                report.append(f"round {number}, mixed sizes: {three.created} claims, {gpus} GPUs of {K}")
             b_reviews = len(review_latencies(b.log_text()))
             assert b_reviews > 0, "the second replica answered no review: SO_REUSEPORT did not spread"
-            report.append(f"2 replicas: {two.rate:.0f} creates/s ({BURST} ops, {two.retries} retries, "
-                          f"{two.seconds:.2f}s); reviews a={len(review_latencies(a.log_text())) - a_reviews} "
-                          f"b={b_reviews}; errors retried: {two.errors}")
-
-            # 3: mixed sizes: never above hard.
-            mixed = [1 + (i % 3 == 0) for i in range(BURST)]
-            three = await burst(rounds[2], mixed)
-            gpus = sum(await persisted(kube, namespaces[2]))
-            assert gpus * 80 * GiB <= K * 80 * GiB and three.max_seen <= K, three
-            report.append(f"mixed: {three.created} claims, {gpus} GPUs of {K}")
-
-            # 4: SIGKILL one replica mid-burst.
-            progress = asyncio.Event()
-
-            async def kill_b() -> int:
-                await progress.wait()
-                assert b.process is not None
-                b.process.kill()
-                await b.process.wait()
-                return await unconfirmed(kube, namespaces[3])
-
-            killer = asyncio.create_task(kill_b())
-            four = await burst(rounds[3], [1] * BURST, on_progress=progress)
-            at_kill = await killer
-            assert four.max_seen <= K, four
-            held = sum(await persisted(kube, namespaces[3]))
-            late = [0]
-
-            async def filled() -> bool:
-                # A retried create: denied while the dead replica's reservations hold,
-                # admitted once they expired (TTL) and a live replica's write dropped them.
-                if sum(await persisted(kube, namespaces[3])) >= K:
-                    return True
-                late[0] += 1
-                await create_until_decided(kube, rounds[3], f"late{late[0]}", 1, four)
-                return sum(await persisted(kube, namespaces[3])) >= K
-
-            await poll(filled, timeout=TTL * 10, what=f"retried creates to reach {K} claims after the TTL")
-            assert sum(await persisted(kube, namespaces[3])) == K
-            message = ""
-            try:
-                await kube.create(RESOURCE_V1, "resourceclaims", rounds[3].claim("one-more"),
-                                  namespace=namespaces[3])
-            except ApiError as err:
-                message = err.message
-            assert "exceeded DeviceQuota" in message
-            report.append(f"kill: {at_kill} unconfirmed entries right after the kill, {held} claims when the "
-                          f"burst ended (max {four.max_seen}), {late[0]} late attempts to reach {K}; "
-                          f"errors retried: {four.errors}")
+            report.append(f"reviews after the 1-replica burst: a={len(review_latencies(a.log_text())) - a_reviews} "
+                          f"b={b_reviews}")
             for replica in (a, b):
                 log = replica.log_text()
                 latencies = sorted(review_latencies(log))
@@ -290,3 +262,41 @@ async def test_two_replicas_never_over_commit(cluster: ControlPlane, kube: Kube,
         await b.kill()
 
 
+async def killed_mid_burst(kube: Kube, rnd: Round, victim: Replica) -> str:
+    """An equal-size burst during which `victim` is SIGKILLed; then exactly K after the TTL."""
+    namespace = rnd.namespace
+    progress = asyncio.Event()
+
+    async def kill() -> int:
+        await progress.wait()
+        assert victim.process is not None
+        victim.process.kill()
+        await victim.process.wait()
+        return await unconfirmed(kube, namespace)
+
+    killer = asyncio.create_task(kill())
+    four = await burst(rnd, [1] * BURST, on_progress=progress)
+    at_kill = await killer
+    assert four.max_seen <= K, four
+    held = sum(await persisted(kube, namespace))
+    late = [0]
+
+    async def filled() -> bool:
+        # A retried create: denied while the dead replica's reservations hold,
+        # admitted once they expired (TTL) and a live replica's write dropped them.
+        if sum(await persisted(kube, namespace)) >= K:
+            return True
+        late[0] += 1
+        await create_until_decided(kube, rnd, f"late{late[0]}", 1, four)
+        return sum(await persisted(kube, namespace)) >= K
+
+    await poll(filled, timeout=TTL * 10, what=f"retried creates to reach {K} claims after the TTL")
+    assert sum(await persisted(kube, namespace)) == K
+    message = ""
+    try:
+        await kube.create(RESOURCE_V1, "resourceclaims", rnd.claim("one-more"), namespace=namespace)
+    except ApiError as err:
+        message = err.message
+    assert "exceeded DeviceQuota" in message
+    return (f"kill: {at_kill} unconfirmed entries right after the kill, {held} claims when the burst ended "
+            f"(max {four.max_seen}), {late[0]} late attempts to reach {K}; errors retried: {four.errors}")
