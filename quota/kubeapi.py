@@ -28,13 +28,14 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
 from kubernetes_asyncio.client import Configuration
+from multidict import CIMultiDict
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config
 from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
@@ -67,10 +68,12 @@ _MAX_LIST_RESTARTS = 3
 class ApiError(Exception):
     """A non-2xx answer (or a watch ERROR event), with the decoded `Status` fields."""
 
-    def __init__(self, status: int, reason: str, message: str, *, where: str = "") -> None:
+    def __init__(self, status: int, reason: str, message: str, *, where: str = "", body: Obj | None = None) -> None:
         self.status = status
         self.reason = reason
         self.message = message
+        # The whole decoded `Status` (its `details.causes` name the fields of a 422).
+        self.body: Obj = body if body is not None else {"reason": reason, "message": message}
         super().__init__(f"{where}: HTTP {status} {reason}: {message}" if where else f"HTTP {status} {reason}: {message}")
 
     @classmethod
@@ -81,7 +84,8 @@ class ApiError(Exception):
         except ValueError:
             decoded = None
         if isinstance(decoded, dict):
-            return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where)
+            return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where,
+                       body=decoded)
         return cls(status, "", body[:500].decode("utf-8", "replace"), where=where)
 
 
@@ -226,7 +230,7 @@ class KubeApi:
             headers["Authorization"] = str(auth["value"])
         return headers
 
-    async def _request(
+    async def request(
         self,
         method: str,
         path: str,
@@ -234,16 +238,23 @@ class KubeApi:
         params: Mapping[str, str | int | bool | None] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        headers: Sequence[tuple[str, str]] = (),
     ) -> Obj:
+        """One round trip to `path`; the decoded JSON object, or `ApiError`.
+
+        `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`).
+        """
         started = time.monotonic()
         data = None if body is None else json.dumps(body)
-        headers = await self._headers(content_type if data is not None else None)
+        sent = CIMultiDict(await self._headers(content_type if data is not None else None))
+        for name, value in headers:
+            sent.add(name, value)
         async with self._http().request(
             method,
             self.server + path,
             params=_query(params or {}),
             data=data,
-            headers=headers,
+            headers=sent,
             proxy=self._proxy,
             server_hostname=self._server_hostname,
         ) as resp:
@@ -259,7 +270,7 @@ class KubeApi:
     # -- reads -----------------------------------------------------------------------------------
 
     async def get(self, resource: Resource, name: str, *, namespace: str | None = None, subresource: str | None = None) -> Obj:
-        return await self._request("GET", resource.path(namespace, name, subresource))
+        return await self.request("GET", resource.path(namespace, name, subresource))
 
     async def list(
         self,
@@ -287,7 +298,7 @@ class KubeApi:
             }
             try:
                 while True:
-                    page = await self._request("GET", path, params=params)
+                    page = await self.request("GET", path, params=params)
                     api_version = page.get("apiVersion", resource.api_version)
                     kind = str(page.get("kind", "")).removesuffix("List")
                     for item in page.get("items") or []:
@@ -363,7 +374,7 @@ class KubeApi:
         field_manager: str | None = None, dry_run: bool = False,
     ) -> Obj:
         params = {"fieldManager": field_manager, "dryRun": "All" if dry_run else None}
-        return await self._request("POST", resource.path(namespace), params=params, body=body)
+        return await self.request("POST", resource.path(namespace), params=params, body=body)
 
     async def replace(
         self, resource: Resource, body: Obj, *, namespace: str | None = None,
@@ -371,7 +382,7 @@ class KubeApi:
     ) -> Obj:
         """PUT: optimistic concurrency through `metadata.resourceVersion` in `body` (409 on conflict)."""
         path = resource.path(namespace, body["metadata"]["name"], subresource)
-        return await self._request("PUT", path, params={"fieldManager": field_manager}, body=body)
+        return await self.request("PUT", path, params={"fieldManager": field_manager}, body=body)
 
     async def update_status(self, resource: Resource, body: Obj, *, namespace: str | None = None,
                             field_manager: str | None = None) -> Obj:
@@ -386,7 +397,7 @@ class KubeApi:
         if patch_type == "apply" and not field_manager:
             raise ValueError("server-side apply needs a field_manager")
         params = {"fieldManager": field_manager, "force": True if force else None}
-        return await self._request("PATCH", resource.path(namespace, name, subresource), params=params,
+        return await self.request("PATCH", resource.path(namespace, name, subresource), params=params,
                                    body=patch, content_type=_PATCH_CONTENT_TYPES[patch_type])
 
     async def delete(
@@ -402,7 +413,7 @@ class KubeApi:
             options["propagationPolicy"] = propagation_policy
         if preconditions:
             options["preconditions"] = dict(preconditions)
-        return await self._request("DELETE", resource.path(namespace, name), body=options)
+        return await self.request("DELETE", resource.path(namespace, name), body=options)
 
 
 def _ssl_context(configuration: Configuration) -> ssl.SSLContext:

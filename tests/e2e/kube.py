@@ -1,17 +1,16 @@
-"""A small asyncio Kubernetes client for the end-to-end tests: plain dicts, no models.
+"""The end-to-end tests' Kubernetes client: `quota.kubeapi.KubeApi`, the product's own.
 
-Why not kubernetes_asyncio's generated API classes: DESIGN.md keeps objects as plain
-JSON dicts (the models are slow and lag behind new DRA fields), and the tests need
-arbitrary resources addressed by ``apiVersion`` + plural, exact HTTP status codes and
-the raw ``Status`` bodies of rejections (admission denials, 422s, quota 403s). A thin
-aiohttp client with the admin client certificate does exactly that and nothing else.
-
-Resources are addressed the way the REST API addresses them::
+The tests reach the API server through the same client layer `dra-quota serve` uses (one
+client, not two), with the admin client certificate. `Kube` only adds what tests want on
+top: resources addressed as ``(apiVersion, plural)`` strings, a missing object as None,
+and waiting for conditions::
 
     await kube.create("resource.k8s.io/v1", "resourceclaims", body, namespace="ns")
     await kube.get("v1", "nodes", "node-1")
     await kube.patch("v1", "nodes", "node-1", {"status": ...}, subresource="status")
 
+Rejections are `quota.kubeapi.ApiError` with the exact status code and the whole
+decoded ``Status`` body (admission denials, 422 causes, quota 403s).
 Every call talks to the loopback apiserver only.
 """
 
@@ -19,33 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
-import aiohttp
-from multidict import CIMultiDict
+from kubernetes_asyncio.client import Configuration
 
-Obj = dict[str, Any]
+from quota.kubeapi import ApiError, KubeApi, Obj, PatchType, Resource
+
+__all__ = ["ApiError", "Kube", "MERGE_PATCH", "Obj", "WaitTimeout", "poll", "resource_path"]
 
 MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-
-
-class ApiError(Exception):
-    """A non-2xx answer from the apiserver, with the decoded ``Status`` body when there is one."""
-
-    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
-        self.method = method
-        self.path = path
-        self.status = status
-        self.body: Obj = body if isinstance(body, dict) else {"message": str(body)}
-        self.reason: str = self.body.get("reason", "")
-        self.message: str = self.body.get("message", "")
-        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {self.message}")
 
 
 class WaitTimeout(AssertionError):
@@ -60,18 +43,9 @@ def resource_path(
     subresource: str | None = None,
 ) -> str:
     """The REST path of a collection or object: ``/api/v1/...`` for the core group, else ``/apis/<g>/<v>/...``."""
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    parts = [base]
-    if namespace is not None:
-        parts.append(f"namespaces/{quote(namespace, safe='')}")
-    parts.append(plural)
-    if name is not None:
-        parts.append(quote(name, safe=""))
-    if subresource is not None:
-        if name is None:
-            raise ValueError("a subresource needs an object name")
-        parts.append(subresource)
-    return "/".join(parts)
+    if subresource is not None and name is None:
+        raise ValueError("a subresource needs an object name")
+    return Resource(api_version, plural).path(namespace, name, subresource)
 
 
 class Kube:
@@ -89,11 +63,10 @@ class Kube:
         if not server.startswith("https://127.0.0.1:") and not server.startswith("https://localhost:"):
             # Tests must never send traffic to a non-loopback address.
             raise ValueError(f"refusing non-loopback apiserver URL {server!r}")
-        self.server = server.rstrip("/")
-        self._ssl = ssl.create_default_context(cafile=ca_file)
-        self._ssl.load_cert_chain(cert_file, key_file)
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
+        configuration = Configuration(host=server.rstrip("/"))
+        configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file = ca_file, cert_file, key_file
+        self.api = KubeApi(configuration, request_timeout=timeout)
+        self.server = self.api.server
 
     async def __aenter__(self) -> Kube:
         return self
@@ -101,19 +74,8 @@ class Kube:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _http(self) -> aiohttp.ClientSession:
-        # Created lazily so the session binds to the running event loop.
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=16),
-                timeout=self._timeout,
-            )
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.api.close()
 
     # -- raw -----------------------------------------------------------------------------------
 
@@ -126,42 +88,21 @@ class Kube:
         params: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
         extra_headers: Sequence[tuple[str, str]] = (),
-    ) -> Any:
-        """One HTTP round trip; returns the decoded JSON (or text) body, raises :class:`ApiError` on non-2xx.
+    ) -> Obj:
+        """One HTTP round trip; the decoded JSON object, :class:`ApiError` on non-2xx.
 
         ``extra_headers`` are pairs so that a header may repeat (``Impersonate-Group``).
         """
-        headers = CIMultiDict({"Accept": "application/json"})
-        for name, value in extra_headers:
-            headers.add(name, value)
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body)
-        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
-        async with self._http().request(
-            method, self.server + path, data=data, params=query, headers=headers
-        ) as resp:
-            text = await resp.text()
-            try:
-                decoded: Any = json.loads(text) if text else None
-            except ValueError:
-                decoded = text
-            if resp.status >= 300:
-                raise ApiError(method, path, resp.status, decoded)
-            return decoded
+        return await self.api.request(method, path, params=params, body=body, content_type=content_type,
+                                      headers=extra_headers)
 
     # -- CRUD ------------------------------------------------------------------------------------
 
     async def create(
         self, api_version: str, plural: str, body: Obj, *, namespace: str | None = None, dry_run: bool = False
     ) -> Obj:
-        body = {"apiVersion": api_version, **body}
-        params = {"dryRun": "All"} if dry_run else None
-        result: Obj = await self.request(
-            "POST", resource_path(api_version, plural, namespace=namespace), body=body, params=params
-        )
-        return result
+        return await self.api.create(Resource(api_version, plural), {"apiVersion": api_version, **body},
+                                     namespace=namespace, dry_run=dry_run)
 
     async def get(
         self,
@@ -172,8 +113,7 @@ class Kube:
         namespace: str | None = None,
         subresource: str | None = None,
     ) -> Obj:
-        result: Obj = await self.request("GET", resource_path(api_version, plural, name, namespace, subresource))
-        return result
+        return await self.api.get(Resource(api_version, plural), name, namespace=namespace, subresource=subresource)
 
     async def get_or_none(
         self, api_version: str, plural: str, name: str, *, namespace: str | None = None
@@ -195,19 +135,9 @@ class Kube:
         field_selector: str | None = None,
     ) -> list[Obj]:
         """All items (follows ``continue`` tokens); ``namespace=None`` lists across namespaces."""
-        items: list[Obj] = []
-        params: dict[str, str | int | bool] = {"limit": 500}
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        while True:
-            page: Obj = await self.request("GET", resource_path(api_version, plural, namespace=namespace), params=params)
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-            params["continue"] = token
+        listing = await self.api.list(Resource(api_version, plural), namespace=namespace,
+                                      label_selector=label_selector, field_selector=field_selector)
+        return listing.items
 
     async def replace(
         self,
@@ -219,11 +149,7 @@ class Kube:
         subresource: str | None = None,
     ) -> Obj:
         """PUT (optimistic concurrency through ``metadata.resourceVersion`` in ``body``)."""
-        name = body["metadata"]["name"]
-        result: Obj = await self.request(
-            "PUT", resource_path(api_version, plural, name, namespace, subresource), body=body
-        )
-        return result
+        return await self.api.replace(Resource(api_version, plural), body, namespace=namespace, subresource=subresource)
 
     async def patch(
         self,
@@ -234,15 +160,10 @@ class Kube:
         *,
         namespace: str | None = None,
         subresource: str | None = None,
-        patch_type: str = MERGE_PATCH,
+        patch_type: PatchType = "merge",
     ) -> Obj:
-        result: Obj = await self.request(
-            "PATCH",
-            resource_path(api_version, plural, name, namespace, subresource),
-            body=patch,
-            content_type=patch_type,
-        )
-        return result
+        return await self.api.patch(Resource(api_version, plural), name, patch, patch_type=patch_type,
+                                    namespace=namespace, subresource=subresource)
 
     async def delete(
         self,
@@ -256,16 +177,10 @@ class Kube:
         missing_ok: bool = True,
     ) -> Obj | None:
         """DELETE; returns the apiserver's answer, or None when the object was already gone and ``missing_ok``."""
-        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if grace_period_seconds is not None:
-            options["gracePeriodSeconds"] = grace_period_seconds
-        if propagation_policy is not None:
-            options["propagationPolicy"] = propagation_policy
         try:
-            result: Obj = await self.request(
-                "DELETE", resource_path(api_version, plural, name, namespace), body=options
-            )
-            return result
+            return await self.api.delete(Resource(api_version, plural), name, namespace=namespace,
+                                         grace_period_seconds=grace_period_seconds,
+                                         propagation_policy=propagation_policy)
         except ApiError as e:
             if e.status == 404 and missing_ok:
                 return None
@@ -285,9 +200,8 @@ class Kube:
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
         params = {"labelSelector": label_selector} if label_selector else None
-        await self.request(
-            "DELETE", resource_path(api_version, plural, namespace=namespace), body=options, params=params
-        )
+        await self.request("DELETE", resource_path(api_version, plural, namespace=namespace), body=options,
+                           params=params)
 
     # -- waiting ---------------------------------------------------------------------------------
 
@@ -384,8 +298,3 @@ async def poll(
         await asyncio.sleep(min(interval, remaining))
         interval = min(interval * 2, max_interval)
 
-
-def _param(v: str | int | bool) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)

@@ -267,9 +267,9 @@ class CountingApi(KubeApi):
 
     requests: list[Mapping[str, Any]]
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Obj:
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         self.requests.append(dict(kwargs.get("params") or {}))
-        return await super()._request(method, path, **kwargs)
+        return await super().request(method, path, **kwargs)
 
 
 async def test_list_follows_continue_tokens(cluster: ControlPlane, api: KubeApi, namespace: str) -> None:

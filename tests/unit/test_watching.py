@@ -204,7 +204,7 @@ class ScriptedApi(KubeApi):
         self.pages = pages
         self.queries: list[dict[str, Any]] = []
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Obj:
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         self.queries.append(dict(kwargs["params"]))
         page = self.pages.pop(0)
         if isinstance(page, ApiError):
