@@ -9,24 +9,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+import aiohttp
+from kubernetes_asyncio.config import ConfigException
 
 from certs.commands import CertsError, describe, generate
 from quota.check import Report, run_check
 from quota.inventory import gc_paused
 from quota.loader import CheckInputError, iter_documents
-from quota.devicequota import format_amount
+from quota.devicequota import QuotaError, format_amount
+from quota.kubeapi import ApiError, KubeApi
 from quota.model import Charge
-from quota.printable import for_terminal
+from quota.printable import for_json, for_terminal
 from quota.quantity import format_quantity
+from quota.top import quota_usage
 from webhook import certificates
-from webhook.serve import LIMITATIONS, ServeError, ServeOptions, configure_logging, serve
+from webhook.serve import LIMITATIONS, QUOTAS, ServeError, ServeOptions, configure_logging, serve
 
 EXIT_OK = 0
+EXIT_CLUSTER = 1
 EXIT_INPUT = 2
 _MAX_PEM_BYTES = 1024 * 1024
 
@@ -72,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(run=_run_check)
     _add_certs(sub)
     _add_serve(sub)
+    _add_top(sub)
     return parser
 
 
@@ -225,17 +233,22 @@ def render_table(report: Report, out: TextIO) -> None:
     _print_rows(rows, out)
     if report.quotas:
         out.write("\n")
-        quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", "MEMORY used/reserved/hard", "DEVICES used/reserved/hard")]
-        for q in report.quotas:
-            cells = []
-            for resource in ("memory", "devices"):
-                used, reserved = q["used"][resource], q["reserved"][resource]
-                hard = q["hard"].get(resource)
-                cells.append(" / ".join(
-                    format_amount(resource, v) if v is not None else "-" for v in (used, reserved, hard)
-                ))
-            quota_rows.append((q["name"], q["namespace"], *cells))
+        quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", *_USAGE_HEADERS)]
+        quota_rows.extend((q["name"], q["namespace"], *_usage_cells(q)) for q in report.quotas)
         _print_rows(quota_rows, out)
+
+
+_USAGE_HEADERS = ("MEMORY used/reserved/hard", "DEVICES used/reserved/hard")
+
+
+def _usage_cells(quota: dict[str, Any]) -> tuple[str, str]:
+    """`used / reserved / hard` per resource of one per-quota JSON object (check's or top's); "-" for none."""
+    memory, devices = (
+        " / ".join("-" if (v := quota[key].get(resource)) is None else format_amount(resource, v)
+                   for key in ("used", "reserved", "hard"))
+        for resource in ("memory", "devices")
+    )
+    return memory, devices
 
 
 def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -246,6 +259,74 @@ def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:
     for row in rows:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
         out.write("  ".join((*cells, row[-1])).rstrip() + "\n")
+
+
+# -- top ----------------------------------------------------------------------------------------
+
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = sub.add_parser(
+        "top", help="print each DeviceQuota's usage as the quota controller published it",
+        description="List DeviceQuotas from the API server and print used/reserved/hard memory and devices, "
+                    "allocated and pending claims, and whether the quota is exceeded or not counted yet "
+                    "(status missing or older than the spec). Reads status only, like kubectl top. "
+                    "Exit 0 when it printed, 1 when the cluster could not be read.")
+    top.add_argument("-n", "--namespace", help="only this namespace (default: all namespaces)")
+    top.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    top.add_argument("--kubeconfig", metavar="FILE",
+                     help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, else the Pod's service account)")
+    top.add_argument("--context", help="kubeconfig context (default: the current one)")
+    top.set_defaults(run=_run_top)
+
+
+def _run_top(args: argparse.Namespace) -> int:
+    try:
+        objects = asyncio.run(_list_quotas(args))
+    except (ApiError, ConfigException, OSError, aiohttp.ClientError, TimeoutError, ValueError) as err:
+        print(f"error: {for_terminal(_cluster_error(err))}", file=sys.stderr)
+        return EXIT_CLUSTER
+    quotas = []
+    for obj in objects:
+        try:
+            quotas.append(quota_usage(obj))
+        except QuotaError as err:  # one unreadable object does not hide the others
+            print(f"warning: skipped: {for_terminal(str(err))}", file=sys.stderr)
+    quotas.sort(key=lambda q: (q["namespace"], q["name"]))
+    if args.output == "json":
+        print(json.dumps(for_json({"quotas": quotas}), indent=2))
+        return EXIT_OK
+    rows: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *_USAGE_HEADERS, "CLAIMS allocated/pending", "STATUS")]
+    for q in quotas:
+        claims = " / ".join("-" if (n := q["claims"][k]) is None else str(n) for k in ("allocated", "pending"))
+        state = "Exceeded" if q["exceeded"] else ""
+        if not q["current"]:
+            state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
+        rows.append((q["namespace"], q["name"], *_usage_cells(q), claims, state))
+    if len(rows) == 1:
+        print("No DeviceQuotas found" + (f" in namespace {for_terminal(args.namespace)}" if args.namespace else ""),
+              file=sys.stderr)
+        return EXIT_OK
+    _print_rows(rows, sys.stdout)
+    return EXIT_OK
+
+
+async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.kubeconfig is None and args.context is None and "KUBERNETES_SERVICE_HOST" in os.environ \
+            and not os.environ.get("KUBECONFIG") and not Path("~/.kube/config").expanduser().exists():
+        api = KubeApi.in_cluster()
+    else:
+        api = await KubeApi.from_kubeconfig(args.kubeconfig, context=args.context)
+    async with api:
+        return (await api.list(QUOTAS, namespace=args.namespace)).items
+
+
+def _cluster_error(err: Exception) -> str:
+    if isinstance(err, ApiError) and err.status == 404:
+        return "the API server serves no draquota.io/v1alpha1 devicequotas: is the DeviceQuota CRD installed?"
+    if isinstance(err, ApiError) and err.status in (401, 403):
+        return f"not allowed to list DeviceQuotas: {err.message}"
+    if isinstance(err, ConfigException):
+        return f"no usable kubeconfig: {err}"
+    return f"cannot read DeviceQuotas from the API server: {err or type(err).__name__}"
 
 
 if __name__ == "__main__":

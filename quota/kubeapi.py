@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -36,7 +37,7 @@ from urllib.parse import quote
 import aiohttp
 from kubernetes_asyncio.client import Configuration
 from multidict import CIMultiDict
-from kubernetes_asyncio.config import load_incluster_config, load_kube_config
+from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
 __all__ = [
@@ -181,6 +182,10 @@ class KubeApi:
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None, **kwargs: float) -> KubeApi:
         """A client from a kubeconfig file (default: $KUBECONFIG or ~/.kube/config) and context."""
+        # kubernetes_asyncio reports a missing file as "Expected key current-context".
+        candidates = [path] if path else os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)
+        if not any(c and os.path.isfile(os.path.expanduser(c)) for c in candidates):
+            raise ConfigException(f"kubeconfig {os.pathsep.join(candidates)}: no such file")
         configuration = Configuration()
         await load_kube_config(config_file=path, context=context, client_configuration=configuration, persist_config=False)
         return cls(configuration, **kwargs)

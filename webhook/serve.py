@@ -61,7 +61,7 @@ from webhook.endpoints import endpoints
 from webhook.reservations import Reservations
 from webhook.server import build_app
 
-__all__ = ["LIMITATIONS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
+__all__ = ["LIMITATIONS", "QUOTAS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
 
 log = logging.getLogger(__name__)
 

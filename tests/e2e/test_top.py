@@ -1,0 +1,83 @@
+"""`dra-quota top` as a process against the real API server.
+
+The status read here is written through the `status` subresource by the test itself (the
+quota controller writes the same fields; its own e2e tests check what it writes): this
+test proves what `top` reads and prints, the kubeconfig handling and the exit codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from .cluster import ControlPlane, free_ports
+from .kube import Kube
+from .test_serve import DQ, ROOT, MakeNamespace, crd
+
+pytestmark = pytest.mark.e2e
+
+__all__ = ["crd"]  # the fixture, imported for its name
+
+GiB = 1024**3
+
+
+async def top(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "quota.cli", "top", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_top_prints_published_usage(cluster: ControlPlane, kube: Kube, crd: None,
+                                          make_namespace: MakeNamespace) -> None:
+    counted, fresh = await make_namespace("top"), await make_namespace("top")
+    quota = await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                                   "spec": {"hard": {"memory": "320Gi", "devices": 4}}},
+                              namespace=counted)
+    quota["status"] = {"observedGeneration": quota["metadata"]["generation"],
+                       "used": {"memory": 160 * GiB, "devices": 2}, "reserved": {"memory": 80 * GiB, "devices": 1},
+                       "claims": {"allocated": 2, "pending": 1},
+                       "conditions": [{"type": "Exceeded", "status": "False", "reason": "WithinLimits",
+                                       "message": "", "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
+    await kube.replace(DQ, "devicequotas", quota, namespace=counted, subresource="status")
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "new"},
+                                           "spec": {"hard": {"memory": "80Gi"}}}, namespace=fresh)
+    kubeconfig = str(cluster.kubeconfig)
+
+    code, out, err = await top("--kubeconfig", kubeconfig, "-o", "json")
+    assert code == 0, err
+    rows = {(q["namespace"], q["name"]): q for q in json.loads(out)["quotas"]}
+    assert rows[(counted, "gpus")] == {
+        "namespace": counted, "name": "gpus", "hard": {"memory": 320 * GiB, "devices": 4},
+        "used": {"memory": 160 * GiB, "devices": 2}, "reserved": {"memory": 80 * GiB, "devices": 1},
+        "claims": {"allocated": 2, "pending": 1}, "exceeded": False, "current": True,
+    }
+    assert rows[(fresh, "new")]["used"] == {"memory": None, "devices": None}
+    assert not rows[(fresh, "new")]["current"]
+
+    code, out, err = await top("--kubeconfig", kubeconfig, "-n", counted)
+    assert code == 0, err
+    header, line, *rest = out.splitlines()
+    assert header.split()[:2] == ["NAMESPACE", "QUOTA"] and not rest
+    assert line.split() == [counted, "gpus", "160Gi", "/", "80Gi", "/", "320Gi", "2", "/", "1", "/", "4",
+                            "2", "/", "1"]
+    code, out, _ = await top("--kubeconfig", kubeconfig, "-n", fresh)
+    assert "not counted yet" in out and "- / - / 80Gi" in out
+
+
+async def test_top_says_why_it_cannot_read(tmp_path: Path, cluster: ControlPlane) -> None:
+    closed = tmp_path / "closed.kubeconfig"
+    port = free_ports(1)[0]  # nothing listens there
+    closed.write_text(cluster.kubeconfig.read_text().replace(cluster.server, f"https://127.0.0.1:{port}"))
+    code, out, err = await top("--kubeconfig", str(closed))
+    assert (code, out) == (1, "") and "cannot read DeviceQuotas from the API server" in err, err
+    missing = tmp_path / "missing.kubeconfig"
+    code, _, err = await top("--kubeconfig", str(missing))
+    assert code == 1 and "kubeconfig" in err and "Traceback" not in err, err
