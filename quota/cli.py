@@ -112,6 +112,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "counted by every replica until its claim is seen, at most this long: an "
                             "entry whose claim never appeared is dropped after it; keep it longer than "
                             "any replica's watch lag (default 60)")
+    serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
+                       help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
+                            "namespace still wait on, so the resourceclaim controller retries them at once instead "
+                            "of after its backoff (up to 1000 s); needs list pods, patch resourceclaimtemplates "
+                            "(default on)")
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -138,6 +143,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
+        requeue_waiting_pods=args.requeue_waiting_pods,
     )
     try:
         return asyncio.run(serve(options))

@@ -164,12 +164,16 @@ class QuotaStore:
 class ClaimStore:
     """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
 
-    def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None) -> None:
+    def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None,
+                 freed: Callable[[str], None] | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Told the uid of each claim deleted from the cache: its persisted reservation
         # (`webhook.reservations`) must not count again once the claim no longer does.
         self.forget = forget
+        # Told the namespace of each deleted claim: quota may have freed there
+        # (`webhook.requeue` retries the Pods waiting for it).
+        self.freed = freed
 
     def replace(self, objects: list[Obj]) -> None:
         # A claim missing from a fresh list was deleted while the watch was down. A
@@ -178,10 +182,12 @@ class ClaimStore:
         # resourceVersion) and reserves it again.
         claims = [c for c in (_parsed("ResourceClaim", o, parse_claim) for o in objects) if c is not None]
         present = {claim_ref(c) for c in claims}
-        for ref in [e.ref for e in self.ledger.entries() if e.ref not in present]:
-            self.ledger.delete_claim(ref)
+        for entry in [e for e in self.ledger.entries() if e.ref not in present]:
+            self.ledger.delete_claim(entry.ref)
             if self.forget is not None:
-                self.forget(ref)
+                self.forget(entry.ref)
+            if self.freed is not None:
+                self.freed(entry.namespace)
         for claim in claims:
             self._account(claim)
 
@@ -196,6 +202,9 @@ class ClaimStore:
         self.ledger.delete_claim(_ref(uid if isinstance(uid, str) else "", meta))
         if self.forget is not None and isinstance(uid, str) and uid:
             self.forget(uid)
+        if self.freed is not None:
+            # Also when the ledger no longer held it: its DELETE's admission released it.
+            self.freed(str(meta.get("namespace") or ""))
 
     def _account(self, claim: Claim) -> None:
         if claim.allocation is not None:

@@ -58,6 +58,7 @@ from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.endpoints import endpoints
+from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
 from webhook.server import build_app
 
@@ -101,6 +102,8 @@ class ServeOptions:
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
     # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
     shutdown_grace_seconds: float = 10.0
+    # Touch the templates Pods wait on when quota frees (webhook.requeue).
+    requeue_waiting_pods: bool = True
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -202,7 +205,8 @@ async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, sta
 class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
-    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0) -> None:
+    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0,
+                 requeue: Requeuer | None = None) -> None:
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
@@ -219,7 +223,8 @@ class Caches:
             reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe,
                                          drop=self.reservations.drop)),
         ]
-        self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget), claims=True)
+        self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget,
+                                                   freed=requeue.quota_freed if requeue else None), claims=True)
 
     @property
     def synced(self) -> bool:
@@ -261,7 +266,8 @@ async def serve(options: ServeOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl)
+    requeue = Requeuer(api) if options.requeue_waiting_pods else None
+    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check,
                        reservations=caches.reservations)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set())
@@ -270,6 +276,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         asyncio.create_task(certificates, name="certificates"),
+        *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
     ]
     failed: list[str] = []
 

@@ -1,0 +1,47 @@
+"""quota.waiting: which templates unscheduled Pods still wait on."""
+
+from typing import Any
+
+from quota.waiting import trim_pod, waiting_templates
+
+
+def pod(name: str, claims: dict[str, str], *, created: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"name": name},
+        "spec": {"resourceClaims": [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()],
+                 "containers": [{"name": "main", "image": "x" * 1000}]},
+        "status": {"phase": "Pending",
+                   "resourceClaimStatuses": [{"name": n, "resourceClaimName": f"{name}-{n}-abcde"} for n in created]},
+    }
+    for path, value in extra.items():
+        section, key = path.split("__")
+        obj[section][key] = value
+    return obj
+
+
+def test_a_template_claim_without_a_status_entry_is_waiting() -> None:
+    pods = [pod("a", {"gpu": "one-gpu", "nic": "nic"}, created=("nic",)), pod("b", {"gpu": "two-gpus"}, created=("gpu",))]
+    assert waiting_templates(pods) == {"one-gpu"}
+
+
+def test_scheduled_terminal_and_deleting_pods_do_not_wait() -> None:
+    pods = [
+        pod("s", {"gpu": "t1"}, spec__nodeName="n1"),
+        pod("f", {"gpu": "t2"}, status__phase="Failed"),
+        pod("d", {"gpu": "t3"}, metadata__deletionTimestamp="2026-11-23T00:00:00Z"),
+    ]
+    assert waiting_templates(pods) == set()
+
+
+def test_direct_claims_and_odd_shapes_are_ignored() -> None:
+    direct = {"metadata": {}, "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}]}, "status": {}}
+    odd = [direct, {"spec": {"resourceClaims": "x"}}, {"spec": {"resourceClaims": [3, {"resourceClaimTemplateName": ""}]}},
+           {"status": {"resourceClaimStatuses": 7}, "spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}]}}]
+    assert waiting_templates(odd) == {"t"}
+
+
+def test_trim_keeps_what_is_read_and_drops_the_rest() -> None:
+    full = pod("a", {"gpu": "one-gpu"})
+    trimmed = trim_pod(full)
+    assert "containers" not in trimmed["spec"]
+    assert waiting_templates([trimmed]) == waiting_templates([full]) == {"one-gpu"}
