@@ -137,14 +137,21 @@ class Metrics:
                 self.admin_access.labels(outcome, action)
         for reason in ("queue_full", "write_failed"):
             self.events_dropped.labels(reason)
+        # labels() validates and locks on every call; the label sets are closed, so the
+        # children are cached here: 1.7 µs per review instead of 6.4 (measured on a shared
+        # 2-core machine, noisy), against a 200 µs in-process review budget.
+        self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
 
     def review(self, path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
         """Count one answered review (`webhook.server.Observer`)."""
         webhook = _WEBHOOKS.get(path, "other")
         operation = review.operation if review is not None and review.operation in _OPERATIONS else "unknown"
-        resource = resource_of(review)
-        self.requests.labels(webhook, operation, resource, decision_of(verdict), verdict.cause).inc()
-        self.duration.labels(webhook, operation, resource).observe(seconds)
+        key = (webhook, operation, resource_of(review), decision_of(verdict), verdict.cause)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self.requests.labels(*key), self.duration.labels(*key[:3]))
+        children[0].inc()
+        children[1].observe(seconds)
         if review is not None and not review.dry_run:  # a dry run grants nothing
             for record in verdict.records:
                 self.admin_access.labels(record.outcome, _admin_action(record)).inc()
