@@ -46,16 +46,18 @@ class ReloadingContext:
     def __init__(self, pair: KeyPair) -> None:
         self.context = server_context(pair)
         self._current = self.context
-        self.serial = inspect(pair.cert_pem).serial
+        info = inspect(pair.cert_pem)
+        # The served leaf's serial and notAfter (the certificate-expiry metric reads it).
+        self.serial, self.not_after = info.serial, info.not_after
         self.context.sni_callback = self._select
 
     def update(self, pair: KeyPair) -> bool:
         """Switch to `pair` (False when it is the one already served)."""
-        serial = inspect(pair.cert_pem).serial
-        if serial == self.serial:
+        info = inspect(pair.cert_pem)
+        if info.serial == self.serial:
             return False
         fresh = server_context(pair)
-        self._current, self.serial = fresh, serial
+        self._current, self.serial, self.not_after = fresh, info.serial, info.not_after
         return True
 
     def _select(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext) -> None:

@@ -16,7 +16,7 @@ from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
-__all__ = ["ADMIN_ACCESS_LABEL", "Admission", "Admitter", "claim_ref", "object_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -33,6 +33,8 @@ class Admission:
     warnings: tuple[str, ...]
     pricing: Pricing
     charged_quotas: tuple[str, ...] = ()
+    # The quotas whose `hard` denied it (empty for any other denial: adminAccess, pricing).
+    denied_by: tuple[str, ...] = ()
 
     @property
     def charge(self) -> Charge:
@@ -80,7 +82,7 @@ class Admitter:
         pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *decision.warnings)
-        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged)
+        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged, decision.denied_by)
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
         """A template reserves nothing: denied only if its claim could never fit under `hard`."""
@@ -92,7 +94,8 @@ class Admitter:
         charges = [entry.charge_for(q, self.ledger.default_mode) for q in quotas]
         never = check([QuotaCheck(q, Usage(), c) for q, c in zip(quotas, charges)])
         if not never.allowed:
-            return Admission(False, f"a claim from this template can never fit: {never.message}", pricing.warnings, pricing)
+            return Admission(False, f"a claim from this template can never fit: {never.message}", pricing.warnings, pricing,
+                             denied_by=never.denied_by)
         now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)])
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
         if not now.allowed:
@@ -162,7 +165,7 @@ class Admitter:
             return Admission(True, "", warnings, pricing, decision.charged)
         message = f"the allocated devices charge more than the claim reserved (requested: the excess): {decision.message}"
         if enforce:
-            return Admission(False, message, warnings, pricing)
+            return Admission(False, message, warnings, pricing, denied_by=decision.denied_by)
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing)
 
     def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:

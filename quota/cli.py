@@ -30,6 +30,7 @@ from quota.printable import for_json, for_terminal
 from quota.quantity import format_quantity
 from quota.top import quota_usage
 from webhook import certificates
+from webhook.metrics import DEFAULT_METRICS_PORT
 from webhook.serve import LIMITATIONS, QUOTAS, ServeError, ServeOptions, configure_logging, serve
 
 EXIT_OK = 0
@@ -119,6 +120,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "(default on)")
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
+    serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                       help=f"plain-HTTP port of GET /metrics (Prometheus); 0 disables (default {DEFAULT_METRICS_PORT})")
+    serve.add_argument("--metrics-bind-address", default="0.0.0.0",
+                       help="address the metrics port listens on (default 0.0.0.0)")
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
@@ -144,6 +149,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
         requeue_waiting_pods=args.requeue_waiting_pods,
+        metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
     )
     try:
         return asyncio.run(serve(options))

@@ -104,6 +104,8 @@ class Decision:
     warnings: tuple[str, ...] = ()
     # Quotas the claim is charged to (Audit ones included): the draquota.io/quotas annotation.
     charged: tuple[str, ...] = field(default=())
+    # The Enforce quotas that denied it, by name: the webhook's Events regard each.
+    denied_by: tuple[str, ...] = ()
 
 
 def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
@@ -170,7 +172,7 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
     `usage.reserved` already includes reservations still in flight. Audit quotas never
     deny: an excess becomes a warning.
     """
-    denials, warnings = [], []
+    denials, warnings, denied_by = [], [], []
     for item in checks:
         exceeded = [
             r for r in RESOURCES
@@ -185,9 +187,10 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
             warnings.append(f"{message} (enforcement: Audit, admitted)")
         else:
             denials.append(message)
+            denied_by.append(item.quota.name)
     charged = tuple(item.quota.name for item in checks if not item.charge.is_zero())
     if denials:
-        return Decision(False, "; ".join(denials), tuple(warnings), ())
+        return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by))
     return Decision(True, "", tuple(warnings), charged)
 
 

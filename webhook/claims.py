@@ -26,12 +26,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from quota.admission import Admission, Admitter, claim_ref, object_ref
+from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from webhook.reservations import Reservations
-from webhook.review import AdmissionRequest, Verdict
+from webhook.review import AdmissionRequest, Cause, Verdict
 
 __all__ = [
     "AllocationCheck",
@@ -102,7 +102,7 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     if record is not None and record.outcome == "refused":
         return _refusal(record)
     priced = ctx.admitter.admit_claim(claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=True)
-    if not priced.allowed and not priced.reason.startswith(QUOTA_DENIAL):
+    if not priced.allowed and not priced.denied_by:
         return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
     charges = {q: c for q, c in ctx.admitter.charges(claim).items() if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
@@ -110,7 +110,10 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     # The ledger's quota warnings (Audit) came from this replica's cache alone; the
     # reservations' own replace them.
     warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
-    return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged), record)
+    if not decision.allowed and not decision.denied_by:  # conflicts, API errors: no quota said no
+        return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
+    return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged,
+                              decision.denied_by), record)
 
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -180,6 +183,7 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         False,
         f"annotation {changed[0]} is written by dra-quota at creation and may not be changed "
         f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
+        cause="annotations",
     )
 
 
@@ -227,18 +231,27 @@ def _refusal(record: PolicyRecord) -> Verdict:
         f"{record.username or '(anonymous)'} may not {record.action}: not on dra-quota's adminAccess allowlist",
         audit_annotations={AUDIT_KEY: record.audit_value},
         records=(record,),
+        cause="admin_access",
     )
 
 
 def _verdict(admission: Admission, record: PolicyRecord | None) -> Verdict:
     if not admission.allowed:
         # Nothing was granted: the claim does not exist.
-        return Verdict(False, admission.reason, warnings=admission.warnings)
+        return Verdict(False, admission.reason, warnings=admission.warnings, cause=_cause(admission),
+                       quotas=admission.denied_by)
     if record is None:
         return Verdict(True, warnings=admission.warnings)
     return Verdict(True, warnings=admission.warnings, audit_annotations={AUDIT_KEY: record.audit_value},
                    records=(record,))
 
 
+def _cause(denial: Admission) -> Cause:
+    if denial.denied_by:
+        return "quota"
+    # The one other denial `Admitter` makes before pricing; the rest are pricing's.
+    return "admin_access" if denial.reason == ADMIN_ACCESS_MESSAGE else "pricing"
+
+
 def _invalid(message: str) -> Verdict:
-    return Verdict(False, message, reason="Invalid", code=422)
+    return Verdict(False, message, reason="Invalid", code=422, cause="invalid")

@@ -47,17 +47,19 @@ def update_namespace(policy: Callable[[], AdminAccessPolicy], request: Admission
         f"{record.username or '(anonymous)'} may not {record.action}: not on dra-quota's adminAccess allowlist",
         audit_annotations=audit,
         records=(record,),
+        cause="admin_access",
     )
 
 
 def _label(obj: Mapping[str, Any] | None, where: str) -> str | None | Verdict:
     labels = dig(obj, "metadata", "labels")
     if labels is not None and not isinstance(labels, dict):
-        return Verdict(False, f"{where}.metadata.labels must be a map, got {show(labels)}", reason="Invalid", code=422)
+        return Verdict(False, f"{where}.metadata.labels must be a map, got {show(labels)}", reason="Invalid", code=422,
+                       cause="invalid")
     value = (labels or {}).get(ADMIN_ACCESS_LABEL)
     if value is not None and not isinstance(value, str):
         return Verdict(False, f"{where}.metadata.labels[{ADMIN_ACCESS_LABEL!r}] must be a string, got {show(value)}",
-                       reason="Invalid", code=422)
+                       reason="Invalid", code=422, cause="invalid")
     return value
 
 

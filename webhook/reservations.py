@@ -101,7 +101,7 @@ class Reservations:
             decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
             if not decision.allowed:
                 await self._compensate(done, uid)
-                return Decision(False, decision.message, (*warnings, *decision.warnings))
+                return Decision(False, decision.message, (*warnings, *decision.warnings), denied_by=decision.denied_by)
             done.append(quota)
             warnings.extend(decision.warnings)
         return Decision(True, "", tuple(warnings), tuple(q.name for q in done))

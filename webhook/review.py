@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from quota.policy import PolicyRecord
 from quota.printable import for_terminal
@@ -24,6 +24,8 @@ from quota.raw import show
 __all__ = [
     "API_VERSION",
     "AdmissionRequest",
+    "CAUSES",
+    "Cause",
     "GroupVersionKind",
     "GroupVersionResource",
     "ReviewError",
@@ -35,6 +37,14 @@ __all__ = [
 
 API_VERSION = "admission.k8s.io/v1"
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+# Why a review was denied (or admitted with warnings), as a closed set: the `reason`
+# label of draquota_admission_requests_total (webhook.metrics), so never free text.
+# quota: a DeviceQuota's hard; admin_access: the allowlist or the namespace label;
+# pricing: the claim cannot be priced (CEL error, unknown class, no memory to charge);
+# annotations: a change to our annotations; invalid: a malformed review or object;
+# unavailable: the reservation could not be persisted; timeout, error: ours.
+Cause = Literal["none", "quota", "admin_access", "pricing", "annotations", "invalid", "unavailable", "timeout", "error"]
+CAUSES: tuple[Cause, ...] = get_args(Cause)
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 # Audit annotation keys: the API server stores `<webhook name>/<key>` and silently drops
 # keys that do not make a valid qualified name, so the key must be one name segment.
@@ -104,6 +114,10 @@ class Verdict:
     # adminAccess grants and refusals: not on the wire; the server turns each into an
     # Event and a metric (the audit annotation already carries it in the response).
     records: tuple[PolicyRecord, ...] = ()
+    # Not on the wire either: why it was denied (the metric's reason) and, for a quota
+    # denial, the DeviceQuotas that denied it (each gets an Event).
+    cause: Cause = "none"
+    quotas: tuple[str, ...] = ()
 
 
 def parse_review(review: Any) -> AdmissionRequest:

@@ -17,7 +17,8 @@ Reservations are persisted on DeviceQuota status before a claim is admitted
 share the quotas without over-committing; `--reuse-port` lets them share one port.
 
 Limitations of this version:
-- No leader election, no quota controller, no metrics yet. Certificates: self-managed
+- No leader election, no quota controller, no usage metrics yet (admission, watch,
+  certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
   by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy file is read once at start.
@@ -33,8 +34,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +44,8 @@ from aiohttp import web
 from kubernetes_asyncio.config import ConfigException
 
 from certs.authority import KeyPair
-from certs.manager import Conflict
+from certs.authority import inspect
+from certs.manager import CertificateManager, Conflict
 from certs.tls import ReloadingContext
 from quota.admission import Admitter
 from quota.inventory import Inventory
@@ -58,9 +61,12 @@ from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.endpoints import endpoints
+from webhook.events import EventRecorder, KubeSink, reporting_instance
+from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
-from webhook.server import build_app
+from webhook.review import AdmissionRequest, Verdict
+from webhook.server import Observer, build_app
 
 __all__ = ["LIMITATIONS", "QUOTAS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
 
@@ -68,7 +74,7 @@ log = logging.getLogger(__name__)
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
-    "no quota controller (status.used), no leader election, no metrics yet."
+    "no quota controller (status.used), no leader election, no usage metrics yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -104,6 +110,9 @@ class ServeOptions:
     shutdown_grace_seconds: float = 10.0
     # Touch the templates Pods wait on when quota frees (webhook.requeue).
     requeue_waiting_pods: bool = True
+    # GET /metrics over plain HTTP (webhook.metrics); port 0: no metrics listener.
+    metrics_bind_address: str = "0.0.0.0"
+    metrics_port: int = DEFAULT_METRICS_PORT
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -253,6 +262,7 @@ async def serve(options: ServeOptions) -> int:
         api = await KubeApi.from_kubeconfig(options.kubeconfig) if options.kubeconfig else KubeApi.in_cluster()
     except (ConfigException, OSError, ValueError) as err:
         raise ServeError(f"cannot reach the cluster: {err}") from None
+    manager: CertificateManager | None = None
     if options.certificates is None:
         certificates: Coroutine[Any, Any, None] = _reload_certificates(options, tls, stamp)
     else:
@@ -270,14 +280,17 @@ async def serve(options: ServeOptions) -> int:
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check,
                        reservations=caches.reservations)
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set())
+    metrics, recorder, observe = _observability(api, caches, tls, manager)
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
     await runner.setup()
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         asyncio.create_task(certificates, name="certificates"),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
+        asyncio.create_task(recorder.run(), name="events"),
     ]
+    metrics_runner: web.AppRunner | None = None
     failed: list[str] = []
 
     def fatal(task: asyncio.Task[None]) -> None:
@@ -291,6 +304,14 @@ async def serve(options: ServeOptions) -> int:
     for task in background:
         task.add_done_callback(fatal)
     try:
+        if options.metrics_port:
+            try:
+                metrics_runner = await serve_metrics(metrics, host=options.metrics_bind_address,
+                                                     port=options.metrics_port)
+            except OSError as err:
+                raise ServeError(f"cannot serve metrics on {options.metrics_bind_address}:{options.metrics_port}: "
+                                 f"{err}") from None
+            log.info("serving metrics on http://%s:%d/metrics", options.metrics_bind_address, options.metrics_port)
         site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
                             reuse_port=options.reuse_port or None)
         await site.start()
@@ -302,6 +323,8 @@ async def serve(options: ServeOptions) -> int:
         # runner.cleanup closes the listener, then waits up to shutdown_timeout for the
         # handlers in flight: they read the caches, so the reflectors stop after them.
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -310,6 +333,28 @@ async def serve(options: ServeOptions) -> int:
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext,
+                   manager: CertificateManager | None) -> tuple[Metrics, EventRecorder, Observer]:
+    """The process's metrics and Event recorder, and the hook telling both every verdict."""
+    metrics = Metrics()
+    recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
+                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc())
+    metrics.watch(lambda: (*caches.first, caches.claims))
+
+    def expirations() -> Iterator[tuple[str, datetime]]:
+        yield "serving", tls.not_after
+        if manager is not None and manager.material is not None:
+            yield "ca", inspect(manager.material.ca.cert_pem).not_after
+
+    metrics.certificates(expirations)
+
+    def observe(path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
+        metrics.review(path, review, verdict, seconds)
+        recorder.review(review, verdict)
+
+    return metrics, recorder, observe
 
 
 async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -> None:

@@ -11,6 +11,10 @@ an endpoint that fails or runs past its deadline is denied with a message too, n
 The deadline comes from the `timeout` query parameter the API server adds to every
 webhook call (k8s.io/apiserver pkg/admission/plugin/webhook/request, `?timeout=5s`),
 less a margin, so our denial arrives before the API server gives up.
+
+Every answer, malformed reviews included, passes one `observe` call: the one place
+where each verdict is known, which `dra-quota serve` points at `webhook.metrics` and
+`webhook.events`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from quota.cel.timelib import NANOS, parse_duration
 from quota.cel.values import EvalError
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
-__all__ = ["Endpoint", "MAX_BODY_BYTES", "build_app", "decode_body"]
+__all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "build_app", "decode_body"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,14 @@ _MARGIN = 0.5
 
 Endpoint = Callable[[AdmissionRequest], Awaitable[Verdict]]
 BodyDecoder = Callable[[bytes], Any]
+# Told every answer: the path, the review (None when unreadable), the verdict and the
+# seconds it took. Synchronous and cheap (`webhook.metrics`, `webhook.events` queue
+# their work), so it cannot delay an answer.
+Observer = Callable[[str, AdmissionRequest | None, Verdict, float], None]
+
+
+def _unobserved(path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
+    pass
 
 
 def decode_body(body: bytes) -> Any:
@@ -56,33 +68,48 @@ def build_app(
     ready: Callable[[], bool],
     decode: BodyDecoder = decode_body,
     max_body_bytes: int = MAX_BODY_BYTES,
+    observe: Observer = _unobserved,
 ) -> web.Application:
     # client_max_size bounds what aiohttp buffers; we read one byte more to tell.
     app = web.Application(client_max_size=max_body_bytes + 1)
     for path, endpoint in endpoints.items():
-        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes))
+        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz(ready))
     return app
 
 
-def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int,
+                    observe: Observer) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         started = time.monotonic()
-        body = await request.content.read(limit + 1)
-        if len(body) > limit:
-            return _answer("", Verdict(False, f"the AdmissionReview is larger than {limit} bytes", "RequestEntityTooLarge", 413))
+        uid, review, verdict = await _review(request, path, endpoint, decode, limit, started)
+        seconds = time.monotonic() - started
+        if review is not None:
+            _log_decision(path, review, verdict, seconds)
         try:
-            review = parse_review(_decoded(body, decode))
-        except ReviewError as err:
-            log.warning("malformed AdmissionReview on %s: %s", path, err)
-            return _answer(err.uid, Verdict(False, f"malformed AdmissionReview: {err}", "BadRequest", 400))
-        deadline = _deadline(request.query.get("timeout")) - (time.monotonic() - started)
-        verdict = await _decide(endpoint, review, deadline)
-        _log_decision(path, review, verdict, time.monotonic() - started)
-        return _answer(review.uid, verdict)
+            observe(path, review, verdict, seconds)
+        except Exception:  # metrics and Events must never cost a review its answer
+            log.exception("observing a verdict on %s failed", path)
+        return _answer(uid, verdict)
 
     return handle
+
+
+async def _review(request: web.Request, path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int,
+                  started: float) -> tuple[str, AdmissionRequest | None, Verdict]:
+    """The uid to echo, the review (None when it could not be read) and the verdict on it."""
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        return "", None, Verdict(False, f"the AdmissionReview is larger than {limit} bytes", "RequestEntityTooLarge",
+                                 413, cause="invalid")
+    try:
+        review = parse_review(_decoded(body, decode))
+    except ReviewError as err:
+        log.warning("malformed AdmissionReview on %s: %s", path, err)
+        return err.uid, None, Verdict(False, f"malformed AdmissionReview: {err}", "BadRequest", 400, cause="invalid")
+    deadline = _deadline(request.query.get("timeout")) - (time.monotonic() - started)
+    return review.uid, review, await _decide(endpoint, review, deadline)
 
 
 def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds: float) -> None:
@@ -111,10 +138,11 @@ async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float)
     except asyncio.TimeoutError:
         log.warning("deadline of %.1fs passed deciding %s", deadline, where)
         return Verdict(False, f"dra-quota could not decide within the webhook timeout ({deadline:.1f}s); retry",
-                       "Timeout", 504)
+                       "Timeout", 504, cause="timeout")
     except Exception:  # an endpoint bug must become a denial, not a 500
         log.exception("failed deciding %s", where)
-        return Verdict(False, "dra-quota failed to evaluate this request (see its logs); retry", "ServiceUnavailable", 503)
+        return Verdict(False, "dra-quota failed to evaluate this request (see its logs); retry", "ServiceUnavailable", 503,
+                       cause="error")
 
 
 def _deadline(timeout: str | None) -> float:

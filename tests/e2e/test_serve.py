@@ -69,6 +69,8 @@ class Served:
     args: tuple[str, ...] = ()  # extra `dra-quota serve` flags
     # True: `args` choose --cert-mode self, so serve mints its own certificate.
     self_managed: bool = False
+    # --metrics-port: 0 (off) unless a test scrapes, so processes never contend for a port.
+    metrics_port: int = 0
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -77,7 +79,8 @@ class Served:
         with self.log.open("ab") as out:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig), *tls,
-                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug", *self.args,
+                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
+                "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.args,
                 stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
             )
         process = self.process

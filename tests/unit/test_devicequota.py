@@ -77,6 +77,15 @@ def test_all_quotas_must_admit() -> None:
     small = parse_device_quota(make_quota("small", devices=1))
     decision = check([QuotaCheck(GPUS, Usage(), Charge(80 * GiB, 2)), QuotaCheck(small, Usage(), Charge(80 * GiB, 2))])
     assert not decision.allowed and decision.message.startswith('exceeded DeviceQuota "small": requested devices=2')
+    assert decision.denied_by == ("small",)
+
+
+def test_denied_by_names_the_enforce_quotas_only() -> None:
+    audit = parse_device_quota(make_quota("audit", memory="10Gi", enforcement="Audit"))
+    tight = parse_device_quota(make_quota("tight", memory="10Gi"))
+    decision = check([QuotaCheck(q, Usage(), Charge(80 * GiB, 1)) for q in (audit, GPUS, tight)])
+    assert (decision.allowed, decision.denied_by) == (False, ("tight",))
+    assert check([QuotaCheck(audit, Usage(), Charge(80 * GiB, 1))]).denied_by == ()
 
 
 @given(used=st.integers(0, 10**13), reserved=st.integers(0, 10**13), charge=st.integers(1, 10**13), hard=st.integers(0, 10**13))

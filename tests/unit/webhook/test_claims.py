@@ -113,7 +113,7 @@ def test_creates_reserve_until_the_quota_is_full() -> None:
     for i, uid in enumerate((UID, UID2)):
         assert create_claim(ctx, review_request(stored(gpu_claim(), uid=uid, name=f"g-{i}"))) == Verdict(True)
     third = create_claim(ctx, review_request(stored(gpu_claim(), uid="third", name="g-2")))
-    assert third == Verdict(False, DENIED_THIRD)
+    assert third == Verdict(False, DENIED_THIRD, cause="quota", quotas=("gpus",))
     assert reserved(ctx) == Charge(160 * GiB, 2)
 
 
@@ -137,7 +137,7 @@ def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
         (make_quota("gpus", memory="100Gi"), True, Verdict(True), Charge()),
         (make_quota("gpus", memory="50Gi"), True, Verdict(
             False, 'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, '
-                   "limited memory=50Gi"), Charge()),
+                   "limited memory=50Gi", cause="quota", quotas=("gpus",)), Charge()),
         (make_quota("gpus", memory="50Gi", enforcement="Audit"), False, Verdict(True, warnings=(
             'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, limited '
             "memory=50Gi (enforcement: Audit, admitted)",)), Charge(80 * GiB, 1)),
@@ -181,7 +181,8 @@ def test_malformed_claims_are_denied_naming_the_field(mutate: Any, message: str)
 
 def test_a_missing_object_is_denied() -> None:
     verdict = create_claim(context(GPUS), review_request(None))
-    assert verdict == Verdict(False, "request.object is missing on a CREATE of resourceclaims", "Invalid", 422)
+    assert verdict == Verdict(False, "request.object is missing on a CREATE of resourceclaims", "Invalid", 422,
+                              cause="invalid")
 
 
 TEMPLATE_GPUS = make_quota("gpus", memory="200Gi")
@@ -195,7 +196,8 @@ TEMPLATE_GPUS = make_quota("gpus", memory="200Gi")
             'claims from this template do not fit now: exceeded DeviceQuota "gpus": requested memory=160Gi, '
             "used memory=0, reserved memory=80Gi, limited memory=200Gi",))),
         (3, Verdict(False, 'a claim from this template can never fit: exceeded DeviceQuota "gpus": requested '
-                           "memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi")),
+                           "memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi", cause="quota",
+                    quotas=("gpus",))),
     ],
 )
 def test_templates_reserve_nothing(count: int, expected: Verdict) -> None:
@@ -227,7 +229,8 @@ EXCEEDED = ("the allocated devices charge more than the claim reserved (requeste
     [
         (("node-1", "gpu-0"), "enforce", Verdict(True), Charge(80 * GiB, 1), Charge(80 * GiB, 1)),
         # priced at an h100, allocated an h200 (as an Optimistic quota may): 61Gi more, nothing left
-        (("node-2", "gpu-0"), "enforce", Verdict(False, EXCEEDED), Charge(), Charge(160 * GiB, 2)),
+        (("node-2", "gpu-0"), "enforce", Verdict(False, EXCEEDED, cause="quota", quotas=("gpus",)), Charge(),
+         Charge(160 * GiB, 2)),
         (("node-2", "gpu-0"), "account-only", Verdict(True, warnings=(
             f"{EXCEEDED} (allocation check: account-only, admitted)",)), Charge(141 * GiB, 1), Charge(80 * GiB, 1)),
     ],
@@ -279,7 +282,8 @@ def admin_record(outcome: str, username: str, basis: str, kind: str = "ResourceC
 
 
 def with_admin(record: PolicyRecord, allowed: bool = True, message: str = "") -> Verdict:
-    return Verdict(allowed, message, audit_annotations={"admin-access": record.audit_value}, records=(record,))
+    return Verdict(allowed, message, audit_annotations={"admin-access": record.audit_value}, records=(record,),
+                   cause="none" if allowed else "admin_access")
 
 
 REFUSED = "not on the adminAccess allowlist"
@@ -306,7 +310,7 @@ POD_MARKS = {
             r := admin_record("refused", "alice", REFUSED), False,
             f"alice may not {r.action}: not on dra-quota's adminAccess allowlist")),
         # allowlisted, but the namespace lacks the label: nothing is granted, nothing recorded
-        (ADMIN, {}, None, Verdict(False, ADMIN_ACCESS_MESSAGE)),
+        (ADMIN, {}, None, Verdict(False, ADMIN_ACCESS_MESSAGE, cause="admin_access")),
     ],
     ids=["allowlisted", "refused", "controller-for-pod", "controller-alone", "forged-marks", "no-label"],
 )
@@ -334,13 +338,14 @@ def test_admin_access_templates_follow_the_allowlist_too() -> None:
     [
         ({"draquota.io/charge": '{"memory":85899345920,"devices":1}'}, {"draquota.io/charge": '{"memory":0,"devices":1}'},
          Verdict(False, "annotation draquota.io/charge is written by dra-quota at creation and may not be changed "
-                        "(was '{\"memory\":85899345920,\"devices\":1}', now '{\"memory\":0,\"devices\":1}')")),
+                        "(was '{\"memory\":85899345920,\"devices\":1}', now '{\"memory\":0,\"devices\":1}')",
+                 cause="annotations")),
         ({"draquota.io/quotas": "gpus"}, {},
          Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
-                        "(was 'gpus', now None)")),
+                        "(was 'gpus', now None)", cause="annotations")),
         ({}, {"draquota.io/quotas": ""},
          Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
-                        "(was None, now '')")),
+                        "(was None, now '')", cause="annotations")),
         ({"draquota.io/quotas": "gpus"}, {"draquota.io/quotas": "gpus", "team": "ml"}, Verdict(True)),
     ],
 )
@@ -365,7 +370,8 @@ def run(path: str, ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         ("/validate", review_request(stored(gpu_claim()), sub="binding", operation="UPDATE", old=stored(gpu_claim())),
          Verdict(True)),
         ("/validate", review_request(stored(gpu_claim(count=3))), Verdict(False, (
-            'exceeded DeviceQuota "gpus": requested memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi'))),
+            'exceeded DeviceQuota "gpus": requested memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi'),
+            cause="quota", quotas=("gpus",))),
         ("/mutate", review_request(stored(gpu_claim()), operation="UPDATE", old=stored(gpu_claim())), Verdict(True)),
         ("/mutate", review_request(stored(gpu_claim()), gvr=TEMPLATE_GVR), Verdict(True)),
     ],

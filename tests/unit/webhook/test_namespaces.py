@@ -38,7 +38,7 @@ def decide(obj: dict[str, Any], old: dict[str, Any] | None, *, user: dict[str, A
 def recorded(outcome: str, username: str, action: str, basis: str, message: str = "") -> Verdict:
     record = PolicyRecord(outcome, username, action, basis, "Namespace", "", "team-a")  # type: ignore[arg-type]
     return Verdict(outcome == "granted", message, audit_annotations={"admin-access": record.audit_value},
-                   records=(record,))
+                   records=(record,), cause="none" if outcome == "granted" else "admin_access")
 
 
 ADD = f"add label {LABEL}='true' to Namespace team-a"
@@ -86,7 +86,7 @@ def test_label_changes(new: dict[str, Any], old: dict[str, Any] | None, user: di
 def test_unreadable_labels_are_denied_naming_the_field(labels: Any, message: str) -> None:
     obj = copy.deepcopy(namespace())
     obj["metadata"]["labels"] = labels
-    assert decide(obj, namespace(), user=ADMIN) == Verdict(False, message, "Invalid", 422)
+    assert decide(obj, namespace(), user=ADMIN) == Verdict(False, message, "Invalid", 422, cause="invalid")
 
 
 def test_unrelated_oddities_are_not_refused() -> None:

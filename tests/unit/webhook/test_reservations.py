@@ -71,6 +71,7 @@ async def test_concurrent_admissions_share_one_write_and_stop_at_hard() -> None:
     assert api.writes == 1
     assert decisions[5].message.startswith('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, '
                                            "reserved memory=400Gi")
+    assert decisions[5].denied_by == ("gpus",)  # the Event regards it
     status = api.objects["gpus"]["status"]
     assert sorted(status["reservations"]) == [f"u{i}" for i in range(5)]
     assert status["reserved"] == {"memory": 400 * GiB, "devices": 5}
@@ -82,7 +83,7 @@ async def test_a_conflict_is_re_read_and_re_checked_then_denied_after_three() ->
     assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
     api.conflicts_to_inject = 4
     denied = await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")
-    assert (denied.allowed, denied.message) == (False, CONTENTION)
+    assert (denied.allowed, denied.message, denied.denied_by) == (False, CONTENTION, ())  # no quota said no
     assert list(api.objects["gpus"]["status"]["reservations"]) == ["u1"]
 
 
@@ -99,6 +100,7 @@ async def test_a_later_quota_denying_releases_the_earlier_ones() -> None:
     api, reservations, quotas = setup(make_quota("a-roomy", memory="800Gi"), make_quota("b-tight", memory="40Gi"))
     decision = await reservations.admit({q: GPU for q in quotas}, uid="u1", claim="team-a/c1")
     assert not decision.allowed and 'exceeded DeviceQuota "b-tight"' in decision.message
+    assert decision.denied_by == ("b-tight",)
     assert api.objects["a-roomy"]["status"]["reservations"] == {}
     assert api.objects["b-tight"]["status"] == {}  # denied: nothing to write
 

@@ -1,0 +1,197 @@
+"""`dra-quota serve`'s metrics and Events, against the real 1.37 API server.
+
+Issue 7's done-when, "adminAccess: a non-allowlisted user (impersonation) cannot add the
+namespace label nor create an adminAccess claim; an allowlisted one can; the Event and
+metric show both", plus the quota denial: the process is scraped on its plain-HTTP
+metrics port before and after each step, and every counter must have moved by exactly
+what the step did; the Events are read back through events.k8s.io/v1.
+
+Impersonated users carry `system:masters`, so RBAC is never the question (the policy
+lists users only, so the group gives them nothing there). Each claim CREATE is one
+mutating and one validating review (deploy/manifests/webhooks.yaml); a namespace label
+change is one validating review.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from certs.authority import inspect
+from webhook.metrics import ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, \
+    EVENTS_DROPPED, WATCH_SYNCED
+
+from .cluster import ControlPlane, free_ports
+from .driver import RESOURCE_V1, claim_spec, exact_request
+from .kube import ApiError, Kube, Obj, poll, resource_path
+from .test_serve import Served, Setup, claim_body, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .webhook_recorder import impersonated
+
+pytestmark = pytest.mark.e2e
+
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+RUN = uuid.uuid4().hex[:8]
+OPS, MALLORY = f"e2e-ops-{RUN}", f"e2e-mallory-{RUN}"  # allowlisted, and not
+EVENTS = "events.k8s.io/v1"
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+    """`serve` with an adminAccess allowlist of one user and metrics on a free port."""
+    policy = tmp_path / "admin-access-policy.yaml"
+    policy.write_text(f"users: [{OPS}]\n")
+    port, metrics_port = free_ports(2)
+    handle = Served(cluster, port, tmp_path / "serve.log", args=("--admin-access-policy", str(policy)),
+                    metrics_port=metrics_port)
+    try:
+        with handle.log_on_failure():
+            await handle.start()
+        yield handle
+    finally:
+        await handle.kill()
+
+
+async def scrape(served: Served) -> Samples:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{served.metrics_port}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def moved(before: Samples, after: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The series of `name` that changed between two scrapes, and by how much."""
+    keys = {k for k in (*before, *after) if k[0] == name}
+    return {k[1]: after.get(k, 0.0) - before.get(k, 0.0) for k in keys if after.get(k, 0.0) != before.get(k, 0.0)}
+
+
+def labels(**values: str) -> frozenset[tuple[str, str]]:
+    return frozenset(values.items())
+
+
+def requests(operation: str, resource: str, decision: str, reason: str, webhook: str = "validating") -> frozenset[
+        tuple[str, str]]:
+    return labels(webhook=webhook, operation=operation, resource=resource, decision=decision, reason=reason)
+
+
+async def events(kube: Kube, namespace: str, predicate: Callable[[Obj], bool], what: str) -> Obj:
+    async def found() -> Obj | None:
+        return next((e for e in await kube.list(EVENTS, "events", namespace=namespace) if predicate(e)), None)
+
+    event: Obj = await poll(found, timeout=30, what=what)
+    return event
+
+
+def admin_claim(name: str, setup: Setup) -> Obj:
+    return {"apiVersion": RESOURCE_V1, "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class, admin_access=True))}
+
+
+async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, setup: Setup) -> None:
+    served, ns, ops, mallory = setup.served, setup.namespace, OPS, MALLORY
+
+    def as_user(user: str, method: str, path: str, body: Obj, **params: str) -> Awaitable[Any]:
+        return impersonated(kube, method, path, user=user, groups=["system:masters"], body=body, params=params or None,
+                            content_type="application/merge-patch+json" if method == "PATCH" else "application/json")
+
+    with served.log_on_failure():
+        first = await scrape(served)
+        assert [v for k, v in first.items() if k[0] == BUILD_INFO] == [1]
+        for resource in ("resourceslices", "deviceclasses", "namespaces", "devicequotas", "resourceclaims"):
+            assert first[(WATCH_SYNCED, labels(resource=resource))] == 1
+        not_after = inspect(served.cluster.webhook_cert[0].read_bytes()).not_after
+        assert first[(CERTIFICATE_EXPIRATION, labels(certificate="serving"))] == not_after.timestamp()
+
+        # -- a quota denial, twice: one Event whose series counts both ------------------------
+        await make_quota(kube, setup, "gpus", "80Gi")  # its dry-run probes come before the baseline
+        before = await scrape(served)
+        await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c1"), namespace=ns)
+        for _ in range(2):
+            assert 'exceeded DeviceQuota "gpus"' in await denial(
+                kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c2"), namespace=ns))
+        after = await scrape(served)
+        assert moved(before, after, ADMISSION_REQUESTS) == {
+            requests("CREATE", "resourceclaims", "allowed", "none"): 1,
+            requests("CREATE", "resourceclaims", "denied", "quota"): 2,
+            requests("CREATE", "resourceclaims", "allowed", "none", webhook="mutating"): 3,
+        }
+        assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {}
+
+        def quota_denial(e: Obj) -> bool:
+            return (e["reason"] == "QuotaExceeded" and e["regarding"]["kind"] == "DeviceQuota"
+                    and e["regarding"]["name"] == "gpus" and (e.get("series") or {}).get("count") == 2)
+
+        event = await events(kube, ns, quota_denial, "a QuotaExceeded Event counting 2 on DeviceQuota gpus")
+        assert event["note"] == (f'ResourceClaim {ns}/c2: exceeded DeviceQuota "gpus": requested memory=80Gi, '
+                                 "used memory=0, reserved memory=80Gi, limited memory=80Gi")
+        assert (event["type"], event["reportingController"], event["related"]["name"]) == (
+            "Warning", "draquota.io/dra-quota", "c2")
+        assert event["reportingInstance"]
+
+        # -- the namespace label: refused to mallory, granted to the allowlisted user --------
+        ns_path = resource_path("v1", "namespaces", ns)
+        before = await scrape(served)
+        with pytest.raises(ApiError) as refused:
+            await as_user(mallory, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
+        assert refused.value.status == 403 and f"{mallory} may not add label" in refused.value.message
+        await as_user(ops, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
+        after = await scrape(served)
+        assert moved(before, after, ADMISSION_REQUESTS) == {
+            requests("UPDATE", "namespaces", "denied", "admin_access"): 1,
+            requests("UPDATE", "namespaces", "allowed", "none"): 1,
+        }
+        assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {
+            labels(outcome="refused", action="namespace_label"): 1,
+            labels(outcome="granted", action="namespace_label"): 1,
+        }
+        for reason, user in (("AdminAccessRefused", mallory), ("AdminAccessGranted", ops)):
+            event = await events(kube, "default", lambda e, r=reason, u=user: (
+                e["reason"] == r and e["regarding"] == {"apiVersion": "v1", "kind": "Namespace", "name": ns}
+                and e["note"].startswith(f"{r.removeprefix('AdminAccess').lower()}: {u} may")), f"{reason} on {ns}")
+            assert event["type"] == ("Warning" if reason == "AdminAccessRefused" else "Normal")
+
+        # -- adminAccess claims: the same two outcomes ---------------------------------------
+        claims_path = resource_path(RESOURCE_V1, "resourceclaims", namespace=ns)
+
+        async def label_seen() -> bool:
+            # The API server's own label check and serve's namespace cache both follow a
+            # watch: a dry run (no Event, no adminAccess metric) says when both see it.
+            try:
+                await as_user(ops, "POST", claims_path, admin_claim("probe", setup), dryRun="All")
+            except ApiError:
+                return False
+            return True
+
+        await poll(label_seen, timeout=30, what="the admin-access label to be seen")
+        before = await scrape(served)
+        with pytest.raises(ApiError) as refused:
+            await as_user(mallory, "POST", claims_path, admin_claim("a1", setup))
+        assert refused.value.status == 403 and f"{mallory} may not create ResourceClaim {ns}/a1" in refused.value.message
+        await as_user(ops, "POST", claims_path, admin_claim("a2", setup))
+        after = await scrape(served)
+        assert moved(before, after, ADMISSION_REQUESTS) == {
+            requests("CREATE", "resourceclaims", "denied", "admin_access"): 1,
+            requests("CREATE", "resourceclaims", "allowed", "none"): 1,
+            requests("CREATE", "resourceclaims", "allowed", "none", webhook="mutating"): 2,
+        }
+        assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {
+            labels(outcome="refused", action="claim"): 1,
+            labels(outcome="granted", action="claim"): 1,
+        }
+        for reason, claim in (("AdminAccessRefused", "a1"), ("AdminAccessGranted", "a2")):
+            await events(kube, "default", lambda e, r=reason, c=claim: (
+                e["reason"] == r and e["regarding"]["name"] == ns
+                and (e.get("related") or {}).get("name") == c), f"{reason} for claim {claim}")
+        # dry runs made no Event: the probe's grants are nowhere
+        assert not [e for e in await kube.list(EVENTS, "events", namespace="default")
+                    if (e.get("related") or {}).get("name") == "probe" and e["regarding"]["name"] == ns]
+        assert after[(EVENTS_DROPPED, labels(reason="queue_full"))] == 0
+        assert after[(EVENTS_DROPPED, labels(reason="write_failed"))] == 0

@@ -1,0 +1,253 @@
+"""webhook.events: which verdicts make Events, aggregation into series, a bounded queue.
+
+A fake sink stands in for the API server here (tests/e2e/test_observability.py writes
+to the real one); the clock is a variable, so windows are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from quota.kubeapi import ApiError, Obj
+from quota.policy import PolicyRecord
+from webhook.events import NOTE_BYTES, EventKey, EventRecorder, Ref
+from webhook.review import Verdict
+
+from .test_claims import TEMPLATE_GVR, gpu_claim, review_request, stored
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+QUOTA = Ref("draquota.io/v1alpha1", "DeviceQuota", "gpus", "team-a")
+
+
+class FakeSink:
+    def __init__(self, fail: ApiError | None = None) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.fail = fail
+        self.created = 0
+
+    async def create(self, namespace: str, body: Obj) -> Obj:
+        self.calls.append(("create", namespace, body))
+        if self.fail is not None:
+            raise self.fail
+        self.created += 1
+        return {**body, "metadata": {**body["metadata"], "name": f"ev-{self.created}"}}
+
+    async def patch(self, namespace: str, name: str, patch: Obj) -> Obj:
+        self.calls.append(("patch", f"{namespace}/{name}", patch))
+        if self.fail is not None:
+            raise self.fail
+        return patch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorder(sink: FakeSink, **kwargs: Any) -> tuple[EventRecorder, Clock, list[str]]:
+    clock, dropped = Clock(), []
+    return EventRecorder(sink, instance="dra-quota-0", dropped=dropped.append, clock=clock, **kwargs), clock, dropped
+
+
+def key(note: str = "ResourceClaim team-a/c3: exceeded") -> EventKey:
+    return EventKey(QUOTA, None, "Warning", "QuotaExceeded", "Admit", note)
+
+
+async def drain(rec: EventRecorder) -> None:
+    while not rec._queue.empty():
+        await rec.write_next()
+
+
+async def test_a_first_occurrence_is_created_with_every_required_field() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    assert rec.record(key())
+    await drain(rec)
+    [(op, namespace, body)] = sink.calls
+    assert (op, namespace) == ("create", "team-a")
+    assert body["metadata"]["name"].startswith("gpus.") and body["metadata"]["namespace"] == "team-a"
+    assert {k: body[k] for k in ("apiVersion", "kind", "reportingController", "reportingInstance", "action", "reason",
+                                 "type", "note", "regarding")} == {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event", "reportingController": "draquota.io/dra-quota",
+        "reportingInstance": "dra-quota-0", "action": "Admit", "reason": "QuotaExceeded", "type": "Warning",
+        "note": "ResourceClaim team-a/c3: exceeded",
+        "regarding": {"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota", "name": "gpus", "namespace": "team-a"}}
+    assert body["eventTime"] == "2023-11-14T22:13:20.000000Z" and "series" not in body and "related" not in body
+
+
+async def test_repeats_within_the_window_patch_the_series_count() -> None:
+    sink = FakeSink()
+    rec, clock, _ = recorder(sink)
+    rec.record(key())
+    await drain(rec)
+    clock.now += 10
+    rec.record(key())
+    await drain(rec)
+    clock.now += 10
+    rec.record(key())
+    await drain(rec)
+    assert [c[0] for c in sink.calls] == ["create", "patch", "patch"]
+    assert sink.calls[1][1:] == ("team-a/ev-1", {"series": {"count": 2, "lastObservedTime": "2023-11-14T22:13:30.000000Z"}})
+    assert sink.calls[2][2] == {"series": {"count": 3, "lastObservedTime": "2023-11-14T22:13:40.000000Z"}}
+
+
+async def test_repeats_waiting_in_the_queue_share_one_write() -> None:
+    sink = FakeSink()
+    rec, clock, _ = recorder(sink)
+    for _ in range(5):
+        rec.record(key())
+        clock.now += 1
+    await drain(rec)
+    [(op, _, body)] = sink.calls
+    assert op == "create" and body["series"] == {"count": 5, "lastObservedTime": "2023-11-14T22:13:24.000000Z"}
+
+
+async def test_a_different_note_or_a_repeat_after_the_window_is_a_new_event() -> None:
+    sink = FakeSink()
+    rec, clock, _ = recorder(sink, window=60.0)
+    rec.record(key())
+    rec.record(key("ResourceClaim team-a/c4: exceeded"))
+    await drain(rec)
+    clock.now += 61
+    rec.record(key())
+    await drain(rec)
+    assert [c[0] for c in sink.calls] == ["create", "create", "create"]
+    assert "series" not in sink.calls[2][2]
+
+
+async def test_a_full_queue_drops_and_counts_but_keeps_the_occurrence() -> None:
+    sink = FakeSink()
+    rec, _, dropped = recorder(sink, queue_size=1)
+    assert rec.record(key("a"))
+    assert rec.record(key("a"))  # rides on the write already queued
+    assert not rec.record(key("b"))
+    assert dropped == ["queue_full"]
+    await drain(rec)
+    assert rec.record(key("b"))  # b's series remembers its dropped first occurrence
+    await drain(rec)
+    assert [(c[0], c[2]["note"], c[2].get("series", {}).get("count")) for c in sink.calls] == [
+        ("create", "a", 2), ("create", "b", 2)]
+
+
+async def test_a_failed_write_is_counted_and_never_raised() -> None:
+    sink = FakeSink(fail=ApiError(403, "Forbidden", "events.events.k8s.io is forbidden"))
+    rec, _, dropped = recorder(sink)
+    rec.record(key())
+    await drain(rec)
+    assert dropped == ["write_failed"]
+
+
+async def test_an_expired_event_is_created_again_with_its_count() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    rec.record(key())
+    await drain(rec)
+    sink.fail = ApiError(404, "NotFound", "gone")
+    rec.record(key())
+
+    async def patch_then_work(namespace: str, name: str, patch: Obj) -> Obj:
+        sink.fail = None
+        raise ApiError(404, "NotFound", "the event TTL passed")
+
+    sink.patch = patch_then_work  # type: ignore[method-assign]
+    await drain(rec)
+    assert [c[0] for c in sink.calls] == ["create", "create"]
+    assert sink.calls[1][2]["series"]["count"] == 2
+
+
+async def test_the_cache_of_series_is_bounded() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink, max_series=2)
+    for note in ("a", "b", "c"):
+        rec.record(key(note))
+    await drain(rec)  # "a" was evicted before its turn: skipped
+    assert [c[2]["note"] for c in sink.calls] == ["b", "c"]
+
+
+async def test_a_long_note_is_cut_to_the_api_limit() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    rec.record(key("é" * 2000))
+    await drain(rec)
+    note = sink.calls[0][2]["note"]
+    assert len(note.encode()) <= NOTE_BYTES and note.endswith("…")
+
+
+# -- which verdicts make which Events -----------------------------------------------------------
+
+
+def record(outcome: str, kind: str = "ResourceClaim") -> PolicyRecord:
+    if kind == "Namespace":
+        return PolicyRecord(outcome, "alice", "add label x to Namespace team-a", "b", "Namespace", "", "team-a")  # type: ignore[arg-type]
+    return PolicyRecord(outcome, "alice", "create ResourceClaim team-a/c with adminAccess", "b", kind, "team-a", "c")  # type: ignore[arg-type]
+
+
+DENIED = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quotas=("gpus", "small"))
+
+
+@pytest.mark.parametrize(
+    ("verdict", "dry_run", "expected"),
+    [
+        (DENIED, False, [
+            (QUOTA, "QuotaExceeded", "Warning", "ResourceClaim team-a/c3: " + DENIED.message),
+            (Ref("draquota.io/v1alpha1", "DeviceQuota", "small", "team-a"), "QuotaExceeded", "Warning",
+             "ResourceClaim team-a/c3: " + DENIED.message)]),
+        (DENIED, True, []),
+        (Verdict(False, "x", cause="pricing"), False, []),
+        (Verdict(True, warnings=("audit",)), False, []),
+        (Verdict(True, records=(record("granted"),)), False, [
+            (Ref("v1", "Namespace", "team-a"), "AdminAccessGranted", "Normal", record("granted").audit_value)]),
+        (Verdict(False, "no", records=(record("refused", "Namespace"),), cause="admin_access"), False, [
+            (Ref("v1", "Namespace", "team-a"), "AdminAccessRefused", "Warning",
+             record("refused", "Namespace").audit_value)]),
+        (Verdict(True, records=(record("granted"),)), True, []),
+    ],
+    ids=["quota-denial", "dry-run", "pricing", "warned", "claim-grant", "label-refusal", "dry-run-grant"],
+)
+async def test_verdicts_to_events(verdict: Verdict, dry_run: bool, expected: list[tuple[Ref, str, str, str]]) -> None:
+    rec, _, _ = recorder(FakeSink())
+    rec.review(review_request(stored(gpu_claim()), name="c3", dry_run=dry_run), verdict)
+    keys = list(rec._series)
+    assert [(k.regarding, k.reason, k.type, k.note) for k in keys] == expected
+    if keys and keys[0].reason == "QuotaExceeded":
+        assert keys[0].related == Ref("resource.k8s.io/v1", "ResourceClaim", "c3", "team-a")
+        assert keys[0].namespace == "team-a"
+    if keys and keys[0].reason.startswith("AdminAccess"):
+        assert keys[0].namespace == "default"  # a cluster-scoped object's Events live there
+
+
+async def test_an_unreadable_review_makes_no_event() -> None:
+    rec, _, _ = recorder(FakeSink())
+    rec.review(None, Verdict(False, "malformed", cause="invalid"))
+    assert not rec._series
+
+
+async def test_a_template_denial_relates_the_template() -> None:
+    rec, _, _ = recorder(FakeSink())
+    request = review_request(stored(gpu_claim(kind="ResourceClaimTemplate")), gvr=TEMPLATE_GVR, name="t1")
+    rec.review(request, DENIED)
+    first = next(iter(rec._series))
+    assert first.related == Ref("resource.k8s.io/v1", "ResourceClaimTemplate", "t1", "team-a")
+    assert first.note.startswith("ResourceClaimTemplate team-a/t1: ")
+
+
+async def test_run_writes_until_cancelled() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    task = asyncio.create_task(rec.run())
+    rec.record(key())
+    for _ in range(100):
+        if sink.calls:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [c[0] for c in sink.calls] == ["create"]

@@ -1,0 +1,201 @@
+"""webhook.metrics: bounded labels, what each verdict counts, the collectors, the HTTP endpoint.
+
+Each test builds its own `Metrics` (its own registry), so counts start at zero. The
+server's hook is exercised through `build_app` in-process; the real process is scraped
+in tests/e2e/test_observability.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, cast
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from quota.kubeapi import Resource
+from quota.policy import PolicyRecord
+from quota.watching import Reflector, ReflectorStats
+from webhook.metrics import (
+    ADMIN_ACCESS_DECISIONS,
+    ADMISSION_DURATION,
+    ADMISSION_REQUESTS,
+    BUILD_INFO,
+    CERTIFICATE_EXPIRATION,
+    EVENTS_DROPPED,
+    NAMES,
+    WATCH_RELISTS,
+    WATCH_RESTARTS,
+    WATCH_SYNCED,
+    Metrics,
+    decision_of,
+    resource_of,
+    serve_metrics,
+)
+from webhook.review import AdmissionRequest, Verdict
+from webhook.server import build_app
+
+from .test_claims import CLAIM_GVR, gpu_claim, review_request, stored
+from .test_review import REVIEW
+
+ASYNC = pytest.mark.asyncio(loop_scope="session")
+
+
+def requests(m: Metrics, **labels: str) -> float:
+    return m.registry.get_sample_value(ADMISSION_REQUESTS, labels) or 0.0
+
+
+def claim_create(**kwargs: Any) -> AdmissionRequest:
+    return review_request(stored(gpu_claim()), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("request_", "resource"),
+    [
+        (claim_create(), "resourceclaims"),
+        (claim_create(operation="UPDATE", sub="status", old=stored(gpu_claim())), "resourceclaims/status"),
+        (claim_create(gvr={**CLAIM_GVR, "resource": "secrets"}), "other"),  # whatever a caller sends: bounded
+        (claim_create(gvr={**CLAIM_GVR, "resource": "x" * 300}), "other"),
+        (claim_create(sub="binding", operation="UPDATE"), "other"),
+        (None, "unknown"),
+    ],
+)
+def test_the_resource_label_is_a_closed_set(request_: AdmissionRequest | None, resource: str) -> None:
+    assert resource_of(request_) == resource
+
+
+@pytest.mark.parametrize(
+    ("verdict", "decision"),
+    [(Verdict(True), "allowed"), (Verdict(True, warnings=("w",)), "warned"), (Verdict(False, "no", warnings=("w",)), "denied")],
+)
+def test_decisions(verdict: Verdict, decision: str) -> None:
+    assert decision_of(verdict) == decision
+
+
+def test_a_review_counts_once_with_its_duration() -> None:
+    m = Metrics()
+    m.review("/validate", claim_create(), Verdict(False, "q", cause="quota", quotas=("gpus",)), 0.003)
+    m.review("/mutate", claim_create(), Verdict(True), 0.0004)
+    m.review("/validate", None, Verdict(False, "bad", cause="invalid"), 0.0001)
+    assert requests(m, webhook="validating", operation="CREATE", resource="resourceclaims", decision="denied",
+                    reason="quota") == 1
+    assert requests(m, webhook="mutating", operation="CREATE", resource="resourceclaims", decision="allowed",
+                    reason="none") == 1
+    assert requests(m, webhook="validating", operation="unknown", resource="unknown", decision="denied",
+                    reason="invalid") == 1
+    labels = {"webhook": "validating", "operation": "CREATE", "resource": "resourceclaims"}
+    assert m.registry.get_sample_value(f"{ADMISSION_DURATION}_count", labels) == 1
+    assert m.registry.get_sample_value(f"{ADMISSION_DURATION}_bucket", {**labels, "le": "0.0025"}) == 0
+    assert m.registry.get_sample_value(f"{ADMISSION_DURATION}_bucket", {**labels, "le": "0.005"}) == 1
+
+
+def test_admin_access_decisions_by_outcome_and_action_dry_run_excluded() -> None:
+    m = Metrics()
+
+    def rec(outcome: str, kind: str) -> PolicyRecord:
+        return PolicyRecord(outcome, "alice", "a", "b", kind, "team-a", "c")  # type: ignore[arg-type]
+
+    def count(outcome: str, action: str) -> float:
+        return m.registry.get_sample_value(ADMIN_ACCESS_DECISIONS, {"outcome": outcome, "action": action}) or 0.0
+
+    assert count("granted", "claim") == 0 and count("refused", "namespace_label") == 0  # present from the start
+    m.review("/validate", claim_create(), Verdict(True, records=(rec("granted", "ResourceClaim"),)), 0.001)
+    m.review("/validate", claim_create(), Verdict(False, records=(rec("refused", "ResourceClaimTemplate"),)), 0.001)
+    m.review("/validate", claim_create(), Verdict(False, records=(rec("refused", "Namespace"),)), 0.001)
+    m.review("/validate", claim_create(dry_run=True), Verdict(True, records=(rec("granted", "ResourceClaim"),)), 0.001)
+    assert (count("granted", "claim"), count("refused", "template"), count("refused", "namespace_label")) == (1, 1, 1)
+
+
+@dataclass
+class FakeReflector:
+    resource: Resource
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    stats: ReflectorStats = field(default_factory=ReflectorStats)
+
+
+def test_reflectors_and_certificates_are_read_at_scrape_time() -> None:
+    m = Metrics()
+    claims = FakeReflector(Resource("resource.k8s.io/v1", "resourceclaims"))
+    m.watch(lambda: [cast(Reflector, claims)])
+    not_after = [("serving", datetime(2030, 1, 1, tzinfo=timezone.utc))]
+    m.certificates(lambda: not_after)
+    label = {"resource": "resourceclaims"}
+    assert m.registry.get_sample_value(WATCH_SYNCED, label) == 0
+    claims.synced.set()
+    claims.stats.restarts, claims.stats.relists = 3, 1
+    assert (m.registry.get_sample_value(WATCH_SYNCED, label), m.registry.get_sample_value(WATCH_RESTARTS, label),
+            m.registry.get_sample_value(WATCH_RELISTS, label)) == (1, 3, 1)
+    assert m.registry.get_sample_value(CERTIFICATE_EXPIRATION, {"certificate": "serving"}) == 1893456000
+    not_after.append(("ca", datetime(2031, 1, 1, tzinfo=timezone.utc)))
+    assert m.registry.get_sample_value(CERTIFICATE_EXPIRATION, {"certificate": "ca"}) == 1924992000
+
+
+def test_every_name_is_exposed_with_help_and_registries_are_separate() -> None:
+    a, b = Metrics(), Metrics()
+    a.review("/validate", claim_create(), Verdict(True), 0.001)
+    a.events_dropped.labels("queue_full").inc()
+    a.watch(lambda: [])
+    a.certificates(lambda: [])
+    assert requests(b, webhook="validating", operation="CREATE", resource="resourceclaims", decision="allowed",
+                    reason="none") == 0
+    families = {f.name: f for f in text_string_to_metric_families(a.exposition().decode())}
+    # the parser drops a counter's `_total` from the family name
+    exposed = {name.removesuffix("_total") for name in NAMES}
+    assert exposed <= set(families), exposed - set(families)
+    assert all(families[n].documentation for n in exposed)
+    assert a.registry.get_sample_value(EVENTS_DROPPED, {"reason": "queue_full"}) == 1
+    [build] = families[BUILD_INFO].samples
+    assert build.value == 1 and build.labels["version"]
+
+
+@ASYNC
+async def test_the_server_hook_sees_every_answer_and_a_failing_hook_costs_nothing() -> None:
+    m = Metrics()
+
+    async def crash(_: AdmissionRequest) -> Verdict:
+        raise KeyError("a bug")
+
+    async def allow(_: AdmissionRequest) -> Verdict:
+        return Verdict(True)
+
+    calls: list[str] = []
+
+    def observe(path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
+        calls.append(path)
+        m.review(path, review, verdict, seconds)
+        if path == "/allow":
+            raise RuntimeError("a metrics bug")
+
+    app = build_app({"/validate": crash, "/allow": allow}, ready=lambda: True, observe=observe)
+    async with TestClient(TestServer(app)) as client:
+        for path, body in (("/validate", json.dumps(REVIEW)), ("/validate", "not json"), ("/allow", json.dumps(REVIEW))):
+            resp = await client.post(path, data=body)
+            assert resp.status == 200
+            answer = await resp.json()
+            assert answer["response"]["uid"] == (REVIEW["request"]["uid"] if body != "not json" else "")
+    assert calls == ["/validate", "/validate", "/allow"]
+    assert requests(m, webhook="validating", operation="CREATE", resource="resourceclaims", decision="denied",
+                    reason="error") == 1
+    assert requests(m, webhook="validating", operation="unknown", resource="unknown", decision="denied",
+                    reason="invalid") == 1
+
+
+@ASYNC
+async def test_serve_metrics_answers_prometheus_text_over_plain_http() -> None:
+    m = Metrics()
+    m.review("/validate", claim_create(), Verdict(True), 0.001)
+    runner = await serve_metrics(m, host="127.0.0.1", port=0)
+    try:
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            text = await resp.text()
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    finally:
+        await runner.cleanup()
+    assert ('draquota_admission_requests_total{decision="allowed",operation="CREATE",reason="none",'
+            'resource="resourceclaims",webhook="validating"} 1.0') in text

@@ -1,0 +1,273 @@
+"""Kubernetes Events for admission: quota denials and adminAccess grants and refusals.
+
+Neighbours: `webhook.server` tells `EventRecorder.review` every verdict (through the
+`observe` hook `dra-quota serve` sets); `quota.kubeapi.KubeApi` writes the Events
+(`events.k8s.io/v1`); `webhook.metrics` counts what is dropped.
+
+A review never waits for an Event and never fails because of one: `record` only puts a
+key on a bounded queue (full: dropped and counted) and one background task writes them.
+Repeats aggregate as client-go's EventRecorder does (k8s.io/client-go tools/events,
+event_broadcaster.go `recordToSink`): an Event with the same regarding, related, type,
+reason, action and note as one seen within `window` is not created again; its
+`series.count` and `series.lastObservedTime` are patched instead. client-go patches the
+second occurrence and then refreshes every 30 minutes; here every repeat marks the series
+for one write, and repeats that arrive while it waits share that write, so the count is
+current within one queue turn and a storm of repeats costs at most one write per turn.
+
+Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
+- `QuotaExceeded` (Warning) regarding each DeviceQuota that denied a claim, a template or
+  an allocation; the note is the denial message, prefixed with the object it denied.
+- `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
+  (for claims and templates, the related object is the claim or template): the note is
+  the record the audit annotation carries (who, what, why). Events regarding a
+  cluster-scoped object live in `default`, as client-go puts them (the API server
+  requires that namespace or none for them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NoReturn, Protocol
+
+from quota.kubeapi import ApiError, KubeApi, Obj, Resource
+from quota.policy import PolicyRecord
+from webhook.review import AdmissionRequest, Verdict
+
+__all__ = [
+    "CONTROLLER",
+    "EVENTS",
+    "EventKey",
+    "EventRecorder",
+    "KubeSink",
+    "Ref",
+    "Sink",
+    "reporting_instance",
+]
+
+log = logging.getLogger(__name__)
+
+EVENTS = Resource("events.k8s.io/v1", "events")
+CONTROLLER = "draquota.io/dra-quota"
+DEVICE_QUOTA = "draquota.io/v1alpha1"
+# events.k8s.io/v1 validation (k/k pkg/apis/core/validation/events.go): note at most
+# 1 KiB, reason, action and reportingInstance at most 128 characters.
+NOTE_BYTES = 1024
+FIELD_CHARS = 128
+_DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """An ObjectReference: what an Event regards or relates to."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str = ""
+
+    def as_json(self) -> dict[str, str]:
+        out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventKey:
+    """What makes two occurrences the same Event (client-go tools/events `getKey`)."""
+
+    regarding: Ref
+    related: Ref | None
+    type: str  # Normal | Warning
+    reason: str
+    action: str
+    note: str
+
+    @property
+    def namespace(self) -> str:
+        return self.regarding.namespace or _DEFAULT_NAMESPACE
+
+
+@dataclass(slots=True)
+class _Series:
+    first: float
+    last: float
+    count: int = 1
+    name: str | None = None  # set once created
+    queued: bool = False
+
+
+class Sink(Protocol):
+    """Where Events go: the API server (`KubeSink`), or a fake in unit tests."""
+
+    async def create(self, namespace: str, body: Obj) -> Obj: ...
+    async def patch(self, namespace: str, name: str, patch: Obj) -> Obj: ...
+
+
+class KubeSink:
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    async def create(self, namespace: str, body: Obj) -> Obj:
+        return await self.api.create(EVENTS, body, namespace=namespace)
+
+    async def patch(self, namespace: str, name: str, patch: Obj) -> Obj:
+        return await self.api.patch(EVENTS, name, patch, namespace=namespace)
+
+
+def reporting_instance() -> str:
+    """This replica: the Pod's name (the Downward API's POD_NAME), else the host name."""
+    return (os.environ.get("POD_NAME") or socket.gethostname())[:FIELD_CHARS]
+
+
+class EventRecorder:
+    """A bounded queue of Events to write, aggregated into series; `run` writes them."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        instance: str,
+        dropped: Callable[[str], None] = lambda reason: None,
+        queue_size: int = 256,
+        window: float = 360.0,
+        max_series: int = 4096,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sink, self.instance, self.dropped = sink, instance, dropped
+        # client-go's defaults: a series ends after 6 minutes without a repeat; its
+        # cache of isomorphic events holds 4096.
+        self.window, self.max_series, self.clock = window, max_series, clock
+        self._queue: asyncio.Queue[EventKey] = asyncio.Queue(queue_size)
+        self._series: OrderedDict[EventKey, _Series] = OrderedDict()
+
+    # -- what a review records ------------------------------------------------------------------
+
+    def review(self, review: AdmissionRequest | None, verdict: Verdict) -> None:
+        """The Events of one answered review (`webhook.server.Observer`, with `webhook.metrics`)."""
+        if review is None or review.dry_run:
+            return
+        if not verdict.allowed and verdict.cause == "quota":
+            subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
+            for quota in verdict.quotas:
+                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace),
+                                     _related(review), "Warning", "QuotaExceeded", "Admit",
+                                     f"{subject}: {verdict.message}"))
+        for record in verdict.records:
+            self.record(_policy_event(record))
+
+    def record(self, key: EventKey) -> bool:
+        """Count one occurrence of `key`; False when it was dropped (the queue is full). Never blocks."""
+        now = self.clock()
+        series = self._series.get(key)
+        if series is None or now - series.last > self.window:
+            series = self._series[key] = _Series(first=now, last=now)
+            while len(self._series) > self.max_series:
+                self._series.popitem(last=False)
+        else:
+            series.count += 1
+            series.last = now
+        self._series.move_to_end(key)
+        if series.queued:
+            return True  # the write already waiting carries this occurrence too
+        try:
+            self._queue.put_nowait(key)
+        except asyncio.QueueFull:
+            # The occurrence stays counted in the series: a later write still reports it.
+            self.dropped("queue_full")
+            return False
+        series.queued = True
+        return True
+
+    # -- the writer ------------------------------------------------------------------------
+
+    async def run(self) -> NoReturn:
+        """Write queued Events until cancelled."""
+        while True:
+            await self.write_next()
+
+    async def write_next(self) -> None:
+        """Write the next queued Event (waits for one): a create, or a patch of its series."""
+        key = await self._queue.get()
+        series = self._series.get(key)
+        if series is None:
+            return  # evicted from the cache while it waited
+        series.queued = False
+        count, last = series.count, series.last
+        try:
+            if series.name is not None:
+                try:
+                    await self.sink.patch(key.namespace, series.name,
+                                          {"series": {"count": count, "lastObservedTime": _micro(last)}})
+                    return
+                except ApiError as err:
+                    if err.status != 404:
+                        raise
+                    series.name = None  # the Event expired (the API server's event TTL): create it again
+            created = await self.sink.create(key.namespace, self._body(key, series, count, last))
+            series.name = str((created.get("metadata") or {}).get("name") or "") or None
+        except Exception as err:  # noqa: BLE001 - an Event is never worth more than a log line
+            self.dropped("write_failed")
+            log.warning("cannot record Event %s on %s %s/%s: %s", key.reason, key.regarding.kind,
+                        key.regarding.namespace, key.regarding.name, err)
+
+    def _body(self, key: EventKey, series: _Series, count: int, last: float) -> Obj:
+        body: dict[str, Any] = {
+            "apiVersion": EVENTS.api_version,
+            "kind": "Event",
+            # client-go's naming: <regarding name>.<nanoseconds, hex>, within 253 characters.
+            "metadata": {"name": f"{key.regarding.name[:230]}.{time.time_ns():x}", "namespace": key.namespace},
+            "eventTime": _micro(series.first),
+            "reportingController": CONTROLLER,
+            "reportingInstance": self.instance,
+            "action": key.action,
+            "reason": key.reason,
+            "regarding": key.regarding.as_json(),
+            "type": key.type,
+            "note": _bounded(key.note),
+        }
+        if key.related is not None:
+            body["related"] = key.related.as_json()
+        if count > 1:
+            body["series"] = {"count": count, "lastObservedTime": _micro(last)}
+        return body
+
+
+def _related(review: AdmissionRequest) -> Ref | None:
+    if not review.kind.kind or not review.name:
+        return None
+    group = review.kind.group
+    return Ref(f"{group}/{review.kind.version}" if group else review.kind.version, review.kind.kind, review.name,
+               review.namespace)
+
+
+def _policy_event(record: PolicyRecord) -> EventKey:
+    if record.kind == "Namespace":
+        regarding, related = Ref("v1", "Namespace", record.name), None
+    else:
+        regarding = Ref("v1", "Namespace", record.namespace)
+        related = Ref("resource.k8s.io/v1", record.kind, record.name, record.namespace)
+    granted = record.outcome == "granted"
+    return EventKey(regarding, related, "Normal" if granted else "Warning",
+                    "AdminAccessGranted" if granted else "AdminAccessRefused", "AuthorizeAdminAccess",
+                    record.audit_value)
+
+
+def _micro(at: float) -> str:
+    """A metav1.MicroTime: RFC 3339 with microseconds, UTC."""
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _bounded(note: str) -> str:
+    raw = note.encode()
+    if len(raw) <= NOTE_BYTES:
+        return note
+    return raw[: NOTE_BYTES - 3].decode(errors="ignore") + "…"
