@@ -503,6 +503,20 @@ class ControlPlane:
         return ctx
 
 
+def audit_event(events: list[dict[str, Any]], *, resource: str, name: str, user: str,
+                annotation: str) -> dict[str, Any] | None:
+    """The first audit event of `user`'s (impersonated) write to `resource` `name` that
+    carries `annotation`; dry runs (audited too) are skipped."""
+    for event in events:
+        ref = event.get("objectRef") or {}
+        if (ref.get("resource") == resource and ref.get("name") == name
+                and (event.get("impersonatedUser") or {}).get("username") == user
+                and "dryRun" not in event.get("requestURI", "")
+                and annotation in (event.get("annotations") or {})):
+            return event
+    return None
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
     socks = []

@@ -16,10 +16,9 @@ import asyncio
 import copy
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -30,7 +29,7 @@ from quota.kubeapi import KubeApi
 from quota.policy import AUDIT_KEY
 from webhook.adminpolicy import CONFIGMAPS, PolicySource
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .test_serve import ADMISSION, PLURALS, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
@@ -197,23 +196,6 @@ async def test_the_allowlist_follows_its_configmap_without_a_restart(allowlist: 
     print(f"allowlist edit to effect (polled, shared 2-core machine): {reload_seconds:.2f}s")
 
 
-def audit_annotation(cluster: ControlPlane, hook: str, *, resource: str, name: str, user: str) -> Callable[[], Awaitable[Any]]:
-    """A poll probe: the audit event of `user`'s write to `name` that carries our
-    annotation (the fixture's dry-run probes are audited too: not those)."""
-
-    async def probe() -> Obj | None:
-        for event in cluster.audit_events():
-            ref = event.get("objectRef") or {}
-            who = (event.get("impersonatedUser") or {}).get("username")
-            annotations = event.get("annotations") or {}
-            if (ref.get("resource") == resource and ref.get("name") == name and who == user
-                    and "dryRun" not in event.get("requestURI", "") and f"{hook}/{AUDIT_KEY}" in annotations):
-                return event
-        return None
-
-    return probe
-
-
 async def test_grants_and_refusals_are_in_the_audit_log(cluster: ControlPlane, allowlist: Allowlist) -> None:
     a = allowlist
     key_ns, key_claim = f"{NAMESPACE_HOOK}/{AUDIT_KEY}", f"{QUOTA_HOOK}/{AUDIT_KEY}"
@@ -245,9 +227,10 @@ async def test_grants_and_refusals_are_in_the_audit_log(cluster: ControlPlane, a
              "(not on the adminAccess allowlist)"),
         ]
         for resource, name, user, key, code, value in expected:
-            hook = key.rpartition("/")[0]
-            event = await poll(audit_annotation(cluster, hook, resource=resource, name=name, user=user), timeout=30,
-                               what=f"the audit event of {user}'s {resource} {name}")
+            async def logged() -> Obj | None:
+                return audit_event(cluster.audit_events(), resource=resource, name=name, user=user, annotation=key)
+
+            event = await poll(logged, timeout=30, what=f"the audit event of {user}'s {resource} {name}")
             assert event["level"] == "Metadata" and event["stage"] == "ResponseComplete", event
             assert event["responseStatus"]["code"] == code, event
             assert event["annotations"][key] == value, event["annotations"]
