@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from argparse import ArgumentTypeError
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,9 +92,11 @@ def _mounted(directory: Path) -> dict[str, str]:
                 content = f.read(_MAX_FILE + 1)
             if len(content) > _MAX_FILE:
                 raise PolicyError(f"{entry}: larger than a ConfigMap can be ({_MAX_FILE} bytes)")
-            data[entry.name] = content.decode("utf-8", errors="replace")
+            data[entry.name] = content.decode("utf-8")
     except OSError as err:
         raise PolicyError(f"{directory}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{entry}: not UTF-8 text") from None
     return data
 
 
@@ -114,8 +115,8 @@ def _stamp(path: Path) -> Stamp:
 
 
 def _summary(policy: AdminAccessPolicy) -> str:
-    return (f"{len(policy.users)} user(s), {len(policy.groups)} group(s), "
-            f"{len(policy.service_accounts)} service account entr(y/ies) allowlisted")
+    return (f"allowlisted: users={len(policy.users)} groups={len(policy.groups)} "
+            f"serviceAccounts={len(policy.service_accounts)}")
 
 
 @dataclass(eq=False)
@@ -198,9 +199,8 @@ class ConfigMapPolicy:
         if (obj.get("metadata") or {}).get("name") != self.name:
             return
         where = f"ConfigMap {self.namespace}/{self.name} (resourceVersion {(obj.get('metadata') or {}).get('resourceVersion')})"
-        data: Mapping[str, Any] | Any = obj.get("data") or {}
         try:
-            policy = parse_policy(data)
+            policy = parse_policy(obj.get("data") or {})
         except PolicyError as err:
             self.source.keep(f"{where}: {err}")
             return

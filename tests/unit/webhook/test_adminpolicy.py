@@ -92,6 +92,10 @@ def test_a_mounted_configmap_directory_reads_as_the_configmap_data(tmp_path: Pat
     (tmp_path / "surprise").symlink_to("..data/surprise")
     with pytest.raises(PolicyError, match=f"{tmp_path}: adminAccess policy: unknown field 'surprise'"):
         read_policy(tmp_path)
+    (tmp_path / "surprise").unlink()
+    (tmp_path / "..gen_1" / "users").write_bytes(b"alice\xff")
+    with pytest.raises(PolicyError, match="users: not UTF-8 text"):
+        read_policy(tmp_path)
 
 
 async def until(condition: Callable[[], bool]) -> None:
