@@ -30,6 +30,7 @@ from quota.printable import for_json, for_terminal
 from quota.quantity import format_quantity
 from quota.top import quota_usage
 from webhook import certificates
+from webhook.adminpolicy import configmap_ref
 from webhook.metrics import DEFAULT_METRICS_PORT
 from webhook.serve import LIMITATIONS, QUOTAS, ServeError, ServeOptions, configure_logging, serve
 
@@ -101,9 +102,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--tls-cert-file", type=Path, metavar="FILE", help="PEM serving certificate (chain)")
     serve.add_argument("--tls-key-file", type=Path, metavar="FILE", help="PEM private key")
     certificates.add_arguments(serve)
-    serve.add_argument("--admin-access-policy", type=Path, metavar="FILE",
-                       help="adminAccess allowlist: a YAML/JSON map (users, groups, serviceAccounts) or a "
-                            "ConfigMap holding it; read at start (default: nobody allowlisted)")
+    allowlist = serve.add_mutually_exclusive_group()
+    allowlist.add_argument("--admin-access-policy", type=Path, metavar="PATH",
+                           help="adminAccess allowlist: a YAML/JSON map (users, groups, serviceAccounts) or a "
+                                "ConfigMap manifest holding it, or a directory of one file per key (a mounted "
+                                "ConfigMap); reloaded when it changes (polled every 5s; default: nobody allowlisted)")
+    allowlist.add_argument("--admin-access-configmap", type=configmap_ref, metavar="NAMESPACE/NAME",
+                           help="adminAccess allowlist: this ConfigMap's data, watched through the API (the "
+                                "ValidatingAdmissionPolicy's parameter object); missing means nobody allowlisted")
     serve.add_argument("--allocation-check", choices=("enforce", "account-only"), default="enforce",
                        help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
     serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
@@ -146,6 +152,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, kubeconfig=args.kubeconfig,
         certificates=self_managed,
         bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
+        admin_access_configmap=args.admin_access_configmap,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
         requeue_waiting_pods=args.requeue_waiting_pods,

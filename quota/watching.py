@@ -153,6 +153,9 @@ class Reflector:
     store: Store
     namespace: str | None = None
     label_selector: str | None = None
+    # e.g. "metadata.name=x": one object, which RBAC can then grant by resourceNames
+    # (the API server reads the name of a list or watch from this selector).
+    field_selector: str | None = None
     trim: Trim = trim_object
     settings: WatchSettings = WatchSettings()
     rand: Callable[[], float] = random.random
@@ -197,6 +200,7 @@ class Reflector:
             self.resource,
             namespace=self.namespace,
             label_selector=self.label_selector,
+            field_selector=self.field_selector,
             limit=self.settings.page_size,
             transform=self.trim,
         )
@@ -221,6 +225,7 @@ class Reflector:
             self.resource,
             namespace=self.namespace,
             label_selector=self.label_selector,
+            field_selector=self.field_selector,
             resource_version=self.resource_version,
             timeout_seconds=timeout,
             silence=self.settings.silence,

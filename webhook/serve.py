@@ -21,7 +21,7 @@ Limitations of this version:
   certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
   by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
-  disk. The adminAccess policy file is read once at start.
+  disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
 - `status.used` is not written (the quota controller's job); each replica counts
   allocated claims from its own cache.
 """
@@ -31,10 +31,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -51,24 +50,25 @@ from quota.admission import Admitter
 from quota.inventory import Inventory
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import Ledger
-from quota.loader import CheckInputError, read_values
 from quota.model import DeviceClass, DeviceClassName, Mode
-from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
+from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.watching import Reflector, Store, trim_claim, trim_object
+from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.endpoints import endpoints
 from webhook.events import EventRecorder, KubeSink, reporting_instance
+from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
 
-__all__ = ["LIMITATIONS", "QUOTAS", "ServeError", "ServeOptions", "configure_logging", "load_policy", "serve"]
+__all__ = ["LIMITATIONS", "QUOTAS", "ServeError", "ServeOptions", "configure_logging", "policy_source", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,11 @@ class ServeOptions:
     kubeconfig: str | None = None  # None: in-cluster service account
     bind_address: str = "0.0.0.0"
     port: int = 8443
+    # The adminAccess allowlist: a file polled every policy_poll_seconds, or a ConfigMap
+    # (namespace, name) watched through the API; at most one (webhook.adminpolicy).
     admin_access_policy: Path | None = None
+    admin_access_configmap: tuple[str, str] | None = None
+    policy_poll_seconds: float = 5.0
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
     cert_poll_seconds: float = 5.0
@@ -153,25 +157,16 @@ def configure_logging(log_format: Literal["text", "json"], level: str = "INFO") 
 # -- configuration ------------------------------------------------------------------------------
 
 
-def load_policy(path: Path | None) -> AdminAccessPolicy:
-    """The adminAccess policy from a YAML/JSON map, or from a ConfigMap's `data`; empty without a file."""
-    if path is None:
-        return parse_policy({})
+def policy_source(options: ServeOptions) -> PolicySource:
+    """The adminAccess policy's source (`webhook.adminpolicy`); a file is read now."""
+    if options.admin_access_configmap is not None:
+        return PolicySource.from_configmap(*options.admin_access_configmap)
+    if options.admin_access_policy is None:
+        return PolicySource()
     try:
-        # The loader `check` uses: a duplicate `users:` key, say, is refused rather than
-        # silently dropping one of the two lists.
-        values = read_values(str(path))
-    except CheckInputError as err:
-        raise ServeError(f"--admin-access-policy {err}") from None
-    if len(values) > 1:
-        raise ServeError(f"--admin-access-policy {path}: one document expected, found {len(values)}")
-    raw = values[0] if values else None
-    if isinstance(raw, dict) and raw.get("kind") == "ConfigMap":
-        raw = raw.get("data") or {}
-    try:
-        return parse_policy(raw if raw is not None else {})
+        return PolicySource.from_file(options.admin_access_policy, poll_seconds=options.policy_poll_seconds)
     except PolicyError as err:
-        raise ServeError(f"--admin-access-policy {path}: {err}") from None
+        raise ServeError(f"--admin-access-policy {err}") from None
 
 
 def _read_pair(options: ServeOptions) -> KeyPair:
@@ -179,33 +174,24 @@ def _read_pair(options: ServeOptions) -> KeyPair:
     return KeyPair(options.tls_cert_file.read_bytes(), options.tls_key_file.read_bytes())
 
 
-def _stamp(options: ServeOptions) -> tuple[int, ...]:
+def _stamp(options: ServeOptions) -> Stamp:
     assert options.tls_cert_file is not None and options.tls_key_file is not None
-    stats = [os.stat(p) for p in (options.tls_cert_file, options.tls_key_file)]
-    return tuple(v for s in stats for v in (s.st_mtime_ns, s.st_size, s.st_ino))
+    return stamp(options.tls_cert_file, options.tls_key_file)
 
 
-async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, stamp: tuple[int, ...]) -> None:
-    """Poll the pair's files; serve a changed pair from the next handshake on.
+async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, since: Stamp) -> None:
+    """Serve a changed pair from the next handshake on (polled: `webhook.filepoll`).
 
-    Polling rather than inotify: a mounted Secret changes by an atomic symlink swap
-    (kubelet's AtomicWriter, `..data`), which stat of the path follows. A pair read
-    half-written (cert and key not matching yet) fails to load and is retried. `stamp`
-    is the files' state taken before the pair being served was read, so a change made
-    while it was read is not missed.
+    A pair read half-written (cert and key not matching yet) fails to load and is
+    retried. `since` is the files' state taken before the pair being served was read.
     """
-    while True:
-        await asyncio.sleep(options.cert_poll_seconds)
-        try:
-            current = _stamp(options)
-            if current == stamp:
-                continue
-            if tls.update(_read_pair(options)):
-                log.info("serving certificate reloaded from %s (serial %x)", options.tls_cert_file, tls.serial)
-            stamp = current
-        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
-            log.warning("cannot reload the serving certificate from %s: %s; keeping the current one",
-                        options.tls_cert_file, err)
+
+    def reload() -> None:
+        if tls.update(_read_pair(options)):  # ssl.SSLError is an OSError
+            log.info("serving certificate reloaded from %s (serial %x)", options.tls_cert_file, tls.serial)
+
+    await reload_on_change(lambda: _stamp(options), options.cert_poll_seconds, since, reload,
+                           f"the serving certificate from {options.tls_cert_file}")
 
 
 # -- the process --------------------------------------------------------------------------------
@@ -215,7 +201,8 @@ class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0,
-                 requeue: Requeuer | None = None) -> None:
+                 requeue: Requeuer | None = None, also: Sequence[Reflector] = ()) -> None:
+        """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap)."""
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
@@ -231,6 +218,7 @@ class Caches:
             reflector(NAMESPACES, NamespaceStore(self.namespaces)),
             reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe,
                                          drop=self.reservations.drop)),
+            *also,
         ]
         self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget,
                                                    freed=requeue.quota_freed if requeue else None), claims=True)
@@ -251,7 +239,7 @@ class Caches:
 async def serve(options: ServeOptions) -> int:
     """Serve until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background task died."""
     started = time.monotonic()
-    policy = load_policy(options.admin_access_policy)
+    policy = policy_source(options)
     if options.certificates is None:
         try:
             stamp = _stamp(options)
@@ -277,8 +265,9 @@ async def serve(options: ServeOptions) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     requeue = Requeuer(api) if options.requeue_waiting_pods else None
-    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue)
-    ctx = ClaimContext(caches.admitter, caches.namespaces.get, lambda: policy, options.allocation_check,
+    caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
+                    also=policy.reflectors(api))
+    ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations)
     metrics, recorder, observe = _observability(api, caches, tls, manager)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
@@ -289,6 +278,7 @@ async def serve(options: ServeOptions) -> int:
         asyncio.create_task(certificates, name="certificates"),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
+        asyncio.create_task(policy.poll(), name="admin-access policy file"),
     ]
     metrics_runner: web.AppRunner | None = None
     failed: list[str] = []

@@ -29,6 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .kube import Kube
 
@@ -65,6 +66,27 @@ KCM_CONTROLLERS = (
     "replicaset-controller",
     "job-controller",
 )
+
+# Audit only what tests assert on, at Metadata (annotations, user, verb, object, code;
+# no bodies), once per request (ResponseComplete): writes of DRA claims and templates and
+# of namespaces, where admission webhooks put their audit annotations. Reads, watches and
+# everything else are not logged, so other tests do not pay for it.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "verbs": ["create", "update", "patch"],
+            "resources": [
+                {"group": "resource.k8s.io", "resources": ["resourceclaims", "resourceclaimtemplates"]},
+                {"group": "", "resources": ["namespaces", "namespaces/status", "namespaces/finalize"]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
 
 # Proxy settings must never route loopback traffic elsewhere (Go already
 # bypasses proxies for loopback, but be explicit for every component).
@@ -176,6 +198,29 @@ class ControlPlane:
     def webhook_cert(self) -> tuple[Path, Path]:
         """Serving certificate for a test webhook, valid for every name in :data:`WEBHOOK_SERVICES`."""
         return self.certs / "webhook.crt", self.certs / "webhook.key"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.workdir / "audit-policy.json"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one audit.k8s.io/v1 Event each (AUDIT_POLICY says which requests)."""
+        return self.logs / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every complete event in the audit log so far (a line being written is skipped)."""
+        try:
+            text = self.audit_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in text.splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
 
     def client(self) -> Kube:
         """A new admin (system:masters) :class:`~tests.e2e.kube.Kube` client; close it when done."""
@@ -300,6 +345,7 @@ class ControlPlane:
 
     def _start_apiserver(self, deadline: float) -> None:
         c = self.certs
+        self.audit_policy.write_text(json.dumps(AUDIT_POLICY, indent=1))
         self._spawn(
             "apiserver",
             [
@@ -338,6 +384,16 @@ class ControlPlane:
                 # https://127.0.0.1:<service port>; TLS still verifies
                 # "<name>.<namespace>.svc". Nothing is dialled at a ClusterIP.
                 "--loopback-service=*/*:*",
+                # Audit (AUDIT_POLICY): to prove the audit annotations admission
+                # webhooks return land in the audit log. Blocking (the log backend's
+                # default, explicit here): each event is written before the request's
+                # handler returns, not batched; tests still poll, since the
+                # ResponseComplete event may be written after the client read the answer.
+                f"--audit-policy-file={self.audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-mode=blocking",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",  # no rotation: audit_events reads one file
             ],
         )
         ctx = self._ssl(client=True)
@@ -445,6 +501,20 @@ class ControlPlane:
             cert, key = self.admin_cert
             ctx.load_cert_chain(str(cert), str(key))
         return ctx
+
+
+def audit_event(events: list[dict[str, Any]], *, resource: str, name: str, user: str,
+                annotation: str) -> dict[str, Any] | None:
+    """The first audit event of `user`'s (impersonated) write to `resource` `name` that
+    carries `annotation`; dry runs (audited too) are skipped."""
+    for event in events:
+        ref = event.get("objectRef") or {}
+        if (ref.get("resource") == resource and ref.get("name") == name
+                and (event.get("impersonatedUser") or {}).get("username") == user
+                and "dryRun" not in event.get("requestURI", "")
+                and annotation in (event.get("annotations") or {})):
+            return event
+    return None
 
 
 def free_ports(n: int) -> list[int]:

@@ -30,7 +30,7 @@ import yaml
 
 from quota.policy import parse_policy
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import WEBHOOKS, Recorder, impersonated, serve_recorder
@@ -506,7 +506,7 @@ async def test_namespace_webhook_sees_only_admin_access_label_changes(
 
 
 async def test_admin_access_policy_guards_the_label(
-    kube: Kube, make_namespace: MakeNamespace, cluster_objects: ClusterObjects
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace, cluster_objects: ClusterObjects
 ) -> None:
     run = run_id()
     alice, mallory, carol = f"e2e-alice-{run}", f"e2e-mallory-{run}", f"e2e-carol-{run}"
@@ -607,6 +607,16 @@ async def test_admin_access_policy_guards_the_label(
     # Allowlisted by user name (list entries trimmed): plain UPDATE.
     await as_user(alice, {ADMIN_LABEL: "true"})
     assert (await kube.get("v1", "namespaces", target))["metadata"]["labels"][ADMIN_LABEL] == "true"
+    # Both decisions are in the audit log, under "<policy name>/<key>" (tests/e2e/cluster.py
+    # audits namespace writes).
+    audit_key = f"{policy['metadata']['name']}/admin-access-label"
+    for user, value in ((mallory, f'refused: {mallory} changing {ADMIN_LABEL} from <absent> to "true"'),
+                        (alice, f'granted: {alice} changing {ADMIN_LABEL} from <absent> to "true"')):
+        async def logged() -> Obj | None:
+            return audit_event(cluster.audit_events(), resource="namespaces", name=target, user=user, annotation=audit_key)
+
+        event = await poll(logged, timeout=30, what=f"the audit event of {user}'s label change")
+        assert event["annotations"][audit_key] == value, event["annotations"]
     # A non-allowlisted user can neither change nor remove it, through any path ...
     changes: list[dict[str, str | None]] = [{ADMIN_LABEL: "false"}, {ADMIN_LABEL: None}]
     for labels in changes:

@@ -15,12 +15,16 @@ import pytest
 from certs.authority import inspect
 from certs.tls import ReloadingContext
 from quota.cli import main
-from webhook.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, load_policy, serve
+from quota.policy import AdminAccessPolicy
+from webhook.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, policy_source, serve
 
 from ..certs.test_tls import mint
 
 
 def test_the_policy_comes_from_a_map_or_a_configmap(tmp_path: Path) -> None:
+    def load_policy(path: Path | None) -> AdminAccessPolicy:
+        return policy_source(ServeOptions(admin_access_policy=path)).policy()
+
     assert load_policy(None).groups == frozenset()
     plain = tmp_path / "policy.yaml"
     plain.write_text("groups: [gpu-admins]\nusers: alice\n")
@@ -40,7 +44,7 @@ def test_the_policy_comes_from_a_map_or_a_configmap(tmp_path: Path) -> None:
     plain.write_text("users: [alice]\n---\nusers: [mallory]\n")
     with pytest.raises(ServeError, match="one document expected, found 2"):
         load_policy(plain)
-    with pytest.raises(ServeError, match="--admin-access-policy"):
+    with pytest.raises(ServeError, match="--admin-access-policy .*missing.yaml"):
         load_policy(tmp_path / "missing.yaml")
 
 
