@@ -24,7 +24,6 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.kubeapi import ApiError as KubeApiError
 from quota.kubeapi import KubeApi
 from quota.policy import AUDIT_KEY
 from webhook.adminpolicy import CONFIGMAPS, PolicySource
@@ -32,6 +31,7 @@ from webhook.adminpolicy import CONFIGMAPS, PolicySource
 from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
+from .test_admission_config import ADMIN_LABEL, POLICY_DOCS
 from .test_serve import ADMISSION, PLURALS, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
 from .webhook_recorder import impersonated
 
@@ -39,9 +39,6 @@ pytestmark = pytest.mark.e2e
 
 __all__ = ["crd"]  # the fixture, imported for its name
 
-ROOT = Path(__file__).resolve().parents[2]
-POLICY_DOCS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/admin-access-policy.yaml").read_text()) if d]
-ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 NAMESPACE_HOOK = "admin-access.namespaces.draquota.io"
 RBAC = "rbac.authorization.k8s.io/v1"
 NOT_ALLOWLISTED = "not on dra-quota's adminAccess allowlist"
@@ -273,14 +270,14 @@ async def test_the_shipped_role_reads_the_allowlist_and_no_other_configmap(
         async def listed() -> bool:
             try:
                 await api.list(CONFIGMAPS, namespace=ns, field_selector=f"metadata.name={name}")
-            except KubeApiError as err:
+            except ApiError as err:
                 assert err.status == 403, err
                 return False
             return True
 
         await poll(listed, timeout=30, what="the Role to be observed")
         for selector in (None, "metadata.name=other"):
-            with pytest.raises(KubeApiError) as err:
+            with pytest.raises(ApiError) as err:
                 await api.list(CONFIGMAPS, namespace=ns, field_selector=selector)
             assert err.value.status == 403
         (reflector,) = source.reflectors(api)

@@ -31,7 +31,7 @@ from webhook.metrics import ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_IN
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_serve import Served, Setup, claim_body, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .test_serve import Served, Setup, running, claim_body, crd, denial, make_quota, setup  # noqa: F401 - fixtures
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -49,14 +49,9 @@ async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncItera
     policy = tmp_path / "admin-access-policy.yaml"
     policy.write_text(f"users: [{OPS}]\n")
     port, metrics_port = free_ports(2)
-    handle = Served(cluster, port, tmp_path / "serve.log", args=("--admin-access-policy", str(policy)),
-                    metrics_port=metrics_port)
-    try:
-        with handle.log_on_failure():
-            await handle.start()
+    async for handle in running(Served(cluster, port, tmp_path / "serve.log",
+                                       args=("--admin-access-policy", str(policy)), metrics_port=metrics_port)):
         yield handle
-    finally:
-        await handle.kill()
 
 
 async def scrape(served: Served) -> Samples:

@@ -131,15 +131,20 @@ class Served:
             await self.process.wait()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
-    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log")
+async def running(handle: Served) -> AsyncIterator[Served]:
+    """Body of a fixture: `handle` started (its log attached to a failure), killed after."""
     try:
         with handle.log_on_failure():
             await handle.start()
         yield handle
     finally:
         await handle.kill()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
+    async for handle in running(Served(cluster, free_ports(1)[0], tmp_path / "serve.log")):
+        yield handle
 
 
 @pytest_asyncio.fixture(loop_scope="session")
