@@ -19,14 +19,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from certs.authority import inspect
-from webhook.metrics import ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, \
-    EVENTS_DROPPED, WATCH_SYNCED
+from webhook.metrics import (
+    ADMIN_ACCESS_DECISIONS,
+    ADMISSION_REQUESTS,
+    BUILD_INFO,
+    CERTIFICATE_EXPIRATION,
+    EVENTS_DROPPED,
+    WATCH_SYNCED,
+)
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
@@ -57,14 +61,6 @@ async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncItera
         yield handle
     finally:
         await handle.kill()
-
-
-async def scrape(served: Served) -> Samples:
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{served.metrics_port}/metrics") as resp:
-        assert resp.status == 200
-        text = await resp.text()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def moved(before: Samples, after: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -103,7 +99,7 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                             content_type="application/merge-patch+json" if method == "PATCH" else "application/json")
 
     with served.log_on_failure():
-        first = await scrape(served)
+        first = await served.metrics()
         assert [v for k, v in first.items() if k[0] == BUILD_INFO] == [1]
         for resource in ("resourceslices", "deviceclasses", "namespaces", "devicequotas", "resourceclaims"):
             assert first[(WATCH_SYNCED, labels(resource=resource))] == 1
@@ -112,12 +108,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
 
         # -- a quota denial, twice: one Event whose series counts both ------------------------
         await make_quota(kube, setup, "gpus", "80Gi")  # its dry-run probes come before the baseline
-        before = await scrape(served)
+        before = await served.metrics()
         await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c1"), namespace=ns)
         for _ in range(2):
             assert 'exceeded DeviceQuota "gpus"' in await denial(
                 kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c2"), namespace=ns))
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("CREATE", "resourceclaims", "allowed", "none"): 1,
             requests("CREATE", "resourceclaims", "denied", "quota"): 2,
@@ -138,12 +134,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
 
         # -- the namespace label: refused to mallory, granted to the allowlisted user --------
         ns_path = resource_path("v1", "namespaces", ns)
-        before = await scrape(served)
+        before = await served.metrics()
         with pytest.raises(ApiError) as refused:
             await as_user(mallory, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
         assert refused.value.status == 403 and f"{mallory} may not add label" in refused.value.message
         await as_user(ops, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("UPDATE", "namespaces", "denied", "admin_access"): 1,
             requests("UPDATE", "namespaces", "allowed", "none"): 1,
@@ -171,12 +167,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
             return True
 
         await poll(label_seen, timeout=30, what="the admin-access label to be seen")
-        before = await scrape(served)
+        before = await served.metrics()
         with pytest.raises(ApiError) as refused:
             await as_user(mallory, "POST", claims_path, admin_claim("a1", setup))
         assert refused.value.status == 403 and f"{mallory} may not create ResourceClaim {ns}/a1" in refused.value.message
         await as_user(ops, "POST", claims_path, admin_claim("a2", setup))
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("CREATE", "resourceclaims", "denied", "admin_access"): 1,
             requests("CREATE", "resourceclaims", "allowed", "none"): 1,
