@@ -35,7 +35,18 @@ from webhook.metrics import (
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_serve import Served, Setup, claim_body, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .test_serve import (  # noqa: F401 - crd and setup are fixtures
+    DQ,
+    RUN_LABEL,
+    MakeNamespace,
+    Served,
+    Setup,
+    claim_body,
+    crd,
+    denial,
+    make_quota,
+    setup,
+)
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -191,3 +202,31 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                     if (e.get("related") or {}).get("name") == "probe" and e["regarding"]["name"] == ns]
         assert after[(EVENTS_DROPPED, labels(reason="queue_full"))] == 0
         assert after[(EVENTS_DROPPED, labels(reason="write_failed"))] == 0
+
+
+async def test_an_admission_over_an_audit_quota_is_warned_and_recorded(kube: Kube, setup: Setup,
+                                                                      make_namespace: MakeNamespace) -> None:
+    served = setup.served
+    ns = await make_namespace("audit", labels={RUN_LABEL: setup.run})
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "watch"},
+                                           "spec": {"hard": {"memory": "1Gi"}, "enforcement": "Audit"}}, namespace=ns)
+    warned = requests("CREATE", "resourceclaims", "warned", "quota")
+    with served.log_on_failure():
+        async def audited() -> bool:
+            # The process has the quota once a dry run counts as warned (dry runs make no Event).
+            before = await served.metrics()
+            await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "probe"), namespace=ns, dry_run=True)
+            return moved(before, await served.metrics(), ADMISSION_REQUESTS).get(warned) == 1
+
+        await poll(audited, timeout=30, what="the Audit DeviceQuota to be seen")
+        before = await served.metrics()
+        await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "w1"), namespace=ns)
+        after = await served.metrics()
+        assert moved(before, after, ADMISSION_REQUESTS) == {
+            warned: 1, requests("CREATE", "resourceclaims", "allowed", "none", webhook="mutating"): 1}
+        event = await events(kube, ns, lambda e: e["reason"] == "QuotaExceeded" and e["regarding"]["name"] == "watch",
+                             "QuotaExceeded on the Audit quota")
+        assert event["note"] == (f'ResourceClaim {ns}/w1: exceeded DeviceQuota "watch": requested memory=80Gi, '
+                                 "used memory=0, reserved memory=0, limited memory=1Gi (enforcement: Audit, admitted)")
+        assert not [e for e in await kube.list(EVENTS, "events", namespace=ns)
+                    if e.get("related", {}).get("name") == "probe"]
