@@ -35,6 +35,9 @@ class Admission:
     charged_quotas: tuple[str, ...] = ()
     # The quotas whose `hard` denied it (empty for any other denial: adminAccess, pricing).
     denied_by: tuple[str, ...] = ()
+    # The quotas whose `hard` it exceeds, admitted with a warning (Audit enforcement, or
+    # the allocation check in account-only mode).
+    warned_by: tuple[str, ...] = ()
 
     @property
     def charge(self) -> Charge:
@@ -82,7 +85,8 @@ class Admitter:
         pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *decision.warnings)
-        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged, decision.denied_by)
+        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged, decision.denied_by,
+                         decision.warned_by)
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
         """A template reserves nothing: denied only if its claim could never fit under `hard`."""
@@ -100,7 +104,7 @@ class Admitter:
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
         if not now.allowed:
             warnings = (*warnings, f"claims from this template do not fit now: {now.message}")
-        return Admission(True, "", warnings, pricing, now.charged if now.allowed else ())
+        return Admission(True, "", warnings, pricing, now.charged if now.allowed else (), warned_by=never.warned_by)
 
     def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None) -> Entry | Admission:
         """The claim priced in every mode its namespace's quotas use, or a denial."""
@@ -162,11 +166,12 @@ class Admitter:
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
         warnings = (*pricing.warnings, *decision.warnings)
         if decision.allowed:
-            return Admission(True, "", warnings, pricing, decision.charged)
+            return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by)
         message = f"the allocated devices charge more than the claim reserved (requested: the excess): {decision.message}"
         if enforce:
             return Admission(False, message, warnings, pricing, denied_by=decision.denied_by)
-        return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing)
+        return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing,
+                         warned_by=decision.denied_by)
 
     def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:
         """What `claim` takes from each quota of its namespace, each in its pricing mode."""

@@ -106,6 +106,8 @@ class Decision:
     charged: tuple[str, ...] = field(default=())
     # The Enforce quotas that denied it, by name: the webhook's Events regard each.
     denied_by: tuple[str, ...] = ()
+    # The Audit quotas it exceeds, admitted with a warning: recorded the same way.
+    warned_by: tuple[str, ...] = ()
 
 
 def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
@@ -172,7 +174,7 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
     `usage.reserved` already includes reservations still in flight. Audit quotas never
     deny: an excess becomes a warning.
     """
-    denials, warnings, denied_by = [], [], []
+    denials, warnings, denied_by, warned_by = [], [], [], []
     for item in checks:
         exceeded = [
             r for r in RESOURCES
@@ -185,13 +187,14 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
         message = _exceeded_message(item, exceeded)
         if item.quota.enforcement == "Audit":
             warnings.append(f"{message} (enforcement: Audit, admitted)")
+            warned_by.append(item.quota.name)
         else:
             denials.append(message)
             denied_by.append(item.quota.name)
     charged = tuple(item.quota.name for item in checks if not item.charge.is_zero())
     if denials:
-        return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by))
-    return Decision(True, "", tuple(warnings), charged)
+        return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by), tuple(warned_by))
+    return Decision(True, "", tuple(warnings), charged, (), tuple(warned_by))
 
 
 def _get(charge: Charge, resource: str) -> int:

@@ -113,7 +113,7 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     if not decision.allowed and not decision.denied_by:  # conflicts, API errors: no quota said no
         return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
     return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged,
-                              decision.denied_by), record)
+                              decision.denied_by, decision.warned_by), record)
 
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -240,10 +240,12 @@ def _verdict(admission: Admission, record: PolicyRecord | None) -> Verdict:
         # Nothing was granted: the claim does not exist.
         return Verdict(False, admission.reason, warnings=admission.warnings, cause=_cause(admission),
                        quotas=admission.denied_by)
+    # Admitted over a quota's hard (Audit, or account-only allocation): recorded like a denial.
+    cause: Cause = "quota" if admission.warned_by else "none"
     if record is None:
-        return Verdict(True, warnings=admission.warnings)
+        return Verdict(True, warnings=admission.warnings, cause=cause, quotas=admission.warned_by)
     return Verdict(True, warnings=admission.warnings, audit_annotations={AUDIT_KEY: record.audit_value},
-                   records=(record,))
+                   records=(record,), cause=cause, quotas=admission.warned_by)
 
 
 def _cause(denial: Admission) -> Cause:

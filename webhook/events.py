@@ -16,7 +16,9 @@ current within one queue turn and a storm of repeats costs at most one write per
 
 Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
 - `QuotaExceeded` (Warning) regarding each DeviceQuota that denied a claim, a template or
-  an allocation; the note is the denial message, prefixed with the object it denied.
+  an allocation, or that one was admitted over (enforcement Audit, or the allocation
+  check in account-only mode); the note is the denial message or the warning, prefixed
+  with the object.
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
   (for claims and templates, the related object is the claim or template): the note is
   the record the audit annotation carries (who, what, why). Events regarding a
@@ -155,12 +157,12 @@ class EventRecorder:
         """The Events of one answered review (`webhook.server.Observer`, with `webhook.metrics`)."""
         if review is None or review.dry_run:
             return
-        if not verdict.allowed and verdict.cause == "quota":
+        if verdict.cause == "quota":
             subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
             for quota in verdict.quotas:
                 self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace),
                                      _related(review), "Warning", "QuotaExceeded", "Admit",
-                                     f"{subject}: {verdict.message}"))
+                                     f"{subject}: {_quota_note(quota, verdict)}"))
         for record in verdict.records:
             self.record(_policy_event(record))
 
@@ -247,6 +249,13 @@ def _related(review: AdmissionRequest) -> Ref | None:
     group = review.kind.group
     return Ref(f"{group}/{review.kind.version}" if group else review.kind.version, review.kind.kind, review.name,
                review.namespace)
+
+
+def _quota_note(quota: str, verdict: Verdict) -> str:
+    """The denial, or for an admission over an Audit quota the warning that names `quota`."""
+    if not verdict.allowed:
+        return verdict.message
+    return next((w for w in verdict.warnings if f'DeviceQuota "{quota}"' in w), "admitted over its hard")
 
 
 def _policy_event(record: PolicyRecord) -> EventKey:

@@ -96,6 +96,7 @@ class Reservations:
         """Reserve `charges` (quota -> charge) for claim `uid`, in quota-name order."""
         done: list[DeviceQuota] = []
         warnings: list[str] = []
+        warned_by: list[str] = []
         for quota in sorted(charges, key=lambda q: q.name):
             request = Request("reserve", uid, claim, charges[quota])
             decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
@@ -104,7 +105,8 @@ class Reservations:
                 return Decision(False, decision.message, (*warnings, *decision.warnings), denied_by=decision.denied_by)
             done.append(quota)
             warnings.extend(decision.warnings)
-        return Decision(True, "", tuple(warnings), tuple(q.name for q in done))
+            warned_by.extend(decision.warned_by)
+        return Decision(True, "", tuple(warnings), tuple(q.name for q in done), warned_by=tuple(warned_by))
 
     async def release(self, namespace: str, uid: str) -> None:
         """A claim DELETE: remove `uid`'s entries from the quotas that hold one."""

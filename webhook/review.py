@@ -39,7 +39,7 @@ API_VERSION = "admission.k8s.io/v1"
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 # Why a review was denied (or admitted with warnings), as a closed set: the `reason`
 # label of draquota_admission_requests_total (webhook.metrics), so never free text.
-# quota: a DeviceQuota's hard; admin_access: the allowlist or the namespace label;
+# quota: a DeviceQuota's hard (denied, or admitted over an Audit quota); admin_access: the allowlist or the namespace label;
 # pricing: the claim cannot be priced (CEL error, unknown class, no memory to charge);
 # annotations: a change to our annotations; invalid: a malformed review or object;
 # unavailable: the reservation could not be persisted; timeout, error: ours.
@@ -115,7 +115,8 @@ class Verdict:
     # Event and a metric (the audit annotation already carries it in the response).
     records: tuple[PolicyRecord, ...] = ()
     # Not on the wire either: why it was denied (the metric's reason) and, for a quota
-    # denial, the DeviceQuotas that denied it (each gets an Event).
+    # denial, the DeviceQuotas that denied it (each gets an Event). An admission over an
+    # Audit quota's hard is allowed with cause "quota" and that quota in `quotas`.
     cause: Cause = "none"
     quotas: tuple[str, ...] = ()
 

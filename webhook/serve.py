@@ -298,7 +298,7 @@ async def serve(options: ServeOptions) -> int:
             try:
                 metrics_runner = await serve_metrics(metrics, host=options.metrics_bind_address,
                                                      port=options.metrics_port)
-            except OSError as err:
+            except (OSError, OverflowError) as err:  # OverflowError: a port outside 0-65535
                 raise ServeError(f"cannot serve metrics on {options.metrics_bind_address}:{options.metrics_port}: "
                                  f"{err}") from None
             log.info("serving metrics on http://%s:%d/metrics", options.metrics_bind_address, options.metrics_port)

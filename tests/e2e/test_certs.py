@@ -31,6 +31,8 @@ import pytest_asyncio
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
+from webhook.metrics import CERTIFICATE_EXPIRATION
+
 from .cluster import ControlPlane, free_ports
 from .conftest import unique
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
@@ -76,10 +78,10 @@ async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube
     await fleet.add_node("n1", [Gpu()])
     namespace = await make_namespace("certs", labels={RUN_LABEL: run})
     await _ensure_namespace(kube, NAMESPACE)
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     names = []
     secret = unique("tls")
-    served = Served(cluster, port, tmp_path / "serve.log", self_managed=True)
+    served = Served(cluster, port, tmp_path / "serve.log", self_managed=True, metrics_port=metrics_port)
     setup = CertSetup(kube, namespace, fleet, served, secret)
     try:
         for config in adapted_webhooks(run, port, cluster):
@@ -138,6 +140,12 @@ async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kub
         assert CHARGE in claim["metadata"]["annotations"]
         log = setup.served.log_text()
         assert "PRIVATE KEY" not in log and secret["data"]["tls.key"] not in log
+        # The expiry gauges follow what is served: the Secret's leaf, and its one CA.
+        samples = await setup.served.metrics()
+        assert samples[(CERTIFICATE_EXPIRATION, frozenset({("certificate", "serving")}))] == \
+            leaf.not_valid_after_utc.timestamp()
+        assert samples[(CERTIFICATE_EXPIRATION, frozenset({("certificate", "ca")}))] == \
+            ca[0].not_valid_after_utc.timestamp()
 
 
 @pytest.mark.parametrize("cert_setup", [ROTATION_FLAGS], indirect=True)

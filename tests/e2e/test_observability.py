@@ -19,19 +19,35 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from certs.authority import inspect
-from webhook.metrics import ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, \
-    EVENTS_DROPPED, WATCH_SYNCED
+from webhook.metrics import (
+    ADMIN_ACCESS_DECISIONS,
+    ADMISSION_REQUESTS,
+    BUILD_INFO,
+    CERTIFICATE_EXPIRATION,
+    EVENTS_DROPPED,
+    WATCH_SYNCED,
+)
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_serve import Served, Setup, running, claim_body, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .test_serve import (  # noqa: F401 - crd and setup are fixtures
+    DQ,
+    RUN_LABEL,
+    MakeNamespace,
+    Served,
+    Setup,
+    running,
+    claim_body,
+    crd,
+    denial,
+    make_quota,
+    setup,
+)
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -52,14 +68,6 @@ async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncItera
     async for handle in running(Served(cluster, port, tmp_path / "serve.log",
                                        args=("--admin-access-policy", str(policy)), metrics_port=metrics_port)):
         yield handle
-
-
-async def scrape(served: Served) -> Samples:
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{served.metrics_port}/metrics") as resp:
-        assert resp.status == 200
-        text = await resp.text()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def moved(before: Samples, after: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -98,7 +106,7 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                             content_type="application/merge-patch+json" if method == "PATCH" else "application/json")
 
     with served.log_on_failure():
-        first = await scrape(served)
+        first = await served.metrics()
         assert [v for k, v in first.items() if k[0] == BUILD_INFO] == [1]
         for resource in ("resourceslices", "deviceclasses", "namespaces", "devicequotas", "resourceclaims"):
             assert first[(WATCH_SYNCED, labels(resource=resource))] == 1
@@ -107,12 +115,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
 
         # -- a quota denial, twice: one Event whose series counts both ------------------------
         await make_quota(kube, setup, "gpus", "80Gi")  # its dry-run probes come before the baseline
-        before = await scrape(served)
+        before = await served.metrics()
         await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c1"), namespace=ns)
         for _ in range(2):
             assert 'exceeded DeviceQuota "gpus"' in await denial(
                 kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c2"), namespace=ns))
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("CREATE", "resourceclaims", "allowed", "none"): 1,
             requests("CREATE", "resourceclaims", "denied", "quota"): 2,
@@ -133,12 +141,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
 
         # -- the namespace label: refused to mallory, granted to the allowlisted user --------
         ns_path = resource_path("v1", "namespaces", ns)
-        before = await scrape(served)
+        before = await served.metrics()
         with pytest.raises(ApiError) as refused:
             await as_user(mallory, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
         assert refused.value.status == 403 and f"{mallory} may not add label" in refused.value.message
         await as_user(ops, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("UPDATE", "namespaces", "denied", "admin_access"): 1,
             requests("UPDATE", "namespaces", "allowed", "none"): 1,
@@ -166,12 +174,12 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
             return True
 
         await poll(label_seen, timeout=30, what="the admin-access label to be seen")
-        before = await scrape(served)
+        before = await served.metrics()
         with pytest.raises(ApiError) as refused:
             await as_user(mallory, "POST", claims_path, admin_claim("a1", setup))
         assert refused.value.status == 403 and f"{mallory} may not create ResourceClaim {ns}/a1" in refused.value.message
         await as_user(ops, "POST", claims_path, admin_claim("a2", setup))
-        after = await scrape(served)
+        after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
             requests("CREATE", "resourceclaims", "denied", "admin_access"): 1,
             requests("CREATE", "resourceclaims", "allowed", "none"): 1,
@@ -190,3 +198,31 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                     if (e.get("related") or {}).get("name") == "probe" and e["regarding"]["name"] == ns]
         assert after[(EVENTS_DROPPED, labels(reason="queue_full"))] == 0
         assert after[(EVENTS_DROPPED, labels(reason="write_failed"))] == 0
+
+
+async def test_an_admission_over_an_audit_quota_is_warned_and_recorded(kube: Kube, setup: Setup,
+                                                                      make_namespace: MakeNamespace) -> None:
+    served = setup.served
+    ns = await make_namespace("audit", labels={RUN_LABEL: setup.run})
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "watch"},
+                                           "spec": {"hard": {"memory": "1Gi"}, "enforcement": "Audit"}}, namespace=ns)
+    warned = requests("CREATE", "resourceclaims", "warned", "quota")
+    with served.log_on_failure():
+        async def audited() -> bool:
+            # The process has the quota once a dry run counts as warned (dry runs make no Event).
+            before = await served.metrics()
+            await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "probe"), namespace=ns, dry_run=True)
+            return moved(before, await served.metrics(), ADMISSION_REQUESTS).get(warned) == 1
+
+        await poll(audited, timeout=30, what="the Audit DeviceQuota to be seen")
+        before = await served.metrics()
+        await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "w1"), namespace=ns)
+        after = await served.metrics()
+        assert moved(before, after, ADMISSION_REQUESTS) == {
+            warned: 1, requests("CREATE", "resourceclaims", "allowed", "none", webhook="mutating"): 1}
+        event = await events(kube, ns, lambda e: e["reason"] == "QuotaExceeded" and e["regarding"]["name"] == "watch",
+                             "QuotaExceeded on the Audit quota")
+        assert event["note"] == (f'ResourceClaim {ns}/w1: exceeded DeviceQuota "watch": requested memory=80Gi, '
+                                 "used memory=0, reserved memory=0, limited memory=1Gi (enforcement: Audit, admitted)")
+        assert not [e for e in await kube.list(EVENTS, "events", namespace=ns)
+                    if e.get("related", {}).get("name") == "probe"]

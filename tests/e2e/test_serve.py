@@ -33,6 +33,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
@@ -104,6 +105,14 @@ class Served:
 
             await poll(ready, timeout=60, what="dra-quota serve /readyz")
         self.ready_seconds = time.monotonic() - started
+
+    async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """One scrape of `--metrics-port`: (sample name, labels) -> value."""
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as resp:
+            assert resp.status == 200, resp.status
+            text = await resp.text()
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"

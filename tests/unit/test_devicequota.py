@@ -80,12 +80,13 @@ def test_all_quotas_must_admit() -> None:
     assert decision.denied_by == ("small",)
 
 
-def test_denied_by_names_the_enforce_quotas_only() -> None:
+def test_denied_by_names_the_enforce_quotas_warned_by_the_audit_ones() -> None:
     audit = parse_device_quota(make_quota("audit", memory="10Gi", enforcement="Audit"))
     tight = parse_device_quota(make_quota("tight", memory="10Gi"))
     decision = check([QuotaCheck(q, Usage(), Charge(80 * GiB, 1)) for q in (audit, GPUS, tight)])
-    assert (decision.allowed, decision.denied_by) == (False, ("tight",))
-    assert check([QuotaCheck(audit, Usage(), Charge(80 * GiB, 1))]).denied_by == ()
+    assert (decision.allowed, decision.denied_by, decision.warned_by) == (False, ("tight",), ("audit",))
+    admitted = check([QuotaCheck(audit, Usage(), Charge(80 * GiB, 1))])
+    assert (admitted.allowed, admitted.denied_by, admitted.warned_by) == (True, (), ("audit",))
 
 
 @given(used=st.integers(0, 10**13), reserved=st.integers(0, 10**13), charge=st.integers(1, 10**13), hard=st.integers(0, 10**13))

@@ -140,7 +140,7 @@ def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
                    "limited memory=50Gi", cause="quota", quotas=("gpus",)), Charge()),
         (make_quota("gpus", memory="50Gi", enforcement="Audit"), False, Verdict(True, warnings=(
             'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, limited '
-            "memory=50Gi (enforcement: Audit, admitted)",)), Charge(80 * GiB, 1)),
+            "memory=50Gi (enforcement: Audit, admitted)",), cause="quota", quotas=("gpus",)), Charge(80 * GiB, 1)),
         (make_quota("gpus", memory="100Gi", classes=["mig"]), False, Verdict(True), Charge()),
     ],
     ids=["dry-run", "dry-run-denied", "audit", "out-of-scope"],
@@ -232,7 +232,8 @@ EXCEEDED = ("the allocated devices charge more than the claim reserved (requeste
         (("node-2", "gpu-0"), "enforce", Verdict(False, EXCEEDED, cause="quota", quotas=("gpus",)), Charge(),
          Charge(160 * GiB, 2)),
         (("node-2", "gpu-0"), "account-only", Verdict(True, warnings=(
-            f"{EXCEEDED} (allocation check: account-only, admitted)",)), Charge(141 * GiB, 1), Charge(80 * GiB, 1)),
+            f"{EXCEEDED} (allocation check: account-only, admitted)",), cause="quota", quotas=("gpus",)),
+         Charge(141 * GiB, 1), Charge(80 * GiB, 1)),
     ],
 )
 def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check: str, expected: Verdict,

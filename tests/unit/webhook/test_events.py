@@ -185,10 +185,13 @@ async def test_a_long_note_is_cut_to_the_api_limit() -> None:
 
 def record(outcome: str, kind: str = "ResourceClaim") -> PolicyRecord:
     if kind == "Namespace":
-        return PolicyRecord(outcome, "alice", "add label x to Namespace team-a", "b", "Namespace", "", "team-a")  # type: ignore[arg-type]
-    return PolicyRecord(outcome, "alice", "create ResourceClaim team-a/c with adminAccess", "b", kind, "team-a", "c")  # type: ignore[arg-type]
+        action, namespace, name = "add label x to Namespace team-a", "", "team-a"
+    else:
+        action, namespace, name = "create ResourceClaim team-a/c with adminAccess", "team-a", "c"
+    return PolicyRecord(outcome, "alice", action, "b", kind, namespace, name)  # type: ignore[arg-type]
 
 
+AUDIT = 'exceeded DeviceQuota "gpus": requested ... (enforcement: Audit, admitted)'
 DENIED = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quotas=("gpus", "small"))
 
 
@@ -201,7 +204,9 @@ DENIED = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quota
              "ResourceClaim team-a/c3: " + DENIED.message)]),
         (DENIED, True, []),
         (Verdict(False, "x", cause="pricing"), False, []),
-        (Verdict(True, warnings=("audit",)), False, []),
+        (Verdict(True, warnings=("no device matches now",)), False, []),
+        (Verdict(True, warnings=("x", AUDIT), cause="quota", quotas=("gpus",)), False, [
+            (QUOTA, "QuotaExceeded", "Warning", f"ResourceClaim team-a/c3: {AUDIT}")]),
         (Verdict(True, records=(record("granted"),)), False, [
             (Ref("v1", "Namespace", "team-a"), "AdminAccessGranted", "Normal", record("granted").audit_value)]),
         (Verdict(False, "no", records=(record("refused", "Namespace"),), cause="admin_access"), False, [
@@ -209,7 +214,7 @@ DENIED = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quota
              record("refused", "Namespace").audit_value)]),
         (Verdict(True, records=(record("granted"),)), True, []),
     ],
-    ids=["quota-denial", "dry-run", "pricing", "warned", "claim-grant", "label-refusal", "dry-run-grant"],
+    ids=["quota-denial", "dry-run", "pricing", "warned", "audit", "claim-grant", "label-refusal", "dry-run-grant"],
 )
 async def test_verdicts_to_events(verdict: Verdict, dry_run: bool, expected: list[tuple[Ref, str, str, str]]) -> None:
     rec, _, _ = recorder(FakeSink())

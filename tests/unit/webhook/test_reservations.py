@@ -113,3 +113,11 @@ async def test_a_delete_releases_the_entry_and_the_quota_going_away_holds_nothin
     del api.objects["gpus"]
     reservations.drop(NS, "gpus")
     assert (await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed
+
+
+async def test_an_audit_quota_admits_over_hard_and_says_which() -> None:
+    api, reservations, quotas = setup(make_quota("audit", memory="40Gi", enforcement="Audit"),
+                                      make_quota("roomy", memory="800Gi"))
+    decision = await reservations.admit({q: GPU for q in quotas}, uid="u1", claim="team-a/c1")
+    assert (decision.allowed, decision.charged, decision.warned_by) == (True, ("audit", "roomy"), ("audit",))
+    assert sorted(api.objects["audit"]["status"]["reservations"]) == ["u1"]  # reserved all the same
