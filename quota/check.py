@@ -16,6 +16,7 @@ from typing import Any
 
 from quota.admission import Admission, Admitter
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
+from quota.conversion import require_dra_version
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger
@@ -23,7 +24,7 @@ from quota.loader import CheckInputError, Document
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode
 from quota.pricing import Pricer, Pricing
 from quota.printable import for_json
-from quota.meta import NamespaceError, parse_namespace, require_version
+from quota.meta import NamespaceError, parse_namespace
 from quota.slices import SliceError
 
 __all__ = ["ObjectResult", "Report", "run_check"]
@@ -101,7 +102,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
                 # defects of a claim are that claim's denial, as in the webhook.
-                require_version(doc.obj, kind, ClaimError)
+                require_dra_version(doc.obj, kind, ClaimError)
                 claims.append(doc)
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
+from quota.conversion import as_v1
 from quota.model import (
     AllocationMode,
     Charge,
@@ -26,7 +27,7 @@ from quota.model import (
     DeviceKey,
     Namespace,
 )
-from quota.meta import parse_meta, require_version
+from quota.meta import parse_meta
 from quota.quantity import non_negative_amount
 from quota.raw import as_list, dig, show
 from quota.validation import (
@@ -140,7 +141,7 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     kind = obj.get("kind", "ResourceClaim")
     if kind not in ("ResourceClaim", "ResourceClaimTemplate"):
         raise ClaimError(f"expected a ResourceClaim or ResourceClaimTemplate, got kind {show(kind)}")
-    require_version(obj, kind, ClaimError)
+    obj = as_v1(obj, kind, ClaimError)  # v1beta1/v1beta2 converted, other versions refused
     meta = parse_meta(obj, kind, ClaimError, namespaced=True, generate_name=True)
     spec = obj.get("spec")
     if kind == "ResourceClaimTemplate":
@@ -205,7 +206,7 @@ def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     if not isinstance(obj, dict):
         raise ClaimError("a DeviceClass must be an object")
-    require_version(obj, "DeviceClass", ClaimError)
+    obj = as_v1(obj, "DeviceClass", ClaimError)
     name = parse_meta(obj, "DeviceClass", ClaimError, namespaced=False).name
     spec = obj.get("spec") or {}
     if not isinstance(spec, dict):

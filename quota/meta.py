@@ -1,13 +1,13 @@
 """Object envelopes: apiVersion and metadata, read the way the API server validates them.
 
 Neighbours: every parser (`quota.slices`, `quota.claims`, `quota.devicequota`) starts
-with `require_version` and `parse_meta`; `quota.check` also parses Namespaces here. An
-object whose apiVersion we do not understand is refused by name and version rather than
-half-read: a `resource.k8s.io/v1beta1` ResourceSlice keeps its capacities under
-`basic:`, so reading it as v1 would price every claim on it at 0. A missing apiVersion
-is refused too: the API server never serves an object without one, and guessing would
-reopen the same hole. Metadata rules follow ValidateObjectMeta
-(staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go): names are DNS
+with `parse_meta`, and the DeviceQuota and Namespace parsers with `require_version`
+(the resource.k8s.io kinds check theirs in `quota.conversion`, which also reads
+v1beta1 and v1beta2); `quota.check` also parses Namespaces here. An object whose
+apiVersion we do not understand is refused by name and version rather than half-read.
+A missing apiVersion is refused too: the API server never serves an object without
+one, and guessing could read fields that are not there. Metadata rules follow
+ValidateObjectMeta (staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go): names are DNS
 subdomains (Namespaces: DNS labels), labels are qualified names with short values,
 annotations are a string map of at most 256 KiB.
 """
@@ -32,12 +32,8 @@ __all__ = [
     "parse_namespace",
 ]
 
-# The only versions this release reads (conversion from older DRA versions is future work).
+# The only versions of these kinds this release reads (resource.k8s.io: quota.conversion).
 API_VERSIONS = {
-    "DeviceClass": "resource.k8s.io/v1",
-    "ResourceSlice": "resource.k8s.io/v1",
-    "ResourceClaim": "resource.k8s.io/v1",
-    "ResourceClaimTemplate": "resource.k8s.io/v1",
     "DeviceQuota": "draquota.io/v1alpha1",
     "Namespace": "v1",
 }

@@ -19,7 +19,8 @@ from fractions import Fraction
 from typing import Any
 
 from quota import validation
-from quota.meta import parse_meta, require_version
+from quota.conversion import as_v1
+from quota.meta import parse_meta
 from quota.model import (
     AttributeValue,
     Capacity,
@@ -74,7 +75,7 @@ _DEVICE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")  # IsDNS1123L
 def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     if not isinstance(obj, dict):
         raise SliceError("a ResourceSlice must be an object")
-    require_version(obj, "ResourceSlice", SliceError)
+    obj = as_v1(obj, "ResourceSlice", SliceError)  # v1beta1 devices keep their fields under basic
     name = parse_meta(obj, "ResourceSlice", SliceError, namespaced=False).name
     where = f"ResourceSlice {name}: spec"
     spec = obj.get("spec")

@@ -80,8 +80,10 @@ SLICE_CASES: list[tuple[str, Mutation, str]] = [
     ("metadata a string", lambda s: s.update(metadata="s"), "metadata must be a map"),
     ("labels a list", lambda s: s["metadata"].update(labels=["a"]), "metadata.labels must be a map"),
     ("name not a string", lambda s: s["metadata"].update(name=["s"]), "metadata.name must be a string"),
-    ("v1beta1", lambda s: s.update(apiVersion="resource.k8s.io/v1beta1"),
-     "apiVersion 'resource.k8s.io/v1beta1' is not supported: dra-quota reads ResourceSlice resource.k8s.io/v1 only"),
+    ("v1alpha3", lambda s: s.update(apiVersion="resource.k8s.io/v1alpha3"),
+     "apiVersion 'resource.k8s.io/v1alpha3' is not supported: use resource.k8s.io/v1 (dra-quota also reads "),
+    ("v1 devices labelled v1beta1", lambda s: s.update(apiVersion="resource.k8s.io/v1beta1"),
+     "attributes: unknown field in resource.k8s.io/v1beta1, which keeps it under basic"),
     ("no apiVersion", lambda s: s.pop("apiVersion"), "with no apiVersion is not supported"),
     ("two node scopes", lambda s: s["spec"].update(allNodes=True), "exactly one of nodeName"),
 ]
@@ -130,7 +132,9 @@ CLAIM_CASES: list[tuple[str, Mutation, str]] = [
     ("annotations a list", lambda c: c["metadata"].update(annotations=["x"]), "metadata.annotations must be a map"),
     ("annotation value not a string", lambda c: c["metadata"].update(annotations={"a": 1}), "must be a string"),
     ("label value with a newline", lambda c: c["metadata"].update(labels={"a": "b\nc"}), "not a valid label value"),
-    ("v1beta2", lambda c: c.update(apiVersion="resource.k8s.io/v1beta2"), "is not supported"),
+    ("v1alpha3", lambda c: c.update(apiVersion="resource.k8s.io/v1alpha3"), "is not supported: use resource.k8s.io/v1"),
+    ("v1 requests labelled v1beta1", lambda c: c.update(apiVersion="resource.k8s.io/v1beta1"),
+     "exactly: unknown field in resource.k8s.io/v1beta1, which writes deviceClassName"),
     ("status a string", lambda c: c.update(status="x"), "status must be an object"),
 ]
 
@@ -219,24 +223,23 @@ def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *docs: dict[str, Any
     return code, out, err
 
 
-def test_a_v1beta1_slice_stops_check_naming_file_document_kind_and_version(
+def test_a_v1alpha3_slice_stops_check_naming_file_document_kind_and_version(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    beta = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-            "spec": {"driver": "d", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "n",
-                     "devices": [{"name": "g", "basic": {"capacity": {"memory": {"value": "80Gi"}}}}]}}
-    code, out, err = run(tmp_path, capsys, beta)
+    alpha = {"apiVersion": "resource.k8s.io/v1alpha3", "kind": "ResourceSlice", "metadata": {"name": "s"},
+             "spec": {"driver": "d", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "n",
+                      "devices": [{"name": "g", "basic": {"capacity": {"memory": {"value": "80Gi"}}}}]}}
+    code, out, err = run(tmp_path, capsys, alpha)
     assert code == 2 and out == ""
     assert str(tmp_path / "in.json") in err and "(document 1)" in err
-    assert "ResourceSlice with apiVersion 'resource.k8s.io/v1beta1' is not supported" in err
-    assert "reads ResourceSlice resource.k8s.io/v1 only" in err
+    assert "ResourceSlice with apiVersion 'resource.k8s.io/v1alpha3' is not supported: use resource.k8s.io/v1" in err
 
 
 @pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
 def test_a_claim_of_an_unknown_version_stops_check(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
     claim = make_claim("c", request("r", exactly("gpu")), kind=kind)
-    claim["apiVersion"] = "resource.k8s.io/v1beta1"
+    claim["apiVersion"] = "resource.k8s.io/v1beta3"
     code, _, err = run(tmp_path, capsys, claim)
-    assert code == 2 and f"{kind} with apiVersion 'resource.k8s.io/v1beta1' is not supported" in err
+    assert code == 2 and f"{kind} with apiVersion 'resource.k8s.io/v1beta3' is not supported: use resource.k8s.io/v1" in err
 
 
 @pytest.mark.parametrize(("doc", "message"), [
