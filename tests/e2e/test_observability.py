@@ -14,6 +14,7 @@ change is one validating review.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 
 from certs.authority import inspect
+from webhook.events import EventKey, EventRecorder, Ref
 from webhook.metrics import (
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_REQUESTS,
@@ -56,6 +59,9 @@ ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 RUN = uuid.uuid4().hex[:8]
 OPS, MALLORY = f"e2e-ops-{RUN}", f"e2e-mallory-{RUN}"  # allowlisted, and not
 EVENTS = "events.k8s.io/v1"
+RBAC = "rbac.authorization.k8s.io/v1"
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_RBAC = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/rbac-events.yaml").read_text()) if d]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -226,3 +232,60 @@ async def test_an_admission_over_an_audit_quota_is_warned_and_recorded(kube: Kub
                                  "used memory=0, reserved memory=0, limited memory=1Gi (enforcement: Audit, admitted)")
         assert not [e for e in await kube.list(EVENTS, "events", namespace=ns)
                     if e.get("related", {}).get("name") == "probe"]
+
+
+async def test_the_shipped_rbac_allows_events_and_nothing_more(kube: Kube, namespace: str) -> None:
+    """deploy/manifests/rbac-events.yaml, bound to a per-test service account: the recorder's
+    own create and series patch go through as that account, a list or a delete does not."""
+    account = f"e2e-events-{RUN}"
+    user = f"system:serviceaccount:dra-quota-system:{account}"
+    groups = ["system:serviceaccounts", "system:serviceaccounts:dra-quota-system", "system:authenticated"]
+
+    def as_account(method: str, path: str, body: Obj | None = None) -> Awaitable[Any]:
+        return impersonated(kube, method, path, user=user, groups=groups, body=body,
+                            content_type="application/merge-patch+json" if method == "PATCH" else "application/json")
+
+    class AccountSink:
+        async def create(self, ns: str, body: Obj) -> Obj:
+            created: Obj = await as_account("POST", resource_path(EVENTS, "events", namespace=ns), body)
+            return created
+
+        async def patch(self, ns: str, name: str, patch: Obj) -> Obj:
+            patched: Obj = await as_account("PATCH", resource_path(EVENTS, "events", name, ns), patch)
+            return patched
+
+    dropped: list[str] = []
+    recorder = EventRecorder(AccountSink(), instance="e2e", dropped=dropped.append)
+    key = EventKey(Ref("draquota.io/v1alpha1", "DeviceQuota", "gpus", namespace), None, "Warning", "QuotaExceeded",
+                   "Admit", f"ResourceClaim {namespace}/c: exceeded")
+    recorder.record(key)
+    await recorder.write_next()
+    assert dropped == ["write_failed"]  # not bound yet: the grant below is what allows it
+
+    role, binding = copy.deepcopy(SHIPPED_RBAC)
+    name = f"dra-quota-events-{RUN}"
+    role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
+    binding["subjects"][0]["name"] = account
+    await kube.create(RBAC, "clusterroles", role)
+    await kube.create(RBAC, "clusterrolebindings", binding)
+    try:
+        async def allowed() -> bool:  # the authorizer follows RBAC objects through a watch
+            recorder.record(key)
+            before = len(dropped)
+            await recorder.write_next()
+            return len(dropped) == before
+
+        await poll(allowed, timeout=30, what="the ClusterRoleBinding to apply")
+        recorder.record(key)  # a repeat: the series patch
+        await recorder.write_next()
+        assert dropped == ["write_failed"]
+        [event] = [e for e in await kube.list(EVENTS, "events", namespace=namespace) if e["note"] == key.note]
+        assert event["series"]["count"] >= 3 and event["reportingController"] == "draquota.io/dra-quota"
+        for method, path in (("GET", resource_path(EVENTS, "events", namespace=namespace)),
+                             ("DELETE", resource_path(EVENTS, "events", event["metadata"]["name"], namespace))):
+            with pytest.raises(ApiError) as err:
+                await as_account(method, path)
+            assert err.value.status == 403, (method, err.value)
+    finally:
+        await kube.delete(RBAC, "clusterrolebindings", name)
+        await kube.delete(RBAC, "clusterroles", name)

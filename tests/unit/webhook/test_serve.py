@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,8 +127,31 @@ async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkey
 
     monkeypatch.setattr(Caches, "run", broken)
     options = ServeOptions(tls_cert_file=cert, tls_key_file=key, kubeconfig=str(kubeconfig),
-                           bind_address="127.0.0.1", port=0)
+                           bind_address="127.0.0.1", port=0, metrics_port=0)
     async with asyncio.timeout(10):
         assert await serve(options) == 1
     # The handlers are the process's; a returned serve() leaves the loop as it found it.
+    assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False
+
+
+async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None:
+    material = mint()
+    cert, key, kubeconfig = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "kubeconfig"
+    cert.write_bytes(material.serving.cert_pem)
+    key.write_bytes(material.serving.key_pem)
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        options = ServeOptions(tls_cert_file=cert, tls_key_file=key, kubeconfig=str(kubeconfig),
+                               bind_address="127.0.0.1", port=0, metrics_bind_address="127.0.0.1", metrics_port=port)
+        with pytest.raises(ServeError, match=f"cannot serve metrics on 127.0.0.1:{port}: "):
+            async with asyncio.timeout(10):
+                await serve(options)
     assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False
