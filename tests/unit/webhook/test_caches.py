@@ -57,7 +57,7 @@ class World:
 def test_malformed_objects_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
     world = World()
     bad_slice = make_slice("bad", [make_device("x", memory="lots")], node="node-2")
-    bad_class = {**make_class("broken"), "apiVersion": "resource.k8s.io/v1beta1"}
+    bad_class = {**make_class("broken"), "apiVersion": "resource.k8s.io/v1alpha3"}
     bad_quota = make_quota("bad", memory="-1")
     bad_claim = {**claim("bad", "u-bad"), "spec": {"devices": {"requests": "nope"}}}
     bad_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": "x"}}
