@@ -21,7 +21,7 @@ from quota.claims import DeviceRequirement, Toleration
 from quota.model import MEMORY, Capacity, Device, RequestPolicy, Taint, qualify
 from quota.quantity import ceil_int
 
-__all__ = ["round_request", "consumed", "memory_charge", "tolerates_all"]
+__all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all"]
 
 
 def round_request(request: Fraction, capacity: Capacity) -> Fraction | None:
@@ -82,6 +82,18 @@ def memory_charge(device: Device, requirement: DeviceRequirement) -> int | None:
             return None
     amount = consumed(device, requirement, device.key.driver, MEMORY)
     return ceil_int(amount) if amount is not None else None
+
+
+def nominal_memory_charge(device: Device, requirement: DeviceRequirement) -> int:
+    """Bytes of `memory` one allocation of `device` for `requirement` would cost, fit or not.
+
+    The no-candidate rule prices a request on devices that cannot serve it now (DESIGN.md:
+    "the charge this request would have on it"): a shared device costs what the request
+    would consume of it, its policy default when it asks for no memory; where the request
+    could not be rounded onto the device (above its capacity or policy), the whole device.
+    """
+    amount = consumed(device, requirement, device.key.driver, MEMORY)
+    return ceil_int(amount if amount is not None else device.memory)
 
 
 def _requested(requirement: DeviceRequirement, driver: str, domain: str, ident: str) -> Fraction | None:

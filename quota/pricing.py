@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import reduce
 
-from quota.capacity import memory_charge, round_request, tolerates_all
+from quota.capacity import memory_charge, nominal_memory_charge, round_request, tolerates_all
 from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, Request
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
@@ -175,17 +175,22 @@ class Pricer:
         return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced)
 
     def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
-        """Price at the class's largest device so the claim cannot slip in for free."""
+        """Price at the class's largest per-device charge so the claim cannot slip in for free.
+
+        Per device, the charge this request would have on it (DESIGN.md): a whole device,
+        or on a shared one the request's memory rounded by the policy, or the policy
+        default when it asks for none, not the shared device's whole memory.
+        """
         class_match = self.matcher.match((cls.selectors,))
-        memories = [ceil_int(g.representative.memory) for g in class_match.groups]
-        largest = max(memories, default=0)
+        priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
+        largest = max((charge for charge, _, _ in priced), default=0)
         if req.allocation_mode == "All":
-            charge = _all_mode([(ceil_int(g.representative.memory), len(g.devices), g) for g in class_match.groups])
+            charge = _all_mode(priced)
         else:
             charge = Charge(largest * req.count, req.count)
         return _Estimate(0, charge, (
-            f"no device matches now; charged as {charge.devices} device(s) of the largest in class "
-            f"{cls.name} ({format_quantity(largest)} each)",
+            f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
+            f"in class {cls.name} ({format_quantity(largest)} each)",
         ), unpriced=not _publish_memory(class_match.groups))
 
     # -- allocated claims: exact --------------------------------------------------

@@ -2,7 +2,8 @@
 
 Random JSON values, and hostile ones (4,400-digit integers, deep nesting, wrong types,
 negative quantities, control characters, lone surrogates), are spliced into valid
-objects at random places; every outcome must be a successful parse or
+objects at random places (also in the resource.k8s.io/v1beta1 and v1beta2 shapes, which
+`quota.conversion` reads as v1); every outcome must be a successful parse or
 SliceError/ClaimError/QuotaError/NamespaceError, within `bounded()`'s time and memory;
 a claim that parses is always priced and decided, its charge never negative, and an
 admission never takes a quota's usage over `hard`. DRA_QUOTA_FUZZ_EXAMPLES sets the
@@ -26,6 +27,7 @@ from quota.meta import NamespaceError, parse_namespace
 from quota.pricing import Pricer
 from quota.slices import SliceError
 
+from .betas import downgrade
 from .bounds import bounded, fuzz_examples
 from .builders import exactly, first_available, make_claim, make_device, make_quota, make_slice, request, result
 from .test_pricing import CLASSES, inventory
@@ -146,6 +148,26 @@ def test_namespaces(data: st.DataObject, value: Any) -> None:
 
 
 ADMITTER_INVENTORY = inventory()
+
+
+# The seeds in the resource.k8s.io/v1beta1 (request fields inline, device fields under
+# basic) and v1beta2 shapes: conversion to v1 (quota.conversion) must give only our errors.
+BETA_SEEDS = [downgrade(seed, version) for seed in (SLICE, CLAIM) for version in ("v1beta1", "v1beta2")]
+
+
+@FUZZ
+@given(st.data(), st.sampled_from(BETA_SEEDS), values)
+def test_beta_versions_are_converted_or_refused(data: st.DataObject, seed: dict[str, Any], value: Any) -> None:
+    raw = spliced(seed, data, value)
+    with bounded(**BOUND):
+        try:
+            if seed["kind"] == "ResourceSlice":
+                Inventory().add_or_update_slice(raw)
+            else:
+                claim = parse_claim(raw)
+                Pricer(ADMITTER_INVENTORY, CLASSES).estimate(claim.spec)
+        except (SliceError, ClaimError) as err:
+            assert_ours(err)
 
 
 ENFORCED = make_quota("hard", memory="100Gi", devices=3)

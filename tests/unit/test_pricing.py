@@ -109,7 +109,50 @@ def test_no_candidate_is_charged_at_the_largest_class_device_with_a_warning() ->
     pricing = price(request("r", exactly("gpu", "false", count=2)))
     assert pricing.total == Charge(2 * 141 * GiB, 2)
     assert pricing.requests[0].candidates == 0
-    assert pricing.warnings == ("request r: no device matches now; charged as 2 device(s) of the largest in class gpu (141Gi each)",)
+    assert pricing.warnings == ("request r: no device matches now; charged as 2 device(s) at the largest per-device "
+                                "charge in class gpu (141Gi each)",)
+
+
+def shared_inventory() -> Inventory:
+    """An 80Gi GPU shared in 1Gi steps whose requestPolicy default is 8Gi, one with no
+    policy, and an exclusive 40Gi GPU, each in a class of its own and all in `any`."""
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("n", [
+        make_device("share-0", memory="80Gi", attrs={"type": "shared"}, shared=True,
+                    policy={"default": "8Gi", "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"}}),
+        make_device("nopolicy-0", memory="64Gi", attrs={"type": "nopolicy"}, shared=True),
+        make_device("gpu-0", memory="40Gi", attrs={"type": "gpu"}),
+    ], node="node-1"))
+    return inv
+
+
+SHARED_ONLY = {c.name: c for c in map(parse_device_class, [
+    make_class("shared", f"device.attributes['{D}'].type == 'shared'"),
+    make_class("nopolicy", f"device.attributes['{D}'].type == 'nopolicy'"),
+    make_class("both", f"device.attributes['{D}'].type in ['shared', 'gpu']"),
+])}
+
+
+@pytest.mark.parametrize(("cls", "capacity", "count", "memory"), [
+    # Asks for no memory: the policy default of the shared device, not its 80Gi.
+    ("shared", None, 2, 2 * 8 * GiB),
+    # Asks for 20.5Gi: rounded up by the policy to 21Gi, what it would hold on that device.
+    ("shared", {"memory": "20992Mi"}, 1, 21 * GiB),
+    # Asks for more than the device has: it could never be rounded onto it, the whole device.
+    ("shared", {"memory": "100Gi"}, 1, 80 * GiB),
+    # A shared device without a requestPolicy: unrequested capacity is consumed whole
+    # (fillEmptyRequest in k8s.io/dynamic-resource-allocation structured/internal/*/
+    # consumable_capacity.go), so the no-memory request costs all of its 64Gi.
+    ("nopolicy", None, 1, 64 * GiB),
+    # The largest per-device charge of the class: the exclusive 40Gi GPU beats the 8Gi default.
+    ("both", None, 1, 40 * GiB),
+])
+def test_no_candidate_prices_a_shared_device_at_the_charge_this_request_would_have_on_it(
+        cls: str, capacity: dict[str, str] | None, count: int, memory: int) -> None:
+    req = request("r", exactly(cls, "false", count=count, capacity=capacity))
+    pricing = Pricer(shared_inventory(), SHARED_ONLY).estimate(parse_claim(make_claim("c", req)).spec)
+    assert pricing.requests[0].candidates == 0 and "no device matches now" in pricing.warnings[0]
+    assert pricing.total == Charge(memory, count)
 
 
 def test_untolerated_taint_means_no_candidate() -> None:
