@@ -38,14 +38,13 @@ from typing import Any
 
 from quota.raw import show
 
-__all__ = ["V1", "BETAS", "DRA_KINDS", "as_v1", "require_dra_version"]
+__all__ = ["V1", "BETAS", "as_v1", "require_dra_version"]
 
 GROUP = "resource.k8s.io"
 V1 = f"{GROUP}/v1"
 V1BETA1 = f"{GROUP}/v1beta1"
 V1BETA2 = f"{GROUP}/v1beta2"
 BETAS = (V1BETA1, V1BETA2)
-DRA_KINDS = frozenset({"DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"})
 
 # v1beta1 DeviceRequest fields that v1 keeps under `exactly` (hasAnyMainRequestFieldsSet).
 _REQUEST_FIELDS = ("deviceClassName", "selectors", "allocationMode", "count", "adminAccess",
@@ -86,12 +85,11 @@ def as_v1(obj: Mapping[str, Any], kind: str, error: type[Exception]) -> dict[str
     out = {**obj, "apiVersion": V1}
     if version == V1BETA2:
         return out
-    name = _name(obj)
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return out
     if kind == "ResourceSlice":
-        out["spec"] = _slice_spec(spec, f"ResourceSlice {name}: spec", error)
+        out["spec"] = _slice_spec(spec, f"ResourceSlice {_name(obj)}: spec", error)
     elif kind == "ResourceClaim":
         out["spec"] = _claim_spec(spec, "spec", error)
     elif kind == "ResourceClaimTemplate" and isinstance(spec.get("spec"), dict):

@@ -162,6 +162,10 @@ class Component:
 class ControlPlane:
     binary: Path
     workdir: Path
+    # Extra flags by component ("apiserver", "etcd", ...), after the standard ones: e.g.
+    # --runtime-config for a test that needs beta APIs served (tests/e2e/test_conversion.py
+    # runs a control plane of its own with them).
+    extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
     startup_seconds: float = 0.0
     final_rss: dict[str, int | None] = field(default_factory=dict)
@@ -465,7 +469,8 @@ class ControlPlane:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> Component:
-        comp = Component(name, [str(self.binary), name, *args], self.logs / f"{name}.log")
+        argv = [str(self.binary), name, *args, *self.extra_args.get(name, ())]
+        comp = Component(name, argv, self.logs / f"{name}.log")
         env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
         with open(comp.log_path, "wb") as log:
             comp.proc = subprocess.Popen(

@@ -8,6 +8,8 @@ Conversion rules: k/k v1.37 pkg/apis/resource/v1beta1/conversion.go and defaults
 - the GKE custom-compute-class GPU tutorial's v1beta1 ResourceClaimTemplate
   (`deviceClassName: gpu.nvidia.com`, `allocationMode: All`);
 - Intel's QAT resource driver README (v1beta1 template with a CEL selector);
+- NVIDIA/k8s-dra-driver-gpu demo/specs/quickstart/gpu-test-count.yaml (v1beta1 template,
+  `deviceClassName: gpu.nvidia.com`, `count: 2`);
 - a network-DRA KEP's v1beta1 ResourceSlice (`devices[].basic.attributes`) and its
   claim written with `exactly:` under v1beta1, which the API server refuses in strict
   mode and we refuse by name;
@@ -275,6 +277,8 @@ UPSTREAM_V1BETA1 = [
     {"apiVersion": B1, "kind": "ResourceClaimTemplate", "metadata": {"name": "all-gpus", "namespace": "team-a"},
      "spec": {"spec": {"devices": {"requests": [
          {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}]}}}},
+    {"apiVersion": B1, "kind": "ResourceClaimTemplate", "metadata": {"name": "double-gpu", "namespace": "team-a"},
+     "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 2}]}}}},
 ]
 UPSTREAM_V1 = [
     {**UPSTREAM_V1BETA1[0], "apiVersion": V1},
@@ -288,6 +292,9 @@ UPSTREAM_V1 = [
     {"apiVersion": V1, "kind": "ResourceClaimTemplate", "metadata": {"name": "all-gpus", "namespace": "team-a"},
      "spec": {"spec": {"devices": {"requests": [
          {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]}}}},
+    {"apiVersion": V1, "kind": "ResourceClaimTemplate", "metadata": {"name": "double-gpu", "namespace": "team-a"},
+     "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                            "count": 2}}]}}}},
 ]
 
 
@@ -300,8 +307,11 @@ def test_upstream_v1beta1_shapes_are_priced_as_their_v1_equivalents(tmp_path: Pa
     assert charges == {
         "c": (True, {"memory": 40 * Gi, "devices": 1}),  # allocated gpu-0: used
         "alt": (True, {"memory": 160 * Gi, "devices": 2}),  # 2 x the 80Gi one; 40 + 160 <= 200
-        "all-gpus": (True, {"memory": 120 * Gi, "devices": 2}),  # a template: could fit, reserves nothing
+        # Templates reserve nothing: each could fit under hard but not now (a warning).
+        "all-gpus": (True, {"memory": 120 * Gi, "devices": 2}),  # All: both GPUs of node-1
+        "double-gpu": (True, {"memory": 160 * Gi, "devices": 2}),  # 2 x the largest candidate
     }
+    assert ["do not fit now" in " ".join(o["warnings"]) for o in v1["objects"]] == [False, False, True, True]
 
 
 def regenerate_committed_beta_examples() -> None:
