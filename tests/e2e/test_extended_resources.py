@@ -248,3 +248,67 @@ async def test_a_pod_that_cannot_fit_gets_a_warning_at_create(kube: Kube, setup:
         assert re.search(r'exceeded DeviceQuota "gpus": requested devices=1, used devices=(0|1), '
                          r"reserved devices=(0|1), limited devices=1", warning), warning
         assert "used devices=0, reserved devices=0" not in warning
+
+
+async def test_a_claim_the_scheduler_deletes_after_a_failed_status_update_is_released(
+    kube: Kube, setup: Setup,
+) -> None:
+    """The scheduler's status update fails (our allocation check denies it) and it deletes
+    the claim; every retry is a new claim with a new uid; nothing accumulates."""
+    with setup.served.log_on_failure():
+        # Optimistic pricing charges the smallest candidate, an 80Gi GPU on the cordoned
+        # node; the only schedulable node has 141Gi GPUs, so every allocation is larger
+        # than its reservation, and larger than `hard`.
+        await kube.patch("v1", "nodes", setup.fleet.nodes[0], {"spec": {"unschedulable": True}})
+        await setup.fleet.add_node("n2", [Gpu(memory="141Gi")] * 2)
+        await kube.create(DQ, "devicequotas", {
+            "kind": "DeviceQuota", "metadata": {"name": "mem"},
+            "spec": {"hard": {"memory": "100Gi"}, "pricing": "Optimistic", "deviceClassNames": [setup.device_class]}},
+            namespace=setup.namespace)
+
+        async def priced_optimistically() -> bool:
+            body = {"kind": "ResourceClaim", "metadata": {"name": "probe"}, "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": setup.device_class, "count": 2}}]}}}
+            message = await denial(kube.create(RESOURCE_V1, "resourceclaims", body, namespace=setup.namespace,
+                                               dry_run=True))
+            # Two 80Gi (not 141Gi) GPUs: the quota, the cordoned node's devices and the new one are all known.
+            return "requested memory=160Gi" in message
+
+        await poll(priced_optimistically, timeout=30, what="the webhook to price the class optimistically")
+        await kube.create("v1", "pods", pod_body(setup, "big", {setup.resource: "1"}), namespace=setup.namespace)
+
+        most_entries = 0
+
+        async def denied_twice() -> bool:
+            nonlocal most_entries
+            entries = (await quota_status(kube, setup, "mem")).get("reservations") or {}
+            most_entries = max(most_entries, len(entries))
+            events = await kube.list("v1", "events", namespace=setup.namespace,
+                                     field_selector="involvedObject.name=big,reason=FailedScheduling")
+            denials = {e["message"] for e in events if "charge more than the claim reserved" in e["message"]}
+            return len(denials) >= 2  # two attempts, two claims (each event names its claim)
+
+        await poll(denied_twice, timeout=90, what="two allocation denials of the Pod's claims")
+        # Each attempt reserved under its own claim's uid and released it when the
+        # scheduler deleted the claim: never more than the one attempt in flight.
+        assert most_entries <= 1, most_entries
+        # Our log: each attempt's claim was admitted under a new name (and uid), and the
+        # scheduler's DELETE of each came through our release webhook.
+        log = setup.served.log_text()
+        prefix = rf"/validate allowed (CREATE|DELETE) {setup.namespace}/(big-extended-resources-\w+) uid="
+        seen: dict[str, set[str]] = {}
+        for operation, claim_name in re.findall(prefix, log):
+            seen.setdefault(operation, set()).add(claim_name)
+        assert len(seen.get("CREATE", ())) >= 2, seen
+        # The last attempt's DELETE may still be on its way.
+        assert len(seen["CREATE"] - seen.get("DELETE", set())) <= 1, seen
+        pod = await kube.get("v1", "pods", "big", namespace=setup.namespace)
+        assert not pod["spec"].get("nodeName")
+
+        await kube.delete("v1", "pods", "big", namespace=setup.namespace, grace_period_seconds=0)
+
+        async def all_released() -> bool:
+            status = await quota_status(kube, setup, "mem")
+            return not status.get("reservations") and not await extended_claims(kube, setup)
+
+        await poll(all_released, timeout=20, what="every reservation released (well before the 60 s TTL)")
