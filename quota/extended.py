@@ -39,8 +39,10 @@ __all__ = [
     "EXTENDED_CLAIM_ANNOTATION",
     "ExtendedClaim",
     "PodError",
+    "attempt_series",
     "device_class_for",
     "extended_claim",
+    "in_series",
     "is_dra_extended_resource",
 ]
 
@@ -49,6 +51,9 @@ CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 # ValidatePodSpec has no limit on containers; this bounds what one review may cost.
 _MAX_CONTAINERS = 1024
+# apiserver names.SimpleNameGenerator: the base is cut to 58 characters, 5 random follow.
+_GENERATED_BASE = 58
+_GENERATED_SUFFIX = 5
 
 
 class PodError(ValueError):
@@ -98,6 +103,38 @@ def device_class_for(resource: str, classes: Mapping[DeviceClassName, DeviceClas
         if best is None or cls.created > best.created or (cls.created == best.created and cls.name < best.name):
             best = cls
     return best
+
+
+def attempt_series(claim: Mapping[str, Any]) -> str:
+    """`<namespace>/<name base>` shared by every claim the scheduler makes for one Pod's
+    extended resources, "" for any other claim.
+
+    One Pod has at most one such claim at a time: the scheduler makes a new one only when
+    it finds none (findExtendedResourceClaim), and deletes the one it made when the
+    attempt fails (unreserveExtendedResourceClaim). So an earlier attempt of the same
+    series is dead or dying when the next one is created: one that another admission step
+    refused after us (the in-tree ResourceQuota runs after the webhooks) was never
+    persisted at all. Recognised by the scheduler's own marks: the annotation, the Pod as
+    controlling owner, and generateName `<pod>-extended-resources-`. Who may claim a
+    series is the caller's business (a tenant can write all three marks).
+    """
+    meta = claim.get("metadata") if isinstance(claim, dict) else None
+    if not isinstance(meta, dict) or (meta.get("annotations") or {}).get(EXTENDED_CLAIM_ANNOTATION) != "true":
+        return ""
+    generate, namespace = meta.get("generateName"), meta.get("namespace")
+    owners = meta.get("ownerReferences")
+    if not isinstance(generate, str) or not isinstance(namespace, str) or not isinstance(owners, list):
+        return ""
+    pods = [o for o in owners if isinstance(o, dict) and o.get("controller") is True and o.get("kind") == "Pod"
+            and o.get("apiVersion") == "v1" and isinstance(o.get("name"), str)]
+    if len(pods) != 1 or generate != f"{pods[0]['name']}-extended-resources-":
+        return ""
+    return f"{namespace}/{generate[:_GENERATED_BASE]}"
+
+
+def in_series(claim: str, series: str) -> bool:
+    """Whether `claim` (`<namespace>/<name>`) was generated from `series`' base."""
+    return len(claim) == len(series) + _GENERATED_SUFFIX and claim.startswith(series)
 
 
 def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, DeviceClass]) -> ExtendedClaim | None:

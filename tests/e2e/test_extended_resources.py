@@ -312,3 +312,36 @@ async def test_a_claim_the_scheduler_deletes_after_a_failed_status_update_is_rel
             return not status.get("reservations") and not await extended_claims(kube, setup)
 
         await poll(all_released, timeout=20, what="every reservation released (well before the 60 s TTL)")
+
+
+async def test_attempts_refused_after_us_do_not_pile_up_until_their_ttl(kube: Kube, setup: Setup) -> None:
+    """The in-tree ResourceQuota admits after the webhooks: each of the scheduler's
+    attempts is admitted by us (a reservation persisted), then refused there, so its claim
+    never exists and no DELETE comes. The next attempt for the same Pod replaces that
+    entry instead of adding one: one Pod cannot fill the DeviceQuota with claims that do
+    not exist (before this, one Pod asking 1 device held 4 of 4 within 10 s)."""
+    with setup.served.log_on_failure():
+        await make_quota(kube, setup, "gpus", 2)
+        await kube.create("v1", "resourcequotas", {"kind": "ResourceQuota", "metadata": {"name": "no-claims"},
+                                                  "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "0"}}},
+                          namespace=setup.namespace)
+        await kube.create("v1", "pods", pod_body(setup, "big", {setup.resource: "1"}), namespace=setup.namespace)
+        attempt = re.compile(rf"/validate allowed CREATE {setup.namespace}/(big-extended-resources-\w+) uid=")
+        most_entries = 0
+
+        async def three_attempts() -> bool:
+            nonlocal most_entries
+            entries = (await quota_status(kube, setup, "gpus")).get("reservations") or {}
+            most_entries = max(most_entries, len(entries))
+            return len(set(attempt.findall(setup.served.log_text()))) >= 3
+
+        await poll(three_attempts, timeout=90, what="three attempts admitted by us and refused by the ResourceQuota")
+        assert most_entries <= 1, most_entries
+        assert await extended_claims(kube, setup) == []
+        # Room is left: a 1-device claim passes our webhook (the ResourceQuota refuses it).
+        probe = {"kind": "ResourceClaim", "metadata": {"name": "probe"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": setup.device_class, "count": 1}}]}}}
+        message = await denial(kube.create(RESOURCE_V1, "resourceclaims", probe, namespace=setup.namespace,
+                                           dry_run=True))
+        assert "exceeded quota: no-claims" in message and "DeviceQuota" not in message, message
+        await kube.delete("v1", "pods", "big", namespace=setup.namespace, grace_period_seconds=0)

@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.claims import DeviceRequirement, parse_device_class
-from quota.extended import PodError, device_class_for, extended_claim, is_dra_extended_resource
+from quota.extended import (
+    PodError,
+    attempt_series,
+    device_class_for,
+    extended_claim,
+    in_series,
+    is_dra_extended_resource,
+)
 from quota.model import DeviceClass, DeviceClassName
 
 from .bounds import bounded, fuzz_examples
@@ -198,3 +205,38 @@ def test_any_pod_is_read_or_refused_with_pod_error(data: st.DataObject, value: A
             return
     if made is not None:
         assert all(r.alternatives[0].count > 0 for r in made.claim.spec.requests)
+
+
+def scheduler_claim(pod_name: str = "train", **meta: Any) -> dict[str, Any]:
+    """The claim as the scheduler creates it (createExtendedResourceClaimInAPI)."""
+    base: dict[str, Any] = {
+        "namespace": "team-a", "generateName": f"{pod_name}-extended-resources-",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": "p1", "controller": True}],
+        "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+    }
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {**base, **meta}}
+
+
+def test_the_schedulers_attempts_for_one_pod_form_a_series() -> None:
+    series = attempt_series(scheduler_claim())
+    assert series == "team-a/train-extended-resources-"
+    assert in_series("team-a/train-extended-resources-x7k2q", series)
+    assert not in_series("team-a/train-extended-resources-x7k2", series)
+    assert not in_series("team-b/train-extended-resources-x7k2q", series)
+    # The API server cuts a long base to 58 characters before the 5 random ones.
+    long = "p" * 60
+    cut = attempt_series(scheduler_claim(long))
+    assert cut == f"team-a/{(long + '-extended-resources-')[:58]}"
+    assert in_series(f"{cut}abcde", cut)
+
+
+@pytest.mark.parametrize("meta", [
+    {"annotations": {}},
+    {"annotations": {"resource.kubernetes.io/extended-resource-claim": "false"}},
+    {"generateName": "other-"},
+    {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": "p1"}]},  # not controller
+    {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train", "controller": True}]},
+    {"ownerReferences": "nonsense"},
+])
+def test_other_claims_have_no_series(meta: dict[str, Any]) -> None:
+    assert attempt_series(scheduler_claim(**meta)) == ""
