@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.claims import DeviceRequirement, parse_device_class
+from quota.claims import ClaimError, DeviceRequirement, parse_device_class
 from quota.extended import (
     PodError,
     attempt_series,
@@ -240,3 +240,16 @@ def test_the_schedulers_attempts_for_one_pod_form_a_series() -> None:
 ])
 def test_other_claims_have_no_series(meta: dict[str, Any]) -> None:
     assert attempt_series(scheduler_claim(**meta)) == ""
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("extendedResourceName", 5, "spec.extendedResourceName"),
+    ("extendedResourceName", "x" * 254, "spec.extendedResourceName"),
+    ("creationTimestamp", {"when": "now"}, "metadata.creationTimestamp"),
+    ("creationTimestamp", "9" * 65, "metadata.creationTimestamp"),
+])
+def test_hostile_class_fields_are_refused_by_field(field: str, value: Any, message: str) -> None:
+    raw = make_class("gpu")
+    (raw["metadata"] if field == "creationTimestamp" else raw["spec"])[field] = value
+    with pytest.raises(ClaimError, match=message):
+        parse_device_class(raw)
