@@ -31,7 +31,7 @@ from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
 from quota.meta import parse_meta
 from quota.model import ClaimUid, DeviceClass, DeviceClassName, Namespace
 from quota.quantity import non_negative_amount
-from quota.raw import as_list, show
+from quota.raw import as_list, as_map, show
 from quota.validation import MAX_INT64
 
 __all__ = [
@@ -68,7 +68,7 @@ class ExtendedClaim:
     resources: tuple[tuple[str, DeviceClassName, int], ...]
 
     def describe(self) -> str:
-        """`example.com/gpu: 2 (DeviceClass gpu)`, for messages."""
+        """`'example.com/gpu': 2 (DeviceClass gpu)`, for messages (names through `show`)."""
         return ", ".join(f"{show(r)}: {n} (DeviceClass {c})" for r, c, n in self.resources)
 
 
@@ -119,7 +119,7 @@ def attempt_series(claim: Mapping[str, Any]) -> str:
     series is the caller's business (a tenant can write all three marks).
     """
     meta = claim.get("metadata") if isinstance(claim, dict) else None
-    if not isinstance(meta, dict) or (meta.get("annotations") or {}).get(EXTENDED_CLAIM_ANNOTATION) != "true":
+    if not isinstance(meta, dict) or as_map(meta.get("annotations")).get(EXTENDED_CLAIM_ANNOTATION) != "true":
         return ""
     generate, namespace = meta.get("generateName"), meta.get("namespace")
     owners = meta.get("ownerReferences")
@@ -163,7 +163,7 @@ def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, Dev
         cls = device_class_for(resource, classes)
         if cls is None:
             continue  # served by a device plugin, or by nothing: not ours to price
-        mine = _requests_for(containers, resource, cls.name)
+        mine = _requests_for(containers, resource=resource, cls=cls.name)
         if mine:
             requests.extend(mine)
             resources.append((resource, cls.name, sum(r.count for r in mine)))
@@ -212,25 +212,25 @@ def _container(raw: Any, where: str, *, init: bool) -> _Container:
     return _Container(tuple(sorted(n for n in merged if isinstance(n, str))), extended, init and not sidecar)
 
 
-def _requests_for(containers: list[_Container], resource: str, cls: DeviceClassName) -> list[DeviceRequirement]:
+def _requests_for(containers: list[_Container], *, resource: str, cls: DeviceClassName) -> list[DeviceRequirement]:
     """createRequestsAndMappings for one resource: one request per long-lived container,
     plus the largest shortfall of the short-lived ones after what they can reuse."""
     long_lived: list[DeviceRequirement | None] = [None] * len(containers)
     for i, c in enumerate(containers):
         if not c.short_lived:
-            long_lived[i] = _request(i, c, resource, cls, [])
+            long_lived[i] = _request(i, c, resource=resource, cls=cls, reusable=[])
     largest: DeviceRequirement | None = None
     for i, c in enumerate(containers):
         if c.short_lived:
             # Reusable: the long-lived requests at this index and after (the scheduler's
             # longLivedResourceRequests[i:]).
-            own = _request(i, c, resource, cls, [r for r in long_lived[i:] if r is not None])
+            own = _request(i, c, resource=resource, cls=cls, reusable=[r for r in long_lived[i:] if r is not None])
             if own is not None and (largest is None or largest.count < own.count):
                 largest = own
     return [*([largest] if largest is not None else []), *(r for r in long_lived if r is not None)]
 
 
-def _request(index: int, c: _Container, resource: str, cls: DeviceClassName,
+def _request(index: int, c: _Container, *, resource: str, cls: DeviceClassName,
              reusable: list[DeviceRequirement]) -> DeviceRequirement | None:
     wanted = c.extended.get(resource, 0)
     if wanted == 0:

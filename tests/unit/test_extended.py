@@ -253,3 +253,10 @@ def test_hostile_class_fields_are_refused_by_field(field: str, value: Any, messa
     (raw["metadata"] if field == "creationTimestamp" else raw["spec"])[field] = value
     with pytest.raises(ClaimError, match=message):
         parse_device_class(raw)
+
+
+@given(st.data(), values)
+@settings(max_examples=fuzz_examples(150), deadline=None)
+def test_any_claim_has_a_series_or_none_and_never_raises(data: st.DataObject, value: Any) -> None:
+    raw = splice(scheduler_claim(), data.draw(st.sampled_from(paths(scheduler_claim()))), value)
+    assert isinstance(attempt_series(raw), str)
