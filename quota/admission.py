@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from quota.claims import Claim
-from quota.devicequota import DeviceQuota, QuotaCheck, Usage, check
+from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
-__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "claim_ref", "object_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -42,6 +42,16 @@ class Admission:
     @property
     def charge(self) -> Charge:
         return self.pricing.total
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """`Admitter.fit`: a claim checked against empty usage (`never`) and today's (`now`)."""
+
+    pricing: Pricing
+    never: Decision
+    now: Decision
+    warnings: tuple[str, ...]  # pricing's, memory no device prices (Audit), Audit excesses of `never`
 
 
 def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str:
@@ -90,6 +100,25 @@ class Admitter:
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
         """A template reserves nothing: denied only if its claim could never fit under `hard`."""
+        fit = self.fit(claim, namespace_labels=namespace_labels)
+        if isinstance(fit, Admission):
+            return fit
+        if not fit.never.allowed:
+            return Admission(False, f"a claim from this template can never fit: {fit.never.message}",
+                             fit.pricing.warnings, fit.pricing, denied_by=fit.never.denied_by)
+        warnings = fit.warnings
+        if not fit.now.allowed:
+            warnings = (*warnings, f"claims from this template do not fit now: {fit.now.message}")
+        return Admission(True, "", warnings, fit.pricing, fit.now.charged if fit.now.allowed else (),
+                         warned_by=fit.never.warned_by)
+
+    def fit(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Fit | Admission:
+        """How a claim that does not exist yet would fare; reserves nothing.
+
+        An `Admission` (a denial) when it could not be admitted at all (adminAccess label,
+        pricing errors, memory no device prices), else whether it could ever fit under
+        `hard` and whether it fits what the namespace uses and reserves now.
+        """
         entry = self._priced_entry(claim, namespace_labels)
         if isinstance(entry, Admission):
             return entry
@@ -97,14 +126,9 @@ class Admitter:
         quotas = self.ledger.quotas(claim.namespace)
         charges = [entry.charge_for(q, self.ledger.default_mode) for q in quotas]
         never = check([QuotaCheck(q, Usage(), c) for q, c in zip(quotas, charges)])
-        if not never.allowed:
-            return Admission(False, f"a claim from this template can never fit: {never.message}", pricing.warnings, pricing,
-                             denied_by=never.denied_by)
         now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)])
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
-        if not now.allowed:
-            warnings = (*warnings, f"claims from this template do not fit now: {now.message}")
-        return Admission(True, "", warnings, pricing, now.charged if now.allowed else (), warned_by=never.warned_by)
+        return Fit(pricing, never, now, warnings)
 
     def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None) -> Entry | Admission:
         """The claim priced in every mode its namespace's quotas use, or a denial."""

@@ -215,7 +215,9 @@ def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     ext = spec.get("extendedResourceName")
     if ext is not None:
         ext = string(ext, f"DeviceClass {name}: spec.extendedResourceName", ClaimError, max_length=253)
-    return DeviceClass(DeviceClassName(name), selectors, ext)
+    created = optional_string(dig(obj, "metadata", "creationTimestamp"), f"DeviceClass {name}: metadata.creationTimestamp",
+                              ClaimError, max_length=64)
+    return DeviceClass(DeviceClassName(name), selectors, ext, created)
 
 
 def _unique(names: list[str], where: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "PatchType",
     "Resource",
     "decode_event",
+    "warning_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -244,10 +246,13 @@ class KubeApi:
         body: Any = None,
         content_type: str = "application/json",
         headers: Sequence[tuple[str, str]] = (),
+        warnings: list[str] | None = None,
     ) -> Obj:
         """One round trip to `path`; the decoded JSON object, or `ApiError`.
 
         `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`).
+        `warnings`, when given, receives the text of each `Warning` response header
+        (admission webhooks' warnings, deprecations: what kubectl prints as "Warning:").
         """
         started = time.monotonic()
         data = None if body is None else json.dumps(body)
@@ -264,6 +269,8 @@ class KubeApi:
             server_hostname=self._server_hostname,
         ) as resp:
             raw = await resp.read()
+            if warnings is not None:
+                warnings.extend(warning_text(h) for h in resp.headers.getall("Warning", ()))
         logger.debug("%s %s -> %d in %.3fs", method, path, resp.status, time.monotonic() - started)
         if resp.status >= 300:
             raise ApiError.from_body(resp.status, raw, where=f"{method} {path}")
@@ -419,6 +426,17 @@ class KubeApi:
         if preconditions:
             options["preconditions"] = dict(preconditions)
         return await self.request("DELETE", resource.path(namespace, name), body=options)
+
+
+# RFC 7234 warning-value as the API server writes it: `299 - "<text>"`, with `"` and
+# `\\` escaped in the text (k8s.io/apiserver pkg/endpoints/handlers/responsewriters).
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def warning_text(header: str) -> str:
+    """The text of one `Warning` header value (the value itself when it is not RFC 7234)."""
+    match = _WARNING.match(header)
+    return re.sub(r"\\(.)", r"\1", match.group(1)) if match else header
 
 
 def _ssl_context(configuration: Configuration) -> ssl.SSLContext:

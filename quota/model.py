@@ -158,8 +158,13 @@ def qualify(name: str, driver: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class DeviceClass:
-    """A DeviceClass: the selectors every request for the class must also satisfy."""
+    """A DeviceClass: the selectors every request for the class must also satisfy.
+
+    `extended_resource_name` and `created` (metadata.creationTimestamp, RFC 3339) say
+    which Pod extended-resource requests the scheduler serves from it (`quota.extended`).
+    """
 
     name: DeviceClassName
     selectors: tuple[str, ...] = ()
     extended_resource_name: str | None = None
+    created: str = ""

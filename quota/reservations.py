@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.extended import in_series
 from quota.model import ZERO, Charge
 
 __all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "parse_reservations", "status_fields"]
@@ -73,6 +74,10 @@ class Request:
     uid: str
     claim: str = ""
     charge: Charge = ZERO
+    # A reserve for the scheduler's claim for a Pod's extended resources: the series of
+    # that Pod's attempts (`quota.extended.attempt_series`), whose unconfirmed entries
+    # this one replaces.
+    series: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +131,23 @@ def apply(
     whether it saw the claim deleted. Expired and gone entries are dropped first. A
     reserve for a uid already held replaces that entry (a retried review never counts
     twice); a denied retry keeps the earlier entry, whose answer may have been delivered.
+    A reserve with a `series` first drops the entries of earlier attempts of that series
+    that this replica's cache does not hold: the scheduler retries a Pod's
+    extended-resource claim forever, and when an admission step after ours refuses each
+    attempt, entries left to expire would fill the quota with claims that do not exist
+    (one Pod asking 1 device held 4 of a quota of 4 on the e2e cluster). One whose claim
+    is cached is kept: it exists, and is counted once, through the cache.
     """
     live = {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
     changed = len(live) != len(held)
     decisions: list[Decision] = []
     for request in requests:
+        if request.op == "reserve" and request.series:
+            stale = [uid for uid, r in live.items()
+                     if uid != request.uid and not cached(uid) and in_series(r.claim, request.series)]
+            for uid in stale:
+                del live[uid]
+            changed = changed or bool(stale)
         previous = live.pop(request.uid, None)
         if request.op == "release":
             changed = changed or previous is not None

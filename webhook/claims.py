@@ -11,7 +11,9 @@ come from the caller's caches.
 Reservations are keyed by the claim's uid (`quota.admission.claim_ref`): a validating
 webhook sees the name and uid the API server generated for a `generateName` create,
 a name collision re-runs admission under a new name and uid, and the same uid seen twice
-(a retried call) replaces its reservation instead of counting twice.
+(a retried call) replaces its reservation instead of counting twice. The scheduler's
+attempts at one Pod's extended-resource claim replace each other's unconfirmed
+reservations (`_series`), so attempts refused after us do not pile up until their TTL.
 
 Our annotations (`draquota.io/charge`, `draquota.io/quotas`) are written by the
 mutating webhook at CREATE. Nothing decides on them: the ledger keeps its own record of
@@ -28,6 +30,7 @@ from typing import Any, Literal
 
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
+from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from webhook.reservations import Reservations
@@ -51,6 +54,9 @@ NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
 # How `quota.devicequota.check` starts a denial.
 QUOTA_DENIAL = "exceeded DeviceQuota"
+# kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
+# claims for Pods' extended resources.
+SCHEDULER = "system:kube-scheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +112,7 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
         return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
     charges = {q: c for q, c in ctx.admitter.charges(claim).items() if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
-                                            dry_run=request.dry_run)
+                                            dry_run=request.dry_run, series=_series(request))
     # The ledger's quota warnings (Audit) came from this replica's cache alone; the
     # reservations' own replace them.
     warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
@@ -114,6 +120,16 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
         return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
     return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged,
                               decision.denied_by, decision.warned_by), record)
+
+
+def _series(request: AdmissionRequest) -> str:
+    """The scheduler's attempts at one Pod's extended-resource claim replace each other's
+    unconfirmed reservations (`quota.extended.attempt_series`). Only for the scheduler's
+    own creates: a tenant can write the same marks, and a burst of claims that replaced
+    each other's in-flight reservations would over-commit."""
+    if request.user.username != SCHEDULER or request.object is None:
+        return ""
+    return attempt_series(with_namespace(request.object, request.namespace))
 
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:

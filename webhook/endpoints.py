@@ -1,7 +1,7 @@
 """The `/validate` and `/mutate` endpoints: dispatch a review to the handler of its kind.
 
 Neighbours: `webhook.server.build_app` serves what `endpoints` returns; the per-kind
-modules (`webhook.claims`, `webhook.namespaces`, `webhook.mutating`) decide. A review
+modules (`webhook.claims`, `webhook.namespaces`, `webhook.pods`, `webhook.mutating`) decide. A review
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
@@ -27,6 +27,7 @@ from webhook.claims import (
 )
 from webhook.mutating import annotate_claim
 from webhook.namespaces import update_namespace
+from webhook.pods import create_pod
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Endpoint
 
@@ -59,6 +60,8 @@ VALIDATING: dict[Route, Handler] = {
     (RESOURCE, "resourceclaims", "", "DELETE"): _delete_claim,
     (RESOURCE, "resourceclaims", "status", "UPDATE"): allocate_claim,
     (RESOURCE, "resourceclaimtemplates", "", "CREATE"): create_template,
+    # Warnings only: the scheduler's claim for the Pod's extended resources is judged above.
+    ("", "pods", "", "CREATE"): create_pod,
     **{("", "namespaces", sub, op): _namespace for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
 MUTATING: dict[Route, Handler] = {

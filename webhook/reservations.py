@@ -92,13 +92,14 @@ class Reservations:
     # -- admission --------------------------------------------------------------------
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
-                    dry_run: bool = False) -> Decision:
-        """Reserve `charges` (quota -> charge) for claim `uid`, in quota-name order."""
+                    dry_run: bool = False, series: str = "") -> Decision:
+        """Reserve `charges` (quota -> charge) for claim `uid`, in quota-name order;
+        `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
         for quota in sorted(charges, key=lambda q: q.name):
-            request = Request("reserve", uid, claim, charges[quota])
+            request = Request("reserve", uid, claim, charges[quota], series)
             decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
             if not decision.allowed:
                 await self._compensate(done, uid)

@@ -104,6 +104,16 @@ class Kube:
         return await self.api.create(Resource(api_version, plural), {"apiVersion": api_version, **body},
                                      namespace=namespace, dry_run=dry_run)
 
+    async def create_warned(
+        self, api_version: str, plural: str, body: Obj, *, namespace: str | None = None, dry_run: bool = False
+    ) -> tuple[Obj, list[str]]:
+        """:meth:`create`, and the warnings of the response (what ``kubectl`` prints as "Warning:")."""
+        warnings: list[str] = []
+        created = await self.api.request("POST", resource_path(api_version, plural, namespace=namespace),
+                                         params={"dryRun": "All"} if dry_run else None,
+                                         body={"apiVersion": api_version, **body}, warnings=warnings)
+        return created, warnings
+
     async def get(
         self,
         api_version: str,

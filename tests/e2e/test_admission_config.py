@@ -51,6 +51,7 @@ ALLOCATION = "allocation.resourceclaims.draquota.io"
 NAMESPACES = "admin-access.namespaces.draquota.io"
 CHARGE = "charge.resourceclaims.draquota.io"
 ANNOTATIONS = "annotations.resourceclaims.draquota.io"
+PODS = "extended-resources.pods.draquota.io"
 
 MakeNamespace = Callable[..., Awaitable[str]]
 
@@ -166,11 +167,12 @@ def test_shipped_webhooks_share_the_common_settings() -> None:
     """DESIGN "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
     v1 reviews, dryRun-safe, Equivalent matching; failure policies as documented in the file."""
     hooks = {h["name"]: (c["kind"], h) for c in WEBHOOKS for h in c["webhooks"]}
-    assert set(hooks) == {QUOTA, RELEASE, ALLOCATION, ANNOTATIONS, NAMESPACES, CHARGE}
+    assert set(hooks) == {QUOTA, RELEASE, ALLOCATION, ANNOTATIONS, NAMESPACES, CHARGE, PODS}
     for name, (_kind, hook) in hooks.items():
         assert hook["admissionReviewVersions"] == ["v1"], name
-        assert hook["sideEffects"] == "NoneOnDryRun", name
-        assert hook["timeoutSeconds"] == 5, name
+        # The Pod warning writes nothing and must not slow Pod creation.
+        assert hook["sideEffects"] == ("None" if name == PODS else "NoneOnDryRun"), name
+        assert hook["timeoutSeconds"] == (2 if name == PODS else 5), name
         assert hook["matchPolicy"] == "Equivalent", name
         assert hook["namespaceSelector"] == {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "dra-quota-system"]}]}, name  # fmt: skip
@@ -180,6 +182,7 @@ def test_shipped_webhooks_share_the_common_settings() -> None:
         assert "caBundle" not in hook["clientConfig"], "injected by certs/ or cert-manager"
     assert {n: h["failurePolicy"] for n, (_, h) in hooks.items()} == {
         QUOTA: "Fail", RELEASE: "Ignore", ALLOCATION: "Ignore", ANNOTATIONS: "Fail", NAMESPACES: "Fail", CHARGE: "Fail",
+        PODS: "Ignore",
     }  # fmt: skip
     assert hooks[CHARGE][1]["reinvocationPolicy"] == "Never"
     skips_us = {n for n, (_, h) in hooks.items() if any(OUR_SA in c["expression"] for c in h.get("matchConditions", []))}
@@ -381,6 +384,37 @@ async def test_allocation_webhook_sees_only_the_update_that_sets_allocation(
     assert rec.seen[0].username != OUR_SA
 
 
+# -- (f) the Pod warning webhook ---------------------------------------------------------------
+
+
+async def test_pod_webhook_sees_only_pods_asking_an_extended_resource(
+    kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace,
+    cluster_objects: ClusterObjects, recorder: tuple[Recorder, int],
+) -> None:  # fmt: skip
+    rec, port = recorder
+    run = run_id()
+    ns = await make_namespace("admpod")
+    await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
+
+    async def create(name: str, limits: dict[str, str], *, init: dict[str, str] | None = None) -> None:
+        """A dry-run Pod CREATE (sideEffects None: dry runs are sent too)."""
+        spec: Obj = {"containers": [{"name": "c", "image": "pause", "resources": {"limits": limits}}]}
+        if init is not None:
+            spec["initContainers"] = [{"name": "i", "image": "pause", "resources": {"limits": init}}]
+        await kube.create("v1", "pods", {"kind": "Pod", "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+                                         "spec": spec}, namespace=ns, dry_run=True)  # fmt: skip
+
+    native = {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi", "hugepages-2Mi": "2Mi"}
+    await create("native", native)
+    await create("none", {})
+    await create("gpu", {**native, "example.com/gpu": "1"})
+    await create("implicit", {"deviceclass.resource.kubernetes.io/some-class": "1"})
+    await create("init", native, init={"example.com/gpu": "1"})
+    sent = {s.name: (s.webhook, s.operation, s.dry_run) for s in rec.seen if s.webhook == PODS}
+    assert sent == {name: (PODS, "CREATE", True) for name in ("gpu", "implicit", "init")}, rec.seen
+    assert all(s.webhook == PODS for s in rec.seen), rec.seen
+
+
 # -- failure policies: what a down webhook blocks and what it does not ---------------------------
 
 
@@ -417,6 +451,10 @@ async def test_failure_policies_when_the_webhook_is_down(
                      subresource="status")  # fmt: skip
     await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"labels": {"x": "y"}}}, namespace=ns)
     await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {"team": "a"}}})
+    # Ignore: Pods are created without their warning.
+    await kube.create("v1", "pods", {"kind": "Pod", "metadata": {"name": "gpu", "labels": {RUN_LABEL: run}}, "spec": {
+        "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"example.com/gpu": "1"}}}]}},
+        namespace=ns, dry_run=True)  # fmt: skip
     await kube.delete(RESOURCE_V1, "resourceclaims", "before", namespace=ns)
     await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "before", namespace=ns, timeout=30)
 

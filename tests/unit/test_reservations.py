@@ -156,3 +156,33 @@ def test_no_interleaving_of_two_replicas_over_commits(actions: list[tuple[object
         _step(world, act, counter)
         persisted = sum((c for c, _ in world.claims.values()), Charge())
         assert persisted.memory <= (HARD.hard.memory or 0), (act, world)
+
+
+def attempt(uid: str, series: str = "team-a/train-extended-resources-") -> Request:
+    """A reserve by the scheduler for a Pod's extended resources: one attempt of `series`."""
+    return Request("reserve", uid, f"{series}{uid[-5:]:0>5}", GPU, series)
+
+
+def test_an_attempt_replaces_the_unconfirmed_entries_of_earlier_attempts_of_its_series() -> None:
+    series = "team-a/train-extended-resources-"
+    earlier = {uid: Reservation(uid, f"{series}{uid}", GPU, 200.0) for uid in ("aaaaa", "bbbbb")}
+    # Two attempts the in-tree ResourceQuota refused after us: the quota would be full.
+    assert run([reserve("x")], dict(earlier)) == ([False], ["aaaaa", "bbbbb"], False)
+    assert run([attempt("ccccc")], dict(earlier)) == ([True], ["ccccc"], True)
+    # One whose claim is cached exists: kept (and counted once, by the cache).
+    usage = Usage(reserved=GPU, pending_claims=1)
+    assert run([attempt("ccccc")], dict(earlier), cached=frozenset({"aaaaa"}), usage=usage) == (
+        [True], ["aaaaa", "ccccc"], True)
+
+
+def test_an_attempt_leaves_other_series_and_other_claims_alone() -> None:
+    current = {
+        # Another Pod whose name starts the same: a longer generated name.
+        "other": Reservation("other", "team-a/train-extended-resources-x-extended-resources-abcde", GPU, 200.0),
+        "plain": Reservation("plain", "team-a/train-extended-resources-abcd", GPU, 200.0),  # not 5 random
+        "elsewhere": Reservation("elsewhere", "team-b/train-extended-resources-abcde", GPU, 200.0),
+    }
+    big = parse_device_quota(make_quota("gpus", memory="400Gi"))
+    assert run([attempt("ccccc")], current, quota=big) == ([True], ["ccccc", "elsewhere", "other", "plain"], True)
+    # A reserve without a series drops nothing.
+    assert run([reserve("z")], dict(current), quota=big)[1] == ["elsewhere", "other", "plain", "z"]

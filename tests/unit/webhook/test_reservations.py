@@ -12,13 +12,18 @@ import asyncio
 import copy
 from typing import Any
 
+from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_device_quota
 from quota.kubeapi import ApiError, Resource
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
+from quota.pricing import Pricer
+from webhook.claims import ClaimContext, create_claim_persisted
 from webhook.reservations import CONTENTION, Reservations
 
 from ..builders import GiB, make_quota
+from ..test_pricing import CLASSES, inventory
+from .test_claims import POLICY, review_request
 
 NS = Namespace("team-a")
 GPU = Charge(80 * GiB, 1)
@@ -121,3 +126,33 @@ async def test_an_audit_quota_admits_over_hard_and_says_which() -> None:
     decision = await reservations.admit({q: GPU for q in quotas}, uid="u1", claim="team-a/c1")
     assert (decision.allowed, decision.charged, decision.warned_by) == (True, ("audit", "roomy"), ("audit",))
     assert sorted(api.objects["audit"]["status"]["reservations"]) == ["u1"]  # reserved all the same
+def scheduler_attempt(uid: str, name: str) -> dict[str, Any]:
+    """The scheduler's claim for Pod `train`'s extended resources, as validation sees it."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+        "name": name, "uid": uid, "namespace": "team-a", "generateName": "train-extended-resources-",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": "p1", "controller": True}],
+        "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0",
+                                           "exactly": {"deviceClassName": "gpu", "count": 1}}]}}}
+
+
+async def test_the_schedulers_retries_replace_each_others_unpersisted_reservations() -> None:
+    """Each attempt refused after us (the in-tree ResourceQuota) leaves an entry; the
+    scheduler's next attempt for the same Pod replaces it, a tenant's look-alike does not."""
+    api, reservations, _ = setup(make_quota("gpus", devices=2))
+    ctx = ClaimContext(Admitter(Pricer(inventory(), CLASSES), reservations.ledger), {"team-a": {}}.get,
+                       lambda: POLICY, reservations=reservations)
+    scheduler = {"username": "system:kube-scheduler", "uid": "s", "groups": ["system:authenticated"]}
+    tenant = {"username": "alice", "uid": "a", "groups": ["system:authenticated"]}
+
+    async def create(uid: str, user: dict[str, Any]) -> bool:
+        obj = scheduler_attempt(uid, f"train-extended-resources-{uid}")
+        return (await create_claim_persisted(ctx, review_request(obj, user=user, name=obj["metadata"]["name"]))).allowed
+
+    for uid in ("aaaa1", "aaaa2", "aaaa3", "aaaa4"):
+        assert await create(uid, scheduler)
+        assert list(api.objects["gpus"]["status"]["reservations"]) == [uid]
+    # The same marks from anyone else are a plain claim: they add up to `hard`.
+    assert await create("bbbb1", tenant)
+    assert not await create("bbbb2", tenant)
+    assert sorted(api.objects["gpus"]["status"]["reservations"]) == ["aaaa4", "bbbb1"]

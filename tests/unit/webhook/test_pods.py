@@ -1,0 +1,151 @@
+"""webhook.pods: the Pod CREATE warning for DRA-backed extended resources (never a denial)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quota.admission import Admitter
+from quota.claims import parse_device_class
+from quota.devicequota import parse_device_quota
+from quota.ledger import Ledger
+from quota.model import Charge, Namespace
+from quota.pricing import Pricer
+from webhook.claims import ClaimContext, create_claim
+from webhook.pods import create_pod
+from webhook.review import Verdict, parse_review, respond
+
+from ..bounds import bounded, fuzz_examples
+from ..builders import make_class, make_quota
+from ..test_fuzz_parsers import paths, splice, values
+from ..test_pricing import CLASSES, D, inventory
+from .test_claims import POLICY, raw_review, review_request, run, stored
+
+GPU = "example.com/gpu"
+POD_GVR = {"group": "", "version": "v1", "resource": "pods"}
+NS = Namespace("team-a")
+
+
+def _ext_class() -> dict[str, Any]:
+    raw = make_class("gpu-ext", f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'")
+    raw["spec"]["extendedResourceName"] = GPU
+    return raw
+
+
+EXT = parse_device_class(_ext_class())
+PRICER = Pricer(inventory(), {**CLASSES, EXT.name: EXT})  # gpu-ext: 4 x 80Gi (h100) + 2 x 141Gi (h200)
+WHAT = "the ResourceClaim the scheduler creates for this Pod's 'example.com/gpu'"
+
+
+def context(*quotas: dict[str, Any]) -> ClaimContext:
+    ledger = Ledger()
+    for quota in quotas:
+        ledger.add_or_update_quota(parse_device_quota(quota))
+    return ClaimContext(Admitter(PRICER, ledger), {"team-a": {}}.get, lambda: POLICY)
+
+
+def pod(requests: dict[str, str], *, init: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "pause", "resources": {"limits": requests,
+                                                                                          "requests": requests}}]}
+    if init is not None:
+        spec["initContainers"] = [{"name": "init", "image": "pause", "resources": {"requests": init}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team-a"}, "spec": spec}
+
+
+def review(obj: Any, **kw: Any) -> Any:
+    return review_request(obj, gvr=POD_GVR, name="train", **kw)
+
+
+DEVICES = make_quota("gpus", devices=2, classes=["gpu-ext"])
+
+
+def test_a_pod_whose_claim_can_never_fit_is_allowed_with_a_warning() -> None:
+    verdict = create_pod(context(DEVICES), review(pod({GPU: "3"})))
+    assert verdict == Verdict(True, warnings=(
+        f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit: exceeded DeviceQuota \"gpus\": requested devices=3, "
+        "used devices=0, reserved devices=0, limited devices=2; the Pod stays Pending while dra-quota denies "
+        "that claim",))
+
+
+def test_a_pod_that_does_not_fit_now_is_warned_and_nothing_is_reserved() -> None:
+    ctx = context(DEVICES)
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"generateName": "x-"},
+             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu-ext"}}]}}}
+    assert create_claim(ctx, review_request(stored(claim))).allowed  # one of two devices held
+    before = ctx.admitter.ledger.usage(NS, "gpus")
+    verdict = create_pod(ctx, review(pod({GPU: "2"})))
+    assert verdict.allowed and len(verdict.warnings) == 1
+    assert verdict.warnings[0].startswith(f"{WHAT}: 2 (DeviceClass gpu-ext) does not fit now: exceeded DeviceQuota "
+                                          '"gpus": requested devices=2, used devices=0, reserved devices=1'), verdict
+    assert ctx.admitter.ledger.usage(NS, "gpus") == before
+    # What fits is silent.
+    assert create_pod(ctx, review(pod({GPU: "1"}))) == Verdict(True)
+
+
+def test_memory_quotas_price_the_class_like_any_claim() -> None:
+    # Conservative pricing: each device at the largest candidate, a 141Gi h200.
+    verdict = create_pod(context(make_quota("mem", memory="200Gi")), review(pod({GPU: "2"})))
+    assert verdict.allowed
+    assert 'requested memory=282Gi, used memory=0, reserved memory=0, limited memory=200Gi' in verdict.warnings[0]
+
+
+def test_the_implicit_class_name_and_init_containers() -> None:
+    ctx = context(DEVICES)
+    implicit = create_pod(ctx, review(pod({"deviceclass.resource.kubernetes.io/gpu-ext": "3"})))
+    assert "'deviceclass.resource.kubernetes.io/gpu-ext': 3 (DeviceClass gpu-ext) can never fit" in implicit.warnings[0]
+    # The init container reuses the main container's 2 devices: 2 in all, which fits.
+    assert create_pod(ctx, review(pod({GPU: "2"}, init={GPU: "2"}))) == Verdict(True)
+    # Its 3 need one more: 3 in all.
+    assert "(DeviceClass gpu-ext) can never fit" in create_pod(ctx, review(pod({GPU: "2"}, init={GPU: "3"}))).warnings[0]
+
+
+def test_pods_that_are_not_ours_pass_silently() -> None:
+    ctx = context(DEVICES)
+    for obj in (pod({"cpu": "1", "memory": "1Gi"}), pod({"example.com/fpga": "9"}), None,
+                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": "nonsense"}):
+        assert create_pod(ctx, review(obj)) == Verdict(True)
+
+
+def test_a_class_nobody_can_price_is_a_warning_not_a_denial() -> None:
+    broken = parse_device_class({**_ext_class(), "metadata": {"name": "gpu-none"},
+                                 "spec": {"extendedResourceName": "example.com/none", "selectors": [
+                                     {"cel": {"expression": "device.attributes['x'].nosuch == 1"}}]}})
+    ctx = ClaimContext(Admitter(Pricer(inventory(), {broken.name: broken}), Ledger()), {"team-a": {}}.get,
+                       lambda: POLICY)
+    ctx.admitter.ledger.add_or_update_quota(parse_device_quota(make_quota("mem", memory="100Gi")))
+    verdict = create_pod(ctx, review(pod({"example.com/none": "1"})))
+    assert verdict.allowed and "would be denied" in verdict.warnings[-1], verdict
+
+
+def test_the_validate_endpoint_routes_pod_creates_only() -> None:
+    ctx = context(DEVICES)
+    assert run("/validate", ctx, review(pod({GPU: "3"}))).warnings
+    assert run("/validate", ctx, review(pod({GPU: "3"}), operation="UPDATE", old=pod({GPU: "3"}))) == Verdict(True)
+    assert run("/mutate", ctx, review(pod({GPU: "3"}))) == Verdict(True)
+
+
+BASE = raw_review(pod({GPU: "3", "cpu": "1"}, init={GPU: "1"}), gvr=POD_GVR)
+
+
+@settings(max_examples=fuzz_examples(150), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data(), values)
+def test_fuzz_every_pod_review_is_allowed_and_reserves_nothing(data: st.DataObject, value: Any) -> None:
+    body = splice(copy.deepcopy(BASE), data.draw(st.sampled_from(paths(BASE))), value)
+    ctx = context(DEVICES)
+    with bounded(seconds=10, megabytes=256):
+        try:
+            request = parse_review(body)
+        except ValueError:
+            return
+        verdict = run("/validate", ctx, request)
+        assert verdict.allowed
+        json.dumps(respond(request.uid, verdict), ensure_ascii=False).encode("utf-8")
+    usage = ctx.admitter.ledger.usage(NS, "gpus")
+    assert usage.reserved == usage.used == Charge()
+
+
