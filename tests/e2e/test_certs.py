@@ -37,6 +37,7 @@ from .cluster import ControlPlane, free_ports
 from .conftest import unique
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll
+from .webhook_recorder import WEBHOOKS
 from .test_serve import ADMISSION, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
 
 __all__ = ["crd"]  # the CRD fixture, shared with test_serve.py
@@ -133,7 +134,8 @@ async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kub
         names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert f"{SERVICE}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
         bundles = await _bundles(kube, setup)
-        assert len(bundles) == 6 and all(b == ca for b in bundles), "every webhook of both configurations"
+        shipped = sum(len(c["webhooks"]) for c in WEBHOOKS)
+        assert len(bundles) == shipped and all(b == ca for b in bundles), "every webhook of both configurations"
         # The API server calls both webhooks over TLS it verified: the charge annotation
         # comes from /mutate, and the create passed /validate (no quota: admitted).
         claim = await _dry_run(kube, setup)
