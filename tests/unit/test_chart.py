@@ -303,3 +303,20 @@ def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], reason: 
 def test_the_pdb_can_be_switched_off_and_never_blocks_a_single_replica(default: list[Obj]) -> None:
     assert find(default, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert not [o for o in render({"podDisruptionBudget": {"enabled": False}}) if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_image_is_what_the_chart_expects(default: list[Obj]) -> None:
+    """The Dockerfile (not built here) against the chart and the distribution: user, entrypoint, packages."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    final = dockerfile[dockerfile.rindex("\nFROM "):]
+    pod = find(default, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    user = re.search(r"^USER (\d+):(\d+)$", final, re.M)
+    assert user is not None and user.groups() == (str(pod["runAsUser"]), str(pod["runAsGroup"]))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (script,) = project["project"]["scripts"]
+    assert f'ENTRYPOINT ["{script}"]' in final
+    assert container(default)["args"][0] == "serve"
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.M))
+    assert copied == packages, "the build stage copies every package of the distribution, and only those"
+    assert "gcc" not in final and "build-essential" not in final and "COPY --from" not in final
