@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import ssl
@@ -25,7 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class Served:
     args: tuple[str, ...] = ()  # extra `dra-quota serve` flags
     # True: `args` choose --cert-mode self, so serve mints its own certificate.
     self_managed: bool = False
+    # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
+    kubeconfig: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # on top of the test's environment
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -76,9 +80,9 @@ class Served:
         started = time.monotonic()
         with self.log.open("ab") as out:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig), *tls,
-                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug", *self.args,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig),
+                *tls, "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug", *self.args,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env},
             )
         process = self.process
         if self.self_managed:
