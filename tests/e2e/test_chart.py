@@ -195,6 +195,16 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
                 live = await kube.get(ADMISSION, PLURALS[obj["kind"]], obj["metadata"]["name"])
                 assert all(ca in base64.b64decode(h["clientConfig"]["caBundle"]) for h in live["webhooks"])
 
+        # An upgrade (the same apply again, as `helm upgrade` or `kubectl apply
+        # --server-side` would send it) keeps the caBundle serve set: the manifest leaves
+        # the field to its manager.
+        bundles = {}
+        for obj in installed.applied:
+            if obj["kind"] in PLURALS:
+                again = await apply(kube, obj)
+                bundles[obj["kind"]] = [h["clientConfig"].get("caBundle") for h in again["webhooks"]]
+        assert all(b and ca in base64.b64decode(b) for v in bundles.values() for b in v), bundles
+
         fleet = await make_fleet("chart")
         await fleet.add_node("n1", [Gpu()] * 2)
         namespace = await make_namespace("chart", labels={RUN_LABEL: installed.run})
