@@ -224,6 +224,8 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
             return await denial(create(kube, setup, "second", dry_run=True)) == ""
 
         await poll(admitted, timeout=30, what="the released reservation to make room")
+        # Nothing serve did was refused by the API server.
+        assert "HTTP 403" not in served.log_text()
 
 
 @pytest.mark.parametrize("method,path,why", [
