@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import ssl
@@ -25,7 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ class Served:
     self_managed: bool = False
     # --metrics-port: 0 (off) unless a test scrapes, so processes never contend for a port.
     metrics_port: int = 0
+    # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
+    kubeconfig: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # on top of the test's environment
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -79,10 +83,10 @@ class Served:
         started = time.monotonic()
         with self.log.open("ab") as out:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig), *tls,
-                "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
+                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig),
+                *tls, "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
                 "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.args,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env},
             )
         process = self.process
         if self.self_managed:

@@ -43,15 +43,21 @@ def adapted_webhooks(
     name_suffix: str,
     selector: Literal["objectSelector", "namespaceSelector"],
     path_per_hook: bool = False,
+    shipped: Sequence[Obj] = WEBHOOKS,
+    test_ca: bool = True,
 ) -> list[Obj]:
     """The shipped configurations for one test on the shared cluster: unique names, the
     test CA, the Service port the loopback resolver dials, and `label: run` required by
     `selector`, so no other test's objects ever reach them. `path_per_hook` appends the
-    webhook's name to its path (the recorder then knows which webhook was called)."""
+    webhook's name to its path (the recorder then knows which webhook was called).
+    `shipped`: other configurations of the same shape (test_chart.py: the chart's);
+    `name_suffix=""` keeps their names and `test_ca=False` leaves caBundle to whoever
+    manages it (`serve --cert-mode self`)."""
     ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
     configs = []
-    for config in copy.deepcopy(WEBHOOKS):
-        config["metadata"]["name"] = f"{config['metadata']['name']}-{name_suffix}-{run}"
+    for config in copy.deepcopy(list(shipped)):
+        if name_suffix:
+            config["metadata"]["name"] = f"{config['metadata']['name']}-{name_suffix}-{run}"
         for hook in config["webhooks"]:
             service = hook["clientConfig"]["service"]
             assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
@@ -59,7 +65,8 @@ def adapted_webhooks(
             service["port"] = port
             if path_per_hook:
                 service["path"] = f"{service['path']}/{hook['name']}"
-            hook["clientConfig"]["caBundle"] = ca
+            if test_ca:
+                hook["clientConfig"]["caBundle"] = ca
             required = hook.setdefault(selector, {})
             required.setdefault("matchExpressions", []).append({"key": label, "operator": "In", "values": [run]})
         configs.append(config)

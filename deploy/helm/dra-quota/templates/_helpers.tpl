@@ -1,0 +1,103 @@
+{{/*
+Names and labels shared by every template. The shipped manifests
+(deploy/manifests/dra-quota.yaml) are release "dra-quota" in namespace
+dra-quota-system, so the full name there is "dra-quota".
+*/}}
+
+{{- define "dra-quota.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dra-quota.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook Service: the certificate names <service>.<namespace>.svc. */}}
+{{- define "dra-quota.serviceName" -}}
+{{- printf "%s-webhook" (include "dra-quota.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dra-quota.serviceAccountName" -}}
+{{- default (include "dra-quota.fullname" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{- define "dra-quota.secretName" -}}
+{{- default (printf "%s-webhook-tls" (include "dra-quota.fullname" .)) .Values.certificates.secretName }}
+{{- end }}
+
+{{- define "dra-quota.adminAccessConfigMap" -}}
+{{- printf "%s-admin-access" (include "dra-quota.fullname" .) }}
+{{- end }}
+
+{{/* The user name our own requests carry (the webhooks' not-dra-quota-itself conditions). */}}
+{{- define "dra-quota.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "dra-quota.serviceAccountName" .) }}
+{{- end }}
+
+{{- define "dra-quota.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "dra-quota.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The Pods' labels, also the Deployment's, Service's and PDB's selector. */}}
+{{- define "dra-quota.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-quota.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "dra-quota.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces the webhooks never see: the configured ones and our own. */}}
+{{- define "dra-quota.namespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ append .Values.webhooks.excludeNamespaces .Release.Namespace | uniq | toJson }}
+{{- end }}
+
+{{/* clientConfig of one webhook: $ = root context, path = /validate or /mutate. */}}
+{{- define "dra-quota.clientConfig" -}}
+{{- $root := index . 0 }}{{ $path := index . 1 -}}
+clientConfig:
+  service:
+    namespace: {{ $root.Release.Namespace }}
+    name: {{ include "dra-quota.serviceName" $root }}
+    path: {{ $path }}
+    port: 443
+  {{- if eq $root.Values.certificates.mode "files" }}
+  caBundle: {{ required "certificates.files.caBundle: the PEM CA of the serving certificate is required with certificates.mode=files" $root.Values.certificates.files.caBundle | b64enc }}
+  {{- end }}
+{{- end }}
+
+{{/* Metadata annotations of the webhook configurations (cert-manager's CA injection). */}}
+{{- define "dra-quota.webhookAnnotations" -}}
+{{- if eq .Values.certificates.mode "cert-manager" }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "dra-quota.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* An allowlist as the ConfigMap holds it (the ValidatingAdmissionPolicy splits on commas). */}}
+{{- define "dra-quota.names" -}}
+{{- join ", " . | quote }}
+{{- end }}

@@ -1,0 +1,282 @@
+"""The chart's manifests on the real 1.37 API server, and `serve` running with its RBAC.
+
+deploy/manifests/dra-quota.yaml (the chart rendered with defaults; tests/unit/test_chart.py
+proves it is) is applied with server-side apply, as `kubectl apply --server-side` would,
+into dra-quota-system. There is no kubelet, so the Deployment cannot run: it is applied
+with dryRun=All (validated, defaulted and admitted, not stored: stored, its ReplicaSet's
+Pods would be bound to other tests' fake nodes, and bound Pods never finish
+terminating without a kubelet), its Pod template is created (dry run) in a namespace
+enforcing the "restricted" Pod Security Standard, and `dra-quota serve` runs as a local
+process with the Deployment's own arguments. Only what must be local is replaced: the
+listen address and port (127.0.0.1, a free port), the allowlist file (the chart's
+ConfigMap written to disk) and the credentials: a kubeconfig holding a TokenRequest
+token of the chart's ServiceAccount (kubernetes-asyncio's kubeconfig loader does not do
+`as:` impersonation), so every API call serve makes is authorized by the chart's RBAC
+and nothing else.
+
+The webhook configurations keep their names (serve patches their caBundle through the
+resourceNames the ClusterRole grants) and their rules; for the shared cluster they get
+the per-test namespace label requirement and the Service port the loopback resolver
+dials (tests/e2e/webhook_recorder.py adapted_webhooks). Proof that the RBAC is enough:
+serve becomes ready (every cache listed and watched), the API server trusts the
+certificate serve minted into its Secret (claims come back with the mutating webhook's
+annotation), a claim beyond the quota is denied with the quota's message after the
+first one's reservation was persisted on the DeviceQuota status. Proof that it is no
+more than that: calls the chart does not grant are refused (403) with the same token.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from quota.kubeapi import KubeApi, Resource
+
+from ..tools.chart import MANIFEST, NAMESPACE, documents, find
+from .cluster import ControlPlane, free_ports
+from .driver import RESOURCE_V1, Gpu
+from .kube import ApiError, Kube, Obj, poll
+from .test_serve import (
+    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, create, denial, exceeded, make_quota,
+)
+from .webhook_recorder import adapted_webhooks
+
+pytestmark = pytest.mark.e2e
+
+MANAGER = "e2e-chart"
+OBJECTS = documents(MANIFEST.read_text())
+DEPLOYMENT = find(OBJECTS, "Deployment")
+ACCOUNT = find(OBJECTS, "ServiceAccount")["metadata"]["name"]
+SECRET = next(a.partition("=")[2] for a in DEPLOYMENT["spec"]["template"]["spec"]["containers"][0]["args"]
+              if a.startswith("--cert-secret="))
+CHARGE = "draquota.io/charge"
+# REST names of the kinds in the manifest (the API server's discovery, written down).
+PLURAL = {"CustomResourceDefinition": "customresourcedefinitions", "ServiceAccount": "serviceaccounts",
+          "ConfigMap": "configmaps", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+          "Role": "roles", "RoleBinding": "rolebindings", "Service": "services", "Deployment": "deployments",
+          "PodDisruptionBudget": "poddisruptionbudgets",
+          "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+          "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings", **PLURALS}
+
+
+def resource(obj: Obj) -> Resource:
+    return Resource(obj["apiVersion"], PLURAL[obj["kind"]])
+
+
+async def apply(kube: Kube, obj: Obj, *, dry_run: bool = False) -> Obj:
+    """Server-side apply, as `kubectl apply --server-side` does (conflicts are errors, not forced)."""
+    meta = obj["metadata"]
+    path = resource(obj).path(meta.get("namespace"), meta["name"])
+    params = {"fieldManager": MANAGER, **({"dryRun": "All"} if dry_run else {})}
+    return await kube.api.request("PATCH", path, params=params, body=obj, content_type="application/apply-patch+yaml")
+
+
+async def ensure_namespace(kube: Kube, name: str) -> None:
+    with contextlib.suppress(ApiError):  # 409: another test made it; it is never deleted
+        await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": {"name": name}})
+
+
+def token_kubeconfig(cluster: ControlPlane, token: str, path: Path) -> Path:
+    """A kubeconfig that authenticates with `token` alone (no client certificate)."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "chart",
+        "clusters": [{"name": "e2e", "cluster": {"server": cluster.server,
+                                                 "certificate-authority": str(cluster.ca_file)}}],
+        "users": [{"name": ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "chart", "context": {"cluster": "e2e", "user": ACCOUNT}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def local_args(args: list[str], *, port: int, policy_file: Path) -> tuple[str, ...]:
+    """The Deployment's arguments with the port and the mounted file made local."""
+    assert args[0] == "serve"
+    out = []
+    for arg in args[1:]:
+        flag, _, _value = arg.partition("=")
+        if flag == "--port":
+            arg = f"--port={port}"
+        elif flag == "--admin-access-policy":
+            arg = f"--admin-access-policy={policy_file}"
+        out.append(arg)
+    return tuple(out)
+
+
+@dataclass
+class Installed:
+    run: str
+    served: Served
+    token_api: KubeApi  # the chart's ServiceAccount
+    applied: list[Obj] = field(default_factory=list)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def installed(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
+                    ) -> AsyncIterator[Installed]:
+    """The manifest applied, then serve started as the chart's ServiceAccount; all removed after the module."""
+    tmp_path = tmp_path_factory.mktemp("chart")
+    run = uuid.uuid4().hex[:8]
+    port = free_ports(1)[0]
+    await ensure_namespace(kube, NAMESPACE)
+    applied: list[Obj] = []
+    served: Served | None = None
+    token_api: KubeApi | None = None
+    try:
+        for obj in OBJECTS:
+            if obj["kind"] == "Deployment":
+                continue  # dry run only (module docstring): test_the_deployment_and_its_pods_are_admitted
+            if obj["kind"] in PLURALS:
+                (obj,) = adapted_webhooks(run, port, cluster, label=RUN_LABEL, name_suffix="", test_ca=False,
+                                          selector="namespaceSelector", shipped=[obj])
+            await apply(kube, obj)
+            applied.append(obj)
+        if any(o["kind"] == "CustomResourceDefinition" for o in applied):
+            await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                          "devicequotas.draquota.io", "Established", timeout=60)
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": {"expirationSeconds": 3600}}
+        answer = await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
+                                    body=request)
+        kubeconfig = token_kubeconfig(cluster, answer["status"]["token"], tmp_path / "chart.kubeconfig")
+        token_api = await KubeApi.from_kubeconfig(str(kubeconfig))
+        policy_file = tmp_path / "admin-access.yaml"
+        policy_file.write_text(find(OBJECTS, "ConfigMap", "dra-quota-config")["data"]["admin-access.yaml"])
+        pod = DEPLOYMENT["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: {"metadata.name": f"dra-quota-{run}", "metadata.namespace": NAMESPACE}[
+            e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"] for e in container["env"]}
+        served = Served(cluster, port, tmp_path / "serve.log", self_managed=True, kubeconfig=kubeconfig, env=env,
+                        args=local_args(container["args"], port=port, policy_file=policy_file))
+        with served.log_on_failure():
+            await served.start()
+        yield Installed(run, served, token_api, applied)
+    finally:
+        # Webhook configurations first: left pointing at a stopped server they would
+        # refuse every later claim create of this run's namespaces.
+        for obj in sorted(applied, key=lambda o: o["kind"] not in PLURALS):
+            if obj["kind"] == "CustomResourceDefinition":
+                continue  # shared with the other e2e modules
+            meta = obj["metadata"]
+            with contextlib.suppress(ApiError):
+                await kube.api.delete(resource(obj), meta["name"], namespace=meta.get("namespace"))
+        if served is not None:
+            await served.kill()
+        if token_api is not None:
+            await token_api.close()
+        with contextlib.suppress(ApiError):
+            await kube.delete("v1", "secrets", SECRET, namespace=NAMESPACE)
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+async def test_serve_with_the_charts_rbac_admits_and_denies(
+    kube: Kube, cluster: ControlPlane, installed: Installed, make_namespace: MakeNamespace, make_fleet: MakeFleet,
+) -> None:
+    served = installed.served
+    with served.log_on_failure():
+        # The certificate serve made with the chart's rights: stored in the Secret the Role
+        # names, and its CA in every webhook of both configurations.
+        secret = await kube.get("v1", "secrets", SECRET, namespace=NAMESPACE)
+        ca = base64.b64decode(secret["data"]["ca.crt"])
+        for obj in installed.applied:
+            if obj["kind"] in PLURALS:
+                live = await kube.get(ADMISSION, PLURALS[obj["kind"]], obj["metadata"]["name"])
+                assert all(ca in base64.b64decode(h["clientConfig"]["caBundle"]) for h in live["webhooks"])
+
+        # An upgrade (the same apply again, as `helm upgrade` or `kubectl apply
+        # --server-side` would send it) keeps the caBundle serve set: the manifest leaves
+        # the field to its manager.
+        bundles = {}
+        for obj in installed.applied:
+            if obj["kind"] in PLURALS:
+                again = await apply(kube, obj)
+                bundles[obj["kind"]] = [h["clientConfig"].get("caBundle") for h in again["webhooks"]]
+        assert all(b and ca in base64.b64decode(b) for v in bundles.values() for b in v), bundles
+
+        fleet = await make_fleet("chart")
+        await fleet.add_node("n1", [Gpu()] * 2)
+        namespace = await make_namespace("chart", labels={RUN_LABEL: installed.run})
+        setup = Setup(installed.run, namespace, fleet, served, [])
+        await make_quota(kube, setup, "one-gpu", "80Gi")
+
+        first = await create(kube, setup, "first")
+        assert CHARGE in first["metadata"]["annotations"], "the mutating webhook answered through the chart's Service"
+        quota = await kube.get(DQ, "devicequotas", "one-gpu", namespace=namespace)
+        assert first["metadata"]["uid"] in str(quota["status"].get("reservations")), quota["status"]
+        message = await denial(create(kube, setup, "second"))
+        assert message == exceeded("one-gpu", used="0", reserved="80Gi", limited="80Gi"), message
+        # The release webhook (claim DELETE) frees the reservation: the same claim now fits.
+        await kube.delete(RESOURCE_V1, "resourceclaims", "first", namespace=namespace)
+
+        async def admitted() -> bool:
+            return await denial(create(kube, setup, "second", dry_run=True)) == ""
+
+        await poll(admitted, timeout=30, what="the released reservation to make room")
+        # Nothing serve did was refused by the API server.
+        assert "HTTP 403" not in served.log_text()
+
+
+@pytest.mark.parametrize("method,path,why", [
+    ("GET", "/api/v1/secrets", "no Secrets across namespaces"),
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", "no listing of Secrets, even in its namespace"),
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/someone-elses", "only its own Secret by name"),
+    ("GET", "/api/v1/namespaces/kube-system/secrets/x", "no Secrets in other namespaces"),
+    ("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", "no writes on claims"),
+    ("PUT", "/apis/draquota.io/v1alpha1/namespaces/default/devicequotas/q", "no writes on DeviceQuota spec"),
+    ("PATCH", f"/apis/{ADMISSION}/validatingwebhookconfigurations/someone-elses", "only its own configurations"),
+    ("GET", "/api/v1/pods", "no Pods"),
+    ("GET", "/api/v1/configmaps", "no ConfigMaps"),
+])
+async def test_what_the_chart_does_not_grant_is_forbidden(installed: Installed, method: str, path: str,
+                                                          why: str) -> None:
+    body = None if method == "GET" else {"metadata": {"name": "x"}}
+    content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    with pytest.raises(ApiError) as refused:
+        await installed.token_api.request(method, path, body=body, content_type=content_type)
+    assert refused.value.status == 403, (why, refused.value)
+    assert f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}" in refused.value.message
+
+
+async def test_what_the_chart_grants_is_allowed(installed: Installed) -> None:
+    """The control for the test above: the same token reaches what the Role and ClusterRole name."""
+    api = installed.token_api
+    secret = await api.get(Resource("v1", "secrets"), SECRET, namespace=NAMESPACE)
+    assert secret["metadata"]["name"] == SECRET
+    for plural in ("resourceslices", "deviceclasses", "resourceclaims"):
+        await api.list(Resource(RESOURCE_V1, plural))
+    await api.list(Resource(DQ, "devicequotas"))
+
+
+async def test_the_deployment_and_its_pods_are_admitted(kube: Kube, installed: Installed,
+                                                        make_namespace: MakeNamespace) -> None:
+    """The Deployment passes validation and admission (dry run), and its Pod meets the
+    "restricted" Pod Security Standard: non-root, no privilege escalation, no
+    capabilities, RuntimeDefault seccomp (the PodSecurity admission plugin is on by default)."""
+    stored = await apply(kube, DEPLOYMENT, dry_run=True)
+    assert stored["spec"]["template"]["spec"]["containers"][0]["args"] == DEPLOYMENT["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    namespace = await make_namespace("chart-pss", labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    await kube.create("v1", "serviceaccounts", {"kind": "ServiceAccount", "metadata": {"name": ACCOUNT}},
+                      namespace=namespace)
+    template = DEPLOYMENT["spec"]["template"]
+    pod = {"kind": "Pod", "metadata": {"name": "dra-quota", "labels": template["metadata"]["labels"]},
+           "spec": template["spec"]}
+    await kube.create("v1", "pods", pod, namespace=namespace, dry_run=True)
+    # The control: the same Pod with one hardening setting undone is refused by the plugin.
+    weaker = copy.deepcopy(pod)
+    weaker["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    with pytest.raises(ApiError) as refused:
+        await kube.create("v1", "pods", weaker, namespace=namespace, dry_run=True)
+    assert refused.value.status == 403 and "violates PodSecurity" in refused.value.message

@@ -1,0 +1,322 @@
+"""The Helm chart deploy/helm/dra-quota, rendered and linted by the real helm.
+
+helm is built from the Go module proxy (tests/tools/build-helm.sh, via
+tests.tools.chart.helm_binary); when it cannot be built these tests fail with the build
+output, they never skip. What is checked here is what rendering can show: the shipped
+manifest is the chart's default rendering, the CRD, webhook configurations and
+adminAccess policy are the objects of deploy/ (one source each), values reach the
+objects they name, every rendered `serve` flag is one the CLI accepts, and bad values
+are refused with a reason. That the API server accepts the objects and that the RBAC
+is enough for `serve` is tests/e2e/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import re
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from quota.cli import _parser
+from quota.policy import parse_policy
+from webhook.serve import load_policy
+
+from ..tools.chart import CHART, MANIFEST, NAMESPACE, ROOT, HelmError, documents, find, lint, render, shipped_manifest
+
+Obj = dict[str, Any]
+
+SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
+SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
+SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
+KINDS = {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+FAILURE_POLICY_KEYS = {
+    "quota.resourceclaims.draquota.io": "quota",
+    "release.resourceclaims.draquota.io": "release",
+    "allocation.resourceclaims.draquota.io": "allocation",
+    "annotations.resourceclaims.draquota.io": "annotations",
+    "admin-access.namespaces.draquota.io": "adminAccess",
+    "charge.resourceclaims.draquota.io": "charge",
+}
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+FILES = {"certificates": {"mode": "files", "files": {"caBundle": CA_PEM}}}
+CERT_MANAGER = {"certificates": {"mode": "cert-manager"}}
+
+
+@pytest.fixture(scope="module")
+def default() -> list[Obj]:
+    return render()
+
+
+def without_labels(obj: Obj) -> Obj:
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("labels", None)
+    return out
+
+
+def assert_labels_kept(source: Obj, rendered: Obj) -> None:
+    """The chart may add the Helm labels, never drop or change the source's."""
+    labels = rendered["metadata"].get("labels") or {}
+    assert source["metadata"]["labels"].items() <= labels.items(), (source["metadata"]["name"], labels)
+
+
+def container(objects: Sequence[Obj]) -> Obj:
+    containers: list[Obj] = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def serve_args(objects: Sequence[Obj]) -> argparse.Namespace:
+    """The Deployment's arguments parsed by the real `dra-quota` parser (SystemExit on an unknown flag)."""
+    c = container(objects)
+    assert c.get("command") is None, "the image's entrypoint is the console script"
+    return _parser().parse_args(c["args"])
+
+
+def rules_of(objects: Sequence[Obj], kind: str) -> list[Obj]:
+    found = [o for o in objects if o["kind"] == kind]
+    return [r for o in found for r in o["rules"]]
+
+
+# -- helm itself --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, CERT_MANAGER, FILES,
+                                    {"podAntiAffinity": "hard", "replicaCount": 3},
+                                    {"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}},
+                                     "podDisruptionBudget": {"enabled": False}}],
+                         ids=["defaults", "cert-manager", "files", "hard-anti-affinity", "no-policy-no-pdb"])
+def test_helm_lint_strict_passes(values: dict[str, Any] | None) -> None:
+    proc = lint(values)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_the_shipped_manifest_is_the_chart_rendered_with_defaults() -> None:
+    assert MANIFEST.read_text() == shipped_manifest(), (
+        f"{MANIFEST.relative_to(ROOT)} differs from the chart's rendering: run `python -m tests.tools.chart`")
+
+
+def test_the_chart_version_is_the_distribution_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == version
+
+
+# -- one source for the CRD, the webhook configurations and the policy --------------------------
+
+
+def test_the_crd_is_deploy_crds_devicequota_yaml(default: list[Obj]) -> None:
+    assert (CHART / "crds" / "devicequota.yaml").read_bytes() == SOURCE_CRD.read_bytes(), (
+        "deploy/helm/dra-quota/crds/devicequota.yaml must be a copy of deploy/crds/devicequota.yaml")
+    assert find(default, "CustomResourceDefinition") == yaml.safe_load(SOURCE_CRD.read_text())
+
+
+def test_the_webhook_configurations_are_those_of_deploy_manifests(default: list[Obj]) -> None:
+    assert {o["kind"] for o in SOURCE_WEBHOOKS} == KINDS
+    for source in SOURCE_WEBHOOKS:
+        rendered = find(default, source["kind"], source["metadata"]["name"])
+        assert_labels_kept(source, rendered)
+        assert without_labels(rendered) == without_labels(source)
+
+
+def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
+    flipped = {key: "Fail" if key in ("release", "allocation") else "Ignore" for key in FAILURE_POLICY_KEYS.values()}
+    objects = render({"webhooks": {"failurePolicy": flipped}})
+    for kind in KINDS:
+        before, after = find(default, kind), find(objects, kind)
+        for old, new in zip(before["webhooks"], after["webhooks"], strict=True):
+            assert new["failurePolicy"] == flipped[FAILURE_POLICY_KEYS[new["name"]]] != old["failurePolicy"]
+            assert {**new, "failurePolicy": None} == {**old, "failurePolicy": None}
+
+
+def test_the_admin_access_policy_is_that_of_deploy_manifests(default: list[Obj]) -> None:
+    for source in SOURCE_POLICY:
+        rendered = find(default, source["kind"], source["metadata"]["name"])
+        assert_labels_kept(source, rendered)
+        assert without_labels(rendered) == without_labels(source)
+    objects = render({"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}}})
+    assert not [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    find(objects, "ConfigMap", "dra-quota-admin-access")  # the allowlist stays: the webhook's too
+
+
+def test_the_allowlist_reaches_the_policy_and_serve_alike(tmp_path: Path) -> None:
+    allow = {"users": ["alice", "bob@example.com"], "groups": ["platform-admins"],
+             "serviceAccounts": ["gpu-ops:auditor", "monitoring:*"],
+             "claimControllers": ["system:kube-controller-manager"]}
+    objects = render({"adminAccess": allow})
+    params = find(objects, "ConfigMap", "dra-quota-admin-access")["data"]
+    assert params["users"] == "alice, bob@example.com" and params["serviceAccounts"] == "gpu-ops:auditor, monitoring:*"
+    # serve's file, read as serve reads it (the path in its arguments, under the mount).
+    args = serve_args(objects)
+    mount = next(m for m in container(objects)["volumeMounts"] if m["name"] == "config")
+    relative = Path(args.admin_access_policy).relative_to(mount["mountPath"])
+    policy_file = tmp_path / "admin-access.yaml"
+    policy_file.write_text(find(objects, "ConfigMap", "dra-quota-config")["data"][str(relative)])
+    assert load_policy(policy_file) == parse_policy(params)
+    assert load_policy(policy_file).service_accounts == frozenset(allow["serviceAccounts"])
+    # Defaults: nobody, and the resourceclaim controller as the claim controller.
+    default_file = tmp_path / "default.yaml"
+    default_file.write_text(find(render(), "ConfigMap", "dra-quota-config")["data"][str(relative)])
+    assert load_policy(default_file) == parse_policy({})
+
+
+# -- the Deployment -----------------------------------------------------------------------------
+
+
+def test_the_pod_is_hardened(default: list[Obj]) -> None:
+    deployment = find(default, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(default)["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["serviceAccountName"] == "dra-quota"
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container(default)["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    probes = {k: container(default)[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert [p["path"] for p in probes.values()] == ["/healthz", "/healthz", "/readyz"]
+    assert all(p["port"] == "https" and p["scheme"] == "HTTPS" for p in probes.values())
+    assert container(default)["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    hard = find(render({"podAntiAffinity": "hard"}), "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert hard["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [term]
+
+
+def test_values_reach_the_serve_flags(default: list[Obj]) -> None:
+    args = serve_args(default)
+    assert (args.command, args.port, args.cert_mode, args.default_pricing, args.allocation_check) == (
+        "serve", 8443, "self", "conservative", "enforce")
+    assert (args.log_format, args.log_level, args.reservation_ttl) == ("json", "info", 60.0)
+    changed = serve_args(render({"serve": {"defaultPricing": "optimistic", "allocationCheck": "account-only",
+                                           "reservationTTLSeconds": 90, "port": 9443, "logFormat": "text",
+                                           "logLevel": "debug", "extraArgs": ["--cert-check-period=30m"]}}))
+    assert (changed.port, changed.default_pricing, changed.allocation_check, changed.reservation_ttl) == (
+        9443, "optimistic", "account-only", 90.0)
+    assert (changed.log_format, changed.log_level, changed.cert_check_period.total_seconds()) == ("text", "debug", 1800)
+
+
+@pytest.mark.parametrize("release,namespace", [("dra-quota", NAMESPACE), ("gpu", "platform")])
+def test_names_agree_across_objects(release: str, namespace: str) -> None:
+    """What serve is told (Service, Secret, configurations) is what the chart creates and RBAC grants."""
+    objects = render(release=release, namespace=namespace)
+    args = serve_args(objects)
+    service = find(objects, "Service")
+    account = find(objects, "ServiceAccount")["metadata"]["name"]
+    assert (args.namespace, args.service_name) == (namespace, service["metadata"]["name"])
+    assert args.webhook_configurations == tuple((k, find(objects, kind)["metadata"]["name"]) for k, kind in (
+        ("validating", "ValidatingWebhookConfiguration"), ("mutating", "MutatingWebhookConfiguration")))
+    granted = {n for r in rules_of(objects, "Role") if r["resources"] == ["secrets"] for n in r.get("resourceNames", [])}
+    assert granted == {args.cert_secret}
+    configs = [r for r in rules_of(objects, "ClusterRole") if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    assert [set(r["resourceNames"]) for r in configs] == [{name for _, name in args.webhook_configurations}]
+    me = f"system:serviceaccount:{namespace}:{account}"
+    for kind in KINDS:
+        for hook in find(objects, kind)["webhooks"]:
+            ref = hook["clientConfig"]["service"]
+            assert (ref["namespace"], ref["name"], ref["port"]) == (namespace, service["metadata"]["name"], 443)
+            assert namespace in hook["namespaceSelector"]["matchExpressions"][0]["values"]
+            for condition in hook.get("matchConditions", []):
+                if condition["name"] == "not-dra-quota-itself":
+                    assert condition["expression"] == f"request.userInfo.username != '{me}'"
+    assert service["spec"]["selector"] == find(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    for binding in (find(objects, "ClusterRoleBinding"), find(objects, "RoleBinding")):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+
+
+# -- certificate modes and their RBAC -----------------------------------------------------------
+
+
+def test_only_self_managed_certificates_get_secret_and_configuration_rights(default: list[Obj]) -> None:
+    assert [r["verbs"] for r in rules_of(default, "Role")] == [["get", "update"], ["create"]]
+    for values in (CERT_MANAGER, FILES):
+        objects = render(values)
+        assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+        cluster_rules = rules_of(objects, "ClusterRole")
+        assert all(r["apiGroups"] != ["admissionregistration.k8s.io"] for r in cluster_rules)
+        assert all("secrets" not in r["resources"] for r in cluster_rules)
+        args = serve_args(objects)
+        assert args.cert_mode == "files" and (str(args.tls_cert_file), str(args.tls_key_file)) == (
+            "/etc/dra-quota/tls/tls.crt", "/etc/dra-quota/tls/tls.key")
+        pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+        tls = next(v for v in pod["volumes"] if v["name"] == "tls")
+        assert tls["secret"]["secretName"] == "dra-quota-webhook-tls"
+        assert {"name": "tls", "mountPath": "/etc/dra-quota/tls", "readOnly": True} in container(objects)["volumeMounts"]
+
+
+def test_cert_manager_signs_the_service_name_and_injects_the_ca() -> None:
+    objects = render(CERT_MANAGER)
+    certificate = find(objects, "Certificate")
+    assert certificate["spec"]["secretName"] == "dra-quota-webhook-tls"
+    assert certificate["spec"]["dnsNames"][0] == f"dra-quota-webhook.{NAMESPACE}.svc"
+    assert certificate["spec"]["issuerRef"]["name"] == find(objects, "Issuer")["metadata"]["name"]
+    for kind in KINDS:
+        config = find(objects, kind)
+        assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/dra-quota"}
+        assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+    issuer = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    objects = render({"certificates": {"mode": "cert-manager", "certManager": {"issuerRef": issuer}}})
+    assert find(objects, "Certificate")["spec"]["issuerRef"] == issuer
+    assert not [o for o in objects if o["kind"] == "Issuer"]
+
+
+def test_files_mode_puts_the_given_ca_in_every_webhook() -> None:
+    objects = render(FILES)
+    for kind in KINDS:
+        for hook in find(objects, kind)["webhooks"]:
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]).decode() == CA_PEM
+    assert not [o for o in objects if o["kind"] in ("Certificate", "Issuer")]
+
+
+# -- bad values get a reason --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values,reason", [
+    ({"certificates": {"mode": "files"}}, "certificates.files.caBundle"),
+    ({"certificates": {"mode": "vault"}}, "certificates/mode"),
+    ({"webhooks": {"failurePolicy": {"quota": "fail"}}}, "failurePolicy/quota"),
+    ({"serve": {"defaultPricing": "cheap"}}, "defaultPricing"),
+    ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ({"adminAccess": {"serviceAccounts": ["no-colon"]}}, "adminAccess/serviceAccounts/0"),
+    ({"adminAccess": {"users": ["alice, bob"]}}, "adminAccess/users/0"),
+    ({"podAntiAffinity": "strict"}, "podAntiAffinity"),
+    ({"metrics": {"enabled": True}}, "no metrics endpoint"),
+    ({"metrics": {"serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
+    ({"metrics": {"prometheusRule": {"enabled": True}}}, "ships no alert rules"),
+    ({"metrics": {"dashboard": {"enabled": True}}}, "ships no Grafana dashboard"),
+])
+def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], reason: str) -> None:
+    with pytest.raises(HelmError, match=re.escape(reason)):
+        render(values)
+
+
+def test_the_pdb_can_be_switched_off_and_never_blocks_a_single_replica(default: list[Obj]) -> None:
+    assert find(default, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert not [o for o in render({"podDisruptionBudget": {"enabled": False}}) if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_image_is_what_the_chart_expects(default: list[Obj]) -> None:
+    """The Dockerfile (not built here) against the chart and the distribution: user, entrypoint, packages."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    final = dockerfile[dockerfile.rindex("\nFROM "):]
+    pod = find(default, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    user = re.search(r"^USER (\d+):(\d+)$", final, re.M)
+    assert user is not None and user.groups() == (str(pod["runAsUser"]), str(pod["runAsGroup"]))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (script,) = project["project"]["scripts"]
+    assert f'ENTRYPOINT ["{script}"]' in final
+    assert container(default)["args"][0] == "serve"
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.M))
+    assert copied == packages, "the build stage copies every package of the distribution, and only those"
+    assert "gcc" not in final and "build-essential" not in final and "COPY --from" not in final
