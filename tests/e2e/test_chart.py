@@ -8,9 +8,8 @@ Pods would be bound to other tests' fake nodes, and bound Pods never finish
 terminating without a kubelet), its Pod template is created (dry run) in a namespace
 enforcing the "restricted" Pod Security Standard, and `dra-quota serve` runs as a local
 process with the Deployment's own arguments. Only what must be local is replaced: the
-listen address and port (127.0.0.1, a free port), the allowlist file (the chart's
-ConfigMap written to disk) and the credentials: a kubeconfig holding a TokenRequest
-token of the chart's ServiceAccount (kubernetes-asyncio's kubeconfig loader does not do
+listen addresses and ports (127.0.0.1, free ports) and the credentials: a kubeconfig
+holding a TokenRequest token of the chart's ServiceAccount (kubernetes-asyncio's kubeconfig loader does not do
 `as:` impersonation), so every API call serve makes is authorized by the chart's RBAC
 and nothing else.
 
@@ -99,16 +98,16 @@ def token_kubeconfig(cluster: ControlPlane, token: str, path: Path) -> Path:
     return path
 
 
-def local_args(args: list[str], *, port: int, policy_file: Path) -> tuple[str, ...]:
-    """The Deployment's arguments with the port and the mounted file made local."""
+def local_args(args: list[str], *, port: int, metrics_port: int) -> tuple[str, ...]:
+    """The Deployment's arguments with the ports made local (Served listens on 127.0.0.1)."""
     assert args[0] == "serve"
     out = []
     for arg in args[1:]:
         flag, _, _value = arg.partition("=")
         if flag == "--port":
             arg = f"--port={port}"
-        elif flag == "--admin-access-policy":
-            arg = f"--admin-access-policy={policy_file}"
+        elif flag == "--metrics-port":
+            arg = f"--metrics-port={metrics_port}"
         out.append(arg)
     return tuple(out)
 
@@ -127,7 +126,7 @@ async def installed(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.
     """The manifest applied, then serve started as the chart's ServiceAccount; all removed after the module."""
     tmp_path = tmp_path_factory.mktemp("chart")
     run = uuid.uuid4().hex[:8]
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     await ensure_namespace(kube, NAMESPACE)
     applied: list[Obj] = []
     served: Served | None = None
@@ -150,14 +149,13 @@ async def installed(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.
                                     body=request)
         kubeconfig = token_kubeconfig(cluster, answer["status"]["token"], tmp_path / "chart.kubeconfig")
         token_api = await KubeApi.from_kubeconfig(str(kubeconfig))
-        policy_file = tmp_path / "admin-access.yaml"
-        policy_file.write_text(find(OBJECTS, "ConfigMap", "dra-quota-config")["data"]["admin-access.yaml"])
         pod = DEPLOYMENT["spec"]["template"]["spec"]
         container = pod["containers"][0]
         env = {e["name"]: {"metadata.name": f"dra-quota-{run}", "metadata.namespace": NAMESPACE}[
             e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"] for e in container["env"]}
         served = Served(cluster, port, tmp_path / "serve.log", self_managed=True, kubeconfig=kubeconfig, env=env,
-                        args=local_args(container["args"], port=port, policy_file=policy_file))
+                        metrics_port=metrics_port,
+                        args=local_args(container["args"], port=port, metrics_port=metrics_port))
         with served.log_on_failure():
             await served.start()
         yield Installed(run, served, token_api, applied)
@@ -224,7 +222,16 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
             return await denial(create(kube, setup, "second", dry_run=True)) == ""
 
         await poll(admitted, timeout=30, what="the released reservation to make room")
-        # Nothing serve did was refused by the API server.
+        # The metrics port the chart's Service and ServiceMonitor name answers.
+        assert any(name.startswith("draquota_") for name, _ in await served.metrics())
+
+        # The denial was recorded as an Event (events.k8s.io create, the events ClusterRole).
+        async def recorded() -> bool:
+            events = await kube.list("events.k8s.io/v1", "events", namespace=namespace)
+            return any(e.get("reason") == "QuotaExceeded" for e in events)
+
+        await poll(recorded, timeout=30, what="the QuotaExceeded Event")
+        # Nothing serve did was refused by the API server (Events, requeue, certificates).
         assert "HTTP 403" not in served.log_text()
 
 
@@ -236,8 +243,10 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
     ("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", "no writes on claims"),
     ("PUT", "/apis/draquota.io/v1alpha1/namespaces/default/devicequotas/q", "no writes on DeviceQuota spec"),
     ("PATCH", f"/apis/{ADMISSION}/validatingwebhookconfigurations/someone-elses", "only its own configurations"),
-    ("GET", "/api/v1/pods", "no Pods"),
-    ("GET", "/api/v1/configmaps", "no ConfigMaps"),
+    ("GET", "/api/v1/namespaces/default/pods/x", "Pods are listed (requeue), never read one by one"),
+    ("GET", "/api/v1/configmaps", "no ConfigMaps across namespaces"),
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps", "only its allowlist ConfigMap, by name"),
+    ("GET", f"/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events", "Events are written, never read"),
 ])
 async def test_what_the_chart_does_not_grant_is_forbidden(installed: Installed, method: str, path: str,
                                                           why: str) -> None:
@@ -257,6 +266,9 @@ async def test_what_the_chart_grants_is_allowed(installed: Installed) -> None:
     for plural in ("resourceslices", "deviceclasses", "resourceclaims"):
         await api.list(Resource(RESOURCE_V1, plural))
     await api.list(Resource(DQ, "devicequotas"))
+    allowlist = await api.list(Resource("v1", "configmaps"), namespace=NAMESPACE,
+                               field_selector="metadata.name=dra-quota-admin-access")
+    assert [c["metadata"]["name"] for c in allowlist.items] == ["dra-quota-admin-access"]
 
 
 async def test_the_deployment_and_its_pods_are_admitted(kube: Kube, installed: Installed,

@@ -26,7 +26,6 @@ import yaml
 
 from quota.cli import _parser
 from quota.policy import parse_policy
-from webhook.serve import load_policy
 
 from ..tools.chart import CHART, MANIFEST, NAMESPACE, ROOT, HelmError, documents, find, lint, render, shipped_manifest
 
@@ -35,12 +34,14 @@ Obj = dict[str, Any]
 SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
 SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
+SOURCE_EVENTS = documents((ROOT / "deploy" / "manifests" / "rbac-events.yaml").read_text())
 KINDS = {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
 FAILURE_POLICY_KEYS = {
     "quota.resourceclaims.draquota.io": "quota",
     "release.resourceclaims.draquota.io": "release",
     "allocation.resourceclaims.draquota.io": "allocation",
     "annotations.resourceclaims.draquota.io": "annotations",
+    "extended-resources.pods.draquota.io": "extendedResources",
     "admin-access.namespaces.draquota.io": "adminAccess",
     "charge.resourceclaims.draquota.io": "charge",
 }
@@ -127,7 +128,8 @@ def test_the_webhook_configurations_are_those_of_deploy_manifests(default: list[
 
 
 def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
-    flipped = {key: "Fail" if key in ("release", "allocation") else "Ignore" for key in FAILURE_POLICY_KEYS.values()}
+    flipped = {key: "Fail" if key in ("release", "allocation", "extendedResources") else "Ignore"
+               for key in FAILURE_POLICY_KEYS.values()}
     objects = render({"webhooks": {"failurePolicy": flipped}})
     for kind in KINDS:
         before, after = find(default, kind), find(objects, kind)
@@ -136,35 +138,34 @@ def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
             assert {**new, "failurePolicy": None} == {**old, "failurePolicy": None}
 
 
-def test_the_admin_access_policy_is_that_of_deploy_manifests(default: list[Obj]) -> None:
-    for source in SOURCE_POLICY:
+def test_the_admin_access_policy_and_events_rbac_are_those_of_deploy_manifests(default: list[Obj]) -> None:
+    for source in SOURCE_POLICY + SOURCE_EVENTS:
         rendered = find(default, source["kind"], source["metadata"]["name"])
         assert_labels_kept(source, rendered)
         assert without_labels(rendered) == without_labels(source)
     objects = render({"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}}})
     assert not [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
     find(objects, "ConfigMap", "dra-quota-admin-access")  # the allowlist stays: the webhook's too
+    find(objects, "Role", "dra-quota-admin-access-reader")
 
 
-def test_the_allowlist_reaches_the_policy_and_serve_alike(tmp_path: Path) -> None:
+def test_the_allowlist_reaches_the_policy_and_serve_alike() -> None:
     allow = {"users": ["alice", "bob@example.com"], "groups": ["platform-admins"],
              "serviceAccounts": ["gpu-ops:auditor", "monitoring:*"],
              "claimControllers": ["system:kube-controller-manager"]}
     objects = render({"adminAccess": allow})
     params = find(objects, "ConfigMap", "dra-quota-admin-access")["data"]
     assert params["users"] == "alice, bob@example.com" and params["serviceAccounts"] == "gpu-ops:auditor, monitoring:*"
-    # serve's file, read as serve reads it (the path in its arguments, under the mount).
-    args = serve_args(objects)
-    mount = next(m for m in container(objects)["volumeMounts"] if m["name"] == "config")
-    relative = Path(args.admin_access_policy).relative_to(mount["mountPath"])
-    policy_file = tmp_path / "admin-access.yaml"
-    policy_file.write_text(find(objects, "ConfigMap", "dra-quota-config")["data"][str(relative)])
-    assert load_policy(policy_file) == parse_policy(params)
-    assert load_policy(policy_file).service_accounts == frozenset(allow["serviceAccounts"])
+    policy = parse_policy(params)  # as serve parses the ConfigMap it watches
+    assert (policy.users, policy.service_accounts, policy.claim_controllers) == (
+        frozenset(allow["users"]), frozenset(allow["serviceAccounts"]), frozenset(allow["claimControllers"]))
+    # serve watches exactly that ConfigMap, and the reader Role names exactly it.
+    assert serve_args(objects).admin_access_configmap == (NAMESPACE, "dra-quota-admin-access")
+    reader = find(objects, "Role", "dra-quota-admin-access-reader")["rules"]
+    assert reader == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["dra-quota-admin-access"],
+                       "verbs": ["list", "watch"]}]
     # Defaults: nobody, and the resourceclaim controller as the claim controller.
-    default_file = tmp_path / "default.yaml"
-    default_file.write_text(find(render(), "ConfigMap", "dra-quota-config")["data"][str(relative)])
-    assert load_policy(default_file) == parse_policy({})
+    assert parse_policy(find(render(), "ConfigMap", "dra-quota-admin-access")["data"]) == parse_policy({})
 
 
 # -- the Deployment -----------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_the_pod_is_hardened(default: list[Obj]) -> None:
     probes = {k: container(default)[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
     assert [p["path"] for p in probes.values()] == ["/healthz", "/healthz", "/readyz"]
     assert all(p["port"] == "https" and p["scheme"] == "HTTPS" for p in probes.values())
-    assert container(default)["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert container(default)["ports"][0] == {"name": "https", "containerPort": 8443, "protocol": "TCP"}
     term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     hard = find(render({"podAntiAffinity": "hard"}), "Deployment")["spec"]["template"]["spec"]["affinity"]
@@ -197,6 +198,7 @@ def test_values_reach_the_serve_flags(default: list[Obj]) -> None:
     assert (args.command, args.port, args.cert_mode, args.default_pricing, args.allocation_check) == (
         "serve", 8443, "self", "conservative", "enforce")
     assert (args.log_format, args.log_level, args.reservation_ttl) == ("json", "info", 60.0)
+    assert (args.requeue_waiting_pods, args.metrics_port) == (True, 8080)
     changed = serve_args(render({"serve": {"defaultPricing": "optimistic", "allocationCheck": "account-only",
                                            "reservationTTLSeconds": 90, "port": 9443, "logFormat": "text",
                                            "logLevel": "debug", "extraArgs": ["--cert-check-period=30m"]}}))
@@ -216,6 +218,9 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
     assert args.webhook_configurations == tuple((k, find(objects, kind)["metadata"]["name"]) for k, kind in (
         ("validating", "ValidatingWebhookConfiguration"), ("mutating", "MutatingWebhookConfiguration")))
     granted = {n for r in rules_of(objects, "Role") if r["resources"] == ["secrets"] for n in r.get("resourceNames", [])}
+    fullname = find(objects, "Deployment")["metadata"]["name"]
+    assert args.admin_access_configmap == (namespace, find(objects, "ConfigMap", f"{fullname}-admin-access")[
+        "metadata"]["name"])
     assert granted == {args.cert_secret}
     configs = [r for r in rules_of(objects, "ClusterRole") if r["apiGroups"] == ["admissionregistration.k8s.io"]]
     assert [set(r["resourceNames"]) for r in configs] == [{name for _, name in args.webhook_configurations}]
@@ -230,7 +235,9 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
                     assert condition["expression"] == f"request.userInfo.username != '{me}'"
     assert service["spec"]["selector"] == find(objects, "Deployment")["spec"]["selector"]["matchLabels"]
     assert find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-    for binding in (find(objects, "ClusterRoleBinding"), find(objects, "RoleBinding")):
+    bindings = [o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 4
+    for binding in bindings:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
 
 
@@ -238,10 +245,11 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
 
 
 def test_only_self_managed_certificates_get_secret_and_configuration_rights(default: list[Obj]) -> None:
-    assert [r["verbs"] for r in rules_of(default, "Role")] == [["get", "update"], ["create"]]
+    assert [r["verbs"] for r in find(default, "Role", "dra-quota")["rules"]] == [["get", "update"], ["create"]]
     for values in (CERT_MANAGER, FILES):
         objects = render(values)
-        assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+        assert [o["metadata"]["name"] for o in objects if o["kind"] in ("Role", "RoleBinding")] == [
+            "dra-quota-admin-access-reader"] * 2
         cluster_rules = rules_of(objects, "ClusterRole")
         assert all(r["apiGroups"] != ["admissionregistration.k8s.io"] for r in cluster_rules)
         assert all("secrets" not in r["resources"] for r in cluster_rules)
@@ -290,8 +298,7 @@ def test_files_mode_puts_the_given_ca_in_every_webhook() -> None:
     ({"adminAccess": {"serviceAccounts": ["no-colon"]}}, "adminAccess/serviceAccounts/0"),
     ({"adminAccess": {"users": ["alice, bob"]}}, "adminAccess/users/0"),
     ({"podAntiAffinity": "strict"}, "podAntiAffinity"),
-    ({"metrics": {"enabled": True}}, "no metrics endpoint"),
-    ({"metrics": {"serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
+    ({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
     ({"metrics": {"prometheusRule": {"enabled": True}}}, "ships no alert rules"),
     ({"metrics": {"dashboard": {"enabled": True}}}, "ships no Grafana dashboard"),
 ])
@@ -320,3 +327,26 @@ def test_the_image_is_what_the_chart_expects(default: list[Obj]) -> None:
     copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.M))
     assert copied == packages, "the build stage copies every package of the distribution, and only those"
     assert "gcc" not in final and "build-essential" not in final and "COPY --from" not in final
+
+
+def test_metrics_port_and_service_monitor(default: list[Obj]) -> None:
+    ports = {p["name"]: p for p in find(default, "Service")["spec"]["ports"]}
+    assert ports["metrics"] == {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container(default)["ports"]
+    assert not [o for o in default if o["kind"] == "ServiceMonitor"]
+    monitored = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    monitor = find(monitored, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == find(monitored, "Service")["spec"]["selector"]
+    off = render({"metrics": {"enabled": False}})
+    assert serve_args(off).metrics_port == 0
+    assert [p["name"] for p in find(off, "Service")["spec"]["ports"]] == ["https"]
+
+
+def test_requeue_rights_only_when_requeueing(default: list[Obj]) -> None:
+    wanted = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+              {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["patch"]}]
+    assert all(rule in rules_of(default, "ClusterRole") for rule in wanted)
+    off = render({"serve": {"requeueWaitingPods": False}})
+    assert serve_args(off).requeue_waiting_pods is False
+    assert not any(rule in rules_of(off, "ClusterRole") for rule in wanted)
