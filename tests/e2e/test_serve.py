@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import ssl
@@ -72,6 +73,7 @@ class Served:
     self_managed: bool = False
     # --metrics-port: 0 (off) unless a test scrapes, so processes never contend for a port.
     metrics_port: int = 0
+    env: tuple[tuple[str, str], ...] = ()  # added to the environment (POD_NAME: the Lease identity)
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -82,7 +84,7 @@ class Served:
                 sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.cluster.kubeconfig), *tls,
                 "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
                 "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.args,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, **dict(self.env)},
             )
         process = self.process
         if self.self_managed:
