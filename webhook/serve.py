@@ -15,15 +15,20 @@ and 503 again once shutdown began, so no review reaches a replica with a partial
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`webhook.reservations`, protocol and TTL in `quota.reservations`), so several replicas
 share the quotas without over-committing; `--reuse-port` lets them share one port.
+The replica holding the Lease (`webhook.leader`) also runs the quota controller
+(`webhook.controller`) over the same caches: it publishes used/reserved/conditions on
+each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
+webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
+the Lease and the controller.
 
 Limitations of this version:
-- No leader election, no quota controller, no usage metrics yet (admission, watch,
+- No usage metrics yet (admission, watch,
   certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
   by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
-- `status.used` is not written (the quota controller's job); each replica counts
-  allocated claims from its own cache.
+- Admission counts allocated claims from each replica's own cache, not from
+  `status.used` (which the leader publishes from the same kind of cache).
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ log = logging.getLogger(__name__)
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
-    "no quota controller (status.used), no leader election, no usage metrics yet."
+    "the replica holding the Lease writes status.used/reserved; no usage metrics yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")

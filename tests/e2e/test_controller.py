@@ -20,11 +20,18 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
+
+from quota.kubeapi import KubeApi
+from quota.leases import Timing
+from webhook.leader import LeaderElector
 
 from .cluster import ControlPlane, free_ports
-from .driver import claim_spec, create_claim_template, create_pod, exact_request, free_pod, wait_pod_allocated
-from .kube import ApiError, Kube, Obj, poll
-from .test_serve import DQ, Served, Setup, create, crd, running, setup
+from .driver import (Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
+                     wait_pod_allocated)
+from .kube import ApiError, Kube, Obj, poll, resource_path
+from .test_serve import DQ, ROOT, Served, Setup, create, crd, running, setup
+from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +39,7 @@ __all__ = ["crd", "setup"]  # fixtures, imported for their names
 
 GiB = 1024**3
 LEASES = "coordination.k8s.io/v1"
+RBAC = "rbac.authorization.k8s.io/v1"
 # Seconds: short, so that a take-over after SIGKILL is quick to see; the ratios are the
 # defaults' (15/10/2 is what a Deployment gets).
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6.0, 4.0, 1.0
@@ -41,6 +49,7 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
 
 CONTENTION = "too much contention"  # webhook.reservations.CONTENTION: denied, nothing reserved
 MakeNamespace = Callable[..., Awaitable[str]]
+MakeFleet = Callable[..., Awaitable[GpuFleet]]
 LEASE = "dra-quota-controller"
 
 
@@ -112,16 +121,13 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         await create_claim_template(kube, ns, "pair", claim_spec(exact_request("gpu", fleet.device_class, count=2)))
         await create_pod(kube, ns, "p1", template="pair", node_selector=fleet.node_selector)
         _, claim = await wait_pod_allocated(kube, ns, "p1")
-        allocated = time.monotonic()
         # Exact: two 80Gi devices, as the scheduler chose them; the claim's reservation
         # entry is still on the status but counted by the claim now, not twice.
         status = await wait_status(
             kube, ns, lambda s: s.get("used") == amounts(160, 2) and s.get("claims", {}).get("allocated") == 1,
             "used = the allocated devices")
-        delay = time.monotonic() - allocated
         assert status["reserved"] == amounts(0, 0) and status["claims"] == {"allocated": 1, "pending": 0}
         assert claim["metadata"]["uid"] in status["reservations"]
-        print(f"allocation visible -> status.used written: {delay:.2f}s (poll granularity 0.1s, noisy machine)")
 
         # Someone lowers hard below what is in use: Exceeded, for the new generation.
         patched = await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "100Gi"}}},
@@ -211,6 +217,32 @@ async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_name
         assert "leading: Lease" not in other  # the second replica only admitted
 
 
+async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
+        cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path, lease_namespace: str,
+        make_namespace: MakeNamespace, make_fleet: MakeFleet) -> None:
+    fleet = await make_fleet("ctlonly")
+    await fleet.add_node("n1", [Gpu()] * 2)
+    ns = await make_namespace("ctlonly")
+    port = free_ports(1)[0]
+    # No --tls-* flags and --cert-mode self's default: with --no-webhook nothing is minted.
+    only = Served(cluster, port, tmp_path / "controller.log", args=controller_args(lease_namespace, "ctl-only"),
+                  env=(("POD_NAME", "controller-only"),), webhook=False)
+    async for _ in running(only):
+        await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                               "spec": {"hard": {"memory": "80Gi"}}}, namespace=ns)
+        await wait_status(kube, ns, lambda s: s.get("observedGeneration") == 1, "the first status")
+        await create_claim_template(kube, ns, "one", claim_spec(exact_request("gpu", fleet.device_class)))
+        await create_pod(kube, ns, "p1", template="one", node_selector=fleet.node_selector)
+        await wait_pod_allocated(kube, ns, "p1")
+        await wait_status(kube, ns, lambda s: s.get("used") == amounts(80, 1), "used from the allocation")
+        log = only.log_text()
+        assert "serving admission reviews" not in log and "leading: Lease" in log
+        with pytest.raises(OSError):  # nothing listens on the port
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+        assert await kube.get_or_none("v1", "secrets", "dra-quota-webhook-tls", namespace="dra-quota-system") is None
+
+
 # -- leader election ----------------------------------------------------------------------------
 
 
@@ -273,3 +305,74 @@ async def test_one_leader_a_fast_hand_over_on_sigterm_and_a_take_over_after_sigk
     finally:
         for replica in replicas.values():
             await replica.kill()
+
+
+# -- RBAC ---------------------------------------------------------------------------------------
+
+SHIPPED_RBAC = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/rbac-leader-election.yaml").read_text()) if d]
+ACCOUNT = "system:serviceaccount:dra-quota-system:dra-quota"
+
+
+class AsAccount(KubeApi):
+    """The product's own client, every request impersonating the shipped service account
+    (the API server adds its service-account groups)."""
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = await super()._headers(content_type)
+        headers["Impersonate-User"] = ACCOUNT
+        return headers
+
+
+async def test_the_shipped_rbac_lets_the_elector_lead_and_nothing_more(cluster: ControlPlane, kube: Kube) -> None:
+    namespace, name = "dra-quota-system", "dra-quota-controller"
+    created: list[tuple[str, str]] = []
+    try:
+        for kind, plural, body in [("Namespace", "namespaces", {"kind": "Namespace", "metadata": {"name": namespace}}),
+                                   *((d["kind"], d["kind"].lower() + "s", d) for d in SHIPPED_RBAC)]:
+            api_version = "v1" if kind == "Namespace" else RBAC
+            try:
+                await kube.create(api_version, plural, body, namespace=None if kind == "Namespace" else namespace)
+                if kind != "Namespace":
+                    created.append((plural, body["metadata"]["name"]))
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        api = await AsAccount.from_kubeconfig(str(cluster.kubeconfig))
+        elector = LeaderElector(api, name=name, namespace=namespace, identity="rbac-test",
+                                timing=Timing(LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD))
+        leading = asyncio.Event()
+
+        async def work() -> None:
+            leading.set()
+            await asyncio.Event().wait()
+
+        task = asyncio.create_task(elector.run(work))
+        try:
+            # Created (first ever), then renewed: both as the account (RBAC caches may lag
+            # the binding by a moment: the elector retries).
+            await asyncio.wait_for(leading.wait(), 30)
+            first = (await kube.get(LEASES, "leases", name, namespace=namespace))["spec"]["renewTime"]
+
+            async def renewed() -> bool:
+                lease = await kube.get(LEASES, "leases", name, namespace=namespace)
+                return bool(lease["spec"]["renewTime"] != first)
+
+            await poll(renewed, timeout=RENEW_DEADLINE, what="a renewal as the service account")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+        # SIGTERM's release (an update) passed too.
+        assert await holder(kube, namespace, name) == ""
+        # And nothing more: another Lease, a list, a delete, a patch.
+        for method, path in [("GET", resource_path(LEASES, "leases", "other", namespace)),
+                             ("GET", resource_path(LEASES, "leases", namespace=namespace)),
+                             ("DELETE", resource_path(LEASES, "leases", name, namespace)),
+                             ("PATCH", resource_path(LEASES, "leases", name, namespace))]:
+            with pytest.raises(ApiError) as refused:
+                await impersonated(kube, method, path, user=ACCOUNT, body={} if method == "PATCH" else None)
+            assert refused.value.status == 403, (method, path)
+    finally:
+        for plural, obj_name in created:
+            await kube.delete(RBAC, plural, obj_name, namespace=namespace)
+        await kube.delete(LEASES, "leases", name, namespace=namespace)
