@@ -25,6 +25,7 @@ from quota.inventory import gc_paused
 from quota.loader import CheckInputError, iter_documents
 from quota.devicequota import QuotaError, format_amount
 from quota.kubeapi import ApiError, KubeApi
+from quota.leases import Timing
 from quota.model import Charge
 from quota.printable import for_json, for_terminal
 from quota.quantity import format_quantity
@@ -32,7 +33,7 @@ from quota.top import quota_usage
 from webhook import certificates
 from webhook.adminpolicy import configmap_ref
 from webhook.metrics import DEFAULT_METRICS_PORT
-from webhook.serve import LIMITATIONS, QUOTAS, ServeError, ServeOptions, configure_logging, serve
+from webhook.serve import LIMITATIONS, QUOTAS, LeaderElection, ServeError, ServeOptions, configure_logging, serve
 
 EXIT_OK = 0
 EXIT_CLUSTER = 1
@@ -124,6 +125,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
                             "of after its backoff (up to 1000 s); needs list pods, patch resourceclaimtemplates "
                             "(default on)")
+    _add_controller(serve)
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -136,8 +138,47 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.set_defaults(run=_run_serve)
 
 
+def _add_controller(serve: argparse.ArgumentParser) -> None:
+    roles = serve.add_argument_group("webhook and quota controller (all replicas serve webhooks, one leader reconciles)")
+    roles.add_argument("--webhook", action=argparse.BooleanOptionalAction, default=True,
+                       help="serve the admission webhooks over HTTPS; --no-webhook: no listener and no "
+                            "certificates (a controller-only Deployment) (default on)")
+    roles.add_argument("--controller", action=argparse.BooleanOptionalAction, default=True,
+                       help="campaign for the Lease and, while leading, write each DeviceQuota's status "
+                            "(used, reserved, claims, conditions) (default on)")
+    roles.add_argument("--resync-period", type=float, default=300.0, metavar="SECONDS",
+                       help="recompute every DeviceQuota's status this often even without events (default 300)")
+    roles.add_argument("--leader-election-lease-name", default="dra-quota-controller", metavar="NAME",
+                       help="the coordination.k8s.io/v1 Lease (default dra-quota-controller)")
+    roles.add_argument("--leader-election-namespace", metavar="NAMESPACE",
+                       help="the Lease's namespace (default: the Pod's own, else dra-quota-system)")
+    roles.add_argument("--leader-election-lease-duration", type=float, default=15.0, metavar="SECONDS",
+                       help="how long candidates wait after the last renewal they saw before taking over (default 15)")
+    roles.add_argument("--leader-election-renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                       help="the leader stops leading when it could not renew for this long (default 10)")
+    roles.add_argument("--leader-election-retry-period", type=float, default=2.0, metavar="SECONDS",
+                       help="how often the leader renews and candidates try (default 2)")
+
+
+def _leader_election(args: argparse.Namespace) -> LeaderElection:
+    """The flags' Lease settings; ValueError says which values cannot work together."""
+    timing = Timing(args.leader_election_lease_duration, args.leader_election_renew_deadline,
+                    args.leader_election_retry_period)
+    problem = timing.problem()
+    if problem is not None:
+        raise ValueError(f"--leader-election-*: {problem}")
+    return LeaderElection(args.leader_election_lease_name,
+                          args.leader_election_namespace or certificates.default_namespace(), timing)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    if not (args.webhook or args.controller):
+        print("error: --no-webhook and --no-controller together leave nothing to run", file=sys.stderr)
+        return EXIT_INPUT
+    if args.resync_period <= 0:
+        print("error: --resync-period must be positive", file=sys.stderr)
+        return EXIT_INPUT
     files = args.tls_cert_file is not None or args.tls_key_file is not None
     mode = args.cert_mode or ("files" if files else "self")
     if (mode == "files") != files or (files and None in (args.tls_cert_file, args.tls_key_file)):
@@ -145,6 +186,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         self_managed = certificates.from_args(args) if mode == "self" else None
+        election = _leader_election(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INPUT
@@ -157,6 +199,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
+        webhook=args.webhook, controller=args.controller, leader_election=election,
+        resync_seconds=args.resync_period,
     )
     try:
         return asyncio.run(serve(options))

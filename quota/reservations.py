@@ -33,9 +33,11 @@ claim nowhere. The assumption, stated: every replica's claim watch lags less tha
 TTL, and the replicas' clocks agree to well within it. An entry whose claim this
 replica saw deleted (`gone`) is dropped at once, as is one released by a claim DELETE.
 
-What a status reader sees: `status.reserved` is the sum of the entries admitted in the
-last TTL, confirmed or not; it is not the namespace's pending usage (that is the
-claims' own business, and `status.used` is the quota controller's, issue 8).
+What a status reader sees: the entries admitted in the last TTL, confirmed or not.
+`status.used`, `status.reserved` (pending claims plus entries whose claim is not seen
+yet) and the conditions are the leader-elected quota controller's (`quota.quotastatus`
+says how the two writers share the status); that controller also drops expired
+entries when no admission writes the quota again.
 """
 
 from __future__ import annotations
@@ -107,10 +109,13 @@ def parse_reservations(status: Any) -> dict[str, Reservation]:
 
 
 def status_fields(held: Held) -> dict[str, Any]:
-    """The status fields this protocol owns: the entries and their sum."""
-    total = sum((r.charge for r in held.values()), ZERO)
-    return {"reservations": {uid: r.as_json() for uid, r in sorted(held.items())},
-            "reserved": {"memory": total.memory, "devices": total.devices}}
+    """The status field this protocol owns: the entries.
+
+    `status.reserved` is the quota controller's (`quota.quotastatus`): it counts the
+    pending claims too, and one owner per field keeps the two writers from undoing
+    each other's numbers.
+    """
+    return {"reservations": {uid: r.as_json() for uid, r in sorted(held.items())}}
 
 
 def apply(

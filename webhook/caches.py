@@ -31,8 +31,9 @@ from quota.ledger import ClaimRef
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
+from quota.watching import Store
 
-__all__ = ["ClaimStore", "ClassStore", "NamespaceStore", "QuotaStore", "SliceStore"]
+__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,33 @@ class ClaimStore:
             return  # reserved at admission: the claim confirms it
         # Never admitted by this process (it started later), or deallocated.
         self.admitter.reserve_existing(claim)
+
+
+class Notifying:
+    """A store that, after applying each event, tells `changed` its object's namespace
+    (None after a whole list): the quota controller (`webhook.controller`) learns which
+    quotas to look at again without a second watch of its own."""
+
+    def __init__(self, store: Store, changed: Callable[[str | None], None]) -> None:
+        self.store = store
+        self.changed = changed
+
+    def replace(self, objects: list[Obj]) -> None:
+        self.store.replace(objects)
+        self.changed(None)
+
+    def upsert(self, obj: Obj) -> None:
+        self.store.upsert(obj)
+        self.changed(_namespace(obj))
+
+    def delete(self, obj: Obj) -> None:
+        self.store.delete(obj)
+        self.changed(_namespace(obj))
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
 
 
 def _ref(uid: str, meta: Mapping[str, Any]) -> ClaimRef:

@@ -82,6 +82,14 @@ class Reservations:
     def drop(self, namespace: str, name: str) -> None:
         self._objects.pop((Namespace(namespace), name), None)
 
+    def newest(self, namespace: str, name: str) -> Obj | None:
+        """The newest DeviceQuota object known (the quota controller writes against it too)."""
+        return self._objects.get((Namespace(namespace), name))
+
+    def is_gone(self, uid: str) -> bool:
+        """Whether this replica saw claim `uid` deleted (its entry counts no more)."""
+        return uid in self._gone
+
     def forget(self, uid: str) -> None:
         """The claim `uid` is gone from the cache: its entry, if any, counts no more."""
         now = self.clock()
@@ -203,7 +211,7 @@ class Reservations:
             quota, parse_reservations(obj.get("status")), requests,
             usage=self.ledger.usage(quota.namespace, quota.name),
             cached=lambda uid: self.ledger.entry(ClaimRef(uid)) is not None,
-            gone=lambda uid: uid in self._gone, now=now, ttl=self.ttl,
+            gone=self.is_gone, now=now, ttl=self.ttl,
         )
 
     async def _get(self, key: QuotaKey) -> Obj | None:

@@ -15,15 +15,20 @@ and 503 again once shutdown began, so no review reaches a replica with a partial
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`webhook.reservations`, protocol and TTL in `quota.reservations`), so several replicas
 share the quotas without over-committing; `--reuse-port` lets them share one port.
+The replica holding the Lease (`webhook.leader`) also runs the quota controller
+(`webhook.controller`) over the same caches: it publishes used/reserved/conditions on
+each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
+webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
+the Lease and the controller.
 
 Limitations of this version:
-- No leader election, no quota controller, no usage metrics yet (admission, watch,
+- No usage metrics yet (admission, watch,
   certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
   by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
-- `status.used` is not written (the quota controller's job); each replica counts
-  allocated claims from its own cache.
+- Admission counts allocated claims from each replica's own cache, not from
+  `status.used` (which the leader publishes from the same kind of cache).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +54,7 @@ from certs.tls import ReloadingContext
 from quota.admission import Admitter
 from quota.inventory import Inventory
 from quota.kubeapi import ApiError, KubeApi, Resource
+from quota.leases import Timing
 from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import PolicyError
@@ -57,24 +63,27 @@ from quota.watching import Reflector, Store, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
-from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
+from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
+from webhook.controller import QuotaController
 from webhook.endpoints import endpoints
 from webhook.events import EventRecorder, KubeSink, reporting_instance
 from webhook.filepoll import Stamp, reload_on_change, stamp
+from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
 
-__all__ = ["LIMITATIONS", "QUOTAS", "ServeError", "ServeOptions", "configure_logging", "policy_source", "serve"]
+__all__ = ["LIMITATIONS", "QUOTAS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
+           "policy_source", "serve"]
 
 log = logging.getLogger(__name__)
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
-    "no quota controller (status.used), no leader election, no usage metrics yet."
+    "the replica holding the Lease writes status.used/reserved; no usage metrics yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -85,6 +94,14 @@ CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
 
 class ServeError(Exception):
     """A start-up failure worth one line (bad flag value, unreadable file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    lease_name: str = "dra-quota-controller"
+    lease_namespace: str = "dra-quota-system"
+    timing: Timing = Timing()
+    identity: str = ""  # "": webhook.leader.default_identity() (POD_NAME, else the host name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +134,14 @@ class ServeOptions:
     # GET /metrics over plain HTTP (webhook.metrics); port 0: no metrics listener.
     metrics_bind_address: str = "0.0.0.0"
     metrics_port: int = DEFAULT_METRICS_PORT
+    # All replicas serve the webhooks; the one holding the Lease runs the quota
+    # controller (webhook.leader, webhook.controller). --no-webhook: no HTTPS listener
+    # and no certificates at all (a controller-only Deployment).
+    webhook: bool = True
+    controller: bool = True
+    leader_election: LeaderElection = LeaderElection()
+    # Every quota's status is recomputed this often even without events (seconds).
+    resync_seconds: float = 300.0
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -209,19 +234,31 @@ class Caches:
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
 
+        # Told the namespace of every claim and DeviceQuota event (None: a whole list);
+        # the quota controller listens here (webhook.controller).
+        self.changed: list[Callable[[str | None], None]] = []
+
         def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
+
+        def notifying(store: Store) -> Notifying:
+            return Notifying(store, self._tell)
 
         self.first = [
             reflector(SLICES, SliceStore(self.inventory)),
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, NamespaceStore(self.namespaces)),
-            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe,
-                                         drop=self.reservations.drop)),
+            reflector(QUOTAS, notifying(QuotaStore(self.admitter, observe=self.reservations.observe,
+                                                   drop=self.reservations.drop))),
             *also,
         ]
-        self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget,
-                                                   freed=requeue.quota_freed if requeue else None), claims=True)
+        self.claims = reflector(CLAIMS, notifying(ClaimStore(self.admitter, forget=self.reservations.forget,
+                                                             freed=requeue.quota_freed if requeue else None)),
+                                claims=True)
+
+    def _tell(self, namespace: str | None) -> None:
+        for listener in self.changed:
+            listener(namespace)
 
     @property
     def synced(self) -> bool:
@@ -240,7 +277,8 @@ async def serve(options: ServeOptions) -> int:
     """Serve until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background task died."""
     started = time.monotonic()
     policy = policy_source(options)
-    if options.certificates is None:
+    tls: ReloadingContext | None = None
+    if options.webhook and options.certificates is None:
         try:
             stamp = _stamp(options)
             tls = ReloadingContext(_read_pair(options))
@@ -251,8 +289,12 @@ async def serve(options: ServeOptions) -> int:
     except (ConfigException, OSError, ValueError) as err:
         raise ServeError(f"cannot reach the cluster: {err}") from None
     manager: CertificateManager | None = None
-    if options.certificates is None:
-        certificates: Coroutine[Any, Any, None] = _reload_certificates(options, tls, stamp)
+    certificates: Coroutine[Any, Any, None] | None = None
+    if not options.webhook:
+        pass  # no listener, so no certificate to load, mint or watch
+    elif options.certificates is None:
+        assert tls is not None
+        certificates = _reload_certificates(options, tls, stamp)
     else:
         try:
             tls, manager = await start_self_managed(api, options.certificates)
@@ -272,10 +314,12 @@ async def serve(options: ServeOptions) -> int:
     metrics, recorder, observe = _observability(api, caches, tls, manager)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
-    await runner.setup()
+    if options.webhook:
+        await runner.setup()
     background = [
         asyncio.create_task(caches.run(), name="caches"),
-        asyncio.create_task(certificates, name="certificates"),
+        *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
+        *([asyncio.create_task(_lead(api, caches, options), name="leader election")] if options.controller else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
@@ -302,17 +346,19 @@ async def serve(options: ServeOptions) -> int:
                 raise ServeError(f"cannot serve metrics on {options.metrics_bind_address}:{options.metrics_port}: "
                                  f"{err}") from None
             log.info("serving metrics on http://%s:%d/metrics", options.metrics_bind_address, options.metrics_port)
-        site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
-                            reuse_port=options.reuse_port or None)
-        await site.start()
-        log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
+        if tls is not None:
+            site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
+                                reuse_port=options.reuse_port or None)
+            await site.start()
+            log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
         await stop.wait()
         log.info("shutting down: no new connections, finishing in-flight reviews")
     finally:
         # runner.cleanup closes the listener, then waits up to shutdown_timeout for the
         # handlers in flight: they read the caches, so the reflectors stop after them.
-        await runner.cleanup()
+        if options.webhook:
+            await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         for task in background:
@@ -325,7 +371,28 @@ async def serve(options: ServeOptions) -> int:
     return 1 if failed else 0
 
 
-def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext,
+async def _lead(api: KubeApi, caches: Caches, options: ServeOptions) -> None:
+    """Campaign for the Lease; while leading, run the quota controller over the caches.
+
+    The controller starts only once every cache has synced: a status computed from a
+    half-listed cache would publish too little usage.
+    """
+    election = options.leader_election
+    elector = LeaderElector(api, name=election.lease_name, namespace=election.lease_namespace,
+                            identity=election.identity or default_identity(), timing=election.timing)
+    controller = QuotaController(api, caches.admitter.ledger, caches.reservations, leading=elector.leading,
+                                 resync=options.resync_seconds)
+    caches.changed.append(controller.changed)
+
+    async def work() -> None:
+        while not caches.synced:
+            await asyncio.sleep(0.1)  # polling a cheap flag: the reflectors expose no combined event
+        await controller.run()
+
+    await elector.run(work)
+
+
+def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None,
                    manager: CertificateManager | None) -> tuple[Metrics, EventRecorder, Observer]:
     """The process's metrics and Event recorder, and the hook telling both every verdict."""
     metrics = Metrics()
@@ -334,7 +401,8 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext,
     metrics.watch(lambda: (*caches.first, caches.claims))
 
     def expirations() -> Iterator[tuple[str, datetime]]:
-        yield "serving", tls.not_after
+        if tls is not None:
+            yield "serving", tls.not_after
         if manager is not None and manager.material is not None:
             yield "ca", inspect(manager.material.ca.cert_pem).not_after
 

@@ -75,20 +75,34 @@ class Served:
     metrics_port: int = 0
     # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
     kubeconfig: Path | None = None
-    env: dict[str, str] = field(default_factory=dict)  # on top of the test's environment
+    # On top of the test's environment (POD_NAME: the Lease identity).
+    env: dict[str, str] = field(default_factory=dict)
+    # False: --no-webhook (the controller only): no listener, so readiness is its log line.
+    webhook: bool = True
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
-        tls = () if self.self_managed else ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
+        tls = () if self.self_managed or not self.webhook else ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
         started = time.monotonic()
+        earlier = self.log_text().count("ready after")  # the log is appended to across restarts
         with self.log.open("ab") as out:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig),
                 *tls, "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
                 "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.args,
+                *(() if self.webhook else ("--no-webhook",)),
                 stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env},
             )
         process = self.process
+        if not self.webhook:
+            async def logged_ready() -> bool:
+                if process.returncode is not None:
+                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
+                return self.log_text().count("ready after") > earlier
+
+            await poll(logged_ready, timeout=60, what="dra-quota serve --no-webhook ready")
+            self.ready_seconds = time.monotonic() - started
+            return
         if self.self_managed:
             # Readiness only: whether the certificate is right is the API server's to judge.
             ctx = ssl.create_default_context()

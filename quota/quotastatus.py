@@ -1,0 +1,131 @@
+"""The DeviceQuota status the quota controller writes: pure, from the ledger's usage.
+
+Neighbours: `webhook.controller` reads a DeviceQuota, calls `desired_status` with what
+`quota.ledger` counts for it and writes the result back (only when it differs) through
+the status subresource; `quota.reservations` owns `status.reservations` (the webhook's
+persisted admissions) and its pure rules, which this module reuses rather than restates;
+`quota.top` reads what is written here.
+
+Two writers share one status, each owning its fields:
+- the webhooks (every replica): `reservations`;
+- the leader's controller: `used`, `reserved`, `claims`, `observedGeneration`,
+  `conditions`, and it drops the `reservations` entries `quota.reservations.apply`
+  drops (expired, or their claim was deleted), so an entry whose claim never appeared
+  leaves the status after the TTL even when no admission writes the quota again.
+Both write the whole status, each built from the object it replaces: its own fields
+new, every other field as read; the API server accepts the write only if that object
+is still current (resourceVersion precondition), else the writer re-reads and builds
+again. So neither can erase what the other wrote: a field written in between makes
+the other's write a conflict, never a silent overwrite.
+
+What the numbers mean (the same rule the webhook admits by, `quota.reservations`):
+- `used`: the exact charge of the allocated claims (`status.allocation`);
+- `reserved`: the estimated charge of the claims that exist unallocated, plus the
+  persisted entries whose claim the controller's cache does not hold yet (admitted,
+  not yet seen, at most one TTL);
+- `claims`: allocated and pending (existing, unallocated) claims;
+- `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
+  Audit enforcement, an allocation accounted in account-only mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from quota.devicequota import RESOURCES, DeviceQuota, Usage, format_resource
+from quota.leases import micro_time
+from quota.model import ZERO, Charge
+from quota.reservations import Held, apply, status_fields
+
+__all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
+
+CONTROLLER_FIELDS = ("used", "reserved", "claims", "observedGeneration", "conditions")
+
+
+def desired_status(
+    obj: Mapping[str, Any],
+    quota: DeviceQuota,
+    held: Held,
+    *,
+    usage: Usage,
+    cached: Callable[[str], bool],
+    gone: Callable[[str], bool],
+    now: float,
+    ttl: float,
+) -> dict[str, Any]:
+    """The whole status `obj` should have: the controller's fields new, the rest as read.
+
+    `held` are the persisted entries parsed from `obj`; `cached(uid)` and `gone(uid)` as
+    in `quota.reservations.apply`. Deterministic for an unchanged input (a condition's
+    lastTransitionTime moves only when its status does), so comparing the result with
+    the current status says whether a write is needed.
+    """
+    status = dict(obj.get("status") or {})
+    live = apply(quota, held, [], usage=usage, cached=cached, gone=gone, now=now, ttl=ttl).held
+    unconfirmed = sum((r.charge for uid, r in live.items() if not cached(uid)), ZERO)
+    reserved = usage.reserved + unconfirmed
+    generation = (obj.get("metadata") or {}).get("generation")
+    status["reservations"] = status_fields(live)["reservations"]
+    status["used"] = _amounts(usage.used)
+    status["reserved"] = _amounts(reserved)
+    status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
+    if isinstance(generation, int):
+        status["observedGeneration"] = generation
+    conditions = [
+        _condition("Ready", True, "Counted", "usage counted from the allocated and pending claims", generation),
+        _exceeded(quota, usage.used + reserved, generation),
+    ]
+    status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
+    return status
+
+
+def next_expiry(held: Held, now: float) -> float | None:
+    """When the earliest entry still live at `now` expires (the controller wakes then)."""
+    return min((r.expires for r in held.values() if r.expires > now), default=None)
+
+
+def _amounts(charge: Charge) -> dict[str, int]:
+    return {"memory": charge.memory, "devices": charge.devices}
+
+
+def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:
+    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and _get(total, r) > limit]
+    if not over:
+        return _condition("Exceeded", False, "WithinHard", "used + reserved is within hard", generation)
+    message = "; ".join(f"used + reserved {format_resource(r, _get(total, r))} is above hard "
+                        f"{format_resource(r, quota.hard.get(r) or 0)}" for r in over)
+    return _condition("Exceeded", True, "AboveHard", message, generation)
+
+
+def _get(charge: Charge, resource: str) -> int:
+    return charge.memory if resource == "memory" else charge.devices
+
+
+def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
+    if isinstance(generation, int):
+        out["observedGeneration"] = generation
+    return out
+
+
+def _keep_transitions(old: Any, new: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """`new`, each with the previous lastTransitionTime while its status is unchanged.
+
+    Conditions of other types (none are written by anyone else today) are kept as read.
+    """
+    previous = {c.get("type"): c for c in old if isinstance(c, dict)} if isinstance(old, list) else {}
+    ours = {c["type"] for c in new}
+    out = []
+    for condition in new:
+        before = previous.get(condition["type"]) or {}
+        same = before.get("status") == condition["status"] and before.get("lastTransitionTime")
+        stamp = str(before["lastTransitionTime"]) if same else micro_time(now)
+        out.append({**condition, "lastTransitionTime": _seconds(stamp)})
+    out.extend(c for t, c in previous.items() if t not in ours)
+    return out
+
+
+def _seconds(stamp: str) -> str:
+    """metav1.Time has second precision: the API server would round anything finer."""
+    return stamp[:19] + "Z" if len(stamp) > 20 else stamp

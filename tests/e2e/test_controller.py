@@ -1,0 +1,378 @@
+"""The quota controller in `dra-quota serve`, on the real 1.37 control plane.
+
+The real scheduler allocates the claims (tests/e2e/driver.py's fake GPU nodes), the real
+API server holds the DeviceQuota status both writers share (the webhook's
+`status.reservations`, the controller's usage and conditions: quota.quotastatus), and
+leader election runs on a real coordination.k8s.io/v1 Lease. The serve processes are
+test_serve.py's `Served`, each with its own Lease identity (POD_NAME) and a Lease in a
+namespace of this test, with short timings so take-overs are quick to observe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from quota.kubeapi import KubeApi
+from quota.leases import Timing
+from webhook.leader import LeaderElector
+
+from .cluster import ControlPlane, free_ports
+from .driver import (Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
+                     wait_pod_allocated)
+from .kube import ApiError, Kube, Obj, poll, resource_path
+from .test_serve import DQ, ROOT, Served, Setup, create, crd, running, setup
+from .webhook_recorder import impersonated
+
+pytestmark = pytest.mark.e2e
+
+__all__ = ["crd", "setup"]  # fixtures, imported for their names
+
+GiB = 1024**3
+LEASES = "coordination.k8s.io/v1"
+RBAC = "rbac.authorization.k8s.io/v1"
+# Seconds: short, so that a take-over after SIGKILL is quick to see; the ratios are the
+# defaults' (15/10/2 is what a Deployment gets).
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6.0, 4.0, 1.0
+TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
+          "--leader-election-renew-deadline", str(RENEW_DEADLINE),
+          "--leader-election-retry-period", str(RETRY_PERIOD))
+
+CONTENTION = "too much contention"  # webhook.reservations.CONTENTION: denied, nothing reserved
+MakeNamespace = Callable[..., Awaitable[str]]
+MakeFleet = Callable[..., Awaitable[GpuFleet]]
+LEASE = "dra-quota-controller"
+
+
+def controller_args(lease_namespace: str, lease_name: str) -> tuple[str, ...]:
+    # A long TTL: the race test checks every entry is still there afterwards.
+    return ("--leader-election-namespace", lease_namespace, "--leader-election-lease-name", lease_name, *TIMING,
+            "--reservation-ttl", "600")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def lease_namespace(make_namespace: MakeNamespace) -> str:
+    return await make_namespace("lease")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path, lease_namespace: str) -> AsyncIterator[Served]:
+    """Overrides test_serve's: one replica, webhook and controller, leading its own Lease."""
+    # --reuse-port: a second replica may join on the same port (the race test).
+    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log",
+                    args=(*controller_args(lease_namespace, LEASE), "--reuse-port"), env={"POD_NAME": "replica-a"})
+    async for running_handle in running(handle):
+        yield running_handle
+
+
+async def quota_status(kube: Kube, namespace: str, name: str = "gpus") -> Obj:
+    obj = await kube.get(DQ, "devicequotas", name, namespace=namespace)
+    status: Obj = obj.get("status") or {}
+    return status
+
+
+async def wait_status(kube: Kube, namespace: str, holds: Callable[[Obj], bool], what: str,
+                      timeout: float = 30) -> Obj:
+    async def probe() -> Obj | None:
+        status = await quota_status(kube, namespace)
+        return status if holds(status) else None
+
+    result: Obj = await poll(probe, timeout=timeout, what=what, interval=0.02, max_interval=0.1)
+    return result
+
+
+async def counted_quota(kube: Kube, setup: Setup, memory: str) -> Obj:
+    """A DeviceQuota `gpus`, and its first status: the process holds it in its caches
+    (the controller writes only quotas its ledger has, the ledger the webhook admits by)."""
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                           "spec": {"hard": {"memory": memory}}}, namespace=setup.namespace)
+    return await wait_status(kube, setup.namespace, lambda s: s.get("observedGeneration") == 1, "the first status")
+
+
+def amounts(memory_gib: int, devices: int) -> dict[str, int]:
+    return {"memory": memory_gib * GiB, "devices": devices}
+
+
+def condition(status: Obj, kind: str) -> Obj:
+    found: Obj = next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+    return found
+
+
+# -- accounting ---------------------------------------------------------------------------------
+
+
+async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube: Kube, setup: Setup) -> None:
+    ns, fleet = setup.namespace, setup.fleet
+    with setup.served.log_on_failure():
+        status = await counted_quota(kube, setup, "320Gi")
+        assert (status["used"], status["reserved"], status["claims"]) == (amounts(0, 0), amounts(0, 0),
+                                                                           {"allocated": 0, "pending": 0})
+        assert condition(status, "Ready")["status"] == "True" and condition(status, "Exceeded")["status"] == "False"
+
+        await create_claim_template(kube, ns, "pair", claim_spec(exact_request("gpu", fleet.device_class, count=2)))
+        await create_pod(kube, ns, "p1", template="pair", node_selector=fleet.node_selector)
+        _, claim = await wait_pod_allocated(kube, ns, "p1")
+        # Exact: two 80Gi devices, as the scheduler chose them; the claim's reservation
+        # entry is still on the status but counted by the claim now, not twice.
+        status = await wait_status(
+            kube, ns, lambda s: s.get("used") == amounts(160, 2) and s.get("claims", {}).get("allocated") == 1,
+            "used = the allocated devices")
+        assert status["reserved"] == amounts(0, 0) and status["claims"] == {"allocated": 1, "pending": 0}
+        assert claim["metadata"]["uid"] in status["reservations"]
+
+        # Someone lowers hard below what is in use: Exceeded, for the new generation.
+        patched = await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "100Gi"}}},
+                                   namespace=ns)
+        generation = patched["metadata"]["generation"]
+        status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == generation
+                                   and condition(s, "Exceeded").get("status") == "True", "Exceeded after lowering hard")
+        assert condition(status, "Exceeded")["message"] == "used + reserved memory=160Gi is above hard memory=100Gi"
+
+        # Deleting the pod frees the claim: used back to nothing, the entry dropped, not Exceeded.
+        await free_pod(kube, ns, "p1")
+        status = await wait_status(kube, ns, lambda s: s.get("used") == amounts(0, 0)
+                                   and condition(s, "Exceeded").get("status") == "False", "used back to 0")
+        assert status["claims"] == {"allocated": 0, "pending": 0} and status["reserved"] == amounts(0, 0)
+        assert status["reservations"] == {}
+
+
+async def test_the_controller_drops_an_entry_whose_claim_never_appeared(kube: Kube, setup: Setup) -> None:
+    ns = setup.namespace
+    with setup.served.log_on_failure():
+        await counted_quota(kube, setup, "320Gi")
+        # An admission whose claim was never persisted (another webhook denied the create):
+        # an entry with no claim, expiring in 3 s. Nobody admits anything afterwards.
+        expires = datetime.fromtimestamp(time.time() + 3, timezone.utc).isoformat(timespec="milliseconds")
+        obj = await kube.get(DQ, "devicequotas", "gpus", namespace=ns)
+        obj["status"]["reservations"] = {str(uuid.uuid4()): {
+            "claim": f"{ns}/never", "memory": 80 * GiB, "devices": 1, "expires": expires.replace("+00:00", "Z")}}
+        await kube.replace(DQ, "devicequotas", obj, namespace=ns, subresource="status")
+        await wait_status(kube, ns, lambda s: s.get("reserved") == amounts(80, 1), "the entry counted as reserved")
+        status = await wait_status(kube, ns, lambda s: s.get("reservations") == {}, "the expired entry dropped",
+                                   timeout=15)
+        assert status["reserved"] == amounts(0, 0) and status["claims"] == {"allocated": 0, "pending": 0}
+
+
+async def test_reservations_written_while_the_controller_writes_are_never_lost(
+        cluster: ControlPlane, kube: Kube, setup: Setup, lease_namespace: str, tmp_path: Path) -> None:
+    """Both writers on one status at once: 40 concurrent admissions over two replicas on
+    one port, each persisting its entry, while the leader's controller rewrites the
+    status after those writes (the second replica's writes race it from another process,
+    from its own, lagging, view of the object)."""
+    ns, count = setup.namespace, 40
+    second = Served(cluster, setup.served.port, tmp_path / "second.log",
+                    args=(*controller_args(lease_namespace, LEASE), "--reuse-port"), env={"POD_NAME": "replica-b"})
+    async for _ in running(second):
+        # /readyz on the shared port may have been answered by the first replica: the
+        # second says itself when its caches synced (as test_replicas.Replica waits).
+        async def second_ready() -> bool:
+            return "ready after" in second.log_text()
+
+        await poll(second_ready, timeout=60, what="replica-b ready")
+        await _race(kube, setup, second, count, lease_namespace)
+
+
+async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_namespace: str) -> None:
+    ns = setup.namespace
+    with setup.served.log_on_failure(), second.log_on_failure():
+        assert await holder(kube, lease_namespace, LEASE) == "replica-a"
+        await counted_quota(kube, setup, f"{80 * count}Gi")
+        uids: dict[str, str] = {}
+
+        async def admitted(i: int) -> None:
+            for _ in range(20):
+                try:
+                    created = await create(kube, setup, f"c{i}")
+                except ApiError as err:
+                    if CONTENTION in err.message:
+                        continue  # too much contention: the webhook denied, reserving nothing; retry
+                    raise
+                uids[created["metadata"]["uid"]] = f"c{i}"
+                return
+            raise AssertionError(f"claim c{i} denied for contention 20 times")
+
+        await asyncio.gather(*(admitted(i) for i in range(count)))
+        status = await wait_status(kube, ns, lambda s: s.get("claims", {}).get("pending") == count,
+                                   f"{count} pending claims counted")
+        # Nothing lost: every entry the webhook persisted is still there (the TTL is 10
+        # minutes), and every claim is counted exactly once in reserved.
+        assert set(uids) <= set(status["reservations"]), set(uids) - set(status["reservations"])
+        assert status["reserved"] == amounts(80 * count, count) and status["used"] == amounts(0, 0)
+        leader, other = setup.served.log_text(), second.log_text()
+        conflicts = sum(len(re.findall(r"conflict writing DeviceQuota \S+/gpus status", log)) for log in (leader, other))
+        writes = len(re.findall(rf"DeviceQuota {ns}/gpus status: used", leader))
+        served = [len(re.findall(r"/validate allowed CREATE \S+/c\d+ ", log)) for log in (leader, other)]
+        print(f"{count} admissions (validated by the replicas: {served}): {writes} controller status writes, "
+              f"{conflicts} conflicts between the writers (noisy machine)")
+        assert writes >= 2  # the controller did write during the burst, not only once after it
+        assert "leading: Lease" not in other  # the second replica only admitted
+
+
+async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
+        cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path, lease_namespace: str,
+        make_namespace: MakeNamespace, make_fleet: MakeFleet) -> None:
+    fleet = await make_fleet("ctlonly")
+    await fleet.add_node("n1", [Gpu()] * 2)
+    ns = await make_namespace("ctlonly")
+    port = free_ports(1)[0]
+    # No --tls-* flags and --cert-mode self's default: with --no-webhook nothing is minted.
+    only = Served(cluster, port, tmp_path / "controller.log", args=controller_args(lease_namespace, "ctl-only"),
+                  env={"POD_NAME": "controller-only"}, webhook=False)
+    async for _ in running(only):
+        await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                               "spec": {"hard": {"memory": "80Gi"}}}, namespace=ns)
+        await wait_status(kube, ns, lambda s: s.get("observedGeneration") == 1, "the first status")
+        await create_claim_template(kube, ns, "one", claim_spec(exact_request("gpu", fleet.device_class)))
+        await create_pod(kube, ns, "p1", template="one", node_selector=fleet.node_selector)
+        await wait_pod_allocated(kube, ns, "p1")
+        await wait_status(kube, ns, lambda s: s.get("used") == amounts(80, 1), "used from the allocation")
+        log = only.log_text()
+        assert "serving admission reviews" not in log and "leading: Lease" in log
+        with pytest.raises(OSError):  # nothing listens on the port
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+        assert await kube.get_or_none("v1", "secrets", "dra-quota-webhook-tls", namespace="dra-quota-system") is None
+
+
+# -- leader election ----------------------------------------------------------------------------
+
+
+async def holder(kube: Kube, namespace: str, name: str) -> str:
+    lease = await kube.get_or_none(LEASES, "leases", name, namespace=namespace)
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def leading_lines(replica: Served) -> int:
+    return replica.log_text().count("leading: Lease")
+
+
+async def test_one_leader_a_fast_hand_over_on_sigterm_and_a_take_over_after_sigkill(
+        cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path, lease_namespace: str) -> None:
+    name = f"ctl-{uuid.uuid4().hex[:6]}"
+    ports = free_ports(2)
+    replicas = {who: Served(cluster, port, tmp_path / f"{who}.log", args=controller_args(lease_namespace, name),
+                            env={"POD_NAME": who})
+                for who, port in zip(("replica-a", "replica-b"), ports)}
+
+    async def leads(who: str) -> bool:
+        return await holder(kube, lease_namespace, name) == who and leading_lines(replicas[who]) > 0
+
+    try:
+        await asyncio.gather(*(r.start() for r in replicas.values()))
+        first = await poll(lambda: holder(kube, lease_namespace, name), timeout=30, what="a leader")
+        other = next(w for w in replicas if w != first)
+        await poll(lambda: leads(first), timeout=10, what=f"{first} to log that it leads")
+        # Exactly one leads: the other has never said so, and the Lease names one holder.
+        assert leading_lines(replicas[other]) == 0
+        lease = await kube.get(LEASES, "leases", name, namespace=lease_namespace)
+        renewed = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00")).timestamp()
+        assert abs(renewed - time.time()) < LEASE_DURATION, lease["spec"]  # real UTC, not local time
+        assert lease["spec"]["leaseDurationSeconds"] == LEASE_DURATION
+
+        # SIGTERM: the leader releases the Lease; the other takes it at its next retry,
+        # not after the lease duration.
+        started = time.monotonic()
+        code, _ = await replicas[first].terminate()
+        await poll(lambda: leads(other), timeout=LEASE_DURATION * 3, what=f"{other} to lead after SIGTERM")
+        hand_over = time.monotonic() - started
+        assert code == 0 and "released Lease" in replicas[first].log_text()
+        assert hand_over < LEASE_DURATION / 2, hand_over
+
+        # The old leader comes back as a candidate and must not take the Lease from a
+        # live leader; SIGKILL of the leader (no release) hands over within the lease
+        # duration plus one retry.
+        await replicas[first].start()
+        await poll(lambda: holder(kube, lease_namespace, name), timeout=5, what="the Lease still held")
+        assert await holder(kube, lease_namespace, name) == other
+        before = leading_lines(replicas[first])
+        started = time.monotonic()
+        await replicas[other].kill()
+        await poll(lambda: leads(first), timeout=LEASE_DURATION * 3, what=f"{first} to take over after SIGKILL")
+        take_over = time.monotonic() - started
+        assert leading_lines(replicas[first]) == before + 1
+        assert take_over <= LEASE_DURATION + 2 * RETRY_PERIOD + 2.0, take_over
+        print(f"hand-over after SIGTERM {hand_over:.2f}s, take-over after SIGKILL {take_over:.2f}s "
+              f"(lease {LEASE_DURATION:.0f}s, retry {RETRY_PERIOD:.0f}s; noisy machine)")
+    finally:
+        for replica in replicas.values():
+            await replica.kill()
+
+
+# -- RBAC ---------------------------------------------------------------------------------------
+
+SHIPPED_RBAC = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/rbac-leader-election.yaml").read_text()) if d]
+ACCOUNT = "system:serviceaccount:dra-quota-system:dra-quota"
+
+
+class AsAccount(KubeApi):
+    """The product's own client, every request impersonating the shipped service account
+    (the API server adds its service-account groups)."""
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = await super()._headers(content_type)
+        headers["Impersonate-User"] = ACCOUNT
+        return headers
+
+
+async def test_the_shipped_rbac_lets_the_elector_lead_and_nothing_more(cluster: ControlPlane, kube: Kube) -> None:
+    namespace, name = "dra-quota-system", "dra-quota-controller"
+    created: list[tuple[str, str]] = []
+    try:
+        for kind, plural, body in [("Namespace", "namespaces", {"kind": "Namespace", "metadata": {"name": namespace}}),
+                                   *((d["kind"], d["kind"].lower() + "s", d) for d in SHIPPED_RBAC)]:
+            api_version = "v1" if kind == "Namespace" else RBAC
+            try:
+                await kube.create(api_version, plural, body, namespace=None if kind == "Namespace" else namespace)
+                if kind != "Namespace":
+                    created.append((plural, body["metadata"]["name"]))
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        api = await AsAccount.from_kubeconfig(str(cluster.kubeconfig))
+        elector = LeaderElector(api, name=name, namespace=namespace, identity="rbac-test",
+                                timing=Timing(LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD))
+        leading = asyncio.Event()
+
+        async def work() -> None:
+            leading.set()
+            await asyncio.Event().wait()
+
+        task = asyncio.create_task(elector.run(work))
+        try:
+            # Created (first ever), then renewed: both as the account (RBAC caches may lag
+            # the binding by a moment: the elector retries).
+            await asyncio.wait_for(leading.wait(), 30)
+            first = (await kube.get(LEASES, "leases", name, namespace=namespace))["spec"]["renewTime"]
+
+            async def renewed() -> bool:
+                lease = await kube.get(LEASES, "leases", name, namespace=namespace)
+                return bool(lease["spec"]["renewTime"] != first)
+
+            await poll(renewed, timeout=RENEW_DEADLINE, what="a renewal as the service account")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+        # SIGTERM's release (an update) passed too.
+        assert await holder(kube, namespace, name) == ""
+        # And nothing more: another Lease, a list, a delete, a patch.
+        for method, path in [("GET", resource_path(LEASES, "leases", "other", namespace)),
+                             ("GET", resource_path(LEASES, "leases", namespace=namespace)),
+                             ("DELETE", resource_path(LEASES, "leases", name, namespace)),
+                             ("PATCH", resource_path(LEASES, "leases", name, namespace))]:
+            with pytest.raises(ApiError) as refused:
+                await impersonated(kube, method, path, user=ACCOUNT, body={} if method == "PATCH" else None)
+            assert refused.value.status == 403, (method, path)
+    finally:
+        for plural, obj_name in created:
+            await kube.delete(RBAC, plural, obj_name, namespace=namespace)
+        await kube.delete(LEASES, "leases", name, namespace=namespace)

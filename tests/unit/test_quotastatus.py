@@ -1,0 +1,133 @@
+"""quota.quotastatus: the controller's status fields, and two writers sharing one status."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from quota.devicequota import Usage, parse_device_quota
+from quota.model import Charge
+from quota.quotastatus import desired_status, next_expiry
+from quota.reservations import Request, Reservation, apply, parse_reservations, status_fields
+
+from .builders import GiB, make_quota
+
+GPU = Charge(80 * GiB, 1)
+TTL = 60.0
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+
+def quota_obj(memory: str = "320Gi", status: dict[str, Any] | None = None, generation: int = 2) -> dict[str, Any]:
+    obj = make_quota("gpus", memory=memory)
+    obj["metadata"] = {**obj["metadata"], "generation": generation, "resourceVersion": "1"}
+    return {**obj, "status": status} if status is not None else obj
+
+
+def entries(*items: tuple[str, float]) -> dict[str, Any]:
+    return status_fields({uid: Reservation(uid, f"team-a/{uid}", GPU, at) for uid, at in items})
+
+
+def desired(obj: dict[str, Any], *, usage: Usage = Usage(), cached: frozenset[str] = frozenset(),
+            gone: frozenset[str] = frozenset(), now: float = NOW) -> dict[str, Any]:
+    return desired_status(obj, parse_device_quota(obj), parse_reservations(obj.get("status")), usage=usage,
+                          cached=cached.__contains__, gone=gone.__contains__, now=now, ttl=TTL)
+
+
+def test_used_reserved_and_claims_from_the_ledger_and_the_unconfirmed_entries() -> None:
+    # "a" is confirmed (its claim is in the cache: counted by the ledger's reserved),
+    # "b" not yet (counted from its entry), "c" expired, "d" deleted: both dropped.
+    obj = quota_obj(status=entries(("a", NOW + 30), ("b", NOW + 30), ("c", NOW - 1), ("d", NOW + 30)))
+    usage = Usage(used=Charge(160 * GiB, 2), reserved=GPU, allocated_claims=2, pending_claims=1)
+    status = desired(obj, usage=usage, cached=frozenset({"a"}), gone=frozenset({"d"}))
+    assert sorted(status["reservations"]) == ["a", "b"]
+    assert status["used"] == {"memory": 160 * GiB, "devices": 2}
+    assert status["reserved"] == {"memory": 160 * GiB, "devices": 2}
+    assert status["claims"] == {"allocated": 2, "pending": 1}
+    assert status["observedGeneration"] == 2
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True"), ("Exceeded", "False")]
+    assert next_expiry(parse_reservations(obj["status"]), NOW) == NOW + 30
+
+
+def test_a_second_pass_changes_nothing_so_nothing_is_written() -> None:
+    obj = quota_obj(status=entries(("b", NOW + 30)))
+    first = desired(obj, usage=Usage(used=GPU, allocated_claims=1))
+    again = desired({**obj, "status": first}, usage=Usage(used=GPU, allocated_claims=1), now=NOW + 20)
+    assert again == first
+
+
+def test_exceeded_after_hard_is_lowered_and_transition_times_move_only_on_a_flip() -> None:
+    usage = Usage(used=Charge(160 * GiB, 2), allocated_claims=2)
+    within = desired(quota_obj("320Gi"), usage=usage)
+    lowered = desired(quota_obj("100Gi", within, generation=3), usage=usage, now=NOW + 5)
+    exceeded = {c["type"]: c for c in lowered["conditions"]}["Exceeded"]
+    assert exceeded["status"] == "True" and exceeded["reason"] == "AboveHard"
+    assert exceeded["message"] == "used + reserved memory=160Gi is above hard memory=100Gi"
+    assert exceeded["lastTransitionTime"] == "2027-01-15T08:00:05Z" and exceeded["observedGeneration"] == 3
+    ready = {c["type"]: c for c in lowered["conditions"]}["Ready"]
+    assert ready["lastTransitionTime"] == "2027-01-15T08:00:00Z"  # unchanged status: time kept
+    assert lowered["observedGeneration"] == 3
+
+
+def test_fields_of_other_writers_are_kept() -> None:
+    other = {"type": "SomeoneElses", "status": "True"}
+    status = desired(quota_obj(status={"conditions": [other], "extra": 1}))
+    assert status["extra"] == 1 and other in status["conditions"]
+
+
+# -- the two writers over one object, every interleaving -----------------------------------------
+
+
+class Server:
+    """One object with a resourceVersion: a write based on an older one is a conflict."""
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj, self.rv = obj, 1
+
+    def read(self) -> tuple[dict[str, Any], int]:
+        return self.obj, self.rv
+
+    def write(self, status: dict[str, Any], rv: int) -> bool:
+        if rv != self.rv:
+            return False
+        self.obj, self.rv = {**self.obj, "status": status}, self.rv + 1
+        return True
+
+
+def webhook_writes(server: Server, uid: str) -> Any:
+    """webhook.reservations._write: read, apply, merge its field into the status as read."""
+    while True:
+        obj, rv = server.read()
+        yield
+        quota = parse_device_quota(obj)
+        out = apply(quota, parse_reservations(obj.get("status")), [Request("reserve", uid, f"team-a/{uid}", GPU)],
+                    usage=Usage(), cached=lambda _: False, gone=lambda _: False, now=NOW, ttl=TTL)
+        if server.write({**(obj.get("status") or {}), **status_fields(out.held)}, rv):
+            return
+        yield
+
+
+def controller_writes(server: Server) -> Any:
+    while True:
+        obj, rv = server.read()
+        yield
+        if server.write(desired(obj, usage=Usage(used=GPU, allocated_claims=1)), rv):
+            return
+        yield
+
+
+def test_no_interleaving_of_the_two_writers_loses_a_reservation_or_the_usage() -> None:
+    for order in set(itertools.permutations("wwwwcccc")):
+        server = Server(quota_obj(status=entries(("old", NOW + 10))))
+        writers = {"w": webhook_writes(server, "new"), "c": controller_writes(server)}
+        done: set[str] = set()
+        for step in itertools.chain(order, itertools.cycle("wc")):
+            if step not in done:
+                try:
+                    next(writers[step])
+                except StopIteration:
+                    done.add(step)
+            if done == {"w", "c"}:
+                break
+        status = server.obj["status"]
+        assert sorted(status["reservations"]) == ["new", "old"], order
+        assert status["used"] == {"memory": 80 * GiB, "devices": 1}, order

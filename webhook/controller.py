@@ -1,0 +1,198 @@
+"""The quota controller: writes each DeviceQuota's usage to its status, on the leader only.
+
+Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
+webhooks' `webhook.reservations` share it); `quota.ledger` is the usage the webhook's
+caches (`webhook.caches`) already keep from the claim watch: there is one accountant, and
+this module only publishes what it counts. `webhook.leader` runs `QuotaController.run`
+while this replica leads and cancels it the moment it stops; `webhook.serve` wires the
+caches' change notifications to `changed`.
+
+When it writes: on start (every quota, after the caches synced: a full list), on
+every change the caches report for a namespace (claim or DeviceQuota events),
+debounced so a burst of claim events becomes one write per quota, when the earliest
+persisted reservation of a quota expires (so an entry whose claim never appeared is
+dropped after the TTL), and for every quota each resync period (a missed or failed
+write is repaired without any event). A quota is written only when its status differs
+from what it would write.
+
+Fencing: each write is a PUT of the status with the resourceVersion it was computed
+from (409 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times,
+then again in the next round), and is sent only while `leading()` holds; a replica
+that stops leading has its run cancelled by the elector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiohttp
+
+from quota.devicequota import QuotaError, parse_device_quota
+from quota.kubeapi import ApiError, KubeApi
+from quota.ledger import ClaimRef, Ledger, QuotaKey
+from quota.model import Namespace
+from quota.quotastatus import desired_status, next_expiry
+from quota.reservations import parse_reservations
+from webhook.reservations import QUOTAS, Reservations
+
+__all__ = ["QuotaController"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+_FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
+_RETRY_AFTER_FAILURE = 1.0  # seconds before a quota whose write failed is tried again
+
+
+class QuotaController:
+    def __init__(self, api: KubeApi, ledger: Ledger, reservations: Reservations, *,
+                 leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
+                 concurrency: int = 8, clock: Callable[[], float] = time.time) -> None:
+        self.api = api
+        self.ledger = ledger
+        self.reservations = reservations
+        self.leading = leading
+        self.resync = resync
+        self.debounce = debounce
+        self.retries = retries
+        self.clock = clock
+        self.writes = 0  # status writes that landed (the logs report it per quota)
+        self._concurrency = concurrency
+        self._dirty: set[QuotaKey] = set()
+        self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
+        self._wake = asyncio.Event()
+
+    # -- told by the caches (synchronous: called from reflector callbacks) -----------------
+
+    def changed(self, namespace: str | None) -> None:
+        """Something that counts for `namespace`'s quotas changed (None: anything)."""
+        quotas = self.ledger.quotas(None if namespace is None else Namespace(namespace))
+        if quotas:
+            self._mark((q.namespace, q.name) for q in quotas)
+            self._wake.set()
+
+    def _mark(self, keys: Iterable[QuotaKey]) -> None:
+        self._dirty.update(keys)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile until cancelled. Start it only once the caches have synced."""
+        self.changed(None)
+        next_resync = time.monotonic() + self.resync
+        semaphore = asyncio.Semaphore(self._concurrency)
+        while True:
+            await self._sleep_until(next_resync)
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + self.resync
+                self._mark((q.namespace, q.name) for q in self.ledger.quotas())
+            now = self.clock()
+            due = [k for k, at in self._timers.items() if at <= now]
+            for key in due:
+                del self._timers[key]
+            self._mark(due)
+            if not self._dirty:
+                continue
+            # Debounce: the events of one burst (a scheduler allocating many claims, a
+            # namespace deleted) land in this window and go out as one write per quota.
+            await asyncio.sleep(self.debounce)
+            keys, self._dirty = self._dirty, set()
+
+            async def one(key: QuotaKey) -> None:
+                async with semaphore:
+                    await self._reconcile_safely(key)
+
+            await asyncio.gather(*(one(k) for k in sorted(keys)))
+
+    async def _sleep_until(self, next_resync: float) -> None:
+        if self._dirty:
+            self._wake.clear()
+            return
+        timeout = next_resync - time.monotonic()
+        if self._timers:
+            timeout = min(timeout, min(self._timers.values()) - self.clock())
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _reconcile_safely(self, key: QuotaKey) -> None:
+        try:
+            await self.reconcile(key)
+        except _FAILURES as err:
+            log.warning("cannot write the status of DeviceQuota %s/%s (retried in %ss): %s",
+                        key[0], key[1], _RETRY_AFTER_FAILURE, err or type(err).__name__)
+            self._timers[key] = min(self._timers.get(key, float("inf")), self.clock() + _RETRY_AFTER_FAILURE)
+
+    async def reconcile(self, key: QuotaKey) -> bool:
+        """Bring one quota's status up to date; True when a write landed."""
+        for attempt in range(self.retries + 1):
+            obj = self.reservations.newest(*key) if attempt == 0 else None
+            if obj is None:
+                obj = await self._get(key)
+                if obj is None:
+                    return False  # deleted: nothing to write
+            body = self._desired(key, obj)
+            if body is None:
+                return False
+            if not self.leading():
+                log.info("not leading: DeviceQuota %s/%s status left to the next leader", key[0], key[1])
+                return False
+            try:
+                written = await self.api.update_status(QUOTAS, body, namespace=key[0])
+            except ApiError as err:
+                if err.status == 409:
+                    log.debug("conflict writing DeviceQuota %s/%s status (attempt %d)", key[0], key[1], attempt + 1)
+                    continue
+                if err.status == 404:
+                    return False
+                raise
+            self.reservations.observe(written)
+            self.writes += 1
+            status = written.get("status") or {}
+            log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
+                      status.get("used"), status.get("reserved"), status.get("claims"))
+            return True
+        log.info("DeviceQuota %s/%s: %d conflicts in a row, trying again next round", key[0], key[1],
+                 self.retries + 1)
+        self._mark([key])
+        self._wake.set()
+        return False
+
+    def _desired(self, key: QuotaKey, obj: Obj) -> Obj | None:
+        """`obj` with the status it should have, or None when it already has it.
+
+        Synchronous from the ledger read to the result: no event can land in between.
+        """
+        try:
+            quota = parse_device_quota(obj)
+        except QuotaError as err:
+            log.warning("skipping DeviceQuota %s/%s: %s", key[0], key[1], err)
+            return None
+        held = parse_reservations(obj.get("status"))
+        now = self.clock()
+        status = desired_status(
+            obj, quota, held, usage=self.ledger.usage(quota.namespace, quota.name),
+            cached=lambda uid: self.ledger.entry(ClaimRef(uid)) is not None,
+            gone=self.reservations.is_gone, now=now, ttl=self.reservations.ttl,
+        )
+        expiry = next_expiry(held, now)
+        if expiry is not None:
+            self._timers[key] = min(self._timers.get(key, float("inf")), expiry)
+        return None if status == (obj.get("status") or {}) else {**obj, "status": status}
+
+    async def _get(self, key: QuotaKey) -> Obj | None:
+        try:
+            obj = await self.api.get(QUOTAS, key[1], namespace=key[0])
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        self.reservations.observe(obj)
+        return obj
