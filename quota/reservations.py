@@ -48,7 +48,8 @@ from typing import Any, Literal
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge
 
-__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "parse_reservations", "status_fields"]
+__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "live", "outstanding", "parse_reservations",
+           "status_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,16 @@ def status_fields(held: Held) -> dict[str, Any]:
             "reserved": {"memory": total.memory, "devices": total.devices}}
 
 
+def live(held: Held, *, gone: Callable[[str], bool], now: float) -> dict[str, Reservation]:
+    """The entries still counting: not expired, and their claim not seen deleted."""
+    return {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
+
+
+def outstanding(held: Held, *, cached: Callable[[str], bool]) -> Charge:
+    """What `held` adds to a replica's claim cache: the entries whose claim it does not hold."""
+    return sum((r.charge for uid, r in held.items() if not cached(uid)), ZERO)
+
+
 def apply(
     quota: DeviceQuota,
     held: Held,
@@ -127,21 +138,21 @@ def apply(
     reserve for a uid already held replaces that entry (a retried review never counts
     twice); a denied retry keeps the earlier entry, whose answer may have been delivered.
     """
-    live = {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
-    changed = len(live) != len(held)
+    current = live(held, gone=gone, now=now)
+    changed = len(current) != len(held)
     decisions: list[Decision] = []
     for request in requests:
-        previous = live.pop(request.uid, None)
+        previous = current.pop(request.uid, None)
         if request.op == "release":
             changed = changed or previous is not None
             decisions.append(Decision(True))
             continue
-        pending = sum((r.charge for uid, r in live.items() if not cached(uid)), ZERO)
+        pending = outstanding(current, cached=cached)
         decision = check([QuotaCheck(quota, Usage(usage.used, usage.reserved + pending), request.charge)])
         if decision.allowed:
-            live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)
+            current[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)
             changed = True
         elif previous is not None:
-            live[request.uid] = previous
+            current[request.uid] = previous
         decisions.append(decision)
-    return Outcome(live, tuple(decisions), changed)
+    return Outcome(current, tuple(decisions), changed)

@@ -17,9 +17,9 @@ Reservations are persisted on DeviceQuota status before a claim is admitted
 share the quotas without over-committing; `--reuse-port` lets them share one port.
 
 Limitations of this version:
-- No leader election, no quota controller, no usage metrics yet (admission, watch,
-  certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
-  by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
+- No leader election, no quota controller yet. Metrics on `--metrics-port`: admission,
+  watch, certificate and Event ones (`webhook.metrics`), usage (`webhook.usagemetrics`).
+  Certificates: self-managed by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
 - `status.used` is not written (the quota controller's job); each replica counts
@@ -33,7 +33,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +53,7 @@ from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import PolicyError
 from quota.pricing import Pricer
+from quota.usage import Holders
 from quota.watching import Reflector, Store, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
@@ -65,6 +66,7 @@ from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
+from webhook.usagemetrics import UsageMetrics
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
 
@@ -74,7 +76,7 @@ log = logging.getLogger(__name__)
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
-    "no quota controller (status.used), no leader election, no usage metrics yet."
+    "no quota controller (status.used), no leader election yet."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -208,6 +210,7 @@ class Caches:
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
+        self.holders = Holders()  # who holds which device: the usage metrics' per-device view
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
@@ -221,7 +224,8 @@ class Caches:
             *also,
         ]
         self.claims = reflector(CLAIMS, ClaimStore(self.admitter, forget=self.reservations.forget,
-                                                   freed=requeue.quota_freed if requeue else None), claims=True)
+                                                   freed=requeue.quota_freed if requeue else None,
+                                                   holders=self.holders), claims=True)
 
     @property
     def synced(self) -> bool:
@@ -325,13 +329,19 @@ async def serve(options: ServeOptions) -> int:
     return 1 if failed else 0
 
 
-def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext,
-                   manager: CertificateManager | None) -> tuple[Metrics, EventRecorder, Observer]:
-    """The process's metrics and Event recorder, and the hook telling both every verdict."""
+def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext, manager: CertificateManager | None,
+                   leading: Callable[[], bool] = lambda: True) -> tuple[Metrics, EventRecorder, Observer]:
+    """The process's metrics and Event recorder, and the hook telling both every verdict.
+
+    `leading()`: whether this replica holds the quota controller's Lease (only the leader
+    exports the usage metrics; until leader election lands every replica does).
+    """
     metrics = Metrics()
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc())
     metrics.watch(lambda: (*caches.first, caches.claims))
+    UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
+                 leading=leading).register(metrics)
 
     def expirations() -> Iterator[tuple[str, datetime]]:
         yield "serving", tls.not_after
