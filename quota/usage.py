@@ -36,6 +36,7 @@ __all__ = [
     "DeviceLabels",
     "Held",
     "Holders",
+    "HeldCounts",
     "ModelIndex",
     "ModelKey",
     "ModelUsage",
@@ -105,6 +106,10 @@ class Holders:
     def items(self) -> Iterable[tuple[ClaimRef, Held]]:
         return self._held.items()
 
+    def mapping(self) -> Mapping[ClaimRef, Held]:
+        """The allocated claims by ref, read-only (a live view: read it, do not keep it)."""
+        return self._held
+
     def __len__(self) -> int:
         return len(self._held)
 
@@ -142,12 +147,9 @@ def held_devices(held: Held, inventory: Inventory) -> Iterator[tuple[AllocatedDe
             yield result, device_labels(inventory.lookup(result.key))
 
 
-def held_keys(holders: Holders) -> Iterator[DeviceKey]:
-    """The devices held by allocated claims (adminAccess excluded), repeats included."""
-    for _, held in holders.items():
-        for result in held.devices:
-            if not result.admin_access:
-                yield result.key
+def held_keys(held: Held) -> tuple[DeviceKey, ...]:
+    """The devices `held` holds (adminAccess excluded), each once."""
+    return tuple(dict.fromkeys(result.key for result in held.devices if not result.admin_access))
 
 
 # -- per namespace and class ----------------------------------------------------------------
@@ -212,11 +214,34 @@ class ModelIndex:
             totals[1] += ceil_int(device.memory)
         return cls({k: ModelUsage(d, m) for k, (d, m) in counts.items()}, model_of)
 
-    def with_allocated(self, allocated: Iterable[DeviceKey]) -> dict[ModelKey, ModelUsage]:
-        """The totals, and how many of each model's devices `allocated` holds (each counted once)."""
-        held: dict[ModelKey, int] = {}
-        for key in set(allocated):
-            model = self.model_of.get(key)
-            if model is not None:
-                held[model] = held.get(model, 0) + 1
-        return {model: replace(usage, allocated=held.get(model, 0)) for model, usage in self.totals.items()}
+    def usage(self, held: HeldCounts) -> dict[ModelKey, ModelUsage]:
+        """The totals, and how many of each model's devices are held."""
+        return {model: replace(usage, allocated=held.by_model.get(model, 0)) for model, usage in self.totals.items()}
+
+
+class HeldCounts:
+    """How many devices of each model are held, kept incrementally as claims come and go.
+
+    A device counts once however many claims hold it (a shared device), so each device
+    keeps a count of its holders; a device the index does not know (vanished) counts
+    for no model.
+    """
+
+    def __init__(self, index: ModelIndex) -> None:
+        self.index = index
+        self._holders: dict[DeviceKey, int] = {}
+        self.by_model: dict[ModelKey, int] = {}
+
+    def add(self, keys: Iterable[DeviceKey], sign: int = 1) -> None:
+        """One claim's devices start (`sign` 1) or stop (-1) being held."""
+        for key in keys:
+            before = self._holders.get(key, 0)
+            after = before + sign
+            if after > 0:
+                self._holders[key] = after
+            else:
+                self._holders.pop(key, None)
+            if (before > 0) != (after > 0):
+                model = self.index.model_of.get(key)
+                if model is not None:
+                    self.by_model[model] = self.by_model.get(model, 0) + (1 if after > 0 else -1)

@@ -30,8 +30,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
-from quota.model import Charge, DeviceClassName, Namespace
-from quota.usage import Held, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
+from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
 from webhook.metrics import (
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
@@ -69,9 +69,10 @@ class UsageMetrics:
     # namespace -> (its ledger generation, its samples)
     _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]]]] = field(
         default_factory=dict, init=False)
-    _models: tuple[int, ModelIndex] | None = field(default=None, init=False)
-    # claim ref -> (the Held rendered, the inventory generation it was rendered at, its lines)
-    _lines: dict[ClaimRef, tuple[Held, int, bytes]] = field(default_factory=dict, init=False)
+    # The per-model index of the inventory generation the per-claim state below was built on.
+    _models: tuple[int, ModelIndex, HeldCounts] | None = field(default=None, init=False)
+    # claim ref -> (the Held it was built from, its devices as counted, its rendered lines)
+    _claims: dict[ClaimRef, tuple[Held, tuple[DeviceKey, ...], bytes]] = field(default_factory=dict, init=False)
     _text: tuple[tuple[int, int], bytes] | None = field(default=None, init=False)
 
     def register(self, metrics: Metrics) -> None:
@@ -95,7 +96,7 @@ class UsageMetrics:
             return b""
         stamp = (self.inventory.generation, self.holders.version)
         if self._text is None or self._text[0] != stamp:
-            self._text = (stamp, render(self._model_families()) + self._device_text())
+            self._text = (stamp, self._refresh())
         return self._text[1]
 
     # -- the families ---------------------------------------------------------------------
@@ -131,34 +132,47 @@ class UsageMetrics:
                     family.add_metric([namespace, device_class, resource, state], _amount(charge, resource))
         return family
 
-    def _model_families(self) -> list[Metric]:
-        if self._models is None or self._models[0] != self.inventory.generation:
-            self._models = (self.inventory.generation, ModelIndex.of(self.inventory))
+    def _model_families(self, index: ModelIndex, held: HeldCounts) -> list[Metric]:
         devices, memory, allocated = _model_families()
-        for (driver, model, profile), usage in sorted(self._models[1].with_allocated(held_keys(self.holders)).items()):
+        for (driver, model, profile), usage in sorted(index.usage(held).items()):
             devices.add_metric([driver, model, profile], usage.devices)
             memory.add_metric([driver, model, profile], usage.memory)
             allocated.add_metric([driver, model, profile], usage.allocated)
         return [devices, memory, allocated]
 
-    def _device_text(self) -> bytes:
-        """The per-device family: each claim's lines are kept until the claim or the inventory moves."""
+    def _refresh(self) -> bytes:
+        """Bring the per-claim state up to the holders and the inventory; the families' text.
+
+        Only claims that changed since the last scrape are rendered and counted again;
+        all of them after the inventory changed (its attributes feed the labels).
+        """
         generation = self.inventory.generation
-        current = dict(self.holders.items())
-        for gone in [ref for ref in self._lines if ref not in current]:
-            del self._lines[gone]
+        if self._models is None or self._models[0] != generation:
+            index = ModelIndex.of(self.inventory)
+            self._models = (generation, index, HeldCounts(index))
+            self._claims.clear()
+        _, index, counts = self._models
+        current = self.holders.mapping()
+        for gone in [ref for ref in self._claims if ref not in current]:
+            counts.add(self._claims.pop(gone)[1], -1)
         stale = [(ref, held) for ref, held in current.items()
-                 if (hit := self._lines.get(ref)) is None or hit[0] is not held or hit[1] != generation]
+                 if (hit := self._claims.get(ref)) is None or hit[0] is not held]
         if stale:
             # One render for every stale claim; each claim's share of the lines is its sample count.
             family = _device_family()
-            counts = [self._add_samples(family, held) for _, held in stale]
+            sizes = [self._add_samples(family, held) for _, held in stale]
             lines = render([family]).split(b"\n")[2:]  # past "# HELP" and "# TYPE"
             at = 0
-            for (ref, held), count in zip(stale, counts, strict=True):
-                self._lines[ref] = (held, generation, b"".join(line + b"\n" for line in lines[at:at + count]))
-                at += count
-        return render([_device_family()]) + b"".join(lines for _, _, lines in self._lines.values())
+            for (ref, held), size in zip(stale, sizes, strict=True):
+                previous = self._claims.get(ref)
+                if previous is not None:
+                    counts.add(previous[1], -1)
+                keys = held_keys(held)
+                counts.add(keys)
+                self._claims[ref] = (held, keys, b"".join(line + b"\n" for line in lines[at:at + size]))
+                at += size
+        return (render(self._model_families(index, counts)) + render([_device_family()])
+                + b"".join(text for _, _, text in self._claims.values()))
 
     def _add_samples(self, family: GaugeMetricFamily, held: Held) -> int:
         count = 0

@@ -13,7 +13,7 @@ from quota.ledger import Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.pricing import Pricer
 from quota.slices import parse_slice
-from quota.usage import DeviceLabels, Holders, ModelIndex, ModelUsage, consumers, device_labels, namespace_usage
+from quota.usage import DeviceLabels, HeldCounts, Holders, ModelIndex, ModelUsage, consumers, device_labels, namespace_usage
 
 from .builders import GiB, exactly, first_available, make_class, make_claim, make_device, make_slice, request, result
 
@@ -108,10 +108,17 @@ def test_namespace_usage_by_class_and_state() -> None:
 
 def test_models_count_devices_memory_and_each_held_device_once() -> None:
     index = ModelIndex.of(inventory())
-    held = [DeviceKey(D, "node-1", "gpu-0"), DeviceKey(D, "node-1", "gpu-0"), DeviceKey(D, "node-1", "gpu-2-mig-b"),
-            DeviceKey(D, "node-1", "gone")]
-    assert index.with_allocated(held) == {
+    held = HeldCounts(index)
+    gpu0, mig_b = DeviceKey(D, "node-1", "gpu-0"), DeviceKey(D, "node-1", "gpu-2-mig-b")
+    held.add([gpu0, mig_b])
+    held.add([gpu0])  # a second claim sharing gpu-0
+    held.add([DeviceKey(D, "node-1", "gone")])  # vanished from the inventory: no model
+    assert index.usage(held) == {
         (D, A100, ""): ModelUsage(devices=2, memory=2 * 80 * GiB, allocated=1),
         (D, A100, "1g.10gb"): ModelUsage(devices=1, memory=10 * GiB, allocated=0),
         (D, A100, "2g.20gb"): ModelUsage(devices=1, memory=10 * GiB, allocated=1),
     }
+    held.add([gpu0], -1)  # one of the two sharers left: still held
+    assert index.usage(held)[(D, A100, "")].allocated == 1
+    held.add([gpu0, mig_b], -1)
+    assert [u.allocated for u in index.usage(held).values()] == [0, 0, 0]

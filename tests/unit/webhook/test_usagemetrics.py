@@ -12,6 +12,9 @@ import copy
 from datetime import datetime, timezone
 from typing import Any
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis import given
 from prometheus_client.parser import text_string_to_metric_families
 
 from quota.admission import Admitter
@@ -57,7 +60,7 @@ def claim(name: str, uid: str, *allocated: str, pods: tuple[str, ...] = (), cls:
                      allocation=[result("r", d, driver=D, admin=admin) for d in allocated] if allocated else None)
     obj["metadata"]["uid"] = uid
     if pods:
-        obj["status"]["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
+        obj.setdefault("status", {})["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
     return obj
 
 
@@ -84,9 +87,13 @@ class World:
                      leading=lambda: self.leading).register(self.metrics)
 
     def scrape(self) -> Samples:
-        text = self.metrics.exposition().decode()
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return scrape(self.metrics)
+
+
+def scrape(metrics: Metrics) -> Samples:
+    text = metrics.exposition().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def family(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -209,6 +216,14 @@ def test_inventory_by_model_and_profile() -> None:
     assert by_model(INVENTORY_DEVICES) == {"": 3, "1g.10gb": 1}
     assert by_model(INVENTORY_MEMORY) == {"": 3 * 80 * GiB, "1g.10gb": 10 * GiB}
     assert by_model(INVENTORY_ALLOCATED) == {"": 1, "1g.10gb": 0}  # gpu-0 once; adminAccess not taken
+    # Kept incrementally: gpu-0 stays held while one of its two claims remains.
+    world.claims.delete(claim("one", "u1"))
+    scraped = world.scrape()
+    assert by_model(INVENTORY_ALLOCATED) == {"": 1, "1g.10gb": 0}
+    world.claims.upsert(claim("mig", "u5", "gpu-3-mig-1", cls="mig"))
+    world.claims.delete(claim("again", "u2"))
+    scraped = world.scrape()
+    assert by_model(INVENTORY_ALLOCATED) == {"": 0, "1g.10gb": 1}
 
 
 def test_only_the_leader_exports_usage() -> None:
@@ -232,3 +247,44 @@ def test_label_values_are_escaped() -> None:
     world.claims.replace([copy.deepcopy(odd)])
     [labels] = family(world.scrape(), CLAIM_DEVICE_INFO)
     assert dict(labels)["pod"] == 'quote"back\\slash\nnewline'
+
+
+_DEVICES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3-mig-1")
+_step = st.tuples(
+    st.sampled_from(["upsert", "delete", "republish"]),
+    st.integers(0, 4),  # which claim
+    st.lists(st.sampled_from(_DEVICES), max_size=2, unique=True),  # its devices (none: pending)
+    st.lists(st.sampled_from(["p1", "p2"]), max_size=2, unique=True),  # its pods
+    st.booleans(),  # adminAccess
+)
+
+
+def usage(samples: Samples) -> Samples:
+    names = (LEADER, QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
+             CLAIM_DEVICE_INFO)
+    return {key: value for key, value in samples.items() if key[0] in names}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_step, max_size=12))
+def test_the_kept_views_equal_a_fresh_scrape_after_any_changes(steps: list[tuple[str, int, list[str], list[str],
+                                                                                  bool]]) -> None:
+    """Caching per namespace, per claim and per inventory generation never serves a stale sample."""
+    world = World()
+    world.quotas.replace([make_quota("gpus", memory="1Ti")])
+    generation = 1
+    for op, index, held, pods, admin in steps:
+        name, uid = f"c{index}", f"u{index}"
+        namespace = "team-a" if index % 2 else "team-b"
+        if op == "upsert":
+            world.claims.upsert(claim(name, uid, *held, pods=tuple(pods), admin=admin, namespace=namespace))
+        elif op == "delete":
+            world.claims.delete(claim(name, uid, namespace=namespace))
+        else:
+            generation += 1
+            world.slices.upsert(make_slice("n1", devices(H100 if generation % 2 else A100), driver=D,
+                                           generation=generation))
+        fresh = Metrics()
+        UsageMetrics(world.admitter.ledger, world.inventory, world.holders,
+                     pending=world.reservations.pending).register(fresh)
+        assert usage(world.scrape()) == usage(scrape(fresh))
