@@ -1,7 +1,7 @@
 """`dra-quota serve`'s usage metrics, scraped while the real scheduler allocates claims.
 
-Issue 8 item 3: `draquota_quota` (hard/used/reserved), `draquota_namespace_device_usage`
-and `draquota_claim_device_info`, against the real 1.37 API server, resourceclaim
+Issue 8 item 3: `draquota_quota` (hard/used/reserved), `draquota_namespace_device_usage`,
+`draquota_claim_device_info` and the inventory by model, against the real 1.37 API server, resourceclaim
 controller and scheduler. The fleet publishes whole GPUs and MIG devices with the
 attributes the NVIDIA driver publishes (`uuid`; a MIG device's `parentUUID` and
 `profile`); pods get their claims from templates and the scheduler allocates them; one
@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from webhook.metrics import CLAIM_DEVICE_INFO, LEADER, NAMESPACE_USAGE, QUOTA
+from webhook.metrics import (
+    CLAIM_DEVICE_INFO,
+    INVENTORY_ALLOCATED,
+    INVENTORY_DEVICES,
+    INVENTORY_MEMORY,
+    LEADER,
+    NAMESPACE_USAGE,
+    QUOTA,
+)
 from webhook.usagemetrics import DEVICE_INFO_LABELS
 
 from .cluster import ControlPlane, free_ports
@@ -96,11 +104,12 @@ async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  #
         fleet = await make_fleet("usage")
         # The fleet's own class matches every fleet's GPUs: these classes see only this run's.
         gpu_class, mig_class = f"{fleet.prefix}-whole", f"{fleet.prefix}-mig"
-        await create_device_class(kube, gpu_class, extra_cel=f'device.attributes["{DRIVER}"].productName == "{PRODUCT}"')
+        this_run = f'device.attributes["{DRIVER}"].productName == "{PRODUCT}"'
+        await create_device_class(kube, gpu_class, extra_cel=this_run)
         await kube.create(RESOURCE_V1, "deviceclasses", {"kind": "DeviceClass", "metadata": {"name": mig_class},
                           "spec": {"selectors": [{"cel": {"expression": (
                               f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "mig" && '
-                              f'device.attributes["{DRIVER}"].productName == "{PRODUCT}"')}}]}})
+                              f'{this_run}')}}]}})
         node = f"{fleet.prefix}-n1"
         await create_node(kube, node, labels=fleet.node_selector)
         fleet.nodes.append(node)
@@ -156,6 +165,14 @@ def expected(world: World, claims: list[Obj]) -> Samples:
                 add(QUOTA, {"namespace": ns, "quota": quota, "resource": resource, "type": "hard"}, hard[resource])
             for kind in ("used", "reserved"):
                 add(QUOTA, {"namespace": ns, "quota": quota, "resource": resource, "type": kind}, 0)
+    held: set[str] = set()
+    for device in world.devices.values():
+        attributes = device["attributes"]
+        labels = {"driver": DRIVER, "model": PRODUCT,
+                  "profile": attributes["profile"]["string"] if "parentUUID" in attributes else ""}
+        add(INVENTORY_DEVICES, labels, 1)
+        add(INVENTORY_MEMORY, labels, {"80Gi": 80 * 2**30, "10Gi": 10 * 2**30}[device["capacity"]["memory"]["value"]])
+        add(INVENTORY_ALLOCATED, labels, 0)
     for claim in claims:
         state = "allocated" if allocated(claim) else "reserved"
         for resource, amount in charge(claim).items():
@@ -172,6 +189,9 @@ def expected(world: World, claims: list[Obj]) -> Samples:
             attributes = world.devices[result["device"]]["attributes"]
             gpu_uuid = (attributes.get("parentUUID") or attributes["uuid"])["string"]
             profile = attributes["profile"]["string"] if "parentUUID" in attributes else ""
+            if result["device"] not in held:
+                held.add(result["device"])
+                add(INVENTORY_ALLOCATED, {"driver": DRIVER, "model": PRODUCT, "profile": profile}, 1)
             for pod in pods or [""]:
                 values = (ns, claim["metadata"]["name"], pod, result["driver"], result["pool"], result["device"],
                           gpu_uuid, profile)
@@ -180,9 +200,10 @@ def expected(world: World, claims: list[Obj]) -> Samples:
 
 
 def shown(world: World, scraped: Samples) -> Samples:
-    """The scrape's usage samples of this test's namespace."""
+    """The scrape's usage samples of this test's namespace, and of this run's device model."""
     return {key: value for key, value in scraped.items()
-            if key[0] in (QUOTA, NAMESPACE_USAGE, CLAIM_DEVICE_INFO) and ("namespace", world.namespace) in key[1]}
+            if (key[0] in (QUOTA, NAMESPACE_USAGE, CLAIM_DEVICE_INFO) and ("namespace", world.namespace) in key[1])
+            or (key[0] in (INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED) and ("model", PRODUCT) in key[1])}
 
 
 async def converge(kube: Kube, world: World, what: str) -> list[Obj]:

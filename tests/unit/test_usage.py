@@ -13,7 +13,16 @@ from quota.ledger import Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.pricing import Pricer
 from quota.slices import parse_slice
-from quota.usage import DeviceLabels, HeldCounts, Holders, ModelIndex, ModelUsage, consumers, device_labels, namespace_usage
+from quota.usage import (
+    DeviceLabels,
+    HeldCounts,
+    Holders,
+    ModelIndex,
+    ModelUsage,
+    consumers,
+    device_labels,
+    namespace_usage,
+)
 
 from .builders import GiB, exactly, first_available, make_class, make_claim, make_device, make_slice, request, result
 

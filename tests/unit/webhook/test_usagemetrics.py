@@ -73,7 +73,9 @@ class World:
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger())
-        self.reservations = Reservations(None, self.admitter.ledger, ttl=60.0, clock=lambda: NOW)  # type: ignore[arg-type]
+        # No API: only what the watch delivers (`observe`) is read, nothing is written.
+        self.reservations = Reservations(None, self.admitter.ledger, ttl=60.0,  # type: ignore[arg-type]
+                                         clock=lambda: NOW)
         self.holders = Holders()
         self.slices = SliceStore(self.inventory)
         self.quotas = QuotaStore(self.admitter, observe=self.reservations.observe)
