@@ -48,7 +48,7 @@ from typing import Any, Literal
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge
 
-__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "live", "outstanding", "parse_reservations",
+__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "counting", "outstanding", "parse_reservations",
            "status_fields"]
 
 
@@ -109,7 +109,7 @@ def status_fields(held: Held) -> dict[str, Any]:
             "reserved": {"memory": total.memory, "devices": total.devices}}
 
 
-def live(held: Held, *, gone: Callable[[str], bool], now: float) -> dict[str, Reservation]:
+def counting(held: Held, *, gone: Callable[[str], bool], now: float) -> dict[str, Reservation]:
     """The entries still counting: not expired, and their claim not seen deleted."""
     return {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
 
@@ -138,21 +138,21 @@ def apply(
     reserve for a uid already held replaces that entry (a retried review never counts
     twice); a denied retry keeps the earlier entry, whose answer may have been delivered.
     """
-    current = live(held, gone=gone, now=now)
-    changed = len(current) != len(held)
+    live = counting(held, gone=gone, now=now)
+    changed = len(live) != len(held)
     decisions: list[Decision] = []
     for request in requests:
-        previous = current.pop(request.uid, None)
+        previous = live.pop(request.uid, None)
         if request.op == "release":
             changed = changed or previous is not None
             decisions.append(Decision(True))
             continue
-        pending = outstanding(current, cached=cached)
+        pending = outstanding(live, cached=cached)
         decision = check([QuotaCheck(quota, Usage(usage.used, usage.reserved + pending), request.charge)])
         if decision.allowed:
-            current[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)
+            live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)
             changed = True
         elif previous is not None:
-            current[request.uid] = previous
+            live[request.uid] = previous
         decisions.append(decision)
-    return Outcome(current, tuple(decisions), changed)
+    return Outcome(live, tuple(decisions), changed)

@@ -37,7 +37,7 @@ from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
-from quota.reservations import Outcome, Request, apply, live, outstanding, parse_reservations, status_fields
+from quota.reservations import Outcome, Request, apply, counting, outstanding, parse_reservations, status_fields
 
 __all__ = ["CONTENTION", "QUOTAS", "Reservations"]
 
@@ -95,7 +95,7 @@ class Reservations:
         obj = self._objects.get((Namespace(namespace), name))
         if obj is None:
             return Charge()
-        held = live(parse_reservations(obj.get("status")), gone=self._gone.__contains__, now=self.clock())
+        held = counting(parse_reservations(obj.get("status")), gone=self._gone.__contains__, now=self.clock())
         return outstanding(held, cached=self._cached)
 
     def _cached(self, uid: str) -> bool:
