@@ -49,6 +49,9 @@ class Ledger:
         self._usage: dict[QuotaKey, Usage] = {}
         self._entries: dict[ClaimRef, Entry] = {}
         self._by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
+        # Moves on every claim change of the namespace: readers deriving views from its
+        # claims (the usage metrics) cache on it.
+        self._namespace_generation: dict[Namespace, int] = {}
 
     # -- quotas -------------------------------------------------------------------
 
@@ -110,6 +113,17 @@ class Ledger:
     def entries(self) -> Iterable[Entry]:
         return self._entries.values()
 
+    def namespaces(self) -> Iterable[Namespace]:
+        """The namespaces holding at least one claim."""
+        return [ns for ns, entries in self._by_namespace.items() if entries]
+
+    def entries_in(self, namespace: Namespace) -> Iterable[Entry]:
+        return self._by_namespace.get(namespace, {}).values()
+
+    def namespace_generation(self, namespace: Namespace) -> int:
+        """Moves whenever a claim of `namespace` changes."""
+        return self._namespace_generation.get(namespace, 0)
+
     def admit(self, entry: Entry, *, dry_run: bool = False) -> Decision:
         """Check `entry` against every quota of its namespace and reserve it if it fits.
 
@@ -152,6 +166,8 @@ class Ledger:
         return decision
 
     def _apply(self, entry: Entry, sign: int) -> tuple[QuotaKey, ...]:
+        # Every claim change passes here.
+        self._namespace_generation[entry.namespace] = self._namespace_generation.get(entry.namespace, 0) + 1
         touched = []
         for quota in self._quotas.get(entry.namespace, {}).values():
             key = (entry.namespace, quota.name)

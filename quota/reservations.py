@@ -51,7 +51,8 @@ from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.extended import in_series
 from quota.model import ZERO, Charge
 
-__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "parse_reservations", "status_fields"]
+__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "counting", "outstanding", "parse_reservations",
+           "status_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,16 @@ def status_fields(held: Held) -> dict[str, Any]:
     return {"reservations": {uid: r.as_json() for uid, r in sorted(held.items())}}
 
 
+def counting(held: Held, *, gone: Callable[[str], bool], now: float) -> dict[str, Reservation]:
+    """The entries still counting: not expired, and their claim not seen deleted."""
+    return {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
+
+
+def outstanding(held: Held, *, cached: Callable[[str], bool]) -> Charge:
+    """What `held` adds to a replica's claim cache: the entries whose claim it does not hold."""
+    return sum((r.charge for uid, r in held.items() if not cached(uid)), ZERO)
+
+
 def apply(
     quota: DeviceQuota,
     held: Held,
@@ -143,7 +154,7 @@ def apply(
     (one Pod asking 1 device held 4 of a quota of 4 on the e2e cluster). One whose claim
     is cached is kept: it exists, and is counted once, through the cache.
     """
-    live = {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
+    live = counting(held, gone=gone, now=now)
     changed = len(live) != len(held)
     decisions: list[Decision] = []
     for request in requests:
@@ -158,7 +169,7 @@ def apply(
             changed = changed or previous is not None
             decisions.append(Decision(True))
             continue
-        pending = sum((r.charge for uid, r in live.items() if not cached(uid)), ZERO)
+        pending = outstanding(live, cached=cached)
         decision = check([QuotaCheck(quota, Usage(usage.used, usage.reserved + pending), request.charge)])
         if decision.allowed:
             live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)

@@ -32,6 +32,7 @@ from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
 from quota.watching import Store
+from quota.usage import Holders
 
 __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore"]
 
@@ -166,9 +167,11 @@ class ClaimStore:
     """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
 
     def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None,
-                 freed: Callable[[str], None] | None = None) -> None:
+                 freed: Callable[[str], None] | None = None, holders: Holders | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
+        # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
+        self.holders = holders
         # Told the uid of each claim deleted from the cache: its persisted reservation
         # (`webhook.reservations`) must not count again once the claim no longer does.
         self.forget = forget
@@ -181,33 +184,40 @@ class ClaimStore:
         # reservation made by an admission whose claim is not persisted yet is dropped
         # too: its ADDED event follows the list (the watch resumes from the list's
         # resourceVersion) and reserves it again.
-        claims = [c for c in (_parsed("ResourceClaim", o, parse_claim) for o in objects) if c is not None]
-        present = {claim_ref(c) for c in claims}
+        parsed = [(c, o) for o in objects if (c := _parsed("ResourceClaim", o, parse_claim)) is not None]
+        present = {claim_ref(c) for c, _ in parsed}
+        if self.holders is not None:
+            self.holders.keep_only(present)
         for entry in [e for e in self.ledger.entries() if e.ref not in present]:
             self.ledger.delete_claim(entry.ref)
             if self.forget is not None:
                 self.forget(entry.ref)
             if self.freed is not None:
                 self.freed(entry.namespace)
-        for claim in claims:
-            self._account(claim)
+        for claim, obj in parsed:
+            self._account(claim, obj)
 
     def upsert(self, obj: Obj) -> None:
         claim = _parsed("ResourceClaim", obj, parse_claim)
         if claim is not None:
-            self._account(claim)
+            self._account(claim, obj)
 
     def delete(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
-        self.ledger.delete_claim(_ref(uid if isinstance(uid, str) else "", meta))
+        ref = _ref(uid if isinstance(uid, str) else "", meta)
+        self.ledger.delete_claim(ref)
+        if self.holders is not None:
+            self.holders.drop(ref)
         if self.forget is not None and isinstance(uid, str) and uid:
             self.forget(uid)
         if self.freed is not None:
             # Also when the ledger no longer held it: its DELETE's admission released it.
             self.freed(str(meta.get("namespace") or ""))
 
-    def _account(self, claim: Claim) -> None:
+    def _account(self, claim: Claim, obj: Obj) -> None:
+        if self.holders is not None:
+            self.holders.update(claim_ref(claim), claim, obj.get("status"))
         if claim.allocation is not None:
             self.admitter.account_allocated(claim)
             return

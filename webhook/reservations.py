@@ -37,7 +37,7 @@ from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
-from quota.reservations import Outcome, Request, apply, parse_reservations, status_fields
+from quota.reservations import Outcome, Request, apply, counting, outstanding, parse_reservations, status_fields
 
 __all__ = ["CONTENTION", "QUOTAS", "Reservations"]
 
@@ -96,6 +96,18 @@ class Reservations:
         self._gone[uid] = now
         if len(self._gone) > 1024:
             self._gone = {u: t for u, t in self._gone.items() if t > now - self.ttl}
+
+    def pending(self, namespace: str, name: str) -> Charge:
+        """What the quota's persisted entries add to this replica's ledger now: the live
+        entries whose claim its cache does not hold yet (the sum `apply` checks against)."""
+        obj = self._objects.get((Namespace(namespace), name))
+        if obj is None:
+            return Charge()
+        held = counting(parse_reservations(obj.get("status")), gone=self.is_gone, now=self.clock())
+        return outstanding(held, cached=self._cached)
+
+    def _cached(self, uid: str) -> bool:
+        return self.ledger.entry(ClaimRef(uid)) is not None
 
     # -- admission --------------------------------------------------------------------
 
@@ -210,8 +222,7 @@ class Reservations:
         return apply(
             quota, parse_reservations(obj.get("status")), requests,
             usage=self.ledger.usage(quota.namespace, quota.name),
-            cached=lambda uid: self.ledger.entry(ClaimRef(uid)) is not None,
-            gone=self.is_gone, now=now, ttl=self.ttl,
+            cached=self._cached, gone=self.is_gone, now=now, ttl=self.ttl,
         )
 
     async def _get(self, key: QuotaKey) -> Obj | None:

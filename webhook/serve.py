@@ -22,9 +22,9 @@ webhooks). `--no-webhook` skips the listener and the certificates, `--no-control
 the Lease and the controller.
 
 Limitations of this version:
-- No usage metrics yet (admission, watch,
-  certificate and Event metrics on `--metrics-port`: `webhook.metrics`). Certificates: self-managed
-  by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
+- Metrics on `--metrics-port`: admission, watch, certificate and Event ones
+  (`webhook.metrics`), usage (`webhook.usagemetrics`, the leader only).
+  Certificates: self-managed by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
 - Admission counts allocated claims from each replica's own cache, not from
@@ -59,6 +59,7 @@ from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import PolicyError
 from quota.pricing import Pricer
+from quota.usage import Holders
 from quota.watching import Reflector, Store, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
@@ -73,6 +74,7 @@ from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
+from webhook.usagemetrics import UsageMetrics
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
 
@@ -83,7 +85,7 @@ log = logging.getLogger(__name__)
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
-    "the replica holding the Lease writes status.used/reserved; no usage metrics yet."
+    "the replica holding the Lease writes status.used/reserved and exports the usage metrics."
 )
 SLICES = Resource("resource.k8s.io/v1", "resourceslices")
 CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
@@ -233,6 +235,7 @@ class Caches:
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
+        self.holders = Holders()  # who holds which device: the usage metrics' per-device view
 
         # Told the namespace of every claim and DeviceQuota event (None: a whole list);
         # the quota controller listens here (webhook.controller).
@@ -253,7 +256,8 @@ class Caches:
             *also,
         ]
         self.claims = reflector(CLAIMS, notifying(ClaimStore(self.admitter, forget=self.reservations.forget,
-                                                             freed=requeue.quota_freed if requeue else None)),
+                                                             freed=requeue.quota_freed if requeue else None,
+                                                             holders=self.holders)),
                                 claims=True)
 
     def _tell(self, namespace: str | None) -> None:
@@ -306,12 +310,16 @@ async def serve(options: ServeOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    requeue = Requeuer(api) if options.requeue_waiting_pods else None
+    # The Lease holder alone runs the controller, requeues waiting Pods and exports the
+    # usage metrics; a replica that never campaigns (--no-controller) does none of them.
+    elector = _elector(api, options) if options.controller else None
+    leading: Callable[[], bool] = elector.leading if elector is not None else (lambda: False)
+    requeue = Requeuer(api, leading=leading) if options.requeue_waiting_pods else None
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
                     also=policy.reflectors(api))
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations)
-    metrics, recorder, observe = _observability(api, caches, tls, manager)
+    metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
     if options.webhook:
@@ -319,7 +327,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
-        *([asyncio.create_task(_lead(api, caches, options), name="leader election")] if options.controller else []),
+        *([asyncio.create_task(_lead(elector, api, caches, options), name="leader election")] if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
@@ -371,15 +379,18 @@ async def serve(options: ServeOptions) -> int:
     return 1 if failed else 0
 
 
-async def _lead(api: KubeApi, caches: Caches, options: ServeOptions) -> None:
+def _elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
+    election = options.leader_election
+    return LeaderElector(api, name=election.lease_name, namespace=election.lease_namespace,
+                         identity=election.identity or default_identity(), timing=election.timing)
+
+
+async def _lead(elector: LeaderElector, api: KubeApi, caches: Caches, options: ServeOptions) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
     half-listed cache would publish too little usage.
     """
-    election = options.leader_election
-    elector = LeaderElector(api, name=election.lease_name, namespace=election.lease_namespace,
-                            identity=election.identity or default_identity(), timing=election.timing)
     controller = QuotaController(api, caches.admitter.ledger, caches.reservations, leading=elector.leading,
                                  resync=options.resync_seconds)
     caches.changed.append(controller.changed)
@@ -392,13 +403,19 @@ async def _lead(api: KubeApi, caches: Caches, options: ServeOptions) -> None:
     await elector.run(work)
 
 
-def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None,
-                   manager: CertificateManager | None) -> tuple[Metrics, EventRecorder, Observer]:
-    """The process's metrics and Event recorder, and the hook telling both every verdict."""
+def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, manager: CertificateManager | None,
+                   leading: Callable[[], bool]) -> tuple[Metrics, EventRecorder, Observer]:
+    """The process's metrics and Event recorder, and the hook telling both every verdict.
+
+    `leading()`: whether this replica holds the quota controller's Lease (only the leader
+    exports the usage metrics, so a sum over replicas never counts twice).
+    """
     metrics = Metrics()
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc())
     metrics.watch(lambda: (*caches.first, caches.claims))
+    UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
+                 leading=leading).register(metrics)
 
     def expirations() -> Iterator[tuple[str, datetime]]:
         if tls is not None:

@@ -204,7 +204,7 @@ async def test_two_replicas_never_over_commit(cluster: ControlPlane, kube: Kube,
     rounds = [(await new_round(), await new_round()) for _ in range(ROUNDS)]
     port = free_ports(1)[0]
     a = Replica(cluster, port, tmp_path / "a.log")
-    b = Replica(cluster, port, tmp_path / "b.log")
+    b = Replica(cluster, port, tmp_path / "b.log", lease=a.lease)  # one leader between them
     configs: list[tuple[str, str]] = []
     report: list[str] = []
     try:

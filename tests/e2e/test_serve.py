@@ -75,8 +75,10 @@ class Served:
     metrics_port: int = 0
     # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
     kubeconfig: Path | None = None
-    # On top of the test's environment (POD_NAME: the Lease identity).
+    # On top of the test's environment (POD_NAME: the Lease identity, default the log's name).
     env: dict[str, str] = field(default_factory=dict)
+    # The Lease it campaigns for unless `args` choose one; replicas share one by sharing this.
+    lease: str = field(default_factory=lambda: f"serve-{uuid.uuid4().hex[:8]}")
     # False: --no-webhook (the controller only): no listener, so readiness is its log line.
     webhook: bool = True
 
@@ -89,9 +91,10 @@ class Served:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig),
                 *tls, "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
-                "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.args,
+                "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+                *self._own_lease(), *self.args,
                 *(() if self.webhook else ("--no-webhook",)),
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env},
+                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, "POD_NAME": self.log.stem, **self.env},
             )
         process = self.process
         if not self.webhook:
@@ -131,6 +134,14 @@ class Served:
             text = await resp.text()
         return {(s.name, frozenset(s.labels.items())): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def _own_lease(self) -> tuple[str, ...]:
+        """Unless the test chose a Lease, `lease` in `default` (which always exists): not
+        shared with other tests' processes, so this one leads at once and its controller,
+        requeueing and usage metrics run."""
+        if any(a.startswith("--leader-election-") for a in self.args):
+            return ()
+        return ("--leader-election-namespace", "default", "--leader-election-lease-name", self.lease)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"

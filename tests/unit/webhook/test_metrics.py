@@ -18,8 +18,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from quota.inventory import Inventory
 from quota.kubeapi import Resource
+from quota.ledger import Ledger
 from quota.policy import PolicyRecord
+from quota.usage import Holders
 from quota.watching import Reflector, ReflectorStats
 from webhook.metrics import (
     ADMIN_ACCESS_DECISIONS,
@@ -39,6 +42,7 @@ from webhook.metrics import (
 )
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import build_app
+from webhook.usagemetrics import UsageMetrics
 
 from .test_claims import CLAIM_GVR, gpu_claim, review_request, stored
 from .test_review import REVIEW
@@ -141,6 +145,7 @@ def test_every_name_is_exposed_with_help_and_registries_are_separate() -> None:
     a.events_dropped.labels("queue_full").inc()
     a.watch(lambda: [])
     a.certificates(lambda: [])
+    UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
     assert requests(b, webhook="validating", operation="CREATE", resource="resourceclaims", decision="allowed",
                     reason="none") == 0
     families = {f.name: f for f in text_string_to_metric_families(a.exposition().decode())}

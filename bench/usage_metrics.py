@@ -1,0 +1,92 @@
+"""Scrape cost of the usage metrics: 5,000 nodes x 8 GPUs, 150,000 claims in the caches.
+
+The claims (bench/inventory.py `generate_claims`, about 30 % allocated, each allocated
+one reserved for a pod) go through the webhook's own `ClaimStore` into the ledger and
+the holders, as a serve process's first list would; one DeviceQuota per namespace.
+Then one scrape (`Metrics.exposition`, what `GET /metrics` serves) is timed cold, again
+with nothing changed (the per-model and per-device families are cached on the
+inventory generation and the holders' version), and after one claim changed.
+
+Not a timed test: run `python bench/usage_metrics.py [--nodes N] [--claims N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
+from pricing import rss_mib  # noqa: E402
+
+from quota.admission import Admitter  # noqa: E402
+from quota.claims import parse_device_class  # noqa: E402
+from quota.devicequota import parse_device_quota  # noqa: E402
+from quota.inventory import Inventory  # noqa: E402
+from quota.ledger import Ledger  # noqa: E402
+from quota.model import DeviceClassName  # noqa: E402
+from quota.pricing import Pricer  # noqa: E402
+from quota.usage import Holders  # noqa: E402
+from webhook.caches import ClaimStore  # noqa: E402
+from webhook.metrics import CLAIM_DEVICE_INFO, Metrics  # noqa: E402
+from webhook.usagemetrics import UsageMetrics  # noqa: E402
+
+NAMESPACES = 50
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--claims", type=int, default=150_000)
+    args = parser.parse_args()
+
+    slices = generate_slices(args.nodes)
+    inventory = Inventory()
+    inventory.replace_all(slices)
+    classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
+    ledger = Ledger()
+    for k in range(NAMESPACES):
+        ledger.add_or_update_quota(parse_device_quota({
+            "apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota",
+            "metadata": {"name": "gpus", "namespace": f"team-{k:03d}"},
+            "spec": {"hard": {"memory": "100Ti", "devices": 100000}}}))
+    claims = generate_claims(args.claims, NAMESPACES, 7, slices)
+    for i, claim in enumerate(claims):
+        status = claim.get("status")
+        if status and status.get("allocation"):
+            status["reservedFor"] = [{"resource": "pods", "name": f"pod-{i}", "uid": f"pod-uid-{i}"}]
+    holders = Holders()
+    store = ClaimStore(Admitter(Pricer(inventory, classes), ledger), holders=holders)
+    before = rss_mib()
+    _, load_s = timed(lambda: store.replace(claims))
+    gc.collect()
+    gc.freeze()  # as a long-running server's caches: later collections skip them
+    metrics = Metrics()
+    UsageMetrics(ledger, inventory, holders).register(metrics)
+
+    cold, cold_s = timed(metrics.exposition)
+    _, warm_s = timed(metrics.exposition)
+    changed = next(c for c in claims if (c.get("status") or {}).get("allocation"))
+    changed["status"]["reservedFor"] = [{"resource": "pods", "name": "moved", "uid": "moved"}]
+    store.upsert(changed)
+    _, changed_s = timed(metrics.exposition)
+    series = sum(1 for line in cold.splitlines() if line.startswith(CLAIM_DEVICE_INFO.encode()))
+    print(f"{args.nodes} nodes, {len(inventory.usable())} devices, {len(claims)} claims "
+          f"({len(holders)} allocated) accounted in {load_s:.1f} s; RSS +{rss_mib() - before:.0f} MiB")
+    print(f"one scrape: {len(cold) / 1e6:.1f} MB, {len(cold.splitlines())} lines, {series} {CLAIM_DEVICE_INFO} series")
+    print(f"  cold {cold_s:.2f} s; nothing changed {warm_s:.2f} s; one claim changed {changed_s:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

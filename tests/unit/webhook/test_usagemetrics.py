@@ -1,0 +1,292 @@
+"""webhook.usagemetrics: the usage families as a scrape shows them, over caches fed by the stores.
+
+The caches are the webhook's own (`webhook.caches` stores into an `Admitter`'s ledger,
+`quota.usage.Holders`, `webhook.reservations.Reservations` observing DeviceQuotas), built
+from plain dicts; every expectation is derived from the fixture's devices and claims.
+The real process is scraped in tests/e2e/test_usage_metrics.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timezone
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis import given
+from prometheus_client.parser import text_string_to_metric_families
+
+from quota.admission import Admitter
+from quota.inventory import Inventory
+from quota.ledger import Ledger
+from quota.model import DeviceClass, DeviceClassName
+from quota.pricing import Pricer
+from quota.usage import Holders
+from webhook.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
+from webhook.metrics import (
+    CLAIM_DEVICE_INFO,
+    INVENTORY_ALLOCATED,
+    INVENTORY_DEVICES,
+    INVENTORY_MEMORY,
+    LEADER,
+    NAMES,
+    NAMESPACE_USAGE,
+    QUOTA,
+    Metrics,
+)
+from webhook.reservations import Reservations
+from webhook.usagemetrics import DEVICE_INFO_LABELS, UsageMetrics
+
+from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
+
+D = "gpu.nvidia.com"
+A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+NOW = 1_000.0
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def devices(product: str = A100) -> list[dict[str, Any]]:
+    gpus = [make_device(f"gpu-{i}", memory="80Gi", attrs={"type": "gpu", "productName": product,
+                                                          "uuid": f"GPU-{i}"}) for i in range(3)]
+    mig = make_device("gpu-3-mig-1", memory="10Gi", attrs={"type": "mig", "productName": product, "uuid": "MIG-31",
+                                                           "parentUUID": "GPU-3", "profile": "1g.10gb"})
+    return [*gpus, mig]
+
+
+def claim(name: str, uid: str, *allocated: str, pods: tuple[str, ...] = (), cls: str = "gpu",
+          admin: bool = False, namespace: str = "team-a") -> dict[str, Any]:
+    obj = make_claim(name, request("r", exactly(cls, admin=admin)), namespace=namespace,
+                     allocation=[result("r", d, driver=D, admin=admin) for d in allocated] if allocated else None)
+    obj["metadata"]["uid"] = uid
+    if pods:
+        obj.setdefault("status", {})["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
+    return obj
+
+
+def stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class World:
+    def __init__(self, *, leading: bool = True) -> None:
+        self.inventory = Inventory()
+        self.classes: dict[DeviceClassName, DeviceClass] = {}
+        self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger())
+        # No API: only what the watch delivers (`observe`) is read, nothing is written.
+        self.reservations = Reservations(None, self.admitter.ledger, ttl=60.0,  # type: ignore[arg-type]
+                                         clock=lambda: NOW)
+        self.holders = Holders()
+        self.slices = SliceStore(self.inventory)
+        self.quotas = QuotaStore(self.admitter, observe=self.reservations.observe)
+        self.claims = ClaimStore(self.admitter, forget=self.reservations.forget, holders=self.holders)
+        self.slices.replace([make_slice("n1", devices(), driver=D)])
+        ClassStore(self.classes).replace([make_class("gpu", f"device.attributes['{D}'].type == 'gpu'"),
+                                          make_class("mig", f"device.attributes['{D}'].type == 'mig'")])
+        self.leading = leading
+        self.metrics = Metrics()
+        UsageMetrics(self.admitter.ledger, self.inventory, self.holders, pending=self.reservations.pending,
+                     leading=lambda: self.leading).register(self.metrics)
+
+    def scrape(self) -> Samples:
+        return scrape(self.metrics)
+
+
+def scrape(metrics: Metrics) -> Samples:
+    text = metrics.exposition().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def family(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    return {labels: value for (n, labels), value in samples.items() if n == name}
+
+
+def quota_sample(resource: str, kind: str, quota: str = "gpus") -> frozenset[tuple[str, str]]:
+    return frozenset({"namespace": "team-a", "quota": quota, "resource": resource, "type": kind}.items())
+
+
+def test_every_name_is_listed() -> None:
+    for name in (LEADER, QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
+                 CLAIM_DEVICE_INFO):
+        assert name in NAMES
+
+
+def test_quota_shows_hard_used_and_reserved_counting_each_claim_once() -> None:
+    world = World()
+    quota = make_quota("gpus", memory="400Gi", devices=8)
+    held_uid, persisted_uid = "u-pending", "u-not-yet-seen"
+    quota["status"] = {"reservations": {
+        # The pending claim's own entry: the cache holds its claim, so it counts once, there.
+        held_uid: {"claim": "team-a/pending", "memory": 80 * GiB, "devices": 1, "expires": stamp(NOW + 30)},
+        # Admitted by some replica, its claim not in this cache yet: counts here.
+        persisted_uid: {"claim": "team-a/new", "memory": 20 * GiB, "devices": 2, "expires": stamp(NOW + 30)},
+        "u-expired": {"claim": "team-a/old", "memory": 80 * GiB, "devices": 1, "expires": stamp(NOW - 1)},
+        "u-deleted": {"claim": "team-a/gone", "memory": 80 * GiB, "devices": 1, "expires": stamp(NOW + 30)},
+    }}
+    world.quotas.replace([quota, make_quota("migs", memory="1Ti", classes=["mig"])])
+    world.claims.replace([claim("one", "u1", "gpu-0", pods=("p1",)), claim("mig", "u2", "gpu-3-mig-1", cls="mig"),
+                          claim("pending", held_uid)])
+    world.claims.delete(claim("gone", "u-deleted"))
+    samples = family(world.scrape(), QUOTA)
+    gpu, mig = 80 * GiB, 10 * GiB
+    assert samples == {
+        quota_sample("memory", "hard"): 400 * GiB,
+        quota_sample("devices", "hard"): 8,
+        quota_sample("memory", "used"): gpu + mig,
+        quota_sample("devices", "used"): 2,
+        quota_sample("memory", "reserved"): gpu + 20 * GiB,
+        quota_sample("devices", "reserved"): 1 + 2,
+        # Scoped to class mig: only the MIG claim; no devices limit, so no hard sample for it.
+        quota_sample("memory", "hard", "migs"): 1024 * GiB,
+        quota_sample("memory", "used", "migs"): mig,
+        quota_sample("devices", "used", "migs"): 1,
+        quota_sample("memory", "reserved", "migs"): 0,
+        quota_sample("devices", "reserved", "migs"): 0,
+    }
+    # Once this cache holds the persisted claim, its entry stops counting: the claim does.
+    world.claims.upsert(claim("new", persisted_uid))
+    assert family(world.scrape(), QUOTA)[quota_sample("memory", "reserved")] == 2 * gpu
+
+
+def test_namespace_usage_covers_namespaces_without_a_quota_and_follows_changes() -> None:
+    world = World()
+    world.claims.replace([claim("one", "u1", "gpu-0"), claim("two", "u2"),
+                          claim("elsewhere", "u3", "gpu-1", namespace="team-b")])
+
+    def usage() -> dict[tuple[str, str, str, str], float]:
+        return {(d["namespace"], d["device_class"], d["resource"], d["state"]): v
+                for labels, v in family(world.scrape(), NAMESPACE_USAGE).items() for d in [dict(labels)]}
+
+    assert usage() == {
+        ("team-a", "gpu", "memory", "allocated"): 80 * GiB, ("team-a", "gpu", "devices", "allocated"): 1,
+        ("team-a", "gpu", "memory", "reserved"): 80 * GiB, ("team-a", "gpu", "devices", "reserved"): 1,
+        ("team-b", "gpu", "memory", "allocated"): 80 * GiB, ("team-b", "gpu", "devices", "allocated"): 1,
+    }
+    # A cached namespace must not keep stale samples: allocate "two", delete team-b's claim.
+    world.claims.upsert(claim("two", "u2", "gpu-2"))
+    world.claims.delete(claim("elsewhere", "u3", namespace="team-b"))
+    assert usage() == {("team-a", "gpu", "memory", "allocated"): 2 * 80 * GiB,
+                       ("team-a", "gpu", "devices", "allocated"): 2}
+
+
+def info(namespace: str, claim_name: str, pod: str, device: str, uuid: str, profile: str = "") -> frozenset[
+        tuple[str, str]]:
+    values = (namespace, claim_name, pod, D, "node-1", device, uuid, profile)
+    return frozenset(zip(DEVICE_INFO_LABELS, values, strict=True))
+
+
+def test_device_info_names_each_held_device_its_claim_pod_and_dcgm_uuid() -> None:
+    world = World()
+    world.claims.replace([
+        claim("two-pods", "u1", "gpu-0", pods=("a", "b")),
+        claim("mig", "u2", "gpu-3-mig-1", cls="mig", pods=("m",)),
+        claim("no-pod-yet", "u3", "gpu-1"),
+        claim("monitor", "u4", "gpu-2", admin=True, pods=("watcher",)),  # adminAccess: left out
+        claim("pending", "u5"),
+    ])
+    assert family(world.scrape(), CLAIM_DEVICE_INFO) == {
+        info("team-a", "two-pods", "a", "gpu-0", "GPU-0"): 1,
+        info("team-a", "two-pods", "b", "gpu-0", "GPU-0"): 1,
+        info("team-a", "mig", "m", "gpu-3-mig-1", "GPU-3", "1g.10gb"): 1,
+        info("team-a", "no-pod-yet", "", "gpu-1", "GPU-1"): 1,
+    }
+    # Changes re-render only what moved, and nothing stale stays.
+    world.claims.upsert(claim("no-pod-yet", "u3", "gpu-1", pods=("late",)))
+    world.claims.delete(claim("two-pods", "u1"))
+    assert set(family(world.scrape(), CLAIM_DEVICE_INFO)) == {
+        info("team-a", "mig", "m", "gpu-3-mig-1", "GPU-3", "1g.10gb"),
+        info("team-a", "no-pod-yet", "late", "gpu-1", "GPU-1"),
+    }
+    # A driver republishing its devices (a new model, say) relabels the held ones.
+    world.slices.upsert(make_slice("n1", devices(H100), driver=D, generation=2))
+    scraped = world.scrape()
+    assert info("team-a", "no-pod-yet", "late", "gpu-1", "GPU-1") in family(scraped, CLAIM_DEVICE_INFO)
+    assert {dict(k)["model"] for k in family(scraped, INVENTORY_DEVICES)} == {H100}
+
+
+def test_inventory_by_model_and_profile() -> None:
+    world = World()
+    world.claims.replace([claim("one", "u1", "gpu-0"), claim("again", "u2", "gpu-0"),
+                          claim("monitor", "u4", "gpu-2", admin=True)])
+    scraped = world.scrape()
+
+    def by_model(name: str) -> dict[str, float]:
+        return {dict(k)["profile"]: v for k, v in family(scraped, name).items()
+                if dict(k)["driver"] == D and dict(k)["model"] == A100}
+
+    assert by_model(INVENTORY_DEVICES) == {"": 3, "1g.10gb": 1}
+    assert by_model(INVENTORY_MEMORY) == {"": 3 * 80 * GiB, "1g.10gb": 10 * GiB}
+    assert by_model(INVENTORY_ALLOCATED) == {"": 1, "1g.10gb": 0}  # gpu-0 once; adminAccess not taken
+    # Kept incrementally: gpu-0 stays held while one of its two claims remains.
+    world.claims.delete(claim("one", "u1"))
+    scraped = world.scrape()
+    assert by_model(INVENTORY_ALLOCATED) == {"": 1, "1g.10gb": 0}
+    world.claims.upsert(claim("mig", "u5", "gpu-3-mig-1", cls="mig"))
+    world.claims.delete(claim("again", "u2"))
+    scraped = world.scrape()
+    assert by_model(INVENTORY_ALLOCATED) == {"": 0, "1g.10gb": 1}
+
+
+def test_only_the_leader_exports_usage() -> None:
+    world = World(leading=False)
+    world.quotas.replace([make_quota("gpus", memory="400Gi")])
+    world.claims.replace([claim("one", "u1", "gpu-0", pods=("p",))])
+    follower = world.scrape()
+    assert family(follower, LEADER) == {frozenset(): 0}
+    usage = (QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO)
+    assert not [key for key in follower if key[0] in usage]
+    world.leading = True
+    leader = world.scrape()
+    assert family(leader, LEADER) == {frozenset(): 1}
+    assert {name for name, _ in leader} >= set(usage)
+
+
+def test_label_values_are_escaped() -> None:
+    world = World()
+    odd = claim("c", "u1", "gpu-0")
+    odd["status"]["reservedFor"] = [{"resource": "pods", "name": 'quote"back\\slash\nnewline'}]
+    world.claims.replace([copy.deepcopy(odd)])
+    [labels] = family(world.scrape(), CLAIM_DEVICE_INFO)
+    assert dict(labels)["pod"] == 'quote"back\\slash\nnewline'
+
+
+_DEVICES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3-mig-1")
+_step = st.tuples(
+    st.sampled_from(["upsert", "delete", "republish"]),
+    st.integers(0, 4),  # which claim
+    st.lists(st.sampled_from(_DEVICES), max_size=2, unique=True),  # its devices (none: pending)
+    st.lists(st.sampled_from(["p1", "p2"]), max_size=2, unique=True),  # its pods
+    st.booleans(),  # adminAccess
+)
+
+
+def usage(samples: Samples) -> Samples:
+    names = (LEADER, QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
+             CLAIM_DEVICE_INFO)
+    return {key: value for key, value in samples.items() if key[0] in names}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_step, max_size=12))
+def test_the_kept_views_equal_a_fresh_scrape_after_any_changes(steps: list[tuple[str, int, list[str], list[str],
+                                                                                  bool]]) -> None:
+    """Caching per namespace, per claim and per inventory generation never serves a stale sample."""
+    world = World()
+    world.quotas.replace([make_quota("gpus", memory="1Ti")])
+    generation = 1
+    for op, index, held, pods, admin in steps:
+        name, uid = f"c{index}", f"u{index}"
+        namespace = "team-a" if index % 2 else "team-b"
+        if op == "upsert":
+            world.claims.upsert(claim(name, uid, *held, pods=tuple(pods), admin=admin, namespace=namespace))
+        elif op == "delete":
+            world.claims.delete(claim(name, uid, namespace=namespace))
+        else:
+            generation += 1
+            world.slices.upsert(make_slice("n1", devices(H100 if generation % 2 else A100), driver=D,
+                                           generation=generation))
+        fresh = Metrics()
+        UsageMetrics(world.admitter.ledger, world.inventory, world.holders,
+                     pending=world.reservations.pending).register(fresh)
+        assert usage(world.scrape()) == usage(scrape(fresh))

@@ -1,0 +1,224 @@
+"""The usage metrics of `dra-quota serve`, built at scrape time from the caches it keeps.
+
+Neighbours: `webhook.metrics` owns the registry and every metric name; `quota.usage`
+computes the views (per quota from `quota.ledger`, the one accountant; per namespace and
+class; per model from `quota.inventory`; per held device from `quota.usage.Holders`);
+`webhook.reservations.Reservations.pending` adds the persisted reservations whose claim
+this replica's cache does not hold yet; `webhook.serve` registers them. Nothing is
+counted here: a scrape reads the same ledger the webhook admits against.
+
+Only the leader exports the usage families (`leading()`; the other replicas leave them
+out), so `sum()` over every replica's scrape never counts a claim twice.
+`draquota_leader` says which replica that is.
+
+Scrape cost (bench/usage_metrics.py; README, Performance): a scrape runs on the event
+loop the reviews share, so nothing is recomputed that did not change. A namespace's
+samples are kept until one of its claims changes (`Ledger.namespace_generation`); the
+per-device family (one sample per held device: tens of thousands) is kept as rendered
+text per claim (`Metrics.rendered`), re-rendered only for the claims that changed (all
+of them when the inventory changed, as its attributes feed the labels); the per-model
+index is rebuilt once per inventory generation. `draquota_quota` is built at every
+scrape: a few samples per quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from quota.inventory import Inventory
+from quota.ledger import ClaimRef, Ledger
+from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
+from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from webhook.metrics import (
+    CLAIM_DEVICE_INFO,
+    INVENTORY_ALLOCATED,
+    INVENTORY_DEVICES,
+    INVENTORY_MEMORY,
+    LEADER,
+    NAMESPACE_USAGE,
+    QUOTA,
+    Metrics,
+    render,
+)
+
+__all__ = ["DEVICE_INFO_LABELS", "UsageMetrics"]
+
+# DCGM exporter's own label names for the GPU and the MIG profile, so that
+# `on(UUID)` / `on(UUID, GPU_I_PROFILE)` join without label_replace (README, Metrics).
+DEVICE_INFO_LABELS = ("namespace", "claim", "pod", "driver", "pool", "device", "UUID", "GPU_I_PROFILE")
+_RESOURCES = ("memory", "devices")
+
+
+def _amount(charge: Charge, resource: str) -> int:
+    return charge.memory if resource == "memory" else charge.devices
+
+
+@dataclass(eq=False)
+class UsageMetrics:
+    """The collector: call `register` once; each scrape reads the caches as they are then."""
+
+    ledger: Ledger
+    inventory: Inventory
+    holders: Holders
+    # (namespace, quota name) -> persisted reservations not in the claim cache.
+    pending: Callable[[str, str], Charge] = lambda _namespace, _name: Charge()
+    leading: Callable[[], bool] = lambda: True
+    # namespace -> (its ledger generation, its samples)
+    _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]]]] = field(
+        default_factory=dict, init=False)
+    # The per-model index of the inventory generation the per-claim state below was built on.
+    _models: tuple[int, ModelIndex, HeldCounts] | None = field(default=None, init=False)
+    # claim ref -> (the Held it was built from, its devices as counted, its rendered lines)
+    _claims: dict[ClaimRef, tuple[Held, tuple[DeviceKey, ...], bytes]] = field(default_factory=dict, init=False)
+    _text: tuple[tuple[int, int], bytes] | None = field(default=None, init=False)
+
+    def register(self, metrics: Metrics) -> None:
+        metrics.collect(self.collect)
+        metrics.rendered(self.rendered)
+
+    def collect(self) -> Iterator[Metric]:
+        leading = self.leading()
+        leader = GaugeMetricFamily(LEADER, "1 on the replica that holds the quota controller's Lease and alone "
+                                   "exports the usage metrics (draquota_quota, draquota_namespace_device_usage, "
+                                   "draquota_inventory_*, draquota_claim_device_info), else 0.")
+        leader.add_metric([], 1.0 if leading else 0.0)
+        yield leader
+        if leading:
+            yield self._quota_family()
+            yield self._namespace_family()
+
+    def rendered(self) -> bytes:
+        """The per-model and per-device families, as text; re-rendered only where inputs moved."""
+        if not self.leading():
+            return b""
+        stamp = (self.inventory.generation, self.holders.version)
+        if self._text is None or self._text[0] != stamp:
+            self._text = (stamp, self._refresh())
+        return self._text[1]
+
+    # -- the families ---------------------------------------------------------------------
+
+    def _quota_family(self) -> Metric:
+        family = _quota_family()
+        for quota in self.ledger.quotas():
+            usage = self.ledger.usage(quota.namespace, quota.name)
+            reserved = usage.reserved + self.pending(quota.namespace, quota.name)
+            for resource in _RESOURCES:
+                labels = [quota.namespace, quota.name, resource]
+                limit = quota.hard.get(resource)
+                if limit is not None:
+                    family.add_metric([*labels, "hard"], limit)
+                family.add_metric([*labels, "used"], _amount(usage.used, resource))
+                family.add_metric([*labels, "reserved"], _amount(reserved, resource))
+        return family
+
+    def _namespace_family(self) -> Metric:
+        """Each namespace's samples are kept until a claim of that namespace changes."""
+        family = _namespace_family()
+        present = set(self.ledger.namespaces())
+        for gone in [ns for ns in self._namespaces if ns not in present]:
+            del self._namespaces[gone]
+        for namespace in sorted(present):
+            generation = self.ledger.namespace_generation(namespace)
+            cached = self._namespaces.get(namespace)
+            if cached is None or cached[0] != generation:
+                usage = namespace_usage(self.ledger, namespace)
+                cached = self._namespaces[namespace] = (generation, [(c, s, v) for (c, s), v in sorted(usage.items())])
+            for device_class, state, charge in cached[1]:
+                for resource in _RESOURCES:
+                    family.add_metric([namespace, device_class, resource, state], _amount(charge, resource))
+        return family
+
+    def _model_families(self, index: ModelIndex, held: HeldCounts) -> list[Metric]:
+        devices, memory, allocated = _model_families()
+        for (driver, model, profile), usage in sorted(index.usage(held).items()):
+            devices.add_metric([driver, model, profile], usage.devices)
+            memory.add_metric([driver, model, profile], usage.memory)
+            allocated.add_metric([driver, model, profile], usage.allocated)
+        return [devices, memory, allocated]
+
+    def _refresh(self) -> bytes:
+        """Bring the per-claim state up to the holders and the inventory; the families' text.
+
+        Only claims that changed since the last scrape are rendered and counted again;
+        all of them after the inventory changed (its attributes feed the labels).
+        """
+        generation = self.inventory.generation
+        if self._models is None or self._models[0] != generation:
+            index = ModelIndex.of(self.inventory)
+            self._models = (generation, index, HeldCounts(index))
+            self._claims.clear()
+        _, index, counts = self._models
+        current = self.holders.mapping()
+        for gone in [ref for ref in self._claims if ref not in current]:
+            counts.add(self._claims.pop(gone)[1], -1)
+        stale = [(ref, held) for ref, held in current.items()
+                 if (hit := self._claims.get(ref)) is None or hit[0] is not held]
+        if stale:
+            # One render for every stale claim; each claim's share of the lines is its sample count.
+            family = _device_family()
+            sizes = [self._add_samples(family, held) for _, held in stale]
+            lines = render([family]).split(b"\n")[2:]  # past "# HELP" and "# TYPE"
+            at = 0
+            for (ref, held), size in zip(stale, sizes, strict=True):
+                previous = self._claims.get(ref)
+                if previous is not None:
+                    counts.add(previous[1], -1)
+                keys = held_keys(held)
+                counts.add(keys)
+                self._claims[ref] = (held, keys, b"".join(line + b"\n" for line in lines[at:at + size]))
+                at += size
+        return (render(self._model_families(index, counts)) + render([_device_family()])
+                + b"".join(text for _, _, text in self._claims.values()))
+
+    def _add_samples(self, family: GaugeMetricFamily, held: Held) -> int:
+        count = 0
+        for result, labels in held_devices(held, self.inventory):
+            key = result.key
+            for pod in held.pods or ("",):
+                family.add_metric([held.namespace, held.name, pod, key.driver, key.pool, key.device, labels.uuid,
+                                   labels.profile], 1.0)
+                count += 1
+        return count
+
+
+def _quota_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        QUOTA, "A DeviceQuota's limit and usage, in the kube_resourcequota shape; resource memory in bytes, "
+        "devices a count. type hard: spec.hard (only the resources it limits); used: the exact charge of its "
+        "allocated claims; reserved: the estimated charge of its claims admitted and not yet allocated, plus the "
+        "reservations persisted on its status whose claim this replica's cache does not hold yet (each claim "
+        "counted once). Exported by the leader only.", labels=["namespace", "quota", "resource", "type"])
+
+
+def _namespace_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        NAMESPACE_USAGE, "Device usage of every namespace with claims, with or without a DeviceQuota, by device "
+        "class; resource memory in bytes, devices a count. state allocated: the exact charge of allocated claims; "
+        "reserved: the estimated charge of claims not yet allocated (a reservation whose claim is not in the "
+        "cache yet is in draquota_quota only). Exported by the leader only.",
+        labels=["namespace", "device_class", "resource", "state"])
+
+
+def _model_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    labels = ["driver", "model", "profile"]
+    where = ("by driver, model (the productName attribute) and profile (the MIG profile; empty for a whole "
+             "device). Exported by the leader only.")
+    return (
+        GaugeMetricFamily(INVENTORY_DEVICES, f"Devices of complete ResourceSlice pools, {where}", labels=labels),
+        GaugeMetricFamily(INVENTORY_MEMORY, f"Memory capacity of those devices in bytes, {where}", labels=labels),
+        GaugeMetricFamily(INVENTORY_ALLOCATED, f"Those devices allocated to at least one claim (adminAccess "
+                          f"excluded), {where}", labels=labels),
+    )
+
+
+def _device_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        CLAIM_DEVICE_INFO, "Always 1: one sample per device allocated to a claim and "
+        "pod consuming it (status.reservedFor; pod empty while none). UUID is the GPU's uuid attribute (a MIG "
+        "device's parentUUID) and GPU_I_PROFILE the MIG profile, as DCGM exporter labels its metrics, so they "
+        "join on UUID. adminAccess allocations are left out. Exported by the leader only.",
+        labels=list(DEVICE_INFO_LABELS))
