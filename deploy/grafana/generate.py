@@ -6,10 +6,10 @@ names against webhook/metrics.py; tests/e2e/test_dashboards.py evaluates every q
 against a real Prometheus scraping `dra-quota serve`). Plain dicts, no SDK: the panels
 are a table of titles and PromQL, the rest is layout.
 
-Queries reduce over replicas with max/min, never sum: every replica exports the same
-usage series. `$namespace` filters the quota and usage panels; the DCGM panels join
-dcgm-exporter's per-GPU series (label `UUID`) to `draquota_claim_device_info` (label
-`uuid`) and are empty where dcgm-exporter is not installed.
+Usage queries reduce over replicas with max, never sum: only the leader exports usage,
+and max stays right while two replicas overlap at a handover. `$namespace` filters the quota and usage panels; the DCGM panels join
+dcgm-exporter's per-GPU series to `draquota_claim_device_info` on `UUID` (and
+`GPU_I_PROFILE`, for MIG) and are empty where dcgm-exporter is not installed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 TARGET = Path(__file__).resolve().parent / "dra-quota.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 NS = 'namespace=~"$namespace"'
+MODEL = "driver, model, profile"
 
 
 @dataclass(frozen=True)
@@ -67,22 +68,25 @@ def _percentile(q: float) -> Q:
              f"{{{{webhook}}}} p{round(q * 100)}")
 
 
-def _claims_by_uuid(by: str) -> str:
-    """The claims holding each GPU, as a `UUID` to join dcgm-exporter's series on. A GPU several
-    holders share (consumable capacity, MIG instances of one parent) is left out: its
-    utilisation cannot be split between them, and a non-unique right side would make
-    the whole query fail (many-to-many). Counted over every namespace, not `$namespace`."""
-    info = f"max by ({by}, uuid) (draquota_claim_device_info{{{NS}}})"
-    single = f"count by (uuid) (max by ({by}, uuid) (draquota_claim_device_info)) == 1"
-    return f'label_replace({info} and on (uuid) ({single}), "UUID", "$1", "uuid", "(.+)")'
+def _holders(by: str) -> str:
+    """Who holds each GPU, keyed as dcgm-exporter keys its series: `UUID` (a MIG device's parent)
+    and `GPU_I_PROFILE` (absent for a whole GPU), the label names draquota_claim_device_info
+    uses. A GPU or MIG profile several holders share (consumable capacity, two instances of
+    one profile) is left out: its utilisation cannot be split between them, and a
+    non-unique right side would fail the whole query (many-to-many). Counted over every
+    namespace, not only `$namespace`."""
+    key = "UUID, GPU_I_PROFILE"
+    info = f"max by ({by}, {key}) (draquota_claim_device_info{{{NS}}})"
+    single = f"count by ({key}) (max by ({by}, {key}) (draquota_claim_device_info)) == 1"
+    return f"({info} and on ({key}) ({single}))"
 
 
 def _dcgm(metric: str, agg: str, by: str, scale: str = "") -> str:
-    return f"{agg} by ({by}) ({metric} * on (UUID) group_left ({by}) {_claims_by_uuid(by)}){scale}"
+    return f"{agg} by ({by}) ({metric} * on (UUID, GPU_I_PROFILE) group_left ({by}) {_holders(by)}){scale}"
 
 
 PERCENT_THRESHOLDS = ((None, "green"), (0.9, "orange"), (1.0, "red"))
-DCGM_NOTE = (" From dcgm-exporter's series joined on the GPU UUID with draquota_claim_device_info; "
+DCGM_NOTE = (" From dcgm-exporter's series joined on UUID (and GPU_I_PROFILE) with draquota_claim_device_info; "
              "empty where dcgm-exporter is not installed. GPUs shared by several claims are left out.")
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
@@ -132,16 +136,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     )),
     ("Inventory", (
         Panel("Devices by model: total and allocated", "timeseries", "short",
-              (Q("max by (driver, model) (draquota_inventory_devices)", "{{model}} total"),
-               Q("max by (driver, model) (draquota_inventory_allocated_devices)", "{{model}} allocated")),
-              "Devices the drivers publish in ResourceSlices, and how many are allocated to claims."),
-        Panel("Device memory by model: total and allocated", "timeseries", "bytes",
-              (Q("max by (driver, model) (draquota_inventory_memory_bytes)", "{{model}} total"),
-               Q("max by (driver, model) (draquota_inventory_allocated_memory_bytes)", "{{model}} allocated")),
-              "Device memory published, and how much of it is allocated."),
+              (Q(f"max by ({MODEL}) (draquota_inventory_devices)", "{{model}} {{profile}} total"),
+               Q(f"max by ({MODEL}) (draquota_inventory_allocated_devices)", "{{model}} {{profile}} allocated")),
+              "Devices of complete ResourceSlice pools by driver, model (productName) and MIG profile, and how "
+              "many are allocated to claims (adminAccess excluded)."),
+        Panel("Device memory by model", "timeseries", "bytes",
+              (Q(f"max by ({MODEL}) (draquota_inventory_memory_bytes)", "{{model}} {{profile}}"),),
+              "Memory capacity of the published devices, by model and MIG profile."),
         Panel("Share of each model allocated", "bargauge", "percentunit",
-              (Q("max by (driver, model) (draquota_inventory_allocated_devices) / on (driver, model) "
-                 "max by (driver, model) (draquota_inventory_devices > 0)", "{{driver}} {{model}}", instant=True),),
+              (Q(f"max by ({MODEL}) (draquota_inventory_allocated_devices) / on ({MODEL}) "
+                 f"max by ({MODEL}) (draquota_inventory_devices > 0)", "{{model}} {{profile}}", instant=True),),
               "Allocated devices over published devices, per model.", thresholds=PERCENT_THRESHOLDS,
               options={"displayMode": "gradient", "orientation": "horizontal"}),
     )),
