@@ -1,0 +1,269 @@
+"""Generate the Grafana dashboard deploy/grafana/dra-quota.json (its only source).
+
+`python deploy/grafana/generate.py` rewrites the JSON; `--check` exits 1 when the committed
+file differs (tests/unit/deploy/test_dashboard.py runs it, and checks every query's metric
+names against webhook/metrics.py; tests/e2e/test_dashboards.py evaluates every query
+against a real Prometheus scraping `dra-quota serve`). Plain dicts, no SDK: the panels
+are a table of titles and PromQL, the rest is layout.
+
+Usage queries reduce over replicas with max, never sum: only the leader exports usage,
+and max stays right while two replicas overlap at a handover. `$namespace` filters the quota and usage panels; the DCGM panels join
+dcgm-exporter's per-GPU series to `draquota_claim_device_info` on `UUID` (and
+`GPU_I_PROFILE`, for MIG) and are empty where dcgm-exporter is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TARGET = Path(__file__).resolve().parent / "dra-quota.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+NS = 'namespace=~"$namespace"'
+MODEL = "driver, model, profile"
+
+
+@dataclass(frozen=True)
+class Q:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    kind: str  # timeseries | bargauge | stat | table
+    unit: str
+    queries: tuple[Q, ...]
+    description: str = ""
+    width: int = 8
+    options: dict[str, Any] = field(default_factory=dict)
+    thresholds: tuple[tuple[float | None, str], ...] = ((None, "green"),)
+    mappings: tuple[dict[str, Any], ...] = ()
+    stack: bool = False
+
+
+def _quota(resource: str, kind: str) -> Q:
+    return Q(f'max by (namespace, quota) (draquota_quota{{resource="{resource}", type="{kind}", {NS}}})',
+             f"{{{{namespace}}}}/{{{{quota}}}} {kind}")
+
+
+def _held(resource: str) -> str:
+    return (f"sum by (namespace, state) (max by (namespace, device_class, resource, state) "
+            f'(draquota_namespace_device_usage{{resource="{resource}", {NS}}}))')
+
+
+def _top(resource: str) -> str:
+    return (f"topk(10, sum by (namespace) (max by (namespace, device_class, resource, state) "
+            f'(draquota_namespace_device_usage{{resource="{resource}", state="allocated"}})))')
+
+
+def _percentile(q: float) -> Q:
+    return Q(f"histogram_quantile({q}, sum by (webhook, le) "
+             f"(rate(draquota_admission_duration_seconds_bucket[$__rate_interval])))",
+             f"{{{{webhook}}}} p{round(q * 100)}")
+
+
+def _holders(by: str) -> str:
+    """Who holds each GPU, keyed as dcgm-exporter keys its series: `UUID` (a MIG device's parent)
+    and `GPU_I_PROFILE` (absent for a whole GPU), the label names draquota_claim_device_info
+    uses. A GPU or MIG profile several holders share (consumable capacity, two instances of
+    one profile) is left out: its utilisation cannot be split between them, and a
+    non-unique right side would fail the whole query (many-to-many). Counted over every
+    namespace, not only `$namespace`."""
+    key = "UUID, GPU_I_PROFILE"
+    info = f"max by ({by}, {key}) (draquota_claim_device_info{{{NS}}})"
+    single = f"count by ({key}) (max by ({by}, {key}) (draquota_claim_device_info)) == 1"
+    return f"({info} and on ({key}) ({single}))"
+
+
+def _dcgm(metric: str, agg: str, by: str, scale: str = "") -> str:
+    return f"{agg} by ({by}) ({metric} * on (UUID, GPU_I_PROFILE) group_left ({by}) {_holders(by)}){scale}"
+
+
+PERCENT_THRESHOLDS = ((None, "green"), (0.9, "orange"), (1.0, "red"))
+DCGM_NOTE = (" From dcgm-exporter's series joined on UUID (and GPU_I_PROFILE) with draquota_claim_device_info; "
+             "empty where dcgm-exporter is not installed. GPUs shared by several claims are left out.")
+
+ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
+    ("Quotas", (
+        Panel("Quota memory: used, reserved, hard", "timeseries", "bytes",
+              (_quota("memory", "used"), _quota("memory", "reserved"), _quota("memory", "hard")),
+              "Each DeviceQuota's memory: allocated (used), admitted but not yet allocated (reserved), and its limit."),
+        Panel("Quota devices: used, reserved, hard", "timeseries", "short",
+              (_quota("devices", "used"), _quota("devices", "reserved"), _quota("devices", "hard")),
+              "Each DeviceQuota's device count: used, reserved and its limit."),
+        Panel("Quota utilisation: (used + reserved) / hard", "bargauge", "percentunit",
+              (Q("sum by (namespace, quota, resource) (max by (namespace, quota, resource, type) "
+                 f'(draquota_quota{{type=~"used|reserved", {NS}}})) / on (namespace, quota, resource) '
+                 f'max by (namespace, quota, resource) (draquota_quota{{type="hard", {NS}}} > 0)',
+                 "{{namespace}}/{{quota}} {{resource}}", instant=True),),
+              "How much of each limit is committed; above 90% the DraQuotaNearLimit alert fires, "
+              "at 100% new claims are denied.", thresholds=PERCENT_THRESHOLDS,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        Panel("Device memory held per namespace (every class)", "timeseries", "bytes",
+              (Q(_held("memory"), "{{namespace}} {{state}}"),),
+              "Allocated and reserved device memory per namespace, with or without a DeviceQuota.", stack=True),
+        Panel("Devices held per namespace (every class)", "timeseries", "short",
+              (Q(_held("devices"), "{{namespace}} {{state}}"),),
+              "Allocated and reserved devices per namespace, with or without a DeviceQuota.", stack=True),
+        Panel("Top consumers: allocated device memory", "bargauge", "bytes",
+              (Q(_top("memory"), "{{namespace}}", instant=True),),
+              "The ten namespaces holding the most allocated device memory.",
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+    )),
+    ("Admission", (
+        Panel("Denials by reason", "timeseries", "reqps",
+              (Q("sum by (reason) (rate(draquota_admission_requests_total"
+                 '{decision="denied"}[$__rate_interval]))', "{{reason}}"),),
+              "Reviews denied per second: quota (a DeviceQuota is full), admin_access, pricing, annotations, "
+              "invalid; unavailable, timeout and error are the webhook failing (DraQuotaWebhookErrors)."),
+        Panel("Reviews by decision", "timeseries", "reqps",
+              (Q("sum by (webhook, decision) (rate(draquota_admission_requests_total[$__rate_interval]))",
+                 "{{webhook}} {{decision}}"),),
+              "Admission reviews answered per second, by webhook and decision (warned: admitted with warnings)."),
+        Panel("Admission latency percentiles", "timeseries", "s",
+              (_percentile(0.5), _percentile(0.9), _percentile(0.99)),
+              "Seconds from reading a review to answering it (not the API server's round trip)."),
+        Panel("adminAccess decisions", "timeseries", "short",
+              (Q("sum by (outcome, action) (increase(draquota_admin_access_decisions_total[$__rate_interval]))",
+                 "{{outcome}} {{action}}"),),
+              "adminAccess grants and refusals (claims, templates, the namespace label)."),
+    )),
+    ("Inventory", (
+        Panel("Devices by model: total and allocated", "timeseries", "short",
+              (Q(f"max by ({MODEL}) (draquota_inventory_devices)", "{{model}} {{profile}} total"),
+               Q(f"max by ({MODEL}) (draquota_inventory_allocated_devices)", "{{model}} {{profile}} allocated")),
+              "Devices of complete ResourceSlice pools by driver, model (productName) and MIG profile, and how "
+              "many are allocated to claims (adminAccess excluded)."),
+        Panel("Device memory by model", "timeseries", "bytes",
+              (Q(f"max by ({MODEL}) (draquota_inventory_memory_bytes)", "{{model}} {{profile}}"),),
+              "Memory capacity of the published devices, by model and MIG profile."),
+        Panel("Share of each model allocated", "bargauge", "percentunit",
+              (Q(f"max by ({MODEL}) (draquota_inventory_allocated_devices) / on ({MODEL}) "
+                 f"max by ({MODEL}) (draquota_inventory_devices > 0)", "{{model}} {{profile}}", instant=True),),
+              "Allocated devices over published devices, per model.", thresholds=PERCENT_THRESHOLDS,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+    )),
+    ("Health", (
+        Panel("Leader", "stat", "none", (Q("max by (instance) (draquota_leader)", "{{instance}}", instant=True),),
+              "Which replica holds the lease and writes usage (DraQuotaNoLeader when none does).", width=6,
+              mappings=({"type": "value", "options": {"0": {"text": "standby", "color": "blue"},
+                                                       "1": {"text": "leader", "color": "green"}}},)),
+        Panel("Certificate expiry", "stat", "s",
+              (Q("min by (certificate) (draquota_certificate_expiration_timestamp_seconds) - time()",
+                 "{{certificate}}", instant=True),),
+              "Time left before the served certificate (and the self-managed CA) expires.", width=6,
+              thresholds=((None, "red"), (86400, "orange"), (7 * 86400, "green"))),
+        Panel("Watch caches synced", "stat", "none",
+              (Q("min by (resource) (draquota_watch_cache_synced)", "{{resource}}", instant=True),),
+              "1 once every replica has listed the resource (DraQuotaCacheNotSynced when not).", width=6,
+              thresholds=((None, "red"), (1, "green"))),
+        Panel("Watch restarts, relists, Events dropped", "timeseries", "short",
+              (Q("sum by (resource) (increase(draquota_watch_restarts_total[$__rate_interval]))",
+                 "{{resource}} restarts"),
+               Q("sum by (resource) (increase(draquota_watch_relists_total[$__rate_interval]))",
+                 "{{resource}} relists"),
+               Q("sum by (reason) (increase(draquota_events_dropped_total[$__rate_interval]))",
+                 "Events dropped: {{reason}}")),
+              "Watches reopened after an error or silence, complete relists after 410 Gone, Events not recorded.",
+              width=6),
+    )),
+    ("GPU utilisation (dcgm-exporter)", (
+        Panel("GPU utilisation per namespace", "timeseries", "percent",
+              (Q(_dcgm("DCGM_FI_DEV_GPU_UTIL", "avg", "namespace"), "{{namespace}}"),),
+              "Average DCGM_FI_DEV_GPU_UTIL of the GPUs each namespace's claims hold." + DCGM_NOTE),
+        Panel("GPU utilisation per claim", "timeseries", "percent",
+              (Q(_dcgm("DCGM_FI_DEV_GPU_UTIL", "avg", "namespace, claim"), "{{namespace}}/{{claim}}"),),
+              "Average DCGM_FI_DEV_GPU_UTIL of each claim's GPUs (draquota_claim_device_info also names "
+              "the pod, to join further)." + DCGM_NOTE),
+        Panel("GPU memory in use per namespace", "timeseries", "bytes",
+              (Q(_dcgm("DCGM_FI_DEV_FB_USED", "sum", "namespace", " * 1048576"), "{{namespace}}"),),
+              "Framebuffer memory in use (DCGM_FI_DEV_FB_USED, MiB, shown in bytes) on the GPUs each "
+              "namespace holds: compare with the memory its claims were charged." + DCGM_NOTE),
+    )),
+)
+
+
+def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "unit": panel.unit,
+        "thresholds": {"mode": "absolute",
+                       "steps": [{"value": v, "color": c} for v, c in panel.thresholds]},
+        "mappings": list(panel.mappings),
+    }
+    if panel.kind == "timeseries":
+        defaults["custom"] = {"stacking": {"mode": "normal" if panel.stack else "none", "group": "A"},
+                              "fillOpacity": 10 if panel.stack else 0}
+    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}} \
+        if panel.kind in ("stat", "bargauge") else {"legend": {"displayMode": "list", "placement": "bottom"},
+                                                    "tooltip": {"mode": "multi"}}
+    return {
+        "id": pid, "type": panel.kind, "title": panel.title, "description": panel.description,
+        "datasource": DATASOURCE, "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {**options, **panel.options},
+        "targets": [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr,
+                     "legendFormat": q.legend or "__auto", "instant": q.instant, "range": not q.instant}
+                    for i, q in enumerate(panel.queries)],
+    }
+
+
+def _variables() -> list[dict[str, Any]]:
+    return [
+        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0},
+        {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DATASOURCE,
+         "query": {"query": "label_values(draquota_namespace_device_usage, namespace)", "refId": "namespace"},
+         "definition": "label_values(draquota_namespace_device_usage, namespace)",
+         "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "sort": 1, "hide": 0},
+    ]
+
+
+def dashboard() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    y = 0
+    for title, row in ROWS:
+        panels.append({"id": len(panels) + 1, "type": "row", "title": title, "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        y += 1
+        x = 0
+        for panel in row:
+            if x + panel.width > 24:
+                x, y = 0, y + 8
+            panels.append(_panel(panel, len(panels) + 1, x, y))
+            x += panel.width
+        y += 8
+    return {
+        "title": "dra-quota", "uid": "dra-quota", "description":
+            "DRA device quotas (dra-quota): usage per namespace and DeviceQuota, admission, inventory, health, "
+            "and GPU utilisation per namespace and claim from dcgm-exporter.",
+        "tags": ["dra-quota", "kubernetes", "dra", "gpu"], "editable": True, "graphTooltip": 1,
+        "schemaVersion": 39, "version": 1, "refresh": "1m", "time": {"from": "now-6h", "to": "now"},
+        "timezone": "", "annotations": {"list": []}, "links": [],
+        "templating": {"list": _variables()}, "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    rendered = render()
+    if argv[1:] == ["--check"]:
+        if not TARGET.exists() or TARGET.read_text() != rendered:
+            print(f"{TARGET} differs from what generate.py renders: run python deploy/grafana/generate.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    TARGET.write_text(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,148 @@
+"""A real Prometheus on loopback for the end-to-end tests, and a stand-in for dcgm-exporter.
+
+`Prometheus` runs Debian's `prometheus` binary (.ci/prometheus.sh installs it; a test
+fails, never skips, without it) with its own config and TSDB in a temp dir, a 1 s scrape
+and rule-evaluation interval, listening on 127.0.0.1:<free port>; `query` evaluates PromQL
+through its HTTP API (/api/v1/query), as Grafana and the rule engine would.
+
+`dcgm_exporter` serves what NVIDIA dcgm-exporter serves for whole GPUs, by its metric
+and label names (NVIDIA/dcgm-exporter: etc/default-counters.csv for the fields,
+pkg/dcgmexporter/render_metrics.go for the labels gpu, UUID, device, modelName, Hostname,
+then the pod-mapping labels container, namespace, pod, empty when no pod is mapped). No
+GPU exists on this machine: its values are the test's, for the UUIDs the fake driver
+publishes, so the dashboard's join can be checked, not the exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from .cluster import free_ports
+from .kube import poll
+
+Sample = dict[str, Any]  # {"metric": {labels}, "value": [ts, "v"]}
+
+
+@dataclass
+class Prometheus:
+    directory: Path
+    targets: Mapping[str, str]  # job name -> host:port
+    rule_files: tuple[Path, ...] = ()
+    port: int = 0
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail("prometheus is not installed: run .ci/prometheus.sh (Debian's 'prometheus' package)")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_ports(1)[0]
+        config = self.directory / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(f) for f in self.rule_files],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                               for job, target in self.targets.items()],
+        }))
+        with (self.directory / "prometheus.log").open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                binary, f"--config.file={config}", f"--storage.tsdb.path={self.directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
+                stdout=log, stderr=asyncio.subprocess.STDOUT, cwd=self.directory)
+        process = self.process
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> bool:
+                if process.returncode is not None:
+                    raise AssertionError(f"prometheus exited with {process.returncode}: {self.log_text()}")
+                try:
+                    async with http.get(f"{self.url}/-/ready") as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await poll(ready, timeout=60, what="prometheus /-/ready")
+
+    def log_text(self) -> str:
+        log = self.directory / "prometheus.log"
+        return log.read_text(errors="replace")[-5000:] if log.exists() else "(no log)"
+
+    async def api(self, path: str, **params: str) -> Any:
+        async with aiohttp.ClientSession() as http, http.get(f"{self.url}/api/v1/{path}", params=params) as resp:
+            body = await resp.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"prometheus /api/v1/{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    async def query(self, expr: str) -> list[Sample]:
+        """An instant query at now; a query Prometheus refuses raises with its error."""
+        data = await self.api("query", query=expr)
+        assert data["resultType"] == "vector", (expr, data["resultType"])
+        result: list[Sample] = data["result"]
+        return result
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    host: str
+    model: str
+    utilisation: float  # DCGM_FI_DEV_GPU_UTIL, %
+    memory_used_mib: float  # DCGM_FI_DEV_FB_USED, MiB
+
+
+def dcgm_exposition(gpus: list[Gpu]) -> str:
+    lines = []
+    for field, help_text, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilisation),
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib)):
+        lines += [f"# HELP {field} {help_text}", f"# TYPE {field} gauge"]
+        for g in gpus:
+            labels = (f'gpu="{g.index}",UUID="{g.uuid}",device="nvidia{g.index}",modelName="{g.model}",'
+                      f'Hostname="{g.host}",container="",namespace="",pod=""')
+            lines.append(f"{field}{{{labels}}} {value(g)}")
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.asynccontextmanager
+async def dcgm_exporter(gpus: list[Gpu]) -> AsyncIterator[str]:
+    """Serve `gpus` at http://127.0.0.1:<port>/metrics; yields "127.0.0.1:<port>"."""
+    body = dcgm_exposition(gpus)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        port = free_ports(1)[0]
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
