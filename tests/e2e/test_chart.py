@@ -160,20 +160,44 @@ async def installed(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.
             await served.start()
         yield Installed(run, served, token_api, applied)
     finally:
-        # Webhook configurations first: left pointing at a stopped server they would
-        # refuse every later claim create of this run's namespaces.
-        for obj in sorted(applied, key=lambda o: o["kind"] not in PLURALS):
+        # Admission objects first: webhook configurations left pointing at a stopped server
+        # would refuse every later claim create of this run's namespaces, and the label
+        # policy left without its ConfigMap would refuse every labelled namespace.
+        for obj in sorted(applied, key=lambda o: o["kind"] not in ADMISSION_KINDS):
             if obj["kind"] == "CustomResourceDefinition":
                 continue  # shared with the other e2e modules
             meta = obj["metadata"]
             with contextlib.suppress(ApiError):
                 await kube.api.delete(resource(obj), meta["name"], namespace=meta.get("namespace"))
+        if any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in applied):
+            await policy_gone(kube)
         if served is not None:
             await served.kill()
         if token_api is not None:
             await token_api.close()
         with contextlib.suppress(ApiError):
             await kube.delete("v1", "secrets", SECRET, namespace=NAMESPACE)
+
+
+ADMISSION_KINDS = {*PLURALS, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+async def policy_gone(kube: Kube) -> None:
+    """Wait until the API server's admission no longer applies the deleted label policy
+    (its informer drops it asynchronously): a labelled namespace passes a dry-run create."""
+
+    async def admitted() -> bool:
+        body = {"kind": "Namespace", "metadata": {"name": f"probe-{uuid.uuid4().hex[:8]}",
+                                                  "labels": {"resource.kubernetes.io/admin-access": "true"}}}
+        try:
+            await kube.create("v1", "namespaces", body, dry_run=True)
+        except ApiError as err:
+            if "dra-quota-admin-access-label" in err.message:
+                return False
+            raise
+        return True
+
+    await poll(admitted, timeout=30, what="the deleted label policy to stop applying")
 
 
 # -- tests --------------------------------------------------------------------------------------

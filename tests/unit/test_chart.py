@@ -35,6 +35,7 @@ SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
 SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
 SOURCE_EVENTS = documents((ROOT / "deploy" / "manifests" / "rbac-events.yaml").read_text())
+SOURCE_LEADER = documents((ROOT / "deploy" / "manifests" / "rbac-leader-election.yaml").read_text())
 KINDS = {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
 FAILURE_POLICY_KEYS = {
     "quota.resourceclaims.draquota.io": "quota",
@@ -138,8 +139,10 @@ def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
             assert {**new, "failurePolicy": None} == {**old, "failurePolicy": None}
 
 
-def test_the_admin_access_policy_and_events_rbac_are_those_of_deploy_manifests(default: list[Obj]) -> None:
-    for source in SOURCE_POLICY + SOURCE_EVENTS:
+def test_the_admin_access_policy_events_and_lease_rbac_are_those_of_deploy_manifests(default: list[Obj]) -> None:
+    # Each is proven on the real API server by its own e2e test (test_admin_access_policy,
+    # test_observability, test_controller): the chart renders exactly those objects.
+    for source in SOURCE_POLICY + SOURCE_EVENTS + SOURCE_LEADER:
         rendered = find(default, source["kind"], source["metadata"]["name"])
         assert_labels_kept(source, rendered)
         assert without_labels(rendered) == without_labels(source)
@@ -236,7 +239,7 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
     assert service["spec"]["selector"] == find(objects, "Deployment")["spec"]["selector"]["matchLabels"]
     assert find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     bindings = [o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
-    assert len(bindings) == 4
+    assert len(bindings) == 5
     for binding in bindings:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
 
@@ -248,8 +251,8 @@ def test_only_self_managed_certificates_get_secret_and_configuration_rights(defa
     assert [r["verbs"] for r in find(default, "Role", "dra-quota")["rules"]] == [["get", "update"], ["create"]]
     for values in (CERT_MANAGER, FILES):
         objects = render(values)
-        assert [o["metadata"]["name"] for o in objects if o["kind"] in ("Role", "RoleBinding")] == [
-            "dra-quota-admin-access-reader"] * 2
+        assert sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("Role", "RoleBinding")) == [
+            "dra-quota-admin-access-reader"] * 2 + ["dra-quota-leader-election"] * 2
         cluster_rules = rules_of(objects, "ClusterRole")
         assert all(r["apiGroups"] != ["admissionregistration.k8s.io"] for r in cluster_rules)
         assert all("secrets" not in r["resources"] for r in cluster_rules)

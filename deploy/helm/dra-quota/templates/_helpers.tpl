@@ -34,6 +34,10 @@ dra-quota-system, so the full name there is "dra-quota".
 {{- default (printf "%s-webhook-tls" (include "dra-quota.fullname" .)) .Values.certificates.secretName }}
 {{- end }}
 
+{{- define "dra-quota.leaseName" -}}
+{{- printf "%s-controller" (include "dra-quota.fullname" .) }}
+{{- end }}
+
 {{- define "dra-quota.adminAccessConfigMap" -}}
 {{- printf "%s-admin-access" (include "dra-quota.fullname" .) }}
 {{- end }}
