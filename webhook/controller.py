@@ -51,7 +51,7 @@ _RETRY_AFTER_FAILURE = 1.0  # seconds before a quota whose write failed is tried
 class QuotaController:
     def __init__(self, api: KubeApi, ledger: Ledger, reservations: Reservations, *,
                  leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
-                 concurrency: int = 8, clock: Callable[[], float] = time.time) -> None:
+                 concurrency: int = 8, clock: Callable[[], float] | None = None) -> None:
         self.api = api
         self.ledger = ledger
         self.reservations = reservations
@@ -59,7 +59,8 @@ class QuotaController:
         self.resync = resync
         self.debounce = debounce
         self.retries = retries
-        self.clock = clock
+        # The reservations' clock: an entry's expiry is judged by the one clock that wrote it.
+        self.clock = clock or reservations.clock
         self.writes = 0  # status writes that landed (the logs report it per quota)
         self._concurrency = concurrency
         self._dirty: set[QuotaKey] = set()
