@@ -11,6 +11,7 @@ namespace of this test, with short timings so take-overs are quick to observe.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -31,6 +32,7 @@ from .driver import (Gpu, GpuFleet, claim_spec, create_claim_template, create_po
                      wait_pod_allocated)
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .test_serve import DQ, ROOT, Served, Setup, create, crd, running, setup
+from .test_top import top
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -98,8 +100,9 @@ async def counted_quota(kube: Kube, setup: Setup, memory: str) -> Obj:
     return await wait_status(kube, setup.namespace, lambda s: s.get("observedGeneration") == 1, "the first status")
 
 
-def amounts(memory_gib: int, devices: int) -> dict[str, int]:
-    return {"memory": memory_gib * GiB, "devices": devices}
+def amounts(memory_gib: int, devices: int) -> dict[str, object]:
+    """As the controller writes them: memory a quantity, devices a count."""
+    return {"memory": f"{memory_gib}Gi" if memory_gib else "0", "devices": devices}
 
 
 def condition(status: Obj, kind: str) -> Obj:
@@ -136,6 +139,13 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == generation
                                    and condition(s, "Exceeded").get("status") == "True", "Exceeded after lowering hard")
         assert condition(status, "Exceeded")["message"] == "used + reserved memory=160Gi is above hard memory=100Gi"
+        # `dra-quota top` reads what the controller wrote, as integers.
+        code, out, err = await top("--kubeconfig", str(setup.served.cluster.kubeconfig), "-n", ns, "-o", "json")
+        assert code == 0, err
+        assert json.loads(out)["quotas"] == [{
+            "namespace": ns, "name": "gpus", "hard": {"memory": 100 * GiB}, "used": {"memory": 160 * GiB, "devices": 2},
+            "reserved": {"memory": 0, "devices": 0}, "claims": {"allocated": 1, "pending": 0}, "exceeded": True,
+            "current": True}]
 
         # Deleting the pod frees the claim: used back to nothing, the entry dropped, not Exceeded.
         await free_pod(kube, ns, "p1")

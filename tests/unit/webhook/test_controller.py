@@ -52,7 +52,7 @@ async def test_a_burst_of_claim_events_is_one_write() -> None:
         await asyncio.sleep(0.2)  # a span in which no further write may happen (the subject here)
         assert api.writes == 2
         status = api.objects["gpus"]["status"]
-        assert status["used"] == {"memory": 400 * GiB, "devices": 50}
+        assert status["used"] == {"memory": "400Gi", "devices": 50}
         assert status["claims"] == {"allocated": 50, "pending": 0}
 
 
@@ -84,5 +84,5 @@ async def test_a_conflict_with_the_webhook_is_re_read_and_keeps_its_entry() -> N
         await settled(api, 3)
         status = api.objects["gpus"]["status"]
         assert status["reservations"] == stale  # not erased by the write computed from the stale copy
-        assert status["used"] == {"memory": 80 * GiB, "devices": 1}
-        assert status["reserved"] == {"memory": 80 * GiB, "devices": 1}  # the unconfirmed entry
+        assert status["used"] == {"memory": "80Gi", "devices": 1}
+        assert status["reserved"] == {"memory": "80Gi", "devices": 1}  # the unconfirmed entry
