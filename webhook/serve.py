@@ -67,7 +67,7 @@ from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, Qu
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.endpoints import endpoints
-from webhook.events import EventRecorder, KubeSink, reporting_instance
+from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
@@ -319,7 +319,8 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
-        *([asyncio.create_task(_lead(api, caches, options), name="leader election")] if options.controller else []),
+        *([asyncio.create_task(_lead(api, caches, options, recorder), name="leader election")]
+          if options.controller else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
@@ -371,7 +372,7 @@ async def serve(options: ServeOptions) -> int:
     return 1 if failed else 0
 
 
-async def _lead(api: KubeApi, caches: Caches, options: ServeOptions) -> None:
+async def _lead(api: KubeApi, caches: Caches, options: ServeOptions, recorder: EventRecorder) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
@@ -380,8 +381,12 @@ async def _lead(api: KubeApi, caches: Caches, options: ServeOptions) -> None:
     election = options.leader_election
     elector = LeaderElector(api, name=election.lease_name, namespace=election.lease_namespace,
                             identity=election.identity or default_identity(), timing=election.timing)
+    def exceeded(namespace: str, name: str, message: str) -> None:
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace), None, "Warning",
+                                 "QuotaExceeded", "Reconcile", message))
+
     controller = QuotaController(api, caches.admitter.ledger, caches.reservations, leading=elector.leading,
-                                 resync=options.resync_seconds)
+                                 resync=options.resync_seconds, exceeded=exceeded)
     caches.changed.append(controller.changed)
 
     async def work() -> None:

@@ -139,6 +139,14 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == generation
                                    and condition(s, "Exceeded").get("status") == "True", "Exceeded after lowering hard")
         assert condition(status, "Exceeded")["message"] == "used + reserved memory=160Gi is above hard memory=100Gi"
+        # ... recorded as a Warning Event on the DeviceQuota.
+        async def event() -> list[Obj]:
+            events = await kube.list("events.k8s.io/v1", "events", namespace=ns)
+            return [e for e in events if e.get("reason") == "QuotaExceeded" and e.get("action") == "Reconcile"
+                    and e["regarding"] == {"apiVersion": DQ, "kind": "DeviceQuota", "name": "gpus", "namespace": ns}]
+
+        (recorded,) = await poll(event, timeout=10, what="the QuotaExceeded Event")
+        assert recorded["type"] == "Warning" and recorded["note"] == condition(status, "Exceeded")["message"]
         # `dra-quota top` reads what the controller wrote, as integers.
         code, out, err = await top("--kubeconfig", str(setup.served.cluster.kubeconfig), "-n", ns, "-o", "json")
         assert code == 0, err
