@@ -28,7 +28,7 @@ from quota.leases import Timing
 from webhook.leader import LeaderElector
 
 from .cluster import ControlPlane, free_ports
-from .driver import (Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
+from .driver import (RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
                      wait_pod_allocated)
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .test_serve import DQ, ROOT, Served, Setup, create, crd, running, setup
@@ -234,6 +234,20 @@ async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_name
         assert writes >= 2  # the controller did write during the burst, not only once after it
         assert "leading: Lease" not in other  # the second replica only admitted
 
+        # The leader dies (SIGKILL) and half the claims go: the other replica takes over
+        # and the numbers converge on what is left, the deleted claims' entries dropped.
+        await setup.served.kill()
+        gone = sorted(uids)[: count // 2]
+        for uid in gone:
+            await kube.delete(RESOURCE_V1, "resourceclaims", uids[uid], namespace=ns)
+        await poll(lambda: _holder_is(kube, lease_namespace, LEASE, "replica-b"), timeout=LEASE_DURATION * 3,
+                   what="replica-b to lead")
+        left = count - len(gone)
+        status = await wait_status(kube, ns, lambda s: s.get("claims", {}).get("pending") == left
+                                   and set(s.get("reservations") or {}) == set(uids) - set(gone),
+                                   "the new leader's count of what is left")
+        assert status["reserved"] == amounts(80 * left, left) and status["used"] == amounts(0, 0)
+
 
 async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
         cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path, lease_namespace: str,
@@ -267,6 +281,10 @@ async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
 async def holder(kube: Kube, namespace: str, name: str) -> str:
     lease = await kube.get_or_none(LEASES, "leases", name, namespace=namespace)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+async def _holder_is(kube: Kube, namespace: str, name: str, who: str) -> bool:
+    return await holder(kube, namespace, name) == who
 
 
 def leading_lines(replica: Served) -> int:
