@@ -19,7 +19,8 @@ again. So neither can erase what the other wrote: a field written in between mak
 the other's write a conflict, never a silent overwrite.
 
 What the numbers mean (the same rule the webhook admits by, `quota.reservations`):
-- `used`: the exact charge of the allocated claims (`status.allocation`);
+- `used`: the exact charge of the allocated claims (`status.allocation`), memory as a
+  quantity string (`160Gi`, as ResourceQuota writes its status), devices a count;
 - `reserved`: the estimated charge of the claims that exist unallocated, plus the
   persisted entries whose claim the controller's cache does not hold yet (admitted,
   not yet seen, at most one TTL);
@@ -36,6 +37,7 @@ from typing import Any
 from quota.devicequota import RESOURCES, DeviceQuota, Usage, format_resource
 from quota.leases import micro_time
 from quota.model import ZERO, Charge
+from quota.quantity import format_quantity
 from quota.reservations import Held, apply, status_fields
 
 __all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
@@ -85,8 +87,10 @@ def next_expiry(held: Held, now: float) -> float | None:
     return min((r.expires for r in held.values() if r.expires > now), default=None)
 
 
-def _amounts(charge: Charge) -> dict[str, int]:
-    return {"memory": charge.memory, "devices": charge.devices}
+def _amounts(charge: Charge) -> dict[str, Any]:
+    """Memory as a quantity (`160Gi`), as ResourceQuota's status and the printer columns
+    beside `spec.hard` read; devices as a count. `quota.top` prints both as integers."""
+    return {"memory": format_quantity(charge.memory), "devices": charge.devices}
 
 
 def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:

@@ -51,7 +51,8 @@ _RETRY_AFTER_FAILURE = 1.0  # seconds before a quota whose write failed is tried
 class QuotaController:
     def __init__(self, api: KubeApi, ledger: Ledger, reservations: Reservations, *,
                  leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
-                 concurrency: int = 8, clock: Callable[[], float] = time.time) -> None:
+                 concurrency: int = 8, clock: Callable[[], float] | None = None,
+                 exceeded: Callable[[str, str, str], None] = lambda namespace, name, message: None) -> None:
         self.api = api
         self.ledger = ledger
         self.reservations = reservations
@@ -59,8 +60,12 @@ class QuotaController:
         self.resync = resync
         self.debounce = debounce
         self.retries = retries
-        self.clock = clock
+        # The reservations' clock: an entry's expiry is judged by the one clock that wrote it.
+        self.clock = clock or reservations.clock
         self.writes = 0  # status writes that landed (the logs report it per quota)
+        # Told (namespace, name, message) when a write turns a quota's Exceeded condition
+        # True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota.
+        self.exceeded = exceeded
         self._concurrency = concurrency
         self._dirty: set[QuotaKey] = set()
         self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
@@ -156,6 +161,9 @@ class QuotaController:
             self.reservations.observe(written)
             self.writes += 1
             status = written.get("status") or {}
+            now_exceeded = _exceeded(status)
+            if now_exceeded is not None and _exceeded(obj.get("status") or {}) is None:
+                self.exceeded(key[0], key[1], now_exceeded)
             log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
                       status.get("used"), status.get("reserved"), status.get("claims"))
             return True
@@ -196,3 +204,11 @@ class QuotaController:
             raise
         self.reservations.observe(obj)
         return obj
+
+
+def _exceeded(status: Obj) -> str | None:
+    """The message of a True Exceeded condition, else None."""
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == "Exceeded" and condition.get("status") == "True":
+            return str(condition.get("message") or "")
+    return None

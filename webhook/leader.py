@@ -61,6 +61,7 @@ class LeaderElector:
         self._observed: Observed | None = None
         self._held: Obj | None = None  # the Lease as we last wrote it while leading
         self._renewed: float | None = None  # monotonic start of the last successful attempt
+        self._last_error = ""
 
     def leading(self) -> bool:
         """True while the last renewal is younger than the renew deadline."""
@@ -118,9 +119,14 @@ class LeaderElector:
             async with asyncio.timeout(timeout):
                 written = await self._try_write(started)
         except _FAILURES as err:
-            level = logging.WARNING if self._renewed is not None else logging.DEBUG
-            log.log(level, "Lease %s/%s: %s", self.namespace, self.name, err or type(err).__name__)
+            # A leader's failure always counts; a candidate's is said once per new error
+            # (a missing namespace or RBAC rule would otherwise go unseen, or flood the log).
+            text = str(err) or type(err).__name__
+            level = logging.WARNING if self._renewed is not None or text != self._last_error else logging.DEBUG
+            self._last_error = text
+            log.log(level, "Lease %s/%s: %s", self.namespace, self.name, text)
             return False
+        self._last_error = ""
         if written is None:
             return False
         self._held = written

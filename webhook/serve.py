@@ -68,7 +68,7 @@ from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, Qu
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.endpoints import endpoints
-from webhook.events import EventRecorder, KubeSink, reporting_instance
+from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
@@ -268,6 +268,10 @@ class Caches:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in (*self.first, self.claims))
 
+    async def wait_synced(self) -> None:
+        for r in (*self.first, self.claims):
+            await r.synced.wait()
+
     async def run(self) -> None:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
@@ -327,7 +331,8 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
-        *([asyncio.create_task(_lead(elector, api, caches, options), name="leader election")] if elector else []),
+        *([asyncio.create_task(_lead(elector, api, caches, options, recorder), name="leader election")]
+          if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
@@ -385,19 +390,23 @@ def _elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
                          identity=election.identity or default_identity(), timing=election.timing)
 
 
-async def _lead(elector: LeaderElector, api: KubeApi, caches: Caches, options: ServeOptions) -> None:
+async def _lead(elector: LeaderElector, api: KubeApi, caches: Caches, options: ServeOptions,
+                recorder: EventRecorder) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
     half-listed cache would publish too little usage.
     """
+    def exceeded(namespace: str, name: str, message: str) -> None:
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace), None, "Warning",
+                                 "QuotaExceeded", "Reconcile", message))
+
     controller = QuotaController(api, caches.admitter.ledger, caches.reservations, leading=elector.leading,
-                                 resync=options.resync_seconds)
+                                 resync=options.resync_seconds, exceeded=exceeded)
     caches.changed.append(controller.changed)
 
     async def work() -> None:
-        while not caches.synced:
-            await asyncio.sleep(0.1)  # polling a cheap flag: the reflectors expose no combined event
+        await caches.wait_synced()
         await controller.run()
 
     await elector.run(work)
@@ -435,11 +444,7 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, m
 async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -> None:
     """Wait for every reflector's first sync (or shutdown) and log how long it took."""
 
-    async def synced() -> None:
-        for r in (*caches.first, caches.claims):
-            await r.synced.wait()
-
-    tasks = [asyncio.create_task(synced()), asyncio.create_task(stop.wait())]
+    tasks = [asyncio.create_task(caches.wait_synced()), asyncio.create_task(stop.wait())]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -11,6 +11,7 @@ namespace of this test, with short timings so take-overs are quick to observe.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -27,10 +28,11 @@ from quota.leases import Timing
 from webhook.leader import LeaderElector
 
 from .cluster import ControlPlane, free_ports
-from .driver import (Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
+from .driver import (RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
                      wait_pod_allocated)
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .test_serve import DQ, ROOT, Served, Setup, create, crd, running, setup
+from .test_top import top
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -98,8 +100,9 @@ async def counted_quota(kube: Kube, setup: Setup, memory: str) -> Obj:
     return await wait_status(kube, setup.namespace, lambda s: s.get("observedGeneration") == 1, "the first status")
 
 
-def amounts(memory_gib: int, devices: int) -> dict[str, int]:
-    return {"memory": memory_gib * GiB, "devices": devices}
+def amounts(memory_gib: int, devices: int) -> dict[str, object]:
+    """As the controller writes them: memory a quantity, devices a count."""
+    return {"memory": f"{memory_gib}Gi" if memory_gib else "0", "devices": devices}
 
 
 def condition(status: Obj, kind: str) -> Obj:
@@ -136,6 +139,21 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == generation
                                    and condition(s, "Exceeded").get("status") == "True", "Exceeded after lowering hard")
         assert condition(status, "Exceeded")["message"] == "used + reserved memory=160Gi is above hard memory=100Gi"
+        # ... recorded as a Warning Event on the DeviceQuota.
+        async def event() -> list[Obj]:
+            events = await kube.list("events.k8s.io/v1", "events", namespace=ns)
+            return [e for e in events if e.get("reason") == "QuotaExceeded" and e.get("action") == "Reconcile"
+                    and e["regarding"] == {"apiVersion": DQ, "kind": "DeviceQuota", "name": "gpus", "namespace": ns}]
+
+        (recorded,) = await poll(event, timeout=10, what="the QuotaExceeded Event")
+        assert recorded["type"] == "Warning" and recorded["note"] == condition(status, "Exceeded")["message"]
+        # `dra-quota top` reads what the controller wrote, as integers.
+        code, out, err = await top("--kubeconfig", str(setup.served.cluster.kubeconfig), "-n", ns, "-o", "json")
+        assert code == 0, err
+        assert json.loads(out)["quotas"] == [{
+            "namespace": ns, "name": "gpus", "hard": {"memory": 100 * GiB}, "used": {"memory": 160 * GiB, "devices": 2},
+            "reserved": {"memory": 0, "devices": 0}, "claims": {"allocated": 1, "pending": 0}, "exceeded": True,
+            "current": True}]
 
         # Deleting the pod frees the claim: used back to nothing, the entry dropped, not Exceeded.
         await free_pod(kube, ns, "p1")
@@ -216,6 +234,20 @@ async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_name
         assert writes >= 2  # the controller did write during the burst, not only once after it
         assert "leading: Lease" not in other  # the second replica only admitted
 
+        # The leader dies (SIGKILL) and half the claims go: the other replica takes over
+        # and the numbers converge on what is left, the deleted claims' entries dropped.
+        await setup.served.kill()
+        gone = sorted(uids)[: count // 2]
+        for uid in gone:
+            await kube.delete(RESOURCE_V1, "resourceclaims", uids[uid], namespace=ns)
+        await poll(lambda: _holder_is(kube, lease_namespace, LEASE, "replica-b"), timeout=LEASE_DURATION * 3,
+                   what="replica-b to lead")
+        left = count - len(gone)
+        status = await wait_status(kube, ns, lambda s: s.get("claims", {}).get("pending") == left
+                                   and set(s.get("reservations") or {}) == set(uids) - set(gone),
+                                   "the new leader's count of what is left")
+        assert status["reserved"] == amounts(80 * left, left) and status["used"] == amounts(0, 0)
+
 
 async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
         cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path, lease_namespace: str,
@@ -249,6 +281,10 @@ async def test_a_controller_only_replica_needs_no_listener_and_no_certificate(
 async def holder(kube: Kube, namespace: str, name: str) -> str:
     lease = await kube.get_or_none(LEASES, "leases", name, namespace=namespace)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+async def _holder_is(kube: Kube, namespace: str, name: str, who: str) -> bool:
+    return await holder(kube, namespace, name) == who
 
 
 def leading_lines(replica: Served) -> int:

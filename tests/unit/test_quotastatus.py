@@ -40,8 +40,8 @@ def test_used_reserved_and_claims_from_the_ledger_and_the_unconfirmed_entries() 
     usage = Usage(used=Charge(160 * GiB, 2), reserved=GPU, allocated_claims=2, pending_claims=1)
     status = desired(obj, usage=usage, cached=frozenset({"a"}), gone=frozenset({"d"}))
     assert sorted(status["reservations"]) == ["a", "b"]
-    assert status["used"] == {"memory": 160 * GiB, "devices": 2}
-    assert status["reserved"] == {"memory": 160 * GiB, "devices": 2}
+    assert status["used"] == {"memory": "160Gi", "devices": 2}
+    assert status["reserved"] == {"memory": "160Gi", "devices": 2}
     assert status["claims"] == {"allocated": 2, "pending": 1}
     assert status["observedGeneration"] == 2
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True"), ("Exceeded", "False")]
@@ -130,4 +130,4 @@ def test_no_interleaving_of_the_two_writers_loses_a_reservation_or_the_usage() -
                 break
         status = server.obj["status"]
         assert sorted(status["reservations"]) == ["new", "old"], order
-        assert status["used"] == {"memory": 80 * GiB, "devices": 1}, order
+        assert status["used"] == {"memory": "80Gi", "devices": 1}, order

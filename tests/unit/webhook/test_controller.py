@@ -1,0 +1,103 @@
+"""webhook.controller against the scripted API server of test_reservations: debouncing,
+write-only-on-change, the leadership fence and a conflict with the webhook's writer, on
+demand. The real control plane: tests/e2e/test_controller.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from webhook.controller import QuotaController
+
+from ..builders import GiB, make_quota
+from ..test_ledger import entry
+from .test_reservations import GPU, NS, FakeApi, setup
+
+Running = tuple[FakeApi, QuotaController, list[bool]]
+
+
+@contextlib.asynccontextmanager
+async def running() -> AsyncIterator[Running]:
+    """A controller running on a one-quota fake (a context, not a fixture: fixtures run on
+    the session's loop, the tests on their own)."""
+    api, reservations, _ = setup(make_quota("gpus", memory="400Gi"))
+    reservations.observe(await api.get(None, "gpus"))  # type: ignore[arg-type]  # as the watch would
+    leading = [True]
+    controller = QuotaController(api, reservations.ledger, reservations,  # type: ignore[arg-type]
+                                 leading=lambda: leading[0], debounce=0.05)
+    task = asyncio.create_task(controller.run())
+    try:
+        yield api, controller, leading
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def settled(api: FakeApi, writes: int) -> None:
+    """Until the fake saw `writes` writes (or fail after 2 s)."""
+    async with asyncio.timeout(2):
+        while api.writes < writes:
+            await asyncio.sleep(0.01)
+
+
+async def test_a_burst_of_claim_events_is_one_write() -> None:
+    async with running() as (api, controller, _):
+        await settled(api, 1)  # the first pass: the status appears
+        ledger = controller.ledger
+        for i in range(50):  # 50 claim events in one debounce window
+            ledger.add_or_update_claim(entry(f"u{i}", 8 * GiB, allocated=True))
+            controller.changed(NS)
+        await settled(api, 2)
+        await asyncio.sleep(0.2)  # a span in which no further write may happen (the subject here)
+        assert api.writes == 2
+        status = api.objects["gpus"]["status"]
+        assert status["used"] == {"memory": "400Gi", "devices": 50}
+        assert status["claims"] == {"allocated": 50, "pending": 0}
+
+
+async def test_nothing_is_written_without_a_change_or_without_the_lease() -> None:
+    async with running() as (api, controller, leading):
+        await settled(api, 1)
+        controller.changed(None)
+        await asyncio.sleep(0.2)
+        assert api.writes == 1  # recomputed, equal, not written
+        leading[0] = False
+        controller.ledger.add_or_update_claim(entry("u1", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await asyncio.sleep(0.2)
+        assert api.writes == 1  # the fence: not leading, not written
+
+
+async def test_a_conflict_with_the_webhook_is_re_read_and_keeps_its_entry() -> None:
+    async with running() as (api, controller, _):
+        await settled(api, 1)
+        # The webhook persisted an entry the controller's copy does not have yet.
+        reservations = controller.reservations
+        decision = await reservations.admit({next(iter(controller.ledger.quotas())): GPU}, uid="w1", claim="team-a/c")
+        assert decision.allowed
+        stale = api.objects["gpus"]["status"]["reservations"]
+        reservations.observe({**api.objects["gpus"], "metadata": {**api.objects["gpus"]["metadata"],
+                                                                  "resourceVersion": "1"}, "status": {}})
+        controller.ledger.add_or_update_claim(entry("u1", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await settled(api, 3)
+        status = api.objects["gpus"]["status"]
+        assert status["reservations"] == stale  # not erased by the write computed from the stale copy
+        assert status["used"] == {"memory": "80Gi", "devices": 1}
+        assert status["reserved"] == {"memory": "80Gi", "devices": 1}  # the unconfirmed entry
+
+
+async def test_turning_exceeded_is_told_once() -> None:
+    async with running() as (api, controller, _):
+        told: list[tuple[str, str, str]] = []
+        controller.exceeded = lambda *args: told.append(args)
+        await settled(api, 1)
+        for i in range(6):  # 480Gi allocated under a 400Gi hard (lowered after they were admitted)
+            controller.ledger.add_or_update_claim(entry(f"u{i}", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await settled(api, 2)
+        controller.ledger.add_or_update_claim(entry("u6", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await settled(api, 3)  # still Exceeded, with new numbers: not told again
+        assert told == [("team-a", "gpus", "used + reserved memory=480Gi is above hard memory=400Gi")]
