@@ -69,6 +69,8 @@ class Served:
     args: tuple[str, ...] = ()  # extra `dra-quota serve` flags
     # True: `args` choose --cert-mode self, so serve mints its own certificate.
     self_managed: bool = False
+    # How long the first sync may take (bench/admission.py lists 150,000 claims).
+    ready_timeout: float = 60.0
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -99,7 +101,7 @@ class Served:
                 except aiohttp.ClientError:
                     return False
 
-            await poll(ready, timeout=60, what="dra-quota serve /readyz")
+            await poll(ready, timeout=self.ready_timeout, what="dra-quota serve /readyz")
         self.ready_seconds = time.monotonic() - started
 
     def log_text(self) -> str:
