@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import gc
 import json
 import os
 import re
@@ -48,7 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,25 @@ async def through_handler(app: web.Application, bodies: Sequence[tuple[str, byte
     return times, time.perf_counter() - wall, time.process_time() - cpu
 
 
+@contextlib.contextmanager
+def collections_timed() -> Iterator[list[tuple[int, float]]]:
+    """(generation, seconds) of every garbage collection inside the block."""
+    pauses: list[tuple[int, float]] = []
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - started[0]))
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
 def section_a(slices: list[JSON], claims: int) -> JSON:
     print(f"\n(a) in-process: {claims} claim CREATEs (/mutate then /validate) of the generated mix")
     started = time.perf_counter()
@@ -326,7 +346,9 @@ def section_a(slices: list[JSON], claims: int) -> JSON:
 
     async def run() -> JSON:
         await through_handler(app, bodies())  # first sight of each selector: warms the caches
-        times, wall, cpu = await through_handler(app, bodies())
+        measured = bodies()
+        with collections_timed() as pauses:
+            times, wall, cpu = await through_handler(app, measured)
         # The Admitter alone on the same claims, for the share of HTTP-less app overhead.
         parsed = [parse_claim(claim(c["spec"], c["metadata"]["namespace"])) for c in mix]
         labels = ctx.namespace_labels
@@ -335,7 +357,11 @@ def section_a(slices: list[JSON], claims: int) -> JSON:
             ctx.admitter.admit_claim(p, namespace_labels=labels(p.namespace))
         admitter_cpu = time.process_time() - start_cpu
         row = summary("(a) review through the app's handler", times, None)
-        return {**row, "reviews": len(times), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+        full = [p for generation, p in pauses if generation == 2]
+        print(f"  garbage collection during the measured pass: {len(pauses)} collections, {sum(p for _, p in pauses):.2f} s; "
+              f"{len(full)} full (generation 2) of {sum(full):.2f} s (serve does not gc.freeze() its caches)")
+        return {**row, "gc_collections": len(pauses), "gc_s": round(sum(p for _, p in pauses), 3),
+                "gc_full_collections": len(full), "gc_full_s": round(sum(full), 3), "reviews": len(times), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
                 "reviews_per_cpu_s": round(len(times) / cpu), "reviews_per_s": round(len(times) / wall),
                 "admitter_only_admissions_per_cpu_s": round(len(parsed) / admitter_cpu),
                 "devices": len(ctx.admitter.pricer.inventory.usable())}
