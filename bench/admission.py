@@ -740,6 +740,18 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
 # -- (e) RSS with many claims -------------------------------------------------------------------
 
 
+async def reserved_devices(bench: Bench, ns: str) -> str:
+    """The `reserved devices=` a dry-run claim of one GPU is denied with in `ns`."""
+    body = encoded("/validate", review(claim(one_gpu(), ns), namespace=ns, dry_run=True))[1]
+
+    async def probe() -> str | None:
+        async with bench.http.post(bench.base + "/validate", data=body, headers=HEADERS) as resp:
+            found = re.search(rb"reserved devices=(\d+)", await resp.read())
+        return found.group(1).decode() if found else None
+
+    return str(await poll(probe, timeout=60, what=f"serve to enforce the DeviceQuota of {ns}"))
+
+
 async def section_e(bench: Bench, claims: int, checkpoints: int) -> JSON:
     print(f"\n(e) RSS of serve with {len(bench.slices)} slices and {claims} ResourceClaims created in the API server")
     assert bench.served.process is not None
@@ -770,12 +782,20 @@ async def section_e(bench: Bench, claims: int, checkpoints: int) -> JSON:
         for client in clients:
             await client.close()
     del mix
+    # What the running process counts in one namespace (a dry-run review against a quota
+    # of one device names the devices reserved there), against a fresh process below.
+    probe_ns = generate_namespaces(1)[0]["metadata"]["name"]
+    await device_quota(bench.kube, probe_ns, {"devices": 1}, name="probe")
+    running = await reserved_devices(bench, probe_ns)
     # A fresh process: the list at start-up is what a restarted replica goes through.
     await bench.served.terminate()
     await bench.served.start()
     assert bench.served.process is not None
     fresh = {"ready_s": round(bench.served.ready_seconds, 1), "rss_mib": round(rss_of(bench.served.process.pid)),
              "peak_rss_mib": round(rss_of(bench.served.process.pid, "VmHWM"))}
+    counted = {"namespace": probe_ns, "running_serve": running, "fresh_serve": await reserved_devices(bench, probe_ns)}
+    print(f"  devices reserved in {probe_ns} by the claims there: the running serve counts {running}, "
+          f"a fresh one {counted['fresh_serve']}")
     # Fresh process against fresh process: the running one also holds what the load
     # sections left (connections, caches of novel selectors, heap fragmentation).
     slope = (fresh["rss_mib"] - bench.results["serve_rss_mib"]) / samples[-1]["claims"] * 1024
@@ -783,6 +803,7 @@ async def section_e(bench: Bench, claims: int, checkpoints: int) -> JSON:
           f"{fresh['ready_s']} s, RSS {fresh['rss_mib']} MiB (peak {fresh['peak_rss_mib']} MiB), "
           f"{bench.results['serve_rss_mib']} MiB without claims: {slope:.2f} KiB per claim")
     return {"claims": claims, "create_s": round(total_s, 1), "samples": samples, "fresh_serve": fresh,
+            "reserved_devices": counted,
             "fresh_kib_per_claim": round(slope, 2)}
 
 
