@@ -49,6 +49,7 @@ MAX_BODY = 256 * 1024
 AUDIT = make_quota("audit", memory="1Gi", enforcement="Audit")
 REVIEWS = [REVIEW, *BASES]
 PATHS = ("/validate", "/mutate")
+NESTED_TOO_DEEPLY = b"malformed AdmissionReview: the body is not JSON: nested too deeply"
 
 
 class Errors(logging.Handler):
@@ -106,16 +107,26 @@ def app() -> Iterator[App]:
         loop.close()
 
 
-def expected_uid(body: bytes) -> str:
-    """The uid the answer must carry: the request's, when the body is a JSON object whose
-    `request.uid` is a string; "" otherwise (nothing to echo)."""
+def expected_uid(body: bytes) -> tuple[str, int]:
+    """The uid the answer must carry (the request's, when the body is a JSON object whose
+    `request.uid` is a string; "" otherwise: nothing to echo), and how deep the body nests."""
     try:
         decoded = json.loads(body)
     except (ValueError, RecursionError):
-        return ""
+        return "", 0
     request = decoded.get("request") if isinstance(decoded, dict) else None
     uid = request.get("uid") if isinstance(request, dict) else None
-    return for_terminal(uid) if isinstance(uid, str) and len(body) <= MAX_BODY else ""
+    return (for_terminal(uid) if isinstance(uid, str) and len(body) <= MAX_BODY else ""), depth(decoded)
+
+
+def depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def encoded(value: Any) -> bytes | None:
@@ -178,7 +189,13 @@ def test_fuzz_every_body_gets_a_well_formed_review_and_nothing_is_logged_as_an_e
     app.errors.records.clear()
     with bounded(seconds=10, megabytes=256):
         status, content_type, raw = app.post(wiring, path, body)
-    assert_well_formed(status, content_type, raw, expected_uid(body))
+    uid, nesting = expected_uid(body)
+    if uid and NESTED_TOO_DEEPLY in raw:
+        # Python's decoder stops at its recursion limit (less the server's own stack):
+        # then no uid can be read. The API server never nests our kinds that deep.
+        assert nesting > 500, (nesting, raw[:300])
+        uid = ""
+    assert_well_formed(status, content_type, raw, uid)
     assert not app.errors.records, [r.getMessage() for r in app.errors.records]
 
 
