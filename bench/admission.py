@@ -12,12 +12,15 @@ Prints, and writes to bench/results/admission.json:
     a running `dra-quota serve` at 1,000/s offered, then at rising rates up to the
     highest that keeps p99 <= 5 ms; and the latency of claim CREATE reviews that persist
     a reservation on a DeviceQuota's status in the real API server (one at a time, then
-    open-loop at a few rates, a fresh quota each);
+    open-loop at a few rates, a fresh quota each; the API server's own count and latency
+    of the status writes beside them);
 (c) claim creates per second through the real API server into a namespace our webhooks
     serve with a DeviceQuota, against a namespace of the same shape with only an
     in-tree ResourceQuota on `<class>.deviceclass.resource.k8s.io/devices` (alternating
-    phases, one run), with where the time goes: CPU seconds per create of each process,
-    the API server's own measure of our webhook calls and of its ResourceQuota plugin;
+    phases, one run; a third namespace has our webhooks and no DeviceQuota: the calls
+    without the status writes), with where the time goes: CPU milliseconds per create of
+    each process, the API server's own measure of our webhook calls, of its
+    ResourceQuota plugin and of the DeviceQuota status writes;
 (d) p99 of other namespaces' reviews (the mix of (b) at 200/s) with and without a noisy
     namespace posting claims whose selectors read attribute names no selector read
     before, at 10/s;
@@ -183,6 +186,7 @@ class Load:
     failed: int = 0  # not HTTP 200, or no answer
     seconds: float = 0.0
     generator_cpu: float = 0.0  # this process's CPU share during the run
+    server_cpu: float = float("nan")  # the server process's CPU share during the run
 
     def row(self, name: str) -> JSON:
         return {"name": name, "offered_per_s": self.rate, "n": len(self.latencies),
@@ -191,7 +195,8 @@ class Load:
                 "max_ms": round(max(self.latencies, default=float("nan")), 2),
                 "generator_late_p99_ms": round(percentile(self.late, 0.99), 2),
                 "allowed": self.allowed, "denied": self.denied, "failed": self.failed,
-                "generator_cpu": round(self.generator_cpu, 2)}
+                "generator_cpu": round(self.generator_cpu, 2), "server_cpu": round(self.server_cpu, 2),
+                "server_cpu_ms_per_review": round(self.server_cpu * self.seconds / max(1, len(self.latencies)) * 1000, 3)}
 
 
 def show(row: JSON, target: float | None = None) -> None:
@@ -199,12 +204,14 @@ def show(row: JSON, target: float | None = None) -> None:
     print(f"  {row['name']:<46} offered {row['offered_per_s']:>6.0f}/s got {row['achieved_per_s']:>7.1f}/s "
           f"p50 {row['p50_ms']:7.2f} ms p99 {row['p99_ms']:8.2f} ms max {row['max_ms']:8.1f} ms "
           f"(allowed {row['allowed']}, denied {row['denied']}, failed {row['failed']}; "
-          f"generator late p99 {row['generator_late_p99_ms']:.1f} ms, cpu {row['generator_cpu']:.0%}){ratio}")
+          f"generator late p99 {row['generator_late_p99_ms']:.1f} ms, cpu {row['generator_cpu']:.0%}; "
+          f"serve cpu {row['server_cpu']:.0%}, {row['server_cpu_ms_per_review']:.2f} ms a review){ratio}")
 
 
 async def open_loop(session: aiohttp.ClientSession, base: str, bodies: Sequence[tuple[str, bytes]],
-                    rate: float, seconds: float) -> Load:
-    """Send bodies[i % len] at start + i/rate, whatever is still in flight."""
+                    rate: float, seconds: float, server: int | None = None) -> Load:
+    """Send bodies[i % len] at start + i/rate, whatever is still in flight; `server`: the
+    pid whose CPU share to record."""
     loop = asyncio.get_running_loop()
     out = Load(rate)
     n = max(1, int(rate * seconds))
@@ -227,6 +234,7 @@ async def open_loop(session: aiohttp.ClientSession, base: str, bodies: Sequence[
             out.denied += 1
 
     cpu, started = time.process_time(), loop.time()
+    server_cpu = cpu_seconds(server) if server else float("nan")
     start = started + 0.01
     tasks = []
     for i in range(n):
@@ -238,6 +246,7 @@ async def open_loop(session: aiohttp.ClientSession, base: str, bodies: Sequence[
     await asyncio.gather(*tasks)
     out.seconds = loop.time() - start
     out.generator_cpu = (time.process_time() - cpu) / out.seconds
+    out.server_cpu = (cpu_seconds(server) - server_cpu) / out.seconds if server else float("nan")
     return out
 
 
@@ -393,6 +402,11 @@ class Bench:
         self.rss_after[section] = round(rss_of(self.served.process.pid))
         print(f"  serve RSS after ({section}): {self.rss_after[section]:.0f} MiB; load average {load_average()}")
 
+    @property
+    def serve_pid(self) -> int:
+        assert self.served.process is not None
+        return self.served.process.pid
+
     def pids(self) -> dict[str, int]:
         out = {c.name: c.pid for c in self.cluster.components if c.pid}
         assert self.served.process is not None
@@ -476,7 +490,8 @@ async def control_plane(args: argparse.Namespace, workdir: Path) -> AsyncIterato
             for c in clients:
                 await c.close()
         print(f"{count} ResourceSlices ({args.nodes} nodes) created in {seconds:.1f} s ({count / seconds:.0f}/s)")
-        served = Served(cluster, free_ports(1)[0], workdir / "serve.log", args=("--log-level", "info"),
+        ttl = () if args.reservation_ttl is None else ("--reservation-ttl", str(args.reservation_ttl))
+        served = Served(cluster, free_ports(1)[0], workdir / "serve.log", args=("--log-level", "info", *ttl),
                         ready_timeout=900)
         await served.start()
         assert served.process is not None
@@ -548,7 +563,7 @@ async def section_b(bench: Bench, seconds: float, rates: Sequence[float]) -> JSO
     print("\n(b) HTTPS to `dra-quota serve`, reviews that write nothing (free claim, denied claim, template, mutate)")
     bodies = await write_nothing_bodies(bench)
     await warm(bench, bodies)
-    at_1000 = (await open_loop(bench.http, bench.base, bodies, 1000, seconds)).row("(b) write nothing at 1,000/s")
+    at_1000 = (await open_loop(bench.http, bench.base, bodies, 1000, seconds, bench.serve_pid)).row("(b) write nothing at 1,000/s")
     show(at_1000, TARGETS["b_p99_ms"])
 
     def good(row: JSON) -> bool:
@@ -559,7 +574,7 @@ async def section_b(bench: Bench, seconds: float, rates: Sequence[float]) -> JSO
                    reverse=not good(at_1000))
     steps, best = [], 1000.0 if good(at_1000) else 0.0
     for rate in order:
-        row = (await open_loop(bench.http, bench.base, bodies, rate, seconds)).row(f"(b) write nothing at {rate:.0f}/s")
+        row = (await open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid)).row(f"(b) write nothing at {rate:.0f}/s")
         show(row, TARGETS["b_p99_ms"])
         steps.append(row)
         if good(row) and rate > best:
@@ -584,19 +599,30 @@ async def section_b_persisted(bench: Bench, count: int, rates: Sequence[float], 
         return [encoded("/validate", review(claim(bench.specs[i % len(bench.specs)], ns), namespace=ns))
                 for i in range(n)]
 
+    async def writes(before: str) -> JSON:
+        """The API server's own count and mean latency of the DeviceQuota status writes."""
+        calls, ms = histogram_delta(before, await bench.kube.request("GET", "/metrics"), *STATUS_PUT)
+        return {"status_writes": int(calls), "status_write_ms": ms}
+
     ns = await quota_ns("serial")
+    before = await bench.kube.request("GET", "/metrics")
     row = (await closed_loop(bench.http, bench.base, bodies(ns, count))).row("(b) persisted, one at a time")
+    row.update(await writes(before))
     show(row)
+    print(f"    {row['status_writes']} status writes, {row['status_write_ms']} ms each in the API server")
     out["serial"] = row
     for rate in rates:
         ns = await quota_ns(f"{rate:.0f}")
-        load = await open_loop(bench.http, bench.base, bodies(ns, int(rate * seconds)), rate, seconds)
+        before = await bench.kube.request("GET", "/metrics")
+        load = await open_loop(bench.http, bench.base, bodies(ns, int(rate * seconds)), rate, seconds, bench.serve_pid)
         row = load.row(f"(b) persisted at {rate:.0f}/s")
+        row.update(await writes(before))
         quota = await bench.kube.get(DQ, "devicequotas", "gpus", namespace=ns)
         row["status_entries"] = len((quota.get("status") or {}).get("reservations") or {})
         row["object_bytes"] = len(json.dumps(quota))
         show(row)
-        print(f"    the DeviceQuota now holds {row['status_entries']} reservations, {row['object_bytes']} bytes")
+        print(f"    {row['status_writes']} status writes, {row['status_write_ms']} ms each in the API server; "
+              f"the DeviceQuota now holds {row['status_entries']} reservations, {row['object_bytes']} bytes")
         out["steps"].append(row)
     return out
 
@@ -610,7 +636,7 @@ async def section_d(bench: Bench, seconds: float, rate: float, noisy_rate: float
     bodies = await write_nothing_bodies(bench)
     await warm(bench, bodies)
     noisy_ns = await namespace(bench.kube, "bench-noisy")
-    quiet = (await open_loop(bench.http, bench.base, bodies, rate, seconds)).row("(d) others, no noisy namespace")
+    quiet = (await open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid)).row("(d) others, no noisy namespace")
     show(quiet, TARGETS["d_p99_ms"])
     # Invented attribute names only (novel_selector's shapes 0 and 1), each used once.
     noisy_bodies = []
@@ -621,7 +647,7 @@ async def section_d(bench: Bench, seconds: float, rate: float, noisy_rate: float
         if len(noisy_bodies) >= 2 * int(noisy_rate * seconds):
             break
     noisy_task = asyncio.create_task(open_loop(bench.http, bench.base, noisy_bodies, 2 * noisy_rate, seconds))
-    loud = (await open_loop(bench.http, bench.base, bodies, rate, seconds)).row("(d) others, with the noisy namespace")
+    loud = (await open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid)).row("(d) others, with the noisy namespace")
     noisy = (await noisy_task).row("(d) the noisy namespace's own reviews")
     show(loud, TARGETS["d_p99_ms"])
     show(noisy)
@@ -642,12 +668,23 @@ def metric_sums(text: str, metric: str, match: Callable[[str], bool]) -> tuple[f
     return total, count
 
 
+def histogram_delta(before: str, after: str, metric: str, *labels: str) -> tuple[float, float]:
+    """(observations, mean ms) between two scrapes of a histogram, over its series holding every label."""
+    (s0, c0), (s1, c1) = (metric_sums(t, metric, lambda line: all(x in line for x in labels)) for t in (before, after))
+    return c1 - c0, round((s1 - s0) / (c1 - c0) * 1000, 2) if c1 > c0 else 0.0
+
+
+STATUS_PUT = ("apiserver_request_duration_seconds", 'resource="devicequotas"', 'subresource="status"', 'verb="PUT"')
+
+
 async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> JSON:
     print(f"\n(c) claim creates through the API server, {workers} in flight, {rounds} rounds of {seconds:.0f} s "
-          "per mode: our webhooks + a DeviceQuota vs only a ResourceQuota")
+          "per mode: our webhooks + a DeviceQuota, our webhooks and no DeviceQuota, only a ResourceQuota")
     run = uuid.uuid4().hex[:8]
     ours = await namespace(bench.kube, "bench-webhook", {RUN_LABEL: run})
     await device_quota(bench.kube, ours, ROOMY)
+    # Our webhooks called, no DeviceQuota in scope: the calls without the status writes.
+    unquoted = await namespace(bench.kube, "bench-webhook-noquota", {RUN_LABEL: run})
     theirs = await namespace(bench.kube, "bench-resourcequota")
     key = f"{GPU_CLASS}.deviceclass.resource.k8s.io/devices"
     await bench.kube.create("v1", "resourcequotas", {"kind": "ResourceQuota", "metadata": {"name": "gpus"},
@@ -660,7 +697,7 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
     await enforced(bench, ours)
     spec = one_gpu()
     clients = [bench.cluster.client() for _ in range(max(1, workers // 8))]
-    phases: dict[str, list[JSON]] = {"webhook": [], "resourcequota": []}
+    phases: dict[str, list[JSON]] = {"webhook": [], "webhook-noquota": [], "resourcequota": []}
     counter = iter(range(10**9))
 
     async def phase(mode: str, ns: str) -> JSON:
@@ -689,10 +726,7 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
         after = await bench.kube.request("GET", "/metrics")
         used = {k: round((cpu_seconds(p) - cpu[k]) / max(1, len(latencies)) * 1000, 3) for k, p in pids.items()}
         def delta(metric: str, *labels: str) -> tuple[float, float]:
-            """(calls, mean ms) of a histogram's series holding every label, over the phase."""
-            (s0, c0), (s1, c1) = (metric_sums(t, metric, lambda line: all(x in line for x in labels))
-                                  for t in (metrics, after))
-            return c1 - c0, round((s1 - s0) / (c1 - c0) * 1000, 2) if c1 > c0 else 0.0
+            return histogram_delta(metrics, after, metric, *labels)
 
         hook = "apiserver_admission_webhook_admission_duration_seconds"
         mutate_calls, mutate_ms = delta(hook, 'name="charge.resourceclaims.draquota.io"')
@@ -700,7 +734,7 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
         _, quota_plugin_ms = delta("apiserver_admission_controller_admission_duration_seconds",
                                    'name="ResourceQuota"', 'operation="CREATE"')
         request = "apiserver_request_duration_seconds"
-        status_writes, status_write_ms = delta(request, 'resource="devicequotas"', 'subresource="status"', 'verb="PUT"')
+        status_writes, status_write_ms = delta(*STATUS_PUT)
         _, create_ms = delta(request, 'resource="resourceclaims"', 'subresource=""', 'verb="POST"')
         row = {"mode": mode, "creates": len(latencies), "failed": failed, "seconds": round(wall, 2),
                "creates_per_s": round(len(latencies) / wall, 1),
@@ -720,6 +754,7 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
     try:
         for _ in range(rounds):
             phases["webhook"].append(await phase("webhook", ours))
+            phases["webhook-noquota"].append(await phase("webhook-noquota", unquoted))
             phases["resourcequota"].append(await phase("resourcequota", theirs))
     finally:
         for client in clients:
@@ -731,8 +766,12 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
     quota = await bench.kube.get(DQ, "devicequotas", "gpus", namespace=ours)
     entries = len((quota.get("status") or {}).get("reservations") or {})
     print(f"  webhook {rate['webhook']:.1f}/s vs ResourceQuota {rate['resourcequota']:.1f}/s: ratio {ratio:.2f} "
-          f"(target {TARGETS['c_ratio']}); the DeviceQuota holds {entries} reservations, {len(json.dumps(quota))} bytes")
+          f"(target {TARGETS['c_ratio']}); webhook without a DeviceQuota in scope {rate['webhook-noquota']:.1f}/s, "
+          f"ratio {rate['webhook-noquota'] / rate['resourcequota']:.2f}; the DeviceQuota holds {entries} "
+          f"reservations, {len(json.dumps(quota))} bytes")
     return {"phases": phases, "webhook_per_s": round(rate["webhook"], 1),
+            "webhook_noquota_per_s": round(rate["webhook-noquota"], 1),
+            "ratio_noquota": round(rate["webhook-noquota"] / rate["resourcequota"], 3),
             "resourcequota_per_s": round(rate["resourcequota"], 1), "ratio": round(ratio, 3),
             "status_entries_at_end": entries, "devicequota_bytes_at_end": len(json.dumps(quota))}
 
@@ -847,6 +886,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="(c): alternating rounds per mode")
     parser.add_argument("--workers", type=int, default=16, help="(c): creates in flight")
     parser.add_argument("--checkpoints", type=int, default=5, help="(e): RSS samples while creating")
+    parser.add_argument("--reservation-ttl", type=float, default=None,
+                        help="serve's --reservation-ttl (its default, 60 s, when not given)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 200 nodes, 2,000 claims, 2 s steps, 1 round")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "admission.json")
@@ -856,6 +897,7 @@ def main() -> None:
         args.rates, args.persisted, args.persisted_rates, args.rounds, args.checkpoints = [500, 2000], 50, [20], 1, 2
     only = set(args.only.split(","))
     results: JSON = {"nodes": args.nodes, "cores": os.cpu_count(), "load_average_start": load_average(),
+                     "reservation_ttl": args.reservation_ttl,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(f"admission benchmark: {args.nodes} nodes, {os.cpu_count()} cores, load average {load_average()}")
     if "a" in only:
