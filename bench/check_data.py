@@ -33,7 +33,7 @@ from inventory import (  # noqa: E402
     generate_slices,
 )
 
-__all__ = ["write_inputs"]
+__all__ = ["novel_selector", "write_inputs"]
 
 JSON = dict[str, Any]
 # Bump when the files' content changes so stale caches are not reused.
@@ -90,7 +90,7 @@ _EXISTING_STRINGS = [(D, "productName"), (D, "architecture"), (D, "brand"), (D, 
 _EXISTING_VERSIONS = [(D, "driverVersion"), (D, "cudaDriverVersion"), (D, "cudaComputeCapability")]
 
 
-def _selector(i: int) -> str:
+def novel_selector(i: int) -> str:
     """Claim i's selector: a field or a literal no other claim's selector uses."""
     shape = i % 4
     if shape == 0:  # an attribute no device has, in a domain of its own
@@ -118,7 +118,7 @@ def _claims(n: int) -> list[JSON]:
             "metadata": {"name": f"novel-{i:03d}", "namespace": f"team-{i % _NAMESPACES:03d}"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": cls, "count": 1 + i % 2,
-                "selectors": [{"cel": {"expression": _selector(i)}}],
+                "selectors": [{"cel": {"expression": novel_selector(i)}}],
             }}]}},
         })
     return claims

@@ -9,8 +9,9 @@ bound), from hypothesis' own statistics.
 
     python bench/fuzz.py                 # 5,000 examples per fuzz test
     python bench/fuzz.py --examples 500  # a quicker pass
+    python bench/fuzz.py --match fuzz_app --examples 20000  # only the suites whose path holds "fuzz_app"
 
-Writes bench/results/fuzz.json.
+Writes bench/results/fuzz.json (fuzz-<match>.json with --match).
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ _PHASE = re.compile(r"during (\w+) phase")
 _ERRORS = re.compile(r"Found (\d+) distinct errors? in this phase")
 
 
-def suites() -> list[str]:
+def suites(match: str = "") -> list[str]:
     found = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        if "fuzz_examples(" in path.read_text(encoding="utf-8"):
+        if match in str(path.relative_to(ROOT)) and "fuzz_examples(" in path.read_text(encoding="utf-8"):
             found.append(str(path.relative_to(ROOT)))
     return found
 
@@ -47,10 +48,11 @@ def suites() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=5000)
+    parser.add_argument("--match", default="", help="only the suites whose path contains this")
     args = parser.parse_args()
-    files = suites()
+    files = suites(args.match)
     if not files:
-        sys.exit("no test file calls tests/unit/bounds.fuzz_examples")
+        sys.exit(f"no test file{' matching ' + repr(args.match) if args.match else ''} calls tests/unit/bounds.fuzz_examples")
     env = {**os.environ, ENV: str(args.examples)}
     started = time.monotonic()
     proc = subprocess.run(
@@ -90,7 +92,9 @@ def main() -> int:
         print(proc.stdout[-4000:])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fuzz.json").write_text(json.dumps({
+    # A partial run (--match) does not replace the record of the full one.
+    name = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', args.match)}.json" if args.match else "fuzz.json"
+    (out / name).write_text(json.dumps({
         "examples_per_test": args.examples, "tests": per_test, "tried": tried, "failing": failing,
         "exit": proc.returncode, "seconds": round(seconds), "peak_rss_mib": rss,
     }, indent=2))

@@ -81,6 +81,8 @@ class Served:
     lease: str = field(default_factory=lambda: f"serve-{uuid.uuid4().hex[:8]}")
     # False: --no-webhook (the controller only): no listener, so readiness is its log line.
     webhook: bool = True
+    # How long the first sync may take (bench/admission.py lists 150,000 claims).
+    ready_timeout: float = 60.0
 
     async def start(self) -> None:
         cert, key = self.cluster.webhook_cert
@@ -124,7 +126,7 @@ class Served:
                 except aiohttp.ClientError:
                     return False
 
-            await poll(ready, timeout=60, what="dra-quota serve /readyz")
+            await poll(ready, timeout=self.ready_timeout, what="dra-quota serve /readyz")
         self.ready_seconds = time.monotonic() - started
 
     async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -1,0 +1,74 @@
+"""bench/admission.py's harness measures what it says: a small run of each cheap part.
+
+- (a) sends the generated claim mix through the app's own route handler: every review
+  is answered 200 (the harness asserts it), and the handler path costs more CPU per
+  review than the Admitter alone, which it includes;
+- the open-loop generator counts queueing: against a server that answers one request at
+  a time in 20 ms (50/s), 100/s offered for a second builds a backlog whose wait shows
+  in the latencies (measured from each request's due time), while a closed loop (one at
+  a time) would report only the 20 ms service time.
+The cluster sections (b)-(e) need the control plane and minutes: `python bench/admission.py --quick`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE_S = 0.02
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_admission", ROOT / "bench" / "admission.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load()
+
+
+def test_in_process_reviews_go_through_the_apps_handler() -> None:
+    out = bench.section_a(bench.generate_slices(20), 100)
+    assert out["reviews"] == 200 and out["devices"] > 0
+    assert 0 < out["reviews_per_cpu_s"] < out["admitter_only_admissions_per_cpu_s"]
+
+
+async def test_the_open_loop_generator_sees_the_queue_a_closed_loop_hides() -> None:
+    lock = asyncio.Lock()
+
+    async def one_at_a_time(request: web.Request) -> web.Response:
+        await request.read()
+        async with lock:
+            await asyncio.sleep(SERVICE_S)  # the simulated service time
+        return web.json_response({"response": {"allowed": True}})
+
+    app = web.Application()
+    app.router.add_post("/validate", one_at_a_time)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    bodies = [("/validate", b"{}")]
+    try:
+        async with aiohttp.ClientSession() as session:
+            closed = await bench.closed_loop(session, base, bodies * 10)
+            under = await bench.open_loop(session, base, bodies, 25, 0.4)
+            over = await bench.open_loop(session, base, bodies, 100, 1.0)
+    finally:
+        await runner.cleanup()
+    assert bench.percentile(closed.latencies, 0.99) < 10 * SERVICE_S * 1000
+    assert bench.percentile(under.latencies, 0.5) < 5 * SERVICE_S * 1000
+    # 100 requests due over 1 s, served one per 20 ms: the last waits about 1 s.
+    assert len(over.latencies) == 100 and over.allowed == 100 and over.failed == 0
+    assert bench.percentile(over.latencies, 0.99) > 600
