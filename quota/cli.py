@@ -123,8 +123,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
-                            "of after its backoff (up to 1000 s); needs list pods, patch resourceclaimtemplates "
-                            "(default on)")
+                            "of after its backoff (up to 1000 s); done by the Lease holder; needs list pods, patch "
+                            "resourceclaimtemplates (default on)")
     _add_controller(serve)
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
