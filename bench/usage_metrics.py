@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
-from pricing import rss_mib  # noqa: E402
+from pricing import rss_mib, timed  # noqa: E402
 
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_device_class  # noqa: E402
@@ -37,12 +34,6 @@ from webhook.metrics import CLAIM_DEVICE_INFO, Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402
 
 NAMESPACES = 50
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
 
 
 def main() -> None:
