@@ -178,14 +178,30 @@ class ClaimStore:
         # Told the namespace of each deleted claim: quota may have freed there
         # (`webhook.requeue` retries the Pods waiting for it).
         self.freed = freed
+        # The resourceVersion each accounted claim had: a relist skips the claims that
+        # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
+        self._versions: dict[ClaimRef, str] = {}
 
     def replace(self, objects: list[Obj]) -> None:
         # A claim missing from a fresh list was deleted while the watch was down. A
         # reservation made by an admission whose claim is not persisted yet is dropped
         # too: its ADDED event follows the list (the watch resumes from the list's
-        # resourceVersion) and reserves it again.
-        parsed = [(c, o) for o in objects if (c := _parsed("ResourceClaim", o, parse_claim)) is not None]
-        present = {claim_ref(c) for c, _ in parsed}
+        # resourceVersion) and reserves it again. A claim the ledger holds at the
+        # resourceVersion it was accounted at is the same object: it is not read again.
+        present: set[ClaimRef] = set()
+        parsed: list[tuple[Claim, Obj]] = []
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            ref = _ref(str(meta.get("uid") or ""), meta)
+            version = meta.get("resourceVersion")
+            if version and self._versions.get(ref) == version and self.ledger.entry(ref) is not None:
+                present.add(ref)
+                continue
+            claim = _parsed("ResourceClaim", obj, parse_claim)
+            if claim is not None:
+                parsed.append((claim, obj))
+                present.add(claim_ref(claim))
+        self._versions = {ref: v for ref, v in self._versions.items() if ref in present}
         if self.holders is not None:
             self.holders.keep_only(present)
         for entry in [e for e in self.ledger.entries() if e.ref not in present]:
@@ -207,6 +223,7 @@ class ClaimStore:
         uid = meta.get("uid")
         ref = _ref(uid if isinstance(uid, str) else "", meta)
         self.ledger.delete_claim(ref)
+        self._versions.pop(ref, None)
         if self.holders is not None:
             self.holders.drop(ref)
         if self.forget is not None and isinstance(uid, str) and uid:
@@ -216,6 +233,9 @@ class ClaimStore:
             self.freed(str(meta.get("namespace") or ""))
 
     def _account(self, claim: Claim, obj: Obj) -> None:
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if isinstance(version, str) and version:
+            self._versions[claim_ref(claim)] = version
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
         if claim.allocation is not None:

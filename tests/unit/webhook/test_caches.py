@@ -114,6 +114,29 @@ def test_a_relist_drops_claims_that_disappeared_and_keeps_the_rest() -> None:
     assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), ZERO)
 
 
+def versioned(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    obj["metadata"]["resourceVersion"] = version
+    return obj
+
+
+def test_a_relist_reads_again_only_the_claims_whose_resource_version_moved() -> None:
+    world = World()
+    world.claims.replace([versioned(claim("c1", "u1"), "10"), versioned(claim("c2", "u2"), "11")])
+    assert world.usage().reserved == Charge(160 * GiB, 2)
+    # Same resourceVersion: the same object, not read again (here it even claims to be
+    # allocated, which a real API server could not serve under an unchanged version).
+    world.claims.replace([versioned(claim("c1", "u1", allocated=True), "10"), versioned(claim("c2", "u2"), "11")])
+    assert (world.usage().used, world.usage().reserved) == (ZERO, Charge(160 * GiB, 2))
+    # A new resourceVersion is read: the allocation lands.
+    world.claims.replace([versioned(claim("c1", "u1", allocated=True), "12"), versioned(claim("c2", "u2"), "11")])
+    assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
+    # Deleted while the watch was down, then the same uid and version again: read again,
+    # since the ledger no longer holds it.
+    world.claims.replace([versioned(claim("c2", "u2"), "11")])
+    world.claims.replace([versioned(claim("c1", "u1", allocated=True), "12"), versioned(claim("c2", "u2"), "11")])
+    assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
+
+
 def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
     world = World()
     world.claims.upsert(claim("c1", "u1"))
