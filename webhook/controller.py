@@ -63,6 +63,7 @@ class QuotaController:
         # The reservations' clock: an entry's expiry is judged by the one clock that wrote it.
         self.clock = clock or reservations.clock
         self.writes = 0  # status writes that landed (the logs report it per quota)
+        self.passes = 0  # reconcile passes completed: what "it looked and did nothing" is measured by
         # Told (namespace, name, message) when a write turns a quota's Exceeded condition
         # True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota.
         self.exceeded = exceeded
@@ -112,6 +113,7 @@ class QuotaController:
                     await self._reconcile_safely(key)
 
             await asyncio.gather(*(one(k) for k in sorted(keys)))
+            self.passes += 1
 
     async def _sleep_until(self, next_resync: float) -> None:
         if self._dirty:
