@@ -30,6 +30,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -461,7 +462,22 @@ def _keep(state: _Run) -> dict[str, str]:
 
 
 def _teardown(state: _Run, *, remove: bool) -> None:
-    """Stop serve, then the control plane; remove the files unless something failed (logs)."""
+    """Stop serve, then the control plane; remove the files unless something failed (logs).
+
+    A Ctrl-C while this runs (~2 s) is ignored: interrupting the clean-up would leave
+    processes behind, and the clean-up is what Ctrl-C asked for.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        _stop(state, remove=remove)
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _stop(state, remove=remove)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(state: _Run, *, remove: bool) -> None:
     if state.serve is not None and state.serve.poll() is None:
         try:
             os.killpg(state.serve.pid, signal.SIGTERM)
@@ -472,5 +488,5 @@ def _teardown(state: _Run, *, remove: bool) -> None:
                 state.serve.wait()
     if state.cluster is not None:
         state.cluster.stop()
-    if remove and state.options.workdir is None:
+    if (remove or state.cluster is None) and state.options.workdir is None:  # no logs before a cluster
         shutil.rmtree(state.workdir, ignore_errors=True)
