@@ -323,7 +323,8 @@ async def _publish_examples(state: _Run, kube: Kube) -> str:
                 continue
             api_version, plural = KINDS[kind]
             meta = doc["metadata"]
-            if (meta["name"] if kind == "Namespace" else meta.get("namespace", TEAMS[0])) not in TEAMS:
+            team = meta["name"] if kind == "Namespace" else meta.get("namespace")
+            if team is not None and team not in TEAMS:
                 # Only the scenario's teams: `research`'s admin-access label needs an allowlist entry.
                 continue
             await kube.create(api_version, plural, {k: v for k, v in doc.items() if k != "status"},
@@ -351,6 +352,10 @@ async def _publish_examples(state: _Run, kube: Kube) -> str:
 async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
                      claims: Mapping[tuple[str, str], Obj]) -> None:
     indent = " " * 10
+    assert state.cluster is not None and state.serve is not None
+    state.cluster.check_alive()
+    if state.serve.poll() is not None:
+        raise DemoError(f"dra-quota serve exited with {state.serve.returncode}; its log: {state.serve_log}")
     state.say(f"\nstep {number}/{len(state.options.scenario)}  {step.says}")
     record: dict[str, Any] = {"step": number, "team": step.team, "claim": step.claim, "pod": step.pod}
     before = {(r["namespace"], r["name"]): r for r in await _usage(kube)}
