@@ -58,7 +58,7 @@ DQ = "draquota.io/v1alpha1"
 ADMISSION = "admissionregistration.k8s.io/v1"
 LEASE = "dra-quota-demo"
 # Measured on 2 shared cores (README, "Quick start"); shown before a cold build starts.
-COLD_BUILD_MINUTES = "10-15"
+COLD_BUILD_MINUTES = "12-15"
 # Where each kind of examples/ goes: (apiVersion, plural). Claims are created by the scenario.
 KINDS = {
     "DeviceClass": (RESOURCE_V1, "deviceclasses"),
