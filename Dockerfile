@@ -14,6 +14,9 @@ COPY pyproject.toml README.md ./
 COPY quota ./quota
 COPY webhook ./webhook
 COPY certs ./certs
+# devcluster (the local cluster of `dra-quota demo` and the e2e tests) is part of the
+# distribution; in the image, without Go, a binary or examples/, `demo` says it needs a checkout.
+COPY devcluster ./devcluster
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # Final stage: the wheels installed from a bind mount (nothing of the build stage stays

@@ -23,12 +23,15 @@ from certs.commands import CertsError, describe, generate
 from quota.check import Report, run_check
 from quota.inventory import gc_paused
 from quota.loader import CheckInputError, iter_documents
-from quota.devicequota import QuotaError, format_amount
+from quota.devicequota import QuotaError
 from quota.kubeapi import ApiError, KubeApi
 from quota.leases import Timing
 from quota.model import Charge
 from quota.printable import for_json, for_terminal
 from quota.quantity import format_quantity
+from quota.tables import USAGE_HEADERS as _USAGE_HEADERS
+from quota.tables import print_rows as _print_rows
+from quota.tables import usage_cells as _usage_cells
 from quota.top import quota_usage
 from webhook import certificates
 from webhook.adminpolicy import configmap_ref
@@ -83,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_certs(sub)
     _add_serve(sub)
     _add_top(sub)
+    _add_demo(sub)
     return parser
 
 
@@ -301,29 +305,6 @@ def render_table(report: Report, out: TextIO) -> None:
         _print_rows(quota_rows, out)
 
 
-_USAGE_HEADERS = ("MEMORY used/reserved/hard", "DEVICES used/reserved/hard")
-
-
-def _usage_cells(quota: dict[str, Any]) -> tuple[str, str]:
-    """`used / reserved / hard` per resource of one per-quota JSON object (check's or top's); "-" for none."""
-    memory, devices = (
-        " / ".join("-" if (v := quota[key].get(resource)) is None else format_amount(resource, v)
-                   for key in ("used", "reserved", "hard"))
-        for resource in ("memory", "devices")
-    )
-    return memory, devices
-
-
-def _print_rows(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    # The last column (details) is free text and is not padded. Every cell is escaped:
-    # one row per object, whatever its name or reason holds.
-    rows = [[for_terminal(cell) for cell in row] for row in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
-        out.write("  ".join((*cells, row[-1])).rstrip() + "\n")
-
-
 # -- top ----------------------------------------------------------------------------------------
 
 def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -390,6 +371,53 @@ def _cluster_error(err: Exception) -> str:
     if isinstance(err, ConfigException):
         return f"no usable kubeconfig: {err}"
     return f"cannot read DeviceQuotas from the API server: {err or type(err).__name__}"
+
+
+# -- demo ---------------------------------------------------------------------------------------
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser(
+        "demo", help="run the webhook and quota controller live on a throw-away local cluster",
+        description="Start a local Kubernetes 1.37 control plane on loopback (built from source with Go when "
+                    "needed), install the DeviceQuota CRD and the webhook, run `dra-quota serve`, publish "
+                    "examples/ and play a short scenario: claims admitted and denied by the live webhook, "
+                    "allocated by the real scheduler, usage counted by the quota controller. Without Go "
+                    "or a built control plane it says so and runs `check` on examples/ instead. "
+                    "Exit 0 when it ran, 1 when it failed (logs kept), 130 on Ctrl-C (all stopped).")
+    demo.add_argument("--keep", action="store_true",
+                      help="leave the cluster and serve running at the end; print the kubeconfig and how to stop")
+    demo.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                      help="json: progress and tables on stderr, a summary of every step on stdout")
+    demo.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    # Imported here: the demo's control plane is only for a source checkout (processes from
+    # .cache), so `check` and `serve` do not load it.
+    from quota import demo
+
+    try:
+        summary = demo.run(demo.DemoOptions(keep=args.keep, output=args.output), sys.stdout)
+    except demo.DemoUnavailable as err:
+        print(f"dra-quota demo: {for_terminal(str(err))}", file=sys.stderr)
+        print("dra-quota demo: note: showing `dra-quota check -f examples/` instead: the same admission and "
+              "accounting code on the example cluster, offline (no live webhook, scheduler or controller). "
+              "Install Go >= 1.26 (or set MINIK8S_BIN) for the live demo.", file=sys.stderr)
+        if not demo.EXAMPLES.is_dir():
+            print(f"error: {for_terminal(str(demo.EXAMPLES))} not found: run from a source checkout",
+                  file=sys.stderr)
+            return EXIT_INPUT
+        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative"))
+    except demo.DemoError as err:
+        for line in str(err).splitlines():
+            print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)
+        return EXIT_CLUSTER
+    except KeyboardInterrupt:
+        print("dra-quota demo: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    if args.output == "json":
+        print(json.dumps(for_json(summary), indent=2))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -7,70 +7,28 @@ on ``/mutate`` it answers with the JSON patch our mutating webhook would send (t
 mutation land. The test rewrites each webhook's ``clientConfig.service.path`` to
 ``<shipped path>/<webhook name>`` so every recorded review says which webhook it came from.
 
-Also :func:`adapted_webhooks`, the shipped configurations adapted to the shared test
-cluster (used by every test that registers them), and :func:`impersonated`: one API
-request as another user through the admin client.
+Also :func:`adapted_webhooks` (devcluster.webhooks, shared with `dra-quota demo`): the shipped
+configurations adapted to the shared test cluster (used by every test that registers them),
+and :func:`impersonated`: one API request as another user through the admin client.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
 from aiohttp import web
 
-from .cluster import WEBHOOK_SERVICES, ControlPlane
+from devcluster.webhooks import WEBHOOKS, adapted_webhooks
+
+__all__ = ["WEBHOOKS", "Recorder", "Seen", "adapted_webhooks", "impersonated", "serve_recorder"]
+
 from .kube import MERGE_PATCH, Kube, Obj
-
-ROOT = Path(__file__).resolve().parents[2]
-WEBHOOKS: list[Obj] = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
-
-
-def adapted_webhooks(
-    run: str,
-    port: int,
-    cluster: ControlPlane,
-    *,
-    label: str,
-    name_suffix: str,
-    selector: Literal["objectSelector", "namespaceSelector"],
-    path_per_hook: bool = False,
-    shipped: Sequence[Obj] = WEBHOOKS,
-    test_ca: bool = True,
-) -> list[Obj]:
-    """The shipped configurations for one test on the shared cluster: unique names, the
-    test CA, the Service port the loopback resolver dials, and `label: run` required by
-    `selector`, so no other test's objects ever reach them. `path_per_hook` appends the
-    webhook's name to its path (the recorder then knows which webhook was called).
-    `shipped`: other configurations of the same shape (test_chart.py: the chart's);
-    `name_suffix=""` keeps their names and `test_ca=False` leaves caBundle to whoever
-    manages it (`serve --cert-mode self`)."""
-    ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
-    configs = []
-    for config in copy.deepcopy(list(shipped)):
-        if name_suffix:
-            config["metadata"]["name"] = f"{config['metadata']['name']}-{name_suffix}-{run}"
-        for hook in config["webhooks"]:
-            service = hook["clientConfig"]["service"]
-            assert (service["namespace"], service["name"]) in WEBHOOK_SERVICES
-            assert service["port"] == 443
-            service["port"] = port
-            if path_per_hook:
-                service["path"] = f"{service['path']}/{hook['name']}"
-            if test_ca:
-                hook["clientConfig"]["caBundle"] = ca
-            required = hook.setdefault(selector, {})
-            required.setdefault("matchExpressions", []).append({"key": label, "operator": "In", "values": [run]})
-        configs.append(config)
-    return configs
 
 CHARGE = {"memory": 0, "devices": 1}
 QUOTAS = "e2e-recorder"

@@ -1,0 +1,497 @@
+"""`dra-quota demo`: the webhook and the quota controller live, on a throw-away local cluster.
+
+Neighbours: `devcluster` starts the Go-built control plane (etcd, kube-apiserver,
+kube-scheduler, kube-controller-manager on loopback) and provides the admin client, the
+kubelet-less Nodes and the webhook routing the end-to-end tests use too: the demo shows
+exactly what the tests prove. `quota.cli` parses the flags, prints the fallback (`check`
+on examples/) when no control plane can be had (`DemoUnavailable`), and maps errors to
+exit codes. `quota.top` reads each DeviceQuota's status for the usage table.
+
+The demo installs the CRD, runs `dra-quota serve` as a subprocess (the control plane's
+test CA signs its serving certificate; it is also the quota controller's leader), routes
+the shipped webhook configurations to it, publishes examples/ (DeviceClasses,
+ResourceSlices of fake nodes, the teams' namespaces and DeviceQuotas), then plays
+`SCENARIO` with claims taken from examples/40-claims.yaml: Pods using them are scheduled
+by the real kube-scheduler, a claim that does not fit is denied by the live webhook with
+DESIGN's message, and `used` moves as the controller counts allocations.
+Nothing here asserts outcomes: it reports what the cluster did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import shlex
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import aiohttp
+import yaml
+
+from devcluster.controlplane import BUILD_SCRIPT, DEFAULT_BINARY, REPO_ROOT, ControlPlane, ControlPlaneError, \
+    build, free_ports
+from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
+from devcluster.kube import ApiError, Kube, Obj, WaitTimeout, poll
+from quota.claims import CHARGE_ANNOTATION
+from quota.devicequota import format_amount
+from quota.printable import for_terminal
+from quota.tables import USAGE_HEADERS, print_rows, usage_cells
+from quota.top import quota_usage
+
+__all__ = ["EXAMPLES", "SCENARIO", "DemoError", "DemoOptions", "DemoUnavailable", "Step", "locate_binary", "run"]
+
+EXAMPLES = REPO_ROOT / "examples"
+CRD = REPO_ROOT / "deploy" / "crds" / "devicequota.yaml"
+DQ = "draquota.io/v1alpha1"
+ADMISSION = "admissionregistration.k8s.io/v1"
+LEASE = "dra-quota-demo"
+# Measured on 2 shared cores (README, "Quick start"); shown before a cold build starts.
+COLD_BUILD_MINUTES = "12-15"
+# Where each kind of examples/ goes: (apiVersion, plural). Claims are created by the scenario.
+KINDS = {
+    "DeviceClass": (RESOURCE_V1, "deviceclasses"),
+    "ResourceSlice": (RESOURCE_V1, "resourceslices"),
+    "Namespace": ("v1", "namespaces"),
+    "DeviceQuota": (DQ, "devicequotas"),
+}
+PLURALS = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+           "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
+
+
+class DemoUnavailable(Exception):
+    """No control plane can be had here (no binary, no Go to build one): `check` instead."""
+
+
+class DemoError(Exception):
+    """The demo could not finish; the message says where the logs are."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One move of the scenario: `team` creates (or deletes) ResourceClaim `claim` of
+    examples/40-claims.yaml, and Pod `pod` uses it, so the scheduler allocates it."""
+
+    team: str
+    claim: str
+    pod: str
+    says: str
+    delete: bool = False
+
+
+SCENARIO = (
+    Step("team-a", "h100-pair", "train-1", "team-a asks for two H100 80GB GPUs for a training job"),
+    Step("team-a", "h200-pair", "train-2", "team-a also asks for two H200 141GB GPUs (282Gi more)"),
+    Step("team-b", "mig-3g", "notebook-1", "team-b asks for a MIG 3g.20gb slice for a notebook"),
+    Step("team-b", "mig-1g-x4", "notebook-2", "team-b asks for four MIG 1g.5gb slices"),
+    Step("team-b", "mig-3g-second", "notebook-3", "team-b asks for another MIG 3g.20gb slice"),
+    Step("team-a", "h100-pair", "train-1", "team-a's training job ends: Pod and claim deleted", delete=True),
+    Step("team-a", "h200-pair", "train-2", "team-a asks for the two H200s again"),
+)
+TEAMS = ("team-a", "team-b")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    keep: bool = False
+    output: Literal["table", "json"] = "table"
+    workdir: Path | None = None
+    start_timeout: float = 180.0
+    step_timeout: float = 60.0
+    scenario: tuple[Step, ...] = SCENARIO
+
+
+@dataclass
+class _Run:
+    """What one demo started, so that teardown (or `--keep`'s stop script) can end it."""
+
+    options: DemoOptions
+    out: TextIO
+    workdir: Path
+    started: float = field(default_factory=time.monotonic)
+    cluster: ControlPlane | None = None
+    serve: subprocess.Popen[bytes] | None = None
+    serve_port: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        # Progress goes to stdout with the table; with -o json, to stderr (stdout is the JSON).
+        stream = sys.stderr if self.options.output == "json" else self.out
+        for line in text.split("\n"):
+            stream.write(for_terminal(line) + "\n")
+        stream.flush()
+
+    @property
+    def serve_log(self) -> Path:
+        return self.workdir / "serve.log"
+
+
+# -- the control plane binary -------------------------------------------------------------------
+
+
+def locate_binary(say: Callable[[str], None]) -> Path:
+    """`MINIK8S_BIN`, else tests/cluster/build.sh (a no-op when up to date) when Go is on PATH,
+    else an already built `.cache/minik8s`; `DemoUnavailable` when there is none of these."""
+    if os.environ.get("MINIK8S_BIN"):
+        try:
+            return build()
+        except ControlPlaneError as err:
+            raise DemoError(str(err)) from err
+    if shutil.which("go") and BUILD_SCRIPT.is_file():
+        if not os.access(DEFAULT_BINARY, os.X_OK):
+            say(f"Building the local control plane (Kubernetes 1.37 from the k8s.io/kubernetes Go module, "
+                f"tests/cluster/build.sh). A cold build takes about {COLD_BUILD_MINUTES} minutes on 2 cores; "
+                "later runs reuse it.")
+        return _build_with_progress(say)
+    if os.access(DEFAULT_BINARY, os.X_OK):
+        return DEFAULT_BINARY
+    raise DemoUnavailable(
+        "no local control plane: Go (>= 1.26, to build one with tests/cluster/build.sh) is not on PATH, "
+        f"and there is no built binary at {DEFAULT_BINARY} (nor MINIK8S_BIN)")
+
+
+def _build_with_progress(say: Callable[[str], None]) -> Path:
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(build)
+        while True:
+            try:
+                return future.result(timeout=30)
+            except concurrent.futures.TimeoutError:
+                say(f"  still building ({time.monotonic() - started:.0f}s)...")
+            except ControlPlaneError as err:
+                if os.access(DEFAULT_BINARY, os.X_OK):
+                    say(f"warning: rebuilding the control plane failed; using the existing {DEFAULT_BINARY}")
+                    return DEFAULT_BINARY
+                raise DemoUnavailable(f"the control plane could not be built: {err}") from err
+
+
+# -- the whole run ------------------------------------------------------------------------------
+
+
+def run(options: DemoOptions, out: TextIO) -> dict[str, Any]:
+    """Build (if needed) and start everything, play the scenario, tear down (unless `keep`).
+
+    Returns the summary (`--output json`). Raises `DemoUnavailable` before starting anything
+    when no control plane can be had, `DemoError` when a step failed (all stopped, logs kept),
+    `KeyboardInterrupt` after cleaning up on Ctrl-C.
+    """
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="dra-quota-demo-"))
+    state = _Run(options, out, workdir)
+    state.say("dra-quota demo: a local Kubernetes 1.37 control plane, dra-quota's webhook and quota "
+              "controller, fake GPU nodes from examples/, and two teams sharing them.")
+    kept = False
+    ok = False
+    try:
+        t0 = time.monotonic()
+        binary = locate_binary(state.say)
+        state.seconds["control_plane_build"] = round(time.monotonic() - t0, 1)
+        state.say(f"[1/5] control plane binary: {binary} ({state.seconds['control_plane_build']}s)")
+        _start_cluster(state, binary)
+        summary = asyncio.run(_play(state))
+        ok = True
+        if options.keep:
+            kept = True
+            summary["kept"] = _keep(state)
+        return summary
+    except KeyboardInterrupt:
+        ok = True  # nothing failed: the logs are not worth keeping
+        raise
+    except (WaitTimeout, ApiError) as err:
+        raise DemoError(f"{err}\nlogs: {workdir}") from err
+    except ControlPlaneError as err:
+        raise DemoError(f"the control plane failed: {err}\nlogs: {workdir}") from err
+    finally:
+        if not kept:
+            _teardown(state, remove=ok)
+
+
+def _start_cluster(state: _Run, binary: Path) -> None:
+    t0 = time.monotonic()
+    # With --keep the components must outlive this process; otherwise they die with it.
+    for attempt in (1, 2):
+        cluster = ControlPlane(binary=binary, workdir=state.workdir / "cluster", die_with_parent=not state.options.keep)
+        state.cluster = cluster
+        try:
+            cluster.start(timeout=state.options.start_timeout)
+            break
+        except ControlPlaneError as err:
+            cluster.stop()
+            # free_ports() probes then releases: another process may take a port in between.
+            if attempt == 2 or "address already in use" not in str(err):
+                raise
+    state.seconds["control_plane_start"] = round(time.monotonic() - t0, 1)
+    state.say(f"[2/5] etcd, kube-apiserver, kube-scheduler, kube-controller-manager on {cluster.server} "
+              f"({state.seconds['control_plane_start']}s)")
+
+
+async def _play(state: _Run) -> dict[str, Any]:
+    cluster = state.cluster
+    assert cluster is not None
+    async with cluster.client() as kube:
+        t0 = time.monotonic()
+        await _install_crd(kube)
+        await _start_serve(state)
+        await _route_webhooks(state, kube)
+        state.seconds["serve_ready"] = round(time.monotonic() - t0, 1)
+        state.say(f"[3/5] DeviceQuota CRD, dra-quota serve (pid {state.serve.pid if state.serve else '?'}, "
+                  f"log {state.serve_log}) and its webhook configurations ({state.seconds['serve_ready']}s)")
+        t0 = time.monotonic()
+        counts = await _publish_examples(state, kube)
+        state.seconds["inventory"] = round(time.monotonic() - t0, 1)
+        state.say(f"[4/5] examples/ published: {counts} ({state.seconds['inventory']}s)")
+        t0 = time.monotonic()
+        state.say(f"[5/5] the scenario ({len(state.options.scenario)} steps); usage is each DeviceQuota's "
+                  "status as the quota controller writes it (what `dra-quota top` prints)")
+        claims = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
+                  for d in _documents(EXAMPLES / "40-claims.yaml") if d.get("kind") == "ResourceClaim"}
+        for number, step in enumerate(state.options.scenario, 1):
+            await _play_step(state, kube, number, step, claims)
+        state.seconds["scenario"] = round(time.monotonic() - t0, 1)
+        state.seconds["total"] = round(time.monotonic() - state.started, 1)
+        denied = sum(1 for s in state.steps if s["decision"] == "denied")
+        state.say(f"\nDone in {state.seconds['total']}s: {len(state.steps)} steps, {denied} claim(s) denied "
+                  "by the live webhook, usage counted from the scheduler's allocations.")
+        return {"steps": state.steps, "seconds": state.seconds}
+
+
+async def _install_crd(kube: Kube) -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", crd)
+    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions", crd["metadata"]["name"],
+                                  "Established", timeout=60)
+
+
+async def _start_serve(state: _Run) -> None:
+    cluster = state.cluster
+    assert cluster is not None
+    state.serve_port = free_ports(1)[0]
+    cert, key = cluster.webhook_cert
+    argv = [sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(cluster.kubeconfig),
+            "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+            "--bind-address", "127.0.0.1", "--port", str(state.serve_port), "--metrics-port", "0",
+            "--leader-election-namespace", "default", "--leader-election-lease-name", LEASE]
+    with state.serve_log.open("ab") as log:
+        # Own session: Ctrl-C reaches the demo only, which stops serve in order.
+        state.serve = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, env={**os.environ, "POD_NAME": "dra-quota-demo"})
+    process = state.serve
+    # The serving certificate names the Service, not 127.0.0.1: verify the chain only.
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    ctx.check_hostname = False
+    async with aiohttp.ClientSession() as http:
+        async def ready() -> bool:
+            if process.poll() is not None:
+                raise DemoError(f"dra-quota serve exited with {process.returncode}; its log: {state.serve_log}")
+            try:
+                async with http.get(f"https://127.0.0.1:{state.serve_port}/readyz", ssl=ctx) as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await poll(ready, timeout=60, what="dra-quota serve /readyz")
+
+
+async def _route_webhooks(state: _Run, kube: Kube) -> None:
+    from devcluster.webhooks import adapted_webhooks  # reads deploy/manifests when imported
+
+    assert state.cluster is not None
+    # The demo's cluster has one user: the shipped selectors as they are, the names kept.
+    for config in adapted_webhooks("demo", state.serve_port, state.cluster, label=None, name_suffix=""):
+        await kube.create(ADMISSION, PLURALS[config["kind"]], config)
+
+
+async def _publish_examples(state: _Run, kube: Kube) -> str:
+    counts: dict[str, int] = {}
+    nodes: list[str] = []
+    for path in sorted(EXAMPLES.glob("[0-3]*.yaml")):
+        for doc in _documents(path):
+            kind = doc.get("kind", "")
+            if kind not in KINDS:
+                continue
+            api_version, plural = KINDS[kind]
+            meta = doc["metadata"]
+            team = meta["name"] if kind == "Namespace" else meta.get("namespace")
+            if team is not None and team not in TEAMS:
+                # Only the scenario's teams: `research`'s admin-access label needs an allowlist entry.
+                continue
+            await kube.create(api_version, plural, {k: v for k, v in doc.items() if k != "status"},
+                              namespace=meta.get("namespace"))
+            counts[kind] = counts.get(kind, 0) + 1
+            node = (doc.get("spec") or {}).get("nodeName") if kind == "ResourceSlice" else None
+            if node and node not in nodes:
+                # The node the driver's slice names, as a kubelet would register it (no kubelet here).
+                await create_node(kube, node)
+                nodes.append(node)
+    counts["Node"] = len(nodes)
+    for team in TEAMS:
+        # Pods are refused until the namespace's "default" ServiceAccount exists.
+        await kube.wait_for("v1", "serviceaccounts", "default", lambda _: True, namespace=team, timeout=60,
+                            what="created")
+
+    async def counted() -> bool:
+        rows = await _usage(kube)
+        return bool(rows) and all(r["current"] for r in rows)
+
+    await poll(counted, timeout=state.options.step_timeout, what="the quota controller to count every DeviceQuota")
+    return ", ".join(f"{n} {k}{'es' if k.endswith('s') else 's'}" for k, n in counts.items())
+
+
+async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
+                     claims: Mapping[tuple[str, str], Obj]) -> None:
+    indent = " " * 10
+    assert state.cluster is not None and state.serve is not None
+    state.cluster.check_alive()
+    if state.serve.poll() is not None:
+        raise DemoError(f"dra-quota serve exited with {state.serve.returncode}; its log: {state.serve_log}")
+    state.say(f"\nstep {number}/{len(state.options.scenario)}  {step.says}")
+    record: dict[str, Any] = {"step": number, "team": step.team, "claim": step.claim, "pod": step.pod}
+    before = {(r["namespace"], r["name"]): r for r in await _usage(kube)}
+    if step.delete:
+        await free_pod(kube, step.team, step.pod, timeout=state.options.step_timeout)
+        await kube.delete(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team)
+        await kube.wait_deleted(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team,
+                                timeout=state.options.step_timeout)
+        record["decision"] = "deleted"
+        state.say(f"{indent}Pod {step.pod} and ResourceClaim {step.claim} deleted: its devices are free again")
+    else:
+        source = claims[(step.team, step.claim)]
+        body = {"kind": "ResourceClaim", "metadata": {"name": step.claim}, "spec": source["spec"]}
+        try:
+            created = await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=step.team)
+        except ApiError as err:
+            if err.status not in (403, 422):
+                raise
+            record.update(decision="denied", message=err.message)
+            state.say(f"{indent}DENIED by the webhook: {err.message}")
+        else:
+            charge = json.loads((created["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION, "{}"))
+            record.update(decision="admitted", charge=charge)
+            state.say(f"{indent}admitted by the webhook, reserving its charge: "
+                      + ", ".join(f"{k}={format_amount(k, v)}" for k, v in charge.items()))
+
+            async def reserved() -> list[dict[str, Any]] | None:
+                mine = [r for r in await _usage(kube) if r["namespace"] == step.team]
+                keys = [(r["namespace"], r["name"]) for r in mine]
+                return mine if any(r["reserved"] != before[k]["reserved"] for r, k in zip(mine, keys)) else None
+
+            # Before any Pod uses it: the claim's charge is reserved on the DeviceQuota status.
+            for row in await poll(reserved, timeout=state.options.step_timeout, what="the reservation on the status"):
+                memory_cell, devices_cell = usage_cells(row)
+                state.say(f"{indent}{row['namespace']}/{row['name']} used/reserved/hard: memory {memory_cell}, "
+                          f"devices {devices_cell}")
+            t0 = time.monotonic()
+            await create_pod(kube, step.team, step.pod, claim=step.claim)
+            allocated = await kube.wait_for(
+                RESOURCE_V1, "resourceclaims", step.claim, lambda c: bool((c.get("status") or {}).get("allocation")),
+                namespace=step.team, timeout=state.options.step_timeout, what="allocated by kube-scheduler")
+            devices = [f"{r['pool']}/{r['device']}" for r in allocated["status"]["allocation"]["devices"]["results"]]
+            record["devices"] = devices
+            state.say(f"{indent}Pod {step.pod} scheduled; kube-scheduler allocated {', '.join(devices)} "
+                      f"({time.monotonic() - t0:.1f}s)")
+    if record["decision"] != "denied":
+        t0 = time.monotonic()
+
+        async def moved() -> list[dict[str, Any]] | None:
+            rows = await _usage(kube)
+            mine = [r for r in rows if r["namespace"] == step.team]
+            changed = any(r["used"] != before.get((r["namespace"], r["name"]), {}).get("used") for r in mine)
+            settled = all(r["current"] and r["claims"]["pending"] == 0 for r in mine)
+            return rows if changed and settled else None
+
+        await poll(moved, timeout=state.options.step_timeout, what=f"{step.team}'s DeviceQuota usage to move")
+        state.say(f"{indent}usage counted by the quota controller ({time.monotonic() - t0:.1f}s)")
+    rows = [r for r in await _usage(kube) if r["namespace"] in TEAMS]
+    record["usage"] = rows
+    state.steps.append(record)
+    table: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, "CLAIMS allocated/pending")]
+    table.extend((r["namespace"], r["name"], *usage_cells(r), f"{r['claims']['allocated']} / {r['claims']['pending']}")
+                 for r in rows)
+    stream = sys.stderr if state.options.output == "json" else state.out
+    print_rows(table, stream, indent=indent)
+
+
+async def _usage(kube: Kube) -> list[dict[str, Any]]:
+    rows = [quota_usage(q) for q in await kube.list(DQ, "devicequotas")]
+    return sorted(rows, key=lambda r: (r["namespace"], r["name"]))
+
+
+def _documents(path: Path) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+
+
+# -- the end ------------------------------------------------------------------------------------
+
+
+def _keep(state: _Run) -> dict[str, str]:
+    """Leave everything running; write a stop script; tell how to use and stop it."""
+    cluster = state.cluster
+    assert cluster is not None and state.serve is not None
+    etcd = [c.pid for c in cluster.components if c.name == "etcd" and c.pid]
+    clients = [state.serve.pid, *(c.pid for c in reversed(cluster.components) if c.name != "etcd" and c.pid)]
+    stop = state.workdir / "stop.sh"
+    # Each process leads its own session and starts no children: signalling the pids is enough
+    # (and portable: dash's kill takes no process-group operands). etcd last, as
+    # ControlPlane.stop does: an apiserver without its etcd takes ~10 s to shut down.
+    stop.write_text(
+        "#!/bin/sh\n# Stops the cluster `dra-quota demo --keep` left running, and removes its files.\n"
+        "stop() {\n  kill -TERM \"$@\" 2>/dev/null\n"
+        # A zombie (exited, not reaped by an init that does not reap) counts as gone.
+        "  for i in $(seq 75); do\n    alive=\n"
+        "    for p in \"$@\"; do ps -o stat= -p \"$p\" | grep -q '^[^Z]' && alive=1; done\n"
+        "    [ -z \"$alive\" ] && return; sleep 0.2\n  done\n  kill -KILL \"$@\" 2>/dev/null\n}\n"
+        f"stop {' '.join(map(str, clients))}\n"
+        f"stop {' '.join(map(str, etcd))}\n"
+        f"rm -rf {shlex.quote(str(cluster.etcd_dir))} {shlex.quote(str(state.workdir))}\n")
+    stop.chmod(0o755)
+    kubeconfig = str(cluster.kubeconfig)
+    state.say(f"\nStill running (--keep). The cluster's admin kubeconfig: {kubeconfig}\n"
+              f"  export KUBECONFIG={shlex.quote(kubeconfig)}\n"
+              "  kubectl get devicequotas -A; kubectl get resourceclaims -A; kubectl get pods -A -o wide\n"
+              "  dra-quota top\n"
+              f"  dra-quota serve's log: {state.serve_log}; the control plane's: {cluster.logs}\n"
+              f"Stop it all: sh {shlex.quote(str(stop))}")
+    return {"kubeconfig": kubeconfig, "stop": str(stop), "workdir": str(state.workdir)}
+
+
+def _teardown(state: _Run, *, remove: bool) -> None:
+    """Stop serve, then the control plane; remove the files unless something failed (logs).
+
+    A Ctrl-C while this runs (~2 s) is ignored: interrupting the clean-up would leave
+    processes behind, and the clean-up is what Ctrl-C asked for.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        _stop(state, remove=remove)
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _stop(state, remove=remove)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(state: _Run, *, remove: bool) -> None:
+    if state.serve is not None and state.serve.poll() is None:
+        try:
+            os.killpg(state.serve.pid, signal.SIGTERM)
+            state.serve.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            if state.serve.poll() is None:
+                os.killpg(state.serve.pid, signal.SIGKILL)
+                state.serve.wait()
+    if state.cluster is not None:
+        state.cluster.stop()
+    if (remove or state.cluster is None) and state.options.workdir is None:  # no logs before a cluster
+        shutil.rmtree(state.workdir, ignore_errors=True)
