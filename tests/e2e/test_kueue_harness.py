@@ -23,7 +23,7 @@ import pytest_asyncio
 from quota.kubeapi import Resource
 
 from .conftest import unique
-from .driver import POD_IMAGE, claim_spec, create_claim_template, exact_request
+from .driver import RESOURCE_V1, POD_IMAGE, claim_spec, create_claim_template, create_device_class, exact_request
 from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue, condition
 
@@ -81,10 +81,10 @@ async def queues(kube: Kube, make: Callable[..., Awaitable[Obj]], namespace: str
     return cq["metadata"]["name"], lq
 
 
-async def gpu_job(kube: Kube, namespace: str, queue: str, *, devices: int) -> Obj:
-    """A suspended Job for `queue` whose one pod stamps a claim for `devices` of the class."""
+async def gpu_job(kube: Kube, namespace: str, queue: str, *, devices: int, device_class: str = DEVICE_CLASS) -> Obj:
+    """A suspended Job for `queue` whose one pod stamps a claim for `devices` of `device_class`."""
     await create_claim_template(kube, namespace, "gpus",
-                                claim_spec(exact_request("gpu", DEVICE_CLASS, count=devices)))
+                                claim_spec(exact_request("gpu", device_class, count=devices)))
     pod: Obj = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
@@ -196,3 +196,27 @@ async def test_workload_waits_for_our_admission_check(
     assert [(c["name"], c["state"]) for c in admitted["status"]["admissionChecks"]] == [(check, "Ready")]
     await kube.wait_for(BATCH, "jobs", job["metadata"]["name"], lambda j: j["spec"].get("suspend") is False,
                         namespace=namespace, what="unsuspended by Kueue")
+
+
+async def test_a_device_class_without_mapping_makes_the_workload_inadmissible(
+    kueue: Kueue, kube: Kube, make_namespace: Callable[..., Awaitable[str]],
+    queue_objects: Callable[..., Awaitable[Obj]],
+) -> None:
+    """Why every DeviceClass a Kueue test uses needs a deviceClassMappings entry (kueue.py)."""
+    namespace = await kueue_namespace(make_namespace)
+    cq, lq = await queues(kube, queue_objects, namespace, devices=4)
+    await kube.wait_for_condition(API, "clusterqueues", cq, "Active")
+    unmapped = unique("unmapped-gpu")
+    await create_device_class(kube, unmapped)
+    try:
+        job = await gpu_job(kube, namespace, lq, devices=1, device_class=unmapped)
+
+        def refused(w: Obj) -> bool:
+            reserved = condition(w, "QuotaReserved") or {}
+            return reserved.get("status") == "False" and "is not mapped" in reserved.get("message", "")
+
+        workload = await workload_of(kube, job, refused, "QuotaReserved=False: DeviceClass not mapped")
+        assert f"DeviceClass {unmapped} is not mapped" in (condition(workload, "QuotaReserved") or {})["message"]
+        assert not holds("Admitted")(workload)
+    finally:
+        await kube.delete(RESOURCE_V1, "deviceclasses", unmapped)
