@@ -174,11 +174,16 @@ async def test_workload_waits_for_our_admission_check(
     await kube.wait_for_condition(API, "clusterqueues", cq, "Active")
 
     job = await gpu_job(kube, namespace, lq, devices=2)
-    reserved = await workload_of(kube, job, holds("QuotaReserved"), "QuotaReserved=True")
+
+    def checks(w: Obj) -> list[tuple[str, str]]:
+        return [(c["name"], c["state"]) for c in (w.get("status") or {}).get("admissionChecks") or []]
+
+    # Kueue lists our check (Pending) and reserves quota, in either order.
+    reserved = await workload_of(kube, job, lambda w: holds("QuotaReserved")(w) and checks(w) == [(check, "Pending")],
+                                 "QuotaReserved=True and our check Pending")
 
     # Quota reserved, our check Pending, not admitted, the Job still suspended: the state
     # our controller acts on. (Admitted cannot turn True without our Ready, so this holds.)
-    assert [(c["name"], c["state"]) for c in reserved["status"].get("admissionChecks") or []] == [(check, "Pending")]
     assert not holds("Admitted")(reserved), reserved["status"]
     assert charged(reserved)[0]["usage"] == {DEVICE_RESOURCE: "2"}
     suspended = await kube.get(BATCH, "jobs", job["metadata"]["name"], namespace=namespace)
@@ -193,7 +198,7 @@ async def test_workload_waits_for_our_admission_check(
     }, patch_type="apply", namespace=namespace, subresource="status", field_manager=FIELD_MANAGER, force=True)
 
     admitted = await workload_of(kube, job, holds("Admitted"), "Admitted=True after our check is Ready")
-    assert [(c["name"], c["state"]) for c in admitted["status"]["admissionChecks"]] == [(check, "Ready")]
+    assert checks(admitted) == [(check, "Ready")]
     await kube.wait_for(BATCH, "jobs", job["metadata"]["name"], lambda j: j["spec"].get("suspend") is False,
                         namespace=namespace, what="unsuspended by Kueue")
 
