@@ -202,7 +202,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     rss = cp.final_rss or cp.rss()
     parts = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in rss.items() if v)
     if _kueue is not None and _kueue.startup_seconds:
-        terminalreporter.write_line(f"kueue: ready in {_kueue.startup_seconds:.1f}s; log in {_kueue.log_path}")
+        kueue_rss = f"; RSS at session end {_kueue.final_rss / 2**20:.0f} MiB" if _kueue.final_rss else ""
+        terminalreporter.write_line(f"kueue: ready in {_kueue.startup_seconds:.1f}s{kueue_rss}; log in {_kueue.log_path}")
     terminalreporter.write_line(
         f"minik8s: control plane ready in {cp.startup_seconds:.1f}s; RSS at session end: {parts}; "
         f"logs in {cp.logs}"

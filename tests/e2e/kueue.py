@@ -54,7 +54,7 @@ import yaml
 
 from certs import authority
 
-from .cluster import REPO_ROOT, ControlPlane, _die_with_parent, free_ports
+from .cluster import REPO_ROOT, Component, ControlPlane, _die_with_parent, free_ports
 from .driver import DRIVER, create_device_class
 from .kube import Kube, Obj, WaitTimeout, poll
 
@@ -174,14 +174,18 @@ class Kueue:
     binary: Path
     workdir: Path
     cluster: ControlPlane
-    proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
+    final_rss: int | None = None
     webhooks: list[Obj] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.webhook_port, self.health_port = free_ports(2)
         self.cert_dir = self.workdir / "webhook-certs"
-        self.log_path = self.workdir / "kueue.log"
+        self.process = Component("kueue", [], self.workdir / "kueue.log")
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
 
     async def start(self, kube: Kube, timeout: float = 120.0) -> None:
         t0 = time.monotonic()
@@ -197,13 +201,13 @@ class Kueue:
         config = self.workdir / "kueue-config.yaml"
         config.write_text(yaml.safe_dump(configuration(
             webhook_port=self.webhook_port, health_port=self.health_port, cert_dir=self.cert_dir)))
-        argv = [str(self.binary), f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}",
-                "--zap-log-level=2", "--zap-devel=false"]
+        self.process.argv = [str(self.binary), f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}",
+                             "--zap-log-level=2", "--zap-devel=false"]
         env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=self.workdir, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.process.proc = subprocess.Popen(
+                self.process.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env=env, start_new_session=True, preexec_fn=_die_with_parent)
         ready = f"http://127.0.0.1:{self.health_port}/readyz"
 
         async def is_ready() -> bool:
@@ -224,27 +228,26 @@ class Kueue:
     async def stop(self, kube: Kube) -> None:
         for hook_config in self.webhooks:
             await kube.delete("admissionregistration.k8s.io/v1", _plural(hook_config), hook_config["metadata"]["name"])
-        if self.proc is not None and self.proc.poll() is None:
+        proc = self.process.proc
+        if proc is not None and proc.poll() is None:
+            self.final_rss = self.process.rss_bytes()
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.to_thread(self.proc.wait, 15)
+                await asyncio.to_thread(proc.wait, 15)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def check_alive(self) -> None:
         """Raise if Kueue has exited (a crash would otherwise look like a test timeout)."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise KueueError(f"Kueue exited with code {self.proc.returncode}\n{self.log_tail()}")
+        code = self.process.exited()
+        if code is not None:
+            raise KueueError(f"Kueue exited with code {code}\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return f"(no Kueue log at {self.log_path})"
-        return f"===== kueue {self.log_path} =====\n" + "\n".join(text.splitlines()[-lines:])
+        return f"===== kueue {self.log_path} =====\n{self.process.log_tail(lines)}"
 
     async def _install(self, kube: Kube) -> None:
         """Kueue's CRDs (Established), its namespace and the DeviceClass its Configuration maps."""
