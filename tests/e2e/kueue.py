@@ -48,8 +48,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO
-
 import yaml
 
 from certs import authority
@@ -141,11 +139,10 @@ def adapted_webhooks(manifests: Sequence[Obj], *, port: int, ca_pem: bytes) -> l
 
 
 def ensure_metrics_certs(directory: Path = METRICS_CERT_DIR) -> None:
-    """A self-signed pair at Kueue's fixed metrics path, written once (under a lock, as
+    """A pair (our throw-away CA's leaf) at Kueue's fixed metrics path, written once (under a lock, as
     several test sessions may start Kueue at once); kept when one that parses is there."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        lock: IO[bytes]
         with open(directory.parent / ".e2e.lock", "wb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             crt, key = directory / "tls.crt", directory / "tls.key"
