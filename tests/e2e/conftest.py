@@ -11,6 +11,7 @@ skip: a green run must mean the tests ran.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
@@ -22,10 +23,13 @@ import pytest_asyncio
 from .cluster import ControlPlane, ControlPlaneError, build
 from .driver import GpuFleet, create_fleet
 from .kube import Kube, Obj
+from .kueue import Kueue, KueueError
+from .kueue import build as build_kueue
 
 E2E_DIR = Path(__file__).resolve().parent
 
 _control_plane: ControlPlane | None = None
+_kueue: Kueue | None = None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -83,6 +87,34 @@ async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
     """Admin (system:masters) client for the control plane; plain-dict API, see kube.py."""
     async with cluster.client() as k:
         yield k
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def kueue(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kueue]:
+    """A real Kueue (tests/e2e/kueue.py), started once per session by the first test that asks.
+
+    Failing to build or start it is an ERROR of those tests, never a skip."""
+    global _kueue
+    problem = None
+    try:
+        binary = await asyncio.to_thread(build_kueue)
+    except KueueError as e:
+        problem = f"cannot build Kueue:\n{e}"
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    k = Kueue(binary=binary, workdir=tmp_path_factory.mktemp("kueue"), cluster=cluster)
+    _kueue = k
+    try:
+        await k.start(kube)
+    except KueueError as e:
+        problem = f"cannot start Kueue: {e}"
+    if problem:
+        await k.stop(kube)
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield k
+    finally:
+        await k.stop(kube)
 
 
 def unique(prefix: str) -> str:
@@ -158,6 +190,8 @@ def pytest_runtest_makereport(
     report = yield
     if report.failed and _control_plane is not None and E2E_DIR in Path(str(item.fspath)).resolve().parents:
         report.sections.append(("minik8s control-plane logs (tail)", _control_plane.logs_report(40)))
+        if _kueue is not None and "kueue" in item.fixturenames:  # type: ignore[attr-defined]
+            report.sections.append(("Kueue log (tail)", _kueue.log_tail(60)))
     return report
 
 
@@ -167,6 +201,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     rss = cp.final_rss or cp.rss()
     parts = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in rss.items() if v)
+    if _kueue is not None and _kueue.startup_seconds:
+        kueue_rss = f"; RSS at session end {_kueue.final_rss / 2**20:.0f} MiB" if _kueue.final_rss else ""
+        terminalreporter.write_line(f"kueue: ready in {_kueue.startup_seconds:.1f}s{kueue_rss}; log in {_kueue.log_path}")
     terminalreporter.write_line(
         f"minik8s: control plane ready in {cp.startup_seconds:.1f}s; RSS at session end: {parts}; "
         f"logs in {cp.logs}"
