@@ -17,26 +17,10 @@ out_dir="$root/.cache"
 bin="$out_dir/minik8s"
 stamp_file="$out_dir/minik8s.stamp"
 
-die() {
-	echo "tests/cluster/build.sh: ERROR: $*" >&2
-	exit 1
-}
-
-command -v go >/dev/null 2>&1 || die "go not found in PATH (Go >= 1.26 is required to build the test control plane)"
-
-# Never let the go command fetch a different toolchain behind our back: the
-# go.mod says "go 1.26.0" and this machine's Go must satisfy it as is.
-export GOTOOLCHAIN=local
-export CGO_ENABLED=0 # as k/k's release builds (hack/lib/golang.sh); also no C toolchain needed
-
-go_version=$(go env GOVERSION) || die "'go env GOVERSION' failed"
-if [[ ! $go_version =~ ^go([0-9]+)\.([0-9]+) ]]; then
-	die "cannot parse Go version '$go_version'"
-fi
-major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
-if ((major < 1 || (major == 1 && minor < 26))); then
-	die "Go >= 1.26 required (k8s.io/kubernetes 1.37 declares go 1.26.0), found $go_version"
-fi
+build_name=tests/cluster/build.sh
+# shellcheck source=../tools/gobuild.sh
+source "$root/tests/tools/gobuild.sh"
+require_go "the test control plane (k8s.io/kubernetes 1.37)"
 
 cd "$here"
 stamp=$(
@@ -46,32 +30,9 @@ stamp=$(
 	} | sha256sum | cut -d' ' -f1
 )
 up_to_date() { [[ -x $bin && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; }
-if up_to_date; then
-	exit 0
-fi
-
-# Concurrent callers (two pytest sessions, CI step + fixture) wait for one
-# build instead of compiling Kubernetes twice on the same cores.
-mkdir -p "$out_dir"
-if command -v flock >/dev/null 2>&1; then
-	exec 9>"$out_dir/minik8s.lock"
-	flock 9
-	if up_to_date; then
-		exit 0
-	fi
-fi
-
-# A cold build needs ~1 GiB of modules and ~2-3 GiB of build cache, plus
-# the binary itself.
-need_kib=$((5 * 1024 * 1024))
-for d in "$(go env GOMODCACHE)" "$(go env GOCACHE)" "$out_dir"; do
-	probe=$d
-	while [[ ! -d $probe ]]; do probe=$(dirname "$probe"); done
-	avail=$(df -Pk "$probe" | awk 'NR==2 {print $4}')
-	if ((avail < need_kib)); then
-		die "only $((avail / 1024)) MiB free under $d; a cold build needs about $((need_kib / 1024)) MiB"
-	fi
-done
+wait_turn "$out_dir" minik8s
+# A cold build needs ~1 GiB of modules and ~2-3 GiB of build cache, plus the binary.
+require_space $((5 * 1024 * 1024)) "$(go env GOMODCACHE)" "$(go env GOCACHE)" "$out_dir"
 
 # /version must report the pinned Kubernetes release instead of the
 # "v0.0.0-master+$Format:%H$" placeholder (k8s.io/component-base/version/base.go);

@@ -31,36 +31,14 @@ out_dir="$root/.cache/helm"
 bin="$out_dir/helm"
 stamp_file="$out_dir/helm.stamp"
 
-die() {
-	echo "tests/tools/build-helm.sh: ERROR: $*" >&2
-	exit 1
-}
-
-command -v go >/dev/null 2>&1 || die "go not found in PATH (Go >= 1.26 is required to build helm $HELM_VERSION)"
-export GOTOOLCHAIN=local # helm's go.mod says go 1.26.0: never fetch a toolchain behind our back
-export CGO_ENABLED=0
-
-go_version=$(go env GOVERSION) || die "'go env GOVERSION' failed"
-[[ $go_version =~ ^go([0-9]+)\.([0-9]+) ]] || die "cannot parse Go version '$go_version'"
-if ((BASH_REMATCH[1] < 1 || (BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 26))); then
-	die "Go >= 1.26 required ($HELM_MODULE $HELM_VERSION declares go 1.26.0), found $go_version"
-fi
+build_name=tests/tools/build-helm.sh
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
+require_go "helm $HELM_VERSION ($HELM_MODULE)"
 
 stamp=$({ echo "$go_version"; sha256sum "$here/build-helm.sh"; } | sha256sum | cut -d' ' -f1)
 up_to_date() { [[ -x $bin && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; }
-if up_to_date; then
-	exit 0
-fi
-
-mkdir -p "$out_dir"
-if command -v flock >/dev/null 2>&1; then
-	# One build at a time (the CI step and a test session may both ask).
-	exec 9>"$out_dir/helm.lock"
-	flock 9
-	if up_to_date; then
-		exit 0
-	fi
-fi
+wait_turn "$out_dir" helm
 
 tmp_dir=$(mktemp -d "$out_dir/build.XXXXXX")
 trap 'rm -rf "$tmp_dir"' EXIT

@@ -31,49 +31,19 @@ out_dir="$root/.cache/kueue"
 bin="$out_dir/kueue"
 stamp_file="$out_dir/kueue.stamp"
 
-die() {
-	echo "tests/tools/build-kueue.sh: ERROR: $*" >&2
-	exit 1
-}
-
-command -v go >/dev/null 2>&1 || die "go not found in PATH (Go >= 1.26 is required to build Kueue $KUEUE_VERSION)"
-export GOTOOLCHAIN=local # Kueue's go.mod says go 1.26.0: never fetch a toolchain behind our back
-export CGO_ENABLED=0
-
-go_version=$(go env GOVERSION) || die "'go env GOVERSION' failed"
-[[ $go_version =~ ^go([0-9]+)\.([0-9]+) ]] || die "cannot parse Go version '$go_version'"
-if ((BASH_REMATCH[1] < 1 || (BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 26))); then
-	die "Go >= 1.26 required ($KUEUE_MODULE $KUEUE_VERSION declares go 1.26.0), found $go_version"
-fi
+build_name=tests/tools/build-kueue.sh
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
+require_go "Kueue $KUEUE_VERSION ($KUEUE_MODULE)"
 
 stamp=$({ echo "$go_version"; sha256sum "$here/build-kueue.sh"; } | sha256sum | cut -d' ' -f1)
 up_to_date() {
 	[[ -x $bin && -d $out_dir/crd && -f $out_dir/webhooks.yaml && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]
 }
-if up_to_date; then
-	exit 0
-fi
-
-mkdir -p "$out_dir"
-if command -v flock >/dev/null 2>&1; then
-	# One build at a time (the CI step and a test session may both ask).
-	exec 9>"$out_dir/kueue.lock"
-	flock 9
-	if up_to_date; then
-		exit 0
-	fi
-fi
+wait_turn "$out_dir" kueue
 
 # A cold build needs ~0.6 GiB of modules and ~2 GiB of build cache, plus the binary.
-need_kib=$((3 * 1024 * 1024))
-for d in "$(go env GOMODCACHE)" "$(go env GOCACHE)" "$out_dir"; do
-	probe=$d
-	while [[ ! -d $probe ]]; do probe=$(dirname "$probe"); done
-	avail=$(df -Pk "$probe" | awk 'NR==2 {print $4}')
-	if ((avail < need_kib)); then
-		die "only $((avail / 1024)) MiB free under $d; a cold build needs about $((need_kib / 1024)) MiB"
-	fi
-done
+require_space $((3 * 1024 * 1024)) "$(go env GOMODCACHE)" "$(go env GOCACHE)" "$out_dir"
 
 tmp_dir=$(mktemp -d "$out_dir/build.XXXXXX")
 trap 'rm -rf "$tmp_dir"' EXIT
