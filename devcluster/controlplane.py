@@ -494,7 +494,7 @@ class ControlPlane:
                 # Own process group: stop() signals the whole group and a
                 # Ctrl-C in the terminal does not race the orderly shutdown.
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
+                preexec_fn=die_with_parent_process if self.die_with_parent else None,
             )
         self.components.append(comp)
         return comp
@@ -567,7 +567,7 @@ def _tail(text: str, lines: int) -> str:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent_process() -> None:
     """Child-side: get SIGKILL when the test runner dies, so no orphaned control plane survives it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -51,8 +51,9 @@ from pathlib import Path
 import yaml
 
 from certs import authority
+from devcluster.controlplane import die_with_parent_process
 
-from .cluster import REPO_ROOT, Component, ControlPlane, _die_with_parent, free_ports
+from .cluster import REPO_ROOT, Component, ControlPlane, free_ports
 from .driver import DRIVER, create_device_class
 from .kube import Kube, Obj, WaitTimeout, poll
 
@@ -204,7 +205,7 @@ class Kueue:
         with open(self.log_path, "wb") as log:
             self.process.proc = subprocess.Popen(
                 self.process.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                env=env, start_new_session=True, preexec_fn=die_with_parent_process)
         ready = f"http://127.0.0.1:{self.health_port}/readyz"
 
         async def is_ready() -> bool:
