@@ -26,13 +26,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_data import write_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {"json": {"total_s": 10.0, "rss_mb": 600.0}, "yaml": {"total_s": 30.0, "rss_mb": None}}
+class _Target(TypedDict):
+    total_s: float
+    rss_mb: float | None  # None: no RSS target for this format
+
+
+TARGETS: dict[str, _Target] = {"json": {"total_s": 10.0, "rss_mb": 600.0}, "yaml": {"total_s": 30.0, "rss_mb": None}}
 _LOAD_ONLY = (
     "import sys, time\n"
     "from quota.loader import iter_documents\n"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,9 +117,10 @@ class Gpu:
 
 def dcgm_exposition(gpus: list[Gpu]) -> str:
     lines = []
-    for field, help_text, value in (
+    series: tuple[tuple[str, str, Callable[[Gpu], float]], ...] = (
             ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilisation),
-            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib)):
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib))
+    for field, help_text, value in series:
         lines += [f"# HELP {field} {help_text}", f"# TYPE {field} gauge"]
         for g in gpus:
             labels = (f'gpu="{g.index}",UUID="{g.uuid}",device="nvidia{g.index}",modelName="{g.model}",'

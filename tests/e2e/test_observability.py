@@ -162,9 +162,10 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
             labels(outcome="granted", action="namespace_label"): 1,
         }
         for reason, user in (("AdminAccessRefused", mallory), ("AdminAccessGranted", ops)):
-            event = await events(kube, "default", lambda e, r=reason, u=user: (
-                e["reason"] == r and e["regarding"] == {"apiVersion": "v1", "kind": "Namespace", "name": ns}
-                and e["note"].startswith(f"{r.removeprefix('AdminAccess').lower()}: {u} may")), f"{reason} on {ns}")
+            def on_namespace(e: Obj, r: str = reason, u: str = user) -> bool:
+                return bool(e["reason"] == r and e["regarding"] == {"apiVersion": "v1", "kind": "Namespace", "name": ns}
+                            and e["note"].startswith(f"{r.removeprefix('AdminAccess').lower()}: {u} may"))
+            event = await events(kube, "default", on_namespace, f"{reason} on {ns}")
             assert event["type"] == ("Warning" if reason == "AdminAccessRefused" else "Normal")
 
         # -- adminAccess claims: the same two outcomes ---------------------------------------
@@ -196,9 +197,10 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
             labels(outcome="granted", action="claim"): 1,
         }
         for reason, claim in (("AdminAccessRefused", "a1"), ("AdminAccessGranted", "a2")):
-            await events(kube, "default", lambda e, r=reason, c=claim: (
-                e["reason"] == r and e["regarding"]["name"] == ns
-                and (e.get("related") or {}).get("name") == c), f"{reason} for claim {claim}")
+            def on_claim(e: Obj, r: str = reason, c: str = claim) -> bool:
+                return bool(e["reason"] == r and e["regarding"]["name"] == ns
+                            and (e.get("related") or {}).get("name") == c)
+            await events(kube, "default", on_claim, f"{reason} for claim {claim}")
         # dry runs made no Event: the probe's grants are nowhere
         assert not [e for e in await kube.list(EVENTS, "events", namespace="default")
                     if (e.get("related") or {}).get("name") == "probe" and e["regarding"]["name"] == ns]

@@ -1,12 +1,13 @@
 """quota.capacity: requestPolicy rounding, capacity requests, taints."""
 
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
 from quota.capacity import memory_charge, round_request, tolerates_all
 from quota.claims import DeviceRequirement, Toleration
-from quota.model import Capacity, DeviceClassName, RequestPolicy, Taint, ValidRange
+from quota.model import Capacity, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
 from quota.inventory import Inventory
 
 from .builders import GiB, MiB, make_device, make_slice
@@ -33,7 +34,7 @@ def test_round_request(request_: int, policy: RequestPolicy | None, expected: in
     assert round_request(Fraction(request_), Capacity(Fraction(80 * GiB), policy)) == expected
 
 
-def _device(**kwargs):  # type: ignore[no-untyped-def]
+def _device(**kwargs: Any) -> Device:
     inv = Inventory()
     inv.add_or_update_slice(make_slice("s", [make_device("d", **kwargs)]))
     return next(iter(inv.usable().values()))
@@ -69,7 +70,7 @@ POLICY = {"default": "80Gi", "validRange": {"min": "1Mi", "max": "80Gi", "step":
         ({"memory": None}, req(), 0),
     ],
 )
-def test_memory_charge(device: dict, requirement: DeviceRequirement, expected: int | None) -> None:  # type: ignore[type-arg]
+def test_memory_charge(device: dict[str, Any], requirement: DeviceRequirement, expected: int | None) -> None:
     assert memory_charge(_device(**device), requirement) == expected
 
 

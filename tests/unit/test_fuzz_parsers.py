@@ -13,7 +13,7 @@ number of examples per test (bench/ runs a long one).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypedDict
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -58,7 +58,16 @@ hostile_values = st.one_of(
 )
 values = json_values | hostile_values
 EXAMPLES = fuzz_examples(150)
-BOUND = {"seconds": 10.0, "megabytes": 256}
+
+
+class _Bound(TypedDict):
+    """`bounded()`'s keyword arguments, typed so `bounded(**BOUND)` is checked."""
+
+    seconds: float
+    megabytes: int
+
+
+BOUND: _Bound = {"seconds": 10.0, "megabytes": 256}
 
 
 def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -1,5 +1,7 @@
 """quota.ledger: incremental usage, atomic reserve, no double counting."""
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ def entry(ref: str, memory: int, devices: int = 1, *, cls: DeviceClassName = GPU
     return Entry(ns, ClaimRef(ref), {"conservative": pricing}, allocated)
 
 
-def ledger(*quotas: dict) -> Ledger:  # type: ignore[type-arg]
+def ledger(*quotas: dict[str, Any]) -> Ledger:
     led = Ledger()
     for q in quotas:
         led.add_or_update_quota(parse_device_quota(q))
@@ -44,7 +46,7 @@ def test_allocation_moves_a_reservation_to_used_without_double_counting() -> Non
     led.add_or_update_claim(entry("a", 30 * GiB, allocated=True))
     usage = led.usage(NS, "q")
     assert (usage.used, usage.reserved) == (Charge(30 * GiB, 1), Charge())
-    led.delete_claim("a")
+    led.delete_claim(ClaimRef("a"))
     assert led.usage(NS, "q") == led.usage(NS, "never-existed")
 
 
@@ -53,7 +55,7 @@ def test_admit_reserves_and_the_next_one_sees_it() -> None:
     assert led.admit(entry("a", 60 * GiB)).allowed
     second = led.admit(entry("b", 60 * GiB))
     assert not second.allowed and "reserved memory=60Gi" in second.message
-    assert led.entry("b") is None
+    assert led.entry(ClaimRef("b")) is None
 
 
 def test_retrying_the_same_claim_replaces_its_reservation() -> None:
@@ -85,7 +87,7 @@ def test_no_sequence_of_admissions_exceeds_hard(ops: list[tuple[int, int, bool]]
     led = ledger(make_quota("q", memory="200Gi", devices=5))
     for ref, gib, delete in ops:
         if delete:
-            led.delete_claim(str(ref))
+            led.delete_claim(ClaimRef(str(ref)))
         else:
             led.admit(entry(str(ref), gib * GiB))
         usage = led.usage(NS, "q")

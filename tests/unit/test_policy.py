@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -66,7 +66,15 @@ def test_stamped_from_pod(obj: dict[str, Any], expected: bool) -> None:
     assert stamped_from_pod(obj) is expected
 
 
-CLAIM = {"kind": "ResourceClaim", "namespace": "team-a", "name": "trainer-0-gpu-x7k2q"}
+class _Claim(TypedDict):
+    """`judge_claim()`'s claim keywords, typed so `judge_claim(..., **CLAIM)` is checked."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+CLAIM: _Claim = {"kind": "ResourceClaim", "namespace": "team-a", "name": "trainer-0-gpu-x7k2q"}
 ACTION = "create ResourceClaim team-a/trainer-0-gpu-x7k2q with adminAccess"
 
 

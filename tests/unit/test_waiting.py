@@ -35,7 +35,7 @@ def test_scheduled_terminal_and_deleting_pods_do_not_wait() -> None:
 
 def test_direct_claims_and_odd_shapes_are_ignored() -> None:
     direct = {"metadata": {}, "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}]}, "status": {}}
-    odd = [direct, {"spec": {"resourceClaims": "x"}}, {"spec": {"resourceClaims": [3, {"resourceClaimTemplateName": ""}]}},
+    odd: list[dict[str, Any]] = [direct, {"spec": {"resourceClaims": "x"}}, {"spec": {"resourceClaims": [3, {"resourceClaimTemplateName": ""}]}},
            {"status": {"resourceClaimStatuses": 7}, "spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}]}}]
     assert waiting_templates(odd) == {"t"}
 

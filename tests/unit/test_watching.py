@@ -246,10 +246,10 @@ class EmptyWatchApi(KubeApi):
         super().__init__(Configuration())
         self.watches = 0
 
-    async def list(self, resource: Resource, **kwargs: Any) -> Listing:  # type: ignore[override]
+    async def list(self, resource: Resource, **kwargs: Any) -> Listing:
         return Listing([], "5")
 
-    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:  # type: ignore[override]
+    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:
         self.watches += 1
         return
         yield  # an async generator that yields nothing

@@ -8,6 +8,7 @@ Each hostile case has a legitimate sibling near the limit that must still work.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -132,7 +133,7 @@ def test_values_at_the_64_bit_edges_work(expression: str) -> None:
 # --- class 8: nesting stops where cel-go's parser stops -----------------------------
 
 # name -> (expression of n nestings, the largest n cel-go accepts)
-NESTING = {
+NESTING: dict[str, tuple[Callable[[int], str], int]] = {
     "parentheses": (lambda n: "(" * n + "true" + ")" * n, 249),
     "lists": (lambda n: "[" * n + "]" * n + " != []", 250),  # the innermost [] holds no expression
     "maps": (lambda n: "{1: " * n + "1" + "}" * n + " != {}", 249),

@@ -101,7 +101,7 @@ def bundles(store: FakeStore) -> list[bytes]:
 
 
 def test_first_pass_creates_the_secret_injects_every_bundle_and_serves_the_leaf() -> None:
-    store, clock, served = FakeStore(), Clock(), []
+    store, clock, served = FakeStore(), Clock(), list[KeyPair]()
     m = manager(store, clock, served)
     material = asyncio.run(m.reconcile())
     assert store.secret is not None and set(store.secret.data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
@@ -139,7 +139,7 @@ def test_a_conflicting_replace_re_reads_and_re_plans() -> None:
 
 
 def test_the_leaf_moves_to_a_new_ca_only_after_every_bundle_trusted_it_for_the_delay() -> None:
-    store, clock, served = FakeStore(), Clock(), []
+    store, clock, served = FakeStore(), Clock(), list[KeyPair]()
     m = manager(store, clock, served)
     first = asyncio.run(m.reconcile())
     rolled = rollover(m, clock)

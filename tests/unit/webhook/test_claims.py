@@ -360,7 +360,9 @@ def test_our_annotations_may_not_change(old: dict[str, str], new: dict[str, str]
 
 
 def run(path: str, ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    return asyncio.run(endpoints(ctx)[path](request))
+    async def call() -> Verdict:  # asyncio.run wants a coroutine; an Endpoint returns an Awaitable
+        return await endpoints(ctx)[path](request)
+    return asyncio.run(call())
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ class Clock:
 
 
 def recorder(sink: FakeSink, **kwargs: Any) -> tuple[EventRecorder, Clock, list[str]]:
-    clock, dropped = Clock(), []
+    clock, dropped = Clock(), list[str]()
     return EventRecorder(sink, instance="dra-quota-0", dropped=dropped.append, clock=clock, **kwargs), clock, dropped
 
 

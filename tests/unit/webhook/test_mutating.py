@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ def unescape(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def apply(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+def apply(obj: dict[str, Any], patch: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """RFC 6902 `add`, as the API server's json-patch applies it (enough for our patches)."""
     out = copy.deepcopy(obj)
     for op in patch:
