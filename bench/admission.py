@@ -601,27 +601,24 @@ async def section_b_persisted(bench: Bench, count: int, rates: Sequence[float], 
         return [encoded("/validate", review(claim(bench.specs[i % len(bench.specs)], ns), namespace=ns))
                 for i in range(n)]
 
-    # BUG (mypy found it; not fixed here): the API server's /metrics is Prometheus text, but
-    # Kube.request JSON-decodes every response (ApiError/JSONDecodeError on text), so these
-    # scrapes fail at run time; they need a text GET on KubeApi. Hence the arg-type ignores.
     async def writes(before: str) -> JSON:
         """The API server's own count and mean latency of the DeviceQuota status writes."""
-        calls, ms = histogram_delta(before, await bench.kube.request("GET", "/metrics"), *STATUS_PUT)  # type: ignore[arg-type]
+        calls, ms = histogram_delta(before, await bench.kube.api.text("/metrics"), *STATUS_PUT)
         return {"status_writes": int(calls), "status_write_ms": ms}
 
     ns = await quota_ns("serial")
-    before = await bench.kube.request("GET", "/metrics")
+    before = await bench.kube.api.text("/metrics")
     row = (await closed_loop(bench.http, bench.base, bodies(ns, count))).row("(b) persisted, one at a time")
-    row.update(await writes(before))  # type: ignore[arg-type]
+    row.update(await writes(before))
     show(row)
     print(f"    {row['status_writes']} status writes, {row['status_write_ms']} ms each in the API server")
     out["serial"] = row
     for rate in rates:
         ns = await quota_ns(f"{rate:.0f}")
-        before = await bench.kube.request("GET", "/metrics")
+        before = await bench.kube.api.text("/metrics")
         load = await open_loop(bench.http, bench.base, bodies(ns, int(rate * seconds)), rate, seconds, bench.serve_pid)
         row = load.row(f"(b) persisted at {rate:.0f}/s")
-        row.update(await writes(before))  # type: ignore[arg-type]
+        row.update(await writes(before))
         quota = await bench.kube.get(DQ, "devicequotas", "gpus", namespace=ns)
         row["status_entries"] = len((quota.get("status") or {}).get("reservations") or {})
         row["object_bytes"] = len(json.dumps(quota))
@@ -708,7 +705,7 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
     async def phase(mode: str, ns: str) -> JSON:
         pids = bench.pids()
         cpu = {k: cpu_seconds(p) for k, p in pids.items()}
-        metrics = await bench.kube.request("GET", "/metrics")
+        metrics = await bench.kube.api.text("/metrics")
         latencies: list[float] = []
         failed = 0
         deadline = time.monotonic() + seconds
@@ -728,11 +725,10 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
         started = time.monotonic()
         await asyncio.gather(*(work(clients[i % len(clients)]) for i in range(workers)))
         wall = time.monotonic() - started
-        after = await bench.kube.request("GET", "/metrics")
+        after = await bench.kube.api.text("/metrics")
         used = {k: round((cpu_seconds(p) - cpu[k]) / max(1, len(latencies)) * 1000, 3) for k, p in pids.items()}
-        # /metrics is text, not JSON: see the BUG note in the persisted-admission section.
         def delta(metric: str, *labels: str) -> tuple[float, float]:
-            return histogram_delta(metrics, after, metric, *labels)  # type: ignore[arg-type]
+            return histogram_delta(metrics, after, metric, *labels)
 
         hook = "apiserver_admission_webhook_admission_duration_seconds"
         mutate_calls, mutate_ms = delta(hook, 'name="charge.resourceclaims.draquota.io"')

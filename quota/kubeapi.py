@@ -254,9 +254,33 @@ class KubeApi:
         `warnings`, when given, receives the text of each `Warning` response header
         (admission webhooks' warnings, deprecations: what kubectl prints as "Warning:").
         """
+        raw = await self._round_trip(method, path, params=params, body=body, content_type=content_type,
+                                     headers=headers, warnings=warnings)
+        decoded = json.loads(raw) if raw else {}
+        if not isinstance(decoded, dict):
+            raise ApiError(200, "BadResponse", f"expected a JSON object, got {raw[:200]!r}", where=f"{method} {path}")
+        return decoded
+
+    async def text(self, path: str) -> str:
+        """GET an endpoint that answers text, not JSON (the API server's `/metrics`), or `ApiError`."""
+        return (await self._round_trip("GET", path, accept="text/plain")).decode("utf-8", "replace")
+
+    async def _round_trip(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int | bool | None] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        headers: Sequence[tuple[str, str]] = (),
+        warnings: list[str] | None = None,
+        accept: str = "application/json",
+    ) -> bytes:
         started = time.monotonic()
         data = None if body is None else json.dumps(body)
         sent = CIMultiDict(await self._headers(content_type if data is not None else None))
+        sent["Accept"] = accept
         for name, value in headers:
             sent.add(name, value)
         async with self._http().request(
@@ -274,10 +298,7 @@ class KubeApi:
         logger.debug("%s %s -> %d in %.3fs", method, path, resp.status, time.monotonic() - started)
         if resp.status >= 300:
             raise ApiError.from_body(resp.status, raw, where=f"{method} {path}")
-        decoded = json.loads(raw) if raw else {}
-        if not isinstance(decoded, dict):
-            raise ApiError(resp.status, "BadResponse", f"expected a JSON object, got {raw[:200]!r}", where=f"{method} {path}")
-        return decoded
+        return raw
 
     # -- reads -----------------------------------------------------------------------------------
 

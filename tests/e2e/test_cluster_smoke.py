@@ -53,6 +53,10 @@ async def test_version_and_resource_v1_served(kube: Kube) -> None:
         assert name in resources, sorted(resources)
     assert "resourceclaims/status" in resources
     assert resources["resourceclaims"]["namespaced"] is True
+
+    # Text endpoints through the same client (bench/admission.py reads the API server's metrics).
+    metrics = await kube.api.text("/metrics")
+    assert "# TYPE apiserver_request_total counter" in metrics
     assert resources["resourceslices"]["namespaced"] is False
 
 
