@@ -16,9 +16,10 @@ write is repaired without any event). A quota is written only when its status di
 from what it would write.
 
 Fencing: each write is a PUT of the status with the resourceVersion it was computed
-from (409 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times,
-then again in the next round), and is sent only while `leading()` holds; a replica
-that stops leading has its run cancelled by the elector.
+from, through `Reservations.write_status`, the one conditional write both writers use
+(409 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times, then
+again in the next round), and is sent only while `leading()` holds; a replica that
+stops leading has its run cancelled by the elector.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from typing import Any
 import aiohttp
 
 from quota.devicequota import QuotaError, parse_device_quota
-from quota.kubeapi import ApiError, KubeApi
+from quota.kubeapi import ApiError
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import parse_reservations
-from webhook.reservations import QUOTAS, Reservations
+from webhook.reservations import Reservations
 
 __all__ = ["QuotaController"]
 
@@ -49,11 +50,10 @@ _RETRY_AFTER_FAILURE = 1.0  # seconds before a quota whose write failed is tried
 
 
 class QuotaController:
-    def __init__(self, api: KubeApi, ledger: Ledger, reservations: Reservations, *,
+    def __init__(self, ledger: Ledger, reservations: Reservations, *,
                  leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
                  concurrency: int = 8, clock: Callable[[], float] | None = None,
                  exceeded: Callable[[str, str, str], None] = lambda namespace, name, message: None) -> None:
-        self.api = api
         self.ledger = ledger
         self.reservations = reservations
         self.leading = leading
@@ -139,41 +139,31 @@ class QuotaController:
 
     async def reconcile(self, key: QuotaKey) -> bool:
         """Bring one quota's status up to date; True when a write landed."""
-        for attempt in range(self.retries + 1):
-            obj = self.reservations.newest(*key) if attempt == 0 else None
-            if obj is None:
-                obj = await self._get(key)
-                if obj is None:
-                    return False  # deleted: nothing to write
+
+        def build(obj: Obj) -> Obj | None:
             body = self._desired(key, obj)
-            if body is None:
-                return False
-            if not self.leading():
+            if body is not None and not self.leading():
                 log.info("not leading: DeviceQuota %s/%s status left to the next leader", key[0], key[1])
-                return False
-            try:
-                written = await self.api.update_status(QUOTAS, body, namespace=key[0])
-            except ApiError as err:
-                if err.status == 409:
-                    log.debug("conflict writing DeviceQuota %s/%s status (attempt %d)", key[0], key[1], attempt + 1)
-                    continue
-                if err.status == 404:
-                    return False
-                raise
-            self.reservations.observe(written)
-            self.writes += 1
-            status = written.get("status") or {}
-            now_exceeded = _exceeded(status)
-            if now_exceeded is not None and _exceeded(obj.get("status") or {}) is None:
-                self.exceeded(key[0], key[1], now_exceeded)
-            log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
-                      status.get("used"), status.get("reserved"), status.get("claims"))
-            return True
-        log.info("DeviceQuota %s/%s: %d conflicts in a row, trying again next round", key[0], key[1],
-                 self.retries + 1)
-        self._mark([key])
-        self._wake.set()
-        return False
+                return None
+            return body
+
+        result = await self.reservations.write_status(key, build, retries=self.retries)
+        if result.conflicts:
+            log.info("DeviceQuota %s/%s: %d conflicts in a row, trying again next round", key[0], key[1],
+                     self.retries + 1)
+            self._mark([key])
+            self._wake.set()
+            return False
+        if result.read is None or result.written is None:
+            return False  # deleted, or nothing to write
+        self.writes += 1
+        status = result.written.get("status") or {}
+        now_exceeded = _exceeded(status)
+        if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
+            self.exceeded(key[0], key[1], now_exceeded)
+        log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
+                  status.get("used"), status.get("reserved"), status.get("claims"))
+        return True
 
     def _desired(self, key: QuotaKey, obj: Obj) -> Obj | None:
         """`obj` with the status it should have, or None when it already has it.
@@ -196,16 +186,6 @@ class QuotaController:
         if expiry is not None:
             self._timers[key] = min(self._timers.get(key, float("inf")), expiry)
         return None if status == (obj.get("status") or {}) else {**obj, "status": status}
-
-    async def _get(self, key: QuotaKey) -> Obj | None:
-        try:
-            obj = await self.api.get(QUOTAS, key[1], namespace=key[0])
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
-        self.reservations.observe(obj)
-        return obj
 
 
 def _exceeded(status: Obj) -> str | None:

@@ -39,7 +39,7 @@ from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
 from quota.reservations import Outcome, Request, apply, counting, outstanding, parse_reservations, status_fields
 
-__all__ = ["CONTENTION", "QUOTAS", "Reservations"]
+__all__ = ["CONTENTION", "QUOTAS", "Reservations", "StatusWrite"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ Obj = dict[str, Any]
 class _Batch:
     pending: list[tuple[Request, asyncio.Future[Decision]]] = field(default_factory=list)
     running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWrite:
+    """How one `Reservations.write_status` ended."""
+
+    read: Obj | None = None  # the object the last body was built from; None: the quota is gone
+    written: Obj | None = None  # what the API server stored; None: nothing was written
+    conflicts: bool = False  # every attempt met a newer object
 
 
 class Reservations:
@@ -185,16 +194,40 @@ class Reservations:
 
     async def _write(self, key: QuotaKey, requests: list[Request]) -> list[Decision]:
         """Read, decide, conditionally write; on a conflict re-read and decide again."""
-        for attempt in range(self.retries + 1):
+        outcome: Outcome | None = None
+
+        def build(obj: Obj) -> Obj | None:
+            nonlocal outcome
+            outcome = self._decide(obj, requests)
+            if not outcome.changed:
+                return None
+            return {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.held)}}
+
+        result = await self.write_status(key, build, retries=self.retries)
+        if result.conflicts:
+            return [Decision(False, CONTENTION) if r.op == "reserve" else Decision(True) for r in requests]
+        if result.read is None or outcome is None:  # the quota is gone: nothing left to hold against
+            return [Decision(True)] * len(requests)
+        return list(outcome.decisions)
+
+    async def write_status(self, key: QuotaKey, build: Callable[[Obj], Obj | None], *, retries: int) -> StatusWrite:
+        """One conditional write of a DeviceQuota's status: the one way both writers (these
+        reservations and the quota controller, `quota.quotastatus`) change it.
+
+        `build(obj)` returns the object to PUT, built from `obj` (None: nothing to write).
+        The first attempt builds from the newest object known, each later one from a fresh
+        read: the write carries the resourceVersion it was built from, so a conflict (409)
+        means someone wrote in between, and the body is built again from what they wrote.
+        """
+        for attempt in range(retries + 1):
             obj = self._objects.get(key) if attempt == 0 else None
             if obj is None:
                 obj = await self._get(key)
-                if obj is None:  # the quota is gone: nothing left to hold against
-                    return [Decision(True)] * len(requests)
-            outcome = self._decide(obj, requests)
-            if not outcome.changed:
-                return list(outcome.decisions)
-            body = {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.held)}}
+                if obj is None:
+                    return StatusWrite()
+            body = build(obj)
+            if body is None:
+                return StatusWrite(read=obj)
             try:
                 written = await self.api.update_status(QUOTAS, body, namespace=key[0])
             except ApiError as err:
@@ -203,11 +236,11 @@ class Reservations:
                     continue
                 if err.status == 404:
                     self._objects.pop(key, None)
-                    return [Decision(True)] * len(requests)
+                    return StatusWrite()
                 raise
             self._objects[key] = written
-            return list(outcome.decisions)
-        return [Decision(False, CONTENTION) if r.op == "reserve" else Decision(True) for r in requests]
+            return StatusWrite(read=obj, written=written)
+        return StatusWrite(conflicts=True)
 
     async def _check(self, quota: DeviceQuota, request: Request) -> Decision:
         """dryRun: the same decision, nothing written."""

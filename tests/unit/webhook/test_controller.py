@@ -24,8 +24,7 @@ async def running() -> AsyncIterator[Running]:
     api, reservations, _ = setup(make_quota("gpus", memory="400Gi"))
     reservations.observe(await api.get(None, "gpus"))  # type: ignore[arg-type]  # as the watch would
     leading = [True]
-    controller = QuotaController(api, reservations.ledger, reservations,  # type: ignore[arg-type]
-                                 leading=lambda: leading[0], debounce=0.05)
+    controller = QuotaController(reservations.ledger, reservations, leading=lambda: leading[0], debounce=0.05)
     task = asyncio.create_task(controller.run())
     try:
         yield api, controller, leading
