@@ -35,17 +35,16 @@ from .cluster import ControlPlane
 from .driver import DRIVER, POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet
 from .kube import Kube, Obj, poll
 from .test_serve import (  # noqa: F401 - fixtures are found by name in this module
-    ADMISSION,
     DQ,
-    PLURALS,
-    QUOTA_HOOK,
-    RUN_LABEL,
     MakeFleet,
     MakeNamespace,
+    QUOTA_HOOK,
+    RUN_LABEL,
     Served,
     adapted_webhooks,
     crd,
     denial,
+    installed,
     served,
 )
 
@@ -79,16 +78,10 @@ async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespac
         "kind": "DeviceClass", "metadata": {"name": device_class},
         "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": (
             f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"')}}]}})
-    created: list[tuple[str, str]] = []
     try:
-        for config in adapted_webhooks(run, served.port, cluster):
-            plural = PLURALS[config["kind"]]
-            await kube.create(ADMISSION, plural, config)
-            created.append((plural, config["metadata"]["name"]))
-        yield Setup(run, namespace, fleet, served, device_class, resource)
+        async with installed(kube, adapted_webhooks(run, served.port, cluster)):
+            yield Setup(run, namespace, fleet, served, device_class, resource)
     finally:
-        for plural, name in reversed(created):
-            await kube.delete(ADMISSION, plural, name)
         await kube.delete(RESOURCE_V1, "deviceclasses", device_class)
 
 

@@ -214,6 +214,23 @@ def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
     return shipped_for_test(run, port, cluster, label=RUN_LABEL, name_suffix="serve", selector="namespaceSelector")
 
 
+@contextlib.asynccontextmanager
+async def installed(kube: Kube, configs: list[Obj]) -> AsyncIterator[list[tuple[str, str]]]:
+    """The webhook configurations created; deleted again (newest first) on the way out,
+    before whatever they point at stops, so no later request is refused by a dead server.
+    Yields the (plural, name) of each one created."""
+    created: list[tuple[str, str]] = []
+    try:
+        for config in configs:
+            plural = PLURALS[config["kind"]]
+            await kube.create(ADMISSION, plural, config)
+            created.append((plural, config["metadata"]["name"]))
+        yield created
+    finally:
+        for plural, name in reversed(created):
+            await kube.delete(ADMISSION, plural, name)
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespace: MakeNamespace,
                 make_fleet: MakeFleet) -> AsyncIterator[Setup]:
@@ -226,16 +243,8 @@ async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespac
     fleet = await make_fleet("serve")
     await fleet.add_node("n1", [Gpu()] * 4)
     namespace = await make_namespace("serve", labels={RUN_LABEL: run})
-    created: list[tuple[str, str]] = []
-    try:
-        for config in adapted_webhooks(run, served.port, cluster):
-            plural = PLURALS[config["kind"]]
-            await kube.create(ADMISSION, plural, config)
-            created.append((plural, config["metadata"]["name"]))
+    async with installed(kube, adapted_webhooks(run, served.port, cluster)) as created:
         yield Setup(run, namespace, fleet, served, created)
-    finally:
-        for plural, name in reversed(created):
-            await kube.delete(ADMISSION, plural, name)
 
 
 async def make_quota(kube: Kube, setup: Setup, name: str, memory: str) -> None:

@@ -52,15 +52,14 @@ from .driver import (
 )
 from .kube import Kube, Obj, WaitTimeout, poll
 from .test_serve import (  # noqa: F401 - crd is a fixture
-    ADMISSION,
     DQ,
-    PLURALS,
-    RUN_LABEL,
     MakeFleet,
     MakeNamespace,
+    RUN_LABEL,
     Served,
     adapted_webhooks,
     crd,
+    installed,
     running,
 )
 
@@ -116,18 +115,12 @@ async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  #
         published = devices(node)
         fleet.slices.append((await publish_node_slice(kube, node, published))["metadata"]["name"])
         namespace = await make_namespace("usage", labels={RUN_LABEL: RUN})
-        created: list[tuple[str, str]] = []
         try:
-            for config in adapted_webhooks(RUN, served.port, cluster):
-                plural = PLURALS[config["kind"]]
-                await kube.create(ADMISSION, plural, config)
-                created.append((plural, config["metadata"]["name"]))
-            world = World(served, namespace, fleet, node, published, mig_class)
-            world.fleet.device_class = gpu_class  # the requests below ask for this run's GPUs
-            yield world
+            async with installed(kube, adapted_webhooks(RUN, served.port, cluster)):
+                world = World(served, namespace, fleet, node, published, mig_class)
+                world.fleet.device_class = gpu_class  # the requests below ask for this run's GPUs
+                yield world
         finally:
-            for plural, name in reversed(created):
-                await kube.delete(ADMISSION, plural, name)
             for cls in (gpu_class, mig_class):
                 await kube.delete(RESOURCE_V1, "deviceclasses", cls)
 
