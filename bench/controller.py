@@ -34,7 +34,7 @@ from quota.claims import parse_device_class  # noqa: E402
 from quota.devicequota import parse_device_quota  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
 from quota.ledger import Ledger  # noqa: E402
-from quota.model import DeviceClassName  # noqa: E402
+from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
 from quota.reservations import parse_reservations  # noqa: E402
@@ -59,14 +59,11 @@ def statuses(ledger: Ledger, objects: list[dict[str, Any]], now: float) -> list[
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--claims", type=int, default=150_000)
-    parser.add_argument("--events", type=int, default=20_000)
-    args = parser.parse_args()
-
-    slices = generate_slices(args.nodes)
+def caches(nodes: int) -> tuple[list[dict[str, Any]], Inventory, dict[DeviceClassName, DeviceClass], Ledger,
+                                list[dict[str, Any]]]:
+    """What a serve process holds before its claims: the inventory of `nodes` nodes, the
+    classes, and one DeviceQuota per namespace in the ledger (also bench/usage_metrics.py)."""
+    slices = generate_slices(nodes)
     inventory = Inventory()
     inventory.replace_all(slices)
     classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
@@ -74,6 +71,17 @@ def main() -> None:
     quotas = [quota_object(k) for k in range(NAMESPACES)]
     for obj in quotas:
         ledger.add_or_update_quota(parse_device_quota(obj))
+    return slices, inventory, classes, ledger, quotas
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--claims", type=int, default=150_000)
+    parser.add_argument("--events", type=int, default=20_000)
+    args = parser.parse_args()
+
+    slices, inventory, classes, ledger, quotas = caches(args.nodes)
     generated = generate_claims(args.claims, NAMESPACES, 7, slices)
     for i, claim in enumerate(generated):
         claim["metadata"]["resourceVersion"] = str(1000 + i)  # as the API server lists them

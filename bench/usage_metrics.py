@@ -18,23 +18,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
+from inventory import generate_claims  # noqa: E402
+from controller import NAMESPACES, caches  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
 from quota.admission import Admitter  # noqa: E402
-from quota.claims import parse_device_class  # noqa: E402
-from quota.devicequota import parse_device_quota  # noqa: E402
-from quota.inventory import Inventory  # noqa: E402
-from quota.ledger import Ledger  # noqa: E402
-from quota.model import DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.usage import Holders  # noqa: E402
 from webhook.caches import ClaimStore  # noqa: E402
 from webhook.metrics import CLAIM_DEVICE_INFO, Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402
-
-NAMESPACES = 50
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,16 +35,7 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=150_000)
     args = parser.parse_args()
 
-    slices = generate_slices(args.nodes)
-    inventory = Inventory()
-    inventory.replace_all(slices)
-    classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
-    ledger = Ledger()
-    for k in range(NAMESPACES):
-        ledger.add_or_update_quota(parse_device_quota({
-            "apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota",
-            "metadata": {"name": "gpus", "namespace": f"team-{k:03d}"},
-            "spec": {"hard": {"memory": "100Ti", "devices": 100000}}}))
+    slices, inventory, classes, ledger, _ = caches(args.nodes)
     claims = generate_claims(args.claims, NAMESPACES, 7, slices)
     for i, claim in enumerate(claims):
         status = claim.get("status")
