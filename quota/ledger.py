@@ -38,8 +38,15 @@ class Entry:
     allocated: bool
 
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
-        pricing = self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
-        return pricing.charge_for(quota.device_classes)
+        return self._pricing(quota, default_mode).charge_for(quota.device_classes)
+
+    def in_scope(self, quota: DeviceQuota, default_mode: Mode) -> bool:
+        """Counted in `quota`'s allocated/pending claims: a quota scoped to other classes
+        does not count the claim, as it does not charge it."""
+        return self._pricing(quota, default_mode).in_scope(quota.device_classes)
+
+    def _pricing(self, quota: DeviceQuota, default_mode: Mode) -> Pricing:
+        return self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
 
 
 class Ledger:
@@ -60,7 +67,7 @@ class Ledger:
         key = (quota.namespace, quota.name)
         usage = Usage()
         for entry in self._by_namespace.get(quota.namespace, {}).values():
-            usage = _add(usage, entry, entry.charge_for(quota, self.default_mode), +1)
+            usage = _add(usage, entry, quota, self.default_mode, +1)
         self._usage[key] = usage
         return (key,)
 
@@ -136,7 +143,7 @@ class Ledger:
         for quota in self.quotas(entry.namespace):
             usage = self.usage(entry.namespace, quota.name)
             if previous is not None:
-                usage = _add(usage, previous, previous.charge_for(quota, self.default_mode), -1)
+                usage = _add(usage, previous, quota, self.default_mode, -1)
             checks.append(QuotaCheck(quota, usage, entry.charge_for(quota, self.default_mode)))
         decision = check(checks)
         if decision.allowed and not dry_run:
@@ -171,13 +178,15 @@ class Ledger:
         touched = []
         for quota in self._quotas.get(entry.namespace, {}).values():
             key = (entry.namespace, quota.name)
-            self._usage[key] = _add(self.usage(*key), entry, entry.charge_for(quota, self.default_mode), sign)
+            self._usage[key] = _add(self.usage(*key), entry, quota, self.default_mode, sign)
             touched.append(key)
         return tuple(touched)
 
 
-def _add(usage: Usage, entry: Entry, charge: Charge, sign: int) -> Usage:
+def _add(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:
+    charge = entry.charge_for(quota, default_mode)
     signed = charge if sign > 0 else ZERO - charge
+    counted = sign if entry.in_scope(quota, default_mode) else 0
     if entry.allocated:
-        return replace(usage, used=usage.used + signed, allocated_claims=usage.allocated_claims + sign)
-    return replace(usage, reserved=usage.reserved + signed, pending_claims=usage.pending_claims + sign)
+        return replace(usage, used=usage.used + signed, allocated_claims=usage.allocated_claims + counted)
+    return replace(usage, reserved=usage.reserved + signed, pending_claims=usage.pending_claims + counted)

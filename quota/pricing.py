@@ -69,6 +69,11 @@ class Pricing:
             return self.total
         return sum((r.scoped(classes.__contains__) for r in self.requests), ZERO)
 
+    def in_scope(self, classes: frozenset[DeviceClassName]) -> bool:
+        """Whether a quota scoped to `classes` (empty = every class) counts this claim among
+        its `claims`: some alternative of some request names one of its classes."""
+        return not classes or any(cls in classes for r in self.requests for cls, _ in r.alternatives)
+
 
 @dataclass(frozen=True, slots=True)
 class _Estimate:

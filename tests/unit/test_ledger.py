@@ -38,6 +38,12 @@ def test_used_and_reserved_are_kept_apart_and_scoped() -> None:
     all_, mig = led.usage(NS, "all"), led.usage(NS, "mig")
     assert (all_.used, all_.reserved, all_.allocated_claims, all_.pending_claims) == (Charge(80 * GiB, 1), Charge(5 * GiB, 1), 1, 1)
     assert (mig.used, mig.reserved) == (Charge(), Charge(5 * GiB, 1))
+    # The scoped quota counts only the claims it charges: not the GPU claim.
+    assert (mig.allocated_claims, mig.pending_claims) == (0, 1)
+    led.add_or_update_claim(entry("b", 5 * GiB, cls=MIG, allocated=True))
+    led.delete_claim(ClaimRef("a"))
+    all_, mig = led.usage(NS, "all"), led.usage(NS, "mig")
+    assert (all_.allocated_claims, all_.pending_claims, mig.allocated_claims, mig.pending_claims) == (1, 0, 1, 0)
 
 
 def test_allocation_moves_a_reservation_to_used_without_double_counting() -> None:
