@@ -92,6 +92,48 @@ async def test_a_conflict_is_re_read_and_re_checked_then_denied_after_three() ->
     assert list(api.objects["gpus"]["status"]["reservations"]) == ["u1"]
 
 
+class GatedApi(FakeApi):
+    """Holds every status write at the API server until `gate` opens."""
+
+    def __init__(self, *quotas: dict[str, Any]) -> None:
+        super().__init__(*quotas)
+        self.gate, self.in_flight = asyncio.Event(), asyncio.Event()
+
+    async def update_status(self, resource: Resource, body: dict[str, Any], *,
+                            namespace: str | None = None) -> dict[str, Any]:
+        self.in_flight.set()
+        await self.gate.wait()
+        return await super().update_status(resource, body, namespace=namespace)
+
+
+async def test_the_controller_waits_for_an_admissions_write_instead_of_conflicting_with_it() -> None:
+    api = GatedApi(make_quota("gpus", memory="400Gi"))
+    ledger = Ledger()
+    quota = parse_device_quota(make_quota("gpus", memory="400Gi"))
+    ledger.add_or_update_quota(quota)
+    reservations = Reservations(api, ledger, ttl=60.0, clock=lambda: 1_000.0)  # type: ignore[arg-type]
+    built: list[dict[str, Any]] = []
+
+    def build(obj: dict[str, Any]) -> dict[str, Any]:
+        built.append(obj)
+        return {**obj, "status": {**(obj.get("status") or {}), "used": {"memory": "0", "devices": 0}}}
+
+    admission = asyncio.create_task(reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1"))
+    await api.in_flight.wait()  # the admission's write is at the API server
+    # The controller's write, with no retry: built from the object the admission is
+    # replacing, it would be refused.
+    controller = asyncio.create_task(reservations.write_status((quota.namespace, quota.name), build, retries=0))
+    for _ in range(10):  # let it run as far as it can (no clock involved: only task switches)
+        await asyncio.sleep(0)
+    api.gate.set()
+    admitted, written = await asyncio.gather(admission, controller)
+    assert admitted.allowed and not written.conflicts and written.written is not None
+    assert [list(obj["status"].get("reservations") or {}) for obj in built] == [["u1"]]  # built once, after it
+    assert api.writes == 2
+    status = api.objects["gpus"]["status"]
+    assert list(status["reservations"]) == ["u1"] and status["used"] == {"memory": "0", "devices": 0}
+
+
 async def test_a_retried_uid_and_a_dry_run_count_nothing_more() -> None:
     api, reservations, (quota,) = setup(make_quota("gpus", memory="160Gi"))
     for _ in range(2):
