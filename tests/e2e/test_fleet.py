@@ -445,6 +445,12 @@ def expected_samples(fleet: Fleet, want: Expected, quotas: dict[str, Obj]) -> di
     return out
 
 
+def shown(key: tuple[str, frozenset[tuple[str, str]]], value: float) -> bool:
+    """Every quota sample counts, zeros too; a class's usage series may be left out at 0
+    (whether a class that held nothing has a series is not what is checked here)."""
+    return key[0] == QUOTA or value != 0
+
+
 async def metrics_agree(fleet: Fleet, want: Expected, quotas: dict[str, Obj], what: str) -> None:
     expected = expected_samples(fleet, want, quotas)
     # The allocated usage by class adds up to the unscoped quota's status, as a dashboard reads it.
@@ -457,14 +463,14 @@ async def metrics_agree(fleet: Fleet, want: Expected, quotas: dict[str, Obj], wh
     async def agrees() -> bool:
         scraped = await fleet.served.metrics()
         got = {k: v for k, v in scraped.items()
-               if k[0] in (QUOTA, NAMESPACE_USAGE) and ("namespace", fleet.namespace) in k[1] and v != 0}
+               if k[0] in (QUOTA, NAMESPACE_USAGE) and ("namespace", fleet.namespace) in k[1] and shown(k, v)}
         last["got"] = got
-        return got == {k: v for k, v in expected.items() if v != 0}
+        return got == {k: v for k, v in expected.items() if shown(k, v)}
 
     try:
         await poll(agrees, timeout=15, what=what)
     except WaitTimeout:
-        assert last["got"] == {k: v for k, v in expected.items() if v != 0}, what
+        assert last["got"] == {k: v for k, v in expected.items() if shown(k, v)}, what
 
 
 # -- the allocation-to-status delay ----------------------------------------------------------------
