@@ -40,7 +40,7 @@ from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_te
     wait_pod_allocated
 from .kube import Kube, WaitTimeout, poll
 from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
-from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -52,13 +52,8 @@ DEADLINE = 120.0  # seconds for every query to show what it must, after the scen
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
     port, metrics_port = free_ports(2)
-    handle = Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)
-    try:
-        with handle.log_on_failure():
-            await handle.start()
+    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
         yield handle
-    finally:
-        await handle.kill()
 
 
 def values(result: list[Sample], *labels: str) -> dict[tuple[str, ...], float]:
