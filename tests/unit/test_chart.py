@@ -115,6 +115,30 @@ def test_the_shipped_manifest_is_the_chart_rendered_with_defaults() -> None:
         f"{MANIFEST.relative_to(ROOT)} differs from the chart's rendering: run `python -m tests.tools.chart`")
 
 
+def value_paths(schema: Obj, prefix: str = "") -> list[str]:
+    """Every value the schema declares, dotted; an object with free keys (labels, resources,
+    ...) is one value."""
+    paths = []
+    for key, sub in schema.get("properties", {}).items():
+        paths.extend(value_paths(sub, f"{prefix}{key}.") if "properties" in sub else [f"{prefix}{key}"])
+    return paths
+
+
+def test_the_readme_names_every_value() -> None:
+    """README's install section lists every value (`a.{b,c}` names a.b and a.c)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Install on a cluster (Helm)")
+    section = readme[start:readme.index("\n## ", start)]
+    named = set()
+    for code in re.findall(r"`([A-Za-z][\w.{},]*)`", section):
+        braced = re.fullmatch(r"([\w.]*)\{([\w,]+)\}", code)
+        named |= {braced[1] + key for key in braced[2].split(",")} if braced else {code}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    paths = value_paths(schema)
+    assert len(paths) > 50 and "metrics.dashboard.folder" in paths
+    assert [p for p in paths if p not in named] == [], "values missing from README's install section"
+
+
 def test_the_chart_version_is_the_distribution_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
