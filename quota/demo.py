@@ -7,8 +7,9 @@ exactly what the tests prove. `quota.cli` parses the flags, prints the fallback 
 on examples/) when no control plane can be had (`DemoUnavailable`), and maps errors to
 exit codes. `quota.top` reads each DeviceQuota's status for the usage table.
 
-The demo installs the CRD, runs `dra-quota serve` as a subprocess (the control plane's
-test CA signs its serving certificate; it is also the quota controller's leader), routes
+The demo installs the CRD, runs `dra-quota serve` as a subprocess with the tests' own
+launcher, `devcluster.served.Served` (the control plane's test CA signs its serving
+certificate; it is also the quota controller's leader), routes
 the shipped webhook configurations to it, publishes examples/ (DeviceClasses,
 ResourceSlices of fake nodes, the teams' namespaces and DeviceQuotas), then plays
 `SCENARIO` with claims taken from examples/40-claims.yaml: Pods using them are scheduled
@@ -26,8 +27,6 @@ import os
 import shlex
 import shutil
 import signal
-import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-import aiohttp
 import yaml
 
 from devcluster.controlplane import BUILD_SCRIPT, DEFAULT_BINARY, REPO_ROOT, ControlPlane, ControlPlaneError, \
     build, free_ports
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, Obj, WaitTimeout, poll
+from devcluster.served import ServeExited, Served
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import format_amount
 from quota.printable import for_terminal
@@ -121,8 +120,7 @@ class _Run:
     workdir: Path
     started: float = field(default_factory=time.monotonic)
     cluster: ControlPlane | None = None
-    serve: subprocess.Popen[bytes] | None = None
-    serve_port: int = 0
+    serve: Served | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
 
@@ -209,7 +207,7 @@ def run(options: DemoOptions, out: TextIO) -> dict[str, Any]:
     except KeyboardInterrupt:
         ok = True  # nothing failed: the logs are not worth keeping
         raise
-    except (WaitTimeout, ApiError) as err:
+    except (WaitTimeout, ApiError, ServeExited) as err:
         raise DemoError(f"{err}\nlogs: {workdir}") from err
     except ControlPlaneError as err:
         raise DemoError(f"the control plane failed: {err}\nlogs: {workdir}") from err
@@ -246,7 +244,8 @@ async def _play(state: _Run) -> dict[str, Any]:
         await _start_serve(state)
         await _route_webhooks(state, kube)
         state.seconds["serve_ready"] = round(time.monotonic() - t0, 1)
-        state.say(f"[3/5] DeviceQuota CRD, dra-quota serve (pid {state.serve.pid if state.serve else '?'}, "
+        pid = state.serve.process.pid if state.serve and state.serve.process else "?"
+        state.say(f"[3/5] DeviceQuota CRD, dra-quota serve (pid {pid}, "
                   f"log {state.serve_log}) and its webhook configurations ({state.seconds['serve_ready']}s)")
         t0 = time.monotonic()
         counts = await _publish_examples(state, kube)
@@ -277,31 +276,10 @@ async def _install_crd(kube: Kube) -> None:
 async def _start_serve(state: _Run) -> None:
     cluster = state.cluster
     assert cluster is not None
-    state.serve_port = free_ports(1)[0]
-    cert, key = cluster.webhook_cert
-    argv = [sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(cluster.kubeconfig),
-            "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-            "--bind-address", "127.0.0.1", "--port", str(state.serve_port), "--metrics-port", "0",
-            "--leader-election-namespace", "default", "--leader-election-lease-name", LEASE]
-    with state.serve_log.open("ab") as log:
-        # Own session: Ctrl-C reaches the demo only, which stops serve in order.
-        state.serve = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, env={**os.environ, "POD_NAME": "dra-quota-demo"})
-    process = state.serve
-    # The serving certificate names the Service, not 127.0.0.1: verify the chain only.
-    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
-    ctx.check_hostname = False
-    async with aiohttp.ClientSession() as http:
-        async def ready() -> bool:
-            if process.poll() is not None:
-                raise DemoError(f"dra-quota serve exited with {process.returncode}; its log: {state.serve_log}")
-            try:
-                async with http.get(f"https://127.0.0.1:{state.serve_port}/readyz", ssl=ctx) as resp:
-                    return resp.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await poll(ready, timeout=60, what="dra-quota serve /readyz")
+    # The demo's Lease and identity; with --keep, serve outlives the demo as the cluster does.
+    state.serve = Served(cluster, free_ports(1)[0], state.serve_log, env={"POD_NAME": "dra-quota-demo"}, lease=LEASE,
+                         log_level="info", die_with_parent=not state.options.keep)
+    await state.serve.start()
 
 
 async def _route_webhooks(state: _Run, kube: Kube) -> None:
@@ -309,7 +287,8 @@ async def _route_webhooks(state: _Run, kube: Kube) -> None:
 
     assert state.cluster is not None
     # The demo's cluster has one user: the shipped selectors as they are, the names kept.
-    for config in adapted_webhooks("demo", state.serve_port, state.cluster, label=None, name_suffix=""):
+    assert state.serve is not None
+    for config in adapted_webhooks("demo", state.serve.port, state.cluster, label=None, name_suffix=""):
         await kube.create(ADMISSION, PLURALS[config["kind"]], config)
 
 
@@ -354,8 +333,8 @@ async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
     indent = " " * 10
     assert state.cluster is not None and state.serve is not None
     state.cluster.check_alive()
-    if state.serve.poll() is not None:
-        raise DemoError(f"dra-quota serve exited with {state.serve.returncode}; its log: {state.serve_log}")
+    if state.serve.exited() is not None:
+        raise DemoError(f"dra-quota serve exited with {state.serve.exited()}; its log: {state.serve_log}")
     state.say(f"\nstep {number}/{len(state.options.scenario)}  {step.says}")
     record: dict[str, Any] = {"step": number, "team": step.team, "claim": step.claim, "pod": step.pod}
     before = {(r["namespace"], r["name"]): r for r in await _usage(kube)}
@@ -438,9 +417,9 @@ def _documents(path: Path) -> list[Obj]:
 def _keep(state: _Run) -> dict[str, str]:
     """Leave everything running; write a stop script; tell how to use and stop it."""
     cluster = state.cluster
-    assert cluster is not None and state.serve is not None
+    assert cluster is not None and state.serve is not None and state.serve.process is not None
     etcd = [c.pid for c in cluster.components if c.name == "etcd" and c.pid]
-    clients = [state.serve.pid, *(c.pid for c in reversed(cluster.components) if c.name != "etcd" and c.pid)]
+    clients = [state.serve.process.pid, *(c.pid for c in reversed(cluster.components) if c.name != "etcd" and c.pid)]
     stop = state.workdir / "stop.sh"
     # Each process leads its own session and starts no children: signalling the pids is enough
     # (and portable: dash's kill takes no process-group operands). etcd last, as
@@ -483,14 +462,8 @@ def _teardown(state: _Run, *, remove: bool) -> None:
 
 
 def _stop(state: _Run, *, remove: bool) -> None:
-    if state.serve is not None and state.serve.poll() is None:
-        try:
-            os.killpg(state.serve.pid, signal.SIGTERM)
-            state.serve.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            if state.serve.poll() is None:
-                os.killpg(state.serve.pid, signal.SIGKILL)
-                state.serve.wait()
+    if state.serve is not None:
+        state.serve.stop()
     if state.cluster is not None:
         state.cluster.stop()
     if (remove or state.cluster is None) and state.options.workdir is None:  # no logs before a cluster

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,21 @@ class Prometheus:
     directory: Path
     targets: Mapping[str, str]  # job name -> host:port
     rule_files: tuple[Path, ...] = ()
+    # job name -> more of its scrape config ("labels": target labels, anything else as is,
+    # e.g. honor_labels)
+    jobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     port: int = 0
     process: asyncio.subprocess.Process | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _job(self, job: str, target: str) -> dict[str, Any]:
+        extra = dict(self.jobs.get(job, {}))
+        labels = extra.pop("labels", {})
+        return {"job_name": job, "static_configs": [{"targets": [target], **({"labels": labels} if labels else {})}],
+                **extra}
 
     async def start(self) -> None:
         binary = shutil.which("prometheus")
@@ -56,8 +65,7 @@ class Prometheus:
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(f) for f in self.rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                               for job, target in self.targets.items()],
+            "scrape_configs": [self._job(job, target) for job, target in self.targets.items()],
         }))
         with (self.directory / "prometheus.log").open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(

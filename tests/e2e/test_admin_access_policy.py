@@ -188,7 +188,7 @@ async def test_the_allowlist_follows_its_configmap_without_a_restart(allowlist: 
         assert await refused(a.label(a.mallory, "true"))
 
         # The same process throughout.
-        assert a.served.process.pid == pid and a.served.process.returncode is None
+        assert a.served.process.pid == pid and a.served.exited() is None
         assert "Traceback" not in a.served.log_text()
     print(f"allowlist edit to effect (polled, shared 2-core machine): {reload_seconds:.2f}s")
 

@@ -2,6 +2,11 @@
 
 Prometheus (Debian's 2.42, tests/e2e/prometheus.py) scrapes a running `dra-quota serve`
 (its --metrics-port) and a stand-in for dcgm-exporter, and loads the shipped rules file.
+serve is scraped as the Prometheus Operator scrapes the chart's ServiceMonitor: with its
+honorLabels and the operator's target labels (namespace, pod, service, container of the
+replica), so every per-namespace answer below also shows that honorLabels keeps our own
+`namespace` (with honor_labels off, those panels and the quota alerts come up empty:
+checked once by hand when this was written).
 The scenario: a DeviceQuota of 160Gi, two pods whose template claims the real scheduler
 allocates (two 80Gi GPUs), a claim denied for quota and one for an unknown class (pricing),
 then a second DeviceQuota of 80Gi created below what is already allocated. Then, through
@@ -30,17 +35,19 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from ..tools.chart import find, render
 from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, unknown
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
 from .kube import Kube, WaitTimeout, poll
 from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
-from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, setup  # noqa: F401 - fixtures
+from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -52,13 +59,8 @@ DEADLINE = 120.0  # seconds for every query to show what it must, after the scen
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
     port, metrics_port = free_ports(2)
-    handle = Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)
-    try:
-        with handle.log_on_failure():
-            await handle.start()
+    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
         yield handle
-    finally:
-        await handle.kill()
 
 
 def values(result: list[Sample], *labels: str) -> dict[tuple[str, ...], float]:
@@ -79,7 +81,8 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
 
     async with dcgm_exporter(gpus) as dcgm:
         prometheus = Prometheus(tmp_path / "prometheus", {"dra-quota": f"127.0.0.1:{served.metrics_port}",
-                                                          "dcgm-exporter": dcgm}, rule_files=(RULES,))
+                                                          "dcgm-exporter": dcgm}, rule_files=(RULES,),
+                                jobs={"dra-quota": as_the_operator_scrapes()})
         try:
             with served.log_on_failure():
                 await prometheus.start()
@@ -89,6 +92,19 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
         finally:
             await prometheus.stop()
     assert not failures, "\n".join(failures) + f"\n--- prometheus log ---\n{prometheus.log_text()}"
+
+
+def as_the_operator_scrapes() -> dict[str, Any]:
+    """The scrape the Prometheus Operator makes of the chart's ServiceMonitor: its endpoint's
+    honorLabels, and the target labels the operator's relabelling adds to every target
+    (namespace, service, pod, container; prometheus-operator pkg/prometheus/promcfg.go).
+    The per-namespace answers below hold only while honorLabels keeps our own `namespace`
+    and `pod` (README, "Monitoring")."""
+    monitor = find(render({"metrics": {"serviceMonitor": {"enabled": True}}}, include_crds=False), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"],
+            "labels": {"namespace": monitor["metadata"]["namespace"], "service": "dra-quota-webhook",
+                       "pod": "dra-quota-5d8f7c9b6-x2x7q", "container": "dra-quota"}}
 
 
 async def scenario(kube: Kube, setup: Setup) -> dict[str, list[str]]:

@@ -73,12 +73,9 @@ class Replica(Served):
         await super().start()
         # /readyz on the shared port may have been answered by the other replica: this
         # process says itself when its caches synced.
-        process = self.process
-        assert process is not None
-
         async def ready() -> bool:
-            if process.returncode is not None:
-                raise AssertionError(f"dra-quota serve exited with {process.returncode}")
+            if self.exited() is not None:
+                raise AssertionError(f"dra-quota serve exited with {self.exited()}")
             return self.log_text().count("ready after") > earlier
 
         await poll(ready, timeout=60, what=f"dra-quota serve ({self.log.name}) ready")
@@ -269,9 +266,7 @@ async def killed_mid_burst(kube: Kube, rnd: Round, victim: Replica) -> str:
 
     async def kill() -> int:
         await progress.wait()
-        assert victim.process is not None
-        victim.process.kill()
-        await victim.process.wait()
+        await victim.kill()
         return await unconfirmed(kube, namespace)
 
     killer = asyncio.create_task(kill())

@@ -16,25 +16,19 @@ On failure, the process's log is attached to the error.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import re
-import signal
-import ssl
-import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+
+from devcluster.served import Served as Served  # re-exported: the e2e modules take it from here
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
@@ -56,119 +50,7 @@ MakeNamespace = Callable[..., Awaitable[str]]
 MakeFleet = Callable[..., Awaitable[GpuFleet]]
 
 
-# -- the process --------------------------------------------------------------------------------
-
-
-@dataclass
-class Served:
-    """One `dra-quota serve` process on `port`, logging to `log`; `start` again after it stopped."""
-
-    cluster: ControlPlane
-    port: int
-    log: Path
-    process: asyncio.subprocess.Process | None = None
-    ready_seconds: float = 0.0
-    args: tuple[str, ...] = ()  # extra `dra-quota serve` flags
-    # True: `args` choose --cert-mode self, so serve mints its own certificate.
-    self_managed: bool = False
-    # --metrics-port: 0 (off) unless a test scrapes, so processes never contend for a port.
-    metrics_port: int = 0
-    # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
-    kubeconfig: Path | None = None
-    # On top of the test's environment (POD_NAME: the Lease identity, default the log's name).
-    env: dict[str, str] = field(default_factory=dict)
-    # The Lease it campaigns for unless `args` choose one; replicas share one by sharing this.
-    lease: str = field(default_factory=lambda: f"serve-{uuid.uuid4().hex[:8]}")
-    # False: --no-webhook (the controller only): no listener, so readiness is its log line.
-    webhook: bool = True
-    # How long the first sync may take (bench/admission.py lists 150,000 claims).
-    ready_timeout: float = 60.0
-
-    async def start(self) -> None:
-        cert, key = self.cluster.webhook_cert
-        tls = () if self.self_managed or not self.webhook else ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
-        started = time.monotonic()
-        earlier = self.log_text().count("ready after")  # the log is appended to across restarts
-        with self.log.open("ab") as out:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "quota.cli", "serve", "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig),
-                *tls, "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", "debug",
-                "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                *self._own_lease(), *self.args,
-                *(() if self.webhook else ("--no-webhook",)),
-                stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env={**os.environ, "POD_NAME": self.log.stem, **self.env},
-            )
-        process = self.process
-        if not self.webhook:
-            async def logged_ready() -> bool:
-                if process.returncode is not None:
-                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
-                return self.log_text().count("ready after") > earlier
-
-            await poll(logged_ready, timeout=60, what="dra-quota serve --no-webhook ready")
-            self.ready_seconds = time.monotonic() - started
-            return
-        if self.self_managed:
-            # Readiness only: whether the certificate is right is the API server's to judge.
-            ctx = ssl.create_default_context()
-            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        else:
-            # Verify the chain against the test CA; the certificate names the Service, not 127.0.0.1.
-            ctx = ssl.create_default_context(cafile=str(self.cluster.ca_file))
-            ctx.check_hostname = False
-        async with aiohttp.ClientSession() as http:
-            async def ready() -> bool:
-                if process.returncode is not None:
-                    raise AssertionError(f"dra-quota serve exited with {process.returncode}")
-                try:
-                    async with http.get(f"https://127.0.0.1:{self.port}/readyz", ssl=ctx) as resp:
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await poll(ready, timeout=self.ready_timeout, what="dra-quota serve /readyz")
-        self.ready_seconds = time.monotonic() - started
-
-    async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        """One scrape of `--metrics-port`: (sample name, labels) -> value."""
-        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as resp:
-            assert resp.status == 200, resp.status
-            text = await resp.text()
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def _own_lease(self) -> tuple[str, ...]:
-        """Unless the test chose a Lease, `lease` in `default` (which always exists): not
-        shared with other tests' processes, so this one leads at once and its controller,
-        requeueing and usage metrics run."""
-        if any(a.startswith("--leader-election-") for a in self.args):
-            return ()
-        return ("--leader-election-namespace", "default", "--leader-election-lease-name", self.lease)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
-
-    @contextlib.contextmanager
-    def log_on_failure(self) -> Iterator[None]:
-        """Attach the process's log to any failure inside (it shows in the test report)."""
-        try:
-            yield
-        except BaseException as err:
-            err.add_note(f"--- dra-quota serve log ({self.log}) ---\n{self.log_text()[-20000:]}")
-            raise
-
-    async def terminate(self, timeout: float = 10.0) -> tuple[int, float]:
-        """SIGTERM; the exit code and how long the process took to exit."""
-        assert self.process is not None
-        started = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.process.wait(), timeout)
-        return code, time.monotonic() - started
-
-    async def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.kill()
-            await self.process.wait()
+# -- the process (devcluster.served.Served, shared with `dra-quota demo`) ----------------------
 
 
 async def running(handle: Served) -> AsyncIterator[Served]:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import json
 import re
+import shutil
+import subprocess
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +30,10 @@ import yaml
 from quota.cli import _parser
 from quota.policy import parse_policy
 
-from ..tools.chart import CHART, MANIFEST, NAMESPACE, ROOT, HelmError, documents, find, lint, render, shipped_manifest
+from ..tools.chart import (
+    CHART, COPIES, MANIFEST, NAMESPACE, PROMETHEUS_RULE, ROOT, HelmError, documents, find, lint, render,
+    shipped_manifest, shipped_prometheus_rule,
+)
 
 Obj = dict[str, Any]
 
@@ -49,6 +55,8 @@ FAILURE_POLICY_KEYS = {
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 FILES = {"certificates": {"mode": "files", "files": {"caBundle": CA_PEM}}}
 CERT_MANAGER = {"certificates": {"mode": "cert-manager"}}
+MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                          "dashboard": {"enabled": True}}}
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +100,10 @@ def rules_of(objects: Sequence[Obj], kind: str) -> list[Obj]:
 @pytest.mark.parametrize("values", [None, CERT_MANAGER, FILES,
                                     {"podAntiAffinity": "hard", "replicaCount": 3},
                                     {"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}},
-                                     "podDisruptionBudget": {"enabled": False}}],
-                         ids=["defaults", "cert-manager", "files", "hard-anti-affinity", "no-policy-no-pdb"])
+                                     "podDisruptionBudget": {"enabled": False}},
+                                    MONITORING],
+                         ids=["defaults", "cert-manager", "files", "hard-anti-affinity", "no-policy-no-pdb",
+                              "monitoring"])
 def test_helm_lint_strict_passes(values: dict[str, Any] | None) -> None:
     proc = lint(values)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -105,6 +115,30 @@ def test_the_shipped_manifest_is_the_chart_rendered_with_defaults() -> None:
         f"{MANIFEST.relative_to(ROOT)} differs from the chart's rendering: run `python -m tests.tools.chart`")
 
 
+def value_paths(schema: Obj, prefix: str = "") -> list[str]:
+    """Every value the schema declares, dotted; an object with free keys (labels, resources,
+    ...) is one value."""
+    paths = []
+    for key, sub in schema.get("properties", {}).items():
+        paths.extend(value_paths(sub, f"{prefix}{key}.") if "properties" in sub else [f"{prefix}{key}"])
+    return paths
+
+
+def test_the_readme_names_every_value() -> None:
+    """README's install section lists every value (`a.{b,c}` names a.b and a.c)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Install on a cluster (Helm)")
+    section = readme[start:readme.index("\n## ", start)]
+    named = set()
+    for code in re.findall(r"`([A-Za-z][\w.{},]*)`", section):
+        braced = re.fullmatch(r"([\w.]*)\{([\w,]+)\}", code)
+        named |= {braced[1] + key for key in braced[2].split(",")} if braced else {code}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    paths = value_paths(schema)
+    assert len(paths) > 50 and "metrics.dashboard.folder" in paths
+    assert [p for p in paths if p not in named] == [], "values missing from README's install section"
+
+
 def test_the_chart_version_is_the_distribution_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -114,9 +148,17 @@ def test_the_chart_version_is_the_distribution_version() -> None:
 # -- one source for the CRD, the webhook configurations and the policy --------------------------
 
 
+@pytest.mark.parametrize("chart_file", list(COPIES), ids=[c.name for c in COPIES])
+def test_the_charts_copies_are_their_sources_in_deploy(chart_file: Path) -> None:
+    """Helm reads only files inside the chart: the CRD, the alert rules and the dashboard are
+    copies there, and the files in deploy/ stay the ones people edit."""
+    source = COPIES[chart_file]
+    assert chart_file.read_bytes() == source.read_bytes(), (
+        f"{chart_file.relative_to(ROOT)} must be a copy of {source.relative_to(ROOT)}: "
+        "run `python -m tests.tools.chart`")
+
+
 def test_the_crd_is_deploy_crds_devicequota_yaml(default: list[Obj]) -> None:
-    assert (CHART / "crds" / "devicequota.yaml").read_bytes() == SOURCE_CRD.read_bytes(), (
-        "deploy/helm/dra-quota/crds/devicequota.yaml must be a copy of deploy/crds/devicequota.yaml")
     assert find(default, "CustomResourceDefinition") == yaml.safe_load(SOURCE_CRD.read_text())
 
 
@@ -302,8 +344,8 @@ def test_files_mode_puts_the_given_ca_in_every_webhook() -> None:
     ({"adminAccess": {"users": ["alice, bob"]}}, "adminAccess/users/0"),
     ({"podAntiAffinity": "strict"}, "podAntiAffinity"),
     ({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
-    ({"metrics": {"prometheusRule": {"enabled": True}}}, "ships no alert rules"),
-    ({"metrics": {"dashboard": {"enabled": True}}}, "ships no Grafana dashboard"),
+    ({"metrics": {"portName": "Metrics_Port"}}, "metrics/portName"),
+    ({"metrics": {"serviceMonitor": {"interval": "half a minute"}}}, "serviceMonitor/interval"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], reason: str) -> None:
     with pytest.raises(HelmError, match=re.escape(reason)):
@@ -336,14 +378,63 @@ def test_metrics_port_and_service_monitor(default: list[Obj]) -> None:
     ports = {p["name"]: p for p in find(default, "Service")["spec"]["ports"]}
     assert ports["metrics"] == {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
     assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container(default)["ports"]
-    assert not [o for o in default if o["kind"] == "ServiceMonitor"]
-    monitored = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    assert not [o for o in default if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    assert [o["metadata"]["name"] for o in default if o["kind"] == "ConfigMap"] == ["dra-quota-admin-access"]
+    monitored = render({"metrics": {"portName": "http-metrics", "serviceMonitor": {
+        "enabled": True, "labels": {"release": "prom"}, "interval": "1m", "scrapeTimeout": "20s"}}})
     monitor = find(monitored, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["metadata"]["labels"]["release"] == "prom"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    # The endpoint names the Service's metrics port, which targets the container's.
+    service_port = next(p for p in find(monitored, "Service")["spec"]["ports"] if p["name"] == endpoint["port"])
+    assert service_port["targetPort"] == "http-metrics"
+    assert {"name": "http-metrics", "containerPort": 8080, "protocol": "TCP"} in container(monitored)["ports"]
+    # honorLabels: the usage series' own `namespace` and the device info's `pod` must win
+    # over the target labels the operator adds (values.yaml, templates/servicemonitor.yaml).
+    assert endpoint == {"port": "http-metrics", "path": "/metrics", "scheme": "http", "interval": "1m",
+                        "scrapeTimeout": "20s", "honorLabels": True}
+    assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"] == find(monitored, "Service")["spec"]["selector"]
     off = render({"metrics": {"enabled": False}})
     assert serve_args(off).metrics_port == 0
     assert [p["name"] for p in find(off, "Service")["spec"]["ports"]] == ["https"]
+
+
+def test_the_prometheus_rule_is_the_alert_rules_file() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "dra-quota-rules.yaml").read_text())
+    rule = find(render({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}}),
+                "PrometheusRule")
+    assert (rule["apiVersion"], rule["metadata"]["namespace"]) == ("monitoring.coreos.com/v1", NAMESPACE)
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["spec"]["groups"] == rules["groups"]
+    assert PROMETHEUS_RULE.read_text() == shipped_prometheus_rule(), (
+        f"{PROMETHEUS_RULE.relative_to(ROOT)} differs from the chart's rendering: run `python -m tests.tools.chart`")
+
+
+def test_promtool_accepts_the_rendered_rule_groups(tmp_path: Path) -> None:
+    """What the Prometheus Operator hands Prometheus is the spec's groups: promtool checks them
+    as rendered (YAML quoting by helm's toYaml included)."""
+    tool = shutil.which("promtool")
+    if tool is None:
+        pytest.fail("promtool is not installed: run .ci/prometheus.sh (Debian's 'prometheus' package)")
+    rule = find(render({"metrics": {"prometheusRule": {"enabled": True}}}, include_crds=False), "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    result = subprocess.run([tool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                            check=False, timeout=120)
+    alerts = sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    assert result.returncode == 0 and f"SUCCESS: {alerts} rules found" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_dashboard_configmap_is_the_dashboard_for_grafanas_sidecar() -> None:
+    source = json.loads((ROOT / "deploy" / "grafana" / "dra-quota.json").read_text())
+    config = find(render({"metrics": {"dashboard": {"enabled": True}}}), "ConfigMap", "dra-quota-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in config["metadata"]
+    assert json.loads(config["data"]["dra-quota.json"]) == source
+    filed = find(render({"metrics": {"dashboard": {"enabled": True, "folder": "GPU platform",
+                                                   "labels": {"grafana_dashboard": None, "dashboards": "gpu"}}}}),
+                 "ConfigMap", "dra-quota-dashboard")
+    assert filed["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "GPU platform"}
+    assert filed["metadata"]["labels"]["dashboards"] == "gpu" and "grafana_dashboard" not in filed["metadata"]["labels"]
 
 
 def test_requeue_rights_only_when_requeueing(default: list[Obj]) -> None:
