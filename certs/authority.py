@@ -28,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
     "CLOCK_SKEW",
+    "SERVICE",
     "CertificateInfo",
     "KeyPair",
     "inspect",
@@ -66,6 +67,11 @@ class CertificateInfo:
 
     def valid_at(self, when: datetime) -> bool:
         return self.not_before <= when < self.not_after
+
+
+# The Service the chart creates and `serve` names in its certificate; `certs generate` mints
+# for the same name so `--cert-mode files` works with both defaults.
+SERVICE = "dra-quota-webhook"
 
 
 def service_names(service: str, namespace: str) -> tuple[str, ...]:

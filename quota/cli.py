@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import aiohttp
 from kubernetes_asyncio.config import ConfigException
 
+from certs.authority import SERVICE
 from certs.commands import CertsError, describe, generate
 from quota.check import Report, run_check
 from quota.inventory import gc_paused
@@ -222,7 +223,7 @@ def _add_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Mint a CA and a serving certificate for <service>.<namespace>.svc (and the "
                     "other Service names), as the server would: for --cert-mode files or to see what "
                     "it manages. Keys are written 0600; existing files are kept unless --force.")
-    generate.add_argument("--service", default="dra-quota", help="webhook Service name (default dra-quota)")
+    generate.add_argument("--service", default=SERVICE, help=f"webhook Service name (default {SERVICE})")
     generate.add_argument("--namespace", default="dra-quota-system", help="its namespace (default dra-quota-system)")
     generate.add_argument("--ip", dest="ips", action="append", default=[], metavar="IP",
                           help="also valid for this IP address (repeatable; e.g. 127.0.0.1 for local tests)")

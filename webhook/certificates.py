@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from certs.authority import KeyPair, service_names
+from certs.authority import SERVICE, KeyPair, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Policy
 from certs.tls import ReloadingContext
@@ -199,8 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("self-managed certificates (--cert-mode self)")
     group.add_argument("--namespace", help="namespace of the Service and the Secret "
                                            "(default: the Pod's namespace, else dra-quota-system)")
-    group.add_argument("--service-name", default="dra-quota-webhook",
-                       help="Service the API server calls: the certificate names <svc>.<ns>.svc (default dra-quota-webhook)")
+    group.add_argument("--service-name", default=SERVICE,
+                       help=f"Service the API server calls: the certificate names <svc>.<ns>.svc (default {SERVICE})")
     group.add_argument("--cert-secret", default="dra-quota-webhook-tls",
                        help="Secret holding ca.crt, ca.key, tls.crt, tls.key (default dra-quota-webhook-tls)")
     group.add_argument("--webhook-configurations", type=_configurations, default=DEFAULT_CONFIGURATIONS,
