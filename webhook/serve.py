@@ -332,7 +332,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
-        *([asyncio.create_task(_lead(elector, caches, options, recorder), name="leader election")]
+        *([asyncio.create_task(_lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
@@ -391,7 +391,8 @@ def _elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
                          identity=election.identity or default_identity(), timing=election.timing)
 
 
-async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder) -> None:
+async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder,
+                metrics: Metrics) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
@@ -402,7 +403,7 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
                                  "QuotaExceeded", "Reconcile", message))
 
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
-                                 resync=options.resync_seconds, exceeded=exceeded)
+                                 resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe)
     caches.changed.append(controller.changed)
 
     async def work() -> None:

@@ -110,3 +110,16 @@ async def test_turning_exceeded_is_told_once() -> None:
         controller.changed(NS)
         await settled(api, 3)  # still Exceeded, with new numbers: not told again
         assert told == [("team-a", "gpus", "used + reserved memory=480Gi is above hard memory=400Gi")]
+
+
+async def test_each_pass_is_timed() -> None:
+    async with running() as (api, controller, _):
+        seconds: list[float] = []
+        controller.observe = seconds.append  # before its task first runs: every pass is seen
+        await settled(api, 1)
+        passes = controller.passes
+        controller.ledger.add_or_update_claim(entry("u1", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await looked(controller, passes)
+        assert len(seconds) == controller.passes >= 2
+        assert all(0 <= s < 2 for s in seconds)
