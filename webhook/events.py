@@ -32,7 +32,8 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   take-over, which allocations its predecessor already reported. Normal, not Warning:
   the allocation went through and nothing is wrong with the claim (Optimistic pricing
   does this by design); when the extra charge breaks a quota's `hard`, that quota's
-  QuotaExceeded Warning says so.
+  QuotaExceeded Warning says so. The limit: an update refused after us (another
+  admission step, storage) leaves an Event for an allocation that did not happen.
 - `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota whose status
   write turned its Exceeded condition True (`webhook.controller`, the leader only).
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
