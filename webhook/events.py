@@ -22,7 +22,8 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
 - `QuotaExceeded` (Warning) regarding the Pod that controls a claim denied for quota at
   CREATE (`owning_pod`: the resourceclaim controller's template claims and the
   scheduler's extended-resource claims both name their Pod so): the denied claim does not
-  exist, the Pod is what its owner looks at. Related: the claim; the note is the denial.
+  exist, the Pod is what its owner looks at. The note is the denial message alone (no
+  claim name, no related object), so the retries' claims aggregate into one series.
 - `ChargedAboveReservation` (Normal) regarding a claim whose allocation was admitted with
   an exact charge above the `draquota.io/charge` recorded at its admission
   (`quota.admission.charged_above`). Here, not in the leader's controller: the API server
@@ -187,8 +188,10 @@ class EventRecorder:
                                      f"{subject}: {_quota_note(quota, verdict)}"))
             pod = owning_pod(review) if not verdict.allowed else None
             if pod is not None:
-                self.record(EventKey(pod, _related(review), "Warning", "QuotaExceeded", "Admit",
-                                     f"{subject}: {verdict.message}"))
+                # Neither the claim's name nor a related object: each retry of the
+                # resourceclaim controller or the scheduler is a new generated name, and
+                # the Pod's owner should see one Event counting them, as client-go would.
+                self.record(EventKey(pod, None, "Warning", "QuotaExceeded", "Admit", verdict.message))
         if verdict.allowed and verdict.charged_above:
             claim = _related(review)
             if claim is not None:

@@ -274,14 +274,13 @@ def owned(controller: object = True, kind: str = "Pod", api_version: str = "v1")
 
 
 POD = Ref("v1", "Pod", "train-0", "team-a", POD_UID)
-CLAIM = Ref("resource.k8s.io/v1", "ResourceClaim", "c3", "team-a")
 ONE_DENIAL = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quotas=("gpus",))
 
 
 @pytest.mark.parametrize(
     ("claim", "verdict", "dry_run", "expected"),
     [
-        (owned(), ONE_DENIAL, False, [(QUOTA, None), (POD, CLAIM)]),
+        (owned(), ONE_DENIAL, False, [(QUOTA, None), (POD, None)]),
         (owned(), ONE_DENIAL, True, []),
         (owned(controller=False), ONE_DENIAL, False, [(QUOTA, None)]),  # owned, not controlled
         (owned(controller="true"), ONE_DENIAL, False, [(QUOTA, None)]),  # not the boolean true
@@ -296,15 +295,25 @@ ONE_DENIAL = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", q
          "pricing"],
 )
 async def test_a_claim_denied_for_quota_tells_its_pod(claim: dict[str, Any], verdict: Verdict, dry_run: bool,
-                                                      expected: list[tuple[Ref, Ref | None]]) -> None:
+                                                      expected: list[tuple[Ref, None]]) -> None:
     rec, _, _ = recorder(FakeSink())
     rec.review(review_request(claim, name="c3", dry_run=dry_run), verdict)
     keys = list(rec._series)
     assert [(k.regarding, None if k.regarding.kind == "DeviceQuota" else k.related) for k in keys] == expected
+    # the DeviceQuota's Event relates the claim, the Pod's does not (retries aggregate)
     for k in keys:
         if k.regarding.kind == "Pod":
-            assert (k.type, k.reason, k.action, k.note) == (
-                "Warning", "QuotaExceeded", "Admit", f"ResourceClaim team-a/c3: {ONE_DENIAL.message}")
+            assert (k.type, k.reason, k.action, k.note) == ("Warning", "QuotaExceeded", "Admit", ONE_DENIAL.message)
+
+
+async def test_the_retries_claims_of_one_pod_are_one_series() -> None:
+    """Each retry of the resourceclaim controller is a new generated claim name: the Pod's
+    Event counts them (the DeviceQuota's names each claim)."""
+    rec, _, _ = recorder(FakeSink())
+    for name in ("train-0-gpu-a1b2c", "train-0-gpu-d3e4f", "train-0-gpu-g5h6i"):
+        rec.review(review_request(owned(), name=name), ONE_DENIAL)
+    pod = [series for k, series in rec._series.items() if k.regarding == POD]
+    assert [s.count for s in pod] == [3]
 
 
 async def test_a_pod_denial_is_written_regarding_the_pod_with_its_uid() -> None:
@@ -315,7 +324,7 @@ async def test_a_pod_denial_is_written_regarding_the_pod_with_its_uid() -> None:
     bodies = {body["regarding"]["kind"]: body for _, _, body in sink.calls}
     assert bodies["Pod"]["regarding"] == {"apiVersion": "v1", "kind": "Pod", "name": "train-0", "namespace": "team-a",
                                           "uid": POD_UID}
-    assert bodies["Pod"]["related"]["name"] == "c3"
+    assert "related" not in bodies["Pod"] and bodies["Pod"]["note"] == ONE_DENIAL.message
 
 
 def allocation(dry_run: bool = False) -> Any:
