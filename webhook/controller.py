@@ -57,7 +57,7 @@ class QuotaController:
     def __init__(self, ledger: Ledger, reservations: Reservations, *,
                  leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
                  concurrency: int = 8, clock: Callable[[], float] | None = None,
-                 exceeded: Callable[[str, str, str], None] = lambda namespace, name, message: None,
+                 exceeded: Callable[[str, str, str, str], None] = lambda namespace, name, uid, message: None,
                  observe: Callable[[float], None] = lambda seconds: None) -> None:
         self.ledger = ledger
         self.reservations = reservations
@@ -69,8 +69,9 @@ class QuotaController:
         self.clock = clock or reservations.clock
         self.writes = 0  # status writes that landed (the logs report it per quota)
         self.passes = 0  # reconcile passes completed: what "it looked and did nothing" is measured by
-        # Told (namespace, name, message) when a write turns a quota's Exceeded condition
-        # True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota.
+        # Told (namespace, name, uid, message) when a write turns a quota's Exceeded
+        # condition True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota
+        # (with its uid, which `kubectl describe` selects Events by).
         self.exceeded = exceeded
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
         self.observe = observe
@@ -169,7 +170,8 @@ class QuotaController:
         status = result.written.get("status") or {}
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
-            self.exceeded(key[0], key[1], now_exceeded)
+            uid = (result.written.get("metadata") or {}).get("uid")
+            self.exceeded(key[0], key[1], uid if isinstance(uid, str) else "", now_exceeded)
         log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
                   status.get("used"), status.get("reserved"), status.get("claims"))
         return True

@@ -398,8 +398,8 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
     The controller starts only once every cache has synced: a status computed from a
     half-listed cache would publish too little usage.
     """
-    def exceeded(namespace: str, name: str, message: str) -> None:
-        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace), None, "Warning",
+    def exceeded(namespace: str, name: str, uid: str, message: str) -> None:
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,

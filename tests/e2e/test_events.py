@@ -87,6 +87,12 @@ async def test_a_pod_whose_claim_is_denied_for_quota_is_told(kube: Kube, setup: 
                                      "reserved memory=80Gi, limited memory=80Gi")
             assert (event["type"], event["action"], event["reportingController"], "related" in event) == (
                 "Warning", "Admit", "draquota.io/dra-quota", False)
+            # What `kubectl describe pod` asks for (core/v1 Events of the object, by its uid):
+            described = await kube.list("v1", "events", namespace=ns, field_selector=(
+                f"involvedObject.kind=Pod,involvedObject.name={on_pod['name']},involvedObject.namespace={ns},"
+                f"involvedObject.uid={on_pod['uid']}"))
+            assert [e["reason"] for e in described if e.get("reportingComponent") == "draquota.io/dra-quota"] == [
+                "QuotaExceeded"], described
         # The DeviceQuota's Events stay: one per denied claim, each naming it.
         on_quota = [e["note"] for e in await events_where(kube, ns, reason="QuotaExceeded")
                     if e["regarding"]["kind"] == "DeviceQuota"]
