@@ -42,6 +42,7 @@ from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import parse_reservations
+from webhook.events import uid_of
 from webhook.reservations import Reservations
 
 __all__ = ["QuotaController"]
@@ -170,8 +171,7 @@ class QuotaController:
         status = result.written.get("status") or {}
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
-            uid = (result.written.get("metadata") or {}).get("uid")
-            self.exceeded(key[0], key[1], uid if isinstance(uid, str) else "", now_exceeded)
+            self.exceeded(key[0], key[1], uid_of(result.written), now_exceeded)
         log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
                   status.get("used"), status.get("reserved"), status.get("claims"))
         return True

@@ -59,6 +59,7 @@ from typing import Any, NoReturn, Protocol
 
 from quota.kubeapi import ApiError, KubeApi, Obj, Resource
 from quota.policy import PolicyRecord
+from quota.raw import dig
 from webhook.review import AdmissionRequest, Verdict
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "Sink",
     "owning_pod",
     "reporting_instance",
+    "uid_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,8 +168,12 @@ class EventRecorder:
         window: float = 360.0,
         max_series: int = 4096,
         clock: Callable[[], float] = time.time,
+        quota_uid: Callable[[str, str], str] = lambda namespace, name: "",
     ) -> None:
         self.sink, self.instance, self.dropped = sink, instance, dropped
+        # (namespace, name) -> the DeviceQuota's uid from the caches ("" unknown): the
+        # verdict names its quotas, `kubectl describe` selects their Events by uid.
+        self.quota_uid = quota_uid
         # client-go's defaults: a series ends after 6 minutes without a repeat; its
         # cache of isomorphic events holds 4096.
         self.window, self.max_series, self.clock = window, max_series, clock
@@ -183,7 +189,8 @@ class EventRecorder:
         if verdict.cause == "quota":
             subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
             for quota in verdict.quotas:
-                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace),
+                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace,
+                                         self.quota_uid(review.namespace, quota)),
                                      _related(review), "Warning", "QuotaExceeded", "Admit",
                                      f"{subject}: {_quota_note(quota, verdict)}"))
             pod = owning_pod(review) if not verdict.allowed else None
@@ -195,7 +202,7 @@ class EventRecorder:
         if verdict.allowed and verdict.charged_above:
             claim = _related(review)
             if claim is not None:
-                self.record(EventKey(replace(claim, uid=_uid(review.object)), None, "Normal",
+                self.record(EventKey(replace(claim, uid=uid_of(review.object)), None, "Normal",
                                      "ChargedAboveReservation", "Allocate", verdict.charged_above))
         for record in verdict.records:
             self.record(_policy_event(record))
@@ -298,9 +305,9 @@ def owning_pod(review: AdmissionRequest) -> Ref | None:
     return None
 
 
-def _uid(obj: Mapping[str, Any] | None) -> str:
-    meta = (obj or {}).get("metadata")
-    uid = meta.get("uid") if isinstance(meta, dict) else None
+def uid_of(obj: Mapping[str, Any] | None) -> str:
+    """An object's `metadata.uid`, "" when it has none: what a `Ref` carries."""
+    uid = dig(obj, "metadata", "uid")
     return uid if isinstance(uid, str) else ""
 
 

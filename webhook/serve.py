@@ -69,7 +69,7 @@ from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, Qu
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.endpoints import endpoints
-from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance
+from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
@@ -422,7 +422,8 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, m
     """
     metrics = Metrics()
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
-                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc())
+                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
+                             quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
     metrics.watch(lambda: (*caches.first, caches.claims))
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
                  leading=leading).register(metrics)

@@ -93,9 +93,11 @@ async def test_a_pod_whose_claim_is_denied_for_quota_is_told(kube: Kube, setup: 
                 f"involvedObject.uid={on_pod['uid']}"))
             assert [e["reason"] for e in described if e.get("reportingComponent") == "draquota.io/dra-quota"] == [
                 "QuotaExceeded"], described
-        # The DeviceQuota's Events stay: one per denied claim, each naming it.
+        # The DeviceQuota's Events stay: one per denied claim, each naming it, and with the
+        # quota's uid (`kubectl describe devicequota` selects by it).
+        quota = await kube.get(DQ, "devicequotas", "gpus", namespace=ns)
         on_quota = [e["note"] for e in await events_where(kube, ns, reason="QuotaExceeded")
-                    if e["regarding"]["kind"] == "DeviceQuota"]
+                    if e["regarding"] == regarding("DeviceQuota", quota, DQ)]
         for prefix in ("templated-gpu-", "extended-extended-resources-"):
             assert any(n.startswith(f"ResourceClaim {ns}/{prefix}") and n.endswith(event["note"]) for n in on_quota), (
                 prefix, on_quota)

@@ -361,3 +361,10 @@ async def test_an_allocation_charged_above_its_reservation_tells_the_claim(
             assert body["regarding"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c3",
                                          "namespace": "team-a", "uid": "3c1f5e2a-9b7d-4e61-8f0a-5d2c6b4e7a10"}
             assert (body["note"], body["action"], "related" in body) == (ABOVE, "Allocate", False)
+
+
+async def test_a_quota_event_carries_the_uid_the_caches_know() -> None:
+    uids = {("team-a", "gpus"): "dq-uid"}
+    rec = EventRecorder(FakeSink(), instance="dra-quota-0", quota_uid=lambda ns, name: uids.get((ns, name), ""))
+    rec.review(review_request(stored(gpu_claim()), name="c3"), DENIED)
+    assert [k.regarding.uid for k in rec._series] == ["dq-uid", ""]  # "small" is not cached: no uid
