@@ -220,7 +220,10 @@ class Admitter:
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
         warnings = (*pricing.warnings, *decision.warnings)
-        above = charged_above(claim, pricing.total)
+        # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
+        counted = any(not entry.charge_for(q, self.ledger.default_mode).is_zero()
+                      for q in self.ledger.quotas(claim.namespace))
+        above = charged_above(claim, pricing.total) if counted else ""
         if decision.allowed:
             return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by,
                              charged_above=above)

@@ -24,9 +24,9 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   scheduler's extended-resource claims both name their Pod so): the denied claim does not
   exist, the Pod is what its owner looks at. The note is the denial message alone (no
   claim name, no related object), so the retries' claims aggregate into one series.
-- `ChargedAboveReservation` (Normal) regarding a claim whose allocation was admitted with
-  an exact charge above the `draquota.io/charge` recorded at its admission
-  (`quota.admission.charged_above`). Here, not in the leader's controller: the API server
+- `ChargedAboveReservation` (Normal) regarding a claim some DeviceQuota counts whose
+  allocation was admitted with an exact charge above the `draquota.io/charge` recorded
+  at its admission (`quota.admission.charged_above`). Here, not in the leader's controller: the API server
   sends each allocation write to exactly one replica's webhook, once, so one write makes
   one Event whichever replica leads, and no restart or leader change replays it; a
   controller seeing the allocation in its watch cannot tell, after a restart or a

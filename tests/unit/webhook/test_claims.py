@@ -528,6 +528,13 @@ def test_an_allocation_above_the_recorded_charge_is_said_on_the_verdict(
     assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
 
 
+def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
+    for ctx in (context(), context(make_quota("other-class", memory="1Gi", classes=["other"]))):
+        claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
+        assert create_claim(ctx, review_request(claim)).allowed
+        assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
+
+
 def test_an_allocation_of_a_claim_without_a_recorded_charge_has_nothing_to_compare() -> None:
     ctx = context(make_quota("gpus", memory="400Gi"))
     claim = stored(gpu_claim())  # created before the mutating webhook ran: no annotation
