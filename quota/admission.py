@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from quota.claims import Claim
-from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.claims import CHARGE_ANNOTATION, Claim
+from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode
 from quota.pricing import Pricer, Pricing
 
-__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "claim_ref", "object_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
+           "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -38,6 +39,8 @@ class Admission:
     # The quotas whose `hard` it exceeds, admitted with a warning (Audit enforcement, or
     # the allocation check in account-only mode).
     warned_by: tuple[str, ...] = ()
+    # An allocation charged above the claim's `draquota.io/charge`: what `charged_above` says.
+    charged_above: str = ""
 
     @property
     def charge(self) -> Charge:
@@ -61,6 +64,34 @@ def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str
         f"(ResourceSlices with a memory capacity), or leave class {cls} out of the quota's "
         "spec.deviceClassNames"
     )
+
+
+def charged_above(claim: Claim, exact: Charge) -> str:
+    """Why `claim`'s allocation charges more than was recorded at its admission, "" if it does not.
+
+    Compared with `draquota.io/charge` as the claim carries it (what the mutating webhook
+    wrote at CREATE in the default pricing mode, and what queue managers read), per
+    dimension: more memory or more devices. A claim with no readable annotation (created
+    before the webhook ran) has nothing to compare with. Usually an Optimistic estimate
+    (the scheduler picked a larger device than the smallest candidate) or a device whose
+    published memory grew between admission and allocation.
+    """
+    recorded = claim.recorded_charge
+    if recorded is None:
+        return ""
+    above = [r for r in RESOURCES if _amount(exact, r) > _amount(recorded, r)]
+    if not above:
+        return ""
+
+    def fmt(charge: Charge) -> str:
+        return ",".join(format_resource(r, _amount(charge, r)) for r in RESOURCES)
+
+    return (f"ResourceClaim {claim.namespace}/{claim.name}: the allocated devices charge {fmt(exact)}, more than "
+            f"the {fmt(recorded)} recorded at admission ({CHARGE_ANNOTATION})")
+
+
+def _amount(charge: Charge, resource: str) -> int:
+    return charge.memory if resource == "memory" else charge.devices
 
 
 def claim_ref(claim: Claim) -> ClaimRef:
@@ -189,13 +220,18 @@ class Admitter:
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
         warnings = (*pricing.warnings, *decision.warnings)
+        # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
+        counted = any(not entry.charge_for(q, self.ledger.default_mode).is_zero()
+                      for q in self.ledger.quotas(claim.namespace))
+        above = charged_above(claim, pricing.total) if counted else ""
         if decision.allowed:
-            return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by)
+            return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by,
+                             charged_above=above)
         message = f"the allocated devices charge more than the claim reserved (requested: the excess): {decision.message}"
         if enforce:
             return Admission(False, message, warnings, pricing, denied_by=decision.denied_by)
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing,
-                         warned_by=decision.denied_by)
+                         warned_by=decision.denied_by, charged_above=above)
 
     def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:
         """What `claim` takes from each quota of its namespace, each in its pricing mode."""

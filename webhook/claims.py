@@ -259,9 +259,10 @@ def _verdict(admission: Admission, record: PolicyRecord | None) -> Verdict:
     # Admitted over a quota's hard (Audit, or account-only allocation): recorded like a denial.
     cause: Cause = "quota" if admission.warned_by else "none"
     if record is None:
-        return Verdict(True, warnings=admission.warnings, cause=cause, quotas=admission.warned_by)
+        return Verdict(True, warnings=admission.warnings, cause=cause, quotas=admission.warned_by,
+                       charged_above=admission.charged_above)
     return Verdict(True, warnings=admission.warnings, audit_annotations={AUDIT_KEY: record.audit_value},
-                   records=(record,), cause=cause, quotas=admission.warned_by)
+                   records=(record,), cause=cause, quotas=admission.warned_by, charged_above=admission.charged_above)
 
 
 def _cause(denial: Admission) -> Cause:

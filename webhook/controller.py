@@ -15,6 +15,10 @@ dropped after the TTL), and for every quota each resync period (a missed or fail
 write is repaired without any event). A quota is written only when its status differs
 from what it would write.
 
+Each pass (the quotas marked since the last one, written concurrently) is timed, from
+after the debounce to its last write, and told to `observe` (the metric
+`draquota_reconcile_duration_seconds`).
+
 Fencing: each write is a PUT of the status with the resourceVersion it was computed
 from, through `Reservations.write_status`, the one conditional write both writers use
 (409 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times, then
@@ -38,6 +42,7 @@ from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import parse_reservations
+from webhook.events import uid_of
 from webhook.reservations import Reservations
 
 __all__ = ["QuotaController"]
@@ -53,7 +58,8 @@ class QuotaController:
     def __init__(self, ledger: Ledger, reservations: Reservations, *,
                  leading: Callable[[], bool], resync: float = 300.0, debounce: float = 0.1, retries: int = 3,
                  concurrency: int = 8, clock: Callable[[], float] | None = None,
-                 exceeded: Callable[[str, str, str], None] = lambda namespace, name, message: None) -> None:
+                 exceeded: Callable[[str, str, str, str], None] = lambda namespace, name, uid, message: None,
+                 observe: Callable[[float], None] = lambda seconds: None) -> None:
         self.ledger = ledger
         self.reservations = reservations
         self.leading = leading
@@ -64,9 +70,12 @@ class QuotaController:
         self.clock = clock or reservations.clock
         self.writes = 0  # status writes that landed (the logs report it per quota)
         self.passes = 0  # reconcile passes completed: what "it looked and did nothing" is measured by
-        # Told (namespace, name, message) when a write turns a quota's Exceeded condition
-        # True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota.
+        # Told (namespace, name, uid, message) when a write turns a quota's Exceeded
+        # condition True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota
+        # (with its uid, which `kubectl describe` selects Events by).
         self.exceeded = exceeded
+        # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
+        self.observe = observe
         self._concurrency = concurrency
         self._dirty: set[QuotaKey] = set()
         self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
@@ -112,8 +121,10 @@ class QuotaController:
                 async with semaphore:
                     await self._reconcile_safely(key)
 
+            started = time.monotonic()
             await asyncio.gather(*(one(k) for k in sorted(keys)))
             self.passes += 1
+            self.observe(time.monotonic() - started)
 
     async def _sleep_until(self, next_resync: float) -> None:
         if self._dirty:
@@ -160,7 +171,7 @@ class QuotaController:
         status = result.written.get("status") or {}
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
-            self.exceeded(key[0], key[1], now_exceeded)
+            self.exceeded(key[0], key[1], uid_of(result.written), now_exceeded)
         log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
                   status.get("used"), status.get("reserved"), status.get("claims"))
         return True

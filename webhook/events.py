@@ -19,6 +19,24 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   an allocation, or that one was admitted over (enforcement Audit, or the allocation
   check in account-only mode); the note is the denial message or the warning, prefixed
   with the object.
+- `QuotaExceeded` (Warning) regarding the Pod that controls a claim denied for quota at
+  CREATE (`owning_pod`: the resourceclaim controller's template claims and the
+  scheduler's extended-resource claims both name their Pod so): the denied claim does not
+  exist, the Pod is what its owner looks at. The note is the denial message alone (no
+  claim name, no related object), so the retries' claims aggregate into one series.
+- `ChargedAboveReservation` (Normal) regarding a claim some DeviceQuota counts whose
+  allocation was admitted with an exact charge above the `draquota.io/charge` recorded
+  at its admission (`quota.admission.charged_above`). Here, not in the leader's controller: the API server
+  sends each allocation write to exactly one replica's webhook, once, so one write makes
+  one Event whichever replica leads, and no restart or leader change replays it; a
+  controller seeing the allocation in its watch cannot tell, after a restart or a
+  take-over, which allocations its predecessor already reported. Normal, not Warning:
+  the allocation went through and nothing is wrong with the claim (Optimistic pricing
+  does this by design); when the extra charge breaks a quota's `hard`, that quota's
+  QuotaExceeded Warning says so. The limit: an update refused after us (another
+  admission step, storage) leaves an Event for an allocation that did not happen.
+- `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota whose status
+  write turned its Exceeded condition True (`webhook.controller`, the leader only).
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
   (for claims and templates, the related object is the claim or template): the note is
   the record the audit annotation carries (who, what, why). Events regarding a
@@ -34,13 +52,14 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
 
 from quota.kubeapi import ApiError, KubeApi, Obj, Resource
 from quota.policy import PolicyRecord
+from quota.raw import dig
 from webhook.review import AdmissionRequest, Verdict
 
 __all__ = [
@@ -51,7 +70,9 @@ __all__ = [
     "KubeSink",
     "Ref",
     "Sink",
+    "owning_pod",
     "reporting_instance",
+    "uid_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,11 +95,15 @@ class Ref:
     kind: str
     name: str
     namespace: str = ""
+    # `kubectl describe` selects Events by the object's uid too: set it where it is known.
+    uid: str = ""
 
     def as_json(self) -> dict[str, str]:
         out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
         if self.namespace:
             out["namespace"] = self.namespace
+        if self.uid:
+            out["uid"] = self.uid
         return out
 
 
@@ -143,8 +168,12 @@ class EventRecorder:
         window: float = 360.0,
         max_series: int = 4096,
         clock: Callable[[], float] = time.time,
+        quota_uid: Callable[[str, str], str] = lambda namespace, name: "",
     ) -> None:
         self.sink, self.instance, self.dropped = sink, instance, dropped
+        # (namespace, name) -> the DeviceQuota's uid from the caches ("" unknown): the
+        # verdict names its quotas, `kubectl describe` selects their Events by uid.
+        self.quota_uid = quota_uid
         # client-go's defaults: a series ends after 6 minutes without a repeat; its
         # cache of isomorphic events holds 4096.
         self.window, self.max_series, self.clock = window, max_series, clock
@@ -160,9 +189,21 @@ class EventRecorder:
         if verdict.cause == "quota":
             subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
             for quota in verdict.quotas:
-                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace),
+                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace,
+                                         self.quota_uid(review.namespace, quota)),
                                      _related(review), "Warning", "QuotaExceeded", "Admit",
                                      f"{subject}: {_quota_note(quota, verdict)}"))
+            pod = owning_pod(review) if not verdict.allowed else None
+            if pod is not None:
+                # Neither the claim's name nor a related object: each retry of the
+                # resourceclaim controller or the scheduler is a new generated name, and
+                # the Pod's owner should see one Event counting them, as client-go would.
+                self.record(EventKey(pod, None, "Warning", "QuotaExceeded", "Admit", verdict.message))
+        if verdict.allowed and verdict.charged_above:
+            claim = _related(review)
+            if claim is not None:
+                self.record(EventKey(replace(claim, uid=uid_of(review.object)), None, "Normal",
+                                     "ChargedAboveReservation", "Allocate", verdict.charged_above))
         for record in verdict.records:
             self.record(_policy_event(record))
 
@@ -241,6 +282,33 @@ class EventRecorder:
         if count > 1:
             body["series"] = {"count": count, "lastObservedTime": _micro(last)}
         return body
+
+
+def owning_pod(review: AdmissionRequest) -> Ref | None:
+    """The Pod controlling the ResourceClaim a CREATE review carries, None for any other review.
+
+    The resourceclaim controller (k/k pkg/controller/resourceclaim/controller.go,
+    handleClaim) and the scheduler (extendeddynamicresources.go) both set the Pod as the
+    claim's controlling ownerReference. Anyone creating a claim may write one too, but an
+    ownerReference names an object of the claim's own namespace: the most a forger gets is
+    a Warning on a Pod of a namespace where they create claims.
+    """
+    if review.operation != "CREATE" or review.kind.kind != "ResourceClaim" or review.sub_resource:
+        return None
+    meta = (review.object or {}).get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for owner in owners if isinstance(owners, list) else ():
+        if (isinstance(owner, dict) and owner.get("controller") is True and owner.get("apiVersion") == "v1"
+                and owner.get("kind") == "Pod" and isinstance(owner.get("name"), str) and owner["name"]):
+            uid = owner.get("uid")
+            return Ref("v1", "Pod", owner["name"], review.namespace, uid if isinstance(uid, str) else "")
+    return None
+
+
+def uid_of(obj: Mapping[str, Any] | None) -> str:
+    """An object's `metadata.uid`, "" when it has none: what a `Ref` carries."""
+    uid = dig(obj, "metadata", "uid")
+    return uid if isinstance(uid, str) else ""
 
 
 def _related(review: AdmissionRequest) -> Ref | None:

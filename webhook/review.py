@@ -119,6 +119,9 @@ class Verdict:
     # Audit quota's hard is allowed with cause "quota" and that quota in `quotas`.
     cause: Cause = "none"
     quotas: tuple[str, ...] = ()
+    # An admitted allocation whose exact charge is above the one recorded at admission:
+    # the note of the claim's ChargedAboveReservation Event (`webhook.events`), else "".
+    charged_above: str = ""
 
 
 def parse_review(review: Any) -> AdmissionRequest:

@@ -69,7 +69,7 @@ from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, Qu
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.endpoints import endpoints
-from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance
+from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
@@ -332,7 +332,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         asyncio.create_task(caches.run(), name="caches"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
-        *([asyncio.create_task(_lead(elector, caches, options, recorder), name="leader election")]
+        *([asyncio.create_task(_lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         asyncio.create_task(recorder.run(), name="events"),
@@ -391,18 +391,19 @@ def _elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
                          identity=election.identity or default_identity(), timing=election.timing)
 
 
-async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder) -> None:
+async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder,
+                metrics: Metrics) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
     half-listed cache would publish too little usage.
     """
-    def exceeded(namespace: str, name: str, message: str) -> None:
-        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace), None, "Warning",
+    def exceeded(namespace: str, name: str, uid: str, message: str) -> None:
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
-                                 resync=options.resync_seconds, exceeded=exceeded)
+                                 resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe)
     caches.changed.append(controller.changed)
 
     async def work() -> None:
@@ -421,7 +422,8 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, m
     """
     metrics = Metrics()
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
-                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc())
+                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
+                             quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
     metrics.watch(lambda: (*caches.first, caches.claims))
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
                  leading=leading).register(metrics)

@@ -142,8 +142,10 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         # ... recorded as a Warning Event on the DeviceQuota.
         async def event() -> list[Obj]:
             events = await kube.list("events.k8s.io/v1", "events", namespace=ns)
+            # With the quota's uid: `kubectl describe devicequota` selects Events by it.
             return [e for e in events if e.get("reason") == "QuotaExceeded" and e.get("action") == "Reconcile"
-                    and e["regarding"] == {"apiVersion": DQ, "kind": "DeviceQuota", "name": "gpus", "namespace": ns}]
+                    and e["regarding"] == {"apiVersion": DQ, "kind": "DeviceQuota", "name": "gpus", "namespace": ns,
+                                           "uid": patched["metadata"]["uid"]}]
 
         (recorded,) = await poll(event, timeout=10, what="the QuotaExceeded Event")
         assert recorded["type"] == "Warning" and recorded["note"] == condition(status, "Exceeded")["message"]

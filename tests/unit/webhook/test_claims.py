@@ -487,3 +487,56 @@ def test_a_lone_surrogate_in_the_object_is_a_malformed_review() -> None:
         {"cel": {"expression": "'\ud800' == 'x'"}}]
     with pytest.raises(ReviewError, match="request.object holds a lone UTF-16 surrogate"):
         parse_review(body)
+
+
+def annotated(obj: dict[str, Any], memory: int, devices: int) -> dict[str, Any]:
+    """`obj` carrying the `draquota.io/charge` the mutating webhook wrote at its CREATE."""
+    out = copy.deepcopy(obj)
+    out["metadata"].setdefault("annotations", {})["draquota.io/charge"] = json.dumps(
+        {"memory": memory, "devices": devices})
+    return out
+
+
+ABOVE = ("ResourceClaim team-a/train-gpu-x7k2q: the allocated devices charge devices=1,memory=141Gi, more than "
+         "the devices=1,memory=80Gi recorded at admission (draquota.io/charge)")
+EXCEEDED_100 = ("the allocated devices charge more than the claim reserved (requested: the excess): "
+                'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=80Gi, '
+                "limited memory=100Gi")
+
+
+@pytest.mark.parametrize(
+    ("device", "hard", "check", "expected"),
+    [
+        # the h100 it was priced at: within the recorded charge
+        (("node-1", "gpu-0"), "400Gi", "enforce", Verdict(True)),
+        # an h200: 61Gi above, admitted (fits hard), the claim's Event note on the verdict
+        (("node-2", "gpu-0"), "400Gi", "enforce", Verdict(True, charged_above=ABOVE)),
+        # above and over hard: denied, so nothing was charged above anything
+        (("node-2", "gpu-0"), "100Gi", "enforce", Verdict(False, EXCEEDED_100, cause="quota", quotas=("gpus",))),
+        # account-only admits it over hard: charged above, and warned
+        (("node-2", "gpu-0"), "100Gi", "account-only", Verdict(
+            True, warnings=(f"{EXCEEDED_100} (allocation check: account-only, admitted)",), cause="quota",
+            quotas=("gpus",), charged_above=ABOVE)),
+    ],
+    ids=["within", "above", "above-denied", "above-account-only"],
+)
+def test_an_allocation_above_the_recorded_charge_is_said_on_the_verdict(
+        device: tuple[str, str], hard: str, check: str, expected: Verdict) -> None:
+    ctx = context(make_quota("gpus", memory=hard), allocation_check=check)
+    claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
+    assert create_claim(ctx, review_request(claim)).allowed
+    assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
+
+
+def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
+    for ctx in (context(), context(make_quota("other-class", memory="1Gi", classes=["other"]))):
+        claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
+        assert create_claim(ctx, review_request(claim)).allowed
+        assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
+
+
+def test_an_allocation_of_a_claim_without_a_recorded_charge_has_nothing_to_compare() -> None:
+    ctx = context(make_quota("gpus", memory="400Gi"))
+    claim = stored(gpu_claim())  # created before the mutating webhook ran: no annotation
+    assert create_claim(ctx, review_request(claim)).allowed
+    assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)

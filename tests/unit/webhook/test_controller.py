@@ -99,9 +99,10 @@ async def test_a_conflict_with_the_webhook_is_re_read_and_keeps_its_entry() -> N
 
 async def test_turning_exceeded_is_told_once() -> None:
     async with running() as (api, controller, _):
-        told: list[tuple[str, str, str]] = []
+        told: list[tuple[str, str, str, str]] = []
         controller.exceeded = lambda *args: told.append(args)
         await settled(api, 1)
+        api.objects["gpus"]["metadata"]["uid"] = "dq-uid"  # the API server sets one; the fake does not
         for i in range(6):  # 480Gi allocated under a 400Gi hard (lowered after they were admitted)
             controller.ledger.add_or_update_claim(entry(f"u{i}", 80 * GiB, allocated=True))
         controller.changed(NS)
@@ -109,4 +110,17 @@ async def test_turning_exceeded_is_told_once() -> None:
         controller.ledger.add_or_update_claim(entry("u6", 80 * GiB, allocated=True))
         controller.changed(NS)
         await settled(api, 3)  # still Exceeded, with new numbers: not told again
-        assert told == [("team-a", "gpus", "used + reserved memory=480Gi is above hard memory=400Gi")]
+        assert told == [("team-a", "gpus", "dq-uid", "used + reserved memory=480Gi is above hard memory=400Gi")]
+
+
+async def test_each_pass_is_timed() -> None:
+    async with running() as (api, controller, _):
+        seconds: list[float] = []
+        controller.observe = seconds.append  # before its task first runs: every pass is seen
+        await settled(api, 1)
+        passes = controller.passes
+        controller.ledger.add_or_update_claim(entry("u1", 80 * GiB, allocated=True))
+        controller.changed(NS)
+        await looked(controller, passes)
+        assert len(seconds) == controller.passes >= 2
+        assert all(0 <= s < 2 for s in seconds)

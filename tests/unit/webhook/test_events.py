@@ -256,3 +256,115 @@ async def test_run_writes_until_cancelled() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert [c[0] for c in sink.calls] == ["create"]
+
+
+# -- the owning Pod of a denied claim, and an allocation charged above its reservation ---------
+
+POD_UID = "5b0c2e7f-3d41-4a8e-9f62-1c7d8e9a0b3d"
+
+
+def owned(controller: object = True, kind: str = "Pod", api_version: str = "v1") -> dict[str, Any]:
+    """A claim as the resourceclaim controller stamps it for Pod `train-0`."""
+    claim = stored(gpu_claim())
+    claim["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "x"},
+        {"apiVersion": api_version, "kind": kind, "name": "train-0", "uid": POD_UID, "controller": controller,
+         "blockOwnerDeletion": True}]
+    return claim
+
+
+POD = Ref("v1", "Pod", "train-0", "team-a", POD_UID)
+ONE_DENIAL = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quotas=("gpus",))
+
+
+@pytest.mark.parametrize(
+    ("claim", "verdict", "dry_run", "expected"),
+    [
+        (owned(), ONE_DENIAL, False, [(QUOTA, None), (POD, None)]),
+        (owned(), ONE_DENIAL, True, []),
+        (owned(controller=False), ONE_DENIAL, False, [(QUOTA, None)]),  # owned, not controlled
+        (owned(controller="true"), ONE_DENIAL, False, [(QUOTA, None)]),  # not the boolean true
+        (owned(kind="Job", api_version="batch/v1"), ONE_DENIAL, False, [(QUOTA, None)]),
+        (owned(api_version="example.com/v1"), ONE_DENIAL, False, [(QUOTA, None)]),  # not the core Pod
+        (stored(gpu_claim()), ONE_DENIAL, False, [(QUOTA, None)]),  # a claim nobody owns
+        # admitted over an Audit quota: the claim exists, its Pod has nothing to be told
+        (owned(), Verdict(True, warnings=(AUDIT,), cause="quota", quotas=("gpus",)), False, [(QUOTA, None)]),
+        (owned(), Verdict(False, "x", cause="pricing"), False, []),
+    ],
+    ids=["denied", "dry-run", "not-controller", "controller-not-bool", "job", "other-group", "no-owner", "audit",
+         "pricing"],
+)
+async def test_a_claim_denied_for_quota_tells_its_pod(claim: dict[str, Any], verdict: Verdict, dry_run: bool,
+                                                      expected: list[tuple[Ref, None]]) -> None:
+    rec, _, _ = recorder(FakeSink())
+    rec.review(review_request(claim, name="c3", dry_run=dry_run), verdict)
+    keys = list(rec._series)
+    assert [(k.regarding, None if k.regarding.kind == "DeviceQuota" else k.related) for k in keys] == expected
+    # the DeviceQuota's Event relates the claim, the Pod's does not (retries aggregate)
+    for k in keys:
+        if k.regarding.kind == "Pod":
+            assert (k.type, k.reason, k.action, k.note) == ("Warning", "QuotaExceeded", "Admit", ONE_DENIAL.message)
+
+
+async def test_the_retries_claims_of_one_pod_are_one_series() -> None:
+    """Each retry of the resourceclaim controller is a new generated claim name: the Pod's
+    Event counts them (the DeviceQuota's names each claim)."""
+    rec, _, _ = recorder(FakeSink())
+    for name in ("train-0-gpu-a1b2c", "train-0-gpu-d3e4f", "train-0-gpu-g5h6i"):
+        rec.review(review_request(owned(), name=name), ONE_DENIAL)
+    pod = [series for k, series in rec._series.items() if k.regarding == POD]
+    assert [s.count for s in pod] == [3]
+
+
+async def test_a_pod_denial_is_written_regarding_the_pod_with_its_uid() -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    rec.review(review_request(owned(), name="c3"), ONE_DENIAL)
+    await drain(rec)
+    bodies = {body["regarding"]["kind"]: body for _, _, body in sink.calls}
+    assert bodies["Pod"]["regarding"] == {"apiVersion": "v1", "kind": "Pod", "name": "train-0", "namespace": "team-a",
+                                          "uid": POD_UID}
+    assert "related" not in bodies["Pod"] and bodies["Pod"]["note"] == ONE_DENIAL.message
+
+
+def allocation(dry_run: bool = False) -> Any:
+    claim = stored(gpu_claim())
+    return review_request(claim, operation="UPDATE", sub="status", old=claim, name="c3", dry_run=dry_run)
+
+
+ABOVE = "ResourceClaim team-a/c3: the allocated devices charge devices=1,memory=141Gi, more than ..."
+
+
+@pytest.mark.parametrize(
+    ("verdict", "dry_run", "expected"),
+    [
+        (Verdict(True, charged_above=ABOVE), False, [("ChargedAboveReservation", "Normal")]),
+        (Verdict(True, charged_above=ABOVE), True, []),
+        (Verdict(True), False, []),
+        # account-only over hard: the quota's Warning and the claim's note, both
+        (Verdict(True, warnings=(AUDIT,), cause="quota", quotas=("gpus",), charged_above=ABOVE), False,
+         [("QuotaExceeded", "Warning"), ("ChargedAboveReservation", "Normal")]),
+        # a denied allocation never charged anything (a handler never sets both; still no Event)
+        (Verdict(False, "no", cause="quota", charged_above=ABOVE), False, []),
+    ],
+    ids=["above", "dry-run", "within", "account-only", "denied"],
+)
+async def test_an_allocation_charged_above_its_reservation_tells_the_claim(
+        verdict: Verdict, dry_run: bool, expected: list[tuple[str, str]]) -> None:
+    sink = FakeSink()
+    rec, _, _ = recorder(sink)
+    rec.review(allocation(dry_run), verdict)
+    assert [(k.reason, k.type) for k in rec._series] == expected
+    await drain(rec)
+    for _, _, body in sink.calls:
+        if body["reason"] == "ChargedAboveReservation":
+            assert body["regarding"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c3",
+                                         "namespace": "team-a", "uid": "3c1f5e2a-9b7d-4e61-8f0a-5d2c6b4e7a10"}
+            assert (body["note"], body["action"], "related" in body) == (ABOVE, "Allocate", False)
+
+
+async def test_a_quota_event_carries_the_uid_the_caches_know() -> None:
+    uids = {("team-a", "gpus"): "dq-uid"}
+    rec = EventRecorder(FakeSink(), instance="dra-quota-0", quota_uid=lambda ns, name: uids.get((ns, name), ""))
+    rec.review(review_request(stored(gpu_claim()), name="c3"), DENIED)
+    assert [k.regarding.uid for k in rec._series] == ["dq-uid", ""]  # "small" is not cached: no uid
