@@ -14,6 +14,8 @@ Finished, and the resourceclaim controller deallocates and deletes the Pod's cla
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from quota.kubeapi import Resource
+from quota.quantity import parse_quantity
 
 from .cluster import ControlPlane, free_ports
 from .conftest import unique
@@ -34,6 +36,7 @@ from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues
 from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
 
 pytestmark = pytest.mark.e2e
+GiB = 2**30
 __all__ = ["crd", "queue_objects"]  # fixtures used by name
 
 H100 = Gpu("NVIDIA H100-SXM5-80GB", "80Gi")
@@ -76,6 +79,15 @@ class Env:
                                               namespace=self.namespace, what=what, timeout=timeout)
         return found
 
+    async def sample(self, seen: list[tuple[int, int]], stop: asyncio.Event) -> None:
+        """Record (used, reserved) memory bytes of DeviceQuota "gpus" until `stop`: a
+        sampler, not synchronisation (the asserts on it say "never above hard")."""
+        while not stop.is_set():
+            status = (await self.kube.get(DQ, "devicequotas", "gpus", namespace=self.namespace)).get("status") or {}
+            seen.append((memory(status, "used"), memory(status, "reserved")))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+
     async def events(self, reason: str) -> list[Obj]:
         return [e for e in await self.kube.list("events.k8s.io/v1", "events", namespace=self.namespace)
                 if e.get("reason") == reason]
@@ -91,6 +103,10 @@ class Env:
                                    "restartCount": 0,
                                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
         }}, namespace=self.namespace, subresource="status")
+
+
+def memory(status: dict[str, Any], field: str) -> int:
+    return int(parse_quantity((status.get(field) or {}).get("memory") or 0))
 
 
 def amounts(status: dict[str, Any], field: str) -> tuple[str, int]:
@@ -136,6 +152,20 @@ async def env(cluster: ControlPlane, kube: Kube, kueue: Kueue, crd: None, tmp_pa
 
 
 async def test_the_check_admits_what_the_device_quota_holds_and_the_next_when_it_frees(env: Env) -> None:
+    seen: list[tuple[int, int]] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(env.sample(seen, stop))
+    try:
+        await _admits_and_frees(env)
+    finally:
+        stop.set()
+        await sampler
+    # Never counted twice: at no sample did used + reserved pass the 160Gi one Job takes
+    # (the holding, then its claim drawing on it, then the claim's exact use).
+    assert max(u + r for u, r in seen) == 160 * GiB, sorted(set(seen))
+
+
+async def _admits_and_frees(env: Env) -> None:
     kube, check = env.kube, env.check
     jobs = [(await env.job(f"train-{i}"))["metadata"]["name"] for i in range(3)]
 
@@ -221,3 +251,71 @@ async def _any_workload(env: Env, predicate: Callable[[Obj], bool], what: str, t
 def _stamp(value: Any) -> float:
     from datetime import datetime
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+async def held_with(env: Env, job: str, text: str) -> Obj:
+    """Our Warning Event on `job`'s Workload, once it says `text`."""
+    workload = await env.workload(job, lambda w: True, "made by Kueue")
+    name = workload["metadata"]["name"]
+
+    async def probe() -> Obj | None:
+        return next((e for e in await env.events("DeviceQuotaExceeded")
+                     if e["regarding"]["name"] == name and text in e["note"]), None)
+
+    found: Obj = await poll(probe, timeout=60, what=f"our DeviceQuotaExceeded Event on {name} saying {text!r}")
+    return found
+
+
+async def test_a_claim_made_outside_kueue_takes_quota_and_the_next_workload_is_held(env: Env) -> None:
+    kube = env.kube
+    # 1 H100 asked directly (no Pod, no Kueue): admitted by our webhook, reserved 80Gi.
+    await kube.create(RESOURCE_V1, "resourceclaims", {
+        "kind": "ResourceClaim", "metadata": {"name": "direct"},
+        "spec": claim_spec(exact_request("gpu", DEVICE_CLASS, count=1))}, namespace=env.namespace)
+    await env.quota(lambda s: memory(s, "reserved") == 80 * GiB, "the direct claim reserved")
+
+    # Kueue's ClusterQueue has room for 6 devices: Kueue alone admits the Job. Our check
+    # holds it with the text a claim gets, naming the direct claim's 80Gi.
+    job = (await env.job("after-direct"))["metadata"]["name"]
+    reserved = await env.workload(job, holds("QuotaReserved"), "Kueue reserved its quota")
+    assert reserved["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {DEVICE_RESOURCE: "2"}
+    event = await held_with(env, job, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=0, '
+                                      'reserved memory=80Gi, limited memory=160Gi')
+    assert event["type"] == "Warning" and event["regarding"]["kind"] == "Workload", event
+    suspended = await kube.get(BATCH, "jobs", job, namespace=env.namespace)
+    assert suspended["spec"]["suspend"] is True
+    assert not holds("Admitted")(await env.workload(job, lambda w: True, "still there"))
+
+    # The direct claim goes: the Workload is admitted when Kueue asks again.
+    await kube.delete(RESOURCE_V1, "resourceclaims", "direct", namespace=env.namespace)
+    admitted = await env.workload(job, holds("Admitted"), "Admitted once the direct claim is gone", timeout=90)
+    assert check_state(admitted, env.check)["state"] == "Ready"
+    await env.quota(lambda s: memory(s, "used") + memory(s, "reserved") == 160 * GiB and memory(s, "used") in (0, 160 * GiB),
+                    "the Workload (then its claim) counted once")
+
+
+async def test_while_dra_quota_is_down_workloads_wait_and_a_restart_rebuilds_the_holdings(env: Env) -> None:
+    kube = env.kube
+    first = (await env.job("before-stop"))["metadata"]["name"]
+    await env.workload(first, holds("Admitted"), "Admitted")
+    await env.quota(lambda s: memory(s, "used") == 160 * GiB and memory(s, "reserved") == 0, "its claim allocated",
+                    timeout=90)
+
+    await env.served.kill()  # SIGKILL: no goodbye writes
+    # Kueue reserves its quota for a new Job and lists our check Pending; nothing decides
+    # it, so the Job stays suspended (Kueue does not admit around a check).
+    second = (await env.job("while-down"))["metadata"]["name"]
+    waiting = await env.workload(second, lambda w: holds("QuotaReserved")(w)
+                                 and check_state(w, env.check).get("state") == "Pending", "QuotaReserved, check Pending")
+    assert not holds("Admitted")(waiting)
+    assert (await kube.get(BATCH, "jobs", second, namespace=env.namespace))["spec"]["suspend"] is True
+    # The admitted Job keeps running: its check stays Ready, nothing evicts it.
+    assert holds("Admitted")(await env.workload(first, lambda w: True, "still there"))
+
+    # Restarted, serve rebuilds the first Workload's holding from the list (its claim draws
+    # on it: still used 160Gi, reserved 0) and holds the second.
+    await env.served.start()
+    await held_with(env, second, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=160Gi, '
+                                 'reserved memory=0, limited memory=160Gi')
+    status = (await kube.get(DQ, "devicequotas", "gpus", namespace=env.namespace))["status"]
+    assert (memory(status, "used"), memory(status, "reserved")) == (160 * GiB, 0), status
