@@ -31,7 +31,7 @@ from .cluster import ControlPlane, free_ports
 from .conftest import unique
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, exact_request
 from .kube import Kube, Obj, poll
-from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue, condition
+from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
 from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues
 from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
 
@@ -79,12 +79,15 @@ class Env:
                                               namespace=self.namespace, what=what, timeout=timeout)
         return found
 
-    async def sample(self, seen: list[tuple[int, int]], stop: asyncio.Event) -> None:
-        """Record (used, reserved) memory bytes of DeviceQuota "gpus" until `stop`: a
-        sampler, not synchronisation (the asserts on it say "never above hard")."""
+    async def sample(self, seen: list[tuple[int, int, int]], stop: asyncio.Event) -> None:
+        """Record (used, reserved, reserved by workloads) memory bytes of DeviceQuota "gpus"
+        until `stop`: a sampler, not synchronisation (the asserts on it say "never above
+        hard"); checks on each sample that reservedBy adds up to reserved."""
         while not stop.is_set():
             status = (await self.kube.get(DQ, "devicequotas", "gpus", namespace=self.namespace)).get("status") or {}
-            seen.append((memory(status, "used"), memory(status, "reserved")))
+            by = status.get("reservedBy") or {}
+            seen.append((memory(status, "used"), memory(status, "reserved"), memory(by, "workloads")))
+            assert memory(by, "claims") + memory(by, "workloads") == memory(status, "reserved"), status
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
 
@@ -152,7 +155,7 @@ async def env(cluster: ControlPlane, kube: Kube, kueue: Kueue, crd: None, tmp_pa
 
 
 async def test_the_check_admits_what_the_device_quota_holds_and_the_next_when_it_frees(env: Env) -> None:
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []
     stop = asyncio.Event()
     sampler = asyncio.create_task(env.sample(seen, stop))
     try:
@@ -162,7 +165,9 @@ async def test_the_check_admits_what_the_device_quota_holds_and_the_next_when_it
         await sampler
     # Never counted twice: at no sample did used + reserved pass the 160Gi one Job takes
     # (the holding, then its claim drawing on it, then the claim's exact use).
-    assert max(u + r for u, r in seen) == 160 * GiB, sorted(set(seen))
+    assert max(u + r for u, r, _ in seen) == 160 * GiB, sorted(set(seen))
+    print(f"KUEUE: DeviceQuota samples (used, reserved, reservedBy.workloads) in GiB: "
+          f"{sorted({(u // GiB, r // GiB, w // GiB) for u, r, w in seen})}")
 
 
 async def _admits_and_frees(env: Env) -> None:
@@ -224,12 +229,13 @@ async def _admits_and_frees(env: Env) -> None:
 
     second = await _any_workload(env, next_ready, "the next Workload Ready")
     ready_after = time.monotonic() - freed_at
-    admitted_second = await _any_workload(env, lambda w: w["metadata"]["uid"] == second["metadata"]["uid"]
-                                          and holds("Admitted")(w), "the next Workload Admitted")
-    print(f"\nKUEUE: quota freed -> next Workload Ready: {ready_after:.2f}s (requeueAfterSeconds {RETRY_SECONDS})")
-    ready_at = _stamp(check_state(admitted_second, check).get("lastTransitionTime"))
-    admitted_stamp = _stamp((condition(admitted_second, "Admitted") or {}).get("lastTransitionTime"))
-    print(f"KUEUE: our check Ready -> Workload Admitted: {admitted_stamp - ready_at:.0f}s (second resolution)")
+    ready_seen = time.monotonic()
+    await _any_workload(env, lambda w: w["metadata"]["uid"] == second["metadata"]["uid"] and holds("Admitted")(w),
+                        "the next Workload Admitted")
+    admitted_after = time.monotonic() - ready_seen
+    # Measured, not asserted (a shared machine): printed for the report, polled every <=50 ms.
+    print(f"\nKUEUE: Job finished -> next Workload's check Ready: {ready_after:.2f}s "
+          f"(requeueAfterSeconds {RETRY_SECONDS}); our Ready seen -> Admitted seen: {admitted_after:.3f}s")
     status = (await env.quota(lambda s: amounts(s, "used")[0] == "160Gi", "the second Job's claim allocated",
                               timeout=90))["status"]
     assert amounts(status, "reserved")[0] == "0", status
@@ -244,13 +250,9 @@ async def _any_workload(env: Env, predicate: Callable[[Obj], bool], what: str, t
     async def probe() -> Obj | None:
         return next((w for w in await env.kube.list(API, "workloads", namespace=env.namespace) if predicate(w)), None)
 
-    found: Obj = await poll(probe, timeout=timeout, what=what)
+    found: Obj = await poll(probe, timeout=timeout, what=what, interval=0.02, max_interval=0.05)
     return found
 
-
-def _stamp(value: Any) -> float:
-    from datetime import datetime
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
 
 
 async def held_with(env: Env, job: str, text: str) -> Obj:
@@ -272,7 +274,8 @@ async def test_a_claim_made_outside_kueue_takes_quota_and_the_next_workload_is_h
     await kube.create(RESOURCE_V1, "resourceclaims", {
         "kind": "ResourceClaim", "metadata": {"name": "direct"},
         "spec": claim_spec(exact_request("gpu", DEVICE_CLASS, count=1))}, namespace=env.namespace)
-    await env.quota(lambda s: memory(s, "reserved") == 80 * GiB, "the direct claim reserved")
+    status = (await env.quota(lambda s: memory(s, "reserved") == 80 * GiB, "the direct claim reserved"))["status"]
+    assert (memory(status["reservedBy"], "claims"), memory(status["reservedBy"], "workloads")) == (80 * GiB, 0)
 
     # Kueue's ClusterQueue has room for 6 devices: Kueue alone admits the Job. Our check
     # holds it with the text a claim gets, naming the direct claim's 80Gi.
