@@ -44,7 +44,11 @@ from webhook.metrics import (
     render,
 )
 
-__all__ = ["DEVICE_INFO_LABELS", "UsageMetrics"]
+__all__ = ["DEVICE_INFO_LABELS", "WORKLOADS_RESERVED", "UsageMetrics"]
+
+# draquota_quota{type="reserved"} by source (status.reservedBy): a separate series, so
+# the kube_resourcequota-shaped one keeps its labels.
+WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
 
 # DCGM exporter's own label names for the GPU and the MIG profile, so that
 # `on(UUID)` / `on(UUID, GPU_I_PROFILE)` join without label_replace (README, Metrics).
