@@ -33,6 +33,8 @@ from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_cl
 from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
 from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues
+from ..tools.chart import NAMESPACE
+from .test_chart import ACCOUNT, OBJECTS, apply, ensure_namespace, token_kubeconfig
 from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
 
 pytestmark = pytest.mark.e2e
@@ -42,6 +44,24 @@ __all__ = ["crd", "queue_objects"]  # fixtures used by name
 H100 = Gpu("NVIDIA H100-SXM5-80GB", "80Gi")
 WORKLOAD_LABEL = "draquota.io/workload"
 RETRY_SECONDS = 2
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The Lease the chart's Role lets its ServiceAccount update (by name).
+LEASE = next(a.partition("=")[2] for o in OBJECTS if o["kind"] == "Deployment"
+             for a in o["spec"]["template"]["spec"]["containers"][0]["args"]
+             if a.startswith("--leader-election-lease-name="))
+
+
+async def chart_kubeconfig(cluster: ControlPlane, kube: Kube, path: Path) -> Path:
+    """A kubeconfig of the chart's ServiceAccount with exactly the chart's RBAC (the shipped
+    manifest's, default values: `serve.kueue: auto`), so the Kueue rights are proven here."""
+    await ensure_namespace(kube, NAMESPACE)
+    for obj in OBJECTS:
+        if obj["kind"] in RBAC_KINDS:
+            await apply(kube, obj)
+    answer = await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
+                                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                      "spec": {"expirationSeconds": 3600}})
+    return token_kubeconfig(cluster, answer["status"]["token"], path)
 
 
 class Env:
@@ -142,8 +162,10 @@ async def env(cluster: ControlPlane, kube: Kube, kueue: Kueue, crd: None, tmp_pa
         "kind": "AdmissionCheck", "metadata": {"name": unique("ac")}, "spec": {"controllerName": CONTROLLER},
     }))["metadata"]["name"]
     cq, lq = await queues(kube, queue_objects, namespace, devices=6, checks=(check,))
-    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log",
-                    args=("--kueue", "on", "--kueue-retry-seconds", str(RETRY_SECONDS)))
+    kubeconfig = await chart_kubeconfig(cluster, kube, tmp_path / "chart.kubeconfig")
+    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log", kubeconfig=kubeconfig,
+                    args=("--kueue", "auto", "--kueue-retry-seconds", str(RETRY_SECONDS),
+                          "--leader-election-namespace", NAMESPACE, "--leader-election-lease-name", LEASE))
     async for served in running(handle):
         async with installed(kube, adapted_webhooks(run, served.port, cluster)):
             with served.log_on_failure():
@@ -152,6 +174,9 @@ async def env(cluster: ControlPlane, kube: Kube, kueue: Kueue, crd: None, tmp_pa
                 await create_claim_template(kube, namespace, "gpus",
                                             claim_spec(exact_request("gpu", DEVICE_CLASS, count=2)))
                 yield Env(kube, namespace, lq, check, served)
+                # Nothing serve did was refused with the chart's RBAC.
+                assert "HTTP 403" not in served.log_text()
+                assert "Kueue AdmissionCheck controller: on (--kueue auto)" in served.log_text()
 
 
 async def test_the_check_admits_what_the_device_quota_holds_and_the_next_when_it_frees(env: Env) -> None:
