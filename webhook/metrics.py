@@ -53,6 +53,7 @@ __all__ = [
     "INVENTORY_MEMORY",
     "LEADER",
     "NAMES",
+    "WORKLOADS_RESERVED",
     "NAMESPACE_USAGE",
     "QUOTA",
     "WATCH_RELISTS",
@@ -83,9 +84,12 @@ INVENTORY_DEVICES = "draquota_inventory_devices"
 INVENTORY_MEMORY = "draquota_inventory_memory_bytes"
 INVENTORY_ALLOCATED = "draquota_inventory_allocated_devices"
 CLAIM_DEVICE_INFO = "draquota_claim_device_info"
+# draquota_quota{type="reserved"} by source (status.reservedBy): a series of its own, so
+# the kube_resourcequota-shaped one keeps its labels.
+WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
 NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, NAMESPACE_USAGE,
-         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO)
+         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, WORKLOADS_RESERVED)
 
 # controller-runtime's and kube-state-metrics' metrics port: what ServiceMonitors expect.
 DEFAULT_METRICS_PORT = 8080
