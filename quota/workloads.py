@@ -93,6 +93,9 @@ class Workload:
     finished: bool
     evicted: bool
     active: bool = True
+    # metadata.creationTimestamp (RFC 3339, sorts as text): Kueue's FIFO order within a
+    # priority, the order the leader decides Workloads waiting together.
+    created: str = ""
 
     def check(self, name: str) -> CheckEntry | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -129,6 +132,7 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
         finished=conditions.get("Finished") == "True",
         evicted=conditions.get("Evicted") == "True",
         active=dig(obj, "spec", "active") is not False,
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 

@@ -313,8 +313,9 @@ class AdmissionCheckController:
         ours = self.caches.ours()
         for name in sorted(ours):
             await self._activate(name)
-        # Oldest first: a queue's order, as far as we can tell it.
-        for workload in list(self.caches.workloads.values()):
+        # Oldest first (Kueue's order within a priority): of Workloads waiting together,
+        # the one queued first gets the room.
+        for workload in sorted(self.caches.workloads.values(), key=lambda w: (w.created, w.namespace, w.name)):
             for check in needs_decision(workload, ours):
                 try:
                     await self.decide(workload, check)

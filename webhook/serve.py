@@ -20,6 +20,8 @@ The replica holding the Lease (`webhook.leader`) also runs the quota controller
 each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
 webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
 the Lease and the controller.
+With `--kueue` (auto: when Kueue's v1beta2 API is served) every replica also caches
+Kueue's Workloads and the leader runs their AdmissionCheck (`webhook.kueue`).
 
 Limitations of this version:
 - Metrics on `--metrics-port`: admission, watch, certificate and Event ones
@@ -342,6 +344,9 @@ async def serve(options: ServeOptions) -> int:
     elector = _elector(api, options) if options.controller else None
     leading: Callable[[], bool] = elector.leading if elector is not None else (lambda: False)
     requeue = Requeuer(api, leading=leading) if options.requeue_waiting_pods else None
+    if options.kueue_retry_seconds < 1:
+        await api.close()
+        raise ServeError(f"--kueue-retry-seconds must be at least 1, got {options.kueue_retry_seconds}")
     kueue = options.kueue == "on" or (options.kueue == "auto" and await serves_workloads(api))
     log.info("Kueue AdmissionCheck controller: %s (--kueue %s)", "on" if kueue else "off", options.kueue)
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
