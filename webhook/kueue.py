@@ -342,6 +342,11 @@ class AdmissionCheckController:
 
     async def decide(self, workload: Workload, check: str) -> None:
         """Price, check and reserve like a claim; write Ready or Retry (our entry only)."""
+        if self.caches.ledger.holding(ClaimRef(workload.uid)) is not None:
+            # Decided Ready already and our write is not in the cache yet: deciding again
+            # would check the Workload against its own holding and refuse it (seen on the
+            # e2e cluster: an Admitted Workload turned Retry, and Kueue evicted it).
+            return
         entry = self.caches.price(workload)
         if isinstance(entry, str):
             await self._write(workload, check, "Retry", f"cannot be priced: {entry}")
