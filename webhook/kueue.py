@@ -99,6 +99,10 @@ class KueueCaches:
         self.workloads: dict[str, Workload] = {}  # uid -> Workload
         self.templates: dict[tuple[str, str], Claim] = {}
         self.wake: Callable[[], None] = lambda: None  # the leader's controller, when running
+        # Workloads the leader decided Ready whose Ready this cache has not seen yet: their
+        # holding stands even when an older event of theirs (still Pending) arrives, else
+        # the next decision of the same pass would not count them.
+        self.deciding: set[str] = set()
 
     def ours(self) -> frozenset[str]:
         return our_checks({n: str(dig(o, "spec", "controllerName") or "") for n, o in self.checks.items()})
@@ -123,6 +127,13 @@ class KueueCaches:
         touched: set[str] = set()
         for uid in uids:
             workload = self.workloads.get(uid)
+            if workload is not None and holds(workload, ours):
+                self.deciding.discard(uid)  # seen Ready: from now on derived as on every replica
+            elif uid in self.deciding and workload is not None and not (
+                    workload.finished or workload.evicted or not workload.active):
+                continue
+            else:
+                self.deciding.discard(uid)
             entry = self.price(workload) if workload is not None and holds(workload, ours) else None
             if isinstance(entry, str):
                 assert workload is not None
@@ -359,9 +370,11 @@ class AdmissionCheckController:
             return
         ledger = self.caches.ledger
         ledger.set_holding(entry)  # at once: the next Workload of this pass must see it
+        self.caches.deciding.add(workload.uid)
         try:
             await self._write(workload, check, "Ready", charge_message(charges))
         except BaseException:
+            self.caches.deciding.discard(workload.uid)
             ledger.drop_holding(entry.ref)
             await self.reservations.release(workload.namespace, workload.uid)
             raise
