@@ -72,7 +72,7 @@ class ClaimContext:
     # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
     # (`webhook.reservations`); None keeps them in this process's ledger only.
     reservations: Reservations | None = None
-    # Set when Kueue is on (`webhook.kueue.learn_pod`): reads a claim's Pod the Pod cache
+    # Set when Kueue is on (`webhook.kueue.PodLookup`): reads a claim's Pod the Pod cache
     # does not know yet, so a claim of an admitted Workload draws on its holding.
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
 

@@ -51,7 +51,7 @@ from quota.workloads import (
 from webhook.events import EventKey, EventRecorder, Ref
 from webhook.reservations import Reservations
 
-__all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches",
+__all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
            "serves_workloads"]
 
 log = logging.getLogger(__name__)
@@ -268,21 +268,38 @@ class PodStore:
         self.caches.changed(namespace)
 
 
-async def learn_pod(api: KubeApi, admitter: Admitter, claim: Claim, owner_name: str) -> None:
+class PodLookup:
     """A claim's Pod the Pod cache does not know yet (its watch lags the resourceclaim
     controller): one GET, only where some Workload holds quota, so the claim can draw on
-    its Workload's holding instead of being checked on top of it."""
-    ledger = admitter.ledger
-    if not claim.owner or ledger.knows_pod(claim.owner) or not any(ledger.holdings_in(claim.namespace)):
-        return
-    try:
-        pod = await api.get(PODS, owner_name, namespace=claim.namespace)
-    except _FAILURES as err:
-        log.debug("cannot read Pod %s/%s of claim %s: %s", claim.namespace, owner_name, claim.name, err)
-        return
-    workload = dig(pod, "metadata", "labels", WORKLOAD_LABEL)
-    if dig(pod, "metadata", "uid") == claim.owner and isinstance(workload, str) and workload:
-        ledger.set_pod(claim.owner, ClaimRef(workload))
+    its Workload's holding instead of being checked on top of it. Pods read without our
+    label are remembered (a bounded set: the label comes with the Pod's creation, from
+    the Job's template), so a namespace's other claims cost one GET per Pod at most."""
+
+    def __init__(self, api: KubeApi, admitter: Admitter, *, remember: int = 4096) -> None:
+        self.api = api
+        self.ledger = admitter.ledger
+        self.remember = remember
+        self._unlabelled: dict[str, None] = {}  # insertion-ordered: the oldest go first
+
+    async def __call__(self, claim: Claim, owner_name: str) -> None:
+        ledger = self.ledger
+        if (not claim.owner or ledger.knows_pod(claim.owner) or claim.owner in self._unlabelled
+                or not any(ledger.holdings_in(claim.namespace))):
+            return
+        try:
+            pod = await self.api.get(PODS, owner_name, namespace=claim.namespace)
+        except _FAILURES as err:
+            log.debug("cannot read Pod %s/%s of claim %s: %s", claim.namespace, owner_name, claim.name, err)
+            return
+        if dig(pod, "metadata", "uid") != claim.owner:
+            return  # another Pod of that name: the claim's owner is gone
+        workload = dig(pod, "metadata", "labels", WORKLOAD_LABEL)
+        if isinstance(workload, str) and workload:
+            ledger.set_pod(claim.owner, ClaimRef(workload))
+            return
+        self._unlabelled[claim.owner] = None
+        while len(self._unlabelled) > self.remember:
+            del self._unlabelled[next(iter(self._unlabelled))]
 
 
 class AdmissionCheckController:

@@ -36,7 +36,6 @@ Limitations of this version:
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import json
 import logging
@@ -72,7 +71,7 @@ from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, Qu
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
-                           KueueCaches, PodStore, TemplateStore, WorkloadStore, learn_pod, serves_workloads)
+                           KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
 from quota.workloads import WORKLOAD_LABEL
 from webhook.endpoints import endpoints
 from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance
@@ -353,7 +352,7 @@ async def serve(options: ServeOptions) -> int:
                     also=policy.reflectors(api), kueue=kueue)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations,
-                       learn_pod=functools.partial(learn_pod, api, caches.admitter) if kueue else None)
+                       learn_pod=PodLookup(api, caches.admitter) if kueue else None)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)

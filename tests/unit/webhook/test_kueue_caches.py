@@ -3,11 +3,14 @@ leader's provisional holding kept through a stale event, released on finish."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from quota.claims import parse_claim
 from quota.ledger import ClaimRef
 from quota.model import Charge, Namespace
-from webhook.kueue import CheckStore, KueueCaches, TemplateStore, WorkloadStore
+from quota.workloads import WORKLOAD_LABEL
+from webhook.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 
 from ..builders import GiB, exactly, make_claim, request
 from ..test_workloads import admitter, pod_set, state
@@ -67,3 +70,43 @@ def test_a_workload_whose_template_is_missing_holds_nothing() -> None:
     TemplateStore(kc).replace([])
     WorkloadStore(kc).replace([workload("Ready")])
     assert kc.ledger.usage(NS, "gpus").workloads == Charge()
+
+
+class FakePods:
+    """The one call PodLookup makes, answered from dicts; counts the calls."""
+
+    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
+        self.pods = pods
+        self.gets = 0
+
+    async def get(self, _resource: Any, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        self.gets += 1
+        return self.pods[name]
+
+
+def stamped(owner_uid: str) -> Any:
+    obj = make_claim("c", request("gpu", exactly("gpu", count=2)))
+    obj["metadata"]["uid"] = f"claim-of-{owner_uid}"
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner_uid, "uid": owner_uid,
+                                           "controller": True}]
+    return parse_claim(obj)
+
+
+def test_a_pod_the_cache_has_not_seen_is_read_once_and_only_where_workloads_hold() -> None:
+    kc, _, _ = caches()
+    pods = FakePods({"p1": {"metadata": {"uid": "p1", "labels": {WORKLOAD_LABEL: "w-1"}}},
+                     "p2": {"metadata": {"uid": "p2", "labels": {}}}})
+    lookup = PodLookup(pods, kc.admitter)  # type: ignore[arg-type]
+    asyncio.run(lookup(stamped("p1"), "p1"))
+    assert pods.gets == 0  # no Workload holds quota in the namespace: nothing to draw on
+    WorkloadStore(kc).replace([workload("Ready")])
+    asyncio.run(lookup(stamped("p1"), "p1"))
+    assert pods.gets == 1 and kc.ledger.knows_pod("p1")
+    quota = kc.ledger.quotas(NS)[0]
+    entry = kc.admitter.charges(stamped("p1"))[quota]
+    assert entry == Charge()  # the claim draws on the Workload's 160Gi
+    asyncio.run(lookup(stamped("p1"), "p1"))
+    asyncio.run(lookup(stamped("p2"), "p2"))
+    asyncio.run(lookup(stamped("p2"), "p2"))
+    assert pods.gets == 2  # p1 known, p2 read once and remembered unlabelled
+    assert kc.admitter.charges(stamped("p2"))[quota] == Charge(160 * GiB, 2)
