@@ -7,14 +7,14 @@ so both run exactly the same code. Pure and synchronous.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from quota.claims import CHARGE_ANNOTATION, Claim
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.ledger import ClaimRef, Entry, Ledger
-from quota.model import Charge, DeviceClassName, DeviceKey, Mode
-from quota.pricing import Pricer, Pricing
+from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
+from quota.pricing import PricedRequest, Pricer, Pricing
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
            "object_ref"]
@@ -172,7 +172,7 @@ class Admitter:
         denials, _ = self._unpriced(claim, pricing)
         if denials:
             return Admission(False, "; ".join(denials), pricing.warnings, pricing)
-        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False)
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
 
     def _unpriced(self, claim: Claim, pricing: Pricing) -> tuple[list[str], list[str]]:
         """Denials (Enforce) and warnings (Audit) for memory no known device can price.
@@ -201,7 +201,8 @@ class Admitter:
     def account_allocated(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""
         pricing = self.pricer.exact(claim, recorded)
-        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
+        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
+                      owner=claim.owner)
         self.ledger.add_or_update_claim(entry)
         charged = tuple(
             q.name for q in self.ledger.quotas(claim.namespace)
@@ -217,7 +218,8 @@ class Admitter:
         with `enforce` false that is a warning and the charge is accounted anyway.
         """
         pricing = self.pricer.exact(self._own_record(claim))
-        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True)
+        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
+                      owner=claim.owner)
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
         warnings = (*pricing.warnings, *decision.warnings)
         # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
@@ -234,14 +236,40 @@ class Admitter:
                          warned_by=decision.denied_by, charged_above=above)
 
     def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:
-        """What `claim` takes from each quota of its namespace, each in its pricing mode."""
-        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False)
-        return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(claim.namespace)}
+        """What `claim` adds to each quota of its namespace, each in its pricing mode: its
+        charge, less what the admitted Kueue Workload of its Pod still holds for it
+        (`Ledger.uncovered`), so a Workload's claims are never counted twice."""
+        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False, owner=claim.owner)
+        return {q: self.ledger.uncovered(entry, q) for q in self.ledger.quotas(claim.namespace)}
+
+    def workload_entry(self, namespace: Namespace, ref: ClaimRef, claims: Sequence[tuple[Claim, int]]) -> Entry | str:
+        """A Kueue Workload's price as one ledger entry (`quota.workloads`): each claim
+        (of a ResourceClaimTemplate) times how many Pods stamp it, priced in every mode
+        the namespace's quotas use, exactly as the claims will be when they come. A
+        string: why it cannot be priced (the denial a claim would get)."""
+        pricings: dict[Mode, Pricing] = {}
+        for mode in self._modes(namespace):
+            requests: list[PricedRequest] = []
+            warnings: list[str] = []
+            for claim, count in claims:
+                entry = self._priced_entry(claim, None)
+                if isinstance(entry, Admission):
+                    return f"ResourceClaimTemplate {claim.name}: {entry.reason}"
+                pricing = entry.pricing[mode]
+                requests.extend(pricing.requests * count)
+                warnings.extend(pricing.warnings)
+            pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)))
+        return Entry(namespace, ref, pricings, allocated=False)
+
+    def workload_charges(self, entry: Entry) -> dict[DeviceQuota, Charge]:
+        """What a Workload's `entry` takes from each quota of its namespace."""
+        return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(entry.namespace)}
 
     def reserve_existing(self, claim: Claim) -> None:
         """Count an unallocated claim that already exists, without a check: one admitted
         before this process started, or deallocated. Refusing it now would change nothing."""
-        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False))
+        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False,
+                                              owner=claim.owner))
 
     def price(self, claim: Claim) -> Pricing:
         """The estimate in the default mode: what the mutating webhook writes on a claim."""
@@ -261,6 +289,9 @@ class Admitter:
         return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
 
     def _estimate(self, claim: Claim) -> dict[Mode, Pricing]:
+        return {mode: self.pricer.estimate(claim.spec, mode=mode) for mode in self._modes(claim.namespace)}
+
+    def _modes(self, namespace: Namespace) -> list[Mode]:
         modes: set[Mode] = {self.ledger.default_mode}
-        modes.update(q.mode for q in self.ledger.quotas(claim.namespace) if q.mode is not None)
-        return {mode: self.pricer.estimate(claim.spec, mode=mode) for mode in sorted(modes)}
+        modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
+        return sorted(modes)

@@ -51,6 +51,7 @@ from quota.validation import (
 
 __all__ = [
     "ClaimError",
+    "pod_owner",
     "Toleration",
     "DeviceRequirement",
     "Request",
@@ -128,6 +129,9 @@ class Claim:
     allocation: tuple[AllocatedDevice, ...] | None = None
     # The charge written by our mutating webhook at admission, if any.
     recorded_charge: Charge | None = None
+    # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
+    # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).
+    owner: str = ""
 
     @property
     def admin_access(self) -> bool:
@@ -165,7 +169,19 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         spec=claim_spec,
         allocation=allocation,
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
+        owner=(pod_owner(obj) or ("", ""))[1],
     )
+
+
+def pod_owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the Pod a claim's controlling ownerReference names, if any (the
+    resourceclaim controller sets it on the claims it stamps for a Pod)."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") if isinstance(obj.get("metadata"), dict) else None
+    for owner in owners if isinstance(owners, list) else ():
+        if (isinstance(owner, dict) and owner.get("apiVersion") == "v1" and owner.get("kind") == "Pod"
+                and owner.get("controller") is True and isinstance(owner.get("uid"), str)):
+            return str(owner.get("name") or ""), owner["uid"]
+    return None
 
 
 def _check_result_requests(allocation: tuple[AllocatedDevice, ...] | None, spec: ClaimSpec) -> None:

@@ -131,6 +131,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "of after its backoff (up to 1000 s); done by the Lease holder; needs list pods, patch "
                             "resourceclaimtemplates (default on)")
     _add_controller(serve)
+    serve.add_argument("--kueue", choices=("auto", "on", "off"), default="auto",
+                       help="run the Kueue AdmissionCheck controller (controllerName draquota.io/devicequota) on "
+                            "the Lease holder and keep a Workload cache on every replica; auto: when the API "
+                            "server serves kueue.x-k8s.io/v1beta2 workloads at start-up (default auto)")
+    serve.add_argument("--kueue-retry-seconds", type=int, default=15, metavar="SECONDS",
+                       help="requeueAfterSeconds of a Retry for a Workload that does not fit: Kueue checks it "
+                            "again this long after (default 15)")
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -205,7 +212,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
         webhook=args.webhook, controller=args.controller, leader_election=election,
-        resync_seconds=args.resync_period,
+        resync_seconds=args.resync_period, kueue=args.kueue, kueue_retry_seconds=args.kueue_retry_seconds,
     )
     try:
         return asyncio.run(serve(options))

@@ -85,6 +85,9 @@ class Usage:
     reserved: Charge = ZERO
     allocated_claims: int = 0
     pending_claims: int = 0
+    # The part of `reserved` admitted Kueue Workloads hold beyond their Pods' claims
+    # (`quota.workloads`); the rest of `reserved` is claims'.
+    workloads: Charge = ZERO
 
 
 @dataclass(frozen=True, slots=True)

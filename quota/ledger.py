@@ -36,6 +36,9 @@ class Entry:
     # Pricing per mode: quotas may price optimistically while the default is conservative.
     pricing: Mapping[Mode, Pricing]
     allocated: bool
+    # The uid of the Pod whose controlling ownerReference the claim carries: a claim of a
+    # Pod of an admitted Kueue Workload draws on that Workload's holding (`quota.workloads`).
+    owner: str = ""
 
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
         return self._pricing(quota, default_mode).charge_for(quota.device_classes)
@@ -59,6 +62,12 @@ class Ledger:
         # Moves on every claim change of the namespace: readers deriving views from its
         # claims (the usage metrics) cache on it.
         self._namespace_generation: dict[Namespace, int] = {}
+        # Admitted Kueue Workloads (`quota.workloads`): their price per ref (the Workload's
+        # uid), which Pods are theirs (Pod uid -> Workload ref), and the claims per Pod.
+        self._holdings: dict[Namespace, dict[ClaimRef, Entry]] = {}
+        self._pod_workload: dict[str, ClaimRef] = {}
+        self._workload_pods: dict[ClaimRef, set[str]] = {}
+        self._by_owner: dict[str, set[ClaimRef]] = {}
 
     # -- quotas -------------------------------------------------------------------
 
@@ -83,7 +92,73 @@ class Ledger:
         return [q for per_ns in self._quotas.values() for q in per_ns.values()]
 
     def usage(self, namespace: Namespace, name: str) -> Usage:
-        return self._usage.get((namespace, name), Usage())
+        """The claims' usage plus what admitted Workloads still hold (in `reserved`)."""
+        usage = self._usage.get((namespace, name), Usage())
+        quota = self._quotas.get(namespace, {}).get(name)
+        if quota is None or not self._holdings.get(namespace):
+            return usage
+        held = sum((self._left(h, quota) for h in self._holdings[namespace].values()), ZERO)
+        return replace(usage, reserved=usage.reserved + held, workloads=held)
+
+    # -- Kueue Workloads ------------------------------------------------------------
+
+    def set_holding(self, entry: Entry) -> tuple[QuotaKey, ...]:
+        """An admitted Workload holds `entry` (its price), keyed by the Workload's uid."""
+        self._holdings.setdefault(entry.namespace, {})[entry.ref] = entry
+        return self._touch(entry.namespace)
+
+    def drop_holding(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
+        for namespace, holdings in self._holdings.items():
+            if holdings.pop(ref, None) is not None:
+                return self._touch(namespace)
+        return ()
+
+    def holding(self, ref: ClaimRef) -> Entry | None:
+        return next((h[ref] for h in self._holdings.values() if ref in h), None)
+
+    def holdings_in(self, namespace: Namespace) -> Iterable[Entry]:
+        return self._holdings.get(namespace, {}).values()
+
+    def counts(self, ref: ClaimRef) -> bool:
+        """Whether this ledger counts `ref`: a claim it holds, or an admitted Workload."""
+        return ref in self._entries or self.holding(ref) is not None
+
+    def set_pod(self, pod: str, workload: ClaimRef | None) -> None:
+        """Pod uid `pod` belongs to `workload` (None: to none, or the Pod is gone)."""
+        old = self._pod_workload.pop(pod, None)
+        if old is not None:
+            self._workload_pods.get(old, set()).discard(pod)
+        if workload is not None:
+            self._pod_workload[pod] = workload
+            self._workload_pods.setdefault(workload, set()).add(pod)
+
+    def knows_pod(self, pod: str) -> bool:
+        return pod in self._pod_workload
+
+    def uncovered(self, entry: Entry, quota: DeviceQuota) -> Charge:
+        """What `entry` adds to `quota`'s usage: its charge less what its Workload still
+        holds for it (a claim of a Pod of an admitted Workload draws on that holding)."""
+        charge = entry.charge_for(quota, self.default_mode)
+        workload = self._pod_workload.get(entry.owner) if entry.owner else None
+        holding = self.holding(workload) if workload is not None else None
+        if holding is None:
+            return charge
+        left = self._left(holding, quota, without=entry.ref)
+        return Charge(max(charge.memory - left.memory, 0), max(charge.devices - left.devices, 0))
+
+    def _left(self, holding: Entry, quota: DeviceQuota, *, without: ClaimRef | None = None) -> Charge:
+        """max(0, price - the charges of the Workload's matched claims), per resource."""
+        price = holding.charge_for(quota, self.default_mode)
+        drawn = ZERO
+        for pod in self._workload_pods.get(holding.ref, ()):
+            for ref in self._by_owner.get(pod, ()):
+                if ref != without and (claim := self._entries.get(ref)) is not None:
+                    drawn = drawn + claim.charge_for(quota, self.default_mode)
+        return Charge(max(price.memory - drawn.memory, 0), max(price.devices - drawn.devices, 0))
+
+    def _touch(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
+        self._namespace_generation[namespace] = self._namespace_generation.get(namespace, 0) + 1
+        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
 
     # -- claims -------------------------------------------------------------------
 
@@ -92,6 +167,8 @@ class Ledger:
         touched = self._apply(old, -1) if old is not None else ()
         self._entries[entry.ref] = entry
         self._by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
+        if entry.owner:
+            self._by_owner.setdefault(entry.owner, set()).add(entry.ref)
         return tuple(dict.fromkeys((*touched, *self._apply(entry, +1))))
 
     def delete_claim(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
@@ -99,6 +176,10 @@ class Ledger:
         if old is None:
             return ()
         self._by_namespace.get(old.namespace, {}).pop(ref, None)
+        if old.owner and (claims := self._by_owner.get(old.owner)) is not None:
+            claims.discard(ref)
+            if not claims:
+                del self._by_owner[old.owner]
         return self._apply(old, -1)
 
     def release(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
@@ -144,7 +225,7 @@ class Ledger:
             usage = self.usage(entry.namespace, quota.name)
             if previous is not None:
                 usage = _add(usage, previous, quota, self.default_mode, -1)
-            checks.append(QuotaCheck(quota, usage, entry.charge_for(quota, self.default_mode)))
+            checks.append(QuotaCheck(quota, usage, self.uncovered(entry, quota)))
         decision = check(checks)
         if decision.allowed and not dry_run:
             self.add_or_update_claim(entry)
@@ -178,7 +259,7 @@ class Ledger:
         touched = []
         for quota in self._quotas.get(entry.namespace, {}).values():
             key = (entry.namespace, quota.name)
-            self._usage[key] = _add(self.usage(*key), entry, quota, self.default_mode, sign)
+            self._usage[key] = _add(self._usage.get(key, Usage()), entry, quota, self.default_mode, sign)
             touched.append(key)
         return tuple(touched)
 

@@ -24,6 +24,9 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 - `reserved`: the estimated charge of the claims that exist unallocated, plus the
   persisted entries whose claim the controller's cache does not hold yet (admitted,
   not yet seen, at most one TTL);
+- `reservedBy`: `reserved` split by source: `workloads`, what Kueue Workloads admitted
+  by our AdmissionCheck hold beyond their Pods' claims (`quota.workloads`), and
+  `claims`, the rest;
 - `claims`: allocated and pending (existing, unallocated) claims;
 - `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
   Audit enforcement, an allocation accounted in account-only mode).
@@ -42,7 +45,7 @@ from quota.reservations import Held, apply, status_fields
 
 __all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
 
-CONTROLLER_FIELDS = ("used", "reserved", "claims", "observedGeneration", "conditions")
+CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions")
 
 
 def desired_status(
@@ -71,6 +74,9 @@ def desired_status(
     status["reservations"] = status_fields(live)["reservations"]
     status["used"] = _amounts(usage.used)
     status["reserved"] = _amounts(reserved)
+    # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
+    # beyond their Pods' claims (`quota.workloads`), and the rest.
+    status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads), "workloads": _amounts(usage.workloads)}
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
     if isinstance(generation, int):
         status["observedGeneration"] = generation

@@ -24,12 +24,12 @@ letting a tenant publish a smaller charge than the one counted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim, pod_owner
 from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
@@ -72,6 +72,9 @@ class ClaimContext:
     # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
     # (`webhook.reservations`); None keeps them in this process's ledger only.
     reservations: Reservations | None = None
+    # Set when Kueue is on (`webhook.kueue.PodLookup`): reads a claim's Pod the Pod cache
+    # does not know yet, so a claim of an admitted Workload draws on its holding.
+    learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
 
 
 def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -110,6 +113,8 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     priced = ctx.admitter.admit_claim(claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=True)
     if not priced.allowed and not priced.denied_by:
         return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
+    if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:
+        await ctx.learn_pod(claim, owner[0])
     charges = {q: c for q, c in ctx.admitter.charges(claim).items() if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
                                             dry_run=request.dry_run, series=_series(request))

@@ -190,7 +190,7 @@ class QuotaController:
         now = self.clock()
         status = desired_status(
             obj, quota, held, usage=self.ledger.usage(quota.namespace, quota.name),
-            cached=lambda uid: self.ledger.entry(ClaimRef(uid)) is not None,
+            cached=lambda uid: self.ledger.counts(ClaimRef(uid)),
             gone=self.reservations.is_gone, now=now, ttl=self.reservations.ttl,
         )
         expiry = next_expiry(held, now)

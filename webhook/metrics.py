@@ -59,6 +59,7 @@ __all__ = [
     "WATCH_RELISTS",
     "WATCH_RESTARTS",
     "WATCH_SYNCED",
+    "WORKLOADS_RESERVED",
     "Metrics",
     "decision_of",
     "render",
@@ -85,9 +86,13 @@ INVENTORY_MEMORY = "draquota_inventory_memory_bytes"
 INVENTORY_ALLOCATED = "draquota_inventory_allocated_devices"
 CLAIM_DEVICE_INFO = "draquota_claim_device_info"
 RECONCILE_DURATION = "draquota_reconcile_duration_seconds"
+# draquota_quota{type="reserved"} by source (status.reservedBy): a series of its own, so
+# the kube_resourcequota-shaped one keeps its labels.
+WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
 NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, NAMESPACE_USAGE,
-         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, RECONCILE_DURATION)
+         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, RECONCILE_DURATION,
+         WORKLOADS_RESERVED)
 
 # controller-runtime's and kube-state-metrics' metrics port: what ServiceMonitors expect.
 DEFAULT_METRICS_PORT = 8080

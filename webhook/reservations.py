@@ -126,7 +126,7 @@ class Reservations:
         return outstanding(held, cached=self._cached)
 
     def _cached(self, uid: str) -> bool:
-        return self.ledger.entry(ClaimRef(uid)) is not None
+        return self.ledger.counts(ClaimRef(uid))
 
     # -- admission --------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ The replica holding the Lease (`webhook.leader`) also runs the quota controller
 each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
 webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
 the Lease and the controller.
+With `--kueue` (auto: when Kueue's v1beta2 API is served) every replica also caches
+Kueue's Workloads and the leader runs their AdmissionCheck (`webhook.kueue`).
 
 Limitations of this version:
 - Metrics on `--metrics-port`: admission, watch, certificate and Event ones
@@ -68,6 +70,9 @@ from webhook.certificates import start as start_self_managed
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
+from webhook.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
+                           KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
+from quota.workloads import WORKLOAD_LABEL
 from webhook.endpoints import endpoints
 from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from webhook.filepoll import Stamp, reload_on_change, stamp
@@ -145,6 +150,10 @@ class ServeOptions:
     leader_election: LeaderElection = LeaderElection()
     # Every quota's status is recomputed this often even without events (seconds).
     resync_seconds: float = 300.0
+    # The Kueue AdmissionCheck controller (webhook.kueue): "auto" runs it when the API
+    # server serves kueue.x-k8s.io/v1beta2 workloads at start-up.
+    kueue: Literal["auto", "on", "off"] = "auto"
+    kueue_retry_seconds: int = 15
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -229,7 +238,7 @@ class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0,
-                 requeue: Requeuer | None = None, also: Sequence[Reflector] = ()) -> None:
+                 requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap)."""
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
@@ -260,6 +269,18 @@ class Caches:
                                                              freed=requeue.quota_freed if requeue else None,
                                                              holders=self.holders)),
                                 claims=True)
+        # Kueue (webhook.kueue): started with the claims, once the inventory and classes
+        # that price a Workload are synced.
+        self.kueue: KueueCaches | None = None
+        self.later: list[Reflector] = []
+        if kueue:
+            self.kueue = KueueCaches(self.admitter, forget=self.reservations.forget, changed=self._tell)
+            self.later = [
+                reflector(TEMPLATES, TemplateStore(self.kueue)),
+                reflector(ADMISSION_CHECKS, CheckStore(self.kueue)),
+                reflector(WORKLOADS, WorkloadStore(self.kueue)),
+                Reflector(api, PODS, PodStore(self.kueue), label_selector=WORKLOAD_LABEL),
+            ]
 
     def _tell(self, namespace: str | None) -> None:
         for listener in self.changed:
@@ -267,10 +288,10 @@ class Caches:
 
     @property
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in (*self.first, self.claims))
+        return all(r.synced.is_set() for r in (*self.first, self.claims, *self.later))
 
     async def wait_synced(self) -> None:
-        for r in (*self.first, self.claims):
+        for r in (*self.first, self.claims, *self.later):
             await r.synced.wait()
 
     async def run(self) -> None:
@@ -280,6 +301,8 @@ class Caches:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))
             group.create_task(self.claims.run(), name="reflector resourceclaims")
+            for r in self.later:
+                group.create_task(r.run(), name=f"reflector {r.resource.plural}")
 
 
 async def serve(options: ServeOptions) -> int:
@@ -320,10 +343,16 @@ async def serve(options: ServeOptions) -> int:
     elector = _elector(api, options) if options.controller else None
     leading: Callable[[], bool] = elector.leading if elector is not None else (lambda: False)
     requeue = Requeuer(api, leading=leading) if options.requeue_waiting_pods else None
+    if options.kueue_retry_seconds < 1:
+        await api.close()
+        raise ServeError(f"--kueue-retry-seconds must be at least 1, got {options.kueue_retry_seconds}")
+    kueue = options.kueue == "on" or (options.kueue == "auto" and await serves_workloads(api))
+    log.info("Kueue AdmissionCheck controller: %s (--kueue %s)", "on" if kueue else "off", options.kueue)
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
-                    also=policy.reflectors(api))
+                    also=policy.reflectors(api), kueue=kueue)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
-                       reservations=caches.reservations)
+                       reservations=caches.reservations,
+                       learn_pod=PodLookup(api, caches.admitter) if kueue else None)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
@@ -408,7 +437,13 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
 
     async def work() -> None:
         await caches.wait_synced()
-        await controller.run()
+        if caches.kueue is None:
+            await controller.run()
+            return
+        checks = AdmissionCheckController(caches.reservations.api, caches.kueue,
+                                          caches.reservations, recorder, leading=elector.leading,
+                                          retry_seconds=options.kueue_retry_seconds)
+        await asyncio.gather(controller.run(), checks.run())
 
     await elector.run(work)
 

@@ -40,6 +40,7 @@ from webhook.metrics import (
     LEADER,
     NAMESPACE_USAGE,
     QUOTA,
+    WORKLOADS_RESERVED,
     Metrics,
     render,
 )
@@ -88,6 +89,7 @@ class UsageMetrics:
         yield leader
         if leading:
             yield self._quota_family()
+            yield self._workloads_family()
             yield self._namespace_family()
 
     def rendered(self) -> bytes:
@@ -113,6 +115,18 @@ class UsageMetrics:
                     family.add_metric([*labels, "hard"], limit)
                 family.add_metric([*labels, "used"], _amount(usage.used, resource))
                 family.add_metric([*labels, "reserved"], _amount(reserved, resource))
+        return family
+
+    def _workloads_family(self) -> Metric:
+        """The part of draquota_quota{type="reserved"} Kueue Workloads hold (status.reservedBy.workloads)."""
+        family = GaugeMetricFamily(
+            WORKLOADS_RESERVED, 'The part of draquota_quota{type="reserved"} held by Kueue Workloads admitted by '
+            "dra-quota's AdmissionCheck beyond what their Pods' claims count (the rest is claims'); resource memory "
+            "in bytes, devices a count. Exported by the leader only.", labels=["namespace", "quota", "resource"])
+        for quota in self.ledger.quotas():
+            held = self.ledger.usage(quota.namespace, quota.name).workloads
+            for resource in _RESOURCES:
+                family.add_metric([quota.namespace, quota.name, resource], _amount(held, resource))
         return family
 
     def _namespace_family(self) -> Metric:

@@ -131,3 +131,14 @@ def test_no_interleaving_of_the_two_writers_loses_a_reservation_or_the_usage() -
         status = server.obj["status"]
         assert sorted(status["reservations"]) == ["new", "old"], order
         assert status["used"] == {"memory": "80Gi", "devices": 1}, order
+
+
+def test_reserved_is_split_by_source_workloads_and_claims() -> None:
+    # The ledger's reserved holds 80Gi of pending claims and 160Gi Kueue Workloads hold;
+    # the unconfirmed entry "b" is a claim's (or a Workload's not seen yet): claims'.
+    obj = quota_obj(status=entries(("b", NOW + 30)))
+    usage = Usage(reserved=GPU + Charge(160 * GiB, 2), workloads=Charge(160 * GiB, 2), pending_claims=1)
+    status = desired(obj, usage=usage)
+    assert status["reserved"] == {"memory": "320Gi", "devices": 4}
+    assert status["reservedBy"] == {"claims": {"memory": "160Gi", "devices": 2},
+                                    "workloads": {"memory": "160Gi", "devices": 2}}

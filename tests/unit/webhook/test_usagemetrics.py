@@ -18,6 +18,7 @@ from hypothesis import given
 from prometheus_client.parser import text_string_to_metric_families
 
 from quota.admission import Admitter
+from quota.claims import parse_claim
 from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName
@@ -33,6 +34,7 @@ from webhook.metrics import (
     NAMES,
     NAMESPACE_USAGE,
     QUOTA,
+    WORKLOADS_RESERVED,
     Metrics,
 )
 from webhook.reservations import Reservations
@@ -290,3 +292,18 @@ def test_the_kept_views_equal_a_fresh_scrape_after_any_changes(steps: list[tuple
         UsageMetrics(world.admitter.ledger, world.inventory, world.holders,
                      pending=world.reservations.pending).register(fresh)
         assert usage(world.scrape()) == usage(scrape(fresh))
+
+
+def test_what_kueue_workloads_hold_is_its_own_series_and_part_of_reserved() -> None:
+    world = World()
+    world.quotas.replace([make_quota("gpus", memory="400Gi")])
+    entry = world.admitter.workload_entry(
+        "team-a", "w-1", [(parse_claim(make_claim("t", request("gpu", exactly("gpu", count=2)),  # type: ignore[arg-type]
+                                                  kind="ResourceClaimTemplate")), 1)])
+    assert not isinstance(entry, str)
+    world.admitter.ledger.set_holding(entry)
+    samples = world.scrape()
+    held = family(samples, WORKLOADS_RESERVED)
+    labels = frozenset({"namespace": "team-a", "quota": "gpus", "resource": "memory"}.items())
+    assert held[labels] == 2 * 80 * GiB
+    assert family(samples, QUOTA)[quota_sample("memory", "reserved")] == 2 * 80 * GiB

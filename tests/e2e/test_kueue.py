@@ -1,0 +1,349 @@
+"""dra-quota's Kueue AdmissionCheck controller against a real Kueue, API server and scheduler.
+
+A namespace with a DeviceQuota of two H100s' memory (160Gi), a ClusterQueue with room for
+six devices that lists our AdmissionCheck (controllerName ``draquota.io/devicequota``), and
+Jobs asking 2 H100s each through a ResourceClaimTemplate. Kueue alone would admit three;
+our check admits what the DeviceQuota holds and holds the rest with a claim's denial text.
+Each step asserts the DeviceQuota status, so nothing is counted twice: the admitted
+Workload's holding, then its Pod's claim drawing on it, then the claim's exact use.
+
+There is no kubelet: a Job "finishes" by its Pod's status being set Succeeded (what a
+kubelet would write); the Job controller completes the Job, Kueue marks the Workload
+Finished, and the resourceclaim controller deallocates and deletes the Pod's claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from quota.quantity import parse_quantity
+
+from .cluster import ControlPlane, free_ports
+from .conftest import unique
+from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, exact_request
+from .kube import Kube, Obj, poll
+from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
+from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues
+from ..tools.chart import NAMESPACE
+from .test_chart import ACCOUNT, OBJECTS, apply, ensure_namespace, token_kubeconfig
+from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
+
+pytestmark = pytest.mark.e2e
+GiB = 2**30
+__all__ = ["crd", "queue_objects"]  # fixtures used by name
+
+H100 = Gpu("NVIDIA H100-SXM5-80GB", "80Gi")
+WORKLOAD_LABEL = "draquota.io/workload"
+RETRY_SECONDS = 2
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The Lease the chart's Role lets its ServiceAccount update (by name).
+LEASE = next(a.partition("=")[2] for o in OBJECTS if o["kind"] == "Deployment"
+             for a in o["spec"]["template"]["spec"]["containers"][0]["args"]
+             if a.startswith("--leader-election-lease-name="))
+
+
+async def chart_kubeconfig(cluster: ControlPlane, kube: Kube, path: Path) -> Path:
+    """A kubeconfig of the chart's ServiceAccount with exactly the chart's RBAC (the shipped
+    manifest's, default values: `serve.kueue: auto`), so the Kueue rights are proven here."""
+    await ensure_namespace(kube, NAMESPACE)
+    for obj in OBJECTS:
+        if obj["kind"] in RBAC_KINDS:
+            await apply(kube, obj)
+    answer = await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
+                                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                      "spec": {"expirationSeconds": 3600}})
+    return token_kubeconfig(cluster, answer["status"]["token"], path)
+
+
+class Env:
+    def __init__(self, kube: Kube, namespace: str, queue: str, check: str, served: Served) -> None:
+        self.kube, self.namespace, self.queue, self.check, self.served = kube, namespace, queue, check, served
+
+    async def job(self, name: str) -> Obj:
+        """A suspended Job for the queue: one Pod stamping a claim for 2 devices (the template "gpus")."""
+        pod: Obj = {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpus"}],
+            "containers": [{"name": "main", "image": POD_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+        }
+        return await self.kube.create(BATCH, "jobs", {
+            "kind": "Job", "metadata": {"name": name, "labels": {QUEUE_LABEL: self.queue}},
+            "spec": {"suspend": True, "parallelism": 1, "completions": 1, "template": {"spec": pod}},
+        }, namespace=self.namespace)
+
+    async def workload(self, job: str, predicate: Callable[[Obj], bool], what: str, timeout: float = 60) -> Obj:
+        last: list[Obj] = []
+
+        async def probe() -> Obj | None:
+            last[:] = [w for w in await self.kube.list(API, "workloads", namespace=self.namespace)
+                       if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or [])]
+            return next((w for w in last if predicate(w)), None)
+
+        try:
+            found: Obj = await poll(probe, timeout=timeout, what=f"Workload of Job {job}: {what}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; seen: {[w.get('status') for w in last]}") from None
+        return found
+
+    async def quota(self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60) -> Obj:
+        found: Obj = await self.kube.wait_for(DQ, "devicequotas", "gpus", lambda q: predicate(q.get("status") or {}),
+                                              namespace=self.namespace, what=what, timeout=timeout)
+        return found
+
+    async def sample(self, seen: list[tuple[int, int, int]], stop: asyncio.Event) -> None:
+        """Record (used, reserved, reserved by workloads) memory bytes of DeviceQuota "gpus"
+        until `stop`: a sampler, not synchronisation (the asserts on it say "never above
+        hard"); checks on each sample that reservedBy adds up to reserved."""
+        while not stop.is_set():
+            status = (await self.kube.get(DQ, "devicequotas", "gpus", namespace=self.namespace)).get("status") or {}
+            by = status.get("reservedBy") or {}
+            seen.append((memory(status, "used"), memory(status, "reserved"), memory(by, "workloads")))
+            assert memory(by, "claims") + memory(by, "workloads") == memory(status, "reserved"), status
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+
+    async def events(self, reason: str) -> list[Obj]:
+        return [e for e in await self.kube.list("events.k8s.io/v1", "events", namespace=self.namespace)
+                if e.get("reason") == reason]
+
+    async def finish(self, job: str) -> None:
+        """What a kubelet would write when the Job's one container exits 0."""
+        pods = [p for p in await self.kube.list("v1", "pods", namespace=self.namespace)
+                if (p["metadata"].get("labels") or {}).get("job-name") == job]
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        await self.kube.patch("v1", "pods", pods[0]["metadata"]["name"], {"status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": "main", "image": POD_IMAGE, "imageID": "", "ready": False,
+                                   "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
+        }}, namespace=self.namespace, subresource="status")
+
+
+def memory(status: dict[str, Any], field: str) -> int:
+    return int(parse_quantity((status.get(field) or {}).get("memory") or 0))
+
+
+def amounts(status: dict[str, Any], field: str) -> tuple[str, int]:
+    value = status.get(field) or {}
+    return str(value.get("memory")), int(value.get("devices") or 0)
+
+
+def check_state(workload: Obj, check: str) -> dict[str, Any]:
+    return next((c for c in (workload.get("status") or {}).get("admissionChecks") or [] if c["name"] == check), {})
+
+
+def ready(check: str) -> Callable[[Obj], bool]:
+    return lambda w: check_state(w, check).get("state") == "Ready"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def env(cluster: ControlPlane, kube: Kube, kueue: Kueue, crd: None, tmp_path: Path,
+              make_namespace: Callable[..., Awaitable[str]], make_fleet: Callable[..., Awaitable[GpuFleet]],
+              queue_objects: Callable[..., Awaitable[Obj]]) -> AsyncIterator[Env]:
+    """Four H100s, the namespace (Kueue's and our webhooks' labels), DeviceQuota "gpus" of
+    160Gi, our AdmissionCheck, a ClusterQueue of 6 devices listing it, the template, and
+    `dra-quota serve --kueue on` with our webhooks installed."""
+    run = uuid.uuid4().hex[:8]
+    fleet = await make_fleet("kq")
+    await fleet.add_node("n1", [H100] * 4)
+    namespace = await make_namespace("kq", labels={NAMESPACE_LABEL: "true", RUN_LABEL: run})
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                           "spec": {"hard": {"memory": "160Gi"}}}, namespace=namespace)
+    check = (await queue_objects("admissionchecks", {
+        "kind": "AdmissionCheck", "metadata": {"name": unique("ac")}, "spec": {"controllerName": CONTROLLER},
+    }))["metadata"]["name"]
+    cq, lq = await queues(kube, queue_objects, namespace, devices=6, checks=(check,))
+    kubeconfig = await chart_kubeconfig(cluster, kube, tmp_path / "chart.kubeconfig")
+    handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log", kubeconfig=kubeconfig,
+                    args=("--kueue", "auto", "--kueue-retry-seconds", str(RETRY_SECONDS),
+                          "--leader-election-namespace", NAMESPACE, "--leader-election-lease-name", LEASE))
+    async for served in running(handle):
+        async with installed(kube, adapted_webhooks(run, served.port, cluster)):
+            with served.log_on_failure():
+                # Our controller marks the check Active; only then is the ClusterQueue active.
+                await kube.wait_for_condition(API, "clusterqueues", cq, "Active")
+                await create_claim_template(kube, namespace, "gpus",
+                                            claim_spec(exact_request("gpu", DEVICE_CLASS, count=2)))
+                yield Env(kube, namespace, lq, check, served)
+                # Nothing serve did was refused with the chart's RBAC.
+                assert "HTTP 403" not in served.log_text()
+                assert "Kueue AdmissionCheck controller: on (--kueue auto)" in served.log_text()
+
+
+async def test_the_check_admits_what_the_device_quota_holds_and_the_next_when_it_frees(env: Env) -> None:
+    seen: list[tuple[int, int, int]] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(env.sample(seen, stop))
+    try:
+        await _admits_and_frees(env)
+    finally:
+        stop.set()
+        await sampler
+    # Never counted twice: at no sample did used + reserved pass the 160Gi one Job takes
+    # (the holding, then its claim drawing on it, then the claim's exact use).
+    assert max(u + r for u, r, _ in seen) == 160 * GiB, sorted(set(seen))
+    print(f"KUEUE: DeviceQuota samples (used, reserved, reservedBy.workloads) in GiB: "
+          f"{sorted({(u // GiB, r // GiB, w // GiB) for u, r, w in seen})}")
+
+
+async def _admits_and_frees(env: Env) -> None:
+    kube, check = env.kube, env.check
+    jobs = [(await env.job(f"train-{i}"))["metadata"]["name"] for i in range(3)]
+
+    # Kueue reserves its quota for the Workloads (6 devices fit its ClusterQueue); ours
+    # admits one, whose 2 H100s (160Gi) fill the DeviceQuota.
+    admitted: list[Obj] = []
+
+    async def one_admitted() -> bool:
+        workloads = await kube.list(API, "workloads", namespace=env.namespace)
+        admitted[:] = [w for w in workloads if holds("Admitted")(w)]
+        return len(admitted) == 1 and len(await env.events("DeviceQuotaExceeded")) >= 2
+
+    await poll(one_admitted, timeout=60, what="one Workload Admitted, two held by our check")
+    first = admitted[0]
+    first_job = first["metadata"]["ownerReferences"][0]["name"]
+    entry = check_state(first, check)
+    assert entry["state"] == "Ready" and 'DeviceQuota "gpus": memory=160Gi' in entry["message"], entry
+    assert entry["podSetUpdates"][0]["labels"] == {WORKLOAD_LABEL: first["metadata"]["uid"]}
+    # The others were held with the text a claim gets, and Kueue sees no more than 1 admitted.
+    held = await env.events("DeviceQuotaExceeded")
+    notes = {e["regarding"]["name"]: e["note"] for e in held}
+    assert first["metadata"]["name"] not in notes
+    for note in notes.values():
+        assert 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=0, reserved memory=160Gi, ' \
+               'limited memory=160Gi' in note, note
+    # What the Workload holds counts as reserved (nothing allocated yet, or its claim drawing on it).
+    status = (await env.quota(lambda s: amounts(s, "reserved")[0] == "160Gi" or amounts(s, "used")[0] == "160Gi",
+                              "the admitted Workload counted"))["status"]
+    assert amounts(status, "used")[0] in ("0", "160Gi") and status["reserved"]["memory"] in ("0", "160Gi")
+
+    # Kueue unsuspends the Job; its Pod carries our label; the scheduler allocates the Pod's
+    # claim: used 160Gi, reserved 0 (the claim drew on the holding, never counted twice).
+    await kube.wait_for(BATCH, "jobs", first_job, lambda j: j["spec"].get("suspend") is False,
+                        namespace=env.namespace, what="unsuspended")
+    status = (await env.quota(lambda s: amounts(s, "used")[0] == "160Gi", "the admitted Job's claim allocated",
+                              timeout=90))["status"]
+    assert amounts(status, "reserved")[0] == "0", status
+    pods = [p for p in await kube.list("v1", "pods", namespace=env.namespace)
+            if (p["metadata"].get("labels") or {}).get("job-name") == first_job]
+    assert [p["metadata"]["labels"].get(WORKLOAD_LABEL) for p in pods] == [first["metadata"]["uid"]]
+    assert pods[0]["spec"].get("nodeName"), pods[0]["spec"]
+    claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=env.namespace)
+    assert len(claims) == 1 and (claims[0].get("status") or {}).get("allocation"), claims
+    others = [w for w in await kube.list(API, "workloads", namespace=env.namespace) if holds("Admitted")(w)]
+    assert len(others) == 1, "a second Workload was admitted while the quota was full"
+
+    # The Job finishes: the Workload releases its holding, the claim its use; the next
+    # Workload's check turns Ready once Kueue requeues it.
+    freed_at = time.monotonic()
+    await env.finish(first_job)
+    await env.workload(first_job, holds("Finished"), "Finished", timeout=60)
+    await env.quota(lambda s: amounts(s, "used")[0] == "0", "the first Job's claim released", timeout=90)
+
+    def next_ready(w: Obj) -> bool:
+        return w["metadata"]["name"] != first["metadata"]["name"] and ready(check)(w)
+
+    second = await _any_workload(env, next_ready, "the next Workload Ready")
+    ready_after = time.monotonic() - freed_at
+    ready_seen = time.monotonic()
+    await _any_workload(env, lambda w: w["metadata"]["uid"] == second["metadata"]["uid"] and holds("Admitted")(w),
+                        "the next Workload Admitted")
+    admitted_after = time.monotonic() - ready_seen
+    # Measured, not asserted (a shared machine): printed for the report, polled every <=50 ms.
+    print(f"\nKUEUE: Job finished -> next Workload's check Ready: {ready_after:.2f}s "
+          f"(requeueAfterSeconds {RETRY_SECONDS}); our Ready seen -> Admitted seen: {admitted_after:.3f}s")
+    status = (await env.quota(lambda s: amounts(s, "used")[0] == "160Gi", "the second Job's claim allocated",
+                              timeout=90))["status"]
+    assert amounts(status, "reserved")[0] == "0", status
+    admitted_now = [w for w in await kube.list(API, "workloads", namespace=env.namespace)
+                    if holds("Admitted")(w) and not holds("Finished")(w)]
+    assert len(admitted_now) == 1, [w["metadata"]["name"] for w in admitted_now]
+    assert {w["metadata"]["name"] for w in admitted_now} != {first["metadata"]["name"]}
+    assert set(jobs) >= {first_job}
+
+
+async def _any_workload(env: Env, predicate: Callable[[Obj], bool], what: str, timeout: float = 90) -> Obj:
+    async def probe() -> Obj | None:
+        return next((w for w in await env.kube.list(API, "workloads", namespace=env.namespace) if predicate(w)), None)
+
+    found: Obj = await poll(probe, timeout=timeout, what=what, interval=0.02, max_interval=0.05)
+    return found
+
+
+
+async def held_with(env: Env, job: str, text: str) -> Obj:
+    """Our Warning Event on `job`'s Workload, once it says `text`."""
+    workload = await env.workload(job, lambda w: True, "made by Kueue")
+    name = workload["metadata"]["name"]
+
+    async def probe() -> Obj | None:
+        return next((e for e in await env.events("DeviceQuotaExceeded")
+                     if e["regarding"]["name"] == name and text in e["note"]), None)
+
+    found: Obj = await poll(probe, timeout=60, what=f"our DeviceQuotaExceeded Event on {name} saying {text!r}")
+    return found
+
+
+async def test_a_claim_made_outside_kueue_takes_quota_and_the_next_workload_is_held(env: Env) -> None:
+    kube = env.kube
+    # 1 H100 asked directly (no Pod, no Kueue): admitted by our webhook, reserved 80Gi.
+    await kube.create(RESOURCE_V1, "resourceclaims", {
+        "kind": "ResourceClaim", "metadata": {"name": "direct"},
+        "spec": claim_spec(exact_request("gpu", DEVICE_CLASS, count=1))}, namespace=env.namespace)
+    status = (await env.quota(lambda s: memory(s, "reserved") == 80 * GiB, "the direct claim reserved"))["status"]
+    assert (memory(status["reservedBy"], "claims"), memory(status["reservedBy"], "workloads")) == (80 * GiB, 0)
+
+    # Kueue's ClusterQueue has room for 6 devices: Kueue alone admits the Job. Our check
+    # holds it with the text a claim gets, naming the direct claim's 80Gi.
+    job = (await env.job("after-direct"))["metadata"]["name"]
+    reserved = await env.workload(job, holds("QuotaReserved"), "Kueue reserved its quota")
+    assert reserved["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {DEVICE_RESOURCE: "2"}
+    event = await held_with(env, job, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=0, '
+                                      'reserved memory=80Gi, limited memory=160Gi')
+    assert event["type"] == "Warning" and event["regarding"]["kind"] == "Workload", event
+    suspended = await kube.get(BATCH, "jobs", job, namespace=env.namespace)
+    assert suspended["spec"]["suspend"] is True
+    assert not holds("Admitted")(await env.workload(job, lambda w: True, "still there"))
+
+    # The direct claim goes: the Workload is admitted when Kueue asks again.
+    await kube.delete(RESOURCE_V1, "resourceclaims", "direct", namespace=env.namespace)
+    admitted = await env.workload(job, holds("Admitted"), "Admitted once the direct claim is gone", timeout=90)
+    assert check_state(admitted, env.check)["state"] == "Ready"
+    await env.quota(lambda s: memory(s, "used") + memory(s, "reserved") == 160 * GiB and memory(s, "used") in (0, 160 * GiB),
+                    "the Workload (then its claim) counted once")
+
+
+async def test_while_dra_quota_is_down_workloads_wait_and_a_restart_rebuilds_the_holdings(env: Env) -> None:
+    kube = env.kube
+    first = (await env.job("before-stop"))["metadata"]["name"]
+    await env.workload(first, holds("Admitted"), "Admitted")
+    await env.quota(lambda s: memory(s, "used") == 160 * GiB and memory(s, "reserved") == 0, "its claim allocated",
+                    timeout=90)
+
+    await env.served.kill()  # SIGKILL: no goodbye writes
+    # Kueue reserves its quota for a new Job and lists our check Pending; nothing decides
+    # it, so the Job stays suspended (Kueue does not admit around a check).
+    second = (await env.job("while-down"))["metadata"]["name"]
+    waiting = await env.workload(second, lambda w: holds("QuotaReserved")(w)
+                                 and check_state(w, env.check).get("state") == "Pending", "QuotaReserved, check Pending")
+    assert not holds("Admitted")(waiting)
+    assert (await kube.get(BATCH, "jobs", second, namespace=env.namespace))["spec"]["suspend"] is True
+    # The admitted Job keeps running: its check stays Ready, nothing evicts it.
+    assert holds("Admitted")(await env.workload(first, lambda w: True, "still there"))
+
+    # Restarted, serve rebuilds the first Workload's holding from the list (its claim draws
+    # on it: still used 160Gi, reserved 0) and holds the second.
+    await env.served.start()
+    await held_with(env, second, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=160Gi, '
+                                 'reserved memory=0, limited memory=160Gi')
+    status = (await kube.get(DQ, "devicequotas", "gpus", namespace=env.namespace))["status"]
+    assert (memory(status, "used"), memory(status, "reserved")) == (160 * GiB, 0), status
