@@ -7,10 +7,14 @@ retakes its own Lease at once (`quota.leases.may_acquire`) instead of waiting it
 The churn: claims created through the webhook (its CREATE hook fails while the process
 is down: a create is retried as a controller would), some given a Pod that the real
 scheduler allocates them through, some left pending; Pods deleted (the resourceclaim
-controller deallocates their claim, which is pending again), claims deleted, and once a
-ResourceSlice rewritten without a device that an allocated claim holds: that claim's
-charge must stay, priced from its `draquota.io/charge` annotation (`quota.pricing`'s
-vanished-device share).
+controller deallocates their claim, which is pending again), claims deleted, and once
+the victim node's ResourceSlice rewritten without its two 141Gi GPUs, one of them held by
+an allocated claim: that claim's charge must stay, priced from its `draquota.io/charge`
+annotation (`quota.pricing`'s vanished-device share). They are the class's largest, so
+the claims admitted before are recorded at 141Gi a GPU and those after at 80Gi: a
+restarted process must reserve the earlier ones at what they were admitted at, not at
+what it would estimate now (`quota.pricing.at_least_recorded`; before it, a restart
+after the change lowered `reserved`).
 
 After each restart, once the churn of that stretch settled (every Pod's claim allocated,
 every other claim deallocated, every deleted one gone), the DeviceQuota status must equal
@@ -62,7 +66,7 @@ LEASES = "coordination.k8s.io/v1"
 KILLS = 20
 OPS_PER_KILL = 4  # churn operations per stretch; one SIGKILL lands somewhere in each
 MAX_CLAIMS = 16  # bounded, so every list stays small and each stretch quick
-# GPUs held by Pods at most (the victim's aside): below the 9 that stay published, so
+# GPUs held by Pods at most (the victim's aside): below the 8 that stay published, so
 # every Pod is allocated once the claims of deleted Pods are deallocated.
 MAX_POD_GPUS = 7
 TTL = 2.0
@@ -314,13 +318,14 @@ class World:
 @pytest_asyncio.fixture(loop_scope="session")
 async def world(cluster: ControlPlane, kube: Kube, crd: None, make_namespace: MakeNamespace,
                 make_fleet: MakeFleet, tmp_path: Path) -> AsyncIterator[World]:
-    """A labelled namespace with a DeviceQuota far above the churn, a fleet of 10 80Gi
-    GPUs (4+4 and the victim node's 2), and the webhook configurations on one port."""
+    """A labelled namespace with a DeviceQuota far above the churn, a fleet of 8 80Gi
+    GPUs (4+4) and the victim node's 2 141Gi ones (the class's largest: what a pending
+    claim is estimated at until they go), and the webhook configurations on one port."""
     run = uuid.uuid4().hex[:8]
     fleet = await make_fleet("crash")
     for node in ("n1", "n2"):
         await fleet.add_node(node, [Gpu()] * 4)
-    victim_node = await fleet.add_node("n3", [Gpu()] * 2)
+    victim_node = await fleet.add_node("n3", [Gpu("NVIDIA H200", "141Gi")] * 2)
     namespace = await make_namespace("crash", labels={RUN_LABEL: run})
     lease_namespace = await make_namespace("crash-lease")
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
@@ -352,12 +357,13 @@ def spread(values: list[float]) -> str:
     return f"p50 {ordered[len(ordered) // 2]:.2f}s max {ordered[-1]:.2f}s"
 
 
-async def remove_device(kube: Kube, world: World, device: str) -> None:
-    """The driver republishes the victim node's pool without `device` (a new generation)."""
+async def remove_devices(kube: Kube, world: World) -> None:
+    """The driver republishes the victim node's pool empty (a new generation): the
+    class's largest devices are gone, one or both of them allocated."""
     (obj,) = [s for s in await kube.list(RESOURCE_V1, "resourceslices")
               if s["spec"].get("nodeName") == world.victim_node]
     spec = obj["spec"]
-    spec["devices"] = [d for d in spec["devices"] if d["name"] != device]
+    spec["devices"] = []
     spec["pool"]["generation"] += 1
     await kube.replace(RESOURCE_V1, "resourceslices", obj)
 
@@ -397,7 +403,7 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
     await served.start()
     held_claim, held_device = await victim(churn, world)
     first, _ = await world.converged(churn)
-    assert (first.used_memory, first.used_devices, first.allocated) == (80 * GiB, 1, 1), first
+    assert (first.used_memory, first.used_devices, first.allocated) == (141 * GiB, 1, 1), first
     slice_change = rng.randrange(KILLS // 2)  # in the first half: half the kills come after it
     kill_points = [(rng.randrange(OPS_PER_KILL), rng.uniform(0.0, 0.2)) for _ in range(KILLS)]
 
@@ -418,7 +424,7 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
         kill = asyncio.create_task(killer())
         for op in range(OPS_PER_KILL):
             if stretch == slice_change and op == 0:
-                await remove_device(kube, world, held_device)
+                await remove_devices(kube, world)
             else:
                 await churn.step()
             if op == after_op:
@@ -444,14 +450,14 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
     assert served.log_text().count("leading: Lease") == KILLS + 1
     slices = [s for s in await kube.list(RESOURCE_V1, "resourceslices")
               if s["spec"].get("nodeName") == world.victim_node]
-    assert held_device not in {d["name"] for d in slices[0]["spec"]["devices"]}
+    assert held_device not in {d["name"] for d in slices[0]["spec"].get("devices") or []}
     victim_claim = await kube.get(RESOURCE_V1, "resourceclaims", held_claim, namespace=world.namespace)
     assert victim_claim["status"]["allocation"]["devices"]["results"][0]["device"] == held_device
 
     # Freeing the victim releases its charge once, too.
     await churn.delete_claim(held_claim)
     after, _ = await world.converged(churn)
-    assert after.used_memory == count.used_memory - 80 * GiB and after.used_devices == count.used_devices - 1
+    assert after.used_memory == count.used_memory - 141 * GiB and after.used_devices == count.used_devices - 1
     print(f"{KILLS} SIGKILLs over {sum(churn.ops.values())} churn operations {churn.ops}, "
           f"{churn.retried} creates retried; final {count}; restart to /readyz {spread(ready)}, "
           f"first log line to leading {spread(retake)}, settled to status correct {spread(converge)} "
