@@ -411,6 +411,7 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
     for stretch, (after_op, delay) in enumerate(kill_points):
         done = asyncio.Event()
         restarted: list[asyncio.Task[None]] = []
+        killed_at: list[int] = []
         before = leading_lines(served)
 
         async def killer() -> None:
@@ -419,9 +420,9 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
             # controller and the process's own writes are in flight.
             await asyncio.sleep(delay)
             await served.kill()
+            killed_at.append(len(served.log_text()))  # the new process's log starts here
             restarted.append(asyncio.create_task(served.start()))
 
-        log_size = len(served.log_text())
         kill = asyncio.create_task(killer())
         for op in range(OPS_PER_KILL):
             if stretch == slice_change and op == 0:
@@ -439,7 +440,7 @@ async def _killed_twenty_times(kube: Kube, world: World, churn: Churn, served: S
             return leading_lines(served) > before
 
         await poll(leads, timeout=LEASE_DURATION * 3, what="the restarted process to lead")
-        log = served.log_text()[log_size:]
+        log = served.log_text()[killed_at[0]:]
         # Its first attempt took the Lease (a read, then the write): a process waiting out
         # its own lease would read it again every retry period first.
         attempts = re.findall(r"(GET|PUT|POST) /apis/coordination\.k8s\.io/v1/\S+/leases/crash -> (\d+)", log)
