@@ -14,7 +14,7 @@ from quota.claims import CHARGE_ANNOTATION, Claim
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
-from quota.pricing import PricedRequest, Pricer, Pricing
+from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
            "object_ref"]
@@ -267,8 +267,15 @@ class Admitter:
 
     def reserve_existing(self, claim: Claim) -> None:
         """Count an unallocated claim that already exists, without a check: one admitted
-        before this process started, or deallocated. Refusing it now would change nothing."""
-        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False,
+        before this process started, or deallocated. Refusing it now would change nothing.
+
+        In the default mode at no less than the charge recorded at its admission
+        (`quota.pricing.at_least_recorded`): a restart must not re-price what was reserved.
+        """
+        pricings = self._estimate(claim)
+        mode = self.ledger.default_mode
+        pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
+        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), pricings, allocated=False,
                                               owner=claim.owner))
 
     def price(self, claim: Claim) -> Pricing:

@@ -21,7 +21,7 @@ from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, Devi
 from quota.quantity import ceil_int, format_quantity
 from quota.selectors import DeviceGroup, Match, SelectorMatcher
 
-__all__ = ["PricedRequest", "Pricing", "Pricer", "combine"]
+__all__ = ["PricedRequest", "Pricing", "Pricer", "at_least_recorded", "combine"]
 
 ScopeTest = Callable[[DeviceClassName], bool]
 
@@ -267,6 +267,32 @@ class Pricer:
         if result.key in recorded:
             return Charge(recorded[result.key], 1)
         return None
+
+
+def at_least_recorded(pricing: Pricing, recorded: Charge | None) -> Pricing:
+    """An unallocated claim's estimate, raised to the charge recorded at its admission.
+
+    The estimate follows the inventory: the largest candidate gone, a replica that
+    prices the claim again (it started after the admission) would reserve less than the
+    replicas that admitted it still do, and `reserved` would depend on whether the
+    leader restarted. The recorded charge (`draquota.io/charge`, written by our
+    mutating webhook, refused to anyone else afterwards) is what was reserved. Never
+    below the estimate, so an annotation the webhook never wrote (a claim from before
+    the install) cannot lower a claim's charge. Only for claims of one device class: the
+    annotation is a total, with no split between classes for quotas scoped to some.
+    """
+    classes = {cls for r in pricing.requests for cls, _ in r.alternatives}
+    if recorded is None or len(classes) != 1 or not pricing.requests:
+        return pricing
+    charge = pricing.total.max(recorded)
+    if charge == pricing.total:
+        return pricing
+    (cls,) = classes
+    names = ",".join(r.name for r in pricing.requests)
+    unpriced = tuple(u for r in pricing.requests for u in r.unpriced)
+    raised = PricedRequest(names, sum(r.candidates for r in pricing.requests), charge, ((cls, charge),),
+                           pricing.requests[0].mode, unpriced)
+    return replace(pricing, requests=(raised,))
 
 
 def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:

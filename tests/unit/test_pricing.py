@@ -9,7 +9,9 @@ import pytest
 from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
-from quota.pricing import Pricer, Pricing
+from quota.admission import Admitter, claim_ref
+from quota.ledger import Ledger
+from quota.pricing import Pricer, Pricing, at_least_recorded
 
 from .builders import (
     GiB,
@@ -280,3 +282,55 @@ def test_vanished_device_keeps_its_recorded_charge() -> None:
     from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
     assert from_annotation.total == Charge(1000, 1)
     assert "vanished from the inventory" in from_annotation.warnings[0]
+
+
+# -- a pending claim priced again after a restart -------------------------------------------
+
+
+def _recorded(claim: dict[str, Any], charge: Charge) -> dict[str, Any]:
+    claim["metadata"]["annotations"] = {"draquota.io/charge": f'{{"memory":{charge.memory},"devices":{charge.devices}}}'}
+    return claim
+
+
+def test_a_restart_reserves_a_pending_claim_at_no_less_than_its_admission_charged() -> None:
+    """The class's largest devices (141Gi) leave the inventory while a claim admitted at
+    their price is pending: the replica that admitted it still reserves 141Gi; one that
+    starts now must reserve the same, not the new estimate (80Gi), else `reserved`
+    depends on whether the leader restarted (tests/e2e/test_crash_safety.py found it)."""
+    before = inventory()
+    running = Admitter(Pricer(before, CLASSES), Ledger())
+    claim = make_claim("c", request("r", exactly("gpu")))
+    admitted = running.admit_claim(parse_claim(claim), namespace_labels=None)
+    assert admitted.allowed and admitted.pricing.total == Charge(141 * GiB, 1)
+    persisted = parse_claim(_recorded(claim, admitted.pricing.total))  # the mutating webhook's annotation
+
+    after = inventory()
+    after.delete_slice("n2")  # both 141Gi GPUs gone
+    restarted = Admitter(Pricer(after, CLASSES), Ledger())
+    assert restarted.price(persisted).total == Charge(80 * GiB, 1)  # what it estimates now
+    restarted.reserve_existing(persisted)
+    held = restarted.ledger.entry(claim_ref(persisted))
+    assert held is not None and not held.allocated
+    assert held.pricing["conservative"].total == Charge(141 * GiB, 1)
+    # Scoped quotas see it in its class, and nowhere else.
+    assert held.pricing["conservative"].charge_for(frozenset({DeviceClassName("gpu")})) == Charge(141 * GiB, 1)
+    assert held.pricing["conservative"].charge_for(frozenset({DeviceClassName("mig")})) == Charge()
+
+
+@pytest.mark.parametrize(("recorded", "expected"), [
+    (None, Charge(80 * GiB, 1)),  # nothing recorded: the estimate
+    (Charge(141 * GiB, 1), Charge(141 * GiB, 1)),  # recorded above: what was reserved
+    (Charge(0, 0), Charge(80 * GiB, 1)),  # below the estimate (not our annotation): the estimate
+    (Charge(100 * GiB, 0), Charge(100 * GiB, 1)),  # per dimension
+])
+def test_at_least_recorded(recorded: Charge | None, expected: Charge) -> None:
+    pricing = Pricer(inventory(), CLASSES).estimate(parse_claim(make_claim("c", request("r", exactly(
+        "gpu", f"device.attributes['{D}'].model == 'h100'")))).spec)
+    assert pricing.total == Charge(80 * GiB, 1)
+    assert at_least_recorded(pricing, recorded).total == expected
+
+
+def test_at_least_recorded_leaves_a_claim_of_several_classes_to_its_estimate() -> None:
+    spec = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")))).spec
+    pricing = Pricer(inventory(), CLASSES).estimate(spec)
+    assert at_least_recorded(pricing, Charge(10**15, 9)) == pricing
