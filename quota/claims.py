@@ -52,21 +52,28 @@ from quota.validation import (
 __all__ = [
     "ClaimError",
     "pod_owner",
+    "recorded_devices",
     "Toleration",
     "DeviceRequirement",
     "Request",
     "ClaimSpec",
     "AllocatedDevice",
     "Claim",
+    "allocated_charge_annotation",
     "parse_claim",
     "parse_claim_spec",
     "parse_device_class",
+    "ALLOCATED_CHARGE_ANNOTATION",
     "CHARGE_ANNOTATION",
     "QUOTAS_ANNOTATION",
 ]
 
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
+# The exact memory charge of each allocated device, written by the quota controller's
+# leader once the claim is allocated (`webhook.allocations`): a device that later vanishes
+# from the inventory keeps the charge it had, in every process and after any restart.
+ALLOCATED_CHARGE_ANNOTATION = "draquota.io/allocated-charge"
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
 
@@ -132,6 +139,8 @@ class Claim:
     # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
     # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).
     owner: str = ""
+    # The per-device memory charges recorded after allocation (ALLOCATED_CHARGE_ANNOTATION).
+    recorded_devices: tuple[tuple[DeviceKey, int], ...] = ()
 
     @property
     def admin_access(self) -> bool:
@@ -170,6 +179,7 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         allocation=allocation,
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
         owner=(pod_owner(obj) or ("", ""))[1],
+        recorded_devices=recorded_devices(meta.annotations.get(ALLOCATED_CHARGE_ANNOTATION)),
     )
 
 
@@ -388,6 +398,38 @@ def _recorded_charge(raw: Any) -> Charge | None:
     if not all(type(v) is int and 0 <= v <= MAX_INT64 for v in (memory, devices)):
         return None
     return Charge(memory, devices)
+
+
+# One entry per allocated device (an allocation holds at most 32 results, dra-api.md),
+# each key at most 63 + 253 + 63 characters: anything longer is not ours.
+_DEVICES_MAX_BYTES = 16 * 1024
+
+
+def recorded_devices(raw: Any) -> tuple[tuple[DeviceKey, int], ...]:
+    """The `draquota.io/allocated-charge` annotation: (device, memory bytes) pairs, sorted;
+    empty when absent, malformed or not ours (never an error: it only refines a charge)."""
+    if not isinstance(raw, str) or len(raw) > _DEVICES_MAX_BYTES:
+        return ()
+    try:
+        data = json.loads(raw, parse_int=_small_int, parse_constant=_refuse)
+    except (ValueError, TypeError, RecursionError):
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    out: list[tuple[DeviceKey, int]] = []
+    for key, memory in data.items():
+        driver, _, rest = key.partition("/")
+        pool, _, device = rest.rpartition("/")
+        if not (driver and pool and device) or type(memory) is not int or not 0 <= memory <= MAX_INT64:
+            return ()
+        out.append((DeviceKey(driver, pool, device), memory))
+    return tuple(sorted(out, key=lambda item: str(item[0])))
+
+
+def allocated_charge_annotation(charges: Mapping[DeviceKey, int]) -> str:
+    """The annotation's value for `charges`: `{"driver/pool/device": bytes}`, keys sorted."""
+    return json.dumps({str(k): v for k, v in sorted(charges.items(), key=lambda kv: str(kv[0]))},
+                      separators=(",", ":"))
 
 
 def _small_int(text: str) -> int:

@@ -201,8 +201,10 @@ class Pricer:
     # -- allocated claims: exact --------------------------------------------------
 
     def exact(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Pricing:
-        """Charge from `status.allocation`; `recorded` holds per-device charges seen before."""
-        recorded = recorded or {}
+        """Charge from `status.allocation`; `recorded` holds per-device charges seen before
+        (by default those the claim's `draquota.io/allocated-charge` records): a device that
+        vanished from the inventory is charged what it was charged while it existed."""
+        recorded = recorded if recorded is not None else dict(claim.recorded_devices)
         classes = _request_classes(claim.spec)
         per_request: dict[str, tuple[DeviceClassName, list[Charge]]] = {}
         unknown: list[AllocatedDevice] = []
@@ -243,6 +245,26 @@ class Pricer:
         if cls is None:
             return 0
         return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
+
+    def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
+        """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
+        it, `webhook.allocations`; the webhook refuses anything else): the exact memory
+        charge of each allocated device the inventory knows, and for a device it no longer
+        knows the charge already recorded (never dropped, never guessed). adminAccess
+        devices are free and not recorded."""
+        recorded = dict(claim.recorded_devices)
+        record: dict[DeviceKey, int] = {}
+        for result in claim.allocation or ():
+            if result.admin_access:
+                continue
+            if self.inventory.lookup(result.key) is None:
+                if result.key in recorded:
+                    record[result.key] = recorded[result.key]
+                continue
+            charge = self._device_exact(result, {})
+            if charge is not None:
+                record[result.key] = charge.memory
+        return record
 
     def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
         if result.admin_access:

@@ -33,6 +33,7 @@ from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
 from quota.watching import Store
 from quota.usage import Holders
+from webhook.allocations import AllocationRecorder
 
 __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore"]
 
@@ -167,7 +168,8 @@ class ClaimStore:
     """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
 
     def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None,
-                 freed: Callable[[str], None] | None = None, holders: Holders | None = None) -> None:
+                 freed: Callable[[str], None] | None = None, holders: Holders | None = None,
+                 recorder: AllocationRecorder | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
@@ -178,6 +180,9 @@ class ClaimStore:
         # Told the namespace of each deleted claim: quota may have freed there
         # (`webhook.requeue` retries the Pods waiting for it).
         self.freed = freed
+        # Told every claim (the leader records allocated charges on them) and every
+        # deleted uid (`webhook.allocations`).
+        self.recorder = recorder
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
         self._versions: dict[ClaimRef, str] = {}
@@ -226,6 +231,8 @@ class ClaimStore:
         self._versions.pop(ref, None)
         if self.holders is not None:
             self.holders.drop(ref)
+        if self.recorder is not None and isinstance(uid, str):
+            self.recorder.gone(uid)
         if self.forget is not None and isinstance(uid, str) and uid:
             self.forget(uid)
         if self.freed is not None:
@@ -238,6 +245,8 @@ class ClaimStore:
             self._versions[claim_ref(claim)] = version
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
+        if self.recorder is not None:
+            self.recorder.seen(claim)
         if claim.allocation is not None:
             self.admitter.account_allocated(claim)
             return

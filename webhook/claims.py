@@ -25,11 +25,21 @@ letting a tenant publish a smaller charge than the one counted.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim, pod_owner
+from quota.claims import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    CHARGE_ANNOTATION,
+    QUOTAS_ANNOTATION,
+    Claim,
+    ClaimError,
+    allocated_charge_annotation,
+    parse_claim,
+    pod_owner,
+    recorded_devices,
+)
 from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
@@ -198,14 +208,41 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     old = as_map(dig(request.old_object, "metadata", "annotations"))
     new = as_map(dig(request.object, "metadata", "annotations"))
     changed = [key for key in OUR_ANNOTATIONS if old.get(key) != new.get(key)]
-    if not changed:
-        return Verdict(True)
-    return Verdict(
-        False,
-        f"annotation {changed[0]} is written by dra-quota at creation and may not be changed "
-        f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
-        cause="annotations",
-    )
+    if changed:
+        return Verdict(
+            False,
+            f"annotation {changed[0]} is written by dra-quota at creation and may not be changed "
+            f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
+            cause="annotations",
+        )
+    if old.get(ALLOCATED_CHARGE_ANNOTATION) != new.get(ALLOCATED_CHARGE_ANNOTATION):
+        problem = _record_problem(ctx, request, old.get(ALLOCATED_CHARGE_ANNOTATION),
+                                  new.get(ALLOCATED_CHARGE_ANNOTATION))
+        if problem:
+            return Verdict(False, problem, cause="annotations")
+    return Verdict(True)
+
+
+def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new: Any) -> str:
+    """Why a change of `draquota.io/allocated-charge` is refused, "" when it is the record.
+
+    The leader writes it (`webhook.allocations`) as `Pricer.allocation_record` says; any
+    writer may, but only that value: a tenant could otherwise lower what a device charges
+    once it has left the inventory (the record is then all that prices it)."""
+    where = f"annotation {ALLOCATED_CHARGE_ANNOTATION}"
+    if new is None:
+        return f"{where} records what the allocated devices charge and may not be removed"
+    if request.object is None:
+        return f"{where}: the request carries no object"
+    try:
+        claim = parse_claim(with_namespace(request.object, request.namespace))
+    except ClaimError as err:
+        return f"{where}: cannot read the claim: {err}"
+    expected = ctx.admitter.pricer.allocation_record(replace(claim, recorded_devices=recorded_devices(old)))
+    if dict(recorded_devices(new)) == expected and (expected or new == "{}"):
+        return ""
+    return (f"{where} is written by dra-quota from the claim's allocation and the devices it charged: "
+            f"expected {allocated_charge_annotation(expected)}, got {show(new)}")
 
 
 def with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:

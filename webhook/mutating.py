@@ -3,7 +3,9 @@
 Neighbours: `webhook.endpoints` sends claim CREATEs here; `quota.admission.Admitter`
 prices. The patch sets `draquota.io/charge` (JSON of the estimated charge, bytes and
 devices) and `draquota.io/quotas` (the DeviceQuotas in scope that the charge draws
-on, comma-separated), replacing whatever the user put there. They inform queue managers
+on, comma-separated), replacing whatever the user put there, and removes a
+`draquota.io/allocated-charge` the user put there (only the leader writes that one,
+after allocation: `webhook.allocations`). They inform queue managers
 and dashboards; no decision reads them back (`webhook.claims` explains, and refuses
 later changes).
 
@@ -22,8 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, ClaimError, parse_claim
-from quota.raw import dig
+from quota.claims import ALLOCATED_CHARGE_ANNOTATION, CHARGE_ANNOTATION, QUOTAS_ANNOTATION, ClaimError, parse_claim
+from quota.raw import as_map, dig
 from webhook.claims import ClaimContext, with_namespace
 from webhook.review import AdmissionRequest, Verdict
 
@@ -47,7 +49,12 @@ def annotate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         CHARGE_ANNOTATION: json.dumps(pricing.total.as_json(), separators=(",", ":")),
         QUOTAS_ANNOTATION: ",".join(quotas),
     }
-    return Verdict(True, patch=annotation_patch(request.object, values))
+    patch = annotation_patch(request.object, values)
+    if ALLOCATED_CHARGE_ANNOTATION in as_map(dig(request.object, "metadata", "annotations")):
+        # A new claim has no allocation: a record is a copy (an exported manifest) or a
+        # forgery, and would later price a vanished device. Only the leader writes it.
+        patch.append({"op": "remove", "path": f"/metadata/annotations/{json_pointer(ALLOCATED_CHARGE_ANNOTATION)}"})
+    return Verdict(True, patch=patch)
 
 
 def annotation_patch(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:

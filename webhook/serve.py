@@ -78,6 +78,7 @@ from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref,
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
+from webhook.allocations import AllocationRecorder
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
 from webhook.usagemetrics import UsageMetrics
@@ -238,14 +239,18 @@ class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0,
-                 requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False) -> None:
-        """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap)."""
+                 requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
+                 leading: Callable[[], bool] | None = None) -> None:
+        """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
+        `leading`: the Lease holder records allocated charges on claims (webhook.allocations)."""
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
+        self.allocations = (AllocationRecorder(api, lambda: self.admitter.pricer, leading=leading)
+                            if leading is not None else None)
 
         # Told the namespace of every claim and DeviceQuota event (None: a whole list);
         # the quota controller listens here (webhook.controller).
@@ -267,7 +272,7 @@ class Caches:
         ]
         self.claims = reflector(CLAIMS, notifying(ClaimStore(self.admitter, forget=self.reservations.forget,
                                                              freed=requeue.quota_freed if requeue else None,
-                                                             holders=self.holders)),
+                                                             holders=self.holders, recorder=self.allocations)),
                                 claims=True)
         # Kueue (webhook.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
@@ -349,7 +354,7 @@ async def serve(options: ServeOptions) -> int:
     kueue = options.kueue == "on" or (options.kueue == "auto" and await serves_workloads(api))
     log.info("Kueue AdmissionCheck controller: %s (--kueue %s)", "on" if kueue else "off", options.kueue)
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
-                    also=policy.reflectors(api), kueue=kueue)
+                    also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations,
                        learn_pod=PodLookup(api, caches.admitter) if kueue else None)
@@ -364,6 +369,7 @@ async def serve(options: ServeOptions) -> int:
         *([asyncio.create_task(_lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
+        *([asyncio.create_task(caches.allocations.run(), name="allocation records")] if caches.allocations else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
     ]

@@ -414,3 +414,63 @@ async def test_the_shipped_rbac_lets_the_elector_lead_and_nothing_more(cluster: 
         for plural, obj_name in created:
             await kube.delete(RBAC, plural, obj_name, namespace=namespace)
         await kube.delete(LEASES, "leases", name, namespace=namespace)
+
+
+# -- the allocation record: a device that vanishes keeps its exact charge --------------------
+
+
+RECORD = "draquota.io/allocated-charge"
+
+
+async def test_a_vanished_device_keeps_its_exact_charge_across_a_restart(kube: Kube, setup: Setup) -> None:
+    """Two GPUs of one node, 80Gi and 141Gi: admitted at the class's largest (2 x 141Gi),
+    allocated 221Gi. The leader records each device's charge on the claim; the 141Gi GPU
+    then leaves the slice. The running process and one restarted after a SIGKILL both
+    charge 221Gi. Without the record they re-priced it from the admission charge:
+    80 + (282 - 80) = 282Gi."""
+    ns, fleet = setup.namespace, setup.fleet
+    node = await fleet.add_node("mixed", [Gpu("NVIDIA H200", "141Gi"), Gpu()])
+    with setup.served.log_on_failure():
+        await counted_quota(kube, setup, "1Ti")
+        await create_claim_template(kube, ns, "pair", claim_spec(exact_request("gpu", fleet.device_class, count=2)))
+        await create_pod(kube, ns, "p1", template="pair", node_selector={"kubernetes.io/hostname": node})
+        _, claim = await wait_pod_allocated(kube, ns, "p1")
+        name = claim["metadata"]["name"]
+        assert json.loads(claim["metadata"]["annotations"]["draquota.io/charge"]) == {"memory": 282 * GiB, "devices": 2}
+        devices = {f"{r['driver']}/{r['pool']}/{r['device']}": r["device"]
+                   for r in claim["status"]["allocation"]["devices"]["results"]}
+        expected = {key: (141 if device == "gpu-0" else 80) * GiB for key, device in devices.items()}
+
+        async def recorded() -> Obj | None:
+            got = await kube.get(RESOURCE_V1, "resourceclaims", name, namespace=ns)
+            raw = (got["metadata"].get("annotations") or {}).get(RECORD)
+            return got if raw is not None and json.loads(raw) == expected else None
+
+        await poll(recorded, timeout=30, what="the leader's record of each device's charge")
+        await wait_status(kube, ns, lambda s: s.get("used") == amounts(221, 2), "used = 80Gi + 141Gi")
+
+        # Nobody else may lower it (the webhook refuses any value but the record).
+        with pytest.raises(ApiError) as refused:
+            await kube.patch(RESOURCE_V1, "resourceclaims", name,
+                             {"metadata": {"annotations": {RECORD: json.dumps({k: 1 for k in expected})}}}, namespace=ns)
+        assert f"annotation {RECORD} is written by dra-quota" in str(refused.value)
+
+        # The 141Gi GPU leaves the node's slice (the driver republishes its pool).
+        (obj,) = [s for s in await kube.list(RESOURCE_V1, "resourceslices") if s["spec"].get("nodeName") == node]
+        obj["spec"]["devices"] = [d for d in obj["spec"]["devices"] if d["name"] != "gpu-0"]
+        obj["spec"]["pool"]["generation"] += 1
+        await kube.replace(RESOURCE_V1, "resourceslices", obj)
+        # An event on the claim makes the running process price it again: still 221Gi.
+        await kube.patch(RESOURCE_V1, "resourceclaims", name, {"metadata": {"labels": {"touched": "1"}}}, namespace=ns)
+        quota = await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "2Ti"}}}, namespace=ns)
+        status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == quota["metadata"]["generation"],
+                                   "the running process's status after the device left")
+        assert status["used"] == amounts(221, 2)
+
+        # SIGKILL and restart: the new leader never saw the 141Gi GPU; it reads the record.
+        await setup.served.kill()
+        await setup.served.start()
+        quota = await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "3Ti"}}}, namespace=ns)
+        status = await wait_status(kube, ns, lambda s: s.get("observedGeneration") == quota["metadata"]["generation"],
+                                   "the restarted leader's status")
+        assert status["used"] == amounts(221, 2)

@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from quota.claims import ClaimError, parse_claim, parse_device_class
+from quota.claims import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    ClaimError,
+    allocated_charge_annotation,
+    parse_claim,
+    parse_device_class,
+    recorded_devices,
+)
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
 from quota.admission import Admitter, claim_ref
@@ -334,3 +341,59 @@ def test_at_least_recorded_leaves_a_claim_of_several_classes_to_its_estimate() -
     spec = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")))).spec
     pricing = Pricer(inventory(), CLASSES).estimate(spec)
     assert at_least_recorded(pricing, Charge(10**15, 9)) == pricing
+
+
+# -- the allocation record (draquota.io/allocated-charge) -----------------------------------
+
+
+def test_a_device_that_vanishes_keeps_its_exact_charge_in_the_running_and_in_a_restarted_process() -> None:
+    """Admitted at 2 x 141Gi, allocated one 80Gi and one 141Gi GPU (221Gi); then the 141Gi
+    GPU's slice goes. Without the record a later event or a restart re-priced it from
+    the admission charge: 80 + (282 - 80) = 282Gi (tests/e2e/test_crash_safety.py)."""
+    two = request("r", exactly("gpu", count=2))
+    allocation = [result("r", "gpu-0", pool="node-1"), result("r", "gpu-0", pool="node-2")]
+    admission = {"draquota.io/charge": f'{{"memory":{282 * GiB},"devices":2}}'}
+    before = Pricer(inventory(), CLASSES)
+    claim = parse_claim(make_claim("c", two, allocation=allocation, annotations=admission))
+    assert before.exact(claim).total == Charge(221 * GiB, 2)
+    record = before.allocation_record(claim)
+    assert record == {DeviceKey(D, "node-1", "gpu-0"): 80 * GiB, DeviceKey(D, "node-2", "gpu-0"): 141 * GiB}
+
+    gone = inventory()
+    gone.delete_slice("n2")
+    after = Pricer(gone, CLASSES)
+    assert after.exact(claim).total == Charge(282 * GiB, 2)  # no record: the admission charge's share
+    recorded = parse_claim(make_claim("c", two, allocation=allocation, annotations={
+        **admission, ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}))
+    assert recorded.recorded_devices == tuple(sorted(record.items(), key=lambda kv: str(kv[0])))
+    priced = after.exact(recorded)
+    assert priced.total == Charge(221 * GiB, 2) and priced.warnings == ()
+    # What the record should say now: unchanged, the vanished device's charge kept.
+    assert after.allocation_record(recorded) == record
+
+
+def test_the_record_follows_the_allocation_and_is_exact() -> None:
+    pricer = Pricer(inventory(), CLASSES)
+    shared = parse_claim(make_claim("c", request("r", exactly("shared")), allocation=[
+        result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})]))
+    assert pricer.allocation_record(shared) == {DeviceKey(D, "node-3", "shared-0"): 20 * GiB}
+    assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[
+        result("r", "gpu-0", admin=True)]))) == {}  # adminAccess is free: nothing to keep
+    stale = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 5})}
+    moved = parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[result("r", "gpu-1", pool="node-1")],
+                                   annotations=stale))
+    assert pricer.allocation_record(moved) == {DeviceKey(D, "node-1", "gpu-1"): 80 * GiB}  # old devices dropped
+    assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu"))))) == {}
+
+
+@pytest.mark.parametrize("raw", [
+    None, "", "[]", "{", '{"a/b": 1}', '{"d/p/x": -1}', '{"d/p/x": 1.5}', '{"d/p/x": "1"}',
+    '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000,
+])
+def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
+    assert recorded_devices(raw) == ()
+
+
+def test_a_pool_name_with_slashes_round_trips() -> None:
+    record = {DeviceKey(D, "node-1/part-a", "gpu-0"): 7}
+    assert dict(recorded_devices(allocated_charge_annotation(record))) == record

@@ -540,3 +540,45 @@ def test_an_allocation_of_a_claim_without_a_recorded_charge_has_nothing_to_compa
     claim = stored(gpu_claim())  # created before the mutating webhook ran: no annotation
     assert create_claim(ctx, review_request(claim)).allowed
     assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
+
+
+# -- the allocation record: only its exact value may be written --------------------------
+
+RECORD_80 = '{"gpu.example.com/node-1/gpu-0":85899345920}'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "allowed"),
+    [
+        (None, RECORD_80, True),  # the leader's first write: the exact charge of gpu-0 (80Gi)
+        (RECORD_80, RECORD_80.replace("85899345920", "1"), False),  # lowered
+        (None, '{"gpu.example.com/node-1/gpu-0":85899345920,"gpu.example.com/node-9/gpu-9":1}', False),  # not allocated
+        (RECORD_80, None, False),  # removed
+        (None, "not json", False),
+        (None, "{}", False),  # the allocation's devices are known: {} is not their record
+    ],
+)
+def test_the_allocation_record_may_only_say_what_the_devices_charge(old: str | None, new: str | None,
+                                                                     allowed: bool) -> None:
+    claim = allocated(stored(gpu_claim()), ("node-1", "gpu-0"))
+    before, after = copy.deepcopy(claim), copy.deepcopy(claim)
+    before["metadata"]["annotations"] = {} if old is None else {"draquota.io/allocated-charge": old}
+    after["metadata"]["annotations"] = {} if new is None else {"draquota.io/allocated-charge": new}
+    verdict = update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before))
+    assert verdict.allowed is allowed
+    if not allowed:
+        assert verdict.cause == "annotations" and "draquota.io/allocated-charge" in verdict.message
+        if new is not None:
+            assert f"expected {RECORD_80}" in verdict.message
+
+
+def test_a_vanished_devices_record_is_kept_not_rewritten() -> None:
+    """gpu-9 is not in the inventory: only the value already recorded for it is accepted."""
+    claim = allocated(stored(gpu_claim()), ("node-1", "gpu-0"), ("node-9", "gpu-9"))
+    kept = '{"gpu.example.com/node-1/gpu-0":85899345920,"gpu.example.com/node-9/gpu-9":7}'
+    before, after = copy.deepcopy(claim), copy.deepcopy(claim)
+    before["metadata"]["annotations"] = {"draquota.io/allocated-charge": '{"gpu.example.com/node-9/gpu-9":7}'}
+    after["metadata"]["annotations"] = {"draquota.io/allocated-charge": kept}
+    assert update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)) == Verdict(True)
+    after["metadata"]["annotations"] = {"draquota.io/allocated-charge": kept.replace(":7}", ":1}")}
+    assert not update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)).allowed

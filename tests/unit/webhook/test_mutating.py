@@ -25,15 +25,18 @@ def unescape(token: str) -> str:
 
 
 def apply(obj: dict[str, Any], patch: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 `add`, as the API server's json-patch applies it (enough for our patches)."""
+    """RFC 6902 `add` and `remove`, as the API server's json-patch applies it (enough for our patches)."""
     out = copy.deepcopy(obj)
     for op in patch:
-        assert op["op"] == "add"
+        assert op["op"] in ("add", "remove")
         *parents, last = [unescape(t) for t in op["path"].split("/")[1:]]
         target = out
         for token in parents:
             target = target[token]  # a missing parent fails the patch, as in the API server
-        target[last] = op["value"]
+        if op["op"] == "remove":
+            del target[last]  # a missing member fails the patch, as in the API server
+        else:
+            target[last] = op["value"]
     return out
 
 
@@ -52,8 +55,10 @@ def mutating_object(**annotations: Any) -> dict[str, Any]:
         ({"annotations": None}, {"draquota.io/charge": CHARGE_80, "draquota.io/quotas": "gpus"}),
         ({"annotations": {"team": "ml", "draquota.io/charge": '{"memory":0,"devices":0}', "draquota.io/quotas": "x"}},
          {"team": "ml", "draquota.io/charge": CHARGE_80, "draquota.io/quotas": "gpus"}),
+        ({"annotations": {"draquota.io/allocated-charge": '{"d/p/x":1}'}},
+         {"draquota.io/charge": CHARGE_80, "draquota.io/quotas": "gpus"}),
     ],
-    ids=["no-map", "null-map", "user-values-replaced"],
+    ids=["no-map", "null-map", "user-values-replaced", "user-allocation-record-removed"],
 )
 def test_create_writes_our_annotations(metadata: dict[str, Any], expected_annotations: dict[str, str]) -> None:
     ctx = context(GPUS, make_quota("mig-only", memory="10Gi", classes=["mig"]))
