@@ -247,7 +247,21 @@ async def _admits_and_frees(env: Env) -> None:
     freed_at = time.monotonic()
     await env.finish(first_job)
     await env.workload(first_job, holds("Finished"), "Finished", timeout=60)
-    await env.quota(lambda s: amounts(s, "used")[0] == "0", "the first Job's claim released", timeout=90)
+    # The first claim goes, and `used` follows what is allocated now: 0, or already the
+    # next Job's claim (its Workload can be admitted, and its claim allocated, within a
+    # second, so a wait for "0" alone may miss it: the cold CI run did).
+    first_claim = claims[0]["metadata"]["name"]
+
+    async def released() -> Obj | None:
+        now = await kube.list(RESOURCE_V1, "resourceclaims", namespace=env.namespace)
+        if any(c["metadata"]["name"] == first_claim for c in now):
+            return None
+        allocated = [c for c in now if (c.get("status") or {}).get("allocation")]
+        status = (await kube.get(DQ, "devicequotas", "gpus", namespace=env.namespace)).get("status") or {}
+        expected = f"{160 * len(allocated)}Gi" if allocated else "0"
+        return status if amounts(status, "used")[0] == expected else None
+
+    await poll(released, timeout=90, what="the first Job's claim released and used = what is allocated now")
 
     def next_ready(w: Obj) -> bool:
         return w["metadata"]["name"] != first["metadata"]["name"] and ready(check)(w)
