@@ -361,3 +361,44 @@ async def test_while_dra_quota_is_down_workloads_wait_and_a_restart_rebuilds_the
                                  'reserved memory=0, limited memory=160Gi')
     status = (await kube.get(DQ, "devicequotas", "gpus", namespace=env.namespace))["status"]
     assert (memory(status, "used"), memory(status, "reserved")) == (160 * GiB, 0), status
+
+
+async def test_a_deactivated_workload_releases_its_holding_and_the_next_is_admitted(env: Env) -> None:
+    """Release on eviction: the admitted Workload is deactivated (`spec.active: false`,
+    which Kueue turns into an eviction); its holding goes with it, so the Workload our
+    check held is admitted. Never above the 160Gi one Job takes at any sample."""
+    kube = env.kube
+    seen: list[tuple[int, int, int]] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(env.sample(seen, stop))
+    try:
+        for i in range(2):
+            await env.job(f"evict-{i}")
+        admitted: list[Obj] = []
+
+        async def one_admitted() -> bool:
+            admitted[:] = [w for w in await kube.list(API, "workloads", namespace=env.namespace)
+                           if holds("Admitted")(w)]
+            return len(admitted) == 1 and len(await env.events("DeviceQuotaExceeded")) >= 1
+
+        await poll(one_admitted, timeout=60, what="one Workload Admitted, the other held by our check")
+        first = admitted[0]
+        await env.quota(lambda s: amounts(s, "used")[0] == "160Gi", "the admitted Job's claim allocated", timeout=90)
+
+        await kube.patch(API, "workloads", first["metadata"]["name"], {"spec": {"active": False}},
+                         namespace=env.namespace)
+        other = await _any_workload(env, lambda w: w["metadata"]["uid"] != first["metadata"]["uid"]
+                                    and holds("Admitted")(w), "the held Workload Admitted")
+        assert check_state(other, env.check)["state"] == "Ready"
+        evicted = await kube.get(API, "workloads", first["metadata"]["name"], namespace=env.namespace)
+        assert not holds("Admitted")(evicted), evicted.get("status")
+        assert check_state(evicted, env.check).get("state") != "Ready", evicted.get("status")
+        # The other Job's claim now takes the quota, the evicted one's is gone.
+        await env.quota(lambda s: amounts(s, "used")[0] == "160Gi" and amounts(s, "reserved")[0] == "0",
+                        "the other Job's claim allocated", timeout=90)
+        claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=env.namespace)
+        assert len(claims) == 1, [c["metadata"]["name"] for c in claims]
+    finally:
+        stop.set()
+        await sampler
+    assert max(u + r for u, r, _ in seen) == 160 * GiB, sorted(set(seen))
