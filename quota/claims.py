@@ -190,7 +190,9 @@ def pod_owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     for owner in owners if isinstance(owners, list) else ():
         if (isinstance(owner, dict) and owner.get("apiVersion") == "v1" and owner.get("kind") == "Pod"
                 and owner.get("controller") is True and isinstance(owner.get("uid"), str)):
-            return str(owner.get("name") or ""), owner["uid"]
+            name = owner.get("name")
+            # Read, not converted: str() of a hostile value (an int of 5,000 digits) raises.
+            return (name if isinstance(name, str) else ""), owner["uid"]
     return None
 
 

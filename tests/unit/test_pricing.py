@@ -12,6 +12,7 @@ from quota.claims import (
     allocated_charge_annotation,
     parse_claim,
     parse_device_class,
+    pod_owner,
     recorded_devices,
 )
 from quota.inventory import Inventory
@@ -397,3 +398,13 @@ def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
 def test_a_pool_name_with_slashes_round_trips() -> None:
     record = {DeviceKey(D, "node-1/part-a", "gpu-0"): 7}
     assert dict(recorded_devices(allocated_charge_annotation(record))) == record
+
+
+@pytest.mark.parametrize("name", [10**5000, None, ["x"], {"a": 1}], ids=["huge-int", "none", "list", "map"])
+def test_a_pod_owner_whose_name_is_not_a_string_is_read_without_converting_it(name: Any) -> None:
+    """The fuzzer's find: str() of a 5,000-digit int raises ValueError (Python's limit)."""
+    claim = make_claim("c", request("r", exactly("gpu")))
+    claim["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": "u-1",
+                                             "controller": True}]
+    assert pod_owner(claim) == ("", "u-1")
+    assert parse_claim(claim).owner == "u-1"
