@@ -32,7 +32,7 @@ from .conftest import unique
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, exact_request
 from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
-from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues
+from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues, workload_of
 from ..tools.chart import NAMESPACE
 from .test_chart import ACCOUNT, OBJECTS, apply, ensure_namespace, token_kubeconfig
 from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
@@ -81,18 +81,8 @@ class Env:
         }, namespace=self.namespace)
 
     async def workload(self, job: str, predicate: Callable[[Obj], bool], what: str, timeout: float = 60) -> Obj:
-        last: list[Obj] = []
-
-        async def probe() -> Obj | None:
-            last[:] = [w for w in await self.kube.list(API, "workloads", namespace=self.namespace)
-                       if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or [])]
-            return next((w for w in last if predicate(w)), None)
-
-        try:
-            found: Obj = await poll(probe, timeout=timeout, what=f"Workload of Job {job}: {what}")
-        except AssertionError as e:
-            raise AssertionError(f"{e}; seen: {[w.get('status') for w in last]}") from None
-        return found
+        obj = await self.kube.get(BATCH, "jobs", job, namespace=self.namespace)
+        return await workload_of(self.kube, obj, predicate, what, timeout)
 
     async def quota(self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60) -> Obj:
         found: Obj = await self.kube.wait_for(DQ, "devicequotas", "gpus", lambda q: predicate(q.get("status") or {}),
