@@ -247,14 +247,17 @@ class Admitter:
         (of a ResourceClaimTemplate) times how many Pods stamp it, priced in every mode
         the namespace's quotas use, exactly as the claims will be when they come. A
         string: why it cannot be priced (the denial a claim would get)."""
+        priced: list[tuple[Entry, int]] = []
+        for claim, count in claims:
+            entry = self._priced_entry(claim, None)  # every mode at once
+            if isinstance(entry, Admission):
+                return f"ResourceClaimTemplate {claim.name}: {entry.reason}"
+            priced.append((entry, count))
         pricings: dict[Mode, Pricing] = {}
         for mode in self._modes(namespace):
             requests: list[PricedRequest] = []
             warnings: list[str] = []
-            for claim, count in claims:
-                entry = self._priced_entry(claim, None)
-                if isinstance(entry, Admission):
-                    return f"ResourceClaimTemplate {claim.name}: {entry.reason}"
+            for entry, count in priced:
                 pricing = entry.pricing[mode]
                 requests.extend(pricing.requests * count)
                 warnings.extend(pricing.warnings)
