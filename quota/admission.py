@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from quota.claims import CHARGE_ANNOTATION, Claim
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.ledger import ClaimRef, Entry, Ledger
-from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
+from quota.model import Charge, DeviceClassName, Mode, Namespace
 from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
@@ -198,9 +198,9 @@ class Admitter:
                         denials.append(message)
         return denials, warnings
 
-    def account_allocated(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Admission:
+    def account_allocated(self, claim: Claim) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""
-        pricing = self.pricer.exact(claim, recorded)
+        pricing = self.pricer.exact(claim)
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
         self.ledger.add_or_update_claim(entry)

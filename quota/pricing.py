@@ -200,11 +200,11 @@ class Pricer:
 
     # -- allocated claims: exact --------------------------------------------------
 
-    def exact(self, claim: Claim, recorded: Mapping[DeviceKey, int] | None = None) -> Pricing:
-        """Charge from `status.allocation`; `recorded` holds per-device charges seen before
-        (by default those the claim's `draquota.io/allocated-charge` records): a device that
-        vanished from the inventory is charged what it was charged while it existed."""
-        recorded = recorded if recorded is not None else dict(claim.recorded_devices)
+    def exact(self, claim: Claim) -> Pricing:
+        """Charge from `status.allocation`; a device that vanished from the inventory is
+        charged what the claim's `draquota.io/allocated-charge` records for it, what it
+        was charged while it existed."""
+        recorded = dict(claim.recorded_devices)
         classes = _request_classes(claim.spec)
         per_request: dict[str, tuple[DeviceClassName, list[Charge]]] = {}
         unknown: list[AllocatedDevice] = []

@@ -230,11 +230,11 @@ def test_class_edits_are_seen() -> None:
 # -- exact pricing from status.allocation ---------------------------------------------
 
 
-def exact(allocation: list[dict[str, Any]], *requests: dict[str, Any], annotations: dict[str, str] | None = None,
-          recorded: dict[DeviceKey, int] | None = None) -> Pricing:
+def exact(allocation: list[dict[str, Any]], *requests: dict[str, Any],
+          annotations: dict[str, str] | None = None) -> Pricing:
     reqs = requests or (request("r", exactly("gpu")),)
     claim = parse_claim(make_claim("c", *reqs, allocation=allocation, annotations=annotations))
-    return Pricer(inventory(), CLASSES).exact(claim, recorded)
+    return Pricer(inventory(), CLASSES).exact(claim)
 
 
 def test_exact_charge_is_the_sum_of_device_memories() -> None:
@@ -286,7 +286,8 @@ def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() ->
 
 def test_vanished_device_keeps_its_recorded_charge() -> None:
     gone = result("r", "gpu-9", pool="node-9")
-    assert exact([gone], recorded={DeviceKey(D, "node-9", "gpu-9"): 123}).total == Charge(123, 1)
+    record = allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 123})
+    assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: record}).total == Charge(123, 1)
     from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
     assert from_annotation.total == Charge(1000, 1)
     assert "vanished from the inventory" in from_annotation.warnings[0]
