@@ -35,7 +35,7 @@ from quota.watching import Store
 from quota.usage import Holders
 from webhook.allocations import AllocationRecorder
 
-__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore"]
+__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "parse_or_skip"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,9 @@ def _describe(kind: str, obj: Mapping[str, Any]) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
-def _parsed(kind: str, obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], T]) -> T | None:
-    """`parse(obj)`, or None after logging why the object is skipped."""
+def parse_or_skip(kind: str, obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], T]) -> T | None:
+    """`parse(obj)`, or None after logging why the object is skipped (every cache's
+    stores use it: `webhook.kueue` too)."""
     try:
         return parse(obj)
     except _PARSE_ERRORS as err:
@@ -70,10 +71,10 @@ class SliceStore:
             self.inventory.replace_all(objects)
         except _PARSE_ERRORS:
             # Rare: find the culprits one by one (each is logged), then swap in the rest.
-            self.inventory.replace_all([o for o in objects if _parsed("ResourceSlice", o, _check_slice) is not None])
+            self.inventory.replace_all([o for o in objects if parse_or_skip("ResourceSlice", o, _check_slice) is not None])
 
     def upsert(self, obj: Obj) -> None:
-        _parsed("ResourceSlice", obj, self.inventory.add_or_update_slice)
+        parse_or_skip("ResourceSlice", obj, self.inventory.add_or_update_slice)
 
     def delete(self, obj: Obj) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -93,12 +94,12 @@ class ClassStore:
         self.classes = classes
 
     def replace(self, objects: list[Obj]) -> None:
-        parsed = [c for c in (_parsed("DeviceClass", o, parse_device_class) for o in objects) if c is not None]
+        parsed = [c for c in (parse_or_skip("DeviceClass", o, parse_device_class) for o in objects) if c is not None]
         self.classes.clear()
         self.classes.update((c.name, c) for c in parsed)
 
     def upsert(self, obj: Obj) -> None:
-        cls = _parsed("DeviceClass", obj, parse_device_class)
+        cls = parse_or_skip("DeviceClass", obj, parse_device_class)
         if cls is not None:
             self.classes[cls.name] = cls
 
@@ -113,12 +114,12 @@ class NamespaceStore:
         self.labels = labels
 
     def replace(self, objects: list[Obj]) -> None:
-        parsed = [n for n in (_parsed("Namespace", o, parse_namespace) for o in objects) if n is not None]
+        parsed = [n for n in (parse_or_skip("Namespace", o, parse_namespace) for o in objects) if n is not None]
         self.labels.clear()
         self.labels.update((n.name, n.labels) for n in parsed)
 
     def upsert(self, obj: Obj) -> None:
-        ns = _parsed("Namespace", obj, parse_namespace)
+        ns = parse_or_skip("Namespace", obj, parse_namespace)
         if ns is not None:
             self.labels[ns.name] = ns.labels
 
@@ -137,7 +138,7 @@ class QuotaStore:
         self.drop = drop
 
     def replace(self, objects: list[Obj]) -> None:
-        parsed = [q for q in (_parsed("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
+        parsed = [q for q in (parse_or_skip("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
         keep = {(q.namespace, q.name) for q in parsed}
         for quota in self.ledger.quotas():
             if (quota.namespace, quota.name) not in keep:
@@ -151,7 +152,7 @@ class QuotaStore:
                 self.observe(obj)
 
     def upsert(self, obj: Obj) -> None:
-        quota = _parsed("DeviceQuota", obj, parse_device_quota)
+        quota = parse_or_skip("DeviceQuota", obj, parse_device_quota)
         if quota is not None:
             self.ledger.add_or_update_quota(quota)
             if self.observe is not None:
@@ -202,7 +203,7 @@ class ClaimStore:
             if version and self._versions.get(ref) == version and self.ledger.entry(ref) is not None:
                 present.add(ref)
                 continue
-            claim = _parsed("ResourceClaim", obj, parse_claim)
+            claim = parse_or_skip("ResourceClaim", obj, parse_claim)
             if claim is not None:
                 parsed.append((claim, obj))
                 present.add(claim_ref(claim))
@@ -219,7 +220,7 @@ class ClaimStore:
             self._account(claim, obj)
 
     def upsert(self, obj: Obj) -> None:
-        claim = _parsed("ResourceClaim", obj, parse_claim)
+        claim = parse_or_skip("ResourceClaim", obj, parse_claim)
         if claim is not None:
             self._account(claim, obj)
 

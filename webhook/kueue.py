@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from quota.admission import Admitter
-from quota.claims import Claim, ClaimError, parse_claim
+from quota.claims import Claim, parse_claim
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Entry
 from quota.model import Namespace
@@ -39,7 +39,6 @@ from quota.workloads import (
     CONTROLLER_NAME,
     WORKLOAD_LABEL,
     Workload,
-    WorkloadError,
     charge_message,
     check_active,
     entry_patch,
@@ -48,6 +47,7 @@ from quota.workloads import (
     our_checks,
     parse_workload,
 )
+from webhook.caches import parse_or_skip
 from webhook.events import EventKey, EventRecorder, Ref
 from webhook.reservations import Reservations
 
@@ -180,11 +180,7 @@ class WorkloadStore:
         self.caches = caches
 
     def _parse(self, obj: Obj) -> Workload | None:
-        try:
-            return parse_workload(obj)
-        except WorkloadError as err:
-            log.warning("skipping Workload %s/%s: %s", *_meta(obj)[:2], err)
-            return None
+        return parse_or_skip("Workload", obj, parse_workload)
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [w for w in map(self._parse, objects) if w is not None]
@@ -211,11 +207,7 @@ class TemplateStore:
         self.caches = caches
 
     def _parse(self, obj: Obj) -> Claim | None:
-        try:
-            return parse_claim({**obj, "kind": "ResourceClaimTemplate"})
-        except (ClaimError, ValueError, KeyError, TypeError) as err:
-            log.warning("skipping ResourceClaimTemplate %s/%s: %s", *_meta(obj)[:2], err)
-            return None
+        return parse_or_skip("ResourceClaimTemplate", {**obj, "kind": "ResourceClaimTemplate"}, parse_claim)
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [c for c in map(self._parse, objects) if c is not None]
