@@ -65,6 +65,9 @@ class Ledger:
         # Admitted Kueue Workloads (`quota.workloads`): their price per ref (the Workload's
         # uid), which Pods are theirs (Pod uid -> Workload ref), and the claims per Pod.
         self._holdings: dict[Namespace, dict[ClaimRef, Entry]] = {}
+        # The same holdings by ref: `holding` and `counts` are asked per reservation entry
+        # and per admitted claim, so they must not walk every namespace.
+        self._holding_by_ref: dict[ClaimRef, Entry] = {}
         self._pod_workload: dict[str, ClaimRef] = {}
         self._workload_pods: dict[ClaimRef, set[str]] = {}
         self._by_owner: dict[str, set[ClaimRef]] = {}
@@ -105,16 +108,18 @@ class Ledger:
     def set_holding(self, entry: Entry) -> tuple[QuotaKey, ...]:
         """An admitted Workload holds `entry` (its price), keyed by the Workload's uid."""
         self._holdings.setdefault(entry.namespace, {})[entry.ref] = entry
+        self._holding_by_ref[entry.ref] = entry
         return self._touch(entry.namespace)
 
     def drop_holding(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
-        for namespace, holdings in self._holdings.items():
-            if holdings.pop(ref, None) is not None:
-                return self._touch(namespace)
-        return ()
+        old = self._holding_by_ref.pop(ref, None)
+        if old is None:
+            return ()
+        self._holdings.get(old.namespace, {}).pop(ref, None)
+        return self._touch(old.namespace)
 
     def holding(self, ref: ClaimRef) -> Entry | None:
-        return next((h[ref] for h in self._holdings.values() if ref in h), None)
+        return self._holding_by_ref.get(ref)
 
     def holdings_in(self, namespace: Namespace) -> Iterable[Entry]:
         return self._holdings.get(namespace, {}).values()
