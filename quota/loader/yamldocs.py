@@ -61,6 +61,7 @@ _NO_KEY = object()
 # A position in the text: yaml.error.Mark, or libyaml's own Mark class.
 _Mark = Any
 _TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
+_SCANNER_TOO_DEEP = "exceeded maximum nesting depth"
 _CONSTRUCTORS = SafeConstructor.yaml_constructors
 
 
@@ -249,6 +250,11 @@ def yaml_documents(data: bytes) -> Iterator[tuple[int, int | None, Any]]:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         problem = err.problem or str(err)
+        if problem == _SCANNER_TOO_DEEP:
+            # libyaml >= 0.2.5's scanner (PyYAML 6.0.4's wheels) stops flow nesting at
+            # 1,000 levels while tokenizing ahead of our depth count: the same bound hit
+            # first, so the same words, whichever PyYAML runs.
+            raise DecodeError(_TOO_DEEP, line=mark.line + 1 if mark else None) from None
         raise DecodeError(f"not valid YAML: {problem}", line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:
         raise DecodeError(f"not valid YAML: {err}") from None
