@@ -7,10 +7,17 @@ so both run exactly the same code. Pure and synchronous.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from quota.claims import CHARGE_ANNOTATION, Claim
+from quota.claims import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    CHARGE_ANNOTATION,
+    QUOTAS_ANNOTATION,
+    Claim,
+    allocated_charge_annotation,
+)
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Mode, Namespace
@@ -69,10 +76,10 @@ def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str
 def charged_above(claim: Claim, exact: Charge) -> str:
     """Why `claim`'s allocation charges more than was recorded at its admission, "" if it does not.
 
-    Compared with `draquota.io/charge` as the claim carries it (what the mutating webhook
-    wrote at CREATE in the default pricing mode, and what queue managers read), per
-    dimension: more memory or more devices. A claim with no readable annotation (created
-    before the webhook ran) has nothing to compare with. Usually an Optimistic estimate
+    Compared with `draquota.io/charge` as the claim carries it (what the leader recorded
+    once the claim existed, in the default pricing mode, and what queue managers read),
+    per dimension: more memory or more devices. A claim with no readable annotation (not
+    recorded yet, or created before the install) has nothing to compare with. Usually an Optimistic estimate
     (the scheduler picked a larger device than the smallest candidate) or a device whose
     published memory grew between admission and allocation.
     """
@@ -282,8 +289,29 @@ class Admitter:
                                               owner=claim.owner))
 
     def price(self, claim: Claim) -> Pricing:
-        """The estimate in the default mode: what the mutating webhook writes on a claim."""
+        """The estimate in the default mode."""
         return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode)
+
+    def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
+        """Our annotations `claim` should carry and does not (the leader writes them,
+        `webhook.annotator`), from what the ledger holds for it: nothing is priced again.
+
+        The charge and the quotas it draws on are written once, when the claim carries
+        no charge yet (what it was admitted at; a DeviceQuota made later does not rewrite
+        them); the allocation record whenever it differs from what the allocation says.
+        """
+        due: dict[str, str] = {}
+        held = self.ledger.entry(claim_ref(claim))
+        if CHARGE_ANNOTATION not in current and held is not None:
+            mode = self.ledger.default_mode
+            due[CHARGE_ANNOTATION] = json.dumps(held.pricing[mode].total.as_json(), separators=(",", ":"))
+            due[QUOTAS_ANNOTATION] = ",".join(sorted(
+                q.name for q in self.ledger.quotas(claim.namespace) if not held.charge_for(q, mode).is_zero()))
+        if claim.allocation is not None:
+            record = self.pricer.allocation_record(claim)
+            if record != dict(claim.recorded_devices):
+                due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+        return due
 
     def _own_record(self, claim: Claim) -> Claim:
         """`claim` with the charge the ledger holds for it in place of its annotation.

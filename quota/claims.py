@@ -71,7 +71,7 @@ __all__ = [
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
 # The exact memory charge of each allocated device, written by the quota controller's
-# leader once the claim is allocated (`webhook.allocations`): a device that later vanishes
+# leader once the claim is allocated (`webhook.annotator`): a device that later vanishes
 # from the inventory keeps the charge it had, in every process and after any restart.
 ALLOCATED_CHARGE_ANNOTATION = "draquota.io/allocated-charge"
 
@@ -134,7 +134,7 @@ class Claim:
     uid: ClaimUid
     spec: ClaimSpec
     allocation: tuple[AllocatedDevice, ...] | None = None
-    # The charge written by our mutating webhook at admission, if any.
+    # The charge the leader recorded once the claim existed (`webhook.annotator`), if any.
     recorded_charge: Charge | None = None
     # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
     # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).
@@ -380,8 +380,8 @@ def _result(res: Any, where: str) -> AllocatedDevice:
 
 
 # Our own annotation is a two-field JSON object of int64s: anything longer, deeper or
-# larger was not written by us (the user owns annotations until our mutating webhook
-# replaces them) and is ignored rather than parsed at any cost.
+# larger was not written by us (a claim from before the install; the webhook refuses ours
+# on new claims) and is ignored rather than parsed at any cost.
 _CHARGE_MAX_BYTES = 256
 _CHARGE_MAX_DIGITS = 19
 

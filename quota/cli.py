@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
         "serve", help="run the admission webhook against a cluster",
-        description="Serve the validating and mutating admission webhook over HTTPS, with caches of "
+        description="Serve the validating admission webhook over HTTPS, with caches of "
                     "ResourceSlices, DeviceClasses, Namespaces, DeviceQuotas and ResourceClaims kept by "
                     f"list+watch. {LIMITATIONS} Stops cleanly on SIGTERM or SIGINT (exit 0).")
     serve.add_argument("--kubeconfig", metavar="FILE",
@@ -120,11 +120,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
     serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
-    serve.add_argument("--reservation-ttl", type=float, default=60.0, metavar="SECONDS",
-                       help="an admitted claim's reservation is persisted on the DeviceQuota status and "
-                            "counted by every replica until its claim is seen, at most this long: an "
-                            "entry whose claim never appeared is dropped after it; keep it longer than "
-                            "any replica's watch lag (default 60)")
+    serve.add_argument("--reservation-ttl", type=float, default=120.0, metavar="SECONDS",
+                       help="an admitted claim's reservation is persisted on the DeviceQuota status until a "
+                            "replica's claim watch delivers the claim; one whose claim never appears (a later "
+                            "admission step refused the create) is dropped after this long; keep it longer than "
+                            "the API server's request timeout (60 s by default) plus any replica's watch lag "
+                            "(default 120)")
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "

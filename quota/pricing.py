@@ -248,7 +248,7 @@ class Pricer:
 
     def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
         """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
-        it, `webhook.allocations`; the webhook refuses anything else): the exact memory
+        it, `webhook.annotator`; the webhook refuses anything else): the exact memory
         charge of each allocated device the inventory knows, and for a device it no longer
         knows the charge already recorded (never dropped, never guessed). adminAccess
         devices are free and not recorded."""
@@ -297,10 +297,10 @@ def at_least_recorded(pricing: Pricing, recorded: Charge | None) -> Pricing:
     The estimate follows the inventory: the largest candidate gone, a replica that
     prices the claim again (it started after the admission) would reserve less than the
     replicas that admitted it still do, and `reserved` would depend on whether the
-    leader restarted. The recorded charge (`draquota.io/charge`, written by our
-    mutating webhook, refused to anyone else afterwards) is what was reserved. Never
-    below the estimate, so an annotation the webhook never wrote (a claim from before
-    the install) cannot lower a claim's charge. Only for claims of one device class: the
+    leader restarted. The recorded charge (`draquota.io/charge`, written by the leader
+    once the claim exists, refused to anyone else) is what was reserved. Never below the
+    estimate, so an annotation we never wrote (a claim from before the install) cannot
+    lower a claim's charge. Only for claims of one device class: the
     annotation is a total, with no split between classes for quotas scoped to some.
     """
     classes = {cls for r in pricing.requests for cls, _ in r.alternatives}

@@ -7,11 +7,12 @@ persisted admissions) and its pure rules, which this module reuses rather than r
 `quota.top` reads what is written here.
 
 Two writers share one status, each owning its fields:
-- the webhooks (every replica): `reservations`;
+- the webhooks (every replica): `reservations` and `claimsThrough`;
 - the leader's controller: `used`, `reserved`, `claims`, `observedGeneration`,
-  `conditions`, and it drops the `reservations` entries `quota.reservations.apply`
-  drops (expired, or their claim was deleted), so an entry whose claim never appeared
-  leaves the status after the TTL even when no admission writes the quota again.
+  `conditions`, and it settles the record as any writer does
+  (`quota.reservations.settle`: entries whose claim its cache holds go, raising the
+  watermark; orphans go once expired), so the record shrinks even when no admission
+  writes the quota again.
 Both write the whole status, each built from the object it replaces: its own fields
 new, every other field as read; the API server accepts the write only if that object
 is still current (resourceVersion precondition), else the writer re-reads and builds
@@ -23,7 +24,7 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
   quantity string (`160Gi`, as ResourceQuota writes its status), devices a count;
 - `reserved`: the estimated charge of the claims that exist unallocated, plus the
   persisted entries whose claim the controller's cache does not hold yet (admitted,
-  not yet seen, at most one TTL);
+  not yet seen: usually for milliseconds, an orphan for at most one TTL);
 - `reservedBy`: `reserved` split by source: `workloads`, what Kueue Workloads admitted
   by our AdmissionCheck hold beyond their Pods' claims (`quota.workloads`), and
   `claims`, the rest;
@@ -34,14 +35,14 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from quota.devicequota import RESOURCES, DeviceQuota, Usage, format_resource
 from quota.leases import micro_time
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
-from quota.reservations import Held, apply, status_fields
+from quota.reservations import Caches, Record, in_flight, settle, status_fields
 
 __all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
 
@@ -51,27 +52,24 @@ CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGenera
 def desired_status(
     obj: Mapping[str, Any],
     quota: DeviceQuota,
-    held: Held,
+    record: Record,
     *,
     usage: Usage,
-    cached: Callable[[str], bool],
-    gone: Callable[[str], bool],
+    caches: Caches,
     now: float,
-    ttl: float,
 ) -> dict[str, Any]:
     """The whole status `obj` should have: the controller's fields new, the rest as read.
 
-    `held` are the persisted entries parsed from `obj`; `cached(uid)` and `gone(uid)` as
-    in `quota.reservations.apply`. Deterministic for an unchanged input (a condition's
-    lastTransitionTime moves only when its status does), so comparing the result with
-    the current status says whether a write is needed.
+    `record` is the reservation record parsed from `obj`, `caches` what this replica's
+    caches know of its uids (`quota.reservations.Caches`). Deterministic for an
+    unchanged input (a condition's lastTransitionTime moves only when its status does),
+    so comparing the result with the current status says whether a write is needed.
     """
     status = dict(obj.get("status") or {})
-    live = apply(quota, held, [], usage=usage, cached=cached, gone=gone, now=now, ttl=ttl).held
-    unconfirmed = sum((r.charge for uid, r in live.items() if not cached(uid)), ZERO)
-    reserved = usage.reserved + unconfirmed
+    live = settle(record, caches, now=now)
+    reserved = usage.reserved + in_flight(live, caches)
     generation = (obj.get("metadata") or {}).get("generation")
-    status["reservations"] = status_fields(live)["reservations"]
+    status.update(status_fields(live))
     status["used"] = _amounts(usage.used)
     status["reserved"] = _amounts(reserved)
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
@@ -88,9 +86,9 @@ def desired_status(
     return status
 
 
-def next_expiry(held: Held, now: float) -> float | None:
+def next_expiry(record: Record, now: float) -> float | None:
     """When the earliest entry still live at `now` expires (the controller wakes then)."""
-    return min((r.expires for r in held.values() if r.expires > now), default=None)
+    return min((r.expires for r in record.held.values() if r.expires > now), default=None)
 
 
 def _amounts(charge: Charge) -> dict[str, Any]:

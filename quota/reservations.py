@@ -1,58 +1,77 @@
-"""Persisted reservations on a DeviceQuota's status: the state and the pure decision.
+"""Persisted reservations on a DeviceQuota's status: the record and the pure decision.
 
-Neighbours: `webhook.reservations` reads a DeviceQuota, calls `apply` and writes the
-result back through the status subresource with a resourceVersion precondition;
-`quota.devicequota.check` is the check itself; `quota.ledger` supplies the usage this
-replica's claim cache sees. Pure: no clock (`now` is passed in), no I/O.
+Neighbours: `webhook.reservations` reads a DeviceQuota, waits until its own claim watch
+has reached the record's watermark, calls `apply` and writes the result back through
+the status subresource with a resourceVersion precondition; `quota.devicequota.check`
+is the check itself; `quota.ledger` supplies the usage this replica's claim cache
+counts. Pure: no clock (`now` is passed in), no I/O.
 
-The record, `status.reservations`, a map keyed by the claim's uid:
+The record, on the DeviceQuota's status:
 
-    reservations:
+    reservations:            # admissions in flight, keyed by the claim's uid
       <uid>: {claim: <namespace>/<name>, memory: <bytes>, devices: <n>, expires: <RFC 3339>}
-    reserved: {memory: <sum of the entries' memory>, devices: <sum of their devices>}
+    claimsThrough: "<resourceVersion>"   # the watermark
 
-Why this is enough for N replicas: every writer checks against the object it is about
-to replace and the API server accepts the write only if nobody wrote in between (the
-resourceVersion precondition, like the in-tree quota admission plugin's
-`UpdateStatus` in staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
-controller.go). So two admissions can never both be granted the same headroom: one of
-them is refused with a conflict, re-reads, and checks again.
+An entry lives from the admission that wrote it until every replica that may decide
+would count its claim itself, and no longer. The watermark says when that is.
 
-What counts against `hard` for one replica: `used` and the pending claims of its own
-claim cache (the ledger), plus every persisted entry whose claim that cache does not
-hold yet. A claim is counted once: by its entry until this replica's watch delivers
-the claim, by the claim afterwards.
+The protocol (docs/reservations.md holds the full safety argument):
+1. A writer (a replica's webhook batch, or the leader's quota controller) reads the
+   DeviceQuota and, before deciding anything on it, waits until its own claim watch
+   has delivered every claim event up to `claimsThrough`.
+2. Deciding, it drops the entries whose claim its own cache holds (the claim is
+   counted from the cache now) or saw deleted, and raises `claimsThrough` to the
+   highest claim resourceVersion that justified a drop. Then it adds the admissions
+   that fit `used + reserved + in flight + charge <= hard`, where "in flight" is the
+   entries still held.
+3. It writes with the resourceVersion it read; a conflict (someone wrote in between)
+   means read again and start over at 1.
+Why nothing is ever counted nowhere: an entry for claim u dropped at watermark v (the
+resourceVersion at which the dropping writer's cache held u) is gone only from
+objects whose `claimsThrough` is at least v; any writer that decides on such an
+object has first seen its own watch reach v, so its cache holds u (or saw it deleted,
+and then u holds nothing). A writer that decided on an older object carries that
+object's resourceVersion and is refused with a conflict. The watermark is the
+resourceVersion of a real claim event, so every replica's watch reaches it within its
+own lag: no bookmarks or progress requests are needed, and nothing is compared across
+resources.
 
-Expiry (the TTL, `dra-quota serve --reservation-ttl`, 60 s by default): an entry is
-dropped by whichever replica next writes the quota once it expired, whether its claim
-was persisted or not (a later webhook denied the create, the create failed). No leader
-is needed: dropping is part of an ordinary conditional write. An entry whose claim is
-in the cache ("confirmed") is deliberately kept until it expires too: another replica
-whose watch lags may not hold the claim yet, and without the entry it would count the
-claim nowhere. The assumption, stated: every replica's claim watch lags less than the
-TTL, and the replicas' clocks agree to well within it. An entry whose claim this
-replica saw deleted (`gone`) is dropped at once, as is one released by a claim DELETE.
+What the TTL is for now: orphans, entries whose claim never appears (a later admission
+plugin denied the create, or the create failed). Any writer drops an entry whose claim
+it has not seen once the entry expired. The TTL must outlast the API server's request
+(`--request-timeout`, 60 s by default) plus any replica's watch lag: an entry dropped
+while its create is still in flight would let that claim go uncounted.
 
-What a status reader sees: the entries admitted in the last TTL, confirmed or not.
-`status.used`, `status.reserved` (pending claims plus entries whose claim is not seen
-yet) and the conditions are the leader-elected quota controller's (`quota.quotastatus`
-says how the two writers share the status); that controller also drops expired
-entries when no admission writes the quota again.
+Kueue Workloads (`webhook.kueue`): the leader's AdmissionCheck reserves a Workload's
+price here too (`source: Workload`). Workloads are not claims and their
+resourceVersions say nothing about the claim watch, so their entries follow the TTL
+rule: counted once (by the holding when this replica's Workload cache has it, else by
+the entry) until they expire or the Workload is gone.
+
+The record is bounded: at most MAX_ENTRIES entries (the CRD says the same), past which
+admissions into that quota are refused with a message naming it; in steady state it
+holds only the admissions of the last watch lag. `reservations` is an atomic map in the
+CRD, so the API server keeps one managedFields entry for it, not one per uid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.extended import in_series
 from quota.model import ZERO, Charge
 
-__all__ = ["Held", "Outcome", "Request", "Reservation", "apply", "counting", "outstanding", "parse_reservations",
-           "status_fields"]
+__all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "apply",
+           "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
+
+# Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
+# each, so the object stays far below etcd's 1.5 MiB request limit.
+MAX_ENTRIES = 1000
+Source = Literal["Claim", "Workload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +80,23 @@ class Reservation:
     claim: str  # namespace/name, for people reading the status
     charge: Charge
     expires: float  # seconds since the epoch
+    source: Source = "Claim"
 
     def as_json(self) -> dict[str, Any]:
         stamp = datetime.fromtimestamp(self.expires, timezone.utc).isoformat(timespec="milliseconds")
-        return {"claim": self.claim, "memory": self.charge.memory, "devices": self.charge.devices,
-                "expires": stamp.replace("+00:00", "Z")}
+        out: dict[str, Any] = {"claim": self.claim, "memory": self.charge.memory, "devices": self.charge.devices,
+                               "expires": stamp.replace("+00:00", "Z")}
+        if self.source != "Claim":
+            out["source"] = self.source
+        return out
 
 
-Held = Mapping[str, Reservation]
+@dataclass(frozen=True, slots=True)
+class Record:
+    """`status.reservations` and `status.claimsThrough` (None: no watermark yet)."""
+
+    held: Mapping[str, Reservation] = field(default_factory=dict)
+    through: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,86 +109,148 @@ class Request:
     # that Pod's attempts (`quota.extended.attempt_series`), whose unconfirmed entries
     # this one replaces.
     series: str = ""
+    source: Source = "Claim"
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    held: dict[str, Reservation]
+    record: Record
     # One per request, in order; a release is always allowed.
     decisions: tuple[Decision, ...]
     changed: bool
 
 
-def parse_reservations(status: Any) -> dict[str, Reservation]:
-    """`status.reservations` as written by `status_fields`; malformed entries are skipped.
+class Caches(Protocol):
+    """What one replica's own caches say about the uids in a record."""
+
+    def claim_version(self, uid: str) -> int | None:
+        """The resourceVersion at which the claim cache holds claim `uid`; None if it does not."""
+
+    def claim_gone(self, uid: str) -> int | None:
+        """The resourceVersion at which the claim cache saw `uid` deleted; None if it did not."""
+
+    def workload_counted(self, uid: str) -> bool:
+        """Whether the ledger counts Workload `uid`'s holding itself."""
+
+    def workload_gone(self, uid: str) -> bool:
+        """Whether the Workload cache saw Workload `uid` finish or go."""
+
+
+def parse_version(value: Any) -> int | None:
+    """A resourceVersion as the integer etcd made it; None for anything else.
+
+    resourceVersions are opaque to clients in general, but the claim watch and the
+    claims it delivers come from one storage: etcd's revisions, ordered integers (the
+    same order the watch cache and `resourceVersionMatch` rely on).
+    """
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return None
+
+
+def parse_record(status: Any) -> Record:
+    """The record as `status_fields` writes it; malformed entries are skipped.
 
     Skipping is safe only because the API server validates the status against the CRD
     schema: what reaches us was written by a dra-quota replica.
     """
-    raw = status.get("reservations") if isinstance(status, dict) else None
-    out: dict[str, Reservation] = {}
-    for uid, entry in (raw or {}).items() if isinstance(raw, dict) else ():
+    status = status if isinstance(status, dict) else {}
+    raw = status.get("reservations")
+    held: dict[str, Reservation] = {}
+    for uid, entry in raw.items() if isinstance(raw, dict) else ():
         try:
             expires = datetime.fromisoformat(str(entry["expires"]).replace("Z", "+00:00")).timestamp()
             charge = Charge(int(entry.get("memory") or 0), int(entry.get("devices") or 0))
-            out[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires)
+            source: Source = "Workload" if entry.get("source") == "Workload" else "Claim"
+            held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-    return out
+    return Record(held, parse_version(status.get("claimsThrough")))
 
 
-def status_fields(held: Held) -> dict[str, Any]:
-    """The status field this protocol owns: the entries.
+def status_fields(record: Record) -> dict[str, Any]:
+    """The status fields this protocol owns: the entries and the watermark.
 
     `status.reserved` is the quota controller's (`quota.quotastatus`): it counts the
     pending claims too, and one owner per field keeps the two writers from undoing
     each other's numbers.
     """
-    return {"reservations": {uid: r.as_json() for uid, r in sorted(held.items())}}
+    out: dict[str, Any] = {"reservations": {uid: r.as_json() for uid, r in sorted(record.held.items())}}
+    if record.through is not None:
+        out["claimsThrough"] = str(record.through)
+    return out
 
 
-def counting(held: Held, *, gone: Callable[[str], bool], now: float) -> dict[str, Reservation]:
-    """The entries still counting: not expired, and their claim not seen deleted."""
-    return {uid: r for uid, r in held.items() if r.expires > now and not gone(uid)}
+def settle(record: Record, caches: Caches, *, now: float) -> Record:
+    """`record` without the entries no writer needs any more (module doc, step 2).
+
+    A claim entry goes once this replica's cache holds its claim or saw it deleted, and
+    the watermark rises to the resourceVersion that showed it; an orphan (claim never
+    seen) goes once it expired. A Workload entry goes once it expired or its Workload
+    is gone; it never moves the watermark.
+    """
+    held: dict[str, Reservation] = {}
+    through = record.through
+    for uid, entry in record.held.items():
+        if entry.source == "Workload":
+            if entry.expires > now and not caches.workload_gone(uid):
+                held[uid] = entry
+            continue
+        seen = caches.claim_version(uid)
+        if seen is None:
+            seen = caches.claim_gone(uid)
+        if seen is not None:
+            through = seen if through is None else max(through, seen)
+        elif entry.expires > now:
+            held[uid] = entry
+    if len(held) == len(record.held) and through == record.through:
+        return record
+    return Record(held, through)
 
 
-def outstanding(held: Held, *, cached: Callable[[str], bool]) -> Charge:
-    """What `held` adds to a replica's claim cache: the entries whose claim it does not hold."""
-    return sum((r.charge for uid, r in held.items() if not cached(uid)), ZERO)
+def in_flight(record: Record, caches: Caches) -> Charge:
+    """What the entries add to this replica's ledger: each one whose claim (or Workload)
+    the ledger does not count itself."""
+    total = ZERO
+    for uid, entry in record.held.items():
+        counted = (caches.workload_counted(uid) if entry.source == "Workload"
+                   else caches.claim_version(uid) is not None)
+        if not counted:
+            total = total + entry.charge
+    return total
 
 
 def apply(
     quota: DeviceQuota,
-    held: Held,
+    record: Record,
     requests: Sequence[Request],
     *,
     usage: Usage,
-    cached: Callable[[str], bool],
-    gone: Callable[[str], bool],
+    caches: Caches,
     now: float,
     ttl: float,
+    max_entries: int = MAX_ENTRIES,
 ) -> Outcome:
-    """Apply `requests` in order to the entries `held` on `quota`'s status.
+    """Apply `requests` in order to `quota`'s record, after `settle`.
 
-    `usage` is what this replica's claim cache counts for the quota, `cached(uid)` says
-    whether that cache holds the claim (then its entry is not counted again), `gone(uid)`
-    whether it saw the claim deleted. Expired and gone entries are dropped first. A
-    reserve for a uid already held replaces that entry (a retried review never counts
-    twice); a denied retry keeps the earlier entry, whose answer may have been delivered.
-    A reserve with a `series` first drops the entries of earlier attempts of that series
-    that this replica's cache does not hold: the scheduler retries a Pod's
-    extended-resource claim forever, and when an admission step after ours refuses each
-    attempt, entries left to expire would fill the quota with claims that do not exist
-    (one Pod asking 1 device held 4 of a quota of 4 on the e2e cluster). One whose claim
-    is cached is kept: it exists, and is counted once, through the cache.
+    `usage` is what this replica's claim cache counts for the quota. A reserve for a
+    uid already held replaces that entry (a retried review never counts twice); a
+    denied retry keeps the earlier entry, whose answer may have been delivered. A
+    reserve with a `series` first drops the entries of earlier attempts of that series:
+    the scheduler retries a Pod's extended-resource claim forever, and when an
+    admission step after ours refuses each attempt, entries left to expire would fill
+    the quota with claims that do not exist (one Pod asking 1 device held 4 of a quota
+    of 4 on the e2e cluster). Only claims this replica has not seen are in the record
+    after `settle`, so every such entry is an attempt that does not exist yet.
     """
-    live = counting(held, gone=gone, now=now)
-    changed = len(live) != len(held)
+    settled = settle(record, caches, now=now)
+    live = dict(settled.held)
+    changed = settled is not record
     decisions: list[Decision] = []
     for request in requests:
         if request.op == "reserve" and request.series:
             stale = [uid for uid, r in live.items()
-                     if uid != request.uid and not cached(uid) and in_series(r.claim, request.series)]
+                     if uid != request.uid and r.source == "Claim" and in_series(r.claim, request.series)]
             for uid in stale:
                 del live[uid]
             changed = changed or bool(stale)
@@ -169,12 +259,22 @@ def apply(
             changed = changed or previous is not None
             decisions.append(Decision(True))
             continue
-        pending = outstanding(live, cached=cached)
-        decision = check([QuotaCheck(quota, Usage(usage.used, usage.reserved + pending), request.charge)])
+        if len(live) >= max_entries:
+            if previous is not None:
+                live[request.uid] = previous
+            decisions.append(_full(quota, max_entries))
+            continue
+        pending = in_flight(Record(live), caches)
+        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), request.charge)])
         if decision.allowed:
-            live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl)
+            live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl, request.source)
             changed = True
         elif previous is not None:
             live[request.uid] = previous
         decisions.append(decision)
-    return Outcome(live, tuple(decisions), changed)
+    return Outcome(Record(live, settled.through), tuple(decisions), changed)
+
+
+def _full(quota: DeviceQuota, max_entries: int) -> Decision:
+    return Decision(False, f'DeviceQuota "{quota.name}" has {max_entries} admissions in flight, as many as its '
+                           "status may hold; retry once some of them are seen (usually within seconds)")

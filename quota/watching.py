@@ -32,6 +32,7 @@ from quota.kubeapi import ApiError, KubeApi, Obj, Resource
 __all__ = [
     "LAST_APPLIED",
     "Backoff",
+    "Progress",
     "Reflector",
     "ReflectorStats",
     "Store",
@@ -141,6 +142,46 @@ class ReflectorStats:
     bookmarks: int = 0
 
 
+# -- how far a watch has come -------------------------------------------------------------------
+
+
+class Progress:
+    """The resourceVersion up to which a reflector has applied every event to its store.
+
+    `webhook.reservations` waits on it before deciding on a DeviceQuota: a writer may
+    count a claim only from its own cache once the cache holds it, and
+    `quota.reservations` says when that must be (the watermark). A reflector moves it
+    after the store took the list or the event, never before, so `reached(v)` means the
+    store reflects every event up to v. Versions are etcd's integers
+    (`quota.reservations.parse_version`); anything else leaves it where it is.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self._moved = asyncio.Event()
+
+    def advance(self, resource_version: str | None) -> None:
+        version = int(resource_version) if resource_version and resource_version.isdigit() else None
+        if version is not None and (self.version is None or version > self.version):
+            self.version = version
+            self._moved.set()
+
+    def has_reached(self, version: int | None) -> bool:
+        return version is None or (self.version is not None and self.version >= version)
+
+    async def reached(self, version: int | None, *, timeout: float) -> bool:
+        """Wait until the store reflects `version` (None: nothing to wait for); False
+        when `timeout` seconds passed first."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.has_reached(version):
+                    self._moved.clear()
+                    await self._moved.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
 # -- the reflector ------------------------------------------------------------------------------
 
 
@@ -160,6 +201,8 @@ class Reflector:
     settings: WatchSettings = WatchSettings()
     rand: Callable[[], float] = random.random
     synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    # Told each resourceVersion the store reflects (`Progress`); None: nobody asks.
+    progress: Progress | None = None
     # The resourceVersion the next watch starts from: the list's, then each event's.
     resource_version: str | None = field(default=None, init=False)
     stats: ReflectorStats = field(default_factory=ReflectorStats, init=False)
@@ -206,6 +249,8 @@ class Reflector:
         )
         self.store.replace(listing.items)
         self.resource_version = listing.resource_version
+        if self.progress is not None:
+            self.progress.advance(self.resource_version)
         self.stats.lists += 1
         self._attempt = 0
         if not self.synced.is_set():
@@ -257,4 +302,6 @@ class Reflector:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             self.resource_version = str(version)
+            if self.progress is not None:
+                self.progress.advance(self.resource_version)
 

@@ -14,7 +14,9 @@ Claims are accounted from what the API server holds, so a restart re-derives eve
 reservation: an allocated claim is charged exactly to `used` (`Admitter.account_allocated`);
 an unallocated one keeps the reservation this process made when it admitted it, or,
 when this process never saw its admission (it started later), is priced again and
-reserved as admission would have; a deleted claim releases whatever it held.
+reserved as admission would have; a deleted claim releases whatever it held, and only
+then: the watch's DELETED event, never a DELETE's admission (another admission step
+may still refuse the delete).
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef
+from quota.raw import as_map, dig
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
 from quota.watching import Store
 from quota.usage import Holders
-from webhook.allocations import AllocationRecorder
+from webhook.annotator import Annotator
 
-__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "parse_or_skip"]
+__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "namespace_name",
+           "parse_or_skip"]
 
 log = logging.getLogger(__name__)
 
@@ -168,21 +172,22 @@ class QuotaStore:
 class ClaimStore:
     """ResourceClaims into the ledger: exact when allocated, a reservation before (see module doc)."""
 
-    def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None,
+    def __init__(self, admitter: Admitter, *, deleted: Callable[[str, str | None], None] | None = None,
                  freed: Callable[[str], None] | None = None, holders: Holders | None = None,
-                 recorder: AllocationRecorder | None = None) -> None:
+                 recorder: Annotator | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
         self.holders = holders
-        # Told the uid of each claim deleted from the cache: its persisted reservation
+        # Told the uid of each claim deleted from the cache and the resourceVersion of
+        # its deletion (None: gone from a relist): a persisted entry of its
         # (`webhook.reservations`) must not count again once the claim no longer does.
-        self.forget = forget
+        self.deleted = deleted
         # Told the namespace of each deleted claim: quota may have freed there
         # (`webhook.requeue` retries the Pods waiting for it).
         self.freed = freed
-        # Told every claim (the leader records allocated charges on them) and every
-        # deleted uid (`webhook.allocations`).
+        # Told every claim (the leader writes our annotations on them) and every
+        # deleted uid (`webhook.annotator`).
         self.recorder = recorder
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
@@ -212,8 +217,8 @@ class ClaimStore:
             self.holders.keep_only(present)
         for entry in [e for e in self.ledger.entries() if e.ref not in present]:
             self.ledger.delete_claim(entry.ref)
-            if self.forget is not None:
-                self.forget(entry.ref)
+            if self.deleted is not None:
+                self.deleted(entry.ref, None)
             if self.freed is not None:
                 self.freed(entry.namespace)
         for claim, obj in parsed:
@@ -234,11 +239,17 @@ class ClaimStore:
             self.holders.drop(ref)
         if self.recorder is not None and isinstance(uid, str):
             self.recorder.gone(uid)
-        if self.forget is not None and isinstance(uid, str) and uid:
-            self.forget(uid)
+        if self.deleted is not None and isinstance(uid, str) and uid:
+            version = meta.get("resourceVersion")
+            self.deleted(uid, version if isinstance(version, str) else None)
         if self.freed is not None:
-            # Also when the ledger no longer held it: its DELETE's admission released it.
             self.freed(str(meta.get("namespace") or ""))
+
+    def version(self, uid: str) -> int | None:
+        """The resourceVersion at which the ledger counts claim `uid` (None: it does not):
+        the watermark of the persisted reservations (`quota.reservations`)."""
+        version = self._versions.get(ClaimRef(uid))
+        return int(version) if version is not None and version.isdigit() else None
 
     def _account(self, claim: Claim, obj: Obj) -> None:
         version = (obj.get("metadata") or {}).get("resourceVersion")
@@ -246,16 +257,15 @@ class ClaimStore:
             self._versions[claim_ref(claim)] = version
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
-        if self.recorder is not None:
-            self.recorder.seen(claim)
         if claim.allocation is not None:
             self.admitter.account_allocated(claim)
-            return
-        held = self.ledger.entry(claim_ref(claim))
-        if held is not None and not held.allocated:
-            return  # reserved at admission: the claim confirms it
-        # Never admitted by this process (it started later), or deallocated.
-        self.admitter.reserve_existing(claim)
+        elif (held := self.ledger.entry(claim_ref(claim))) is None or held.allocated:
+            # Never admitted by this process (it started later), or deallocated.
+            self.admitter.reserve_existing(claim)
+        # else: reserved at admission in this ledger (`dra-quota check`): the claim confirms it.
+        if self.recorder is not None:
+            # After the ledger counted it: the charge annotation is the one it holds.
+            self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
 
 
 class Notifying:
@@ -263,9 +273,13 @@ class Notifying:
     (None after a whole list): the quota controller (`webhook.controller`) learns which
     quotas to look at again without a second watch of its own."""
 
-    def __init__(self, store: Store, changed: Callable[[str | None], None]) -> None:
+    def __init__(self, store: Store, changed: Callable[[str | None], None], *,
+                 namespace_of: Callable[[Mapping[str, Any]], str] | None = None) -> None:
+        """`namespace_of`: which namespace an object's event concerns (default its
+        metadata.namespace; a Namespace's is its name)."""
         self.store = store
         self.changed = changed
+        self.namespace_of = namespace_of or _namespace
 
     def replace(self, objects: list[Obj]) -> None:
         self.store.replace(objects)
@@ -273,16 +287,22 @@ class Notifying:
 
     def upsert(self, obj: Obj) -> None:
         self.store.upsert(obj)
-        self.changed(_namespace(obj))
+        self.changed(self.namespace_of(obj))
 
     def delete(self, obj: Obj) -> None:
         self.store.delete(obj)
-        self.changed(_namespace(obj))
+        self.changed(self.namespace_of(obj))
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+
+
+def namespace_name(obj: Mapping[str, Any]) -> str:
+    """A Namespace's own name: the namespace its events concern."""
+    meta = obj.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
 def _ref(uid: str, meta: Mapping[str, Any]) -> ClaimRef:

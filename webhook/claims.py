@@ -15,11 +15,18 @@ a name collision re-runs admission under a new name and uid, and the same uid se
 attempts at one Pod's extended-resource claim replace each other's unconfirmed
 reservations (`_series`), so attempts refused after us do not pile up until their TTL.
 
-Our annotations (`draquota.io/charge`, `draquota.io/quotas`) are written by the
-mutating webhook at CREATE. Nothing decides on them: the ledger keeps its own record of
-each claim's charge (`Admitter.allocate_claim`). They are what queue managers and
-dashboards read, so a later change by anyone is refused (`update_claim`), instead of
-letting a tenant publish a smaller charge than the one counted.
+Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation
+`draquota.io/allocated-charge`) are written by the quota controller's leader once the
+claim exists (`webhook.annotator`), so a create costs one webhook call. A new claim
+or template may not carry them (`_supplied`) and a later change by anyone but us is
+refused (`update_claim`): queue managers and dashboards read them as ours, so a tenant
+cannot publish a smaller charge than the one counted. The ledger keeps its own record
+of each claim's charge; the annotations are what others read, and a floor when a
+claim is priced again.
+
+A claim DELETE is not ours to judge: a reservation ends when the claim watch delivers
+the deletion (`webhook.caches.ClaimStore.delete`), never at the DELETE's admission,
+which a later admission step may still refuse (issue 15, item 8).
 """
 
 from __future__ import annotations
@@ -53,8 +60,6 @@ __all__ = [
     "create_claim",
     "create_claim_persisted",
     "create_template",
-    "delete_claim",
-    "delete_claim_persisted",
     "update_claim",
     "with_namespace",
 ]
@@ -62,6 +67,9 @@ __all__ = [
 AllocationCheck = Literal["enforce", "account-only"]
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
+# Every annotation only dra-quota writes (the leader, `webhook.annotator`): none may
+# come with a new claim or template.
+WRITTEN_BY_US = (*OUR_ANNOTATIONS, ALLOCATED_CHARGE_ANNOTATION)
 # How `quota.devicequota.check` starts a denial.
 QUOTA_DENIAL = "exceeded DeviceQuota"
 # kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
@@ -92,6 +100,8 @@ def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim
+    if (supplied := _supplied(request.object)) is not None:
+        return supplied
     if not claim.uid and not isinstance(dig(request.object, "metadata", "name"), str):
         # parse_claim reads generateName as the name; two such claims would share a key.
         return _invalid("metadata.uid and metadata.name are missing: the API server sets both before validating admission")
@@ -115,6 +125,8 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim
+    if (supplied := _supplied(request.object)) is not None:
+        return supplied
     if not claim.uid:
         return _invalid("metadata.uid is missing: the API server sets it before validating admission")
     record = _judge(ctx, request, claim)
@@ -152,6 +164,8 @@ def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim
+    if (supplied := _supplied(dig(request.object, "spec"))) is not None:
+        return supplied
     record = _judge(ctx, request, claim)
     if record is not None and record.outcome == "refused":
         return _refusal(record)
@@ -173,29 +187,6 @@ def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         return claim
     admission = ctx.admitter.allocate_claim(claim, enforce=ctx.allocation_check == "enforce", dry_run=request.dry_run)
     return _verdict(admission, None)
-
-
-def delete_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim DELETE: release its reservation at once; never denied.
-
-    The scheduler deletes a claim it made for extended resources when its status update
-    fails, and a Pod's claims go with the Pod: waiting for a TTL would hold quota nobody
-    uses. An allocated claim keeps its `used` charge until it is gone (`Ledger.release`).
-    """
-    uid = dig(request.old_object, "metadata", "uid")
-    if not request.dry_run:
-        uid = uid if isinstance(uid, str) else ""
-        ctx.admitter.ledger.release(object_ref(uid=uid, namespace=request.namespace, name=request.name))
-    return Verdict(True)
-
-
-async def delete_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim DELETE: as `delete_claim`, and its persisted entries are removed."""
-    verdict = delete_claim(ctx, request)
-    uid = dig(request.old_object, "metadata", "uid")
-    if ctx.reservations is not None and not request.dry_run and isinstance(uid, str) and uid:
-        await ctx.reservations.release(request.namespace, uid)
-    return verdict
 
 
 def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -226,7 +217,7 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new: Any) -> str:
     """Why a change of `draquota.io/allocated-charge` is refused, "" when it is the record.
 
-    The leader writes it (`webhook.allocations`) as `Pricer.allocation_record` says; any
+    The leader writes it (`webhook.annotator`) as `Pricer.allocation_record` says; any
     writer may, but only that value: a tenant could otherwise lower what a device charges
     once it has left the inventory (the record is then all that prices it)."""
     where = f"annotation {ALLOCATED_CHARGE_ANNOTATION}"
@@ -243,6 +234,23 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new:
         return ""
     return (f"{where} is written by dra-quota from the claim's allocation and the devices it charged: "
             f"expected {allocated_charge_annotation(expected)}, got {show(new)}")
+
+
+def _supplied(obj: Any) -> Verdict | None:
+    """A denial when `obj`'s metadata (a claim's, or the one a template stamps) carries an
+    annotation only dra-quota writes.
+
+    Queue managers and dashboards read them as ours, the allocation record prices a
+    device that left the inventory, and the charge is a floor when a claim is priced
+    again: a value the tenant chose must never be taken for one of them. (Until issue
+    16 a mutating webhook replaced them; one webhook call per create is the price.)"""
+    annotations = as_map(dig(obj, "metadata", "annotations"))
+    supplied = [key for key in WRITTEN_BY_US if key in annotations]
+    if not supplied:
+        return None
+    return Verdict(False, f"annotation {supplied[0]} is written by dra-quota once the claim exists and may not be "
+                          "set by its creator: remove it (an object exported from a cluster carries it)",
+                   cause="annotations")
 
 
 def with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:

@@ -21,7 +21,8 @@ after the debounce to its last write, and told to `observe` (the metric
 
 Fencing: each write is a PUT of the status with the resourceVersion it was computed
 from, through `Reservations.write_status`, the one conditional write both writers use
-(409 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times, then
+(it first waits for this replica's claim watch to reach the record's watermark; 409
+when a webhook or anyone wrote in between: re-read, recompute, up to 3 times, then
 again in the next round), and is sent only while `leading()` holds; a replica that
 stops leading has its run cancelled by the elector.
 """
@@ -38,10 +39,10 @@ import aiohttp
 
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.kubeapi import ApiError
-from quota.ledger import ClaimRef, Ledger, QuotaKey
+from quota.ledger import Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
-from quota.reservations import parse_reservations
+from quota.reservations import parse_record
 from webhook.events import uid_of
 from webhook.reservations import Reservations
 
@@ -159,6 +160,11 @@ class QuotaController:
             return body
 
         result = await self.reservations.write_status(key, build, retries=self.retries)
+        if result.lagging:
+            # Our claim watch is behind the record's watermark: counting from it could
+            # miss a claim another writer already counts from its own (quota.reservations).
+            self._timers[key] = min(self._timers.get(key, float("inf")), self.clock() + _RETRY_AFTER_FAILURE)
+            return False
         if result.conflicts:
             log.info("DeviceQuota %s/%s: %d conflicts in a row, trying again next round", key[0], key[1],
                      self.retries + 1)
@@ -186,14 +192,11 @@ class QuotaController:
         except QuotaError as err:
             log.warning("skipping DeviceQuota %s/%s: %s", key[0], key[1], err)
             return None
-        held = parse_reservations(obj.get("status"))
+        record = parse_record(obj.get("status"))
         now = self.clock()
-        status = desired_status(
-            obj, quota, held, usage=self.ledger.usage(quota.namespace, quota.name),
-            cached=lambda uid: self.ledger.counts(ClaimRef(uid)),
-            gone=self.reservations.is_gone, now=now, ttl=self.reservations.ttl,
-        )
-        expiry = next_expiry(held, now)
+        status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),
+                                caches=self.reservations, now=now)
+        expiry = next_expiry(record, now)
         if expiry is not None:
             self._timers[key] = min(self._timers.get(key, float("inf")), expiry)
         return None if status == (obj.get("status") or {}) else {**obj, "status": status}

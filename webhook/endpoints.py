@@ -1,7 +1,7 @@
 """The `/validate` and `/mutate` endpoints: dispatch a review to the handler of its kind.
 
 Neighbours: `webhook.server.build_app` serves what `endpoints` returns; the per-kind
-modules (`webhook.claims`, `webhook.namespaces`, `webhook.pods`, `webhook.mutating`) decide. A review
+modules (`webhook.claims`, `webhook.namespaces`, `webhook.pods`) decide. A review
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
@@ -21,11 +21,8 @@ from webhook.claims import (
     create_claim,
     create_claim_persisted,
     create_template,
-    delete_claim,
-    delete_claim_persisted,
     update_claim,
 )
-from webhook.mutating import annotate_claim
 from webhook.namespaces import update_namespace
 from webhook.pods import create_pod
 from webhook.review import AdmissionRequest, Verdict
@@ -46,10 +43,6 @@ def _create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awa
     return create_claim(ctx, request) if ctx.reservations is None else create_claim_persisted(ctx, request)
 
 
-def _delete_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awaitable[Verdict]:
-    return delete_claim(ctx, request) if ctx.reservations is None else delete_claim_persisted(ctx, request)
-
-
 def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     return update_namespace(ctx.policy, request)
 
@@ -57,16 +50,17 @@ def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 VALIDATING: dict[Route, Handler] = {
     (RESOURCE, "resourceclaims", "", "CREATE"): _create_claim,
     (RESOURCE, "resourceclaims", "", "UPDATE"): update_claim,
-    (RESOURCE, "resourceclaims", "", "DELETE"): _delete_claim,
     (RESOURCE, "resourceclaims", "status", "UPDATE"): allocate_claim,
     (RESOURCE, "resourceclaimtemplates", "", "CREATE"): create_template,
     # Warnings only: the scheduler's claim for the Pod's extended resources is judged above.
     ("", "pods", "", "CREATE"): create_pod,
     **{("", "namespaces", sub, op): _namespace for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
-MUTATING: dict[Route, Handler] = {
-    (RESOURCE, "resourceclaims", "", "CREATE"): annotate_claim,
-}
+# Nothing is mutated any more: the leader writes our annotations once the claim exists
+# (`webhook.annotator`). `/mutate` still answers, allowing everything untouched, so that
+# a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
+# rolls out, does not fail claim creates.
+MUTATING: dict[Route, Handler] = {}
 
 
 def endpoints(ctx: ClaimContext) -> dict[str, Endpoint]:

@@ -1,11 +1,18 @@
-"""Reservations persisted on DeviceQuota status before a claim is admitted (issue 7, item 3).
+"""Reservations persisted on DeviceQuota status before a claim is admitted.
 
-Neighbours: `quota.reservations` holds the record's format and the pure decision (read
-its docstring for the protocol, the TTL and what a status reader sees); `webhook.claims`
-calls `Reservations.admit` on a claim CREATE and `release` on its DELETE; the
-`webhook.caches` stores feed `observe` (every DeviceQuota the watch delivers) and
-`forget` (claims deleted from the cache); `quota.ledger` gives the usage this
-replica's claim cache counts.
+Neighbours: `quota.reservations` holds the record's format, the watermark protocol
+(read its docstring first) and the pure decision; `webhook.claims` calls
+`Reservations.admit` on a claim CREATE and `webhook.kueue` on a Workload's check; the
+`webhook.caches` stores feed `observe` (every DeviceQuota the watch delivers), the
+claim store's versions and `claim_deleted` (claims the watch saw go), and the claim
+reflector moves `progress`; `quota.ledger` gives the usage this replica's claim cache
+counts; the quota controller (`webhook.controller`) writes through `write_status` too.
+
+Every write of a DeviceQuota's status, by either writer, goes: take the newest object
+known, wait until this replica's claim watch has reached its `claimsThrough` (at most
+`catch_up` seconds, else the write is refused: deciding from a cache that lags the
+watermark could count a claim nowhere), build the body synchronously, PUT it with the
+resourceVersion it was built from; on a conflict read again and start over.
 
 One write per quota for many admissions: requests for one quota queue in a per-quota
 batch; one task drains it, so while a status write is in flight the next requests
@@ -22,6 +29,10 @@ each other's first quota while waiting on the second) and the ones already reser
 are released if a later one denies or fails. Until that release lands the claim holds
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
+
+A claim's entry is never released when the claim is deleted at admission (a later
+admission plugin may deny the DELETE): it goes once a cache saw the claim, and the
+claim then stops counting when the watch delivers its deletion.
 """
 
 from __future__ import annotations
@@ -37,7 +48,8 @@ from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
-from quota.reservations import Outcome, Request, apply, counting, outstanding, parse_reservations, status_fields
+from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
+from quota.watching import Progress
 
 __all__ = ["CONTENTION", "QUOTAS", "Reservations", "StatusWrite"]
 
@@ -46,6 +58,10 @@ log = logging.getLogger(__name__)
 QUOTAS = Resource("draquota.io/v1alpha1", "devicequotas")
 CONTENTION = "could not persist the reservation: too much contention; retry"
 Obj = dict[str, Any]
+# Deleted claims and finished Workloads remembered: an entry of theirs may still be in a
+# record this replica has not written since. Beyond this, the oldest are forgotten (their
+# entries then go by the watermark of another writer, or expire).
+_GONE_REMEMBERED = 8192
 
 
 @dataclass(slots=True)
@@ -61,18 +77,29 @@ class StatusWrite:
     read: Obj | None = None  # the object the last body was built from; None: the quota is gone
     written: Obj | None = None  # what the API server stored; None: nothing was written
     conflicts: bool = False  # every attempt met a newer object
+    lagging: bool = False  # this replica's claim watch did not reach the watermark in time
 
 
 class Reservations:
-    """The persisted reservations of every DeviceQuota, written with optimistic concurrency."""
+    """The persisted reservations of every DeviceQuota, written with optimistic concurrency.
+
+    It is also this replica's `quota.reservations.Caches`: what its own caches know of
+    the uids a record holds.
+    """
 
     def __init__(self, api: KubeApi, ledger: Ledger, *, ttl: float, retries: int = 3,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, progress: Progress | None = None,
+                 claim_version: Callable[[str], int | None] = lambda uid: None, catch_up: float = 2.0) -> None:
         self.api = api
         self.ledger = ledger
         self.ttl = ttl
         self.retries = retries
         self.clock = clock
+        # How far the claim watch has come, and at which resourceVersion the claim cache
+        # holds a claim (`webhook.caches.ClaimStore.version`).
+        self.progress = progress or Progress()
+        self._claim_version = claim_version
+        self.catch_up = catch_up
         # The newest DeviceQuota object known per quota: from the watch or from our own
         # write's answer. A stale one only costs a conflict and a re-read.
         self._objects: dict[QuotaKey, Obj] = {}
@@ -84,9 +111,9 @@ class Reservations:
         # allocation by 3 s (tests/e2e/test_fleet.py on a loaded machine).
         self._writing: dict[QuotaKey, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # uid -> when this replica's cache saw the claim deleted; kept for one TTL, after
-        # which the entry has expired anyway.
-        self._gone: dict[str, float] = {}
+        # uid -> the resourceVersion at which the claim watch delivered its deletion.
+        self._claims_gone: dict[str, int] = {}
+        self._workloads_gone: dict[str, None] = {}
 
     # -- fed by the caches ------------------------------------------------------------
 
@@ -105,40 +132,50 @@ class Reservations:
         """The newest DeviceQuota object known (the quota controller writes against it too)."""
         return self._objects.get((Namespace(namespace), name))
 
-    def is_gone(self, uid: str) -> bool:
-        """Whether this replica saw claim `uid` deleted (its entry counts no more)."""
-        return uid in self._gone
+    def claim_deleted(self, uid: str, resource_version: str | None) -> None:
+        """The claim watch delivered `uid`'s deletion (or a relist no longer has it) at
+        `resource_version` (None: at the watch's current position)."""
+        version = int(resource_version) if resource_version and resource_version.isdigit() else self.progress.version
+        # 0: known gone, at no version that could raise a watermark.
+        _remember(self._claims_gone, uid, version or 0)
 
-    def forget(self, uid: str) -> None:
-        """The claim `uid` is gone from the cache: its entry, if any, counts no more."""
-        now = self.clock()
-        self._gone[uid] = now
-        if len(self._gone) > 1024:
-            self._gone = {u: t for u, t in self._gone.items() if t > now - self.ttl}
+    def workload_gone(self, uid: str) -> bool:
+        return uid in self._workloads_gone
+
+    def forget_workload(self, uid: str) -> None:
+        """The Workload cache saw `uid` finish or go: its entry counts no more."""
+        _remember(self._workloads_gone, uid, None)
+
+    # -- quota.reservations.Caches ----------------------------------------------------
+
+    def claim_version(self, uid: str) -> int | None:
+        return self._claim_version(uid)
+
+    def claim_gone(self, uid: str) -> int | None:
+        return self._claims_gone.get(uid)
+
+    def workload_counted(self, uid: str) -> bool:
+        return self.ledger.holding(ClaimRef(uid)) is not None
 
     def pending(self, namespace: str, name: str) -> Charge:
-        """What the quota's persisted entries add to this replica's ledger now: the live
-        entries whose claim its cache does not hold yet (the sum `apply` checks against)."""
+        """What the quota's persisted entries add to this replica's ledger now (the sum
+        `apply` checks against)."""
         obj = self._objects.get((Namespace(namespace), name))
         if obj is None:
             return Charge()
-        held = counting(parse_reservations(obj.get("status")), gone=self.is_gone, now=self.clock())
-        return outstanding(held, cached=self._cached)
-
-    def _cached(self, uid: str) -> bool:
-        return self.ledger.counts(ClaimRef(uid))
+        return in_flight(settle(parse_record(obj.get("status")), self, now=self.clock()), self)
 
     # -- admission --------------------------------------------------------------------
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
-                    dry_run: bool = False, series: str = "") -> Decision:
-        """Reserve `charges` (quota -> charge) for claim `uid`, in quota-name order;
-        `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
+                    dry_run: bool = False, series: str = "", source: Source = "Claim") -> Decision:
+        """Reserve `charges` (quota -> charge) for `uid`, in quota-name order; `series`
+        replaces earlier attempts (`quota.reservations.Request.series`)."""
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
         for quota in sorted(charges, key=lambda q: q.name):
-            request = Request("reserve", uid, claim, charges[quota], series)
+            request = Request("reserve", uid, claim, charges[quota], series, source)
             decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
             if not decision.allowed:
                 await self._compensate(done, uid)
@@ -149,8 +186,9 @@ class Reservations:
         return Decision(True, "", tuple(warnings), tuple(q.name for q in done), warned_by=tuple(warned_by))
 
     async def release(self, namespace: str, uid: str) -> None:
-        """A claim DELETE: remove `uid`'s entries from the quotas that hold one."""
-        self.forget(uid)
+        """Remove `uid`'s entries from the quotas of `namespace` that hold one: only for
+        an admission whose object will never be created (a Workload whose Ready could
+        not be written), never for a claim DELETE (module doc)."""
         keys = [k for k, obj in self._objects.items()
                 if k[0] == namespace and uid in ((obj.get("status") or {}).get("reservations") or {})]
         await asyncio.gather(*(self._release_one(k, uid) for k in keys))
@@ -191,7 +229,8 @@ class Reservations:
                     decisions = await self._write(key, [r for r, _ in items])
                 except Exception as err:  # noqa: BLE001 - answered as a denial, never a 500
                     log.warning("cannot persist reservations on DeviceQuota %s/%s: %s", key[0], key[1], err)
-                    decisions = [Decision(False, f"could not persist the reservation: {err}")] * len(items)
+                    decisions = [Decision(False, f"could not persist the reservation on DeviceQuota "
+                                                 f'"{key[1]}": {err}')] * len(items)
                 for (_, future), decision in zip(items, decisions):
                     if not future.done():
                         future.set_result(decision)
@@ -211,11 +250,16 @@ class Reservations:
             outcome = self._decide(obj, requests)
             if not outcome.changed:
                 return None
-            return {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.held)}}
+            return {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.record)}}
 
         result = await self.write_status(key, build, retries=self.retries)
+        if result.lagging:
+            message = (f'could not persist the reservation on DeviceQuota "{key[1]}": this replica\'s claim watch '
+                       f"is more than {self.catch_up:g}s behind the quota's record; retry")
+            return [Decision(False, message) if r.op == "reserve" else Decision(True) for r in requests]
         if result.conflicts:
-            return [Decision(False, CONTENTION) if r.op == "reserve" else Decision(True) for r in requests]
+            return [Decision(False, f'{CONTENTION} (DeviceQuota "{key[1]}")') if r.op == "reserve"
+                    else Decision(True) for r in requests]
         if result.read is None or outcome is None:  # the quota is gone: nothing left to hold against
             return [Decision(True)] * len(requests)
         return list(outcome.decisions)
@@ -224,8 +268,9 @@ class Reservations:
         """One conditional write of a DeviceQuota's status: the one way both writers (these
         reservations and the quota controller, `quota.quotastatus`) change it.
 
-        `build(obj)` returns the object to PUT, built from `obj` (None: nothing to write).
-        The first attempt builds from the newest object known, each later one from a fresh
+        `build(obj)` returns the object to PUT, built from `obj` (None: nothing to write);
+        it runs only once this replica's claim watch has reached `obj`'s watermark. The
+        first attempt builds from the newest object known, each later one from a fresh
         read: the write carries the resourceVersion it was built from, so a conflict (409)
         means someone wrote in between, and the body is built again from what they wrote.
         Writes of one quota from this process are serialized, so a conflict means another
@@ -237,11 +282,11 @@ class Reservations:
 
     async def _write_status(self, key: QuotaKey, build: Callable[[Obj], Obj | None], *, retries: int) -> StatusWrite:
         for attempt in range(retries + 1):
-            obj = self._objects.get(key) if attempt == 0 else None
+            obj = await self._caught_up(key, fresh=attempt > 0)
             if obj is None:
-                obj = await self._get(key)
-                if obj is None:
-                    return StatusWrite()
+                return StatusWrite()
+            if obj is _LAGGING:
+                return StatusWrite(lagging=True)
             body = build(obj)
             if body is None:
                 return StatusWrite(read=obj)
@@ -259,21 +304,39 @@ class Reservations:
             return StatusWrite(read=obj, written=written)
         return StatusWrite(conflicts=True)
 
+    async def _caught_up(self, key: QuotaKey, *, fresh: bool) -> Obj | None:
+        """The object to build from, once the claim watch reached its watermark (None:
+        the quota is gone; `_LAGGING`: the watch did not get there within `catch_up`).
+
+        No await may come between this returning and the body being built: the cache
+        only moves forward, so what it reached stays reached."""
+        obj = await self._get(key) if fresh else (self._objects.get(key) or await self._get(key))
+        deadline = time.monotonic() + self.catch_up
+        while obj is not None:
+            through = parse_record(obj.get("status")).through
+            if self.progress.has_reached(through):
+                return obj
+            if not await self.progress.reached(through, timeout=max(deadline - time.monotonic(), 0.0)):
+                log.warning("DeviceQuota %s/%s: the claim watch is at %s, behind the record's watermark %s after "
+                            "%ss", key[0], key[1], self.progress.version, through, self.catch_up)
+                return _LAGGING
+            # The watch may have brought a newer object meanwhile: build from the newest.
+            obj = self._objects.get(key)
+        return None
+
     async def _check(self, quota: DeviceQuota, request: Request) -> Decision:
         """dryRun: the same decision, nothing written."""
-        key = (quota.namespace, quota.name)
-        obj = self._objects.get(key) or await self._get(key)
+        obj = await self._caught_up((quota.namespace, quota.name), fresh=False)
+        if obj is _LAGGING:
+            return Decision(False, f'could not check DeviceQuota "{quota.name}": this replica\'s claim watch is '
+                                   "behind the quota's record; retry")
         return Decision(True) if obj is None else self._decide(obj, [request]).decisions[0]
 
     def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
         quota = parse_device_quota(obj)
-        now = self.clock()
-        return apply(
-            quota, parse_reservations(obj.get("status")), requests,
-            usage=self.ledger.usage(quota.namespace, quota.name),
-            cached=self._cached, gone=self.is_gone, now=now, ttl=self.ttl,
-        )
+        return apply(quota, parse_record(obj.get("status")), requests,
+                     usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl)
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:
@@ -285,3 +348,13 @@ class Reservations:
             raise
         self._objects[key] = obj
         return obj
+
+
+# A sentinel object: `_caught_up`'s "the watch did not reach the watermark in time".
+_LAGGING: Obj = {}
+
+
+def _remember(table: dict[str, Any], uid: str, value: Any) -> None:
+    table[uid] = value
+    while len(table) > _GONE_REMEMBERED:
+        del table[next(iter(table))]

@@ -63,11 +63,12 @@ from quota.model import DeviceClass, DeviceClassName, Mode
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
-from quota.watching import Reflector, Store, trim_claim, trim_object
+from quota.watching import Progress, Reflector, Store, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
-from webhook.caches import ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore
+from webhook.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
+                            namespace_name)
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
 from webhook.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
@@ -76,9 +77,10 @@ from quota.workloads import WORKLOAD_LABEL
 from webhook.endpoints import endpoints
 from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from webhook.filepoll import Stamp, reload_on_change, stamp
+from webhook.governed import GovernedLabels
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
-from webhook.allocations import AllocationRecorder
+from webhook.annotator import Annotator
 from webhook.requeue import Requeuer
 from webhook.reservations import Reservations
 from webhook.usagemetrics import UsageMetrics
@@ -130,9 +132,10 @@ class ServeOptions:
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
     cert_poll_seconds: float = 5.0
-    # How long a persisted reservation holds before any replica may drop it
-    # (quota.reservations: longer than any replica's claim watch lags).
-    reservation_ttl: float = 60.0
+    # How long a persisted reservation whose claim never appears holds before any replica
+    # may drop it (quota.reservations: longer than the API server's request timeout plus
+    # any replica's claim watch lag).
+    reservation_ttl: float = 120.0
     # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
     reuse_port: bool = False
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
@@ -238,48 +241,53 @@ async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, sin
 class Caches:
     """The domain objects the handlers read, and one reflector per kind feeding them."""
 
-    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 60.0,
+    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 120.0,
                  requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
                  leading: Callable[[], bool] | None = None) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
-        `leading`: the Lease holder records allocated charges on claims (webhook.allocations)."""
+        `leading`: the Lease holder writes our annotations on claims (webhook.annotator)."""
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
-        self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
-        self.allocations = (AllocationRecorder(api, lambda: self.admitter.pricer, leading=leading)
-                            if leading is not None else None)
+        self.annotator = (Annotator(api, self.admitter.annotations_due, leading=leading)
+                          if leading is not None else None)
+        # The claim watch's progress and the claim store's versions: the persisted
+        # reservations' watermark (quota.reservations) waits on the one, reads the other.
+        progress = Progress()
+        claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
+                                 holders=self.holders, recorder=self.annotator)
+        self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
+                                         claim_version=claim_store.version)
+        claim_store.deleted = self.reservations.claim_deleted
 
         # Told the namespace of every claim and DeviceQuota event (None: a whole list);
         # the quota controller listens here (webhook.controller).
         self.changed: list[Callable[[str | None], None]] = []
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
-            return Reflector(api, resource, store, trim=trim_claim if claims else trim_object)
+            return Reflector(api, resource, store, trim=trim_claim if claims else trim_object,
+                             progress=progress if claims else None)
 
-        def notifying(store: Store) -> Notifying:
-            return Notifying(store, self._tell)
+        def notifying(store: Store, **kwargs: Callable[[Mapping[str, Any]], str]) -> Notifying:
+            return Notifying(store, self._tell, **kwargs)
 
         self.first = [
             reflector(SLICES, SliceStore(self.inventory)),
             reflector(CLASSES, ClassStore(self.classes)),
-            reflector(NAMESPACES, NamespaceStore(self.namespaces)),
+            reflector(NAMESPACES, notifying(NamespaceStore(self.namespaces), namespace_of=namespace_name)),
             reflector(QUOTAS, notifying(QuotaStore(self.admitter, observe=self.reservations.observe,
                                                    drop=self.reservations.drop))),
             *also,
         ]
-        self.claims = reflector(CLAIMS, notifying(ClaimStore(self.admitter, forget=self.reservations.forget,
-                                                             freed=requeue.quota_freed if requeue else None,
-                                                             holders=self.holders, recorder=self.allocations)),
-                                claims=True)
+        self.claims = reflector(CLAIMS, notifying(claim_store), claims=True)
         # Kueue (webhook.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None
         self.later: list[Reflector] = []
         if kueue:
-            self.kueue = KueueCaches(self.admitter, forget=self.reservations.forget, changed=self._tell)
+            self.kueue = KueueCaches(self.admitter, forget=self.reservations.forget_workload, changed=self._tell)
             self.later = [
                 reflector(TEMPLATES, TemplateStore(self.kueue)),
                 reflector(ADMISSION_CHECKS, CheckStore(self.kueue)),
@@ -369,7 +377,7 @@ async def serve(options: ServeOptions) -> int:
         *([asyncio.create_task(_lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
-        *([asyncio.create_task(caches.allocations.run(), name="allocation records")] if caches.allocations else []),
+        *([asyncio.create_task(caches.annotator.run(), name="claim annotations")] if caches.annotator else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
     ]
@@ -439,17 +447,19 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
 
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
                                  resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe)
+    governed = GovernedLabels(caches.reservations.api, caches.admitter.ledger, caches.namespaces,
+                              leading=elector.leading, resync=options.resync_seconds)
     caches.changed.append(controller.changed)
+    caches.changed.append(governed.changed)
 
     async def work() -> None:
         await caches.wait_synced()
-        if caches.kueue is None:
-            await controller.run()
-            return
-        checks = AdmissionCheckController(caches.reservations.api, caches.kueue,
-                                          caches.reservations, recorder, leading=elector.leading,
-                                          retry_seconds=options.kueue_retry_seconds)
-        await asyncio.gather(controller.run(), checks.run())
+        runs = [controller.run(), governed.run()]
+        if caches.kueue is not None:
+            runs.append(AdmissionCheckController(caches.reservations.api, caches.kueue, caches.reservations, recorder,
+                                                 leading=elector.leading,
+                                                 retry_seconds=options.kueue_retry_seconds).run())
+        await asyncio.gather(*runs)
 
     await elector.run(work)
 

@@ -40,18 +40,17 @@ Obj = dict[str, Any]
 SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
 SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
+SOURCE_GOVERNED = documents((ROOT / "deploy" / "manifests" / "governed-label-policy.yaml").read_text())
 SOURCE_EVENTS = documents((ROOT / "deploy" / "manifests" / "rbac-events.yaml").read_text())
 SOURCE_LEADER = documents((ROOT / "deploy" / "manifests" / "rbac-leader-election.yaml").read_text())
-KINDS = {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+KINDS = {"ValidatingWebhookConfiguration"}
 FAILURE_POLICY_KEYS = {
-    "quota.resourceclaims.draquota.io": "quota",
-    "release.resourceclaims.draquota.io": "release",
-    "allocation.resourceclaims.draquota.io": "allocation",
-    "annotations.resourceclaims.draquota.io": "annotations",
+    **{f"{hook}.resourceclaims.draquota.io": "governed" for hook in ("quota", "allocation", "annotations")},
+    **{f"{hook}-ungoverned.resourceclaims.draquota.io": "ungoverned" for hook in ("quota", "allocation", "annotations")},
     "extended-resources.pods.draquota.io": "extendedResources",
     "admin-access.namespaces.draquota.io": "adminAccess",
-    "charge.resourceclaims.draquota.io": "charge",
 }
+GOVERNED = {"key": "draquota.io/governed", "operator": "In", "values": ["true"]}
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 FILES = {"certificates": {"mode": "files", "files": {"caBundle": CA_PEM}}}
 CERT_MANAGER = {"certificates": {"mode": "cert-manager"}}
@@ -171,7 +170,7 @@ def test_the_webhook_configurations_are_those_of_deploy_manifests(default: list[
 
 
 def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
-    flipped = {key: "Fail" if key in ("release", "allocation", "extendedResources") else "Ignore"
+    flipped = {key: "Fail" if key in ("ungoverned", "extendedResources") else "Ignore"
                for key in FAILURE_POLICY_KEYS.values()}
     objects = render({"webhooks": {"failurePolicy": flipped}})
     for kind in KINDS:
@@ -181,15 +180,47 @@ def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
             assert {**new, "failurePolicy": None} == {**old, "failurePolicy": None}
 
 
+def test_claim_webhooks_fail_closed_only_where_governed(default: list[Obj]) -> None:
+    """Each claim webhook comes twice: Fail for namespaces the leader labelled governed,
+    Ignore for every other one (NotIn also matches a namespace without the label)."""
+    hooks = {h["name"]: h for h in find(default, "ValidatingWebhookConfiguration")["webhooks"]}
+    for hook in ("quota", "allocation", "annotations"):
+        closed, open_ = hooks[f"{hook}.resourceclaims.draquota.io"], hooks[f"{hook}-ungoverned.resourceclaims.draquota.io"]
+        assert (closed["failurePolicy"], open_["failurePolicy"]) == ("Fail", "Ignore")
+        assert GOVERNED in closed["namespaceSelector"]["matchExpressions"]
+        assert {**GOVERNED, "operator": "NotIn"} in open_["namespaceSelector"]["matchExpressions"]
+        assert {**closed, "name": "", "failurePolicy": "", "namespaceSelector": {}} == {
+            **open_, "name": "", "failurePolicy": "", "namespaceSelector": {}}
+    assert not [h for h in hooks.values() if "DELETE" in h["rules"][0]["operations"]]
+
+
+def test_an_opt_in_label_narrows_every_webhook(default: list[Obj]) -> None:
+    """A staged rollout: only namespaces carrying webhooks.optInLabel reach any webhook."""
+    objects = render({"webhooks": {"optInLabel": "draquota.io/enabled"}})
+    before = find(default, "ValidatingWebhookConfiguration")["webhooks"]
+    after = find(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    for old, new in zip(before, after, strict=True):
+        added = [e for e in new["namespaceSelector"]["matchExpressions"]
+                 if e not in old["namespaceSelector"]["matchExpressions"]]
+        assert added == [{"key": "draquota.io/enabled", "operator": "Exists"}], new["name"]
+
+
+def test_the_chart_refuses_to_render_without_an_image() -> None:
+    with pytest.raises(HelmError, match=re.escape("image.repository is required: no dra-quota image is published")):
+        render(image=False)
+    assert container(render({"image": {"repository": "r.example/dq", "tag": "1.2"}}))["image"] == "r.example/dq:1.2"
+
+
 def test_the_admin_access_policy_events_and_lease_rbac_are_those_of_deploy_manifests(default: list[Obj]) -> None:
     # Each is proven on the real API server by its own e2e test (test_admin_access_policy,
-    # test_observability, test_controller): the chart renders exactly those objects.
-    for source in SOURCE_POLICY + SOURCE_EVENTS + SOURCE_LEADER:
+    # test_fail_closed, test_observability, test_controller): the chart renders exactly those.
+    for source in SOURCE_POLICY + SOURCE_GOVERNED + SOURCE_EVENTS + SOURCE_LEADER:
         rendered = find(default, source["kind"], source["metadata"]["name"])
         assert_labels_kept(source, rendered)
         assert without_labels(rendered) == without_labels(source)
     objects = render({"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}}})
-    assert not [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert [o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")] == [
+        "dra-quota-governed-label", "dra-quota-governed-label"]  # that one is not optional
     find(objects, "ConfigMap", "dra-quota-admin-access")  # the allowlist stays: the webhook's too
     find(objects, "Role", "dra-quota-admin-access-reader")
 
@@ -242,7 +273,7 @@ def test_values_reach_the_serve_flags(default: list[Obj]) -> None:
     args = serve_args(default)
     assert (args.command, args.port, args.cert_mode, args.default_pricing, args.allocation_check) == (
         "serve", 8443, "self", "conservative", "enforce")
-    assert (args.log_format, args.log_level, args.reservation_ttl) == ("json", "info", 60.0)
+    assert (args.log_format, args.log_level, args.reservation_ttl) == ("json", "info", 120.0)
     assert (args.requeue_waiting_pods, args.metrics_port) == (True, 8080)
     changed = serve_args(render({"serve": {"defaultPricing": "optimistic", "allocationCheck": "account-only",
                                            "reservationTTLSeconds": 90, "port": 9443, "logFormat": "text",
@@ -260,8 +291,9 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
     service = find(objects, "Service")
     account = find(objects, "ServiceAccount")["metadata"]["name"]
     assert (args.namespace, args.service_name) == (namespace, service["metadata"]["name"])
-    assert args.webhook_configurations == tuple((k, find(objects, kind)["metadata"]["name"]) for k, kind in (
-        ("validating", "ValidatingWebhookConfiguration"), ("mutating", "MutatingWebhookConfiguration")))
+    # The mutating one too: one left by a release before 0.2 keeps its caBundle until removed.
+    configuration = find(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
+    assert args.webhook_configurations == (("validating", configuration), ("mutating", configuration))
     granted = {n for r in rules_of(objects, "Role") if r["resources"] == ["secrets"] for n in r.get("resourceNames", [])}
     fullname = find(objects, "Deployment")["metadata"]["name"]
     assert args.admin_access_configmap == (namespace, find(objects, "ConfigMap", f"{fullname}-admin-access")[
@@ -337,7 +369,9 @@ def test_files_mode_puts_the_given_ca_in_every_webhook() -> None:
 @pytest.mark.parametrize("values,reason", [
     ({"certificates": {"mode": "files"}}, "certificates.files.caBundle"),
     ({"certificates": {"mode": "vault"}}, "certificates/mode"),
-    ({"webhooks": {"failurePolicy": {"quota": "fail"}}}, "failurePolicy/quota"),
+    ({"webhooks": {"failurePolicy": {"governed": "fail"}}}, "failurePolicy/governed"),
+    ({"webhooks": {"failurePolicy": {"quota": "Fail"}}}, "additional properties 'quota' not allowed"),
+    ({"webhooks": {"optInLabel": "not a label"}}, "webhooks/optInLabel"),
     ({"serve": {"defaultPricing": "cheap"}}, "defaultPricing"),
     ({"replicas": 3}, "additional properties 'replicas' not allowed"),
     ({"adminAccess": {"serviceAccounts": ["no-colon"]}}, "adminAccess/serviceAccounts/0"),

@@ -8,12 +8,13 @@ from typing import Any
 from quota.devicequota import Usage, parse_device_quota
 from quota.model import Charge
 from quota.quotastatus import desired_status, next_expiry
-from quota.reservations import Request, Reservation, apply, parse_reservations, status_fields
+from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
 
 from .builders import GiB, make_quota
+from .test_reservations import Seen
 
 GPU = Charge(80 * GiB, 1)
-TTL = 60.0
+TTL = 120.0
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
@@ -23,29 +24,29 @@ def quota_obj(memory: str = "320Gi", status: dict[str, Any] | None = None, gener
     return {**obj, "status": status} if status is not None else obj
 
 
-def entries(*items: tuple[str, float]) -> dict[str, Any]:
-    return status_fields({uid: Reservation(uid, f"team-a/{uid}", GPU, at) for uid, at in items})
+def entries(*items: tuple[str, float], through: int | None = None) -> dict[str, Any]:
+    return status_fields(Record({uid: Reservation(uid, f"team-a/{uid}", GPU, at) for uid, at in items}, through))
 
 
-def desired(obj: dict[str, Any], *, usage: Usage = Usage(), cached: frozenset[str] = frozenset(),
-            gone: frozenset[str] = frozenset(), now: float = NOW) -> dict[str, Any]:
-    return desired_status(obj, parse_device_quota(obj), parse_reservations(obj.get("status")), usage=usage,
-                          cached=cached.__contains__, gone=gone.__contains__, now=now, ttl=TTL)
+def desired(obj: dict[str, Any], *, usage: Usage = Usage(), seen: Seen = Seen(), now: float = NOW) -> dict[str, Any]:
+    return desired_status(obj, parse_device_quota(obj), parse_record(obj.get("status")), usage=usage, caches=seen,
+                          now=now)
 
 
 def test_used_reserved_and_claims_from_the_ledger_and_the_unconfirmed_entries() -> None:
-    # "a" is confirmed (its claim is in the cache: counted by the ledger's reserved),
-    # "b" not yet (counted from its entry), "c" expired, "d" deleted: both dropped.
-    obj = quota_obj(status=entries(("a", NOW + 30), ("b", NOW + 30), ("c", NOW - 1), ("d", NOW + 30)))
+    # "a" is seen (its claim is in the cache at resourceVersion 9: counted by the ledger's
+    # reserved, its entry goes and the watermark rises), "b" not yet (counted from its
+    # entry), "c" expired, "d" deleted: both dropped.
+    obj = quota_obj(status=entries(("a", NOW + 30), ("b", NOW + 30), ("c", NOW - 1), ("d", NOW + 30), through=4))
     usage = Usage(used=Charge(160 * GiB, 2), reserved=GPU, allocated_claims=2, pending_claims=1)
-    status = desired(obj, usage=usage, cached=frozenset({"a"}), gone=frozenset({"d"}))
-    assert sorted(status["reservations"]) == ["a", "b"]
+    status = desired(obj, usage=usage, seen=Seen(claims={"a": 9}, deleted={"d": 7}))
+    assert sorted(status["reservations"]) == ["b"] and status["claimsThrough"] == "9"
     assert status["used"] == {"memory": "160Gi", "devices": 2}
     assert status["reserved"] == {"memory": "160Gi", "devices": 2}
     assert status["claims"] == {"allocated": 2, "pending": 1}
     assert status["observedGeneration"] == 2
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True"), ("Exceeded", "False")]
-    assert next_expiry(parse_reservations(obj["status"]), NOW) == NOW + 30
+    assert next_expiry(parse_record(obj["status"]), NOW) == NOW + 30
 
 
 def test_a_second_pass_changes_nothing_so_nothing_is_written() -> None:
@@ -99,9 +100,9 @@ def webhook_writes(server: Server, uid: str) -> Any:
         obj, rv = server.read()
         yield
         quota = parse_device_quota(obj)
-        out = apply(quota, parse_reservations(obj.get("status")), [Request("reserve", uid, f"team-a/{uid}", GPU)],
-                    usage=Usage(), cached=lambda _: False, gone=lambda _: False, now=NOW, ttl=TTL)
-        if server.write({**(obj.get("status") or {}), **status_fields(out.held)}, rv):
+        out = apply(quota, parse_record(obj.get("status")), [Request("reserve", uid, f"team-a/{uid}", GPU)],
+                    usage=Usage(), caches=Seen(), now=NOW, ttl=TTL)
+        if server.write({**(obj.get("status") or {}), **status_fields(out.record)}, rv):
             return
         yield
 

@@ -1,4 +1,4 @@
-"""quota.reservations: the persisted record, and no interleaving of replicas over-commits."""
+"""quota.reservations: the persisted record, the watermark, and no interleaving of replicas over-commits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Usage, parse_device_quota
 from quota.model import Charge
-from quota.reservations import Request, Reservation, apply, parse_reservations, status_fields
+from quota.reservations import Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
 
 from .builders import GiB, make_quota
 
@@ -17,19 +17,39 @@ GPU = Charge(80 * GiB, 1)
 QUOTA = parse_device_quota(make_quota("gpus", memory="160Gi"))
 AUDIT = parse_device_quota({**make_quota("gpus", memory="160Gi"),
                             "spec": {"hard": {"memory": "160Gi"}, "enforcement": "Audit"}})
-TTL = 60.0
+TTL = 120.0
 
 
-def held(*entries: tuple[str, float]) -> dict[str, Reservation]:
-    return {uid: Reservation(uid, f"team-a/{uid}", GPU, expires) for uid, expires in entries}
+@dataclass(frozen=True)
+class Seen:
+    """What one replica's caches know (`quota.reservations.Caches`), as plain tables."""
+
+    claims: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion held at
+    deleted: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion of its deletion
+    workloads: frozenset[str] = frozenset()  # Workloads the ledger holds
+    finished: frozenset[str] = frozenset()
+
+    def claim_version(self, uid: str) -> int | None:
+        return self.claims.get(uid)
+
+    def claim_gone(self, uid: str) -> int | None:
+        return self.deleted.get(uid)
+
+    def workload_counted(self, uid: str) -> bool:
+        return uid in self.workloads
+
+    def workload_gone(self, uid: str) -> bool:
+        return uid in self.finished
 
 
-def run(requests: list[Request], current: dict[str, Reservation], *, cached: frozenset[str] = frozenset(),
-        gone: frozenset[str] = frozenset(), usage: Usage = Usage(), now: float = 100.0,
-        quota: DeviceQuota = QUOTA) -> tuple[list[bool], list[str], bool]:
-    out = apply(quota, current, requests, usage=usage, cached=cached.__contains__, gone=gone.__contains__,
-                now=now, ttl=TTL)
-    return [d.allowed for d in out.decisions], sorted(out.held), out.changed
+def held(*entries: tuple[str, float], through: int | None = None) -> Record:
+    return Record({uid: Reservation(uid, f"team-a/{uid}", GPU, expires) for uid, expires in entries}, through)
+
+
+def run(requests: list[Request], record: Record, *, seen: Seen = Seen(), usage: Usage = Usage(), now: float = 100.0,
+        quota: DeviceQuota = QUOTA, max_entries: int = 1000) -> tuple[list[bool], list[str], bool]:
+    out = apply(quota, record, requests, usage=usage, caches=seen, now=now, ttl=TTL, max_entries=max_entries)
+    return [d.allowed for d in out.decisions], sorted(out.record.held), out.changed
 
 
 def reserve(uid: str, charge: Charge = GPU) -> Request:
@@ -37,23 +57,31 @@ def reserve(uid: str, charge: Charge = GPU) -> Request:
 
 
 def test_requests_apply_in_order_until_hard() -> None:
-    assert run([reserve("a"), reserve("b"), reserve("c")], {}) == ([True, True, False], ["a", "b"], True)
+    assert run([reserve("a"), reserve("b"), reserve("c")], Record()) == ([True, True, False], ["a", "b"], True)
 
 
 def test_a_retried_uid_replaces_its_entry_instead_of_counting_twice() -> None:
     assert run([reserve("a"), reserve("a")], held(("b", 200.0))) == ([True, True], ["a", "b"], True)
 
 
-def test_expired_and_gone_entries_are_dropped_and_count_nothing() -> None:
-    current = held(("old", 99.0), ("deleted", 200.0))
-    assert run([reserve("a"), reserve("b")], current, gone=frozenset({"deleted"})) == ([True, True], ["a", "b"], True)
+def test_orphans_go_once_expired_and_deleted_claims_at_once() -> None:
+    record = held(("old", 99.0), ("deleted", 200.0))
+    seen = Seen(deleted={"deleted": 7})
+    assert run([reserve("a"), reserve("b")], record, seen=seen) == ([True, True], ["a", "b"], True)
+    assert settle(record, seen, now=100.0) == Record({}, 7)
 
 
-def test_a_confirmed_entry_is_kept_but_counted_once_through_the_cache() -> None:
-    # "a" is in the cache (usage counts it) and still on the status: counted once, kept
-    # for replicas whose watch has not delivered it yet.
+def test_a_seen_claim_leaves_the_record_and_raises_the_watermark() -> None:
+    # "a" is in the cache at resourceVersion 42 (usage counts it): its entry goes, and
+    # claimsThrough says so, for every writer after this one.
     usage = Usage(reserved=GPU, pending_claims=1)
-    assert run([reserve("b")], held(("a", 200.0)), cached=frozenset({"a"}), usage=usage) == ([True], ["a", "b"], True)
+    seen = Seen(claims={"a": 42})
+    out = apply(QUOTA, held(("a", 200.0), through=17), [reserve("b")], usage=usage, caches=seen, now=100.0, ttl=TTL)
+    assert [d.allowed for d in out.decisions] == [True]
+    assert sorted(out.record.held) == ["b"] and out.record.through == 42
+    # Never lowered by a writer that saw less.
+    assert settle(held(("a", 200.0), through=50), seen, now=100.0).through == 50
+    # Unseen, the entry counts: no room for "b".
     assert run([reserve("b")], held(("a", 200.0)), usage=usage) == ([False], ["a"], False)
 
 
@@ -62,100 +90,190 @@ def test_a_denied_retry_keeps_the_earlier_entry() -> None:
     assert run([bigger], held(("a", 200.0))) == ([False], ["a"], False)
 
 
-def test_release_and_audit() -> None:
+def test_release_audit_and_a_full_record() -> None:
     assert run([Request("release", "a")], held(("a", 200.0), ("b", 200.0))) == ([True], ["b"], True)
     assert run([Request("release", "x")], held(("b", 200.0))) == ([True], ["b"], False)
     # Audit admits (with a warning) and still records the reservation.
-    out = apply(AUDIT, held(("a", 200.0), ("b", 200.0)), [reserve("c")], usage=Usage(),
-                cached=lambda _: False, gone=lambda _: False, now=100.0, ttl=TTL)
-    assert [d.allowed for d in out.decisions] == [True] and "c" in out.held and out.decisions[0].warnings
+    out = apply(AUDIT, held(("a", 200.0), ("b", 200.0)), [reserve("c")], usage=Usage(), caches=Seen(),
+                now=100.0, ttl=TTL)
+    assert [d.allowed for d in out.decisions] == [True] and "c" in out.record.held and out.decisions[0].warnings
+    # The record is bounded: past max_entries nothing more is admitted into it, by name.
+    big = parse_device_quota(make_quota("gpus", memory="10Ti"))
+    out = apply(big, held(("a", 200.0), ("b", 200.0)), [reserve("c")], usage=Usage(), caches=Seen(), now=100.0,
+                ttl=TTL, max_entries=2)
+    assert not out.decisions[0].allowed and not out.changed
+    assert out.decisions[0].message.startswith('DeviceQuota "gpus" has 2 admissions in flight')
+
+
+def test_workload_entries_follow_the_ttl_and_never_move_the_watermark() -> None:
+    w = Reservation("w", "team-a/job", GPU, 200.0, "Workload")
+    record = Record({"w": w}, 5)
+    # Counted once: by the holding once the ledger has it, else by the entry; kept until
+    # it expires or the Workload is gone, whatever the claim cache says.
+    assert in_flight(record, Seen()) == GPU and in_flight(record, Seen(workloads=frozenset({"w"}))) == Charge()
+    assert settle(record, Seen(claims={"w": 99}, workloads=frozenset({"w"})), now=100.0) is record
+    assert settle(record, Seen(finished=frozenset({"w"})), now=100.0) == Record({}, 5)
+    assert settle(record, Seen(), now=200.0) == Record({}, 5)
 
 
 def test_the_status_fields_round_trip_and_leave_reserved_to_the_controller() -> None:
-    current = {"u1": Reservation("u1", "team-a/c1", GPU, 1_800_000_000.5),
-               "u2": Reservation("u2", "team-a/c2", Charge(10 * GiB, 1), 1_800_000_001.0)}
-    fields = status_fields(current)
-    assert set(fields) == {"reservations"}  # status.reserved is quota.quotastatus's
+    record = Record({"u1": Reservation("u1", "team-a/c1", GPU, 1_800_000_000.5),
+                     "u2": Reservation("u2", "team-a/c2", Charge(10 * GiB, 1), 1_800_000_001.0, "Workload")}, 12345)
+    fields = status_fields(record)
+    assert set(fields) == {"reservations", "claimsThrough"}  # status.reserved is quota.quotastatus's
+    assert fields["claimsThrough"] == "12345"
     assert fields["reservations"]["u1"] == {"claim": "team-a/c1", "memory": 80 * GiB, "devices": 1,
                                             "expires": "2027-01-15T08:00:00.500Z"}
-    assert parse_reservations(fields) == current
-    assert parse_reservations({"reservations": {"bad": {"memory": 1}}}) == {}
-    assert parse_reservations(None) == {}
+    assert fields["reservations"]["u2"]["source"] == "Workload"
+    assert parse_record(fields) == record
+    assert parse_record({"reservations": {"bad": {"memory": 1}}, "claimsThrough": "x1"}) == Record()
+    assert parse_record(None) == Record()
 
 
-# -- two replicas, any interleaving --------------------------------------------------------
+# -- replicas, any interleaving ------------------------------------------------------------------
 
 
 @dataclass
 class Replica:
-    cache: set[str] = field(default_factory=set)
-    snapshot: tuple[int, dict[str, Reservation]] | None = None
+    watched: int = 0  # claim events its watch has delivered (the log's first `watched`)
+    snapshot: tuple[int, Record] | None = None
 
 
 @dataclass
 class World:
-    """The API server's status (a version and the entries) and the claims it persisted."""
+    """The API server: the DeviceQuota's record and version, and the claim event log
+    (resourceVersion = position + 1), in which every watch sees the same order."""
 
     version: int = 0
-    held: dict[str, Reservation] = field(default_factory=dict)
-    claims: dict[str, tuple[Charge, float]] = field(default_factory=dict)  # uid -> charge, admitted at
+    record: Record = field(default_factory=Record)
+    log: list[tuple[str, str]] = field(default_factory=list)  # (ADDED | DELETED, uid)
+    charges: dict[str, Charge] = field(default_factory=dict)
+    in_flight: list[tuple[str, float, bool]] = field(default_factory=list)  # admitted creates: uid, at, persists
     now: float = 0.0
-    replicas: tuple[Replica, Replica] = field(default_factory=lambda: (Replica(), Replica()))
+    replicas: tuple[Replica, ...] = field(default_factory=lambda: (Replica(), Replica(), Replica()))
+
+    def seen(self, replica: Replica) -> Seen:
+        claims: dict[str, int] = {}
+        deleted: dict[str, int] = {}
+        for position, (kind, uid) in enumerate(self.log[: replica.watched], start=1):
+            if kind == "ADDED":
+                claims[uid] = position
+            else:
+                claims.pop(uid, None)
+                deleted[uid] = position
+        return Seen(claims, deleted)
+
+    def live(self) -> Charge:
+        claims: set[str] = set()
+        for kind, uid in self.log:
+            (claims.add if kind == "ADDED" else claims.discard)(uid)
+        return sum((self.charges[u] for u in claims), Charge())
+
+    def persist(self, uid: str) -> None:
+        self.log.append(("ADDED", uid))
 
 
 SIZES = (Charge(80 * GiB, 1), Charge(40 * GiB, 1))
-HARD = parse_device_quota(make_quota("gpus", memory="160Gi"))
+HARD = QUOTA
+replica = st.integers(0, 2)
 action = st.one_of(
-    st.tuples(st.just("read"), st.integers(0, 1)),
-    st.tuples(st.just("admit"), st.integers(0, 1), st.integers(0, len(SIZES) - 1), st.booleans(), st.booleans()),
-    st.tuples(st.just("sync"), st.integers(0, 1)),
-    st.tuples(st.just("tick"), st.floats(0.5, 40.0)),
+    st.tuples(st.just("read"), replica),
+    st.tuples(st.just("admit"), replica, st.integers(0, len(SIZES) - 1), st.booleans(), st.booleans()),
+    st.tuples(st.just("settle"), replica, st.booleans()),  # the controller's write, or any writer's
+    st.tuples(st.just("watch"), replica, st.integers(1, 4)),
+    st.tuples(st.just("persist"),),
+    st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("tick"), st.floats(1.0, 80.0)),
 )
+
+
+def _write(world: World, r: Replica, requests: list[Request], use_stale: bool) -> list[bool]:
+    """A writer's turn (webhook.reservations.write_status): decide on the record it read,
+    only once its own watch reached the record's watermark; the write lands only if
+    nobody wrote since that read."""
+    if r.snapshot is None or not use_stale:
+        r.snapshot = (world.version, world.record)
+    version, record = r.snapshot
+    r.snapshot = None
+    if record.through is not None and r.watched < record.through:
+        return []  # it waits for its watch (here: the write does not happen now)
+    seen = world.seen(r)
+    usage = Usage(reserved=sum((world.charges[u] for u in seen.claims), Charge()))
+    out = apply(HARD, record, requests, usage=usage, caches=seen, now=world.now, ttl=TTL)
+    if version != world.version:
+        return []  # a conflict: refused, nothing admitted
+    if out.changed:
+        world.version += 1
+        world.record = out.record
+    return [d.allowed for d in out.decisions]
 
 
 def _step(world: World, act: tuple[object, ...], counter: list[int]) -> None:
     kind = act[0]
     if kind == "read":
-        world.replicas[int(act[1])].snapshot = (world.version, dict(world.held))  # type: ignore[call-overload]
-    elif kind == "sync":
-        world.replicas[int(act[1])].cache |= set(world.claims)  # type: ignore[call-overload]
+        r = world.replicas[int(act[1])]  # type: ignore[call-overload]
+        r.snapshot = (world.version, world.record)
+    elif kind == "watch":
+        r = world.replicas[int(act[1])]  # type: ignore[call-overload]
+        r.watched = min(len(world.log), r.watched + int(act[2]))  # type: ignore[call-overload]
+    elif kind == "persist":
+        if world.in_flight:
+            uid, _, persists = world.in_flight.pop(0)
+            if persists:
+                world.persist(uid)
+    elif kind == "delete":
+        alive = [u for k, u in world.log if k == "ADDED" and ("DELETED", u) not in world.log]
+        if alive:
+            world.log.append(("DELETED", alive[int(act[1]) % len(alive)]))  # type: ignore[call-overload]
     elif kind == "tick":
         world.now += float(act[1])  # type: ignore[arg-type]
-        # The protocol's assumption: a watch delivers a claim within the TTL of its admission.
-        for replica in world.replicas:
-            replica.cache |= {uid for uid, (_, at) in world.claims.items() if at + TTL <= world.now}
+        # The protocol's assumption: a create ends, and every watch delivers its claim,
+        # within the TTL of its admission.
+        due = [c for c in world.in_flight if c[1] + TTL <= world.now]
+        world.in_flight = [c for c in world.in_flight if c[1] + TTL > world.now]
+        for uid, _, persists in due:
+            if persists:
+                world.persist(uid)
+        for r in world.replicas:
+            r.watched = len(world.log)
+    elif kind == "settle":
+        _write(world, world.replicas[int(act[1])], [], bool(act[2]))  # type: ignore[call-overload]
     else:
         _, r, size, persists, use_stale = act
-        replica = world.replicas[int(r)]  # type: ignore[call-overload]
-        if replica.snapshot is None or not use_stale:
-            replica.snapshot = (world.version, dict(world.held))
-        version, current = replica.snapshot
         counter[0] += 1
         uid = f"u{counter[0]}"
-        cache = {u: world.claims[u][0] for u in replica.cache}
-        usage = Usage(reserved=sum(cache.values(), Charge()))
-        out = apply(HARD, current, [reserve(uid, SIZES[int(size)])], usage=usage,  # type: ignore[call-overload]
-                    cached=cache.__contains__, gone=lambda _: False, now=world.now, ttl=TTL)
-        replica.snapshot = None
-        if not out.decisions[0].allowed or version != world.version:
-            return  # denied, or a conflict: the API server refused the write, nothing admitted
-        world.version += 1
-        world.held = out.held
-        if persists:  # the API server then persists the claim (unless a later webhook denied it)
-            world.claims[uid] = (SIZES[int(size)], world.now)  # type: ignore[call-overload]
+        world.charges[uid] = SIZES[int(size)]  # type: ignore[call-overload]
+        decided = _write(world, world.replicas[int(r)], [reserve(uid, world.charges[uid])], bool(use_stale))  # type: ignore[call-overload]
+        if decided == [True]:
+            world.in_flight.append((uid, world.now, bool(persists)))
 
 
-@settings(max_examples=1000, deadline=None)
-@given(st.lists(action, min_size=8, max_size=40))
-# Why a confirmed entry is kept until it expires: replica 0 holds u1 in its cache, so
-# dropping u1's entry at its next write would leave replica 1 counting u1 nowhere.
-@example([("admit", 0, 0, True, False), ("sync", 0), ("admit", 0, 0, True, False), ("admit", 1, 0, True, False)])
-def test_no_interleaving_of_two_replicas_over_commits(actions: list[tuple[object, ...]]) -> None:
+@settings(max_examples=800, deadline=None)
+@given(st.lists(action, min_size=8, max_size=60))
+# Why the watermark: replica 0 sees u1 and drops its entry; replica 1, whose watch has not
+# delivered u1, must not decide before it has (else it counts u1 nowhere).
+@example([("admit", 0, 0, True, False), ("persist",), ("watch", 0, 1), ("settle", 0, False),
+          ("admit", 1, 0, True, False), ("admit", 1, 0, True, False)])
+def test_no_interleaving_of_replicas_over_commits(actions: list[tuple[object, ...]]) -> None:
     world, counter = World(), [0]
     for act in actions:
         _step(world, act, counter)
-        persisted = sum((c for c, _ in world.claims.values()), Charge())
-        assert persisted.memory <= (HARD.hard.memory or 0), (act, world)
+        admitted = world.live() + sum((world.charges[u] for u, _, p in world.in_flight if p), Charge())
+        assert admitted.memory <= (HARD.hard.memory or 0), (act, world)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(action, min_size=8, max_size=60))
+def test_the_record_holds_only_admissions_in_flight(actions: list[tuple[object, ...]]) -> None:
+    """Once every watch caught up and any writer wrote, no entry of a seen claim is left."""
+    world, counter = World(), [0]
+    for act in actions:
+        _step(world, act, counter)
+    for r in world.replicas:
+        r.watched = len(world.log)
+    _write(world, world.replicas[0], [], False)
+    created = {uid for _, uid in world.log}
+    assert not set(world.record.held) & created
 
 
 def attempt(uid: str, series: str = "team-a/train-extended-resources-") -> Request:
@@ -163,26 +281,26 @@ def attempt(uid: str, series: str = "team-a/train-extended-resources-") -> Reque
     return Request("reserve", uid, f"{series}{uid[-5:]:0>5}", GPU, series)
 
 
-def test_an_attempt_replaces_the_unconfirmed_entries_of_earlier_attempts_of_its_series() -> None:
+def test_an_attempt_replaces_the_unseen_entries_of_earlier_attempts_of_its_series() -> None:
     series = "team-a/train-extended-resources-"
-    earlier = {uid: Reservation(uid, f"{series}{uid}", GPU, 200.0) for uid in ("aaaaa", "bbbbb")}
+    earlier = Record({uid: Reservation(uid, f"{series}{uid}", GPU, 200.0) for uid in ("aaaaa", "bbbbb")})
     # Two attempts the in-tree ResourceQuota refused after us: the quota would be full.
-    assert run([reserve("x")], dict(earlier)) == ([False], ["aaaaa", "bbbbb"], False)
-    assert run([attempt("ccccc")], dict(earlier)) == ([True], ["ccccc"], True)
-    # One whose claim is cached exists: kept (and counted once, by the cache).
+    assert run([reserve("x")], earlier) == ([False], ["aaaaa", "bbbbb"], False)
+    assert run([attempt("ccccc")], earlier) == ([True], ["ccccc"], True)
+    # One whose claim is seen exists: its entry goes by the watermark, and it counts once,
+    # by the cache.
     usage = Usage(reserved=GPU, pending_claims=1)
-    assert run([attempt("ccccc")], dict(earlier), cached=frozenset({"aaaaa"}), usage=usage) == (
-        [True], ["aaaaa", "ccccc"], True)
+    assert run([attempt("ccccc")], earlier, seen=Seen(claims={"aaaaa": 3}), usage=usage) == ([True], ["ccccc"], True)
 
 
 def test_an_attempt_leaves_other_series_and_other_claims_alone() -> None:
-    current = {
+    current = Record({
         # Another Pod whose name starts the same: a longer generated name.
         "other": Reservation("other", "team-a/train-extended-resources-x-extended-resources-abcde", GPU, 200.0),
         "plain": Reservation("plain", "team-a/train-extended-resources-abcd", GPU, 200.0),  # not 5 random
         "elsewhere": Reservation("elsewhere", "team-b/train-extended-resources-abcde", GPU, 200.0),
-    }
+    })
     big = parse_device_quota(make_quota("gpus", memory="400Gi"))
     assert run([attempt("ccccc")], current, quota=big) == ([True], ["ccccc", "elsewhere", "other", "plain"], True)
     # A reserve without a series drops nothing.
-    assert run([reserve("z")], dict(current), quota=big)[1] == ["elsewhere", "other", "plain", "z"]
+    assert run([reserve("z")], current, quota=big)[1] == ["elsewhere", "other", "plain", "z"]

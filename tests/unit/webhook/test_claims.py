@@ -18,7 +18,7 @@ from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, Namespace
 from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
-from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, delete_claim, update_claim
+from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, update_claim
 from webhook.endpoints import endpoints
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
@@ -125,8 +125,8 @@ def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
     # The same name under a new uid (a collision re-ran admission, or a delete and re-create).
     assert create_claim(ctx, review_request(stored(gpu_claim(), uid=UID2))).allowed
     assert reserved(ctx) == Charge(160 * GiB, 2)
-    # A late DELETE of the first object releases only its own reservation.
-    delete_claim(ctx, review_request(None, operation="DELETE", old=stored(gpu_claim())))
+    # The watch's deletion of the first object releases only its own reservation.
+    ctx.admitter.ledger.delete_claim(ClaimRef(UID))
     assert reserved(ctx) == Charge(80 * GiB, 1)
     assert ctx.admitter.ledger.entry(ClaimRef(UID2)) is not None
 
@@ -267,13 +267,28 @@ def test_a_dry_run_allocation_changes_nothing() -> None:
     assert (ctx.admitter.ledger.usage(NS, "gpus").used, reserved(ctx)) == (Charge(), Charge(80 * GiB, 1))
 
 
-def test_delete_releases_a_reservation_at_once_but_not_a_dry_run() -> None:
+def test_a_delete_is_not_judged_and_releases_nothing() -> None:
+    """Issue 15 item 8: a later admission step may refuse the DELETE, so its admission
+    must not release anything; the claim watch's DELETED event does."""
     ctx = context(GPUS)
     claim = stored(gpu_claim())
     assert create_claim(ctx, review_request(claim)).allowed
-    assert delete_claim(ctx, review_request(None, operation="DELETE", old=claim, dry_run=True)) == Verdict(True)
+    assert run("/validate", ctx, review_request(None, operation="DELETE", old=claim)) == Verdict(True)
     assert reserved(ctx) == Charge(80 * GiB, 1)
-    assert delete_claim(ctx, review_request(None, operation="DELETE", old=claim)) == Verdict(True)
+
+
+@pytest.mark.parametrize("key", ["draquota.io/charge", "draquota.io/quotas", "draquota.io/allocated-charge"])
+def test_a_new_claim_or_template_may_not_carry_our_annotations(key: str) -> None:
+    ctx = context(GPUS)
+    claim = stored(gpu_claim())
+    claim["metadata"].setdefault("annotations", {})[key] = '{"memory":0,"devices":0}'
+    denial = Verdict(False, f"annotation {key} is written by dra-quota once the claim exists and may not be set by its "
+                            "creator: remove it (an object exported from a cluster carries it)", cause="annotations")
+    assert create_claim(ctx, review_request(claim)) == denial
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": NS},
+                "spec": {"metadata": {"annotations": {key: "x"}}, "spec": gpu_claim()["spec"]}}
+    assert create_template(ctx, review_request(template, gvr=TEMPLATE_GVR)) == denial
     assert reserved(ctx) == Charge()
 
 
@@ -384,10 +399,10 @@ def test_endpoints_dispatch_and_skip_what_is_not_ours(path: str, request_: Admis
     assert run(path, context(GPUS), request_) == expected
 
 
-def test_the_mutating_endpoint_patches_a_claim_create() -> None:
-    verdict = run("/mutate", context(GPUS), review_request(stored(gpu_claim())))
-    assert verdict == Verdict(True, patch=[{"op": "add", "path": "/metadata/annotations", "value": {
-        "draquota.io/charge": '{"memory":85899345920,"devices":1}', "draquota.io/quotas": "gpus"}}])
+def test_the_mutating_endpoint_of_earlier_releases_allows_untouched() -> None:
+    """A MutatingWebhookConfiguration left by an upgrade still calls /mutate: it must not
+    fail creates, and nothing is mutated any more (the leader annotates)."""
+    assert run("/mutate", context(GPUS), review_request(stored(gpu_claim()))) == Verdict(True)
 
 
 # -- no sequence over-commits, no retry counts twice ----------------------------------------
@@ -414,8 +429,8 @@ def test_no_sequence_over_commits_and_no_retry_counts_twice(ops: list[tuple[str,
                 before = ledger.usage(NS, "gpus")
                 create_claim(ctx, review_request(claim))
                 assert ledger.usage(NS, "gpus") == before
-        elif kind == "delete":
-            delete_claim(ctx, review_request(None, operation="DELETE", old=claim, name=f"c-{size}"))
+        elif kind == "delete":  # the claim watch's DELETED event
+            ledger.delete_claim(ClaimRef(f"uid-{uid}"))
         else:
             allocate_claim(ctx, status_update(allocated(claim, DEVICES[device]), claim))
         usage = ledger.usage(NS, "gpus")
@@ -432,7 +447,6 @@ def test_no_sequence_over_commits_and_no_retry_counts_twice(ops: list[tuple[str,
 
 ADMIN_CLAIM = stored(gpu_claim(admin=True))
 ADMIN_CLAIM["metadata"].update(copy.deepcopy(POD_MARKS))
-ADMIN_CLAIM["metadata"]["annotations"]["draquota.io/charge"] = '{"memory":1,"devices":1}'
 
 
 def raw_review(obj: Any, *, operation: str = "CREATE", gvr: dict[str, str] = CLAIM_GVR, sub: str = "",
@@ -490,7 +504,7 @@ def test_a_lone_surrogate_in_the_object_is_a_malformed_review() -> None:
 
 
 def annotated(obj: dict[str, Any], memory: int, devices: int) -> dict[str, Any]:
-    """`obj` carrying the `draquota.io/charge` the mutating webhook wrote at its CREATE."""
+    """`obj` carrying the `draquota.io/charge` the leader wrote once it existed."""
     out = copy.deepcopy(obj)
     out["metadata"].setdefault("annotations", {})["draquota.io/charge"] = json.dumps(
         {"memory": memory, "devices": devices})
@@ -523,21 +537,21 @@ EXCEEDED_100 = ("the allocated devices charge more than the claim reserved (requ
 def test_an_allocation_above_the_recorded_charge_is_said_on_the_verdict(
         device: tuple[str, str], hard: str, check: str, expected: Verdict) -> None:
     ctx = context(make_quota("gpus", memory=hard), allocation_check=check)
+    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
     claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
-    assert create_claim(ctx, review_request(claim)).allowed
     assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
 
 
 def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
     for ctx in (context(), context(make_quota("other-class", memory="1Gi", classes=["other"]))):
+        assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
         claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
-        assert create_claim(ctx, review_request(claim)).allowed
         assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
 def test_an_allocation_of_a_claim_without_a_recorded_charge_has_nothing_to_compare() -> None:
     ctx = context(make_quota("gpus", memory="400Gi"))
-    claim = stored(gpu_claim())  # created before the mutating webhook ran: no annotation
+    claim = stored(gpu_claim())  # not annotated yet (or created before the install)
     assert create_claim(ctx, review_request(claim)).allowed
     assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 

@@ -88,7 +88,7 @@ async def test_a_conflict_is_re_read_and_re_checked_then_denied_after_three() ->
     assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
     api.conflicts_to_inject = 4
     denied = await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")
-    assert (denied.allowed, denied.message, denied.denied_by) == (False, CONTENTION, ())  # no quota said no
+    assert (denied.allowed, denied.message, denied.denied_by) == (False, f'{CONTENTION} (DeviceQuota "gpus")', ())
     assert list(api.objects["gpus"]["status"]["reservations"]) == ["u1"]
 
 

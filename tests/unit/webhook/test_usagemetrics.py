@@ -8,6 +8,8 @@ The real process is scraped in tests/e2e/test_usage_metrics.py.
 
 from __future__ import annotations
 
+import itertools
+
 import copy
 from datetime import datetime, timezone
 from typing import Any
@@ -56,11 +58,15 @@ def devices(product: str = A100) -> list[dict[str, Any]]:
     return [*gpus, mig]
 
 
+_VERSIONS = itertools.count(1)
+
+
 def claim(name: str, uid: str, *allocated: str, pods: tuple[str, ...] = (), cls: str = "gpu",
           admin: bool = False, namespace: str = "team-a") -> dict[str, Any]:
     obj = make_claim(name, request("r", exactly(cls, admin=admin)), namespace=namespace,
                      allocation=[result("r", d, driver=D, admin=admin) for d in allocated] if allocated else None)
     obj["metadata"]["uid"] = uid
+    obj["metadata"]["resourceVersion"] = str(next(_VERSIONS))  # as every claim the API server stores
     if pods:
         obj.setdefault("status", {})["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
     return obj
@@ -76,12 +82,13 @@ class World:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger())
         # No API: only what the watch delivers (`observe`) is read, nothing is written.
-        self.reservations = Reservations(None, self.admitter.ledger, ttl=60.0,  # type: ignore[arg-type]
-                                         clock=lambda: NOW)
         self.holders = Holders()
+        self.claims = ClaimStore(self.admitter, holders=self.holders)
+        self.reservations = Reservations(None, self.admitter.ledger, ttl=60.0,  # type: ignore[arg-type]
+                                         clock=lambda: NOW, claim_version=self.claims.version)
+        self.claims.deleted = self.reservations.claim_deleted
         self.slices = SliceStore(self.inventory)
         self.quotas = QuotaStore(self.admitter, observe=self.reservations.observe)
-        self.claims = ClaimStore(self.admitter, forget=self.reservations.forget, holders=self.holders)
         self.slices.replace([make_slice("n1", devices(), driver=D)])
         ClassStore(self.classes).replace([make_class("gpu", f"device.attributes['{D}'].type == 'gpu'"),
                                           make_class("mig", f"device.attributes['{D}'].type == 'mig'")])

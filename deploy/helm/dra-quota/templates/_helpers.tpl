@@ -62,21 +62,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end }}
 
+{{/* No image is published: refuse to render without one the user chose, rather than
+install Pods that can never start behind webhooks that wait for them. */}}
 {{- define "dra-quota.image" -}}
+{{- $repository := required "image.repository is required: no dra-quota image is published; build the Dockerfile, push it where the cluster can pull it and set image.repository (and image.tag or image.digest): README, Install" .Values.image.repository }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
-{{/* Namespaces the webhooks never see: the configured ones and our own. */}}
+{{/* Namespaces a webhook sees: $ = root context, which = "governed", "ungoverned" or
+"any". Never the configured exclusions nor our own namespace; only namespaces carrying
+webhooks.optInLabel when it is set (a staged rollout); governed ones (the leader's label
+draquota.io/governed=true) or the rest for the fail-closed / fail-open pairs. */}}
 {{- define "dra-quota.namespaceSelector" -}}
+{{- $root := index . 0 }}{{ $which := index . 1 -}}
 namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name
       operator: NotIn
-      values: {{ append .Values.webhooks.excludeNamespaces .Release.Namespace | uniq | toJson }}
+      values: {{ append $root.Values.webhooks.excludeNamespaces $root.Release.Namespace | uniq | toJson }}
+    {{- with $root.Values.webhooks.optInLabel }}
+    - {key: {{ . }}, operator: Exists}
+    {{- end }}
+    {{- if eq $which "governed" }}
+    - {key: draquota.io/governed, operator: In, values: ["true"]}
+    {{- else if eq $which "ungoverned" }}
+    - {key: draquota.io/governed, operator: NotIn, values: ["true"]}
+    {{- end }}
 {{- end }}
 
 {{/* clientConfig of one webhook: $ = root context, path = /validate or /mutate. */}}

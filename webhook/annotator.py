@@ -1,0 +1,142 @@
+"""The leader writes our annotations on each claim, once the claim exists.
+
+Neighbours: the claim cache (`webhook.caches.ClaimStore`) tells `Annotator.seen` every
+claim it accounts (after the ledger counted it) and `gone` every claim deleted;
+`quota.admission.Admitter.annotations` says what the charge and quota annotations should
+say (from the charge the ledger holds: nothing is priced again here) and
+`quota.pricing.Pricer.allocation_record` what the allocation record should say;
+`webhook.claims` refuses any of them on a new claim or template and any later change
+by anyone else, so a tenant cannot lower them.
+
+What is written, each key once it is due:
+- `draquota.io/charge` and `draquota.io/quotas`, when the claim has no charge yet: its
+  charge as admitted (JSON of bytes and devices) and the DeviceQuotas it draws on. Queue
+  managers and dashboards read them; a claim priced again (a restart, a deallocation)
+  never counts less than the charge recorded (`quota.pricing.at_least_recorded`). Until
+  issue 16 a mutating webhook wrote them during the CREATE; writing them here keeps a
+  create to one webhook call, at the cost of a window (usually well under a second)
+  in which a new claim carries none.
+- `draquota.io/allocated-charge`, once the claim is allocated: the exact charge of each
+  device. A device can vanish while a claim holds it (a driver rewrites its
+  ResourceSlice, a node goes away); its charge must stay what it was, in the process
+  that saw the device and in a leader started afterwards, which never saw it.
+
+Only the leader writes (`leading`); every replica collects the claims still to write, so
+a new leader starts from its own cache without a list. A claim whose annotations
+already say what they should is not written: a restart that relists writes nothing.
+Each write is a merge patch of the claim's metadata carrying its uid, which the API
+server checks as a precondition: a claim deleted and recreated under the same name is
+never written. RBAC: patch resourceclaims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+import aiohttp
+
+from quota.claims import Claim
+from quota.kubeapi import ApiError, KubeApi, Resource
+
+__all__ = ["Annotator"]
+
+log = logging.getLogger(__name__)
+
+CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
+FIELD_MANAGER = "dra-quota"
+# What is due on a claim, given the annotations it carries (`Admitter.annotations_due`).
+Due = Callable[[Claim, Mapping[str, str]], dict[str, str]]
+
+
+class Annotator:
+    def __init__(self, api: KubeApi, due: Due, *, leading: Callable[[], bool],
+                 concurrency: int = 4, backoff: float = 1.0, attempts: int = 5) -> None:
+        self._api = api
+        self._due = due
+        self._leading = leading
+        self._concurrency = concurrency
+        self._backoff = backoff
+        self._attempts = attempts
+        # uid -> the latest claim to annotate and the annotations it carried.
+        self._pending: dict[str, tuple[Claim, Mapping[str, str]]] = {}
+        self._failures: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self.writes = 0  # patches that landed (tests and logs read it)
+
+    # -- told by the claim cache (synchronous, never raises) -----------------------------
+
+    def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None:
+        if not claim.uid or not self._due(claim, annotations):
+            self._pending.pop(claim.uid, None)
+            self._failures.pop(claim.uid, None)
+            return
+        self._pending[claim.uid] = (claim, annotations)
+        self._wake.set()
+
+    def gone(self, uid: str) -> None:
+        self._pending.pop(uid, None)
+        self._failures.pop(uid, None)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- the writer -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Until cancelled: while leading, write what is due."""
+        while True:
+            if not self._pending or not self._leading():
+                # Leadership is polled: the elector has no callback and a new leader
+                # finds its pending claims at most a second late.
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+                continue
+            batch = list(self._pending.values())[: self._concurrency * 8]
+            for claim, _ in batch:
+                self._pending.pop(claim.uid, None)
+            semaphore = asyncio.Semaphore(self._concurrency)
+
+            async def write(claim: Claim, annotations: Mapping[str, str]) -> bool | None:
+                async with semaphore:
+                    return await self._write(claim, annotations) if self._leading() else None
+
+            results = await asyncio.gather(*(write(c, a) for c, a in batch))
+            if any(ok is False for ok in results):
+                await asyncio.sleep(self._backoff)
+
+    async def _write(self, claim: Claim, annotations: Mapping[str, str]) -> bool | None:
+        """One patch; False: failed and put back to retry; None: written or not needed."""
+        due = self._due(claim, annotations)
+        if not due:
+            return None
+        patch = {"metadata": {"uid": claim.uid, "annotations": due}}
+        try:
+            await self._api.patch(CLAIMS, claim.name, patch, namespace=claim.namespace, field_manager=FIELD_MANAGER)
+        except ApiError as err:
+            if err.status in (404, 409):
+                return None  # deleted, or recreated under its name (the uid precondition)
+            return self._failed(claim, annotations, str(err))
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return self._failed(claim, annotations, str(err))
+        self.writes += 1
+        self._failures.pop(claim.uid, None)
+        return None
+
+    def _failed(self, claim: Claim, annotations: Mapping[str, str], why: str) -> bool:
+        failures = self._failures.get(claim.uid, 0) + 1
+        if failures >= self._attempts:
+            # Its next event (or the next leader's) tries again; until then the running
+            # ledger already charges it exactly.
+            log.warning("cannot write the annotations of ResourceClaim %s/%s after %d attempts: %s",
+                        claim.namespace, claim.name, failures, why)
+            self._failures.pop(claim.uid, None)
+            return True
+        self._failures[claim.uid] = failures
+        self._pending.setdefault(claim.uid, (claim, annotations))  # a newer event's claim wins
+        return False
