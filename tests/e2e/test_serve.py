@@ -129,10 +129,36 @@ async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespac
         yield Setup(run, namespace, fleet, served, created)
 
 
+async def governed(kube: Kube, namespace: str, *, timeout: float = 30) -> None:
+    """Wait until the leader labelled `namespace` draquota.io/governed=true: from then on
+    its claims go to the fail-closed copies of the webhooks (QUOTA_HOOK by name)."""
+
+    async def labelled() -> bool:
+        ns = await kube.get("v1", "namespaces", namespace)
+        return bool((ns["metadata"].get("labels") or {}).get("draquota.io/governed") == "true")
+
+    await poll(labelled, timeout=timeout, what=f"namespace {namespace} to be labelled draquota.io/governed=true")
+
+
+async def annotated(kube: Kube, namespace: str, name: str, *, timeout: float = 30) -> dict[str, str]:
+    """The claim's annotations once the leader wrote our charge on it (it does so once the
+    claim exists: no mutating webhook)."""
+
+    async def written() -> dict[str, str] | None:
+        claim = await kube.get(RESOURCE_V1, "resourceclaims", name, namespace=namespace)
+        annotations: dict[str, str] = claim["metadata"].get("annotations") or {}
+        return annotations if "draquota.io/charge" in annotations else None
+
+    annotations: dict[str, str] = await poll(written, timeout=timeout, what=f"the leader to annotate {namespace}/{name}")
+    return annotations
+
+
 async def make_quota(kube: Kube, setup: Setup, name: str, memory: str) -> None:
-    """A DeviceQuota, then wait until the process enforces it (a dry-run probe it must deny)."""
+    """A DeviceQuota, then wait until the process enforces it (a dry-run probe it must deny)
+    and the leader labelled the namespace governed."""
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": name},
                                            "spec": {"hard": {"memory": memory}}}, namespace=setup.namespace)
+    await governed(kube, setup.namespace)
 
     async def enforced() -> bool:
         # Four GPUs never fit: denied with the quota's message once the webhooks are
@@ -189,7 +215,7 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
         assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
 
         for claim in (first, second):
-            annotations = claim["metadata"]["annotations"]
+            annotations = await annotated(kube, setup.namespace, claim["metadata"]["name"])
             assert annotations["draquota.io/charge"] == '{"memory":85899345920,"devices":1}'
             assert annotations["draquota.io/quotas"] == "gpus"
 
@@ -218,7 +244,7 @@ async def test_claims_from_pod_templates_are_admitted_the_same_way(kube: Kube, s
             return owned[0] if owned else None
 
         claim = await poll(generated, timeout=60, what="a claim generated from the template")
-        assert claim["metadata"]["annotations"]["draquota.io/quotas"] == "gpus"
+        assert (await annotated(kube, setup.namespace, claim["metadata"]["name"]))["draquota.io/quotas"] == "gpus"
         owner = next(o["name"] for o in claim["metadata"]["ownerReferences"] if o["kind"] == "Pod")
         refused = "p2" if owner == "p1" else "p1"
 
