@@ -74,14 +74,14 @@ def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str
 
 
 def charged_above(claim: Claim, exact: Charge) -> str:
-    """Why `claim`'s allocation charges more than was recorded at its admission, "" if it does not.
+    """Why `claim`'s allocation charges more than it was admitted at, "" if it does not.
 
-    Compared with `draquota.io/charge` as the claim carries it (what the leader recorded
-    once the claim existed, in the default pricing mode, and what queue managers read),
-    per dimension: more memory or more devices. A claim with no readable annotation (not
-    recorded yet, or created before the install) has nothing to compare with. Usually an Optimistic estimate
-    (the scheduler picked a larger device than the smallest candidate) or a device whose
-    published memory grew between admission and allocation.
+    Compared with `claim.recorded_charge` (`Admitter.allocate_claim` puts there what the
+    ledger reserved for it, else the `draquota.io/charge` it carries), per dimension:
+    more memory or more devices. A claim with neither (created before the install) has
+    nothing to compare with. Usually an Optimistic estimate (the scheduler picked a
+    larger device than the smallest candidate) or a device whose published memory grew
+    between admission and allocation.
     """
     recorded = claim.recorded_charge
     if recorded is None:
@@ -94,7 +94,7 @@ def charged_above(claim: Claim, exact: Charge) -> str:
         return ",".join(format_resource(r, _amount(charge, r)) for r in RESOURCES)
 
     return (f"ResourceClaim {claim.namespace}/{claim.name}: the allocated devices charge {fmt(exact)}, more than "
-            f"the {fmt(recorded)} recorded at admission ({CHARGE_ANNOTATION})")
+            f"the {fmt(recorded)} it was admitted at")
 
 
 def _amount(charge: Charge, resource: str) -> int:
@@ -224,7 +224,8 @@ class Admitter:
         breaks `hard` (an Optimistic quota can price below what the scheduler picks);
         with `enforce` false that is a warning and the charge is accounted anyway.
         """
-        pricing = self.pricer.exact(self._own_record(claim))
+        own = self._own_record(claim)
+        pricing = self.pricer.exact(own)
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
@@ -232,7 +233,9 @@ class Admitter:
         # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
         counted = any(not entry.charge_for(q, self.ledger.default_mode).is_zero()
                       for q in self.ledger.quotas(claim.namespace))
-        above = charged_above(claim, pricing.total) if counted else ""
+        # What it was admitted at: the ledger's reservation (the leader's annotation may
+        # not be on the claim yet), else the annotation.
+        above = charged_above(own, pricing.total) if counted else ""
         if decision.allowed:
             return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by,
                              charged_above=above)
@@ -294,19 +297,23 @@ class Admitter:
 
     def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
         """Our annotations `claim` should carry and does not (the leader writes them,
-        `webhook.annotator`), from what the ledger holds for it: nothing is priced again.
+        `webhook.annotator`; the webhook accepts exactly these, `webhook.claims`).
 
-        The charge and the quotas it draws on are written once, when the claim carries
-        no charge yet (what it was admitted at; a DeviceQuota made later does not rewrite
-        them); the allocation record whenever it differs from what the allocation says.
+        The charge is what admission charges the claim's spec in the default mode (the
+        estimate, even once allocated: it says what was admitted, and the allocation
+        record says what was allocated), and the quotas it draws on; both written once,
+        when the claim carries no charge yet (a DeviceQuota made later does not rewrite
+        them). The allocation record whenever it differs from what the allocation says.
+        Pricing is cached per spec and inventory (`quota.pricing.Pricer`): every replica
+        that asks gets the same answer from the same inventory.
         """
         due: dict[str, str] = {}
-        held = self.ledger.entry(claim_ref(claim))
-        if CHARGE_ANNOTATION not in current and held is not None:
+        if CHARGE_ANNOTATION not in current:
             mode = self.ledger.default_mode
-            due[CHARGE_ANNOTATION] = json.dumps(held.pricing[mode].total.as_json(), separators=(",", ":"))
+            entry = Entry(claim.namespace, claim_ref(claim), {mode: self.price(claim)}, allocated=False)
+            due[CHARGE_ANNOTATION] = json.dumps(entry.pricing[mode].total.as_json(), separators=(",", ":"))
             due[QUOTAS_ANNOTATION] = ",".join(sorted(
-                q.name for q in self.ledger.quotas(claim.namespace) if not held.charge_for(q, mode).is_zero()))
+                q.name for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
         if claim.allocation is not None:
             record = self.pricer.allocation_record(claim)
             if record != dict(claim.recorded_devices):

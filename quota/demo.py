@@ -44,7 +44,7 @@ from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, Obj, WaitTimeout, poll
 from devcluster.served import ServeExited, Served
 from quota.claims import CHARGE_ANNOTATION
-from quota.devicequota import format_amount
+from quota.devicequota import GOVERNED_LABEL, format_amount
 from quota.printable import for_terminal
 from quota.tables import USAGE_HEADERS, print_rows, usage_cells
 from quota.top import quota_usage
@@ -325,6 +325,15 @@ async def _publish_examples(state: _Run, kube: Kube) -> str:
         return bool(rows) and all(r["current"] for r in rows)
 
     await poll(counted, timeout=state.options.step_timeout, what="the quota controller to count every DeviceQuota")
+
+    async def governed() -> bool:
+        # The leader labels every namespace holding a DeviceQuota: from then on its claims
+        # go to the webhooks that fail closed (README, "Failure modes").
+        quoted = {r["namespace"] for r in await _usage(kube)}
+        labels = [((await kube.get("v1", "namespaces", n))["metadata"].get("labels") or {}) for n in quoted]
+        return all(label.get(GOVERNED_LABEL) == "true" for label in labels)
+
+    await poll(governed, timeout=state.options.step_timeout, what="the leader to label the teams' namespaces governed")
     return ", ".join(f"{n} {k}{'es' if k.endswith('s') else 's'}" for k, n in counts.items())
 
 
@@ -349,14 +358,21 @@ async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
         source = claims[(step.team, step.claim)]
         body = {"kind": "ResourceClaim", "metadata": {"name": step.claim}, "spec": source["spec"]}
         try:
-            created = await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=step.team)
+            await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=step.team)
         except ApiError as err:
             if err.status not in (403, 422):
                 raise
             record.update(decision="denied", message=err.message)
             state.say(f"{indent}DENIED by the webhook: {err.message}")
         else:
-            charge = json.loads((created["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION, "{}"))
+            # The leader writes the charge on the claim once it exists (no mutating webhook).
+            async def annotated() -> str | None:
+                claim = await kube.get(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team)
+                value = (claim["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
+                return value if isinstance(value, str) else None
+
+            charge = json.loads(await poll(annotated, timeout=state.options.step_timeout,
+                                           what="the leader's charge annotation"))
             record.update(decision="admitted", charge=charge)
             state.say(f"{indent}admitted by the webhook, reserving its charge: "
                       + ", ".join(f"{k}={format_amount(k, v)}" for k, v in charge.items()))

@@ -21,6 +21,7 @@ from quota.raw import as_list, show
 from quota.validation import at_most, dns_subdomain, integer
 
 __all__ = [
+    "GOVERNED_LABEL",
     "GROUP",
     "VERSION",
     "KIND",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 GROUP = "draquota.io"
+# The label the quota controller's leader keeps on every namespace a DeviceQuota governs
+# (`webhook.governed`): the webhook configuration fails closed there, open elsewhere.
+GOVERNED_LABEL = "draquota.io/governed"
 VERSION = "v1alpha1"
 KIND = "DeviceQuota"
 PLURAL = "devicequotas"

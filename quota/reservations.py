@@ -19,9 +19,10 @@ The protocol (docs/reservations.md holds the full safety argument):
 1. A writer (a replica's webhook batch, or the leader's quota controller) reads the
    DeviceQuota and, before deciding anything on it, waits until its own claim watch
    has delivered every claim event up to `claimsThrough`.
-2. Deciding, it drops the entries whose claim its own cache holds (the claim is
-   counted from the cache now) or saw deleted, and raises `claimsThrough` to the
-   highest claim resourceVersion that justified a drop. Then it adds the admissions
+2. Deciding, it drops the entries whose claim its own cache holds with the charge
+   it was admitted at recorded on it (the claim is counted from the cache now, never
+   below that charge) or saw deleted, and raises `claimsThrough` to the highest claim
+   resourceVersion that justified a drop. Then it adds the admissions
    that fit `used + reserved + in flight + charge <= hard`, where "in flight" is the
    entries still held.
 3. It writes with the resourceVersion it read; a conflict (someone wrote in between)
@@ -126,6 +127,10 @@ class Caches(Protocol):
     def claim_version(self, uid: str) -> int | None:
         """The resourceVersion at which the claim cache holds claim `uid`; None if it does not."""
 
+    def claim_recorded(self, uid: str) -> int | None:
+        """The resourceVersion at which the claim cache holds claim `uid` carrying the charge
+        it was admitted at (`draquota.io/charge`); None if it does not (yet)."""
+
     def claim_gone(self, uid: str) -> int | None:
         """The resourceVersion at which the claim cache saw `uid` deleted; None if it did not."""
 
@@ -184,10 +189,14 @@ def status_fields(record: Record) -> dict[str, Any]:
 def settle(record: Record, caches: Caches, *, now: float) -> Record:
     """`record` without the entries no writer needs any more (module doc, step 2).
 
-    A claim entry goes once this replica's cache holds its claim or saw it deleted, and
+    A claim entry goes once this replica's cache holds its claim carrying the charge it
+    was admitted at (the leader writes it, `webhook.annotator`), or saw it deleted, and
     the watermark rises to the resourceVersion that showed it; an orphan (claim never
-    seen) goes once it expired. A Workload entry goes once it expired or its Workload
-    is gone; it never moves the watermark.
+    seen) goes once it expired. Until the claim carries its charge the entry is the only
+    persisted record of what was admitted: a replica that prices the claim afresh (a
+    restart, after the largest candidate left the inventory) must not count it below
+    that. A Workload entry goes once it expired or its Workload is gone; it never moves
+    the watermark.
     """
     held: dict[str, Reservation] = {}
     through = record.through
@@ -196,7 +205,7 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
             if entry.expires > now and not caches.workload_gone(uid):
                 held[uid] = entry
             continue
-        seen = caches.claim_version(uid)
+        seen = caches.claim_recorded(uid)
         if seen is None:
             seen = caches.claim_gone(uid)
         if seen is not None:

@@ -192,6 +192,8 @@ class ClaimStore:
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
         self._versions: dict[ClaimRef, str] = {}
+        # The claims carrying the charge they were admitted at (`draquota.io/charge`).
+        self._recorded: set[ClaimRef] = set()
 
     def replace(self, objects: list[Obj]) -> None:
         # A claim missing from a fresh list was deleted while the watch was down. A
@@ -213,6 +215,7 @@ class ClaimStore:
                 parsed.append((claim, obj))
                 present.add(claim_ref(claim))
         self._versions = {ref: v for ref, v in self._versions.items() if ref in present}
+        self._recorded &= present
         if self.holders is not None:
             self.holders.keep_only(present)
         for entry in [e for e in self.ledger.entries() if e.ref not in present]:
@@ -235,6 +238,7 @@ class ClaimStore:
         ref = _ref(uid if isinstance(uid, str) else "", meta)
         self.ledger.delete_claim(ref)
         self._versions.pop(ref, None)
+        self._recorded.discard(ref)
         if self.holders is not None:
             self.holders.drop(ref)
         if self.recorder is not None and isinstance(uid, str):
@@ -246,15 +250,23 @@ class ClaimStore:
             self.freed(str(meta.get("namespace") or ""))
 
     def version(self, uid: str) -> int | None:
-        """The resourceVersion at which the ledger counts claim `uid` (None: it does not):
-        the watermark of the persisted reservations (`quota.reservations`)."""
+        """The resourceVersion at which the ledger counts claim `uid` (None: it does not)."""
         version = self._versions.get(ClaimRef(uid))
         return int(version) if version is not None and version.isdigit() else None
+
+    def recorded_version(self, uid: str) -> int | None:
+        """`version`, once the claim carries the charge it was admitted at: what lets a
+        persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
+        return self.version(uid) if ClaimRef(uid) in self._recorded else None
 
     def _account(self, claim: Claim, obj: Obj) -> None:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
+        if claim.recorded_charge is not None:
+            self._recorded.add(claim_ref(claim))
+        else:
+            self._recorded.discard(claim_ref(claim))
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
         if claim.allocation is not None:

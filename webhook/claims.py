@@ -190,19 +190,23 @@ def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
 
 def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim UPDATE (main resource): our annotations may not change.
+    """ResourceClaim UPDATE (main resource): our annotations change only as dra-quota writes them.
 
     Spec is immutable and status is reset on this path (dra-api.md §8), so metadata is
-    all a tenant can change here; ours are written once, by our mutating webhook at
-    CREATE, which is not an UPDATE.
+    all a tenant can change here. The charge and quota annotations may be added once, to
+    a claim that carries no charge, and only with the values this replica's ledger says
+    are due (`Admitter.annotations_due`: what the leader writes, `webhook.annotator`);
+    never changed or removed afterwards. The allocation record may change only to what
+    the allocation says (`_record_problem`). Any writer may write them that way: the
+    shipped configuration skips our own ServiceAccount, and this holds for the rest.
     """
     old = as_map(dig(request.old_object, "metadata", "annotations"))
     new = as_map(dig(request.object, "metadata", "annotations"))
     changed = [key for key in OUR_ANNOTATIONS if old.get(key) != new.get(key)]
-    if changed:
+    if changed and not _first_charge(ctx, request, old, new):
         return Verdict(
             False,
-            f"annotation {changed[0]} is written by dra-quota at creation and may not be changed "
+            f"annotation {changed[0]} is written by dra-quota once the claim exists and may not be changed "
             f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
             cause="annotations",
         )
@@ -212,6 +216,20 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         if problem:
             return Verdict(False, problem, cause="annotations")
     return Verdict(True)
+
+
+def _first_charge(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str, Any],
+                  new: Mapping[str, Any]) -> bool:
+    """Whether the update adds the charge and quota annotations to a claim that had no
+    charge, with exactly the values dra-quota would write."""
+    if CHARGE_ANNOTATION in old or request.object is None:
+        return False
+    try:
+        claim = parse_claim(with_namespace(request.object, request.namespace))
+    except ClaimError:
+        return False
+    due = ctx.admitter.annotations_due(claim, {k: v for k, v in old.items() if isinstance(v, str)})
+    return bool(due) and all(new.get(key) == due.get(key) for key in OUR_ANNOTATIONS)
 
 
 def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new: Any) -> str:

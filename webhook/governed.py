@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 
+from quota.devicequota import GOVERNED_LABEL
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.ledger import Ledger
 from quota.model import Namespace
@@ -37,7 +38,6 @@ __all__ = ["GOVERNED_LABEL", "GovernedLabels", "governed_value"]
 
 log = logging.getLogger(__name__)
 
-GOVERNED_LABEL = "draquota.io/governed"
 NAMESPACES = Resource("v1", "namespaces")
 FIELD_MANAGER = "dra-quota"
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)

@@ -373,7 +373,8 @@ class AdmissionCheckController:
             return
         charges = self.caches.admitter.workload_charges(entry)
         decision = await self.reservations.admit({q: c for q, c in charges.items() if not c.is_zero()},
-                                                 uid=workload.uid, claim=f"{workload.namespace}/{workload.name}")
+                                                 uid=workload.uid, claim=f"{workload.namespace}/{workload.name}",
+                                                 source="Workload")
         if not decision.allowed:
             await self._write(workload, check, "Retry", decision.message)
             return

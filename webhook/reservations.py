@@ -89,16 +89,19 @@ class Reservations:
 
     def __init__(self, api: KubeApi, ledger: Ledger, *, ttl: float, retries: int = 3,
                  clock: Callable[[], float] = time.time, progress: Progress | None = None,
-                 claim_version: Callable[[str], int | None] = lambda uid: None, catch_up: float = 2.0) -> None:
+                 claim_version: Callable[[str], int | None] = lambda uid: None,
+                 claim_recorded: Callable[[str], int | None] | None = None, catch_up: float = 2.0) -> None:
         self.api = api
         self.ledger = ledger
         self.ttl = ttl
         self.retries = retries
         self.clock = clock
         # How far the claim watch has come, and at which resourceVersion the claim cache
-        # holds a claim (`webhook.caches.ClaimStore.version`).
+        # holds a claim (`webhook.caches.ClaimStore.version`), with its charge recorded on
+        # it (`recorded_version`).
         self.progress = progress or Progress()
         self._claim_version = claim_version
+        self._claim_recorded = claim_recorded or claim_version
         self.catch_up = catch_up
         # The newest DeviceQuota object known per quota: from the watch or from our own
         # write's answer. A stale one only costs a conflict and a re-read.
@@ -150,6 +153,9 @@ class Reservations:
 
     def claim_version(self, uid: str) -> int | None:
         return self._claim_version(uid)
+
+    def claim_recorded(self, uid: str) -> int | None:
+        return self._claim_recorded(uid)
 
     def claim_gone(self, uid: str) -> int | None:
         return self._claims_gone.get(uid)

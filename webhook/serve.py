@@ -259,7 +259,8 @@ class Caches:
         claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
                                  holders=self.holders, recorder=self.annotator)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
-                                         claim_version=claim_store.version)
+                                         claim_version=claim_store.version,
+                                         claim_recorded=claim_store.recorded_version)
         claim_store.deleted = self.reservations.claim_deleted
 
         # Told the namespace of every claim and DeviceQuota event (None: a whole list);

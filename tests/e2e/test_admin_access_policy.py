@@ -32,7 +32,7 @@ from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .test_admission_config import ADMIN_LABEL, POLICY_DOCS
-from .test_serve import ADMISSION, PLURALS, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
+from .test_serve import ADMISSION, PLURALS, QUOTA_HOOK_OPEN, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -195,7 +195,8 @@ async def test_the_allowlist_follows_its_configmap_without_a_restart(allowlist: 
 
 async def test_grants_and_refusals_are_in_the_audit_log(cluster: ControlPlane, allowlist: Allowlist) -> None:
     a = allowlist
-    key_ns, key_claim = f"{NAMESPACE_HOOK}/{AUDIT_KEY}", f"{QUOTA_HOOK}/{AUDIT_KEY}"
+    # No DeviceQuota governs the namespace: the quota webhook's fail-open copy answers.
+    key_ns, key_claim = f"{NAMESPACE_HOOK}/{AUDIT_KEY}", f"{QUOTA_HOOK_OPEN}/{AUDIT_KEY}"
     with a.served.log_on_failure():
         # The namespace label: alice adds it (granted), mallory tries to remove it (refused).
         assert await a.label(a.alice, "true", dry_run=False) == ""

@@ -46,12 +46,16 @@ ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 OUR_SA = "system:serviceaccount:dra-quota-system:dra-quota"
 
 QUOTA = "quota.resourceclaims.draquota.io"
-RELEASE = "release.resourceclaims.draquota.io"
 ALLOCATION = "allocation.resourceclaims.draquota.io"
 NAMESPACES = "admin-access.namespaces.draquota.io"
-CHARGE = "charge.resourceclaims.draquota.io"
 ANNOTATIONS = "annotations.resourceclaims.draquota.io"
 PODS = "extended-resources.pods.draquota.io"
+# The fail-open copies, for namespaces no DeviceQuota governs.
+QUOTA_OPEN, ALLOCATION_OPEN, ANNOTATIONS_OPEN = (
+    h.replace(".resourceclaims", "-ungoverned.resourceclaims") for h in (QUOTA, ALLOCATION, ANNOTATIONS))
+# What the leader keeps on namespaces holding a DeviceQuota; set by hand here (no serve).
+GOVERNED = {"draquota.io/governed": "true"}
+EXCLUDED = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "dra-quota-system"]}
 
 MakeNamespace = Callable[..., Awaitable[str]]
 
@@ -127,16 +131,16 @@ async def create_claim(kube: Kube, namespace: str, body: Obj, *, dry_run: bool =
 async def apply_webhooks(
     kube: Kube, objects: ClusterObjects, cluster: ControlPlane, port: int, run: str, rec: Recorder, namespace: str
 ) -> None:
-    """Create both configurations and wait until the API server calls both (a dry-run probe)."""
+    """Create the configuration and wait until the API server calls it (a dry-run probe,
+    answered by the quota webhook's copy for the namespace: governed or not)."""
     for config in adapted_webhooks(run, port, cluster):
         await objects.create(config)
 
     async def observed() -> bool:
         await create_claim(kube, namespace, claim("probe", run), dry_run=True)
-        hooks = {s.webhook for s in rec.reviews(name="probe")}
-        return {QUOTA, CHARGE} <= hooks
+        return bool({s.webhook for s in rec.reviews(name="probe")} & {QUOTA, QUOTA_OPEN})
 
-    await poll(observed, timeout=30, what="both webhook configurations to take effect")
+    await poll(observed, timeout=30, what="the webhook configuration to take effect")
     rec.clear()
 
 
@@ -165,28 +169,37 @@ def once(items: list[Any]) -> list[Any]:
 
 def test_shipped_webhooks_share_the_common_settings() -> None:
     """DESIGN "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
-    v1 reviews, dryRun-safe, Equivalent matching; failure policies as documented in the file."""
-    hooks = {h["name"]: (c["kind"], h) for c in WEBHOOKS for h in c["webhooks"]}
-    assert set(hooks) == {QUOTA, RELEASE, ALLOCATION, ANNOTATIONS, NAMESPACES, CHARGE, PODS}
-    for name, (_kind, hook) in hooks.items():
+    v1 reviews, dryRun-safe, Equivalent matching; each claim webhook twice, failing closed
+    only where a DeviceQuota governs (README, "Failure modes"); no DELETE and no mutating
+    webhook (the leader annotates)."""
+    assert {c["kind"] for c in WEBHOOKS} == {"ValidatingWebhookConfiguration"}
+    hooks = {h["name"]: h for c in WEBHOOKS for h in c["webhooks"]}
+    assert set(hooks) == {QUOTA, QUOTA_OPEN, ALLOCATION, ALLOCATION_OPEN, ANNOTATIONS, ANNOTATIONS_OPEN, NAMESPACES, PODS}
+    for name, hook in hooks.items():
         assert hook["admissionReviewVersions"] == ["v1"], name
         # The Pod warning writes nothing and must not slow Pod creation.
         assert hook["sideEffects"] == ("None" if name == PODS else "NoneOnDryRun"), name
         assert hook["timeoutSeconds"] == (2 if name == PODS else 5), name
         assert hook["matchPolicy"] == "Equivalent", name
-        assert hook["namespaceSelector"] == {"matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "dra-quota-system"]}]}, name  # fmt: skip
+        assert hook["namespaceSelector"]["matchExpressions"][0] == EXCLUDED, name
         service = hook["clientConfig"]["service"]
         assert (service["namespace"], service["name"], service["port"]) == ("dra-quota-system", "dra-quota-webhook", 443)
-        assert service["path"] == ("/mutate" if _kind == "MutatingWebhookConfiguration" else "/validate"), name
+        assert service["path"] == "/validate", name
         assert "caBundle" not in hook["clientConfig"], "injected by certs/ or cert-manager"
-    assert {n: h["failurePolicy"] for n, (_, h) in hooks.items()} == {
-        QUOTA: "Fail", RELEASE: "Ignore", ALLOCATION: "Ignore", ANNOTATIONS: "Fail", NAMESPACES: "Fail", CHARGE: "Fail",
-        PODS: "Ignore",
+        assert "DELETE" not in hook["rules"][0]["operations"], name
+    assert {n: h["failurePolicy"] for n, h in hooks.items()} == {
+        QUOTA: "Fail", ALLOCATION: "Fail", ANNOTATIONS: "Fail", QUOTA_OPEN: "Ignore", ALLOCATION_OPEN: "Ignore",
+        ANNOTATIONS_OPEN: "Ignore", NAMESPACES: "Fail", PODS: "Ignore",
     }  # fmt: skip
-    assert hooks[CHARGE][1]["reinvocationPolicy"] == "Never"
-    skips_us = {n for n, (_, h) in hooks.items() if any(OUR_SA in c["expression"] for c in h.get("matchConditions", []))}
-    assert skips_us == {ALLOCATION, ANNOTATIONS}
+    for closed, open_ in ((QUOTA, QUOTA_OPEN), (ALLOCATION, ALLOCATION_OPEN), (ANNOTATIONS, ANNOTATIONS_OPEN)):
+        assert hooks[closed]["namespaceSelector"]["matchExpressions"][1:] == [
+            {"key": "draquota.io/governed", "operator": "In", "values": ["true"]}]
+        assert hooks[open_]["namespaceSelector"]["matchExpressions"][1:] == [
+            {"key": "draquota.io/governed", "operator": "NotIn", "values": ["true"]}]
+    for name in (NAMESPACES, PODS):
+        assert hooks[name]["namespaceSelector"] == {"matchExpressions": [EXCLUDED]}, name
+    skips_us = {n for n, h in hooks.items() if any(OUR_SA in c["expression"] for c in h.get("matchConditions", []))}
+    assert skips_us == {ALLOCATION, ANNOTATIONS, ALLOCATION_OPEN, ANNOTATIONS_OPEN}
 
 
 # -- (a), (d) and dryRun: claim and template CREATE, claim DELETE ----------------------------------
@@ -198,52 +211,41 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
 ) -> None:  # fmt: skip
     rec, port = recorder
     run = run_id()
-    ns = await make_namespace("admcfg")
+    ns = await make_namespace("admcfg", labels=GOVERNED)
     await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
 
-    # dryRun reaches both webhooks (sideEffects NoneOnDryRun) with dryRun true, and
-    # nothing is persisted.
+    # dryRun reaches the (governed) quota webhook (sideEffects NoneOnDryRun) with dryRun
+    # true, and nothing is persisted.
     await create_claim(kube, ns, claim("dry", run), dry_run=True)
     assert [(s.webhook, s.path, s.operation, s.dry_run) for s in rec.reviews(name="dry")] == [
-        (CHARGE, "/mutate", "CREATE", True),
         (QUOTA, "/validate", "CREATE", True),
     ]
     assert await kube.get_or_none(RESOURCE_V1, "resourceclaims", "dry", namespace=ns) is None
 
-    # A real CREATE: mutating first, then validating (which sees the mutated object);
-    # the user's own draquota.io/charge is replaced by ours.
-    created = await create_claim(kube, ns, claim("c1", run, annotations={"draquota.io/charge": "forged"}))
+    # A real CREATE: one webhook call, with the generated uid (nothing mutates the object).
+    created = await create_claim(kube, ns, claim("c1", run))
     seen = rec.reviews(name="c1")
-    assert [(s.webhook, s.operation, s.dry_run, s.sub_resource) for s in seen] == [
-        (CHARGE, "CREATE", False, ""),
-        (QUOTA, "CREATE", False, ""),
-    ]
-    assert seen[0].object["metadata"]["annotations"]["draquota.io/charge"] == "forged"
-    assert seen[1].object["metadata"]["annotations"]["draquota.io/charge"] == '{"memory":0,"devices":1}'
-    assert seen[1].request["uid"] and seen[1].object["metadata"]["uid"] == created["metadata"]["uid"]
-    assert created["metadata"]["annotations"] == {"draquota.io/charge": '{"memory":0,"devices":1}',
-                                                  "draquota.io/quotas": "e2e-recorder"}  # fmt: skip
+    assert [(s.webhook, s.operation, s.dry_run, s.sub_resource) for s in seen] == [(QUOTA, "CREATE", False, "")]
+    assert seen[0].request["uid"] and seen[0].object["metadata"]["uid"] == created["metadata"]["uid"]
 
-    # A generateName CREATE: the validating webhook sees the generated name and uid,
-    # the mutating one sees neither (issue 7).
+    # A generateName CREATE: the validating webhook sees the generated name and uid (issue 7).
     generated = {**claim("", run)}
     generated["metadata"] = {"generateName": "gen-", "labels": {RUN_LABEL: run}}
     made = await create_claim(kube, ns, generated)
     gen_seen = [s for s in rec.seen if (s.object.get("metadata") or {}).get("generateName") == "gen-"]
-    assert [(s.webhook, s.name) for s in gen_seen] == [(CHARGE, ""), (QUOTA, made["metadata"]["name"])]
-    assert "uid" not in gen_seen[0].object["metadata"]
-    assert gen_seen[1].object["metadata"]["uid"] == made["metadata"]["uid"]
+    assert [(s.webhook, s.name) for s in gen_seen] == [(QUOTA, made["metadata"]["name"])]
+    assert gen_seen[0].object["metadata"]["uid"] == made["metadata"]["uid"]
 
-    # Templates: quota webhook only (no charge annotation on templates).
+    # Templates: the quota webhook too.
     template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t1", "labels": {RUN_LABEL: run}},
                 "spec": {"spec": claim_spec(exact_request("gpu", "e2e-no-such-class"))}}  # fmt: skip
     await kube.create(RESOURCE_V1, "resourceclaimtemplates", template, namespace=ns)
     assert [(s.webhook, s.operation) for s in rec.reviews(name="t1")] == [(QUOTA, "CREATE")]
 
     # Claim UPDATEs reach us only when they touch our annotations: other metadata
-    # (labels, other annotations, finalizers) does not; changing or removing ours does;
-    # our own ServiceAccount's change does not (impersonated, with system:masters so
-    # that RBAC is not the question).
+    # (labels, other annotations, finalizers) does not; adding, changing or removing
+    # ours does; our own ServiceAccount's change does not (impersonated, with
+    # system:masters so that RBAC is not the question).
     rec.clear()
 
     async def update(meta: Obj, user: str | None = None) -> None:
@@ -256,7 +258,8 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
     await update({"labels": {"x": "y"}, "annotations": {"note": "n"}, "finalizers": ["e2e.draquota.io/hold"]})
     await update({"finalizers": None})
     assert rec.seen == []
-    await update({"annotations": {"draquota.io/charge": '{"memory":1,"devices":1}'}}, user=OUR_SA)
+    await update({"annotations": {"draquota.io/charge": '{"memory":1,"devices":1}', "draquota.io/quotas": "q"}},
+                 user=OUR_SA)
     assert rec.seen == []
     async def touches(meta: Obj) -> list[Any]:
         """One write; every call it caused came from our annotations webhook. The last
@@ -268,18 +271,17 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
 
     (last,) = await touches({"annotations": {"draquota.io/charge": "forged"}})
     assert last.old_object["metadata"]["annotations"]["draquota.io/charge"] == '{"memory":1,"devices":1}'
-    assert last.object["metadata"]["annotations"] == {"draquota.io/charge": "forged", "draquota.io/quotas": "e2e-recorder",
+    assert last.object["metadata"]["annotations"] == {"draquota.io/charge": "forged", "draquota.io/quotas": "q",
                                                       "note": "n"}  # fmt: skip
     (last,) = await touches({"annotations": {"draquota.io/quotas": None}})
     assert last.object["metadata"]["annotations"] == {"draquota.io/charge": "forged", "note": "n"}
     rec.clear()
 
-    # DELETE reaches the release webhook (failurePolicy Ignore), with the old object.
+    # DELETE reaches no webhook of ours: a reservation ends when the claim watch delivers
+    # the deletion, never at the DELETE's admission (issue 15, item 8).
     await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=ns)
-    assert once([(s.webhook, s.operation, s.path) for s in rec.reviews(name="c1")]) == [(RELEASE, "DELETE", "/validate")]
-    deleted = rec.reviews(name="c1")[-1]
-    assert deleted.old_object["metadata"]["uid"] == created["metadata"]["uid"]
-    assert deleted.request.get("object") is None
+    await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "c1", namespace=ns, timeout=30)
+    assert rec.reviews(name="c1") == []
 
     # kube-system and our own namespace are excluded by the shipped namespaceSelector,
     # even for objects that carry this test's label (so only the NotIn can be what skips
@@ -305,7 +307,7 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
             await kube.delete(RESOURCE_V1, "resourceclaims", f"e2e-{run}", namespace=excluded)
     # ... while the same create in the test namespace still reaches us.
     await create_claim(kube, ns, claim("after", run))
-    assert {s.webhook for s in rec.reviews(name="after")} == {QUOTA, CHARGE}
+    assert {s.webhook for s in rec.reviews(name="after")} == {QUOTA}
 
     # Objects without this test's label never reach this test's webhooks.
     rec.clear()
@@ -330,7 +332,7 @@ async def test_allocation_webhook_sees_only_the_update_that_sets_allocation(
 ) -> None:  # fmt: skip
     rec, port = recorder
     run = run_id()
-    ns = await make_namespace("admalloc")
+    ns = await make_namespace("admalloc", labels=GOVERNED)
     await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
     await create_claim(kube, ns, claim("alloc", run))
     rec.clear()
@@ -422,12 +424,14 @@ async def test_failure_policies_when_the_webhook_is_down(
     kube: Kube, cluster: ControlPlane, make_namespace: MakeNamespace, cluster_objects: ClusterObjects
 ) -> None:
     run = run_id()
-    ns = await make_namespace("admdown", labels={RUN_LABEL: run})
+    governed = await make_namespace("admdown", labels={RUN_LABEL: run, **GOVERNED})
+    free = await make_namespace("admfree", labels={RUN_LABEL: run})
     cert, key = cluster.webhook_cert
     port = free_ports(1)[0]
     async with serve_recorder(str(cert), str(key), port) as rec:
-        await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, ns)
-        await create_claim(kube, ns, claim("before", run))
+        await apply_webhooks(kube, cluster_objects, cluster, port, run, rec, governed)
+        for ns in (governed, free):
+            await create_claim(kube, ns, claim("before", run))
     # Nothing listens on the port any more: every call fails with "connection refused".
 
     async def fails(call: Awaitable[Any], webhook: str) -> None:
@@ -436,27 +440,39 @@ async def test_failure_policies_when_the_webhook_is_down(
         assert err.value.status == 500, err.value.body
         assert f'failed calling webhook "{webhook}"' in err.value.message, err.value.message
 
-    # Fail: claim CREATE (the mutating webhook is called first), our annotations, the
-    # admin-access label.
-    await fails(create_claim(kube, ns, claim("during", run)), CHARGE)
-    await fails(kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"annotations": {"draquota.io/charge": "x"}}},
-                           namespace=ns), ANNOTATIONS)  # fmt: skip
-    await fails(kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {ADMIN_LABEL: "true"}}}), NAMESPACES)
-    # Ignore: DRA scheduling goes on (the allocation write), and so do deallocation and
-    # deletion; writes none of our webhooks select were never in question.
-    allocated = await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": allocation()}},
-                                 namespace=ns, subresource="status")  # fmt: skip
+    def annotate(ns: str) -> Awaitable[Obj]:
+        return kube.patch(RESOURCE_V1, "resourceclaims", "before",
+                          {"metadata": {"annotations": {"draquota.io/charge": "x"}}}, namespace=ns)
+
+    def allocate(ns: str) -> Awaitable[Obj]:
+        return kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": allocation()}},
+                          namespace=ns, subresource="status")
+
+    # Fail where governed: claim CREATE, the allocation write, our annotations; and the
+    # admin-access label everywhere.
+    await fails(create_claim(kube, governed, claim("during", run)), QUOTA)
+    await fails(allocate(governed), ALLOCATION)
+    await fails(annotate(governed), ANNOTATIONS)
+    await fails(kube.patch("v1", "namespaces", governed, {"metadata": {"labels": {ADMIN_LABEL: "true"}}}), NAMESPACES)
+    # Ignore everywhere else: creates, DRA scheduling (the allocation write), then
+    # deallocation and deletion go on as if dra-quota were not installed.
+    await create_claim(kube, free, claim("during", run))
+    allocated = await allocate(free)
     assert allocated["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
-    await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": None}}, namespace=ns,
+    await annotate(free)
+    await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"status": {"allocation": None}}, namespace=free,
                      subresource="status")  # fmt: skip
-    await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"labels": {"x": "y"}}}, namespace=ns)
-    await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {"team": "a"}}})
-    # Ignore: Pods are created without their warning.
-    await kube.create("v1", "pods", {"kind": "Pod", "metadata": {"name": "gpu", "labels": {RUN_LABEL: run}}, "spec": {
-        "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"example.com/gpu": "1"}}}]}},
-        namespace=ns, dry_run=True)  # fmt: skip
-    await kube.delete(RESOURCE_V1, "resourceclaims", "before", namespace=ns)
-    await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "before", namespace=ns, timeout=30)
+    # Writes none of our webhooks select were never in question, governed or not.
+    for ns in (governed, free):
+        await kube.patch(RESOURCE_V1, "resourceclaims", "before", {"metadata": {"labels": {"x": "y"}}}, namespace=ns)
+        await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {"team": "a"}}})
+        # Ignore: Pods are created without their warning.
+        await kube.create("v1", "pods", {"kind": "Pod", "metadata": {"name": "gpu", "labels": {RUN_LABEL: run}},
+                                         "spec": {"containers": [{"name": "c", "image": "pause", "resources": {
+                                             "limits": {"example.com/gpu": "1"}}}]}},
+                          namespace=ns, dry_run=True)  # fmt: skip
+        await kube.delete(RESOURCE_V1, "resourceclaims", "before", namespace=ns)
+        await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "before", namespace=ns, timeout=30)
 
 
 # -- (c) the namespace label webhook -----------------------------------------------------------

@@ -4,15 +4,16 @@ The process mints its CA and serving certificate into a per-test Secret in
 dra-quota-system, patches the caBundle of the shipped configurations (adapted as in
 test_serve.py, with their caBundle removed so only the process can make them work) and
 serves `dra-quota-webhook.dra-quota-system.svc`, the name the API server verifies.
-Proof that the API server trusts what is served: every claim create comes back with
-the mutating webhook's `draquota.io/charge` annotation (failurePolicy Fail, so a TLS
-failure is a failed create, never a silent skip).
+Proof that the API server trusts what is served: every dry-run claim create that
+carries our `draquota.io/charge` annotation comes back refused with our own message,
+in a namespace a DeviceQuota governs (failurePolicy Fail there, so a TLS failure is a
+"failed calling webhook" error, never a silent skip).
 
 Rotation under load uses validities of seconds (the NotBefore back-dating of an hour
 in certs.authority does not matter): serving certificates live 10 s and are renewed
 7 s ahead, the CA lives 60 s and rolls over 45 s ahead (so once, ~15 s in), and a new
 CA must sit in every caBundle for 2 s before the leaf moves to it. Dry-run creates
-run continuously meanwhile; each one goes through both webhooks and writes nothing.
+run continuously meanwhile; each one goes through the webhook and writes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from .conftest import unique
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll
 from .webhook_recorder import WEBHOOKS
-from .test_serve import ADMISSION, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
+from .test_serve import (ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd,
+                         governed)
 
 __all__ = ["crd"]  # the CRD fixture, shared with test_serve.py
 
@@ -46,6 +48,8 @@ pytestmark = pytest.mark.e2e
 
 NAMESPACE, SERVICE = "dra-quota-system", "dra-quota-webhook"
 CHARGE = "draquota.io/charge"
+# Our webhook's answer to a new claim carrying our annotation: only it can say this.
+OURS = f"annotation {CHARGE} is written by dra-quota once the claim exists"
 ROTATION_FLAGS = ("--cert-check-period", "0.5s", "--ca-trust-delay", "2s", "--ca-validity", "60s",
                   "--ca-renew-before", "45s", "--cert-validity", "10s", "--cert-renew-before", "7s")
 
@@ -96,6 +100,10 @@ async def cert_setup(request: pytest.FixtureRequest, cluster: ControlPlane, kube
                        "--cert-secret", secret, "--webhook-configurations", ",".join(names), *flags)
         with setup.served.log_on_failure():
             await setup.served.start()
+            # A quota, so that the namespace is governed: its webhooks fail closed.
+            await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "all"},
+                                                   "spec": {"hard": {"devices": 100}}}, namespace=namespace)
+            await governed(kube, namespace)
         yield setup
     finally:
         for plural, name in reversed(setup.configs):
@@ -117,11 +125,17 @@ async def _bundles(kube: Kube, setup: CertSetup) -> list[list[x509.Certificate]]
     return out
 
 
-async def _dry_run(kube: Kube, setup: CertSetup) -> Obj:
-    body = {"kind": "ResourceClaim", "metadata": {"name": unique("c")},
+async def _judged(kube: Kube, setup: CertSetup) -> str:
+    """A dry-run claim create only our webhook refuses, and how it ended: "ours" when
+    refused with our message (the API server called us over TLS it verified), else the
+    error (a TLS or connection failure is "failed calling webhook" under Fail)."""
+    body = {"kind": "ResourceClaim", "metadata": {"name": unique("c"), "annotations": {CHARGE: "x"}},
             "spec": claim_spec(exact_request("gpu", setup.fleet.device_class))}
-    created: Obj = await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=setup.namespace, dry_run=True)
-    return created
+    try:
+        await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=setup.namespace, dry_run=True)
+    except ApiError as err:
+        return "ours" if OURS in err.message else str(err)[:300]
+    return "admitted: the webhook was not called"
 
 
 async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kube, cert_setup: CertSetup) -> None:
@@ -135,11 +149,9 @@ async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kub
         assert f"{SERVICE}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
         bundles = await _bundles(kube, setup)
         shipped = sum(len(c["webhooks"]) for c in WEBHOOKS)
-        assert len(bundles) == shipped and all(b == ca for b in bundles), "every webhook of both configurations"
-        # The API server calls both webhooks over TLS it verified: the charge annotation
-        # comes from /mutate, and the create passed /validate (no quota: admitted).
-        claim = await _dry_run(kube, setup)
-        assert CHARGE in claim["metadata"]["annotations"]
+        assert len(bundles) == shipped and all(b == ca for b in bundles), "every webhook of the configuration"
+        # The API server calls the webhook over TLS it verified: our own refusal.
+        assert await _judged(kube, setup) == "ours"
         log = setup.served.log_text()
         assert "PRIVATE KEY" not in log and secret["data"]["tls.key"] not in log
         # The expiry gauges follow what is served: the Secret's leaf, and its one CA.
@@ -157,14 +169,11 @@ async def test_rotation_under_load_fails_no_request(kube: Kube, cert_setup: Cert
 
     async def client() -> None:
         while not stop.is_set():
-            try:
-                claim = await _dry_run(kube, setup)
-                if CHARGE in claim["metadata"].get("annotations", {}):
-                    ok[0] += 1
-                else:
-                    failures.append("created without our charge: the mutating webhook was skipped")
-            except ApiError as err:
-                failures.append(str(err)[:300])
+            outcome = await _judged(kube, setup)
+            if outcome == "ours":
+                ok[0] += 1
+            else:
+                failures.append(outcome)
 
     serials: set[int] = set()
     cas: set[bytes] = set()

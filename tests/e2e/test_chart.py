@@ -46,7 +46,8 @@ from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu
 from .kube import ApiError, Kube, Obj, poll
 from .test_serve import (
-    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, create, denial, exceeded, make_quota,
+    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, annotated, create, denial, exceeded,
+    make_quota,
 )
 from .webhook_recorder import adapted_webhooks
 
@@ -239,13 +240,19 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
         setup = Setup(installed.run, namespace, fleet, served, [])
         await make_quota(kube, setup, "one-gpu", "80Gi")
 
-        first = await create(kube, setup, "first")
-        assert CHARGE in first["metadata"]["annotations"], "the mutating webhook answered through the chart's Service"
-        quota = await kube.get(DQ, "devicequotas", "one-gpu", namespace=namespace)
-        assert first["metadata"]["uid"] in str(quota["status"].get("reservations")), quota["status"]
+        await create(kube, setup, "first")
+        # The leader annotates it with the chart's rights (patch resourceclaims), and labelled
+        # the namespace governed (patch namespaces, allowed by the chart's label policy).
+        assert CHARGE in await annotated(kube, namespace, "first")
         message = await denial(create(kube, setup, "second"))
         assert message == exceeded("one-gpu", used="0", reserved="80Gi", limited="80Gi"), message
-        # The release webhook (claim DELETE) frees the reservation: the same claim now fits.
+
+        async def counted() -> bool:
+            quota = await kube.get(DQ, "devicequotas", "one-gpu", namespace=namespace)
+            return bool((quota.get("status") or {}).get("reserved") == {"memory": "80Gi", "devices": 1})
+
+        await poll(counted, timeout=30, what="the leader to count the claim in status.reserved")
+        # The claim watch's deletion frees the reservation: the same claim now fits.
         await kube.delete(RESOURCE_V1, "resourceclaims", "first", namespace=namespace)
 
         async def admitted() -> bool:

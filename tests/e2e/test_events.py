@@ -30,7 +30,7 @@ from .cluster import ControlPlane, free_ports
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
 from .kube import Kube, Obj, poll
-from .test_serve import DQ, Served, Setup, create, crd, make_quota, running, setup  # noqa: F401 - fixtures
+from .test_serve import DQ, Served, Setup, annotated, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -124,12 +124,13 @@ async def test_an_allocation_above_its_reservation_is_told_once_and_reconciles_a
             held = await served.metrics()
             big_gpus = [v for (name, labels), v in held.items()
                         if name == INVENTORY_DEVICES and dict(labels).get("model") == model]
-            obj = await kube.create(RESOURCE_V1, "resourceclaims", {"kind": "ResourceClaim", "metadata": {
-                "name": "probe"}, "spec": claim_spec(exact_request("gpu", fleet.device_class))}, namespace=ns,
-                dry_run=True)
+            # Priced at the smallest candidate: 8 GPUs ask 8 x 80Gi, within the 1000Gi
+            # (at the largest, 8 x 141Gi, they would not fit).
+            probe = {"kind": "ResourceClaim", "metadata": {"name": "probe"},
+                     "spec": claim_spec(exact_request("gpu", fleet.device_class, count=8))}
+            message = await denial(kube.create(RESOURCE_V1, "resourceclaims", probe, namespace=ns, dry_run=True))
             status = (await kube.get(DQ, "devicequotas", "gpus", namespace=ns)).get("status") or {}
-            return (big_gpus == [2] and "used" in status
-                    and obj["metadata"]["annotations"]["draquota.io/charge"] == EIGHTY_GIB)
+            return big_gpus == [2] and "used" in status and message == ""
 
         await poll(seen, timeout=30, what="the quota, the big node and optimistic pricing in serve's caches")
         await create_claim_template(kube, ns, "one", claim_spec(exact_request("gpu", fleet.device_class)))
@@ -138,7 +139,7 @@ async def test_an_allocation_above_its_reservation_is_told_once_and_reconciles_a
         _, within = await wait_pod_allocated(kube, ns, "within")
         await create_pod(kube, ns, "above", template="one", node_selector={"kubernetes.io/hostname": big})
         _, above = await wait_pod_allocated(kube, ns, "above")
-        assert above["metadata"]["annotations"]["draquota.io/charge"] == EIGHTY_GIB
+        assert (await annotated(kube, ns, above["metadata"]["name"]))["draquota.io/charge"] == EIGHTY_GIB
 
         on_claim = regarding("ResourceClaim", above, RESOURCE_V1)
 
@@ -148,8 +149,7 @@ async def test_an_allocation_above_its_reservation_is_told_once_and_reconciles_a
         (event,) = await poll(told, timeout=30, what="ChargedAboveReservation on the claim")
         assert (event["type"], event["action"], "series" in event) == ("Normal", "Allocate", False)
         assert event["note"] == (f"ResourceClaim {ns}/{above['metadata']['name']}: the allocated devices charge "
-                                 "devices=1,memory=141Gi, more than the devices=1,memory=80Gi recorded at admission "
-                                 "(draquota.io/charge)")
+                                 "devices=1,memory=141Gi, more than the devices=1,memory=80Gi it was admitted at")
         # The claim allocated within its price: nothing. The recorder writes in order, and
         # that allocation was reviewed before the one just seen.
         assert not await events_where(kube, ns, reason="ChargedAboveReservation",

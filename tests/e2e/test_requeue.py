@@ -16,7 +16,7 @@ import pytest
 
 from .driver import RESOURCE_V1, claim_spec, create_claim_template, create_pod, exact_request
 from .kube import Kube, Obj, poll
-from .test_serve import Setup, crd, make_quota, served, setup
+from .test_serve import Setup, annotated, crd, make_quota, served, setup
 
 pytestmark = pytest.mark.e2e
 
@@ -68,5 +68,5 @@ async def test_waiting_pod_gets_its_claim_when_quota_frees(kube: Kube, setup: Se
         took = time.monotonic() - freed_at
         template = await kube.get(RESOURCE_V1, "resourceclaimtemplates", "one-gpu", namespace=namespace)
         assert "draquota.io/requeued-at" in template["metadata"].get("annotations", {})
-        assert claim["metadata"]["annotations"]["draquota.io/quotas"] == "gpus"
+        assert (await annotated(kube, namespace, claim["metadata"]["name"]))["draquota.io/quotas"] == "gpus"
         print(f"\nwaiting Pod's claim created {took:.2f}s after quota freed ({denials()} denials before)")

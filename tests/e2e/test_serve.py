@@ -43,6 +43,8 @@ ADMISSION = "admissionregistration.k8s.io/v1"
 DQ = "draquota.io/v1alpha1"
 RUN_LABEL = "e2e.draquota.io/serve"
 QUOTA_HOOK = "quota.resourceclaims.draquota.io"
+# Its fail-open copy, which answers for namespaces no DeviceQuota governs.
+QUOTA_HOOK_OPEN = "quota-ungoverned.resourceclaims.draquota.io"
 PLURALS = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
            "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
 

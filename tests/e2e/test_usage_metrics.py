@@ -127,7 +127,7 @@ async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  #
 
 def charge(claim: Obj) -> dict[str, int]:
     annotations = claim["metadata"].get("annotations") or {}
-    assert CHARGE in annotations, f"claim {claim['metadata']['name']} was not priced by the webhook"
+    assert CHARGE in annotations, f"claim {claim['metadata']['name']} was not annotated by the leader"
     parsed: dict[str, int] = json.loads(annotations[CHARGE])
     return parsed
 
@@ -206,6 +206,8 @@ async def converge(kube: Kube, world: World, what: str) -> list[Obj]:
     async def agrees() -> bool:
         claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=world.namespace)
         last["claims"] = claims
+        if any(CHARGE not in (c["metadata"].get("annotations") or {}) for c in claims):
+            return False  # the leader annotates each claim once it exists: not yet
         last["want"] = expected(world, claims)
         last["got"] = shown(world, await world.served.metrics())
         return bool(last["got"] == last["want"])

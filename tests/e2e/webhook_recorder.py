@@ -1,10 +1,8 @@
 """A loopback admission webhook that records which requests the API server sends it.
 
-Used by test_admission_config.py to prove what the shipped webhook configurations
-(deploy/manifests/webhooks.yaml) select on the real API server. It allows everything;
-on ``/mutate`` it answers with the JSON patch our mutating webhook would send (the two
-``draquota.io/*`` annotations, replacing what the user wrote), so the test also sees the
-mutation land. The test rewrites each webhook's ``clientConfig.service.path`` to
+Used by test_admission_config.py to prove what the shipped webhook configuration
+(deploy/manifests/webhooks.yaml) selects on the real API server. It allows everything.
+The test rewrites each webhook's ``clientConfig.service.path`` to
 ``<shipped path>/<webhook name>`` so every recorded review says which webhook it came from.
 
 Also :func:`adapted_webhooks` (devcluster.webhooks, shared with `dra-quota demo`): the shipped
@@ -14,8 +12,6 @@ and :func:`impersonated`: one API request as another user through the admin clie
 
 from __future__ import annotations
 
-import base64
-import json
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -29,10 +25,6 @@ from devcluster.webhooks import WEBHOOKS, adapted_webhooks
 __all__ = ["WEBHOOKS", "Recorder", "Seen", "adapted_webhooks", "impersonated", "serve_recorder"]
 
 from .kube import MERGE_PATCH, Kube, Obj
-
-CHARGE = {"memory": 0, "devices": 1}
-QUOTAS = "e2e-recorder"
-
 
 @dataclass(frozen=True)
 class Seen:
@@ -84,29 +76,15 @@ class Recorder:
         )
         self.seen.append(seen)
         response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
-        if seen.path == "/mutate":
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(_charge_patch(seen.object)).encode()).decode()
         return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
-
-
-def _charge_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ours = {"draquota.io/charge": json.dumps(CHARGE, separators=(",", ":")), "draquota.io/quotas": QUOTAS}
-    annotations = (obj.get("metadata") or {}).get("annotations")
-    if not annotations:
-        return [{"op": "add", "path": "/metadata/annotations", "value": ours}]
-    # "add" on an existing member replaces it (RFC 6902 4.1); "/" in keys is "~1".
-    return [{"op": "add", "path": "/metadata/annotations/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
-            for k, v in ours.items()]
 
 
 @asynccontextmanager
 async def serve_recorder(cert_file: str, key_file: str, port: int) -> AsyncIterator[Recorder]:
-    """HTTPS on 127.0.0.1:<port> with the test webhook certificate; any path under /validate and /mutate."""
+    """HTTPS on 127.0.0.1:<port> with the test webhook certificate; any path under /validate."""
     recorder = Recorder()
     app = web.Application()
     app.router.add_post("/validate/{hook}", recorder.handle)
-    app.router.add_post("/mutate/{hook}", recorder.handle)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert_file, key_file)
     runner = web.AppRunner(app)

@@ -25,12 +25,10 @@ RECORDED = '{"memory": 85899345920, "devices": 1}'  # 80Gi, one device
         (RECORDED, Charge(80 * GiB, 1), ""),
         (RECORDED, Charge(40 * GiB, 1), ""),  # less is never worth an Event
         (RECORDED, Charge(141 * GiB, 1), "ResourceClaim team-a/c1: the allocated devices charge devices=1,"
-                                         "memory=141Gi, more than the devices=1,memory=80Gi recorded at admission "
-                                         "(draquota.io/charge)"),
+                                         "memory=141Gi, more than the devices=1,memory=80Gi it was admitted at"),
         # more devices, less memory: above in one dimension is above
         (RECORDED, Charge(60 * GiB, 2), "ResourceClaim team-a/c1: the allocated devices charge devices=2,"
-                                        "memory=60Gi, more than the devices=1,memory=80Gi recorded at admission "
-                                        "(draquota.io/charge)"),
+                                        "memory=60Gi, more than the devices=1,memory=80Gi it was admitted at"),
         (None, Charge(141 * GiB, 1), ""),  # nothing recorded: nothing to compare with
         ("not json", Charge(141 * GiB, 1), ""),
     ],

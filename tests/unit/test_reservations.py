@@ -25,12 +25,16 @@ class Seen:
     """What one replica's caches know (`quota.reservations.Caches`), as plain tables."""
 
     claims: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion held at
+    unrecorded: frozenset[str] = frozenset()  # held, but without the charge annotation yet
     deleted: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion of its deletion
     workloads: frozenset[str] = frozenset()  # Workloads the ledger holds
     finished: frozenset[str] = frozenset()
 
     def claim_version(self, uid: str) -> int | None:
         return self.claims.get(uid)
+
+    def claim_recorded(self, uid: str) -> int | None:
+        return None if uid in self.unrecorded else self.claims.get(uid)
 
     def claim_gone(self, uid: str) -> int | None:
         return self.deleted.get(uid)
@@ -81,6 +85,11 @@ def test_a_seen_claim_leaves_the_record_and_raises_the_watermark() -> None:
     assert sorted(out.record.held) == ["b"] and out.record.through == 42
     # Never lowered by a writer that saw less.
     assert settle(held(("a", 200.0), through=50), seen, now=100.0).through == 50
+    # Seen without the charge it was admitted at recorded on it: kept (the one record of
+    # that charge), but counted once, by the cache.
+    unrecorded = Seen(claims={"a": 42}, unrecorded=frozenset({"a"}))
+    record = held(("a", 200.0), through=17)
+    assert settle(record, unrecorded, now=100.0) is record and in_flight(record, unrecorded) == Charge()
     # Unseen, the entry counts: no room for "b".
     assert run([reserve("b")], held(("a", 200.0)), usage=usage) == ([False], ["a"], False)
 
@@ -146,7 +155,7 @@ class World:
 
     version: int = 0
     record: Record = field(default_factory=Record)
-    log: list[tuple[str, str]] = field(default_factory=list)  # (ADDED | DELETED, uid)
+    log: list[tuple[str, str]] = field(default_factory=list)  # (ADDED | RECORDED | DELETED, uid)
     charges: dict[str, Charge] = field(default_factory=dict)
     in_flight: list[tuple[str, float, bool]] = field(default_factory=list)  # admitted creates: uid, at, persists
     now: float = 0.0
@@ -155,19 +164,28 @@ class World:
     def seen(self, replica: Replica) -> Seen:
         claims: dict[str, int] = {}
         deleted: dict[str, int] = {}
+        recorded: set[str] = set()
         for position, (kind, uid) in enumerate(self.log[: replica.watched], start=1):
-            if kind == "ADDED":
-                claims[uid] = position
-            else:
+            if kind == "DELETED":
                 claims.pop(uid, None)
                 deleted[uid] = position
-        return Seen(claims, deleted)
+            else:  # ADDED, or RECORDED: the leader wrote the charge annotation (a MODIFIED)
+                claims[uid] = position
+                if kind == "RECORDED":
+                    recorded.add(uid)
+        return Seen(claims=claims, deleted=deleted, unrecorded=frozenset(set(claims) - recorded))
+
+    def alive(self) -> list[str]:
+        claims: dict[str, None] = {}
+        for kind, uid in self.log:
+            if kind == "DELETED":
+                claims.pop(uid, None)
+            else:
+                claims[uid] = None
+        return list(claims)
 
     def live(self) -> Charge:
-        claims: set[str] = set()
-        for kind, uid in self.log:
-            (claims.add if kind == "ADDED" else claims.discard)(uid)
-        return sum((self.charges[u] for u in claims), Charge())
+        return sum((self.charges[u] for u in self.alive()), Charge())
 
     def persist(self, uid: str) -> None:
         self.log.append(("ADDED", uid))
@@ -183,6 +201,7 @@ action = st.one_of(
     st.tuples(st.just("watch"), replica, st.integers(1, 4)),
     st.tuples(st.just("persist"),),
     st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("annotate"), st.integers(0, 50)),  # the leader records a claim's charge
     st.tuples(st.just("tick"), st.floats(1.0, 80.0)),
 )
 
@@ -222,9 +241,13 @@ def _step(world: World, act: tuple[object, ...], counter: list[int]) -> None:
             if persists:
                 world.persist(uid)
     elif kind == "delete":
-        alive = [u for k, u in world.log if k == "ADDED" and ("DELETED", u) not in world.log]
+        alive = world.alive()
         if alive:
             world.log.append(("DELETED", alive[int(act[1]) % len(alive)]))  # type: ignore[call-overload]
+    elif kind == "annotate":
+        bare = [u for u in world.alive() if ("RECORDED", u) not in world.log]
+        if bare:
+            world.log.append(("RECORDED", bare[int(act[1]) % len(bare)]))  # type: ignore[call-overload]
     elif kind == "tick":
         world.now += float(act[1])  # type: ignore[arg-type]
         # The protocol's assumption: a create ends, and every watch delivers its claim,
@@ -239,20 +262,20 @@ def _step(world: World, act: tuple[object, ...], counter: list[int]) -> None:
     elif kind == "settle":
         _write(world, world.replicas[int(act[1])], [], bool(act[2]))  # type: ignore[call-overload]
     else:
-        _, r, size, persists, use_stale = act
+        _, who, size, persisting, use_stale = act
         counter[0] += 1
         uid = f"u{counter[0]}"
         world.charges[uid] = SIZES[int(size)]  # type: ignore[call-overload]
-        decided = _write(world, world.replicas[int(r)], [reserve(uid, world.charges[uid])], bool(use_stale))  # type: ignore[call-overload]
-        if decided == [True]:
-            world.in_flight.append((uid, world.now, bool(persists)))
+        writer = world.replicas[int(who)]  # type: ignore[call-overload]
+        if _write(world, writer, [reserve(uid, world.charges[uid])], bool(use_stale)) == [True]:
+            world.in_flight.append((uid, world.now, bool(persisting)))
 
 
 @settings(max_examples=800, deadline=None)
 @given(st.lists(action, min_size=8, max_size=60))
 # Why the watermark: replica 0 sees u1 and drops its entry; replica 1, whose watch has not
 # delivered u1, must not decide before it has (else it counts u1 nowhere).
-@example([("admit", 0, 0, True, False), ("persist",), ("watch", 0, 1), ("settle", 0, False),
+@example([("admit", 0, 0, True, False), ("persist",), ("annotate", 0), ("watch", 0, 2), ("settle", 0, False),
           ("admit", 1, 0, True, False), ("admit", 1, 0, True, False)])
 def test_no_interleaving_of_replicas_over_commits(actions: list[tuple[object, ...]]) -> None:
     world, counter = World(), [0]
@@ -265,10 +288,14 @@ def test_no_interleaving_of_replicas_over_commits(actions: list[tuple[object, ..
 @settings(max_examples=300, deadline=None)
 @given(st.lists(action, min_size=8, max_size=60))
 def test_the_record_holds_only_admissions_in_flight(actions: list[tuple[object, ...]]) -> None:
-    """Once every watch caught up and any writer wrote, no entry of a seen claim is left."""
+    """Once every claim carries its charge, every watch caught up and any writer wrote, no
+    entry of a created claim is left."""
     world, counter = World(), [0]
     for act in actions:
         _step(world, act, counter)
+    for uid in world.alive():
+        if ("RECORDED", uid) not in world.log:
+            world.log.append(("RECORDED", uid))
     for r in world.replicas:
         r.watched = len(world.log)
     _write(world, world.replicas[0], [], False)

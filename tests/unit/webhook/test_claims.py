@@ -232,7 +232,9 @@ EXCEEDED = ("the allocated devices charge more than the claim reserved (requeste
         (("node-2", "gpu-0"), "enforce", Verdict(False, EXCEEDED, cause="quota", quotas=("gpus",)), Charge(),
          Charge(160 * GiB, 2)),
         (("node-2", "gpu-0"), "account-only", Verdict(True, warnings=(
-            f"{EXCEEDED} (allocation check: account-only, admitted)",), cause="quota", quotas=("gpus",)),
+            f"{EXCEEDED} (allocation check: account-only, admitted)",), cause="quota", quotas=("gpus",),
+            charged_above="ResourceClaim team-a/train-gpu-x7k2q: the allocated devices charge devices=1,memory=141Gi, "
+                          "more than the devices=1,memory=80Gi it was admitted at"),
          Charge(141 * GiB, 1), Charge(80 * GiB, 1)),
     ],
 )
@@ -353,16 +355,22 @@ def test_admin_access_templates_follow_the_allowlist_too() -> None:
     ("old", "new", "expected"),
     [
         ({"draquota.io/charge": '{"memory":85899345920,"devices":1}'}, {"draquota.io/charge": '{"memory":0,"devices":1}'},
-         Verdict(False, "annotation draquota.io/charge is written by dra-quota at creation and may not be changed "
+         Verdict(False, "annotation draquota.io/charge is written by dra-quota once the claim exists and may not be changed "
                         "(was '{\"memory\":85899345920,\"devices\":1}', now '{\"memory\":0,\"devices\":1}')",
                  cause="annotations")),
         ({"draquota.io/quotas": "gpus"}, {},
-         Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
+         Verdict(False, "annotation draquota.io/quotas is written by dra-quota once the claim exists and may not be changed "
                         "(was 'gpus', now None)", cause="annotations")),
         ({}, {"draquota.io/quotas": ""},
-         Verdict(False, "annotation draquota.io/quotas is written by dra-quota at creation and may not be changed "
+         Verdict(False, "annotation draquota.io/quotas is written by dra-quota once the claim exists and may not be changed "
                         "(was None, now '')", cause="annotations")),
         ({"draquota.io/quotas": "gpus"}, {"draquota.io/quotas": "gpus", "team": "ml"}, Verdict(True)),
+        # Added once, by anyone, but only with what dra-quota writes (the leader's write).
+        ({}, {"draquota.io/charge": '{"memory":85899345920,"devices":1}', "draquota.io/quotas": "gpus"},
+         Verdict(True)),
+        ({}, {"draquota.io/charge": '{"memory":1,"devices":1}', "draquota.io/quotas": "gpus"},
+         Verdict(False, "annotation draquota.io/charge is written by dra-quota once the claim exists and may not be "
+                        "changed (was None, now '{\"memory\":1,\"devices\":1}')", cause="annotations")),
     ],
 )
 def test_our_annotations_may_not_change(old: dict[str, str], new: dict[str, str], expected: Verdict) -> None:
@@ -512,7 +520,7 @@ def annotated(obj: dict[str, Any], memory: int, devices: int) -> dict[str, Any]:
 
 
 ABOVE = ("ResourceClaim team-a/train-gpu-x7k2q: the allocated devices charge devices=1,memory=141Gi, more than "
-         "the devices=1,memory=80Gi recorded at admission (draquota.io/charge)")
+         "the devices=1,memory=80Gi it was admitted at")
 EXCEEDED_100 = ("the allocated devices charge more than the claim reserved (requested: the excess): "
                 'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=80Gi, '
                 "limited memory=100Gi")
@@ -549,10 +557,17 @@ def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
         assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
-def test_an_allocation_of_a_claim_without_a_recorded_charge_has_nothing_to_compare() -> None:
+def test_an_allocation_before_the_leader_annotated_the_claim_is_compared_with_its_reservation() -> None:
     ctx = context(make_quota("gpus", memory="400Gi"))
-    claim = stored(gpu_claim())  # not annotated yet (or created before the install)
+    claim = stored(gpu_claim())  # not annotated yet: the ledger's reservation says what was admitted
     assert create_claim(ctx, review_request(claim)).allowed
+    assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(
+        True, charged_above=ABOVE)
+
+
+def test_an_allocation_of_a_claim_nobody_priced_has_nothing_to_compare() -> None:
+    ctx = context(make_quota("gpus", memory="400Gi"))
+    claim = stored(gpu_claim())  # created before the install: no reservation, no annotation
     assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
