@@ -25,6 +25,7 @@ from .driver import GpuFleet, create_fleet
 from .kube import Kube, Obj
 from .kueue import Kueue, KueueError
 from .kueue import build as build_kueue
+from .timings import summary, write_if_asked
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -196,6 +197,14 @@ def pytest_runtest_makereport(
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    figures = summary()
+    if figures:
+        terminalreporter.section("durations measured, not asserted (tests/e2e/timings.py)")
+        for line in figures:
+            terminalreporter.write_line(line)
+        written = write_if_asked()
+        if written is not None:
+            terminalreporter.write_line(f"written to {written}")
     cp = _control_plane
     if cp is None or not cp.startup_seconds:
         return
