@@ -23,6 +23,8 @@ import pytest_asyncio
 from .cluster import ControlPlane, ControlPlaneError, build
 from .driver import GpuFleet, create_fleet
 from .kube import Kube, Obj
+from .kubectl import Kubectl, KubectlError
+from .kubectl import build as build_kubectl
 from .kueue import Kueue, KueueError
 from .kueue import build as build_kueue
 from .timings import summary, write_if_asked
@@ -88,6 +90,20 @@ async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
     """Admin (system:masters) client for the control plane; plain-dict API, see kube.py."""
     async with cluster.client() as k:
         yield k
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    """The real kubectl (tests/e2e/kubectl.py) with the admin kubeconfig; failing to build it
+    is an ERROR of the tests that ask, never a skip."""
+    problem = None
+    try:
+        binary = build_kubectl()
+    except KubectlError as e:
+        problem = f"cannot build kubectl:\n{e}"
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return Kubectl(binary, cluster.kubeconfig, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
