@@ -2,7 +2,8 @@
 # Build the Dockerfile for real with buildah (Debian's package: no daemon, rootful here,
 # vfs storage, chroot isolation) and smoke-test the image: `dra-quota --version` and
 # `dra-quota serve --help` run inside it as the chart runs it (user 65532). Prints the
-# image's size. Not part of .ci/run: about 2-3 minutes and a few hundred MB of storage.
+# image's size. Not part of .ci/run: 2 minutes with a base at hand, 8 1/2 cold with the
+# stand-in base below (load average 10 on 2 cores), and about 0.7 GB under .cache/image.
 #
 #   bash tests/tools/build-image.sh             # tag localhost/dra-quota:dev
 #
