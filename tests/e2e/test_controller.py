@@ -332,8 +332,8 @@ async def test_one_leader_a_fast_hand_over_on_sigterm_and_a_take_over_after_sigk
         record("hand-over after SIGTERM", hand_over, target=LEASE_DURATION / 2)
 
         # The old leader comes back as a candidate and must not take the Lease from a
-        # live leader; SIGKILL of the leader (no release) hands over within the lease
-        # duration plus one retry.
+        # live leader; SIGKILL of the leader (no release) hands over once the lease
+        # duration has passed (how long after: recorded).
         await replicas[first].start()
         await poll(lambda: holder(kube, lease_namespace, name), timeout=5, what="the Lease still held")
         assert await holder(kube, lease_namespace, name) == other
