@@ -119,7 +119,7 @@ class ServeOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     certificates: SelfManaged | None = None
-    kubeconfig: str | None = None  # None: in-cluster service account
+    kubeconfig: str | None = None  # None: $KUBECONFIG, in-cluster, ~/.kube/config (quota.credentials)
     bind_address: str = "0.0.0.0"
     port: int = 8443
     # The adminAccess allowlist: a file polled every policy_poll_seconds, or a ConfigMap
@@ -322,9 +322,10 @@ async def serve(options: ServeOptions) -> int:
         except (OSError, ValueError) as err:
             raise ServeError(f"cannot load the serving certificate: {err}") from None
     try:
-        api = await KubeApi.from_kubeconfig(options.kubeconfig) if options.kubeconfig else KubeApi.in_cluster()
+        api = await KubeApi.connect(options.kubeconfig)
     except (ConfigException, OSError, ValueError) as err:
         raise ServeError(f"cannot reach the cluster: {err}") from None
+    log.info("API server %s, credentials: %s", api.server, api.credentials.describe() if api.credentials else "?")
     manager: CertificateManager | None = None
     certificates: Coroutine[Any, Any, None] | None = None
     if not options.webhook:
