@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from webhook.serve import LeaderElection
 
 EXIT_OK = 0
-EXIT_CLUSTER = 1
+EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
+EXIT_DENIED = 1  # check --fail-on-deny: an object was denied
 EXIT_INPUT = 2
 _MAX_PEM_BYTES = 1024 * 1024
 # Every command finds the cluster the same way (quota.credentials).
@@ -82,7 +83,8 @@ def _add_check(sub: _Subparsers) -> None:
         description=(
             "Load DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas, ResourceClaims and "
             "ResourceClaimTemplates from files or folders and run the webhook's admission and "
-            "accounting code over them. Exit 0 when it ran, 2 on unreadable input."
+            "accounting code over them. Exit 0 when it ran (1 with --fail-on-deny when an object is "
+            "denied), 2 on unreadable input."
         ),
     )
     check.add_argument("-f", "--filename", dest="paths", action="extend", nargs="+", required=True,
@@ -90,6 +92,9 @@ def _add_check(sub: _Subparsers) -> None:
     check.add_argument("-o", "--output", choices=("table", "json"), default="table")
     check.add_argument("--mode", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
+    check.add_argument("--fail-on-deny", action="store_true",
+                       help="exit 1 when any claim or template is denied (for CI gates; the report is printed "
+                            "either way; unreadable input stays 2)")
     check.set_defaults(run=_run_check)
 
 
@@ -320,6 +325,10 @@ def _run_check(args: argparse.Namespace) -> int:
         print(report.dumps())
     else:
         render_table(report, sys.stdout)
+    if args.fail_on_deny and (denied := sum(not o.allowed for o in report.objects)):
+        print(f"error: {denied} of {len(report.objects)} claims and templates denied (--fail-on-deny)",
+              file=sys.stderr)
+        return EXIT_DENIED
     return EXIT_OK
 
 
@@ -335,7 +344,7 @@ def render_table(report: Report, out: TextIO) -> None:
     rows: list[tuple[str, ...]] = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
     for obj in report.objects:
         decision = "allocated" if obj.allocated else ("allowed" if obj.allowed else "DENIED")
-        details = [obj.reason] if obj.reason else []
+        details = [obj.reason or obj.unlimited] if obj.reason or obj.unlimited else []
         details.extend(f"warning: {w}" for w in obj.warnings)
         rows.append((obj.kind, obj.namespace, obj.name, decision, *_charge(obj.charge), "; ".join(details)))
     print_rows(rows, out)
@@ -405,10 +414,11 @@ def _run_top(args: argparse.Namespace) -> int:
 
 
 async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from quota.devicequota import GROUP, PLURAL, VERSION
     from quota.kubeapi import KubeApi, Resource
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
-        return (await api.list(Resource("draquota.io/v1alpha1", "devicequotas"), namespace=args.namespace)).items
+        return (await api.list(Resource(f"{GROUP}/{VERSION}", PLURAL), namespace=args.namespace)).items
 
 
 def _cluster_error(err: Exception) -> str:
@@ -460,7 +470,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             print(f"error: {for_terminal(str(demo.EXAMPLES))} not found: run from a source checkout",
                   file=sys.stderr)
             return EXIT_INPUT
-        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative"))
+        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative",
+                                             fail_on_deny=False))
     except demo.DemoError as err:
         for line in str(err).splitlines():
             print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Neighbours: `quota.check` runs admission over the `Document`s this package yields;
 `quota.cli` maps `CheckInputError` to exit code 2. Nothing here knows about kinds beyond
-`kind: List` expansion: parsing objects is the parsers' job (`quota.slices`,
+List expansion (`kind: List` and typed Lists, `lists`): parsing objects is the parsers' job (`quota.slices`,
 `quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded reads),
 `jsondocs` and `yamldocs` (decoding, bounded), `limits` (the bounds and why).
 
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from quota.loader import lists
 from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents, value_count_within_bound
 from quota.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.loader.sources import Source, SourceError, read_sources
@@ -156,9 +157,11 @@ def _json_else_yaml(values: Iterator[_Value], text: str) -> Iterator[_Value]:
 
 
 def _expand(obj: Any) -> Iterator[Any]:
+    """A List the decoders did not stream (a JSON typed List whose apiVersion came last)."""
     if obj is None:
         return
-    if isinstance(obj, Mapping) and obj.get("kind") == "List" and isinstance(obj.get("items"), list):
-        yield from obj["items"]
+    kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    if lists.is_list_kind(kind) and isinstance(obj, Mapping) and isinstance(obj.get("items"), list):
+        yield from (lists.item(value, kind, obj.get("apiVersion")) for value in obj["items"])
     else:
         yield obj
