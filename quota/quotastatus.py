@@ -100,16 +100,13 @@ def _amounts(charge: Charge) -> dict[str, Any]:
 
 
 def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:
-    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and _get(total, r) > limit]
+    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and total.amount(r) > limit]
     if not over:
         return _condition("Exceeded", False, "WithinHard", "used + reserved is within hard", generation)
-    message = "; ".join(f"used + reserved {format_resource(r, _get(total, r))} is above hard "
+    message = "; ".join(f"used + reserved {format_resource(r, total.amount(r))} is above hard "
                         f"{format_resource(r, quota.hard.get(r) or 0)}" for r in over)
     return _condition("Exceeded", True, "AboveHard", message, generation)
 
-
-def _get(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> dict[str, Any]:

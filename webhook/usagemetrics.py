@@ -53,9 +53,6 @@ DEVICE_INFO_LABELS = ("namespace", "claim", "pod", "driver", "pool", "device", "
 _RESOURCES = ("memory", "devices")
 
 
-def _amount(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
-
 
 @dataclass(eq=False)
 class UsageMetrics:
@@ -113,8 +110,8 @@ class UsageMetrics:
                 limit = quota.hard.get(resource)
                 if limit is not None:
                     family.add_metric([*labels, "hard"], limit)
-                family.add_metric([*labels, "used"], _amount(usage.used, resource))
-                family.add_metric([*labels, "reserved"], _amount(reserved, resource))
+                family.add_metric([*labels, "used"], usage.used.amount(resource))
+                family.add_metric([*labels, "reserved"], reserved.amount(resource))
         return family
 
     def _workloads_family(self) -> Metric:
@@ -126,7 +123,7 @@ class UsageMetrics:
         for quota in self.ledger.quotas():
             held = self.ledger.usage(quota.namespace, quota.name).workloads
             for resource in _RESOURCES:
-                family.add_metric([quota.namespace, quota.name, resource], _amount(held, resource))
+                family.add_metric([quota.namespace, quota.name, resource], held.amount(resource))
         return family
 
     def _namespace_family(self) -> Metric:
@@ -143,7 +140,7 @@ class UsageMetrics:
                 cached = self._namespaces[namespace] = (generation, [(c, s, v) for (c, s), v in sorted(usage.items())])
             for device_class, state, charge in cached[1]:
                 for resource in _RESOURCES:
-                    family.add_metric([namespace, device_class, resource, state], _amount(charge, resource))
+                    family.add_metric([namespace, device_class, resource, state], charge.amount(resource))
         return family
 
     def _model_families(self, index: ModelIndex, held: HeldCounts) -> list[Metric]:
