@@ -273,7 +273,8 @@ class KubeApi:
     ) -> Obj:
         """One round trip to `path`; the decoded JSON object, or `ApiError`.
 
-        `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`).
+        `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`); an
+        `Accept` among them replaces the default `application/json`.
         `warnings`, when given, receives the text of each `Warning` response header
         (admission webhooks' warnings, deprecations: what kubectl prints as "Warning:").
         """
@@ -305,7 +306,10 @@ class KubeApi:
         sent = CIMultiDict(await self._headers(content_type if data is not None else None))
         sent["Accept"] = accept
         for name, value in headers:
-            sent.add(name, value)
+            if name.lower() == "accept":
+                sent[name] = value  # replaces the default (a Table, `as=Table;g=meta.k8s.io;v=v1`)
+            else:
+                sent.add(name, value)
         async with self._http().request(
             method,
             self.server + path,
