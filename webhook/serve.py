@@ -59,7 +59,7 @@ from quota.inventory import Inventory
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.leases import Timing
 from quota.ledger import Ledger
-from quota.model import DeviceClass, DeviceClassName, Mode
+from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
@@ -463,6 +463,10 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, m
     exports the usage metrics, so a sum over replicas never counts twice).
     """
     metrics = Metrics()
+    ledger = caches.admitter.ledger
+    metrics.namespace.has_quota = lambda namespace: bool(ledger.quotas(Namespace(namespace)))
+    if caches.allocations is not None:
+        caches.allocations.allocated = metrics.allocated
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
