@@ -91,7 +91,6 @@ def charged_above(claim: Claim, exact: Charge) -> str:
             f"the {fmt(recorded)} recorded at admission ({CHARGE_ANNOTATION})")
 
 
-
 def claim_ref(claim: Claim) -> ClaimRef:
     """The ledger key of a parsed claim (see `object_ref`)."""
     return object_ref(uid=claim.uid, namespace=claim.namespace, name=claim.name)

@@ -222,9 +222,9 @@ def _result(kind: str, namespace: str, name: str, admission: Admission, ledger: 
 
 def _unlimited(namespace: str, admission: Admission, ledger: Ledger) -> str:
     """Why an admitted object counts against no DeviceQuota ("" when one charges it)."""
-    quotas = ledger.quotas(Namespace(namespace))
     if not admission.allowed or admission.charge.is_zero():
         return ""
+    quotas = ledger.quotas(Namespace(namespace))
     if not quotas:
         return f"no DeviceQuota in namespace {namespace}: no quota applies"
     if not any(admission.pricing.in_scope(q.device_classes) for q in quotas):

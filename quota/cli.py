@@ -2,7 +2,9 @@
 
 Neighbours: `quota.check` does the work of `check`, `webhook.serve` of `serve`,
 `certs.commands` of `certs`. This module parses flags, renders
-tables and maps failures to exit codes: 0 when it ran, 2 on unreadable input.
+tables and maps failures to exit codes: 0 when it ran; 1 when the cluster could not be
+read (`top`, `demo`) or, with `check --fail-on-deny`, when an object was denied; 2 on
+unreadable input.
 
 Start-up: every command starts at once (issue 16.6). This module imports only the
 standard library at the top; each subcommand imports what it needs when it runs, and

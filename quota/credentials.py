@@ -10,8 +10,8 @@ The order, first that applies:
 2. `$KUBECONFIG`: a colon-separated list; the files that exist are merged as kubectl
    merges them (client-go clientcmd loader.go: empty and missing entries skipped; for
    clusters, users and contexts the first file to define a name wins; the first file
-   to set `current-context` chooses it). A list naming no existing file is an error,
-   as it is for kubectl: ~/.kube/config is not read then;
+   to set `current-context` chooses it). A list naming no existing file is an error
+   outside a Pod, as it is for kubectl: ~/.kube/config is not read then;
 3. in a Pod (`KUBERNETES_SERVICE_HOST` and `_PORT` set): its service account (unless
    a `--context` is asked for: only a kubeconfig has contexts);
 4. `~/.kube/config`.
@@ -66,14 +66,14 @@ def resolve(kubeconfig: str | None = None, *, context: str | None = None,
             raise CredentialsError(f"--kubeconfig {kubeconfig}: no such file")
         return _kubeconfig((path,), context, "--kubeconfig")
     listed = env.get("KUBECONFIG", "")
-    if listed:
-        files = tuple(dict.fromkeys(p for entry in listed.split(os.pathsep)
-                                    if entry and os.path.isfile(p := os.path.expanduser(entry))))
-        if not files:
-            raise CredentialsError(f"$KUBECONFIG={listed}: none of these files exists")
+    files = tuple(dict.fromkeys(p for entry in listed.split(os.pathsep)
+                                if entry and os.path.isfile(p := os.path.expanduser(entry))))
+    if files:
         return _kubeconfig(files, context, "$KUBECONFIG")
     if env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT") and context is None:
         return Credentials("in-cluster", source="in-cluster")
+    if listed:
+        raise CredentialsError(f"$KUBECONFIG={listed}: none of these files exists")
     default = (home or Path.home()) / ".kube" / "config"
     if default.is_file():
         return _kubeconfig((str(default),), context, "~/.kube/config")

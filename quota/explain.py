@@ -1,6 +1,6 @@
 """Why a claim costs what it costs: the note a quota denial carries after its numbers.
 
-Neighbours: `quota.admission.Admitter.explain` calls `conservative_note` for the quotas
+Neighbours: `quota.admission.Admitter.explained` calls `conservative_note` for the quotas
 that denied a claim (the webhook's claim paths and `check` append it to the denial);
 `quota.pricing` prices the claim in both modes; `quota.devicequota` wrote the denial's
 in-tree prefix (`exceeded DeviceQuota "gpus": requested memory=141Gi, used ..., reserved
@@ -55,4 +55,3 @@ def _request(high: PricedRequest, low: PricedRequest, limited: Sequence[str]) ->
     smallest = ",".join(format_resource(r, low.charge.amount(r)) for r in cheaper)
     return (f"request {high.name} may get any of the {high.candidates} devices that match it and is charged as "
             f"if it got the largest: {charged} (the smallest: {smallest})")
-

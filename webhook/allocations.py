@@ -48,8 +48,7 @@ FIELD_MANAGER = "dra-quota"
 
 class AllocationRecorder:
     def __init__(self, api: KubeApi, pricer: Callable[[], Pricer], *, leading: Callable[[], bool],
-                 concurrency: int = 4, backoff: float = 1.0, attempts: int = 5,
-                 clock: Callable[[], float] = time.time) -> None:
+                 concurrency: int = 4, backoff: float = 1.0, attempts: int = 5) -> None:
         self._api = api
         self._pricer = pricer  # the caches' current Pricer (its inventory moves)
         self._leading = leading
@@ -62,7 +61,6 @@ class AllocationRecorder:
         # delivered after the write must not count the claim twice.
         self._observed: set[str] = set()
         self._failures: dict[str, int] = {}
-        self._clock = clock
         # Told (namespace, seconds from creation to allocation) once per recorded claim.
         self.allocated: Callable[[str, float], None] = lambda _namespace, _seconds: None
         self._wake = asyncio.Event()
@@ -78,7 +76,7 @@ class AllocationRecorder:
             self._forget(claim.uid)
             return
         self._pending[claim.uid] = claim
-        self._seen_at.setdefault(claim.uid, self._clock())
+        self._seen_at.setdefault(claim.uid, time.time())
         self._wake.set()
 
     def gone(self, uid: str) -> None:

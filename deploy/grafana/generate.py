@@ -291,6 +291,8 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
 def _table(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     """Instant queries merged on their labels; each value column named after its query."""
     names = {f"Value #{chr(ord('A') + i)}": q.column for i, q in enumerate(panel.queries)}
+    if len(panel.queries) == 1:
+        names["Value"] = panel.queries[0].column  # Grafana names a lone query's column so
     return {
         "id": pid, "type": "table", "title": panel.title, "description": panel.description,
         "datasource": DATASOURCE, "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},

@@ -2,9 +2,10 @@
 
 Neighbours: `quota.check` runs admission over the `Document`s this package yields;
 `quota.cli` maps `CheckInputError` to exit code 2. Nothing here knows about kinds beyond
-List expansion (`kind: List` and typed Lists, `lists`): parsing objects is the parsers' job (`quota.slices`,
-`quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded reads),
-`jsondocs` and `yamldocs` (decoding, bounded), `limits` (the bounds and why).
+List expansion (`kind: List` and typed Lists): parsing objects is the parsers' job
+(`quota.slices`, `quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded
+reads), `jsondocs` and `yamldocs` (decoding, bounded), `lists` (List items), `limits`
+(the bounds and why).
 
 JSON or YAML: a file named `*.json`, or any input whose first character (after a
 byte-order mark and whitespace) is `{` or `[`, goes through the stdlib's C JSON

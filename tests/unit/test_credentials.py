@@ -61,8 +61,11 @@ def test_kubeconfig_lists_skip_missing_files_and_the_first_current_context_wins(
 
 def test_a_kubeconfig_list_naming_no_file_is_an_error_not_the_home_file(tmp_path: Path, home: Path) -> None:
     kubeconfig(home / ".kube" / "config", clusters={}, contexts={})
+    gone = {"KUBECONFIG": str(tmp_path / "gone")}
     with pytest.raises(CredentialsError, match=r"\$KUBECONFIG=.*none of these files exists"):
-        resolve(environ={"KUBECONFIG": str(tmp_path / "gone")}, home=home)
+        resolve(environ=gone, home=home)
+    # In a Pod, as for kubectl: the service account.
+    assert resolve(environ={**gone, **IN_POD}, home=home).kind == "in-cluster"
 
 
 def test_in_a_pod_the_service_account_comes_before_the_home_file(home: Path) -> None:
