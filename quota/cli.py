@@ -377,7 +377,7 @@ def _run_top(args: argparse.Namespace) -> int:
     import asyncio
 
     import aiohttp
-    from kubernetes_asyncio.config import ConfigException
+    from quota.kubeloaders import ConfigException
 
     from quota.devicequota import QuotaError
     from quota.kubeapi import ApiError
@@ -424,7 +424,7 @@ async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cluster_error(err: Exception) -> str:
-    from kubernetes_asyncio.config import ConfigException
+    from quota.kubeloaders import ConfigException
 
     from quota.kubeapi import ApiError
 

@@ -4,7 +4,8 @@ Neighbours: `quota.watching` builds reflectors (list + watch) on `KubeApi.list` 
 `KubeApi.watch`; the pure stores (`quota.inventory`, `quota.ledger`) never see this module.
 
 Configuration comes from kubernetes_asyncio (`load_kube_config` for a kubeconfig file and
-context, `load_incluster_config` for the service account), so the TLS material, the
+context, `load_incluster_config` for the service account; through `quota.kubeloaders`,
+which loads them without the library's generated API), so the TLS material, the
 `tls-server-name`, `proxy-url` and the bearer token are read exactly as that library reads
 them. Requests go through our own aiohttp session rather than the generated
 `ApiClient.call_api(..., _preload_content=False)`, because that path
@@ -36,12 +37,17 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio.client import Configuration
 from multidict import CIMultiDict
-from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
-from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
 from quota.credentials import Credentials, CredentialsError, resolve
+from quota.kubeloaders import (
+    SERVICE_CERT_FILENAME,
+    SERVICE_TOKEN_FILENAME,
+    ConfigException,
+    Configuration,
+    load_incluster_config,
+    load_kube_config,
+)
 
 __all__ = [
     "ApiError",

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from kubernetes_asyncio.config import ConfigException
+from quota.kubeloaders import ConfigException
 
 from certs.authority import KeyPair
 from certs.authority import inspect
