@@ -16,6 +16,10 @@ the exact charge of each device, so nothing else has to be guessed.
 Only the leader writes (`leading`); every replica collects the claims still to record,
 so a new leader starts from its own cache without a list. A claim whose annotation
 already matches its allocation is not written: a restart that relists writes nothing.
+The first record a leader writes for a claim is also when it tells `allocated` how long
+the claim waited, from its creation to when this replica's watch first saw it allocated
+(`draquota_claim_allocation_wait_seconds`): once per claim, as a record already there
+(an earlier leader's) is never written again.
 Each write is a merge patch of the claim's metadata carrying its uid, which the API
 server checks as a precondition: a claim deleted and recreated under the same name is
 never written. RBAC: patch resourceclaims.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -51,7 +56,13 @@ class AllocationRecorder:
         self._backoff = backoff
         self._attempts = attempts
         self._pending: dict[str, Claim] = {}  # uid -> the latest allocated claim to record
+        self._seen_at: dict[str, float] = {}  # uid -> when it was first seen allocated (wall clock)
+        # Recorded and told `allocated`, until the record's own event arrives: an older event
+        # delivered after the write must not count the claim twice.
+        self._observed: set[str] = set()
         self._failures: dict[str, int] = {}
+        # Told (namespace, seconds from creation to allocation) once per recorded claim.
+        self.allocated: Callable[[str, float], None] = lambda _namespace, _seconds: None
         self._wake = asyncio.Event()
         self.writes = 0  # records that landed (tests and logs read it)
 
@@ -59,17 +70,22 @@ class AllocationRecorder:
 
     def seen(self, claim: Claim) -> None:
         if claim.allocation is None or not claim.uid:
-            self._pending.pop(claim.uid, None)
+            self._forget(claim.uid)
             return
         if self._pricer().allocation_record(claim) == dict(claim.recorded_devices):
-            self._pending.pop(claim.uid, None)
-            self._failures.pop(claim.uid, None)
+            self._forget(claim.uid)
             return
         self._pending[claim.uid] = claim
+        self._seen_at.setdefault(claim.uid, time.time())
         self._wake.set()
 
     def gone(self, uid: str) -> None:
+        self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
         self._pending.pop(uid, None)
+        self._seen_at.pop(uid, None)
+        self._observed.discard(uid)
         self._failures.pop(uid, None)
 
     @property
@@ -110,6 +126,8 @@ class AllocationRecorder:
         record = self._pricer().allocation_record(claim)
         if record == dict(claim.recorded_devices):
             return None
+        # Read before the write: the record's own event may arrive (and forget it) first.
+        seen_at = self._seen_at.get(claim.uid)
         patch = {"metadata": {"uid": claim.uid,
                               "annotations": {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}}}
         try:
@@ -121,6 +139,10 @@ class AllocationRecorder:
         except (aiohttp.ClientError, TimeoutError) as err:
             return self._failed(claim, str(err))
         self.writes += 1
+        self._seen_at.pop(claim.uid, None)
+        if seen_at is not None and claim.created is not None and claim.uid not in self._observed:
+            self._observed.add(claim.uid)
+            self.allocated(claim.namespace, seen_at - claim.created)
         self._failures.pop(claim.uid, None)
         return None
 
