@@ -476,7 +476,8 @@ def main() -> int:
                 status = "FAIL" if outcome.problems else "ok"
                 detail = "; ".join(outcome.problems) or (outcome.stderr.strip().splitlines() or [""])[-1][:160]
                 print(f"{status:4} {case.name:32} exit={outcome.code} {outcome.seconds:5.1f}s  {detail}")
-        print(f"{len(selected)} cases, {failures} failed; slowest {slowest:.1f} s")
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"{len(selected)} cases, {failures} failed; slowest {slowest:.1f} s (load average {load})")
     return 1 if failures else 0
 
 

@@ -22,9 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio.client import Configuration
-
 from quota.kubeapi import ApiError, KubeApi, Obj, PatchType, Resource
+from quota.kubeloaders import Configuration
 
 __all__ = ["ApiError", "Kube", "MERGE_PATCH", "Obj", "WaitTimeout", "poll", "resource_path"]
 

@@ -58,6 +58,8 @@ class Served:
     metrics_port: int = 0
     # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
     kubeconfig: Path | None = None
+    # True: name the kubeconfig through $KUBECONFIG, not --kubeconfig (how a user's shell does).
+    kubeconfig_from_env: bool = False
     # On top of the caller's environment (POD_NAME: the Lease identity, default the log's name).
     env: dict[str, str] = field(default_factory=dict)
     # The Lease it campaigns for unless `args` choose one; replicas share one by sharing this.
@@ -75,15 +77,17 @@ class Served:
         tls = () if self.self_managed or not self.webhook else ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
         started = time.monotonic()
         earlier = self.log_text().count("ready after")  # the log is appended to across restarts
+        kubeconfig = str(self.kubeconfig or self.cluster.kubeconfig)
+        credentials = {"KUBECONFIG": kubeconfig} if self.kubeconfig_from_env else {}
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "quota.cli", "serve",
-                 "--kubeconfig", str(self.kubeconfig or self.cluster.kubeconfig), *tls,
+                 *(() if self.kubeconfig_from_env else ("--kubeconfig", kubeconfig)), *tls,
                  "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level,
                  "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
                  *self._own_lease(), *self.args, *(() if self.webhook else ("--no-webhook",))],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                env={**os.environ, "POD_NAME": self.log.stem, **self.env}, start_new_session=True,
+                env={**os.environ, "POD_NAME": self.log.stem, **credentials, **self.env}, start_new_session=True,
                 preexec_fn=die_with_parent_process if self.die_with_parent else None,
             )
         if not self.webhook:

@@ -19,6 +19,7 @@ from quota.claims import (
     allocated_charge_annotation,
 )
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
+from quota.explain import conservative_note
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Mode, Namespace
 from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
@@ -86,19 +87,15 @@ def charged_above(claim: Claim, exact: Charge) -> str:
     recorded = claim.recorded_charge
     if recorded is None:
         return ""
-    above = [r for r in RESOURCES if _amount(exact, r) > _amount(recorded, r)]
+    above = [r for r in RESOURCES if exact.amount(r) > recorded.amount(r)]
     if not above:
         return ""
 
     def fmt(charge: Charge) -> str:
-        return ",".join(format_resource(r, _amount(charge, r)) for r in RESOURCES)
+        return ",".join(format_resource(r, charge.amount(r)) for r in RESOURCES)
 
     return (f"ResourceClaim {claim.namespace}/{claim.name}: the allocated devices charge {fmt(exact)}, more than "
             f"the {fmt(recorded)} it was admitted at")
-
-
-def _amount(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
 
 
 def claim_ref(claim: Claim) -> ClaimRef:
@@ -133,7 +130,8 @@ class Admitter:
         pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *decision.warnings)
-        return Admission(decision.allowed, decision.message, warnings, pricing, decision.charged, decision.denied_by,
+        message = self.explained(claim, decision.message, decision.denied_by)
+        return Admission(decision.allowed, message, warnings, pricing, decision.charged, decision.denied_by,
                          decision.warned_by)
 
     def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
@@ -142,7 +140,8 @@ class Admitter:
         if isinstance(fit, Admission):
             return fit
         if not fit.never.allowed:
-            return Admission(False, f"a claim from this template can never fit: {fit.never.message}",
+            message = self.explained(claim, fit.never.message, fit.never.denied_by)
+            return Admission(False, f"a claim from this template can never fit: {message}",
                              fit.pricing.warnings, fit.pricing, denied_by=fit.never.denied_by)
         warnings = fit.warnings
         if not fit.now.allowed:
@@ -167,6 +166,15 @@ class Admitter:
         now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)])
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
         return Fit(pricing, never, now, warnings)
+
+    def explained(self, claim: Claim, message: str, denied_by: Sequence[str]) -> str:
+        """A quota denial's `message` with why the claim costs that much, when Conservative
+        pricing is why (`quota.explain`); other messages unchanged."""
+        if not denied_by:
+            return message
+        quotas = [q for q in self.ledger.quotas(claim.namespace) if q.name in denied_by]
+        note = conservative_note(self.pricer, claim, quotas, self.ledger.default_mode)
+        return f"{message}. {note}" if note else message
 
     def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None) -> Entry | Admission:
         """The claim priced in every mode its namespace's quotas use, or a denial."""

@@ -17,19 +17,22 @@ from typing import Any
 from quota.admission import Admission, Admitter
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.conversion import require_dra_version
-from quota.devicequota import QuotaError, parse_device_quota
+from quota.devicequota import GROUP, KIND, QuotaError, parse_device_quota
 from quota.inventory import Inventory
+from quota.knownfields import strict_error
 from quota.ledger import Ledger
 from quota.loader import CheckInputError, Document
-from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode
+from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode, Namespace
 from quota.pricing import Pricer, Pricing
 from quota.printable import for_json
 from quota.meta import NamespaceError, parse_namespace
+from quota.raw import show
 from quota.slices import SliceError
 
 __all__ = ["ObjectResult", "Report", "run_check"]
 
 _CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+_STATE_KINDS = ("DeviceClass", "ResourceSlice", KIND)  # the cluster's state: unreadable stops the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ class ObjectResult:
     charge: Charge
     requests: tuple[tuple[str, int, Charge], ...]
     allocated: bool = False
+    # Why no DeviceQuota counts it, when admitted so (the table's DETAILS; not in the JSON,
+    # whose shape is DESIGN's contract).
+    unlimited: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +90,8 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
     for doc in docs:
         kind = doc.obj["kind"]
         try:
+            if kind in _STATE_KINDS and (problem := strict_error(doc.obj)) is not None:
+                raise CheckInputError(f"{doc.source}: {kind} {_name(doc.obj)}: {problem}")
             if kind == "DeviceClass":
                 cls = parse_device_class(doc.obj)
                 _once(seen, doc, kind, "", cls.name)
@@ -104,6 +112,10 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
                 # defects of a claim are that claim's denial, as in the webhook.
                 require_dra_version(doc.obj, kind, ClaimError)
                 claims.append(doc)
+            elif _group(doc.obj.get("apiVersion")) == GROUP:
+                # A typo in our own kinds (`DeviceQuotas`) skipped with a warning would
+                # leave its namespace without the quota and every claim there allowed.
+                raise CheckInputError(f"{doc.source}: unknown kind {show(kind)} in {GROUP}: dra-quota knows {KIND}")
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
@@ -116,7 +128,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
     for index, (kind, namespace, name, claim) in enumerate(parsed):
         if isinstance(claim, Claim) and kind == "ResourceClaim" and claim.allocation is not None:
             admission = admitter.account_allocated(claim)
-            results[index] = _result(kind, namespace, name, admission, allocated=True)
+            results[index] = _result(kind, namespace, name, admission, ledger, allocated=True)
     for index, (kind, namespace, name, claim) in enumerate(parsed):
         if index in results:
             continue
@@ -128,7 +140,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             admission = admitter.admit_template(claim, namespace_labels=labels)
         else:
             admission = admitter.admit_claim(claim, namespace_labels=labels)
-        results[index] = _result(kind, namespace, name, admission, allocated=False)
+        results[index] = _result(kind, namespace, name, admission, ledger, allocated=False)
     report.objects = [results[i] for i in sorted(results)]
     report.quotas = [
         {
@@ -141,6 +153,10 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
         for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))
     ]
     return report
+
+
+def _group(api_version: Any) -> str:
+    return api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
 
 
 def _once(seen: dict[tuple[str, str, str], str], doc: Document, kind: str, namespace: str, name: str) -> None:
@@ -166,10 +182,20 @@ def _parse(doc: Document) -> tuple[str, str, str, Claim | ClaimError]:
     kind = str(doc.obj["kind"])
     namespace = _text(meta.get("namespace")) or "default"
     name = _text(meta.get("name")) or _text(meta.get("generateName"))
+    # Unknown fields first: a misspelt field would otherwise be reported as the field it
+    # should have been, missing (`deviceClassname`: "deviceClassName is required").
+    problem = strict_error(doc.obj)
+    if problem is not None:
+        return kind, namespace, name, ClaimError(problem)
     try:
         return kind, namespace, name, parse_claim(doc.obj)
     except ClaimError as err:
         return kind, namespace, name, err
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return _text(meta.get("name")) if isinstance(meta, dict) else ""
 
 
 def _text(value: Any) -> str:
@@ -177,7 +203,8 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _result(kind: str, namespace: str, name: str, admission: Admission, allocated: bool) -> ObjectResult:
+def _result(kind: str, namespace: str, name: str, admission: Admission, ledger: Ledger, *,
+            allocated: bool) -> ObjectResult:
     pricing: Pricing = admission.pricing
     return ObjectResult(
         kind=kind,
@@ -189,4 +216,17 @@ def _result(kind: str, namespace: str, name: str, admission: Admission, allocate
         charge=pricing.total,
         requests=tuple((r.name, r.candidates, r.charge) for r in pricing.requests),
         allocated=allocated,
+        unlimited=_unlimited(namespace, admission, ledger),
     )
+
+
+def _unlimited(namespace: str, admission: Admission, ledger: Ledger) -> str:
+    """Why an admitted object counts against no DeviceQuota ("" when one charges it)."""
+    if not admission.allowed or admission.charge.is_zero():
+        return ""
+    quotas = ledger.quotas(Namespace(namespace))
+    if not quotas:
+        return f"no DeviceQuota in namespace {namespace}: no quota applies"
+    if not any(admission.pricing.in_scope(q.device_classes) for q in quotas):
+        return f"no DeviceQuota of namespace {namespace} counts its device classes: no quota applies"
+    return ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -141,6 +142,9 @@ class Claim:
     owner: str = ""
     # The per-device memory charges recorded after allocation (ALLOCATED_CHARGE_ANNOTATION).
     recorded_devices: tuple[tuple[DeviceKey, int], ...] = ()
+    # metadata.creationTimestamp in seconds since the epoch (None: absent or unreadable):
+    # the start of the wait the allocation-wait histogram measures (webhook.allocations).
+    created: float | None = None
 
     @property
     def admin_access(self) -> bool:
@@ -180,7 +184,19 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
         owner=(pod_owner(obj) or ("", ""))[1],
         recorded_devices=recorded_devices(meta.annotations.get(ALLOCATED_CHARGE_ANNOTATION)),
+        created=_timestamp(dig(obj, "metadata", "creationTimestamp")),
     )
+
+
+def _timestamp(raw: Any) -> float | None:
+    """An RFC 3339 time as the API server writes it (`2026-11-23T00:00:00Z`); None otherwise.
+    Only informational (a metric), so never an error; bounded before parsing."""
+    if not isinstance(raw, str) or len(raw) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        return None
 
 
 def pod_owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:

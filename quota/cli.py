@@ -2,52 +2,49 @@
 
 Neighbours: `quota.check` does the work of `check`, `webhook.serve` of `serve`,
 `certs.commands` of `certs`. This module parses flags, renders
-tables and maps failures to exit codes: 0 when it ran, 2 on unreadable input.
+tables and maps failures to exit codes: 0 when it ran; 1 when the cluster could not be
+read (`top`, `demo`) or, with `check --fail-on-deny`, when an object was denied; 2 on
+unreadable input.
+
+Start-up: every command starts at once (issue 16.6). This module imports only the
+standard library at the top; each subcommand imports what it needs when it runs, and
+`main` defines the flags of the chosen subcommand only (the others are listed by name
+and help), so `--help` and `check` never load kubernetes_asyncio, aiohttp, prometheus
+or cryptography. `_parser()` with no argument still builds every subcommand (the
+README's flag reference is generated from it). bench/cli.py measures the start-up.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
-import aiohttp
-from kubernetes_asyncio.config import ConfigException
-
-from certs.authority import SERVICE
-from certs.commands import CertsError, describe, generate
-from quota.check import Report, run_check
-from quota.inventory import gc_paused
-from quota.loader import CheckInputError, iter_documents
-from quota.devicequota import QuotaError
-from quota.kubeapi import ApiError, KubeApi
-from quota.leases import Timing
-from quota.model import Charge
-from quota.printable import for_json, for_terminal
-from quota.quantity import format_quantity
-from quota.tables import USAGE_HEADERS as _USAGE_HEADERS
-from quota.tables import print_rows as _print_rows
-from quota.tables import usage_cells as _usage_cells
-from quota.top import quota_usage
-from webhook import certificates
-from webhook.adminpolicy import configmap_ref
-from webhook.metrics import DEFAULT_METRICS_PORT
-from webhook.serve import LIMITATIONS, QUOTAS, LeaderElection, ServeError, ServeOptions, configure_logging, serve
+if TYPE_CHECKING:
+    from quota.check import Report
+    from quota.model import Charge
+    from webhook.serve import LeaderElection
 
 EXIT_OK = 0
-EXIT_CLUSTER = 1
+EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
+EXIT_DENIED = 1  # check --fail-on-deny: an object was denied
 EXIT_INPUT = 2
 _MAX_PEM_BYTES = 1024 * 1024
+# Every command finds the cluster the same way (quota.credentials).
+_KUBECONFIG_HELP = ("kubeconfig to reach the API server (default: $KUBECONFIG, a colon-separated list merged as "
+                    "kubectl merges it; else the Pod's service account; else ~/.kube/config)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    # Only the chosen subcommand's flags are defined (module doc: start-up).
+    chosen = args_list[0] if args_list and args_list[0] in _COMMANDS else ""
+    parser = _parser(only=chosen)
+    args = parser.parse_args(args_list)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
@@ -63,19 +60,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _parser() -> argparse.ArgumentParser:
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; `only`: define that subcommand's flags alone (None: all of them)."""
     parser = argparse.ArgumentParser(
         prog="dra-quota",
         description="GPU-memory quotas and usage accounting for Kubernetes DRA ResourceClaims.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (summary, add) in _COMMANDS.items():
+        if only is None or name == only:
+            add(sub)
+        else:
+            sub.add_parser(name, help=summary)  # listed in --help; never parsed
+    return parser
+
+
+def _add_check(sub: _Subparsers) -> None:
     check = sub.add_parser(
         "check",
-        help="price and admit claims offline from YAML files (no cluster needed)",
+        help=_COMMANDS["check"][0],
         description=(
             "Load DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas, ResourceClaims and "
             "ResourceClaimTemplates from files or folders and run the webhook's admission and "
-            "accounting code over them. Exit 0 when it ran, 2 on unreadable input."
+            "accounting code over them. Exit 0 when it ran (1 with --fail-on-deny when an object is "
+            "denied), 2 on unreadable input."
         ),
     )
     check.add_argument("-f", "--filename", dest="paths", action="extend", nargs="+", required=True,
@@ -83,22 +94,24 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-o", "--output", choices=("table", "json"), default="table")
     check.add_argument("--mode", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
+    check.add_argument("--fail-on-deny", action="store_true",
+                       help="exit 1 when any claim or template is denied (for CI gates; the report is printed "
+                            "either way; unreadable input stays 2)")
     check.set_defaults(run=_run_check)
-    _add_certs(sub)
-    _add_serve(sub)
-    _add_top(sub)
-    _add_demo(sub)
-    return parser
 
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(sub: _Subparsers) -> None:
+    from webhook import certificates
+    from webhook.adminpolicy import configmap_ref
+    from webhook.metrics import DEFAULT_METRICS_PORT
+    from webhook.serve import LIMITATIONS
+
     serve = sub.add_parser(
-        "serve", help="run the admission webhook against a cluster",
+        "serve", help=_COMMANDS["serve"][0],
         description="Serve the validating admission webhook over HTTPS, with caches of "
                     "ResourceSlices, DeviceClasses, Namespaces, DeviceQuotas and ResourceClaims kept by "
                     f"list+watch. {LIMITATIONS} Stops cleanly on SIGTERM or SIGINT (exit 0).")
-    serve.add_argument("--kubeconfig", metavar="FILE",
-                       help="kubeconfig to reach the API server (default: the Pod's service account)")
+    serve.add_argument("--kubeconfig", metavar="FILE", help=_KUBECONFIG_HELP)
     serve.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     serve.add_argument("--cert-mode", choices=("self", "files"),
@@ -175,6 +188,10 @@ def _add_controller(serve: argparse.ArgumentParser) -> None:
 
 def _leader_election(args: argparse.Namespace) -> LeaderElection:
     """The flags' Lease settings; ValueError says which values cannot work together."""
+    from quota.leases import Timing
+    from webhook import certificates
+    from webhook.serve import LeaderElection
+
     timing = Timing(args.leader_election_lease_duration, args.leader_election_renew_deadline,
                     args.leader_election_retry_period)
     problem = timing.problem()
@@ -185,6 +202,12 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from quota.printable import for_terminal
+    from webhook import certificates
+    from webhook.serve import ServeError, ServeOptions, configure_logging, serve
+
     configure_logging(args.log_format, args.log_level)
     if not (args.webhook or args.controller):
         print("error: --no-webhook and --no-controller together leave nothing to run", file=sys.stderr)
@@ -222,8 +245,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_INPUT
 
 
-def _add_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    certs = sub.add_parser("certs", help="generate or inspect webhook certificates",
+def _add_certs(sub: _Subparsers) -> None:
+    from certs.authority import SERVICE
+
+    certs = sub.add_parser("certs", help=_COMMANDS["certs"][0],
                            description="Make or read the webhook's CA and serving certificate by hand.")
     verbs = certs.add_subparsers(dest="verb", metavar="VERB", required=True)
     generate = verbs.add_parser(
@@ -247,6 +272,9 @@ def _add_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _run_certs_generate(args: argparse.Namespace) -> int:
+    from certs.commands import CertsError, generate
+    from quota.printable import for_terminal
+
     try:
         written = generate(args.out, service=args.service, namespace=args.namespace, ip_addresses=args.ips,
                            days=args.days, force=args.force)
@@ -259,6 +287,9 @@ def _run_certs_generate(args: argparse.Namespace) -> int:
 
 
 def _run_certs_inspect(args: argparse.Namespace) -> int:
+    from certs.commands import CertsError, describe
+    from quota.printable import for_terminal
+
     try:
         # A PEM bundle is a few KiB; the bound keeps `inspect /dev/zero` from reading forever.
         if args.file == "-":
@@ -276,6 +307,11 @@ def _run_certs_inspect(args: argparse.Namespace) -> int:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    from quota.check import run_check
+    from quota.inventory import gc_paused
+    from quota.loader import CheckInputError, iter_documents
+    from quota.printable import for_terminal
+
     load_warnings: list[str] = []
     try:
         # Documents are parsed as they are read, so a large dump's raw objects are never
@@ -292,46 +328,64 @@ def _run_check(args: argparse.Namespace) -> int:
         print(report.dumps())
     else:
         render_table(report, sys.stdout)
+    if args.fail_on_deny and (denied := sum(not o.allowed for o in report.objects)):
+        print(f"error: {denied} of {len(report.objects)} claims and templates denied (--fail-on-deny)",
+              file=sys.stderr)
+        return EXIT_DENIED
     return EXIT_OK
 
 
 def _charge(charge: Charge) -> tuple[str, str]:
+    from quota.quantity import format_quantity
+
     return format_quantity(charge.memory), str(charge.devices)
 
 
 def render_table(report: Report, out: TextIO) -> None:
+    from quota.tables import USAGE_HEADERS, print_rows, usage_cells
+
     rows: list[tuple[str, ...]] = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
     for obj in report.objects:
         decision = "allocated" if obj.allocated else ("allowed" if obj.allowed else "DENIED")
-        details = [obj.reason] if obj.reason else []
+        details = [obj.reason or obj.unlimited] if obj.reason or obj.unlimited else []
         details.extend(f"warning: {w}" for w in obj.warnings)
         rows.append((obj.kind, obj.namespace, obj.name, decision, *_charge(obj.charge), "; ".join(details)))
-    _print_rows(rows, out)
+    print_rows(rows, out)
     if report.quotas:
         out.write("\n")
-        quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", *_USAGE_HEADERS)]
-        quota_rows.extend((q["name"], q["namespace"], *_usage_cells(q)) for q in report.quotas)
-        _print_rows(quota_rows, out)
+        quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", *USAGE_HEADERS)]
+        quota_rows.extend((q["name"], q["namespace"], *usage_cells(q)) for q in report.quotas)
+        print_rows(quota_rows, out)
 
 
 # -- top ----------------------------------------------------------------------------------------
 
-def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_top(sub: _Subparsers) -> None:
     top = sub.add_parser(
-        "top", help="print each DeviceQuota's usage as the quota controller published it",
+        "top", help=_COMMANDS["top"][0],
         description="List DeviceQuotas from the API server and print used/reserved/hard memory and devices, "
                     "allocated and pending claims, and whether the quota is exceeded or not counted yet "
                     "(status missing or older than the spec). Reads status only, like kubectl top. "
                     "Exit 0 when it printed, 1 when the cluster could not be read.")
     top.add_argument("-n", "--namespace", help="only this namespace (default: all namespaces)")
     top.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    top.add_argument("--kubeconfig", metavar="FILE",
-                     help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, else the Pod's service account)")
+    top.add_argument("--kubeconfig", metavar="FILE", help=_KUBECONFIG_HELP)
     top.add_argument("--context", help="kubeconfig context (default: the current one)")
     top.set_defaults(run=_run_top)
 
 
 def _run_top(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import aiohttp
+    from quota.kubeloaders import ConfigException
+
+    from quota.devicequota import QuotaError
+    from quota.kubeapi import ApiError
+    from quota.printable import for_json, for_terminal
+    from quota.tables import USAGE_HEADERS, print_rows, usage_cells
+    from quota.top import quota_usage
+
     try:
         objects = asyncio.run(_list_quotas(args))
     except (ApiError, ConfigException, OSError, aiohttp.ClientError, TimeoutError, ValueError) as err:
@@ -347,46 +401,48 @@ def _run_top(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(for_json({"quotas": quotas}), indent=2))
         return EXIT_OK
-    rows: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *_USAGE_HEADERS, "CLAIMS allocated/pending", "STATUS")]
+    rows: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, "CLAIMS allocated/pending", "STATUS")]
     for q in quotas:
         claims = " / ".join("-" if (n := q["claims"][k]) is None else str(n) for k in ("allocated", "pending"))
         state = "Exceeded" if q["exceeded"] else ""
         if not q["current"]:
             state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
-        rows.append((q["namespace"], q["name"], *_usage_cells(q), claims, state))
+        rows.append((q["namespace"], q["name"], *usage_cells(q), claims, state))
     if len(rows) == 1:
         print("No DeviceQuotas found" + (f" in namespace {for_terminal(args.namespace)}" if args.namespace else ""),
               file=sys.stderr)
         return EXIT_OK
-    _print_rows(rows, sys.stdout)
+    print_rows(rows, sys.stdout)
     return EXIT_OK
 
 
 async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
-    if args.kubeconfig is None and args.context is None and "KUBERNETES_SERVICE_HOST" in os.environ \
-            and not os.environ.get("KUBECONFIG") and not Path("~/.kube/config").expanduser().exists():
-        api = KubeApi.in_cluster()
-    else:
-        api = await KubeApi.from_kubeconfig(args.kubeconfig, context=args.context)
-    async with api:
-        return (await api.list(QUOTAS, namespace=args.namespace)).items
+    from quota.devicequota import GROUP, PLURAL, VERSION
+    from quota.kubeapi import KubeApi, Resource
+
+    async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
+        return (await api.list(Resource(f"{GROUP}/{VERSION}", PLURAL), namespace=args.namespace)).items
 
 
 def _cluster_error(err: Exception) -> str:
+    from quota.kubeloaders import ConfigException
+
+    from quota.kubeapi import ApiError
+
     if isinstance(err, ApiError) and err.status == 404:
         return "the API server serves no draquota.io/v1alpha1 devicequotas: is the DeviceQuota CRD installed?"
     if isinstance(err, ApiError) and err.status in (401, 403):
         return f"not allowed to list DeviceQuotas: {err.message}"
     if isinstance(err, ConfigException):
-        return f"no usable kubeconfig: {err}"
+        return f"cannot reach the cluster: {err}"
     return f"cannot read DeviceQuotas from the API server: {err or type(err).__name__}"
 
 
 # -- demo ---------------------------------------------------------------------------------------
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(sub: _Subparsers) -> None:
     demo = sub.add_parser(
-        "demo", help="run the webhook and quota controller live on a throw-away local cluster",
+        "demo", help=_COMMANDS["demo"][0],
         description="Start a local Kubernetes 1.37 control plane on loopback (built from source with Go when "
                     "needed), install the DeviceQuota CRD and the webhook, run `dra-quota serve`, publish "
                     "examples/ and play a short scenario: claims admitted and denied by the live webhook, "
@@ -401,9 +457,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo's control plane is only for a source checkout (processes from
-    # .cache), so `check` and `serve` do not load it.
+    # Imported here, like every command's needs: the demo's control plane is only for a
+    # source checkout (processes from .cache).
     from quota import demo
+    from quota.printable import for_json, for_terminal
 
     try:
         summary = demo.run(demo.DemoOptions(keep=args.keep, output=args.output), sys.stdout)
@@ -416,7 +473,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             print(f"error: {for_terminal(str(demo.EXAMPLES))} not found: run from a source checkout",
                   file=sys.stderr)
             return EXIT_INPUT
-        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative"))
+        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative",
+                                             fail_on_deny=False))
     except demo.DemoError as err:
         for line in str(err).splitlines():
             print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)
@@ -427,6 +485,16 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(for_json(summary), indent=2))
     return EXIT_OK
+
+
+# name -> (its one-line help, the function defining its flags); the order of --help.
+_COMMANDS: dict[str, tuple[str, Callable[[_Subparsers], None]]] = {
+    "check": ("price and admit claims offline from YAML files (no cluster needed)", _add_check),
+    "certs": ("generate or inspect webhook certificates", _add_certs),
+    "serve": ("run the admission webhook against a cluster", _add_serve),
+    "top": ("print each DeviceQuota's usage as the quota controller published it", _add_top),
+    "demo": ("run the webhook and quota controller live on a throw-away local cluster", _add_demo),
+}
 
 
 if __name__ == "__main__":

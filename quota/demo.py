@@ -276,9 +276,11 @@ async def _install_crd(kube: Kube) -> None:
 async def _start_serve(state: _Run) -> None:
     cluster = state.cluster
     assert cluster is not None
-    # The demo's Lease and identity; with --keep, serve outlives the demo as the cluster does.
-    state.serve = Served(cluster, free_ports(1)[0], state.serve_log, env={"POD_NAME": "dra-quota-demo"}, lease=LEASE,
-                         log_level="info", die_with_parent=not state.options.keep)
+    # The demo's Lease and identity; with --keep, serve outlives the demo as the cluster does,
+    # and its metrics (on loopback, as everything the demo starts) are there to scrape.
+    port, metrics_port = free_ports(2)
+    state.serve = Served(cluster, port, state.serve_log, env={"POD_NAME": "dra-quota-demo"}, lease=LEASE,
+                         log_level="info", die_with_parent=not state.options.keep, metrics_port=metrics_port)
     await state.serve.start()
 
 
@@ -452,13 +454,16 @@ def _keep(state: _Run) -> dict[str, str]:
         f"rm -rf {shlex.quote(str(cluster.etcd_dir))} {shlex.quote(str(state.workdir))}\n")
     stop.chmod(0o755)
     kubeconfig = str(cluster.kubeconfig)
+    metrics = f"http://127.0.0.1:{state.serve.metrics_port}/metrics"
     state.say(f"\nStill running (--keep). The cluster's admin kubeconfig: {kubeconfig}\n"
               f"  export KUBECONFIG={shlex.quote(kubeconfig)}\n"
               "  kubectl get devicequotas -A; kubectl get resourceclaims -A; kubectl get pods -A -o wide\n"
               "  dra-quota top\n"
+              f"  dra-quota serve's metrics (Prometheus scrape target 127.0.0.1:{state.serve.metrics_port}): "
+              f"curl -s {metrics} | grep ^draquota_\n"
               f"  dra-quota serve's log: {state.serve_log}; the control plane's: {cluster.logs}\n"
               f"Stop it all: sh {shlex.quote(str(stop))}")
-    return {"kubeconfig": kubeconfig, "stop": str(stop), "workdir": str(state.workdir)}
+    return {"kubeconfig": kubeconfig, "metrics": metrics, "stop": str(stop), "workdir": str(state.workdir)}
 
 
 def _teardown(state: _Run, *, remove: bool) -> None:

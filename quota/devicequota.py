@@ -101,7 +101,7 @@ class QuotaCheck:
     charge: Charge
 
     def charge_of(self, resource: str) -> int:
-        return _get(self.charge, resource)
+        return self.charge.amount(resource)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +187,7 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
             r for r in RESOURCES
             if (limit := item.quota.hard.get(r)) is not None
             and item.charge_of(r) > 0
-            and _get(item.usage.used, r) + _get(item.usage.reserved, r) + item.charge_of(r) > limit
+            and item.usage.used.amount(r) + item.usage.reserved.amount(r) + item.charge_of(r) > limit
         ]
         if not exceeded:
             continue
@@ -204,14 +204,11 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
     return Decision(True, "", tuple(warnings), charged, (), tuple(warned_by))
 
 
-def _get(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
-
 
 def _exceeded_message(item: QuotaCheck, exceeded: list[str]) -> str:
     def fmt(values: Charge | Limits) -> str:
         return ",".join(
-            format_resource(r, (_get(values, r) if isinstance(values, Charge) else values.get(r)) or 0)
+            format_resource(r, (values.amount(r) if isinstance(values, Charge) else values.get(r)) or 0)
             for r in exceeded
         )
 

@@ -4,7 +4,8 @@ Neighbours: `quota.watching` builds reflectors (list + watch) on `KubeApi.list` 
 `KubeApi.watch`; the pure stores (`quota.inventory`, `quota.ledger`) never see this module.
 
 Configuration comes from kubernetes_asyncio (`load_kube_config` for a kubeconfig file and
-context, `load_incluster_config` for the service account), so the TLS material, the
+context, `load_incluster_config` for the service account; through `quota.kubeloaders`,
+which loads them without the library's generated API), so the TLS material, the
 `tls-server-name`, `proxy-url` and the bearer token are read exactly as that library reads
 them. Requests go through our own aiohttp session rather than the generated
 `ApiClient.call_api(..., _preload_content=False)`, because that path
@@ -36,10 +37,17 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio.client import Configuration
 from multidict import CIMultiDict
-from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
-from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
+
+from quota.credentials import Credentials, CredentialsError, resolve
+from quota.kubeloaders import (
+    SERVICE_CERT_FILENAME,
+    SERVICE_TOKEN_FILENAME,
+    ConfigException,
+    Configuration,
+    load_incluster_config,
+    load_kube_config,
+)
 
 __all__ = [
     "ApiError",
@@ -164,7 +172,8 @@ def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
 
 
 class KubeApi:
-    """Async REST client for one API server. Build it with `from_kubeconfig` or `in_cluster`.
+    """Async REST client for one API server. Build it with `connect` (the commands' way to
+    find credentials), or `from_kubeconfig` / `in_cluster` for one source.
 
     Every call but `watch` is bounded by `request_timeout` (seconds, whole round trip);
     connecting is bounded by `connect_timeout`; a watch is bounded by its `silence`
@@ -180,12 +189,32 @@ class KubeApi:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self.credentials: Credentials | None = None  # set by `connect`
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, *, context: str | None = None,
+                      request_timeout: float = 30.0, connect_timeout: float = 10.0) -> KubeApi:
+        """A client with the credentials every command uses (`quota.credentials.resolve`:
+        --kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config); `credentials` says which.
+        Raises ConfigException when none apply or they cannot be loaded."""
+        try:
+            found = resolve(kubeconfig, context=context)
+        except CredentialsError as err:
+            raise ConfigException(str(err)) from None
+        if found.kind == "in-cluster":
+            api = cls.in_cluster(request_timeout=request_timeout, connect_timeout=connect_timeout)
+        else:
+            api = await cls.from_kubeconfig(os.pathsep.join(found.files), context=found.context,
+                                            request_timeout=request_timeout, connect_timeout=connect_timeout)
+        api.credentials = found
+        return api
 
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None, **kwargs: float) -> KubeApi:
-        """A client from a kubeconfig file (default: $KUBECONFIG or ~/.kube/config) and context."""
+        """A client from kubeconfig files (`path`: one, or several joined by os.pathsep and
+        merged; default: $KUBECONFIG or ~/.kube/config) and a context."""
         # kubernetes_asyncio reports a missing file as "Expected key current-context".
-        candidates = [path] if path else os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)
+        candidates = (path or os.environ.get("KUBECONFIG", "~/.kube/config")).split(os.pathsep)
         if not any(c and os.path.isfile(os.path.expanduser(c)) for c in candidates):
             raise ConfigException(f"kubeconfig {os.pathsep.join(candidates)}: no such file")
         configuration = Configuration()
@@ -250,7 +279,8 @@ class KubeApi:
     ) -> Obj:
         """One round trip to `path`; the decoded JSON object, or `ApiError`.
 
-        `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`).
+        `headers` are extra (name, value) pairs, repeatable (`Impersonate-Group`); an
+        `Accept` among them replaces the default `application/json`.
         `warnings`, when given, receives the text of each `Warning` response header
         (admission webhooks' warnings, deprecations: what kubectl prints as "Warning:").
         """
@@ -282,7 +312,10 @@ class KubeApi:
         sent = CIMultiDict(await self._headers(content_type if data is not None else None))
         sent["Accept"] = accept
         for name, value in headers:
-            sent.add(name, value)
+            if name.lower() == "accept":
+                sent[name] = value  # replaces the default (a Table, `as=Table;g=meta.k8s.io;v=v1`)
+            else:
+                sent.add(name, value)
         async with self._http().request(
             method,
             self.server + path,

@@ -141,6 +141,10 @@ class Charge:
     def is_zero(self) -> bool:
         return self.memory == 0 and self.devices == 0
 
+    def amount(self, resource: str) -> int:
+        """`memory` or `devices` by name (a DeviceQuota's resources)."""
+        return self.memory if resource == "memory" else self.devices
+
     def as_json(self) -> dict[str, int]:
         return {"memory": self.memory, "devices": self.devices}
 

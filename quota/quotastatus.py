@@ -25,9 +25,10 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 - `reserved`: the estimated charge of the claims that exist unallocated, plus the
   persisted entries whose claim the controller's cache does not hold yet (admitted,
   not yet seen: usually for milliseconds, an orphan for at most one TTL);
-- `reservedBy`: `reserved` split by source: `workloads`, what Kueue Workloads admitted
-  by our AdmissionCheck hold beyond their Pods' claims (`quota.workloads`), and
-  `claims`, the rest;
+- `reservedBy`: `reserved` split by source, written only while Kueue Workloads hold
+  part of it (absent: all of `reserved` is claims'): `workloads`, what Kueue Workloads
+  admitted by our AdmissionCheck hold beyond their Pods' claims (`quota.workloads`),
+  and `claims`, the rest;
 - `claims`: allocated and pending (existing, unallocated) claims;
 - `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
   Audit enforcement, an allocation accounted in account-only mode).
@@ -73,8 +74,13 @@ def desired_status(
     status["used"] = _amounts(usage.used)
     status["reserved"] = _amounts(reserved)
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
-    # beyond their Pods' claims (`quota.workloads`), and the rest.
-    status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads), "workloads": _amounts(usage.workloads)}
+    # beyond their Pods' claims (`quota.workloads`), and the rest. Only while Workloads
+    # hold something: without Kueue, `kubectl describe` showed an empty split.
+    if usage.workloads.is_zero():
+        status.pop("reservedBy", None)
+    else:
+        status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads),
+                                "workloads": _amounts(usage.workloads)}
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
     if isinstance(generation, int):
         status["observedGeneration"] = generation
@@ -98,16 +104,13 @@ def _amounts(charge: Charge) -> dict[str, Any]:
 
 
 def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:
-    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and _get(total, r) > limit]
+    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and total.amount(r) > limit]
     if not over:
         return _condition("Exceeded", False, "WithinHard", "used + reserved is within hard", generation)
-    message = "; ".join(f"used + reserved {format_resource(r, _get(total, r))} is above hard "
+    message = "; ".join(f"used + reserved {format_resource(r, total.amount(r))} is above hard "
                         f"{format_resource(r, quota.hard.get(r) or 0)}" for r in over)
     return _condition("Exceeded", True, "AboveHard", message, generation)
 
-
-def _get(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> dict[str, Any]:

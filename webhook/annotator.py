@@ -22,7 +22,11 @@ What is written, each key once it is due:
   that saw the device and in a leader started afterwards, which never saw it.
 
 Only the leader writes (`leading`); every replica collects the claims still to write, so
-a new leader starts from its own cache without a list. A claim whose annotations
+a new leader starts from its own cache without a list. The first allocation record a
+leader writes for a claim is also when it tells `allocated` how long the claim waited,
+from its creation to when this replica's watch first saw it allocated
+(`draquota_claim_allocation_wait_seconds`): once per claim, as a record already there
+(an earlier leader's) is never written again. A claim whose annotations
 already say what they should is not written: a restart that relists writes nothing.
 Each write is a merge patch of the claim's metadata carrying its uid, which the API
 server checks as a precondition: a claim deleted and recreated under the same name is
@@ -33,11 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from quota.claims import Claim
+from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from quota.kubeapi import ApiError, KubeApi, Resource
 
 __all__ = ["Annotator"]
@@ -62,6 +67,12 @@ class Annotator:
         # uid -> the latest claim to annotate and the annotations it carried.
         self._pending: dict[str, tuple[Claim, Mapping[str, str]]] = {}
         self._failures: dict[str, int] = {}
+        self._seen_at: dict[str, float] = {}  # uid -> when it was first seen allocated (wall clock)
+        # Recorded and told `allocated`, until the record's own event arrives: an older event
+        # delivered after the write must not count the claim twice.
+        self._observed: set[str] = set()
+        # Told (namespace, seconds from creation to allocation) once per recorded claim.
+        self.allocated: Callable[[str, float], None] = lambda _namespace, _seconds: None
         self._wake = asyncio.Event()
         self.writes = 0  # patches that landed (tests and logs read it)
 
@@ -69,14 +80,20 @@ class Annotator:
 
     def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None:
         if not claim.uid or not self._due(claim, annotations):
-            self._pending.pop(claim.uid, None)
-            self._failures.pop(claim.uid, None)
+            self._forget(claim.uid)
             return
         self._pending[claim.uid] = (claim, annotations)
+        if claim.allocation is not None:
+            self._seen_at.setdefault(claim.uid, time.time())
         self._wake.set()
 
     def gone(self, uid: str) -> None:
+        self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
         self._pending.pop(uid, None)
+        self._seen_at.pop(uid, None)
+        self._observed.discard(uid)
         self._failures.pop(uid, None)
 
     @property
@@ -116,6 +133,8 @@ class Annotator:
         if not due:
             return None
         patch = {"metadata": {"uid": claim.uid, "annotations": due}}
+        # Read before the write: the write's own event may arrive (and forget it) first.
+        seen_at = self._seen_at.get(claim.uid) if ALLOCATED_CHARGE_ANNOTATION in due else None
         try:
             await self._api.patch(CLAIMS, claim.name, patch, namespace=claim.namespace, field_manager=FIELD_MANAGER)
         except ApiError as err:
@@ -125,6 +144,11 @@ class Annotator:
         except (aiohttp.ClientError, TimeoutError) as err:
             return self._failed(claim, annotations, str(err))
         self.writes += 1
+        if seen_at is not None:
+            self._seen_at.pop(claim.uid, None)
+            if claim.created is not None and claim.uid not in self._observed:
+                self._observed.add(claim.uid)
+                self.allocated(claim.namespace, seen_at - claim.created)
         self._failures.pop(claim.uid, None)
         return None
 

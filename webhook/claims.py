@@ -145,7 +145,8 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
     if not decision.allowed and not decision.denied_by:  # conflicts, API errors: no quota said no
         return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
-    return _verdict(Admission(decision.allowed, decision.message, warnings, priced.pricing, decision.charged,
+    message = ctx.admitter.explained(claim, decision.message, decision.denied_by)
+    return _verdict(Admission(decision.allowed, message, warnings, priced.pricing, decision.charged,
                               decision.denied_by, decision.warned_by), record)
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from kubernetes_asyncio.config import ConfigException
+from quota.kubeloaders import ConfigException
 
 from certs.authority import KeyPair
 from certs.authority import inspect
@@ -59,7 +59,7 @@ from quota.inventory import Inventory
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.leases import Timing
 from quota.ledger import Ledger
-from quota.model import DeviceClass, DeviceClassName, Mode
+from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
@@ -121,7 +121,7 @@ class ServeOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     certificates: SelfManaged | None = None
-    kubeconfig: str | None = None  # None: in-cluster service account
+    kubeconfig: str | None = None  # None: $KUBECONFIG, in-cluster, ~/.kube/config (quota.credentials)
     bind_address: str = "0.0.0.0"
     port: int = 8443
     # The adminAccess allowlist: a file polled every policy_poll_seconds, or a ConfigMap
@@ -331,9 +331,10 @@ async def serve(options: ServeOptions) -> int:
         except (OSError, ValueError) as err:
             raise ServeError(f"cannot load the serving certificate: {err}") from None
     try:
-        api = await KubeApi.from_kubeconfig(options.kubeconfig) if options.kubeconfig else KubeApi.in_cluster()
+        api = await KubeApi.connect(options.kubeconfig)
     except (ConfigException, OSError, ValueError) as err:
         raise ServeError(f"cannot reach the cluster: {err}") from None
+    log.info("API server %s, credentials: %s", api.server, api.credentials.describe() if api.credentials else "?")
     manager: CertificateManager | None = None
     certificates: Coroutine[Any, Any, None] | None = None
     if not options.webhook:
@@ -473,6 +474,10 @@ def _observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, m
     exports the usage metrics, so a sum over replicas never counts twice).
     """
     metrics = Metrics()
+    ledger = caches.admitter.ledger
+    metrics.namespace.has_quota = lambda namespace: bool(ledger.quotas(Namespace(namespace)))
+    if caches.annotator is not None:
+        caches.annotator.allocated = metrics.allocated
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))

@@ -39,6 +39,7 @@ from webhook.metrics import (
     INVENTORY_MEMORY,
     LEADER,
     NAMESPACE_USAGE,
+    PENDING_CLAIMS,
     QUOTA,
     WORKLOADS_RESERVED,
     Metrics,
@@ -49,12 +50,9 @@ __all__ = ["DEVICE_INFO_LABELS", "UsageMetrics"]
 
 # DCGM exporter's own label names for the GPU and the MIG profile, so that
 # `on(UUID)` / `on(UUID, GPU_I_PROFILE)` join without label_replace (README, Metrics).
-DEVICE_INFO_LABELS = ("namespace", "claim", "pod", "driver", "pool", "device", "UUID", "GPU_I_PROFILE")
+DEVICE_INFO_LABELS = ("namespace", "claim", "pod", "driver", "pool", "device", "model", "UUID", "GPU_I_PROFILE")
 _RESOURCES = ("memory", "devices")
 
-
-def _amount(charge: Charge, resource: str) -> int:
-    return charge.memory if resource == "memory" else charge.devices
 
 
 @dataclass(eq=False)
@@ -67,8 +65,8 @@ class UsageMetrics:
     # (namespace, quota name) -> persisted reservations not in the claim cache.
     pending: Callable[[str, str], Charge] = lambda _namespace, _name: Charge()
     leading: Callable[[], bool] = lambda: True
-    # namespace -> (its ledger generation, its samples)
-    _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]]]] = field(
+    # namespace -> (its ledger generation, its samples, its pending claims)
+    _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]], int]] = field(
         default_factory=dict, init=False)
     # The per-model index of the inventory generation the per-claim state below was built on.
     _models: tuple[int, ModelIndex, HeldCounts] | None = field(default=None, init=False)
@@ -90,7 +88,7 @@ class UsageMetrics:
         if leading:
             yield self._quota_family()
             yield self._workloads_family()
-            yield self._namespace_family()
+            yield from self._namespace_families()
 
     def rendered(self) -> bytes:
         """The per-model and per-device families, as text; re-rendered only where inputs moved."""
@@ -113,8 +111,8 @@ class UsageMetrics:
                 limit = quota.hard.get(resource)
                 if limit is not None:
                     family.add_metric([*labels, "hard"], limit)
-                family.add_metric([*labels, "used"], _amount(usage.used, resource))
-                family.add_metric([*labels, "reserved"], _amount(reserved, resource))
+                family.add_metric([*labels, "used"], usage.used.amount(resource))
+                family.add_metric([*labels, "reserved"], reserved.amount(resource))
         return family
 
     def _workloads_family(self) -> Metric:
@@ -126,12 +124,12 @@ class UsageMetrics:
         for quota in self.ledger.quotas():
             held = self.ledger.usage(quota.namespace, quota.name).workloads
             for resource in _RESOURCES:
-                family.add_metric([quota.namespace, quota.name, resource], _amount(held, resource))
+                family.add_metric([quota.namespace, quota.name, resource], held.amount(resource))
         return family
 
-    def _namespace_family(self) -> Metric:
+    def _namespace_families(self) -> tuple[Metric, Metric]:
         """Each namespace's samples are kept until a claim of that namespace changes."""
-        family = _namespace_family()
+        family, pending = _namespace_family(), _pending_family()
         present = set(self.ledger.namespaces())
         for gone in [ns for ns in self._namespaces if ns not in present]:
             del self._namespaces[gone]
@@ -140,11 +138,14 @@ class UsageMetrics:
             cached = self._namespaces.get(namespace)
             if cached is None or cached[0] != generation:
                 usage = namespace_usage(self.ledger, namespace)
-                cached = self._namespaces[namespace] = (generation, [(c, s, v) for (c, s), v in sorted(usage.items())])
+                waiting = sum(not entry.allocated for entry in self.ledger.entries_in(namespace))
+                cached = self._namespaces[namespace] = (
+                    generation, [(c, s, v) for (c, s), v in sorted(usage.items())], waiting)
             for device_class, state, charge in cached[1]:
                 for resource in _RESOURCES:
-                    family.add_metric([namespace, device_class, resource, state], _amount(charge, resource))
-        return family
+                    family.add_metric([namespace, device_class, resource, state], charge.amount(resource))
+            pending.add_metric([namespace], cached[2])
+        return family, pending
 
     def _model_families(self, index: ModelIndex, held: HeldCounts) -> list[Metric]:
         devices, memory, allocated = _model_families()
@@ -193,8 +194,8 @@ class UsageMetrics:
         for result, labels in held_devices(held, self.inventory):
             key = result.key
             for pod in held.pods or ("",):
-                family.add_metric([held.namespace, held.name, pod, key.driver, key.pool, key.device, labels.uuid,
-                                   labels.profile], 1.0)
+                family.add_metric([held.namespace, held.name, pod, key.driver, key.pool, key.device, labels.model,
+                                   labels.uuid, labels.profile], 1.0)
                 count += 1
         return count
 
@@ -217,6 +218,13 @@ def _namespace_family() -> GaugeMetricFamily:
         labels=["namespace", "device_class", "resource", "state"])
 
 
+def _pending_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        PENDING_CLAIMS, "Claims that exist and are not allocated yet, per namespace with claims (the scheduler has "
+        "not placed them: their Pods wait); status.claims.pending counts the same per DeviceQuota. Exported by "
+        "the leader only.", labels=["namespace"])
+
+
 def _model_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
     labels = ["driver", "model", "profile"]
     where = ("by driver, model (the productName attribute) and profile (the MIG profile; empty for a whole "
@@ -232,7 +240,9 @@ def _model_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetric
 def _device_family() -> GaugeMetricFamily:
     return GaugeMetricFamily(
         CLAIM_DEVICE_INFO, "Always 1: one sample per device allocated to a claim and "
-        "pod consuming it (status.reservedFor; pod empty while none). UUID is the GPU's uuid attribute (a MIG "
+        "pod consuming it (status.reservedFor; pod empty while none). model is the device's productName "
+        "attribute (else model; a MIG device carries its parent GPU's), as draquota_inventory_devices. UUID is "
+        "the GPU's uuid attribute (a MIG "
         "device's parentUUID) and GPU_I_PROFILE the MIG profile, as DCGM exporter labels its metrics, so they "
         "join on UUID. adminAccess allocations are left out. Exported by the leader only.",
         labels=list(DEVICE_INFO_LABELS))

@@ -10,6 +10,11 @@ Usage queries reduce over replicas with max, never sum: only the leader exports 
 and max stays right while two replicas overlap at a handover. `$namespace` filters the quota and usage panels; the DCGM panels join
 dcgm-exporter's per-GPU series to `draquota_claim_device_info` on `UUID` (and
 `GPU_I_PROFILE`, for MIG) and are empty where dcgm-exporter is not installed.
+`$namespace` lists the namespaces of `draquota_quota`, which every namespace holding a
+DeviceQuota has from the moment it exists (claims or not); the per-request series name
+only those namespaces too (their other namespaces read "other", webhook/metrics.py).
+Tables are instant queries merged on their labels (Grafana's `merge` transformation), one
+column per query, renamed by `organize`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class Q:
     expr: str
     legend: str = ""
     instant: bool = False
+    column: str = ""  # a table's column for this query's value (instant, merged on the labels)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,9 @@ class Panel:
     thresholds: tuple[tuple[float | None, str], ...] = ((None, "green"),)
     mappings: tuple[dict[str, Any], ...] = ()
     stack: bool = False
+    # table: a transformation after the merge (groupingToMatrix), and per-column units.
+    transformations: tuple[dict[str, Any], ...] = ()
+    column_units: tuple[tuple[str, str], ...] = ()
 
 
 def _quota(resource: str, kind: str) -> Q:
@@ -60,6 +69,32 @@ def _held(resource: str) -> str:
 def _top(resource: str) -> str:
     return (f"topk(10, sum by (namespace) (max by (namespace, device_class, resource, state) "
             f'(draquota_namespace_device_usage{{resource="{resource}", state="allocated"}})))')
+
+
+def _by_quota(resource: str, kind: str) -> str:
+    return f'max by (namespace, quota) (draquota_quota{{resource="{resource}", type="{kind}", {NS}}})'
+
+
+def _headroom(resource: str) -> str:
+    """hard - (used + reserved): what the next claims may still take (negative: exceeded)."""
+    committed = (f"sum by (namespace, quota) (max by (namespace, quota, type) "
+                 f'(draquota_quota{{resource="{resource}", type=~"used|reserved", {NS}}}))')
+    return f"{_by_quota(resource, 'hard')} - on (namespace, quota) {committed}"
+
+
+def _quota_table() -> tuple[Q, ...]:
+    queries = []
+    for resource, short in (("memory", "memory"), ("devices", "devices")):
+        queries += [Q(_by_quota(resource, kind), instant=True, column=f"{short} {kind}")
+                    for kind in ("hard", "used", "reserved")]
+        queries.append(Q(_headroom(resource), instant=True, column=f"{short} headroom"))
+    return tuple(queries)
+
+
+def _wait(q: float) -> Q:
+    # sum over replicas: only the leader observes.
+    return Q(f"histogram_quantile({q}, sum by (le) "
+             f"(rate(draquota_claim_allocation_wait_seconds_bucket{{{NS}}}[$__rate_interval])))", f"p{round(q * 100)}")
 
 
 def _percentile(q: float) -> Q:
@@ -121,6 +156,33 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               (Q(_top("memory"), "{{namespace}}", instant=True),),
               "The ten namespaces holding the most allocated device memory.",
               options={"displayMode": "gradient", "orientation": "horizontal"}),
+        Panel("DeviceQuotas: hard, used, reserved, headroom", "table", "none", _quota_table(),
+              "One row per DeviceQuota: its limits, what allocated claims use, what admitted claims reserve, and "
+              "the headroom left (hard - used - reserved; negative: Exceeded). Empty cells: a resource the quota "
+              "does not limit.", width=16,
+              column_units=tuple((f"memory {k}", "bytes") for k in ("hard", "used", "reserved", "headroom"))),
+        Panel("Devices held per namespace and GPU model", "table", "short",
+              (Q("count by (namespace, model) (max by (namespace, driver, pool, device, model) "
+                 f"(draquota_claim_device_info{{{NS}}}))", instant=True, column="devices"),),
+              "Allocated devices by namespace (rows) and model (columns: the productName attribute, else model; a "
+              "MIG device counts under its GPU's), each device once however many pods use it.", width=8,
+              transformations=({"id": "groupingToMatrix", "options": {
+                  "columnField": "model", "rowField": "namespace", "valueField": "devices"}},)),
+    )),
+    ("Claims", (
+        Panel("Pending claims per namespace", "timeseries", "short",
+              (Q(f"max by (namespace) (draquota_namespace_pending_claims{{{NS}}})", "{{namespace}}"),),
+              "Claims that exist unallocated: their Pods wait for the scheduler (for devices, or for a quota to "
+              "free), as kueue_pending_workloads counts Workloads."),
+        Panel("Denied claims per namespace", "timeseries", "short",
+              (Q("sum by (namespace) (increase(draquota_admission_requests_total{decision=\"denied\", "
+                 f'resource=~"resourceclaims|resourceclaimtemplates", {NS}}}[$__rate_interval]))', "{{namespace}}"),),
+              "Claim and template creates denied, by namespace (a namespace without a DeviceQuota counts as "
+              "other). Denials by reason are under Admission."),
+        Panel("Time from claim creation to allocation", "timeseries", "s", (_wait(0.5), _wait(0.9), _wait(0.99)),
+              "Seconds from a claim's creation to its allocation as the leader sees it "
+              "(draquota_claim_allocation_wait_seconds, like kueue_admission_wait_time_seconds): waits for the "
+              "scheduler, for its Pod, or for quota to free. Admission itself is under Admission latency."),
     )),
     ("Admission", (
         Panel("Denials by reason", "timeseries", "reqps",
@@ -201,6 +263,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
 
 
 def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    if panel.kind == "table":
+        return _table(panel, pid, x, y)
     defaults: dict[str, Any] = {
         "unit": panel.unit,
         "thresholds": {"mode": "absolute",
@@ -224,13 +288,35 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
+def _table(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    """Instant queries merged on their labels; each value column named after its query."""
+    names = {f"Value #{chr(ord('A') + i)}": q.column for i, q in enumerate(panel.queries)}
+    if len(panel.queries) == 1:
+        names["Value"] = panel.queries[0].column  # Grafana names a lone query's column so
+    return {
+        "id": pid, "type": "table", "title": panel.title, "description": panel.description,
+        "datasource": DATASOURCE, "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": [
+            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+            for name, unit in panel.column_units]},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": names}},
+            *panel.transformations,
+        ],
+        "targets": [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr, "format": "table",
+                     "instant": True, "range": False} for i, q in enumerate(panel.queries)],
+    }
+
+
 def _variables() -> list[dict[str, Any]]:
     return [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0},
         {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": "label_values(draquota_namespace_device_usage, namespace)", "refId": "namespace"},
-         "definition": "label_values(draquota_namespace_device_usage, namespace)",
+         "query": {"query": "label_values(draquota_quota, namespace)", "refId": "namespace"},
+         "definition": "label_values(draquota_quota, namespace)",
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "sort": 1, "hide": 0},
     ]
 
@@ -251,8 +337,9 @@ def dashboard() -> dict[str, Any]:
         y += 8
     return {
         "title": "dra-quota", "uid": "dra-quota", "description":
-            "DRA device quotas (dra-quota): usage per namespace and DeviceQuota, admission, inventory, health, "
-            "and GPU utilisation per namespace and claim from dcgm-exporter.",
+            "DRA device quotas (dra-quota): usage per namespace and DeviceQuota, headroom, devices by model, "
+            "pending and denied claims, time to allocation, admission, inventory, health, and GPU utilisation per "
+            "namespace and claim from dcgm-exporter.",
         "tags": ["dra-quota", "kubernetes", "dra", "gpu"], "editable": True, "graphTooltip": 1,
         "schemaVersion": 39, "version": 1, "refresh": "1m", "time": {"from": "now-6h", "to": "now"},
         "timezone": "", "annotations": {"list": []}, "links": [],

@@ -15,8 +15,9 @@ import functools
 import sys
 from collections.abc import Iterator
 
-from quota.cel import checker, references, syntax
+from quota.cel import checker, references
 from quota.cel.estimate import estimate
+from quota.cel.literals import SyntaxProblem
 from quota.cel.evaluator import compile_program, node_count
 from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
@@ -155,9 +156,13 @@ def _compile(expression: str) -> CompiledSelector:
         raise CelCompileError(
             f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_BYTES} bytes"
         )
+    # Imported at the first compile: building the grammar costs ~0.2 s of CPU, which a
+    # command that compiles no selector (`--help`, `top`) should not pay (issue 16.6).
+    from quota.cel import syntax
+
     try:
         root = syntax.parse(expression)
-    except syntax.SyntaxProblem as exc:
+    except SyntaxProblem as exc:
         raise CelCompileError(_compile_failed(expression, exc.message, exc.line, exc.column)) from None
     try:
         notes = checker.check(root)

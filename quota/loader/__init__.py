@@ -2,9 +2,10 @@
 
 Neighbours: `quota.check` runs admission over the `Document`s this package yields;
 `quota.cli` maps `CheckInputError` to exit code 2. Nothing here knows about kinds beyond
-`kind: List` expansion: parsing objects is the parsers' job (`quota.slices`,
-`quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded reads),
-`jsondocs` and `yamldocs` (decoding, bounded), `limits` (the bounds and why).
+List expansion (`kind: List` and typed Lists): parsing objects is the parsers' job
+(`quota.slices`, `quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded
+reads), `jsondocs` and `yamldocs` (decoding, bounded), `lists` (List items), `limits`
+(the bounds and why).
 
 JSON or YAML: a file named `*.json`, or any input whose first character (after a
 byte-order mark and whitespace) is `{` or `[`, goes through the stdlib's C JSON
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from quota.loader import lists
 from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents, value_count_within_bound
 from quota.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.loader.sources import Source, SourceError, read_sources
@@ -156,9 +158,11 @@ def _json_else_yaml(values: Iterator[_Value], text: str) -> Iterator[_Value]:
 
 
 def _expand(obj: Any) -> Iterator[Any]:
+    """A List the decoders did not stream (a JSON typed List whose apiVersion came last)."""
     if obj is None:
         return
-    if isinstance(obj, Mapping) and obj.get("kind") == "List" and isinstance(obj.get("items"), list):
-        yield from obj["items"]
+    kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    if lists.is_list_kind(kind) and isinstance(obj, Mapping) and isinstance(obj.get("items"), list):
+        yield from (lists.item(value, kind, obj.get("apiVersion")) for value in obj["items"])
     else:
         yield obj

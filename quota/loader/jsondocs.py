@@ -1,4 +1,4 @@
-"""JSON input through the stdlib's C decoder, bounded, with `List` items streamed.
+"""JSON input through the stdlib's C decoder, bounded, with a List's items streamed.
 
 Neighbours: `quota.loader` picks this module for `.json` files and for content that
 starts with `{` or `[`; `quota.loader.limits` holds the bounds. The fast path only
@@ -19,6 +19,7 @@ from collections.abc import Generator, Iterator
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, NoReturn
 
+from quota.loader import lists
 from quota.loader.limits import MAX_DEPTH, MAX_VALUES_PER_FILE, DecodeError, check_int, replace_lone_surrogates
 
 __all__ = ["depth_within_bound", "has_surrogate_escapes", "json_documents", "value_count_within_bound"]
@@ -74,8 +75,8 @@ def json_documents(text: str, *, depth_checked: bool, surrogate_escapes: bool) -
     while pos < len(text):
         line += text.count("\n", counted, pos)  # counted once: a file may hold a million values
         counted = pos
-        if text.startswith("{", pos) and _tail_kind(text) == "List":
-            reader = _ListReader(text, pos, line)
+        if text.startswith("{", pos) and lists.is_list_kind(kind := _tail_kind(text)):
+            reader = _ListReader(text, pos, line, kind)
             for item_line, index, value in reader.values():
                 yield item_line, index, fixed(value)
             pos = reader.end
@@ -140,11 +141,13 @@ class _ListReader:
     """A top-level object decoded key by key, its `items` streamed if it is a List.
 
     kubectl prints `items` before `kind`; `_tail_kind` already said the object is a
-    List, and the `kind` decoded here must agree.
+    List (`kind`: `List` or a typed List), and the `kind` decoded here must agree. A
+    typed List's items are streamed only once its apiVersion is known (kubectl prints
+    it first, the API server before `items` too); otherwise `quota.loader` expands it.
     """
 
-    def __init__(self, text: str, pos: int, line: int) -> None:
-        self.text, self.start, self.line = text, pos, line
+    def __init__(self, text: str, pos: int, line: int, kind: str) -> None:
+        self.text, self.start, self.line, self.kind = text, pos, line, kind
         self.end = len(text)
 
     def values(self) -> Iterator[tuple[int, int | None, Any]]:
@@ -160,8 +163,9 @@ class _ListReader:
             if key in rest or (key == "items" and streamed):
                 raise DecodeError(f'duplicate key "{key}"', line=_line(text, pos))
             pos = _skip(text, self._expect(_skip(text, pos), ":") + 1)
-            if key == "items" and text.startswith("[", pos) and rest.get("kind", "List") == "List":
-                pos = yield from self._items(pos + 1)
+            if (key == "items" and text.startswith("[", pos) and rest.get("kind", self.kind) == self.kind
+                    and (self.kind == "List" or "apiVersion" in rest)):
+                pos = yield from self._items(pos + 1, rest.get("apiVersion"))
                 streamed = True
             else:
                 rest[key], pos = _decode(text, pos)
@@ -169,10 +173,11 @@ class _ListReader:
         self.end = pos + 1
         if not streamed:
             yield self.line, None, rest
-        elif rest.get("kind") != "List":
-            raise DecodeError("its items were read as a List's, but its kind is not List", line=self.line)
+        elif rest.get("kind") != self.kind:
+            raise DecodeError(f"its items were read as a {self.kind}'s, but its kind is not {self.kind}",
+                              line=self.line)
 
-    def _items(self, pos: int) -> Generator[tuple[int, int | None, Any], None, int]:
+    def _items(self, pos: int, api_version: Any) -> Generator[tuple[int, int | None, Any], None, int]:
         text, index, line, counted = self.text, 0, self.line, self.start
         pos = _skip(text, pos)
         if text.startswith("]", pos):
@@ -181,7 +186,7 @@ class _ListReader:
             line += text.count("\n", counted, pos)
             counted = pos
             item, pos = _decode(text, pos)
-            yield line, index, item
+            yield line, index, lists.item(item, self.kind, api_version)
             del item  # the caller holds it only while it parses it
             index += 1
             pos = _skip(text, pos)

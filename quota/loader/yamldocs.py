@@ -31,6 +31,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import ScalarNode
 
 from quota.inventory import gc_paused
+from quota.loader import lists
 from quota.loader.limits import (
     ALIAS_EXPANSION_FLOOR,
     MAX_DEPTH,
@@ -231,20 +232,21 @@ class _Builder:
 def yaml_documents(data: bytes) -> Iterator[tuple[int, int | None, Any]]:
     """(line, List item index or None, value) for each document of UTF-8 `data` (checked
     by the caller; bytes, since libyaml would otherwise hold a UTF-8 copy of a str);
-    a List's items one by one."""
+    a List's items one by one (`quota.loader.lists`)."""
     fixed = replace_lone_surrogates if _UNICODE_ESCAPE.search(data) else _same
     builder = _Builder(data)
     try:
         for line, value in builder.documents():
-            items = value.get("items") if isinstance(value, dict) and value.get("kind") == "List" else None
-            if not isinstance(items, list):
+            kind = value.get("kind") if isinstance(value, dict) else None
+            if not (lists.is_list_kind(kind) and isinstance(items := value.get("items"), list)):
                 yield line, None, fixed(value)
                 continue
             # Hand the items out one by one, letting each go (from the end: pop is O(1)).
             items.reverse()
+            api_version = value.get("apiVersion")
             del value
             for index in range(len(items)):
-                yield line, index, fixed(items.pop())
+                yield line, index, fixed(lists.item(items.pop(), kind, api_version))
     except _Refused as err:
         raise DecodeError(err.message, line=err.line) from None
     except yaml.MarkedYAMLError as err:

@@ -23,8 +23,11 @@ import pytest_asyncio
 from .cluster import ControlPlane, ControlPlaneError, build
 from .driver import GpuFleet, create_fleet
 from .kube import Kube, Obj
+from .kubectl import Kubectl, KubectlError
+from .kubectl import build as build_kubectl
 from .kueue import Kueue, KueueError
 from .kueue import build as build_kueue
+from .timings import summary, write_if_asked
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -87,6 +90,20 @@ async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
     """Admin (system:masters) client for the control plane; plain-dict API, see kube.py."""
     async with cluster.client() as k:
         yield k
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    """The real kubectl (tests/e2e/kubectl.py) with the admin kubeconfig; failing to build it
+    is an ERROR of the tests that ask, never a skip."""
+    problem = None
+    try:
+        binary = build_kubectl()
+    except KubectlError as e:
+        problem = f"cannot build kubectl:\n{e}"
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return Kubectl(binary, cluster.kubeconfig, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -196,6 +213,14 @@ def pytest_runtest_makereport(
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    figures = summary()
+    if figures:
+        terminalreporter.section("durations measured, not asserted (tests/e2e/timings.py)")
+        for line in figures:
+            terminalreporter.write_line(line)
+        written = write_if_asked()
+        if written is not None:
+            terminalreporter.write_line(f"written to {written}")
     cp = _control_plane
     if cp is None or not cp.startup_seconds:
         return

@@ -18,8 +18,11 @@ How it is wired (each fact checked against the v0.19.2 source built):
   DeviceClass without a mapping makes a Workload inadmissible).
 - Metrics certificates: with internal cert management off, cmd/kueue/main.go always
   watches ``/etc/kueue/metrics/certs/tls.{crt,key}`` (a literal, no flag), even with the
-  metrics listener off; :func:`ensure_metrics_certs` puts a throw-away pair there once
-  (the files only have to exist and parse: nothing is served with them).
+  metrics listener off (the files only have to exist and parse: nothing is served with
+  them). Nothing is written to the host's /etc: Kueue runs in a mount namespace of its own
+  (:func:`with_private_etc`, util-linux ``unshare``) whose /etc is the host's with an
+  overlay from the test's temporary directory, where :func:`write_metrics_certs` puts a
+  throw-away pair.
 - CRDs from the module's config/components/crd/bases (no conversion webhook stanza: the
   tests use v1beta2, the storage version, only).
 - Webhooks: the module's config/components/webhook/manifests.yaml, kept to Kueue's own
@@ -37,8 +40,8 @@ import asyncio
 import base64
 import contextlib
 import copy
-import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -52,6 +55,7 @@ import yaml
 
 from certs import authority
 from devcluster.controlplane import die_with_parent_process
+from tests.tools import gobuild
 
 from .cluster import REPO_ROOT, Component, ControlPlane, free_ports
 from .driver import DRIVER, create_device_class
@@ -78,20 +82,12 @@ class KueueError(RuntimeError):
     pass
 
 
-def build(timeout: float = 5400) -> Path:
+def build() -> Path:
     """Run tests/tools/build-kueue.sh (a fast no-op when up to date); the binary's path."""
     try:
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise KueueError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from e
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-80:])
-        raise KueueError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{tail}")
-    binary = KUEUE_DIR / "kueue"
-    if not os.access(binary, os.X_OK):
-        raise KueueError(f"{BUILD_SCRIPT} succeeded but {binary} is missing")
-    return binary
+        return gobuild.build(BUILD_SCRIPT, binary=KUEUE_DIR / "kueue")
+    except gobuild.BuildError as e:
+        raise KueueError(str(e)) from None
 
 
 def configuration(*, webhook_port: int, health_port: int, cert_dir: Path) -> Obj:
@@ -139,30 +135,31 @@ def adapted_webhooks(manifests: Sequence[Obj], *, port: int, ca_pem: bytes) -> l
     return configs
 
 
-def ensure_metrics_certs(directory: Path = METRICS_CERT_DIR) -> None:
-    """A pair (our throw-away CA's leaf) at Kueue's fixed metrics path, written once (under a lock, as
-    several test sessions may start Kueue at once); kept when one that parses is there."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(directory.parent / ".e2e.lock", "wb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            crt, key = directory / "tls.crt", directory / "tls.key"
-            with contextlib.suppress(OSError, ValueError):
-                if key.stat().st_size and authority.inspect(crt.read_bytes()).valid_at(datetime.now(UTC)):
-                    return
-            now = datetime.now(UTC)
-            ca = authority.new_ca("dra-quota e2e kueue metrics", now=now, validity=timedelta(days=3650))
-            pair = authority.new_serving(ca, dns_names=["localhost"], now=now, validity=timedelta(days=3650))
-            for path, data in ((key, pair.key_pem), (crt, pair.cert_pem)):
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(data)
-                tmp.chmod(0o600)
-                tmp.replace(path)
-    except PermissionError as e:
-        raise KueueError(
-            f"Kueue (internalCertManagement off) reads its metrics certificate from {directory}, a path "
-            f"fixed in cmd/kueue/main.go; this user cannot write it: {e}"
-        ) from e
+def write_metrics_certs(etc_upper: Path) -> None:
+    """A pair (our throw-away CA's leaf) where Kueue's private /etc shows it at METRICS_CERT_DIR."""
+    directory = etc_upper / METRICS_CERT_DIR.relative_to("/etc")
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+    ca = authority.new_ca("dra-quota e2e kueue metrics", now=now, validity=timedelta(days=2))
+    pair = authority.new_serving(ca, dns_names=["localhost"], now=now, validity=timedelta(days=2))
+    for name, data in (("tls.key", pair.key_pem), ("tls.crt", pair.cert_pem)):
+        (directory / name).write_bytes(data)
+        (directory / name).chmod(0o600)
+
+
+def with_private_etc(argv: Sequence[str], etc_upper: Path, etc_work: Path) -> list[str]:
+    """argv run in a mount namespace of its own, its /etc the host's overlaid with etc_upper:
+    what Kueue reads at its fixed paths comes from the test's directory, and nothing it (or
+    the test) writes there reaches the host. Root (CI) needs only a new mount namespace;
+    another user maps itself to root in a new user namespace first (Linux >= 5.11 for an
+    overlay mounted there)."""
+    if shutil.which("unshare") is None:
+        raise KueueError("Kueue's private /etc needs util-linux's unshare, which is not on PATH")
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare[1:1] = ["--user", "--map-root-user"]
+    script = 'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc && shift 2 && exec "$@"'
+    return [*unshare, "--", "sh", "-c", script, "sh", str(etc_upper), str(etc_work), *argv]
 
 
 @dataclass
@@ -195,12 +192,15 @@ class Kueue:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
         (self.cert_dir / "tls.crt").write_bytes(serving.cert_pem)
         (self.cert_dir / "tls.key").write_bytes(serving.key_pem)
-        ensure_metrics_certs()
+        etc_upper, etc_work = self.workdir / "etc" / "upper", self.workdir / "etc" / "work"
+        etc_work.mkdir(parents=True, exist_ok=True)
+        write_metrics_certs(etc_upper)
         config = self.workdir / "kueue-config.yaml"
         config.write_text(yaml.safe_dump(configuration(
             webhook_port=self.webhook_port, health_port=self.health_port, cert_dir=self.cert_dir)))
-        self.process.argv = [str(self.binary), f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}",
-                             "--zap-log-level=2", "--zap-devel=false"]
+        self.process.argv = with_private_etc(
+            [str(self.binary), f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}",
+             "--zap-log-level=2", "--zap-devel=false"], etc_upper, etc_work)
         env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
         with open(self.log_path, "wb") as log:
             self.process.proc = subprocess.Popen(

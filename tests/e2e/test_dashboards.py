@@ -147,6 +147,14 @@ def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
         "panel 'Quota devices: used, reserved, hard' A":  # used
             lambda r: values(r, "namespace", "quota").get((ns, "small")) == 2,
         "panel 'Leader' A": lambda r: 1.0 in values(r, "instance").values(),
+        # headroom: "gpus" full (160Gi used of 160Gi), "small" 80Gi below what is already used
+        "panel 'DeviceQuotas: hard, used, reserved, headroom' D": lambda r: {
+            k: v for k, v in values(r, "namespace", "quota").items() if k[0] == ns} == {
+            (ns, "gpus"): 0, (ns, "small"): -80 * GI},
+        "panel 'Devices held per namespace and GPU model' A": lambda r: values(r, "namespace", "model").get(
+            (ns, held[0].model)) == len(held),
+        "panel 'Pending claims per namespace' A": lambda r: values(r, "namespace").get((ns,)) == 0,
+        "panel 'Denied claims per namespace' A": lambda r: (ns,) in values(r, "namespace"),
         "panel 'GPU utilisation per claim' A": lambda r: all(
             close(values(r, "namespace", "claim").get((ns, claim), -1), sum(g.utilisation for g in gs) / len(gs))
             for claim, gs in claims.items()) and {k for k in values(r, "namespace", "claim") if k[0] == ns} == {

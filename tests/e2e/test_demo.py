@@ -16,10 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import REPO_ROOT, build
 
@@ -108,6 +110,13 @@ def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: P
         assert top.returncode == 0, top.stderr
         rows = {(q["namespace"], q["name"]): q for q in json.loads(top.stdout)["quotas"]}
         assert rows[("team-a", "gpus")]["used"] == {"memory": 282 * GiB, "devices": 2}
+        # Where to scrape is printed, and it answers with the quota it just showed.
+        assert kept["metrics"] in proc.stderr
+        with urllib.request.urlopen(kept["metrics"], timeout=30) as scraped:
+            text = scraped.read().decode()
+        used = {"namespace": "team-a", "quota": "gpus", "resource": "memory", "type": "used"}
+        assert [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "draquota_quota" and s.labels == used] == [282 * GiB]
     finally:
         if kept:
             stopped = subprocess.run(["sh", kept["stop"]], capture_output=True, text=True, timeout=60)

@@ -53,6 +53,39 @@ async def test_served_with_short_name_and_printer_columns(kube: Kube, crd: dict[
     assert columns[:6] == ["Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices", "Reserved Devices"]
 
 
+TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"  # what kubectl get asks for
+
+
+async def test_kubectl_get_shows_an_exceeded_quota_and_its_pending_claims(
+    kube: Kube, crd: dict[str, Any], make_namespace: Callable[..., Awaitable[str]]
+) -> None:
+    """The columns as the API server renders them for kubectl (its Table): 282Gi used against
+    a hard lowered to 200Gi used to look normal (issue 17)."""
+    ns = await make_namespace("dq-table")
+    lowered = await kube.create(GV, "devicequotas", quota("gpus", hard={"memory": "200Gi", "devices": 8}),
+                                namespace=ns)
+    lowered["status"] = {
+        "used": {"memory": "282Gi", "devices": 2}, "reserved": {"memory": "0", "devices": 0},
+        "claims": {"allocated": 2, "pending": 3},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Counted", "message": "",
+                        "lastTransitionTime": "2026-11-23T00:00:00Z"},
+                       {"type": "Exceeded", "status": "True", "reason": "AboveHard", "message": "",
+                        "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
+    await kube.replace(GV, "devicequotas", lowered, namespace=ns, subresource="status")
+    await kube.create(GV, "devicequotas", quota("fresh", hard={"memory": "80Gi"}), namespace=ns)
+
+    table = await kube.request("GET", f"/apis/{GV}/namespaces/{ns}/devicequotas", extra_headers=[("Accept", TABLE)])
+    assert table["kind"] == "Table", table
+    names = [c["name"] for c in table["columnDefinitions"] if c["priority"] == 0]
+    assert names == ["Name", "Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices",
+                     "Reserved Devices", "Exceeded", "Pending Claims", "Age"]
+    rows = {row["cells"][0]: dict(zip(names, row["cells"], strict=False)) for row in table["rows"]}
+    assert (rows["gpus"]["Used Memory"], rows["gpus"]["Hard Memory"]) == ("282Gi", "200Gi")
+    assert (rows["gpus"]["Exceeded"], rows["gpus"]["Pending Claims"]) == ("True", 3)
+    # Not counted yet: empty cells, as kubectl prints <none>.
+    assert (rows["fresh"]["Exceeded"], rows["fresh"]["Pending Claims"]) == (None, None)
+
+
 async def test_examples_are_accepted_and_parse_the_same(
     kube: Kube, crd: dict[str, Any], make_namespace: Callable[..., Awaitable[str]]
 ) -> None:

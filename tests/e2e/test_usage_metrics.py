@@ -6,8 +6,8 @@ controller and scheduler. The fleet publishes whole GPUs and MIG devices with th
 attributes the NVIDIA driver publishes (`uuid`; a MIG device's `parentUUID` and
 `profile`); pods get their claims from templates and the scheduler allocates them; one
 claim no pod uses stays pending (reserved). Every expectation is computed from what the
-API server holds: each claim's `draquota.io/charge` annotation (written by the mutating
-webhook), whether it is allocated, the devices its allocation names and the pods in its
+API server holds: each claim's `draquota.io/charge` annotation (written by the leader once
+the claim exists), whether it is allocated, the devices its allocation names and the pods in its
 `status.reservedFor`, never hard-coded. The device and class products are unique to this
 run, so the charge estimated at admission is the exact one too.
 """
@@ -24,12 +24,15 @@ import pytest
 import pytest_asyncio
 
 from webhook.metrics import (
+    ADMISSION_REQUESTS,
+    ALLOCATION_WAIT,
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
     INVENTORY_DEVICES,
     INVENTORY_MEMORY,
     LEADER,
     NAMESPACE_USAGE,
+    PENDING_CLAIMS,
     QUOTA,
 )
 from webhook.usagemetrics import DEVICE_INFO_LABELS
@@ -166,6 +169,7 @@ def expected(world: World, claims: list[Obj]) -> Samples:
         add(INVENTORY_DEVICES, labels, 1)
         add(INVENTORY_MEMORY, labels, {"80Gi": 80 * 2**30, "10Gi": 10 * 2**30}[device["capacity"]["memory"]["value"]])
         add(INVENTORY_ALLOCATED, labels, 0)
+    add(PENDING_CLAIMS, {"namespace": ns}, sum(not allocated(c) for c in claims))
     for claim in claims:
         state = "allocated" if allocated(claim) else "reserved"
         for resource, amount in charge(claim).items():
@@ -187,7 +191,7 @@ def expected(world: World, claims: list[Obj]) -> Samples:
                 add(INVENTORY_ALLOCATED, {"driver": DRIVER, "model": PRODUCT, "profile": profile}, 1)
             for pod in pods or [""]:
                 values = (ns, claim["metadata"]["name"], pod, result["driver"], result["pool"], result["device"],
-                          gpu_uuid, profile)
+                          PRODUCT, gpu_uuid, profile)
                 add(CLAIM_DEVICE_INFO, dict(zip(DEVICE_INFO_LABELS, values, strict=True)), 1)
     return out
 
@@ -195,7 +199,8 @@ def expected(world: World, claims: list[Obj]) -> Samples:
 def shown(world: World, scraped: Samples) -> Samples:
     """The scrape's usage samples of this test's namespace, and of this run's device model."""
     return {key: value for key, value in scraped.items()
-            if (key[0] in (QUOTA, NAMESPACE_USAGE, CLAIM_DEVICE_INFO) and ("namespace", world.namespace) in key[1])
+            if (key[0] in (QUOTA, NAMESPACE_USAGE, CLAIM_DEVICE_INFO, PENDING_CLAIMS)
+                and ("namespace", world.namespace) in key[1])
             or (key[0] in (INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED) and ("model", PRODUCT) in key[1])}
 
 
@@ -241,11 +246,28 @@ async def test_scrape_equals_the_charges_of_the_claims_the_scheduler_allocated(k
         claims = await converge(kube, world, "the scrape to show the allocated and pending claims' charges")
         assert sum(allocated(c) for c in claims) == 3 and len(claims) == 4
         scraped = await world.served.metrics()
-        assert scraped[(LEADER, frozenset())] == 1  # no leader election yet: every replica leads
+        assert scraped[(LEADER, frozenset())] == 1  # it holds its own Lease
         # Each pod's devices are named with the pod, the MIG one with its parent GPU's uuid.
         info = [dict(labels) for (name, labels) in shown(world, scraped) if name == CLAIM_DEVICE_INFO]
         assert sorted(i["pod"] for i in info) == sorted(pods)
         assert [i["GPU_I_PROFILE"] for i in info if i["pod"] == "mig-a"] == [PROFILE]
+
+        # Each allocated claim's wait from creation to allocation, once, under its namespace
+        # (it holds DeviceQuotas, so it is named); its admissions are counted under it too.
+        waits: dict[frozenset[tuple[str, str]], float] = {}
+
+        async def recorded() -> bool:
+            waits.clear()
+            waits.update({labels: v for (name, labels), v in (await world.served.metrics()).items()
+                          if name == f"{ALLOCATION_WAIT}_count"})
+            return waits.get(frozenset({("namespace", ns)})) == 3
+
+        try:
+            await poll(recorded, timeout=30, what="three allocation waits observed")
+        except WaitTimeout:
+            assert waits == {frozenset({("namespace", ns)}): 3}
+        assert any(name == ADMISSION_REQUESTS and ("namespace", ns) in labels
+                   for name, labels in await world.served.metrics())
 
         # A pod deleted: its claim is deallocated and deleted, and its charge leaves `used`.
         await free_pod(kube, ns, "whole-a")

@@ -36,7 +36,8 @@ build_name=tests/tools/build-helm.sh
 source "$here/gobuild.sh"
 require_go "helm $HELM_VERSION ($HELM_MODULE)"
 
-stamp=$({ echo "$go_version"; sha256sum "$here/build-helm.sh"; } | sha256sum | cut -d' ' -f1)
+# The script's content, not its path (sha256sum FILE prints the path): every clone agrees.
+stamp=$({ echo "$go_version"; sha256sum <"$here/build-helm.sh"; } | sha256sum | cut -d' ' -f1)
 up_to_date() { [[ -x $bin && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; }
 wait_turn "$out_dir" helm
 

@@ -36,7 +36,8 @@ build_name=tests/tools/build-kueue.sh
 source "$here/gobuild.sh"
 require_go "Kueue $KUEUE_VERSION ($KUEUE_MODULE)"
 
-stamp=$({ echo "$go_version"; sha256sum "$here/build-kueue.sh"; } | sha256sum | cut -d' ' -f1)
+# The script's content, not its path (sha256sum FILE prints the path): every clone agrees.
+stamp=$({ echo "$go_version"; sha256sum <"$here/build-kueue.sh"; } | sha256sum | cut -d' ' -f1)
 up_to_date() {
 	[[ -x $bin && -d $out_dir/crd && -f $out_dir/webhooks.yaml && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]
 }

@@ -143,3 +143,14 @@ def test_reserved_is_split_by_source_workloads_and_claims() -> None:
     assert status["reserved"] == {"memory": "320Gi", "devices": 4}
     assert status["reservedBy"] == {"claims": {"memory": "160Gi", "devices": 2},
                                     "workloads": {"memory": "160Gi", "devices": 2}}
+
+
+def test_reserved_by_is_left_out_while_no_workload_holds_anything() -> None:
+    """Without Kueue (or with nothing held), `kubectl describe` showed `Reserved By:` with
+    an empty `Workloads:` split: the field is absent, all of `reserved` is claims'; one
+    written earlier goes."""
+    before = quota_obj(status={"reservedBy": {"claims": {"memory": "80Gi", "devices": 1},
+                                              "workloads": {"memory": "80Gi", "devices": 1}}})
+    status = desired(before, usage=Usage(reserved=GPU, pending_claims=1))
+    assert status["reserved"] == {"memory": "80Gi", "devices": 1}
+    assert "reservedBy" not in status

@@ -5,17 +5,18 @@ The scheduler compiles selectors with a runtime cost limit of 1,000,000
 and the API server refuses expressions longer than 10 KiB
 (CELSelectorExpressionMaxLength). The hostile expressions below must end quickly with
 "actual cost limit exceeded" instead of hanging or exhausting memory; compile_test.go's
-"expensive" case is in test_conformance.py.
+"expensive" case is in test_conformance.py. "Quickly" is a CPU-time bound (tests/unit/bounds.py,
+as the fuzz suites), never the wall clock: other processes' load must not fail it; how long
+they take is printed by bench/hostile.py (`-k cel -v`).
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
 from quota.cel import MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector, extlib
 from quota.cel.values import EvalError
+from ..bounds import bounded
 from tests.unit.cel.devices import activation
 
 
@@ -42,21 +43,19 @@ HOSTILE = {
 @pytest.mark.parametrize("expression", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_expression_stops_at_the_cost_limit(expression: str) -> None:
     selector = compile_selector(expression)
-    started = time.perf_counter()
-    with pytest.raises(CelRuntimeError, match="^operation cancelled: actual cost limit exceeded$"):
+    with bounded(seconds=5), pytest.raises(CelRuntimeError, match="^operation cancelled: actual cost limit exceeded$"):
         selector.evaluate(activation("d", attributes={"x": 1}))
-    assert time.perf_counter() - started < 5  # typically well under a second
 
 
 def test_regex_cannot_backtrack_catastrophically() -> None:
     selector = compile_selector('"' + "a" * 40 + '!".matches("(a+)+$")')
-    started = time.perf_counter()
-    if extlib.HAVE_RE2:
-        assert selector.evaluate(activation("d")) is False
-    else:  # Python's engine would take minutes: the fallback refuses the pattern
-        with pytest.raises(CelRuntimeError, match="needs google-re2"):
-            selector.evaluate(activation("d"))
-    assert time.perf_counter() - started < 1
+    # A backtracking engine needs about 2^40 steps here (hours of CPU): RE2 answers at once.
+    with bounded(seconds=5):
+        if extlib.HAVE_RE2:
+            assert selector.evaluate(activation("d")) is False
+        else:  # Python's engine would take minutes: the fallback refuses the pattern
+            with pytest.raises(CelRuntimeError, match="needs google-re2"):
+                selector.evaluate(activation("d"))
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ def test_the_cli_states_the_limitation_and_refuses_what_it_cannot_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The process's logging setup replaces the root handlers: not in a shared test process.
-    monkeypatch.setattr("quota.cli.configure_logging", lambda *_: None)
+    monkeypatch.setattr("webhook.serve.configure_logging", lambda *_: None)
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())

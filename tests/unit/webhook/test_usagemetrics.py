@@ -35,6 +35,7 @@ from webhook.metrics import (
     LEADER,
     NAMES,
     NAMESPACE_USAGE,
+    PENDING_CLAIMS,
     QUOTA,
     WORKLOADS_RESERVED,
     Metrics,
@@ -172,16 +173,19 @@ def test_namespace_usage_covers_namespaces_without_a_quota_and_follows_changes()
         ("team-a", "gpu", "memory", "reserved"): 80 * GiB, ("team-a", "gpu", "devices", "reserved"): 1,
         ("team-b", "gpu", "memory", "allocated"): 80 * GiB, ("team-b", "gpu", "devices", "allocated"): 1,
     }
+    pending = {dict(labels)["namespace"]: v for labels, v in family(world.scrape(), PENDING_CLAIMS).items()}
+    assert pending == {"team-a": 1, "team-b": 0}  # "two" waits for the scheduler
     # A cached namespace must not keep stale samples: allocate "two", delete team-b's claim.
     world.claims.upsert(claim("two", "u2", "gpu-2"))
     world.claims.delete(claim("elsewhere", "u3", namespace="team-b"))
     assert usage() == {("team-a", "gpu", "memory", "allocated"): 2 * 80 * GiB,
                        ("team-a", "gpu", "devices", "allocated"): 2}
+    assert family(world.scrape(), PENDING_CLAIMS) == {frozenset({("namespace", "team-a")}): 0}
 
 
-def info(namespace: str, claim_name: str, pod: str, device: str, uuid: str, profile: str = "") -> frozenset[
-        tuple[str, str]]:
-    values = (namespace, claim_name, pod, D, "node-1", device, uuid, profile)
+def info(namespace: str, claim_name: str, pod: str, device: str, uuid: str, profile: str = "", *,
+         model: str = A100) -> frozenset[tuple[str, str]]:
+    values = (namespace, claim_name, pod, D, "node-1", device, model, uuid, profile)
     return frozenset(zip(DEVICE_INFO_LABELS, values, strict=True))
 
 
@@ -210,7 +214,7 @@ def test_device_info_names_each_held_device_its_claim_pod_and_dcgm_uuid() -> Non
     # A driver republishing its devices (a new model, say) relabels the held ones.
     world.slices.upsert(make_slice("n1", devices(H100), driver=D, generation=2))
     scraped = world.scrape()
-    assert info("team-a", "no-pod-yet", "late", "gpu-1", "GPU-1") in family(scraped, CLAIM_DEVICE_INFO)
+    assert info("team-a", "no-pod-yet", "late", "gpu-1", "GPU-1", model=H100) in family(scraped, CLAIM_DEVICE_INFO)
     assert {dict(k)["model"] for k in family(scraped, INVENTORY_DEVICES)} == {H100}
 
 
@@ -243,7 +247,8 @@ def test_only_the_leader_exports_usage() -> None:
     world.claims.replace([claim("one", "u1", "gpu-0", pods=("p",))])
     follower = world.scrape()
     assert family(follower, LEADER) == {frozenset(): 0}
-    usage = (QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO)
+    usage = (QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO,
+             PENDING_CLAIMS)
     assert not [key for key in follower if key[0] in usage]
     world.leading = True
     leader = world.scrape()

@@ -1,0 +1,141 @@
+"""`dra-quota check` as a CI gate reads it (issue 17): exit statuses, what it says when no
+quota applies, typo'd kinds, typed Lists and unknown fields.
+
+Through `quota.cli.main`, as a pipeline runs the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .builders import exactly, make_class, make_claim, make_device, make_quota, make_slice, request
+from .test_check import EXAMPLES, run
+
+CLASS = make_class("gpu", 'device.driver == "gpu.example.com"')
+SLICE = make_slice("node-1", [make_device("d0"), make_device("d1")])
+
+
+def write(path: Path, *objects: dict[str, Any]) -> str:
+    path.write_text(yaml.safe_dump_all(objects))
+    return str(path)
+
+
+def claim(name: str, namespace: str = "team-a", **body: Any) -> dict[str, Any]:
+    return make_claim(name, request("gpu", body or exactly("gpu")), namespace=namespace)
+
+
+# -- exit statuses ------------------------------------------------------------------------------
+
+
+def test_fail_on_deny_exits_1_when_anything_is_denied(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "check", "-f", str(EXAMPLES), "--fail-on-deny")
+    assert code == 1 and "DENIED" in out  # the report is printed either way
+    assert err.strip().endswith("error: 6 of 24 claims and templates denied (--fail-on-deny)")
+    assert run(capsys, "check", "-f", str(EXAMPLES))[0] == 0  # without the flag: it ran
+
+
+def test_fail_on_deny_exits_0_when_everything_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "ok.yaml", CLASS, SLICE, make_quota("gpus", memory="160Gi"), claim("a"))
+    assert run(capsys, "check", "-f", path, "--fail-on-deny")[0] == 0
+
+
+def test_unreadable_input_stays_2_with_fail_on_deny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.yaml").write_text("kind: [")
+    assert run(capsys, "check", "-f", str(tmp_path / "bad.yaml"), "--fail-on-deny")[0] == 2
+
+
+# -- no quota applies ---------------------------------------------------------------------------
+
+
+def test_a_claim_no_quota_counts_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scoped = make_quota("other", namespace="team-b", memory="1Gi")
+    scoped["spec"]["deviceClassNames"] = ["another-class"]
+    path = write(tmp_path / "in.yaml", CLASS, SLICE, scoped, claim("free", namespace="team-c"),
+                 claim("unscoped", namespace="team-b"))
+    code, out, _ = run(capsys, "check", "-f", path)
+    rows = {line.split()[2]: line for line in out.splitlines()[1:] if line.startswith("ResourceClaim")}
+    assert code == 0
+    assert rows["free"].endswith("no DeviceQuota in namespace team-c: no quota applies")
+    assert rows["unscoped"].endswith("no DeviceQuota of namespace team-b counts its device classes: no quota applies")
+
+
+# -- kinds --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("doc", "kind"), [
+    ({**make_quota("gpus", memory="80Gi"), "kind": "DeviceQuotas"}, "DeviceQuotas"),
+    ({"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuotaLis", "items": []}, "DeviceQuotaLis"),
+    ({"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuotaList",
+      "items": [{"metadata": {"name": "team"}}]}, "ClusterDeviceQuota"),
+])
+def test_an_unknown_kind_of_our_group_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    doc: dict[str, Any], kind: str) -> None:
+    """Skipped with a warning, a typo'd quota left every claim of its namespace allowed."""
+    path = write(tmp_path / "q.yaml", CLASS, doc, claim("a"))
+    code, out, err = run(capsys, "check", "-f", path)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {path}:") and f"unknown kind '{kind}' in draquota.io: dra-quota knows " \
+                                                 "DeviceQuota" in err
+
+
+def typed_list(kind: str, api_version: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """As the API server (`kubectl get --raw`) and client libraries print a collection:
+    its items carry neither kind nor apiVersion."""
+    bare = [{k: v for k, v in item.items() if k not in ("kind", "apiVersion")} for item in items]
+    return {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": "7"}, "items": bare}
+
+
+@pytest.mark.parametrize("form", ["yaml", "json", "json, apiVersion last", "json, kubectl's key order"])
+def test_typed_lists_are_read_like_kind_list(tmp_path: Path, capsys: pytest.CaptureFixture[str], form: str) -> None:
+    slices = typed_list("ResourceSliceList", "resource.k8s.io/v1", [SLICE])
+    quotas = typed_list("DeviceQuotaList", "draquota.io/v1alpha1", [make_quota("gpus", memory="80Gi")])
+    paths = []
+    for name, value in (("slices", slices), ("quotas", quotas)):
+        if form == "yaml":
+            paths.append(write(tmp_path / f"{name}.yaml", value))
+            continue
+        if form == "json, apiVersion last":
+            value = {k: v for k, v in value.items() if k != "apiVersion"} | {"apiVersion": value["apiVersion"]}
+        text = json.dumps(value, sort_keys=form.endswith("order"), indent=2)
+        (tmp_path / f"{name}.json").write_text(text)
+        paths.append(str(tmp_path / f"{name}.json"))
+    code, out, err = run(capsys, "check", "-f", write(tmp_path / "class.yaml", CLASS), "-f", *paths,
+                         "-f", write(tmp_path / "claims.yaml", claim("one"), claim("two")), "-o", "json")
+    assert code == 0 and "skipped" not in err, err
+    report = json.loads(out)
+    assert [(o["name"], o["allowed"], o["requests"][0]["candidates"]) for o in report["objects"]] == [
+        ("one", True, 2), ("two", False, 2)]
+    assert report["quotas"][0]["used"] == {"memory": 0, "devices": 0}
+
+
+# -- unknown fields -----------------------------------------------------------------------------
+
+
+def test_a_misspelt_claim_field_is_named_as_the_api_server_names_it(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "c.yaml", CLASS, SLICE, claim("typo", deviceClassname="gpu"))
+    code, out, _ = run(capsys, "check", "-f", path, "-o", "json")
+    (obj,) = json.loads(out)["objects"]
+    assert (code, obj["allowed"]) == (0, False)
+    assert obj["reason"] == ('invalid ResourceClaim: strict decoding error: unknown field '
+                             '"spec.devices.requests[0].exactly.deviceClassname"')
+
+
+@pytest.mark.parametrize(("doc", "named"), [
+    ({**CLASS, "spec": {"selector": [{"cel": {"expression": "true"}}]}}, 'DeviceClass gpu: strict decoding error: '
+     'unknown field "spec.selector"'),
+    (make_slice("s", [{**make_device("d0"), "capacity": {"memory": {"vaule": "80Gi"}}}]),
+     'ResourceSlice s: strict decoding error: unknown field "spec.devices[0].capacity.memory.vaule"'),
+    ({**make_quota("gpus", memory="80Gi"), "spec": {"hrad": {"memory": "80Gi"}}},
+     'DeviceQuota gpus: strict decoding error: unknown field "spec.hrad"'),
+])
+def test_an_unknown_field_in_the_clusters_state_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             doc: dict[str, Any], named: str) -> None:
+    path = write(tmp_path / "state.yaml", doc)
+    code, out, err = run(capsys, "check", "-f", path)
+    assert (code, out) == (2, "") and err == f"error: {path}:1 (document 1): {named}\n"
