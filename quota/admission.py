@@ -15,6 +15,7 @@ from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usag
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Mode, Namespace
 from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
+from quota.validation import MAX_INT64
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
            "object_ref"]
@@ -259,9 +260,14 @@ class Admitter:
             warnings: list[str] = []
             for entry, count in priced:
                 pricing = entry.pricing[mode]
-                requests.extend(pricing.requests * count)
+                # Arithmetic, not copies: a Job's parallelism may be 2^31-1 (issue 15.7).
+                requests.extend(r.times(count) for r in pricing.requests if count)
                 warnings.extend(pricing.warnings)
             pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)))
+            total = pricings[mode].total
+            if max(total.memory, total.devices) > MAX_INT64:
+                return (f"the Workload's Pods together would charge {total.devices} devices and {total.memory} "
+                        f"bytes of memory, past what a quota can count (2^63-1): lower the PodSets' counts")
         return Entry(namespace, ref, pricings, allocated=False)
 
     def workload_charges(self, entry: Entry) -> dict[DeviceQuota, Charge]:

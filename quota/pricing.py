@@ -50,6 +50,15 @@ class PricedRequest:
         """The charge a quota scoped by `in_scope` sees: out-of-scope alternatives cost 0."""
         return combine((c if in_scope(cls) else ZERO for cls, c in self.alternatives), self.mode)
 
+    def times(self, count: int) -> PricedRequest:
+        """`count` copies of this request as one (a Workload's Pods each stamping the claim).
+
+        Exact for every quota scope: `scoped` combines the alternatives per dimension by
+        max or min, which commutes with multiplying every alternative by the same count.
+        """
+        return replace(self, charge=self.charge.times(count),
+                       alternatives=tuple((cls, c.times(count)) for cls, c in self.alternatives))
+
 
 @dataclass(frozen=True, slots=True)
 class Pricing:

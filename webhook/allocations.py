@@ -32,6 +32,7 @@ import aiohttp
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim, allocated_charge_annotation
 from quota.kubeapi import ApiError, KubeApi, Resource
 from quota.pricing import Pricer
+from webhook.guard import guarded
 
 __all__ = ["AllocationRecorder"]
 
@@ -61,7 +62,9 @@ class AllocationRecorder:
         if claim.allocation is None or not claim.uid:
             self._pending.pop(claim.uid, None)
             return
-        if self._pricer().allocation_record(claim) == dict(claim.recorded_devices):
+        record = guarded(f"the allocation record of ResourceClaim {claim.namespace}/{claim.name}",
+                         lambda: self._pricer().allocation_record(claim))
+        if record is None or record == dict(claim.recorded_devices):
             self._pending.pop(claim.uid, None)
             self._failures.pop(claim.uid, None)
             return
@@ -107,8 +110,9 @@ class AllocationRecorder:
 
     async def _write(self, claim: Claim) -> bool | None:
         """One record; False: failed and put back to retry; None: written or not needed."""
-        record = self._pricer().allocation_record(claim)
-        if record == dict(claim.recorded_devices):
+        record = guarded(f"the allocation record of ResourceClaim {claim.namespace}/{claim.name}",
+                         lambda: self._pricer().allocation_record(claim))
+        if record is None or record == dict(claim.recorded_devices):
             return None
         patch = {"metadata": {"uid": claim.uid,
                               "annotations": {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}}}

@@ -34,6 +34,7 @@ from quota.slices import SliceError, parse_slice
 from quota.watching import Store
 from quota.usage import Holders
 from webhook.allocations import AllocationRecorder
+from webhook.guard import guarded
 
 __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "parse_or_skip"]
 
@@ -241,6 +242,10 @@ class ClaimStore:
             self.freed(str(meta.get("namespace") or ""))
 
     def _account(self, claim: Claim, obj: Obj) -> None:
+        guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
+                lambda: self._account_one(claim, obj))
+
+    def _account_one(self, claim: Claim, obj: Obj) -> None:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version

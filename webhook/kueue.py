@@ -46,9 +46,11 @@ from quota.workloads import (
     needs_decision,
     our_checks,
     parse_workload,
+    too_many_claims,
 )
 from webhook.caches import parse_or_skip
 from webhook.events import EventKey, EventRecorder, Ref
+from webhook.guard import guarded
 from webhook.reservations import Reservations
 
 __all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
@@ -109,6 +111,8 @@ class KueueCaches:
 
     def price(self, workload: Workload) -> Entry | str:
         """The Workload's price (`quota.workloads`), or why it has none."""
+        if problem := too_many_claims(workload):
+            return problem
         counts: Counter[str] = Counter()
         for pod_set in workload.pod_sets:
             for template in pod_set.templates:
@@ -134,7 +138,15 @@ class KueueCaches:
                 continue
             else:
                 self.deciding.discard(uid)
-            entry = self.price(workload) if workload is not None and holds(workload, ours) else None
+            if workload is not None and holds(workload, ours):
+                admitted = workload
+                priced = guarded(f"pricing Workload {admitted.namespace}/{admitted.name}",
+                                 lambda: self.price(admitted))
+                if priced is None:
+                    continue  # keep whatever it holds: counting less could over-commit
+                entry: Entry | str | None = priced
+            else:
+                entry = None
             if isinstance(entry, str):
                 assert workload is not None
                 log.warning("Workload %s/%s is admitted but cannot be priced (%s): it holds nothing",
@@ -342,6 +354,15 @@ class AdmissionCheckController:
                 except _FAILURES as err:
                     log.warning("cannot decide check %s of Workload %s/%s: %s", check, workload.namespace,
                                 workload.name, err)
+                except Exception:
+                    # A bug or a hostile Workload fails this Workload, never the loop (and
+                    # so never the leader, nor each next one: issue 15.7).
+                    log.exception("deciding check %s of Workload %s/%s failed", check, workload.namespace,
+                                  workload.name)
+                    self.recorder.record(EventKey(Ref(API, "Workload", workload.name, workload.namespace), None,
+                                                  "Warning", "DeviceQuotaCheckFailed", "AdmissionCheck",
+                                                  f"check {check}: dra-quota failed to decide this Workload "
+                                                  "(see its logs); it is retried at the next resync"))
 
     async def _activate(self, name: str) -> None:
         obj = self.caches.checks.get(name) or {}
