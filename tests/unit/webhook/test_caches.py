@@ -155,7 +155,8 @@ def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
     assert world.inventory.usable() == {}
 
 
-def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 15.7: a store that raises stops its reflector, and `serve` then stops; one
     claim's failure must cost that claim its accounting, nothing more."""
     world = World()
@@ -166,7 +167,7 @@ def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(ca
             raise MemoryError()
         real(parsed)
 
-    world.admitter.reserve_existing = reserve_existing  # type: ignore[method-assign]
+    monkeypatch.setattr(world.admitter, "reserve_existing", reserve_existing)
     world.claims.replace([claim("bad", "u-bad"), claim("good", "u-good")])
     world.claims.upsert(claim("later", "u-later"))
     assert world.usage().reserved == Charge(160 * GiB, 2)

@@ -51,7 +51,8 @@ class Recorder(EventRecorder):
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("a bug"), MemoryError()])
-async def test_a_workload_whose_decision_raises_fails_alone_and_the_next_is_decided(failure: Exception) -> None:
+async def test_a_workload_whose_decision_raises_fails_alone_and_the_next_is_decided(
+        failure: Exception, monkeypatch: pytest.MonkeyPatch) -> None:
     kc, _, _ = caches()
     TemplateStore(kc).upsert(make_claim("gpus", request("gpu", exactly("gpu")), kind="ResourceClaimTemplate",
                                         namespace=FREE))
@@ -64,7 +65,7 @@ async def test_a_workload_whose_decision_raises_fails_alone_and_the_next_is_deci
             raise failure
         return real(namespace, ref, claims)
 
-    kc.admitter.workload_entry = workload_entry  # type: ignore[method-assign]
+    monkeypatch.setattr(kc.admitter, "workload_entry", workload_entry)
     api, recorder = Api(), Recorder()
     controller = AdmissionCheckController(api, kc, Reservations(api, kc.ledger, ttl=60),  # type: ignore[arg-type]
                                           recorder, leading=lambda: True)
@@ -75,7 +76,7 @@ async def test_a_workload_whose_decision_raises_fails_alone_and_the_next_is_deci
         ("first", "DeviceQuotaCheckFailed")]
 
 
-def test_a_held_workload_whose_pricing_raises_keeps_its_holding() -> None:
+def test_a_held_workload_whose_pricing_raises_keeps_its_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     """In the stores (every replica): the exception is logged and what it held stays
     counted, since counting less could over-commit."""
     kc, _, _ = caches()
@@ -90,7 +91,7 @@ def test_a_held_workload_whose_pricing_raises_keeps_its_holding() -> None:
     def broken(*_: Any) -> Any:
         raise RuntimeError("a bug")
 
-    kc.admitter.workload_entry = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(kc.admitter, "workload_entry", broken)
     ready["spec"]["podSets"][0]["count"] = 2
     store.upsert(ready)  # does not raise
     assert kc.ledger.holding(ClaimRef("w-1")) == held
