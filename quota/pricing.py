@@ -5,6 +5,11 @@ Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one devi
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
 classes: no clock, no I/O. `Pricer` only adds caches keyed on the inventory generation.
+
+Every estimate spends a claim `Budget` (`quota.work`): its request selectors' compile
+charge and the matches they need, cached ones at what they cost. Out of budget, the
+claim is not priced: its `Pricing.errors` carry the budget's message, and admission
+denies it with that message.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
 from quota.quantity import ceil_int, format_quantity
 from quota.selectors import DeviceGroup, Match, SelectorMatcher
+from quota.work import COMPILE_UNITS_PER_BYTE, Budget, BudgetExceeded
 
 __all__ = ["PricedRequest", "Pricing", "Pricer", "at_least_recorded", "combine"]
 
@@ -91,6 +97,8 @@ class _Estimate:
     warnings: tuple[str, ...] = ()
     error: str | None = None
     unpriced: bool = False
+    # The matches it took, (key, cost): what a claim that finds it cached is charged.
+    matches: tuple[tuple[object, int], ...] = ()
 
 
 class Pricer:
@@ -112,18 +120,24 @@ class Pricer:
 
     # -- unallocated claims: an estimate -------------------------------------------
 
-    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative") -> Pricing:
+    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative", budget: Budget | None = None) -> Pricing:
+        """The claim's estimate; `budget` is the claim's (shared by its pricing modes), a
+        claim budget of its own when None."""
+        budget = budget if budget is not None else Budget.claim()
         requests: list[PricedRequest] = []
         warnings: list[str] = []
         errors: list[str] = []
-        for request in spec.requests:
-            priced, req_warnings, req_errors = self._request(request, mode)
-            requests.append(priced)
-            warnings.extend(req_warnings)
-            errors.extend(req_errors)
+        try:
+            for request in spec.requests:
+                priced, req_warnings, req_errors = self._request(request, mode, budget)
+                requests.append(priced)
+                warnings.extend(req_warnings)
+                errors.extend(req_errors)
+        except BudgetExceeded as exceeded:
+            return Pricing((), False, tuple(warnings), (str(exceeded),))
         return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
 
-    def _request(self, request: Request, mode: Mode) -> tuple[PricedRequest, list[str], list[str]]:
+    def _request(self, request: Request, mode: Mode, budget: Budget) -> tuple[PricedRequest, list[str], list[str]]:
         alternatives: list[tuple[DeviceClassName, Charge]] = []
         warnings: list[str] = []
         errors: list[str] = []
@@ -131,7 +145,7 @@ class Pricer:
         counts: list[int] = []
         unpriced: list[tuple[str, DeviceClassName]] = []
         for alt in request.alternatives:
-            est = self._requirement(alt, mode)
+            est = self._requirement(alt, mode, budget)
             if est.unpriced:
                 unpriced.append((alt.name, alt.device_class))
             counts.append(est.candidates)  # the same in both modes
@@ -147,7 +161,9 @@ class Pricer:
         priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced))
         return priced, warnings, errors
 
-    def _requirement(self, req: DeviceRequirement, mode: Mode) -> _Estimate:
+    def _requirement(self, req: DeviceRequirement, mode: Mode, budget: Budget) -> _Estimate:
+        for expression in req.selectors:
+            budget.once(("compile", expression), len(expression.encode("utf-8", "replace")) * COMPILE_UNITS_PER_BYTE)
         cls = self.classes.get(req.device_class)
         if cls is None:
             return _Estimate(0, Charge(0, 0 if req.admin_access else req.count), (), (
@@ -158,44 +174,48 @@ class Pricer:
         key = (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._price(req, cls, mode)
+            cached = self._price(req, cls, mode, budget)
             self._cache[key] = cached
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
+            for match_key, cost in cached.matches:
+                budget.once(match_key, cost)
         return cached
 
-    def _price(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
-        match = self.matcher.match((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests])
+    def _price(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget) -> _Estimate:
+        match = self.matcher.match((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests], budget)
+        spent = ((match.key, match.cost),)
         if match.error is not None:
             where = f"class {cls.name}" if match.error.stage == 0 else "selector"
             kind = "CEL compile error" if match.error.compile_error else "CEL runtime error"
-            return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}")
+            return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}", matches=spent)
         priced = _eligible(match, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access:
             # adminAccess devices stay usable by others: they cost nothing (DESIGN.md).
-            return _Estimate(count, ZERO)
+            return _Estimate(count, ZERO, matches=spent)
         if count == 0:
-            return self._no_candidate(req, cls, mode)
+            return self._no_candidate(req, cls, mode, budget, spent)
         warnings: tuple[str, ...] = ()
         unpriced = not _publish_memory(g for _, _, g in priced)
         if req.allocation_mode == "All":
-            return _Estimate(count, _all_mode(priced), unpriced=unpriced)
+            return _Estimate(count, _all_mode(priced), unpriced=unpriced, matches=spent)
         per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
         if count < req.count:
             warnings = (f"only {count} device(s) match now, {req.count} requested",)
-        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced)
+        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced, matches=spent)
 
-    def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
+    def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget,
+                      spent: tuple[tuple[object, int], ...]) -> _Estimate:
         """Price at the class's largest per-device charge so the claim cannot slip in for free.
 
         Per device, the charge this request would have on it (DESIGN.md): a whole device,
         or on a shared one the request's memory rounded by the policy, or the policy
         default when it asks for none, not the shared device's whole memory.
         """
-        class_match = self.matcher.match((cls.selectors,))
+        class_match = self.matcher.match((cls.selectors,), (), budget)
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
         largest = max((charge for charge, _, _ in priced), default=0)
         if req.allocation_mode == "All":
@@ -205,7 +225,7 @@ class Pricer:
         return _Estimate(0, charge, (
             f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
             f"in class {cls.name} ({format_quantity(largest)} each)",
-        ), unpriced=not _publish_memory(class_match.groups))
+        ), unpriced=not _publish_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
 
     # -- allocated claims: exact --------------------------------------------------
 

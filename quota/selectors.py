@@ -19,6 +19,14 @@ Why it is fast:
   (`quota.columns`), so a field no selector read before costs a lookup per pool, and
   pools that agree on it are split once. Partitions are kept per chain of field sets
   and refreshed per pool: after a slice update only that pool moves.
+
+Cost and pauses (`quota.work`): a match spends the claim's budget on every evaluation
+(`quota.verdicts`), and a cached match spends what it cost when computed, once per
+claim. Under a slicer (`webhook.slicing`) a match pauses between groups and inside
+long evaluations; it walks a snapshot of the partition's classes taken when it
+started, so a slice update that refreshes the partition in place meanwhile cannot
+break the walk: the result is the match at the generation it started from, as if it
+had run a moment earlier, and is cached under that generation.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import operator
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import overload
 
 from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
@@ -36,7 +44,8 @@ from quota.columns import Field, base_fields
 from quota.inventory import Inventory
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition
-from quota.verdicts import MATCH_COST_BUDGET, Budget, SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
+from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
+from quota.work import Budget, pauses
 
 __all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
@@ -102,6 +111,9 @@ class DeviceGroup:
 class Match:
     groups: tuple[DeviceGroup, ...]
     error: SelectorError | None = None
+    # What computing it cost (CEL units) and what `Budget.once` knows it by.
+    cost: int = 0
+    key: Hashable = None
 
     @property
     def count(self) -> int:
@@ -152,30 +164,39 @@ class SelectorMatcher:
         # Pools (re)partitioned so far: lets tests and benchmarks see incrementality.
         self.pools_computed = 0
 
-    def match(self, stages: Sequence[Sequence[str]], capacity_names: Sequence[str] = ()) -> Match:
+    def match(self, stages: Sequence[Sequence[str]], capacity_names: Sequence[str] = (),
+              budget: Budget | None = None) -> Match:
         """Devices passing every selector of every stage, grouped by what pricing reads.
 
         `capacity_names` are the capacities a request asks for: they join the grouping
         key so every device of a group has the same capacity to check and charge.
+        `budget`: the claim's (a claim of its own when None); BudgetExceeded when it runs
+        out, and nothing is cached then (another claim may have more left).
         """
+        budget = budget if budget is not None else Budget.claim()
         generation = self._inventory.generation
         extra = tuple(sorted(set(capacity_names)))
         chain = tuple(tuple(stage) for stage in stages)
+        key = ("match", chain, extra)
         result_key = (chain, extra, generation)
         cached = self._results.lookup(result_key)
         if isinstance(cached, Match):
+            budget.once(key, cached.cost)
             return cached
         compiled: list[Stage] = []
         for index, expressions in enumerate(chain):
             stage = self._stage(index, expressions)
             if isinstance(stage, SelectorError):
-                return Match((), stage)
+                return Match((), stage, key=key)
             compiled.append(stage)
         partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
+        runs: list[StageRun] = []
         try:
-            result = Match(self._kept(compiled, partition, len(base_fields("", extra))))
+            result = Match(self._kept(compiled, partition, len(base_fields("", extra)), budget, runs), key=key)
         except StageFailed as failed:
-            result = Match((), failed.error)
+            result = Match((), failed.error, key=key)
+        result = replace(result, cost=sum(run.spent for run in runs))
+        budget.mark(key)
         self._results.store(result_key, result)
         return result
 
@@ -230,23 +251,28 @@ class SelectorMatcher:
 
     # -- verdicts --------------------------------------------------------------------
 
-    def _kept(self, stages: list[Stage], partition: Partition, base: int) -> tuple[DeviceGroup, ...]:
+    def _kept(self, stages: list[Stage], partition: Partition, base: int, budget: Budget,
+              runs: list[StageRun]) -> tuple[DeviceGroup, ...]:
         """The groups passing every stage, merged by their first `base` key values (the
         fields pricing needs uniform). Stages run in order, as the scheduler evaluates
         them: later ones only see devices the earlier ones kept, so their runtime errors
-        cannot fire on others."""
-        budget = Budget(MATCH_COST_BUDGET)
-        runs: list[StageRun] = []
+        cannot fire on others. `runs` receives the stages' runs (what they spent)."""
+        pause = pauses()
         for stage in stages:
             runs.append(StageRun(stage, runs[-1].end if runs else base, self._verdicts,
-                                 activation=self._activation, budget=budget))
+                                 activation=self._activation, budget=budget, pause=pause))
         evaluated = [s for s in stages if s.selectors]
         kept: dict[GroupKey, list[Part]] = {}
         # Class by class (pools with the same groups): a key may recur across classes.
-        for state, members in partition.classes.items():
-            pools = tuple(members.values())
+        # A snapshot (module doc): the walk may pause, and refreshes move pools in place.
+        classes = [(state, tuple(members.values())) for state, members in partition.classes.items()]
+        walked = 0
+        for state, pools in classes:
             devices = pools[0].devices
             for key, positions in state:
+                walked += 1
+                if pause is not None and not walked % _PAUSE_GROUPS:
+                    pause()
                 device = devices[positions[0]]
                 if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
                     message = f"{key[0]} (device {device.key})"
@@ -269,6 +295,10 @@ class SelectorMatcher:
             activation = device_activation(device)
             self._activations[device] = activation
         return activation
+
+
+# Groups walked between two pause points (~0.1 ms when their verdicts are cached).
+_PAUSE_GROUPS = 256
 
 
 def _base(extra: tuple[str, ...]) -> FieldsOf:

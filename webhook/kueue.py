@@ -52,6 +52,7 @@ from webhook.caches import parse_or_skip
 from webhook.events import EventKey, EventRecorder, Ref
 from webhook.guard import guarded
 from webhook.reservations import Reservations
+from webhook.slicing import Busy, Slicer
 
 __all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
            "serves_workloads"]
@@ -312,7 +313,7 @@ class AdmissionCheckController:
 
     def __init__(self, api: KubeApi, caches: KueueCaches, reservations: Reservations, recorder: EventRecorder, *,
                  leading: Callable[[], bool], retry_seconds: int = 15, resync: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, slicer: Slicer | None = None) -> None:
         self.api = api
         self.caches = caches
         self.reservations = reservations
@@ -321,6 +322,8 @@ class AdmissionCheckController:
         self.retry_seconds = retry_seconds
         self.resync = resync
         self.clock = clock
+        # A Workload is priced like a review: in slices, expensive ones in the slow lane.
+        self.slicer = slicer if slicer is not None else Slicer()
         self.decisions = 0  # entries written (tests wait on it)
         self._wake = asyncio.Event()
 
@@ -351,7 +354,7 @@ class AdmissionCheckController:
             for check in needs_decision(workload, ours):
                 try:
                     await self.decide(workload, check)
-                except _FAILURES as err:
+                except (*_FAILURES, Busy) as err:
                     log.warning("cannot decide check %s of Workload %s/%s: %s", check, workload.namespace,
                                 workload.name, err)
                 except Exception:
@@ -388,7 +391,7 @@ class AdmissionCheckController:
             # would check the Workload against its own holding and refuse it (seen on the
             # e2e cluster: an Admitted Workload turned Retry, and Kueue evicted it).
             return
-        entry = self.caches.price(workload)
+        entry = await self.slicer.run(lambda: self.caches.price(workload))
         if isinstance(entry, str):
             await self._write(workload, check, "Retry", f"cannot be priced: {entry}")
             return

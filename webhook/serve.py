@@ -80,6 +80,7 @@ from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.allocations import AllocationRecorder
 from webhook.requeue import Requeuer
+from webhook.slicing import Slicer
 from webhook.reservations import Reservations
 from webhook.usagemetrics import UsageMetrics
 from webhook.review import AdmissionRequest, Verdict
@@ -247,6 +248,8 @@ class Caches:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        # One slow lane for every review and Workload decision (`webhook.slicing`).
+        self.slicer = Slicer()
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.allocations = (AllocationRecorder(api, lambda: self.admitter.pricer, leading=leading)
@@ -357,7 +360,7 @@ async def serve(options: ServeOptions) -> int:
                     also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations,
-                       learn_pod=PodLookup(api, caches.admitter) if kueue else None)
+                       learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
@@ -448,7 +451,7 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
             return
         checks = AdmissionCheckController(caches.reservations.api, caches.kueue,
                                           caches.reservations, recorder, leading=elector.leading,
-                                          retry_seconds=options.kueue_retry_seconds)
+                                          retry_seconds=options.kueue_retry_seconds, slicer=caches.slicer)
         await asyncio.gather(controller.run(), checks.run())
 
     await elector.run(work)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quota.cel import ast
+from quota.work import pause_point
 
 DevicePath = tuple[str, ...]
 
@@ -78,6 +79,7 @@ class _Walker:
             raise _Unresolvable
 
     def visit(self, node: ast.Node, env: Env) -> _Part | None:
+        pause_point()
         if isinstance(node, ast.Ident):
             if node.name in env:
                 return env[node.name]

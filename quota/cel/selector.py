@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from quota.cel import checker, references, syntax
 from quota.cel.estimate import estimate
@@ -22,6 +22,7 @@ from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
 from quota.cel.values import CostLimitExceeded, EvalError, type_name
+from quota.work import PAUSE_EVERY, pause_point
 
 __all__ = ["CelCompileError", "CelRuntimeError", "CompiledSelector", "compile_selector", "MAX_EXPRESSION_BYTES"]
 
@@ -73,12 +74,15 @@ class CompiledSelector:
         """Does the device match? Raises CelRuntimeError for any evaluation error."""
         return self.evaluate_with_cost(activation, cost_limit=cost_limit)[0]
 
-    def evaluate_with_cost(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT) -> tuple[bool, int]:
+    def evaluate_with_cost(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT,
+                           pause: Callable[[], None] | None = None) -> tuple[bool, int]:
         """`evaluate`, plus the cost spent: lets a caller keep one budget across many
-        devices (a claim's selectors over a whole inventory)."""
+        devices (a claim's selectors over a whole inventory). `pause` is called every
+        `quota.work.PAUSE_EVERY` units (the slicer's hook: one evaluation may take
+        100-200 ms of the 1,000,000 units)."""
         if activation.error is not None:
             raise CelRuntimeError(activation.error)
-        state = State(activation, self._slots, cost_limit - self._base_cost)
+        state = State(activation, self._slots, cost_limit - self._base_cost, pause=pause, every=PAUSE_EVERY)
         try:
             result = self._fn(state)
         except EvalError as exc:
@@ -123,15 +127,12 @@ def _recursion_room() -> Iterator[None]:
     makes sure the interpreter's limit leaves room for that on top of the caller's
     stack. Python 3.11+ keeps Python-to-Python calls off the C stack, so a higher
     limit is safe; compilation is rare (cached), evaluation never needs this."""
-    previous = sys.getrecursionlimit()
     needed = _frame_depth() + 4 * MAX_AST_DEPTH + 100
-    if needed > previous:
+    if needed > sys.getrecursionlimit():
+        # Raised, never lowered again: compilations paused in slices (`quota.work`)
+        # interleave, and one restoring the limit under another would fail it.
         sys.setrecursionlimit(needed)
-    try:
-        yield
-    finally:
-        if needed > previous:
-            sys.setrecursionlimit(previous)
+    yield
 
 
 def _frame_depth() -> int:
