@@ -45,7 +45,7 @@ from quota.inventory import Inventory
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition
 from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
-from quota.work import Budget, pauses
+from quota.work import PAUSE_EVERY, Budget, pauses
 
 __all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
@@ -228,26 +228,26 @@ class SelectorMatcher:
         that reads `productName` shares one partition, whatever literal it compares with.
         """
         key = (chain, extra)
-        partition = self._partitions.lookup(key)
-        if not isinstance(partition, Partition):
-            partition = Partition(None, _base(extra) if not chain else _fixed(chain[-1]))
-            self._partitions.store(key, partition)
-        if partition.generation != generation:
-            parent = self._partition(chain[:-1], extra, generation) if chain else None
-            if parent is not partition.parent:
-                # The parent was evicted and rebuilt since: start over from the new one.
-                partition.parent = parent
-                partition.generation = -1
-            pools = self._inventory.usable_pools()
-            # The journal names the pools rebuilt since (the parent, refreshed first,
-            # already moved them); when it cannot tell, every pool is recomputed.
-            changed = self._inventory.changed_since(partition.generation) if partition.generation >= 0 else None
-            if changed is None:
-                self.pools_computed += partition.rebuild(pools, self._inventory.field_pools())
-            else:
-                self.pools_computed += partition.refresh(changed, pools)
+        found = self._partitions.lookup(key)
+        partition = found if isinstance(found, Partition) else None
+        if partition is not None and partition.generation == generation:
+            return partition
+        parent = self._partition(chain[:-1], extra, generation) if chain else None
+        # The journal names the pools rebuilt since (the parent, refreshed first, already
+        # moved them); when it cannot tell, or the parent was evicted and rebuilt since,
+        # every pool is recomputed.
+        changed = (self._inventory.changed_since(partition.generation)
+                   if partition is not None and partition.parent is parent else None)
+        if partition is not None and changed is not None:
+            self.pools_computed += partition.refresh(changed, self._inventory.usable_pools())
             partition.generation = generation
-        return partition
+            return partition
+        # A fresh level, installed once complete: the rebuild may pause (quota.partitions).
+        fresh = Partition(parent, _base(extra) if not chain else _fixed(chain[-1]))
+        self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools())
+        fresh.generation = generation
+        self._partitions.store(key, fresh)
+        return fresh
 
     # -- verdicts --------------------------------------------------------------------
 
@@ -266,13 +266,16 @@ class SelectorMatcher:
         # Class by class (pools with the same groups): a key may recur across classes.
         # A snapshot (module doc): the walk may pause, and refreshes move pools in place.
         classes = [(state, tuple(members.values())) for state, members in partition.classes.items()]
-        walked = 0
+        walked, paused_at = 0, budget.spent
         for state, pools in classes:
             devices = pools[0].devices
             for key, positions in state:
                 walked += 1
-                if pause is not None and not walked % _PAUSE_GROUPS:
+                # Every few hundred groups, or sooner after evaluations (each too short
+                # to reach a pause point of its own).
+                if pause is not None and (not walked % _PAUSE_GROUPS or budget.spent - paused_at >= PAUSE_EVERY):
                     pause()
+                    paused_at = budget.spent
                 device = devices[positions[0]]
                 if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
                     message = f"{key[0]} (device {device.key})"

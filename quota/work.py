@@ -30,13 +30,14 @@ from typing import Literal
 __all__ = ["CLAIM_COST_BUDGET", "COMPILE_UNITS_PER_BYTE", "PAUSE_EVERY", "REVIEW_COST_BUDGET", "Budget",
            "BudgetExceeded", "Pause", "pause_point", "pauses", "pausing"]
 
-# Per claim: 5x the scheduler's per-expression limit. Honest claims cost thousands of
-# units (grouping evaluates each selector once per distinct device shape); a selector
-# read per device over a 58,000-device inventory costs ~300,000.
-CLAIM_COST_BUDGET = 5_000_000
+# Per claim: twice the scheduler's per-expression limit, ~0.2-0.4 s of work on an idle
+# core (1-2 s on a loaded one). Honest claims cost thousands of units (grouping
+# evaluates each selector once per distinct device shape); a selector read per device
+# over a 58,000-device inventory costs ~300,000.
+CLAIM_COST_BUDGET = 2_000_000
 # Per review: twice a claim's (the validating webhook prices its claim for the check and
 # again for the charge per quota), and all the templates of a Kueue Workload together.
-REVIEW_COST_BUDGET = 10_000_000
+REVIEW_COST_BUDGET = 4_000_000
 # Compiling costs ~5-70 us a byte (the LALR parse, then five passes over the AST); an
 # evaluation unit ~30-200 ns.
 COMPILE_UNITS_PER_BYTE = 50

@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 FIRST_SLICE = 0.005  # seconds: what any review may take before it yields the loop
 SLICE = 0.002  # seconds: each slow-lane turn
-SLOW_LANE = 2  # slow-lane calls running at once
+SLOW_LANE = 1  # slow-lane calls running at once
 SLOW_LANE_QUEUE = 32  # slow-lane calls waiting at most
 
 

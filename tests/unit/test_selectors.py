@@ -18,7 +18,7 @@ from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
 from quota.selectors import SelectorMatcher
-from quota.work import Budget, BudgetExceeded
+from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded
 
 from .builders import make_device, make_slice
 
@@ -114,7 +114,7 @@ def test_a_match_has_one_cost_budget_across_devices() -> None:
     inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(60)])
     heavy = (f"size(device.attributes['{D}']) > 0 && "
              "lists.range(300).all(x, lists.range(100).all(y, x + y >= 0))",)
-    with pytest.raises(BudgetExceeded, match="exceeded the per-claim budget of 5,000,000 CEL cost units"):
+    with pytest.raises(BudgetExceeded, match=f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"):
         SelectorMatcher(inv).match((heavy,))
     cheap = (f"size(device.attributes['{D}']) > 0",)
     assert SelectorMatcher(inv).match((cheap,)).count == 180

@@ -17,7 +17,7 @@ from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.model import DeviceClassName
 from quota.pricing import Pricer
-from quota.work import pause_point
+from quota.work import CLAIM_COST_BUDGET, pause_point
 from tests.unit.cel.devices import activation
 from webhook.slicing import Busy, Slicer
 
@@ -98,14 +98,17 @@ async def test_a_claim_past_its_budget_is_denied_with_the_budget_message_and_the
     admission, turns = await turns_during(slicer, lambda: admitter.admit_claim(
         expensive_claim(1, requests=32), namespace_labels={}, dry_run=True))
     assert not admission.allowed
-    assert "exceeded the per-claim budget of 5,000,000 CEL cost units" in admission.reason
+    assert f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units" in admission.reason
     assert turns > 10
 
 
 async def test_cheap_calls_finish_while_expensive_ones_are_in_the_slow_lane() -> None:
     admitter = world()
-    slicer = Slicer(lane=1)
+    # A first slice far longer than a known claim's pricing (microseconds), so that
+    # only the expensive claims reach the slow lane however loaded the machine is.
+    slicer = Slicer(first_slice=0.05, lane=1)
     cheap = parse_claim(make_claim("cheap", request("gpu", exactly("gpu"))))
+    admitter.admit_claim(cheap, namespace_labels={}, dry_run=True)  # its selectors are known, as an honest claim's
     order: list[str] = []
 
     async def run(name: str, fn: Callable[[], Any]) -> None:
