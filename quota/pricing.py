@@ -73,6 +73,8 @@ class Pricing:
     warnings: tuple[str, ...] = ()
     # Reasons the claim cannot be priced or allocated as written (unknown class, CEL errors).
     errors: tuple[str, ...] = ()
+    # Pricing stopped at a budget (`quota.work`): `errors` holds its message, nothing else.
+    over_budget: bool = False
 
     @property
     def total(self) -> Charge:
@@ -134,7 +136,7 @@ class Pricer:
                 warnings.extend(req_warnings)
                 errors.extend(req_errors)
         except BudgetExceeded as exceeded:
-            return Pricing((), False, tuple(warnings), (str(exceeded),))
+            return Pricing((), False, tuple(warnings), (str(exceeded),), over_budget=True)
         return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
 
     def _request(self, request: Request, mode: Mode, budget: Budget) -> tuple[PricedRequest, list[str], list[str]]:

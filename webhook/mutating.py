@@ -15,7 +15,9 @@ pkg/registry/rest/create.go BeforeCreate), so nothing is reserved here: the vali
 phase reserves under the uid. The charge written is the estimate at this moment; the
 validating phase prices again a few milliseconds later and is the one that counts.
 A claim that does not parse is let through without a patch: the validating webhook
-denies it, naming the field, and one denial is clearer than two.
+denies it, naming the field, and one denial is clearer than two. A claim whose pricing
+exceeds its budget (`quota.work`) is denied here with the budget's message: the
+validating webhook would spend the same budget again to say the same.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def annotate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     except ClaimError:
         return Verdict(True)
     pricing = ctx.admitter.price(claim)
+    if pricing.over_budget:
+        return Verdict(False, "; ".join(pricing.errors), cause="pricing")
     quotas = [
         q.name for q in sorted(ctx.admitter.ledger.quotas(claim.namespace), key=lambda q: q.name)
         if not pricing.charge_for(q.device_classes).is_zero()

@@ -28,6 +28,7 @@ cancelled while paused (the review's deadline) kills its greenlet, unwinding it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar, cast
@@ -37,6 +38,8 @@ from greenlet import GreenletExit, greenlet
 from quota.work import pausing
 
 __all__ = ["FIRST_SLICE", "SLICE", "SLOW_LANE", "SLOW_LANE_QUEUE", "Busy", "Slicer"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -117,6 +120,7 @@ class Slicer:
             if self._waiting >= self.queue:
                 raise Busy(self._waiting)
             self.slow_calls += 1
+            log.debug("pricing did not finish in its first slice: slow lane (%d waiting)", self._waiting)
             self._waiting += 1
             try:
                 await self._lane.acquire()
