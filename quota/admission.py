@@ -289,16 +289,29 @@ class Admitter:
 
     def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> None:
         """Count an unallocated claim that already exists, without a check: one admitted
-        before this process started, or deallocated. Refusing it now would change nothing.
+        before this process started, or deallocated. Refusing it now would change nothing."""
+        self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
 
-        In the default mode at no less than the charge recorded at its admission
-        (`quota.pricing.at_least_recorded`): a restart must not re-price what was reserved.
-        """
+    def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
+        """What `reserve_existing` counts: the estimate in every mode, in the default mode
+        at no less than the charge recorded at its admission (`quota.pricing.at_least_recorded`:
+        a restart must not re-price what was reserved). A mode whose pricing ran out of
+        budget keeps the upper bound: an existing claim is never counted at less."""
         pricings = self._estimate(claim, budget)
+        for mode, pricing in pricings.items():
+            if pricing.over_budget:
+                pricings[mode] = self.pricer.upper_bound(claim.spec)
         mode = self.ledger.default_mode
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
-        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), pricings, allocated=False,
-                                              owner=claim.owner))
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
+
+    def bound_entry(self, claim: Claim) -> Entry:
+        """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
+        recorded charge: what a replica counts for a stored claim until it has priced it
+        (`webhook.refine`), so that it is ready at once and never counts less than the truth."""
+        bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
+        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
+                     allocated=False, owner=claim.owner)
 
     def price(self, claim: Claim, *, budget: Budget | None = None) -> Pricing:
         """The estimate in the default mode: what the mutating webhook writes on a claim."""

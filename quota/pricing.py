@@ -229,6 +229,41 @@ class Pricer:
             f"in class {cls.name} ({format_quantity(largest)} each)",
         ), unpriced=not _publish_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
 
+    # -- stored claims not priced yet: an upper bound ----------------------------------
+
+    def upper_bound(self, spec: ClaimSpec) -> Pricing:
+        """At least what `estimate` charges in any mode, computed without the claim's own
+        selectors (no tenant CEL: microseconds a claim, from the classes' cached matches).
+
+        Per alternative: `count` devices at the largest per-device charge among its
+        class's devices (each device's whole memory, or what the request would take of a
+        shared one, whichever is larger), All mode the largest per-node sum over the
+        class's devices; firstAvailable the largest alternative per dimension; adminAccess
+        nothing, as the estimate. Every candidate is one of the class's devices and every
+        per-device charge is at most that, so no mode's estimate is above it.
+        """
+        requests = []
+        for request in spec.requests:
+            alternatives = tuple((alt.device_class, self._bound(alt)) for alt in request.alternatives)
+            requests.append(PricedRequest(request.name, 0, combine((c for _, c in alternatives), "conservative"),
+                                          alternatives))
+        return Pricing(tuple(requests))
+
+    def _bound(self, req: DeviceRequirement) -> Charge:
+        if req.admin_access:
+            return ZERO
+        cls = self.classes.get(req.device_class)
+        if cls is None:
+            return Charge(0, req.count)  # what the estimate charges an unknown class
+        groups = self.matcher.match((cls.selectors,)).groups
+        priced = [(max(ceil_int(g.representative.memory), nominal_memory_charge(g.representative, req)),
+                   len(g.devices), g) for g in groups]
+        if req.allocation_mode == "All":
+            # Per dimension: the estimate's node (the largest memory sum of its
+            # candidates) may have more devices than the node with the most memory.
+            return reduce(Charge.max, _per_scope(priced).values(), ZERO)
+        return Charge(max((c for c, _, _ in priced), default=0) * req.count, req.count)
+
     # -- allocated claims: exact --------------------------------------------------
 
     def exact(self, claim: Claim) -> Pricing:
@@ -372,11 +407,16 @@ def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
     The same in both modes: DESIGN.md defines an optimistic variant only for ExactCount
     and firstAvailable, and the scheduler gives an All request every matching device.
     """
+    return max(_per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)
+
+
+def _per_scope(priced: list[tuple[int, int, DeviceGroup]]) -> dict[str, Charge]:
+    """The candidates' charges summed per node (or pool, for devices bound to none)."""
     per_scope: dict[str, Charge] = {}
     for charge, _, group in priced:
         for device in group.devices:
             per_scope[device.scope] = per_scope.get(device.scope, ZERO) + Charge(charge, 1)
-    return max(per_scope.values(), key=lambda c: (c.memory, c.devices), default=ZERO)
+    return per_scope
 
 
 def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:

@@ -14,7 +14,10 @@ Claims are accounted from what the API server holds, so a restart re-derives eve
 reservation: an allocated claim is charged exactly to `used` (`Admitter.account_allocated`);
 an unallocated one keeps the reservation this process made when it admitted it, or,
 when this process never saw its admission (it started later), is priced again and
-reserved as admission would have; a deleted claim releases whatever it held.
+reserved as admission would have; a deleted claim releases whatever it held. With a
+`provisional` hook (`dra-quota serve`: `webhook.refine`), that pricing happens after
+ready: the claim counts at once at its upper bound (`Admitter.bound_entry`, no tenant
+CEL), and the hook prices it in the background.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef
+from quota.ledger import ClaimRef, Entry
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
@@ -171,7 +174,8 @@ class ClaimStore:
 
     def __init__(self, admitter: Admitter, *, forget: Callable[[str], None] | None = None,
                  freed: Callable[[str], None] | None = None, holders: Holders | None = None,
-                 recorder: AllocationRecorder | None = None) -> None:
+                 recorder: AllocationRecorder | None = None,
+                 provisional: Callable[[Claim, Entry], None] | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
@@ -185,6 +189,8 @@ class ClaimStore:
         # Told every claim (the leader records allocated charges on them) and every
         # deleted uid (`webhook.allocations`).
         self.recorder = recorder
+        # Told each stored claim entered at its upper bound, to price it later (module doc).
+        self.provisional = provisional
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
         self._versions: dict[ClaimRef, str] = {}
@@ -260,7 +266,12 @@ class ClaimStore:
         if held is not None and not held.allocated:
             return  # reserved at admission: the claim confirms it
         # Never admitted by this process (it started later), or deallocated.
-        self.admitter.reserve_existing(claim)
+        if self.provisional is None:
+            self.admitter.reserve_existing(claim)
+            return
+        bound = self.admitter.bound_entry(claim)
+        self.ledger.add_or_update_claim(bound)
+        self.provisional(claim, bound)
 
 
 class Notifying:

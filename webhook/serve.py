@@ -79,6 +79,7 @@ from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.allocations import AllocationRecorder
+from webhook.refine import Refiner
 from webhook.requeue import Requeuer
 from webhook.slicing import Slicer
 from webhook.reservations import Reservations
@@ -250,6 +251,8 @@ class Caches:
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         # One slow lane for every review and Workload decision (`webhook.slicing`).
         self.slicer = Slicer()
+        # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
+        self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.allocations = (AllocationRecorder(api, lambda: self.admitter.pricer, leading=leading)
@@ -275,7 +278,8 @@ class Caches:
         ]
         self.claims = reflector(CLAIMS, notifying(ClaimStore(self.admitter, forget=self.reservations.forget,
                                                              freed=requeue.quota_freed if requeue else None,
-                                                             holders=self.holders, recorder=self.allocations)),
+                                                             holders=self.holders, recorder=self.allocations,
+                                                             provisional=self.refiner.add)),
                                 claims=True)
         # Kueue (webhook.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
@@ -305,6 +309,7 @@ class Caches:
     async def run(self) -> None:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
+            group.create_task(self.refiner.run(self.wait_synced), name="stored claims")
             for r in self.first:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))
