@@ -305,6 +305,10 @@ class Admitter:
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
         return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
 
+    def priced_before(self, claim: Claim) -> bool:
+        """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
+        return all(self.pricer.known(claim.spec, mode) for mode in self._modes(claim.namespace))
+
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
         recorded charge: what a replica counts for a stored claim until it has priced it

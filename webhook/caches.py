@@ -265,8 +265,10 @@ class ClaimStore:
         held = self.ledger.entry(claim_ref(claim))
         if held is not None and not held.allocated:
             return  # reserved at admission: the claim confirms it
-        # Never admitted by this process (it started later), or deallocated.
-        if self.provisional is None:
+        # Never admitted by this process (it started later), or deallocated. Priced at
+        # once when that is a cache lookup (claims stamped from a known template, one
+        # this replica priced at admission), else at its bound until priced after ready.
+        if self.provisional is None or self.admitter.priced_before(claim):
             self.admitter.reserve_existing(claim)
             return
         bound = self.admitter.bound_entry(claim)

@@ -57,9 +57,9 @@ class Refiner:
 
     # -- the background pricing -------------------------------------------------------------
 
-    async def run(self, synced: Callable[[], Awaitable[None]]) -> None:
-        """Until cancelled: once every cache synced (after ready), price what waits."""
-        await synced()
+    async def run(self, ready: Callable[[], Awaitable[object]]) -> None:
+        """Until cancelled: once `ready()` returns (`serve` announced ready), price what waits."""
+        await ready()
         while True:
             if not self._queue:
                 self._wake.clear()
@@ -81,4 +81,10 @@ class Refiner:
                 continue  # failed (logged: the bound stays), or replaced while it was priced
             self.admitter.ledger.add_or_update_claim(priced)
             self.refined += 1
+            log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
+                      claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
             self.changed(claim.namespace)
+
+
+def _total(entry: Entry) -> str:
+    return ", ".join(f"{mode} {pricing.total.as_json()}" for mode, pricing in entry.pricing.items())

@@ -253,6 +253,7 @@ class Caches:
         self.slicer = Slicer()
         # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
         self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell)
+        self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl)
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.allocations = (AllocationRecorder(api, lambda: self.admitter.pricer, leading=leading)
@@ -309,7 +310,7 @@ class Caches:
     async def run(self) -> None:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self.refiner.run(self.wait_synced), name="stored claims")
+            group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
             for r in self.first:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))
@@ -508,7 +509,9 @@ async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -
         # still freed by reference counting when replaced, and objects made later are
         # collected as usual.
         gc.freeze()
-        log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims",
+        log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims "
+                 "(%d counted at their upper bound until priced)",
                  time.monotonic() - started, len(caches.inventory.usable()), len(caches.classes),
                  len(caches.namespaces), len(caches.admitter.ledger.quotas()),
-                 sum(1 for _ in caches.admitter.ledger.entries()))
+                 sum(1 for _ in caches.admitter.ledger.entries()), caches.refiner.pending)
+        caches.ready.set()

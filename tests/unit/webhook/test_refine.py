@@ -84,3 +84,13 @@ def test_without_the_hook_a_stored_claim_is_priced_at_once() -> None:
     admitter, _, _, _ = world()
     ClaimStore(admitter).replace([stored("c1")])
     assert admitter.ledger.usage(NS, "gpus").reserved == Charge(40 * GiB, 1)
+
+
+async def test_a_stored_claim_whose_pricing_is_cached_is_priced_at_once() -> None:
+    """A claim stamped from a template this replica priced: a lookup, no bound needed."""
+    admitter, store, refiner, _ = world()
+    store.replace([stored("c1")])
+    await refine(refiner, admitter)
+    store.upsert(stored("c2"))
+    assert refiner.pending == 0
+    assert admitter.ledger.usage(NS, "gpus").reserved == Charge(2 * 40 * GiB, 2)
