@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 from typing import overload
 
 from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
-from quota.columns import Field, base_fields
+from quota.columns import Field, PoolIndex, base_fields
+from quota.equality import INDEX_SHARE, EqualityIndex, index_term
 from quota.inventory import Inventory
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition
@@ -152,6 +153,7 @@ class SelectorMatcher:
         cache_size: int = 1024,
         partition_cache_size: int = 32,
         verdict_cache_size: int = 65536,
+        index_cache_size: int = 8,
     ) -> None:
         self._inventory = inventory
         self._compiled = _LRU(cache_size)
@@ -159,6 +161,8 @@ class SelectorMatcher:
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
         self._partitions = _LRU(partition_cache_size)
         self._results = _LRU(cache_size)
+        # Equality indexes (`quota.equality`) by attribute: ~8 MB each at 58,000 devices.
+        self._indexes = _LRU(index_cache_size)
         self._verdicts = Verdicts(verdict_cache_size)
         self._activations: weakref.WeakKeyDictionary[Device, DeviceActivation] = weakref.WeakKeyDictionary()
         # Pools (re)partitioned so far: lets tests and benchmarks see incrementality.
@@ -189,10 +193,13 @@ class SelectorMatcher:
             if isinstance(stage, SelectorError):
                 return Match((), stage, key=key)
             compiled.append(stage)
-        partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
         runs: list[StageRun] = []
         try:
-            result = Match(self._kept(compiled, partition, len(base_fields("", extra)), budget, runs), key=key)
+            groups = self._by_index(compiled, extra, generation, budget, runs)
+            if groups is None:
+                partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
+                groups = self._kept(compiled, partition, len(base_fields("", extra)), budget, runs)
+            result = Match(groups, key=key)
         except StageFailed as failed:
             result = Match((), failed.error, key=key)
         result = replace(result, cost=sum(run.spent for run in runs))
@@ -254,15 +261,23 @@ class SelectorMatcher:
     def _kept(self, stages: list[Stage], partition: Partition, base: int, budget: Budget,
               runs: list[StageRun]) -> tuple[DeviceGroup, ...]:
         """The groups passing every stage, merged by their first `base` key values (the
-        fields pricing needs uniform). Stages run in order, as the scheduler evaluates
-        them: later ones only see devices the earlier ones kept, so their runtime errors
-        cannot fire on others. `runs` receives the stages' runs (what they spent)."""
+        fields pricing needs uniform). `runs` receives the stages' runs (what they spent)."""
+        kept: dict[GroupKey, list[Part]] = {}
+        for key, pools, positions in self._walk(stages, partition, base, budget, runs, stages):
+            kept.setdefault(key[:base], []).append((pools, positions))
+        return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
+
+    def _walk(self, stages: list[Stage], partition: Partition, base: int, budget: Budget, runs: list[StageRun],
+              chain: list[Stage]) -> Iterator[tuple[GroupKey, tuple[PoolIndex, ...], tuple[int, ...]]]:
+        """The partition's groups passing `stages`, which run in order, as the scheduler
+        evaluates them: later ones only see devices the earlier ones kept, so their
+        runtime errors cannot fire on others. `chain`: every stage of the match (a
+        device CEL cannot see fails it if any stage evaluates CEL)."""
         pause = pauses()
         for stage in stages:
             runs.append(StageRun(stage, runs[-1].end if runs else base, self._verdicts,
                                  activation=self._activation, budget=budget, pause=pause))
-        evaluated = [s for s in stages if s.selectors]
-        kept: dict[GroupKey, list[Part]] = {}
+        evaluated = [s for s in chain if s.selectors]
         # Class by class (pools with the same groups): a key may recur across classes.
         # A snapshot (module doc): the walk may pause, and refreshes move pools in place.
         classes = [(state, tuple(members.values())) for state, members in partition.classes.items()]
@@ -280,17 +295,52 @@ class SelectorMatcher:
                 if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
                     message = f"{key[0]} (device {device.key})"
                     raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
-                for run in runs:
-                    if not run.passes(key, device):
-                        break
-                else:
-                    head = key[:base]
-                    found = kept.get(head)
-                    if found is None:
-                        kept[head] = [(pools, positions)]
-                    else:
-                        found.append((pools, positions))
+                if all(run.passes(key, device) for run in runs):
+                    yield key, pools, positions
+
+    # -- equality indexes ------------------------------------------------------------
+
+    def _by_index(self, stages: list[Stage], extra: tuple[str, ...], generation: int, budget: Budget,
+                  runs: list[StageRun]) -> tuple[DeviceGroup, ...] | None:
+        """The match from an equality index (`quota.equality`), None when it cannot help:
+        the earlier stages over every group, the last one only on its candidates."""
+        term = index_term(stages[-1]) if len(stages) > 1 else None
+        if term is None:
+            return None
+        candidates = self._index(term[0], generation).candidates(term[1])
+        if len(candidates) * INDEX_SHARE > len(self._inventory.usable()):
+            return None
+        base = len(base_fields("", extra))
+        partition = self._partition(tuple(s.fields for s in stages[:-1]), extra, generation)
+        passing = {key for key, _, _ in self._walk(stages[:-1], partition, base, budget, runs, stages)}
+        last = StageRun(stages[-1], runs[-1].end, self._verdicts, activation=self._activation, budget=budget,
+                        pause=pauses(), per_device=True)
+        runs.append(last)
+        pools = self._inventory.usable_pools()
+        kept: dict[GroupKey, list[Part]] = {}
+        for pool_key, position in candidates:
+            pool, state = pools.get(pool_key), partition.states.get(pool_key)
+            if pool is None or state is None or position >= len(pool.devices):
+                continue  # rebuilt while this match paused: the next generation's match sees it
+            key = next((k for k, group in state if position in group), None)
+            if key in passing and last.passes(key, pool.devices[position]):
+                kept.setdefault(key[:base], []).append(((pool,), (position,)))
         return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
+
+    def _index(self, field: Field, generation: int) -> EqualityIndex:
+        found = self._indexes.lookup(field)
+        index = found if isinstance(found, EqualityIndex) else None
+        if index is not None and index.generation == generation:
+            return index
+        changed = self._inventory.changed_since(index.generation) if index is not None else None
+        if index is not None and changed is not None:
+            index.refresh(changed, self._inventory.usable_pools())
+        else:
+            index = EqualityIndex(field)  # fresh, installed once complete: the build may pause
+            index.rebuild(self._inventory.usable_pools())
+        index.generation = generation
+        self._indexes.store(field, index)
+        return index
 
     def _activation(self, device: Device) -> DeviceActivation:
         activation = self._activations.get(device)

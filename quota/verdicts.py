@@ -164,12 +164,14 @@ class StageRun:
                  "spent")
 
     def __init__(self, stage: Stage, start: int, verdicts: Verdicts, *,
-                 activation: Callable[[Device], DeviceActivation], budget: Budget, pause: Pause | None) -> None:
+                 activation: Callable[[Device], DeviceActivation], budget: Budget, pause: Pause | None,
+                 per_device: bool = False) -> None:
         self.stage = stage
         self.start = start
         self.end = start + (1 if stage.fields is None else len(stage.fields))
         # None: evaluate every group (a dynamic stage, or one that turned out per device).
-        self.memo: dict[GroupKey, bool] | None = None if stage.fields is None else {}
+        # `per_device`: keys do not hold the stage's fields (`quota.equality`'s candidates).
+        self.memo: dict[GroupKey, bool] | None = None if stage.fields is None or per_device else {}
         self.table = verdicts.table(stage.expressions)
         self.verdicts = verdicts
         self.activation = activation
@@ -177,7 +179,8 @@ class StageRun:
         self.pause = pause
         self.spent = 0  # what this stage cost in this match, cached verdicts included
         fields = stage.fields
-        self.view = _KeyView(start, fields) if fields is not None and _KeyView.usable(fields) else None
+        usable = fields is not None and not per_device and _KeyView.usable(fields)
+        self.view = _KeyView(start, fields) if fields is not None and usable else None
 
     def passes(self, key: GroupKey, device: Device) -> bool:
         memo = self.memo

@@ -43,7 +43,8 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "_fn", "_slots", "_base_cost")
+    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "equalities", "_fn", "_slots",
+                 "_base_cost")
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class CompiledSelector:
         base_cost: int,
         estimated_cost: int | None,
         presence_only: frozenset[references.DevicePath] = frozenset(),
+        equalities: tuple[tuple[references.DevicePath, str | int | bool], ...] = (),
     ) -> None:
         self.expression = expression
         self.references = refs
@@ -62,6 +64,8 @@ class CompiledSelector:
         self.presence_only = presence_only
         # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
         self.estimated_cost = estimated_cost
+        # Top-level `attribute == literal` terms (`quota.cel.references.equalities`).
+        self.equalities = equalities
         self._fn = fn
         self._slots = slots
         # Every node evaluated once; loops and traversals add to it while running.
@@ -175,6 +179,7 @@ def _compile(expression: str) -> CompiledSelector:
         base_cost=node_count(root),
         estimated_cost=estimate(root),
         presence_only=references.presence_only(root),
+        equalities=references.equalities(root),
     )
 
 
