@@ -295,7 +295,10 @@ class SelectorMatcher:
                 if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
                     message = f"{key[0]} (device {device.key})"
                     raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
-                if all(run.passes(key, device) for run in runs):
+                for run in runs:  # a loop, not all(): no generator per group
+                    if not run.passes(key, device):
+                        break
+                else:
                     yield key, pools, positions
 
     # -- equality indexes ------------------------------------------------------------
