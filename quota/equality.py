@@ -37,13 +37,16 @@ from quota.columns import MISSING, Field, PoolIndex, key_of
 from quota.verdicts import Stage
 from quota.work import pause_point
 
-__all__ = ["EqualityIndex", "index_term", "INDEX_SHARE"]
+__all__ = ["EqualityIndex", "index_term", "worth_indexing", "INDEX_SHARE"]
 
 PoolKey = tuple[str, str]
 Candidate = tuple[PoolKey, int]
 # The index answers a stage only when it leaves at most 1/INDEX_SHARE of the devices to
 # evaluate: a value many devices share (a product name) groups well already.
 INDEX_SHARE = 8
+# Values sampled (from the first pools holding the attribute) to tell an attribute worth
+# an index (mostly distinct: a uuid, a serial) from one that groups (a product name).
+_SAMPLE = 256
 
 
 def index_term(stage: Stage) -> tuple[Field, object] | None:
@@ -55,6 +58,19 @@ def index_term(stage: Stage) -> tuple[Field, object] | None:
         return None
     path, literal = first.equalities[0]
     return path, key_of(literal)
+
+
+def worth_indexing(field: Field, pools: Mapping[PoolKey, PoolIndex]) -> bool:
+    """Whether most sampled values of `field` are distinct (only then is an index small
+    against grouping, and quick to answer)."""
+    sample: list[object] = []
+    for pool in pools.values():
+        column = pool.columns.get(field)
+        if column is not None:
+            sample.extend(v for v in column.values if v is not MISSING)
+            if len(sample) >= _SAMPLE:
+                break
+    return len(sample) > 1 and len(set(sample)) * 2 >= len(sample)
 
 
 class EqualityIndex:
@@ -82,6 +98,10 @@ class EqualityIndex:
             pool = pools.get(pool_key)
             if pool is not None:
                 self._add(pool_key, pool)
+
+    def count(self, key: object) -> int:
+        """How many `candidates(key)` are, without listing them."""
+        return len(self._by_value.get(key, ())) + len(self._by_value.get(MISSING, ()))
 
     def candidates(self, key: object) -> list[Candidate]:
         """The devices holding `key`, then those lacking the attribute."""

@@ -41,7 +41,7 @@ from typing import overload
 
 from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
 from quota.columns import Field, PoolIndex, base_fields
-from quota.equality import INDEX_SHARE, EqualityIndex, index_term
+from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition
@@ -308,11 +308,12 @@ class SelectorMatcher:
         """The match from an equality index (`quota.equality`), None when it cannot help:
         the earlier stages over every group, the last one only on its candidates."""
         term = index_term(stages[-1]) if len(stages) > 1 else None
-        if term is None:
+        if term is None or not worth_indexing(term[0], self._inventory.usable_pools()):
             return None
-        candidates = self._index(term[0], generation).candidates(term[1])
-        if len(candidates) * INDEX_SHARE > len(self._inventory.usable()):
+        index = self._index(term[0], generation)
+        if index.count(term[1]) * INDEX_SHARE > len(self._inventory.usable()):
             return None
+        candidates = index.candidates(term[1])
         base = len(base_fields("", extra))
         partition = self._partition(tuple(s.fields for s in stages[:-1]), extra, generation)
         passing = {key for key, _, _ in self._walk(stages[:-1], partition, base, budget, runs, stages)}

@@ -57,15 +57,21 @@ class BudgetExceeded(Exception):
 
 
 class Budget:
-    """Units one claim or one review may still spend; a claim's spending counts in its review's too."""
+    """Units one claim or one review may still spend; a claim's spending counts in its review's too.
 
-    __slots__ = ("limit", "spent", "scope", "parent", "_charged")
+    Spent once per CEL evaluation, so flat: a claim's `cap` is the least of its own limit
+    and what its review had left when the claim's pricing began (a review prices its
+    claims one after another), and its spending is added to the review's as it goes.
+    """
+
+    __slots__ = ("limit", "spent", "scope", "parent", "cap", "_charged")
 
     def __init__(self, limit: int, scope: Scope, parent: Budget | None = None) -> None:
         self.limit = limit
         self.spent = 0
         self.scope: Scope = scope
         self.parent = parent
+        self.cap = limit if parent is None else min(limit, parent.remaining)
         self._charged: set[Hashable] = set()
 
     @classmethod
@@ -78,16 +84,15 @@ class Budget:
 
     @property
     def remaining(self) -> int:
-        own = self.limit - self.spent
-        return own if self.parent is None else min(own, self.parent.remaining)
+        return self.cap - self.spent
 
     def spend(self, units: int) -> None:
         """Count `units`; raise BudgetExceeded (naming the budget that ran out) past a limit."""
         self.spent += units
         if self.parent is not None:
-            self.parent.spend(units)
-        if self.spent > self.limit:
-            raise BudgetExceeded(self)
+            self.parent.spent += units
+        if self.spent > self.cap:
+            raise BudgetExceeded(self if self.spent > self.limit or self.parent is None else self.parent)
 
     def once(self, key: Hashable, units: int) -> None:
         """`spend(units)` unless this claim was charged for `key` already."""

@@ -10,6 +10,8 @@ fails (which failing device a message names follows iteration order, as it does 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
@@ -65,6 +67,13 @@ def chains(draw: st.DrawFn) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (draw(st.sampled_from(CLASSES)),), request
 
 
+@contextmanager
+def always_indexed() -> Iterator[None]:
+    """The index however common the value and the attribute's values are."""
+    with patch("quota.selectors.INDEX_SHARE", 0), patch("quota.selectors.worth_indexing", lambda *_: True):
+        yield
+
+
 def outcome(match: Match) -> tuple[bool, list[list[str]]]:
     groups = sorted(sorted(str(d.key) for d in g.devices) for g in match.groups)
     return match.error is not None, groups
@@ -75,7 +84,7 @@ def outcome(match: Match) -> tuple[bool, list[list[str]]]:
 def test_the_index_answers_exactly_as_evaluating_every_device(
         inv: Inventory, chain: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
     assert compile_selector(chain[1][0]).equalities, chain  # the index applies
-    with patch("quota.selectors.INDEX_SHARE", 0):  # use the index however many candidates
+    with always_indexed():
         indexed = SelectorMatcher(inv).match(chain)
     with patch("quota.selectors.index_term", lambda stage: None):
         full = SelectorMatcher(inv).match(chain)
@@ -111,6 +120,6 @@ def test_a_term_that_can_exceed_the_cost_limit_keeps_every_device_evaluated() ->
     inv = Inventory()
     inv.replace_all([make_slice("s", [make_device("g", attrs={"kind": "gpu", "uuid": "GPU-1"})], driver=D)])
     chain = (("true",), (f"lists.range(100000000).size() > 0 && device.attributes['{D}'].uuid == 'absent'",))
-    with patch("quota.selectors.INDEX_SHARE", 0):
+    with always_indexed():
         match = SelectorMatcher(inv).match(chain)
     assert match.error is not None and "actual cost limit exceeded" in match.error.message
