@@ -61,6 +61,9 @@ class Refiner:
         """Until cancelled: once `ready()` returns (`serve` announced ready), price what waits."""
         await ready()
         while True:
+            # A claim whose pricing ends in its first slice awaits nothing: give the
+            # loop a turn between claims, or a thousand of them would be one stall.
+            await asyncio.sleep(0)
             if not self._queue:
                 self._wake.clear()
                 await self._wake.wait()

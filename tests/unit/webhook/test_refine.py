@@ -94,3 +94,26 @@ async def test_a_stored_claim_whose_pricing_is_cached_is_priced_at_once() -> Non
     store.upsert(stored("c2"))
     assert refiner.pending == 0
     assert admitter.ledger.usage(NS, "gpus").reserved == Charge(2 * 40 * GiB, 2)
+
+
+async def test_the_loop_runs_between_two_stored_claims() -> None:
+    """Each claim's pricing ends in its first slice here and awaits nothing: the refiner
+    must still give the loop a turn between claims, or a thousand would be one stall."""
+    admitter, store, refiner, _ = world()
+    store.replace([{**stored(f"c{i}"), "spec": {"devices": {"requests": [request("gpu", exactly(
+        "gpu", f"{SMALL} && {i} >= 0"))]}}} for i in range(20)])
+    assert refiner.pending == 20
+    refiner.slicer = Slicer(first_slice=60.0)  # every claim's pricing ends in its first slice
+    seen: set[int] = set()  # how many were refined, at each of the loop's turns
+
+    async def ticker() -> None:
+        while True:
+            seen.add(refiner.refined)
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await refine(refiner, admitter)
+    finally:
+        task.cancel()
+    assert refiner.refined == 20 and len(seen) > 10  # one stretch would show 0 and 20 only
