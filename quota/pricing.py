@@ -118,6 +118,7 @@ class Pricer:
         self.classes = classes
         self.matcher = matcher or SelectorMatcher(inventory)
         self._cache: OrderedDict[object, _Estimate] = OrderedDict()
+        self._bounds: OrderedDict[object, Charge] = OrderedDict()
         self._cache_size = cache_size
 
     # -- unallocated claims: an estimate -------------------------------------------
@@ -265,6 +266,16 @@ class Pricer:
         cls = self.classes.get(req.device_class)
         if cls is None:
             return Charge(0, req.count)  # what the estimate charges an unknown class
+        # Selectors aside, requests share their shape: a thousand stored claims, one bound.
+        key = (replace(req, name="", selectors=()), cls.selectors, self.inventory.generation)
+        found = self._bounds.get(key)
+        if found is None:
+            found = self._bounds[key] = self._class_bound(req, cls)
+            while len(self._bounds) > self._cache_size:
+                self._bounds.popitem(last=False)
+        return found
+
+    def _class_bound(self, req: DeviceRequirement, cls: DeviceClass) -> Charge:
         groups = self.matcher.match((cls.selectors,)).groups
         priced = [(max(ceil_int(g.representative.memory), nominal_memory_charge(g.representative, req)),
                    len(g.devices), g) for g in groups]
