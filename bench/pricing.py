@@ -11,8 +11,10 @@ Prints (and writes to bench/results/pricing.json):
   nowhere guarded with has(), other domains: what a tenant inventing names sends), (f)
   selectors reading `uuid`, one distinct value per device (CEL then runs per device: the
   floor of any grouping; the first also partitions by uuid), (g) selectors testing only
-  the presence of per-device fields (grouped by presence), and the realistic generated
-  claim mix;
+  the presence of per-device fields (grouped by presence), (h) 100 never-seen claims
+  each pinning one device (`uuid == "GPU-..."`, or a PCI bus id), answered from the
+  equality index (`quota.equality`), and 100 others with the index off (the before
+  figure of issue 16.5), and the realistic generated claim mix;
 - each against its target (issues #2 and #6), as a ratio.
 
 Not a timed test: run `python bench/pricing.py [--nodes N]`.
@@ -24,6 +26,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import random
 import resource
 import statistics
@@ -32,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
@@ -149,6 +153,28 @@ def presence_selectors() -> list[ClaimSpec]:
     )]
 
 
+def pinning_selectors(slices: list[dict[str, Any]], n: int, salt: str) -> list[ClaimSpec]:
+    """`n` claims each pinning one device, by uuid or (a GPU and its MIG slices share it)
+    by PCI bus id, never seen before."""
+    rng = random.Random(salt)
+    out = []
+    for _ in range(n):
+        attributes = rng.choice(rng.choice(slices)["spec"]["devices"])["attributes"]
+        cls = "mig.nvidia.com" if "profile" in attributes else "gpu.nvidia.com"
+        bus = attributes.get("resource.kubernetes.io/pciBusID")
+        if bus is not None and rng.random() < 0.3:
+            expression = f"device.attributes['resource.kubernetes.io'].pciBusID == '{bus['string']}'"
+        else:
+            expression = f"device.attributes['{D}'].uuid == '{attributes['uuid']['string']}'"
+        out.append(spec(cls, expression))
+    return out
+
+
+def pinned_without_index(pricer: Pricer, specs: Sequence[ClaimSpec]) -> list[float]:
+    with patch("quota.selectors.index_term", lambda stage: None):
+        return measure(pricer, specs)
+
+
 def measure(pricer: Pricer, specs: Sequence[ClaimSpec]) -> list[float]:
     times = []
     for s in specs:
@@ -240,6 +266,12 @@ def main() -> None:
     rows.append(summary("(f) never seen, reads uuid (CEL per device)", measure(pricer, uuid_selectors(slices)), 200.0))
     rows.append(summary("(g) never seen, presence of per-device fields", measure(pricer, presence_selectors()), 50.0))
     rows.append(summary("(d) seen, right after a slice update", churn(pricer, inventory, slices, seen, rng, args.samples), 1.0))
+    before = pinned_without_index(pricer, pinning_selectors(slices, 100, "before"))
+    after = measure(pricer, pinning_selectors(slices, 100, "after"))
+    rows.append(summary("(h) 100 never seen, pin one device: no index", before, 50.0))
+    rows.append(summary("(h) 100 never seen, pin one device: index", after, 50.0))
+    print(f"(h) 100 claims pinning one device each: {sum(before) / 1000:.2f} s without the index, "
+          f"{sum(after) / 1000:.3f} s with it (target 10 s; load average {os.getloadavg()[0]:.2f})")
     claims = [parse_claim(c) for c in generate_claims(args.samples * 4, 50, 7, slices, allocated_fraction=0.0)]
     mix = [c.spec for c in claims]
     rows.append(summary("generated claim mix (first pass)", measure(pricer, mix), None))

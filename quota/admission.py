@@ -3,6 +3,11 @@
 Neighbours: `quota.pricing` prices, `quota.ledger` checks and reserves, the webhook
 (webhook/) and the offline checker (`quota.check`) are thin adapters over `Admitter`,
 so both run exactly the same code. Pure and synchronous.
+
+Every method that prices takes the `budget` of the review it serves (`quota.work`; a
+review of its own when None) and prices each claim under a claim budget inside it: a
+claim that exceeds either is denied with the budget's message, like any claim that
+cannot be priced.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from quota.explain import conservative_note
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Mode, Namespace
 from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
+from quota.validation import MAX_INT64
+from quota.work import Budget
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
            "object_ref"]
@@ -121,10 +128,11 @@ class Admitter:
         self.ledger = ledger
 
     def admit_claim(
-        self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False
+        self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False,
+        budget: Budget | None = None,
     ) -> Admission:
         """CREATE of an unallocated claim: price, check every quota, reserve if it fits."""
-        entry = self._priced_entry(claim, namespace_labels)
+        entry = self._priced_entry(claim, namespace_labels, budget)
         if isinstance(entry, Admission):
             return entry
         pricing = entry.pricing[self.ledger.default_mode]
@@ -134,9 +142,10 @@ class Admitter:
         return Admission(decision.allowed, message, warnings, pricing, decision.charged, decision.denied_by,
                          decision.warned_by)
 
-    def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Admission:
+    def admit_template(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None,
+                       budget: Budget | None = None) -> Admission:
         """A template reserves nothing: denied only if its claim could never fit under `hard`."""
-        fit = self.fit(claim, namespace_labels=namespace_labels)
+        fit = self.fit(claim, namespace_labels=namespace_labels, budget=budget)
         if isinstance(fit, Admission):
             return fit
         if not fit.never.allowed:
@@ -149,14 +158,15 @@ class Admitter:
         return Admission(True, "", warnings, fit.pricing, fit.now.charged if fit.now.allowed else (),
                          warned_by=fit.never.warned_by)
 
-    def fit(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None) -> Fit | Admission:
+    def fit(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None,
+            budget: Budget | None = None) -> Fit | Admission:
         """How a claim that does not exist yet would fare; reserves nothing.
 
         An `Admission` (a denial) when it could not be admitted at all (adminAccess label,
         pricing errors, memory no device prices), else whether it could ever fit under
         `hard` and whether it fits what the namespace uses and reserves now.
         """
-        entry = self._priced_entry(claim, namespace_labels)
+        entry = self._priced_entry(claim, namespace_labels, budget)
         if isinstance(entry, Admission):
             return entry
         pricing = entry.pricing[self.ledger.default_mode]
@@ -176,9 +186,9 @@ class Admitter:
         note = conservative_note(self.pricer, claim, quotas, self.ledger.default_mode)
         return f"{message}. {note}" if note else message
 
-    def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None) -> Entry | Admission:
+    def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None, budget: Budget | None) -> Entry | Admission:
         """The claim priced in every mode its namespace's quotas use, or a denial."""
-        pricings = self._estimate(claim)
+        pricings = self._estimate(claim, budget)
         pricing = pricings[self.ledger.default_mode]
         if claim.admin_access and (labels or {}).get(ADMIN_ACCESS_LABEL) != "true":
             return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
@@ -253,21 +263,25 @@ class Admitter:
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing,
                          warned_by=decision.denied_by, charged_above=above)
 
-    def charges(self, claim: Claim) -> dict[DeviceQuota, Charge]:
+    def charges(self, claim: Claim, *, budget: Budget | None = None) -> dict[DeviceQuota, Charge]:
         """What `claim` adds to each quota of its namespace, each in its pricing mode: its
         charge, less what the admitted Kueue Workload of its Pod still holds for it
         (`Ledger.uncovered`), so a Workload's claims are never counted twice."""
-        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim), allocated=False, owner=claim.owner)
+        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim, budget), allocated=False,
+                      owner=claim.owner)
         return {q: self.ledger.uncovered(entry, q) for q in self.ledger.quotas(claim.namespace)}
 
-    def workload_entry(self, namespace: Namespace, ref: ClaimRef, claims: Sequence[tuple[Claim, int]]) -> Entry | str:
+    def workload_entry(self, namespace: Namespace, ref: ClaimRef, claims: Sequence[tuple[Claim, int]], *,
+                       budget: Budget | None = None) -> Entry | str:
         """A Kueue Workload's price as one ledger entry (`quota.workloads`): each claim
         (of a ResourceClaimTemplate) times how many Pods stamp it, priced in every mode
         the namespace's quotas use, exactly as the claims will be when they come. A
-        string: why it cannot be priced (the denial a claim would get)."""
+        string: why it cannot be priced (the denial a claim would get). The Workload is
+        one review: its templates share `budget`."""
+        review = budget if budget is not None else Budget.review()
         priced: list[tuple[Entry, int]] = []
         for claim, count in claims:
-            entry = self._priced_entry(claim, None)  # every mode at once
+            entry = self._priced_entry(claim, None, review)  # every mode at once
             if isinstance(entry, Admission):
                 return f"ResourceClaimTemplate {claim.name}: {entry.reason}"
             priced.append((entry, count))
@@ -277,31 +291,53 @@ class Admitter:
             warnings: list[str] = []
             for entry, count in priced:
                 pricing = entry.pricing[mode]
-                requests.extend(pricing.requests * count)
+                # Arithmetic, not copies: a Job's parallelism may be 2^31-1 (issue 15.7).
+                requests.extend(r.times(count) for r in pricing.requests if count)
                 warnings.extend(pricing.warnings)
             pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)))
+            total = pricings[mode].total
+            if max(total.memory, total.devices) > MAX_INT64:
+                return (f"the Workload's Pods together would charge {total.devices} devices and {total.memory} "
+                        f"bytes of memory, past what a quota can count (2^63-1): lower the PodSets' counts")
         return Entry(namespace, ref, pricings, allocated=False)
 
     def workload_charges(self, entry: Entry) -> dict[DeviceQuota, Charge]:
         """What a Workload's `entry` takes from each quota of its namespace."""
         return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(entry.namespace)}
 
-    def reserve_existing(self, claim: Claim) -> None:
+    def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> None:
         """Count an unallocated claim that already exists, without a check: one admitted
-        before this process started, or deallocated. Refusing it now would change nothing.
+        before this process started, or deallocated. Refusing it now would change nothing."""
+        self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
 
-        In the default mode at no less than the charge recorded at its admission
-        (`quota.pricing.at_least_recorded`): a restart must not re-price what was reserved.
-        """
-        pricings = self._estimate(claim)
+    def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
+        """What `reserve_existing` counts: the estimate in every mode, in the default mode
+        at no less than the charge recorded at its admission (`quota.pricing.at_least_recorded`:
+        a restart must not re-price what was reserved). A mode whose pricing ran out of
+        budget keeps the upper bound: an existing claim is never counted at less."""
+        pricings = self._estimate(claim, budget)
+        for mode, pricing in pricings.items():
+            if pricing.over_budget:
+                pricings[mode] = self.pricer.upper_bound(claim.spec)
         mode = self.ledger.default_mode
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
-        self.ledger.add_or_update_claim(Entry(claim.namespace, claim_ref(claim), pricings, allocated=False,
-                                              owner=claim.owner))
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
 
-    def price(self, claim: Claim) -> Pricing:
-        """The estimate in the default mode."""
-        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode)
+    def priced_before(self, claim: Claim) -> bool:
+        """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
+        return all(self.pricer.known(claim.spec, mode) for mode in self._modes(claim.namespace))
+
+    def bound_entry(self, claim: Claim) -> Entry:
+        """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
+        recorded charge: what a replica counts for a stored claim until it has priced it
+        (`webhook.refine`), so that it is ready at once and never counts less than the truth."""
+        bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
+        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
+                     allocated=False, owner=claim.owner)
+
+    def price(self, claim: Claim, *, budget: Budget | None = None) -> Pricing:
+        """The estimate in the default mode: the charge the leader records on a claim."""
+        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode, budget=Budget.claim(budget))
 
     def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
         """Our annotations `claim` should carry and does not (the leader writes them,
@@ -313,13 +349,16 @@ class Admitter:
         when the claim carries no charge yet (a DeviceQuota made later does not rewrite
         them). The allocation record whenever it differs from what the allocation says.
         Pricing is cached per spec and inventory (`quota.pricing.Pricer`): every replica
-        that asks gets the same answer from the same inventory.
+        that asks gets the same answer from the same inventory. It runs the claim's CEL
+        (within a claim's budget, `quota.work`): callers on the event loop run this
+        through `webhook.slicing`, and ask `annotations_may_be_due` first. A claim over
+        budget gets no charge (it counts at its bound, `bound_entry`).
         """
         due: dict[str, str] = {}
-        if CHARGE_ANNOTATION not in current:
+        if CHARGE_ANNOTATION not in current and not (pricing := self.price(claim)).over_budget:
             mode = self.ledger.default_mode
-            entry = Entry(claim.namespace, claim_ref(claim), {mode: self.price(claim)}, allocated=False)
-            due[CHARGE_ANNOTATION] = json.dumps(entry.pricing[mode].total.as_json(), separators=(",", ":"))
+            entry = Entry(claim.namespace, claim_ref(claim), {mode: pricing}, allocated=False)
+            due[CHARGE_ANNOTATION] = json.dumps(pricing.total.as_json(), separators=(",", ":"))
             due[QUOTAS_ANNOTATION] = ",".join(sorted(
                 q.name for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
         if claim.allocation is not None:
@@ -327,6 +366,12 @@ class Admitter:
             if record != dict(claim.recorded_devices):
                 due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
         return due
+
+    def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
+        """Whether `annotations_due` could say anything, without running any CEL: a claim
+        with no charge yet, or an allocation its record does not match (inventory lookups)."""
+        return CHARGE_ANNOTATION not in current or (
+            claim.allocation is not None and self.pricer.allocation_record(claim) != dict(claim.recorded_devices))
 
     def _own_record(self, claim: Claim) -> Claim:
         """`claim` with the charge the ledger holds for it in place of its annotation.
@@ -341,8 +386,10 @@ class Admitter:
         pricing = None if held is None else held.pricing.get(self.ledger.default_mode)
         return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
 
-    def _estimate(self, claim: Claim) -> dict[Mode, Pricing]:
-        return {mode: self.pricer.estimate(claim.spec, mode=mode) for mode in self._modes(claim.namespace)}
+    def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
+        """Every mode under one claim budget: the modes share their matches."""
+        budget = Budget.claim(review)
+        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget) for mode in self._modes(claim.namespace)}
 
     def _modes(self, namespace: Namespace) -> list[Mode]:
         modes: set[Mode] = {self.ledger.default_mode}

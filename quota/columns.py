@@ -34,7 +34,7 @@ from quota.cel.activation import activation_error, version_error
 from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
 __all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS", "ERROR",
-           "ERROR_AT", "DRIVER_AT", "MULTI_AT", "base_fields", "cel_value", "untyped", "presence", "column"]
+           "ERROR_AT", "DRIVER_AT", "MULTI_AT", "base_fields", "cel_value", "key_of", "untyped", "presence", "column"]
 
 # A `quota.cel` DevicePath (("attributes" | "capacity", domain, id), ("driver",),
 # ("allowMultipleAllocations",)), or ("taints",), which pricing needs uniform in a group.
@@ -124,6 +124,11 @@ def column(pool: PoolIndex, field: Field) -> Column | None:
         found = pool.columns.get(field[1:])
         return None if found is None else found.presence()
     return pool.columns.get(field)
+
+
+def key_of(value: AttributeValue) -> object:
+    """The column key of an attribute value (a literal a selector compares with)."""
+    return _typed(value)
 
 
 def untyped(key: object) -> AttributeValue:

@@ -138,6 +138,10 @@ class Charge:
     def min(self, other: Charge) -> Charge:
         return Charge(min(self.memory, other.memory), min(self.devices, other.devices))
 
+    def times(self, count: int) -> Charge:
+        """`count` copies of this charge (a Kueue PodSet's Pods): arithmetic, never a list."""
+        return Charge(self.memory * count, self.devices * count)
+
     def is_zero(self) -> bool:
         return self.memory == 0 and self.devices == 0
 

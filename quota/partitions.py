@@ -13,6 +13,12 @@ each device. Tens of thousands of devices fall into a few dozen classes.
 
 Incremental: a level remembers each pool's state, so after a slice update only the
 rebuilt pools move between classes (`refresh`), level by level from the base.
+
+A full `rebuild` (a field chain read for the first time: per device, 100+ ms at 58,000
+devices) has pause points (`quota.work`): `quota.selectors` runs it on a fresh level,
+installed only once complete, over a snapshot of the parent's classes, since a paused
+rebuild may see the parent refreshed in place meanwhile (the journal then catches the
+new level up). `refresh` moves a few pools and never pauses.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 
 from quota.columns import MISSING, PRESENCE, Column, Field, PoolIndex, column
+from quota.work import pause_point
 
 __all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
 
@@ -62,9 +69,13 @@ class Partition:
         self.classes.clear()
         parents = _by_shape(indexes) if self.parent is None else list(self.parent.classes.items())
         for parent_state, members in parents:
+            pause_point()
+            if not members:
+                continue  # emptied by a refresh while this rebuild paused
             # One class has one driver (see _by_shape), hence the same fields.
             fields = self.fields_of(next(iter(members.values())))
             for signature, bucket in _buckets(members, fields, present):
+                pause_point()
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))
                 # One lookup: a state hashes every key in it, and tuples cache no hash.

@@ -5,6 +5,11 @@ Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one devi
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
 classes: no clock, no I/O. `Pricer` only adds caches keyed on the inventory generation.
+
+Every estimate spends a claim `Budget` (`quota.work`): its request selectors' compile
+charge and the matches they need, cached ones at what they cost. Out of budget, the
+claim is not priced: its `Pricing.errors` carry the budget's message, and admission
+denies it with that message.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
 from quota.quantity import ceil_int, format_quantity
 from quota.selectors import DeviceGroup, Match, SelectorMatcher
+from quota.work import COMPILE_UNITS_PER_BYTE, Budget, BudgetExceeded
 
 __all__ = ["PricedRequest", "Pricing", "Pricer", "at_least_recorded", "combine"]
 
@@ -50,6 +56,15 @@ class PricedRequest:
         """The charge a quota scoped by `in_scope` sees: out-of-scope alternatives cost 0."""
         return combine((c if in_scope(cls) else ZERO for cls, c in self.alternatives), self.mode)
 
+    def times(self, count: int) -> PricedRequest:
+        """`count` copies of this request as one (a Workload's Pods each stamping the claim).
+
+        Exact for every quota scope: `scoped` combines the alternatives per dimension by
+        max or min, which commutes with multiplying every alternative by the same count.
+        """
+        return replace(self, charge=self.charge.times(count),
+                       alternatives=tuple((cls, c.times(count)) for cls, c in self.alternatives))
+
 
 @dataclass(frozen=True, slots=True)
 class Pricing:
@@ -58,6 +73,8 @@ class Pricing:
     warnings: tuple[str, ...] = ()
     # Reasons the claim cannot be priced or allocated as written (unknown class, CEL errors).
     errors: tuple[str, ...] = ()
+    # Pricing stopped at a budget (`quota.work`): `errors` holds its message, nothing else.
+    over_budget: bool = False
 
     @property
     def total(self) -> Charge:
@@ -82,6 +99,8 @@ class _Estimate:
     warnings: tuple[str, ...] = ()
     error: str | None = None
     unpriced: bool = False
+    # The matches it took, (key, cost): what a claim that finds it cached is charged.
+    matches: tuple[tuple[object, int], ...] = ()
 
 
 class Pricer:
@@ -99,22 +118,29 @@ class Pricer:
         self.classes = classes
         self.matcher = matcher or SelectorMatcher(inventory)
         self._cache: OrderedDict[object, _Estimate] = OrderedDict()
+        self._bounds: OrderedDict[object, Charge] = OrderedDict()
         self._cache_size = cache_size
 
     # -- unallocated claims: an estimate -------------------------------------------
 
-    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative") -> Pricing:
+    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative", budget: Budget | None = None) -> Pricing:
+        """The claim's estimate; `budget` is the claim's (shared by its pricing modes), a
+        claim budget of its own when None."""
+        budget = budget if budget is not None else Budget.claim()
         requests: list[PricedRequest] = []
         warnings: list[str] = []
         errors: list[str] = []
-        for request in spec.requests:
-            priced, req_warnings, req_errors = self._request(request, mode)
-            requests.append(priced)
-            warnings.extend(req_warnings)
-            errors.extend(req_errors)
+        try:
+            for request in spec.requests:
+                priced, req_warnings, req_errors = self._request(request, mode, budget)
+                requests.append(priced)
+                warnings.extend(req_warnings)
+                errors.extend(req_errors)
+        except BudgetExceeded as exceeded:
+            return Pricing((), False, tuple(warnings), (str(exceeded),), over_budget=True)
         return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
 
-    def _request(self, request: Request, mode: Mode) -> tuple[PricedRequest, list[str], list[str]]:
+    def _request(self, request: Request, mode: Mode, budget: Budget) -> tuple[PricedRequest, list[str], list[str]]:
         alternatives: list[tuple[DeviceClassName, Charge]] = []
         warnings: list[str] = []
         errors: list[str] = []
@@ -122,7 +148,7 @@ class Pricer:
         counts: list[int] = []
         unpriced: list[tuple[str, DeviceClassName]] = []
         for alt in request.alternatives:
-            est = self._requirement(alt, mode)
+            est = self._requirement(alt, mode, budget)
             if est.unpriced:
                 unpriced.append((alt.name, alt.device_class))
             counts.append(est.candidates)  # the same in both modes
@@ -138,55 +164,71 @@ class Pricer:
         priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced))
         return priced, warnings, errors
 
-    def _requirement(self, req: DeviceRequirement, mode: Mode) -> _Estimate:
+    def _requirement(self, req: DeviceRequirement, mode: Mode, budget: Budget) -> _Estimate:
+        for expression in req.selectors:
+            budget.once(("compile", expression), len(expression.encode("utf-8", "replace")) * COMPILE_UNITS_PER_BYTE)
         cls = self.classes.get(req.device_class)
         if cls is None:
             return _Estimate(0, Charge(0, 0 if req.admin_access else req.count), (), (
                 f"device class {req.device_class!r} not found: create the DeviceClass or fix "
                 "deviceClassName"
             ))
-        # The request's own name only shapes messages: leave it out of the cache key.
-        key = (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
+        key = self._key(req, cls, mode)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._price(req, cls, mode)
+            cached = self._price(req, cls, mode, budget)
             self._cache[key] = cached
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
+            for match_key, cost in cached.matches:
+                budget.once(match_key, cost)
         return cached
 
-    def _price(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
-        match = self.matcher.match((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests])
+    def _key(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> object:
+        # The request's own name only shapes messages: leave it out of the cache key.
+        return (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
+
+    def known(self, spec: ClaimSpec, mode: Mode) -> bool:
+        """Whether `estimate` would find every requirement of `spec` priced already (at
+        this inventory generation): then it evaluates no CEL and takes microseconds."""
+        return all(cls is None or self._key(alt, cls, mode) in self._cache
+                   for request in spec.requests for alt in request.alternatives
+                   for cls in [self.classes.get(alt.device_class)])
+
+    def _price(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget) -> _Estimate:
+        match = self.matcher.match((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests], budget)
+        spent = ((match.key, match.cost),)
         if match.error is not None:
             where = f"class {cls.name}" if match.error.stage == 0 else "selector"
             kind = "CEL compile error" if match.error.compile_error else "CEL runtime error"
-            return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}")
+            return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}", matches=spent)
         priced = _eligible(match, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access:
             # adminAccess devices stay usable by others: they cost nothing (DESIGN.md).
-            return _Estimate(count, ZERO)
+            return _Estimate(count, ZERO, matches=spent)
         if count == 0:
-            return self._no_candidate(req, cls, mode)
+            return self._no_candidate(req, cls, mode, budget, spent)
         warnings: tuple[str, ...] = ()
         unpriced = not _publish_memory(g for _, _, g in priced)
         if req.allocation_mode == "All":
-            return _Estimate(count, _all_mode(priced), unpriced=unpriced)
+            return _Estimate(count, _all_mode(priced), unpriced=unpriced, matches=spent)
         per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
         if count < req.count:
             warnings = (f"only {count} device(s) match now, {req.count} requested",)
-        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced)
+        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced, matches=spent)
 
-    def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> _Estimate:
+    def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget,
+                      spent: tuple[tuple[object, int], ...]) -> _Estimate:
         """Price at the class's largest per-device charge so the claim cannot slip in for free.
 
         Per device, the charge this request would have on it (DESIGN.md): a whole device,
         or on a shared one the request's memory rounded by the policy, or the policy
         default when it asks for none, not the shared device's whole memory.
         """
-        class_match = self.matcher.match((cls.selectors,))
+        class_match = self.matcher.match((cls.selectors,), (), budget)
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
         largest = max((charge for charge, _, _ in priced), default=0)
         if req.allocation_mode == "All":
@@ -196,7 +238,52 @@ class Pricer:
         return _Estimate(0, charge, (
             f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
             f"in class {cls.name} ({format_quantity(largest)} each)",
-        ), unpriced=not _publish_memory(class_match.groups))
+        ), unpriced=not _publish_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
+
+    # -- stored claims not priced yet: an upper bound ----------------------------------
+
+    def upper_bound(self, spec: ClaimSpec) -> Pricing:
+        """At least what `estimate` charges in any mode, computed without the claim's own
+        selectors (no tenant CEL: microseconds a claim, from the classes' cached matches).
+
+        Per alternative: `count` devices at the largest per-device charge among its
+        class's devices (each device's whole memory, or what the request would take of a
+        shared one, whichever is larger), All mode the largest per-node sum over the
+        class's devices; firstAvailable the largest alternative per dimension; adminAccess
+        nothing, as the estimate. Every candidate is one of the class's devices and every
+        per-device charge is at most that, so no mode's estimate is above it.
+        """
+        requests = []
+        for request in spec.requests:
+            alternatives = tuple((alt.device_class, self._bound(alt)) for alt in request.alternatives)
+            requests.append(PricedRequest(request.name, 0, combine((c for _, c in alternatives), "conservative"),
+                                          alternatives))
+        return Pricing(tuple(requests))
+
+    def _bound(self, req: DeviceRequirement) -> Charge:
+        if req.admin_access:
+            return ZERO
+        cls = self.classes.get(req.device_class)
+        if cls is None:
+            return Charge(0, req.count)  # what the estimate charges an unknown class
+        # Selectors aside, requests share their shape: a thousand stored claims, one bound.
+        key = (replace(req, name="", selectors=()), cls.selectors, self.inventory.generation)
+        found = self._bounds.get(key)
+        if found is None:
+            found = self._bounds[key] = self._class_bound(req, cls)
+            while len(self._bounds) > self._cache_size:
+                self._bounds.popitem(last=False)
+        return found
+
+    def _class_bound(self, req: DeviceRequirement, cls: DeviceClass) -> Charge:
+        groups = self.matcher.match((cls.selectors,)).groups
+        priced = [(max(ceil_int(g.representative.memory), nominal_memory_charge(g.representative, req)),
+                   len(g.devices), g) for g in groups]
+        if req.allocation_mode == "All":
+            # Per dimension: the estimate's node (the largest memory sum of its
+            # candidates) may have more devices than the node with the most memory.
+            return reduce(Charge.max, _per_scope(priced).values(), ZERO)
+        return Charge(max((c for c, _, _ in priced), default=0) * req.count, req.count)
 
     # -- allocated claims: exact --------------------------------------------------
 
@@ -341,11 +428,16 @@ def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
     The same in both modes: DESIGN.md defines an optimistic variant only for ExactCount
     and firstAvailable, and the scheduler gives an All request every matching device.
     """
+    return max(_per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)
+
+
+def _per_scope(priced: list[tuple[int, int, DeviceGroup]]) -> dict[str, Charge]:
+    """The candidates' charges summed per node (or pool, for devices bound to none)."""
     per_scope: dict[str, Charge] = {}
     for charge, _, group in priced:
         for device in group.devices:
             per_scope[device.scope] = per_scope.get(device.scope, ZERO) + Charge(charge, 1)
-    return max(per_scope.values(), key=lambda c: (c.memory, c.devices), default=ZERO)
+    return per_scope
 
 
 def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:

@@ -19,6 +19,14 @@ Why it is fast:
   (`quota.columns`), so a field no selector read before costs a lookup per pool, and
   pools that agree on it are split once. Partitions are kept per chain of field sets
   and refreshed per pool: after a slice update only that pool moves.
+
+Cost and pauses (`quota.work`): a match spends the claim's budget on every evaluation
+(`quota.verdicts`), and a cached match spends what it cost when computed, once per
+claim. Under a slicer (`webhook.slicing`) a match pauses between groups and inside
+long evaluations; it walks a snapshot of the partition's classes taken when it
+started, so a slice update that refreshes the partition in place meanwhile cannot
+break the walk: the result is the match at the generation it started from, as if it
+had run a moment earlier, and is cached under that generation.
 """
 
 from __future__ import annotations
@@ -28,15 +36,17 @@ import operator
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import overload
 
 from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
-from quota.columns import Field, base_fields
+from quota.columns import Field, PoolIndex, base_fields
+from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition
-from quota.verdicts import MATCH_COST_BUDGET, Budget, SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
+from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
+from quota.work import PAUSE_EVERY, Budget, pauses
 
 __all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
@@ -102,6 +112,9 @@ class DeviceGroup:
 class Match:
     groups: tuple[DeviceGroup, ...]
     error: SelectorError | None = None
+    # What computing it cost (CEL units) and what `Budget.once` knows it by.
+    cost: int = 0
+    key: Hashable = None
 
     @property
     def count(self) -> int:
@@ -140,6 +153,7 @@ class SelectorMatcher:
         cache_size: int = 1024,
         partition_cache_size: int = 32,
         verdict_cache_size: int = 65536,
+        index_cache_size: int = 8,
     ) -> None:
         self._inventory = inventory
         self._compiled = _LRU(cache_size)
@@ -147,35 +161,49 @@ class SelectorMatcher:
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
         self._partitions = _LRU(partition_cache_size)
         self._results = _LRU(cache_size)
+        # Equality indexes (`quota.equality`) by attribute: ~8 MB each at 58,000 devices.
+        self._indexes = _LRU(index_cache_size)
         self._verdicts = Verdicts(verdict_cache_size)
         self._activations: weakref.WeakKeyDictionary[Device, DeviceActivation] = weakref.WeakKeyDictionary()
         # Pools (re)partitioned so far: lets tests and benchmarks see incrementality.
         self.pools_computed = 0
 
-    def match(self, stages: Sequence[Sequence[str]], capacity_names: Sequence[str] = ()) -> Match:
+    def match(self, stages: Sequence[Sequence[str]], capacity_names: Sequence[str] = (),
+              budget: Budget | None = None) -> Match:
         """Devices passing every selector of every stage, grouped by what pricing reads.
 
         `capacity_names` are the capacities a request asks for: they join the grouping
         key so every device of a group has the same capacity to check and charge.
+        `budget`: the claim's (a claim of its own when None); BudgetExceeded when it runs
+        out, and nothing is cached then (another claim may have more left).
         """
+        budget = budget if budget is not None else Budget.claim()
         generation = self._inventory.generation
         extra = tuple(sorted(set(capacity_names)))
         chain = tuple(tuple(stage) for stage in stages)
+        key = ("match", chain, extra)
         result_key = (chain, extra, generation)
         cached = self._results.lookup(result_key)
         if isinstance(cached, Match):
+            budget.once(key, cached.cost)
             return cached
         compiled: list[Stage] = []
         for index, expressions in enumerate(chain):
             stage = self._stage(index, expressions)
             if isinstance(stage, SelectorError):
-                return Match((), stage)
+                return Match((), stage, key=key)
             compiled.append(stage)
-        partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
+        runs: list[StageRun] = []
         try:
-            result = Match(self._kept(compiled, partition, len(base_fields("", extra))))
+            groups = self._by_index(compiled, extra, generation, budget, runs)
+            if groups is None:
+                partition = self._partition(tuple(s.fields for s in compiled), extra, generation)
+                groups = self._kept(compiled, partition, len(base_fields("", extra)), budget, runs)
+            result = Match(groups, key=key)
         except StageFailed as failed:
-            result = Match((), failed.error)
+            result = Match((), failed.error, key=key)
+        result = replace(result, cost=sum(run.spent for run in runs))
+        budget.mark(key)
         self._results.store(result_key, result)
         return result
 
@@ -207,61 +235,116 @@ class SelectorMatcher:
         that reads `productName` shares one partition, whatever literal it compares with.
         """
         key = (chain, extra)
-        partition = self._partitions.lookup(key)
-        if not isinstance(partition, Partition):
-            partition = Partition(None, _base(extra) if not chain else _fixed(chain[-1]))
-            self._partitions.store(key, partition)
-        if partition.generation != generation:
-            parent = self._partition(chain[:-1], extra, generation) if chain else None
-            if parent is not partition.parent:
-                # The parent was evicted and rebuilt since: start over from the new one.
-                partition.parent = parent
-                partition.generation = -1
-            pools = self._inventory.usable_pools()
-            # The journal names the pools rebuilt since (the parent, refreshed first,
-            # already moved them); when it cannot tell, every pool is recomputed.
-            changed = self._inventory.changed_since(partition.generation) if partition.generation >= 0 else None
-            if changed is None:
-                self.pools_computed += partition.rebuild(pools, self._inventory.field_pools())
-            else:
-                self.pools_computed += partition.refresh(changed, pools)
+        found = self._partitions.lookup(key)
+        partition = found if isinstance(found, Partition) else None
+        if partition is not None and partition.generation == generation:
+            return partition
+        parent = self._partition(chain[:-1], extra, generation) if chain else None
+        # The journal names the pools rebuilt since (the parent, refreshed first, already
+        # moved them); when it cannot tell, or the parent was evicted and rebuilt since,
+        # every pool is recomputed.
+        changed = (self._inventory.changed_since(partition.generation)
+                   if partition is not None and partition.parent is parent else None)
+        if partition is not None and changed is not None:
+            self.pools_computed += partition.refresh(changed, self._inventory.usable_pools())
             partition.generation = generation
-        return partition
+            return partition
+        # A fresh level, installed once complete: the rebuild may pause (quota.partitions).
+        fresh = Partition(parent, _base(extra) if not chain else _fixed(chain[-1]))
+        self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools())
+        fresh.generation = generation
+        self._partitions.store(key, fresh)
+        return fresh
 
     # -- verdicts --------------------------------------------------------------------
 
-    def _kept(self, stages: list[Stage], partition: Partition, base: int) -> tuple[DeviceGroup, ...]:
+    def _kept(self, stages: list[Stage], partition: Partition, base: int, budget: Budget,
+              runs: list[StageRun]) -> tuple[DeviceGroup, ...]:
         """The groups passing every stage, merged by their first `base` key values (the
-        fields pricing needs uniform). Stages run in order, as the scheduler evaluates
-        them: later ones only see devices the earlier ones kept, so their runtime errors
-        cannot fire on others."""
-        budget = Budget(MATCH_COST_BUDGET)
-        runs: list[StageRun] = []
+        fields pricing needs uniform). `runs` receives the stages' runs (what they spent)."""
+        kept: dict[GroupKey, list[Part]] = {}
+        for key, pools, positions in self._walk(stages, partition, base, budget, runs, stages):
+            kept.setdefault(key[:base], []).append((pools, positions))
+        return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
+
+    def _walk(self, stages: list[Stage], partition: Partition, base: int, budget: Budget, runs: list[StageRun],
+              chain: list[Stage]) -> Iterator[tuple[GroupKey, tuple[PoolIndex, ...], tuple[int, ...]]]:
+        """The partition's groups passing `stages`, which run in order, as the scheduler
+        evaluates them: later ones only see devices the earlier ones kept, so their
+        runtime errors cannot fire on others. `chain`: every stage of the match (a
+        device CEL cannot see fails it if any stage evaluates CEL)."""
+        pause = pauses()
         for stage in stages:
             runs.append(StageRun(stage, runs[-1].end if runs else base, self._verdicts,
-                                 activation=self._activation, budget=budget))
-        evaluated = [s for s in stages if s.selectors]
-        kept: dict[GroupKey, list[Part]] = {}
+                                 activation=self._activation, budget=budget, pause=pause))
+        evaluated = [s for s in chain if s.selectors]
         # Class by class (pools with the same groups): a key may recur across classes.
-        for state, members in partition.classes.items():
-            pools = tuple(members.values())
+        # A snapshot (module doc): the walk may pause, and refreshes move pools in place.
+        classes = [(state, tuple(members.values())) for state, members in partition.classes.items()]
+        walked, paused_at = 0, budget.spent
+        for state, pools in classes:
             devices = pools[0].devices
             for key, positions in state:
+                walked += 1
+                # Every few hundred groups, or sooner after evaluations (each too short
+                # to reach a pause point of its own).
+                if pause is not None and (not walked % _PAUSE_GROUPS or budget.spent - paused_at >= PAUSE_EVERY):
+                    pause()
+                    paused_at = budget.spent
                 device = devices[positions[0]]
                 if type(key[0]) is str and evaluated:  # ERROR, the first base field: CEL cannot see it
                     message = f"{key[0]} (device {device.key})"
                     raise StageFailed(SelectorError(evaluated[0].index, 0, message, compile_error=False))
-                for run in runs:
+                for run in runs:  # a loop, not all(): no generator per group
                     if not run.passes(key, device):
                         break
                 else:
-                    head = key[:base]
-                    found = kept.get(head)
-                    if found is None:
-                        kept[head] = [(pools, positions)]
-                    else:
-                        found.append((pools, positions))
+                    yield key, pools, positions
+
+    # -- equality indexes ------------------------------------------------------------
+
+    def _by_index(self, stages: list[Stage], extra: tuple[str, ...], generation: int, budget: Budget,
+                  runs: list[StageRun]) -> tuple[DeviceGroup, ...] | None:
+        """The match from an equality index (`quota.equality`), None when it cannot help:
+        the earlier stages over every group, the last one only on its candidates."""
+        term = index_term(stages[-1]) if len(stages) > 1 else None
+        if term is None or not worth_indexing(term[0], self._inventory.usable_pools()):
+            return None
+        index = self._index(term[0], generation)
+        if index.count(term[1]) * INDEX_SHARE > len(self._inventory.usable()):
+            return None
+        candidates = index.candidates(term[1])
+        base = len(base_fields("", extra))
+        partition = self._partition(tuple(s.fields for s in stages[:-1]), extra, generation)
+        passing = {key for key, _, _ in self._walk(stages[:-1], partition, base, budget, runs, stages)}
+        last = StageRun(stages[-1], runs[-1].end, self._verdicts, activation=self._activation, budget=budget,
+                        pause=pauses(), per_device=True)
+        runs.append(last)
+        pools = self._inventory.usable_pools()
+        kept: dict[GroupKey, list[Part]] = {}
+        for pool_key, position in candidates:
+            pool, state = pools.get(pool_key), partition.states.get(pool_key)
+            if pool is None or state is None or position >= len(pool.devices):
+                continue  # rebuilt while this match paused: the next generation's match sees it
+            key = next((k for k, group in state if position in group), None)
+            if key in passing and last.passes(key, pool.devices[position]):
+                kept.setdefault(key[:base], []).append(((pool,), (position,)))
         return tuple(DeviceGroup(tuple(parts)) for parts in kept.values())
+
+    def _index(self, field: Field, generation: int) -> EqualityIndex:
+        found = self._indexes.lookup(field)
+        index = found if isinstance(found, EqualityIndex) else None
+        if index is not None and index.generation == generation:
+            return index
+        changed = self._inventory.changed_since(index.generation) if index is not None else None
+        if index is not None and changed is not None:
+            index.refresh(changed, self._inventory.usable_pools())
+        else:
+            index = EqualityIndex(field)  # fresh, installed once complete: the build may pause
+            index.rebuild(self._inventory.usable_pools())
+        index.generation = generation
+        self._indexes.store(field, index)
+        return index
 
     def _activation(self, device: Device) -> DeviceActivation:
         activation = self._activations.get(device)
@@ -269,6 +352,10 @@ class SelectorMatcher:
             activation = device_activation(device)
             self._activations[device] = activation
         return activation
+
+
+# Groups walked between two pause points (~0.1 ms when their verdicts are cached).
+_PAUSE_GROUPS = 256
 
 
 def _base(extra: tuple[str, ...]) -> FieldsOf:

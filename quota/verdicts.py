@@ -16,6 +16,11 @@ Why it is fast:
 - Verdicts are kept across matches and inventory changes, per stage, by the values it
   reads (`Verdicts`); a stage reading a value unique per device (a uuid) fills neither
   that cache nor the per-match one past `PER_STAGE` entries: it just evaluates.
+
+What it costs (`quota.work`): every evaluation spends the claim's `Budget`, and a
+verdict found in the cache spends what it cost when it was evaluated, so a claim costs
+the same whatever earlier claims left in the caches. Long evaluations pause every
+`quota.work.PAUSE_EVERY` units when a slicer runs them (`webhook.slicing`).
 """
 
 from __future__ import annotations
@@ -30,14 +35,9 @@ from quota.cel.ops import DomainMap
 from quota.columns import DRIVER_AT, MISSING, MULTI_AT, PRESENCE, Field, cel_value, presence, untyped
 from quota.model import Device
 from quota.partitions import GroupKey
+from quota.work import Budget, Pause
 
-__all__ = ["SelectorError", "Stage", "StageFailed", "Budget", "Verdicts", "StageRun", "new_stage",
-           "MATCH_COST_BUDGET", "PER_STAGE"]
-
-# CEL cost one match may spend across all the devices it evaluates (the per-evaluation
-# limit is the scheduler's 1,000,000). About 200 ns a unit: ~1 s at worst, inside the
-# webhook's 5 s timeout; grouping keeps real selectors orders of magnitude below it.
-MATCH_COST_BUDGET = 5_000_000
+__all__ = ["SelectorError", "Stage", "StageFailed", "Verdicts", "StageRun", "new_stage", "PER_STAGE"]
 
 # Distinct values of one stage worth remembering: a few per device shape for real
 # selectors; past this many the stage reads something per device.
@@ -80,11 +80,6 @@ def new_stage(index: int, expressions: tuple[str, ...], selectors: tuple[Compile
     return Stage(index, expressions, selectors, tuple(fields), projection_of(values | tested))
 
 
-@dataclass(slots=True)
-class Budget:
-    remaining: int
-
-
 class StageFailed(Exception):
     def __init__(self, error: SelectorError) -> None:
         super().__init__(error.message)
@@ -92,7 +87,8 @@ class StageFailed(Exception):
 
 
 class Verdicts:
-    """Per stage (its expressions), verdicts by the values its selectors read.
+    """Per stage (its expressions), verdicts by the values its selectors read, each with
+    what it cost (`cost * 2 + verdict`, one int per entry).
 
     Kept across inventory changes: a seen selector after a slice update evaluates
     nothing. A table stops growing at `per_table` entries: a selector reading a value
@@ -101,22 +97,25 @@ class Verdicts:
     """
 
     def __init__(self, limit: int, per_table: int = PER_STAGE) -> None:
-        self._tables: OrderedDict[tuple[str, ...], dict[Hashable, bool]] = OrderedDict()
+        self._tables: OrderedDict[tuple[str, ...], dict[Hashable, int]] = OrderedDict()
         self._limit = limit
         self._per_table = per_table
         self._entries = 0
 
-    def table(self, expressions: tuple[str, ...]) -> dict[Hashable, bool]:
+    def table(self, expressions: tuple[str, ...]) -> dict[Hashable, int]:
         found = self._tables.get(expressions)
         if found is None:
             found = self._tables[expressions] = {}
         self._tables.move_to_end(expressions)
         return found
 
-    def store(self, table: dict[Hashable, bool], key: Hashable, verdict: bool) -> None:
-        if len(table) >= self._per_table:
+    def store(self, expressions: tuple[str, ...], table: dict[Hashable, int], key: Hashable, verdict: bool,
+              cost: int) -> None:
+        # A match paused in a slice may come back to a table evicted meanwhile: entries
+        # there would count against the limit for ever.
+        if len(table) >= self._per_table or self._tables.get(expressions) is not table:
             return
-        table[key] = verdict
+        table[key] = cost * 2 + verdict
         self._entries += 1
         while self._entries > self._limit and len(self._tables) > 1:
             self._entries -= len(self._tables.popitem(last=False)[1])
@@ -161,21 +160,27 @@ class _KeyView:
 class StageRun:
     """One stage's verdicts during one match, by its slice [start, end) of group keys."""
 
-    __slots__ = ("stage", "start", "end", "memo", "table", "verdicts", "activation", "budget", "view")
+    __slots__ = ("stage", "start", "end", "memo", "table", "verdicts", "activation", "budget", "pause", "view",
+                 "spent")
 
     def __init__(self, stage: Stage, start: int, verdicts: Verdicts, *,
-                 activation: Callable[[Device], DeviceActivation], budget: Budget) -> None:
+                 activation: Callable[[Device], DeviceActivation], budget: Budget, pause: Pause | None,
+                 per_device: bool = False) -> None:
         self.stage = stage
         self.start = start
         self.end = start + (1 if stage.fields is None else len(stage.fields))
         # None: evaluate every group (a dynamic stage, or one that turned out per device).
-        self.memo: dict[GroupKey, bool] | None = None if stage.fields is None else {}
+        # `per_device`: keys do not hold the stage's fields (`quota.equality`'s candidates).
+        self.memo: dict[GroupKey, bool] | None = None if stage.fields is None or per_device else {}
         self.table = verdicts.table(stage.expressions)
         self.verdicts = verdicts
         self.activation = activation
         self.budget = budget
+        self.pause = pause
+        self.spent = 0  # what this stage cost in this match, cached verdicts included
         fields = stage.fields
-        self.view = _KeyView(start, fields) if fields is not None and _KeyView.usable(fields) else None
+        usable = fields is not None and not per_device and _KeyView.usable(fields)
+        self.view = _KeyView(start, fields) if fields is not None and usable else None
 
     def passes(self, key: GroupKey, device: Device) -> bool:
         memo = self.memo
@@ -194,10 +199,17 @@ class StageRun:
         assert self.stage.fields is not None
         values = tuple([cel_value(device, f) for f in self.stage.fields])
         found = self.table.get(values)
-        if found is None:
-            found = self._evaluate(key, device)
-            self.verdicts.store(self.table, values, found)
-        return found
+        if found is not None:
+            self._spend(found >> 1)
+            return bool(found & 1)
+        before = self.spent
+        verdict = self._evaluate(key, device)
+        self.verdicts.store(self.stage.expressions, self.table, values, verdict, self.spent - before)
+        return verdict
+
+    def _spend(self, cost: int) -> None:
+        self.spent += cost
+        self.budget.spend(cost)
 
     def _evaluate(self, key: GroupKey, device: Device) -> bool:
         stage, budget = self.stage, self.budget
@@ -211,17 +223,13 @@ class StageRun:
         for position, selector in enumerate(stage.selectors):
             limit = min(COST_LIMIT, budget.remaining)
             try:
-                matched, cost = selector.evaluate_with_cost(activation, cost_limit=limit)
+                matched, cost = selector.evaluate_with_cost(activation, cost_limit=limit, pause=self.pause)
             except CelRuntimeError as err:
-                message = f"{err} (device {device.key})"
                 if limit < COST_LIMIT and str(err) == COST_EXCEEDED:
-                    message = (
-                        f"evaluating the selectors over the inventory exceeded the budget of "
-                        f"{MATCH_COST_BUDGET} CEL cost units; make the selector cheaper or read "
-                        "attributes by name so devices can be grouped"
-                    )
+                    budget.spend(limit + 1)  # raises BudgetExceeded, naming the claim's or the review's
+                message = f"{err} (device {device.key})"
                 raise StageFailed(SelectorError(stage.index, position, message, compile_error=False)) from None
-            budget.remaining -= cost
+            self._spend(cost)
             if not matched:
                 return False
         return True

@@ -37,6 +37,9 @@ from quota.raw import as_map, dig, show
 
 __all__ = [
     "CONTROLLER_NAME",
+    "MAX_POD_CLAIMS",
+    "MAX_POD_SETS",
+    "MAX_POD_SET_COUNT",
     "WORKLOAD_LABEL",
     "CheckEntry",
     "PodSet",
@@ -49,6 +52,7 @@ __all__ = [
     "needs_decision",
     "our_checks",
     "parse_workload",
+    "too_many_claims",
 ]
 
 CONTROLLER_NAME = "draquota.io/devicequota"
@@ -58,6 +62,10 @@ WORKLOAD_LABEL = "draquota.io/workload"
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
 _STATES = ("Pending", "Ready", "Retry", "Rejected")
 MAX_MESSAGE = 32768  # workload_types.go: AdmissionCheckState.message maxLength
+# What a tenant's Workload may say, bounded before anything is priced (issue 15.7):
+MAX_POD_SETS = 8  # workload_types.go: spec.podSets maxItems
+MAX_POD_SET_COUNT = 2**31 - 1  # PodSet.count is an int32 (a Job's parallelism)
+MAX_POD_CLAIMS = 128  # resourceClaims per pod template: ours (the Pod API sets none)
 
 
 class WorkloadError(ValueError):
@@ -107,10 +115,15 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
     if not (isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str) and uid):
         raise WorkloadError("metadata.namespace, name and uid are required")
     pod_sets = []
-    for i, raw in enumerate(dig(obj, "spec", "podSets") or []):
+    raw_sets = dig(obj, "spec", "podSets") or []
+    if not isinstance(raw_sets, list) or len(raw_sets) > MAX_POD_SETS:
+        raise WorkloadError(f"spec.podSets must be a list of at most {MAX_POD_SETS} (Kueue's limit), "
+                            f"got {len(raw_sets) if isinstance(raw_sets, list) else show(raw_sets)}")
+    for i, raw in enumerate(raw_sets):
         count = dig(raw, "count")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise WorkloadError(f"spec.podSets[{i}].count must be a non-negative integer, got {show(count)}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_POD_SET_COUNT:
+            raise WorkloadError(f"spec.podSets[{i}].count must be an integer from 0 to {MAX_POD_SET_COUNT}, "
+                                f"got {show(count)}")
         templates: list[str] = []
         claims: list[str] = []
         for ref in dig(raw, "template", "spec", "resourceClaims") or []:
@@ -134,6 +147,16 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
         active=dig(obj, "spec", "active") is not False,
         created=str(meta.get("creationTimestamp") or ""),
     )
+
+
+def too_many_claims(workload: Workload) -> str:
+    """Why the Workload is not priced at all (its check says so), "" when it may be."""
+    for pod_set in workload.pod_sets:
+        named = len(pod_set.templates) + len(pod_set.claims)
+        if named > MAX_POD_CLAIMS:
+            return (f"PodSet {pod_set.name}: its pod template names {named} resource claims, more than dra-quota "
+                    f"prices for one Pod ({MAX_POD_CLAIMS})")
+    return ""
 
 
 def our_checks(admission_checks: Mapping[str, str]) -> frozenset[str]:

@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from quota.kubeapi import ApiError, KubeApi, Resource
+from webhook.guard import guarded
 
 __all__ = ["Annotator"]
 
@@ -51,15 +52,25 @@ log = logging.getLogger(__name__)
 
 CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
 FIELD_MANAGER = "dra-quota"
-# What is due on a claim, given the annotations it carries (`Admitter.annotations_due`).
+# What is due on a claim, given the annotations it carries (`Admitter.annotations_due`),
+# and whether anything may be (`annotations_may_be_due`: no CEL, asked on every event).
 Due = Callable[[Claim, Mapping[str, str]], dict[str, str]]
+MayBeDue = Callable[[Claim, Mapping[str, str]], bool]
+# Runs a pricing call off the loop's critical path (`webhook.slicing.Slicer.run`).
+Run = Callable[[Callable[[], dict[str, str]]], Awaitable[dict[str, str]]]
+
+
+async def _inline(fn: Callable[[], dict[str, str]]) -> dict[str, str]:
+    return fn()
 
 
 class Annotator:
-    def __init__(self, api: KubeApi, due: Due, *, leading: Callable[[], bool],
-                 concurrency: int = 4, backoff: float = 1.0, attempts: int = 5) -> None:
+    def __init__(self, api: KubeApi, due: Due, may_be_due: MayBeDue, *, leading: Callable[[], bool],
+                 run: Run = _inline, concurrency: int = 4, backoff: float = 1.0, attempts: int = 5) -> None:
         self._api = api
         self._due = due
+        self._may_be_due = may_be_due
+        self._run = run
         self._leading = leading
         self._concurrency = concurrency
         self._backoff = backoff
@@ -79,7 +90,7 @@ class Annotator:
     # -- told by the claim cache (synchronous, never raises) -----------------------------
 
     def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None:
-        if not claim.uid or not self._due(claim, annotations):
+        if not claim.uid or not self._may_be_due(claim, annotations):
             self._forget(claim.uid)
             return
         self._pending[claim.uid] = (claim, annotations)
@@ -129,7 +140,8 @@ class Annotator:
 
     async def _write(self, claim: Claim, annotations: Mapping[str, str]) -> bool | None:
         """One patch; False: failed and put back to retry; None: written or not needed."""
-        due = self._due(claim, annotations)
+        due = await self._run(lambda: guarded(f"the annotations of ResourceClaim {claim.namespace}/{claim.name}",
+                                              lambda: self._due(claim, annotations)) or {})
         if not due:
             return None
         patch = {"metadata": {"uid": claim.uid, "annotations": due}}

@@ -16,7 +16,10 @@ an unallocated one keeps the reservation this process made when it admitted it, 
 when this process never saw its admission (it started later), is priced again and
 reserved as admission would have; a deleted claim releases whatever it held, and only
 then: the watch's DELETED event, never a DELETE's admission (another admission step
-may still refuse the delete).
+may still refuse the delete). With a `provisional` hook (`dra-quota serve`:
+`webhook.refine`), that pricing happens after ready: the claim counts at once at its
+upper bound (`Admitter.bound_entry`, no tenant CEL), and the hook prices it in the
+background.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef
+from quota.ledger import ClaimRef, Entry
 from quota.raw import as_map, dig
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
@@ -37,6 +40,7 @@ from quota.slices import SliceError, parse_slice
 from quota.watching import Store
 from quota.usage import Holders
 from webhook.annotator import Annotator
+from webhook.guard import guarded
 
 __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "namespace_name",
            "parse_or_skip"]
@@ -174,7 +178,8 @@ class ClaimStore:
 
     def __init__(self, admitter: Admitter, *, deleted: Callable[[str, str | None], None] | None = None,
                  freed: Callable[[str], None] | None = None, holders: Holders | None = None,
-                 recorder: Annotator | None = None) -> None:
+                 recorder: Annotator | None = None,
+                 provisional: Callable[[Claim, Entry], None] | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
@@ -189,6 +194,8 @@ class ClaimStore:
         # Told every claim (the leader writes our annotations on them) and every
         # deleted uid (`webhook.annotator`).
         self.recorder = recorder
+        # Told each stored claim entered at its upper bound, to price it later (module doc).
+        self.provisional = provisional
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
         self._versions: dict[ClaimRef, str] = {}
@@ -260,6 +267,10 @@ class ClaimStore:
         return self.version(uid) if ClaimRef(uid) in self._recorded else None
 
     def _account(self, claim: Claim, obj: Obj) -> None:
+        guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
+                lambda: self._account_one(claim, obj))
+
+    def _account_one(self, claim: Claim, obj: Obj) -> None:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
@@ -271,12 +282,20 @@ class ClaimStore:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
         if claim.allocation is not None:
             self.admitter.account_allocated(claim)
-        elif (held := self.ledger.entry(claim_ref(claim))) is None or held.allocated:
-            # Never admitted by this process (it started later), or deallocated.
+        elif (held := self.ledger.entry(claim_ref(claim))) is not None and not held.allocated:
+            pass  # reserved at admission in this ledger (`dra-quota check`): the claim confirms it
+        elif self.provisional is None or self.admitter.priced_before(claim):
+            # Never admitted by this process (it started later), or deallocated: priced at
+            # once when that is a cache lookup (claims stamped from a known template, one
+            # this replica priced at admission)...
             self.admitter.reserve_existing(claim)
-        # else: reserved at admission in this ledger (`dra-quota check`): the claim confirms it.
+        else:
+            # ... else at its bound until priced after ready.
+            bound = self.admitter.bound_entry(claim)
+            self.ledger.add_or_update_claim(bound)
+            self.provisional(claim, bound)
         if self.recorder is not None:
-            # After the ledger counted it: the charge annotation is the one it holds.
+            # After the ledger counted it (the annotator reads what is due from it).
             self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
 
 

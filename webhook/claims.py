@@ -32,7 +32,7 @@ which a later admission step may still refuse (issue 15, item 8).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
@@ -50,8 +50,10 @@ from quota.claims import (
 from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
+from quota.work import Budget
 from webhook.reservations import Reservations
 from webhook.review import AdmissionRequest, Cause, Verdict
+from webhook.slicing import Slicer
 
 __all__ = [
     "AllocationCheck",
@@ -93,6 +95,8 @@ class ClaimContext:
     # Set when Kueue is on (`webhook.kueue.PodLookup`): reads a claim's Pod the Pod cache
     # does not know yet, so a claim of an admitted Workload draws on its holding.
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
+    # Runs pricing in slices, expensive reviews in a bounded slow lane (`webhook.slicing`).
+    slicer: Slicer = field(default_factory=Slicer)
 
 
 def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -132,12 +136,16 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     record = _judge(ctx, request, claim)
     if record is not None and record.outcome == "refused":
         return _refusal(record)
-    priced = ctx.admitter.admit_claim(claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=True)
+    budget = Budget.review()  # both pricings below are this review's (`quota.work`)
+    labels = ctx.namespace_labels(claim.namespace)
+    priced = await ctx.slicer.run(lambda: ctx.admitter.admit_claim(claim, namespace_labels=labels, dry_run=True,
+                                                                    budget=budget))
     if not priced.allowed and not priced.denied_by:
         return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
     if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:
         await ctx.learn_pod(claim, owner[0])
-    charges = {q: c for q, c in ctx.admitter.charges(claim).items() if not c.is_zero()}
+    charges = {q: c for q, c in (await ctx.slicer.run(lambda: ctx.admitter.charges(claim, budget=budget))).items()
+               if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
                                             dry_run=request.dry_run, series=_series(request))
     # The ledger's quota warnings (Audit) came from this replica's cache alone; the

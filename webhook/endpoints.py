@@ -7,7 +7,10 @@ webhook configurations should not send but a hand-edited one may) is allowed unt
 failing closed on a request we were never meant to judge would block unrelated writes.
 The in-memory handlers are synchronous, so a check and its reservation run without an
 await between them; the persisted ones (`webhook.reservations`) await a conditional
-status write instead.
+status write instead. Every synchronous handler runs through the context's slicer
+(`webhook.slicing`): one whose pricing is long gives the loop back between slices, in
+the slow lane, so it delays no other review. Its check and reservation still run
+without a pause between them: pauses happen only while pricing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from webhook.claims import (
 from webhook.namespaces import update_namespace
 from webhook.pods import create_pod
 from webhook.review import AdmissionRequest, Verdict
+from webhook.slicing import Busy
 from webhook.server import Endpoint
 
 __all__ = ["endpoints"]
@@ -74,7 +78,11 @@ def _endpoint(ctx: ClaimContext, table: dict[Route, Handler]) -> Endpoint:
         handler = table.get((resource.group, resource.resource, request.sub_resource, request.operation))
         if handler is None:
             return Verdict(True)
-        verdict = handler(ctx, request)
-        return await verdict if inspect.isawaitable(verdict) else verdict
+        try:
+            # An async handler only makes its coroutine here; it slices its own pricing.
+            verdict = await ctx.slicer.run(lambda: handler(ctx, request))
+            return await verdict if inspect.isawaitable(verdict) else verdict
+        except Busy as busy:
+            return Verdict(False, str(busy), "ServiceUnavailable", 503, cause="unavailable")
 
     return decide

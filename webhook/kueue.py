@@ -46,10 +46,13 @@ from quota.workloads import (
     needs_decision,
     our_checks,
     parse_workload,
+    too_many_claims,
 )
 from webhook.caches import parse_or_skip
 from webhook.events import EventKey, EventRecorder, Ref
+from webhook.guard import guarded
 from webhook.reservations import Reservations
+from webhook.slicing import Busy, Slicer
 
 __all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
            "serves_workloads"]
@@ -109,6 +112,8 @@ class KueueCaches:
 
     def price(self, workload: Workload) -> Entry | str:
         """The Workload's price (`quota.workloads`), or why it has none."""
+        if problem := too_many_claims(workload):
+            return problem
         counts: Counter[str] = Counter()
         for pod_set in workload.pod_sets:
             for template in pod_set.templates:
@@ -134,7 +139,15 @@ class KueueCaches:
                 continue
             else:
                 self.deciding.discard(uid)
-            entry = self.price(workload) if workload is not None and holds(workload, ours) else None
+            if workload is not None and holds(workload, ours):
+                admitted = workload
+                priced = guarded(f"pricing Workload {admitted.namespace}/{admitted.name}",
+                                 lambda: self.price(admitted))
+                if priced is None:
+                    continue  # keep whatever it holds: counting less could over-commit
+                entry: Entry | str | None = priced
+            else:
+                entry = None
             if isinstance(entry, str):
                 assert workload is not None
                 log.warning("Workload %s/%s is admitted but cannot be priced (%s): it holds nothing",
@@ -300,7 +313,7 @@ class AdmissionCheckController:
 
     def __init__(self, api: KubeApi, caches: KueueCaches, reservations: Reservations, recorder: EventRecorder, *,
                  leading: Callable[[], bool], retry_seconds: int = 15, resync: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, slicer: Slicer | None = None) -> None:
         self.api = api
         self.caches = caches
         self.reservations = reservations
@@ -309,6 +322,8 @@ class AdmissionCheckController:
         self.retry_seconds = retry_seconds
         self.resync = resync
         self.clock = clock
+        # A Workload is priced like a review: in slices, expensive ones in the slow lane.
+        self.slicer = slicer if slicer is not None else Slicer()
         self.decisions = 0  # entries written (tests wait on it)
         self._wake = asyncio.Event()
 
@@ -339,9 +354,18 @@ class AdmissionCheckController:
             for check in needs_decision(workload, ours):
                 try:
                     await self.decide(workload, check)
-                except _FAILURES as err:
+                except (*_FAILURES, Busy) as err:
                     log.warning("cannot decide check %s of Workload %s/%s: %s", check, workload.namespace,
                                 workload.name, err)
+                except Exception:
+                    # A bug or a hostile Workload fails this Workload, never the loop (and
+                    # so never the leader, nor each next one: issue 15.7).
+                    log.exception("deciding check %s of Workload %s/%s failed", check, workload.namespace,
+                                  workload.name)
+                    self.recorder.record(EventKey(Ref(API, "Workload", workload.name, workload.namespace), None,
+                                                  "Warning", "DeviceQuotaCheckFailed", "AdmissionCheck",
+                                                  f"check {check}: dra-quota failed to decide this Workload "
+                                                  "(see its logs); it is retried at the next resync"))
 
     async def _activate(self, name: str) -> None:
         obj = self.caches.checks.get(name) or {}
@@ -367,7 +391,7 @@ class AdmissionCheckController:
             # would check the Workload against its own holding and refuse it (seen on the
             # e2e cluster: an Admitted Workload turned Retry, and Kueue evicted it).
             return
-        entry = self.caches.price(workload)
+        entry = await self.slicer.run(lambda: self.caches.price(workload))
         if isinstance(entry, str):
             await self._write(workload, check, "Retry", f"cannot be priced: {entry}")
             return

@@ -81,7 +81,9 @@ from webhook.governed import GovernedLabels
 from webhook.leader import LeaderElector, default_identity
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.annotator import Annotator
+from webhook.refine import Refiner
 from webhook.requeue import Requeuer
+from webhook.slicing import Slicer
 from webhook.reservations import Reservations
 from webhook.usagemetrics import UsageMetrics
 from webhook.review import AdmissionRequest, Verdict
@@ -250,14 +252,19 @@ class Caches:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        # One slow lane for every review and Workload decision (`webhook.slicing`).
+        self.slicer = Slicer()
+        # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
+        self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell)
+        self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
-        self.annotator = (Annotator(api, self.admitter.annotations_due, leading=leading)
-                          if leading is not None else None)
+        self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
+                                    leading=leading, run=self.slicer.run) if leading is not None else None)
         # The claim watch's progress and the claim store's versions: the persisted
         # reservations' watermark (quota.reservations) waits on the one, reads the other.
         progress = Progress()
         claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
-                                 holders=self.holders, recorder=self.annotator)
+                                 holders=self.holders, recorder=self.annotator, provisional=self.refiner.add)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
                                          claim_version=claim_store.version,
                                          claim_recorded=claim_store.recorded_version)
@@ -311,6 +318,7 @@ class Caches:
     async def run(self) -> None:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
+            group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
             for r in self.first:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))
@@ -367,7 +375,7 @@ async def serve(options: ServeOptions) -> int:
                     also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
                        reservations=caches.reservations,
-                       learn_pod=PodLookup(api, caches.admitter) if kueue else None)
+                       learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
@@ -459,8 +467,8 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
         runs = [controller.run(), governed.run()]
         if caches.kueue is not None:
             runs.append(AdmissionCheckController(caches.reservations.api, caches.kueue, caches.reservations, recorder,
-                                                 leading=elector.leading,
-                                                 retry_seconds=options.kueue_retry_seconds).run())
+                                                 leading=elector.leading, retry_seconds=options.kueue_retry_seconds,
+                                                 slicer=caches.slicer).run())
         await asyncio.gather(*runs)
 
     await elector.run(work)
@@ -516,7 +524,9 @@ async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -
         # still freed by reference counting when replaced, and objects made later are
         # collected as usual.
         gc.freeze()
-        log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims",
+        log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims "
+                 "(%d counted at their upper bound until priced)",
                  time.monotonic() - started, len(caches.inventory.usable()), len(caches.classes),
                  len(caches.namespaces), len(caches.admitter.ledger.quotas()),
-                 sum(1 for _ in caches.admitter.ledger.entries()))
+                 sum(1 for _ in caches.admitter.ledger.entries()), caches.refiner.pending)
+        caches.ready.set()

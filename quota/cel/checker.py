@@ -41,6 +41,7 @@ from quota.cel.types import (
 from quota.cel.extlib import compile_regex
 from quota.cel.timelib import parse_duration, parse_timestamp
 from quota.cel.values import INT64_MAX, EvalError, Uint
+from quota.work import pause_point
 
 __all__ = ["Annotations", "CheckProblem", "check", "DEVICE_FIELDS"]
 
@@ -106,6 +107,7 @@ class _Checker:
         self.exempt: set[int] = set()  # list literals the homogeneity rule skips
 
     def visit(self, node: ast.Node, scope: dict[str, T]) -> T:
+        pause_point()
         result: T = getattr(self, "_" + type(node).__name__)(node, scope)
         self.notes.types[id(node)] = result
         return result

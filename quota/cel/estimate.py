@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quota.cel import ast
+from quota.work import pause_point
 
 MAX_ENTRIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_VALUE = 64  # DeviceAttributeMaxValueLength, and list values per attribute
@@ -68,6 +69,7 @@ def _need(size: int | None) -> int:
 
 class _Estimator:
     def visit(self, node: ast.Node, env: dict[str, Est]) -> Est:
+        pause_point()
         if isinstance(node, ast.Lit):
             value = node.value
             # A scalar holds nothing (size 0), which keeps it from widening a bound to unknown.

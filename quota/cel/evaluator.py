@@ -24,6 +24,7 @@ from quota.cel.checker import Annotations
 from quota.cel.library import Overload
 from quota.cel.runtime import Fn, State, charge
 from quota.cel.values import CelType, CostLimitExceeded, EvalError, Optional, cel_equal
+from quota.work import pause_point
 
 class _Lazy:
     """A `cel.bind` value not computed yet (cel-go evaluates bindings lazily)."""
@@ -65,6 +66,7 @@ class _Compiler:
 
     def compile(self, node: ast.Node, scope: Scope) -> tuple[Fn, bool]:
         """(closure, is constant); constant closures were folded to their value."""
+        pause_point()
         fn, const = getattr(self, "_" + type(node).__name__)(node, scope)
         if const and not isinstance(node, ast.Lit):
             if self.fold_state.cost >= FOLD_BUDGET:

@@ -25,6 +25,7 @@ from typing import Any
 import lark
 
 from quota.cel import ast
+from quota.work import pause_point
 
 __all__ = ["MAX_DEPTH", "MAX_AST_DEPTH", "lark_depth_problem", "ast_depth_problem"]
 
@@ -72,6 +73,7 @@ def lark_depth_problem(tree: Any) -> str | None:
     # (node, rule it is parsed through, open expr/relation/calc/member contexts)
     stack: list[tuple[Any, str, int, int, int, int]] = [(tree, "expr", 0, 0, 0, 0)]
     while stack:
+        pause_point()
         node, kind, e, r, c, m = stack.pop()
         if kind == "expr":
             e += 1
@@ -133,6 +135,7 @@ def ast_depth_problem(root: ast.Node) -> str | None:
     """cel-go's visitor depth, then our own bound on the total depth."""
     stack = [(root, 1, int(_visited(root)))]
     while stack:
+        pause_point()
         node, depth, visited = stack.pop()
         if visited > MAX_DEPTH:
             return "max recursion depth exceeded"

@@ -15,6 +15,12 @@ aliases of device parts are followed, since a binding is a pure substitution.
 never on their values, so devices need only agree on that (a `uuid` is unique per
 device, its presence is not). Optional selection (`m.?x`) counts as a value read: it
 hands the value on.
+
+`equalities(root)` names the top-level `&&` terms `device.attributes["d"].x == <literal>`
+(either side; a string, int or bool literal): on a device where that attribute holds
+another value the term is false without an error, so the whole expression is false
+(`&&` absorbs the other terms' errors), which lets `quota.equality` answer selectors
+that pin one device from an index instead of evaluating every device.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quota.cel import ast
+from quota.work import pause_point
 
 DevicePath = tuple[str, ...]
 
-__all__ = ["DevicePath", "references", "presence_only"]
+__all__ = ["DevicePath", "references", "presence_only", "equalities"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,42 @@ def presence_only(root: ast.Node) -> frozenset[DevicePath]:
     return frozenset(walker.tested - walker.found)
 
 
+def equalities(root: ast.Node) -> tuple[tuple[DevicePath, str | int | bool], ...]:
+    """The top-level `attribute == literal` terms (module doc), in source order."""
+    terms: list[tuple[DevicePath, str | int | bool]] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.And):
+            stack += [node.right, node.left]
+        elif isinstance(node, ast.Binary) and node.op == "==":
+            for side, other in ((node.left, node.right), (node.right, node.left)):
+                path = _attribute(side)
+                if path is not None and isinstance(other, ast.Lit) and type(other.value) in (str, int, bool):
+                    terms.append((path, other.value))
+                    break
+    return tuple(terms)
+
+
+def _attribute(node: ast.Node) -> DevicePath | None:
+    """`device.attributes["d"].x` or `device.attributes["d"]["x"]` (no optionals), else None."""
+    if isinstance(node, ast.Select) and not node.optional:
+        ident, domains = node.field, node.operand
+    elif isinstance(node, ast.Index) and not node.optional and isinstance(node.index, ast.Lit) \
+            and type(node.index.value) is str:
+        ident, domains = node.index.value, node.operand
+    else:
+        return None
+    if not (isinstance(domains, ast.Index) and not domains.optional and isinstance(domains.index, ast.Lit)
+            and type(domains.index.value) is str):
+        return None
+    top = domains.operand
+    if isinstance(top, ast.Select) and not top.optional and top.field == "attributes" \
+            and isinstance(top.operand, ast.Ident) and top.operand.name == "device":
+        return ("attributes", domains.index.value, ident)
+    return None
+
+
 Env = dict[str, "_Part | None"]
 
 
@@ -78,6 +121,7 @@ class _Walker:
             raise _Unresolvable
 
     def visit(self, node: ast.Node, env: Env) -> _Part | None:
+        pause_point()
         if isinstance(node, ast.Ident):
             if node.name in env:
                 return env[node.name]

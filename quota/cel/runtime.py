@@ -20,15 +20,31 @@ COST_EXCEEDED = "operation cancelled: actual cost limit exceeded"
 
 
 class State:
-    """Per-evaluation state: the device, local variable slots, the cost spent."""
+    """Per-evaluation state: the device, local variable slots, the cost spent.
 
-    __slots__ = ("device", "slots", "cost", "limit")
+    `mark` is the cost at which `charge` looks up: the limit, or with a `pause` hook
+    (`quota.work`) the next pause point before it, so that one long evaluation lets the
+    event loop run every `every` units without a second comparison per charge.
+    """
 
-    def __init__(self, device: Any, slot_count: int, limit: int = COST_LIMIT) -> None:
+    __slots__ = ("device", "slots", "cost", "limit", "mark", "pause", "every")
+
+    def __init__(self, device: Any, slot_count: int, limit: int = COST_LIMIT, *,
+                 pause: Callable[[], None] | None = None, every: int = 0) -> None:
         self.device = device
         self.slots: list[Any] = [None] * slot_count
         self.cost = 0
         self.limit = limit
+        self.pause = pause
+        self.every = every
+        self.mark = limit if pause is None else min(limit, every)
+
+    def passed_mark(self) -> None:
+        if self.cost > self.limit:
+            raise CostLimitExceeded(COST_EXCEEDED)
+        assert self.pause is not None
+        self.pause()
+        self.mark = min(self.limit, self.cost + self.every)
 
 
 Fn = Callable[[State], Any]
@@ -36,8 +52,8 @@ Fn = Callable[[State], Any]
 
 def charge(st: State, amount: int) -> None:
     st.cost += amount
-    if st.cost > st.limit:
-        raise CostLimitExceeded(COST_EXCEEDED)
+    if st.cost > st.mark:
+        st.passed_mark()
 
 
 def needs_runtime_check(overload: Overload, static: list[T]) -> bool:

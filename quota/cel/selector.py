@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from quota.cel import checker, references
 from quota.cel.estimate import estimate
@@ -23,6 +23,7 @@ from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
 from quota.cel.values import CostLimitExceeded, EvalError, type_name
+from quota.work import PAUSE_EVERY, pause_point
 
 __all__ = ["CelCompileError", "CelRuntimeError", "CompiledSelector", "compile_selector", "MAX_EXPRESSION_BYTES"]
 
@@ -43,7 +44,8 @@ class CelRuntimeError(RuntimeError):
 class CompiledSelector:
     """A compiled, immutable selector; share it freely between devices and threads."""
 
-    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "_fn", "_slots", "_base_cost")
+    __slots__ = ("expression", "references", "presence_only", "estimated_cost", "equalities", "_fn", "_slots",
+                 "_base_cost")
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class CompiledSelector:
         base_cost: int,
         estimated_cost: int | None,
         presence_only: frozenset[references.DevicePath] = frozenset(),
+        equalities: tuple[tuple[references.DevicePath, str | int | bool], ...] = (),
     ) -> None:
         self.expression = expression
         self.references = refs
@@ -62,6 +65,8 @@ class CompiledSelector:
         self.presence_only = presence_only
         # Advisory worst case of one evaluation (None: unbounded), see quota.cel.estimate.
         self.estimated_cost = estimated_cost
+        # Top-level `attribute == literal` terms (`quota.cel.references.equalities`).
+        self.equalities = equalities
         self._fn = fn
         self._slots = slots
         # Every node evaluated once; loops and traversals add to it while running.
@@ -74,12 +79,15 @@ class CompiledSelector:
         """Does the device match? Raises CelRuntimeError for any evaluation error."""
         return self.evaluate_with_cost(activation, cost_limit=cost_limit)[0]
 
-    def evaluate_with_cost(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT) -> tuple[bool, int]:
+    def evaluate_with_cost(self, activation: DeviceActivation, *, cost_limit: int = COST_LIMIT,
+                           pause: Callable[[], None] | None = None) -> tuple[bool, int]:
         """`evaluate`, plus the cost spent: lets a caller keep one budget across many
-        devices (a claim's selectors over a whole inventory)."""
+        devices (a claim's selectors over a whole inventory). `pause` is called every
+        `quota.work.PAUSE_EVERY` units (the slicer's hook: one evaluation may take
+        100-200 ms of the 1,000,000 units)."""
         if activation.error is not None:
             raise CelRuntimeError(activation.error)
-        state = State(activation, self._slots, cost_limit - self._base_cost)
+        state = State(activation, self._slots, cost_limit - self._base_cost, pause=pause, every=PAUSE_EVERY)
         try:
             result = self._fn(state)
         except EvalError as exc:
@@ -124,15 +132,12 @@ def _recursion_room() -> Iterator[None]:
     makes sure the interpreter's limit leaves room for that on top of the caller's
     stack. Python 3.11+ keeps Python-to-Python calls off the C stack, so a higher
     limit is safe; compilation is rare (cached), evaluation never needs this."""
-    previous = sys.getrecursionlimit()
     needed = _frame_depth() + 4 * MAX_AST_DEPTH + 100
-    if needed > previous:
+    if needed > sys.getrecursionlimit():
+        # Raised, never lowered again: compilations paused in slices (`quota.work`)
+        # interleave, and one restoring the limit under another would fail it.
         sys.setrecursionlimit(needed)
-    try:
-        yield
-    finally:
-        if needed > previous:
-            sys.setrecursionlimit(previous)
+    yield
 
 
 def _frame_depth() -> int:
@@ -179,6 +184,7 @@ def _compile(expression: str) -> CompiledSelector:
         base_cost=node_count(root),
         estimated_cost=estimate(root),
         presence_only=references.presence_only(root),
+        equalities=references.equalities(root),
     )
 
 

@@ -21,6 +21,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from quota.cel import ast
 from quota.cel.literals import SyntaxProblem, decode_literal
 from quota.cel.nesting import ast_depth_problem, lark_depth_problem
+from quota.work import pause_point
 
 __all__ = ["SyntaxProblem", "parse"]
 
@@ -96,7 +97,11 @@ _KEYWORD_VALUES: dict[str, Any] = {"true": True, "false": False, "null": None}
 def parse(text: str) -> ast.Node:
     """Parse one CEL expression; raise SyntaxProblem with cel-go style wording."""
     try:
-        tree = _PARSER.parse(text)
+        # Token by token, so a long expression's parse can pause (`quota.work`).
+        parser = _PARSER.parse_interactive(text)
+        for _ in parser.iter_parse():
+            pause_point()
+        tree = parser.resume_parse()  # type: ignore[no-untyped-call]
     except UnexpectedInput as exc:
         raise SyntaxProblem(_describe(exc), exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1) from None
     # cel-go checks nesting while parsing, before any error of the tree builder.
@@ -172,6 +177,7 @@ class _Builder(lark.visitors.Transformer_NonRecursive[lark.Token, ast.Node]):
     def _call_userfunc(self, tree: Any, new_children: Any = None) -> Any:
         # Close every `||`/`&&` run when it becomes the operand of anything else; the
         # left operand of the same operator extends the run instead.
+        pause_point()
         children = list(tree.children if new_children is None else new_children)
         for i, child in enumerate(children):
             if isinstance(child, _Chain) and not (i == 0 and child.rule == tree.data):

@@ -114,3 +114,35 @@ def test_shared_charge_is_the_rounded_request_never_less(request_mib: int, step_
     else:
         assert pricing.total.memory == rounded_mib * MiB
         assert request_mib * MiB <= pricing.total.memory < (raised + step_mib) * MiB
+
+
+SELECTORS = [f"device.attributes['{D}'].kind == 'gpu'", "device.capacity['gpu.example.com'].memory.compareTo("
+             "quantity('40Gi')) >= 0", "false", "device.allowMultipleAllocations"]
+
+
+@st.composite
+def selected_claims(draw: st.DrawFn) -> dict[str, Any]:
+    """`claims()`, each requirement with request selectors (fewer candidates, or none)."""
+    raw = draw(claims())
+    for req in raw["spec"]["devices"]["requests"]:
+        for body in [req["exactly"]] if "exactly" in req else req["firstAvailable"]:
+            chosen = draw(st.lists(st.sampled_from(SELECTORS), max_size=2))
+            if chosen:
+                body["selectors"] = [{"cel": {"expression": s}} for s in chosen]
+    return raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(inventories(), selected_claims())
+def test_the_upper_bound_is_never_below_any_modes_estimate_in_any_scope(inv: Inventory, raw: dict[str, Any]) -> None:
+    """What a stored claim counts before it is priced (`webhook.refine`) may be more than
+    the truth, never less: per dimension, in each mode, for every quota scope."""
+    pricer = Pricer(inv, CLASSES)
+    spec = parse_claim(raw).spec
+    bound = pricer.upper_bound(spec)
+    scopes = [frozenset(), *(frozenset({DeviceClassName(c)}) for c in CLASSES)]
+    for mode in ("conservative", "optimistic"):
+        estimate = pricer.estimate(spec, mode=mode)
+        for scope in scopes:
+            high, truth = bound.charge_for(scope), estimate.charge_for(scope)
+            assert high.memory >= truth.memory and high.devices >= truth.devices, (mode, scope, high, truth)

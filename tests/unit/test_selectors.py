@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
 from quota.selectors import SelectorMatcher
+from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded
 
 from .builders import make_device, make_slice
 
@@ -112,10 +114,31 @@ def test_a_match_has_one_cost_budget_across_devices() -> None:
     inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(60)])
     heavy = (f"size(device.attributes['{D}']) > 0 && "
              "lists.range(300).all(x, lists.range(100).all(y, x + y >= 0))",)
-    failed = SelectorMatcher(inv).match((heavy,))
-    assert failed.error is not None and "exceeded the budget of 5000000 CEL cost units" in failed.error.message
+    with pytest.raises(BudgetExceeded, match=f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"):
+        SelectorMatcher(inv).match((heavy,))
     cheap = (f"size(device.attributes['{D}']) > 0",)
     assert SelectorMatcher(inv).match((cheap,)).count == 180
+
+
+def test_a_cached_match_costs_a_claim_what_it_cost_to_compute_once_per_claim() -> None:
+    """The same claim gets the same verdict whatever earlier claims left in the caches."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(20)])
+    matcher = SelectorMatcher(inv)
+    loop = (f"size(device.attributes['{D}']) > 0 && lists.range(50).all(x, x >= 0)",)
+    cold, warm, again = Budget.claim(), Budget.claim(), Budget.claim()
+    first = matcher.match((loop,), (), cold)
+    assert first.cost == cold.spent > 60 * 50
+    assert matcher.match((loop,), (), warm) is first and warm.spent == cold.spent
+    matcher.match((loop,), (), again)
+    matcher.match((loop,), (), again)
+    assert again.spent == cold.spent  # once per claim
+    # A new matcher (another replica) whose verdict cache is warm from another chain.
+    other = SelectorMatcher(inv)
+    other.match((loop, ("true",)), (), Budget.claim())
+    fresh = Budget.claim()
+    other.match((loop,), (), fresh)
+    assert fresh.spent == cold.spent
 
 
 def test_a_per_device_selector_does_not_evict_the_verdicts_of_others() -> None:

@@ -15,6 +15,7 @@ from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.workloads import (
+    MAX_POD_CLAIMS,
     WORKLOAD_LABEL,
     WorkloadError,
     charge_message,
@@ -23,8 +24,10 @@ from quota.workloads import (
     needs_decision,
     our_checks,
     parse_workload,
+    too_many_claims,
 )
 
+from .bounds import bounded
 from .builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request
 
 NS = Namespace("team-a")
@@ -150,6 +153,65 @@ def test_a_workload_is_priced_count_times_its_templates_claims() -> None:
     assert isinstance(entry, Entry)
     quota = adm.ledger.quotas(NS)[0]
     assert adm.workload_charges(entry) == {quota: Charge(240 * GiB, 3)}
+
+
+MAX_COUNT = 2**31 - 1
+
+
+@pytest.mark.parametrize("count", [10**7, MAX_COUNT])
+def test_a_huge_job_is_priced_arithmetically_in_bounded_memory_and_refused(count: int) -> None:
+    """Issue 15.7: `requests * count` built a list of `count` requests (190 MB at 10^7, a
+    MemoryError at 2^31-1 that killed the leader). The price is count x the template's
+    charge, exact, in kilobytes; past int64 it is refused with the reason."""
+    adm = admitter()
+    quota = adm.ledger.quotas(NS)[0]
+    with bounded(seconds=10, megabytes=16):
+        entry = adm.workload_entry(NS, ClaimRef("w-1"), [(template(1), count)])
+        if count * 80 * GiB > 2**63 - 1:
+            assert isinstance(entry, str) and "past what a quota can count (2^63-1)" in entry
+            return
+        assert isinstance(entry, Entry)
+        assert adm.workload_charges(entry) == {quota: Charge(count * 80 * GiB, count)}
+        decision = adm.ledger.admit(entry, dry_run=True)
+    assert not decision.allowed and 'exceeded DeviceQuota "gpus"' in decision.message
+
+
+def test_a_multiplied_first_available_request_keeps_each_scopes_charge() -> None:
+    """count x (max or min per dimension over the alternatives) is the max or min of the
+    alternatives times count: a quota scoped to one class sees exactly count copies."""
+    adm = admitter()
+    classes = dict(adm.pricer.classes)
+    classes[DeviceClassName("other")] = parse_device_class(make_class("other", "true"))
+    adm = Admitter(Pricer(adm.pricer.inventory, classes), adm.ledger)
+    either = parse_claim(make_claim("either", {"name": "r", "firstAvailable": [
+        {"name": "two", "deviceClassName": "gpu", "count": 2}, {"name": "one", "deviceClassName": "other"}]},
+        kind="ResourceClaimTemplate"))
+    single = adm.workload_entry(NS, ClaimRef("w-1"), [(either, 1)])
+    many = adm.workload_entry(NS, ClaimRef("w-1"), [(either, 7)])
+    assert isinstance(single, Entry) and isinstance(many, Entry)
+    for scope in (frozenset(), frozenset({DeviceClassName("gpu")}), frozenset({DeviceClassName("other")})):
+        one = single.pricing["conservative"].charge_for(scope)
+        assert many.pricing["conservative"].charge_for(scope) == Charge(one.memory * 7, one.devices * 7)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("count", MAX_COUNT + 1, r"spec.podSets\[0\].count must be an integer from 0 to 2147483647"),
+    ("podSets", 9, "spec.podSets must be a list of at most 8"),
+])
+def test_sizes_from_the_workload_are_bounded(field: str, value: int, message: str) -> None:
+    if field == "count":
+        obj = workload(pod_sets=[pod_set("a", value, ["gpus"])])
+    else:
+        obj = workload(pod_sets=[pod_set(f"p{i}", 1, ["gpus"]) for i in range(value)])
+    with pytest.raises(WorkloadError, match=message):
+        parse_workload(obj)
+
+
+def test_a_pod_naming_too_many_claims_is_not_priced_and_says_why() -> None:
+    w = parse_workload(workload(pod_sets=[pod_set("a", 1, [f"t{i}" for i in range(MAX_POD_CLAIMS + 1)])]))
+    assert too_many_claims(w) == (f"PodSet a: its pod template names {MAX_POD_CLAIMS + 1} resource claims, "
+                                  f"more than dra-quota prices for one Pod ({MAX_POD_CLAIMS})")
+    assert too_many_claims(parse_workload(workload())) == ""
 
 
 def test_an_unpriceable_template_is_the_reason_it_has_no_price() -> None:

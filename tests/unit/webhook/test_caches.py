@@ -153,3 +153,22 @@ def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
     world.slices.delete(make_slice("n1", []))
     world.slices.delete({"metadata": {}})
     assert world.inventory.usable() == {}
+
+
+def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15.7: a store that raises stops its reflector, and `serve` then stops; one
+    claim's failure must cost that claim its accounting, nothing more."""
+    world = World()
+    real = world.admitter.reserve_existing
+
+    def reserve_existing(parsed: Any) -> None:
+        if parsed.name == "bad":
+            raise MemoryError()
+        real(parsed)
+
+    monkeypatch.setattr(world.admitter, "reserve_existing", reserve_existing)
+    world.claims.replace([claim("bad", "u-bad"), claim("good", "u-good")])
+    world.claims.upsert(claim("later", "u-later"))
+    assert world.usage().reserved == Charge(160 * GiB, 2)
+    assert "accounting ResourceClaim team-a/bad uid=u-bad failed" in caplog.text

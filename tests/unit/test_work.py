@@ -1,0 +1,35 @@
+"""quota.work: a claim's budget inside its review's; the message names the one that ran out."""
+
+from __future__ import annotations
+
+import pytest
+
+from quota.work import CLAIM_COST_BUDGET, REVIEW_COST_BUDGET, Budget, BudgetExceeded
+
+
+def test_a_claim_is_stopped_by_its_own_budget() -> None:
+    review = Budget.review()
+    claim = Budget.claim(review)
+    claim.spend(CLAIM_COST_BUDGET)
+    with pytest.raises(BudgetExceeded, match=f"per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"):
+        claim.spend(1)
+    assert review.spent == CLAIM_COST_BUDGET + 1
+
+
+def test_claims_of_one_review_share_its_budget() -> None:
+    """A Workload's templates: each within a claim's budget, together past the review's."""
+    review = Budget.review()
+    for _ in range(REVIEW_COST_BUDGET // CLAIM_COST_BUDGET):
+        Budget.claim(review).spend(CLAIM_COST_BUDGET)
+    with pytest.raises(BudgetExceeded, match=f"per-review budget of {REVIEW_COST_BUDGET:,} CEL cost units") as err:
+        Budget.claim(review).spend(1)
+    assert "for a Kueue Workload, all its ResourceClaimTemplates" in str(err.value)
+
+
+def test_work_shared_inside_a_claim_is_charged_once() -> None:
+    claim = Budget.claim()
+    claim.once("match", 1000)
+    claim.once("match", 1000)
+    claim.mark("live")
+    claim.once("live", 1000)
+    assert claim.spent == 1000

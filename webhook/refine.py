@@ -1,0 +1,93 @@
+"""Stored claims: counted at once at an upper bound, priced after ready (issue 15.4).
+
+Neighbours: `webhook.caches.ClaimStore` enters each unallocated claim this process did
+not admit (it started later, or the claim was deallocated) at
+`quota.admission.Admitter.bound_entry` and hands it here; `webhook.slicing` prices it
+like a review (budgeted, in slices, expensive ones in the slow lane); the quota
+controller is told the namespace (`changed`) so DeviceQuota status follows.
+
+Why: pricing every stored claim before ready let ten expensive claims hold a fresh
+replica's readiness from 0.11 s to 16.4 s, and a thousand would keep a rollout not
+ready for minutes. The bound needs no tenant CEL (microseconds a claim), and is never
+below the claim's estimate in any mode nor below the charge recorded at its admission,
+so a ready replica never counts less than the truth: it may count more, and refuse a
+claim near `hard`, until the claim is priced. Pricing replaces the bound only if the
+ledger still holds that very bound when it is done: a claim allocated, deleted or
+changed meanwhile has been accounted by its own event. A claim whose pricing runs out
+of budget keeps its bound (`Admitter.existing_entry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from quota.admission import Admitter, claim_ref
+from quota.claims import Claim
+from quota.ledger import ClaimRef, Entry
+from webhook.guard import guarded
+from webhook.slicing import Busy, Slicer
+
+__all__ = ["Refiner"]
+
+log = logging.getLogger(__name__)
+
+_BUSY_BACKOFF = 1.0  # seconds before retrying when the slow lane is full
+
+
+class Refiner:
+    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[str], None]) -> None:
+        self.admitter = admitter
+        self.slicer = slicer
+        self.changed = changed
+        self._queue: dict[ClaimRef, tuple[Claim, Entry]] = {}  # insertion-ordered: oldest first
+        self._wake = asyncio.Event()
+        self.refined = 0  # claims priced and replaced (tests and the bench read it)
+
+    # -- told by the claim cache (synchronous, never raises) -----------------------------
+
+    def add(self, claim: Claim, bound: Entry) -> None:
+        self._queue[claim_ref(claim)] = (claim, bound)
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    # -- the background pricing -------------------------------------------------------------
+
+    async def run(self, ready: Callable[[], Awaitable[object]]) -> None:
+        """Until cancelled: once `ready()` returns (`serve` announced ready), price what waits."""
+        await ready()
+        while True:
+            # A claim whose pricing ends in its first slice awaits nothing: give the
+            # loop a turn between claims, or a thousand of them would be one stall.
+            await asyncio.sleep(0)
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            ref = next(iter(self._queue))
+            claim, bound = self._queue.pop(ref)
+            if self.admitter.ledger.entry(ref) is not bound:
+                continue  # accounted since by its own event, or gone
+            try:
+                priced = await self.slicer.run(
+                    lambda: guarded(f"pricing stored ResourceClaim {claim.namespace}/{claim.name}",
+                                    lambda: self.admitter.existing_entry(claim)))
+            except Busy:
+                self._queue.setdefault(ref, (claim, bound))
+                await asyncio.sleep(_BUSY_BACKOFF)
+                continue
+            if priced is None or self.admitter.ledger.entry(ref) is not bound:
+                continue  # failed (logged: the bound stays), or replaced while it was priced
+            self.admitter.ledger.add_or_update_claim(priced)
+            self.refined += 1
+            log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
+                      claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
+            self.changed(claim.namespace)
+
+
+def _total(entry: Entry) -> str:
+    return ", ".join(f"{mode} {pricing.total.as_json()}" for mode, pricing in entry.pricing.items())

@@ -1,0 +1,137 @@
+"""Pricing in slices: no review's pricing holds the event loop for long (issue 15.2).
+
+Neighbours: `webhook.endpoints` runs every synchronous handler through `Slicer.run`,
+and `webhook.claims` its pricing calls; the leader's Kueue decisions
+(`webhook.kueue`) and the refinement of stored claims (`webhook.refine`) too. The
+domain (`quota.work`) only calls a pause hook at its pause points: every
+`quota.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a
+match, every token and AST node while compiling. `quota.work` budgets bound the total;
+this module bounds how long the loop is held at once.
+
+How: `run(fn)` calls `fn` in a greenlet (a stack of its own on the loop's thread, no
+thread). The hook switches back to `run` when the slice's time is up; `run` awaits,
+then switches in again. A single CEL evaluation (up to 1,000,000 units, 100-200 ms in
+Python) or a 10 KiB compile (~200 ms) pauses in the middle, which generators could
+not do without rewriting the evaluator. No thread touches the caches: everything runs
+on the loop's thread, one greenlet at a time, and the domain mutates a shared cache
+only between pause points (a match walks a snapshot of its partition, `quota.selectors`).
+
+Lanes: a call whose `fn` finishes within `FIRST_SLICE` (honest claims: well under a
+millisecond once their selectors are known) returns at once. One that does not waits
+for the slow lane: at most `SLOW_LANE` such calls run at a time, each giving the loop
+back every `SLICE`, so cheap reviews arriving meanwhile are answered between slices
+and never queue behind expensive ones. At most `SLOW_LANE_QUEUE` wait; past that a
+call is refused at once (`Busy`) rather than held until its webhook deadline. A call
+cancelled while paused (the review's deadline) kills its greenlet, unwinding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar, cast
+
+from greenlet import GreenletExit, greenlet
+
+from quota.work import pausing
+
+__all__ = ["FIRST_SLICE", "SLICE", "SLOW_LANE", "SLOW_LANE_QUEUE", "Busy", "Slicer"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FIRST_SLICE = 0.005  # seconds: what any review may take before it yields the loop
+SLICE = 0.002  # seconds: each slow-lane turn
+SLOW_LANE = 1  # slow-lane calls running at once
+SLOW_LANE_QUEUE = 32  # slow-lane calls waiting at most
+
+
+class Busy(Exception):
+    """The slow lane is full: the call is refused without running further."""
+
+    def __init__(self, queue: int) -> None:
+        super().__init__(f"dra-quota is busy pricing {queue} other expensive requests; retry shortly (claims whose "
+                         "selectors are cheap to evaluate are not held back by this)")
+
+
+class _Work(Generic[T]):
+    """`fn` in a greenlet of its own, run slice by slice."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn = fn
+        self._glet = greenlet(self._run)
+        self._deadline = 0.0
+        self._value: object = None
+        self._done = False
+
+    def _run(self) -> T:
+        with pausing(self._pause):
+            return self._fn()
+
+    def _pause(self) -> None:
+        if time.perf_counter() >= self._deadline:
+            parent = self._glet.parent
+            assert parent is not None
+            parent.switch()
+
+    def step(self, seconds: float) -> bool:
+        """Run for about `seconds`; True once `fn` returned (its exception propagates)."""
+        self._deadline = time.perf_counter() + seconds
+        value = self._glet.switch()
+        self._done = self._glet.dead
+        if self._done:
+            self._value = value
+        return self._done
+
+    @property
+    def value(self) -> T:
+        assert self._done
+        return cast(T, self._value)
+
+    def close(self) -> None:
+        if not self._glet.dead:
+            self._glet.throw(GreenletExit)
+
+
+class Slicer:
+    """Runs synchronous pricing in slices, expensive calls in a bounded slow lane."""
+
+    def __init__(self, *, first_slice: float = FIRST_SLICE, slice_seconds: float = SLICE, lane: int = SLOW_LANE,
+                 queue: int = SLOW_LANE_QUEUE) -> None:
+        self.first_slice = first_slice
+        self.slice_seconds = slice_seconds
+        self.queue = queue
+        self._lane = asyncio.Semaphore(lane)
+        self._waiting = 0
+        self.slow_calls = 0  # calls that went to the slow lane (tests and metrics read it)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        work = _Work(fn)
+        try:
+            if work.step(self.first_slice):
+                return work.value
+            if self._waiting >= self.queue:
+                raise Busy(self._waiting)
+            self.slow_calls += 1
+            log.debug("pricing did not finish in its first slice: slow lane (%d waiting)", self._waiting)
+            self._waiting += 1
+            try:
+                await self._lane.acquire()
+            finally:
+                self._waiting -= 1
+            try:
+                while True:
+                    await asyncio.sleep(0)
+                    if work.step(self.slice_seconds):
+                        return work.value
+            finally:
+                self._lane.release()
+        finally:
+            work.close()
