@@ -137,7 +137,7 @@ class Admitter:
             return entry
         pricing = entry.pricing[self.ledger.default_mode]
         decision = self.ledger.admit(entry, dry_run=dry_run)
-        warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *decision.warnings)
+        warnings = (*self.pricing_warnings(claim, pricing), *decision.warnings)
         message = self.explained(claim, decision.message, decision.denied_by)
         return Admission(decision.allowed, message, warnings, pricing, decision.charged, decision.denied_by,
                          decision.warned_by)
@@ -263,13 +263,23 @@ class Admitter:
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing,
                          warned_by=decision.denied_by, charged_above=above)
 
-    def charges(self, claim: Claim, *, budget: Budget | None = None) -> dict[DeviceQuota, Charge]:
-        """What `claim` adds to each quota of its namespace, each in its pricing mode: its
-        charge, less what the admitted Kueue Workload of its Pod still holds for it
-        (`Ledger.uncovered`), so a Workload's claims are never counted twice."""
-        entry = Entry(claim.namespace, claim_ref(claim), self._estimate(claim, budget), allocated=False,
-                      owner=claim.owner)
-        return {q: self.ledger.uncovered(entry, q) for q in self.ledger.quotas(claim.namespace)}
+    def price_for_admission(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None,
+                            budget: Budget | None = None) -> Entry | Admission:
+        """A new claim priced once, in every mode its namespace's quotas use, or the denial
+        no quota needs to decide (adminAccess label, pricing errors, memory no device
+        prices): what the webhook's persisted admission checks against the persisted
+        reservations (`webhook.claims`), so the claim is priced once per review."""
+        return self._priced_entry(claim, namespace_labels, budget)
+
+    def pricing_warnings(self, claim: Claim, pricing: Pricing) -> tuple[str, ...]:
+        """What an admission of `claim` priced at `pricing` warns of before any quota check."""
+        return (*pricing.warnings, *self._unpriced(claim, pricing)[1])
+
+    def charges(self, entry: Entry) -> dict[DeviceQuota, Charge]:
+        """What a priced claim's `entry` adds to each quota of its namespace, each in its
+        pricing mode: its charge, less what the admitted Kueue Workload of its Pod still
+        holds for it (`Ledger.uncovered`), so a Workload's claims are never counted twice."""
+        return {q: self.ledger.uncovered(entry, q) for q in self.ledger.quotas(entry.namespace)}
 
     def workload_entry(self, namespace: Namespace, ref: ClaimRef, claims: Sequence[tuple[Claim, int]], *,
                        budget: Budget | None = None) -> Entry | str:
@@ -369,9 +379,16 @@ class Admitter:
 
     def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
         """Whether `annotations_due` could say anything, without running any CEL: a claim
-        with no charge yet, or an allocation its record does not match (inventory lookups)."""
-        return CHARGE_ANNOTATION not in current or (
-            claim.allocation is not None and self.pricer.allocation_record(claim) != dict(claim.recorded_devices))
+        with no charge yet, or an allocation its record does not match (read from the exact
+        pricing the ledger holds for it when it was just counted: priced once an event)."""
+        if CHARGE_ANNOTATION not in current:
+            return True
+        if claim.allocation is None:
+            return False
+        held = self.ledger.entry(claim_ref(claim))
+        pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
+        record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)
+        return record != dict(claim.recorded_devices)
 
     def _own_record(self, claim: Claim) -> Claim:
         """`claim` with the charge the ledger holds for it in place of its annotation.

@@ -75,6 +75,9 @@ class Pricing:
     errors: tuple[str, ...] = ()
     # Pricing stopped at a budget (`quota.work`): `errors` holds its message, nothing else.
     over_budget: bool = False
+    # Exact pricings: what `draquota.io/allocated-charge` should say (`Pricer.allocation_record`),
+    # found in the same pass over the allocation, so an allocation event prices its devices once.
+    record: tuple[tuple[DeviceKey, int], ...] = ()
 
     @property
     def total(self) -> Charge:
@@ -295,10 +298,16 @@ class Pricer:
         classes = _request_classes(claim.spec)
         per_request: dict[str, tuple[DeviceClassName, list[Charge]]] = {}
         unknown: list[AllocatedDevice] = []
+        record: dict[DeviceKey, int] = {}
         for result in claim.allocation or ():
             top = result.request.split("/", 1)[0]
             cls = classes.get(result.request, classes.get(top, DeviceClassName("")))
+            device = None if result.admin_access else self.inventory.lookup(result.key)
             charge = self._device_exact(result, recorded)
+            if device is not None and charge is not None:
+                record[result.key] = charge.memory
+            elif not result.admin_access and result.key in recorded:
+                record[result.key] = recorded[result.key]  # vanished: kept, never dropped or guessed
             if charge is None:
                 unknown.append(result)
                 charge = Charge(0, 1)
@@ -325,7 +334,7 @@ class Pricer:
             for name, (cls, charges) in per_request.items()
             for total in [sum(charges, ZERO)]
         )
-        return Pricing(requests, exact=True, warnings=tuple(warnings))
+        return Pricing(requests, exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())))
 
     def _largest_in_class(self, name: DeviceClassName) -> int:
         cls = self.classes.get(name)
@@ -338,20 +347,9 @@ class Pricer:
         it, `webhook.annotator`; the webhook refuses anything else): the exact memory
         charge of each allocated device the inventory knows, and for a device it no longer
         knows the charge already recorded (never dropped, never guessed). adminAccess
-        devices are free and not recorded."""
-        recorded = dict(claim.recorded_devices)
-        record: dict[DeviceKey, int] = {}
-        for result in claim.allocation or ():
-            if result.admin_access:
-                continue
-            if self.inventory.lookup(result.key) is None:
-                if result.key in recorded:
-                    record[result.key] = recorded[result.key]
-                continue
-            charge = self._device_exact(result, {})
-            if charge is not None:
-                record[result.key] = charge.memory
-        return record
+        devices are free and not recorded. Found by `exact` in its pass: an allocated claim
+        the ledger just counted has it on its pricing already."""
+        return dict(self.exact(claim).record)
 
     def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
         if result.admin_access:

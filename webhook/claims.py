@@ -72,8 +72,6 @@ OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
 # Every annotation only dra-quota writes (the leader, `webhook.annotator`): none may
 # come with a new claim or template.
 WRITTEN_BY_US = (*OUR_ANNOTATIONS, ALLOCATED_CHARGE_ANNOTATION)
-# How `quota.devicequota.check` starts a denial.
-QUOTA_DENIAL = "exceeded DeviceQuota"
 # kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
 # claims for Pods' extended resources.
 SCHEDULER = "system:kube-scheduler"
@@ -136,25 +134,23 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     record = _judge(ctx, request, claim)
     if record is not None and record.outcome == "refused":
         return _refusal(record)
-    budget = Budget.review()  # both pricings below are this review's (`quota.work`)
     labels = ctx.namespace_labels(claim.namespace)
-    priced = await ctx.slicer.run(lambda: ctx.admitter.admit_claim(claim, namespace_labels=labels, dry_run=True,
-                                                                    budget=budget))
-    if not priced.allowed and not priced.denied_by:
-        return _verdict(priced, record)  # adminAccess label, pricing errors: no quota decides those
+    # Priced once, within this review's budget (`quota.work`), in slices (`webhook.slicing`).
+    entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
+                                                                          budget=Budget.review()))
+    if isinstance(entry, Admission):
+        return _verdict(entry, record)  # adminAccess label, pricing errors: no quota decides those
     if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:
         await ctx.learn_pod(claim, owner[0])
-    charges = {q: c for q, c in (await ctx.slicer.run(lambda: ctx.admitter.charges(claim, budget=budget))).items()
-               if not c.is_zero()}
+    charges = {q: c for q, c in ctx.admitter.charges(entry).items() if not c.is_zero()}
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
                                             dry_run=request.dry_run, series=_series(request))
-    # The ledger's quota warnings (Audit) came from this replica's cache alone; the
-    # reservations' own replace them.
-    warnings = (*(w for w in priced.warnings if QUOTA_DENIAL not in w), *decision.warnings)
+    pricing = entry.pricing[ctx.admitter.ledger.default_mode]
+    warnings = (*ctx.admitter.pricing_warnings(claim, pricing), *decision.warnings)
     if not decision.allowed and not decision.denied_by:  # conflicts, API errors: no quota said no
         return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
     message = ctx.admitter.explained(claim, decision.message, decision.denied_by)
-    return _verdict(Admission(decision.allowed, message, warnings, priced.pricing, decision.charged,
+    return _verdict(Admission(decision.allowed, message, warnings, pricing, decision.charged,
                               decision.denied_by, decision.warned_by), record)
 
 

@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 from quota.claims import parse_claim
-from quota.ledger import ClaimRef
+from quota.devicequota import DeviceQuota
+from quota.ledger import ClaimRef, Entry
 from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
 from webhook.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
@@ -92,6 +93,13 @@ def stamped(owner_uid: str) -> Any:
     return parse_claim(obj)
 
 
+def charges(kc: KueueCaches, pod: str) -> dict[DeviceQuota, Charge]:
+    """What the webhook would reserve for `pod`'s claim (`webhook.claims`: priced once)."""
+    entry = kc.admitter.price_for_admission(stamped(pod), namespace_labels=None)
+    assert isinstance(entry, Entry)
+    return kc.admitter.charges(entry)
+
+
 def test_a_pod_the_cache_has_not_seen_is_read_once_and_only_where_workloads_hold() -> None:
     kc, _, _ = caches()
     pods = FakePods({"p1": {"metadata": {"uid": "p1", "labels": {WORKLOAD_LABEL: "w-1"}}},
@@ -103,10 +111,9 @@ def test_a_pod_the_cache_has_not_seen_is_read_once_and_only_where_workloads_hold
     asyncio.run(lookup(stamped("p1"), "p1"))
     assert pods.gets == 1 and kc.ledger.knows_pod("p1")
     quota = kc.ledger.quotas(NS)[0]
-    entry = kc.admitter.charges(stamped("p1"))[quota]
-    assert entry == Charge()  # the claim draws on the Workload's 160Gi
+    assert charges(kc, "p1")[quota] == Charge()  # the claim draws on the Workload's 160Gi
     asyncio.run(lookup(stamped("p1"), "p1"))
     asyncio.run(lookup(stamped("p2"), "p2"))
     asyncio.run(lookup(stamped("p2"), "p2"))
     assert pods.gets == 2  # p1 known, p2 read once and remembered unlabelled
-    assert kc.admitter.charges(stamped("p2"))[quota] == Charge(160 * GiB, 2)
+    assert charges(kc, "p2")[quota] == Charge(160 * GiB, 2)
