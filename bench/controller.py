@@ -37,7 +37,7 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
-from quota.reservations import parse_reservations  # noqa: E402
+from quota.reservations import parse_record  # noqa: E402
 from webhook.caches import ClaimStore  # noqa: E402
 
 NAMESPACES = 50
@@ -49,13 +49,31 @@ def quota_object(k: int) -> dict[str, Any]:
             "spec": {"hard": {"memory": "100Ti", "devices": 100000}}}
 
 
+class NoEntries:
+    """`quota.reservations.Caches` for statuses without persisted entries (none here)."""
+
+    def claim_version(self, uid: str) -> int | None:
+        return None
+
+    def claim_recorded(self, uid: str) -> int | None:
+        return None
+
+    def claim_gone(self, uid: str) -> int | None:
+        return None
+
+    def workload_counted(self, uid: str) -> bool:
+        return False
+
+    def workload_gone(self, uid: str) -> bool:
+        return False
+
+
 def statuses(ledger: Ledger, objects: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     out = []
     for obj in objects:
         quota = parse_device_quota(obj)
-        out.append(desired_status(obj, quota, parse_reservations(obj.get("status")),
-                                  usage=ledger.usage(quota.namespace, quota.name),
-                                  cached=lambda uid: False, gone=lambda uid: False, now=now, ttl=60.0))
+        out.append(desired_status(obj, quota, parse_record(obj.get("status")),
+                                  usage=ledger.usage(quota.namespace, quota.name), caches=NoEntries(), now=now))
     return out
 
 
