@@ -211,8 +211,11 @@ async def test_two_replicas_never_over_commit(cluster: ControlPlane, kube: Kube,
                 await kube.create(ADMISSION, PLURALS[config["kind"]], config)
                 configs.append((PLURALS[config["kind"]], config["metadata"]["name"]))
 
-            # dryRun is evaluated and persists nothing.
-            before = await kube.get(DQ, "devicequotas", "gpus", namespace=single.namespace)
+            # dryRun is evaluated and persists nothing (compared once the leader wrote the
+            # quota's first status, which it does on its own after start).
+            before = await kube.wait_for(DQ, "devicequotas", "gpus",
+                                         lambda q: (q.get("status") or {}).get("observedGeneration") == 1,
+                                         namespace=single.namespace, timeout=60, what="the first status")
             await kube.create(RESOURCE_V1, "resourceclaims", single.claim("dry"), namespace=single.namespace,
                               dry_run=True)
             after = await kube.get(DQ, "devicequotas", "gpus", namespace=single.namespace)
