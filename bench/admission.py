@@ -466,7 +466,9 @@ async def enforced(bench: Bench, ns: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def control_plane(args: argparse.Namespace, workdir: Path) -> AsyncIterator[Bench]:
+async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port: int = 0) -> AsyncIterator[Bench]:
+    """The control plane with the generated inventory, and `serve` (its metrics on
+    `metrics_port`, 0: off)."""
     cluster = ControlPlane(binary=build(), workdir=workdir)
     started = time.monotonic()
     cluster.start()
@@ -494,7 +496,7 @@ async def control_plane(args: argparse.Namespace, workdir: Path) -> AsyncIterato
         print(f"{count} ResourceSlices ({args.nodes} nodes) created in {seconds:.1f} s ({count / seconds:.0f}/s)")
         ttl = () if args.reservation_ttl is None else ("--reservation-ttl", str(args.reservation_ttl))
         served = Served(cluster, free_ports(1)[0], workdir / "serve.log", args=("--log-level", "info", *ttl),
-                        ready_timeout=900)
+                        ready_timeout=900, metrics_port=metrics_port)
         await served.start()
         assert served.process is not None
         fresh_rss = rss_of(served.process.pid)
