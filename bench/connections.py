@@ -148,6 +148,7 @@ async def run(args: argparse.Namespace) -> JSON:
                                   f"honest reviews, {args.connections} idle/slow connections")
             after = await bench.served.metrics()
             report = await attacker.stop()
+            attack_seconds = time.monotonic() - started
             sampling = False
             await sampler
             results["attack"] = {
@@ -155,13 +156,16 @@ async def run(args: argparse.Namespace) -> JSON:
                 "serve_peak_rss_mib": round(peak), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
                 "longest_stall": longest_new_stall(before, after),
                 "longest_stall_since_start_s": after.get((EVENT_LOOP_STALL_MAX, frozenset()), float("nan")),
-                "serve_connections": connection_counts(after), "load_average": load_average()}
+                "serve_connections": connection_counts(after), "load_average": load_average(),
+                "attempts_per_s": round((sum(report.get("opened", {}).values()) + report.get("failed", 0))
+                                        / attack_seconds)}
             a = results["attack"]
             print(f"  serve RSS {a['serve_rss_before_mib']} MiB before, peak {a['serve_peak_rss_mib']} MiB during, "
                   f"{a['serve_rss_after_mib']} MiB after; longest event loop stall during the attack "
                   f"{a['longest_stall']}; load average {a['load_average']}")
             print(f"  serve's webhook connections at the end: {a['serve_connections']}")
-            print(f"  {Attack(**report).line() if report else 'attack: no report'}")
+            print(f"  {Attack(**report).line() if report else 'attack: no report'}; "
+                  f"{a['attempts_per_s']} connection attempts a second over {attack_seconds:.0f} s")
     results["load_average_end"] = load_average()
     return results
 

@@ -132,10 +132,14 @@ class Connections:
             self._drop(victim, "evicted")
         return True
 
-    def opened(self, conn: Tracked, handler: object) -> None:
-        """`conn` was accepted; `handler` is the aiohttp protocol its requests arrive on."""
-        self._by_handler[handler] = conn
+    def opened(self, conn: Tracked) -> None:
+        """`conn` was accepted."""
         self._enter(conn, Phase.OPENING)
+
+    def handled(self, conn: Tracked, handler: object) -> None:
+        """`conn`'s requests now arrive on `handler` (aiohttp's protocol, made once TLS is up)."""
+        if conn in self._phase:
+            self._by_handler[handler] = conn
 
     def of(self, handler: object) -> Tracked | None:
         return self._by_handler.get(handler)
@@ -154,9 +158,10 @@ class Connections:
         if conn is not None:
             self.enter(conn, Phase.DECIDING)
 
-    def lost(self, conn: Tracked, handler: object) -> None:
+    def lost(self, conn: Tracked, handler: object | None) -> None:
         """The connection closed (whoever closed it)."""
-        self._by_handler.pop(handler, None)
+        if handler is not None:
+            self._by_handler.pop(handler, None)
         phase = self._phase.pop(conn, None)
         if phase is not None:
             del self._phases[phase][conn]
@@ -242,6 +247,11 @@ HTTP_LOG.addFilter(_ClientErrors())
 class _TlsConnection(SSLProtocol):
     """asyncio's server-side TLS protocol, reading into 32 KiB, reporting to `Connections`.
 
+    aiohttp's handler is made only once the TLS handshake is done (`_Handshaking`): a
+    connection dropped before that costs no HTTP parser, and leaves no reference cycle
+    for the garbage collector (a flood of them made its full collections the longest
+    event loop stalls).
+
     asyncio.sslproto is not public API: this relies on SSLProtocol's constructor and its
     `max_size` read buffer as they are since Python 3.11 (the rewrite that made it a
     BufferedProtocol; unchanged through 3.13), and is run over real sockets by
@@ -252,16 +262,24 @@ class _TlsConnection(SSLProtocol):
     # default. Two full TLS records (16 KiB each) is enough to read a review quickly.
     max_size = 32 * 1024
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handler: asyncio.BaseProtocol, context: ssl.SSLContext,
-                 connections: Connections) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, handler: Callable[[], asyncio.BaseProtocol],
+                 context: ssl.SSLContext, connections: Connections) -> None:
         # No waiter (typeshed wants a Future: one would hold every failed handshake's
         # exception, logged as never retrieved); seconds may be a float (asyncio's own use).
-        super().__init__(loop, handler, context, None, server_side=True,  # type: ignore[arg-type]
+        super().__init__(loop, _Handshaking(self), context, None, server_side=True,  # type: ignore[arg-type]
                          ssl_handshake_timeout=connections.limits.tls_handshake_timeout)  # type: ignore[arg-type]
         self._connections = connections
-        self._handler = handler
+        self._make_handler = handler
+        self._handler: asyncio.BaseProtocol | None = None
         self._raw: asyncio.BaseTransport | None = None
         self._aborted = False
+
+    def handshaken(self, transport: asyncio.BaseTransport) -> None:
+        """TLS is up: aiohttp's handler takes the connection over (public `set_protocol`)."""
+        self._handler = self._make_handler()
+        self._connections.handled(self, self._handler)
+        transport.set_protocol(self._handler)
+        self._handler.connection_made(transport)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._raw = transport
@@ -285,6 +303,17 @@ class _TlsConnection(SSLProtocol):
         self._aborted = True
         if self._raw is not None:
             self._raw.abort()  # type: ignore[attr-defined]  # a socket transport
+
+
+class _Handshaking(asyncio.Protocol):
+    """A TLS connection's app protocol until its handshake is done (asyncio calls nothing
+    else on it before): then it hands the connection to aiohttp's handler."""
+
+    def __init__(self, conn: _TlsConnection) -> None:
+        self._conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn.handshaken(transport)
 
 
 class _Refused(asyncio.Protocol):
@@ -323,9 +352,8 @@ class TlsSite(web.BaseSite):
         def accept() -> asyncio.BaseProtocol:
             if not self.connections.room():
                 return _Refused()
-            handler = server()
-            conn = _TlsConnection(loop, handler, self._context, self.connections)
-            self.connections.opened(conn, handler)
+            conn = _TlsConnection(loop, server, self._context, self.connections)
+            self.connections.opened(conn)
             return conn
 
         self._server = self._listening = await loop.create_server(

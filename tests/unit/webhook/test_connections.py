@@ -194,7 +194,7 @@ def test_eviction_takes_opening_then_headers_then_request_then_the_least_recentl
     conns = {name: Fake(name, aborted) for name in ("idle-old", "deciding", "request", "headers", "opening",
                                                     "idle-new")}
     for name, conn in conns.items():
-        connections.opened(conn, name)
+        connections.opened(conn)
         clock.now += 1
     for name, phase in (("idle-old", Phase.IDLE), ("deciding", Phase.DECIDING), ("request", Phase.REQUEST),
                         ("headers", Phase.HEADERS), ("idle-new", Phase.IDLE)):
