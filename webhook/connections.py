@@ -37,6 +37,8 @@ import argparse
 import asyncio
 import enum
 import logging
+import os
+import socket
 import ssl
 import time
 from asyncio.sslproto import SSLProtocol
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 
 # Every deadline is checked this often: a deadline holds to within a second.
 SWEEP_SECONDS = 1.0
+LISTEN_BACKLOG = 4096
 
 
 class Phase(enum.IntEnum):
@@ -321,6 +324,21 @@ class _Refused(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]  # a socket transport
 
 
+def _deepen(sock: socket.socket) -> None:
+    """Let the kernel queue `LISTEN_BACKLOG` connections not accepted yet.
+
+    asyncio accepts at most `backlog` connections per event loop iteration and gives the
+    same number to listen(): aiohttp's 128. Under a flood of connects (each accepted, then
+    evicted) a stall of a fraction of a second overflows 128, and a new API server
+    connection then waits out a SYN retransmission (1 s, then 3 s). listen() again on a
+    duplicate of the descriptor deepens the kernel's queue only (capped at
+    net.core.somaxconn, 4096 by default: Go's net.Listen takes that too), not how many one
+    iteration accepts (4,096 there made stalls of seconds).
+    """
+    with socket.socket(fileno=os.dup(sock.fileno())) as listening:
+        listening.listen(LISTEN_BACKLOG)
+
+
 class TlsSite(web.BaseSite):
     """An HTTPS listener whose connections `connections` bounds (aiohttp's TCPSite, plus the bounds)."""
 
@@ -358,6 +376,8 @@ class TlsSite(web.BaseSite):
 
         self._server = self._listening = await loop.create_server(
             accept, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None)
+        for sock in self._listening.sockets:
+            _deepen(sock)
         self._sweeper = asyncio.create_task(self.connections.run(), name=f"connections {self.name}")
 
     async def stop(self) -> None:
