@@ -289,19 +289,26 @@ def in_process_context(slices: list[JSON]) -> ClaimContext:
 
 
 class _Body:
+    """The body stream as `webhook.server` reads it: in one piece here."""
+
     def __init__(self, data: bytes) -> None:
         self.data = data
 
-    async def read(self, limit: int) -> bytes:
-        return self.data[:limit]
+    async def readany(self) -> bytes:
+        data, self.data = self.data, b""
+        return data
 
 
 @dataclass(frozen=True)
 class Posted:
-    """What the review handler reads of an aiohttp request: the body and the query."""
+    """What the review handler reads of an aiohttp request: the body, its length, the query."""
 
     content: _Body
     query: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def content_length(self) -> int:
+        return len(self.content.data)
 
 
 async def through_handler(app: web.Application, bodies: Sequence[tuple[str, bytes]]) -> tuple[list[float], float, float]:
@@ -466,7 +473,9 @@ async def enforced(bench: Bench, ns: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def control_plane(args: argparse.Namespace, workdir: Path) -> AsyncIterator[Bench]:
+async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port: int = 0) -> AsyncIterator[Bench]:
+    """The control plane with the generated inventory, and `serve` (its metrics on
+    `metrics_port`, 0: off)."""
     cluster = ControlPlane(binary=build(), workdir=workdir)
     started = time.monotonic()
     cluster.start()
@@ -494,7 +503,7 @@ async def control_plane(args: argparse.Namespace, workdir: Path) -> AsyncIterato
         print(f"{count} ResourceSlices ({args.nodes} nodes) created in {seconds:.1f} s ({count / seconds:.0f}/s)")
         ttl = () if args.reservation_ttl is None else ("--reservation-ttl", str(args.reservation_ttl))
         served = Served(cluster, free_ports(1)[0], workdir / "serve.log", args=("--log-level", "info", *ttl),
-                        ready_timeout=900)
+                        ready_timeout=900, metrics_port=metrics_port)
         await served.start()
         assert served.process is not None
         fresh_rss = rss_of(served.process.pid)

@@ -28,14 +28,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.controlplane import REPO_ROOT, ControlPlane, die_with_parent_process
-from devcluster.kube import poll
+from devcluster.kube import ApiError, Kube, poll
 
-__all__ = ["ServeExited", "Served"]
+__all__ = ["METRICS_READER", "ServeExited", "Served", "metrics_reader_token", "service_account_token"]
+
+# The ServiceAccount (in `default`) and ClusterRole `Served.scrape` uses: what a Prometheus
+# needs to scrape serve (the chart's <fullname>-metrics-reader ClusterRole is the same rule).
+METRICS_READER = "dra-quota-e2e-metrics-reader"
 
 
 class ServeExited(RuntimeError):
@@ -56,6 +61,9 @@ class Served:
     self_managed: bool = False
     # --metrics-port: 0 (off) unless a test scrapes, so processes never contend for a port.
     metrics_port: int = 0
+    # The bearer token `scrape` sends (HTTPS, TokenReview + SubjectAccessReview in serve):
+    # "" makes one for a ServiceAccount allowed to get /metrics (`metrics_reader_token`).
+    metrics_token: str = ""
     # Another identity than the cluster admin (test_chart.py: the chart's ServiceAccount).
     kubeconfig: Path | None = None
     # True: name the kubeconfig through $KUBECONFIG, not --kubeconfig (how a user's shell does).
@@ -129,11 +137,25 @@ class Served:
 
     async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """One scrape of `--metrics-port`: (sample name, labels) -> value."""
-        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as resp:
-            assert resp.status == 200, resp.status
-            text = await resp.text()
+        text = await self.scrape()
         return {(s.name, frozenset(s.labels.items())): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
+
+    async def scrape(self) -> str:
+        """`GET /metrics` as Prometheus does with the chart's ServiceMonitor: HTTPS (the test
+        CA; the certificate names the Service, not 127.0.0.1) and a bearer token."""
+        if not self.metrics_token:
+            self.metrics_token = await metrics_reader_token(self.cluster)
+        ctx = ssl.create_default_context(cafile=str(self.cluster.ca_file))
+        ctx.check_hostname = False
+        if self.self_managed:
+            ctx.verify_mode = ssl.CERT_NONE  # serve's own CA, not the test one
+        headers = {"Authorization": f"Bearer {self.metrics_token}"}
+        async with aiohttp.ClientSession() as http, http.get(f"https://127.0.0.1:{self.metrics_port}/metrics",
+                                                             ssl=ctx, headers=headers) as resp:
+            text = await resp.text()
+            assert resp.status == 200, (resp.status, text)
+        return text
 
     def _own_lease(self) -> tuple[str, ...]:
         """Unless `args` choose a Lease, `lease` in `default` (which always exists): not
@@ -180,3 +202,41 @@ class Served:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+async def metrics_reader_token(cluster: ControlPlane, *, account: str = METRICS_READER, namespace: str = "default",
+                               role: str = METRICS_READER) -> str:
+    """A token of ServiceAccount `account` bound to ClusterRole `role`, which (unless it
+    exists already) gets only `get` on the non-resource URL /metrics."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    async with cluster.client() as kube:
+        for plural, body in (
+            ("clusterroles", {"kind": "ClusterRole", "metadata": {"name": role},
+                              "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+            ("clusterrolebindings", {"kind": "ClusterRoleBinding", "metadata": {"name": f"{role}-{account}"},
+                                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                 "name": role},
+                                     "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}),
+        ):
+            await _create_once(kube, rbac, plural, body)
+    return await service_account_token(cluster, account=account, namespace=namespace)
+
+
+async def service_account_token(cluster: ControlPlane, *, account: str, namespace: str = "default") -> str:
+    """A TokenRequest token (1 h) of ServiceAccount `account`, made if missing."""
+    async with cluster.client() as kube:
+        await _create_once(kube, "v1", "serviceaccounts", {"kind": "ServiceAccount", "metadata": {"name": account}},
+                           namespace=namespace)
+        answer = await kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+                                    body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                          "spec": {"expirationSeconds": 3600}})
+    return str(answer["status"]["token"])
+
+
+async def _create_once(kube: Kube, api_version: str, plural: str, body: dict[str, Any],
+                       namespace: str | None = None) -> None:
+    try:
+        await kube.create(api_version, plural, body, namespace=namespace)
+    except ApiError as err:
+        if err.status != 409:  # made by an earlier call: shared, never deleted
+            raise

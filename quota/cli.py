@@ -101,7 +101,7 @@ def _add_check(sub: _Subparsers) -> None:
 
 
 def _add_serve(sub: _Subparsers) -> None:
-    from webhook import certificates
+    from webhook import certificates, connections
     from webhook.adminpolicy import configmap_ref
     from webhook.metrics import DEFAULT_METRICS_PORT
     from webhook.serve import LIMITATIONS
@@ -155,9 +155,14 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                       help=f"plain-HTTP port of GET /metrics (Prometheus); 0 disables (default {DEFAULT_METRICS_PORT})")
-    serve.add_argument("--metrics-bind-address", default="0.0.0.0",
-                       help="address the metrics port listens on (default 0.0.0.0)")
+                       help=f"port of GET /metrics (Prometheus); 0 disables (default {DEFAULT_METRICS_PORT})")
+    serve.add_argument("--metrics-secure", action=argparse.BooleanOptionalAction, default=True,
+                       help="HTTPS with the serving certificate, for bearer tokens the API server authenticates "
+                            "(TokenReview) and allows to get /metrics (SubjectAccessReview); --no-metrics-secure: "
+                            "plain HTTP with no authentication, on a loopback address only (default on)")
+    serve.add_argument("--metrics-bind-address",
+                       help="address the metrics port listens on (default 0.0.0.0; 127.0.0.1 with --no-metrics-secure)")
+    connections.add_arguments(serve)
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
@@ -205,7 +210,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from quota.printable import for_terminal
-    from webhook import certificates
+    from webhook import certificates, connections
     from webhook.serve import ServeError, ServeOptions, configure_logging, serve
 
     configure_logging(args.log_format, args.log_level)
@@ -223,6 +228,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         self_managed = certificates.from_args(args) if mode == "self" else None
         election = _leader_election(args)
+        limits = connections.from_args(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INPUT
@@ -234,7 +240,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
         requeue_waiting_pods=args.requeue_waiting_pods,
-        metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
+        metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
+        metrics_bind_address=args.metrics_bind_address or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),
         webhook=args.webhook, controller=args.controller, leader_election=election,
         resync_seconds=args.resync_period, kueue=args.kueue, kueue_retry_seconds=args.kueue_retry_seconds,
     )

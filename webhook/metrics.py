@@ -4,8 +4,8 @@ Neighbours: `webhook.server` tells `Metrics.review` every verdict (its `observe`
 `webhook.events` counts what it drops here; the reflectors (`quota.watching`, their
 `ReflectorStats`) and the served certificate (`certs.tls.ReloadingContext`, the
 self-managed `certs.manager`) are read at scrape time by collectors, so neither `quota/`
-nor `certs/` imports prometheus. `serve_metrics` serves the registry on its own
-plain-HTTP port (`--metrics-port`): reviews stay on the HTTPS port.
+nor `certs/` imports prometheus. `webhook.metricsserver` serves the registry on its own
+port (`--metrics-port`): reviews stay on the webhook's.
 
 One `Metrics` per process owns one `CollectorRegistry` (never the global default, so
 tests can build several). Every metric name is a constant here (STYLE: the Grafana test
@@ -28,26 +28,18 @@ series per counter and histogram child that no dashboard reads.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from importlib import metadata
 from typing import Literal
 
-from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from quota.policy import PolicyRecord
 from quota.watching import Reflector
+from webhook.connections import DROP_REASONS, Connections
 from webhook.endpoints import MUTATING, VALIDATING
 from webhook.review import CAUSES, AdmissionRequest, Verdict
 
@@ -59,8 +51,12 @@ __all__ = [
     "BUILD_INFO",
     "CERTIFICATE_EXPIRATION",
     "CLAIM_DEVICE_INFO",
+    "CONNECTIONS",
+    "CONNECTIONS_DROPPED",
     "DEFAULT_METRICS_PORT",
     "DURATION_BUCKETS",
+    "EVENT_LOOP_STALL",
+    "EVENT_LOOP_STALL_MAX",
     "EVENTS_DROPPED",
     "INVENTORY_ALLOCATED",
     "INVENTORY_DEVICES",
@@ -81,7 +77,6 @@ __all__ = [
     "decision_of",
     "render",
     "resource_of",
-    "serve_metrics",
 ]
 
 # -- names (the exposed names, `_total` included) ---------------------------------------------
@@ -110,10 +105,16 @@ WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
 PENDING_CLAIMS = "draquota_namespace_pending_claims"
 # Creation to allocation of each claim, as the leader sees it (kueue_admission_wait_time_seconds').
 ALLOCATION_WAIT = "draquota_claim_allocation_wait_seconds"
+EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
+EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
+# webhook.connections: open connections by listener and phase, and those it dropped.
+CONNECTIONS = "draquota_connections"
+CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
 NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, NAMESPACE_USAGE,
          INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, RECONCILE_DURATION,
-         WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT)
+         WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX, CONNECTIONS,
+         CONNECTIONS_DROPPED)
 
 # controller-runtime's and kube-state-metrics' metrics port: what ServiceMonitors expect.
 DEFAULT_METRICS_PORT = 8080
@@ -130,6 +131,9 @@ WAIT_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.
 # Distinct `namespace` values of the per-request series (NamespaceLabel).
 MAX_NAMESPACE_VALUES = 1000
 OTHER = "other"
+# Stalls: under a millisecond is timer noise; past the webhook timeout (5-30 s) every
+# review waiting on the loop has failed.
+STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 # -- label values -----------------------------------------------------------------------------
 
@@ -218,6 +222,11 @@ class Metrics:
             f"most {MAX_NAMESPACE_VALUES}; else other). Observed once per claim, when the leader records its "
             "allocated charge; the other replicas export an empty histogram.", ["namespace"],
             buckets=WAIT_BUCKETS, registry=self.registry)
+        self.stall = Histogram(
+            EVENT_LOOP_STALL, "Seconds the event loop ran a timer late (webhook.stalls: how long any ready review "
+            "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)
+        self.stall_max = Gauge(EVENT_LOOP_STALL_MAX, "The longest event loop stall since the process started, "
+                               "seconds.", registry=self.registry)
         build = Gauge(BUILD_INFO, "Always 1; the version of dra-quota and of Python serving.",
                       ["version", "python_version"], registry=self.registry)
         build.labels(_version(), platform.python_version()).set(1)
@@ -232,6 +241,7 @@ class Metrics:
         # 2-core machine, noisy), against a 200 µs in-process review budget.
         self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
         self._rendered: list[Callable[[], bytes]] = []
+        self._stall_max = 0.0
 
     def review(self, path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
         """Count one answered review (`webhook.server.Observer`)."""
@@ -250,8 +260,19 @@ class Metrics:
 
     def allocated(self, namespace: str, seconds: float) -> None:
         """A claim of `namespace` waited `seconds` from creation to allocation
-        (`webhook.allocations.AllocationRecorder`'s hook)."""
+        (`webhook.annotator.Annotator`'s hook)."""
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
+
+    def stalled(self, seconds: float) -> None:
+        """One tick of `webhook.stalls.watch`: the loop ran its timer `seconds` late."""
+        self.stall.observe(seconds)
+        if seconds > self._stall_max:
+            self._stall_max = seconds
+            self.stall_max.set(seconds)
+
+    def connections(self, listeners: Mapping[str, Connections]) -> None:
+        """Expose each listener's connections by phase and those it dropped (read at each scrape)."""
+        self.registry.register(_Collect(lambda: _connection_metrics(listeners)))
 
     def watch(self, reflectors: Callable[[], Iterable[Reflector]]) -> None:
         """Expose the reflectors' state (read at each scrape)."""
@@ -304,6 +325,20 @@ def _reflector_metrics(reflectors: Iterable[Reflector]) -> Iterator[Metric]:
     yield from (synced, restarts, relists)
 
 
+def _connection_metrics(listeners: Mapping[str, Connections]) -> Iterator[Metric]:
+    gauge = GaugeMetricFamily(CONNECTIONS, "Connections open on a listener (webhook, metrics), by phase (opening, "
+                              "headers, request, deciding, idle: webhook.connections).", labels=["listener", "phase"])
+    dropped = CounterMetricFamily(CONNECTIONS_DROPPED, "Connections a listener dropped, by reason (evicted or refused "
+                                  "at its cap; opening, headers, request, idle: that phase's deadline passed; "
+                                  "shutdown).", labels=["listener", "reason"])
+    for listener, connections in listeners.items():
+        for phase, count in connections.counts().items():
+            gauge.add_metric([listener, phase.name.lower()], count)
+        for reason in DROP_REASONS:
+            dropped.add_metric([listener, reason], connections.dropped[reason])
+    yield from (gauge, dropped)
+
+
 def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterator[Metric]:
     gauge = GaugeMetricFamily(CERTIFICATE_EXPIRATION, "notAfter of the certificate served (serving) and of the CA "
                               "signing it when self-managed (ca), in seconds since the Unix epoch.",
@@ -318,21 +353,3 @@ def _version() -> str:
         return metadata.version("dra-quota")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-async def serve_metrics(metrics: Metrics, *, host: str, port: int) -> web.AppRunner:
-    """`GET /metrics` on plain HTTP at host:port; the caller cleans the runner up."""
-
-    async def scrape(_: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", scrape)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner

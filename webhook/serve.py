@@ -3,8 +3,9 @@
 Neighbours: `quota.cli` parses the flags into `ServeOptions`; `quota.kubeapi` talks to
 the API server and `quota.watching.Reflector` keeps `webhook.caches` current;
 `webhook.endpoints` and `webhook.server` answer the reviews; `certs.tls` serves the
-certificate pair. This module only wires them together and owns the process's life:
-start-up, readiness, certificate reload, signals and shutdown.
+certificate pair; `webhook.connections` bounds the webhook's and the metrics' listeners;
+`webhook.stalls` measures the event loop's stalls. This module only wires them together
+and owns the process's life: start-up, readiness, certificate reload, signals and shutdown.
 
 Start-up order: ResourceSlices, DeviceClasses, Namespaces and DeviceQuotas are listed
 first; ResourceClaims only once those are synced, because re-deriving a claim's charge
@@ -24,8 +25,9 @@ With `--kueue` (auto: when Kueue's v1beta2 API is served) every replica also cac
 Kueue's Workloads and the leader runs their AdmissionCheck (`webhook.kueue`).
 
 Limitations of this version:
-- Metrics on `--metrics-port`: admission, watch, certificate and Event ones
-  (`webhook.metrics`), usage (`webhook.usagemetrics`, the leader only).
+- Metrics on `--metrics-port`: admission, watch, certificate, Event, connection and
+  event-loop ones (`webhook.metrics`), usage (`webhook.usagemetrics`, the leader only);
+  over HTTPS to tokens the API server allows (`webhook.metricsserver`).
   Certificates: self-managed by default (`webhook.certificates`: Secret, caBundles, renewal and CA rollover), or
   from files (`--cert-mode files`, e.g. cert-manager), reloaded when they change on
   disk. The adminAccess policy follows its ConfigMap or file (`webhook.adminpolicy`).
@@ -43,7 +45,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +55,7 @@ from quota.kubeloaders import ConfigException
 from certs.authority import KeyPair
 from certs.authority import inspect
 from certs.manager import CertificateManager, Conflict
+from certs.rotation import Policy, plan
 from certs.tls import ReloadingContext
 from quota.admission import Admitter
 from quota.inventory import Inventory
@@ -79,8 +82,10 @@ from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref,
 from webhook.filepoll import Stamp, reload_on_change, stamp
 from webhook.governed import GovernedLabels
 from webhook.leader import LeaderElector, default_identity
-from webhook.metrics import DEFAULT_METRICS_PORT, Metrics, serve_metrics
 from webhook.annotator import Annotator
+from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
+from webhook.metrics import DEFAULT_METRICS_PORT, Metrics
+from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
 from webhook.refine import Refiner
 from webhook.requeue import Requeuer
 from webhook.slicing import Slicer
@@ -88,6 +93,7 @@ from webhook.reservations import Reservations
 from webhook.usagemetrics import UsageMetrics
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
+from webhook.stalls import watch as watch_stalls
 
 __all__ = ["LIMITATIONS", "QUOTAS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
            "policy_source", "serve"]
@@ -145,9 +151,14 @@ class ServeOptions:
     shutdown_grace_seconds: float = 10.0
     # Touch the templates Pods wait on when quota frees (webhook.requeue).
     requeue_waiting_pods: bool = True
-    # GET /metrics over plain HTTP (webhook.metrics); port 0: no metrics listener.
+    # GET /metrics (webhook.metricsserver); port 0: no metrics listener. Secure: HTTPS
+    # with the serving certificate, to whom TokenReview + SubjectAccessReview allow;
+    # else plain HTTP, on a loopback address only.
     metrics_bind_address: str = "0.0.0.0"
     metrics_port: int = DEFAULT_METRICS_PORT
+    metrics_secure: bool = True
+    # The HTTPS listeners' connection cap and timeouts (webhook.connections).
+    limits: Limits = Limits()
     # All replicas serve the webhooks; the one holding the Lease runs the quota
     # controller (webhook.leader, webhook.controller). --no-webhook: no HTTPS listener
     # and no certificates at all (a controller-only Deployment).
@@ -377,8 +388,13 @@ async def serve(options: ServeOptions) -> int:
                        reservations=caches.reservations,
                        learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe)
-    runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False)
+    connections = Connections(options.limits)
+    metrics_connections = Connections(metrics_limits(options.limits))
+    metrics.connections({"webhook": connections, "metrics": metrics_connections})
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe,
+                    connections=connections)
+    runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
+                           logger=HTTP_LOG)
     if options.webhook:
         await runner.setup()
     background = [
@@ -390,6 +406,7 @@ async def serve(options: ServeOptions) -> int:
         *([asyncio.create_task(caches.annotator.run(), name="claim annotations")] if caches.annotator else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
+        asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
     ]
     metrics_runner: web.AppRunner | None = None
     failed: list[str] = []
@@ -406,16 +423,10 @@ async def serve(options: ServeOptions) -> int:
         task.add_done_callback(fatal)
     try:
         if options.metrics_port:
-            try:
-                metrics_runner = await serve_metrics(metrics, host=options.metrics_bind_address,
-                                                     port=options.metrics_port)
-            except (OSError, OverflowError) as err:  # OverflowError: a port outside 0-65535
-                raise ServeError(f"cannot serve metrics on {options.metrics_bind_address}:{options.metrics_port}: "
-                                 f"{err}") from None
-            log.info("serving metrics on http://%s:%d/metrics", options.metrics_bind_address, options.metrics_port)
+            metrics_runner = await _serve_metrics(options, metrics, api, tls, metrics_connections)
         if tls is not None:
-            site = web.TCPSite(runner, options.bind_address, options.port, ssl_context=tls.context,
-                                reuse_port=options.reuse_port or None)
+            site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
+                           reuse_port=options.reuse_port)
             await site.start()
             log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
@@ -436,6 +447,33 @@ async def serve(options: ServeOptions) -> int:
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+async def _serve_metrics(options: ServeOptions, metrics: Metrics, api: KubeApi, tls: ReloadingContext | None,
+                         connections: Connections) -> web.AppRunner:
+    """The metrics listener (webhook.metricsserver): HTTPS with the serving certificate
+    (`--no-webhook`: a self-signed one made now) unless `--no-metrics-secure`."""
+    host, port = options.metrics_bind_address, options.metrics_port
+    context = None
+    if options.metrics_secure:
+        context = (tls or ReloadingContext(_self_signed())).context
+    try:
+        runner, _ = await serve_metrics(metrics, host=host, port=port, context=context,
+                                        access=TokenAccess(api) if options.metrics_secure else None,
+                                        connections=connections)
+    except (OSError, OverflowError, ValueError) as err:  # OverflowError: a port outside 0-65535
+        raise ServeError(f"cannot serve metrics on {host}:{port}: {err}") from None
+    log.info("serving metrics on %s://%s:%d/metrics%s", "https" if context else "http", host, port,
+             " (TokenReview + SubjectAccessReview)" if context else "")
+    return runner
+
+
+def _self_signed() -> KeyPair:
+    """A serving pair for a replica that has none (`--no-webhook`), kept in memory only:
+    its scrapers cannot verify it (as controller-runtime's self-signed metrics certificate)."""
+    minted = plan(None, Policy(dns_names=("dra-quota-metrics",)), now=datetime.now(timezone.utc), trusted=frozenset())
+    assert minted is not None  # nothing current: always a plan
+    return minted.material.serving
 
 
 def _elector(api: KubeApi, options: ServeOptions) -> LeaderElector:

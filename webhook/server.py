@@ -12,6 +12,15 @@ The deadline comes from the `timeout` query parameter the API server adds to eve
 webhook call (k8s.io/apiserver pkg/admission/plugin/webhook/request, `?timeout=5s`),
 less a margin, so our denial arrives before the API server gives up.
 
+The body is read whole as it arrives (a review comes in as many TCP pieces as the
+network cuts it into), bounded while it is read: a `Content-Length` over the limit is
+refused before any of the body is read but its first KiB, a chunked body once it passes
+the limit. A review refused for its size still gets its uid echoed, found in those first
+bytes without parsing the rest (`_uid_in`), so the API server shows our message rather
+than a failed call. How long the body may take is `webhook.connections`' business: with
+`connections` given (what `serve` does), the listener drops a connection whose request
+does not arrive in time, and one whose review is whole is never evicted.
+
 Every answer, malformed reviews included, passes one `observe` call: the one place
 where each verdict is known, which `dra-quota serve` points at `webhook.metrics` and
 `webhook.events`.
@@ -22,17 +31,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import web, web_response
 
 from quota.cel.timelib import NANOS, parse_duration
 from quota.cel.values import EvalError
+from webhook.connections import Connections, track
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
-__all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "build_app", "decode_body"]
+__all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,14 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
 _MARGIN = 0.5
+# The API server serializes an AdmissionReview with Go's encoding/json, fields in their
+# declaration order (k8s.io/api admission/v1 types.go): kind, apiVersion, then request,
+# whose first field is uid: it is within the first hundred bytes or so.
+_UID_WINDOW = 1024
+_UID = re.compile(rb'^\s*\{.{0,200}?"request"\s*:\s*\{\s*"uid"\s*:\s*"([0-9A-Za-z._:-]{1,128})"', re.S)
+# The whole `Server` header of every answer: aiohttp's default names the Python and
+# aiohttp versions, which only helps whoever looks for a known bug.
+SERVER = "dra-quota"
 
 Endpoint = Callable[[AdmissionRequest], Awaitable[Verdict]]
 BodyDecoder = Callable[[bytes], Any]
@@ -69,40 +88,120 @@ def build_app(
     decode: BodyDecoder = decode_body,
     max_body_bytes: int = MAX_BODY_BYTES,
     observe: Observer = _unobserved,
+    connections: Connections | None = None,
 ) -> web.Application:
-    # client_max_size bounds what aiohttp buffers; we read one byte more to tell.
-    app = web.Application(client_max_size=max_body_bytes + 1)
+    """The webhook's app; `connections`: the bounds of the listener that will serve it."""
+    # client_max_size bounds what aiohttp's own readers buffer; ours reads by the limit.
+    app = web.Application(client_max_size=max_body_bytes + 1,
+                          middlewares=[track(connections)] if connections is not None else [])
     for path, endpoint in endpoints.items():
-        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe))
+        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe, connections))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz(ready))
+    quiet_server_header()
     return app
 
 
-def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int,
-                    observe: Observer) -> Callable[[web.Request], Awaitable[web.Response]]:
+def quiet_server_header() -> None:
+    """Answer `Server: dra-quota` on every response of the process.
+
+    aiohttp sets its `Server: Python/<version> aiohttp/<version>` (setdefault, so a
+    handler could override it) on every response, including the 400s its HTTP parser
+    answers before any app, middleware or signal runs: the module constant it reads is
+    the one place that covers them all (tests/unit/webhook/test_transport.py checks both).
+    """
+    if getattr(web_response, "SERVER_SOFTWARE", None) is None:
+        log.warning("aiohttp no longer has web_response.SERVER_SOFTWARE: the Server header may name its version")
+        return
+    setattr(web_response, "SERVER_SOFTWARE", SERVER)
+
+
+def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int, observe: Observer,
+                    connections: Connections | None) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         started = time.monotonic()
-        uid, review, verdict = await _review(request, path, endpoint, decode, limit, started)
-        seconds = time.monotonic() - started
-        if review is not None:
-            _log_decision(path, review, verdict, seconds)
         try:
-            observe(path, review, verdict, seconds)
-        except Exception:  # metrics and Events must never cost a review its answer
-            log.exception("observing a verdict on %s failed", path)
-        return _answer(uid, verdict)
+            body = await _read_body(request, limit)
+        except _Unread as err:
+            log.warning("unreadable AdmissionReview on %s (uid %r): %s", path, err.uid, err)
+            return _answered(path, started, err.uid, None, err.verdict, observe, close=True)
+        except ConnectionError:
+            # The connection is gone (the client left, or a connection bound dropped it):
+            # nobody is left to answer.
+            log.debug("%s: the connection closed before the AdmissionReview arrived whole", path)
+            return web.Response(status=400)
+        if connections is not None:
+            connections.deciding(request)
+        uid, review, verdict = await _review(request, body, path, endpoint, decode, started)
+        return _answered(path, started, uid, review, verdict, observe)
 
     return handle
 
 
-async def _review(request: web.Request, path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int,
+def _answered(path: str, started: float, uid: str, review: AdmissionRequest | None, verdict: Verdict,
+              observe: Observer, *, close: bool = False) -> web.Response:
+    seconds = time.monotonic() - started
+    if review is not None:
+        _log_decision(path, review, verdict, seconds)
+    try:
+        observe(path, review, verdict, seconds)
+    except Exception:  # metrics and Events must never cost a review its answer
+        log.exception("observing a verdict on %s failed", path)
+    answer = _answer(uid, verdict)
+    if close:
+        # What is left of the body is not kept: aiohttp discards it (for at most its
+        # lingering time) and closes the connection after the answer.
+        answer.force_close()
+    return answer
+
+
+class _Unread(Exception):
+    """A body not read whole: the answer it gets, with the uid found in its first bytes."""
+
+    def __init__(self, head: bytes, message: str, reason: str, code: int) -> None:
+        super().__init__(message)
+        self.uid = _uid_in(head)
+        self.verdict = Verdict(False, message, reason, code, cause="invalid")
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, however many pieces it arrives in; `_Unread` past `limit` bytes or
+    when its HTTP framing breaks (a bad chunk), ConnectionError when the connection closes first."""
+    declared = request.content_length
+    too_large = f"the AdmissionReview is larger than {limit} bytes"
+    if declared is not None and declared > limit:
+        raise _Unread(await _head(request, min(declared, _UID_WINDOW)), too_large, "RequestEntityTooLarge", 413)
+    body = bytearray()
+    try:
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise _Unread(bytes(body[:_UID_WINDOW]), too_large, "RequestEntityTooLarge", 413)
+    except web.RequestPayloadError as err:
+        raise _Unread(bytes(body[:_UID_WINDOW]), f"malformed AdmissionReview: the body cannot be read: {err}",
+                      "BadRequest", 400) from None
+    return bytes(body)
+
+
+async def _head(request: web.Request, size: int) -> bytes:
+    """The first `size` bytes of the body (fewer if it ends or breaks first)."""
+    try:
+        return await request.content.readexactly(size)
+    except asyncio.IncompleteReadError as err:
+        return err.partial
+    except web.RequestPayloadError:
+        return b""
+
+
+def _uid_in(head: bytes) -> str:
+    """The request's uid, where the API server puts it (before anything else of the request), else ""."""
+    found = _UID.match(head[:_UID_WINDOW])
+    return found.group(1).decode() if found else ""
+
+
+async def _review(request: web.Request, body: bytes, path: str, endpoint: Endpoint, decode: BodyDecoder,
                   started: float) -> tuple[str, AdmissionRequest | None, Verdict]:
     """The uid to echo, the review (None when it could not be read) and the verdict on it."""
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        return "", None, Verdict(False, f"the AdmissionReview is larger than {limit} bytes", "RequestEntityTooLarge",
-                                 413, cause="invalid")
     try:
         review = parse_review(_decoded(body, decode))
     except ReviewError as err:

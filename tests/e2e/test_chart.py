@@ -67,7 +67,8 @@ PLURAL = {"CustomResourceDefinition": "customresourcedefinitions", "ServiceAccou
           "PodDisruptionBudget": "poddisruptionbudgets",
           "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
           "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
-          "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules", **PLURALS}
+          "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules",
+          "NetworkPolicy": "networkpolicies", **PLURALS}
 # The chart's monitoring switches, all on (off by default: the shipped manifest has none of them).
 MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                           "dashboard": {"enabled": True, "folder": "GPU"}}}
@@ -310,6 +311,14 @@ async def test_what_the_chart_grants_is_allowed(installed: Installed) -> None:
     allowlist = await api.list(Resource("v1", "configmaps"), namespace=NAMESPACE,
                                field_selector="metadata.name=dra-quota-admin-access")
     assert [c["metadata"]["name"] for c in allowlist.items] == ["dra-quota-admin-access"]
+    # The metrics' readers are asked about (webhook/metricsserver.py): both reviews may be created.
+    review = await api.create(Resource("authentication.k8s.io/v1", "tokenreviews"),
+                              {"kind": "TokenReview", "spec": {"token": "not-a-token"}})
+    assert review["status"].get("authenticated") is not True
+    access = await api.create(Resource("authorization.k8s.io/v1", "subjectaccessreviews"),
+                              {"kind": "SubjectAccessReview", "spec": {"user": "nobody", "nonResourceAttributes": {
+                                  "path": "/metrics", "verb": "get"}}})
+    assert access["status"]["allowed"] is False
 
 
 async def test_the_deployment_and_its_pods_are_admitted(kube: Kube, installed: Installed,
@@ -362,3 +371,13 @@ async def test_the_monitoring_objects_are_accepted(kube: Kube) -> None:
     # (An apply patch that does not fit the schema is answered 500 by 1.37, not 422: the
     # typed conversion of the patch fails before validation runs.)
     assert "honourLabels: field not declared in schema" in refused.value.message, refused.value
+
+
+async def test_the_network_policy_is_accepted(kube: Kube) -> None:
+    """The opt-in NetworkPolicy passes the API server's validation as rendered (dry run,
+    strict fields); no CNI runs here to enforce it (values.yaml says what it admits)."""
+    await ensure_namespace(kube, NAMESPACE)
+    policy = find(render({"networkPolicy": {"enabled": True, "webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]}},
+                         include_crds=False), "NetworkPolicy")
+    stored = await apply(kube, policy, dry_run=True)
+    assert stored["spec"] == policy["spec"]

@@ -2,11 +2,14 @@
 
 Prometheus (Debian's 2.42, tests/e2e/prometheus.py) scrapes a running `dra-quota serve`
 (its --metrics-port) and a stand-in for dcgm-exporter, and loads the shipped rules file.
-serve is scraped as the Prometheus Operator scrapes the chart's ServiceMonitor: with its
-honorLabels and the operator's target labels (namespace, pod, service, container of the
-replica), so every per-namespace answer below also shows that honorLabels keeps our own
-`namespace` (with honor_labels off, those panels and the quota alerts come up empty:
-checked once by hand when this was written).
+serve is scraped as the Prometheus Operator scrapes the chart's ServiceMonitor: over HTTPS
+(its tlsConfig's server name, the test CA standing in for the serving Secret's ca.crt)
+with a bearer token of a ServiceAccount bound to the chart's metrics-reader ClusterRole
+(serve checks it with a TokenReview and a SubjectAccessReview), with its honorLabels and
+the operator's target labels (namespace, pod, service, container of the replica), so
+every per-namespace answer below also shows that honorLabels keeps our own `namespace`
+(with honor_labels off, those panels and the quota alerts come up empty: checked once by
+hand when this was written).
 The scenario: a DeviceQuota of 160Gi, two pods whose template claims the real scheduler
 allocates (two 80Gi GPUs), a claim denied for quota and one for an unknown class (pricing),
 then a second DeviceQuota of 80Gi created below what is already allocated. Then, through
@@ -40,12 +43,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from devcluster.served import metrics_reader_token
+
 from ..tools.chart import find, render
 from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, unknown
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
-from .kube import Kube, WaitTimeout, poll
+from .kube import ApiError, Kube, WaitTimeout, poll
 from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
 from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
@@ -79,10 +84,12 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
                 memory_used_mib=1000.0 * (i + 1)) for i, name in enumerate(sorted(uuids))]
     by_uuid = {g.uuid: g for g in gpus}
 
+    token = tmp_path / "prometheus-token"
+    token.write_text(await chart_reader_token(kube, setup.served))
     async with dcgm_exporter(gpus) as dcgm:
         prometheus = Prometheus(tmp_path / "prometheus", {"dra-quota": f"127.0.0.1:{served.metrics_port}",
                                                           "dcgm-exporter": dcgm}, rule_files=(RULES,),
-                                jobs={"dra-quota": as_the_operator_scrapes()})
+                                jobs={"dra-quota": as_the_operator_scrapes(token, served.cluster.ca_file)})
         try:
             with served.log_on_failure():
                 await prometheus.start()
@@ -94,15 +101,36 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
     assert not failures, "\n".join(failures) + f"\n--- prometheus log ---\n{prometheus.log_text()}"
 
 
-def as_the_operator_scrapes() -> dict[str, Any]:
+MONITORED = {"metrics": {"serviceMonitor": {"enabled": True}}}
+
+
+async def chart_reader_token(kube: Kube, served: Served) -> str:
+    """A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole (what
+    metrics.readers binds Prometheus' account to), the role created from the chart."""
+    role = find(render(MONITORED, include_crds=False), "ClusterRole", "dra-quota-metrics-reader")
+    try:
+        await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", role)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    return await metrics_reader_token(served.cluster, account="prometheus-e2e", role=role["metadata"]["name"])
+
+
+def as_the_operator_scrapes(token_file: Path, ca_file: Path) -> dict[str, Any]:
     """The scrape the Prometheus Operator makes of the chart's ServiceMonitor: its endpoint's
-    honorLabels, and the target labels the operator's relabelling adds to every target
-    (namespace, service, pod, container; prometheus-operator pkg/prometheus/promcfg.go).
-    The per-namespace answers below hold only while honorLabels keeps our own `namespace`
-    and `pod` (README, "Monitoring")."""
-    monitor = find(render({"metrics": {"serviceMonitor": {"enabled": True}}}, include_crds=False), "ServiceMonitor")
+    scheme, TLS server name (the CA: `ca_file`, standing in for the serving Secret's
+    ca.crt), bearer token (Prometheus' own account token: `token_file`), honorLabels, and
+    the target labels the operator's relabelling adds to every target (namespace,
+    service, pod, container; prometheus-operator pkg/prometheus/promcfg.go). The
+    per-namespace answers below hold only while honorLabels keeps our own `namespace` and
+    `pod` (README, "Monitoring")."""
+    monitor = find(render(MONITORED, include_crds=False), "ServiceMonitor")
     (endpoint,) = monitor["spec"]["endpoints"]
-    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"],
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "dra-quota-webhook-tls", "key": "ca.crt"}
+    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"], "scheme": endpoint["scheme"],
+            "tls_config": {"ca_file": str(ca_file), "server_name": endpoint["tlsConfig"]["serverName"]},
+            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
             "labels": {"namespace": monitor["metadata"]["namespace"], "service": "dra-quota-webhook",
                        "pod": "dra-quota-5d8f7c9b6-x2x7q", "container": "dra-quota"}}
 

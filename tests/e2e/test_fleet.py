@@ -34,10 +34,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
+from devcluster.served import metrics_reader_token
 from quota.kubeapi import Resource
 from quota.watching import Reflector
 from webhook.metrics import NAMESPACE_USAGE, QUOTA
@@ -421,13 +421,13 @@ async def converged(kube: Kube, fleet: Fleet, what: str) -> tuple[Expected, dict
 
 
 async def timed_scrape(served: Served) -> tuple[float, int]:
-    """Seconds and bytes of one GET /metrics, over HTTP as Prometheus scrapes."""
-    async with aiohttp.ClientSession() as http:
-        started = time.perf_counter()
-        async with http.get(f"http://127.0.0.1:{served.metrics_port}/metrics") as resp:
-            body = await resp.read()
-            assert resp.status == 200, resp.status
-        return time.perf_counter() - started, len(body)
+    """Seconds and bytes of one GET /metrics, over HTTPS with a token as Prometheus scrapes
+    (its decision cached by serve after the first: the token is made before timing)."""
+    if not served.metrics_token:
+        served.metrics_token = await metrics_reader_token(served.cluster)
+    started = time.perf_counter()
+    body = await served.scrape()
+    return time.perf_counter() - started, len(body.encode())
 
 
 def expected_samples(fleet: Fleet, want: Expected, quotas: dict[str, Obj]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -55,7 +55,8 @@ CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 FILES = {"certificates": {"mode": "files", "files": {"caBundle": CA_PEM}}}
 CERT_MANAGER = {"certificates": {"mode": "cert-manager"}}
 MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
-                          "dashboard": {"enabled": True}}}
+                          "dashboard": {"enabled": True}},
+              "networkPolicy": {"enabled": True, "webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]}}
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +300,7 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
     assert args.admin_access_configmap == (namespace, find(objects, "ConfigMap", f"{fullname}-admin-access")[
         "metadata"]["name"])
     assert granted == {args.cert_secret}
-    configs = [r for r in rules_of(objects, "ClusterRole") if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    configs = [r for r in rules_of(objects, "ClusterRole") if r.get("apiGroups") == ["admissionregistration.k8s.io"]]
     assert [set(r["resourceNames"]) for r in configs] == [{name for _, name in args.webhook_configurations}]
     me = f"system:serviceaccount:{namespace}:{account}"
     for kind in KINDS:
@@ -328,8 +329,8 @@ def test_only_self_managed_certificates_get_secret_and_configuration_rights(defa
         assert sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("Role", "RoleBinding")) == [
             "dra-quota-admin-access-reader"] * 2 + ["dra-quota-leader-election"] * 2
         cluster_rules = rules_of(objects, "ClusterRole")
-        assert all(r["apiGroups"] != ["admissionregistration.k8s.io"] for r in cluster_rules)
-        assert all("secrets" not in r["resources"] for r in cluster_rules)
+        assert all(r.get("apiGroups") != ["admissionregistration.k8s.io"] for r in cluster_rules)
+        assert all("secrets" not in r.get("resources", []) for r in cluster_rules)
         args = serve_args(objects)
         assert args.cert_mode == "files" and (str(args.tls_cert_file), str(args.tls_key_file)) == (
             "/etc/dra-quota/tls/tls.crt", "/etc/dra-quota/tls/tls.key")
@@ -380,6 +381,11 @@ def test_files_mode_puts_the_given_ca_in_every_webhook() -> None:
     ({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
     ({"metrics": {"portName": "Metrics_Port"}}, "metrics/portName"),
     ({"metrics": {"serviceMonitor": {"interval": "half a minute"}}}, "serviceMonitor/interval"),
+    ({"metrics": {"secure": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.secure"),
+    ({"networkPolicy": {"enabled": True}}, "networkPolicy.enabled needs networkPolicy.webhookFrom"),
+    ({"serve": {"connections": {"maxConnections": 0}}}, "connections/maxConnections"),
+    ({"serve": {"connections": {"idleTimeoutSeconds": 0}}}, "connections/idleTimeoutSeconds"),
+    ({"metrics": {"readers": [{"kind": "ServiceAccount", "name": "p"}]}}, "a ServiceAccount needs its namespace"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], reason: str) -> None:
     with pytest.raises(HelmError, match=re.escape(reason)):
@@ -424,13 +430,87 @@ def test_metrics_port_and_service_monitor(default: list[Obj]) -> None:
     assert {"name": "http-metrics", "containerPort": 8080, "protocol": "TCP"} in container(monitored)["ports"]
     # honorLabels: the usage series' own `namespace` and the device info's `pod` must win
     # over the target labels the operator adds (values.yaml, templates/servicemonitor.yaml).
-    assert endpoint == {"port": "http-metrics", "path": "/metrics", "scheme": "http", "interval": "1m",
-                        "scrapeTimeout": "20s", "honorLabels": True}
+    # HTTPS, verified against the serving Secret's CA for the Service's name, with
+    # Prometheus' own token (webhook/metricsserver.py asks the API server about it).
+    assert endpoint == {"port": "http-metrics", "path": "/metrics", "scheme": "https", "interval": "1m",
+                        "scrapeTimeout": "20s", "honorLabels": True,
+                        "tlsConfig": {"serverName": "dra-quota-webhook.dra-quota-system.svc",
+                                      "ca": {"secret": {"name": "dra-quota-webhook-tls", "key": "ca.crt"}}},
+                        "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"] == find(monitored, "Service")["spec"]["selector"]
     off = render({"metrics": {"enabled": False}})
     assert serve_args(off).metrics_port == 0
     assert [p["name"] for p in find(off, "Service")["spec"]["ports"]] == ["https"]
+
+
+def test_metrics_are_https_for_tokens_allowed_to_get_them(default: list[Obj]) -> None:
+    assert serve_args(default).metrics_secure is True
+    review_rules = [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]
+    assert all(rule in rules_of(default, "ClusterRole") for rule in review_rules)
+    reader = find(default, "ClusterRole", "dra-quota-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not [o for o in default if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].endswith("reader")]
+    readers = [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"},
+               {"kind": "Group", "name": "sre"}]
+    bound = find(render({"metrics": {"readers": readers}}), "ClusterRoleBinding", "dra-quota-metrics-reader")
+    assert bound["roleRef"]["name"] == "dra-quota-metrics-reader"
+    assert bound["subjects"] == [readers[0], {**readers[1], "apiGroup": "rbac.authorization.k8s.io"}]
+    # The explicit opt-out: plain HTTP inside the Pod only; nothing to reach it by, nothing to grant.
+    plain = render({"metrics": {"secure": False}})
+    assert (serve_args(plain).metrics_secure, serve_args(plain).metrics_bind_address) == (False, None)
+    assert [p["name"] for p in find(plain, "Service")["spec"]["ports"]] == ["https"]
+    assert [p["name"] for p in container(plain)["ports"]] == ["https"]
+    assert not any(rule in rules_of(plain, "ClusterRole") for rule in review_rules)
+    assert not [o for o in plain if o["metadata"]["name"] == "dra-quota-metrics-reader"]
+
+
+def test_the_service_monitor_follows_the_certificate_mode_and_token_source() -> None:
+    files = render({**FILES, "metrics": {"serviceMonitor": {"enabled": True,
+                                                            "bearerTokenSecret": {"name": "prom", "key": "token"}}}})
+    (endpoint,) = find(files, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["tlsConfig"]["ca"] == {"configMap": {"name": "dra-quota-ca", "key": "ca.crt"}}
+    assert find(files, "ConfigMap", "dra-quota-ca")["data"] == {"ca.crt": CA_PEM}
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prom", "key": "token"}}
+    assert "bearerTokenFile" not in endpoint
+    own = {"insecureSkipVerify": True}
+    custom = render({"metrics": {"serviceMonitor": {"enabled": True, "tlsConfig": own}}})
+    assert find(custom, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"] == own
+
+
+def test_values_reach_the_connection_flags(default: list[Obj]) -> None:
+    args = serve_args(default)
+    assert (args.max_connections, args.tls_handshake_timeout, args.request_header_timeout,
+            args.request_body_timeout, args.idle_timeout) == (1000, 10, 10, 10, 120)
+    changed = serve_args(render({"serve": {"connections": {
+        "maxConnections": 200, "tlsHandshakeTimeoutSeconds": 3, "requestHeaderTimeoutSeconds": 4,
+        "requestBodyTimeoutSeconds": 5, "idleTimeoutSeconds": 95}}}))
+    assert (changed.max_connections, changed.tls_handshake_timeout, changed.request_header_timeout,
+            changed.request_body_timeout, changed.idle_timeout) == (200, 3, 4, 5, 95)
+
+
+API_SERVER = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+
+
+def test_the_network_policy_admits_the_api_server_and_prometheus_only(default: list[Obj]) -> None:
+    assert not [o for o in default if o["kind"] == "NetworkPolicy"]
+    objects = render({"networkPolicy": {"enabled": True, "webhookFrom": API_SERVER}})
+    policy = find(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == find(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"from": API_SERVER, "ports": [{"port": "https", "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}]
+    # Both ports are the container's, by name; an empty peer list would admit everyone,
+    # so it drops the rule instead.
+    names = {p["name"] for p in container(objects)["ports"]}
+    assert {webhook["ports"][0]["port"], metrics["ports"][0]["port"]} <= names
+    for values in ({"networkPolicy": {"enabled": True, "webhookFrom": API_SERVER, "metricsFrom": []}},
+                   {"networkPolicy": {"enabled": True, "webhookFrom": API_SERVER}, "metrics": {"secure": False}}):
+        assert [r["ports"][0]["port"] for r in find(render(values), "NetworkPolicy")["spec"]["ingress"]] == ["https"]
 
 
 def test_the_prometheus_rule_is_the_alert_rules_file() -> None:

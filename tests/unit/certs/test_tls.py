@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import warnings
 from datetime import datetime, timezone
+
+import pytest
 
 from certs.authority import inspect, service_names
 from certs.rotation import Material, Policy, plan
@@ -77,3 +80,40 @@ def test_tls_older_than_1_2_is_refused_by_the_server() -> None:
     current = client_for(material)
     current.maximum_version = ssl.TLSVersion.TLSv1_2
     assert handshake(material.serving, current, "dra-quota.ns.svc") == (None, None)
+
+
+CBC_SUITES = "ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA"
+
+
+def handshake_over_socket(port: int, client: ssl.SSLContext) -> tuple[str, str]:
+    """(protocol, cipher) of a blocking client's handshake over a real loopback socket
+    (ssl.SSLError with the server's alert when it fails)."""
+    with socket.create_connection(("127.0.0.1", port)) as raw, \
+            client.wrap_socket(raw, server_hostname="dra-quota.ns.svc") as tls:
+        cipher = tls.cipher()
+        assert cipher is not None
+        return str(tls.version()), cipher[0]
+
+
+async def negotiated(port: int, client: ssl.SSLContext) -> tuple[str, str]:
+    return await asyncio.to_thread(handshake_over_socket, port, client)
+
+
+async def test_tls_1_2_offers_only_aead_ecdhe_suites_and_1_3_is_untouched() -> None:
+    material = mint()
+    server, port = await serve(ReloadingContext(material.serving).context)
+    try:
+        cbc_only = client_for(material)
+        cbc_only.maximum_version = ssl.TLSVersion.TLSv1_2
+        cbc_only.set_ciphers(CBC_SUITES)
+        with pytest.raises(ssl.SSLError):  # asyncio drops the connection: an EOF, not always an alert
+            await negotiated(port, cbc_only)
+        tls12 = client_for(material)
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        assert await negotiated(port, tls12) == ("TLSv1.2", "ECDHE-ECDSA-AES256-GCM-SHA384")
+        tls12.set_ciphers("ECDHE-ECDSA-CHACHA20-POLY1305")
+        assert await negotiated(port, tls12) == ("TLSv1.2", "ECDHE-ECDSA-CHACHA20-POLY1305")
+        assert (await negotiated(port, client_for(material)))[0] == "TLSv1.3"
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -24,6 +24,7 @@ from quota.ledger import Ledger
 from quota.policy import PolicyRecord
 from quota.usage import Holders
 from quota.watching import Reflector, ReflectorStats
+from webhook.connections import Connections, Limits
 from webhook.metrics import (
     ALLOCATION_WAIT,
     ADMIN_ACCESS_DECISIONS,
@@ -40,8 +41,8 @@ from webhook.metrics import (
     NamespaceLabel,
     decision_of,
     resource_of,
-    serve_metrics,
 )
+from webhook.metricsserver import serve_metrics
 from webhook.review import AdmissionRequest, Verdict
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
@@ -179,6 +180,7 @@ def test_every_name_is_exposed_with_help_and_registries_are_separate() -> None:
     a.events_dropped.labels("queue_full").inc()
     a.watch(lambda: [])
     a.certificates(lambda: [])
+    a.connections({"webhook": Connections(Limits())})
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
     assert requests(b, webhook="validating", operation="CREATE", resource="resourceclaims", decision="allowed",
                     reason="none") == 0
@@ -228,9 +230,8 @@ async def test_the_server_hook_sees_every_answer_and_a_failing_hook_costs_nothin
 async def test_serve_metrics_answers_prometheus_text_over_plain_http() -> None:
     m = Metrics()
     m.review("/validate", claim_create(), Verdict(True), 0.001)
-    runner = await serve_metrics(m, host="127.0.0.1", port=0)
+    runner, port = await serve_metrics(m, host="127.0.0.1", port=0, context=None, access=None)
     try:
-        port = runner.addresses[0][1]
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
             text = await resp.text()
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")

@@ -110,7 +110,8 @@ def test_the_cli_states_the_limitation_and_refuses_what_it_cannot_load(
     assert "error: cannot reach the cluster: " in capsys.readouterr().err
 
 
-async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def unreachable(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A serving pair, and a kubeconfig for an API server nobody listens for."""
     material = mint()
     cert, key, kubeconfig = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "kubeconfig"
     cert.write_bytes(material.serving.cert_pem)
@@ -121,6 +122,11 @@ async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkey
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
     }))
+    return cert, key, kubeconfig
+
+
+async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key, kubeconfig = unreachable(tmp_path)
 
     async def broken(self: Caches) -> None:
         raise RuntimeError("a store bug")
@@ -135,16 +141,7 @@ async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkey
 
 
 async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None:
-    material = mint()
-    cert, key, kubeconfig = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "kubeconfig"
-    cert.write_bytes(material.serving.cert_pem)
-    key.write_bytes(material.serving.key_pem)
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    cert, key, kubeconfig = unreachable(tmp_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -154,4 +151,24 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
         with pytest.raises(ServeError, match=f"cannot serve metrics on 127.0.0.1:{port}: "):
             async with asyncio.timeout(10):
                 await serve(options)
+    assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False
+
+
+@pytest.mark.parametrize("flags,error", [
+    (["--max-connections", "0"], "error: --max-connections must be at least 1, got 0"),
+    (["--request-body-timeout", "0"], "error: --request-body-timeout must be positive, got 0.0"),
+])
+def test_connection_bounds_that_cannot_work_are_refused_by_name(flags: list[str], error: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", *flags]) == 2
+    assert capsys.readouterr().err.strip() == error
+
+
+async def test_plain_http_metrics_off_loopback_are_a_start_up_error(tmp_path: Path) -> None:
+    cert, key, kubeconfig = unreachable(tmp_path)
+    options = ServeOptions(tls_cert_file=cert, tls_key_file=key, kubeconfig=str(kubeconfig), bind_address="127.0.0.1",
+                           port=0, metrics_bind_address="0.0.0.0", metrics_port=1, metrics_secure=False)
+    with pytest.raises(ServeError, match="plain-HTTP metrics are served on a loopback address only, not 0.0.0.0"):
+        async with asyncio.timeout(10):
+            await serve(options)
     assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False

@@ -1,0 +1,260 @@
+"""Idle and slow connections against `dra-quota serve` (issue 15, item 5): its memory, and honest latency.
+
+The control plane (tests/e2e/cluster.py) with a small generated inventory and `serve` at
+its defaults (`--max-connections 1000`, 10 s handshake, header and body timeouts, 120 s
+idle), started by bench/admission.py's `control_plane`. Then, with honest reviews posted
+open-loop (bench/admission.py's write-nothing mix: a free claim, a claim a DeviceQuota
+denies, a template, the mutating call; over a pool of kept-alive HTTPS connections, as the
+API server posts them) at --rate a second for --seconds:
+
+1. baseline: no attack;
+2. attack: a second process (this script with --attack-port) holds --connections
+   (10,000) idle and slow connections (tests/e2e/attack.py: TCP only, TLS only, slowloris
+   headers, slow POST bodies; each re-opened --reopen s after serve dropped it); once it has
+   opened them all, the honest load runs again. The attacker runs at --nice 19: on this
+   2-core machine its own CPU would otherwise be taken from serve, where a real attacker
+   runs on other hosts (--nice 0 shows that case too).
+
+Printed for each: honest p50/p99 (target p99 <= 50 ms) and failures, and the time a new
+connection (TCP + TLS) takes; during the attack also serve's peak RSS (sampled every
+0.2 s), its event loop stalls (what draquota_event_loop_stall_seconds gained meanwhile:
+the longest, and how many ticks were late by over 50 and 250 ms), serve's connection
+counts and drops (draquota_connections*), and the load average beside every number. Not a timed test: `python bench/connections.py [--connections N] [--seconds S]`;
+results also in bench/results/connections.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import signal
+import ssl
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from admission import (  # noqa: E402
+    Bench, control_plane, load_average, open_loop, percentile, rss_of, show, warm, write_nothing_bodies,
+)
+
+from tests.e2e.attack import Attack, attack  # noqa: E402
+from tests.e2e.cluster import free_ports  # noqa: E402
+from webhook.metrics import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
+
+JSON = dict[str, Any]
+TARGET_P99_MS = 50.0
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def stall_buckets(samples: Samples) -> dict[float, float]:
+    return {float(dict(labels)["le"]): value for (name, labels), value in samples.items()
+            if name == f"{EVENT_LOOP_STALL}_bucket"}
+
+
+def stalls_between(before: Samples, after: Samples) -> str:
+    """The longest stall observed between two scrapes, as its bucket "(a, b] s", and how
+    many ticks were over 50 ms and over 250 ms (cumulative buckets: the counts gained)."""
+    old, new = stall_buckets(before), stall_buckets(after)
+    gained = {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
+    total = gained[float("inf")]
+    if not total:
+        return "none"
+    bounds = sorted(gained)
+    top = next(b for b in bounds if gained[b] >= total)
+    lower = max((b for b in bounds if b < top), default=0.0)
+    return (f"longest ({lower:g}, {top:g}] s; {total - gained[0.05]:.0f} ticks over 50 ms, "
+            f"{total - gained[0.25]:.0f} over 250 ms, of {total:.0f}")
+
+
+def connection_counts(samples: Samples) -> JSON:
+    open_by_phase = {dict(labels)["phase"]: int(value) for (name, labels), value in samples.items()
+                     if name == CONNECTIONS and dict(labels)["listener"] == "webhook"}
+    dropped = {dict(labels)["reason"]: int(value) for (name, labels), value in samples.items()
+               if name == CONNECTIONS_DROPPED and dict(labels)["listener"] == "webhook" and value}
+    return {"open": open_by_phase, "dropped": dropped}
+
+
+class Attacker:
+    """This script as a second process (--attack-port): the attack, its report a JSON file
+    rewritten every second (a pipe the reader stops draining would block the attacker)."""
+
+    def __init__(self, port: int, args: argparse.Namespace, report: Path) -> None:
+        self.port, self.args, self.path = port, args, report
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--attack-port", str(self.port), "--connections", str(self.args.connections),
+            "--reopen", str(self.args.reopen), "--ramp", str(self.args.ramp), "--nice", str(self.args.nice),
+            "--output", str(self.path))
+
+    @property
+    def report(self) -> JSON:
+        try:
+            loaded: JSON = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # not written yet
+            return {}
+        return loaded
+
+    async def stop(self) -> JSON:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout=60)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        return self.report
+
+
+async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str) -> JSON:
+    """The open-loop honest load; beside it, a new connection (TCP and TLS handshake) every
+    100 ms timed alone: what a pool's new connection waits, apart from the reviews."""
+    loop = asyncio.get_running_loop()
+    handshakes: list[float] = []
+    context = ssl.create_default_context(cafile=str(bench.cluster.ca_file))
+    context.check_hostname = False
+
+    async def connect() -> None:
+        end = loop.time() + seconds
+        while loop.time() < end:
+            started = loop.time()
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", bench.served.port, ssl=context), timeout=30)
+                handshakes.append((loop.time() - started) * 1000)
+                writer.close()
+            except (OSError, TimeoutError):
+                handshakes.append(float("inf"))
+            await asyncio.sleep(0.1)  # the probe's period
+
+    load, _ = await asyncio.gather(open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid),
+                                   connect())
+    row: JSON = load.row(name)
+    row["load_average"] = load_average()
+    row["new_connection_p50_ms"] = round(percentile(handshakes, 0.5), 1)
+    row["new_connection_p99_ms"] = round(percentile(handshakes, 0.99), 1)
+    show(row, TARGET_P99_MS)
+    print(f"    a new connection (TCP + TLS): p50 {row['new_connection_p50_ms']} ms, p99 "
+          f"{row['new_connection_p99_ms']} ms ({len(handshakes)}); load average {row['load_average']}")
+    return row
+
+
+async def run(args: argparse.Namespace) -> JSON:
+    results: JSON = {"connections": args.connections, "rate": args.rate, "seconds": args.seconds,
+                     "cores": os.cpu_count(), "load_average_start": load_average()}
+    with tempfile.TemporaryDirectory(prefix="bench-connections-") as tmp:
+        async with control_plane(args, Path(tmp), metrics_port=args.metrics_port) as bench:
+            bodies = await write_nothing_bodies(bench)
+            await warm(bench, bodies)
+            print(f"\nserve RSS {rss_of(bench.serve_pid):.0f} MiB before; load average {load_average()}")
+            quiet = await bench.served.metrics()
+            results["baseline"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack")
+            before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
+            results["baseline"]["stalls"] = stalls_between(quiet, before)
+            print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
+            attacker = Attacker(bench.served.port, args, Path(tmp) / "attack.json")
+            peak, sampling = before_rss, True
+
+            async def sample() -> None:
+                nonlocal peak
+                while sampling:
+                    peak = max(peak, rss_of(bench.serve_pid))
+                    await asyncio.sleep(0.2)  # the sampling period
+
+            sampler = asyncio.create_task(sample())
+            await attacker.start()
+            started = time.monotonic()
+            while sum(attacker.report.get("opened", {}).values()) < args.connections:
+                assert attacker.process is not None and attacker.process.returncode is None, "the attacker died"
+                await asyncio.sleep(0.5)  # the attacker reports once a second
+            print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
+                  f"load average {load_average()}")
+            during = await honest(bench, bodies, args.rate, args.seconds,
+                                  f"honest reviews, {args.connections} idle/slow connections")
+            after = await bench.served.metrics()
+            report = await attacker.stop()
+            attack_seconds = time.monotonic() - started
+            sampling = False
+            await sampler
+            results["attack"] = {
+                "honest": during, "attack": report, "serve_rss_before_mib": round(before_rss),
+                "serve_peak_rss_mib": round(peak), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
+                "stalls": stalls_between(before, after),
+                "longest_stall_since_start_s": after.get((EVENT_LOOP_STALL_MAX, frozenset()), float("nan")),
+                "serve_connections": connection_counts(after), "load_average": load_average(),
+                "attempts_per_s": round((sum(report.get("opened", {}).values()) + report.get("failed", 0))
+                                        / attack_seconds)}
+            a = results["attack"]
+            print(f"  serve RSS {a['serve_rss_before_mib']} MiB before, peak {a['serve_peak_rss_mib']} MiB during, "
+                  f"{a['serve_rss_after_mib']} MiB after; event loop stalls during the attack: {a['stalls']}; "
+                  f"load average {a['load_average']}")
+            print(f"  serve's webhook connections at the end: {a['serve_connections']}")
+            print(f"  {Attack(**report).line() if report else 'attack: no report'}; "
+                  f"{a['attempts_per_s']} connection attempts a second over {attack_seconds:.0f} s")
+    results["load_average_end"] = load_average()
+    return results
+
+
+async def attack_main(args: argparse.Namespace) -> None:
+    """The attacking process: hold the connections, write the report to --output each second."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # On a 2-core machine the attacker's own CPU would be taken from serve and the honest
+    # client; a real one runs on other hosts. Niced, it takes only what is left over.
+    os.nice(args.nice)
+    stop, report = asyncio.Event(), Attack()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    task = asyncio.create_task(attack(args.attack_port, args.connections, stop, ramp=args.ramp, reopen=args.reopen,
+                                      report=report))
+
+    def write() -> None:
+        partial = args.output.with_suffix(".tmp")
+        partial.write_text(json.dumps(report.__dict__))
+        partial.replace(args.output)
+
+    while not stop.is_set():
+        write()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1)
+    await task
+    write()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connections", type=int, default=10_000, help="idle and slow connections held")
+    parser.add_argument("--rate", type=float, default=100.0, help="honest reviews a second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each honest load step")
+    parser.add_argument("--ramp", type=float, default=1000.0, help="connections the attack opens a second")
+    parser.add_argument("--reopen", type=float, default=5.0, help="seconds before the attack re-opens a dropped one")
+    parser.add_argument("--nice", type=int, default=19, help="the attacking process's niceness (0: as serve)")
+    parser.add_argument("--nodes", type=int, default=50, help="inventory size (8 GPUs a node)")
+    parser.add_argument("--attack-port", type=int, help=argparse.SUPPRESS)  # the attacking process
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "connections.json")
+    args = parser.parse_args()
+    if args.attack_port:
+        asyncio.run(attack_main(args))
+        return
+    args.reservation_ttl = None  # control_plane reads it: serve's default
+    args.metrics_port = free_ports(1)[0]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(f"connections benchmark: {args.connections} idle/slow connections, honest reviews at {args.rate:.0f}/s, "
+          f"{os.cpu_count()} cores, load average {load_average()}; open files limit {soft}/{hard}")
+    results = asyncio.run(run(args))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nload average at the end {load_average()}; results written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""webhook.connections: a listener's connections are capped, and each phase has a deadline (issue 15, item 5).
+
+Over real sockets to the webhook app behind `TlsSite`: connections past the cap make
+room by evicting the least useful ones (those no request reached, then slow ones, then
+the least recently used idle ones), a connection whose review is being decided is
+never evicted or timed out, and every other phase ends at its deadline. The deadlines
+run on a clock the test moves (`Clock`), so no test waits for one to pass; asyncio's
+own TLS handshake timer is the exception (real time, a fraction of a second). The
+same bounds with thousands of connections against the real `serve` process:
+tests/e2e/test_connections.py, and bench/connections.py for 10,000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from devcluster.kube import poll
+from webhook.connections import Connections, Limits, Phase
+from webhook.review import AdmissionRequest, Verdict
+
+from .test_review import REVIEW
+from .wire import Wire, post, serving
+
+ASYNC = pytest.mark.asyncio(loop_scope="session")
+REVIEW_BODY = json.dumps(REVIEW).encode()
+PATIENCE = 30.0  # how long a test waits for what it expects (never a bound it asserts)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def allow(request: AdmissionRequest) -> Verdict:
+    return Verdict(True)
+
+
+def held(release: asyncio.Event) -> Callable[[AdmissionRequest], Awaitable[Verdict]]:
+    async def decide(request: AdmissionRequest) -> Verdict:
+        await release.wait()
+        return Verdict(True)
+
+    return decide
+
+
+async def reviewed(wire: Wire) -> bool:
+    await wire.send(post(REVIEW_BODY))
+    answer = await wire.answer()
+    return bool(answer.review()["allowed"]) and answer.review()["uid"] == REVIEW["request"]["uid"]
+
+
+async def closed(wire: Wire) -> bool:
+    async with asyncio.timeout(PATIENCE):
+        return await wire.closed_by_server()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    async def probe() -> bool:
+        return condition()
+
+    await poll(probe, timeout=PATIENCE, what=what)
+
+
+# -- the cap ------------------------------------------------------------------------------------
+
+
+@ASYNC
+async def test_at_the_cap_connections_no_request_reached_make_room_and_a_kept_alive_one_stays() -> None:
+    async with serving({"/validate": allow}, limits=Limits(max_connections=5)) as served:
+        honest = await Wire.open(served.port)
+        assert await reviewed(honest)
+        idle = [await Wire.open(served.port, tls=False) for _ in range(20)]
+        await until(lambda: served.connections.dropped["evicted"] == 16, "16 evictions")
+        for wire in idle[:16]:
+            assert await closed(wire)
+        assert len(served.connections) == 5
+        assert await reviewed(honest), "the connection that carried a review is evicted last"
+        fresh = await Wire.open(served.port)
+        assert await reviewed(fresh)
+        for wire in (honest, fresh, *idle):
+            await wire.close()
+
+
+@ASYNC
+async def test_when_every_connection_is_deciding_a_new_one_is_closed_at_once() -> None:
+    release = asyncio.Event()
+    async with serving({"/validate": held(release)}, limits=Limits(max_connections=2)) as served:
+        deciding = [await Wire.open(served.port) for _ in range(2)]
+        for wire in deciding:
+            await wire.send(post(REVIEW_BODY))
+        await until(lambda: served.connections.counts()[Phase.DECIDING] == 2, "two reviews deciding")
+        late = await Wire.open(served.port, tls=False)
+        assert await closed(late)
+        await late.close()
+        assert served.connections.dropped == {"refused": 1}
+        release.set()
+        for wire in deciding:
+            assert (await wire.answer()).review()["allowed"] is True
+            await wire.close()
+
+
+# -- the deadlines ------------------------------------------------------------------------------
+
+
+async def opening(wire: Wire) -> None:
+    await wire.send(b"POST /validate HTTP/1.1\r\nHost: dra-quota.ns.svc\r\n")  # headers never end
+
+
+async def headers(wire: Wire) -> None:
+    assert await reviewed(wire)
+    await wire.send(b"POST /validate HTTP/1.1\r\nHost: dra-quota.ns.svc\r\n")
+
+
+async def request(wire: Wire) -> None:
+    await wire.send(post(REVIEW_BODY)[:-10])  # the body never ends
+
+
+async def idle(wire: Wire) -> None:
+    assert await reviewed(wire)
+
+
+@ASYNC
+@pytest.mark.parametrize("phase,reach", [(Phase.OPENING, opening), (Phase.HEADERS, headers),
+                                         (Phase.REQUEST, request), (Phase.IDLE, idle)],
+                         ids=["opening", "headers", "request", "idle"])
+async def test_a_connection_is_dropped_at_its_phases_deadline(phase: Phase,
+                                                              reach: Callable[[Wire], Awaitable[None]]) -> None:
+    clock = Clock()
+    limits = Limits(header_timeout=10, body_timeout=20, idle_timeout=120)
+    async with serving({"/validate": allow}, limits=limits, clock=clock) as served:
+        wire = await Wire.open(served.port)
+        await reach(wire)
+        await until(lambda: served.connections.counts()[phase] == 1, f"a connection in {phase.name}")
+        timeout = limits.timeout(phase)
+        assert timeout is not None
+        clock.now += timeout - 1
+        served.connections.expire()
+        assert len(served.connections) == 1 and not served.connections.dropped, "dropped before its deadline"
+        clock.now += 1
+        served.connections.expire()
+        assert await closed(wire)
+        assert served.connections.dropped == {phase.name.lower(): 1}
+        await wire.close()
+
+
+@ASYNC
+async def test_a_review_being_decided_has_no_connection_deadline() -> None:
+    clock, release = Clock(), asyncio.Event()
+    async with serving({"/validate": held(release)}, limits=Limits(), clock=clock) as served:
+        wire = await Wire.open(served.port)
+        await wire.send(post(REVIEW_BODY))
+        await until(lambda: served.connections.counts()[Phase.DECIDING] == 1, "the review deciding")
+        clock.now += 3600
+        served.connections.expire()
+        release.set()
+        assert (await wire.answer()).review()["allowed"] is True
+        assert not served.connections.dropped
+        await wire.close()
+
+
+@ASYNC
+async def test_a_tls_handshake_that_never_comes_is_dropped() -> None:
+    """asyncio's own timer (real time), whatever the request deadlines."""
+    limits = Limits(tls_handshake_timeout=0.2, header_timeout=3600)
+    async with serving({"/validate": allow}, limits=limits) as served:
+        wire = await Wire.open(served.port, tls=False)
+        await wire.send(b"\x16\x03\x01")  # the first bytes of a ClientHello, and no more
+        assert await closed(wire)
+        await until(lambda: len(served.connections) == 0, "the connection forgotten")
+        await wire.close()
+
+
+# -- eviction order, without sockets ------------------------------------------------------------
+
+
+class Fake:
+    def __init__(self, name: str, aborted: list[str]) -> None:
+        self.name, self._aborted = name, aborted
+
+    def abort(self) -> None:
+        self._aborted.append(self.name)
+
+
+def test_eviction_takes_opening_then_headers_then_request_then_the_least_recently_idle_never_deciding() -> None:
+    clock, aborted = Clock(), list[str]()
+    connections = Connections(Limits(max_connections=1), clock=clock)
+    conns = {name: Fake(name, aborted) for name in ("idle-old", "deciding", "request", "headers", "opening",
+                                                    "idle-new")}
+    for name, conn in conns.items():
+        connections.opened(conn)
+        clock.now += 1
+    for name, phase in (("idle-old", Phase.IDLE), ("deciding", Phase.DECIDING), ("request", Phase.REQUEST),
+                        ("headers", Phase.HEADERS), ("idle-new", Phase.IDLE)):
+        connections.enter(conns[name], phase)
+        clock.now += 1
+    assert connections.room() is False
+    assert aborted == ["opening", "headers", "request", "idle-old", "idle-new"]
+    assert connections.dropped == {"evicted": 5, "refused": 1}
+    assert connections.counts()[Phase.DECIDING] == 1 and len(connections) == 1
+
+
+@pytest.mark.parametrize("limits,problem", [
+    (Limits(max_connections=0), "--max-connections must be at least 1"),
+    (Limits(idle_timeout=0), "--idle-timeout must be positive"),
+    (Limits(header_timeout=-1), "--request-header-timeout must be positive"),
+])
+def test_limits_that_cannot_work_say_which_flag(limits: Limits, problem: str) -> None:
+    assert (limits.problem() or "").startswith(problem)

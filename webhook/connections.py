@@ -1,0 +1,425 @@
+"""The HTTPS listeners' connections: how many, and how long each may take in every phase.
+
+Neighbours: `webhook.serve` starts the webhook's and the metrics' listeners as `TlsSite`s,
+each with its own `Connections`; `webhook.server` and `webhook.metricsserver` build their
+apps with `track` (the middleware that tells it when a request starts and ends) and call
+`Connections.deciding` once a request has arrived whole. `add_arguments`/`from_args` are
+the `dra-quota serve` flags.
+
+Why: asyncio's TLS layer allocates a 256 KiB read buffer for every accepted connection
+before its handshake, and neither asyncio nor aiohttp caps connections or times out a
+handshake's wait for the first request, a slow request or an idle keep-alive: 3,000 idle
+connections took `serve` from 117 MB to 1 GB (issue 15). Here the TLS layer reads into
+32 KiB (two full TLS records), and each connection is in one phase at a time, with its
+own deadline, checked every second:
+
+- opening: accepted, until its first request's headers are in: `header_timeout` from
+  the accept (the TLS handshake alone also gets `tls_handshake_timeout`, asyncio's timer);
+- headers: bytes of a later request arriving on a kept-alive connection: `header_timeout`;
+- request: its handler runs (reading the body, or authorizing a scrape): `body_timeout`;
+- deciding: the whole review arrived and is being decided: no deadline here (the
+  review's own, from the API server's `timeout`, bounds it), and never evicted;
+- idle: answered, nothing of the next request yet: `idle_timeout`, longer than the API
+  server's 90 s idle timeout for its pooled webhook connections (client-go
+  transport/cache.go: Go's http.Transport defaults), so the API server, not we, closes
+  them: a request it writes on a connection we are closing would fail.
+
+At `max_connections`, a new connection evicts the one that is worth least: the oldest
+opening one, else the oldest in headers, then in request, then the least recently used
+idle one; only when every connection is deciding is the new one closed at once. So
+connections that idle or trickle can hold memory only up to the cap and can never lock
+the API server out: its own connections carry requests, so they are the last evicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import enum
+import logging
+import os
+import socket
+import ssl
+import time
+from asyncio.sslproto import SSLProtocol
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler, Middleware
+
+__all__ = ["DROP_REASONS", "HTTP_LOG", "Connections", "Limits", "Phase", "TlsSite", "Tracked", "add_arguments",
+           "from_args", "track"]
+
+log = logging.getLogger(__name__)
+
+# Every deadline is checked this often: a deadline holds to within a second.
+SWEEP_SECONDS = 1.0
+LISTEN_BACKLOG = 4096
+
+
+class Phase(enum.IntEnum):
+    """A connection's phase; the order is the eviction order (lowest first)."""
+
+    OPENING = 0
+    HEADERS = 1
+    REQUEST = 2
+    IDLE = 3
+    DECIDING = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds of one listener (module doc); seconds, and connections open at once."""
+
+    max_connections: int = 1000
+    tls_handshake_timeout: float = 10.0
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 120.0
+
+    def timeout(self, phase: Phase) -> float | None:
+        return {Phase.OPENING: self.header_timeout, Phase.HEADERS: self.header_timeout,
+                Phase.REQUEST: self.body_timeout, Phase.IDLE: self.idle_timeout}.get(phase)
+
+    def problem(self) -> str | None:
+        if self.max_connections < 1:
+            return f"--max-connections must be at least 1, got {self.max_connections}"
+        for flag, value in (("--tls-handshake-timeout", self.tls_handshake_timeout),
+                            ("--request-header-timeout", self.header_timeout),
+                            ("--request-body-timeout", self.body_timeout), ("--idle-timeout", self.idle_timeout)):
+            if not value > 0:
+                return f"{flag} must be positive, got {value}"
+        return None
+
+
+class Tracked(Protocol):
+    """What `Connections` needs of a connection: a way to drop it at once."""
+
+    def abort(self) -> None: ...
+
+
+class Connections:
+    """The connections of one listener by phase: admits, evicts and expires them.
+
+    Each phase keeps its connections in the order they entered it, so the oldest (the
+    next to expire, the first to evict) is the first: admitting, moving and expiring
+    cost O(1) per connection, whatever the cap.
+    """
+
+    def __init__(self, limits: Limits, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._phases: dict[Phase, OrderedDict[Tracked, float]] = {p: OrderedDict() for p in Phase}
+        self._phase: dict[Tracked, Phase] = {}
+        self._by_handler: dict[object, Tracked] = {}
+        # Connections dropped by us, by why: evicted, refused, or the phase whose deadline passed.
+        self.dropped: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._phase)
+
+    def counts(self) -> dict[Phase, int]:
+        return {phase: len(queue) for phase, queue in self._phases.items()}
+
+    def room(self) -> bool:
+        """Make room for one more connection (evicting one if at the cap); False: every one is deciding."""
+        while len(self) >= self.limits.max_connections:
+            victim = next((next(iter(q)) for p, q in self._phases.items() if q and p is not Phase.DECIDING), None)
+            if victim is None:
+                self.dropped["refused"] += 1
+                return False
+            self._drop(victim, "evicted")
+        return True
+
+    def opened(self, conn: Tracked) -> None:
+        """`conn` was accepted."""
+        self._enter(conn, Phase.OPENING)
+
+    def handled(self, conn: Tracked, handler: object) -> None:
+        """`conn`'s requests now arrive on `handler` (aiohttp's protocol, made once TLS is up)."""
+        if conn in self._phase:
+            self._by_handler[handler] = conn
+
+    def of(self, handler: object) -> Tracked | None:
+        return self._by_handler.get(handler)
+
+    def enter(self, conn: Tracked, phase: Phase) -> None:
+        """Move a tracked connection to `phase` (a no-op for one already dropped or lost)."""
+        if conn in self._phase:
+            self._enter(conn, phase)
+
+    def phase(self, conn: Tracked) -> Phase | None:
+        return self._phase.get(conn)
+
+    def deciding(self, request: web.BaseRequest) -> None:
+        """The request has arrived whole: its connection is no longer evicted or timed out."""
+        conn = self.of(request.protocol)
+        if conn is not None:
+            self.enter(conn, Phase.DECIDING)
+
+    def lost(self, conn: Tracked, handler: object | None) -> None:
+        """The connection closed (whoever closed it)."""
+        if handler is not None:
+            self._by_handler.pop(handler, None)
+        phase = self._phase.pop(conn, None)
+        if phase is not None:
+            del self._phases[phase][conn]
+
+    def expire(self) -> None:
+        """Drop every connection whose phase's deadline has passed."""
+        now = self._clock()
+        for phase, queue in self._phases.items():
+            timeout = self.limits.timeout(phase)
+            if timeout is None:
+                continue
+            while queue:
+                conn, since = next(iter(queue.items()))
+                if now - since < timeout:
+                    break
+                self._drop(conn, phase.name.lower())
+
+    def close_opening(self) -> None:
+        """Drop the connections no request has reached yet (shutdown: nobody waits on them)."""
+        for conn in list(self._phases[Phase.OPENING]):
+            self._drop(conn, "shutdown")
+
+    async def run(self) -> None:
+        """Expire connections every `SWEEP_SECONDS` until cancelled."""
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            self.expire()
+
+    def _enter(self, conn: Tracked, phase: Phase) -> None:
+        old = self._phase.get(conn)
+        if old is not None:
+            del self._phases[old][conn]
+        self._phase[conn] = phase
+        self._phases[phase][conn] = self._clock()
+
+    def _drop(self, conn: Tracked, why: str) -> None:
+        phase = self._phase.pop(conn)
+        del self._phases[phase][conn]
+        self.dropped[why] += 1
+        conn.abort()
+
+
+# -- the aiohttp side -------------------------------------------------------------------------
+
+
+def track(connections: Connections) -> Middleware:
+    """The middleware telling `connections` when each request's handler starts and ends."""
+
+    @web.middleware
+    async def tracked(request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = connections.of(request.protocol)
+        if conn is None:
+            return await handler(request)
+        connections.enter(conn, Phase.REQUEST)
+        try:
+            return await handler(request)
+        finally:
+            connections.enter(conn, Phase.IDLE)
+
+    return tracked
+
+
+class _ClientErrors(logging.Filter):
+    """Keeps aiohttp's records of malformed HTTP out of the log.
+
+    aiohttp answers a request it cannot parse with 400 and logs it at ERROR with a
+    traceback: any client that reaches the port could fill the logs with them. The
+    client got its answer; nothing here is ours to fix (our handlers never raise).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            log.debug("malformed HTTP from a client: %s", record.exc_info[1])
+            return False
+        return True
+
+
+# The logger of the listeners' aiohttp servers (`web.AppRunner(..., logger=HTTP_LOG)`).
+HTTP_LOG = logging.getLogger("webhook.http")
+HTTP_LOG.addFilter(_ClientErrors())
+
+
+class _TlsConnection(SSLProtocol):
+    """asyncio's server-side TLS protocol, reading into 32 KiB, reporting to `Connections`.
+
+    aiohttp's handler is made only once the TLS handshake is done (`_Handshaking`): a
+    connection dropped before that costs no HTTP parser, and leaves no reference cycle
+    for the garbage collector (a flood of them made its full collections the longest
+    event loop stalls).
+
+    asyncio.sslproto is not public API: this relies on SSLProtocol's constructor and its
+    `max_size` read buffer as they are since Python 3.11 (the rewrite that made it a
+    BufferedProtocol; unchanged through 3.13), and is run over real sockets by
+    tests/unit/webhook/test_connections.py and test_transport.py.
+    """
+
+    # asyncio allocates (and zeroes) this much per connection at accept: 256 KiB by
+    # default. Two full TLS records (16 KiB each) is enough to read a review quickly.
+    max_size = 32 * 1024
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handler: Callable[[], asyncio.BaseProtocol],
+                 context: ssl.SSLContext, connections: Connections) -> None:
+        # No waiter (typeshed wants a Future: one would hold every failed handshake's
+        # exception, logged as never retrieved); seconds may be a float (asyncio's own use).
+        super().__init__(loop, _Handshaking(self), context, None, server_side=True,  # type: ignore[arg-type]
+                         ssl_handshake_timeout=connections.limits.tls_handshake_timeout)  # type: ignore[arg-type]
+        self._connections = connections
+        self._make_handler = handler
+        self._handler: asyncio.BaseProtocol | None = None
+        self._raw: asyncio.BaseTransport | None = None
+        self._aborted = False
+
+    def handshaken(self, transport: asyncio.BaseTransport) -> None:
+        """TLS is up: aiohttp's handler takes the connection over (public `set_protocol`)."""
+        self._handler = self._make_handler()
+        self._connections.handled(self, self._handler)
+        transport.set_protocol(self._handler)
+        self._handler.connection_made(transport)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._raw = transport
+        if self._aborted:  # evicted between the accept and this call: no handshake at all
+            transport.abort()  # type: ignore[attr-defined]  # a socket transport
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._connections.lost(self, self._handler)
+        super().connection_lost(exc)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # Bytes on an idle kept-alive connection start the next request: its headers
+        # get `header_timeout`, not what is left of the idle timeout.
+        if self._connections.phase(self) is Phase.IDLE:
+            self._connections.enter(self, Phase.HEADERS)
+        super().buffer_updated(nbytes)
+
+    def abort(self) -> None:
+        self._aborted = True
+        if self._raw is not None:
+            self._raw.abort()  # type: ignore[attr-defined]  # a socket transport
+
+
+class _Handshaking(asyncio.Protocol):
+    """A TLS connection's app protocol until its handshake is done (asyncio calls nothing
+    else on it before): then it hands the connection to aiohttp's handler."""
+
+    def __init__(self, conn: _TlsConnection) -> None:
+        self._conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn.handshaken(transport)
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]  # a socket transport
+
+
+def _deepen(sock: socket.socket) -> None:
+    """Let the kernel queue `LISTEN_BACKLOG` connections not accepted yet.
+
+    asyncio accepts at most `backlog` connections per event loop iteration and gives the
+    same number to listen(): aiohttp's 128. Under a flood of connects (each accepted, then
+    evicted) a stall of a fraction of a second overflows 128, and a new API server
+    connection then waits out a SYN retransmission (1 s, then 3 s). listen() again on a
+    duplicate of the descriptor deepens the kernel's queue only (capped at
+    net.core.somaxconn, 4096 by default: Go's net.Listen takes that too), not how many one
+    iteration accepts (4,096 there made stalls of seconds).
+    """
+    with socket.socket(fileno=os.dup(sock.fileno())) as listening:
+        listening.listen(LISTEN_BACKLOG)
+
+
+class TlsSite(web.BaseSite):
+    """An HTTPS listener whose connections `connections` bounds (aiohttp's TCPSite, plus the bounds)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, context: ssl.SSLContext,
+                 connections: Connections, reuse_port: bool = False) -> None:
+        super().__init__(runner, ssl_context=context)
+        self._host, self._port, self._reuse_port = host, port, reuse_port
+        self._context = context
+        self.connections = connections
+        self._sweeper: asyncio.Task[None] | None = None
+        self._listening: asyncio.Server | None = None
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one chosen when `port` was 0)."""
+        sockets = self._listening.sockets if self._listening is not None else ()
+        return int(sockets[0].getsockname()[1]) if sockets else self._port
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+
+        def accept() -> asyncio.BaseProtocol:
+            if not self.connections.room():
+                return _Refused()
+            conn = _TlsConnection(loop, server, self._context, self.connections)
+            self.connections.opened(conn)
+            return conn
+
+        self._server = self._listening = await loop.create_server(
+            accept, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None)
+        for sock in self._listening.sockets:
+            _deepen(sock)
+        self._sweeper = asyncio.create_task(self.connections.run(), name=f"connections {self.name}")
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        # Connections with a request in flight are aiohttp's to finish (the runner's
+        # shutdown_timeout); those no request reached yet are not aiohttp's at all.
+        self.connections.close_opening()
+
+
+# Why `Connections` drops one: a closed set (the `reason` label of webhook.metrics).
+DROP_REASONS = ("evicted", "refused", "opening", "headers", "request", "idle", "shutdown")
+
+
+# -- flags ------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = Limits()
+    group = parser.add_argument_group("connection bounds (each HTTPS listener: webhook, metrics)")
+    group.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
+                       help="connections open at once on the webhook port; at the cap a new one evicts an idle or "
+                            f"slow one (default {d.max_connections}; the metrics port takes at most 64)")
+    group.add_argument("--tls-handshake-timeout", type=float, default=d.tls_handshake_timeout, metavar="SECONDS",
+                       help=f"a TLS handshake not done by then is dropped (default {d.tls_handshake_timeout:g})")
+    group.add_argument("--request-header-timeout", type=float, default=d.header_timeout, metavar="SECONDS",
+                       help="a request's headers must be in this long after the connection opened, or after its "
+                            f"first byte on a kept-alive connection (default {d.header_timeout:g})")
+    group.add_argument("--request-body-timeout", type=float, default=d.body_timeout, metavar="SECONDS",
+                       help=f"a request's body must be in this long after its headers (default {d.body_timeout:g})")
+    group.add_argument("--idle-timeout", type=float, default=d.idle_timeout, metavar="SECONDS",
+                       help="a kept-alive connection with no request for this long is closed; keep it above the API "
+                            f"server's 90 s (default {d.idle_timeout:g})")
+
+
+def from_args(args: argparse.Namespace) -> Limits:
+    """The flags' bounds; ValueError says which one cannot work."""
+    limits = Limits(max_connections=args.max_connections, tls_handshake_timeout=args.tls_handshake_timeout,
+                    header_timeout=args.request_header_timeout, body_timeout=args.request_body_timeout,
+                    idle_timeout=args.idle_timeout)
+    problem = limits.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    return limits

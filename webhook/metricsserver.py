@@ -1,0 +1,178 @@
+"""`GET /metrics` of `dra-quota serve`: over HTTPS to whom the API server allows, or plain HTTP on loopback.
+
+Neighbours: `webhook.metrics` renders the exposition; `quota.kubeapi` asks the API server
+who a token is and what it may do; `webhook.connections` bounds the HTTPS listener as it
+bounds the webhook's. `webhook.serve` starts it (`--metrics-port`, `--metrics-secure`).
+
+The metrics name every tenant's namespaces, claims, Pods, devices and GPU UUIDs, so they
+are served as Kubernetes components serve theirs (controller-runtime's
+`filters.WithAuthenticationAndAuthorization`, kube-rbac-proxy): the bearer token is
+checked with a TokenReview, its user with a SubjectAccessReview for `get` on the
+non-resource URL `/metrics`; no token or a token the API server does not accept is 401,
+a user without that right 403. `serve` needs `create` on `tokenreviews` and
+`subjectaccessreviews`; a scraper, a ClusterRole with `nonResourceURLs: [/metrics],
+verbs: [get]` (the chart ships one). Decisions are cached by the token's SHA-256 (never the
+token): an allowed one 60 s, a refused one 30 s (controller-runtime caches a token 1 min,
+an allowed review 5 min, a denied one 30 s), at most `MAX_CACHED` tokens, the least
+recently used dropped first; failures to ask are never cached. At most `MAX_ASKING`
+reviews are in flight at once: a flood of made-up tokens waits here (each wait bounded
+by the listener's request timeout) instead of flooding the API server.
+
+`--no-metrics-secure` serves plain HTTP with no authentication, on a loopback address only
+(for a sidecar such as kube-rbac-proxy that does the above itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import logging
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from quota.kubeapi import ApiError, KubeApi, Resource
+from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite, track
+from webhook.metrics import Metrics
+from webhook.server import quiet_server_header
+
+__all__ = ["MAX_ASKING", "MAX_CACHED", "METRICS_MAX_CONNECTIONS", "Access", "TokenAccess", "is_loopback",
+           "metrics_limits", "serve_metrics"]
+
+log = logging.getLogger(__name__)
+
+TOKEN_REVIEWS = Resource("authentication.k8s.io/v1", "tokenreviews")
+ACCESS_REVIEWS = Resource("authorization.k8s.io/v1", "subjectaccessreviews")
+PATH = "/metrics"
+ALLOWED_TTL = 60.0
+REFUSED_TTL = 30.0
+MAX_CACHED = 1024
+MAX_ASKING = 8
+# Prometheus keeps one connection per target (two in an HA pair): the metrics listener
+# needs far fewer than the webhook's.
+METRICS_MAX_CONNECTIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """The answer to a scrape's credentials: 200, 401 or 403, and why (what the scraper is told)."""
+
+    status: int
+    message: str
+
+
+class TokenAccess:
+    """Who may `GET /metrics`: TokenReview, then SubjectAccessReview, cached (module doc)."""
+
+    def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._api = api
+        self._clock = clock
+        self._cache: OrderedDict[bytes, tuple[Access, float]] = OrderedDict()
+        self._asking = asyncio.Semaphore(MAX_ASKING)
+
+    async def check(self, authorization: str | None) -> Access:
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return Access(401, "Unauthorized: send a bearer token (Authorization: Bearer <token>)")
+        key = hashlib.sha256(token.encode()).digest()
+        cached = self._cache.get(key)
+        if cached is not None and cached[1] > self._clock():
+            self._cache.move_to_end(key)
+            return cached[0]
+        async with self._asking:
+            try:
+                access = await self._review(token)
+            except (ApiError, OSError, TimeoutError, ValueError) as err:
+                log.warning("cannot review a /metrics token with the API server: %s", err)
+                return Access(503, "the API server could not review the token; retry")
+        self._remember(key, access)
+        return access
+
+    async def _review(self, token: str) -> Access:
+        reviewed = await self._api.create(TOKEN_REVIEWS, {"apiVersion": TOKEN_REVIEWS.api_version,
+                                                          "kind": "TokenReview", "spec": {"token": token}})
+        status = reviewed.get("status") or {}
+        if not status.get("authenticated"):
+            return Access(401, "Unauthorized")
+        user: dict[str, Any] = status.get("user") or {}
+        name = str(user.get("username", ""))
+        spec = {"user": name, "uid": user.get("uid", ""), "groups": user.get("groups") or [],
+                "extra": user.get("extra") or {}, "nonResourceAttributes": {"path": PATH, "verb": "get"}}
+        decided = await self._api.create(ACCESS_REVIEWS, {"apiVersion": ACCESS_REVIEWS.api_version,
+                                                          "kind": "SubjectAccessReview", "spec": spec})
+        if (decided.get("status") or {}).get("allowed"):
+            return Access(200, "")
+        return Access(403, f"Forbidden: {name} may not get {PATH}")
+
+    def _remember(self, key: bytes, access: Access) -> None:
+        ttl = ALLOWED_TTL if access.status == 200 else REFUSED_TTL
+        self._cache[key] = (access, self._clock() + ttl)
+        self._cache.move_to_end(key)
+        while len(self._cache) > MAX_CACHED:
+            self._cache.popitem(last=False)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _app(metrics: Metrics, access: TokenAccess | None, connections: Connections | None) -> web.Application:
+    async def scrape(request: web.Request) -> web.Response:
+        if access is not None:
+            answer = await access.check(request.headers.get("Authorization"))
+            if answer.status != 200:
+                headers = {"WWW-Authenticate": 'Bearer realm="dra-quota"'} if answer.status == 401 else {}
+                return web.Response(status=answer.status, text=answer.message, headers=headers)
+        if connections is not None:
+            connections.deciding(request)
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application(middlewares=[track(connections)] if connections is not None else [])
+    app.router.add_get(PATH, scrape)
+    quiet_server_header()
+    return app
+
+
+def metrics_limits(limits: Limits) -> Limits:
+    """The metrics listener's bounds: the webhook's, at most `METRICS_MAX_CONNECTIONS`."""
+    return replace(limits, max_connections=min(limits.max_connections, METRICS_MAX_CONNECTIONS))
+
+
+async def serve_metrics(metrics: Metrics, *, host: str, port: int, context: ssl.SSLContext | None,
+                        access: TokenAccess | None, connections: Connections | None = None) -> tuple[web.AppRunner, int]:
+    """`GET /metrics` at host:port: over HTTPS with `context`, bounded by `connections`
+    (default: `metrics_limits()` of the defaults), checked by `access`; or, without
+    `context`, plain HTTP (loopback only: ValueError otherwise). The runner (the caller
+    cleans it up) and the port."""
+    if context is None:
+        if not is_loopback(host):
+            raise ValueError(f"plain-HTTP metrics are served on a loopback address only, not {host}")
+        connections = None
+    elif connections is None:
+        connections = Connections(metrics_limits(Limits()))
+    runner = web.AppRunner(_app(metrics, access, connections), access_log=None, handle_signals=False, logger=HTTP_LOG)
+    await runner.setup()
+    try:
+        site: web.BaseSite
+        if context is not None and connections is not None:
+            site = TlsSite(runner, host, port, context=context, connections=connections)
+        else:
+            site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
