@@ -42,7 +42,7 @@ from devcluster.controlplane import BUILD_SCRIPT, DEFAULT_BINARY, REPO_ROOT, Con
     build, free_ports
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, Obj, WaitTimeout, poll
-from devcluster.served import ServeExited, Served
+from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount
 from quota.printable import for_terminal
@@ -58,6 +58,10 @@ ADMISSION = "admissionregistration.k8s.io/v1"
 LEASE = "dra-quota-demo"
 # Measured on 2 shared cores (README, "Quick start"); shown before a cold build starts.
 COLD_BUILD_MINUTES = "12-15"
+# The Service the shipped configurations name (namespace, name): the test certificate
+# `serve` runs with here is valid for it (devcluster.controlplane.WEBHOOK_SERVICES).
+WEBHOOK_SERVICE = ("dra-quota-system", "dra-quota-webhook")
+
 # Where each kind of examples/ goes: (apiVersion, plural). Claims are created by the scenario.
 KINDS = {
     "DeviceClass": (RESOURCE_V1, "deviceclasses"),
@@ -259,6 +263,12 @@ async def _play(state: _Run) -> dict[str, Any]:
         for number, step in enumerate(state.options.scenario, 1):
             await _play_step(state, kube, number, step, claims)
         state.seconds["scenario"] = round(time.monotonic() - t0, 1)
+        if state.options.keep and state.serve is not None:
+            # serve's metrics are served as a cluster's are (HTTPS, a token allowed to get
+            # /metrics): one for whoever scrapes the kept demo.
+            token = state.workdir / "metrics-token"
+            token.write_text(await metrics_reader_token(cluster))
+            token.chmod(0o600)
         state.seconds["total"] = round(time.monotonic() - state.started, 1)
         denied = sum(1 for s in state.steps if s["decision"] == "denied")
         state.say(f"\nDone in {state.seconds['total']}s: {len(state.steps)} steps, {denied} claim(s) denied "
@@ -454,16 +464,22 @@ def _keep(state: _Run) -> dict[str, str]:
         f"rm -rf {shlex.quote(str(cluster.etcd_dir))} {shlex.quote(str(state.workdir))}\n")
     stop.chmod(0o755)
     kubeconfig = str(cluster.kubeconfig)
-    metrics = f"http://127.0.0.1:{state.serve.metrics_port}/metrics"
+    # The serving certificate names the Service: curl resolves that name to loopback.
+    host, port = f"{WEBHOOK_SERVICE[1]}.{WEBHOOK_SERVICE[0]}.svc", state.serve.metrics_port
+    metrics = f"https://{host}:{port}/metrics"
+    token = state.workdir / "metrics-token"
+    scrape = (f"curl -s --cacert {shlex.quote(str(cluster.ca_file))} --resolve {host}:{port}:127.0.0.1 "
+              f"-H \"Authorization: Bearer $(cat {shlex.quote(str(token))})\" {metrics}")
     state.say(f"\nStill running (--keep). The cluster's admin kubeconfig: {kubeconfig}\n"
               f"  export KUBECONFIG={shlex.quote(kubeconfig)}\n"
               "  kubectl get devicequotas -A; kubectl get resourceclaims -A; kubectl get pods -A -o wide\n"
               "  dra-quota top\n"
-              f"  dra-quota serve's metrics (Prometheus scrape target 127.0.0.1:{state.serve.metrics_port}): "
-              f"curl -s {metrics} | grep ^draquota_\n"
+              f"  dra-quota serve's metrics (Prometheus scrape target 127.0.0.1:{port}, HTTPS, a token allowed "
+              f"to get /metrics): {scrape} | grep ^draquota_\n"
               f"  dra-quota serve's log: {state.serve_log}; the control plane's: {cluster.logs}\n"
               f"Stop it all: sh {shlex.quote(str(stop))}")
-    return {"kubeconfig": kubeconfig, "metrics": metrics, "stop": str(stop), "workdir": str(state.workdir)}
+    return {"kubeconfig": kubeconfig, "metrics": metrics, "metrics_token": str(token), "ca": str(cluster.ca_file),
+            "stop": str(stop), "workdir": str(state.workdir)}
 
 
 def _teardown(state: _Run, *, remove: bool) -> None:

@@ -16,7 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
+import http.client
+import socket
+import ssl
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +113,20 @@ def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: P
         assert top.returncode == 0, top.stderr
         rows = {(q["namespace"], q["name"]): q for q in json.loads(top.stdout)["quotas"]}
         assert rows[("team-a", "gpus")]["used"] == {"memory": 282 * GiB, "devices": 2}
-        # Where to scrape is printed, and it answers with the quota it just showed.
-        assert kept["metrics"] in proc.stderr
-        with urllib.request.urlopen(kept["metrics"], timeout=30) as scraped:
-            text = scraped.read().decode()
+        # How to scrape is printed (HTTPS, a token allowed to get /metrics), and it answers
+        # with the quota it just showed, to that token only.
+        assert kept["metrics"] in proc.stderr and kept["metrics_token"] in proc.stderr
+        host, port = urllib.parse.urlsplit(kept["metrics"]).hostname, urllib.parse.urlsplit(kept["metrics"]).port
+        context = ssl.create_default_context(cafile=kept["ca"])
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+        connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                                              server_hostname=host)  # the certificate names the Service
+        token = Path(kept["metrics_token"]).read_text()
+        connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        scraped = connection.getresponse()
+        assert scraped.status == 200
+        text = scraped.read().decode()
+        connection.close()
         used = {"namespace": "team-a", "quota": "gpus", "resource": "memory", "type": "used"}
         assert [s.value for f in text_string_to_metric_families(text) for s in f.samples
                 if s.name == "draquota_quota" and s.labels == used] == [282 * GiB]
