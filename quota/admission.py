@@ -225,15 +225,19 @@ class Admitter:
 
     def account_allocated(self, claim: Claim) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""
-        pricing = self.pricer.exact(claim)
-        entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
-                      owner=claim.owner)
+        entry = self.allocated_entry(claim)
+        pricing = entry.pricing[self.ledger.default_mode]
         self.ledger.add_or_update_claim(entry)
         charged = tuple(
             q.name for q in self.ledger.quotas(claim.namespace)
             if not entry.charge_for(q, self.ledger.default_mode).is_zero()
         )
         return Admission(True, "", pricing.warnings, pricing, charged)
+
+    def allocated_entry(self, claim: Claim) -> Entry:
+        """What `account_allocated` counts: the exact charge of the allocated devices."""
+        return Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: self.pricer.exact(claim)},
+                     allocated=True, owner=claim.owner)
 
     def allocate_claim(self, claim: Claim, *, enforce: bool, dry_run: bool = False) -> Admission:
         """The `status` update that sets an allocation: the exact charge replaces the reservation.

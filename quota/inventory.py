@@ -10,6 +10,13 @@ Pool rules follow the scheduler (k8s.io/dynamic-resource-allocation/structured, 
 only the highest `pool.generation` of a pool counts, and a pool is usable for
 allocation only once all `resourceSliceCount` slices of that generation are present.
 Adding, changing or deleting a slice rebuilds only that slice's pool.
+
+A relist (`replace_all`) builds the new inventory aside, pausing at
+`quota.work.pause_point` after each slice parsed and each pool indexed (`serve` runs it
+in slices, `webhook.rebuilds`), and swaps it in with a few assignments at the end: a
+reader between two slices sees the old inventory whole, never part of the new one.
+Nothing else mutates the inventory meanwhile (the slice reflector awaits its relist
+before it applies any event), so nothing is lost by the swap.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 from quota.columns import ColumnTable, Field, PoolIndex
 from quota.model import Device, DeviceKey
 from quota.slices import ParsedSlice, parse_slice
+from quota.work import drop, pause_point, pauses
 
 __all__ = ["Inventory", "PoolKey", "InventoryChange", "gc_paused"]
 
@@ -92,22 +100,31 @@ class Inventory:
         return self._rebuild([pool_key])
 
     def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> InventoryChange:
-        """Swap in a fresh list (after a relist): pools absent from it disappear."""
+        """Swap in a fresh list (after a relist): pools absent from it disappear (module doc:
+        built aside, swapped in one step; a malformed slice raises before anything changed)."""
+        fresh = Inventory()
+        fresh._columns = self._columns  # interning only: columns equal to old ones are shared
         with gc_paused():
-            parsed = [parse_slice(obj) for obj in objs]
-            gone = set(self._pools)
-            self._slice_pool.clear()
-            self._pools.clear()
-            self._usable.clear()
-            self._usable_pools.clear()
-            self._field_pools.clear()
-            for item in parsed:
-                self._slice_pool[item.name] = item.pool_key
-                self._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
-            change = self._rebuild(list(self._pools))
-            # A relist may drop pools _rebuild never saw: caches must rescan everything.
-            self._journal.clear()
-        return InventoryChange(tuple(sorted(gone | set(change.pools))), change.generation)
+            for obj in objs:
+                item = parse_slice(obj)
+                fresh._slice_pool[item.name] = item.pool_key
+                fresh._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
+                pause_point()
+            for pool_key in list(fresh._pools):
+                fresh._index_pool(pool_key)
+                pause_point()
+        gone = set(self._pools)
+        old: list[Any] = [self._slice_pool, self._pools, self._usable, self._usable_pools, self._field_pools]
+        # The swap: no pause point until it is done.
+        self._slice_pool, self._pools, self._usable = fresh._slice_pool, fresh._pools, fresh._usable
+        self._usable_pools, self._field_pools = fresh._usable_pools, fresh._field_pools
+        self.generation += 1
+        # A relist may drop pools no journal entry names: caches must rescan everything.
+        self._journal.clear()
+        change = InventoryChange(tuple(sorted(gone | set(self._pools))), self.generation)
+        for table in old:  # no one reads them any more: freed in pieces
+            drop(table)
+        return change
 
     # -- queries ----------------------------------------------------------------
 
@@ -142,30 +159,31 @@ class Inventory:
     # -- internals ----------------------------------------------------------------
 
     def _rebuild(self, pool_keys: Iterable[PoolKey]) -> InventoryChange:
-        rebuilt = []
-        for pool_key in dict.fromkeys(pool_keys):
-            pool = self._pools.get(pool_key)
-            if pool is None:
-                continue
-            if pool.usable:
-                for name in pool.known:
-                    self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
-            self._count_fields(self._usable_pools.pop(pool_key, None), -1)
-            if not pool.slices:
-                del self._pools[pool_key]
-                rebuilt.append(pool_key)
-                continue
-            self._refresh_pool(pool)
-            if pool.usable:
-                for device in pool.known.values():
-                    self._usable[device.key] = device
-                index = self._columns.index(tuple(pool.known.values()))
-                self._usable_pools[pool_key] = index
-                self._count_fields(index, 1)
-            rebuilt.append(pool_key)
+        rebuilt = [key for key in dict.fromkeys(pool_keys) if self._index_pool(key)]
         self.generation += 1
         self._journal.append((self.generation, tuple(rebuilt)))
         return InventoryChange(tuple(rebuilt), self.generation)
+
+    def _index_pool(self, pool_key: PoolKey) -> bool:
+        """Bring one pool's usable devices and index up to its slices; False: no such pool."""
+        pool = self._pools.get(pool_key)
+        if pool is None:
+            return False
+        if pool.usable:
+            for name in pool.known:
+                self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
+        self._count_fields(self._usable_pools.pop(pool_key, None), -1)
+        if not pool.slices:
+            del self._pools[pool_key]
+            return True
+        self._refresh_pool(pool)
+        if pool.usable:
+            for device in pool.known.values():
+                self._usable[device.key] = device
+            index = self._columns.index(tuple(pool.known.values()))
+            self._usable_pools[pool_key] = index
+            self._count_fields(index, 1)
+        return True
 
     def _count_fields(self, index: PoolIndex | None, delta: int) -> None:
         if index is None:
@@ -215,7 +233,14 @@ def gc_paused() -> Iterator[None]:
     Each allocation burst otherwise triggers generation scans over everything already
     built: measured, it doubled the load time of a 58,000-device inventory (and half
     the run time of bench/inventory.py's generator, which uses it too).
+
+    Not when the build pauses (`quota.work.pauses`: run in slices on `serve`'s event
+    loop): other work runs between its slices and its garbage must still be collected;
+    there the runner keeps only full collections off (`webhook.rebuilds`).
     """
+    if pauses() is not None:
+        yield
+        return
     was_enabled = gc.isenabled()
     gc.disable()
     try:

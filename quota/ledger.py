@@ -5,21 +5,34 @@ Neighbours: `quota.admission` prices a claim and calls `Ledger.admit`; the contr
 like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
 event loop each mutation is atomic without locks; each returns the quotas it touched.
 Usage is kept incrementally: a claim event adjusts only the quotas of its namespace,
-so recomputing from scratch is never needed after the initial list.
+and a DeviceQuota event whose scope (pricing mode, device classes) did not change
+keeps its quota's usage, so recomputing from scratch is never needed after the list.
+
+A relist of the claims (`ClaimsRebuild`) is built aside and swapped in with one
+synchronous step: `serve` builds it in slices (`webhook.rebuilds`), and a decision
+taken between two slices sees the ledger as it was before the relist, whole. What
+changes the live ledger meanwhile is reconciled at the swap: a claim the list carries
+unchanged (`keep`) takes the live entry (the stored-claim pricing of `webhook.refine`,
+an allocation admitted by the webhook); a quota whose scope changed is counted again
+from the new entries. Everything else the list says wins, as an event-by-event relist
+would have it: the watch resumes from the list's resourceVersion and brings what came
+after.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import NewType
+from typing import NewType, TypeVar
 
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
-from quota.model import ZERO, Charge, Mode, Namespace
+from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
 from quota.pricing import Pricing
+from quota.work import drop, pause_point
 
-__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger"]
+__all__ = ["ClaimRef", "ClaimsRebuild", "QuotaKey", "Entry", "Ledger"]
 
+T = TypeVar("T")
 QuotaKey = tuple[Namespace, str]
 # The key of a claim: its uid when it has one (every claim the API server admits does),
 # else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
@@ -71,17 +84,27 @@ class Ledger:
         self._pod_workload: dict[str, ClaimRef] = {}
         self._workload_pods: dict[ClaimRef, set[str]] = {}
         self._by_owner: dict[str, set[ClaimRef]] = {}
+        # While a `ClaimsRebuild` is built: the claims changed in the live ledger since it began.
+        self._touched: set[ClaimRef] | None = None
 
     # -- quotas -------------------------------------------------------------------
 
     def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
-        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
+        """Every status write is an event too: a quota whose scope is unchanged keeps its
+        usage (counting again walks every claim of its namespace)."""
+        per_ns = self._quotas.setdefault(quota.namespace, {})
+        old = per_ns.get(quota.name)
+        per_ns[quota.name] = quota
         key = (quota.namespace, quota.name)
-        usage = Usage()
-        for entry in self._by_namespace.get(quota.namespace, {}).values():
-            usage = _add(usage, entry, quota, self.default_mode, +1)
-        self._usage[key] = usage
+        if old is None or _scope(old) != _scope(quota) or key not in self._usage:
+            self._usage[key] = self._count(quota, self._by_namespace.get(quota.namespace, {}).values())
         return (key,)
+
+    def _count(self, quota: DeviceQuota, entries: Iterable[Entry]) -> Usage:
+        usage = Usage()
+        for entry in entries:
+            usage = _add(usage, entry, quota, self.default_mode, +1)
+        return usage
 
     def delete_quota(self, namespace: Namespace, name: str) -> tuple[QuotaKey, ...]:
         if self._quotas.get(namespace, {}).pop(name, None) is None:
@@ -168,6 +191,8 @@ class Ledger:
     # -- claims -------------------------------------------------------------------
 
     def add_or_update_claim(self, entry: Entry) -> tuple[QuotaKey, ...]:
+        if self._touched is not None:
+            self._touched.add(entry.ref)
         old = self._entries.get(entry.ref)
         touched = self._apply(old, -1) if old is not None else ()
         self._entries[entry.ref] = entry
@@ -177,6 +202,8 @@ class Ledger:
         return tuple(dict.fromkeys((*touched, *self._apply(entry, +1))))
 
     def delete_claim(self, ref: ClaimRef) -> tuple[QuotaKey, ...]:
+        if self._touched is not None:
+            self._touched.add(ref)
         old = self._entries.pop(ref, None)
         if old is None:
             return ()
@@ -267,6 +294,145 @@ class Ledger:
             self._usage[key] = _add(self._usage.get(key, Usage()), entry, quota, self.default_mode, sign)
             touched.append(key)
         return tuple(touched)
+
+
+class ClaimsRebuild:
+    """A relist of every claim, built aside and swapped into `ledger` by `commit` (module doc).
+
+    Say what the list holds with `keep` (a claim unchanged since the ledger counted it)
+    and `put` (a claim priced again); `commit` builds the rest (pausing at
+    `quota.work.pause_point`) and swaps it in. One at a time per ledger.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        if ledger._touched is not None:
+            raise RuntimeError("a claims rebuild is already under way on this ledger")
+        self._ledger = ledger
+        self._entries: dict[ClaimRef, Entry] = {}
+        self._kept: set[ClaimRef] = set()
+        self._old: list[dict[Namespace, dict[ClaimRef, Entry]] | dict[ClaimRef, Entry] | dict[str, set[ClaimRef]]] = []
+        ledger._touched = set()
+
+    def keep(self, ref: ClaimRef) -> bool:
+        """Carry the claim the live ledger holds over; False when it holds none."""
+        entry = self._ledger.entry(ref)
+        if entry is None:
+            return False
+        self._entries[ref] = entry
+        self._kept.add(ref)
+        return True
+
+    def put(self, entry: Entry) -> None:
+        self._entries[entry.ref] = entry
+        self._kept.discard(entry.ref)
+
+    def holds(self, ref: ClaimRef) -> bool:
+        return ref in self._entries
+
+    def cancel(self) -> None:
+        """Give up without changing the ledger (`commit` is then refused)."""
+        self._ledger._touched = None
+
+    def commit(self) -> list[Entry]:
+        """Swap the new claims in; the entries the list no longer holds (for callbacks)."""
+        ledger = self._ledger
+        if ledger._touched is None:
+            raise RuntimeError("this claims rebuild was cancelled")
+        try:
+            by_namespace, by_owner, usage, counted = self._derive()
+            dropped = [ref for ref in self._walk(list(ledger._entries)) if ref not in self._entries]
+        except BaseException:
+            ledger._touched = None
+            raise
+        # The swap: no pause point from here on.
+        touched, ledger._touched = ledger._touched, None
+        changed = self._reconcile(touched, by_namespace, by_owner)
+        gone = [e for ref in dict.fromkeys((*dropped, *touched))
+                if ref not in self._entries and (e := ledger._entries.get(ref)) is not None]
+        for namespace, quotas in ledger._quotas.items():
+            for name, quota in quotas.items():
+                key = (namespace, name)
+                was = counted.get(key)
+                if was is None or _scope(was) != _scope(quota):
+                    usage[key] = ledger._count(quota, by_namespace.get(namespace, {}).values())
+                    continue
+                for old, new in changed.get(namespace, ()):
+                    if old is not None:
+                        usage[key] = _add(usage[key], old, quota, ledger.default_mode, -1)
+                    if new is not None:
+                        usage[key] = _add(usage[key], new, quota, ledger.default_mode, +1)
+        for namespace in {*ledger._by_namespace, *by_namespace}:
+            ledger._namespace_generation[namespace] = ledger._namespace_generation.get(namespace, 0) + 1
+        self._old = [ledger._entries, ledger._by_namespace, ledger._by_owner]
+        ledger._entries, ledger._by_namespace, ledger._by_owner = self._entries, by_namespace, by_owner
+        ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
+        return gone
+
+    def release(self) -> None:
+        """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`)."""
+        for table in self._old:
+            drop(table)
+        self._old = []
+
+    def _derive(self) -> tuple[dict[Namespace, dict[ClaimRef, Entry]], dict[str, set[ClaimRef]],
+                               dict[QuotaKey, Usage], dict[QuotaKey, DeviceQuota]]:
+        """The indexes and every quota's usage of the new entries, in pauses: the quotas
+        each was counted against are returned, to count again any that changed meanwhile."""
+        ledger = self._ledger
+        by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
+        by_owner: dict[str, set[ClaimRef]] = {}
+        for entry in self._walk(self._entries.values()):
+            by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
+            if entry.owner:
+                by_owner.setdefault(entry.owner, set()).add(entry.ref)
+        usage: dict[QuotaKey, Usage] = {}
+        counted: dict[QuotaKey, DeviceQuota] = {}
+        for namespace, entries in by_namespace.items():
+            for quota in list(ledger._quotas.get(namespace, {}).values()):
+                key = (namespace, quota.name)
+                counted[key] = quota
+                total = Usage()
+                for entry in self._walk(entries.values()):
+                    total = _add(total, entry, quota, ledger.default_mode, +1)
+                usage[key] = total
+        return by_namespace, by_owner, usage, counted
+
+    @staticmethod
+    def _walk(items: Iterable[T]) -> Iterator[T]:
+        """`items` with a pause point between two (only over what no one else mutates)."""
+        for item in items:
+            yield item
+            pause_point()
+
+    def _reconcile(self, touched: set[ClaimRef], by_namespace: dict[Namespace, dict[ClaimRef, Entry]],
+                   by_owner: dict[str, set[ClaimRef]]) -> dict[Namespace, list[tuple[Entry | None, Entry | None]]]:
+        """Kept claims the live ledger changed while this was built take the live entry;
+        the (old, new) pairs changed, by namespace, for the usage."""
+        changed: dict[Namespace, list[tuple[Entry | None, Entry | None]]] = {}
+        for ref in touched & self._kept:
+            old, new = self._entries.get(ref), self._ledger._entries.get(ref)
+            if old is new:
+                continue
+            if old is not None:
+                del self._entries[ref]
+                by_namespace[old.namespace].pop(ref, None)
+                if old.owner and (owned := by_owner.get(old.owner)) is not None:
+                    owned.discard(ref)
+                    if not owned:
+                        del by_owner[old.owner]
+                changed.setdefault(old.namespace, []).append((old, None))
+            if new is not None:
+                self._entries[ref] = new
+                by_namespace.setdefault(new.namespace, {})[ref] = new
+                if new.owner:
+                    by_owner.setdefault(new.owner, set()).add(ref)
+                changed.setdefault(new.namespace, []).append((None, new))
+        return changed
+
+
+def _scope(quota: DeviceQuota) -> tuple[Mode | None, frozenset[DeviceClassName]]:
+    """What a quota's usage depends on (`_add`): its pricing mode and device classes."""
+    return quota.mode, quota.device_classes
 
 
 def _add(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:

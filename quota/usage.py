@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 from quota.claims import AllocatedDevice, Claim
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import ZERO, Charge, Device, DeviceClassName, DeviceKey, Namespace
 from quota.pricing import PricedRequest, Pricing
 from quota.quantity import ceil_int
+from quota.work import pause_point
 
 __all__ = [
     "DeviceLabels",
@@ -85,13 +86,24 @@ class Holders:
 
     def update(self, ref: ClaimRef, claim: Claim, status: Any) -> None:
         """Record `claim` as its cache holds it now (`status`: its raw status); unallocated drops it."""
-        if claim.allocation is None:
+        held = self.of(claim, status)
+        if held is None:
             self.drop(ref)
-            return
-        held = Held(claim.namespace, claim.name, consumers(status), claim.allocation)
-        if self._held.get(ref) != held:
+        elif self._held.get(ref) != held:
             self._held[ref] = held
             self.version += 1
+
+    @staticmethod
+    def of(claim: Claim, status: Any) -> Held | None:
+        """What `update` records for `claim` (None: not allocated, nothing held)."""
+        if claim.allocation is None:
+            return None
+        return Held(claim.namespace, claim.name, consumers(status), claim.allocation)
+
+    def replace(self, held: dict[ClaimRef, Held]) -> None:
+        """After a relist: exactly `held` (built aside: `webhook.caches.ClaimStore.replace`)."""
+        self._held = held
+        self.version += 1
 
     def drop(self, ref: ClaimRef) -> None:
         if self._held.pop(ref, None) is not None:
@@ -155,8 +167,8 @@ def held_keys(held: Held) -> tuple[DeviceKey, ...]:
 # -- per namespace and class ----------------------------------------------------------------
 
 
-def namespace_usage(ledger: Ledger, namespace: Namespace) -> dict[tuple[DeviceClassName, State], Charge]:
-    """Every claim of `namespace` the ledger holds, by device class and state.
+def namespace_usage(ledger: Ledger, entries: Iterable[Entry]) -> dict[tuple[DeviceClassName, State], Charge]:
+    """`entries` (every claim of a namespace the ledger holds), by device class and state.
 
     `allocated`: the exact charge of allocated claims; `reserved`: the estimate of admitted
     claims not allocated yet (the default pricing mode's, the `draquota.io/charge` one). A
@@ -166,7 +178,8 @@ def namespace_usage(ledger: Ledger, namespace: Namespace) -> dict[tuple[DeviceCl
     """
     out: dict[tuple[DeviceClassName, State], Charge] = {}
     mode = ledger.default_mode
-    for entry in ledger.entries_in(namespace):
+    for entry in entries:
+        pause_point()
         pricing: Pricing = entry.pricing.get(mode) or next(iter(entry.pricing.values()))
         state: State = "allocated" if entry.allocated else "reserved"
         for request in pricing.requests:
@@ -206,7 +219,8 @@ class ModelIndex:
     def of(cls, inventory: Inventory) -> ModelIndex:
         counts: dict[ModelKey, list[int]] = {}
         model_of: dict[DeviceKey, ModelKey] = {}
-        for key, device in inventory.usable().items():
+        for key, device in list(inventory.usable().items()):  # slice events land during the pauses
+            pause_point()
             labels = device_labels(device)
             model = model_of[key] = (device.driver, labels.model, labels.profile)
             totals = counts.setdefault(model, [0, 0])

@@ -12,6 +12,14 @@ connection error or a silent connection is reopened from there after a capped, j
 exponential backoff; a 410 Gone (as an HTTP status or as an ERROR event) means the server
 no longer has events that old, so the only way back is a fresh list, which replaces the
 store. `synced` is set after the first complete list, never before.
+
+A list goes through `Reflector.rebuild`, which fetches it and hands it to the store's
+`replace`: at once by default; `serve` keeps full garbage collections off while the
+list arrives and runs `replace` in slices of the event loop (`webhook.rebuilds`), so a
+relist of 150,000 claims never holds the loop for long. The reflector awaits it before
+it watches again, so no event of its kind reaches the store while the store applies a
+list: each store builds the new state aside and swaps it in in one step
+(`quota.inventory`, `quota.ledger`).
 """
 
 from __future__ import annotations
@@ -21,18 +29,19 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 import aiohttp
 
-from quota.kubeapi import ApiError, KubeApi, Obj, Resource
+from quota.kubeapi import ApiError, KubeApi, Listing, Obj, Resource
 
 __all__ = [
     "LAST_APPLIED",
     "Backoff",
     "Progress",
+    "Rebuild",
     "Reflector",
     "ReflectorStats",
     "Store",
@@ -47,6 +56,12 @@ logger = logging.getLogger(__name__)
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _SHORT_WATCH = 1.0  # seconds; client-go reflector.go: "watch lasted less than a second"
 Trim = Callable[[Obj], Obj]
+# Fetches a list and hands it to a store's `replace` (module doc).
+Rebuild = Callable[[Callable[[], Awaitable[list[Obj]]], Callable[[list[Obj]], None]], Awaitable[None]]
+
+
+async def _at_once(fetch: Callable[[], Awaitable[list[Obj]]], replace: Callable[[list[Obj]], None]) -> None:
+    replace(await fetch())
 
 
 class Store(Protocol):
@@ -203,6 +218,8 @@ class Reflector:
     synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     # Told each resourceVersion the store reflects (`Progress`); None: nobody asks.
     progress: Progress | None = None
+    # How the store takes a list (module doc).
+    rebuild: Rebuild = _at_once
     # The resourceVersion the next watch starts from: the list's, then each event's.
     resource_version: str | None = field(default=None, init=False)
     stats: ReflectorStats = field(default_factory=ReflectorStats, init=False)
@@ -239,15 +256,21 @@ class Reflector:
             await asyncio.sleep(delay)
 
     async def _list(self) -> None:
-        listing = await self.api.list(
-            self.resource,
-            namespace=self.namespace,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
-            limit=self.settings.page_size,
-            transform=self.trim,
-        )
-        self.store.replace(listing.items)
+        listed: list[Listing] = []
+
+        async def fetch() -> list[Obj]:
+            listed.append(await self.api.list(
+                self.resource,
+                namespace=self.namespace,
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                limit=self.settings.page_size,
+                transform=self.trim,
+            ))
+            return listed[0].items
+
+        await self.rebuild(fetch, self.store.replace)
+        listing = listed[0]
         self.resource_version = listing.resource_version
         if self.progress is not None:
             self.progress.advance(self.resource_version)

@@ -139,3 +139,43 @@ def test_a_device_name_published_twice_in_one_pool_generation_makes_the_pool_unu
     assert found is not None and found.memory == 80 * GiB, "allocated claims still find the first one"
     inv.add_or_update_slice(make_slice("b", [make_device("gpu-1")], count=2))
     assert sorted(k.device for k in inv.usable()) == ["gpu-0", "gpu-1"]
+
+
+def test_a_relist_in_pauses_is_built_aside_and_swapped_in_whole() -> None:
+    """`serve` runs `replace_all` in slices (`webhook.rebuilds`): a reader between two of
+    them sees the old inventory whole, then the new one equal to a list taken at once."""
+    from quota.work import pausing
+
+    old = [make_slice(f"o{i}", [make_device("gpu-0"), make_device("gpu-1")], node=f"old-{i}") for i in range(3)]
+    new = [make_slice(f"n{i}", [make_device("gpu-0")], node=f"new-{i}") for i in range(4)]
+    inv = Inventory()
+    inv.replace_all(old)
+    seen = []
+
+    def reader() -> None:
+        seen.append((inv.generation, sorted(k.pool for k in inv.usable())))
+
+    with pausing(reader):
+        change = inv.replace_all(new)
+    whole_old = (seen[0][0], sorted(f"old-{i}" for i in range(3) for _ in range(2)))
+    whole_new = (inv.generation, sorted(f"new-{i}" for i in range(4)))
+    # Old while it is built (a pause a slice and a pool at least), new while the old is freed.
+    building = seen.index(whole_new) if whole_new in seen else len(seen)
+    assert building >= 2 * len(new)
+    assert seen == [whole_old] * building + [whole_new] * (len(seen) - building)
+    at_once = Inventory()
+    at_once.replace_all(new)
+    assert {k: repr(d) for k, d in inv.usable().items()} == {k: repr(d) for k, d in at_once.usable().items()}
+    assert set(change.pools) == {("gpu.example.com", f"{p}-{i}") for p, n in (("old", 3), ("new", 4)) for i in range(n)}
+    assert change.generation == inv.generation > whole_old[0]
+
+
+def test_a_malformed_slice_in_a_relist_changes_nothing() -> None:
+    inv = Inventory()
+    inv.replace_all([make_slice("o", [make_device("gpu-0")], node="old")])
+    before = dict(inv.usable())
+    bad = make_slice("bad", [make_device("gpu-0")], node="new")
+    bad["spec"]["devices"] = "not a list"
+    with pytest.raises(SliceError):
+        inv.replace_all([make_slice("n", [make_device("gpu-0")], node="new"), bad])
+    assert inv.usable() == before

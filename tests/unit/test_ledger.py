@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import parse_device_quota
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import ClaimRef, ClaimsRebuild, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import PricedRequest, Pricing
+from quota.work import pausing
 
 from .builders import GiB, make_quota
 
@@ -166,3 +167,133 @@ def test_allocate_dry_run_changes_nothing() -> None:
     assert led.admit(entry(UID_A, 40 * GiB)).allowed
     assert led.allocate(entry(UID_A, 30 * GiB, allocated=True), enforce=True, dry_run=True).allowed
     assert led.usage(NS, "q").reserved == Charge(40 * GiB, 1)
+
+
+# -- a relist built aside (ClaimsRebuild) ------------------------------------------------------------
+
+REFS = [f"c{i}" for i in range(6)]
+_memory = st.integers(1, 4).map(lambda n: n * 10 * GiB)
+_live_op = st.one_of(
+    st.tuples(st.just("upsert"), st.sampled_from(REFS), _memory, st.booleans(), st.sampled_from([GPU, MIG])),
+    st.tuples(st.just("delete"), st.sampled_from(REFS)),
+    st.tuples(st.just("scope"), st.sampled_from([None, ["mig"], ["gpu"]])),
+)
+
+
+def _apply_live(led: Ledger, shadow: dict[ClaimRef, Entry], op: tuple[Any, ...]) -> None:
+    """`op` on the live ledger, and on `shadow` (what the live ledger's claims should be)."""
+    if op[0] == "upsert":
+        e = entry(op[1], op[2], allocated=op[3], cls=op[4])
+        led.add_or_update_claim(e)
+        shadow[e.ref] = e
+    elif op[0] == "delete":
+        led.delete_claim(ClaimRef(op[1]))
+        shadow.pop(ClaimRef(op[1]), None)
+    else:
+        led.add_or_update_quota(parse_device_quota(make_quota("scoped", memory="1Ti", classes=op[1])))
+
+
+def _assert_counted(led: Ledger) -> None:
+    """Every quota's usage is what counting the same claims from scratch gives."""
+    fresh = Ledger()
+    for quota in led.quotas():
+        fresh.add_or_update_quota(quota)
+    for e in led.entries():
+        fresh.add_or_update_claim(e)
+    for q in led.quotas():
+        assert led.usage(q.namespace, q.name) == fresh.usage(q.namespace, q.name), q.name
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    initial=st.dictionaries(st.sampled_from(REFS), st.tuples(_memory, st.booleans())),
+    listed=st.lists(st.tuples(st.sampled_from(REFS),
+                              st.one_of(st.just("keep"), st.tuples(_memory, st.booleans(), st.sampled_from([GPU, MIG])))),
+                    unique_by=lambda t: t[0]),
+    live=st.lists(st.tuples(st.integers(0, 40), _live_op), max_size=8),
+)
+def test_a_claims_rebuild_is_what_the_list_says_with_live_changes_to_kept_claims(
+        initial: dict[str, tuple[int, bool]], listed: list[tuple[str, Any]],
+        live: list[tuple[int, tuple[Any, ...]]]) -> None:
+    """Live changes land between any two steps of the build (as the refiner and the webhook
+    change the ledger between the slices of a relist): after the swap, a kept claim is as
+    the live ledger holds it, a claim the list priced is the list's, any other is gone, and
+    every quota's usage is what counting from scratch gives."""
+    led = ledger(make_quota("all", memory="1Ti"), make_quota("scoped", memory="1Ti", classes=["mig"]))
+    for ref, (memory, allocated) in initial.items():
+        led.add_or_update_claim(entry(ref, memory, allocated=allocated))
+    shadow = {e.ref: e for e in led.entries()}
+    pending = sorted(live, key=lambda t: t[0])
+    steps = 0
+
+    def step() -> None:  # a pause of the build: the live ops due now
+        nonlocal steps
+        steps += 1
+        while pending and pending[0][0] <= steps:
+            _apply_live(led, shadow, pending.pop(0)[1])
+
+    rebuild = ClaimsRebuild(led)
+    kept, expected = set(), {}
+    for ref, what in listed:
+        step()
+        if what == "keep":
+            assert rebuild.keep(ClaimRef(ref)) == (ClaimRef(ref) in shadow)
+            if ClaimRef(ref) in shadow:
+                kept.add(ClaimRef(ref))
+        else:
+            expected[ClaimRef(ref)] = entry(ref, what[0], allocated=what[1], cls=what[2])
+            rebuild.put(expected[ClaimRef(ref)])
+        # Between two steps the live ledger is whole and nothing of the list shows.
+        assert {e.ref: e for e in led.entries()} == shadow
+        _assert_counted(led)
+    with pausing(step):
+        gone = rebuild.commit()
+    rebuild.release()
+    expected |= {ref: shadow[ref] for ref in kept if ref in shadow}
+    assert {e.ref: e for e in led.entries()} == expected
+    # Told as deleted: what the live ledger held at the swap and the list does not.
+    assert {e.ref: e for e in gone} == {ref: e for ref, e in shadow.items() if ref not in expected}
+    _assert_counted(led)
+    for _, op in pending:  # after the swap, events apply as ever
+        _apply_live(led, shadow, op)
+    _assert_counted(led)
+
+
+def test_a_cancelled_claims_rebuild_leaves_the_ledger_alone_and_a_second_one_waits() -> None:
+    led = ledger(make_quota("q", memory="1Ti"))
+    led.add_or_update_claim(entry("a", 10 * GiB))
+    rebuild = ClaimsRebuild(led)
+    with pytest.raises(RuntimeError, match="already under way"):
+        ClaimsRebuild(led)
+    rebuild.put(entry("b", 20 * GiB))
+    rebuild.cancel()
+    with pytest.raises(RuntimeError, match="cancelled"):
+        rebuild.commit()
+    assert [e.ref for e in led.entries()] == [ClaimRef("a")]
+    assert led.usage(NS, "q").reserved == Charge(10 * GiB, 1)
+    ClaimsRebuild(led).commit()  # the next one may start
+    assert list(led.entries()) == []
+    assert led.usage(NS, "q").reserved == Charge()
+
+
+def test_a_quota_update_that_keeps_its_scope_keeps_its_usage_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every status write comes back as a DeviceQuota event: counting its namespace's claims
+    again for each is what held the loop at 150,000 claims (bench/stalls.py)."""
+    import quota.ledger
+
+    led = ledger(make_quota("q", memory="1Ti"))
+    for i in range(5):
+        led.add_or_update_claim(entry(f"c{i}", 10 * GiB))
+    walked: list[Any] = []
+    real = quota.ledger._add
+
+    def counting(*args: Any) -> Any:
+        walked.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(quota.ledger, "_add", counting)
+    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="2Ti")))
+    assert walked == []
+    assert led.usage(NS, "q").reserved == Charge(50 * GiB, 5)
+    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="2Ti", classes=["mig"])))
+    assert len(walked) == 5 and led.usage(NS, "q").reserved == Charge()

@@ -107,7 +107,7 @@ def test_namespace_usage_by_class_and_state() -> None:
     admitter.reserve_existing(parse_claim(make_claim("c4", first_available("r", ("small", exactly("mig")),
                                                                            ("big", exactly("gpu"))))))
     admitter.reserve_existing(parse_claim(make_claim("other", request("gpu", exactly("gpu")), namespace="team-b")))
-    assert namespace_usage(admitter.ledger, NS) == {
+    assert namespace_usage(admitter.ledger, admitter.ledger.entries_in(NS)) == {
         ("gpu", "allocated"): Charge(80 * GiB, 1),
         ("mig", "allocated"): Charge(10 * GiB, 1),
         ("gpu", "reserved"): Charge(2 * 80 * GiB, 2) + Charge(80 * GiB, 1),
