@@ -25,6 +25,7 @@ background.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
@@ -32,13 +33,14 @@ from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef, ClaimsRebuild, Entry
 from quota.raw import as_map, dig
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.slices import SliceError, parse_slice
 from quota.watching import Store
-from quota.usage import Holders
+from quota.usage import Held, Holders
+from quota.work import pause_point
 from webhook.annotator import Annotator
 from webhook.guard import guarded
 
@@ -203,36 +205,100 @@ class ClaimStore:
         self._recorded: set[ClaimRef] = set()
 
     def replace(self, objects: list[Obj]) -> None:
-        # A claim missing from a fresh list was deleted while the watch was down. A
-        # reservation made by an admission whose claim is not persisted yet is dropped
-        # too: its ADDED event follows the list (the watch resumes from the list's
-        # resourceVersion) and reserves it again. A claim the ledger holds at the
-        # resourceVersion it was accounted at is the same object: it is not read again.
-        present: set[ClaimRef] = set()
-        parsed: list[tuple[Claim, Obj]] = []
-        for obj in objects:
-            meta = obj.get("metadata") or {}
-            ref = _ref(str(meta.get("uid") or ""), meta)
-            version = meta.get("resourceVersion")
-            if version and self._versions.get(ref) == version and self.ledger.entry(ref) is not None:
-                present.add(ref)
-                continue
-            claim = parse_or_skip("ResourceClaim", obj, parse_claim)
-            if claim is not None:
-                parsed.append((claim, obj))
-                present.add(claim_ref(claim))
-        self._versions = {ref: v for ref, v in self._versions.items() if ref in present}
-        self._recorded &= present
+        """A relist: built aside and swapped in with the ledger in one step (module doc).
+
+        A claim missing from a fresh list was deleted while the watch was down. A
+        reservation made by an admission whose claim is not persisted yet is dropped
+        too: its ADDED event follows the list (the watch resumes from the list's
+        resourceVersion) and reserves it again. A claim the ledger holds at the
+        resourceVersion it was accounted at is the same object: it is not read again.
+        """
+        relist = _Relist(ClaimsRebuild(self.ledger))
+        try:
+            for obj in objects:
+                self._stage(obj, relist)
+                pause_point()
+        except BaseException:
+            relist.rebuild.cancel()
+            raise
+        gone = relist.rebuild.commit()
+        # With the ledger, in the same step: the watermark reads these (`version`).
+        self._versions, self._recorded = relist.versions, relist.recorded
         if self.holders is not None:
-            self.holders.keep_only(present)
-        for entry in [e for e in self.ledger.entries() if e.ref not in present]:
-            self.ledger.delete_claim(entry.ref)
+            self.holders.replace(relist.held)
+        # Told after the swap (in pauses: the reflector applies no event until they are done).
+        for entry in gone:
             if self.deleted is not None:
                 self.deleted(entry.ref, None)
-            if self.freed is not None:
-                self.freed(entry.namespace)
-        for claim, obj in parsed:
-            self._account(claim, obj)
+            pause_point()
+        if self.freed is not None:
+            for namespace in dict.fromkeys(e.namespace for e in gone):
+                self.freed(namespace)
+        for claim, obj, bound in relist.told:
+            self._tell(claim, obj, bound)
+            pause_point()
+        relist.rebuild.release()
+
+    def _stage(self, obj: Obj, relist: _Relist) -> None:
+        meta = obj.get("metadata") or {}
+        ref = _ref(str(meta.get("uid") or ""), meta)
+        version = meta.get("resourceVersion")
+        if version and self._versions.get(ref) == version and self._carry(ref, relist):
+            return
+        claim = parse_or_skip("ResourceClaim", obj, parse_claim)
+        if claim is not None and guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
+                                         lambda: self._stage_one(claim, obj, relist)) is None:
+            self._carry(claim_ref(claim), relist)  # what the ledger held stays, as after a failed event
+
+    def _carry(self, ref: ClaimRef, relist: _Relist) -> bool:
+        """The claim as the ledger counts it now, carried into the relist; False: not counted."""
+        if not relist.rebuild.keep(ref):
+            return False
+        if (version := self._versions.get(ref)) is not None:
+            relist.versions[ref] = version
+        if ref in self._recorded:
+            relist.recorded.add(ref)
+        if self.holders is not None and (held := self.holders.mapping().get(ref)) is not None:
+            relist.held[ref] = held
+        return True
+
+    def _stage_one(self, claim: Claim, obj: Obj, relist: _Relist) -> bool:
+        """`_account_one` into the rebuild: the same entry, the ledger left alone."""
+        ref = claim_ref(claim)
+        entry, bound = self._entry(claim)
+        if entry is None:
+            relist.rebuild.keep(ref)
+        else:
+            relist.rebuild.put(entry)
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if isinstance(version, str) and version:
+            relist.versions[ref] = version
+        if claim.recorded_charge is not None:
+            relist.recorded.add(ref)
+        if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
+            relist.held[ref] = held
+        relist.told.append((claim, obj, entry if bound else None))
+        return True
+
+    def _entry(self, claim: Claim) -> tuple[Entry | None, bool]:
+        """What the ledger should count for `claim` (None: the entry it holds), and
+        whether that is its upper bound, to be priced after ready (module doc)."""
+        if claim.allocation is not None:
+            return self.admitter.allocated_entry(claim), False
+        if (held := self.ledger.entry(claim_ref(claim))) is not None and not held.allocated:
+            return None, False  # reserved at admission in this ledger (`dra-quota check`): the claim confirms it
+        if self.provisional is None or self.admitter.priced_before(claim):
+            # Never admitted by this process (it started later), or deallocated: priced at
+            # once when that is a cache lookup (claims stamped from a known template, one
+            # this replica priced at admission)...
+            return self.admitter.existing_entry(claim), False
+        return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
+
+    def _tell(self, claim: Claim, obj: Obj, bound: Entry | None) -> None:
+        if bound is not None and self.provisional is not None:
+            self.provisional(claim, bound)
+        if self.recorder is not None:
+            self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
 
     def upsert(self, obj: Obj) -> None:
         claim = parse_or_skip("ResourceClaim", obj, parse_claim)
@@ -280,23 +346,11 @@ class ClaimStore:
             self._recorded.discard(claim_ref(claim))
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
-        if claim.allocation is not None:
-            self.admitter.account_allocated(claim)
-        elif (held := self.ledger.entry(claim_ref(claim))) is not None and not held.allocated:
-            pass  # reserved at admission in this ledger (`dra-quota check`): the claim confirms it
-        elif self.provisional is None or self.admitter.priced_before(claim):
-            # Never admitted by this process (it started later), or deallocated: priced at
-            # once when that is a cache lookup (claims stamped from a known template, one
-            # this replica priced at admission)...
-            self.admitter.reserve_existing(claim)
-        else:
-            # ... else at its bound until priced after ready.
-            bound = self.admitter.bound_entry(claim)
-            self.ledger.add_or_update_claim(bound)
-            self.provisional(claim, bound)
-        if self.recorder is not None:
-            # After the ledger counted it (the annotator reads what is due from it).
-            self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
+        entry, bound = self._entry(claim)
+        if entry is not None:
+            self.ledger.add_or_update_claim(entry)
+        # After the ledger counted it (the annotator reads what is due from it).
+        self._tell(claim, obj, entry if bound else None)
 
 
 class Notifying:
@@ -323,6 +377,18 @@ class Notifying:
     def delete(self, obj: Obj) -> None:
         self.store.delete(obj)
         self.changed(self.namespace_of(obj))
+
+
+@dataclass(slots=True)
+class _Relist:
+    """What `ClaimStore.replace` builds aside before the swap."""
+
+    rebuild: ClaimsRebuild
+    versions: dict[ClaimRef, str] = field(default_factory=dict)
+    recorded: set[ClaimRef] = field(default_factory=set)
+    held: dict[ClaimRef, Held] = field(default_factory=dict)
+    # Each claim read again, with its bound when it counts at one: told after the swap.
+    told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:

@@ -20,6 +20,10 @@ by the listener's request timeout) instead of flooding the API server.
 
 `--no-metrics-secure` serves plain HTTP with no authentication, on a loopback address only
 (for a sidecar such as kube-rbac-proxy that does the above itself).
+
+Each scrape is rendered through `render` (`serve`: in slices, `webhook.rebuilds`: the
+first scrape of a large cluster is seconds of work), one at a time: scrapes that
+arrive meanwhile wait for it (the usage metrics' caches are built by one at a time).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import logging
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,6 +62,7 @@ MAX_ASKING = 8
 # Prometheus keeps one connection per target (two in an HA pair): the metrics listener
 # needs far fewer than the webhook's.
 METRICS_MAX_CONNECTIONS = 64
+_WRITE_CHUNK = 256 * 1024  # bytes of a scrape's body written at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +134,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _app(metrics: Metrics, access: TokenAccess | None, connections: Connections | None) -> web.Application:
-    async def scrape(request: web.Request) -> web.Response:
+Render = Callable[[Callable[[], bytes]], Awaitable[bytes]]
+
+
+async def _at_once(exposition: Callable[[], bytes]) -> bytes:
+    return exposition()
+
+
+def _app(metrics: Metrics, access: TokenAccess | None, connections: Connections | None,
+         render: Render) -> web.Application:
+    one_at_a_time = asyncio.Lock()
+
+    async def scrape(request: web.Request) -> web.StreamResponse:
         if access is not None:
             answer = await access.check(request.headers.get("Authorization"))
             if answer.status != 200:
@@ -138,7 +153,17 @@ def _app(metrics: Metrics, access: TokenAccess | None, connections: Connections 
                 return web.Response(status=answer.status, text=answer.message, headers=headers)
         if connections is not None:
             connections.deciding(request)
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        async with one_at_a_time:
+            body = await render(metrics.exposition)
+        # Written a piece at a time: 10 MB handed to the socket at once is copied in one go.
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        response.content_length = len(body)
+        await response.prepare(request)
+        view = memoryview(body)
+        for start in range(0, len(body), _WRITE_CHUNK):
+            await response.write(view[start:start + _WRITE_CHUNK])
+        await response.write_eof()
+        return response
 
     app = web.Application(middlewares=[track(connections)] if connections is not None else [])
     app.router.add_get(PATH, scrape)
@@ -152,18 +177,19 @@ def metrics_limits(limits: Limits) -> Limits:
 
 
 async def serve_metrics(metrics: Metrics, *, host: str, port: int, context: ssl.SSLContext | None,
-                        access: TokenAccess | None, connections: Connections | None = None) -> tuple[web.AppRunner, int]:
+                        access: TokenAccess | None, connections: Connections | None = None,
+                        render: Render = _at_once) -> tuple[web.AppRunner, int]:
     """`GET /metrics` at host:port: over HTTPS with `context`, bounded by `connections`
     (default: `metrics_limits()` of the defaults), checked by `access`; or, without
-    `context`, plain HTTP (loopback only: ValueError otherwise). The runner (the caller
-    cleans it up) and the port."""
+    `context`, plain HTTP (loopback only: ValueError otherwise); each scrape rendered
+    through `render` (module doc). The runner (the caller cleans it up) and the port."""
     if context is None:
         if not is_loopback(host):
             raise ValueError(f"plain-HTTP metrics are served on a loopback address only, not {host}")
         connections = None
     elif connections is None:
         connections = Connections(metrics_limits(Limits()))
-    runner = web.AppRunner(_app(metrics, access, connections), access_log=None, handle_signals=False, logger=HTTP_LOG)
+    runner = web.AppRunner(_app(metrics, access, connections, render), access_log=None, handle_signals=False, logger=HTTP_LOG)
     await runner.setup()
     try:
         site: web.BaseSite

@@ -20,6 +20,7 @@ of budget keeps its bound (`Admitter.existing_entry`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +28,7 @@ from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
 from quota.ledger import ClaimRef, Entry
 from webhook.guard import guarded
+from webhook.rebuilds import Rebuilds
 from webhook.slicing import Busy, Slicer
 
 __all__ = ["Refiner"]
@@ -34,13 +36,16 @@ __all__ = ["Refiner"]
 log = logging.getLogger(__name__)
 
 _BUSY_BACKOFF = 1.0  # seconds before retrying when the slow lane is full
+FREEZE_AFTER = 1000  # claims waiting at once: their pricing is a rebuild (`Refiner.run`)
 
 
 class Refiner:
-    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[str], None]) -> None:
+    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[str], None],
+                 rebuilds: Rebuilds | None = None) -> None:
         self.admitter = admitter
         self.slicer = slicer
         self.changed = changed
+        self.rebuilds = rebuilds
         self._queue: dict[ClaimRef, tuple[Claim, Entry]] = {}  # insertion-ordered: oldest first
         self._wake = asyncio.Event()
         self.refined = 0  # claims priced and replaced (tests and the bench read it)
@@ -58,16 +63,28 @@ class Refiner:
     # -- the background pricing -------------------------------------------------------------
 
     async def run(self, ready: Callable[[], Awaitable[object]]) -> None:
-        """Until cancelled: once `ready()` returns (`serve` announced ready), price what waits."""
+        """Until cancelled: once `ready()` returns (`serve` announced ready), price what waits.
+
+        A drain of many claims (the stored claims a fresh replica found: 125,000 in
+        bench/stalls.py) is a rebuild of the ledger: full collections stay off while it
+        runs and what it built is frozen after (`webhook.rebuilds`); a few at a time (a
+        deallocated claim) are not.
+        """
         await ready()
         while True:
-            # A claim whose pricing ends in its first slice awaits nothing: give the
-            # loop a turn between claims, or a thousand of them would be one stall.
-            await asyncio.sleep(0)
             if not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            big = self.rebuilds is not None and len(self._queue) >= FREEZE_AFTER
+            with self.rebuilds.rebuilding() if self.rebuilds is not None and big else contextlib.nullcontext():
+                await self._drain()
+
+    async def _drain(self) -> None:
+        while self._queue:
+            # A claim whose pricing ends in its first slice awaits nothing: give the
+            # loop a turn between claims, or a thousand of them would be one stall.
+            await asyncio.sleep(0)
             ref = next(iter(self._queue))
             claim, bound = self._queue.pop(ref)
             if self.admitter.ledger.entry(ref) is not bound:

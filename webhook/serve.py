@@ -38,7 +38,6 @@ Limitations of this version:
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import signal
@@ -66,7 +65,7 @@ from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
-from quota.watching import Progress, Reflector, Store, trim_claim, trim_object
+from quota.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
@@ -86,6 +85,7 @@ from webhook.annotator import Annotator
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics
 from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
+from webhook.rebuilds import Rebuilds, collect_young
 from webhook.refine import Refiner
 from webhook.requeue import Requeuer
 from webhook.slicing import Slicer
@@ -109,6 +109,9 @@ CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
 NAMESPACES = Resource("v1", "namespaces")
 QUOTAS = Resource("draquota.io/v1alpha1", "devicequotas")
 CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
+# ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
+# slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
+SLICE_PAGE = 25
 
 
 class ServeError(Exception):
@@ -265,8 +268,10 @@ class Caches:
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
         # One slow lane for every review and Workload decision (`webhook.slicing`).
         self.slicer = Slicer()
+        # Lists and scrapes in slices, the collector kept off what they build (`webhook.rebuilds`).
+        self.rebuilds = Rebuilds()
         # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
-        self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell)
+        self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
@@ -285,15 +290,17 @@ class Caches:
         # the quota controller listens here (webhook.controller).
         self.changed: list[Callable[[str | None], None]] = []
 
-        def reflector(resource: Resource, store: Store, *, claims: bool = False) -> Reflector:
+        def reflector(resource: Resource, store: Store, *, claims: bool = False,
+                      settings: WatchSettings = WatchSettings()) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object,
-                             progress=progress if claims else None)
+                             progress=progress if claims else None, settings=settings,
+                             rebuild=self.rebuilds.relist)
 
         def notifying(store: Store, **kwargs: Callable[[Mapping[str, Any]], str]) -> Notifying:
             return Notifying(store, self._tell, **kwargs)
 
         self.first = [
-            reflector(SLICES, SliceStore(self.inventory)),
+            reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, notifying(NamespaceStore(self.namespaces), namespace_of=namespace_name)),
             reflector(QUOTAS, notifying(QuotaStore(self.admitter, observe=self.reservations.observe,
@@ -311,8 +318,11 @@ class Caches:
                 reflector(TEMPLATES, TemplateStore(self.kueue)),
                 reflector(ADMISSION_CHECKS, CheckStore(self.kueue)),
                 reflector(WORKLOADS, WorkloadStore(self.kueue)),
-                Reflector(api, PODS, PodStore(self.kueue), label_selector=WORKLOAD_LABEL),
+                Reflector(api, PODS, PodStore(self.kueue), label_selector=WORKLOAD_LABEL,
+                          rebuild=self.rebuilds.relist),
             ]
+        for r in also:
+            r.rebuild = self.rebuilds.relist
 
     def _tell(self, namespace: str | None) -> None:
         for listener in self.changed:
@@ -328,6 +338,9 @@ class Caches:
 
     async def run(self) -> None:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
+        # The CEL parser is imported at the first selector compiled (`quota.cel.selector`,
+        # for the CLI's start-up): ~0.3 s in one piece, here rather than in a review.
+        import quota.cel.syntax  # noqa: F401
         async with asyncio.TaskGroup() as group:
             group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
             for r in self.first:
@@ -407,6 +420,7 @@ async def serve(options: ServeOptions) -> int:
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
         asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
+        asyncio.create_task(collect_young(), name="young collections"),
     ]
     metrics_runner: web.AppRunner | None = None
     failed: list[str] = []
@@ -423,7 +437,7 @@ async def serve(options: ServeOptions) -> int:
         task.add_done_callback(fatal)
     try:
         if options.metrics_port:
-            metrics_runner = await _serve_metrics(options, metrics, api, tls, metrics_connections)
+            metrics_runner = await _serve_metrics(options, metrics, api, tls, metrics_connections, caches.rebuilds)
         if tls is not None:
             site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
                            reuse_port=options.reuse_port)
@@ -450,17 +464,21 @@ async def serve(options: ServeOptions) -> int:
 
 
 async def _serve_metrics(options: ServeOptions, metrics: Metrics, api: KubeApi, tls: ReloadingContext | None,
-                         connections: Connections) -> web.AppRunner:
+                         connections: Connections, rebuilds: Rebuilds) -> web.AppRunner:
     """The metrics listener (webhook.metricsserver): HTTPS with the serving certificate
     (`--no-webhook`: a self-signed one made now) unless `--no-metrics-secure`."""
     host, port = options.metrics_bind_address, options.metrics_port
+
+    async def render(exposition: Callable[[], bytes]) -> bytes:
+        return await rebuilds.run(exposition)
+
     context = None
     if options.metrics_secure:
         context = (tls or ReloadingContext(_self_signed())).context
     try:
         runner, _ = await serve_metrics(metrics, host=host, port=port, context=context,
                                         access=TokenAccess(api) if options.metrics_secure else None,
-                                        connections=connections)
+                                        connections=connections, render=render)
     except (OSError, OverflowError, ValueError) as err:  # OverflowError: a port outside 0-65535
         raise ServeError(f"cannot serve metrics on {host}:{port}: {err}") from None
     log.info("serving metrics on %s://%s:%d/metrics%s", "https" if context else "http", host, port,
@@ -556,12 +574,8 @@ async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -
         for task in tasks:
             task.cancel()
     if caches.synced:
-        # The first sync built millions of long-lived objects (58,000 devices: ~0.5 s a
-        # full collection, measured by bench/admission.py, stopping every review in
-        # flight). Freezing moves them out of the cyclic collector's generations; they are
-        # still freed by reference counting when replaced, and objects made later are
-        # collected as usual.
-        gc.freeze()
+        # Each list froze what it built (`webhook.rebuilds`): no full collection walks
+        # the caches (58,000 devices: ~0.5 s, bench/admission.py).
         log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims "
                  "(%d counted at their upper bound until priced)",
                  time.monotonic() - started, len(caches.inventory.usable()), len(caches.classes),

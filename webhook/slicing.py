@@ -23,6 +23,10 @@ back every `SLICE`, so cheap reviews arriving meanwhile are answered between sli
 and never queue behind expensive ones. At most `SLOW_LANE_QUEUE` wait; past that a
 call is refused at once (`Busy`) rather than held until its webhook deadline. A call
 cancelled while paused (the review's deadline) kills its greenlet, unwinding it.
+
+Background work (`in_slices`: a relist's rebuild, a scrape, `webhook.rebuilds`) takes
+no lane and is never refused: it gives the loop back every `SLICE` from the start, so
+reviews are answered between its slices and nothing a tenant sends can queue it out.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from greenlet import GreenletExit, greenlet
 
 from quota.work import pausing
 
-__all__ = ["FIRST_SLICE", "SLICE", "SLOW_LANE", "SLOW_LANE_QUEUE", "Busy", "Slicer"]
+__all__ = ["FIRST_SLICE", "SLICE", "SLOW_LANE", "SLOW_LANE_QUEUE", "Busy", "Slicer", "in_slices"]
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +131,25 @@ class Slicer:
             finally:
                 self._waiting -= 1
             try:
-                while True:
-                    await asyncio.sleep(0)
-                    if work.step(self.slice_seconds):
-                        return work.value
+                return await _finish(work, self.slice_seconds)
             finally:
                 self._lane.release()
         finally:
             work.close()
+
+
+async def in_slices(fn: Callable[[], T], *, slice_seconds: float = SLICE) -> T:
+    """`fn()` run to the end, giving the loop back every `slice_seconds` (module doc:
+    background work); `fn`'s exception propagates, cancelling unwinds it."""
+    work = _Work(fn)
+    try:
+        return await _finish(work, slice_seconds)
+    finally:
+        work.close()
+
+
+async def _finish(work: _Work[T], slice_seconds: float) -> T:
+    while True:
+        await asyncio.sleep(0)
+        if work.step(slice_seconds):
+            return work.value

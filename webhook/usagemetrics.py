@@ -19,6 +19,14 @@ text per claim (`Metrics.rendered`), re-rendered only for the claims that change
 of them when the inventory changed, as its attributes feed the labels); the per-model
 index is rebuilt once per inventory generation. `draquota_quota` is built at every
 scrape: a few samples per quota.
+
+A scrape runs in slices (`webhook.rebuilds`, from `webhook.metricsserver`): it pauses
+between quotas, namespaces, claims and chunks of rendered claims
+(`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
+never holds the loop for long. Claim events land between its slices: every loop runs
+over a copy of what it reads, and each cache is stamped with the generation read
+before it was built, so what changed meanwhile is built again at the next scrape. One
+scrape at a time (the metrics server's lock): the per-claim state is this object's.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from quota.work import drop, pause_point
 from webhook.metrics import (
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
@@ -41,6 +50,7 @@ from webhook.metrics import (
     NAMESPACE_USAGE,
     PENDING_CLAIMS,
     QUOTA,
+    RENDER_CHUNK,
     WORKLOADS_RESERVED,
     Metrics,
     render,
@@ -104,6 +114,7 @@ class UsageMetrics:
     def _quota_family(self) -> Metric:
         family = _quota_family()
         for quota in self.ledger.quotas():
+            pause_point()
             usage = self.ledger.usage(quota.namespace, quota.name)
             reserved = usage.reserved + self.pending(quota.namespace, quota.name)
             for resource in _RESOURCES:
@@ -122,6 +133,7 @@ class UsageMetrics:
             "dra-quota's AdmissionCheck beyond what their Pods' claims count (the rest is claims'); resource memory "
             "in bytes, devices a count. Exported by the leader only.", labels=["namespace", "quota", "resource"])
         for quota in self.ledger.quotas():
+            pause_point()
             held = self.ledger.usage(quota.namespace, quota.name).workloads
             for resource in _RESOURCES:
                 family.add_metric([quota.namespace, quota.name, resource], held.amount(resource))
@@ -134,11 +146,13 @@ class UsageMetrics:
         for gone in [ns for ns in self._namespaces if ns not in present]:
             del self._namespaces[gone]
         for namespace in sorted(present):
+            pause_point()
             generation = self.ledger.namespace_generation(namespace)
             cached = self._namespaces.get(namespace)
             if cached is None or cached[0] != generation:
-                usage = namespace_usage(self.ledger, namespace)
-                waiting = sum(not entry.allocated for entry in self.ledger.entries_in(namespace))
+                entries = list(self.ledger.entries_in(namespace))  # claim events land during the pauses
+                usage = namespace_usage(self.ledger, entries)
+                waiting = sum(not entry.allocated for entry in entries)
                 cached = self._namespaces[namespace] = (
                     generation, [(c, s, v) for (c, s), v in sorted(usage.items())], waiting)
             for device_class, state, charge in cached[1]:
@@ -165,29 +179,34 @@ class UsageMetrics:
         if self._models is None or self._models[0] != generation:
             index = ModelIndex.of(self.inventory)
             self._models = (generation, index, HeldCounts(index))
-            self._claims.clear()
+            rendered, self._claims = self._claims, {}
+            drop(rendered)
         _, index, counts = self._models
-        current = self.holders.mapping()
+        current = dict(self.holders.mapping())  # claim events land during the pauses
         for gone in [ref for ref in self._claims if ref not in current]:
             counts.add(self._claims.pop(gone)[1], -1)
         stale = [(ref, held) for ref, held in current.items()
                  if (hit := self._claims.get(ref)) is None or hit[0] is not held]
-        if stale:
-            # One render for every stale claim; each claim's share of the lines is its sample count.
-            family = _device_family()
-            sizes = [self._add_samples(family, held) for _, held in stale]
-            lines = render([family]).split(b"\n")[2:]  # past "# HELP" and "# TYPE"
-            at = 0
-            for (ref, held), size in zip(stale, sizes, strict=True):
-                previous = self._claims.get(ref)
-                if previous is not None:
-                    counts.add(previous[1], -1)
-                keys = held_keys(held)
-                counts.add(keys)
-                self._claims[ref] = (held, keys, b"".join(line + b"\n" for line in lines[at:at + size]))
-                at += size
+        for start in range(0, len(stale), RENDER_CHUNK):
+            pause_point()
+            self._render(stale[start:start + RENDER_CHUNK], counts)
         return (render(self._model_families(index, counts)) + render([_device_family()])
                 + b"".join(text for _, _, text in self._claims.values()))
+
+    def _render(self, stale: list[tuple[ClaimRef, Held]], counts: HeldCounts) -> None:
+        """One render for these claims; each claim's share of the lines is its sample count."""
+        family = _device_family()
+        sizes = [self._add_samples(family, held) for _, held in stale]
+        lines = render([family]).split(b"\n")[2:]  # past "# HELP" and "# TYPE"
+        at = 0
+        for (ref, held), size in zip(stale, sizes, strict=True):
+            previous = self._claims.get(ref)
+            if previous is not None:
+                counts.add(previous[1], -1)
+            keys = held_keys(held)
+            counts.add(keys)
+            self._claims[ref] = (held, keys, b"".join(line + b"\n" for line in lines[at:at + size]))
+            at += size
 
     def _add_samples(self, family: GaugeMetricFamily, held: Held) -> int:
         count = 0

@@ -15,9 +15,11 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
+from quota.work import pausing
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
+from ..test_ledger import entry as priced
 
 D = "gpu.example.com"
 NS = Namespace("team-a")
@@ -137,6 +139,36 @@ def test_a_relist_reads_again_only_the_claims_whose_resource_version_moved() -> 
     assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
 
 
+def test_a_relist_in_slices_swaps_in_whole_and_keeps_what_changed_meanwhile() -> None:
+    """`serve` runs a relist in slices (`webhook.rebuilds`): between two of them the ledger
+    is the old one whole; a kept claim re-priced meanwhile (the refiner) keeps its new
+    price; a claim gone from the list is told as deleted once swapped."""
+    world = World()
+    ledger = world.admitter.ledger
+    deleted: list[str] = []
+    world.claims.deleted = lambda ref, _: deleted.append(ref)
+    world.claims.replace([versioned(claim("c1", "u1"), "10"), versioned(claim("c2", "u2", allocated=True), "11")])
+    old = (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
+    seen: list[tuple[Charge, Charge]] = []
+
+    def pause() -> None:
+        seen.append((world.usage().used, world.usage().reserved))
+        if len(seen) == 1:  # the refiner prices the stored c1 between two slices
+            ledger.add_or_update_claim(priced("u1", 40 * GiB))
+            old_now[0] = (world.usage().used, world.usage().reserved)
+
+    old_now = [old]
+    with pausing(pause):
+        world.claims.replace([versioned(claim("c1", "u1"), "10"), versioned(claim("c3", "u3"), "20")])
+    new = (ZERO, Charge(120 * GiB, 2))
+    assert seen[0] == old and old_now[0] == (Charge(80 * GiB, 1), Charge(40 * GiB, 1))
+    assert new in seen, "it paused after the swap too (what is told, what is freed)"
+    swapped = seen.index(new)
+    assert seen[1:swapped] == [old_now[0]] * (swapped - 1) and set(seen[swapped:]) == {new}
+    assert (world.usage().used, world.usage().reserved) == new
+    assert deleted == ["u2"]
+
+
 def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
     world = World()
     world.claims.upsert(claim("c1", "u1"))
@@ -160,14 +192,14 @@ def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
     """Issue 15.7: a store that raises stops its reflector, and `serve` then stops; one
     claim's failure must cost that claim its accounting, nothing more."""
     world = World()
-    real = world.admitter.reserve_existing
+    real = world.admitter.existing_entry
 
-    def reserve_existing(parsed: Any) -> None:
+    def existing_entry(parsed: Any, **kwargs: Any) -> Any:
         if parsed.name == "bad":
             raise MemoryError()
-        real(parsed)
+        return real(parsed, **kwargs)
 
-    monkeypatch.setattr(world.admitter, "reserve_existing", reserve_existing)
+    monkeypatch.setattr(world.admitter, "existing_entry", existing_entry)
     world.claims.replace([claim("bad", "u-bad"), claim("good", "u-good")])
     world.claims.upsert(claim("later", "u-later"))
     assert world.usage().reserved == Charge(160 * GiB, 2)

@@ -241,3 +241,28 @@ async def test_serve_metrics_answers_prometheus_text_over_plain_http() -> None:
             'reason="none",resource="resourceclaims",webhook="validating"} 1.0') in text
     # prometheus_client's _created series are off: no dashboard reads them.
     assert "_created" not in text
+
+
+def test_a_large_gauge_family_renders_in_pieces_as_it_renders_whole() -> None:
+    """A scrape pauses every `RENDER_CHUNK` samples (`serve` renders it in slices): the
+    text is the same as prometheus_client's in one piece."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from quota.work import pausing
+    from webhook.metrics import RENDER_CHUNK
+
+    class Many:
+        def collect(self) -> Any:
+            family = GaugeMetricFamily("draquota_test_many", "Many samples.", labels=["i"])
+            for i in range(3 * RENDER_CHUNK + 5):
+                family.add_metric([str(i)], float(i))
+            yield family
+
+    m = Metrics()
+    m.registry.register(Many())
+    pauses: list[int] = []
+    with pausing(lambda: pauses.append(1)):
+        text = m.exposition()
+    assert len(pauses) >= 4
+    assert text == generate_latest(m.registry)

@@ -138,3 +138,41 @@ async def test_over_https_no_token_is_401_a_user_without_the_right_403_and_one_w
 async def test_plain_http_metrics_are_served_on_loopback_only() -> None:
     with pytest.raises(ValueError, match="plain-HTTP metrics are served on a loopback address only, not 0.0.0.0"):
         await serve_metrics(Metrics(), host="0.0.0.0", port=0, context=None, access=None)
+
+
+@ASYNC
+async def test_scrapes_go_through_render_one_at_a_time_and_a_large_body_arrives_whole() -> None:
+    """`serve` renders each scrape in slices (`render`); two scrapes never build the usage
+    metrics' caches at once, and a body larger than a write is sent whole."""
+    import asyncio
+
+    metrics = Metrics()
+    big = b"# " + b"x" * (600 * 1024) + b"\n"  # over two of the writes a body is sent in
+    metrics.rendered(lambda: big)
+    running, most, release = [0], [0], asyncio.Event()
+
+    async def render(exposition: Any) -> bytes:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await release.wait()
+        running[0] -= 1
+        return bytes(exposition())
+
+    runner, port = await serve_metrics(metrics, host="127.0.0.1", port=0, context=None, access=None, render=render)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def get() -> bytes:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    return await resp.read()
+
+            both = asyncio.gather(get(), get())
+            while running[0] == 0:
+                await asyncio.sleep(0.01)
+            for _ in range(10):  # a chance for the second to reach `render` (it can only make this pass wrongly, never fail)
+                await asyncio.sleep(0.01)
+            release.set()
+            bodies = await both
+    finally:
+        await runner.cleanup()
+    assert most[0] == 1
+    assert all(body.endswith(big) for body in bodies)

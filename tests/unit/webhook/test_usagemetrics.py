@@ -26,6 +26,7 @@ from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName
 from quota.pricing import Pricer
 from quota.usage import Holders
+from quota.work import pausing
 from webhook.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
 from webhook.metrics import (
     CLAIM_DEVICE_INFO,
@@ -288,22 +289,62 @@ def test_the_kept_views_equal_a_fresh_scrape_after_any_changes(steps: list[tuple
     """Caching per namespace, per claim and per inventory generation never serves a stale sample."""
     world = World()
     world.quotas.replace([make_quota("gpus", memory="1Ti")])
-    generation = 1
-    for op, index, held, pods, admin in steps:
-        name, uid = f"c{index}", f"u{index}"
-        namespace = "team-a" if index % 2 else "team-b"
-        if op == "upsert":
-            world.claims.upsert(claim(name, uid, *held, pods=tuple(pods), admin=admin, namespace=namespace))
-        elif op == "delete":
-            world.claims.delete(claim(name, uid, namespace=namespace))
-        else:
-            generation += 1
-            world.slices.upsert(make_slice("n1", devices(H100 if generation % 2 else A100), driver=D,
-                                           generation=generation))
-        fresh = Metrics()
-        UsageMetrics(world.admitter.ledger, world.inventory, world.holders,
-                     pending=world.reservations.pending).register(fresh)
-        assert usage(world.scrape()) == usage(scrape(fresh))
+    generation = [1]
+    for step in steps:
+        _apply(world, generation, step)
+        assert usage(world.scrape()) == usage(fresh_scrape(world))
+
+
+def _apply(world: World, generation: list[int], step: tuple[str, int, list[str], list[str], bool]) -> None:
+    """One claim or slice event of `_step` (`generation`: the slice's, counted up)."""
+    op, index, held, pods, admin = step
+    name, uid = f"c{index}", f"u{index}"
+    namespace = "team-a" if index % 2 else "team-b"
+    if op == "upsert":
+        world.claims.upsert(claim(name, uid, *held, pods=tuple(pods), admin=admin, namespace=namespace))
+    elif op == "delete":
+        world.claims.delete(claim(name, uid, namespace=namespace))
+    else:
+        generation[0] += 1
+        world.slices.upsert(make_slice("n1", devices(H100 if generation[0] % 2 else A100), driver=D,
+                                       generation=generation[0]))
+
+
+def fresh_scrape(world: World) -> Samples:
+    fresh = Metrics()
+    UsageMetrics(world.admitter.ledger, world.inventory, world.holders,
+                 pending=world.reservations.pending).register(fresh)
+    return scrape(fresh)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_step, max_size=6), st.lists(_step, min_size=1, max_size=12), st.integers(1, 5))
+def test_events_between_the_slices_of_a_scrape_are_in_the_next_one(
+        before: list[tuple[str, int, list[str], list[str], bool]],
+        during: list[tuple[str, int, list[str], list[str], bool]], every: int) -> None:
+    """`serve` renders a scrape in slices (`webhook.rebuilds`) and claim and slice events
+    land between them: the scrape still completes and parses, and the next one serves no
+    stale sample."""
+    world = World()
+    world.quotas.replace([make_quota("gpus", memory="1Ti")])
+    generation = [1]
+    for step in before:
+        _apply(world, generation, step)
+    world.scrape()  # the kept views are built: the events below make them stale
+    pending, pauses = list(during), [0]
+
+    def pause() -> None:
+        pauses[0] += 1
+        if pending and pauses[0] % every == 0:
+            _apply(world, generation, pending.pop(0))
+
+    with pausing(pause):
+        text = world.metrics.exposition().decode()
+    assert pauses[0] > 0
+    list(text_string_to_metric_families(text))  # well-formed
+    for step in pending:
+        _apply(world, generation, step)
+    assert usage(world.scrape()) == usage(fresh_scrape(world))
 
 
 def test_what_kueue_workloads_hold_is_its_own_series_and_part_of_reserved() -> None:
