@@ -170,6 +170,8 @@ def parse_record(status: Any) -> Record:
             expires = datetime.fromisoformat(str(entry["expires"]).replace("Z", "+00:00")).timestamp()
             # A quantity, or bytes as an integer (records written before 0.2).
             charge = Charge(ceil_int(parse_quantity(entry.get("memory") or 0)), int(entry.get("devices") or 0))
+            if charge.memory < 0 or charge.devices < 0:
+                continue
             source: Source = "Workload" if entry.get("source") == "Workload" else "Claim"
             held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):
