@@ -28,6 +28,7 @@ from quota.pricing import Pricer
 from quota.printable import for_json
 from quota.meta import NamespaceError, parse_namespace
 from quota.raw import show
+from quota.scope import selection_problems
 from quota.slices import SliceError
 
 __all__ = ["ObjectResult", "Report", "run_check"]
@@ -108,6 +109,9 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
                 quota = parse_device_quota(doc.obj)
                 _once(seen, doc, kind, quota.namespace, quota.name)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
+                report.warnings.extend(f"{doc.source}: DeviceQuota {quota.namespace}/{quota.name}: {problem}: that "
+                                       "selector selects every device"
+                                       for problem in selection_problems(quota.scope.devices.expressions))
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
                 # defects of a claim are that claim's denial, as in the webhook.

@@ -8,9 +8,12 @@ GPUs: a quota scoped by `deviceClassNames: [h100]` never sees a claim through `a
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from quota.admission import Admitter
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim, parse_device_class
@@ -35,6 +38,7 @@ from .builders import (
     request,
     result,
 )
+from .test_check import run
 
 D, F = "gpu.example.com", "fpga.example.com"
 NS = Namespace("team-a")
@@ -53,8 +57,8 @@ def inventory() -> Inventory:
         "kind": "gpu", "model": "a100"}) for i in range(2)], node="node-2"))
     inv.add_or_update_slice(make_slice("n3", [make_device("f-0", memory="16Gi", attrs={"kind": "fpga"})],
                                        driver=F, node="node-3"))
-    inv.add_or_update_slice(make_slice("n4", [make_device("m-0", memory=None, attrs={"kind": "nomem", "model": "none"})],
-                                       node="node-4"))
+    nomem = make_device("m-0", memory=None, attrs={"kind": "nomem", "model": "none"})
+    inv.add_or_update_slice(make_slice("n4", [nomem], node="node-4"))
     return inv
 
 
@@ -304,3 +308,50 @@ def test_a_workloads_pods_multiply_the_selected_charge() -> None:
     assert not isinstance(entry, str)
     (quota,) = adm.ledger.quotas(NS)
     assert entry.charge_for(quota, "conservative") == Charge(7 * 80 * GiB, 7)
+
+
+# -- dra-quota check --------------------------------------------------------------------------
+
+
+def cluster_files(tmp_path: Path, quota: dict[str, Any], *claims: dict[str, Any]) -> str:
+    slices = [make_slice("n1", [make_device(f"h100-{i}", memory="80Gi", attrs={"kind": "gpu", "model": "h100"})
+                                for i in range(2)], node="node-1"),
+              make_slice("n2", [make_device(f"a100-{i}", memory="40Gi", attrs={"kind": "gpu", "model": "a100"})
+                                for i in range(2)], node="node-2")]
+    classes = [make_class("h100", H100), make_class("alias", f"device.driver == '{D}'")]
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([*classes, *slices, quota, *claims]))
+    return str(path)
+
+
+def test_check_holds_a_device_scope_against_claims_through_either_class(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claims = [make_claim("used", request("r", exactly("alias")), allocation=[result("r", "a100-0", pool="node-2")]),
+              *(make_claim(f"c{i}", request("r", exactly(cls, H100)))
+                for i, cls in enumerate(["h100", "alias", "alias"]))]
+    by_device = make_quota("q", memory="160Gi", selectors=[H100])
+    code, out, err = run(capsys, "check", "-f", cluster_files(tmp_path, by_device, *claims), "-o", "json")
+    data = json.loads(out)
+    assert code == 0, err
+    assert [(o["name"], o["allowed"]) for o in data["objects"]] == [
+        ("used", True), ("c0", True), ("c1", True), ("c2", False)]
+    assert data["objects"][3]["reason"].startswith('exceeded DeviceQuota "q": requested memory=80Gi, used memory=0, '
+                                                   "reserved memory=160Gi, limited memory=160Gi")
+    (quota,) = data["quotas"]
+    assert (quota["used"], quota["reserved"]) == ({"memory": 0, "devices": 0}, {"memory": 160 * GiB, "devices": 2})
+    # The same limit by class name: the claims through `alias` are not counted (the sidestep).
+    by_class = make_quota("q", memory="160Gi", classes=["h100"])
+    code, out, _ = run(capsys, "check", "-f", cluster_files(tmp_path, by_class, *claims), "-o", "json")
+    assert all(o["allowed"] for o in json.loads(out)["objects"])
+
+
+def test_check_names_a_selector_that_does_not_compile_and_a_misspelt_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = make_quota("q", memory="160Gi", selectors=["device.driver =="])
+    code, _, err = run(capsys, "check", "-f", cluster_files(tmp_path, broken))
+    assert code == 0
+    assert "DeviceQuota team-a/q: spec.devices.selectors[0].cel.expression: compilation failed" in err
+    misspelt = make_quota("q", memory="160Gi")
+    misspelt["spec"]["devices"] = {"driver": [D]}
+    code, _, err = run(capsys, "check", "-f", cluster_files(tmp_path, misspelt))
+    assert code == 2 and 'unknown field "spec.devices.driver"' in err
