@@ -97,10 +97,14 @@ def _selection(raw: Any, where: str, error: type[Exception]) -> DeviceSelection:
         return EVERY_DEVICE
     if not isinstance(raw, dict):
         raise error(f"{where}: spec.devices must be a map, got {show(raw)}")
+    if not raw:
+        raise error(f"{where}: spec.devices must name drivers or selectors (absent: every device)")
     drivers = as_list(raw.get("drivers"), f"{where}: spec.devices.drivers", error)
     at_most(drivers, MAX_SCOPE_DRIVERS, f"{where}: spec.devices.drivers", error)
     for i, driver in enumerate(drivers):
         dns_subdomain(driver, f"{where}: spec.devices.drivers[{i}]", error, max_length=_MAX_DRIVER)
+        if driver in drivers[:i]:  # a set in the CRD: the API server refuses the same
+            raise error(f"{where}: spec.devices.drivers[{i}]: duplicate driver {show(driver)}")
     selectors = as_list(raw.get("selectors"), f"{where}: spec.devices.selectors", error)
     at_most(selectors, MAX_SCOPE_SELECTORS, f"{where}: spec.devices.selectors", error)
     expressions = []

@@ -95,6 +95,8 @@ def test_spec_devices_parses_into_a_frozen_scope_in_the_order_written() -> None:
 
 @pytest.mark.parametrize(("devices", "message"), [
     ("gpu", "spec.devices must be a map"),
+    ({}, "spec.devices must name drivers or selectors"),
+    ({"drivers": [D, D]}, "spec.devices.drivers[1]: duplicate driver"),
     ({"drivers": ["Not_A_Driver"]}, "spec.devices.drivers[0]"),
     ({"drivers": ["d" * 64 + ".example.com"]}, "at most 63"),
     ({"drivers": [f"d{i}.example.com" for i in range(33)]}, "at most 32 items"),
