@@ -272,12 +272,13 @@ class Pricer:
         groups = whole.groups
         warnings: tuple[str, ...] = ()
         if selection.expressions and whole.error is None:
-            narrowed = self.matcher.match((*chain, selection.expressions), capacity_names, budget)
+            narrowed = self.matcher.match((*chain, selection.stage), capacity_names, budget)
             spent.append((narrowed.key, narrowed.cost))
             if narrowed.error is None:
                 groups = narrowed.groups
             else:
-                warnings = (f"a DeviceQuota's spec.devices.selectors[{narrowed.error.index}] cannot be evaluated "
+                index = narrowed.error.index - (len(selection.stage) - len(selection.expressions))  # the guard's
+                warnings = (f"a DeviceQuota's spec.devices.selectors[{max(index, 0)}] cannot be evaluated "
                             f"({narrowed.error.message}): every candidate of its drivers counts toward that quota",)
         return whole, [g for g in groups if selection.admits_driver(g.representative.driver)], warnings
 
@@ -402,7 +403,7 @@ class Pricer:
         if device is None:
             return True
         try:
-            return self.matcher.selects(selection.expressions, device, budget) is not False
+            return self.matcher.selects(selection.stage, device, budget) is not False
         except BudgetExceeded:
             return True
 

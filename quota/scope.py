@@ -46,9 +46,10 @@ _MAX_PROBLEM = 1024  # characters of one compile error in a condition message
 @dataclass(frozen=True, slots=True)
 class DeviceSelection:
     """`spec.devices`: a device is selected when its driver is one of `drivers` (any driver
-    when empty) and every selector of `expressions` is true for it. Both empty: every
-    device. A selector that cannot say (it does not compile, or fails on a device) selects
-    the device: a quota never stops counting a device because its own selector broke."""
+    when empty) and then every selector of `expressions`, in order, is true for it. Both
+    empty: every device. A selector that cannot say (it does not compile, or fails on a
+    device) selects the device: a quota never stops counting a device because its own
+    selector broke."""
 
     drivers: frozenset[str] = frozenset()
     expressions: tuple[str, ...] = ()
@@ -59,6 +60,16 @@ class DeviceSelection:
 
     def admits_driver(self, driver: str) -> bool:
         return not self.drivers or driver in self.drivers
+
+    @property
+    def stage(self) -> tuple[str, ...]:
+        """The selectors as one CEL stage (`quota.pricing`), behind a guard on the drivers
+        when both are set: a selector only ever sees devices of the listed drivers, so it
+        may read their domain unguarded. The guard's verdict is cached per driver."""
+        if not self.drivers or not self.expressions:
+            return self.expressions
+        names = ", ".join(f'"{driver}"' for driver in sorted(self.drivers))  # DNS subdomains: no quoting needed
+        return (f"device.driver in [{names}]", *self.expressions)
 
     def sort_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return tuple(sorted(self.drivers)), self.expressions

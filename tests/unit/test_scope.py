@@ -169,6 +169,22 @@ def test_drivers_and_classes_combine_a_device_must_satisfy_both() -> None:
     assert pricing.charge_for(Scope(frozenset({DeviceClassName("fpga")}), ONLY_FPGA)) == Charge(16 * GiB, 1)
 
 
+def test_drivers_guard_the_selectors_which_may_read_their_domain_unguarded() -> None:
+    """A class spanning both drivers: the FPGA has no gpu.example.com attributes, and the
+    selector reading them never sees it (it would fail on it, and count every candidate)."""
+    unguarded = DeviceSelection(frozenset({D}), (f"device.attributes['{D}'].model == 'h100'",))
+    classes = {**CLASSES, DeviceClassName("all"): parse_device_class(make_class("all"))}
+    spec = parse_claim(make_claim("c", request("r", exactly("all")))).spec
+    pricing = Pricer(inventory(), classes).estimate(spec, mode="optimistic", selections=(unguarded,))
+    assert pricing.charge_for(Scope(devices=unguarded)) == Charge(80 * GiB, 1)  # the smallest H100
+    assert pricing.warnings == ()
+    exact = Pricer(inventory(), classes).exact(parse_claim(make_claim(
+        "c", request("r", exactly("all", count=2)), allocation=[result("r", "f-0", pool="node-3", driver=F),
+                                                                result("r", "h100-1", pool="node-1")])),
+        selections=(unguarded,))
+    assert exact.charge_for(Scope(devices=unguarded)) == Charge(80 * GiB, 1)
+
+
 def test_a_selection_it_was_not_priced_for_sees_the_unscoped_charge() -> None:
     """Never less than the truth: a quota created after the claim was priced."""
     pricing = priced(request("r", exactly("alias", A100)), selections=())
