@@ -10,6 +10,14 @@ Every estimate spends a claim `Budget` (`quota.work`): its request selectors' co
 charge and the matches they need, cached ones at what they cost. Out of budget, the
 claim is not priced: its `Pricing.errors` carry the budget's message, and admission
 denies it with that message.
+
+Quotas that select devices (`quota.scope.DeviceSelection`, a DeviceQuota's
+`spec.devices`): the caller names the selections of the claim's namespace, and each
+alternative is priced once more per selection, by the same rules over only the
+candidates it selects (`_price_selected`): its selectors run as one more stage of the
+same match, after the class's and the request's, so their verdicts are cached and
+charged to the claim's budget like a class's. The values (`Share`, `Pricing`) and how a
+quota reads them are `quota.priced`'s.
 """
 
 from __future__ import annotations
