@@ -6,7 +6,7 @@ scope is. Immutable: a ledger entry's charges never change after it is counted (
 ledger keeps usage incrementally, so a charge that moved between an add and its removal
 would leave usage wrong for ever).
 
-How a quota scope applies (README, "How a claim is charged"):
+How a quota scope applies (README, "Scoping a quota by class or by device"):
 - by class (`Scope.classes`): an alternative whose class is out of scope costs 0, as
   before `spec.devices` existed;
 - by device (`Scope.devices`, a `DeviceSelection`): each alternative costs its `Share`
@@ -14,7 +14,8 @@ How a quota scope applies (README, "How a claim is charged"):
   allocated claim: its selected devices). A pricing carries a share only for the
   selections it was priced for (`Pricing.selections`, the namespace's quotas' when it
   was priced); for any other selection an alternative costs what it costs unscoped,
-  never less than the truth, until the claim is priced again (`Admitter.rescope`).
+  never less than the truth, until the claim is priced again
+  (`Admitter.add_or_update_quota`).
 Alternatives then combine as firstAvailable does (`combine`), and requests add up.
 """
 
