@@ -373,3 +373,15 @@ def test_check_names_a_selector_that_does_not_compile_and_a_misspelt_field(
     misspelt["spec"]["devices"] = {"driver": [D]}
     code, _, err = run(capsys, "check", "-f", cluster_files(tmp_path, misspelt))
     assert code == 2 and 'unknown field "spec.devices.driver"' in err
+
+
+def test_past_eight_selections_a_quota_sees_the_unscoped_charge_of_its_classes() -> None:
+    """Each selection prices every claim of the namespace once more: the ninth (in a stable
+    order) is not priced, and counts more than the truth, never less."""
+    selectors = [f"{A100} && {i} >= 0" for i in range(9)]  # nine selections of the A100s
+    adm = admitter(*(make_quota(f"q{i}", memory="1Ti", selectors=[s]) for i, s in enumerate(selectors)))
+    assert adm.admit_claim(claim("c", "alias", H100), namespace_labels={}).allowed
+    charged = {q.name: adm.ledger.usage(NS, q.name).reserved for q in adm.ledger.quotas(NS)}
+    last = max(adm.ledger.quotas(NS), key=lambda q: q.scope.devices.sort_key()).name
+    assert charged.pop(last) == Charge(80 * GiB, 1)  # not priced for it: the H100 counts
+    assert set(charged.values()) == {Charge()}
