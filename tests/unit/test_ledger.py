@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from quota.devicequota import parse_device_quota
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
-from quota.pricing import PricedRequest, Pricing
+from quota.priced import PricedRequest, Pricing
 
 from .builders import GiB, make_quota
 
