@@ -9,8 +9,8 @@ caches' change notifications to `changed`.
 
 When it writes: on start (every quota, after the caches synced: a full list), on
 every change the caches report for a namespace (claim or DeviceQuota events),
-debounced so a burst of claim events becomes one write per quota (and a quota is written
-at most every `min_interval`, 0.5 s: a longer burst is one write per interval), when the
+debounced so a burst of claim events becomes one write per quota (and while admissions
+into a quota are being written, that quota at most every `min_interval`, 0.5 s), when the
 earliest persisted reservation of a quota expires (so an entry whose claim never appeared is
 dropped after the TTL), and for every quota each resync period (a missed or failed
 write is repaired without any event). A quota is written only when its status differs
@@ -68,10 +68,12 @@ class QuotaController:
         self.leading = leading
         self.resync = resync
         self.debounce = debounce
-        # Seconds between two writes of one quota's status: under a burst of creates every
-        # claim event changes `reserved`, and each write of the whole status takes its turn
-        # with the admissions' own writes of that quota (`Reservations.write_status`). At
-        # 0.1 s (the debounce) a third of a burst's status writes were this controller's.
+        # Seconds between two writes of one quota's status while admissions into it are
+        # being written: in a burst of creates every claim event changes `reserved`, and
+        # each write of the whole status takes its turn with the admissions' own writes of
+        # that quota (`Reservations.write_status`); at the debounce alone (0.1 s) a third of
+        # a burst's status writes were this controller's. Otherwise (allocations landing,
+        # deletions) the debounce alone: `used` follows an allocation within it.
         self.min_interval = min_interval
         self.retries = retries
         # The reservations' clock: an entry's expiry is judged by the one clock that wrote it.
@@ -138,13 +140,14 @@ class QuotaController:
             self.observe(time.monotonic() - started)
 
     def _postponed(self, keys: set[QuotaKey]) -> set[QuotaKey]:
-        """`keys` but those written less than `min_interval` ago: those are looked at again
-        once it has passed (a timer), with whatever changed meanwhile."""
+        """`keys` but those admissions are writing that this controller wrote less than
+        `min_interval` ago: those are looked at again once it has passed (a timer), with
+        whatever changed meanwhile."""
         now = self.clock()
         due = set()
         for key in keys:
             at = self._written.get(key, float("-inf")) + self.min_interval
-            if at <= now:
+            if at <= now or not self.reservations.admitting(key):
                 due.add(key)
             else:
                 self._timers[key] = min(self._timers.get(key, float("inf")), at)

@@ -5,7 +5,7 @@ Until 0.2 each admission's entry stayed on `status.reservations` for a 60 s TTL,
 every status write rewrote all of it. Now an entry goes once the writer's own claim cache
 holds its claim carrying the charge (docs/reservations.md). Here `serve` (one process,
 the shipped webhooks) takes BURST creates of one 80Gi GPU into a quota with room, CLIENTS
-clients with IN_FLIGHT in flight between them, while FILL creates of the same size go
+clients (test_replicas.py's) with IN_FLIGHT in flight between them, while FILL creates of the same size go
 at a quota of `hard` = K x 80Gi in a second namespace.
 
 Asserted on every sample of both DeviceQuotas (read every SAMPLE_EVERY seconds while the
@@ -30,37 +30,29 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from quota.model import Charge
 from quota.quantity import parse_quantity
 from quota.reservations import MAX_ENTRIES, Reservation
 
-from .cluster import ControlPlane
-from .driver import RESOURCE_V1, claim_spec, exact_request
+from .driver import RESOURCE_V1
 from .kube import ApiError, Kube, Obj, poll
-from .test_serve import DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, crd, governed, served, setup
+from .test_replicas import CLIENTS, clients
+from .test_serve import DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, crd, governed, served, setup
 
 pytestmark = pytest.mark.e2e
 
-__all__ = ["crd", "served", "setup"]  # fixtures, imported for their names
+__all__ = ["clients", "crd", "served", "setup"]  # fixtures, imported for their names
 
 GPU = 80 * 1024**3
 BURST = 1100
 FILL = 60
 K = 40
-CLIENTS = 4
 IN_FLIGHT = 32
 SAMPLE_EVERY = 0.2  # seconds between samples: a sampling period, never a wait for a condition
 SLACK = 4096  # bytes the rest of the status may grow by (conditions, numbers)
-
-
-def claim_body(setup: Setup, name: str) -> Obj:
-    return {"kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class, count=1))}
 
 
 def size(obj: Obj) -> int:
@@ -80,16 +72,6 @@ def over_hard(status: Obj, hard: int) -> int:
     used = int(parse_quantity(str((status.get("used") or {}).get("memory") or "0")))
     reserved = int(parse_quantity(str((status.get("reserved") or {}).get("memory") or "0")))
     return used + reserved - hard
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def clients(cluster: ControlPlane) -> AsyncIterator[list[Kube]]:
-    opened = [cluster.client() for _ in range(CLIENTS)]
-    try:
-        yield opened
-    finally:
-        for client in opened:
-            await client.close()
 
 
 async def quota(kube: Kube, namespace: str, memory: str) -> Obj:

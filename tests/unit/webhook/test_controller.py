@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import pytest
+
 from webhook.controller import QuotaController
 
 from ..builders import GiB, make_quota
@@ -71,11 +73,15 @@ async def test_a_burst_of_claim_events_is_one_write() -> None:
         assert status["claims"] == {"allocated": 50, "pending": 0}
 
 
-async def test_a_long_burst_is_one_write_per_min_interval() -> None:
-    # Claim events in every debounce window (a burst of creates): written once, then again
-    # only once min_interval has passed on the controller's clock, with all that changed.
+async def test_while_admissions_write_a_quota_the_controller_writes_it_once_per_min_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Claim events in every debounce window while admissions into the quota are being
+    # written (a burst of creates): written once, then again only once min_interval has
+    # passed on the controller's clock, with all that changed meanwhile.
     now = [1_000.0]
+    admitting = [True]
     async with running(min_interval=0.5, clock=lambda: now[0]) as (api, controller, _):
+        monkeypatch.setattr(controller.reservations, "admitting", lambda key: admitting[0])
         await settled(api, 1)  # the first pass
         ledger = controller.ledger
         for i in range(6):  # six passes' worth of events, the clock standing still
@@ -86,7 +92,12 @@ async def test_a_long_burst_is_one_write_per_min_interval() -> None:
         now[0] += 0.5  # the interval passed: the timer's pass writes everything at once
         await settled(api, 2)
         assert api.objects["gpus"]["status"]["used"] == {"memory": "48Gi", "devices": 6}
-        assert api.writes == 2
+        # With no admission being written (allocations landing), the debounce alone.
+        admitting[0] = False
+        ledger.add_or_update_claim(entry("u6", 8 * GiB, allocated=True))
+        controller.changed(NS)
+        await settled(api, 3)
+        assert api.objects["gpus"]["status"]["used"] == {"memory": "56Gi", "devices": 7}
 
 
 async def test_nothing_is_written_without_a_change_or_without_the_lease() -> None:
