@@ -80,8 +80,14 @@ class Ledger:
     # -- quotas -------------------------------------------------------------------
 
     def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
-        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
+        """A DeviceQuota added or changed: its usage counted from the namespace's claims,
+        unless it is the one already held (what counts is its spec, which every status write
+        leaves alone: every admission's write comes back through the watch, and a recount
+        costs every claim of the namespace)."""
         key = (quota.namespace, quota.name)
+        if self._quotas.get(quota.namespace, {}).get(quota.name) == quota and key in self._usage:
+            return (key,)
+        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
         usage = Usage()
         for entry in self._by_namespace.get(quota.namespace, {}).values():
             usage = _add(usage, entry, quota, self.default_mode, +1)

@@ -163,6 +163,12 @@ class Reservations:
     def workload_counted(self, uid: str) -> bool:
         return self.ledger.holding(ClaimRef(uid)) is not None
 
+    def admitting(self, key: QuotaKey) -> bool:
+        """Whether admissions into quota `key` are being written or wait to be (the quota
+        controller then writes that quota less often: `webhook.controller`)."""
+        batch = self._batches.get(key)
+        return batch is not None and (batch.running or bool(batch.pending))
+
     def pending(self, namespace: str, name: str) -> Charge:
         """What the quota's persisted entries add to this replica's ledger now (the sum
         `apply` checks against)."""
