@@ -25,9 +25,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType, TypeVar
 
+from quota.claims import Claim
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
-from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
-from quota.pricing import Pricing
+from quota.model import ZERO, Charge, Mode, Namespace
+from quota.priced import Pricing
+from quota.scope import Scope
 from quota.work import drop, pause_point
 
 __all__ = ["ClaimRef", "ClaimsRebuild", "QuotaKey", "Entry", "Ledger"]
@@ -52,14 +54,18 @@ class Entry:
     # The uid of the Pod whose controlling ownerReference the claim carries: a claim of a
     # Pod of an admitted Kueue Workload draws on that Workload's holding (`quota.workloads`).
     owner: str = ""
+    # An unallocated claim's own object: what prices it again for a quota selecting other
+    # devices than its pricing knows (`Admitter.add_or_update_quota`). None for allocated
+    # claims (their pricing holds their devices) and Workloads.
+    claim: Claim | None = None
 
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
-        return self._pricing(quota, default_mode).charge_for(quota.device_classes)
+        return self._pricing(quota, default_mode).charge_for(quota.scope)
 
     def in_scope(self, quota: DeviceQuota, default_mode: Mode) -> bool:
         """Counted in `quota`'s allocated/pending claims: a quota scoped to other classes
-        does not count the claim, as it does not charge it."""
-        return self._pricing(quota, default_mode).in_scope(quota.device_classes)
+        or devices does not count the claim, as it does not charge it."""
+        return self._pricing(quota, default_mode).in_scope(quota.scope)
 
     def _pricing(self, quota: DeviceQuota, default_mode: Mode) -> Pricing:
         return self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
@@ -90,8 +96,10 @@ class Ledger:
     # -- quotas -------------------------------------------------------------------
 
     def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
-        """Every status write is an event too: a quota whose scope is unchanged keeps its
-        usage (counting again walks every claim of its namespace)."""
+        """A DeviceQuota added or changed: its usage counted from the namespace's claims,
+        unless what its usage depends on (`_scope`) is unchanged: every admission's status
+        write comes back through the watch, and a recount costs every claim of the
+        namespace (issue 16: 150,000 claims)."""
         per_ns = self._quotas.setdefault(quota.namespace, {})
         old = per_ns.get(quota.name)
         per_ns[quota.name] = quota
@@ -430,9 +438,10 @@ class ClaimsRebuild:
         return changed
 
 
-def _scope(quota: DeviceQuota) -> tuple[Mode | None, frozenset[DeviceClassName]]:
-    """What a quota's usage depends on (`_add`): its pricing mode and device classes."""
-    return quota.mode, quota.device_classes
+def _scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:
+    """What a quota's usage depends on (`_add`): its pricing mode and what it charges
+    (device classes and devices, `quota.scope`)."""
+    return quota.mode, quota.scope
 
 
 def _add(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:

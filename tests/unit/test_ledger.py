@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import quota.ledger as ledger_module
 from quota.devicequota import parse_device_quota
 from quota.ledger import ClaimRef, ClaimsRebuild, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
-from quota.pricing import PricedRequest, Pricing
+from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
 
 from .builders import GiB, make_quota
@@ -86,6 +87,31 @@ def test_a_quota_created_later_counts_existing_claims() -> None:
     assert led.usage(NS, "q").used == Charge(80 * GiB, 1)
     assert led.delete_quota(NS, "q") == ((NS, "q"),)
     assert led.quotas(NS) == []
+
+
+def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every status write of a DeviceQuota comes back through the watch: the same spec must
+    # not cost a pass over every claim of its namespace (1,000s, in a burst of creates).
+    led = ledger(make_quota("q", memory="1Ti"))
+    for i in range(50):
+        led.add_or_update_claim(entry(f"c{i}", GiB))
+    counted: list[Entry] = []
+    real = ledger_module._add
+
+    def counting(usage: Any, e: Entry, *args: Any) -> Any:
+        counted.append(e)
+        return real(usage, e, *args)
+
+    monkeypatch.setattr(ledger_module, "_add", counting)
+    before = led.usage(NS, "q")
+    assert led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti"))) == ((NS, "q"),)
+    assert counted == [] and led.usage(NS, "q") == before
+    # So is a changed hard: what counts is the scope and pricing mode.
+    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="2Ti")))
+    assert counted == [] and led.usage(NS, "q") == before
+    # A changed spec is counted again (a scope decides which claims count).
+    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti", classes=["mig"])))
+    assert len(counted) == 50 and led.usage(NS, "q").reserved == Charge()
 
 
 @settings(max_examples=200)
@@ -274,26 +300,3 @@ def test_a_cancelled_claims_rebuild_leaves_the_ledger_alone_and_a_second_one_wai
     ClaimsRebuild(led).commit()  # the next one may start
     assert list(led.entries()) == []
     assert led.usage(NS, "q").reserved == Charge()
-
-
-def test_a_quota_update_that_keeps_its_scope_keeps_its_usage_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every status write comes back as a DeviceQuota event: counting its namespace's claims
-    again for each is what held the loop at 150,000 claims (bench/stalls.py)."""
-    import quota.ledger
-
-    led = ledger(make_quota("q", memory="1Ti"))
-    for i in range(5):
-        led.add_or_update_claim(entry(f"c{i}", 10 * GiB))
-    walked: list[Any] = []
-    real = quota.ledger._add
-
-    def counting(*args: Any) -> Any:
-        walked.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(quota.ledger, "_add", counting)
-    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="2Ti")))
-    assert walked == []
-    assert led.usage(NS, "q").reserved == Charge(50 * GiB, 5)
-    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="2Ti", classes=["mig"])))
-    assert len(walked) == 5 and led.usage(NS, "q").reserved == Charge()
