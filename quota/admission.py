@@ -358,11 +358,23 @@ class Admitter:
         before = self._selections(quota.namespace)
         self.ledger.add_or_update_quota(quota)
         selection = quota.scope.devices
-        selections = self._selections(quota.namespace)
-        if selection.everything or selection in before or selection not in selections:
+        if selection.everything or selection in before:
+            return []
+        return self.price_for(quota.namespace, selection)
+
+    def selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
+        """The device selections claims of `namespace` are priced for (`add_or_update_quota`)."""
+        return self._selections(namespace)
+
+    def price_for(self, namespace: Namespace, selection: DeviceSelection) -> list[tuple[Claim, Entry]]:
+        """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
+        to it: allocated claims priced again at once, unallocated ones returned (also after
+        a relist built while the selection arrived: `webhook.caches.ClaimStore.replace`)."""
+        selections = self._selections(namespace)
+        if selection not in selections:
             return []
         stale: list[tuple[Claim, Entry]] = []
-        for entry in list(self.ledger.entries_in(quota.namespace)):
+        for entry in list(self.ledger.entries_in(namespace)):
             if all(p.priced_for(selection) for p in entry.pricing.values()):
                 continue
             if entry.allocated:

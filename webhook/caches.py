@@ -37,6 +37,7 @@ from quota.ledger import ClaimRef, ClaimsRebuild, Entry
 from quota.raw import as_map, dig
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
+from quota.scope import DeviceSelection
 from quota.slices import SliceError, parse_slice
 from quota.watching import Store
 from quota.usage import Held, Holders
@@ -232,6 +233,7 @@ class ClaimStore:
         resourceVersion it was accounted at is the same object: it is not read again.
         """
         relist = _Relist(ClaimsRebuild(self.ledger))
+        selections = self._selections()
         try:
             for obj in objects:
                 self._stage(obj, relist)
@@ -240,6 +242,7 @@ class ClaimStore:
             relist.rebuild.cancel()
             raise
         gone = relist.rebuild.commit()
+        self._reprice_since(selections)
         # With the ledger, in the same step: the watermark reads these (`version`).
         self._versions, self._recorded = relist.versions, relist.recorded
         if self.holders is not None:
@@ -256,6 +259,23 @@ class ClaimStore:
             self._tell(claim, obj, bound)
             pause_point()
         relist.rebuild.release()
+
+    def _selections(self) -> dict[Namespace, tuple[DeviceSelection, ...]]:
+        return {ns: self.admitter.selections(ns) for ns in {q.namespace for q in self.ledger.quotas()}}
+
+    def _reprice_since(self, before: dict[Namespace, tuple[DeviceSelection, ...]]) -> None:
+        """A quota selecting new devices arrived while the relist was built: the claims it
+        priced were staged before it (`Admitter.price_for`, as `QuotaStore` does)."""
+        for namespace, selections in self._selections().items():
+            for selection in selections:
+                if selection in before.get(namespace, ()):
+                    continue
+                for claim, entry in self.admitter.price_for(namespace, selection):
+                    if self.provisional is not None:
+                        self.provisional(claim, entry)
+                    else:
+                        guarded(f"pricing ResourceClaim {claim.namespace}/{claim.name}",
+                                lambda: self.admitter.reserve_existing(claim))
 
     def _stage(self, obj: Obj, relist: _Relist) -> None:
         meta = obj.get("metadata") or {}

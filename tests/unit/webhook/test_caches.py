@@ -228,3 +228,38 @@ def test_a_quota_selecting_devices_listed_after_the_claims_prices_them_for_it(ho
         assert [name for name, _ in handed] == ["pending"] and usage.reserved == Charge(40 * GiB, 1)
     else:
         assert usage.reserved == ZERO  # priced here
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_quota_selecting_devices_that_arrives_while_a_relist_is_built_prices_its_claims(hooked: bool) -> None:
+    """The claims relist runs in slices and the quota watch applies events between them:
+    the claims the relist staged before the quota arrived are priced for its selection
+    once swapped in, as if the quota had come after (the test above)."""
+    world = World()
+    handed: list[tuple[str, Entry]] = []
+    world.claims.provisional = (lambda c, e: handed.append((c.name, e))) if hooked else None
+    world.slices.replace([make_slice("n1", [
+        make_device("gpu-0", memory="80Gi", attrs={"type": "gpu", "model": "h100"}),
+        make_device("gpu-1", memory="40Gi", attrs={"type": "gpu", "model": "a100"})])])
+    a100 = f"device.attributes['{D}'].model == 'a100'"
+    on_a100 = with_uid(make_claim("on-a100", request("gpu", exactly("gpu")), allocation=[result("gpu", "gpu-1")]), "u1")
+    pending = with_uid(make_claim("pending", request("gpu", exactly("gpu", a100))), "u2")
+    h100 = make_quota("h100", memory="1Ti", selectors=[f"device.attributes['{D}'].model == 'h100'"])
+    arrived: list[bool] = []
+
+    def pause() -> None:
+        if not arrived and world.claims._versions == {}:  # not swapped in yet: the quota arrives
+            world.quotas.upsert(h100)
+            arrived.append(True)
+
+    with pausing(pause):
+        world.claims.replace([on_a100, pending])
+    assert arrived
+    usage = world.admitter.ledger.usage(NS, "h100")
+    assert usage.used == ZERO  # the A100 allocation, priced again once swapped in
+    if hooked:
+        # At its bound (the largest GPU) until the refiner prices it: handed for its bound
+        # and for the selection (the refiner's queue holds a claim once).
+        assert {name for name, _ in handed} == {"pending"} and usage.reserved == Charge(80 * GiB, 1)
+    else:
+        assert usage.reserved == ZERO  # priced here
