@@ -206,22 +206,30 @@ def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
     assert "accounting ResourceClaim team-a/bad uid=u-bad failed" in caplog.text
 
 
-@pytest.mark.parametrize("hooked", [False, True])
-def test_a_quota_selecting_devices_listed_after_the_claims_prices_them_for_it(hooked: bool) -> None:
-    """The quota watch may list after the claim watch: the claims already counted are
-    priced again for a selection new to their namespace, the unallocated ones through
-    the hook (`webhook.refine` in serve) when there is one."""
+def scoped_world() -> tuple[World, list[dict[str, Any]], dict[str, Any]]:
+    """An H100 and an A100; a claim allocated the A100, one pending for an A100; a quota
+    selecting H100s (it charges neither claim)."""
     world = World()
-    handed: list[tuple[str, Entry]] = []
-    world.quotas.reprice = (lambda c, e: handed.append((c.name, e))) if hooked else None
     world.slices.replace([make_slice("n1", [
         make_device("gpu-0", memory="80Gi", attrs={"type": "gpu", "model": "h100"}),
         make_device("gpu-1", memory="40Gi", attrs={"type": "gpu", "model": "a100"})])])
     a100 = f"device.attributes['{D}'].model == 'a100'"
     on_a100 = with_uid(make_claim("on-a100", request("gpu", exactly("gpu")), allocation=[result("gpu", "gpu-1")]), "u1")
     pending = with_uid(make_claim("pending", request("gpu", exactly("gpu", a100))), "u2")
-    world.claims.replace([on_a100, pending])
-    world.quotas.upsert(make_quota("h100", memory="1Ti", selectors=[f"device.attributes['{D}'].model == 'h100'"]))
+    return world, [on_a100, pending], make_quota("h100", memory="1Ti",
+                                                 selectors=[f"device.attributes['{D}'].model == 'h100'"])
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_quota_selecting_devices_listed_after_the_claims_prices_them_for_it(hooked: bool) -> None:
+    """The quota watch may list after the claim watch: the claims already counted are
+    priced again for a selection new to their namespace, the unallocated ones through
+    the hook (`webhook.refine` in serve) when there is one."""
+    world, claims, h100 = scoped_world()
+    handed: list[tuple[str, Entry]] = []
+    world.quotas.reprice = (lambda c, e: handed.append((c.name, e))) if hooked else None
+    world.claims.replace(claims)
+    world.quotas.upsert(h100)
     usage = world.admitter.ledger.usage(NS, "h100")
     assert usage.used == ZERO  # the A100 allocation, priced again at once
     if hooked:
@@ -235,25 +243,18 @@ def test_a_quota_selecting_devices_that_arrives_while_a_relist_is_built_prices_i
     """The claims relist runs in slices and the quota watch applies events between them:
     the claims the relist staged before the quota arrived are priced for its selection
     once swapped in, as if the quota had come after (the test above)."""
-    world = World()
+    world, claims, h100 = scoped_world()
     handed: list[tuple[str, Entry]] = []
     world.claims.provisional = (lambda c, e: handed.append((c.name, e))) if hooked else None
-    world.slices.replace([make_slice("n1", [
-        make_device("gpu-0", memory="80Gi", attrs={"type": "gpu", "model": "h100"}),
-        make_device("gpu-1", memory="40Gi", attrs={"type": "gpu", "model": "a100"})])])
-    a100 = f"device.attributes['{D}'].model == 'a100'"
-    on_a100 = with_uid(make_claim("on-a100", request("gpu", exactly("gpu")), allocation=[result("gpu", "gpu-1")]), "u1")
-    pending = with_uid(make_claim("pending", request("gpu", exactly("gpu", a100))), "u2")
-    h100 = make_quota("h100", memory="1Ti", selectors=[f"device.attributes['{D}'].model == 'h100'"])
     arrived: list[bool] = []
 
-    def pause() -> None:
-        if not arrived and world.claims._versions == {}:  # not swapped in yet: the quota arrives
+    def pause() -> None:  # the first pause comes after the first claim staged, before the swap
+        if not arrived:
             world.quotas.upsert(h100)
             arrived.append(True)
 
     with pausing(pause):
-        world.claims.replace([on_a100, pending])
+        world.claims.replace(claims)
     assert arrived
     usage = world.admitter.ledger.usage(NS, "h100")
     assert usage.used == ZERO  # the A100 allocation, priced again once swapped in
