@@ -5,6 +5,7 @@ its own event meanwhile keeps what that event said."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 from quota.admission import Admitter
@@ -117,3 +118,30 @@ async def test_the_loop_runs_between_two_stored_claims() -> None:
     finally:
         task.cancel()
     assert refiner.refined == 20 and len(seen) > 10  # one stretch would show 0 and 20 only
+
+
+async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monkeypatch: Any) -> None:
+    """A fresh replica's stored claims (125,000 in bench/stalls.py) replace as many entries
+    of the ledger: full collections stay off meanwhile and what it built is frozen after
+    (`webhook.rebuilds`); a claim or two (a deallocation) freeze nothing."""
+    import webhook.refine
+    from webhook.rebuilds import Rebuilds
+
+    monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
+    admitter, store, _, _ = world()
+    rebuilds = Rebuilds()
+    refiner = Refiner(admitter, Slicer(), changed=lambda _: None, rebuilds=rebuilds)
+    store.provisional = refiner.add
+    store.replace([stored("c1"), stored("c2")])
+    await refine(refiner, admitter)
+    assert refiner.refined == 2 and rebuilds.freezes == 0
+    never_priced = []  # each with a selector this replica has not priced: at its bound until refined
+    for i in range(3):
+        obj = make_claim(f"d{i}", request("gpu", exactly("gpu", SMALL.replace("50Gi", f"{60 + i}Gi"))))
+        obj["metadata"] |= {"uid": f"uid-d{i}", "resourceVersion": "1"}
+        never_priced.append(obj)
+    store.replace(never_priced)
+    assert refiner.pending == 3
+    await refine(refiner, admitter)
+    assert refiner.refined == 5 and rebuilds.freezes == 1
+    gc.unfreeze()  # the rest of the session collects as ever
