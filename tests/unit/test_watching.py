@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, cast
 
 import pytest
@@ -275,3 +275,34 @@ async def test_a_watch_that_ends_at_once_empty_backs_off_instead_of_looping() ->
             await task
     assert store.calls == [("replace", [])]
     assert reflector.stats.lists == 1 and reflector.stats.restarts >= 2
+
+
+async def test_a_list_goes_through_the_rebuild_hook_and_no_watch_starts_before_it_returns() -> None:
+    """`serve` applies a list in slices (`webhook.rebuilds`): the reflector hands it over
+    and neither watches nor says synced until the store has the whole list."""
+    api = EmptyWatchApi()
+    store = RecordingStore()
+    seen: list[tuple[int, bool]] = []
+    release = asyncio.Event()
+
+    async def rebuild(fetch: Callable[[], Awaitable[list[Obj]]], replace: Callable[[list[Obj]], None]) -> None:
+        items = await fetch()
+        await release.wait()  # a rebuild that takes its time, in slices
+        seen.append((api.watches, reflector.synced.is_set()))
+        replace(items)
+
+    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store, rebuild=rebuild,
+                          settings=WatchSettings(backoff=Backoff(initial=0.001, cap=0.001)))
+    task = asyncio.create_task(reflector.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert store.calls == [] and api.watches == 0 and not reflector.synced.is_set()
+        release.set()
+        await asyncio.wait_for(reflector.synced.wait(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert seen == [(0, False)] and store.calls[0] == ("replace", [])
+    assert reflector.resource_version is not None
