@@ -8,8 +8,8 @@ denies, a template, the mutating call; over a pool of kept-alive HTTPS connectio
 API server posts them) at --rate a second for --seconds:
 
 1. baseline: no attack;
-2. attack: a second process (this script with --attack-port) holds --connections
-   (10,000) idle and slow connections (tests/e2e/attack.py: TCP only, TLS only, slowloris
+2. attack: a second process (tests/e2e/attack.py's `Attacker`) holds --connections
+   (10,000) idle and slow connections (TCP only, TLS only, slowloris
    headers, slow POST bodies; each re-opened --reopen s after serve dropped it); once it has
    opened them all, the honest load runs again. The attacker runs at --nice 19: on this
    2-core machine its own CPU would otherwise be taken from serve, where a real attacker
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import resource
-import signal
 import ssl
 import sys
 import tempfile
@@ -46,7 +44,7 @@ from admission import (  # noqa: E402
     Bench, control_plane, load_average, open_loop, percentile, rss_of, show, warm, write_nothing_bodies,
 )
 
-from tests.e2e.attack import Attack, attack  # noqa: E402
+from tests.e2e.attack import Attack, Attacker  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from webhook.metrics import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
 
@@ -81,39 +79,6 @@ def connection_counts(samples: Samples) -> JSON:
     dropped = {dict(labels)["reason"]: int(value) for (name, labels), value in samples.items()
                if name == CONNECTIONS_DROPPED and dict(labels)["listener"] == "webhook" and value}
     return {"open": open_by_phase, "dropped": dropped}
-
-
-class Attacker:
-    """This script as a second process (--attack-port): the attack, its report a JSON file
-    rewritten every second (a pipe the reader stops draining would block the attacker)."""
-
-    def __init__(self, port: int, args: argparse.Namespace, report: Path) -> None:
-        self.port, self.args, self.path = port, args, report
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--attack-port", str(self.port), "--connections", str(self.args.connections),
-            "--reopen", str(self.args.reopen), "--ramp", str(self.args.ramp), "--nice", str(self.args.nice),
-            "--output", str(self.path))
-
-    @property
-    def report(self) -> JSON:
-        try:
-            loaded: JSON = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # not written yet
-            return {}
-        return loaded
-
-    async def stop(self) -> JSON:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout=60)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-        return self.report
 
 
 async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str) -> JSON:
@@ -162,7 +127,8 @@ async def run(args: argparse.Namespace) -> JSON:
             before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
             results["baseline"]["stalls"] = stalls_between(quiet, before)
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
-            attacker = Attacker(bench.served.port, args, Path(tmp) / "attack.json")
+            attacker = Attacker(bench.served.port, args.connections, Path(tmp) / "attack.json", ramp=args.ramp,
+                                reopen=args.reopen, nice=args.nice)
             peak, sampling = before_rss, True
 
             async def sample() -> None:
@@ -174,15 +140,15 @@ async def run(args: argparse.Namespace) -> JSON:
             sampler = asyncio.create_task(sample())
             await attacker.start()
             started = time.monotonic()
-            while sum(attacker.report.get("opened", {}).values()) < args.connections:
-                assert attacker.process is not None and attacker.process.returncode is None, "the attacker died"
+            while attacker.opened() < args.connections:
+                assert attacker.alive(), "the attacker died"
                 await asyncio.sleep(0.5)  # the attacker reports once a second
             print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
                   f"load average {load_average()}")
             during = await honest(bench, bodies, args.rate, args.seconds,
                                   f"honest reviews, {args.connections} idle/slow connections")
             after = await bench.served.metrics()
-            report = await attacker.stop()
+            report = (await attacker.stop()).__dict__
             attack_seconds = time.monotonic() - started
             sampling = False
             await sampler
@@ -199,35 +165,10 @@ async def run(args: argparse.Namespace) -> JSON:
                   f"{a['serve_rss_after_mib']} MiB after; event loop stalls during the attack: {a['stalls']}; "
                   f"load average {a['load_average']}")
             print(f"  serve's webhook connections at the end: {a['serve_connections']}")
-            print(f"  {Attack(**report).line() if report else 'attack: no report'}; "
+            print(f"  {Attack(**report).line()}; "
                   f"{a['attempts_per_s']} connection attempts a second over {attack_seconds:.0f} s")
     results["load_average_end"] = load_average()
     return results
-
-
-async def attack_main(args: argparse.Namespace) -> None:
-    """The attacking process: hold the connections, write the report to --output each second."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    # On a 2-core machine the attacker's own CPU would be taken from serve and the honest
-    # client; a real one runs on other hosts. Niced, it takes only what is left over.
-    os.nice(args.nice)
-    stop, report = asyncio.Event(), Attack()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(attack(args.attack_port, args.connections, stop, ramp=args.ramp, reopen=args.reopen,
-                                      report=report))
-
-    def write() -> None:
-        partial = args.output.with_suffix(".tmp")
-        partial.write_text(json.dumps(report.__dict__))
-        partial.replace(args.output)
-
-    while not stop.is_set():
-        write()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=1)
-    await task
-    write()
 
 
 def main() -> None:
@@ -239,12 +180,8 @@ def main() -> None:
     parser.add_argument("--reopen", type=float, default=5.0, help="seconds before the attack re-opens a dropped one")
     parser.add_argument("--nice", type=int, default=19, help="the attacking process's niceness (0: as serve)")
     parser.add_argument("--nodes", type=int, default=50, help="inventory size (8 GPUs a node)")
-    parser.add_argument("--attack-port", type=int, help=argparse.SUPPRESS)  # the attacking process
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "connections.json")
     args = parser.parse_args()
-    if args.attack_port:
-        asyncio.run(attack_main(args))
-        return
     args.reservation_ttl = None  # control_plane reads it: serve's default
     args.metrics_port = free_ports(1)[0]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
