@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
+from quota.version import version
+
 if TYPE_CHECKING:
     from quota.check import Report
     from quota.model import Charge
@@ -69,6 +71,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="dra-quota",
         description="GPU-memory quotas and usage accounting for Kubernetes DRA ResourceClaims.",
     )
+    parser.add_argument("--version", action="version", version=f"dra-quota {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (summary, add) in _COMMANDS.items():
         if only is None or name == only:

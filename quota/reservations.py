@@ -9,7 +9,7 @@ counts. Pure: no clock (`now` is passed in), no I/O.
 The record, on the DeviceQuota's status:
 
     reservations:            # admissions in flight, keyed by the claim's uid
-      <uid>: {claim: <namespace>/<name>, memory: <bytes>, devices: <n>, expires: <RFC 3339>}
+      <uid>: {claim: <namespace>/<name>, memory: <quantity>, devices: <n>, expires: <RFC 3339>}
     claimsThrough: "<resourceVersion>"   # the watermark
 
 An entry lives from the admission that wrote it until every replica that may decide
@@ -65,6 +65,7 @@ from typing import Any, Literal, Protocol
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.extended import in_series
 from quota.model import ZERO, Charge
+from quota.quantity import ceil_int, format_quantity, parse_quantity
 
 __all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "apply",
            "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
@@ -85,8 +86,10 @@ class Reservation:
 
     def as_json(self) -> dict[str, Any]:
         stamp = datetime.fromtimestamp(self.expires, timezone.utc).isoformat(timespec="milliseconds")
-        out: dict[str, Any] = {"claim": self.claim, "memory": self.charge.memory, "devices": self.charge.devices,
-                               "expires": stamp.replace("+00:00", "Z")}
+        # Memory as a quantity (`80Gi`), as status.used and status.reserved write it, so
+        # `kubectl describe` reads one unit throughout; exact (format_quantity never rounds).
+        out: dict[str, Any] = {"claim": self.claim, "memory": format_quantity(self.charge.memory),
+                               "devices": self.charge.devices, "expires": stamp.replace("+00:00", "Z")}
         if self.source != "Claim":
             out["source"] = self.source
         return out
@@ -165,7 +168,10 @@ def parse_record(status: Any) -> Record:
     for uid, entry in raw.items() if isinstance(raw, dict) else ():
         try:
             expires = datetime.fromisoformat(str(entry["expires"]).replace("Z", "+00:00")).timestamp()
-            charge = Charge(int(entry.get("memory") or 0), int(entry.get("devices") or 0))
+            # A quantity, or bytes as an integer (records written before 0.2).
+            charge = Charge(ceil_int(parse_quantity(entry.get("memory") or 0)), int(entry.get("devices") or 0))
+            if charge.memory < 0 or charge.devices < 0:
+                continue
             source: Source = "Workload" if entry.get("source") == "Workload" else "Claim"
             held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from importlib import metadata
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -38,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from quota.policy import PolicyRecord
+from quota.version import version
 from quota.watching import Reflector
 from webhook.connections import DROP_REASONS, Connections
 from webhook.endpoints import MUTATING, VALIDATING
@@ -229,7 +229,7 @@ class Metrics:
                                "seconds.", registry=self.registry)
         build = Gauge(BUILD_INFO, "Always 1; the version of dra-quota and of Python serving.",
                       ["version", "python_version"], registry=self.registry)
-        build.labels(_version(), platform.python_version()).set(1)
+        build.labels(version(), platform.python_version()).set(1)
         # Zeros from the start, so rate() and alerts see the series before the first event.
         for outcome in ("granted", "refused"):
             for action in ("claim", "template", "namespace_label"):
@@ -348,8 +348,3 @@ def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterato
     yield gauge
 
 
-def _version() -> str:
-    try:
-        return metadata.version("dra-quota")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -85,13 +85,8 @@ say "building $tag (log: $state/build.log)"
 ctr=$("${buildah[@]}" from "$tag")
 trap '"${buildah[@]}" rm "$ctr" >/dev/null' EXIT
 run() { "${buildah[@]}" run --isolation chroot --user 65532:65532 "$ctr" -- "$@"; }
-if version=$(run dra-quota --version 2>&1); then
-	say "dra-quota --version: $version"
-else
-	# The CLI has no --version yet (issue 17 asks for one): say so, and show what is installed.
-	say "dra-quota --version FAILED: $(grep -m1 'error:' <<<"$version" || tail -1 <<<"$version")"
-	say "installed: dra-quota $(run python3 -c 'import importlib.metadata as m; print(m.version("dra-quota"))')"
-fi
+version=$(run dra-quota --version) || die "dra-quota --version failed in the image"
+say "dra-quota --version: $version"
 run dra-quota serve --help >"$state/serve-help.txt" || die "dra-quota serve --help failed in the image"
 say "dra-quota serve --help: $(head -1 "$state/serve-help.txt") ... ($(wc -l <"$state/serve-help.txt") lines)"
 size() { "${buildah[@]}" images --format '{{.Size}}' "$1"; }

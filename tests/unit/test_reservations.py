@@ -131,10 +131,14 @@ def test_the_status_fields_round_trip_and_leave_reserved_to_the_controller() -> 
     fields = status_fields(record)
     assert set(fields) == {"reservations", "claimsThrough"}  # status.reserved is quota.quotastatus's
     assert fields["claimsThrough"] == "12345"
-    assert fields["reservations"]["u1"] == {"claim": "team-a/c1", "memory": 80 * GiB, "devices": 1,
+    assert fields["reservations"]["u1"] == {"claim": "team-a/c1", "memory": "80Gi", "devices": 1,
                                             "expires": "2027-01-15T08:00:00.500Z"}
     assert fields["reservations"]["u2"]["source"] == "Workload"
     assert parse_record(fields) == record
+    # Records written before 0.2 hold memory in bytes, as an integer.
+    old = {**fields, "reservations": {**fields["reservations"], "u1": {**fields["reservations"]["u1"],
+                                                                        "memory": 80 * GiB}}}
+    assert parse_record(old) == record
     assert parse_record({"reservations": {"bad": {"memory": 1}}, "claimsThrough": "x1"}) == Record()
     assert parse_record(None) == Record()
 
