@@ -342,7 +342,7 @@ def _unlink(transport: asyncio.BaseTransport | None) -> None:
     removed by then and nothing reads again), it lets reference counting free them at once.
     """
     if transport is not None and hasattr(transport, "_read_ready_cb"):
-        transport._read_ready_cb = None  # type: ignore[attr-defined]
+        transport._read_ready_cb = None
 
 
 def _deepen(sock: socket.socket) -> None:
