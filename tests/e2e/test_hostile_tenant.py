@@ -60,13 +60,13 @@ from quota.work import CLAIM_COST_BUDGET
 from webhook.metrics import EVENT_LOOP_STALL_MAX
 
 from .attack import Attacker
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, allocation_results, claim_spec, exact_request, pod_body
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_connections import rss, served_context
+from .test_connections import capped, rss, served_context
 from .test_fail_closed import refusing_deletes
 from .test_hostile_pricing import expensive
-from .test_serve import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd, governed, installed, running
+from .test_serve import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd, governed, installed
 from .timings import record
 from .webhook_recorder import impersonated
 
@@ -141,9 +141,7 @@ class Tenants:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--max-connections", str(CAP)), log_level="info")):
+    async for handle in capped(cluster, tmp_path, CAP):
         yield handle
 
 
