@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ import ssl
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,31 @@ def connection_counts(samples: Samples) -> JSON:
     dropped = {dict(labels)["reason"]: int(value) for (name, labels), value in samples.items()
                if name == CONNECTIONS_DROPPED and dict(labels)["listener"] == "webhook" and value}
     return {"open": open_by_phase, "dropped": dropped}
+
+
+@contextlib.asynccontextmanager
+async def peak_rss(pid: int) -> AsyncIterator[list[float]]:
+    """Samples the RSS of `pid` every 0.2 s while inside; yields [peak so far], in MiB."""
+    peak, stop = [rss_of(pid)], asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_of(pid))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.2)  # the sampling period
+
+    sampler = asyncio.create_task(sample())
+    try:
+        yield peak
+    finally:
+        stop.set()
+        await sampler
+
+
+def save(results: JSON, output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nload average at the end {load_average()}; results written to {output}")
 
 
 async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str) -> JSON:
@@ -129,32 +156,22 @@ async def run(args: argparse.Namespace) -> JSON:
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
             attacker = Attacker(bench.served.port, args.connections, Path(tmp) / "attack.json", ramp=args.ramp,
                                 reopen=args.reopen, nice=args.nice)
-            peak, sampling = before_rss, True
-
-            async def sample() -> None:
-                nonlocal peak
-                while sampling:
-                    peak = max(peak, rss_of(bench.serve_pid))
-                    await asyncio.sleep(0.2)  # the sampling period
-
-            sampler = asyncio.create_task(sample())
-            await attacker.start()
-            started = time.monotonic()
-            while attacker.opened() < args.connections:
-                assert attacker.alive(), "the attacker died"
-                await asyncio.sleep(0.5)  # the attacker reports once a second
-            print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
-                  f"load average {load_average()}")
-            during = await honest(bench, bodies, args.rate, args.seconds,
-                                  f"honest reviews, {args.connections} idle/slow connections")
-            after = await bench.served.metrics()
-            report = (await attacker.stop()).__dict__
-            attack_seconds = time.monotonic() - started
-            sampling = False
-            await sampler
+            async with peak_rss(bench.serve_pid) as peak:
+                await attacker.start()
+                started = time.monotonic()
+                while attacker.opened() < args.connections:
+                    assert attacker.alive(), "the attacker died"
+                    await asyncio.sleep(0.5)  # the attacker reports once a second
+                print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
+                      f"load average {load_average()}")
+                during = await honest(bench, bodies, args.rate, args.seconds,
+                                      f"honest reviews, {args.connections} idle/slow connections")
+                after = await bench.served.metrics()
+                report = (await attacker.stop()).__dict__
+                attack_seconds = time.monotonic() - started
             results["attack"] = {
                 "honest": during, "attack": report, "serve_rss_before_mib": round(before_rss),
-                "serve_peak_rss_mib": round(peak), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
+                "serve_peak_rss_mib": round(peak[0]), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
                 "stalls": stalls_between(before, after),
                 "longest_stall_since_start_s": after.get((EVENT_LOOP_STALL_MAX, frozenset()), float("nan")),
                 "serve_connections": connection_counts(after), "load_average": load_average(),
@@ -187,10 +204,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"connections benchmark: {args.connections} idle/slow connections, honest reviews at {args.rate:.0f}/s, "
           f"{os.cpu_count()} cores, load average {load_average()}; open files limit {soft}/{hard}")
-    results = asyncio.run(run(args))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"\nload average at the end {load_average()}; results written to {args.output}")
+    save(asyncio.run(run(args)), args.output)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ allowed exactly when it fits. Every 0.25 s, until everyone is done, a sampler ch
   asserted: tests never time);
 - serve's RSS stays under `RSS_BOUND` (a size, not a time).
 The latencies (honest creates, /healthz) and the longest event loop stall serve measured
-(`draquota_event_loop_stall_max_seconds`) go to tests/e2e/timings.py; bench/hostile_tenant.py
-measures each attack apart.
+(`draquota_event_loop_stall_max_seconds`) go to tests/e2e/timings.py; bench/attacks.py and
+bench/connections.py measure each attack apart.
 """
 
 from __future__ import annotations
