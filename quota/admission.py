@@ -27,12 +27,14 @@ from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usag
 from quota.explain import conservative_note
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Mode, Namespace
-from quota.pricing import PricedRequest, Pricer, Pricing, at_least_recorded
+from quota.priced import PricedRequest, Pricing, at_least_recorded
+from quota.pricing import Pricer
+from quota.scope import DeviceSelection
 from quota.validation import MAX_INT64
 from quota.work import Budget
 
-__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "Admission", "Admitter", "Fit", "charged_above", "claim_ref",
-           "object_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Fit",
+           "charged_above", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -40,6 +42,10 @@ ADMIN_ACCESS_MESSAGE = (
     "admin access to devices requires the `resource.kubernetes.io/admin-access: true` label "
     "on the containing namespace"
 )
+# Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
+# once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
+# unscoped charge of its classes: more than the truth, never less.
+MAX_PRICED_SELECTIONS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +78,11 @@ class Fit:
     warnings: tuple[str, ...]  # pricing's, memory no device prices (Audit), Audit excesses of `never`
 
 
-def _unpriced_message(quota: str, alternative: str, cls: DeviceClassName) -> str:
+def _unpriced_message(quota: DeviceQuota, alternative: str, cls: DeviceClassName) -> str:
+    which = "" if quota.scope.devices.everything else " its spec.devices selects"
     return (
-        f'DeviceQuota "{quota}" limits memory but request {alternative} cannot be priced: no device of '
-        f"class {cls} that could serve it publishes a memory capacity. Publish the devices "
+        f'DeviceQuota "{quota.name}" limits memory but request {alternative} cannot be priced: no device of '
+        f"class {cls}{which} that could serve it publishes a memory capacity. Publish the devices "
         f"(ResourceSlices with a memory capacity), or leave class {cls} out of the quota's "
         "spec.deviceClassNames"
     )
@@ -197,15 +204,15 @@ class Admitter:
         denials, _ = self._unpriced(claim, pricing)
         if denials:
             return Admission(False, "; ".join(denials), pricing.warnings, pricing)
-        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
 
     def _unpriced(self, claim: Claim, pricing: Pricing) -> tuple[list[str], list[str]]:
         """Denials (Enforce) and warnings (Audit) for memory no known device can price.
 
         A request whose devices publish no `memory` capacity, or whose class has no
         devices at all, is charged 0 memory: under a quota that limits memory that would
-        make it free, however many are made. So no price is no admission (DESIGN.md,
-        "The charge of a claim"; README, "Claims no device can price").
+        make it free, however many are made. So no price is no admission (docs/design.md,
+        "The charge of a claim"; docs/charging.md, "No free claims").
         """
         denials: list[str] = []
         warnings: list[str] = []
@@ -213,10 +220,8 @@ class Admitter:
             if quota.hard.memory is None:
                 continue
             for request in pricing.requests:
-                for alternative, cls in request.unpriced:
-                    if not quota.in_scope(cls):
-                        continue
-                    message = _unpriced_message(quota.name, alternative, cls)
+                for alternative, cls in request.unpriced_in(quota.scope):
+                    message = _unpriced_message(quota, alternative, cls)
                     if quota.enforcement == "Audit":
                         warnings.append(f"{message} (enforcement: Audit, admitted)")
                     else:
@@ -225,7 +230,7 @@ class Admitter:
 
     def account_allocated(self, claim: Claim) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""
-        pricing = self.pricer.exact(claim)
+        pricing = self.pricer.exact(claim, selections=self._selections(claim.namespace))
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
         self.ledger.add_or_update_claim(entry)
@@ -243,7 +248,7 @@ class Admitter:
         with `enforce` false that is a warning and the charge is accounted anyway.
         """
         own = self._own_record(claim)
-        pricing = self.pricer.exact(own)
+        pricing = self.pricer.exact(own, selections=self._selections(claim.namespace))
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
         decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
@@ -304,7 +309,8 @@ class Admitter:
                 # Arithmetic, not copies: a Job's parallelism may be 2^31-1 (issue 15.7).
                 requests.extend(r.times(count) for r in pricing.requests if count)
                 warnings.extend(pricing.warnings)
-            pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)))
+            pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)),
+                                     selections=frozenset(self._selections(namespace)))
             total = pricings[mode].total
             if max(total.memory, total.devices) > MAX_INT64:
                 return (f"the Workload's Pods together would charge {total.devices} devices and {total.memory} "
@@ -331,11 +337,40 @@ class Admitter:
                 pricings[mode] = self.pricer.upper_bound(claim.spec)
         mode = self.ledger.default_mode
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner)
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
+
+    def add_or_update_quota(self, quota: DeviceQuota) -> list[tuple[Claim, Entry]]:
+        """Count `quota` (`Ledger.add_or_update_quota`), and price the namespace's claims
+        for its `spec.devices` where no quota there selected those devices before.
+
+        Allocated claims are priced again at once, from their devices (no tenant CEL:
+        `Pricer.rescoped`). Unallocated ones are returned, each with the entry that counts
+        it meanwhile (its unscoped charge: more than the truth, never less): the caller
+        prices them as stored claims (`webhook.refine`, budgeted) or with
+        `reserve_existing`. Only a selection new to the namespace costs a pass over its
+        claims: a quota's status writes come back as updates of an unchanged spec.
+        """
+        before = self._selections(quota.namespace)
+        self.ledger.add_or_update_quota(quota)
+        selection = quota.scope.devices
+        selections = self._selections(quota.namespace)
+        if selection.everything or selection in before or selection not in selections:
+            return []
+        stale: list[tuple[Claim, Entry]] = []
+        for entry in list(self.ledger.entries_in(quota.namespace)):
+            if all(p.priced_for(selection) for p in entry.pricing.values()):
+                continue
+            if entry.allocated:
+                rescoped = {mode: self.pricer.rescoped(p, selections) for mode, p in entry.pricing.items()}
+                self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))
+            elif entry.claim is not None:
+                stale.append((entry.claim, entry))
+        return stale
 
     def priced_before(self, claim: Claim) -> bool:
         """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
-        return all(self.pricer.known(claim.spec, mode) for mode in self._modes(claim.namespace))
+        selections = self._selections(claim.namespace)
+        return all(self.pricer.known(claim.spec, mode, selections) for mode in self._modes(claim.namespace))
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
@@ -343,11 +378,12 @@ class Admitter:
         (`webhook.refine`), so that it is ready at once and never counts less than the truth."""
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
         return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
-                     allocated=False, owner=claim.owner)
+                     allocated=False, owner=claim.owner, claim=claim)
 
     def price(self, claim: Claim, *, budget: Budget | None = None) -> Pricing:
         """The estimate in the default mode: the charge the leader records on a claim."""
-        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode, budget=Budget.claim(budget))
+        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode, budget=Budget.claim(budget),
+                                    selections=self._selections(claim.namespace))
 
     def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
         """Our annotations `claim` should carry and does not (the leader writes them,
@@ -406,7 +442,15 @@ class Admitter:
     def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches."""
         budget = Budget.claim(review)
-        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget) for mode in self._modes(claim.namespace)}
+        selections = self._selections(claim.namespace)
+        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
+                for mode in self._modes(claim.namespace)}
+
+    def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
+        """The distinct `spec.devices` of the namespace's quotas a claim there is priced
+        for, in a stable order, at most `MAX_PRICED_SELECTIONS`."""
+        found = {q.scope.devices for q in self.ledger.quotas(namespace) if not q.scope.devices.everything}
+        return tuple(sorted(found, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS]
 
     def _modes(self, namespace: Namespace) -> list[Mode]:
         modes: set[Mode] = {self.ledger.default_mode}

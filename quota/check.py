@@ -23,10 +23,12 @@ from quota.knownfields import strict_error
 from quota.ledger import Ledger
 from quota.loader import CheckInputError, Document
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode, Namespace
-from quota.pricing import Pricer, Pricing
+from quota.priced import Pricing
+from quota.pricing import Pricer
 from quota.printable import for_json
 from quota.meta import NamespaceError, parse_namespace
 from quota.raw import show
+from quota.scope import selection_problems
 from quota.slices import SliceError
 
 __all__ = ["ObjectResult", "Report", "run_check"]
@@ -47,7 +49,7 @@ class ObjectResult:
     requests: tuple[tuple[str, int, Charge], ...]
     allocated: bool = False
     # Why no DeviceQuota counts it, when admitted so (the table's DETAILS; not in the JSON,
-    # whose shape is DESIGN's contract).
+    # whose shape is docs/design.md's contract, "CLI").
     unlimited: str = ""
 
     def as_json(self) -> dict[str, Any]:
@@ -106,7 +108,10 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             elif kind == "DeviceQuota":
                 quota = parse_device_quota(doc.obj)
                 _once(seen, doc, kind, quota.namespace, quota.name)
-                ledger.add_or_update_quota(quota)
+                admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
+                report.warnings.extend(f"{doc.source}: DeviceQuota {quota.namespace}/{quota.name}: {problem}: that "
+                                       "selector selects every device"
+                                       for problem in selection_problems(quota.scope.devices.expressions))
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
                 # defects of a claim are that claim's denial, as in the webhook.
@@ -227,6 +232,6 @@ def _unlimited(namespace: str, admission: Admission, ledger: Ledger) -> str:
     quotas = ledger.quotas(Namespace(namespace))
     if not quotas:
         return f"no DeviceQuota in namespace {namespace}: no quota applies"
-    if not any(admission.pricing.in_scope(q.device_classes) for q in quotas):
-        return f"no DeviceQuota of namespace {namespace} counts its device classes: no quota applies"
+    if not any(admission.pricing.in_scope(q.scope) for q in quotas):
+        return f"no DeviceQuota of namespace {namespace} counts its device classes or devices: no quota applies"
     return ""

@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from quota.model import ZERO, Charge, DeviceClassName, Mode, Namespace
+from quota.model import ZERO, Charge, Mode, Namespace
 from quota.meta import parse_meta, require_version
 from quota.quantity import ceil_int, format_quantity, non_negative_amount
-from quota.raw import as_list, show
-from quota.validation import at_most, dns_subdomain, integer
+from quota.raw import show
+from quota.scope import Scope, parse_scope
+from quota.validation import integer
 
 __all__ = [
     "GOVERNED_LABEL",
@@ -48,7 +49,6 @@ PLURAL = "devicequotas"
 
 Enforcement = Literal["Enforce", "Audit"]
 RESOURCES = ("devices", "memory")  # sorted: the order denial messages use
-MAX_CLASS_NAMES = 64  # the CRD's maxItems
 
 
 class QuotaError(ValueError):
@@ -72,13 +72,11 @@ class DeviceQuota:
     namespace: Namespace
     name: str
     hard: Limits
-    device_classes: frozenset[DeviceClassName] = frozenset()
+    # What it charges: `spec.deviceClassNames` and `spec.devices` (`quota.scope`).
+    scope: Scope = Scope()
     enforcement: Enforcement = "Enforce"
     # None: the global pricing mode applies.
     mode: Mode | None = None
-
-    def in_scope(self, device_class: DeviceClassName) -> bool:
-        return not self.device_classes or device_class in self.device_classes
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +132,7 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     if unknown:
         names = ", ".join(show(k) for k in unknown[:4])
         raise QuotaError(f"{where}: spec.hard: unsupported resource(s) {names}: use memory, devices")
-    classes = as_list(spec.get("deviceClassNames"), f"{where}: spec.deviceClassNames", QuotaError)
-    at_most(classes, MAX_CLASS_NAMES, f"{where}: spec.deviceClassNames", QuotaError)
-    for i, cls in enumerate(classes):
-        dns_subdomain(cls, f"{where}: spec.deviceClassNames[{i}]", QuotaError)
+    scope = parse_scope(spec, where, QuotaError)
     enforcement = spec.get("enforcement") or "Enforce"
     if enforcement not in ("Enforce", "Audit"):
         raise QuotaError(f"{where}: spec.enforcement must be Enforce or Audit, got {show(enforcement)}")
@@ -154,7 +149,7 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
             # The CRD types devices as a non-negative int64, not a quantity.
             devices=None if devices is None else integer(devices, f"{where}: spec.hard.devices", QuotaError),
         ),
-        device_classes=frozenset(DeviceClassName(c) for c in classes),
+        scope=scope,
         enforcement=enforcement_value,
         mode=None if mode is None else ("optimistic" if mode == "Optimistic" else "conservative"),
     )

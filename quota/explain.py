@@ -20,22 +20,27 @@ from collections.abc import Sequence
 
 from quota.claims import Claim
 from quota.devicequota import DeviceQuota, format_resource
-from quota.model import Charge, Mode
-from quota.pricing import PricedRequest, Pricer
+from quota.model import Mode
+from quota.priced import PricedRequest
+from quota.pricing import Pricer
+from quota.scope import Scope
 
 __all__ = ["conservative_note"]
 
 
 def conservative_note(pricer: Pricer, claim: Claim, denied_by: Sequence[DeviceQuota], default_mode: Mode) -> str:
-    """The note for a claim `denied_by` these quotas; "" when pricing is not the story."""
+    """The note for a claim `denied_by` these quotas; "" when pricing is not the story.
+
+    Charges are those the first Conservative quota sees (its classes and devices)."""
     conservative = [q for q in denied_by if (q.mode or default_mode) == "conservative"]
     if not conservative:
         return ""
-    high = pricer.estimate(claim.spec, mode="conservative").requests
-    low = pricer.estimate(claim.spec, mode="optimistic").requests
+    scope = conservative[0].scope
+    selections = () if scope.devices.everything else (scope.devices,)
+    high = pricer.estimate(claim.spec, mode="conservative", selections=selections).requests
+    low = pricer.estimate(claim.spec, mode="optimistic", selections=selections).requests
     limited = [r for r in ("memory", "devices") if any(q.hard.get(r) is not None for q in conservative)]
-    parts = [_request(hi, lo, limited) for hi, lo in zip(high, low, strict=True)
-             if any(q.in_scope(cls) for q in conservative for cls, _ in hi.alternatives)]
+    parts = [_request(hi, lo, limited, scope) for hi, lo in zip(high, low, strict=True) if hi.touches(scope)]
     found = [p for p in parts if p]
     if not found:
         return ""
@@ -46,12 +51,13 @@ def conservative_note(pricer: Pricer, claim: Claim, denied_by: Sequence[DeviceQu
             f"those prices)")
 
 
-def _request(high: PricedRequest, low: PricedRequest, limited: Sequence[str]) -> str:
+def _request(high: PricedRequest, low: PricedRequest, limited: Sequence[str], scope: Scope) -> str:
     """"" unless the smallest candidate costs less than the largest in a limited dimension."""
-    cheaper = [r for r in limited if low.charge.amount(r) < high.charge.amount(r)]
+    hi, lo = high.scoped(scope), low.scoped(scope)
+    cheaper = [r for r in limited if lo.amount(r) < hi.amount(r)]
     if not cheaper:
         return ""
-    charged = ",".join(format_resource(r, high.charge.amount(r)) for r in cheaper)
-    smallest = ",".join(format_resource(r, low.charge.amount(r)) for r in cheaper)
+    charged = ",".join(format_resource(r, hi.amount(r)) for r in cheaper)
+    smallest = ",".join(format_resource(r, lo.amount(r)) for r in cheaper)
     return (f"request {high.name} may get any of the {high.candidates} devices that match it and is charged as "
             f"if it got the largest: {charged} (the smallest: {smallest})")

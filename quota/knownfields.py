@@ -135,7 +135,8 @@ _V1BETA1 = _objects(_claim_spec(_fields("name", exactly=_EXACT, firstAvailable=[
 
 # -- draquota.io/v1alpha1 ---------------------------------------------------------------------
 
-DEVICE_QUOTA_SPEC = _fields("deviceClassNames", "enforcement", "pricing", hard=_fields("memory", "devices"))
+DEVICE_QUOTA_SPEC = _fields("deviceClassNames", "enforcement", "pricing", hard=_fields("memory", "devices"),
+                            devices=_fields("drivers", selectors=[_SELECTOR]))
 
 SCHEMAS: dict[str, dict[str, dict[str, Schema]]] = {
     "resource.k8s.io/v1": _V1,

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
+from quota.claims import Claim
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge, Mode, Namespace
-from quota.pricing import Pricing
+from quota.priced import Pricing
 
 __all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger"]
 
@@ -39,14 +40,18 @@ class Entry:
     # The uid of the Pod whose controlling ownerReference the claim carries: a claim of a
     # Pod of an admitted Kueue Workload draws on that Workload's holding (`quota.workloads`).
     owner: str = ""
+    # An unallocated claim's own object: what prices it again for a quota selecting other
+    # devices than its pricing knows (`Admitter.add_or_update_quota`). None for allocated
+    # claims (their pricing holds their devices) and Workloads.
+    claim: Claim | None = None
 
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
-        return self._pricing(quota, default_mode).charge_for(quota.device_classes)
+        return self._pricing(quota, default_mode).charge_for(quota.scope)
 
     def in_scope(self, quota: DeviceQuota, default_mode: Mode) -> bool:
         """Counted in `quota`'s allocated/pending claims: a quota scoped to other classes
-        does not count the claim, as it does not charge it."""
-        return self._pricing(quota, default_mode).in_scope(quota.device_classes)
+        or devices does not count the claim, as it does not charge it."""
+        return self._pricing(quota, default_mode).in_scope(quota.scope)
 
     def _pricing(self, quota: DeviceQuota, default_mode: Mode) -> Pricing:
         return self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
@@ -75,8 +80,14 @@ class Ledger:
     # -- quotas -------------------------------------------------------------------
 
     def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
-        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
+        """A DeviceQuota added or changed: its usage counted from the namespace's claims,
+        unless it is the one already held (what counts is its spec, which every status write
+        leaves alone: every admission's write comes back through the watch, and a recount
+        costs every claim of the namespace)."""
         key = (quota.namespace, quota.name)
+        if self._quotas.get(quota.namespace, {}).get(quota.name) == quota and key in self._usage:
+            return (key,)
+        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
         usage = Usage()
         for entry in self._by_namespace.get(quota.namespace, {}).values():
             usage = _add(usage, entry, quota, self.default_mode, +1)

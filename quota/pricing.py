@@ -1,7 +1,7 @@
 """The charge of a claim: exact from its allocation, estimated before it.
 
 Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
-`quota.devicequota` compares charges with limits. The rules are DESIGN.md's "The
+`quota.devicequota` compares charges with limits. The rules are docs/design.md's "The
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
 classes: no clock, no I/O. `Pricer` only adds caches keyed on the inventory generation.
@@ -10,89 +10,35 @@ Every estimate spends a claim `Budget` (`quota.work`): its request selectors' co
 charge and the matches they need, cached ones at what they cost. Out of budget, the
 claim is not priced: its `Pricing.errors` carry the budget's message, and admission
 denies it with that message.
+
+Quotas that select devices (`quota.scope.DeviceSelection`, a DeviceQuota's
+`spec.devices`): the caller names the selections of the claim's namespace, and each
+alternative is priced once more per selection, by the same rules over only the
+candidates it selects (`_price_selected`): its selectors run as one more stage of the
+same match, after the class's and the request's, so their verdicts are cached and
+charged to the claim's budget like a class's. The values (`Share`, `Pricing`) and how a
+quota reads them are `quota.priced`'s.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
+from typing import TypeVar
 
 from quota.capacity import memory_charge, nominal_memory_charge, round_request, tolerates_all
 from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, Request
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
+from quota.priced import HeldDevice, PricedRequest, Pricing, Share, combine
 from quota.quantity import ceil_int, format_quantity
+from quota.scope import DeviceSelection
 from quota.selectors import DeviceGroup, Match, SelectorMatcher
 from quota.work import COMPILE_UNITS_PER_BYTE, Budget, BudgetExceeded
 
-__all__ = ["PricedRequest", "Pricing", "Pricer", "at_least_recorded", "combine"]
-
-ScopeTest = Callable[[DeviceClassName], bool]
-
-
-def combine(charges: Iterable[Charge], mode: Mode) -> Charge:
-    """firstAvailable: per dimension the largest (conservative) or smallest (optimistic)."""
-    pick = Charge.max if mode == "conservative" else Charge.min
-    return reduce(pick, charges)
-
-
-@dataclass(frozen=True, slots=True)
-class PricedRequest:
-    """One request of a claim: its candidates now and its charge (unscoped)."""
-
-    name: str
-    candidates: int
-    charge: Charge
-    # (class, charge) per alternative: one for `exactly`, one per firstAvailable subrequest.
-    alternatives: tuple[tuple[DeviceClassName, Charge], ...]
-    mode: Mode = "conservative"
-    # (alternative name, class) of alternatives whose memory no known device tells:
-    # charged 0 memory, which `quota.admission` must not let through a memory limit.
-    unpriced: tuple[tuple[str, DeviceClassName], ...] = ()
-
-    def scoped(self, in_scope: ScopeTest) -> Charge:
-        """The charge a quota scoped by `in_scope` sees: out-of-scope alternatives cost 0."""
-        return combine((c if in_scope(cls) else ZERO for cls, c in self.alternatives), self.mode)
-
-    def times(self, count: int) -> PricedRequest:
-        """`count` copies of this request as one (a Workload's Pods each stamping the claim).
-
-        Exact for every quota scope: `scoped` combines the alternatives per dimension by
-        max or min, which commutes with multiplying every alternative by the same count.
-        """
-        return replace(self, charge=self.charge.times(count),
-                       alternatives=tuple((cls, c.times(count)) for cls, c in self.alternatives))
-
-
-@dataclass(frozen=True, slots=True)
-class Pricing:
-    requests: tuple[PricedRequest, ...]
-    exact: bool = False
-    warnings: tuple[str, ...] = ()
-    # Reasons the claim cannot be priced or allocated as written (unknown class, CEL errors).
-    errors: tuple[str, ...] = ()
-    # Pricing stopped at a budget (`quota.work`): `errors` holds its message, nothing else.
-    over_budget: bool = False
-    # Exact pricings: what `draquota.io/allocated-charge` should say (`Pricer.allocation_record`),
-    # found in the same pass over the allocation, so an allocation event prices its devices once.
-    record: tuple[tuple[DeviceKey, int], ...] = ()
-
-    @property
-    def total(self) -> Charge:
-        return sum((r.charge for r in self.requests), ZERO)
-
-    def charge_for(self, classes: frozenset[DeviceClassName]) -> Charge:
-        """The charge a quota scoped to `classes` (empty = every class) sees."""
-        if not classes:
-            return self.total
-        return sum((r.scoped(classes.__contains__) for r in self.requests), ZERO)
-
-    def in_scope(self, classes: frozenset[DeviceClassName]) -> bool:
-        """Whether a quota scoped to `classes` (empty = every class) counts this claim among
-        its `claims`: some alternative of some request names one of its classes."""
-        return not classes or any(cls in classes for r in self.requests for cls, _ in r.alternatives)
+__all__ = ["Pricer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +50,20 @@ class _Estimate:
     unpriced: bool = False
     # The matches it took, (key, cost): what a claim that finds it cached is charged.
     matches: tuple[tuple[object, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Selected:
+    """One requirement priced over the candidates a `DeviceSelection` selects (`Share`)."""
+
+    charge: Charge
+    touches: bool
+    unpriced: bool = False
+    warnings: tuple[str, ...] = ()
+    matches: tuple[tuple[object, int], ...] = ()
+
+
+_Cached = TypeVar("_Cached", _Estimate, _Selected)
 
 
 class Pricer:
@@ -120,38 +80,45 @@ class Pricer:
         self.inventory = inventory
         self.classes = classes
         self.matcher = matcher or SelectorMatcher(inventory)
-        self._cache: OrderedDict[object, _Estimate] = OrderedDict()
+        self._cache: OrderedDict[object, _Estimate | _Selected] = OrderedDict()
         self._bounds: OrderedDict[object, Charge] = OrderedDict()
         self._cache_size = cache_size
 
     # -- unallocated claims: an estimate -------------------------------------------
 
-    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative", budget: Budget | None = None) -> Pricing:
+    def estimate(self, spec: ClaimSpec, *, mode: Mode = "conservative", budget: Budget | None = None,
+                 selections: Sequence[DeviceSelection] = ()) -> Pricing:
         """The claim's estimate; `budget` is the claim's (shared by its pricing modes), a
-        claim budget of its own when None."""
+        claim budget of its own when None. Each request is also priced for each of
+        `selections` (the namespace's quotas' `spec.devices`, `quota.priced`), within
+        the same budget: a selection's selectors run on the candidates once more."""
         budget = budget if budget is not None else Budget.claim()
         requests: list[PricedRequest] = []
         warnings: list[str] = []
         errors: list[str] = []
         try:
             for request in spec.requests:
-                priced, req_warnings, req_errors = self._request(request, mode, budget)
+                priced, req_warnings, req_errors = self._request(request, mode, budget, selections)
                 requests.append(priced)
                 warnings.extend(req_warnings)
                 errors.extend(req_errors)
         except BudgetExceeded as exceeded:
             return Pricing((), False, tuple(warnings), (str(exceeded),), over_budget=True)
-        return Pricing(tuple(requests), False, tuple(warnings), tuple(errors))
+        return Pricing(tuple(requests), False, tuple(dict.fromkeys(warnings)), tuple(errors),
+                       selections=frozenset(selections))
 
-    def _request(self, request: Request, mode: Mode, budget: Budget) -> tuple[PricedRequest, list[str], list[str]]:
+    def _request(self, request: Request, mode: Mode, budget: Budget,
+                 selections: Sequence[DeviceSelection]) -> tuple[PricedRequest, list[str], list[str]]:
         alternatives: list[tuple[DeviceClassName, Charge]] = []
         warnings: list[str] = []
         errors: list[str] = []
         chosen: int | None = None
         counts: list[int] = []
         unpriced: list[tuple[str, DeviceClassName]] = []
+        estimates: list[_Estimate] = []
         for alt in request.alternatives:
             est = self._requirement(alt, mode, budget)
+            estimates.append(est)
             if est.unpriced:
                 unpriced.append((alt.name, alt.device_class))
             counts.append(est.candidates)  # the same in both modes
@@ -164,7 +131,17 @@ class Pricer:
                 chosen = est.candidates
         candidates = chosen if chosen is not None else max(counts, default=0)
         charge = combine((c for _, c in alternatives), mode)
-        priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced))
+        shares = []
+        for selection in selections:
+            per_alternative = []
+            for alt, est in zip(request.alternatives, estimates, strict=True):
+                selected = self._selected(alt, mode, budget, selection, est)
+                per_alternative.append(Share(selected.charge, selected.touches,
+                                             (alt.name, alt.device_class) if selected.unpriced else None))
+                warnings.extend(f"request {alt.name}: {w}" for w in selected.warnings)
+            shares.append((selection, tuple(per_alternative)))
+        priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced),
+                               tuple(shares))
         return priced, warnings, errors
 
     def _requirement(self, req: DeviceRequirement, mode: Mode, budget: Budget) -> _Estimate:
@@ -176,27 +153,32 @@ class Pricer:
                 f"device class {req.device_class!r} not found: create the DeviceClass or fix "
                 "deviceClassName"
             ))
-        key = self._key(req, cls, mode)
+        return self._lookup(self._key(req, cls, mode), budget, lambda: self._price(req, cls, mode, budget))
+
+    def _lookup(self, key: object, budget: Budget, compute: Callable[[], _Cached]) -> _Cached:
+        """The cached value for `key`, charging `budget` the matches it took; else computed."""
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._price(req, cls, mode, budget)
-            self._cache[key] = cached
+            value = compute()
+            self._cache[key] = value
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-            for match_key, cost in cached.matches:
-                budget.once(match_key, cost)
-        return cached
+            return value
+        self._cache.move_to_end(key)
+        for match_key, cost in cached.matches:
+            budget.once(match_key, cost)
+        return cached  # type: ignore[return-value]  # keys of one kind hold values of one kind
 
     def _key(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> object:
         # The request's own name only shapes messages: leave it out of the cache key.
         return (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
 
-    def known(self, spec: ClaimSpec, mode: Mode) -> bool:
+    def known(self, spec: ClaimSpec, mode: Mode, selections: Sequence[DeviceSelection] = ()) -> bool:
         """Whether `estimate` would find every requirement of `spec` priced already (at
-        this inventory generation): then it evaluates no CEL and takes microseconds."""
-        return all(cls is None or self._key(alt, cls, mode) in self._cache
+        this inventory generation), for each of `selections` too: then it evaluates no
+        CEL and takes microseconds."""
+        return all(cls is None or (key := self._key(alt, cls, mode)) in self._cache
+                   and all((key, selection) in self._cache for selection in selections)
                    for request in spec.requests for alt in request.alternatives
                    for cls in [self.classes.get(alt.device_class)])
 
@@ -207,10 +189,10 @@ class Pricer:
             where = f"class {cls.name}" if match.error.stage == 0 else "selector"
             kind = "CEL compile error" if match.error.compile_error else "CEL runtime error"
             return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}", matches=spent)
-        priced = _eligible(match, req)
+        priced = _eligible(match.groups, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access:
-            # adminAccess devices stay usable by others: they cost nothing (DESIGN.md).
+            # adminAccess devices stay usable by others: they cost nothing (docs/design.md, "The charge of a claim").
             return _Estimate(count, ZERO, matches=spent)
         if count == 0:
             return self._no_candidate(req, cls, mode, budget, spent)
@@ -227,7 +209,7 @@ class Pricer:
                       spent: tuple[tuple[object, int], ...]) -> _Estimate:
         """Price at the class's largest per-device charge so the claim cannot slip in for free.
 
-        Per device, the charge this request would have on it (DESIGN.md): a whole device,
+        Per device, the charge this request would have on it (docs/design.md): a whole device,
         or on a shared one the request's memory rounded by the policy, or the policy
         default when it asks for none, not the shared device's whole memory.
         """
@@ -242,6 +224,71 @@ class Pricer:
             f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
             f"in class {cls.name} ({format_quantity(largest)} each)",
         ), unpriced=not _publish_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
+
+    # -- unallocated claims, for a quota that selects devices ----------------------------
+
+    def _selected(self, req: DeviceRequirement, mode: Mode, budget: Budget, selection: DeviceSelection,
+                  est: _Estimate) -> _Selected:
+        cls = self.classes.get(req.device_class)
+        if cls is None or est.error is not None:
+            # Denied at admission; where such a claim exists anyway, it counts whole.
+            return _Selected(est.charge, True, est.unpriced)
+        return self._lookup((self._key(req, cls, mode), selection), budget,
+                            lambda: self._price_selected(req, cls, mode, budget, selection, est.candidates))
+
+    def _price_selected(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget,
+                        selection: DeviceSelection, candidates: int) -> _Selected:
+        """The rules of `_price`, over only the candidates `selection` selects: none
+        selected costs 0; none at all (the no-candidate rule) the largest per-device charge
+        among the class's selected devices."""
+        spent: list[tuple[object, int]] = []
+        if candidates == 0 and not req.admin_access:
+            return self._no_candidate_selected(req, cls, budget, selection, spent)
+        _, groups, warnings = self._narrowed((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests],
+                                             selection, budget, spent)
+        priced = _eligible(groups, req)
+        count = sum(n for _, n, _ in priced)
+        if req.admin_access or count == 0:
+            return _Selected(ZERO, count > 0, False, warnings, tuple(spent))
+        if req.allocation_mode == "All":
+            charge = _all_mode(priced)
+        else:
+            charge = Charge((max if mode == "conservative" else min)(c for c, _, _ in priced) * req.count, req.count)
+        return _Selected(charge, True, not _publish_memory(g for _, _, g in priced), warnings, tuple(spent))
+
+    def _no_candidate_selected(self, req: DeviceRequirement, cls: DeviceClass, budget: Budget,
+                               selection: DeviceSelection, spent: list[tuple[object, int]]) -> _Selected:
+        """`_no_candidate` over the class's selected devices. A class with devices, none
+        selected, costs 0; a class with no devices at all cannot tell what a device would
+        be, and costs what it costs unscoped (and is unpriced for memory)."""
+        whole, groups, warnings = self._narrowed((cls.selectors,), (), selection, budget, spent)
+        if whole.groups and not groups:
+            return _Selected(ZERO, False, False, warnings, tuple(spent))
+        priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in groups]
+        largest = max((charge for charge, _, _ in priced), default=0)
+        charge = _all_mode(priced) if req.allocation_mode == "All" else Charge(largest * req.count, req.count)
+        return _Selected(charge, True, not _publish_memory(groups), warnings, tuple(spent))
+
+    def _narrowed(self, chain: tuple[tuple[str, ...], ...], capacity_names: Sequence[str], selection: DeviceSelection,
+                  budget: Budget, spent: list[tuple[object, int]]) -> tuple[Match, list[DeviceGroup], tuple[str, ...]]:
+        """The match of `chain`, and its groups `selection` selects: its selectors as one
+        more stage (seeing only the devices the chain kept, so their verdicts are cached
+        like a class's), then its drivers. A selector that cannot be evaluated on some
+        candidate selects every candidate, with a warning: never less than the truth."""
+        whole = self.matcher.match(chain, capacity_names, budget)
+        spent.append((whole.key, whole.cost))
+        groups = whole.groups
+        warnings: tuple[str, ...] = ()
+        if selection.expressions and whole.error is None:
+            narrowed = self.matcher.match((*chain, selection.stage), capacity_names, budget)
+            spent.append((narrowed.key, narrowed.cost))
+            if narrowed.error is None:
+                groups = narrowed.groups
+            else:
+                index = narrowed.error.index - (len(selection.stage) - len(selection.expressions))  # the guard's
+                warnings = (f"a DeviceQuota's spec.devices.selectors[{max(index, 0)}] cannot be evaluated "
+                            f"({narrowed.error.message}): every candidate of its drivers counts toward that quota",)
+        return whole, [g for g in groups if selection.admits_driver(g.representative.driver)], warnings
 
     # -- stored claims not priced yet: an upper bound ----------------------------------
 
@@ -290,14 +337,15 @@ class Pricer:
 
     # -- allocated claims: exact --------------------------------------------------
 
-    def exact(self, claim: Claim) -> Pricing:
+    def exact(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing:
         """Charge from `status.allocation`; a device that vanished from the inventory is
         charged what the claim's `draquota.io/allocated-charge` records for it, what it
-        was charged while it existed."""
+        was charged while it existed. Each request also priced for each of `selections`
+        (`rescoped`)."""
         recorded = dict(claim.recorded_devices)
         classes = _request_classes(claim.spec)
-        per_request: dict[str, tuple[DeviceClassName, list[Charge]]] = {}
-        unknown: list[AllocatedDevice] = []
+        held: list[HeldDevice | None] = []
+        unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
         record: dict[DeviceKey, int] = {}
         for result in claim.allocation or ():
             top = result.request.split("/", 1)[0]
@@ -309,14 +357,13 @@ class Pricer:
             elif not result.admin_access and result.key in recorded:
                 record[result.key] = recorded[result.key]  # vanished: kept, never dropped or guessed
             if charge is None:
-                unknown.append(result)
-                charge = Charge(0, 1)
-            per_request.setdefault(top, (cls, []))[1].append(charge)
+                unknown.append((len(held), result, top, cls))
+            held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
         warnings: list[str] = []
         if unknown:
-            names = ", ".join(str(r.key) for r in unknown)
+            names = ", ".join(str(r.key) for _, r, _, _ in unknown)
             if claim.recorded_charge is not None:
-                known = sum((c for _, cs in per_request.values() for c in cs), ZERO)
+                known = sum((h.charge for h in held if h is not None), ZERO)
                 share = _vanished_share(claim.recorded_charge, known, len(unknown))
                 warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
                                 f"{format_quantity(share)} each from the charge recorded at admission")
@@ -324,17 +371,49 @@ class Pricer:
             else:
                 # Nothing recorded (a device that never existed, or another driver's pool
                 # named): the class's largest device, so an allocation cannot be free.
-                shares = [self._largest_in_class(classes.get(r.request, DeviceClassName(""))) for r in unknown]
+                shares = [self._largest_in_class(classes.get(r.request, DeviceClassName(""))) for _, r, _, _ in unknown]
                 warnings.append(f"allocated device(s) {names} not in the inventory and no charge recorded; "
                                 "charged as the largest device of their class")
-            for result, share in zip(unknown, shares, strict=True):
-                per_request[result.request.split("/", 1)[0]][1].append(Charge(share, 0))
-        requests = tuple(
-            PricedRequest(name, len(charges), total, ((cls, total),))
-            for name, (cls, charges) in per_request.items()
-            for total in [sum(charges, ZERO)]
-        )
-        return Pricing(requests, exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())))
+            for (at, result, top, cls), share in zip(unknown, shares, strict=True):
+                held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
+        pricing = Pricing((), exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())),
+                          held=tuple(h for h in held if h is not None))
+        return self.rescoped(pricing, selections)
+
+    def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
+        """An exact pricing's requests again, priced for `selections`: from its devices
+        (`Pricing.held`), without the claim. A quota selecting devices counts an
+        allocated device when the selection selects it (`_selects`)."""
+        per_request: dict[str, list[HeldDevice]] = {}
+        for line in pricing.held:
+            per_request.setdefault(line.request, []).append(line)
+        budget = Budget.claim()
+        requests = []
+        for name, lines in per_request.items():
+            total = sum((line.charge for line in lines), ZERO)
+            shares = tuple((selection, (self._held_share(lines, selection, budget),)) for selection in selections)
+            requests.append(PricedRequest(name, len(lines), total, ((lines[0].device_class, total),), shares=shares))
+        return replace(pricing, requests=tuple(requests), selections=frozenset(selections))
+
+    def _held_share(self, lines: list[HeldDevice], selection: DeviceSelection, budget: Budget) -> Share:
+        selected = [line for line in lines if self._selects(selection, line.key, budget)]
+        return Share(sum((line.charge for line in selected), ZERO), bool(selected))
+
+    def _selects(self, selection: DeviceSelection, key: DeviceKey, budget: Budget) -> bool:
+        """Whether `selection` selects the allocated device `key`: by the driver the
+        allocation names, then by its selectors on the device as the inventory holds it.
+        A device gone from the inventory (its selectors cannot see it), one a selector
+        fails on, and any past the budget are selected: an allocated device never drops
+        out of a quota because it cannot be judged."""
+        if not selection.admits_driver(key.driver):
+            return False
+        device = self.inventory.lookup(key) if selection.expressions else None
+        if device is None:
+            return True
+        try:
+            return self.matcher.selects(selection.stage, device, budget) is not False
+        except BudgetExceeded:
+            return True
 
     def _largest_in_class(self, name: DeviceClassName) -> int:
         cls = self.classes.get(name)
@@ -376,36 +455,10 @@ class Pricer:
         return None
 
 
-def at_least_recorded(pricing: Pricing, recorded: Charge | None) -> Pricing:
-    """An unallocated claim's estimate, raised to the charge recorded at its admission.
-
-    The estimate follows the inventory: the largest candidate gone, a replica that
-    prices the claim again (it started after the admission) would reserve less than the
-    replicas that admitted it still do, and `reserved` would depend on whether the
-    leader restarted. The recorded charge (`draquota.io/charge`, written by the leader
-    once the claim exists, refused to anyone else) is what was reserved. Never below the
-    estimate, so an annotation we never wrote (a claim from before the install) cannot
-    lower a claim's charge. Only for claims of one device class: the
-    annotation is a total, with no split between classes for quotas scoped to some.
-    """
-    classes = {cls for r in pricing.requests for cls, _ in r.alternatives}
-    if recorded is None or len(classes) != 1 or not pricing.requests:
-        return pricing
-    charge = pricing.total.max(recorded)
-    if charge == pricing.total:
-        return pricing
-    (cls,) = classes
-    names = ",".join(r.name for r in pricing.requests)
-    unpriced = tuple(u for r in pricing.requests for u in r.unpriced)
-    raised = PricedRequest(names, sum(r.candidates for r in pricing.requests), charge, ((cls, charge),),
-                           pricing.requests[0].mode, unpriced)
-    return replace(pricing, requests=(raised,))
-
-
-def _eligible(match: Match, req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:
+def _eligible(groups: Iterable[DeviceGroup], req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:
     """(per-device memory charge, devices, group) for groups that can serve `req`."""
     out = []
-    for group in match.groups:
+    for group in groups:
         rep = group.representative
         if not tolerates_all(rep.taints, req.tolerations):
             continue
@@ -423,7 +476,7 @@ def _publish_memory(groups: Iterable[DeviceGroup]) -> bool:
 def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
     """allocationMode All: the largest sum over the candidates of one node (or pool).
 
-    The same in both modes: DESIGN.md defines an optimistic variant only for ExactCount
+    The same in both modes: docs/design.md defines an optimistic variant only for ExactCount
     and firstAvailable, and the scheduler gives an All request every matching device.
     """
     return max(_per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)

@@ -31,7 +31,9 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
   and `claims`, the rest;
 - `claims`: allocated and pending (existing, unallocated) claims;
 - `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
-  Audit enforcement, an allocation accounted in account-only mode).
+  Audit enforcement, an allocation accounted in account-only mode);
+- `Ready` False (`InvalidSelector`): a `spec.devices` selector does not compile; it
+  selects every device meanwhile (`quota.scope`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from quota.leases import micro_time
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
 from quota.reservations import Caches, Record, in_flight, settle, status_fields
+from quota.scope import selection_problems
 
 __all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
 
@@ -84,10 +87,7 @@ def desired_status(
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
     if isinstance(generation, int):
         status["observedGeneration"] = generation
-    conditions = [
-        _condition("Ready", True, "Counted", "usage counted from the allocated and pending claims", generation),
-        _exceeded(quota, usage.used + reserved, generation),
-    ]
+    conditions = [_ready(quota, generation), _exceeded(quota, usage.used + reserved, generation)]
     status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
     return status
 
@@ -101,6 +101,16 @@ def _amounts(charge: Charge) -> dict[str, Any]:
     """Memory as a quantity (`160Gi`), as ResourceQuota's status and the printer columns
     beside `spec.hard` read; devices as a count. `quota.top` prints both as integers."""
     return {"memory": format_quantity(charge.memory), "devices": charge.devices}
+
+
+def _ready(quota: DeviceQuota, generation: Any) -> dict[str, Any]:
+    """Ready unless a `spec.devices` selector does not compile: such a selector selects
+    every device (`quota.scope`), so the quota still holds, but counts more than meant."""
+    problems = selection_problems(quota.scope.devices.expressions)
+    if problems:
+        return _condition("Ready", False, "InvalidSelector", "; ".join(problems) + ": until it is fixed, that "
+                          "selector selects every device (the quota counts more, never less)", generation)
+    return _condition("Ready", True, "Counted", "usage counted from the allocated and pending claims", generation)
 
 
 def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:

@@ -197,8 +197,10 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
 
     A claim entry goes once this replica's cache holds its claim carrying the charge it
     was admitted at (the leader writes it, `webhook.annotator`), or saw it deleted, and
-    the watermark rises to the resourceVersion that showed it; an orphan (claim never
-    seen) goes once it expired. Until the claim carries its charge the entry is the only
+    the watermark rises to the resourceVersion that showed it; an entry that expired
+    goes too (raising the watermark if this cache holds its claim, unannotated: the leader
+    was away), an orphan (claim never seen) without raising it. Until the claim carries
+    its charge the entry is the only
     persisted record of what was admitted: a replica that prices the claim afresh (a
     restart, after the largest candidate left the inventory) must not count it below
     that. A Workload entry goes once it expired or its Workload is gone; it never moves
@@ -214,9 +216,15 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
         seen = caches.claim_recorded(uid)
         if seen is None:
             seen = caches.claim_gone(uid)
+        if seen is None and entry.expires <= now:
+            # Expired before its claim carried its charge (no leader annotated it in time):
+            # it goes, but if this cache holds the claim, the watermark still says so.
+            seen = caches.claim_version(uid)
+            if seen is None:
+                continue  # an orphan: its claim never appeared here
         if seen is not None:
             through = seen if through is None else max(through, seen)
-        elif entry.expires > now:
+        else:
             held[uid] = entry
     if len(held) == len(record.held) and through == record.through:
         return record

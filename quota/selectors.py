@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import overload
 
 from quota.cel import CelCompileError, CompiledSelector, DeviceActivation, compile_selector, device_activation
+from quota.cel.activation import activation_error
 from quota.columns import Field, PoolIndex, base_fields
 from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
@@ -206,6 +207,23 @@ class SelectorMatcher:
         budget.mark(key)
         self._results.store(result_key, result)
         return result
+
+    def selects(self, expressions: tuple[str, ...], device: Device, budget: Budget) -> bool | SelectorError:
+        """Whether every selector of `expressions` is true for one device, or why they
+        cannot say (they do not compile, fail on it, or it holds a value CEL cannot read).
+        Verdicts come from, and go to, the same cache as a match's (`quota.verdicts`)."""
+        stage = self._stage(0, expressions)
+        if isinstance(stage, SelectorError):
+            return stage
+        broken = activation_error(device)
+        if broken is not None:
+            return SelectorError(0, 0, f"{broken} (device {device.key})", compile_error=False)
+        run = StageRun(stage, 0, self._verdicts, activation=self._activation, budget=budget, pause=pauses(),
+                       per_device=True)
+        try:
+            return run.verdict(device)
+        except StageFailed as failed:
+            return failed.error
 
     def _stage(self, index: int, expressions: tuple[str, ...]) -> Stage | SelectorError:
         cached = self._compiled.lookup((index, expressions))

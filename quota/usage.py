@@ -29,7 +29,7 @@ from quota.claims import AllocatedDevice, Claim
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import ZERO, Charge, Device, DeviceClassName, DeviceKey, Namespace
-from quota.pricing import PricedRequest, Pricing
+from quota.priced import PricedRequest, Pricing
 from quota.quantity import ceil_int
 
 __all__ = [

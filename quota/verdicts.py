@@ -195,6 +195,12 @@ class StageRun:
                 self.memo = None
         return found
 
+    def verdict(self, device: Device) -> bool:
+        """One device's verdict outside any walk (a quota's selection judging an allocated
+        device): through the verdict table by the values the stage reads, as in a walk.
+        Build the run with `per_device`: no key holds those values."""
+        return self._evaluate((), device) if self.stage.fields is None else self._cached((), device)
+
     def _cached(self, key: GroupKey, device: Device) -> bool:
         assert self.stage.fields is not None
         values = tuple([cel_value(device, f) for f in self.stage.fields])

@@ -66,7 +66,7 @@ async def _inline(fn: Callable[[], dict[str, str]]) -> dict[str, str]:
 
 class Annotator:
     def __init__(self, api: KubeApi, due: Due, may_be_due: MayBeDue, *, leading: Callable[[], bool],
-                 run: Run = _inline, concurrency: int = 4, backoff: float = 1.0, attempts: int = 5) -> None:
+                 run: Run = _inline, concurrency: int = 16, backoff: float = 1.0, attempts: int = 5) -> None:
         self._api = api
         self._due = due
         self._may_be_due = may_be_due
@@ -78,6 +78,7 @@ class Annotator:
         # uid -> the latest claim to annotate and the annotations it carried.
         self._pending: dict[str, tuple[Claim, Mapping[str, str]]] = {}
         self._failures: dict[str, int] = {}
+        self._writing: set[str] = set()  # uids whose patch is in flight
         self._seen_at: dict[str, float] = {}  # uid -> when it was first seen allocated (wall clock)
         # Recorded and told `allocated`, until the record's own event arrives: an older event
         # delivered after the write must not count the claim twice.
@@ -114,29 +115,43 @@ class Annotator:
     # -- the writer -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Until cancelled: while leading, write what is due."""
+        """Until cancelled: while leading, write what is due, `concurrency` patches in
+        flight, oldest claim first.
+
+        A pool of writers, not rounds of a batch: each takes the next claim as soon as its
+        patch is answered, so one slow patch holds up only its own writer. The entry a
+        claim holds in its quota's `status.reservations` goes only once the claim carries
+        its charge (`quota.reservations.settle`), so these writes must keep up with the
+        creates: behind them, the record grows by every create they have not reached.
+        """
+        await asyncio.gather(*(self._writer() for _ in range(self._concurrency)))
+
+    async def _writer(self) -> None:
         while True:
-            if not self._pending or not self._leading():
+            uid = self._next() if self._leading() else None
+            if uid is None:
                 # Leadership is polled: the elector has no callback and a new leader
                 # finds its pending claims at most a second late.
+                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), 1.0)
                 except TimeoutError:
                     pass
-                self._wake.clear()
                 continue
-            batch = list(self._pending.values())[: self._concurrency * 8]
-            for claim, _ in batch:
-                self._pending.pop(claim.uid, None)
-            semaphore = asyncio.Semaphore(self._concurrency)
-
-            async def write(claim: Claim, annotations: Mapping[str, str]) -> bool | None:
-                async with semaphore:
-                    return await self._write(claim, annotations) if self._leading() else None
-
-            results = await asyncio.gather(*(write(c, a) for c, a in batch))
-            if any(ok is False for ok in results):
+            claim, annotations = self._pending.pop(uid)
+            self._writing.add(uid)
+            try:
+                failed = await self._write(claim, annotations) is False
+            finally:
+                self._writing.discard(uid)
+                if uid in self._pending:  # a newer event while this patch was in flight
+                    self._wake.set()
+            if failed:
                 await asyncio.sleep(self._backoff)
+
+    def _next(self) -> str | None:
+        """The oldest pending claim no writer is patching (one patch per claim at a time)."""
+        return next((uid for uid in self._pending if uid not in self._writing), None)
 
     async def _write(self, claim: Claim, annotations: Mapping[str, str]) -> bool | None:
         """One patch; False: failed and put back to retry; None: written or not needed."""

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
-from quota.devicequota import QuotaError, parse_device_quota
+from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry
 from quota.raw import as_map, dig
@@ -137,13 +137,21 @@ class NamespaceStore:
 
 class QuotaStore:
     """DeviceQuotas into the ledger; `observe`/`drop` also get the raw objects, for the
-    persisted reservations (`webhook.reservations`) to write against the newest one."""
+    persisted reservations (`webhook.reservations`) to write against the newest one.
+
+    A quota selecting devices no quota of its namespace selected before has the
+    namespace's claims priced again for it (`Admitter.add_or_update_quota`): allocated
+    ones at once, unallocated ones handed to `reprice` (`webhook.refine`: budgeted, after
+    ready), or, without it, priced here."""
 
     def __init__(self, admitter: Admitter, *, observe: Callable[[Obj], None] | None = None,
-                 drop: Callable[[str, str], None] | None = None) -> None:
+                 drop: Callable[[str, str], None] | None = None,
+                 reprice: Callable[[Claim, Entry], None] | None = None) -> None:
+        self.admitter = admitter
         self.ledger = admitter.ledger
         self.observe = observe
         self.drop = drop
+        self.reprice = reprice
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [q for q in (parse_or_skip("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
@@ -154,7 +162,7 @@ class QuotaStore:
                 if self.drop is not None:
                     self.drop(quota.namespace, quota.name)
         for quota in parsed:
-            self.ledger.add_or_update_quota(quota)
+            self._count(quota)
         if self.observe is not None:
             for obj in objects:
                 self.observe(obj)
@@ -162,7 +170,7 @@ class QuotaStore:
     def upsert(self, obj: Obj) -> None:
         quota = parse_or_skip("DeviceQuota", obj, parse_device_quota)
         if quota is not None:
-            self.ledger.add_or_update_quota(quota)
+            self._count(quota)
             if self.observe is not None:
                 self.observe(obj)
 
@@ -171,6 +179,16 @@ class QuotaStore:
         self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
         if self.drop is not None:
             self.drop(str(meta.get("namespace")), str(meta.get("name")))
+
+    def _count(self, quota: DeviceQuota) -> None:
+        stale = guarded(f"counting DeviceQuota {quota.namespace}/{quota.name}",
+                        lambda: self.admitter.add_or_update_quota(quota))
+        for claim, entry in stale or ():
+            if self.reprice is not None:
+                self.reprice(claim, entry)
+            else:
+                guarded(f"pricing ResourceClaim {claim.namespace}/{claim.name} for DeviceQuota {quota.name}",
+                        lambda: self.admitter.reserve_existing(claim))
 
 
 class ClaimStore:

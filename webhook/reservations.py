@@ -163,6 +163,12 @@ class Reservations:
     def workload_counted(self, uid: str) -> bool:
         return self.ledger.holding(ClaimRef(uid)) is not None
 
+    def admitting(self, key: QuotaKey) -> bool:
+        """Whether admissions into quota `key` are being written or wait to be (the quota
+        controller then writes that quota less often: `webhook.controller`)."""
+        batch = self._batches.get(key)
+        return batch is not None and (batch.running or bool(batch.pending))
+
     def pending(self, namespace: str, name: str) -> Charge:
         """What the quota's persisted entries add to this replica's ledger now (the sum
         `apply` checks against)."""
@@ -180,16 +186,31 @@ class Reservations:
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
-        for quota in sorted(charges, key=lambda q: q.name):
-            request = Request("reserve", uid, claim, charges[quota], series, source)
-            decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
-            if not decision.allowed:
-                await self._compensate(done, uid)
-                return Decision(False, decision.message, (*warnings, *decision.warnings), denied_by=decision.denied_by)
-            done.append(quota)
-            warnings.extend(decision.warnings)
-            warned_by.extend(decision.warned_by)
+        try:
+            for quota in sorted(charges, key=lambda q: q.name):
+                request = Request("reserve", uid, claim, charges[quota], series, source)
+                decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
+                if not decision.allowed:
+                    await self._compensate(done, uid)
+                    return Decision(False, decision.message, (*warnings, *decision.warnings),
+                                    denied_by=decision.denied_by)
+                done.append(quota)
+                warnings.extend(decision.warnings)
+                warned_by.extend(decision.warned_by)
+        except asyncio.CancelledError:
+            if not dry_run:
+                # The review ran out of time (`webhook.server`): it is answered denied, so its
+                # object is never created, but a write of its batch may still land. Release
+                # it everywhere it may be held, queued behind that write, rather than leave
+                # an orphan holding room for a TTL.
+                self._release_soon(list(charges), uid)
+            raise
         return Decision(True, "", tuple(warnings), tuple(q.name for q in done), warned_by=tuple(warned_by))
+
+    def _release_soon(self, quotas: list[DeviceQuota], uid: str) -> None:
+        task = asyncio.create_task(self._compensate(quotas, uid), name=f"release {uid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def release(self, namespace: str, uid: str) -> None:
         """Remove `uid`'s entries from the quotas of `namespace` that hold one: only for

@@ -297,7 +297,7 @@ class Caches:
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, notifying(NamespaceStore(self.namespaces), namespace_of=namespace_name)),
             reflector(QUOTAS, notifying(QuotaStore(self.admitter, observe=self.reservations.observe,
-                                                   drop=self.reservations.drop))),
+                                                   drop=self.reservations.drop, reprice=self.refiner.add))),
             *also,
         ]
         self.claims = reflector(CLAIMS, notifying(claim_store), claims=True)

@@ -72,14 +72,17 @@ class _Work(Generic[T]):
             return self._fn()
 
     def _pause(self) -> None:
-        if time.perf_counter() >= self._deadline:
+        if time.thread_time() >= self._deadline:
             parent = self._glet.parent
             assert parent is not None
             parent.switch()
 
     def step(self, seconds: float) -> bool:
-        """Run for about `seconds`; True once `fn` returned (its exception propagates)."""
-        self._deadline = time.perf_counter() + seconds
+        """Run for about `seconds` of this thread's CPU time; True once `fn` returned (its
+        exception propagates). CPU, not wall time: where other processes take the cores
+        (a loaded node), a review preempted by the kernel has not used its slice, and a
+        cheap one must not land in the slow lane behind expensive ones for that."""
+        self._deadline = time.thread_time() + seconds
         value = self._glet.switch()
         self._done = self._glet.dead
         if self._done:

@@ -106,6 +106,27 @@ def token_kubeconfig(cluster: ControlPlane, token: str, path: Path) -> Path:
     return path
 
 
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The Lease the chart's Role lets its ServiceAccount update (by name).
+LEASE = next(a.partition("=")[2] for o in OBJECTS if o["kind"] == "Deployment"
+             for a in o["spec"]["template"]["spec"]["containers"][0]["args"]
+             if a.startswith("--leader-election-lease-name="))
+
+
+async def chart_kubeconfig(cluster: ControlPlane, kube: Kube, path: Path) -> Path:
+    """A kubeconfig of the chart's ServiceAccount with exactly the chart's RBAC (the shipped
+    manifest's, default values: `serve.kueue: auto`): test_kueue.py proves the Kueue rights
+    with it, bench/admission.py runs serve as a Deployment would."""
+    await ensure_namespace(kube, NAMESPACE)
+    for obj in OBJECTS:
+        if obj["kind"] in RBAC_KINDS:
+            await apply(kube, obj)
+    answer = await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
+                                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                      "spec": {"expirationSeconds": 3600}})
+    return token_kubeconfig(cluster, answer["status"]["token"], path)
+
+
 def local_args(args: list[str], *, port: int, metrics_port: int) -> tuple[str, ...]:
     """The Deployment's arguments with the ports made local (Served listens on 127.0.0.1)."""
     assert args[0] == "serve"

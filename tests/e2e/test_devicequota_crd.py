@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.devicequota import Limits, parse_device_quota
+from quota.devicequota import Limits, QuotaError, parse_device_quota
 
 from .kube import ApiError, Kube
 
@@ -117,6 +117,14 @@ async def test_examples_are_accepted_and_parse_the_same(
         ({"hard": {"devices": 1}, "enforcement": "Sometimes"}, "spec.enforcement"),
         ({"hard": {"devices": 1}, "pricing": "Cheap"}, "spec.pricing"),
         ({}, "spec.hard"),
+        ({"hard": {"devices": 1}, "devices": {}}, "spec.devices"),
+        ({"hard": {"devices": 1}, "devices": {"drivers": ["d" * 64]}}, "spec.devices.drivers[0]"),
+        ({"hard": {"devices": 1}, "devices": {"drivers": ["a.example.com"] * 2}}, "spec.devices.drivers[1]"),
+        ({"hard": {"devices": 1}, "devices": {"selectors": [{"cel": {"expression": "true"}}] * 9}},
+         "spec.devices.selectors"),
+        ({"hard": {"devices": 1}, "devices": {"selectors": [{}]}}, "spec.devices.selectors[0].cel"),
+        ({"hard": {"devices": 1}, "devices": {"selectors": [{"cel": {"expression": "x" * 10241}}]}},
+         "spec.devices.selectors[0].cel.expression"),
     ],
 )
 async def test_invalid_quotas_are_refused_naming_the_field(
@@ -126,6 +134,9 @@ async def test_invalid_quotas_are_refused_naming_the_field(
         await kube.create(GV, "devicequotas", quota("bad", **spec), namespace=namespace)
     assert refused.value.status == 422
     assert field in str(refused.value.body)
+    if "devices" in spec:  # the parser refuses the same spec.devices (`dra-quota check` reads files)
+        with pytest.raises(QuotaError):
+            parse_device_quota({"apiVersion": GV, **quota("bad", **spec), "metadata": {"name": "bad", "namespace": "ns"}})
 
 
 async def test_default_enforcement_and_status_subresource(kube: Kube, crd: dict[str, Any], namespace: str) -> None:

@@ -71,6 +71,8 @@ from .test_serve import (  # noqa: F401 - crd is a fixture
 )
 from .timings import record
 
+ORPHAN_TTL = 30.0  # seconds (serve --reservation-ttl)
+
 pytestmark = pytest.mark.e2e
 
 RUN = uuid.uuid4().hex[:8]
@@ -247,7 +249,10 @@ async def fleet(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  #
             await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": name}, "spec": spec},
                               namespace=namespace)
         port, metrics_port = free_ports(2)
-        async for served in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
+        # A TTL shorter than the convergence wait below: an admission whose create failed after
+        # our answer (a busy API server) holds its room until then, as it should.
+        async for served in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
+                                           args=("--reservation-ttl", str(ORPHAN_TTL)))):
             async with installed(kube, adapted_webhooks(RUN, served.port, cluster)):
                 yield Fleet(served, namespace, gpus, classes, published)
     finally:
@@ -407,7 +412,7 @@ async def converged(kube: Kube, fleet: Fleet, what: str) -> tuple[Expected, dict
         return got == {name: (want.used[name], want.reserved[name], want.claims[name]) for name in ("all", "mig")}
 
     try:
-        await poll(agrees, timeout=60, what=what, interval=0.05, max_interval=0.25)
+        await poll(agrees, timeout=60 + ORPHAN_TTL, what=what, interval=0.05, max_interval=0.25)
     except WaitTimeout:
         want = last["want"]
         assert isinstance(want, Expected)

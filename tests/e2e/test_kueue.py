@@ -34,7 +34,7 @@ from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
 from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues, workload_of
 from ..tools.chart import NAMESPACE
-from .test_chart import ACCOUNT, OBJECTS, apply, ensure_namespace, token_kubeconfig
+from .test_chart import LEASE, chart_kubeconfig
 from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
 
 pytestmark = pytest.mark.e2e
@@ -44,26 +44,6 @@ __all__ = ["crd", "queue_objects"]  # fixtures used by name
 H100 = Gpu("NVIDIA H100-SXM5-80GB", "80Gi")
 WORKLOAD_LABEL = "draquota.io/workload"
 RETRY_SECONDS = 2
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-# The Lease the chart's Role lets its ServiceAccount update (by name).
-LEASE = next(a.partition("=")[2] for o in OBJECTS if o["kind"] == "Deployment"
-             for a in o["spec"]["template"]["spec"]["containers"][0]["args"]
-             if a.startswith("--leader-election-lease-name="))
-
-
-async def chart_kubeconfig(cluster: ControlPlane, kube: Kube, path: Path) -> Path:
-    """A kubeconfig of the chart's ServiceAccount with exactly the chart's RBAC (the shipped
-    manifest's, default values: `serve.kueue: auto`), so the Kueue rights are proven here."""
-    await ensure_namespace(kube, NAMESPACE)
-    for obj in OBJECTS:
-        if obj["kind"] in RBAC_KINDS:
-            await apply(kube, obj)
-    answer = await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
-                                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                      "spec": {"expirationSeconds": 3600}})
-    return token_kubeconfig(cluster, answer["status"]["token"], path)
-
-
 class Env:
     def __init__(self, kube: Kube, namespace: str, queue: str, check: str, served: Served) -> None:
         self.kube, self.namespace, self.queue, self.check, self.served = kube, namespace, queue, check, served

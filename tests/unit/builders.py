@@ -126,7 +126,9 @@ def result(req: str, device: str, *, pool: str = "node-1", driver: str = "gpu.ex
 
 def make_quota(name: str, *, namespace: str = "team-a", memory: str | None = None, devices: int | None = None,
                classes: list[str] | None = None, enforcement: str | None = None,
-               pricing: str | None = None) -> dict[str, Any]:
+               pricing: str | None = None, drivers: list[str] | None = None,
+               selectors: list[str] | None = None) -> dict[str, Any]:
+    """`drivers` and `selectors` make its `spec.devices` (absent when both are None)."""
     hard: dict[str, Any] = {}
     if memory is not None:
         hard["memory"] = memory
@@ -139,5 +141,9 @@ def make_quota(name: str, *, namespace: str = "team-a", memory: str | None = Non
         spec["enforcement"] = enforcement
     if pricing:
         spec["pricing"] = pricing
+    if drivers is not None or selectors is not None:
+        spec["devices"] = {**({"drivers": drivers} if drivers is not None else {}),
+                           **({"selectors": [{"cel": {"expression": s}} for s in selectors]}
+                              if selectors is not None else {})}
     return {"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}

@@ -61,7 +61,7 @@ def test_a_claim_no_quota_counts_says_so(tmp_path: Path, capsys: pytest.CaptureF
     rows = {line.split()[2]: line for line in out.splitlines()[1:] if line.startswith("ResourceClaim")}
     assert code == 0
     assert rows["free"].endswith("no DeviceQuota in namespace team-c: no quota applies")
-    assert rows["unscoped"].endswith("no DeviceQuota of namespace team-b counts its device classes: no quota applies")
+    assert rows["unscoped"].endswith("no DeviceQuota of namespace team-b counts its device classes or devices: no quota applies")
 
 
 # -- kinds --------------------------------------------------------------------------------------

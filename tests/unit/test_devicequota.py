@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Limits, QuotaCheck, QuotaError, Usage, check, parse_device_quota
 from quota.model import Charge, DeviceClassName, Namespace
+from quota.scope import Scope
 
 from .builders import GiB, make_quota
 
@@ -14,9 +15,10 @@ def test_parses_quantities_scope_and_modes() -> None:
     q = parse_device_quota(make_quota("gpus", memory="320Gi", devices=8, classes=["mig.nvidia.com"],
                                       enforcement="Audit", pricing="Optimistic"))
     assert q == DeviceQuota(Namespace("team-a"), "gpus", Limits(320 * GiB, 8),
-                            frozenset({DeviceClassName("mig.nvidia.com")}), "Audit", "optimistic")
-    assert q.in_scope(DeviceClassName("mig.nvidia.com")) and not q.in_scope(DeviceClassName("gpu.nvidia.com"))
-    assert parse_device_quota(make_quota("all")).in_scope(DeviceClassName("anything"))
+                            Scope(frozenset({DeviceClassName("mig.nvidia.com")})), "Audit", "optimistic")
+    assert q.scope.admits_class(DeviceClassName("mig.nvidia.com"))
+    assert not q.scope.admits_class(DeviceClassName("gpu.nvidia.com"))
+    assert parse_device_quota(make_quota("all")).scope.everything
 
 
 @pytest.mark.parametrize(

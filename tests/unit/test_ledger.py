@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import quota.ledger as ledger_module
 from quota.devicequota import parse_device_quota
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
-from quota.pricing import PricedRequest, Pricing
+from quota.priced import PricedRequest, Pricing
 
 from .builders import GiB, make_quota
 
@@ -85,6 +86,28 @@ def test_a_quota_created_later_counts_existing_claims() -> None:
     assert led.usage(NS, "q").used == Charge(80 * GiB, 1)
     assert led.delete_quota(NS, "q") == ((NS, "q"),)
     assert led.quotas(NS) == []
+
+
+def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every status write of a DeviceQuota comes back through the watch: the same spec must
+    # not cost a pass over every claim of its namespace (1,000s, in a burst of creates).
+    led = ledger(make_quota("q", memory="1Ti"))
+    for i in range(50):
+        led.add_or_update_claim(entry(f"c{i}", GiB))
+    counted: list[Entry] = []
+    real = ledger_module._add
+
+    def counting(usage: Any, e: Entry, *args: Any) -> Any:
+        counted.append(e)
+        return real(usage, e, *args)
+
+    monkeypatch.setattr(ledger_module, "_add", counting)
+    before = led.usage(NS, "q")
+    assert led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti"))) == ((NS, "q"),)
+    assert counted == [] and led.usage(NS, "q") == before
+    # A changed spec is counted again (a scope decides which claims count).
+    led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti", classes=["mig"])))
+    assert len(counted) == 50 and led.usage(NS, "q").reserved == Charge()
 
 
 @settings(max_examples=200)

@@ -1,4 +1,4 @@
-"""quota.pricing: every charge rule of DESIGN.md, one table row each."""
+"""quota.pricing: every charge rule of docs/design.md ("The charge of a claim"), one table row each."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
 from quota.admission import Admitter, claim_ref
 from quota.ledger import Ledger
-from quota.pricing import Pricer, Pricing, at_least_recorded
+from quota.priced import Pricing, at_least_recorded
+from quota.pricing import Pricer
+from quota.scope import Scope
 
 from .builders import (
     GiB,
@@ -204,9 +206,9 @@ def test_runtime_errors_only_on_devices_the_class_selected() -> None:
 
 def test_scoped_charge_of_first_available() -> None:
     pricing = price(first_available("r", ("big", exactly("gpu")), ("small", exactly("mig", count=2))))
-    assert pricing.charge_for(frozenset({DeviceClassName("mig")})) == Charge(2 * 4864 * MiB, 2)
-    assert pricing.charge_for(frozenset({DeviceClassName("gpu")})) == Charge(141 * GiB, 1)
-    assert pricing.charge_for(frozenset()) == Charge(141 * GiB, 2)
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge(2 * 4864 * MiB, 2)
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge(141 * GiB, 1)
+    assert pricing.charge_for(Scope()) == Charge(141 * GiB, 2)
 
 
 def test_estimates_follow_inventory_changes() -> None:
@@ -280,8 +282,8 @@ def test_exact_admin_access_is_free() -> None:
 def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() -> None:
     pricing = exact([result("r/small", "mig-0", pool="node-3")],
                     first_available("r", ("big", exactly("gpu")), ("small", exactly("mig"))))
-    assert pricing.charge_for(frozenset({DeviceClassName("mig")})) == Charge(4864 * MiB, 1)
-    assert pricing.charge_for(frozenset({DeviceClassName("gpu")})) == Charge()
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge(4864 * MiB, 1)
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge()
 
 
 def test_vanished_device_keeps_its_recorded_charge() -> None:
@@ -322,8 +324,8 @@ def test_a_restart_reserves_a_pending_claim_at_no_less_than_its_admission_charge
     assert held is not None and not held.allocated
     assert held.pricing["conservative"].total == Charge(141 * GiB, 1)
     # Scoped quotas see it in its class, and nowhere else.
-    assert held.pricing["conservative"].charge_for(frozenset({DeviceClassName("gpu")})) == Charge(141 * GiB, 1)
-    assert held.pricing["conservative"].charge_for(frozenset({DeviceClassName("mig")})) == Charge()
+    assert held.pricing["conservative"].charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge(141 * GiB, 1)
+    assert held.pricing["conservative"].charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge()
 
 
 @pytest.mark.parametrize(("recorded", "expected"), [

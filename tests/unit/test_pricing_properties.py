@@ -7,10 +7,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quota.cel import compile_selector, device_activation
 from quota.claims import parse_claim, parse_device_class
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClassName
+from quota.priced import Pricing
 from quota.pricing import Pricer
+from quota.scope import DeviceSelection, Scope
 
 from .builders import MiB, exactly, first_available, make_class, make_claim, make_device, make_slice, request, result
 
@@ -79,8 +82,8 @@ def test_optimistic_never_exceeds_conservative_and_nothing_is_negative(inv: Inve
     assert optimistic.total.memory <= conservative.total.memory
     assert optimistic.total.devices <= conservative.total.devices
     for cls in CLASSES:
-        scoped_c = conservative.charge_for(frozenset({DeviceClassName(cls)}))
-        scoped_o = optimistic.charge_for(frozenset({DeviceClassName(cls)}))
+        scoped_c = conservative.charge_for(Scope(frozenset({DeviceClassName(cls)})))
+        scoped_o = optimistic.charge_for(Scope(frozenset({DeviceClassName(cls)})))
         assert scoped_o.memory <= scoped_c.memory and scoped_c.memory <= conservative.total.memory
 
 
@@ -140,9 +143,144 @@ def test_the_upper_bound_is_never_below_any_modes_estimate_in_any_scope(inv: Inv
     pricer = Pricer(inv, CLASSES)
     spec = parse_claim(raw).spec
     bound = pricer.upper_bound(spec)
-    scopes = [frozenset(), *(frozenset({DeviceClassName(c)}) for c in CLASSES)]
+    scopes = [Scope(), *(Scope(frozenset({DeviceClassName(c)})) for c in CLASSES)]
     for mode in ("conservative", "optimistic"):
         estimate = pricer.estimate(spec, mode=mode)
         for scope in scopes:
             high, truth = bound.charge_for(scope), estimate.charge_for(scope)
             assert high.memory >= truth.memory and high.devices >= truth.devices, (mode, scope, high, truth)
+
+
+# -- quotas selecting devices (`spec.devices`) ---------------------------------------------------
+
+E = "accel.example.com"
+
+
+def _tier(driver: str, tier: str) -> str:
+    return f"device.driver == '{driver}' && device.attributes['{driver}'].tier == '{tier}'"
+
+
+TWO_DRIVER_CLASSES = {
+    c.name: c
+    for c in map(parse_device_class, [
+        make_class("gpu", f"device.driver == '{D}'"),
+        make_class("accel", f"device.driver == '{E}'"),
+        make_class("tier-a", f"({_tier(D, 'a')}) || ({_tier(E, 'a')})"),  # a class across drivers
+        make_class("shared", "device.allowMultipleAllocations"),
+        make_class("any"),
+    ])
+}
+# Selections that never fail on a device: what they do not select, they do not select.
+SELECTIONS = [
+    DeviceSelection(expressions=(_tier(D, "a"),)),
+    DeviceSelection(expressions=(f"({_tier(D, 'b')}) || ({_tier(E, 'b')})",)),
+    DeviceSelection(expressions=("device.capacity[device.driver].memory.compareTo(quantity('40Gi')) >= 0",)),
+    DeviceSelection(expressions=("false",)),
+    DeviceSelection(drivers=frozenset({D})),
+    DeviceSelection(drivers=frozenset({E}), expressions=(f"device.attributes['{E}'].tier == 'a'",)),
+]
+
+
+@st.composite
+def two_driver_inventories(draw: st.DrawFn) -> Inventory:
+    inv = Inventory()
+    for node in range(draw(st.integers(1, 3))):
+        for driver in (D, E):
+            devices = []
+            for i in range(draw(st.integers(0, 3))):
+                shared = draw(st.booleans())
+                policy = {"default": "8Gi", "validRange": {"min": "1Mi", "step": "1Mi"}} if shared else None
+                devices.append(make_device(f"d{i}", memory=draw(memories), attrs={"tier": draw(st.sampled_from("ab"))},
+                                           shared=shared, policy=policy))
+            inv.add_or_update_slice(make_slice(f"{driver}-{node}", devices, driver=driver, node=f"node-{node}"))
+    return inv
+
+
+@st.composite
+def two_driver_claims(draw: st.DrawFn) -> dict[str, Any]:
+    def requirement() -> dict[str, Any]:
+        mode = draw(st.sampled_from([None, "All"]))
+        chosen = draw(st.lists(st.sampled_from([_tier(D, "a"), _tier(E, "b"), "device.allowMultipleAllocations"]),
+                               max_size=1))
+        cap = draw(st.sampled_from([None, "1Gi", "30Gi"]))
+        return exactly(draw(st.sampled_from(sorted(TWO_DRIVER_CLASSES))), *chosen,
+                       count=None if mode else draw(st.integers(1, 3)), mode=mode,
+                       capacity={"memory": cap} if cap else None)
+
+    reqs = []
+    for i in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            reqs.append(request(f"r{i}", {**requirement(), **({"adminAccess": True} if draw(st.booleans()) else {})}))
+        else:
+            reqs.append(first_available(f"r{i}", *((f"s{j}", requirement()) for j in range(draw(st.integers(1, 3))))))
+    return make_claim("c", *reqs)
+
+
+def _estimates(inv: Inventory, raw: dict[str, Any], selections: list[DeviceSelection]) -> dict[str, Pricing]:
+    pricer = Pricer(inv, TWO_DRIVER_CLASSES)
+    spec = parse_claim(raw).spec
+    return {mode: pricer.estimate(spec, mode=mode, selections=selections) for mode in ("conservative", "optimistic")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(two_driver_inventories(), two_driver_claims())
+def test_a_selection_never_charges_more_than_unscoped_nor_optimistic_more_than_conservative(
+        inv: Inventory, raw: dict[str, Any]) -> None:
+    priced = _estimates(inv, raw, SELECTIONS)
+    high, low = priced["conservative"], priced["optimistic"]
+    assert high.errors == low.errors == ()
+    all_mode = any(alt.allocation_mode == "All" for r in parse_claim(raw).spec.requests for alt in r.alternatives)
+    for selection in SELECTIONS:
+        for classes in (frozenset(), frozenset({DeviceClassName("gpu"), DeviceClassName("tier-a")})):
+            scope = Scope(classes, selection)
+            scoped, cheap = high.charge_for(scope), low.charge_for(scope)
+            assert scoped.memory <= high.charge_for(Scope(classes)).memory, (selection, scoped)
+            # All mode prices the node with the most memory: another node may hold more devices.
+            assert all_mode or scoped.devices <= high.charge_for(Scope(classes)).devices, (selection, scoped)
+            assert cheap.memory <= scoped.memory and cheap.devices <= scoped.devices, (selection, cheap, scoped)
+
+
+@settings(max_examples=150, deadline=None)
+@given(two_driver_inventories(), two_driver_claims(), st.sampled_from([D, E, "other.example.com"]))
+def test_scoped_by_driver_is_scoped_by_the_equivalent_selector(inv: Inventory, raw: dict[str, Any],
+                                                               driver: str) -> None:
+    by_driver = DeviceSelection(drivers=frozenset({driver}))
+    by_selector = DeviceSelection(expressions=(f"device.driver == '{driver}'",))
+    for pricing in _estimates(inv, raw, [by_driver, by_selector]).values():
+        assert pricing.charge_for(Scope(devices=by_driver)) == pricing.charge_for(Scope(devices=by_selector))
+        assert pricing.in_scope(Scope(devices=by_driver)) == pricing.in_scope(Scope(devices=by_selector))
+    devices = list(inv.usable().values())
+    exact = Pricer(inv, TWO_DRIVER_CLASSES).exact(_allocated(devices[:5]), selections=[by_driver, by_selector])
+    assert exact.charge_for(Scope(devices=by_driver)) == exact.charge_for(Scope(devices=by_selector))
+
+
+def _allocated(devices: list[Any]) -> Any:
+    allocation = [result("r", d.key.device, pool=d.key.pool, driver=d.key.driver) for d in devices]
+    return parse_claim(make_claim("c", request("r", exactly("any", count=max(len(devices), 1))),
+                                  allocation=allocation))
+
+
+@settings(max_examples=150, deadline=None)
+@given(two_driver_inventories(), st.data(), st.sampled_from(SELECTIONS))
+def test_a_device_outside_the_selection_never_charges(inv: Inventory, data: st.DataObject,
+                                                      selection: DeviceSelection) -> None:
+    devices = list(inv.usable().values())
+    picked = data.draw(st.lists(st.sampled_from(devices), unique_by=lambda d: d.key, max_size=6)) if devices else []
+    pricing = Pricer(inv, TWO_DRIVER_CLASSES).exact(_allocated(picked), selections=[selection])
+
+    def selected(device: Any) -> bool:
+        return selection.admits_driver(device.driver) and all(
+            compile_selector(e).evaluate(device_activation(device)) for e in selection.expressions)
+
+    assert pricing.charge_for(Scope(devices=selection)) == Charge(
+        sum(int(d.memory) for d in picked if selected(d)), sum(1 for d in picked if selected(d)))
+    # Unallocated: a selection that selects nothing charges nothing, but for a class with
+    # no device at all (which cannot tell what a device would be).
+    nothing = DeviceSelection(expressions=("false",))
+    raw = data.draw(two_driver_claims())
+    for pricing in _estimates(inv, raw, [nothing]).values():
+        charge = pricing.charge_for(Scope(devices=nothing))
+        empty_class = any(not Pricer(inv, TWO_DRIVER_CLASSES).matcher.match((TWO_DRIVER_CLASSES[alt.device_class]
+                                                                             .selectors,)).groups
+                          for r in parse_claim(raw).spec.requests for alt in r.alternatives)
+        assert charge.memory == 0 and (charge.devices == 0 or empty_class), charge

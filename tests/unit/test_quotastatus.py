@@ -154,3 +154,13 @@ def test_reserved_by_is_left_out_while_no_workload_holds_anything() -> None:
     status = desired(before, usage=Usage(reserved=GPU, pending_claims=1))
     assert status["reserved"] == {"memory": "80Gi", "devices": 1}
     assert "reservedBy" not in status
+
+
+def test_a_devices_selector_that_does_not_compile_makes_the_quota_not_ready_and_says_which() -> None:
+    obj = make_quota("gpus", memory="1Gi", selectors=["device.driver == 'gpu.example.com'", "device.driver =="])
+    (ready,) = [c for c in desired(obj)["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSelector")
+    assert ready["message"].startswith("spec.devices.selectors[1].cel.expression: compilation failed")
+    assert "selects every device" in ready["message"]
+    obj["spec"]["devices"]["selectors"].pop()
+    assert [c["status"] for c in desired(obj)["conditions"] if c["type"] == "Ready"] == ["True"]

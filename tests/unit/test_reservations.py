@@ -73,6 +73,10 @@ def test_orphans_go_once_expired_and_deleted_claims_at_once() -> None:
     seen = Seen(deleted={"deleted": 7})
     assert run([reserve("a"), reserve("b")], record, seen=seen) == ([True, True], ["a", "b"], True)
     assert settle(record, seen, now=100.0) == Record({}, 7)
+    # Expired while its claim, seen here, still had no charge on it (the leader was away):
+    # it goes, and the watermark says this cache holds the claim.
+    unrecorded = Seen(claims={"old": 9}, unrecorded=frozenset({"old"}))
+    assert settle(held(("old", 99.0)), unrecorded, now=100.0) == Record({}, 9)
 
 
 def test_a_seen_claim_leaves_the_record_and_raises_the_watermark() -> None:

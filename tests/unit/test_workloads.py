@@ -14,6 +14,7 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
+from quota.scope import Scope
 from quota.workloads import (
     MAX_POD_CLAIMS,
     WORKLOAD_LABEL,
@@ -189,7 +190,7 @@ def test_a_multiplied_first_available_request_keeps_each_scopes_charge() -> None
     single = adm.workload_entry(NS, ClaimRef("w-1"), [(either, 1)])
     many = adm.workload_entry(NS, ClaimRef("w-1"), [(either, 7)])
     assert isinstance(single, Entry) and isinstance(many, Entry)
-    for scope in (frozenset(), frozenset({DeviceClassName("gpu")}), frozenset({DeviceClassName("other")})):
+    for scope in (Scope(), Scope(frozenset({DeviceClassName("gpu")})), Scope(frozenset({DeviceClassName("other")}))):
         one = single.pricing["conservative"].charge_for(scope)
         assert many.pricing["conservative"].charge_for(scope) == Charge(one.memory * 7, one.devices * 7)
 

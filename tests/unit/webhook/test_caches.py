@@ -12,7 +12,7 @@ from quota.admission import Admitter
 from quota.claims import parse_claim
 from quota.devicequota import Usage
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
@@ -172,3 +172,27 @@ def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
     world.claims.upsert(claim("later", "u-later"))
     assert world.usage().reserved == Charge(160 * GiB, 2)
     assert "accounting ResourceClaim team-a/bad uid=u-bad failed" in caplog.text
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_quota_selecting_devices_listed_after_the_claims_prices_them_for_it(hooked: bool) -> None:
+    """The quota watch may list after the claim watch: the claims already counted are
+    priced again for a selection new to their namespace, the unallocated ones through
+    the hook (`webhook.refine` in serve) when there is one."""
+    world = World()
+    handed: list[tuple[str, Entry]] = []
+    world.quotas.reprice = (lambda c, e: handed.append((c.name, e))) if hooked else None
+    world.slices.replace([make_slice("n1", [
+        make_device("gpu-0", memory="80Gi", attrs={"type": "gpu", "model": "h100"}),
+        make_device("gpu-1", memory="40Gi", attrs={"type": "gpu", "model": "a100"})])])
+    a100 = f"device.attributes['{D}'].model == 'a100'"
+    on_a100 = with_uid(make_claim("on-a100", request("gpu", exactly("gpu")), allocation=[result("gpu", "gpu-1")]), "u1")
+    pending = with_uid(make_claim("pending", request("gpu", exactly("gpu", a100))), "u2")
+    world.claims.replace([on_a100, pending])
+    world.quotas.upsert(make_quota("h100", memory="1Ti", selectors=[f"device.attributes['{D}'].model == 'h100'"]))
+    usage = world.admitter.ledger.usage(NS, "h100")
+    assert usage.used == ZERO  # the A100 allocation, priced again at once
+    if hooked:
+        assert [name for name, _ in handed] == ["pending"] and usage.reserved == Charge(40 * GiB, 1)
+    else:
+        assert usage.reserved == ZERO  # priced here

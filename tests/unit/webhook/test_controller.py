@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+
+import pytest
 
 from webhook.controller import QuotaController
 
@@ -18,13 +20,14 @@ Running = tuple[FakeApi, QuotaController, list[bool]]
 
 
 @contextlib.asynccontextmanager
-async def running() -> AsyncIterator[Running]:
+async def running(*, min_interval: float = 0.0, clock: Callable[[], float] | None = None) -> AsyncIterator[Running]:
     """A controller running on a one-quota fake (a context, not a fixture: fixtures run on
-    the session's loop, the tests on their own)."""
+    the session's loop, the tests on their own); by default writing as often as it debounces."""
     api, reservations, _ = setup(make_quota("gpus", memory="400Gi"))
     reservations.observe(await api.get(None, "gpus"))  # type: ignore[arg-type]  # as the watch would
     leading = [True]
-    controller = QuotaController(reservations.ledger, reservations, leading=lambda: leading[0], debounce=0.05)
+    controller = QuotaController(reservations.ledger, reservations, leading=lambda: leading[0], debounce=0.05,
+                                 min_interval=min_interval, clock=clock)
     task = asyncio.create_task(controller.run())
     try:
         yield api, controller, leading
@@ -38,6 +41,13 @@ async def looked(controller: QuotaController, since: int) -> None:
     what the controller did about the events before it is then all written."""
     async with asyncio.timeout(2):
         while controller.passes <= since or controller._dirty:
+            await asyncio.sleep(0.01)
+
+
+async def postponed(controller: QuotaController) -> None:
+    """Until the controller looked at the marked quota and left it to its timer."""
+    async with asyncio.timeout(2):
+        while controller._dirty or (NS, "gpus") not in controller._timers:
             await asyncio.sleep(0.01)
 
 
@@ -61,6 +71,33 @@ async def test_a_burst_of_claim_events_is_one_write() -> None:
         status = api.objects["gpus"]["status"]
         assert status["used"] == {"memory": "400Gi", "devices": 50}
         assert status["claims"] == {"allocated": 50, "pending": 0}
+
+
+async def test_while_admissions_write_a_quota_the_controller_writes_it_once_per_min_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Claim events in every debounce window while admissions into the quota are being
+    # written (a burst of creates): written once, then again only once min_interval has
+    # passed on the controller's clock, with all that changed meanwhile.
+    now = [1_000.0]
+    admitting = [True]
+    async with running(min_interval=0.5, clock=lambda: now[0]) as (api, controller, _):
+        monkeypatch.setattr(controller.reservations, "admitting", lambda key: admitting[0])
+        await settled(api, 1)  # the first pass
+        ledger = controller.ledger
+        for i in range(6):  # six passes' worth of events, the clock standing still
+            ledger.add_or_update_claim(entry(f"u{i}", 8 * GiB, allocated=True))
+            controller.changed(NS)
+            await postponed(controller)
+            assert api.writes == 1
+        now[0] += 0.5  # the interval passed: the timer's pass writes everything at once
+        await settled(api, 2)
+        assert api.objects["gpus"]["status"]["used"] == {"memory": "48Gi", "devices": 6}
+        # With no admission being written (allocations landing), the debounce alone.
+        admitting[0] = False
+        ledger.add_or_update_claim(entry("u6", 8 * GiB, allocated=True))
+        controller.changed(NS)
+        await settled(api, 3)
+        assert api.objects["gpus"]["status"]["used"] == {"memory": "56Gi", "devices": 7}
 
 
 async def test_nothing_is_written_without_a_change_or_without_the_lease() -> None:

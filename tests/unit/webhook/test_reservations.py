@@ -12,6 +12,8 @@ import asyncio
 import copy
 from typing import Any
 
+import pytest
+
 from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_device_quota
 from quota.kubeapi import ApiError, Resource
@@ -198,3 +200,22 @@ async def test_the_schedulers_retries_replace_each_others_unpersisted_reservatio
     assert await create("bbbb1", tenant)
     assert not await create("bbbb2", tenant)
     assert sorted(api.objects["gpus"]["status"]["reservations"]) == ["aaaa4", "bbbb1"]
+
+
+async def test_a_review_cancelled_while_its_write_is_in_flight_leaves_no_entry() -> None:
+    """The review's deadline (webhook.server) cancels it after its batch sent the write:
+    the claim is answered denied and never created, so the entry must not stay behind."""
+    api = GatedApi(make_quota("gpus", memory="400Gi"))
+    ledger = Ledger()
+    quota = parse_device_quota(make_quota("gpus", memory="400Gi"))
+    ledger.add_or_update_quota(quota)
+    reservations = Reservations(api, ledger, ttl=120.0, clock=lambda: 1_000.0)  # type: ignore[arg-type]
+    review = asyncio.create_task(reservations.admit({quota: GPU}, uid="late", claim="team-a/late"))
+    await api.in_flight.wait()
+    review.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await review
+    api.gate.set()
+    while reservations._tasks:  # the batch's write, then the release queued behind it
+        await asyncio.gather(*list(reservations._tasks))
+    assert api.objects["gpus"]["status"]["reservations"] == {} and api.writes == 2

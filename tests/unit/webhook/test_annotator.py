@@ -1,0 +1,106 @@
+"""The leader's annotator (webhook/annotator.py): a pool of writers, one patch per claim at a time.
+
+The entry an admission wrote in its quota's record goes only once the claim carries its
+charge, so the annotator's patches must keep up with the creates: a slow patch must hold
+up only its own writer, never the claims created after it. The API here is a stand-in
+that records patches and holds the ones a test asks it to (the patch itself is proven
+against the real API server in tests/e2e/test_serve.py and test_chart.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from quota.claims import Claim, parse_claim
+from quota.kubeapi import KubeApi, Resource
+from webhook.annotator import Annotator
+
+CHARGE = {"draquota.io/charge": '{"memory":1,"devices":1}'}
+
+
+class Api:
+    """Records each patch; a patch of a name in `held` waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.patched: list[str] = []
+        self.in_flight: dict[str, int] = {}
+        self.most_at_once: dict[str, int] = {}
+        self.held: dict[str, asyncio.Event] = {}
+
+    async def patch(self, resource: Resource, name: str, patch: Any, **_: Any) -> dict[str, Any]:
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        self.most_at_once[name] = max(self.most_at_once.get(name, 0), self.in_flight[name])
+        try:
+            if name in self.held:
+                await self.held[name].wait()
+            self.patched.append(name)
+        finally:
+            self.in_flight[name] -= 1
+        return {}
+
+
+def claim(name: str) -> Claim:
+    return parse_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+                        "spec": {"devices": {"requests": []}}})
+
+
+def due(_claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
+    return {} if "draquota.io/charge" in current else dict(CHARGE)
+
+
+def annotator(api: Api, concurrency: int = 4) -> Annotator:
+    return Annotator(api, due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
+                     leading=lambda: True, concurrency=concurrency)
+
+
+async def until(condition: Any, what: str) -> None:
+    async with asyncio.timeout(5):  # a hang fails the test, it never paces it
+        while not condition():
+            await asyncio.sleep(0)
+    assert condition(), what
+
+
+async def test_a_slow_patch_holds_up_only_its_own_writer() -> None:
+    api = Api()
+    api.held["slow"] = asyncio.Event()
+    writer = annotator(api)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.seen(claim("slow"), {})
+        await until(lambda: api.in_flight.get("slow") == 1, "the slow patch in flight")
+        # Claims created while it hangs are written meanwhile (a round of a batch would
+        # wait for it first).
+        for name in ("a", "b", "c"):
+            writer.seen(claim(name), {})
+        await until(lambda: {"a", "b", "c"} <= set(api.patched), "the later claims written")
+        assert "slow" not in api.patched
+        api.held["slow"].set()
+        await until(lambda: "slow" in api.patched, "the slow one written once released")
+    finally:
+        task.cancel()
+
+
+async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
+    api = Api()
+    api.held["x"] = asyncio.Event()
+    writer = annotator(api, concurrency=8)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.seen(claim("x"), {})
+        await until(lambda: api.in_flight.get("x") == 1, "the first patch in flight")
+        # Newer events of the same claim while its patch is in flight (labels, a finalizer):
+        # no second patch of it starts beside the first.
+        for _ in range(3):
+            writer.seen(claim("x"), {})
+        writer.seen(claim("y"), {})
+        await until(lambda: "y" in api.patched, "another claim written meanwhile")
+        assert api.most_at_once["x"] == 1
+        api.held["x"].set()
+        # The newest event, still without the charge, is written again afterwards.
+        await until(lambda: api.patched.count("x") == 2 and writer.pending == 0, "x written again, in turn")
+        assert api.most_at_once["x"] == 1
+    finally:
+        task.cancel()
