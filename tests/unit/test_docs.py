@@ -93,7 +93,8 @@ def outside_references(text: str, folder: Path) -> list[str]:
 def test_no_tracked_file_points_outside_the_repository() -> None:
     files = tracked_text_files()
     assert len(files) > 100
-    found = [f"{path.relative_to(ROOT)}:{ref}" for path in files
+    this = Path(__file__).resolve()  # its own patterns and examples say what points outside
+    found = [f"{path.relative_to(ROOT)}:{ref}" for path in files if path != this
              for ref in outside_references(path.read_text(errors="replace"), path.parent)]
     assert found == []
 
