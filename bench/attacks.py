@@ -138,6 +138,7 @@ async def attack_main(args: argparse.Namespace) -> None:
     os.nice(args.nice)
     stop, answers = asyncio.Event(), Counter[str]()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    args.output.write_text("{}")  # ready: the parent starts its clock now (imports take seconds)
     async with client(args.ca, args.workers) as http:
         await asyncio.gather(*(attacker(http, f"https://127.0.0.1:{args.attack_port}/validate", args.attack, w, stop,
                                         answers) for w in range(args.workers)))
@@ -155,6 +156,9 @@ async def one_attack(bench: Bench, args: argparse.Namespace, name: str, bodies: 
         process = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--attack-port", str(bench.served.port), "--attack", name, "--workers",
             str(args.workers), "--nice", str(args.nice), "--ca", str(bench.cluster.ca_file), "--output", str(report))
+        while not report.exists():  # the attacker's imports done, its SIGTERM handler installed
+            assert process.returncode is None, "the attacker died"
+            await asyncio.sleep(0.2)
         await asyncio.sleep(2)  # the attack under way before the honest load starts
         row = await honest(bench, bodies, args.rate, args.seconds, f"honest reviews, attack: {name}")
         after = await bench.served.metrics()
