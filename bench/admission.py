@@ -1237,7 +1237,7 @@ def main() -> None:
     print(f"admission benchmark: {args.nodes} nodes, {os.cpu_count()} cores, load average {load_average()}")
     if "a" in only:
         results["a"] = section_a(generate_slices(args.nodes), args.inprocess_claims)
-    if only & {"b", "c", "d", "e"}:
+    if only & {"b", "c", "d", "e", "f"}:
         asyncio.run(cluster_sections(args, only, results))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")

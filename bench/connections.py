@@ -8,8 +8,8 @@ denies, a template, the mutating call; over a pool of kept-alive HTTPS connectio
 API server posts them) at --rate a second for --seconds:
 
 1. baseline: no attack;
-2. attack: a second process (this script with --attack-port) holds --connections
-   (10,000) idle and slow connections (tests/e2e/attack.py: TCP only, TLS only, slowloris
+2. attack: a second process (tests/e2e/attack.py's `Attacker`) holds --connections
+   (10,000) idle and slow connections (TCP only, TLS only, slowloris
    headers, slow POST bodies; each re-opened --reopen s after serve dropped it); once it has
    opened them all, the honest load runs again. The attacker runs at --nice 19: on this
    2-core machine its own CPU would otherwise be taken from serve, where a real attacker
@@ -31,11 +31,11 @@ import contextlib
 import json
 import os
 import resource
-import signal
 import ssl
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from admission import (  # noqa: E402
     Bench, control_plane, load_average, open_loop, percentile, rss_of, show, warm, write_nothing_bodies,
 )
 
-from tests.e2e.attack import Attack, attack  # noqa: E402
+from tests.e2e.attack import Attack, Attacker  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from webhook.metrics import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
 
@@ -83,37 +83,29 @@ def connection_counts(samples: Samples) -> JSON:
     return {"open": open_by_phase, "dropped": dropped}
 
 
-class Attacker:
-    """This script as a second process (--attack-port): the attack, its report a JSON file
-    rewritten every second (a pipe the reader stops draining would block the attacker)."""
+@contextlib.asynccontextmanager
+async def peak_rss(pid: int) -> AsyncIterator[list[float]]:
+    """Samples the RSS of `pid` every 0.2 s while inside; yields [peak so far], in MiB."""
+    peak, stop = [rss_of(pid)], asyncio.Event()
 
-    def __init__(self, port: int, args: argparse.Namespace, report: Path) -> None:
-        self.port, self.args, self.path = port, args, report
-        self.process: asyncio.subprocess.Process | None = None
+    async def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_of(pid))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.2)  # the sampling period
 
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--attack-port", str(self.port), "--connections", str(self.args.connections),
-            "--reopen", str(self.args.reopen), "--ramp", str(self.args.ramp), "--nice", str(self.args.nice),
-            "--output", str(self.path))
+    sampler = asyncio.create_task(sample())
+    try:
+        yield peak
+    finally:
+        stop.set()
+        await sampler
 
-    @property
-    def report(self) -> JSON:
-        try:
-            loaded: JSON = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # not written yet
-            return {}
-        return loaded
 
-    async def stop(self) -> JSON:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout=60)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-        return self.report
+def save(results: JSON, output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nload average at the end {load_average()}; results written to {output}")
 
 
 async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str) -> JSON:
@@ -162,33 +154,24 @@ async def run(args: argparse.Namespace) -> JSON:
             before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
             results["baseline"]["stalls"] = stalls_between(quiet, before)
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
-            attacker = Attacker(bench.served.port, args, Path(tmp) / "attack.json")
-            peak, sampling = before_rss, True
-
-            async def sample() -> None:
-                nonlocal peak
-                while sampling:
-                    peak = max(peak, rss_of(bench.serve_pid))
-                    await asyncio.sleep(0.2)  # the sampling period
-
-            sampler = asyncio.create_task(sample())
-            await attacker.start()
-            started = time.monotonic()
-            while sum(attacker.report.get("opened", {}).values()) < args.connections:
-                assert attacker.process is not None and attacker.process.returncode is None, "the attacker died"
-                await asyncio.sleep(0.5)  # the attacker reports once a second
-            print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
-                  f"load average {load_average()}")
-            during = await honest(bench, bodies, args.rate, args.seconds,
-                                  f"honest reviews, {args.connections} idle/slow connections")
-            after = await bench.served.metrics()
-            report = await attacker.stop()
-            attack_seconds = time.monotonic() - started
-            sampling = False
-            await sampler
+            attacker = Attacker(bench.served.port, args.connections, Path(tmp) / "attack.json", ramp=args.ramp,
+                                reopen=args.reopen, nice=args.nice)
+            async with peak_rss(bench.serve_pid) as peak:
+                await attacker.start()
+                started = time.monotonic()
+                while attacker.opened() < args.connections:
+                    assert attacker.alive(), "the attacker died"
+                    await asyncio.sleep(0.5)  # the attacker reports once a second
+                print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
+                      f"load average {load_average()}")
+                during = await honest(bench, bodies, args.rate, args.seconds,
+                                      f"honest reviews, {args.connections} idle/slow connections")
+                after = await bench.served.metrics()
+                report = (await attacker.stop()).__dict__
+                attack_seconds = time.monotonic() - started
             results["attack"] = {
                 "honest": during, "attack": report, "serve_rss_before_mib": round(before_rss),
-                "serve_peak_rss_mib": round(peak), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
+                "serve_peak_rss_mib": round(peak[0]), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
                 "stalls": stalls_between(before, after),
                 "longest_stall_since_start_s": after.get((EVENT_LOOP_STALL_MAX, frozenset()), float("nan")),
                 "serve_connections": connection_counts(after), "load_average": load_average(),
@@ -199,35 +182,10 @@ async def run(args: argparse.Namespace) -> JSON:
                   f"{a['serve_rss_after_mib']} MiB after; event loop stalls during the attack: {a['stalls']}; "
                   f"load average {a['load_average']}")
             print(f"  serve's webhook connections at the end: {a['serve_connections']}")
-            print(f"  {Attack(**report).line() if report else 'attack: no report'}; "
+            print(f"  {Attack(**report).line()}; "
                   f"{a['attempts_per_s']} connection attempts a second over {attack_seconds:.0f} s")
     results["load_average_end"] = load_average()
     return results
-
-
-async def attack_main(args: argparse.Namespace) -> None:
-    """The attacking process: hold the connections, write the report to --output each second."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    # On a 2-core machine the attacker's own CPU would be taken from serve and the honest
-    # client; a real one runs on other hosts. Niced, it takes only what is left over.
-    os.nice(args.nice)
-    stop, report = asyncio.Event(), Attack()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(attack(args.attack_port, args.connections, stop, ramp=args.ramp, reopen=args.reopen,
-                                      report=report))
-
-    def write() -> None:
-        partial = args.output.with_suffix(".tmp")
-        partial.write_text(json.dumps(report.__dict__))
-        partial.replace(args.output)
-
-    while not stop.is_set():
-        write()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=1)
-    await task
-    write()
 
 
 def main() -> None:
@@ -239,21 +197,14 @@ def main() -> None:
     parser.add_argument("--reopen", type=float, default=5.0, help="seconds before the attack re-opens a dropped one")
     parser.add_argument("--nice", type=int, default=19, help="the attacking process's niceness (0: as serve)")
     parser.add_argument("--nodes", type=int, default=50, help="inventory size (8 GPUs a node)")
-    parser.add_argument("--attack-port", type=int, help=argparse.SUPPRESS)  # the attacking process
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "connections.json")
     args = parser.parse_args()
-    if args.attack_port:
-        asyncio.run(attack_main(args))
-        return
     args.reservation_ttl = None  # control_plane reads it: serve's default
     args.metrics_port = free_ports(1)[0]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"connections benchmark: {args.connections} idle/slow connections, honest reviews at {args.rate:.0f}/s, "
           f"{os.cpu_count()} cores, load average {load_average()}; open files limit {soft}/{hard}")
-    results = asyncio.run(run(args))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"\nload average at the end {load_average()}; results written to {args.output}")
+    save(asyncio.run(run(args)), args.output)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""certs package (see ../shared/DESIGN.md)."""
+"""certs package (see docs/design.md, "Certificates")."""

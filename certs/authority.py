@@ -11,7 +11,7 @@ client accepts both), `NotBefore` an hour in the past so a replica or API server
 clock lags does not reject a fresh certificate, a CA with `pathlen:0` that can sign
 only leaves, and serving certificates for exactly the Service names the API server
 dials (`<svc>.<ns>.svc`, it verifies that ServerName: k8s.io/apiserver
-pkg/util/webhook/client.go) plus the shorter and longer forms DESIGN lists.
+pkg/util/webhook/client.go) plus the shorter and longer forms docs/design.md lists ("Certificates").
 """
 
 from __future__ import annotations

@@ -244,6 +244,18 @@ async def create_pod(
     node_selector: dict[str, str] | None = None,
 ) -> Obj:
     """A pod with one pod-level claim ``gpu`` (from ``template`` or the existing ``claim``) used by its container."""
+    return await kube.create("v1", "pods", pod_body(name, template=template, claim=claim, node_selector=node_selector),
+                             namespace=namespace)
+
+
+def pod_body(
+    name: str,
+    *,
+    template: str | None = None,
+    claim: str | None = None,
+    node_selector: dict[str, str] | None = None,
+) -> Obj:
+    """The Pod :func:`create_pod` creates (for a caller that creates it as another user)."""
     if (template is None) == (claim is None):
         raise ValueError("pass exactly one of template= or claim=")
     ref: Obj = {"name": "gpu"}
@@ -258,9 +270,7 @@ async def create_pod(
     }
     if node_selector:
         spec["nodeSelector"] = node_selector
-    return await kube.create(
-        "v1", "pods", {"kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace=namespace
-    )
+    return {"kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def generated_claim_name(pod: Obj, pod_claim: str = "gpu") -> str | None:

@@ -211,8 +211,8 @@ class Admitter:
 
         A request whose devices publish no `memory` capacity, or whose class has no
         devices at all, is charged 0 memory: under a quota that limits memory that would
-        make it free, however many are made. So no price is no admission (DESIGN.md,
-        "The charge of a claim"; README, "Claims no device can price").
+        make it free, however many are made. So no price is no admission (docs/design.md,
+        "The charge of a claim"; docs/charging.md, "No free claims").
         """
         denials: list[str] = []
         warnings: list[str] = []

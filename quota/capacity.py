@@ -87,8 +87,8 @@ def memory_charge(device: Device, requirement: DeviceRequirement) -> int | None:
 def nominal_memory_charge(device: Device, requirement: DeviceRequirement) -> int:
     """Bytes of `memory` one allocation of `device` for `requirement` would cost, fit or not.
 
-    The no-candidate rule prices a request on devices that cannot serve it now (DESIGN.md:
-    "the charge this request would have on it"): a shared device costs what the request
+    The no-candidate rule prices a request on devices that cannot serve it now (docs/design.md,
+    "The charge of a claim": "the charge this request would have on it"): a shared device costs what the request
     would consume of it, its policy default when it asks for no memory; where the request
     could not be rounded onto the device (above its capacity or policy), the whole device.
     """

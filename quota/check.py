@@ -49,7 +49,7 @@ class ObjectResult:
     requests: tuple[tuple[str, int, Charge], ...]
     allocated: bool = False
     # Why no DeviceQuota counts it, when admitted so (the table's DETAILS; not in the JSON,
-    # whose shape is DESIGN's contract).
+    # whose shape is docs/design.md's contract, "CLI").
     unlimited: str = ""
 
     def as_json(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ standard library at the top; each subcommand imports what it needs when it runs,
 `main` defines the flags of the chosen subcommand only (the others are listed by name
 and help), so `--help` and `check` never load kubernetes_asyncio, aiohttp, prometheus
 or cryptography. `_parser()` with no argument still builds every subcommand (the
-README's flag reference is generated from it). bench/cli.py measures the start-up.
+docs/configuration.md, the flag reference, is generated from it). bench/cli.py measures the start-up.
 """
 
 from __future__ import annotations

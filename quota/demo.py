@@ -14,7 +14,7 @@ the shipped webhook configurations to it, publishes examples/ (DeviceClasses,
 ResourceSlices of fake nodes, the teams' namespaces and DeviceQuotas), then plays
 `SCENARIO` with claims taken from examples/40-claims.yaml: Pods using them are scheduled
 by the real kube-scheduler, a claim that does not fit is denied by the live webhook with
-DESIGN's message, and `used` moves as the controller counts allocations.
+the message of docs/design.md ("Admission"), and `used` moves as the controller counts allocations.
 Nothing here asserts outcomes: it reports what the cluster did.
 """
 
@@ -340,7 +340,7 @@ async def _publish_examples(state: _Run, kube: Kube) -> str:
 
     async def governed() -> bool:
         # The leader labels every namespace holding a DeviceQuota: from then on its claims
-        # go to the webhooks that fail closed (README, "Failure modes").
+        # go to the webhooks that fail closed (docs/install.md, "Failure modes").
         quoted = {r["namespace"] for r in await _usage(kube)}
         labels = [((await kube.get("v1", "namespaces", n))["metadata"].get("labels") or {}) for n in quoted]
         return all(label.get(GOVERNED_LABEL) == "true" for label in labels)

@@ -6,7 +6,7 @@ scope is. Immutable: a ledger entry's charges never change after it is counted (
 ledger keeps usage incrementally, so a charge that moved between an add and its removal
 would leave usage wrong for ever).
 
-How a quota scope applies (README, "Scoping a quota by class or by device"):
+How a quota scope applies (docs/charging.md, "Scoping a quota by class or by device"):
 - by class (`Scope.classes`): an alternative whose class is out of scope costs 0, as
   before `spec.devices` existed;
 - by device (`Scope.devices`, a `DeviceSelection`): each alternative costs its `Share`

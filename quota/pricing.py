@@ -1,7 +1,7 @@
 """The charge of a claim: exact from its allocation, estimated before it.
 
 Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
-`quota.devicequota` compares charges with limits. The rules are DESIGN.md's "The
+`quota.devicequota` compares charges with limits. The rules are docs/design.md's "The
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
 classes: no clock, no I/O. `Pricer` only adds caches keyed on the inventory generation.
@@ -192,7 +192,7 @@ class Pricer:
         priced = _eligible(match.groups, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access:
-            # adminAccess devices stay usable by others: they cost nothing (DESIGN.md).
+            # adminAccess devices stay usable by others: they cost nothing (docs/design.md, "The charge of a claim").
             return _Estimate(count, ZERO, matches=spent)
         if count == 0:
             return self._no_candidate(req, cls, mode, budget, spent)
@@ -209,7 +209,7 @@ class Pricer:
                       spent: tuple[tuple[object, int], ...]) -> _Estimate:
         """Price at the class's largest per-device charge so the claim cannot slip in for free.
 
-        Per device, the charge this request would have on it (DESIGN.md): a whole device,
+        Per device, the charge this request would have on it (docs/design.md): a whole device,
         or on a shared one the request's memory rounded by the policy, or the policy
         default when it asks for none, not the shared device's whole memory.
         """
@@ -476,7 +476,7 @@ def _publish_memory(groups: Iterable[DeviceGroup]) -> bool:
 def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
     """allocationMode All: the largest sum over the candidates of one node (or pool).
 
-    The same in both modes: DESIGN.md defines an optimistic variant only for ExactCount
+    The same in both modes: docs/design.md defines an optimistic variant only for ExactCount
     and firstAvailable, and the scheduler gives an All request every matching device.
     """
     return max(_per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)

@@ -16,7 +16,7 @@ deactivation, pkg/workload/evict/evict.go). Its price is the sum over its PodSet
 by the Workload (Kueue 0.19 refuses such a Workload anyway: "KueueDRAIntegration
 feature does not support use of resource claims").
 
-Matching (README, "Running with Kueue"): our Ready entry carries `podSetUpdates` that
+Matching (docs/kueue.md): our Ready entry carries `podSetUpdates` that
 label every Pod of the Workload `draquota.io/workload: <Workload uid>`; Kueue copies
 them into the Job's pod template when it admits (pkg/podset/podset.go Merge). A claim
 the resourceclaim controller stamps for such a Pod has a controlling ownerReference to

@@ -1,1 +1,1 @@
-"""webhook package (see ../shared/DESIGN.md)."""
+"""webhook package (see docs/design.md, "Admission" and "Accounting")."""

@@ -11,7 +11,7 @@ Only the leader exports the usage families (`leading()`; the other replicas leav
 out), so `sum()` over every replica's scrape never counts a claim twice.
 `draquota_leader` says which replica that is.
 
-Scrape cost (bench/usage_metrics.py; README, Performance): a scrape runs on the event
+Scrape cost (bench/usage_metrics.py; docs/performance.md): a scrape runs on the event
 loop the reviews share, so nothing is recomputed that did not change. A namespace's
 samples are kept until one of its claims changes (`Ledger.namespace_generation`); the
 per-device family (one sample per held device: tens of thousands) is kept as rendered
@@ -59,7 +59,7 @@ from webhook.metrics import (
 __all__ = ["DEVICE_INFO_LABELS", "UsageMetrics"]
 
 # DCGM exporter's own label names for the GPU and the MIG profile, so that
-# `on(UUID)` / `on(UUID, GPU_I_PROFILE)` join without label_replace (README, Metrics).
+# `on(UUID)` / `on(UUID, GPU_I_PROFILE)` join without label_replace (docs/metrics.md).
 DEVICE_INFO_LABELS = ("namespace", "claim", "pod", "driver", "pool", "device", "model", "UUID", "GPU_I_PROFILE")
 _RESOURCES = ("memory", "devices")
 

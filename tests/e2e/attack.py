@@ -13,18 +13,30 @@ attacker keeps the pressure on), until `stop` is set. TLS is done by hand over a
 non-blocking socket (ssl.MemoryBIO), not with asyncio's TLS layer, whose 256 KiB buffer
 per connection would cost this process 2.5 GB at 10,000; sockets close with SO_LINGER 0
 (a reset, no TIME_WAIT), so re-opening cannot run out of loopback ports.
+
+`Attacker` runs the attack in a process of its own (`python -m tests.e2e.attack`), niced:
+the caller's event loop then measures the server, not its own attack, and on a 2-core
+machine the attack takes only the CPU left over, as a client on other hosts would.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
+import os
+import resource
+import signal
 import socket
 import ssl
 import struct
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["KINDS", "Attack", "attack"]
+__all__ = ["KINDS", "Attack", "Attacker", "attack"]
 
 KINDS = ("tcp", "tls", "headers", "body")
 _HEADERS = b"POST /validate HTTP/1.1\r\nHost: dra-quota-webhook.dra-quota-system.svc\r\nX-Slow: " + b"a" * 4000
@@ -165,3 +177,87 @@ async def attack(port: int, count: int, stop: asyncio.Event, *, ramp: float = 10
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     return out
+
+
+# -- in a process of its own ----------------------------------------------------------------------
+
+
+class Attacker:
+    """`attack` in a child process; its report is a JSON file it rewrites every second (a
+    pipe the reader stops draining would block the attacker)."""
+
+    def __init__(self, port: int, connections: int, report: Path, *, ramp: float = 1000.0, reopen: float = 2.0,
+                 nice: int = 19) -> None:
+        self.port, self.connections, self.path = port, connections, report
+        self.ramp, self.reopen, self.nice = ramp, reopen, nice
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.e2e.attack", "--port", str(self.port), "--connections", str(self.connections),
+            "--reopen", str(self.reopen), "--ramp", str(self.ramp), "--nice", str(self.nice),
+            "--output", str(self.path), cwd=Path(__file__).resolve().parents[2])
+
+    @property
+    def report(self) -> dict[str, Any]:
+        try:
+            loaded: dict[str, Any] = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # not written yet
+            return {}
+        return loaded
+
+    def opened(self) -> int:
+        return sum(self.report.get("opened", {}).values())
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def stop(self) -> Attack:
+        """SIGTERM (the attack's `stop`); what it achieved."""
+        assert self.process is not None
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout=60)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        return Attack(**self.report) if self.report else Attack()
+
+
+async def _attack_main(args: argparse.Namespace) -> None:
+    """The attacking process: hold the connections, write the report to --output each second."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    os.nice(args.nice)
+    stop, report = asyncio.Event(), Attack()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    task = asyncio.create_task(attack(args.port, args.connections, stop, ramp=args.ramp, reopen=args.reopen,
+                                      report=report))
+
+    def write() -> None:
+        partial = args.output.with_suffix(".tmp")
+        partial.write_text(json.dumps(report.__dict__))
+        partial.replace(args.output)
+
+    while not stop.is_set():
+        write()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1)
+    await task
+    write()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="hold idle and slow connections against 127.0.0.1:PORT")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--connections", type=int, required=True)
+    parser.add_argument("--ramp", type=float, default=1000.0, help="connections opened a second")
+    parser.add_argument("--reopen", type=float, default=2.0, help="seconds before a dropped one is re-opened")
+    parser.add_argument("--nice", type=int, default=19, help="this process's niceness")
+    parser.add_argument("--output", type=Path, required=True, help="the report, rewritten every second")
+    asyncio.run(_attack_main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ from devcluster.driver import (
     free_pod,
     generated_claim_name,
     gpu_devices,
+    pod_body,
     publish_node_slice,
     wait_pod_allocated,
 )
@@ -26,4 +27,4 @@ from devcluster.driver import (
 __all__ = ["DRIVER", "FLEET_LABEL", "POD_IMAGE", "RESOURCE_V1", "Gpu", "GpuFleet", "allocation_results",
            "claim_spec", "create_claim", "create_claim_template", "create_device_class", "create_fleet",
            "create_node", "create_pod", "exact_request", "free_pod", "generated_claim_name", "gpu_devices",
-           "publish_node_slice", "wait_pod_allocated"]
+           "pod_body", "publish_node_slice", "wait_pod_allocated"]

@@ -168,9 +168,9 @@ def once(items: list[Any]) -> list[Any]:
 
 
 def test_shipped_webhooks_share_the_common_settings() -> None:
-    """DESIGN "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
+    """docs/design.md, "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
     v1 reviews, dryRun-safe, Equivalent matching; each claim webhook twice, failing closed
-    only where a DeviceQuota governs (README, "Failure modes"); no DELETE and no mutating
+    only where a DeviceQuota governs (docs/install.md, "Failure modes"); no DELETE and no mutating
     webhook (the leader annotates)."""
     assert {c["kind"] for c in WEBHOOKS} == {"ValidatingWebhookConfiguration"}
     hooks = {h["name"]: h for c in WEBHOOKS for h in c["webhooks"]}

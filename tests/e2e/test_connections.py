@@ -44,11 +44,17 @@ ATTACKERS = 1500
 PER_CONNECTION = 256 * 1024  # bytes of RSS a connection slot may cost, asserted
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+async def capped(cluster: ControlPlane, tmp_path: Path, cap: int) -> AsyncIterator[Served]:
+    """`serve` with `--max-connections cap`, its log in `tmp_path` (the attacked fixtures)."""
     port, metrics_port = free_ports(2)
     async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--max-connections", str(CAP)), log_level="info")):
+                                       args=("--max-connections", str(cap)), log_level="info")):
+        yield handle
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+    async for handle in capped(cluster, tmp_path, CAP):
         yield handle
 
 

@@ -123,7 +123,7 @@ def as_the_operator_scrapes(token_file: Path, ca_file: Path) -> dict[str, Any]:
     the target labels the operator's relabelling adds to every target (namespace,
     service, pod, container; prometheus-operator pkg/prometheus/promcfg.go). The
     per-namespace answers below hold only while honorLabels keeps our own `namespace` and
-    `pod` (README, "Monitoring")."""
+    `pod` (docs/install.md, "Monitoring")."""
     monitor = find(render(MONITORED, include_crds=False), "ServiceMonitor")
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"

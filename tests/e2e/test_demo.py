@@ -1,7 +1,7 @@
 """`dra-quota demo` as a newcomer runs it: a process, its own control plane, its own `serve`.
 
 It does not use the session's cluster: the demo starts (and stops) one of its own from the
-same binary, and these tests check what it showed against what DESIGN promises (the
+same binary, and these tests check what it showed against what docs/design.md promises (the
 denial's exact message, `used` moving with the scheduler's allocations), that `--keep`
 leaves a cluster `dra-quota top` can read and its stop script ends, and that nothing it
 started survives it. TMPDIR points into tmp_path, so every process it started names a
@@ -73,7 +73,7 @@ def check_story(summary: dict[str, Any]) -> None:
     assert len(first["devices"]) == 2 and all(d.startswith("h100-node-1/") for d in first["devices"])
     assert team_a(first)["used"] == {"memory": 160 * GiB, "devices": 2}
     assert team_a(first)["reserved"] == {"memory": 0, "devices": 0}
-    # The live webhook's denial, in DESIGN's words and numbers.
+    # The live webhook's denial, in docs/design.md's words and numbers.
     assert by_number[2]["message"] == H200_DENIED
     assert by_number[5]["message"].startswith(f'admission webhook "{QUOTA_HOOK}" denied the request: '
                                               'exceeded DeviceQuota "mig-slices": requested memory=19968Mi')

@@ -4,7 +4,7 @@ On the real control plane with `dra-quota serve`: two GPUs of a model unique to 
 ("H100", 80Gi) and two of another ("L4", 24Gi) on one fake node; two DeviceClasses that
 both select the H100s, `h100` by model and `gpus` by driver and either model. A quota
 scoped `deviceClassNames: [h100]` would never see a claim through `gpus` (the sidestep
-the README documents); this one is scoped `spec.devices` (the driver and a CEL selector
+docs/charging.md documents); this one is scoped `spec.devices` (the driver and a CEL selector
 on the model) and holds two H100s' memory. Claims for an H100 through either class are
 admitted until the quota is full, the next one (direct, or stamped from a Pod's template
 through `gpus`) is refused with the quota's numbers, a claim for an L4 through `gpus` is

@@ -205,9 +205,11 @@ async def is_governed(kube: Kube, namespace: str, want: bool) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def refusing_deletes(cluster: ControlPlane, kube: Kube, run: str) -> AsyncIterator[list[str]]:
+async def refusing_deletes(cluster: ControlPlane, kube: Kube, run: str,
+                           labels: dict[str, str] | None = None) -> AsyncIterator[list[str]]:
     """A second validating webhook (a policy protecting claims) that refuses every claim
-    DELETE in this test's namespaces; yields the uids of the DELETEs it refused."""
+    DELETE in the namespaces with `labels` (default: this test's); yields the uids of the
+    DELETEs it refused."""
     refused: list[str] = []
 
     async def handle(request: web.Request) -> web.Response:
@@ -231,7 +233,7 @@ async def refusing_deletes(cluster: ControlPlane, kube: Kube, run: str) -> Async
                             "clientConfig": {"service": {"namespace": "minik8s-system", "name": "test-webhook",
                                                          "port": port, "path": "/refuse"},
                                              "caBundle": base64.b64encode(cluster.ca_file.read_bytes()).decode()},
-                            "namespaceSelector": {"matchLabels": {RUN_LABEL: run}},
+                            "namespaceSelector": {"matchLabels": labels or {RUN_LABEL: run}},
                             "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                                        "operations": ["DELETE"], "resources": ["resourceclaims"]}]}]}
     try:

@@ -26,7 +26,8 @@ from .test_serve import Setup, create, crd, denial, exceeded, make_quota, served
 pytestmark = pytest.mark.e2e
 
 
-def expensive(setup: Setup, salt: int) -> dict[str, object]:
+def expensive(device_class: str, salt: int) -> dict[str, object]:
+    """A claim of 32 requests x 8 subrequests of `device_class`, each selector salted (module doc)."""
     def selector(r: int, s: int) -> dict[str, object]:
         # Per device (the whole attribute map is read) and ~3,500 units a device.
         expression = (f"size(device.attributes) >= 0 && "
@@ -35,7 +36,7 @@ def expensive(setup: Setup, salt: int) -> dict[str, object]:
 
     return {"kind": "ResourceClaim", "metadata": {"name": f"hostile-{salt}"}, "spec": {"devices": {"requests": [
         {"name": f"r{r}", "firstAvailable": [
-            {"name": f"s{s}", "deviceClassName": setup.fleet.device_class, "selectors": [selector(r, s)]}
+            {"name": f"s{s}", "deviceClassName": device_class, "selectors": [selector(r, s)]}
             for s in range(8)]}
         for r in range(32)]}}}
 
@@ -48,7 +49,8 @@ async def test_honest_claims_are_decided_while_expensive_ones_are_in_flight_and_
         # first sight costs more than the first slice on a loaded machine).
         assert await denial(create(kube, setup, "honest-0", dry_run=True)) == ""
         before = len(setup.served.log_text())
-        attackers = [asyncio.create_task(denial(kube.create(RESOURCE_V1, "resourceclaims", expensive(setup, salt),
+        attackers = [asyncio.create_task(denial(kube.create(RESOURCE_V1, "resourceclaims",
+                                                            expensive(setup.fleet.device_class, salt),
                                                             namespace=setup.namespace, dry_run=True)))
                      for salt in range(1, 3)]
 

@@ -1,7 +1,7 @@
 """`dra-quota check` end to end over examples/ and over bad input.
 
 The expected numbers are the hand computations of examples/README.md: the CLI must
-agree with a person applying DESIGN.md's rules with a pencil.
+agree with a person applying docs/design.md's rules with a pencil.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_without_go_or_a_binary_it_says_so_and_checks_the_examples(
     out, err = capsys.readouterr()
     assert "no local control plane: Go (>= 1.26" in err
     assert "note: showing `dra-quota check -f examples/` instead" in err
-    # check's table over examples/: the H200 pair is denied with DESIGN's message.
+    # check's table over examples/: the H200 pair is denied with docs/design.md's message.
     row = next(line for line in out.splitlines() if " h200-pair " in line)
     assert "DENIED" in row and H200_DENIAL in row
 

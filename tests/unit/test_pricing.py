@@ -1,4 +1,4 @@
-"""quota.pricing: every charge rule of DESIGN.md, one table row each."""
+"""quota.pricing: every charge rule of docs/design.md ("The charge of a claim"), one table row each."""
 
 from __future__ import annotations
 

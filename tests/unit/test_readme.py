@@ -1,4 +1,5 @@
-"""README.md's configuration reference is what the CLI accepts (tests/tools/cli_reference.py)."""
+"""docs/configuration.md, the configuration reference, is what the CLI accepts
+(tests/tools/cli_reference.py)."""
 
 from __future__ import annotations
 
@@ -9,5 +10,5 @@ def test_the_reference_covers_every_command() -> None:
     assert {"check", "serve", "top", "demo", "certs generate", "certs inspect"} <= set(commands())
 
 
-def test_the_readme_reference_is_what_the_cli_accepts() -> None:
-    assert current() == render(), "README.md's CLI reference is stale: run python -m tests.tools.cli_reference"
+def test_the_configuration_reference_is_what_the_cli_accepts() -> None:
+    assert current() == render(), "docs/configuration.md is stale: run python -m tests.tools.cli_reference"

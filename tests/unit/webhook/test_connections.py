@@ -13,7 +13,9 @@ tests/e2e/test_connections.py, and bench/connections.py for 10,000.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -23,7 +25,7 @@ from webhook.connections import Connections, Limits, Phase
 from webhook.review import AdmissionRequest, Verdict
 
 from .test_review import REVIEW
-from .wire import Wire, post, serving
+from .wire import Wire, client_context, post, serving
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 REVIEW_BODY = json.dumps(REVIEW).encode()
@@ -175,6 +177,44 @@ async def test_a_tls_handshake_that_never_comes_is_dropped() -> None:
         assert await closed(wire)
         await until(lambda: len(served.connections) == 0, "the connection forgotten")
         await wire.close()
+
+
+def reviewed_blocking(port: int) -> None:
+    """A review over a blocking TLS socket (run in a thread): no client transport of asyncio's."""
+    with socket.create_connection(("127.0.0.1", port)) as raw, \
+            client_context().wrap_socket(raw, server_hostname="dra-quota.ns.svc") as tls:
+        tls.sendall(post(REVIEW_BODY))
+        assert tls.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def transports_left_to_the_collector() -> int:
+    gc.collect()
+    return sum(type(o).__name__ == "_SelectorSocketTransport" for o in gc.garbage)
+
+
+@ASYNC
+async def test_connections_that_end_leave_nothing_for_the_cyclic_collector() -> None:
+    """Evicted before a handshake, or reviewed then closed by the client: each is freed at
+    once. (asyncio's socket transport refers to itself; a flood of connections left
+    thousands for the collector, whose passes stalled the loop up to 0.3 s.) The client
+    side here is blocking sockets, so every socket transport in this process is serve's."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        async with serving({"/validate": allow}, limits=Limits(max_connections=2)) as served:
+            await asyncio.to_thread(reviewed_blocking, served.port)
+            idle = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(10)]
+            await until(lambda: served.connections.dropped.get("evicted") == 8, "8 evictions")
+            for sock in idle:
+                sock.close()
+            await until(lambda: len(served.connections) == 0, "every connection forgotten")
+            left = transports_left_to_the_collector()
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == 0, f"{left} of serve's closed transports were left to the cyclic collector"
 
 
 # -- eviction order, without sockets ------------------------------------------------------------

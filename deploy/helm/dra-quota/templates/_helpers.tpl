@@ -65,7 +65,7 @@ app.kubernetes.io/component: webhook
 {{/* No image is published: refuse to render without one the user chose, rather than
 install Pods that can never start behind webhooks that wait for them. */}}
 {{- define "dra-quota.image" -}}
-{{- $repository := required "image.repository is required: no dra-quota image is published; build the Dockerfile, push it where the cluster can pull it and set image.repository (and image.tag or image.digest): README, Install" .Values.image.repository }}
+{{- $repository := required "image.repository is required: no dra-quota image is published; build the Dockerfile, push it where the cluster can pull it and set image.repository (and image.tag or image.digest): docs/install.md" .Values.image.repository }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}

@@ -1,0 +1,110 @@
+"""The docs ship in the repository and hold together: README.md and docs/*.md link only to
+files (and headings) that exist, and no tracked file points outside the repository (the
+design users rely on is docs/design.md, not a file beside the clone)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# A markdown link's target (the text may span lines), not an image's, not a URL.
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# What points outside: a path climbing above the repository, the lead's shared folder, the
+# old contract's file name (docs/design.md replaces it).
+OUTSIDE = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-][\w./-]*)|/work/|\bshared/|\bDESIGN\.md\b")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6} (.*)", line)):
+            base = slug(m[1])
+            name, n = base, 0
+            while name in found:  # GitHub numbers repeated headings
+                n += 1
+                name = f"{base}-{n}"
+            found.add(name)
+    return found
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # not in code blocks
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or not file.is_relative_to(ROOT):
+            broken.append(f"{target}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    assert broken == []
+
+
+def test_the_link_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A page\n\n## Its `part` (two)\n\n```\n# not a heading\n```\n")
+    page = tmp_path / "b.md"
+    page.write_text("[ok](a.md#its-part-two) [x](a.md#not-a-heading) [y](c.md)\n[z](https://e.x)")
+    assert links(page) == ["a.md#its-part-two", "a.md#not-a-heading", "c.md"]
+    assert anchors(tmp_path / "a.md") == {"a-page", "its-part-two"}
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    files = []
+    for name in names.decode().split("\0"):
+        path = ROOT / name
+        if name and path.is_file() and not path.is_symlink() and b"\0" not in path.read_bytes()[:8192]:
+            files.append(path)
+    return files
+
+
+def outside_references(text: str, folder: Path) -> list[str]:
+    """What in `text`, a file's in `folder`, points outside the repository, line by line."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in OUTSIDE.finditer(line):
+            climb = m[1]
+            target = (folder / climb.rstrip(".,:;")).resolve() if climb else None
+            if target and target.is_relative_to(ROOT) and target.exists():
+                continue  # a ../ to a file of the repository
+            found.append(f"{number}: {m[0]}")
+    return found
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
+    files = tracked_text_files()
+    assert len(files) > 100
+    this = Path(__file__).resolve()  # its own patterns and examples say what points outside
+    found = [f"{path.relative_to(ROOT)}:{ref}" for path in files if path != this
+             for ref in outside_references(path.read_text(errors="replace"), path.parent)]
+    assert found == []
+
+
+@pytest.mark.parametrize(("line", "outside"), [
+    ("see ../shared/DESIGN.md", True),
+    ("the contract is DESIGN.md (\"Deploy\")", True),
+    ("see ../../../x/y.md", True),
+    ("cat /work/notes/x", True),
+    ("see ../quota/pricing.py and docs/design.md", False),
+])
+def test_outside_references_are_found(line: str, outside: bool) -> None:
+    assert bool(outside_references(line, ROOT / "docs")) == outside
