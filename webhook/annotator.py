@@ -45,6 +45,7 @@ import aiohttp
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from quota.kubeapi import ApiError, KubeApi, Resource
 from webhook.guard import guarded
+from webhook.slicing import Busy
 
 __all__ = ["Annotator"]
 
@@ -155,8 +156,15 @@ class Annotator:
 
     async def _write(self, claim: Claim, annotations: Mapping[str, str]) -> bool | None:
         """One patch; False: failed and put back to retry; None: written or not needed."""
-        due = await self._run(lambda: guarded(f"the annotations of ResourceClaim {claim.namespace}/{claim.name}",
-                                              lambda: self._due(claim, annotations)) or {})
+        try:
+            due = await self._run(lambda: guarded(f"the annotations of ResourceClaim {claim.namespace}/{claim.name}",
+                                                  lambda: self._due(claim, annotations)) or {})
+        except Busy:
+            # The slow lane is full (tenants' expensive claims): try again after the
+            # backoff, without counting an attempt. Escaping here would stop the writer,
+            # and with it `serve` (the annotator is one of its vital tasks).
+            self._pending.setdefault(claim.uid, (claim, annotations))
+            return False
         if not due:
             return None
         patch = {"metadata": {"uid": claim.uid, "annotations": due}}

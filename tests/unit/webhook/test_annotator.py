@@ -104,3 +104,31 @@ async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
         assert api.most_at_once["x"] == 1
     finally:
         task.cancel()
+
+
+async def test_a_full_slow_lane_defers_a_claim_and_never_stops_the_writers() -> None:
+    """`Slicer.run` refuses a call with `Busy` while its slow lane is full (a tenant's
+    expensive claims): the claim waits for the next try; the writers, vital to `serve`,
+    go on."""
+    from webhook.slicing import Busy
+
+    api = Api()
+    busy = {"left": 2}
+
+    async def run(fn: Any) -> dict[str, str]:
+        if busy["left"]:
+            busy["left"] -= 1
+            raise Busy(32)
+        return fn()  # type: ignore[no-any-return]
+
+    writer = Annotator(api, due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
+                       leading=lambda: True, concurrency=1, run=run, backoff=0.001, attempts=1)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.seen(claim("a"), {})
+        await until(lambda: api.patched == ["a"] or task.done(), "the claim written after the lane freed")
+        assert not task.done()
+        assert api.patched == ["a"] and busy["left"] == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
