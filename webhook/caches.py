@@ -242,14 +242,20 @@ class ClaimStore:
             relist.rebuild.cancel()
             raise
         gone = relist.rebuild.commit()
-        self._reprice_since(selections)
-        # With the ledger, in the same step: the watermark reads these (`version`).
+        # With the ledger, in the same step (no pause in between): the watermark reads
+        # these (`version`).
+        listed_before = self._versions
         self._versions, self._recorded = relist.versions, relist.recorded
         if self.holders is not None:
             self.holders.replace(relist.held)
+        self._reprice_since(selections)
         # Told after the swap (in pauses: the reflector applies no event until they are done).
         for entry in gone:
-            if self.deleted is not None:
+            # Only a claim this cache had seen from the API server and the list no longer
+            # holds was deleted. One known only from an admission here (the scheduler's
+            # allocation of a claim created after the list's resourceVersion) is not: its
+            # persisted reservation must keep counting it until the watch delivers it.
+            if self.deleted is not None and entry.ref in listed_before:
                 self.deleted(entry.ref, None)
             pause_point()
         if self.freed is not None:

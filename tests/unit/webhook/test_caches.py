@@ -169,6 +169,26 @@ def test_a_relist_in_slices_swaps_in_whole_and_keeps_what_changed_meanwhile() ->
     assert deleted == ["u2"]
 
 
+def test_a_relist_never_tells_as_deleted_a_claim_it_knows_only_from_an_admission() -> None:
+    """A claim created after the list's resourceVersion, whose allocation this replica
+    admitted while the relist was built, is not in the list; it was not deleted: its
+    persisted reservation must keep counting it until the watch delivers it."""
+    world = World()
+    deleted: list[str] = []
+    world.claims.deleted = lambda ref, _: deleted.append(ref)
+    world.claims.replace([versioned(claim("c1", "u1"), "10"), versioned(claim("c2", "u2"), "11")])
+    admitted = []
+
+    def pause() -> None:
+        if not admitted:
+            admitted.append(world.admitter.ledger.add_or_update_claim(priced("u9", 40 * GiB)))
+
+    with pausing(pause):
+        world.claims.replace([versioned(claim("c2", "u2"), "11")])
+    assert admitted, "the admission landed while the relist was built"
+    assert deleted == ["u1"]
+
+
 def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
     world = World()
     world.claims.upsert(claim("c1", "u1"))
