@@ -379,7 +379,10 @@ class Admitter:
                 continue
             if entry.allocated:
                 rescoped = {mode: self.pricer.rescoped(p, selections) for mode, p in entry.pricing.items()}
-                self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))
+                # Pricing may pause (a sliced relist): a claim deleted or changed meanwhile
+                # must not come back as it was.
+                if self.ledger.entry(entry.ref) is entry:
+                    self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))
             elif entry.claim is not None:
                 stale.append((entry.claim, entry))
         return stale

@@ -284,3 +284,22 @@ def test_a_quota_selecting_devices_that_arrives_while_a_relist_is_built_prices_i
         assert {name for name, _ in handed} == {"pending"} and usage.reserved == Charge(80 * GiB, 1)
     else:
         assert usage.reserved == ZERO  # priced here
+
+
+def test_a_claim_deleted_while_a_new_selection_prices_it_does_not_come_back() -> None:
+    """Pricing an allocated claim for a quota's new selection pauses (CEL, in a sliced
+    relist of the quotas); a claim deleted in that pause stays deleted."""
+    world, claims, h100 = scoped_world()
+    world.claims.replace(claims)
+    ledger = world.admitter.ledger
+    deleted = []
+
+    def pause() -> None:
+        if not deleted and ledger.entry(ClaimRef("u1")) is not None:
+            world.claims.delete(claims[0])
+            deleted.append("u1")
+
+    with pausing(pause):
+        world.quotas.upsert(h100)
+    assert deleted, "the claim was deleted while the quota's selection was priced"
+    assert ledger.entry(ClaimRef("u1")) is None
