@@ -19,7 +19,9 @@ objects promoted since the last full collection exceed a quarter of those it kep
   collection walks the new caches again. Reference counting still frees whatever of
   them a later event replaces; what freezing costs is that a reference cycle frozen
   and dropped later is never collected (the caches hold none; a connection or a
-  request in flight at that moment may). So only lists freeze, which are rare (the
+  request in flight at that moment may), nor is a cycle that died while full
+  collections were off, having been promoted to the oldest generation meanwhile (a
+  request's garbage during the rebuild: a small, one-off cost per relist). So only lists freeze, which are rare (the
   first ones, then a 410 Gone); a scrape only keeps full collections off while it
   runs;
 - the youngest generation is collected on a clock (`collect_young`, every
@@ -83,8 +85,12 @@ class Rebuilds:
         they are back on (module doc)."""
         with self.quiet():
             yield
-            gc.freeze()
-            self.freezes += 1
+            self.freeze()
+
+    def freeze(self) -> None:
+        """Freeze what is alive (inside `quiet`, before full collections are back on)."""
+        gc.freeze()
+        self.freezes += 1
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

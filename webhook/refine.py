@@ -20,7 +20,6 @@ of budget keeps its bound (`Admitter.existing_entry`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -76,12 +75,22 @@ class Refiner:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            big = self.rebuilds is not None and len(self._queue) >= FREEZE_AFTER
-            with self.rebuilds.rebuilding() if self.rebuilds is not None and big else contextlib.nullcontext():
-                await self._drain()
+            if self.rebuilds is not None and len(self._queue) >= FREEZE_AFTER:
+                # Only the claims waiting now are the rebuild: full collections must not
+                # stay off for as long as claims keep coming. And what a drain that met a
+                # full slow lane built (the reviews' garbage of an attack among it) is
+                # not frozen: a cycle frozen is never collected.
+                with self.rebuilds.quiet():
+                    if await self._drain(len(self._queue)):
+                        self.rebuilds.freeze()
+            else:
+                await self._drain(len(self._queue))
 
-    async def _drain(self) -> None:
-        while self._queue:
+    async def _drain(self, limit: int) -> bool:
+        """Price up to `limit` waiting claims; False when the slow lane was full meanwhile."""
+        clean = True
+        while self._queue and limit > 0:
+            limit -= 1
             # A claim whose pricing ends in its first slice awaits nothing: give the
             # loop a turn between claims, or a thousand of them would be one stall.
             await asyncio.sleep(0)
@@ -95,6 +104,7 @@ class Refiner:
                                     lambda: self.admitter.existing_entry(claim)))
             except Busy:
                 self._queue.setdefault(ref, (claim, bound))
+                clean = False
                 await asyncio.sleep(_BUSY_BACKOFF)
                 continue
             if priced is None or self.admitter.ledger.entry(ref) is not bound:
@@ -104,6 +114,7 @@ class Refiner:
             log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
                       claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
             self.changed(claim.namespace)
+        return clean
 
 
 def _total(entry: Entry) -> str:

@@ -145,3 +145,39 @@ async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monk
     await refine(refiner, admitter)
     assert refiner.refined == 5 and rebuilds.freezes == 1
     gc.unfreeze()  # the rest of the session collects as ever
+
+
+async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: Any) -> None:
+    """Under an attack the slow lane is full: the drain still ends (only the claims that
+    were waiting when it began), and what it built meanwhile, the attack's garbage among
+    it, is not frozen (a frozen cycle is never collected)."""
+    import webhook.refine
+    from webhook.rebuilds import Rebuilds
+    from webhook.slicing import Busy
+
+    monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
+    monkeypatch.setattr(webhook.refine, "_BUSY_BACKOFF", 0)
+    admitter, store, _, _ = world()
+    slicer = Slicer()
+    refused = [1]
+    real_run = slicer.run
+
+    async def run(fn: Any) -> Any:
+        if refused:
+            refused.pop()
+            raise Busy(32)
+        return await real_run(fn)
+
+    slicer.run = run  # type: ignore[method-assign]
+    rebuilds = Rebuilds()
+    refiner = Refiner(admitter, slicer, changed=lambda _: None, rebuilds=rebuilds)
+    store.provisional = refiner.add
+    never_priced = []
+    for i in range(3):
+        obj = make_claim(f"d{i}", request("gpu", exactly("gpu", SMALL.replace("50Gi", f"{60 + i}Gi"))))
+        obj["metadata"] |= {"uid": f"uid-d{i}", "resourceVersion": "1"}
+        never_priced.append(obj)
+    store.replace(never_priced)
+    await refine(refiner, admitter)
+    assert not refused and refiner.refined == 3
+    assert rebuilds.freezes == 0
