@@ -114,7 +114,11 @@ class Inventory:
                 fresh._index_pool(pool_key)
                 pause_point()
         gone = set(self._pools)
-        old: list[Any] = [self._slice_pool, self._pools, self._usable, self._usable_pools, self._field_pools]
+        # Freed in pieces: only what no query handed out. `usable`, `usable_pools` and
+        # `field_pools` may be in a paused reader's hands (a partition built in slices,
+        # `quota.selectors`): emptied under it, its iteration would fail or see devices
+        # missing. They go by reference counting once their last reader is done.
+        old: list[Any] = [self._slice_pool, self._pools]
         # The swap: no pause point until it is done.
         self._slice_pool, self._pools, self._usable = fresh._slice_pool, fresh._pools, fresh._usable
         self._usable_pools, self._field_pools = fresh._usable_pools, fresh._field_pools
@@ -122,7 +126,7 @@ class Inventory:
         # A relist may drop pools no journal entry names: caches must rescan everything.
         self._journal.clear()
         change = InventoryChange(tuple(sorted(gone | set(self._pools))), self.generation)
-        for table in old:  # no one reads them any more: freed in pieces
+        for table in old:  # no one reads these any more: freed in pieces
             drop(table)
         return change
 

@@ -179,3 +179,17 @@ def test_a_malformed_slice_in_a_relist_changes_nothing() -> None:
     with pytest.raises(SliceError):
         inv.replace_all([make_slice("n", [make_device("gpu-0")], node="new"), bad])
     assert inv.usable() == before
+
+
+def test_what_a_paused_reader_holds_is_not_emptied_under_it_by_a_relist() -> None:
+    """A partition built in slices holds the usable pools and the field index it was
+    handed while a relist swaps the inventory: their iteration goes on over the old ones."""
+    inv = Inventory()
+    for n in range(3):
+        inv.add_or_update_slice(make_slice(f"n{n}", [make_device("gpu-0")], node=f"node-{n}"))
+    pools, fields = inv.usable_pools(), inv.field_pools()
+    reading = iter(pools)
+    first = next(reading)
+    inv.replace_all([make_slice("n9", [make_device("gpu-0")], node="node-9")])
+    assert [first, *reading] == list(pools) and len(pools) == 3 and fields
+    assert len(inv.usable_pools()) == 1
