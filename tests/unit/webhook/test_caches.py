@@ -177,7 +177,7 @@ def test_a_relist_never_tells_as_deleted_a_claim_it_knows_only_from_an_admission
     deleted: list[str] = []
     world.claims.deleted = lambda ref, _: deleted.append(ref)
     world.claims.replace([versioned(claim("c1", "u1"), "10"), versioned(claim("c2", "u2"), "11")])
-    admitted = []
+    admitted: list[object] = []
 
     def pause() -> None:
         if not admitted:
@@ -292,7 +292,7 @@ def test_a_claim_deleted_while_a_new_selection_prices_it_does_not_come_back() ->
     world, claims, h100 = scoped_world()
     world.claims.replace(claims)
     ledger = world.admitter.ledger
-    deleted = []
+    deleted: list[str] = []
 
     def pause() -> None:
         if not deleted and ledger.entry(ClaimRef("u1")) is not None:
