@@ -127,6 +127,7 @@ class _Run:
     serve: Served | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C while the scenario ran (`_interruptible`)
 
     def say(self, text: str) -> None:
         # Progress goes to stdout with the table; with -o json, to stderr (stdout is the JSON).
@@ -202,7 +203,9 @@ def run(options: DemoOptions, out: TextIO) -> dict[str, Any]:
         state.seconds["control_plane_build"] = round(time.monotonic() - t0, 1)
         state.say(f"[1/5] control plane binary: {binary} ({state.seconds['control_plane_build']}s)")
         _start_cluster(state, binary)
-        summary = asyncio.run(_play(state))
+        summary = asyncio.run(_interruptible(state))
+        if state.interrupted:
+            raise KeyboardInterrupt
         ok = True
         if options.keep:
             kept = True
@@ -239,6 +242,30 @@ def _start_cluster(state: _Run, binary: Path) -> None:
               f"({state.seconds['control_plane_start']}s)")
 
 
+async def _interruptible(state: _Run) -> dict[str, Any]:
+    """`_play`, which Ctrl-C ends for certain. asyncio.run's own handler cancels the task,
+    but a cancellation can be lost (3.11's `wait_for` drops one that races its inner
+    future's completion: under load the scenario then ran on to its end and exited 0).
+    So Ctrl-C is also remembered, checked before each step, and said after the run."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def interrupt() -> None:
+        state.interrupted = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    try:
+        return await _play(state)
+    except asyncio.CancelledError:
+        if not state.interrupted:
+            raise
+        return {}
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
 async def _play(state: _Run) -> dict[str, Any]:
     cluster = state.cluster
     assert cluster is not None
@@ -261,6 +288,8 @@ async def _play(state: _Run) -> dict[str, Any]:
         claims = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
                   for d in _documents(EXAMPLES / "40-claims.yaml") if d.get("kind") == "ResourceClaim"}
         for number, step in enumerate(state.options.scenario, 1):
+            if state.interrupted:
+                raise asyncio.CancelledError
             await _play_step(state, kube, number, step, claims)
         state.seconds["scenario"] = round(time.monotonic() - t0, 1)
         if state.options.keep and state.serve is not None:

@@ -301,7 +301,7 @@ async def test_sigterm_stops_the_process_cleanly(kube: Kube, setup: Setup) -> No
         for plural, name in reversed(setup.configs):
             await kube.delete(ADMISSION, plural, name)
         setup.configs.clear()
-        # terminate() waits 10 s for the exit (then raises): a condition, not a bar.
+        # terminate() waits 60 s for the exit (then raises): a condition, not a bar.
         code, seconds = await setup.served.terminate()
         assert code == 0, code
         record("SIGTERM -> exit", seconds, target=5.0)
