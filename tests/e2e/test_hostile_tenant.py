@@ -401,9 +401,13 @@ async def check_namespace(t: Tenants, namespace: str) -> None:
         namespace, [(c["metadata"]["name"], bool((c.get("status") or {}).get("allocation"))) for c in claims])
 
 
+MIN_SAMPLES = 10
+
+
 @dataclass
 class Samples:
     count: int = 0
+    during: int = 0  # samples begun while tenants' attacks were still in flight
     peak_rss: int = 0
     healthz: list[float] = field(default_factory=list)
     healthz_reset: int = 0  # probes whose connection serve dropped (evicted at its cap) before answering
@@ -429,11 +433,14 @@ async def healthz(http: aiohttp.ClientSession, url: str, out: Samples) -> None:
 
 
 async def sample(t: Tenants, stop: asyncio.Event, out: Samples) -> None:
-    """Every 0.25 s until `stop`: the quotas, /healthz, serve's RSS (module doc)."""
+    """Every 0.25 s until `stop` and at least MIN_SAMPLES: the quotas, /healthz, serve's
+    RSS (module doc). The connection flood goes on until the samples are done; how many
+    fall while the tenants' attacks run depends on the machine's speed, not on serve."""
     url = f"https://127.0.0.1:{t.served.port}/healthz"
     connector = aiohttp.TCPConnector(ssl=served_context(t.served), force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
-        while not stop.is_set():
+        while not (stop.is_set() and out.count >= MIN_SAMPLES):
+            out.during += 0 if stop.is_set() else 1
             out.peak_rss = max(out.peak_rss, rss(t.served))
             assert out.peak_rss <= RSS_BOUND, f"serve's RSS {out.peak_rss / 2**20:.0f} MiB"
             await healthz(http, url, out)
@@ -497,10 +504,11 @@ async def test_a_hostile_tenant_neither_gets_around_the_quota_nor_stalls_the_oth
         metrics = await t.served.metrics()
         assert t.served.exited() is None and "Traceback" not in t.served.log_text()
     stall = metrics[(EVENT_LOOP_STALL_MAX, frozenset())]
-    print(f"{samples.count} samples; serve RSS peak {samples.peak_rss / 2**20:.0f} MiB (bound "
+    print(f"{samples.count} samples ({samples.during} during the attacks); serve RSS peak {samples.peak_rss / 2**20:.0f} MiB (bound "
           f"{RSS_BOUND / 2**20:.0f}); /healthz attempts reset {samples.healthz_reset}; {len(t.honest_creates)} "
           f"honest creates; longest loop stall {stall:.3f}s; mallory's answers {dict(t.answers)}; {connections.line()}")
-    assert samples.count >= 10 and sum(connections.dropped.values()) >= ATTACKERS - CAP, connections.line()
+    assert samples.during >= 1 and samples.count >= MIN_SAMPLES, samples
+    assert sum(connections.dropped.values()) >= ATTACKERS - CAP, connections.line()
     record("honest claim create, p99 during the attacks", percentile(t.honest_creates, 0.99), target=5.0)
     record("honest claim create, longest during the attacks", max(t.honest_creates), target=5.0)
     record("/healthz, longest during the attacks", max(samples.healthz), target=1.0)
