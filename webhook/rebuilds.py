@@ -20,10 +20,11 @@ objects promoted since the last full collection exceed a quarter of those it kep
   them a later event replaces; what freezing costs is that a reference cycle frozen
   and dropped later is never collected (the caches hold none; a connection or a
   request in flight at that moment may), nor is a cycle that died while full
-  collections were off, having been promoted to the oldest generation meanwhile (a
-  request's garbage during the rebuild: a small, one-off cost per relist). So only lists freeze, which are rare (the
-  first ones, then a 410 Gone); a scrape only keeps full collections off while it
-  runs;
+  collections were off, promoted to the oldest generation meanwhile (a request's
+  garbage during the rebuild: a small, one-off cost per relist). So only lists freeze,
+  which are rare (the first ones, then a 410 Gone), and a drain of stored claims that
+  never met a full slow lane (`webhook.refine`); a scrape only keeps full collections
+  off while it runs;
 - the youngest generation is collected on a clock (`collect_young`, every
   `YOUNG_EVERY`). CPython collects it once allocations less deallocations since the
   last collection pass 700; work that frees old objects as it makes new ones (stored
