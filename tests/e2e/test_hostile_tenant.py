@@ -440,7 +440,8 @@ async def sample(t: Tenants, stop: asyncio.Event, out: Samples) -> None:
     connector = aiohttp.TCPConnector(ssl=served_context(t.served), force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         while not (stop.is_set() and out.count >= MIN_SAMPLES):
-            out.during += 0 if stop.is_set() else 1
+            if not stop.is_set():
+                out.during += 1
             out.peak_rss = max(out.peak_rss, rss(t.served))
             assert out.peak_rss <= RSS_BOUND, f"serve's RSS {out.peak_rss / 2**20:.0f} MiB"
             await healthz(http, url, out)

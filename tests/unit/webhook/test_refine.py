@@ -45,6 +45,16 @@ def stored(name: str, *, allocated: bool = False) -> dict[str, Any]:
     return obj
 
 
+def never_priced(count: int) -> list[dict[str, Any]]:
+    """Stored claims each with a selector this replica has not priced: at their bound until refined."""
+    claims = []
+    for i in range(count):
+        obj = make_claim(f"d{i}", request("gpu", exactly("gpu", SMALL.replace("50Gi", f"{60 + i}Gi"))))
+        obj["metadata"] |= {"uid": f"uid-d{i}", "resourceVersion": "1"}
+        claims.append(obj)
+    return claims
+
+
 async def refine(refiner: Refiner, admitter: Admitter) -> None:
     async def synced() -> None:
         return None
@@ -135,12 +145,7 @@ async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monk
     store.replace([stored("c1"), stored("c2")])
     await refine(refiner, admitter)
     assert refiner.refined == 2 and rebuilds.freezes == 0
-    never_priced = []  # each with a selector this replica has not priced: at its bound until refined
-    for i in range(3):
-        obj = make_claim(f"d{i}", request("gpu", exactly("gpu", SMALL.replace("50Gi", f"{60 + i}Gi"))))
-        obj["metadata"] |= {"uid": f"uid-d{i}", "resourceVersion": "1"}
-        never_priced.append(obj)
-    store.replace(never_priced)
+    store.replace(never_priced(3))
     assert refiner.pending == 3
     await refine(refiner, admitter)
     assert refiner.refined == 5 and rebuilds.freezes == 1
@@ -172,12 +177,7 @@ async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: An
     rebuilds = Rebuilds()
     refiner = Refiner(admitter, slicer, changed=lambda _: None, rebuilds=rebuilds)
     store.provisional = refiner.add
-    never_priced = []
-    for i in range(3):
-        obj = make_claim(f"d{i}", request("gpu", exactly("gpu", SMALL.replace("50Gi", f"{60 + i}Gi"))))
-        obj["metadata"] |= {"uid": f"uid-d{i}", "resourceVersion": "1"}
-        never_priced.append(obj)
-    store.replace(never_priced)
+    store.replace(never_priced(3))
     await refine(refiner, admitter)
     assert not refused and refiner.refined == 3
     assert rebuilds.freezes == 0
