@@ -185,7 +185,15 @@ class Served:
         assert self.process is not None
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(self.process.wait, timeout)
+        try:
+            code = await asyncio.to_thread(self.process.wait, timeout)
+        except subprocess.TimeoutExpired:
+            # Where it hangs, in its log (serve dumps its stacks on SIGUSR1), before the
+            # failure shows that log.
+            self.process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.process.wait, 2.0)
+            raise
         return code, time.monotonic() - started
 
     async def kill(self) -> None:

@@ -38,6 +38,8 @@ Limitations of this version:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import json
 import logging
 import signal
@@ -354,6 +356,11 @@ class Caches:
 async def serve(options: ServeOptions) -> int:
     """Serve until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background task died."""
     started = time.monotonic()
+    # SIGUSR1 writes every thread's stack to stderr (the log) and serve goes on: how an
+    # operator, or a test whose serve did not exit, sees where it is stuck. (Not when
+    # stderr is no file, as under an in-process test's capture.)
+    with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation is both
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     policy = policy_source(options)
     tls: ReloadingContext | None = None
     if options.webhook and options.certificates is None:
