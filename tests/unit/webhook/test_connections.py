@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from devcluster.kube import poll
-from webhook.connections import Connections, Limits, Phase
+from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
 from webhook.review import AdmissionRequest, Verdict
 
 from .test_review import REVIEW
@@ -221,11 +221,14 @@ async def test_connections_that_end_leave_nothing_for_the_cyclic_collector() -> 
 
 
 class Fake:
-    def __init__(self, name: str, aborted: list[str]) -> None:
-        self.name, self._aborted = name, aborted
+    def __init__(self, name: str, aborted: list[str], *, unread: bool = False) -> None:
+        self.name, self._aborted, self.unread = name, aborted, unread
 
     def abort(self) -> None:
         self._aborted.append(self.name)
+
+    def waiting(self) -> bool:
+        return self.unread
 
 
 def test_eviction_takes_opening_then_headers_then_request_then_the_least_recently_idle_never_deciding() -> None:
@@ -244,6 +247,46 @@ def test_eviction_takes_opening_then_headers_then_request_then_the_least_recentl
     assert aborted == ["opening", "headers", "request", "idle-old", "idle-new"]
     assert connections.dropped == {"evicted": 5, "refused": 1}
     assert connections.counts()[Phase.DECIDING] == 1 and len(connections) == 1
+
+
+def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_up_to_a_bound() -> None:
+    """The oldest opening connection is the API server's, its handshake unread after a
+    stall of the loop: newer silent ones go first, then idle ones; past `EVICTION_SCAN`
+    connections with unread bytes, the first in line goes after all."""
+    clock, aborted = Clock(), list[str]()
+
+    def admit(connections: Connections, conn: Fake) -> None:
+        assert connections.room()
+        connections.opened(conn)
+        clock.now += 1
+
+    connections = Connections(Limits(max_connections=4), clock=clock)
+    for conn in (Fake("api-server", aborted, unread=True), Fake("silent", aborted), Fake("idle", aborted),
+                 Fake("trickling", aborted, unread=True)):
+        admit(connections, conn)
+        if conn.name == "idle":
+            connections.enter(conn, Phase.IDLE)
+    for i in range(3):
+        admit(connections, Fake(f"new-{i}", aborted, unread=True))
+    assert aborted == ["silent", "idle", "api-server"], "once every one left is waiting, the first in line goes"
+
+    flood = [Fake(f"unread-{i}", aborted, unread=True) for i in range(EVICTION_SCAN)]
+    connections = Connections(Limits(max_connections=len(flood) + 1), clock=clock)
+    for conn in (*flood, Fake("silent-last", aborted)):
+        admit(connections, conn)
+    admit(connections, Fake("newest", aborted))
+    assert aborted[-1] == "unread-0", "a scan is bounded: the silent one is past it"
+
+
+def test_unread_counts_the_bytes_the_kernel_holds_for_a_socket() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        assert unread(right.fileno()) == 0
+        left.sendall(b"ClientHello")
+        assert unread(right.fileno()) == len(b"ClientHello")
+        right.recv(5)
+        assert unread(right.fileno()) == len(b"ClientHello") - 5
+    assert unread(right.fileno()) == 0, "a closed socket (fileno -1) has nothing to read"
 
 
 @pytest.mark.parametrize("limits,problem", [
