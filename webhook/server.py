@@ -10,7 +10,8 @@ an endpoint that fails or runs past its deadline is denied with a message too, n
 500 (the API server would report a 500 without our words, then apply failurePolicy).
 The deadline comes from the `timeout` query parameter the API server adds to every
 webhook call (k8s.io/apiserver pkg/admission/plugin/webhook/request, `?timeout=5s`),
-less a margin, so our denial arrives before the API server gives up.
+less a margin (a fifth of it, at least 0.5 s), so our denial arrives before the API
+server gives up.
 
 The body is read whole as it arrives (a review comes in as many TCP pieces as the
 network cuts it into), bounded while it is read: a `Content-Length` over the limit is
@@ -51,7 +52,12 @@ log = logging.getLogger(__name__)
 # a review carries the object and, on UPDATE, the old object too.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
-_MARGIN = 0.5
+# Our answer must reach the API server before its own deadline, which began before ours
+# (connecting, sending) and ends on its clock, while ours fires late by however long
+# the loop was busy: 0.5 s was short on a loaded node (an expensive claim's denial left
+# 4.82 s after the review came in, the API server had given up at 5 s: a 500 without
+# our words). A fifth of the timeout, at least half a second.
+_MARGIN, _MARGIN_SHARE = 0.5, 0.2
 # The API server serializes an AdmissionReview with Go's encoding/json, fields in their
 # declaration order (k8s.io/api admission/v1 types.go): kind, apiVersion, then request,
 # whose first field is uid: it is within the first hundred bytes or so.
@@ -252,7 +258,8 @@ def _deadline(timeout: str | None) -> float:
             seconds = parse_duration(timeout).ns / NANOS
         except EvalError:
             pass  # not a Go duration: keep the default
-    return max(min(seconds, 30.0) - _MARGIN, 0.1)
+    seconds = min(seconds, 30.0)
+    return max(seconds - max(_MARGIN, _MARGIN_SHARE * seconds), 0.1)
 
 
 def _answer(uid: str, verdict: Verdict) -> web.Response:
