@@ -31,11 +31,13 @@ connections that idle or trickle can hold memory only up to the cap and can neve
 the API server out: its own connections carry requests, so they are the last evicted.
 
 Eviction passes over a connection whose client has sent bytes we have not read yet (the
-kernel holds them: `waiting`), up to `EVICTION_SCAN` of them: its client keeps up and we
-are the slow party. Under a flood of connects the oldest opening connection is replaced
-hundreds of times a second, and after a stall of the loop the API server's own new
-connection, its handshake or request sitting unread, was the oldest: evicted, its create
-failed with "connection reset by peer" (a fresh clone's hostile-tenant e2e test). A
+kernel holds them: `waiting`): its client keeps up and we are the slow party. Under a
+flood of connects the oldest opening connection is replaced hundreds of times a second,
+and after a stall of the loop the API server's own new connection, its handshake or
+request sitting unread, was the oldest: evicted, its create failed with "connection
+reset by peer" (a fresh clone's hostile-tenant e2e test). When the first
+`EVICTION_SCAN` in line are all waiting, we are behind: the new connection is refused
+(closed at once, before any handshake costs us CPU) and those in progress go on. A
 connection that idles or trickles has nothing unread between our reads, so it stays
 first in line; the bound keeps an eviction's cost a few system calls whatever the flood.
 """
@@ -143,7 +145,8 @@ class Connections:
         return {phase: len(queue) for phase, queue in self._phases.items()}
 
     def room(self) -> bool:
-        """Make room for one more connection (evicting one if at the cap); False: every one is deciding."""
+        """Make room for one more connection (evicting one if at the cap); False: every one
+        is deciding, or the first in line are all waiting on us (module doc)."""
         while len(self) >= self.limits.max_connections:
             victim = self._victim()
             if victim is None:
@@ -212,15 +215,9 @@ class Connections:
 
     def _victim(self) -> Tracked | None:
         """The connection worth least (module doc): the first in eviction order whose
-        client is not waiting on us, among the first `EVICTION_SCAN`; else the first."""
-        first: Tracked | None = None
-        for scanned, conn in enumerate(c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q):
-            if not conn.waiting():
-                return conn
-            first = first or conn
-            if scanned + 1 >= EVICTION_SCAN:
-                break
-        return first
+        client is not waiting on us, among the first `EVICTION_SCAN`; None if there is none."""
+        candidates = (c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q)
+        return next((c for _, c in zip(range(EVICTION_SCAN), candidates) if not c.waiting()), None)
 
     def _enter(self, conn: Tracked, phase: Phase) -> None:
         old = self._phase.get(conn)

@@ -249,33 +249,35 @@ def test_eviction_takes_opening_then_headers_then_request_then_the_least_recentl
     assert connections.counts()[Phase.DECIDING] == 1 and len(connections) == 1
 
 
-def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_up_to_a_bound() -> None:
+def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_and_refuses_when_all_in_line_are() -> None:
     """The oldest opening connection is the API server's, its handshake unread after a
-    stall of the loop: newer silent ones go first, then idle ones; past `EVICTION_SCAN`
-    connections with unread bytes, the first in line goes after all."""
+    stall of the loop: newer silent ones go first, then idle ones; once the first
+    `EVICTION_SCAN` in line are all waiting on us, the new connection is refused."""
     clock, aborted = Clock(), list[str]()
 
-    def admit(connections: Connections, conn: Fake) -> None:
-        assert connections.room()
+    def admit(connections: Connections, conn: Fake) -> bool:
+        if not connections.room():
+            return False
         connections.opened(conn)
         clock.now += 1
+        return True
 
     connections = Connections(Limits(max_connections=4), clock=clock)
     for conn in (Fake("api-server", aborted, unread=True), Fake("silent", aborted), Fake("idle", aborted),
                  Fake("trickling", aborted, unread=True)):
-        admit(connections, conn)
+        assert admit(connections, conn)
         if conn.name == "idle":
             connections.enter(conn, Phase.IDLE)
-    for i in range(3):
-        admit(connections, Fake(f"new-{i}", aborted, unread=True))
-    assert aborted == ["silent", "idle", "api-server"], "once every one left is waiting, the first in line goes"
+    assert [admit(connections, Fake(f"new-{i}", aborted, unread=True)) for i in range(3)] == [True, True, False]
+    assert aborted == ["silent", "idle"], "the API server's connection is never evicted while it waits on us"
+    assert connections.dropped == {"evicted": 2, "refused": 1}
 
     flood = [Fake(f"unread-{i}", aborted, unread=True) for i in range(EVICTION_SCAN)]
     connections = Connections(Limits(max_connections=len(flood) + 1), clock=clock)
     for conn in (*flood, Fake("silent-last", aborted)):
-        admit(connections, conn)
-    admit(connections, Fake("newest", aborted))
-    assert aborted[-1] == "unread-0", "a scan is bounded: the silent one is past it"
+        assert admit(connections, conn)
+    assert not admit(connections, Fake("newest", aborted)), "a scan is bounded: the silent one is past it"
+    assert "silent-last" not in aborted
 
 
 def test_unread_counts_the_bytes_the_kernel_holds_for_a_socket() -> None:
