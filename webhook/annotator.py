@@ -132,10 +132,14 @@ class Annotator:
             uid = self._next() if self._leading() else None
             if uid is None:
                 # Leadership is polled: the elector has no callback and a new leader
-                # finds its pending claims at most a second late.
+                # finds its pending claims at most a second late. asyncio.timeout, not
+                # wait_for: 3.11's wait_for drops a cancellation that races the wake-up
+                # (a failed patch wakes every idle writer), and a writer that lost its
+                # cancellation kept serve from ever exiting after SIGTERM.
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
                 continue

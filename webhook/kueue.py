@@ -338,7 +338,8 @@ class AdmissionCheckController:
                 if self.leading():
                     await self.reconcile()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.resync)
+                    async with asyncio.timeout(self.resync):  # not wait_for: 3.11's can drop a cancellation
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
         finally:

@@ -61,7 +61,8 @@ class Requeuer:
         while True:
             timeout = max(0.0, min(again.values()) - loop.time()) if again else None
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: 3.11's can drop a cancellation
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -40,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import io
 import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -417,13 +418,17 @@ async def serve(options: ServeOptions) -> int:
                            logger=HTTP_LOG)
     if options.webhook:
         await runner.setup()
-    background = [
-        asyncio.create_task(caches.run(), name="caches"),
-        *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
+    # The leader's writers: stopped before the listener closes (`_shut_down`).
+    writers = [
         *([asyncio.create_task(_lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
         *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
         *([asyncio.create_task(caches.annotator.run(), name="claim annotations")] if caches.annotator else []),
+    ]
+    background = [
+        *writers,
+        asyncio.create_task(caches.run(), name="caches"),
+        *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
         asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
@@ -452,22 +457,60 @@ async def serve(options: ServeOptions) -> int:
             log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
         await stop.wait()
-        log.info("shutting down: no new connections, finishing in-flight reviews")
+        log.info("shutting down: the leader's writers stop, then in-flight reviews finish")
     finally:
-        # runner.cleanup closes the listener, then waits up to shutdown_timeout for the
-        # handlers in flight: they read the caches, so the reflectors stop after them.
-        if options.webhook:
-            await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        async def drain() -> None:
+            # runner.cleanup closes the listener, then waits up to shutdown_timeout for
+            # the handlers in flight.
+            if options.webhook:
+                await runner.cleanup()
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
+
+        await _shut_down(writers, [t for t in background if t not in writers], drain,
+                         patience=options.shutdown_grace_seconds)
         await api.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+async def _shut_down(writers: Sequence[asyncio.Task[None]], rest: Sequence[asyncio.Task[None]],
+                     drain: Callable[[], Awaitable[None]], *, patience: float) -> None:
+    """Stop in the order that keeps every write and every review answered.
+
+    1. The leader's writers (the controller and its Lease, claim annotations, requeues):
+       their writes pass through our own webhooks (the claim-annotation guard's policy is
+       Fail), so they end while our listener still answers: closing it first failed them
+       with 500s. The Lease is released here, so another replica leads at once.
+    2. `drain`: the listener closes and the reviews in flight finish (the grace).
+    3. The rest: the reflectors those reviews read, the Event recorder they feed.
+    """
+    await _cancel(writers, patience)
+    await drain()
+    await _cancel(rest, patience)
+
+
+async def _cancel(tasks: Sequence[asyncio.Task[None]], patience: float) -> None:
+    """Cancel `tasks` and wait until they end.
+
+    One still running `patience` seconds after its cancellation lost it (Python 3.11's
+    `wait_for` drops a cancellation that races its inner future; a library may do the
+    same) or is stuck in its clean-up: its stack is logged and it is cancelled again, so
+    a lost cancellation delays the exit instead of hanging it.
+    """
+    for task in tasks:
+        task.cancel()
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=patience)
+        for task in pending:
+            stack = io.StringIO()
+            task.print_stack(file=stack)
+            log.error("%s still running %gs after it was cancelled; cancelling it again. %s",
+                      task.get_name(), patience, stack.getvalue())
+            task.cancel()
 
 
 async def _serve_metrics(options: ServeOptions, metrics: Metrics, api: KubeApi, tls: ReloadingContext | None,

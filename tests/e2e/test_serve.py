@@ -16,8 +16,10 @@ On failure, the process's log is attached to the error.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -294,6 +296,71 @@ async def test_reservations_are_re_derived_from_the_claims_after_a_restart(kube:
         # The new process never admitted c1 and c2: it reserves them from the list.
         message = await denial(create(kube, setup, "c3"))
         assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
+
+
+@contextlib.asynccontextmanager
+async def review_cut_short(setup: Setup) -> AsyncIterator[None]:
+    """A connection on which serve has answered once, then got the headers and half the
+    body of a review, and nothing more: aiohttp reads nothing once it is shutting down,
+    so serve's drain waits for this one its whole grace (10 s)."""
+    context = ssl.create_default_context(cafile=str(setup.served.cluster.ca_file))
+    context.check_hostname = False  # the certificate names the Service, not 127.0.0.1
+    reader, writer = await asyncio.open_connection("127.0.0.1", setup.served.port, ssl=context)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: dra-quota\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")  # answered: this connection is aiohttp's now
+        assert head.startswith(b"HTTP/1.1 200"), head
+        body = b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}'
+        writer.write(b"POST /validate HTTP/1.1\r\nHost: dra-quota\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:len(body) // 2]))
+        await writer.drain()
+        yield
+    finally:
+        writer.close()
+
+
+async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube: Kube, setup: Setup) -> None:
+    """SIGTERM while the leader annotates claims being created. Its annotation PATCHes pass
+    through our own claim-annotation guard (failurePolicy Fail: the namespace is governed),
+    so the writers stop, and the Lease is released, while the listener still answers; it
+    closes only then. Closing it first failed those PATCHes with 500, and a writer woken by
+    such a failure just as it was cancelled lost the cancellation (3.11's wait_for): serve
+    never exited (two e2e runs hung so). A review cut short keeps the listener draining
+    for the whole grace, so a writer still running would meet it closed."""
+    with setup.served.log_on_failure():
+        await make_quota(kube, setup, "gpus", "300Gi")
+        # Then room for every claim below (none is allocated: each stays reserved).
+        await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "100000Gi"}}},
+                         namespace=setup.namespace)
+
+        async def raised() -> bool:
+            return await denial(create(kube, setup, "probe", count=4, dry_run=True)) == ""
+
+        await poll(raised, timeout=30, what="the webhook to see the raised limit")
+
+        async def keep_creating(worker: int) -> None:
+            for i in range(10_000):
+                with contextlib.suppress(ApiError):  # refused once the listener closed: Fail
+                    await create(kube, setup, f"w{worker}-{i}")
+
+        async def writing() -> bool:  # the leader has annotated a claim, and the creates go on
+            claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=setup.namespace)
+            return any("draquota.io/charge" in (c["metadata"].get("annotations") or {}) for c in claims)
+
+        creating = [asyncio.create_task(keep_creating(worker)) for worker in range(4)]
+        try:
+            await poll(writing, timeout=30, what="the leader to annotate a claim")
+            async with review_cut_short(setup):
+                code, _ = await setup.served.terminate()
+        finally:
+            for task in creating:
+                task.cancel()
+            await asyncio.gather(*creating, return_exceptions=True)
+        assert code == 0
+        log = setup.served.log_text()
+        failed = re.findall(r"PATCH /apis/resource\.k8s\.io/v1/namespaces/\S+/resourceclaims/\S+ -> 5\d\d", log)
+        assert failed == [], "the leader's annotation writes met its own closed listener"
+        assert "still running" not in log
 
 
 async def test_sigterm_stops_the_process_cleanly(kube: Kube, setup: Setup) -> None:
