@@ -39,8 +39,7 @@ from typing import Any
 
 from aiohttp import web, web_response
 
-from quota.cel.timelib import NANOS, parse_duration
-from quota.cel.values import EvalError
+from quota.goduration import NANOS, parse_go_duration
 from webhook.connections import Connections, track
 from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
@@ -255,8 +254,8 @@ def _deadline(timeout: str | None) -> float:
     seconds = DEFAULT_TIMEOUT
     if timeout:
         try:
-            seconds = parse_duration(timeout).ns / NANOS
-        except EvalError:
+            seconds = parse_go_duration(timeout) / NANOS
+        except ValueError:
             pass  # not a Go duration: keep the default
     seconds = min(seconds, 30.0)
     return max(seconds - max(_MARGIN, _MARGIN_SHARE * seconds), 0.1)

@@ -14,20 +14,19 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import re
-from fractions import Fraction
 
 from quota.cel.library import check_int, register
 from quota.cel.types import register_runtime_type
 from quota.cel.values import EvalError
+from quota.goduration import MAX_NS, MIN_NS, NANOS, parse_go_duration
 
-NANOS = 10**9
 _MIN_NS = -62135596800 * NANOS  # 0001-01-01T00:00:00Z
 _MAX_NS = 253402300799 * NANOS + NANOS - 1  # 9999-12-31T23:59:59.999999999Z
 # cel-go holds a duration in Go's time.Duration, int64 nanoseconds (about ±292 years;
 # common/types/duration.go), and reports arithmetic past it as an integer overflow.
 # cel-spec allows ±10,000 years; Kubernetes 1.37 runs cel-go, so cel-go's range holds.
-_MIN_DURATION_NS = -(2**63)
-_MAX_DURATION_NS = 2**63 - 1
+_MIN_DURATION_NS = MIN_NS
+_MAX_DURATION_NS = MAX_NS
 
 
 class Timestamp:
@@ -111,33 +110,13 @@ def _identity(value: Timestamp | Duration) -> Timestamp | Duration:
     return value
 
 
-_UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NANOS, "m": 60 * NANOS, "h": 3600 * NANOS}
-_PART = re.compile(r"(\d*)(?:\.(\d*))?(ns|us|µs|μs|ms|s|m|h)")
-
-
 @register("duration", "string -> google.protobuf.Duration")
 def parse_duration(text: str) -> Duration:
-    """Go's time.ParseDuration: `[-+]` then one or more `<decimal><unit>`, or "0"."""
-    body = text[1:] if text[:1] in "+-" else text
-    if body == "0":
-        return Duration(0)
-    total, position = Fraction(0), 0
-    while position < len(body):
-        part = _PART.match(body, position)
-        if part is None or not (part.group(1) or part.group(2)):
-            raise EvalError(f'invalid duration "{text}"')
-        if len(part.group(1)) > 20:  # past int64 in any unit (and Python's digit limit)
-            raise EvalError(f'invalid duration "{text[:64]}"')
-        # Digits past the 30th are below a nanosecond in every unit.
-        number = Fraction(f"{part.group(1) or 0}.{(part.group(2) or '0')[:30]}")
-        total += number * _UNITS[part.group(3)]
-        position = part.end()
-    if not body:
-        raise EvalError(f'invalid duration "{text}"')
-    nanos = -int(total) if text.startswith("-") else int(total)
-    if not _MIN_DURATION_NS <= nanos <= _MAX_DURATION_NS:  # Go: time: invalid duration
-        raise EvalError(f'invalid duration "{text}"')
-    return Duration(nanos)
+    """Go's time.ParseDuration (`quota.goduration`), as CEL's `duration(string)`."""
+    try:
+        return Duration(parse_go_duration(text))
+    except ValueError as err:
+        raise EvalError(str(err)) from None
 
 
 def _seconds_text(ns: int) -> str:
