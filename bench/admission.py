@@ -7,7 +7,7 @@ Prints, and writes to bench/results/admission.json:
     aiohttp app's own route handler (`webhook.server.build_app` over
     `webhook.endpoints`: decoding, parsing, pricing, the quota check, the answer's
     encoding) with each admission persisted as `serve` persists it: the real
-    `webhook.reservations` (batch, watermark, conditional status write) against a
+    `kube.quotawriter` (batch, watermark, conditional status write) against a
     `StatusWriter` that stands in for the API server in this process, whose events
     (the status write, the claim created, the leader's charge on it) reach `serve`'s own
     stores; one at a time, then 16 at a time; the caches frozen (`gc.freeze()`) as
@@ -91,15 +91,15 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
-from quota.watching import Progress  # noqa: E402
+from kube.watching import Progress  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.test_chart import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from tests.e2e.test_serve import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
-from webhook.caches import ClaimStore, QuotaStore  # noqa: E402
+from kube.caches import ClaimStore, QuotaStore  # noqa: E402
 from webhook.claims import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
-from webhook.reservations import Reservations  # noqa: E402
+from kube.quotawriter import Reservations  # noqa: E402
 from webhook.server import build_app  # noqa: E402
 
 JSON = dict[str, Any]
@@ -374,7 +374,7 @@ class StatusWriter:
 
 def in_process_context(slices: list[JSON], *, ttl: float = 120.0) -> tuple[ClaimContext, StatusWriter]:
     """`serve`'s admission path in this process: its caches' domain objects, the persisted
-    reservations (`webhook.reservations`) writing to a `StatusWriter`, one DeviceQuota
+    reservations (`kube.quotawriter`) writing to a `StatusWriter`, one DeviceQuota
     with room in each namespace of the claim mix."""
     inventory = Inventory()
     inventory.replace_all(slices)
@@ -462,7 +462,7 @@ def collections_timed() -> Iterator[list[tuple[int, float]]]:
 
 def section_a(slices: list[JSON], claims: int) -> JSON:
     print(f"\n(a) in-process: {claims} claim CREATE reviews of the generated mix through the app's handler, "
-          "each reservation persisted as `serve` does (webhook.reservations), on a simulated API server")
+          "each reservation persisted as `serve` does (kube.quotawriter), on a simulated API server")
     started = time.perf_counter()
     ctx, api = in_process_context(slices)
     print(f"  inventory of {len(ctx.admitter.pricer.inventory.usable())} devices built in "

@@ -48,7 +48,7 @@ from admission import (  # noqa: E402
 
 from tests.e2e.attack import Attack, Attacker  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
-from webhook.metrics import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
+from runtime.metricnames import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
 
 JSON = dict[str, Any]
 TARGET_P99_MS = 50.0

@@ -38,7 +38,7 @@ from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
 from quota.reservations import parse_record  # noqa: E402
-from webhook.caches import ClaimStore  # noqa: E402
+from kube.caches import ClaimStore  # noqa: E402
 
 NAMESPACES = 50
 

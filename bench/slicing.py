@@ -49,7 +49,7 @@ from quota.pricing import Pricer  # noqa: E402
 from webhook.claims import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.server import build_app  # noqa: E402
-from webhook.slicing import Slicer  # noqa: E402
+from runtime.slicing import Slicer  # noqa: E402
 
 D = "gpu.nvidia.com"
 JSON = dict[str, Any]

@@ -5,14 +5,14 @@ the real event loop: `webhook.serve.Caches` (every reflector, store, the refiner
 relists in slices), the quota controller leading, the usage metrics on the metrics
 listener, and the admission app (`webhook.endpoints` over a loopback socket, plain HTTP);
 only the API server is a stand-in (`Api`: list pages served from encoded JSON and decoded
-as `quota.kubeapi` decodes them, watches that end in a 410 Gone on demand, DeviceQuota
+as `kube.api` decodes them, watches that end in a 410 Gone on demand, DeviceQuota
 status writes kept in memory and sent back as watch events). A child process sends an
 honest dryRun claim CREATE every `--every` seconds (open loop: each timed from when it was
 due) to a namespace with a DeviceQuota. Then, one at a time: the stored claims priced
 after ready, the first usage-metrics scrape and the next ones, a quota controller pass
 over every DeviceQuota, relists (410) of ResourceSlices, ResourceClaims (unchanged, then
 every claim changed) and DeviceQuotas; for each, the longest stall of the loop (a 5 ms
-timer's lateness, as `webhook.stalls` measures it, and the CPU time the loop's thread spent
+timer's lateness, as `runtime.stalls` measures it, and the CPU time the loop's thread spent
 between two ticks), the longest full collection, and the honest
 reviews due meanwhile (p50/p99/max), with the load average.
 
@@ -44,16 +44,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import ROOMY, claim, load_average, one_gpu, percentile, review  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
 
-from quota.kubeapi import ApiError, KubeApi, Obj, Resource  # noqa: E402
-from quota.kubeloaders import Configuration  # noqa: E402
+from kube.api import ApiError, KubeApi, Obj, Resource  # noqa: E402
+from kube.loaders import Configuration  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
-from quota.watching import Reflector  # noqa: E402
+from kube.watching import Reflector  # noqa: E402
 from webhook.claims import ClaimContext  # noqa: E402
 from webhook.controller import QuotaController  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.metricsserver import serve_metrics  # noqa: E402
-from webhook.rebuilds import collect_young  # noqa: E402
+from kube.rebuilds import collect_young  # noqa: E402
 from webhook.serve import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES, Caches  # noqa: E402
 from webhook.server import build_app  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402

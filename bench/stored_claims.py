@@ -1,7 +1,7 @@
 """Stored expensive claims and a fresh replica's readiness (issue 15.4).
 
 A replica becomes ready once its claim cache has listed and accounted every stored
-claim (`webhook.caches.ClaimStore.replace`). Pricing each one there let ten expensive
+claim (`kube.caches.ClaimStore.replace`). Pricing each one there let ten expensive
 claims push readiness from 0.11 s to 16.4 s. This builds the caches' domain objects over
 a generated inventory, lists N stored claims that each read every device with a loop
 (salted: nothing cached helps), and prints:
@@ -38,9 +38,9 @@ from quota.inventory import Inventory  # noqa: E402
 from quota.ledger import Ledger  # noqa: E402
 from quota.model import ZERO, DeviceClassName, Namespace  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
-from webhook.caches import ClaimStore  # noqa: E402
+from kube.caches import ClaimStore  # noqa: E402
 from webhook.refine import Refiner  # noqa: E402
-from webhook.slicing import Slicer  # noqa: E402
+from runtime.slicing import Slicer  # noqa: E402
 
 D = "gpu.nvidia.com"
 NS = "team-a"

@@ -25,8 +25,9 @@ from pricing import rss_mib, timed  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.usage import Holders  # noqa: E402
-from webhook.caches import ClaimStore  # noqa: E402
-from webhook.metrics import CLAIM_DEVICE_INFO, Metrics  # noqa: E402
+from kube.caches import ClaimStore  # noqa: E402
+from runtime.metricnames import CLAIM_DEVICE_INFO  # noqa: E402
+from webhook.metrics import Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Neighbours: `certs.rotation.plan` decides what to mint; `certs.tls.ReloadingContext` is
 handed each new serving pair (`on_serving`); the Kubernetes side is the `Store`
-protocol, implemented over `quota.kubeapi` by `webhook.certificates`. The I/O is
+protocol, implemented over `kube.api` by `webhook.certificates`. The I/O is
 injected rather than imported so `certs` stays free of `quota` and `webhook` (the
 import-linter contract "certs stands alone") and this loop is unit-tested with a fake.
 

@@ -1,4 +1,4 @@
-"""The local cluster's admin client (e2e tests, `dra-quota demo`): `quota.kubeapi.KubeApi`, the product's own.
+"""The local cluster's admin client (e2e tests, `dra-quota demo`): `kube.api.KubeApi`, the product's own.
 
 The tests and the demo reach the API server through the same client layer `dra-quota serve` uses (one
 client, not two), with the admin client certificate. `Kube` only adds what tests want on
@@ -9,7 +9,7 @@ and waiting for conditions::
     await kube.get("v1", "nodes", "node-1")
     await kube.patch("v1", "nodes", "node-1", {"status": ...}, subresource="status")
 
-Rejections are `quota.kubeapi.ApiError` with the exact status code and the whole
+Rejections are `kube.api.ApiError` with the exact status code and the whole
 decoded ``Status`` body (admission denials, 422 causes, quota 403s).
 Every call talks to the loopback apiserver only.
 """
@@ -22,8 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from quota.kubeapi import ApiError, KubeApi, Obj, PatchType, Resource
-from quota.kubeloaders import Configuration
+from kube.api import ApiError, KubeApi, Obj, PatchType, Resource
+from kube.loaders import Configuration
 
 __all__ = ["ApiError", "Kube", "MERGE_PATCH", "Obj", "WaitTimeout", "poll", "resource_path"]
 

@@ -1,1 +1,1 @@
-"""dra-quota domain: inventory, CEL selectors, pricing, DeviceQuota, ledger (pure) and the controller."""
+"""quota: the pure domain (inventory, CEL selectors, pricing, DeviceQuota, ledger); no I/O, no asyncio."""

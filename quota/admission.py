@@ -369,7 +369,7 @@ class Admitter:
     def price_for(self, namespace: Namespace, selection: DeviceSelection) -> list[tuple[Claim, Entry]]:
         """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
         to it: allocated claims priced again at once, unallocated ones returned (also after
-        a relist built while the selection arrived: `webhook.caches.ClaimStore.replace`)."""
+        a relist built while the selection arrived: `kube.caches.ClaimStore.replace`)."""
         selections = self._selections(namespace)
         if selection not in selections:
             return []
@@ -417,7 +417,7 @@ class Admitter:
         Pricing is cached per spec and inventory (`quota.pricing.Pricer`): every replica
         that asks gets the same answer from the same inventory. It runs the claim's CEL
         (within a claim's budget, `quota.work`): callers on the event loop run this
-        through `webhook.slicing`, and ask `annotations_may_be_due` first. A claim over
+        through `runtime.slicing`, and ask `annotations_may_be_due` first. A claim over
         budget gets no charge (it counts at its bound, `bound_entry`).
         """
         due: dict[str, str] = {}

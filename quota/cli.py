@@ -36,7 +36,7 @@ EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
 EXIT_DENIED = 1  # check --fail-on-deny: an object was denied
 EXIT_INPUT = 2
 _MAX_PEM_BYTES = 1024 * 1024
-# Every command finds the cluster the same way (quota.credentials).
+# Every command finds the cluster the same way (kube.credentials).
 _KUBECONFIG_HELP = ("kubeconfig to reach the API server (default: $KUBECONFIG, a colon-separated list merged as "
                     "kubectl merges it; else the Pod's service account; else ~/.kube/config)")
 
@@ -388,10 +388,10 @@ def _run_top(args: argparse.Namespace) -> int:
     import asyncio
 
     import aiohttp
-    from quota.kubeloaders import ConfigException
+    from kube.loaders import ConfigException
 
     from quota.devicequota import QuotaError
-    from quota.kubeapi import ApiError
+    from kube.api import ApiError
     from quota.printable import for_json, for_terminal
     from quota.tables import USAGE_HEADERS, print_rows, usage_cells
     from quota.top import quota_usage
@@ -428,16 +428,16 @@ def _run_top(args: argparse.Namespace) -> int:
 
 async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
     from quota.devicequota import GROUP, PLURAL, VERSION
-    from quota.kubeapi import KubeApi, Resource
+    from kube.api import KubeApi, Resource
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
         return (await api.list(Resource(f"{GROUP}/{VERSION}", PLURAL), namespace=args.namespace)).items
 
 
 def _cluster_error(err: Exception) -> str:
-    from quota.kubeloaders import ConfigException
+    from kube.loaders import ConfigException
 
-    from quota.kubeapi import ApiError
+    from kube.api import ApiError
 
     if isinstance(err, ApiError) and err.status == 404:
         return "the API server serves no draquota.io/v1alpha1 devicequotas: is the DeviceQuota CRD installed?"

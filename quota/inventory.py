@@ -13,7 +13,7 @@ Adding, changing or deleting a slice rebuilds only that slice's pool.
 
 A relist (`replace_all`) builds the new inventory aside, pausing at
 `quota.work.pause_point` after each slice parsed and each pool indexed (`serve` runs it
-in slices, `webhook.rebuilds`), and swaps it in with a few assignments at the end: a
+in slices, `kube.rebuilds`), and swaps it in with a few assignments at the end: a
 reader between two slices sees the old inventory whole, never part of the new one.
 Nothing else mutates the inventory meanwhile (the slice reflector awaits its relist
 before it applies any event), so nothing is lost by the swap.
@@ -240,7 +240,7 @@ def gc_paused() -> Iterator[None]:
 
     Not when the build pauses (`quota.work.pauses`: run in slices on `serve`'s event
     loop): other work runs between its slices and its garbage must still be collected;
-    there the runner keeps only full collections off (`webhook.rebuilds`).
+    there the runner keeps only full collections off (`kube.rebuilds`).
     """
     if pauses() is not None:
         yield

@@ -1,6 +1,6 @@
 """Leader election on a coordination.k8s.io/v1 Lease: the record and the pure decisions.
 
-Neighbours: `webhook.leader` reads and writes the Lease through `quota.kubeapi` and asks
+Neighbours: `webhook.leader` reads and writes the Lease through `kube.api` and asks
 this module whether it may take it and what to write; the quota controller
 (`webhook.controller`) runs only while that loop leads. Pure: the clocks are passed in.
 

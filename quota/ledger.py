@@ -9,7 +9,7 @@ and a DeviceQuota event whose scope (pricing mode, device classes) did not chang
 keeps its quota's usage, so recomputing from scratch is never needed after the list.
 
 A relist of the claims (`ClaimsRebuild`) is built aside and swapped in with one
-synchronous step: `serve` builds it in slices (`webhook.rebuilds`), and a decision
+synchronous step: `serve` builds it in slices (`kube.rebuilds`), and a decision
 taken between two slices sees the ledger as it was before the relist, whole. What
 changes the live ledger meanwhile is reconciled at the swap: a claim the list carries
 unchanged (`keep`) takes the live entry (the stored-claim pricing of `webhook.refine`,

@@ -22,7 +22,7 @@ Why it is fast:
 
 Cost and pauses (`quota.work`): a match spends the claim's budget on every evaluation
 (`quota.verdicts`), and a cached match spends what it cost when computed, once per
-claim. Under a slicer (`webhook.slicing`) a match pauses between groups and inside
+claim. Under a slicer (`runtime.slicing`) a match pauses between groups and inside
 long evaluations; it walks a snapshot of the partition's classes taken when it
 started, so a slice update that refreshes the partition in place meanwhile cannot
 break the walk: the result is the match at the generation it started from, as if it

@@ -20,7 +20,7 @@ Why it is fast:
 What it costs (`quota.work`): every evaluation spends the claim's `Budget`, and a
 verdict found in the cache spends what it cost when it was evaluated, so a claim costs
 the same whatever earlier claims left in the caches. Long evaluations pause every
-`quota.work.PAUSE_EVERY` units when a slicer runs them (`webhook.slicing`).
+`quota.work.PAUSE_EVERY` units when a slicer runs them (`runtime.slicing`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Neighbours: `quota.pricing` gives every claim it prices a `Budget` and charges it;
 `quota.selectors` and `quota.verdicts` spend it on CEL evaluations; `quota.cel` calls
 `pause_point` while compiling and every `PAUSE_EVERY` cost units while evaluating;
-`webhook.slicing` installs the pause hook that lets the event loop run between slices
+`runtime.slicing` installs the pause hook that lets the event loop run between slices
 of one review's pricing (`pausing`). Pure: no clock, no I/O; a pause is whatever the
 hook does (nothing, for `dra-quota check` and the caches).
 
@@ -114,7 +114,7 @@ class Budget:
                 "by name so devices with equal values are evaluated once, or use fewer requests and subrequests")
 
 
-# The pause hook of the running slice (`webhook.slicing`), or None: pricing never pauses.
+# The pause hook of the running slice (`runtime.slicing`), or None: pricing never pauses.
 # A ContextVar, so that only the greenlet a slicer runs sees its hook.
 _PAUSE: ContextVar[Pause | None] = ContextVar("dra_quota_pause", default=None)
 

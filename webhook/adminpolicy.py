@@ -5,14 +5,14 @@ Neighbours: `quota.policy` parses and judges (pure); `webhook.claims` and
 `PolicySource.policy`); `webhook.serve` runs one of the two sources:
 
 - `--admin-access-configmap NAMESPACE/NAME`: the ConfigMap, watched through the API by
-  a `quota.watching.Reflector` with the field selector `metadata.name=NAME`, so RBAC can
+  a `kube.watching.Reflector` with the field selector `metadata.name=NAME`, so RBAC can
   grant get/list/watch on that one object by resourceNames (the API server takes the
   name of a list or watch from that selector). It is the parameter object of the
   shipped ValidatingAdmissionPolicy (deploy/manifests/admin-access-policy.yaml): one
   edit changes both. A change applies as soon as the watch delivers it.
 - `--admin-access-policy PATH`: a YAML/JSON map (or a ConfigMap manifest) in a file, or
   a directory holding one file per key (a ConfigMap mounted as a volume), polled on
-  disk by `webhook.filepoll` like the certificate pair.
+  disk by `runtime.filepoll` like the certificate pair.
 
 Failure behaviour, the same for both, and never fail open: a new version that does not
 parse is ignored with a warning naming the field, the policy in force stays; a
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quota.kubeapi import KubeApi, Obj, Resource
+from kube.api import KubeApi, Obj, Resource
 from quota.loader import CheckInputError, read_values
 from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
 from quota.raw import show
 from quota.validation import dns_label, dns_subdomain
-from quota.watching import Reflector
-from webhook.filepoll import Stamp, reload_on_change, stamp
+from kube.watching import Reflector
+from runtime.filepoll import Stamp, reload_on_change, stamp
 
 __all__ = ["CONFIGMAPS", "ConfigMapPolicy", "PolicySource", "configmap_ref", "read_policy"]
 
@@ -182,7 +182,7 @@ class PolicySource:
 
 @dataclass(eq=False)
 class ConfigMapPolicy:
-    """The `quota.watching.Store` of the one ConfigMap: its `data` becomes the policy in force."""
+    """The `kube.watching.Store` of the one ConfigMap: its `data` becomes the policy in force."""
 
     source: PolicySource
     namespace: str

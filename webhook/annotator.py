@@ -1,6 +1,6 @@
 """The leader writes our annotations on each claim, once the claim exists.
 
-Neighbours: the claim cache (`webhook.caches.ClaimStore`) tells `Annotator.seen` every
+Neighbours: the claim cache (`kube.caches.ClaimStore`) tells `Annotator.seen` every
 claim it accounts (after the ledger counted it) and `gone` every claim deleted;
 `quota.admission.Admitter.annotations` says what the charge and quota annotations should
 say (from the charge the ledger holds: nothing is priced again here) and
@@ -43,9 +43,9 @@ from collections.abc import Awaitable, Callable, Mapping
 import aiohttp
 
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
-from quota.kubeapi import ApiError, KubeApi, Resource
-from webhook.guard import guarded
-from webhook.slicing import Busy
+from kube.api import ApiError, KubeApi, Resource
+from runtime.guard import guarded
+from runtime.slicing import Busy
 
 __all__ = ["Annotator"]
 
@@ -57,7 +57,7 @@ FIELD_MANAGER = "dra-quota"
 # and whether anything may be (`annotations_may_be_due`: no CEL, asked on every event).
 Due = Callable[[Claim, Mapping[str, str]], dict[str, str]]
 MayBeDue = Callable[[Claim, Mapping[str, str]], bool]
-# Runs a pricing call off the loop's critical path (`webhook.slicing.Slicer.run`).
+# Runs a pricing call off the loop's critical path (`runtime.slicing.Slicer.run`).
 Run = Callable[[Callable[[], dict[str, str]]], Awaitable[dict[str, str]]]
 
 

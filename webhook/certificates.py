@@ -1,7 +1,7 @@
 """`--cert-mode self`: `certs.manager` wired to the Kubernetes API, and its flags.
 
 Neighbours: `certs.manager.CertificateManager` runs the loop against the `Store`
-protocol; `KubeStore` here is that store over `quota.kubeapi` (the Secret in the
+protocol; `KubeStore` here is that store over `kube.api` (the Secret in the
 server's namespace, our Validating/MutatingWebhookConfigurations); `webhook.serve`
 calls `start` before it listens and runs `manager.run()` beside the server;
 `quota.cli` adds the flags with `add_arguments`.
@@ -23,7 +23,7 @@ from certs.authority import SERVICE, KeyPair, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Policy
 from certs.tls import ReloadingContext
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 
 __all__ = ["KubeStore", "SelfManaged", "add_arguments", "default_namespace", "from_args", "parse_duration", "start"]
 

@@ -25,7 +25,7 @@ of each claim's charge; the annotations are what others read, and a floor when a
 claim is priced again.
 
 A claim DELETE is not ours to judge: a reservation ends when the claim watch delivers
-the deletion (`webhook.caches.ClaimStore.delete`), never at the DELETE's admission,
+the deletion (`kube.caches.ClaimStore.delete`), never at the DELETE's admission,
 which a later admission step may still refuse (issue 15, item 8).
 """
 
@@ -51,9 +51,9 @@ from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from quota.work import Budget
-from webhook.reservations import Reservations
-from webhook.review import AdmissionRequest, Cause, Verdict
-from webhook.slicing import Slicer
+from kube.quotawriter import Reservations
+from kube.admissionreview import AdmissionRequest, Cause, Verdict
+from runtime.slicing import Slicer
 
 __all__ = [
     "AllocationCheck",
@@ -88,12 +88,12 @@ class ClaimContext:
     policy: Callable[[], AdminAccessPolicy]
     allocation_check: AllocationCheck = "enforce"
     # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
-    # (`webhook.reservations`); None keeps them in this process's ledger only.
+    # (`kube.quotawriter`); None keeps them in this process's ledger only.
     reservations: Reservations | None = None
     # Set when Kueue is on (`webhook.kueue.PodLookup`): reads a claim's Pod the Pod cache
     # does not know yet, so a claim of an admitted Workload draws on its holding.
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
-    # Runs pricing in slices, expensive reviews in a bounded slow lane (`webhook.slicing`).
+    # Runs pricing in slices, expensive reviews in a bounded slow lane (`runtime.slicing`).
     slicer: Slicer = field(default_factory=Slicer)
 
 
@@ -121,7 +121,7 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
 
     The same checks as `create_claim`, but the ledger only prices (a dry run: it holds
     what this replica's cache holds, not what other replicas admitted); the quota check
-    proper runs against the persisted reservations, in `webhook.reservations`.
+    proper runs against the persisted reservations, in `kube.quotawriter`.
     """
     assert ctx.reservations is not None
     claim = _claim(request, request.object)
@@ -135,7 +135,7 @@ async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -
     if record is not None and record.outcome == "refused":
         return _refusal(record)
     labels = ctx.namespace_labels(claim.namespace)
-    # Priced once, within this review's budget (`quota.work`), in slices (`webhook.slicing`).
+    # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`).
     entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
                                                                           budget=Budget.review()))
     if isinstance(entry, Admission):

@@ -1,8 +1,8 @@
 """The quota controller: writes each DeviceQuota's usage to its status, on the leader only.
 
 Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
-webhooks' `webhook.reservations` share it); `quota.ledger` is the usage the webhook's
-caches (`webhook.caches`) already keep from the claim watch: there is one accountant, and
+webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
+caches (`kube.caches`) already keep from the claim watch: there is one accountant, and
 this module only publishes what it counts. `webhook.leader` runs `QuotaController.run`
 while this replica leads and cancels it the moment it stops; `webhook.serve` wires the
 caches' change notifications to `changed`.
@@ -39,13 +39,13 @@ from typing import Any
 import aiohttp
 
 from quota.devicequota import QuotaError, parse_device_quota
-from quota.kubeapi import ApiError
+from kube.api import ApiError
 from quota.ledger import Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import parse_record
-from webhook.events import uid_of
-from webhook.reservations import Reservations
+from kube.events import uid_of
+from kube.quotawriter import Reservations
 
 __all__ = ["QuotaController"]
 

@@ -6,9 +6,9 @@ for anything not in the tables (another resource, subresource or operation, whic
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
 The in-memory handlers are synchronous, so a check and its reservation run without an
-await between them; the persisted ones (`webhook.reservations`) await a conditional
+await between them; the persisted ones (`kube.quotawriter`) await a conditional
 status write instead. Every synchronous handler runs through the context's slicer
-(`webhook.slicing`): one whose pricing is long gives the loop back between slices, in
+(`runtime.slicing`): one whose pricing is long gives the loop back between slices, in
 the slow lane, so it delays no other review. Its check and reservation still run
 without a pause between them: pauses happen only while pricing.
 """
@@ -28,8 +28,8 @@ from webhook.claims import (
 )
 from webhook.namespaces import update_namespace
 from webhook.pods import create_pod
-from webhook.review import AdmissionRequest, Verdict
-from webhook.slicing import Busy
+from kube.admissionreview import AdmissionRequest, Verdict
+from runtime.slicing import Busy
 from webhook.server import Endpoint
 
 __all__ = ["endpoints"]

@@ -2,7 +2,7 @@
 
 Neighbours: `webhook.serve` runs `GovernedLabels.run` on the Lease holder, beside the
 quota controller, and tells `changed` the namespace of every DeviceQuota and Namespace
-event; the namespace cache (`webhook.caches.NamespaceStore`) says what each namespace
+event; the namespace cache (`kube.caches.NamespaceStore`) says what each namespace
 carries now and `quota.ledger` which namespaces hold a DeviceQuota.
 
 Why (issue 15, item 3): the webhook configurations (deploy/manifests/webhooks.yaml)
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 import aiohttp
 
 from quota.devicequota import GOVERNED_LABEL
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from quota.ledger import Ledger
 from quota.model import Namespace
 

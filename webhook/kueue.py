@@ -4,7 +4,7 @@ Neighbours: `quota.workloads` says what a Workload is, when it holds its price a
 its Pods' claims are matched to it (read its docstring); `quota.admission.Admitter`
 prices it like the claims it will stamp; `quota.ledger` counts what it holds
 (`set_holding`), so claims from anywhere see it, and lets its Pods' claims draw on it;
-`webhook.reservations` checks it against the namespace's DeviceQuotas exactly as a
+`kube.quotawriter` checks it against the namespace's DeviceQuotas exactly as a
 claim is checked (the same persisted, conflict-safe write, the same denial text);
 `webhook.serve` wires the stores into `Caches` and runs `AdmissionCheckController`
 while leading.
@@ -31,7 +31,7 @@ import aiohttp
 
 from quota.admission import Admitter
 from quota.claims import Claim, parse_claim
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Entry
 from quota.model import Namespace
 from quota.raw import dig
@@ -48,11 +48,11 @@ from quota.workloads import (
     parse_workload,
     too_many_claims,
 )
-from webhook.caches import parse_or_skip
-from webhook.events import EventKey, EventRecorder, Ref
-from webhook.guard import guarded
-from webhook.reservations import Reservations
-from webhook.slicing import Busy, Slicer
+from kube.caches import parse_or_skip
+from kube.events import EventKey, EventRecorder, Ref
+from runtime.guard import guarded
+from kube.quotawriter import Reservations
+from runtime.slicing import Busy, Slicer
 
 __all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
            "serves_workloads"]

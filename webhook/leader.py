@@ -1,7 +1,7 @@
 """Leader election: one replica of `dra-quota serve` runs the quota controller at a time.
 
 Neighbours: `quota.leases` holds the Lease record and the pure decisions (read its
-docstring for the rules and why they are client-go's); `quota.kubeapi` does the HTTP;
+docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
 `webhook.serve` runs `LeaderElector.run` with the controller (`webhook.controller`) as
 the work to do while leading, and the controller asks `leading()` before each write.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from quota.kubeapi import ApiError, KubeApi, Obj, Resource
+from kube.api import ApiError, KubeApi, Obj, Resource
 from quota.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
 
 __all__ = ["LEASES", "LeaderElector", "default_identity"]

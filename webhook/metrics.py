@@ -1,7 +1,7 @@
 """Prometheus metrics of `dra-quota serve`: every metric name, its help and its labels.
 
 Neighbours: `webhook.server` tells `Metrics.review` every verdict (its `observe` hook);
-`webhook.events` counts what it drops here; the reflectors (`quota.watching`, their
+`kube.events` counts what it drops here; the reflectors (`kube.watching`, their
 `ReflectorStats`) and the served certificate (`certs.tls.ReloadingContext`, the
 self-managed `certs.manager`) are read at scrape time by collectors, so neither `quota/`
 nor `certs/` imports prometheus. `webhook.metricsserver` serves the registry on its own
@@ -42,85 +42,40 @@ from prometheus_client.registry import Collector
 
 from quota.policy import PolicyRecord
 from quota.version import version
-from quota.watching import Reflector
+from kube.watching import Reflector
 from quota.work import pause_point
+from runtime.metricnames import (
+    ADMIN_ACCESS_DECISIONS,
+    ADMISSION_DURATION,
+    ADMISSION_REQUESTS,
+    ALLOCATION_WAIT,
+    BUILD_INFO,
+    CERTIFICATE_EXPIRATION,
+    CONNECTIONS,
+    CONNECTIONS_DROPPED,
+    EVENTS_DROPPED,
+    EVENT_LOOP_STALL,
+    EVENT_LOOP_STALL_MAX,
+    RECONCILE_DURATION,
+    WATCH_RELISTS,
+    WATCH_RESTARTS,
+    WATCH_SYNCED,
+)
 from webhook.connections import DROP_REASONS, Connections
 from webhook.endpoints import MUTATING, VALIDATING
-from webhook.review import CAUSES, AdmissionRequest, Verdict
+from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
 
 __all__ = [
-    "ALLOCATION_WAIT",
-    "ADMISSION_DURATION",
-    "ADMISSION_REQUESTS",
-    "ADMIN_ACCESS_DECISIONS",
-    "BUILD_INFO",
-    "CERTIFICATE_EXPIRATION",
-    "CLAIM_DEVICE_INFO",
-    "CONNECTIONS",
-    "CONNECTIONS_DROPPED",
     "DEFAULT_METRICS_PORT",
     "DURATION_BUCKETS",
-    "EVENT_LOOP_STALL",
-    "EVENT_LOOP_STALL_MAX",
-    "EVENTS_DROPPED",
-    "INVENTORY_ALLOCATED",
-    "INVENTORY_DEVICES",
-    "INVENTORY_MEMORY",
-    "LEADER",
     "MAX_NAMESPACE_VALUES",
-    "NAMES",
-    "NAMESPACE_USAGE",
     "NamespaceLabel",
-    "PENDING_CLAIMS",
-    "QUOTA",
-    "RECONCILE_DURATION",
     "RENDER_CHUNK",
-    "WATCH_RELISTS",
-    "WATCH_RESTARTS",
-    "WATCH_SYNCED",
-    "WORKLOADS_RESERVED",
     "Metrics",
     "decision_of",
     "render",
     "resource_of",
 ]
-
-# -- names (the exposed names, `_total` included) ---------------------------------------------
-
-ADMISSION_REQUESTS = "draquota_admission_requests_total"
-ADMISSION_DURATION = "draquota_admission_duration_seconds"
-ADMIN_ACCESS_DECISIONS = "draquota_admin_access_decisions_total"
-WATCH_SYNCED = "draquota_watch_cache_synced"
-WATCH_RESTARTS = "draquota_watch_restarts_total"
-WATCH_RELISTS = "draquota_watch_relists_total"
-CERTIFICATE_EXPIRATION = "draquota_certificate_expiration_timestamp_seconds"
-EVENTS_DROPPED = "draquota_events_dropped_total"
-BUILD_INFO = "draquota_build_info"
-LEADER = "draquota_leader"
-QUOTA = "draquota_quota"
-NAMESPACE_USAGE = "draquota_namespace_device_usage"
-INVENTORY_DEVICES = "draquota_inventory_devices"
-INVENTORY_MEMORY = "draquota_inventory_memory_bytes"
-INVENTORY_ALLOCATED = "draquota_inventory_allocated_devices"
-CLAIM_DEVICE_INFO = "draquota_claim_device_info"
-RECONCILE_DURATION = "draquota_reconcile_duration_seconds"
-# draquota_quota{type="reserved"} by source (status.reservedBy): a series of its own, so
-# the kube_resourcequota-shaped one keeps its labels.
-WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
-# Claims existing unallocated per namespace (kueue_pending_workloads' counterpart).
-PENDING_CLAIMS = "draquota_namespace_pending_claims"
-# Creation to allocation of each claim, as the leader sees it (kueue_admission_wait_time_seconds').
-ALLOCATION_WAIT = "draquota_claim_allocation_wait_seconds"
-EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
-EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
-# webhook.connections: open connections by listener and phase, and those it dropped.
-CONNECTIONS = "draquota_connections"
-CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
-NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
-         WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, NAMESPACE_USAGE,
-         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, RECONCILE_DURATION,
-         WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX, CONNECTIONS,
-         CONNECTIONS_DROPPED)
 
 # controller-runtime's and kube-state-metrics' metrics port: what ServiceMonitors expect.
 DEFAULT_METRICS_PORT = 8080
@@ -230,7 +185,7 @@ class Metrics:
             "allocated charge; the other replicas export an empty histogram.", ["namespace"],
             buckets=WAIT_BUCKETS, registry=self.registry)
         self.stall = Histogram(
-            EVENT_LOOP_STALL, "Seconds the event loop ran a timer late (webhook.stalls: how long any ready review "
+            EVENT_LOOP_STALL, "Seconds the event loop ran a timer late (runtime.stalls: how long any ready review "
             "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)
         self.stall_max = Gauge(EVENT_LOOP_STALL_MAX, "The longest event loop stall since the process started, "
                                "seconds.", registry=self.registry)
@@ -271,7 +226,7 @@ class Metrics:
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
 
     def stalled(self, seconds: float) -> None:
-        """One tick of `webhook.stalls.watch`: the loop ran its timer `seconds` late."""
+        """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late."""
         self.stall.observe(seconds)
         if seconds > self._stall_max:
             self._stall_max = seconds

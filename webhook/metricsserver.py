@@ -1,6 +1,6 @@
 """`GET /metrics` of `dra-quota serve`: over HTTPS to whom the API server allows, or plain HTTP on loopback.
 
-Neighbours: `webhook.metrics` renders the exposition; `quota.kubeapi` asks the API server
+Neighbours: `webhook.metrics` renders the exposition; `kube.api` asks the API server
 who a token is and what it may do; `webhook.connections` bounds the HTTPS listener as it
 bounds the webhook's. `webhook.serve` starts it (`--metrics-port`, `--metrics-secure`).
 
@@ -21,7 +21,7 @@ by the listener's request timeout) instead of flooding the API server.
 `--no-metrics-secure` serves plain HTTP with no authentication, on a loopback address only
 (for a sidecar such as kube-rbac-proxy that does the above itself).
 
-Each scrape is rendered through `render` (`serve`: in slices, `webhook.rebuilds`: the
+Each scrape is rendered through `render` (`serve`: in slices, `kube.rebuilds`: the
 first scrape of a large cluster is seconds of work), one at a time: scrapes that
 arrive meanwhile wait for it (the usage metrics' caches are built by one at a time).
 """
@@ -42,7 +42,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite, track
 from webhook.metrics import Metrics
 from webhook.server import quiet_server_header

@@ -16,7 +16,7 @@ from typing import Any
 from quota.admission import ADMIN_ACCESS_LABEL
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, judge_label_change
 from quota.raw import dig, show
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = ["update_namespace"]
 

@@ -19,7 +19,7 @@ import logging
 from quota.admission import Admission
 from quota.extended import PodError, extended_claim
 from webhook.claims import ClaimContext, with_namespace
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = ["create_pod"]
 

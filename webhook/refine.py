@@ -1,8 +1,8 @@
 """Stored claims: counted at once at an upper bound, priced after ready (issue 15.4).
 
-Neighbours: `webhook.caches.ClaimStore` enters each unallocated claim this process did
+Neighbours: `kube.caches.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at
-`quota.admission.Admitter.bound_entry` and hands it here; `webhook.slicing` prices it
+`quota.admission.Admitter.bound_entry` and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota
 controller is told the namespace (`changed`) so DeviceQuota status follows.
 
@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable
 from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
 from quota.ledger import ClaimRef, Entry
-from webhook.guard import guarded
-from webhook.rebuilds import Rebuilds
-from webhook.slicing import Busy, Slicer
+from runtime.guard import guarded
+from kube.rebuilds import Rebuilds
+from runtime.slicing import Busy, Slicer
 
 __all__ = ["Refiner"]
 
@@ -66,7 +66,7 @@ class Refiner:
 
         A drain of many claims (the stored claims a fresh replica found: 125,000 in
         bench/stalls.py) is a rebuild of the ledger: full collections stay off while it
-        runs and what it built is frozen after (`webhook.rebuilds`); a few at a time (a
+        runs and what it built is frozen after (`kube.rebuilds`); a few at a time (a
         deallocated claim) are not.
         """
         await ready()

@@ -1,6 +1,6 @@
 """Pods waiting on quota get their claim as soon as quota frees, not ~17 minutes later.
 
-Neighbours: the claim cache (`webhook.caches.ClaimStore`) calls `Requeuer.quota_freed`
+Neighbours: the claim cache (`kube.caches.ClaimStore`) calls `Requeuer.quota_freed`
 with the namespace of each deleted claim; `quota.waiting` picks, from that namespace's
 unscheduled Pods, the ResourceClaimTemplates some Pod still waits on; this module
 touches them (annotation `draquota.io/requeued-at`), which makes the resourceclaim
@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 import aiohttp
 
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from quota.waiting import trim_pod, waiting_templates
 
 __all__ = ["ANNOTATION", "Requeuer"]

@@ -1,10 +1,10 @@
 """`dra-quota serve`: the admission webhook over HTTPS, on caches of the live cluster.
 
-Neighbours: `quota.cli` parses the flags into `ServeOptions`; `quota.kubeapi` talks to
-the API server and `quota.watching.Reflector` keeps `webhook.caches` current;
+Neighbours: `quota.cli` parses the flags into `ServeOptions`; `kube.api` talks to
+the API server and `kube.watching.Reflector` keeps `kube.caches` current;
 `webhook.endpoints` and `webhook.server` answer the reviews; `certs.tls` serves the
 certificate pair; `webhook.connections` bounds the webhook's and the metrics' listeners;
-`webhook.stalls` measures the event loop's stalls. This module only wires them together
+`runtime.stalls` measures the event loop's stalls. This module only wires them together
 and owns the process's life: start-up, readiness, certificate reload, signals and shutdown.
 
 Start-up order: ResourceSlices, DeviceClasses, Namespaces and DeviceQuotas are listed
@@ -14,7 +14,7 @@ existing claim at nothing). `/readyz` answers 200 only after every reflector syn
 and 503 again once shutdown began, so no review reaches a replica with a partial view.
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
-(`webhook.reservations`, protocol and TTL in `quota.reservations`), so several replicas
+(`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
 share the quotas without over-committing; `--reuse-port` lets them share one port.
 The replica holding the Lease (`webhook.leader`) also runs the quota controller
 (`webhook.controller`) over the same caches: it publishes used/reserved/conditions on
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from quota.kubeloaders import ConfigException
+from kube.loaders import ConfigException
 
 from certs.authority import KeyPair
 from certs.authority import inspect
@@ -61,18 +61,18 @@ from certs.rotation import Policy, plan
 from certs.tls import ReloadingContext
 from quota.admission import Admitter
 from quota.inventory import Inventory
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from quota.leases import Timing
 from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
-from quota.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
+from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
-from webhook.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
+from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
                             namespace_name)
 from webhook.claims import AllocationCheck, ClaimContext
 from webhook.controller import QuotaController
@@ -80,23 +80,23 @@ from webhook.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, Admissi
                            KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
 from quota.workloads import WORKLOAD_LABEL
 from webhook.endpoints import endpoints
-from webhook.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
-from webhook.filepoll import Stamp, reload_on_change, stamp
+from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
+from runtime.filepoll import Stamp, reload_on_change, stamp
 from webhook.governed import GovernedLabels
 from webhook.leader import LeaderElector, default_identity
 from webhook.annotator import Annotator
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics
 from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
-from webhook.rebuilds import Rebuilds, collect_young
+from kube.rebuilds import Rebuilds, collect_young
 from webhook.refine import Refiner
 from webhook.requeue import Requeuer
-from webhook.slicing import Slicer
-from webhook.reservations import Reservations
+from runtime.slicing import Slicer
+from kube.quotawriter import Reservations
 from webhook.usagemetrics import UsageMetrics
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
-from webhook.stalls import watch as watch_stalls
+from runtime.stalls import watch as watch_stalls
 
 __all__ = ["LIMITATIONS", "QUOTAS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
            "policy_source", "serve"]
@@ -135,7 +135,7 @@ class ServeOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     certificates: SelfManaged | None = None
-    kubeconfig: str | None = None  # None: $KUBECONFIG, in-cluster, ~/.kube/config (quota.credentials)
+    kubeconfig: str | None = None  # None: $KUBECONFIG, in-cluster, ~/.kube/config (kube.credentials)
     bind_address: str = "0.0.0.0"
     port: int = 8443
     # The adminAccess allowlist: a file polled every policy_poll_seconds, or a ConfigMap
@@ -240,7 +240,7 @@ def _stamp(options: ServeOptions) -> Stamp:
 
 
 async def _reload_certificates(options: ServeOptions, tls: ReloadingContext, since: Stamp) -> None:
-    """Serve a changed pair from the next handshake on (polled: `webhook.filepoll`).
+    """Serve a changed pair from the next handshake on (polled: `runtime.filepoll`).
 
     A pair read half-written (cert and key not matching yet) fails to load and is
     retried. `since` is the files' state taken before the pair being served was read.
@@ -269,9 +269,9 @@ class Caches:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
-        # One slow lane for every review and Workload decision (`webhook.slicing`).
+        # One slow lane for every review and Workload decision (`runtime.slicing`).
         self.slicer = Slicer()
-        # Lists and scrapes in slices, the collector kept off what they build (`webhook.rebuilds`).
+        # Lists and scrapes in slices, the collector kept off what they build (`kube.rebuilds`).
         self.rebuilds = Rebuilds()
         # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
         self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
@@ -624,7 +624,7 @@ async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -
         for task in tasks:
             task.cancel()
     if caches.synced:
-        # Each list froze what it built (`webhook.rebuilds`): no full collection walks
+        # Each list froze what it built (`kube.rebuilds`): no full collection walks
         # the caches (58,000 devices: ~0.5 s, bench/admission.py).
         log.info("ready after %.2fs: %d devices, %d classes, %d namespaces, %d quotas, %d claims "
                  "(%d counted at their upper bound until priced)",

@@ -1,6 +1,6 @@
 """The HTTPS admission server: AdmissionReview endpoints, health and readiness.
 
-Neighbours: `webhook.review` reads and writes reviews; the endpoint functions given to
+Neighbours: `kube.admissionreview` reads and writes reviews; the endpoint functions given to
 `build_app` (one per path, e.g. `/validate`, `/mutate`) decide; `certs.tls` supplies
 the SSL context the caller serves this app with.
 
@@ -24,7 +24,7 @@ does not arrive in time, and one whose review is whole is never evicted.
 
 Every answer, malformed reviews included, passes one `observe` call: the one place
 where each verdict is known, which `dra-quota serve` points at `webhook.metrics` and
-`webhook.events`.
+`kube.events`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from aiohttp import web, web_response
 
 from quota.goduration import NANOS, parse_go_duration
 from webhook.connections import Connections, track
-from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
 
@@ -69,7 +69,7 @@ SERVER = "dra-quota"
 Endpoint = Callable[[AdmissionRequest], Awaitable[Verdict]]
 BodyDecoder = Callable[[bytes], Any]
 # Told every answer: the path, the review (None when unreadable), the verdict and the
-# seconds it took. Synchronous and cheap (`webhook.metrics`, `webhook.events` queue
+# seconds it took. Synchronous and cheap (`webhook.metrics`, `kube.events` queue
 # their work), so it cannot delay an answer.
 Observer = Callable[[str, AdmissionRequest | None, Verdict, float], None]
 

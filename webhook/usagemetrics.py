@@ -3,7 +3,7 @@
 Neighbours: `webhook.metrics` owns the registry and every metric name; `quota.usage`
 computes the views (per quota from `quota.ledger`, the one accountant; per namespace and
 class; per model from `quota.inventory`; per held device from `quota.usage.Holders`);
-`webhook.reservations.Reservations.pending` adds the persisted reservations whose claim
+`kube.quotawriter.Reservations.pending` adds the persisted reservations whose claim
 this replica's cache does not hold yet; `webhook.serve` registers them. Nothing is
 counted here: a scrape reads the same ledger the webhook admits against.
 
@@ -20,7 +20,7 @@ of them when the inventory changed, as its attributes feed the labels); the per-
 index is rebuilt once per inventory generation. `draquota_quota` is built at every
 scrape: a few samples per quota.
 
-A scrape runs in slices (`webhook.rebuilds`, from `webhook.metricsserver`): it pauses
+A scrape runs in slices (`kube.rebuilds`, from `webhook.metricsserver`): it pauses
 between quotas, namespaces, claims and chunks of rendered claims
 (`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
 never holds the loop for long. Claim events land between its slices: every loop runs
@@ -41,7 +41,7 @@ from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
 from quota.work import drop, pause_point
-from webhook.metrics import (
+from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
     INVENTORY_DEVICES,
@@ -50,11 +50,9 @@ from webhook.metrics import (
     NAMESPACE_USAGE,
     PENDING_CLAIMS,
     QUOTA,
-    RENDER_CHUNK,
     WORKLOADS_RESERVED,
-    Metrics,
-    render,
 )
+from webhook.metrics import RENDER_CHUNK, Metrics, render
 
 __all__ = ["DEVICE_INFO_LABELS", "UsageMetrics"]
 

@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.kubeapi import KubeApi
+from kube.api import KubeApi
 from quota.policy import AUDIT_KEY
 from webhook.adminpolicy import CONFIGMAPS, PolicySource
 

@@ -32,7 +32,7 @@ import pytest_asyncio
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from webhook.metrics import CERTIFICATE_EXPIRATION
+from runtime.metricnames import CERTIFICATE_EXPIRATION
 
 from .cluster import ControlPlane, free_ports
 from .conftest import unique

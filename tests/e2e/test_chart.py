@@ -38,7 +38,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.kubeapi import KubeApi, Resource
+from kube.api import KubeApi, Resource
 
 from ..tools.chart import MANIFEST, NAMESPACE, documents, find, render
 from ..tools.monitoring_crds import monitoring_crds

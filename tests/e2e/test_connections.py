@@ -28,7 +28,7 @@ import pytest
 import pytest_asyncio
 
 from devcluster.served import metrics_reader_token, service_account_token
-from webhook.metrics import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL_MAX
+from runtime.metricnames import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL_MAX
 
 from ..tools.chart import MANIFEST, documents, find
 from .attack import Attack, attack

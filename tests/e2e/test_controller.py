@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.kubeapi import KubeApi
+from kube.api import KubeApi
 from quota.leases import Timing
 from webhook.leader import LeaderElector
 
@@ -50,7 +50,7 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
           "--leader-election-renew-deadline", str(RENEW_DEADLINE),
           "--leader-election-retry-period", str(RETRY_PERIOD))
 
-CONTENTION = "too much contention"  # webhook.reservations.CONTENTION: denied, nothing reserved
+CONTENTION = "too much contention"  # kube.quotawriter.CONTENTION: denied, nothing reserved
 MakeNamespace = Callable[..., Awaitable[str]]
 MakeFleet = Callable[..., Awaitable[GpuFleet]]
 LEASE = "dra-quota-controller"

@@ -23,7 +23,7 @@ import yaml
 
 from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.conversion import as_v1
-from quota.kubeapi import ApiError
+from kube.api import ApiError
 from quota.slices import SliceError, parse_slice
 from tests.unit.betas import downgrade
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from webhook.metrics import INVENTORY_DEVICES, RECONCILE_DURATION
+from runtime.metricnames import INVENTORY_DEVICES, RECONCILE_DURATION
 
 from .cluster import ControlPlane, free_ports
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, \

@@ -38,9 +38,9 @@ import pytest
 import pytest_asyncio
 
 from devcluster.served import metrics_reader_token
-from quota.kubeapi import Resource
-from quota.watching import Reflector
-from webhook.metrics import NAMESPACE_USAGE, QUOTA
+from kube.api import Resource
+from kube.watching import Reflector
+from runtime.metricnames import NAMESPACE_USAGE, QUOTA
 
 from .cluster import ControlPlane, free_ports
 from .driver import (

@@ -57,7 +57,7 @@ import pytest_asyncio
 
 from quota.quantity import parse_quantity
 from quota.work import CLAIM_COST_BUDGET
-from webhook.metrics import EVENT_LOOP_STALL_MAX
+from runtime.metricnames import EVENT_LOOP_STALL_MAX
 
 from .attack import Attacker
 from .cluster import ControlPlane

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from quota.kubeapi import Resource
+from kube.api import Resource
 
 from .conftest import unique
 from .driver import RESOURCE_V1, POD_IMAGE, claim_spec, create_claim_template, create_device_class, exact_request

@@ -26,8 +26,8 @@ import pytest_asyncio
 import yaml
 
 from certs.authority import inspect
-from webhook.events import EventKey, EventRecorder, Ref
-from webhook.metrics import (
+from kube.events import EventKey, EventRecorder, Ref
+from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_REQUESTS,
     BUILD_INFO,

@@ -23,17 +23,28 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from webhook.metrics import (
+from runtime.metricnames import (
+
     ADMISSION_REQUESTS,
+
     ALLOCATION_WAIT,
+
     CLAIM_DEVICE_INFO,
+
     INVENTORY_ALLOCATED,
+
     INVENTORY_DEVICES,
+
     INVENTORY_MEMORY,
+
     LEADER,
+
     NAMESPACE_USAGE,
+
     PENDING_CLAIMS,
+
     QUOTA,
+
 )
 from webhook.usagemetrics import DEVICE_INFO_LABELS
 

@@ -1,4 +1,4 @@
-"""quota.kubeapi and quota.watching against the real kube-apiserver (minik8s).
+"""kube.api and kube.watching against the real kube-apiserver (minik8s).
 
 What only a real API server can show: pagination with continue tokens, the order of
 watch events, bookmarks, a 410 for a resourceVersion the watch cache no longer has, and a
@@ -27,8 +27,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.kubeapi import ApiError, KubeApi, Obj, Resource
-from quota.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings
+from kube.api import ApiError, KubeApi, Obj, Resource
+from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings
 
 from .cluster import ControlPlane
 from .kube import Kube, poll

@@ -1,7 +1,7 @@
 """bench/admission.py's harness measures what it says: a small run of each cheap part.
 
 - (a) sends the generated claim mix through the app's own route handler, each admission
-  persisted as `serve` persists it (`webhook.reservations` on the simulated API server):
+  persisted as `serve` persists it (`kube.quotawriter` on the simulated API server):
   every review is answered 200 (the harness asserts it), the allowed ones are written to
   the status and their claims then reach the claim cache annotated, so the record stays
   small; and the handler path costs more CPU per review than the Admitter alone, which it

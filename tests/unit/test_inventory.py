@@ -142,7 +142,7 @@ def test_a_device_name_published_twice_in_one_pool_generation_makes_the_pool_unu
 
 
 def test_a_relist_in_pauses_is_built_aside_and_swapped_in_whole() -> None:
-    """`serve` runs `replace_all` in slices (`webhook.rebuilds`): a reader between two of
+    """`serve` runs `replace_all` in slices (`kube.rebuilds`): a reader between two of
     them sees the old inventory whole, then the new one equal to a list taken at once."""
     from quota.work import pausing
 

@@ -95,7 +95,7 @@ class Server:
 
 
 def webhook_writes(server: Server, uid: str) -> Any:
-    """webhook.reservations._write: read, apply, merge its field into the status as read."""
+    """kube.quotawriter._write: read, apply, merge its field into the status as read."""
     while True:
         obj, rv = server.read()
         yield

@@ -215,7 +215,7 @@ action = st.one_of(
 
 
 def _write(world: World, r: Replica, requests: list[Request], use_stale: bool) -> list[bool]:
-    """A writer's turn (webhook.reservations.write_status): decide on the record it read,
+    """A writer's turn (kube.quotawriter.write_status): decide on the record it read,
     only once its own watch reached the record's watermark; the write lands only if
     nobody wrote since that read."""
     if r.snapshot is None or not use_stale:

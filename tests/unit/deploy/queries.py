@@ -2,7 +2,7 @@
 
 Neighbours: deploy/grafana/dra-quota.json (panel targets and the `namespace` variable),
 deploy/prometheus/dra-quota-rules.yaml (alert expressions); test_dashboard.py and
-test_alerts.py check their names against webhook/metrics.py; tests/e2e/test_dashboards.py
+test_alerts.py check their names against runtime/metricnames.py; tests/e2e/test_dashboards.py
 evaluates them on a real Prometheus. Metric names are read with a small lexer (strings,
 label matchers, groupings and ranges removed; what remains that is not a function call or
 keyword is a metric), enough for the PromQL we write; `test_metric_names_are_read` pins it.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-import webhook.metrics
+import runtime.metricnames
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy/grafana/dra-quota.json"
@@ -82,9 +82,9 @@ def metric_names(expr: str) -> set[str]:
 
 
 def exported() -> set[str]:
-    """The names `dra-quota serve` exposes: webhook.metrics' name constants (histograms'
+    """The names `dra-quota serve` exposes: runtime.metricnames' name constants (histograms'
     series included), whatever they are called there."""
-    names = {value for value in vars(webhook.metrics).values()
+    names = {value for value in vars(runtime.metricnames).values()
              if isinstance(value, str) and value.startswith("draquota_")}
     return names | {f"{name}{suffix}" for name in names for suffix in _HISTOGRAM_SERIES}
 

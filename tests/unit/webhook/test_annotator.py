@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quota.claims import Claim, parse_claim
-from quota.kubeapi import KubeApi, Resource
+from kube.api import KubeApi, Resource
 from webhook.annotator import Annotator
 
 CHARGE = {"draquota.io/charge": '{"memory":1,"devices":1}'}
@@ -110,7 +110,7 @@ async def test_a_full_slow_lane_defers_a_claim_and_never_stops_the_writers() -> 
     """`Slicer.run` refuses a call with `Busy` while its slow lane is full (a tenant's
     expensive claims): the claim waits for the next try; the writers, vital to `serve`,
     go on."""
-    from webhook.slicing import Busy
+    from runtime.slicing import Busy
 
     api = Api()
     busy = {"left": 2}

@@ -20,7 +20,7 @@ from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
 from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, update_claim
 from webhook.endpoints import endpoints
-from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, exactly, make_claim, make_quota, request, result

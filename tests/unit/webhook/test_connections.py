@@ -22,9 +22,9 @@ import pytest
 
 from devcluster.kube import poll
 from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 
-from .test_review import REVIEW
+from ..kube.test_admissionreview import REVIEW
 from .wire import Wire, client_context, post, serving
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")

@@ -14,7 +14,7 @@ from webhook.controller import QuotaController
 
 from ..builders import GiB, make_quota
 from ..test_ledger import entry
-from .test_reservations import GPU, NS, FakeApi, setup
+from ..kube.test_quotawriter import GPU, NS, FakeApi, setup
 
 Running = tuple[FakeApi, QuotaController, list[bool]]
 

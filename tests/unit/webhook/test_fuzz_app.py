@@ -35,15 +35,15 @@ from hypothesis import strategies as st
 from quota.printable import for_terminal
 from webhook.claims import ClaimContext
 from webhook.endpoints import endpoints
-from webhook.reservations import Reservations
+from kube.quotawriter import Reservations
 from webhook.server import build_app
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_quota
 from ..test_fuzz_parsers import json_values, paths, splice, values
 from .test_claims import ADMIN_LABELS, BASES, GPUS, context
-from .test_reservations import FakeApi
-from .test_review import REVIEW
+from ..kube.test_quotawriter import FakeApi
+from ..kube.test_admissionreview import REVIEW
 
 MAX_BODY = 256 * 1024
 AUDIT = make_quota("audit", memory="1Gi", enforcement="Audit")

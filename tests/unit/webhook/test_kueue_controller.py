@@ -9,9 +9,9 @@ import pytest
 
 from quota.ledger import ClaimRef
 from quota.model import Namespace
-from webhook.events import EventKey, EventRecorder
+from kube.events import EventKey, EventRecorder
 from webhook.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
-from webhook.reservations import Reservations
+from kube.quotawriter import Reservations
 
 from ..builders import exactly, make_claim, request
 from ..test_workloads import pod_set, state

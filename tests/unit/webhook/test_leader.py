@@ -9,7 +9,7 @@ import copy
 import time
 from typing import Any
 
-from quota.kubeapi import ApiError, Resource
+from kube.api import ApiError, Resource
 from quota.leases import Timing
 from webhook.leader import LeaderElector
 

@@ -19,13 +19,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from quota.inventory import Inventory
-from quota.kubeapi import Resource
+from kube.api import Resource
 from quota.ledger import Ledger
 from quota.policy import PolicyRecord
 from quota.usage import Holders
-from quota.watching import Reflector, ReflectorStats
+from kube.watching import Reflector, ReflectorStats
 from webhook.connections import Connections, Limits
-from webhook.metrics import (
+from runtime.metricnames import (
     ALLOCATION_WAIT,
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_DURATION,
@@ -37,18 +37,15 @@ from webhook.metrics import (
     WATCH_RELISTS,
     WATCH_RESTARTS,
     WATCH_SYNCED,
-    Metrics,
-    NamespaceLabel,
-    decision_of,
-    resource_of,
 )
+from webhook.metrics import Metrics, NamespaceLabel, decision_of, resource_of
 from webhook.metricsserver import serve_metrics
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
 
 from .test_claims import CLAIM_GVR, gpu_claim, review_request, stored
-from .test_review import REVIEW
+from ..kube.test_admissionreview import REVIEW
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 

@@ -9,7 +9,7 @@ import pytest
 
 from quota.policy import PolicyRecord
 from webhook.namespaces import update_namespace
-from webhook.review import Verdict
+from kube.admissionreview import Verdict
 
 from .test_claims import ADMIN, ALICE, POLICY, review_request
 

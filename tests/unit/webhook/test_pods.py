@@ -17,7 +17,7 @@ from quota.model import Charge, Namespace
 from quota.pricing import Pricer
 from webhook.claims import ClaimContext, create_claim
 from webhook.pods import create_pod
-from webhook.review import Verdict, parse_review, respond
+from kube.admissionreview import Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_class, make_quota

@@ -15,9 +15,9 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
-from webhook.caches import ClaimStore
+from kube.caches import ClaimStore
 from webhook.refine import Refiner
-from webhook.slicing import Slicer
+from runtime.slicing import Slicer
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
 
@@ -133,9 +133,9 @@ async def test_the_loop_runs_between_two_stored_claims() -> None:
 async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monkeypatch: Any) -> None:
     """A fresh replica's stored claims (125,000 in bench/stalls.py) replace as many entries
     of the ledger: full collections stay off meanwhile and what it built is frozen after
-    (`webhook.rebuilds`); a claim or two (a deallocation) freeze nothing."""
+    (`kube.rebuilds`); a claim or two (a deallocation) freeze nothing."""
     import webhook.refine
-    from webhook.rebuilds import Rebuilds
+    from kube.rebuilds import Rebuilds
 
     monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
     admitter, store, _, _ = world()
@@ -157,8 +157,8 @@ async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: An
     were waiting when it began), and what it built meanwhile, the attack's garbage among
     it, is not frozen (a frozen cycle is never collected)."""
     import webhook.refine
-    from webhook.rebuilds import Rebuilds
-    from webhook.slicing import Busy
+    from kube.rebuilds import Rebuilds
+    from runtime.slicing import Busy
 
     monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
     monkeypatch.setattr(webhook.refine, "_BUSY_BACKOFF", 0)

@@ -17,10 +17,10 @@ from aiohttp import web
 from certs.authority import service_names
 from certs.rotation import Policy, plan
 from certs.tls import server_context
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import _deadline, build_app
 
-from .test_review import REVIEW, review
+from ..kube.test_admissionreview import REVIEW, review
 
 # The server fixture runs on the session loop (pyproject's default fixture loop scope).
 pytestmark = pytest.mark.asyncio(loop_scope="session")

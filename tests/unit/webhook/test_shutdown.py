@@ -20,7 +20,7 @@ import pytest
 from webhook.annotator import Annotator
 from webhook.kueue import AdmissionCheckController
 from webhook.requeue import Requeuer
-from webhook.reservations import Reservations
+from kube.quotawriter import Reservations
 from webhook.serve import _cancel, _shut_down
 
 from .test_annotator import Api, due

@@ -16,10 +16,10 @@ import logging
 
 import pytest
 
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import SERVER
 
-from .test_review import REVIEW
+from ..kube.test_admissionreview import REVIEW
 from .wire import Wire, exchange, post, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -1,7 +1,7 @@
 """webhook.usagemetrics: the usage families as a scrape shows them, over caches fed by the stores.
 
-The caches are the webhook's own (`webhook.caches` stores into an `Admitter`'s ledger,
-`quota.usage.Holders`, `webhook.reservations.Reservations` observing DeviceQuotas), built
+The caches are the webhook's own (`kube.caches` stores into an `Admitter`'s ledger,
+`quota.usage.Holders`, `kube.quotawriter.Reservations` observing DeviceQuotas), built
 from plain dicts; every expectation is derived from the fixture's devices and claims.
 The real process is scraped in tests/e2e/test_usage_metrics.py.
 """
@@ -27,8 +27,8 @@ from quota.model import DeviceClass, DeviceClassName
 from quota.pricing import Pricer
 from quota.usage import Holders
 from quota.work import pausing
-from webhook.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
-from webhook.metrics import (
+from kube.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
+from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
     INVENTORY_DEVICES,
@@ -39,9 +39,9 @@ from webhook.metrics import (
     PENDING_CLAIMS,
     QUOTA,
     WORKLOADS_RESERVED,
-    Metrics,
 )
-from webhook.reservations import Reservations
+from webhook.metrics import Metrics
+from kube.quotawriter import Reservations
 from webhook.usagemetrics import DEVICE_INFO_LABELS, UsageMetrics
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
@@ -322,7 +322,7 @@ def fresh_scrape(world: World) -> Samples:
 def test_events_between_the_slices_of_a_scrape_are_in_the_next_one(
         before: list[tuple[str, int, list[str], list[str], bool]],
         during: list[tuple[str, int, list[str], list[str], bool]], every: int) -> None:
-    """`serve` renders a scrape in slices (`webhook.rebuilds`) and claim and slice events
+    """`serve` renders a scrape in slices (`kube.rebuilds`) and claim and slice events
     land between them: the scrape still completes and parses, and the next one serves no
     stale sample."""
     world = World()

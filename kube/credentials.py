@@ -1,6 +1,6 @@
 """Which credentials a command uses to reach the API server: one rule for every command.
 
-Neighbours: `quota.kubeapi.KubeApi.connect` loads what `resolve` chooses (through
+Neighbours: `kube.api.KubeApi.connect` loads what `resolve` chooses (through
 kubernetes_asyncio's kubeconfig and in-cluster loaders); `serve` and `top` call
 `connect`, so both find a cluster the same way. No network here, only the environment
 and the files it names.

@@ -1,4 +1,4 @@
-"""webhook.review: every body gets a well-formed review; requests are read field by field."""
+"""kube.admissionreview: every body gets a well-formed review; requests are read field by field."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
 from ..test_fuzz_parsers import paths, splice, values

@@ -1,10 +1,10 @@
-"""quota.kubeapi.warning_text: the text of a `Warning` response header."""
+"""kube.api.warning_text: the text of a `Warning` response header."""
 
 from __future__ import annotations
 
 import pytest
 
-from quota.kubeapi import warning_text
+from kube.api import warning_text
 
 
 @pytest.mark.parametrize(("header", "text"), [

@@ -1,7 +1,7 @@
 """Kubernetes Events for admission: quota denials and adminAccess grants and refusals.
 
 Neighbours: `webhook.server` tells `EventRecorder.review` every verdict (through the
-`observe` hook `dra-quota serve` sets); `quota.kubeapi.KubeApi` writes the Events
+`observe` hook `dra-quota serve` sets); `kube.api.KubeApi` writes the Events
 (`events.k8s.io/v1`); `webhook.metrics` counts what is dropped.
 
 A review never waits for an Event and never fails because of one: `record` only puts a
@@ -57,10 +57,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
 
-from quota.kubeapi import ApiError, KubeApi, Obj, Resource
+from kube.api import ApiError, KubeApi, Obj, Resource
 from quota.policy import PolicyRecord
 from quota.raw import dig
-from webhook.review import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = [
     "CONTROLLER",

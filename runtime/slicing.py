@@ -24,7 +24,7 @@ and never queue behind expensive ones. At most `SLOW_LANE_QUEUE` wait; past that
 call is refused at once (`Busy`) rather than held until its webhook deadline. A call
 cancelled while paused (the review's deadline) kills its greenlet, unwinding it.
 
-Background work (`in_slices`: a relist's rebuild, a scrape, `webhook.rebuilds`) takes
+Background work (`in_slices`: a relist's rebuild, a scrape, `kube.rebuilds`) takes
 no lane and is never refused: it gives the loop back every `SLICE` from the start, so
 reviews are answered between its slices and nothing a tenant sends can queue it out.
 """

@@ -1,10 +1,10 @@
 """One object's failure stays that object's: the helper every per-object callback runs under.
 
-Neighbours: the reflector stores (`webhook.caches`, `webhook.kueue`), the leader's
+Neighbours: the reflector stores (`kube.caches`, `webhook.kueue`), the leader's
 annotator (`webhook.annotator`) and the Kueue decision loop call the domain
 once per object. The domain raises only what it documents, but a bug, or a tenant's
 object that reaches an unbounded path, must cost that object its decision and nothing
-more: a store that raises stops its reflector (`quota.watching.Store`), and `serve`
+more: a store that raises stops its reflector (`kube.watching.Store`), and `serve`
 stops the process when a background task dies, so the next leader would meet the same
 object and die too (issue 15.7: a Workload's count of 2^31-1 killed every leader in
 turn with a MemoryError).

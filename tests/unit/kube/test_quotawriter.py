@@ -1,4 +1,4 @@
-"""webhook.reservations against a scripted API server: what the real one cannot do on demand.
+"""kube.quotawriter against a scripted API server: what the real one cannot do on demand.
 
 The fake keeps one DeviceQuota per name with a resourceVersion, answers a status PUT
 with 409 when the precondition is stale, and can be told to inject conflicts (another
@@ -16,16 +16,16 @@ import pytest
 
 from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_device_quota
-from quota.kubeapi import ApiError, Resource
+from kube.api import ApiError, Resource
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
 from webhook.claims import ClaimContext, create_claim_persisted
-from webhook.reservations import CONTENTION, Reservations
+from kube.quotawriter import CONTENTION, Reservations
 
 from ..builders import GiB, make_quota
 from ..test_pricing import CLASSES, inventory
-from .test_claims import POLICY, review_request
+from ..webhook.test_claims import POLICY, review_request
 
 NS = Namespace("team-a")
 GPU = Charge(80 * GiB, 1)

@@ -1,4 +1,4 @@
-"""quota.credentials and KubeApi.connect: how every command finds the cluster (issue 17).
+"""kube.credentials and KubeApi.connect: how every command finds the cluster (issue 17).
 
 `serve` used to read only --kubeconfig or the service account (`KUBECONFIG=… dra-quota
 serve` said "Service host/port is not set") while `top` read $KUBECONFIG: one rule now,
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quota.credentials import Credentials, CredentialsError, resolve
-from quota.kubeapi import KubeApi
+from kube.credentials import Credentials, CredentialsError, resolve
+from kube.api import KubeApi
 
 IN_POD = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 

@@ -1,10 +1,10 @@
 """The Kubernetes API as plain dicts: the one client the webhook and the controller share.
 
-Neighbours: `quota.watching` builds reflectors (list + watch) on `KubeApi.list` and
+Neighbours: `kube.watching` builds reflectors (list + watch) on `KubeApi.list` and
 `KubeApi.watch`; the pure stores (`quota.inventory`, `quota.ledger`) never see this module.
 
 Configuration comes from kubernetes_asyncio (`load_kube_config` for a kubeconfig file and
-context, `load_incluster_config` for the service account; through `quota.kubeloaders`,
+context, `load_incluster_config` for the service account; through `kube.loaders`,
 which loads them without the library's generated API), so the TLS material, the
 `tls-server-name`, `proxy-url` and the bearer token are read exactly as that library reads
 them. Requests go through our own aiohttp session rather than the generated
@@ -39,8 +39,8 @@ from urllib.parse import quote
 import aiohttp
 from multidict import CIMultiDict
 
-from quota.credentials import Credentials, CredentialsError, resolve
-from quota.kubeloaders import (
+from kube.credentials import Credentials, CredentialsError, resolve
+from kube.loaders import (
     SERVICE_CERT_FILENAME,
     SERVICE_TOKEN_FILENAME,
     ConfigException,
@@ -194,7 +194,7 @@ class KubeApi:
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, *, context: str | None = None,
                       request_timeout: float = 30.0, connect_timeout: float = 10.0) -> KubeApi:
-        """A client with the credentials every command uses (`quota.credentials.resolve`:
+        """A client with the credentials every command uses (`kube.credentials.resolve`:
         --kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config); `credentials` says which.
         Raises ConfigException when none apply or they cannot be loaded."""
         try:

@@ -1,4 +1,4 @@
-"""webhook.slicing: pricing in slices on the loop's thread; expensive calls in a bounded
+"""runtime.slicing: pricing in slices on the loop's thread; expensive calls in a bounded
 slow lane. No timing in the assertions: each counts what the loop did while a call ran
 (a ticker task's turns), which is zero when a call holds the loop to the end."""
 
@@ -19,7 +19,7 @@ from quota.model import DeviceClassName
 from quota.pricing import Pricer
 from quota.work import CLAIM_COST_BUDGET, pause_point
 from tests.unit.cel.devices import activation
-from webhook.slicing import Busy, Slicer
+from runtime.slicing import Busy, Slicer
 
 from ..builders import exactly, make_class, make_claim, request
 from ..test_selectors import D, node_slice

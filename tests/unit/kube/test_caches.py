@@ -1,4 +1,4 @@
-"""webhook.caches: reflector stores that never raise, and claims accounted from the cluster's view."""
+"""kube.caches: reflector stores that never raise, and claims accounted from the cluster's view."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.work import pausing
-from webhook.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
+from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
 from ..test_ledger import entry as priced
@@ -64,7 +64,7 @@ def test_malformed_objects_are_logged_and_skipped(caplog: pytest.LogCaptureFixtu
     bad_claim = {**claim("bad", "u-bad"), "spec": {"devices": {"requests": "nope"}}}
     bad_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": "x"}}
     good_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {"a": "b"}}}
-    with caplog.at_level(logging.WARNING, logger="webhook.caches"):
+    with caplog.at_level(logging.WARNING, logger="kube.caches"):
         world.slices.replace([make_slice("n1", [make_device("gpu-0")]), bad_slice])
         world.slices.upsert(bad_slice)
         world.class_store.replace([GPU_CLASS, bad_class])
@@ -140,7 +140,7 @@ def test_a_relist_reads_again_only_the_claims_whose_resource_version_moved() -> 
 
 
 def test_a_relist_in_slices_swaps_in_whole_and_keeps_what_changed_meanwhile() -> None:
-    """`serve` runs a relist in slices (`webhook.rebuilds`): between two of them the ledger
+    """`serve` runs a relist in slices (`kube.rebuilds`): between two of them the ledger
     is the old one whole; a kept claim re-priced meanwhile (the refiner) keeps its new
     price; a claim gone from the list is told as deleted once swapped."""
     world = World()

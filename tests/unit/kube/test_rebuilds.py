@@ -1,4 +1,4 @@
-"""webhook.rebuilds and webhook.slicing.in_slices: big rebuilds give the loop back, and the
+"""kube.rebuilds and runtime.slicing.in_slices: big rebuilds give the loop back, and the
 cyclic collector stays off what they build."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from quota.kubeapi import Obj
+from kube.api import Obj
 from quota.work import pause_point
-from webhook.rebuilds import OFF, Rebuilds, collect_young
-from webhook.slicing import in_slices
+from kube.rebuilds import OFF, Rebuilds, collect_young
+from runtime.slicing import in_slices
 
-from .test_slicing import Ticker
+from ..runtime.test_slicing import Ticker
 
 
 @pytest.fixture(autouse=True)

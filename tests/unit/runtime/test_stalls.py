@@ -1,4 +1,4 @@
-"""webhook.stalls: a stall of the event loop shows in the metrics (issues 15 and 16).
+"""runtime.stalls: a stall of the event loop shows in the metrics (issues 15 and 16).
 
 No bound on time is asserted: a blocking call of known length is made on the loop, and
 the longest stall reported must be at least that length less one tick's period (the
@@ -13,8 +13,9 @@ import time
 import pytest
 
 from devcluster.kube import poll
-from webhook.metrics import EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX, Metrics
-from webhook.stalls import watch
+from runtime.metricnames import EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX
+from webhook.metrics import Metrics
+from runtime.stalls import watch
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 PERIOD = 0.05

@@ -3,7 +3,7 @@
 Neighbours: `quota.reservations` holds the record's format, the watermark protocol
 (read its docstring first) and the pure decision; `webhook.claims` calls
 `Reservations.admit` on a claim CREATE and `webhook.kueue` on a Workload's check; the
-`webhook.caches` stores feed `observe` (every DeviceQuota the watch delivers), the
+`kube.caches` stores feed `observe` (every DeviceQuota the watch delivers), the
 claim store's versions and `claim_deleted` (claims the watch saw go), and the claim
 reflector moves `progress`; `quota.ledger` gives the usage this replica's claim cache
 counts; the quota controller (`webhook.controller`) writes through `write_status` too.
@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quota.devicequota import Decision, DeviceQuota, parse_device_quota
-from quota.kubeapi import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
-from quota.watching import Progress
+from kube.watching import Progress
 
 __all__ = ["CONTENTION", "QUOTAS", "Reservations", "StatusWrite"]
 
@@ -97,7 +97,7 @@ class Reservations:
         self.retries = retries
         self.clock = clock
         # How far the claim watch has come, and at which resourceVersion the claim cache
-        # holds a claim (`webhook.caches.ClaimStore.version`), with its charge recorded on
+        # holds a claim (`kube.caches.ClaimStore.version`), with its charge recorded on
         # it (`recorded_version`).
         self.progress = progress or Progress()
         self._claim_version = claim_version

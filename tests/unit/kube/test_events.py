@@ -1,4 +1,4 @@
-"""webhook.events: which verdicts make Events, aggregation into series, a bounded queue.
+"""kube.events: which verdicts make Events, aggregation into series, a bounded queue.
 
 A fake sink stands in for the API server here (tests/e2e/test_observability.py writes
 to the real one); the clock is a variable, so windows are exact.
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from quota.kubeapi import ApiError, Obj
+from kube.api import ApiError, Obj
 from quota.policy import PolicyRecord
-from webhook.events import NOTE_BYTES, EventKey, EventRecorder, Ref
-from webhook.review import Verdict
+from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
+from kube.admissionreview import Verdict
 
-from .test_claims import TEMPLATE_GVR, gpu_claim, review_request, stored
+from ..webhook.test_claims import TEMPLATE_GVR, gpu_claim, review_request, stored
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -1,5 +1,5 @@
 """The pure parts of the Kubernetes access layer: event decoding, line splitting, backoff,
-trimming, and how a reflector applies one event to its store (quota.kubeapi, quota.watching).
+trimming, and how a reflector applies one event to its store (kube.api, kube.watching).
 
 The I/O (lists, watches, 410s, reconnects) is proven against the real API server in
 tests/e2e/test_watching.py.
@@ -17,8 +17,8 @@ import pytest
 
 from kubernetes_asyncio.client import Configuration
 
-from quota.kubeapi import ApiError, KubeApi, LineBuffer, Listing, Obj, Resource, decode_event
-from quota.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
+from kube.api import ApiError, KubeApi, LineBuffer, Listing, Obj, Resource, decode_event
+from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
 
 
 def make_obj(name: str = "a", rv: str = "7", **extra: Any) -> Obj:
@@ -278,7 +278,7 @@ async def test_a_watch_that_ends_at_once_empty_backs_off_instead_of_looping() ->
 
 
 async def test_a_list_goes_through_the_rebuild_hook_and_no_watch_starts_before_it_returns() -> None:
-    """`serve` applies a list in slices (`webhook.rebuilds`): the reflector hands it over
+    """`serve` applies a list in slices (`kube.rebuilds`): the reflector hands it over
     and neither watches nor says synced until the store has the whole list."""
     api = EmptyWatchApi()
     store = RecordingStore()

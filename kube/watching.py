@@ -1,6 +1,6 @@
 """Reflectors: keep a synchronous store equal to one kind of object on the API server.
 
-Neighbours: `quota.kubeapi` does the HTTP; the stores behind the `Store` protocol (adapters
+Neighbours: `kube.api` does the HTTP; the stores behind the `Store` protocol (adapters
 over `quota.inventory` and `quota.ledger`, later) are pure and synchronous, so each
 callback is atomic on the event loop and a decision never sees half an event.
 
@@ -15,7 +15,7 @@ store. `synced` is set after the first complete list, never before.
 
 A list goes through `Reflector.rebuild`, which fetches it and hands it to the store's
 `replace`: at once by default; `serve` keeps full garbage collections off while the
-list arrives and runs `replace` in slices of the event loop (`webhook.rebuilds`), so a
+list arrives and runs `replace` in slices of the event loop (`kube.rebuilds`), so a
 relist of 150,000 claims never holds the loop for long. The reflector awaits it before
 it watches again, so no event of its kind reaches the store while the store applies a
 list: each store builds the new state aside and swaps it in in one step
@@ -35,7 +35,7 @@ from typing import NoReturn, Protocol
 
 import aiohttp
 
-from quota.kubeapi import ApiError, KubeApi, Listing, Obj, Resource
+from kube.api import ApiError, KubeApi, Listing, Obj, Resource
 
 __all__ = [
     "LAST_APPLIED",
@@ -163,7 +163,7 @@ class ReflectorStats:
 class Progress:
     """The resourceVersion up to which a reflector has applied every event to its store.
 
-    `webhook.reservations` waits on it before deciding on a DeviceQuota: a writer may
+    `kube.quotawriter` waits on it before deciding on a DeviceQuota: a writer may
     count a claim only from its own cache once the cache holds it, and
     `quota.reservations` says when that must be (the watermark). A reflector moves it
     after the store took the list or the event, never before, so `reached(v)` means the

@@ -1,11 +1,11 @@
 """Big rebuilds of the caches, in slices, with the cyclic collector kept off what they build.
 
-Neighbours: every `quota.watching.Reflector` of `webhook.serve` hands its lists to
+Neighbours: every `kube.watching.Reflector` of `webhook.serve` hands its lists to
 `Rebuilds.run` (its `rebuild`), and `webhook.metricsserver` each scrape; the work runs
-in slices through `webhook.slicing.in_slices` and pauses where the domain says it may
-(`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `webhook.caches`,
+in slices through `runtime.slicing.in_slices` and pauses where the domain says it may
+(`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `kube.caches`,
 `webhook.usagemetrics`). How each store stays atomic while its relist runs in slices
-is theirs to say (`quota.watching`): build aside, swap in one step.
+is theirs to say (`kube.watching`): build aside, swap in one step.
 
 The collector. CPython's full collection walks every object not frozen in one piece,
 about 0.6 us an object here: after a relist of 150,000 claims (2.2 million new objects)
@@ -41,9 +41,9 @@ import gc
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
-from quota.kubeapi import Obj
+from kube.api import Obj
 from quota.work import drop
-from webhook.slicing import SLICE, in_slices
+from runtime.slicing import SLICE, in_slices
 
 __all__ = ["OFF", "YOUNG_EVERY", "Rebuilds", "collect_young"]
 
@@ -63,7 +63,7 @@ class Rebuilds:
         self.freezes = 0  # relists whose heap was frozen (tests and the bench read it)
 
     async def relist(self, fetch: Callable[[], Awaitable[list[Obj]]], replace: Callable[[list[Obj]], None]) -> None:
-        """A reflector's `rebuild` (`quota.watching.Rebuild`): a rebuild from the first page
+        """A reflector's `rebuild` (`kube.watching.Rebuild`): a rebuild from the first page
         fetched (each page's objects are promoted as the list grows) until `replace` swapped
         the list in, in slices."""
         with self.rebuilding():

@@ -1,11 +1,11 @@
 """The webhook's caches: reflector stores that feed the inventory, classes, namespaces and ledger.
 
-Neighbours: `quota.watching.Reflector` calls these stores (synchronously, one event at a
+Neighbours: `kube.watching.Reflector` calls these stores (synchronously, one event at a
 time); `webhook.serve` builds one reflector per store; the handlers in `webhook.claims`
 read what they keep through `ClaimContext`. Each adapter turns the raw objects of one
 kind into the domain's updates and nothing else.
 
-A store must never raise (`quota.watching.Store`): one malformed object would stop its
+A store must never raise (`kube.watching.Store`): one malformed object would stop its
 reflector and freeze the whole cache. So every object is parsed on its own, and one
 that cannot be parsed is logged with its kind, namespace and name and skipped; the
 rest of the list or stream still applies.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
@@ -39,11 +39,10 @@ from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.scope import DeviceSelection
 from quota.slices import SliceError, parse_slice
-from quota.watching import Store
+from kube.watching import Store
 from quota.usage import Held, Holders
 from quota.work import pause_point
-from webhook.annotator import Annotator
-from webhook.guard import guarded
+from runtime.guard import guarded
 
 __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "namespace_name",
            "parse_or_skip"]
@@ -54,6 +53,15 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 # What the domain parsers raise for an object they refuse (all ValueError subclasses).
 _PARSE_ERRORS = (SliceError, ClaimError, QuotaError, NamespaceError, ValueError, KeyError, TypeError)
+
+
+class ClaimsSeen(Protocol):
+    """Told each claim the watch delivers and each uid it saw go: the leader's annotator
+    (`controllers.annotator.Annotator`, a floor above, so named here by what it is told)."""
+
+    def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None: ...
+
+    def gone(self, uid: str) -> None: ...
 
 
 def _describe(kind: str, obj: Mapping[str, Any]) -> str:
@@ -140,7 +148,7 @@ class NamespaceStore:
 
 class QuotaStore:
     """DeviceQuotas into the ledger; `observe`/`drop` also get the raw objects, for the
-    persisted reservations (`webhook.reservations`) to write against the newest one.
+    persisted reservations (`kube.quotawriter`) to write against the newest one.
 
     A quota selecting devices no quota of its namespace selected before has the
     namespace's claims priced again for it (`Admitter.add_or_update_quota`): allocated
@@ -199,7 +207,7 @@ class ClaimStore:
 
     def __init__(self, admitter: Admitter, *, deleted: Callable[[str, str | None], None] | None = None,
                  freed: Callable[[str], None] | None = None, holders: Holders | None = None,
-                 recorder: Annotator | None = None,
+                 recorder: ClaimsSeen | None = None,
                  provisional: Callable[[Claim, Entry], None] | None = None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
@@ -207,7 +215,7 @@ class ClaimStore:
         self.holders = holders
         # Told the uid of each claim deleted from the cache and the resourceVersion of
         # its deletion (None: gone from a relist): a persisted entry of its
-        # (`webhook.reservations`) must not count again once the claim no longer does.
+        # (`kube.quotawriter`) must not count again once the claim no longer does.
         self.deleted = deleted
         # Told the namespace of each deleted claim: quota may have freed there
         # (`webhook.requeue` retries the Pods waiting for it).

@@ -1,6 +1,6 @@
 """kubernetes_asyncio's kubeconfig and in-cluster loaders, without its generated API.
 
-Neighbours: `quota.kubeapi` takes `Configuration`, `ConfigException`,
+Neighbours: `kube.api` takes `Configuration`, `ConfigException`,
 `load_kube_config` and `load_incluster_config` from here and nothing else of the library
 (its own aiohttp client does the requests).
 
@@ -14,7 +14,7 @@ registered as *deferred* modules: their submodules import as usual, and their ow
 `__init__` runs the first time anyone asks them for a name they do not have yet
 (`kubernetes_asyncio.client.CoreV1Api`, `kubernetes_asyncio.__version__`), in the same
 module, so code elsewhere in the process that wants the whole library still gets it.
-Measured by bench/cli.py; tests/unit/test_kubeloaders.py checks both halves.
+Measured by bench/cli.py; tests/unit/kube/test_loaders.py checks both halves.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class Verdict:
     cause: Cause = "none"
     quotas: tuple[str, ...] = ()
     # An admitted allocation whose exact charge is above the one recorded at admission:
-    # the note of the claim's ChargedAboveReservation Event (`webhook.events`), else "".
+    # the note of the claim's ChargedAboveReservation Event (`kube.events`), else "".
     charged_above: str = ""
 
 

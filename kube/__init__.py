@@ -1,0 +1,3 @@
+"""The Kubernetes API, as webhook and controllers share it: the client (`api`), watches and their
+stores (`watching`, `caches`, `rebuilds`), the one DeviceQuota status writer (`quotawriter`), Events
+(`events`), the AdmissionReview wire format (`admissionreview`). Imports `runtime` and `quota`."""

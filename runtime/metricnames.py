@@ -1,0 +1,71 @@
+"""Every metric name `dra-quota serve` exposes, and nothing else: naming a metric imports no admission code.
+
+Neighbours: `webhook.metrics` defines each metric (help, labels, buckets) under these
+names and `webhook.usagemetrics` the usage families; the Grafana and alert tests
+(tests/unit/deploy) check every dashboard query against them; tests and benchmarks read
+them from here. Constants only.
+"""
+
+__all__ = [
+    "ADMIN_ACCESS_DECISIONS",
+    "ADMISSION_DURATION",
+    "ADMISSION_REQUESTS",
+    "ALLOCATION_WAIT",
+    "BUILD_INFO",
+    "CERTIFICATE_EXPIRATION",
+    "CLAIM_DEVICE_INFO",
+    "CONNECTIONS",
+    "CONNECTIONS_DROPPED",
+    "EVENTS_DROPPED",
+    "EVENT_LOOP_STALL",
+    "EVENT_LOOP_STALL_MAX",
+    "INVENTORY_ALLOCATED",
+    "INVENTORY_DEVICES",
+    "INVENTORY_MEMORY",
+    "LEADER",
+    "NAMES",
+    "NAMESPACE_USAGE",
+    "PENDING_CLAIMS",
+    "QUOTA",
+    "RECONCILE_DURATION",
+    "WATCH_RELISTS",
+    "WATCH_RESTARTS",
+    "WATCH_SYNCED",
+    "WORKLOADS_RESERVED",
+]
+
+# The exposed names, `_total` included.
+ADMISSION_REQUESTS = "draquota_admission_requests_total"
+ADMISSION_DURATION = "draquota_admission_duration_seconds"
+ADMIN_ACCESS_DECISIONS = "draquota_admin_access_decisions_total"
+WATCH_SYNCED = "draquota_watch_cache_synced"
+WATCH_RESTARTS = "draquota_watch_restarts_total"
+WATCH_RELISTS = "draquota_watch_relists_total"
+CERTIFICATE_EXPIRATION = "draquota_certificate_expiration_timestamp_seconds"
+EVENTS_DROPPED = "draquota_events_dropped_total"
+BUILD_INFO = "draquota_build_info"
+LEADER = "draquota_leader"
+QUOTA = "draquota_quota"
+NAMESPACE_USAGE = "draquota_namespace_device_usage"
+INVENTORY_DEVICES = "draquota_inventory_devices"
+INVENTORY_MEMORY = "draquota_inventory_memory_bytes"
+INVENTORY_ALLOCATED = "draquota_inventory_allocated_devices"
+CLAIM_DEVICE_INFO = "draquota_claim_device_info"
+RECONCILE_DURATION = "draquota_reconcile_duration_seconds"
+# draquota_quota{type="reserved"} by source (status.reservedBy): a series of its own, so
+# the kube_resourcequota-shaped one keeps its labels.
+WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
+# Claims existing unallocated per namespace (kueue_pending_workloads' counterpart).
+PENDING_CLAIMS = "draquota_namespace_pending_claims"
+# Creation to allocation of each claim, as the leader sees it (kueue_admission_wait_time_seconds').
+ALLOCATION_WAIT = "draquota_claim_allocation_wait_seconds"
+EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
+EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
+# webhook.connections: open connections by listener and phase, and those it dropped.
+CONNECTIONS = "draquota_connections"
+CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
+NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
+         WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, NAMESPACE_USAGE,
+         INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO, RECONCILE_DURATION,
+         WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX, CONNECTIONS,
+         CONNECTIONS_DROPPED)
