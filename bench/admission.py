@@ -316,7 +316,7 @@ class StatusWriter:
     each status PUT checked against its resourceVersion and answered at once, and the
     watch events `serve` gets from it, delivered to `serve`'s own stores: its status
     write coming back, each admitted claim's ADDED event and then the MODIFIED one with
-    the charge the leader writes on it (`Admitter.annotations_due`, as `webhook.annotator`
+    the charge the leader writes on it (`Admitter.annotations_due`, as `controllers.annotator`
     computes it). Everything crosses as JSON text, encoded and decoded as on the wire.
 
     Simulated (not measured): the API server's own work, the network, TLS, and every
@@ -858,7 +858,7 @@ COSTS = {
     "resourcequota_plugin": ("apiserver_admission_controller_admission_duration_seconds", 'name="ResourceQuota"',
                              'operation="CREATE"'),
     "status_write": STATUS_PUT,
-    # The leader's draquota.io/charge on each new claim (webhook/annotator.py).
+    # The leader's draquota.io/charge on each new claim (controllers/annotator.py).
     "annotation_patch": ("apiserver_request_duration_seconds", 'resource="resourceclaims"', 'subresource=""',
                          'verb="PATCH"'),
 }

@@ -140,7 +140,7 @@ def main() -> None:
 
     _, events_s = timed(replay)
     # Every replica also checks each claim it accounts against its allocation record
-    # (webhook.annotator: Annotator.seen); measured alone, over every claim.
+    # (controllers.annotator: Annotator.seen); measured alone, over every claim.
     parsed = [parse_claim(c) for c in claims if (c.get("status") or {}).get("allocation")]
     pricer = Pricer(inventory, classes)
     _, record_s = timed(lambda: [pricer.allocation_record(c) for c in parsed])

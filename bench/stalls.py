@@ -49,7 +49,7 @@ from kube.loaders import Configuration  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
 from webhook.claims import ClaimContext  # noqa: E402
-from webhook.controller import QuotaController  # noqa: E402
+from controllers.quotas import QuotaController  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.metricsserver import serve_metrics  # noqa: E402

@@ -5,7 +5,7 @@ claim (`kube.caches.ClaimStore.replace`). Pricing each one there let ten expensi
 claims push readiness from 0.11 s to 16.4 s. This builds the caches' domain objects over
 a generated inventory, lists N stored claims that each read every device with a loop
 (salted: nothing cached helps), and prints:
-- time to account them as `serve` now does (at their upper bound; `webhook.refine`
+- time to account them as `serve` now does (at their upper bound; `controllers.refine`
   prices them after ready), and as before (each priced inside the list: measured on a
   sample, extrapolated to N);
 - how long the background pricing takes (through the real Slicer), and whether the
@@ -39,7 +39,7 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import ZERO, DeviceClassName, Namespace  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from kube.caches import ClaimStore  # noqa: E402
-from webhook.refine import Refiner  # noqa: E402
+from controllers.refine import Refiner  # noqa: E402
 from runtime.slicing import Slicer  # noqa: E402
 
 D = "gpu.nvidia.com"

@@ -17,7 +17,7 @@ when this process never saw its admission (it started later), is priced again an
 reserved as admission would have; a deleted claim releases whatever it held, and only
 then: the watch's DELETED event, never a DELETE's admission (another admission step
 may still refuse the delete). With a `provisional` hook (`dra-quota serve`:
-`webhook.refine`), that pricing happens after ready: the claim counts at once at its
+`controllers.refine`), that pricing happens after ready: the claim counts at once at its
 upper bound (`Admitter.bound_entry`, no tenant CEL), and the hook prices it in the
 background.
 """
@@ -73,7 +73,7 @@ def _describe(kind: str, obj: Mapping[str, Any]) -> str:
 
 def parse_or_skip(kind: str, obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], T]) -> T | None:
     """`parse(obj)`, or None after logging why the object is skipped (every cache's
-    stores use it: `webhook.kueue` too)."""
+    stores use it: `controllers.kueue` too)."""
     try:
         return parse(obj)
     except _PARSE_ERRORS as err:
@@ -152,7 +152,7 @@ class QuotaStore:
 
     A quota selecting devices no quota of its namespace selected before has the
     namespace's claims priced again for it (`Admitter.add_or_update_quota`): allocated
-    ones at once, unallocated ones handed to `reprice` (`webhook.refine`: budgeted, after
+    ones at once, unallocated ones handed to `reprice` (`controllers.refine`: budgeted, after
     ready), or, without it, priced here."""
 
     def __init__(self, admitter: Admitter, *, observe: Callable[[Obj], None] | None = None,
@@ -218,10 +218,10 @@ class ClaimStore:
         # (`kube.quotawriter`) must not count again once the claim no longer does.
         self.deleted = deleted
         # Told the namespace of each deleted claim: quota may have freed there
-        # (`webhook.requeue` retries the Pods waiting for it).
+        # (`controllers.requeue` retries the Pods waiting for it).
         self.freed = freed
         # Told every claim (the leader writes our annotations on them) and every
-        # deleted uid (`webhook.annotator`).
+        # deleted uid (`controllers.annotator`).
         self.recorder = recorder
         # Told each stored claim entered at its upper bound, to price it later (module doc).
         self.provisional = provisional
@@ -407,7 +407,7 @@ class ClaimStore:
 
 class Notifying:
     """A store that, after applying each event, tells `changed` its object's namespace
-    (None after a whole list): the quota controller (`webhook.controller`) learns which
+    (None after a whole list): the quota controller (`controllers.quotas`) learns which
     quotas to look at again without a second watch of its own."""
 
     def __init__(self, store: Store, changed: Callable[[str | None], None], *,

@@ -36,7 +36,7 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   QuotaExceeded Warning says so. The limit: an update refused after us (another
   admission step, storage) leaves an Event for an allocation that did not happen.
 - `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota whose status
-  write turned its Exceeded condition True (`webhook.controller`, the leader only).
+  write turned its Exceeded condition True (`controllers.quotas`, the leader only).
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
   (for claims and templates, the related object is the claim or template): the note is
   the record the audit annotation carries (who, what, why). Events regarding a

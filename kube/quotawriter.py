@@ -2,11 +2,11 @@
 
 Neighbours: `quota.reservations` holds the record's format, the watermark protocol
 (read its docstring first) and the pure decision; `webhook.claims` calls
-`Reservations.admit` on a claim CREATE and `webhook.kueue` on a Workload's check; the
+`Reservations.admit` on a claim CREATE and `controllers.kueue` on a Workload's check; the
 `kube.caches` stores feed `observe` (every DeviceQuota the watch delivers), the
 claim store's versions and `claim_deleted` (claims the watch saw go), and the claim
 reflector moves `progress`; `quota.ledger` gives the usage this replica's claim cache
-counts; the quota controller (`webhook.controller`) writes through `write_status` too.
+counts; the quota controller (`controllers.quotas`) writes through `write_status` too.
 
 Every write of a DeviceQuota's status, by either writer, goes: take the newest object
 known, wait until this replica's claim watch has reached its `claimsThrough` (at most
@@ -165,7 +165,7 @@ class Reservations:
 
     def admitting(self, key: QuotaKey) -> bool:
         """Whether admissions into quota `key` are being written or wait to be (the quota
-        controller then writes that quota less often: `webhook.controller`)."""
+        controller then writes that quota less often: `controllers.quotas`)."""
         batch = self._batches.get(key)
         return batch is not None and (batch.running or bool(batch.pending))
 

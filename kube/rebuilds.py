@@ -23,7 +23,7 @@ objects promoted since the last full collection exceed a quarter of those it kep
   collections were off, promoted to the oldest generation meanwhile (a request's
   garbage during the rebuild: a small, one-off cost per relist). So only lists freeze,
   which are rare (the first ones, then a 410 Gone), and a drain of stored claims that
-  never met a full slow lane (`webhook.refine`); a scrape only keeps full collections
+  never met a full slow lane (`controllers.refine`); a scrape only keeps full collections
   off while it runs;
 - the youngest generation is collected on a clock (`collect_young`, every
   `YOUNG_EVERY`). CPython collects it once allocations less deallocations since the

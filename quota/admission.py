@@ -351,7 +351,7 @@ class Admitter:
         Allocated claims are priced again at once, from their devices (no tenant CEL:
         `Pricer.rescoped`). Unallocated ones are returned, each with the entry that counts
         it meanwhile (its unscoped charge: more than the truth, never less): the caller
-        prices them as stored claims (`webhook.refine`, budgeted) or with
+        prices them as stored claims (`controllers.refine`, budgeted) or with
         `reserve_existing`. Only a selection new to the namespace costs a pass over its
         claims: a quota's status writes come back as updates of an unchanged spec.
         """
@@ -395,7 +395,7 @@ class Admitter:
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
         recorded charge: what a replica counts for a stored claim until it has priced it
-        (`webhook.refine`), so that it is ready at once and never counts less than the truth."""
+        (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
         return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
                      allocated=False, owner=claim.owner, claim=claim)
@@ -407,7 +407,7 @@ class Admitter:
 
     def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
         """Our annotations `claim` should carry and does not (the leader writes them,
-        `webhook.annotator`; the webhook accepts exactly these, `webhook.claims`).
+        `controllers.annotator`; the webhook accepts exactly these, `webhook.claims`).
 
         The charge is what admission charges the claim's spec in the default mode (the
         estimate, even once allocated: it says what was admitted, and the allocation

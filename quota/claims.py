@@ -72,7 +72,7 @@ __all__ = [
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
 # The exact memory charge of each allocated device, written by the quota controller's
-# leader once the claim is allocated (`webhook.annotator`): a device that later vanishes
+# leader once the claim is allocated (`controllers.annotator`): a device that later vanishes
 # from the inventory keeps the charge it had, in every process and after any restart.
 ALLOCATED_CHARGE_ANNOTATION = "draquota.io/allocated-charge"
 
@@ -135,7 +135,7 @@ class Claim:
     uid: ClaimUid
     spec: ClaimSpec
     allocation: tuple[AllocatedDevice, ...] | None = None
-    # The charge the leader recorded once the claim existed (`webhook.annotator`), if any.
+    # The charge the leader recorded once the claim existed (`controllers.annotator`), if any.
     recorded_charge: Charge | None = None
     # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
     # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).

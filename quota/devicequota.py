@@ -41,7 +41,7 @@ __all__ = [
 
 GROUP = "draquota.io"
 # The label the quota controller's leader keeps on every namespace a DeviceQuota governs
-# (`webhook.governed`): the webhook configuration fails closed there, open elsewhere.
+# (`controllers.governed`): the webhook configuration fails closed there, open elsewhere.
 GOVERNED_LABEL = "draquota.io/governed"
 VERSION = "v1alpha1"
 KIND = "DeviceQuota"

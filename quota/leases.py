@@ -1,8 +1,8 @@
 """Leader election on a coordination.k8s.io/v1 Lease: the record and the pure decisions.
 
-Neighbours: `webhook.leader` reads and writes the Lease through `kube.api` and asks
+Neighbours: `controllers.leader` reads and writes the Lease through `kube.api` and asks
 this module whether it may take it and what to write; the quota controller
-(`webhook.controller`) runs only while that loop leads. Pure: the clocks are passed in.
+(`controllers.quotas`) runs only while that loop leads. Pure: the clocks are passed in.
 
 The rules are client-go's (k8s.io/client-go tools/leaderelection/leaderelection.go):
 - a candidate never trusts another replica's wall clock: a lease held by someone else

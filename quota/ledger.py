@@ -12,7 +12,7 @@ A relist of the claims (`ClaimsRebuild`) is built aside and swapped in with one
 synchronous step: `serve` builds it in slices (`kube.rebuilds`), and a decision
 taken between two slices sees the ledger as it was before the relist, whole. What
 changes the live ledger meanwhile is reconciled at the swap: a claim the list carries
-unchanged (`keep`) takes the live entry (the stored-claim pricing of `webhook.refine`,
+unchanged (`keep`) takes the live entry (the stored-claim pricing of `controllers.refine`,
 an allocation admitted by the webhook); a quota whose scope changed is counted again
 from the new entries. Everything else the list says wins, as an event-by-event relist
 would have it: the watch resumes from the list's resourceVersion and brings what came

@@ -423,7 +423,7 @@ class Pricer:
 
     def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
         """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
-        it, `webhook.annotator`; the webhook refuses anything else): the exact memory
+        it, `controllers.annotator`; the webhook refuses anything else): the exact memory
         charge of each allocated device the inventory knows, and for a device it no longer
         knows the charge already recorded (never dropped, never guessed). adminAccess
         devices are free and not recorded. Found by `exact` in its pass: an allocated claim

@@ -1,6 +1,6 @@
 """The DeviceQuota status the quota controller writes: pure, from the ledger's usage.
 
-Neighbours: `webhook.controller` reads a DeviceQuota, calls `desired_status` with what
+Neighbours: `controllers.quotas` reads a DeviceQuota, calls `desired_status` with what
 `quota.ledger` counts for it and writes the result back (only when it differs) through
 the status subresource; `quota.reservations` owns `status.reservations` (the webhook's
 persisted admissions) and its pure rules, which this module reuses rather than restates;

@@ -43,7 +43,7 @@ it has not seen once the entry expired. The TTL must outlast the API server's re
 (`--request-timeout`, 60 s by default) plus any replica's watch lag: an entry dropped
 while its create is still in flight would let that claim go uncounted.
 
-Kueue Workloads (`webhook.kueue`): the leader's AdmissionCheck reserves a Workload's
+Kueue Workloads (`controllers.kueue`): the leader's AdmissionCheck reserves a Workload's
 price here too (`source: Workload`). Workloads are not claims and their
 resourceVersions say nothing about the claim watch, so their entries follow the TTL
 rule: counted once (by the holding when this replica's Workload cache has it, else by
@@ -196,7 +196,7 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
     """`record` without the entries no writer needs any more (module doc, step 2).
 
     A claim entry goes once this replica's cache holds its claim carrying the charge it
-    was admitted at (the leader writes it, `webhook.annotator`), or saw it deleted, and
+    was admitted at (the leader writes it, `controllers.annotator`), or saw it deleted, and
     the watermark rises to the resourceVersion that showed it; an entry that expired
     goes too (raising the watermark if this cache holds its claim, unannotated: the leader
     was away), an orphan (claim never seen) without raising it. Until the claim carries

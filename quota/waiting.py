@@ -1,6 +1,6 @@
 """Which ResourceClaimTemplates have Pods waiting for a claim, read from Pods.
 
-Neighbours: `webhook.requeue` lists a namespace's unscheduled Pods when quota frees there
+Neighbours: `controllers.requeue` lists a namespace's unscheduled Pods when quota frees there
 and touches the templates this module names, so the resourceclaim controller retries
 those Pods at once. Why a template: that controller re-queues every Pod using a
 ResourceClaimTemplate when the template changes (k/k pkg/controller/resourceclaim

@@ -1,6 +1,6 @@
 """Kueue Workloads (kueue.x-k8s.io/v1beta2) as the quota sees them: parsed, priced, held.
 
-Neighbours: `webhook.kueue` feeds the Workloads and AdmissionChecks its reflectors see
+Neighbours: `controllers.kueue` feeds the Workloads and AdmissionChecks its reflectors see
 into this module and writes our entry back; `quota.admission.Admitter.workload_entry`
 turns a `Workload`'s claims into a ledger `Entry` priced like any claim;
 `quota.ledger` counts what an admitted Workload holds (`Ledger.set_holding`) and

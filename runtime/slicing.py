@@ -2,7 +2,7 @@
 
 Neighbours: `webhook.endpoints` runs every synchronous handler through `Slicer.run`,
 and `webhook.claims` its pricing calls; the leader's Kueue decisions
-(`webhook.kueue`) and the refinement of stored claims (`webhook.refine`) too. The
+(`controllers.kueue`) and the refinement of stored claims (`controllers.refine`) too. The
 domain (`quota.work`) only calls a pause hook at its pause points: every
 `quota.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a
 match, every token and AST node while compiling. `quota.work` budgets bound the total;

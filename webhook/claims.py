@@ -17,7 +17,7 @@ reservations (`_series`), so attempts refused after us do not pile up until thei
 
 Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation
 `draquota.io/allocated-charge`) are written by the quota controller's leader once the
-claim exists (`webhook.annotator`), so a create costs one webhook call. A new claim
+claim exists (`controllers.annotator`), so a create costs one webhook call. A new claim
 or template may not carry them (`_supplied`) and a later change by anyone but us is
 refused (`update_claim`): queue managers and dashboards read them as ours, so a tenant
 cannot publish a smaller charge than the one counted. The ledger keeps its own record
@@ -69,7 +69,7 @@ __all__ = [
 AllocationCheck = Literal["enforce", "account-only"]
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
-# Every annotation only dra-quota writes (the leader, `webhook.annotator`): none may
+# Every annotation only dra-quota writes (the leader, `controllers.annotator`): none may
 # come with a new claim or template.
 WRITTEN_BY_US = (*OUR_ANNOTATIONS, ALLOCATED_CHARGE_ANNOTATION)
 # kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
@@ -90,7 +90,7 @@ class ClaimContext:
     # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
     # (`kube.quotawriter`); None keeps them in this process's ledger only.
     reservations: Reservations | None = None
-    # Set when Kueue is on (`webhook.kueue.PodLookup`): reads a claim's Pod the Pod cache
+    # Set when Kueue is on (`controllers.kueue.PodLookup`): reads a claim's Pod the Pod cache
     # does not know yet, so a claim of an admitted Workload draws on its holding.
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
     # Runs pricing in slices, expensive reviews in a bounded slow lane (`runtime.slicing`).
@@ -200,7 +200,7 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     Spec is immutable and status is reset on this path (dra-api.md §8), so metadata is
     all a tenant can change here. The charge and quota annotations may be added once, to
     a claim that carries no charge, and only with the values this replica's ledger says
-    are due (`Admitter.annotations_due`: what the leader writes, `webhook.annotator`);
+    are due (`Admitter.annotations_due`: what the leader writes, `controllers.annotator`);
     never changed or removed afterwards. The allocation record may change only to what
     the allocation says (`_record_problem`). Any writer may write them that way: the
     shipped configuration skips our own ServiceAccount, and this holds for the rest.
@@ -240,7 +240,7 @@ def _first_charge(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str
 def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new: Any) -> str:
     """Why a change of `draquota.io/allocated-charge` is refused, "" when it is the record.
 
-    The leader writes it (`webhook.annotator`) as `Pricer.allocation_record` says; any
+    The leader writes it (`controllers.annotator`) as `Pricer.allocation_record` says; any
     writer may, but only that value: a tenant could otherwise lower what a device charges
     once it has left the inventory (the record is then all that prices it)."""
     where = f"annotation {ALLOCATED_CHARGE_ANNOTATION}"

@@ -61,7 +61,7 @@ VALIDATING: dict[Route, Handler] = {
     **{("", "namespaces", sub, op): _namespace for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
 # Nothing is mutated any more: the leader writes our annotations once the claim exists
-# (`webhook.annotator`). `/mutate` still answers, allowing everything untouched, so that
+# (`controllers.annotator`). `/mutate` still answers, allowing everything untouched, so that
 # a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
 # rolls out, does not fail claim creates.
 MUTATING: dict[Route, Handler] = {}

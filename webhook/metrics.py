@@ -222,7 +222,7 @@ class Metrics:
 
     def allocated(self, namespace: str, seconds: float) -> None:
         """A claim of `namespace` waited `seconds` from creation to allocation
-        (`webhook.annotator.Annotator`'s hook)."""
+        (`controllers.annotator.Annotator`'s hook)."""
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
 
     def stalled(self, seconds: float) -> None:

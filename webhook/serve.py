@@ -16,13 +16,13 @@ and 503 again once shutdown began, so no review reaches a replica with a partial
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
 share the quotas without over-committing; `--reuse-port` lets them share one port.
-The replica holding the Lease (`webhook.leader`) also runs the quota controller
-(`webhook.controller`) over the same caches: it publishes used/reserved/conditions on
+The replica holding the Lease (`controllers.leader`) also runs the quota controller
+(`controllers.quotas`) over the same caches: it publishes used/reserved/conditions on
 each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
 webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
 the Lease and the controller.
 With `--kueue` (auto: when Kueue's v1beta2 API is served) every replica also caches
-Kueue's Workloads and the leader runs their AdmissionCheck (`webhook.kueue`).
+Kueue's Workloads and the leader runs their AdmissionCheck (`controllers.kueue`).
 
 Limitations of this version:
 - Metrics on `--metrics-port`: admission, watch, certificate, Event, connection and
@@ -75,22 +75,22 @@ from webhook.certificates import start as start_self_managed
 from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
                             namespace_name)
 from webhook.claims import AllocationCheck, ClaimContext
-from webhook.controller import QuotaController
-from webhook.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
+from controllers.quotas import QuotaController
+from controllers.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
                            KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
 from quota.workloads import WORKLOAD_LABEL
 from webhook.endpoints import endpoints
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from runtime.filepoll import Stamp, reload_on_change, stamp
-from webhook.governed import GovernedLabels
-from webhook.leader import LeaderElector, default_identity
-from webhook.annotator import Annotator
+from controllers.governed import GovernedLabels
+from controllers.leader import LeaderElector, default_identity
+from controllers.annotator import Annotator
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics
 from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
 from kube.rebuilds import Rebuilds, collect_young
-from webhook.refine import Refiner
-from webhook.requeue import Requeuer
+from controllers.refine import Refiner
+from controllers.requeue import Requeuer
 from runtime.slicing import Slicer
 from kube.quotawriter import Reservations
 from webhook.usagemetrics import UsageMetrics
@@ -126,7 +126,7 @@ class LeaderElection:
     lease_name: str = "dra-quota-controller"
     lease_namespace: str = "dra-quota-system"
     timing: Timing = Timing()
-    identity: str = ""  # "": webhook.leader.default_identity() (POD_NAME, else the host name)
+    identity: str = ""  # "": controllers.leader.default_identity() (POD_NAME, else the host name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ class ServeOptions:
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
     # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
     shutdown_grace_seconds: float = 10.0
-    # Touch the templates Pods wait on when quota frees (webhook.requeue).
+    # Touch the templates Pods wait on when quota frees (controllers.requeue).
     requeue_waiting_pods: bool = True
     # GET /metrics (webhook.metricsserver); port 0: no metrics listener. Secure: HTTPS
     # with the serving certificate, to whom TokenReview + SubjectAccessReview allow;
@@ -166,14 +166,14 @@ class ServeOptions:
     # The HTTPS listeners' connection cap and timeouts (webhook.connections).
     limits: Limits = Limits()
     # All replicas serve the webhooks; the one holding the Lease runs the quota
-    # controller (webhook.leader, webhook.controller). --no-webhook: no HTTPS listener
+    # controller (controllers.leader, controllers.quotas). --no-webhook: no HTTPS listener
     # and no certificates at all (a controller-only Deployment).
     webhook: bool = True
     controller: bool = True
     leader_election: LeaderElection = LeaderElection()
     # Every quota's status is recomputed this often even without events (seconds).
     resync_seconds: float = 300.0
-    # The Kueue AdmissionCheck controller (webhook.kueue): "auto" runs it when the API
+    # The Kueue AdmissionCheck controller (controllers.kueue): "auto" runs it when the API
     # server serves kueue.x-k8s.io/v1beta2 workloads at start-up.
     kueue: Literal["auto", "on", "off"] = "auto"
     kueue_retry_seconds: int = 15
@@ -264,7 +264,7 @@ class Caches:
                  requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
                  leading: Callable[[], bool] | None = None) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
-        `leading`: the Lease holder writes our annotations on claims (webhook.annotator)."""
+        `leading`: the Lease holder writes our annotations on claims (controllers.annotator)."""
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
@@ -273,7 +273,7 @@ class Caches:
         self.slicer = Slicer()
         # Lists and scrapes in slices, the collector kept off what they build (`kube.rebuilds`).
         self.rebuilds = Rebuilds()
-        # Stored claims count at an upper bound until priced after ready (`webhook.refine`).
+        # Stored claims count at an upper bound until priced after ready (`controllers.refine`).
         self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
@@ -290,7 +290,7 @@ class Caches:
         claim_store.deleted = self.reservations.claim_deleted
 
         # Told the namespace of every claim and DeviceQuota event (None: a whole list);
-        # the quota controller listens here (webhook.controller).
+        # the quota controller listens here (controllers.quotas).
         self.changed: list[Callable[[str | None], None]] = []
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False,
@@ -311,7 +311,7 @@ class Caches:
             *also,
         ]
         self.claims = reflector(CLAIMS, notifying(claim_store), claims=True)
-        # Kueue (webhook.kueue): started with the claims, once the inventory and classes
+        # Kueue (controllers.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None
         self.later: list[Reflector] = []

@@ -6,7 +6,7 @@ failure (client-go DefaultTypedControllerRateLimiter). The test lets the waiting
 fail FAILURES times, so that controller's next retry is at least 5 ms x 2^(FAILURES-1)
 = 41 s away, then frees the quota: the claim must exist before that retry could make it
 (the wait, REQUEUE_WAIT = 30 s, is a condition with a margin, not a latency bar), which
-only `webhook.requeue` touching the template (which re-queues every Pod using it)
+only `controllers.requeue` touching the template (which re-queues every Pod using it)
 achieves. How long it took is recorded (tests/e2e/timings.py; issue 8 asked for
 seconds), never asserted.
 """

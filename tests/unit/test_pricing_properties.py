@@ -138,7 +138,7 @@ def selected_claims(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None)
 @given(inventories(), selected_claims())
 def test_the_upper_bound_is_never_below_any_modes_estimate_in_any_scope(inv: Inventory, raw: dict[str, Any]) -> None:
-    """What a stored claim counts before it is priced (`webhook.refine`) may be more than
+    """What a stored claim counts before it is priced (`controllers.refine`) may be more than
     the truth, never less: per dimension, in each mode, for every quota scope."""
     pricer = Pricer(inv, CLASSES)
     spec = parse_claim(raw).spec

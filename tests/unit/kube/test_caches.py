@@ -244,7 +244,7 @@ def scoped_world() -> tuple[World, list[dict[str, Any]], dict[str, Any]]:
 def test_a_quota_selecting_devices_listed_after_the_claims_prices_them_for_it(hooked: bool) -> None:
     """The quota watch may list after the claim watch: the claims already counted are
     priced again for a selection new to their namespace, the unallocated ones through
-    the hook (`webhook.refine` in serve) when there is one."""
+    the hook (`controllers.refine` in serve) when there is one."""
     world, claims, h100 = scoped_world()
     handed: list[tuple[str, Entry]] = []
     world.quotas.reprice = (lambda c, e: handed.append((c.name, e))) if hooked else None

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from webhook.annotator import Annotator
-from webhook.kueue import AdmissionCheckController
-from webhook.requeue import Requeuer
+from controllers.annotator import Annotator
+from controllers.kueue import AdmissionCheckController
+from controllers.requeue import Requeuer
 from kube.quotawriter import Reservations
 from webhook.serve import _cancel, _shut_down
 
-from .test_annotator import Api, due
-from .test_kueue_caches import caches
-from .test_kueue_controller import Recorder
+from ..controllers.test_annotator import Api, due
+from ..controllers.test_kueue_caches import caches
+from ..controllers.test_kueue_controller import Recorder
 
 
 def annotator_loop() -> tuple[Coroutine[Any, Any, None], Callable[[], None]]:

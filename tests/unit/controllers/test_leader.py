@@ -1,4 +1,4 @@
-"""webhook.leader against a scripted Lease API: a hung API server, which the real control
+"""controllers.leader against a scripted Lease API: a hung API server, which the real control
 plane cannot be made to be on demand. Taking over, releasing on SIGTERM and SIGKILL are
 proven on the real API server in tests/e2e/test_controller.py."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from kube.api import ApiError, Resource
 from quota.leases import Timing
-from webhook.leader import LeaderElector
+from controllers.leader import LeaderElector
 
 TIMING = Timing(lease_duration=0.6, renew_deadline=0.4, retry_period=0.1)
 

@@ -1,4 +1,4 @@
-"""webhook.refine with the real claim store: stored claims count at their upper bound at
+"""controllers.refine with the real claim store: stored claims count at their upper bound at
 once (no tenant CEL before ready), then at their priced charge; a claim accounted by
 its own event meanwhile keeps what that event said."""
 
@@ -16,7 +16,7 @@ from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from kube.caches import ClaimStore
-from webhook.refine import Refiner
+from controllers.refine import Refiner
 from runtime.slicing import Slicer
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
@@ -134,10 +134,10 @@ async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monk
     """A fresh replica's stored claims (125,000 in bench/stalls.py) replace as many entries
     of the ledger: full collections stay off meanwhile and what it built is frozen after
     (`kube.rebuilds`); a claim or two (a deallocation) freeze nothing."""
-    import webhook.refine
+    import controllers.refine
     from kube.rebuilds import Rebuilds
 
-    monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
+    monkeypatch.setattr(controllers.refine, "FREEZE_AFTER", 3)
     admitter, store, _, _ = world()
     rebuilds = Rebuilds()
     refiner = Refiner(admitter, Slicer(), changed=lambda _: None, rebuilds=rebuilds)
@@ -156,12 +156,12 @@ async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: An
     """Under an attack the slow lane is full: the drain still ends (only the claims that
     were waiting when it began), and what it built meanwhile, the attack's garbage among
     it, is not frozen (a frozen cycle is never collected)."""
-    import webhook.refine
+    import controllers.refine
     from kube.rebuilds import Rebuilds
     from runtime.slicing import Busy
 
-    monkeypatch.setattr(webhook.refine, "FREEZE_AFTER", 3)
-    monkeypatch.setattr(webhook.refine, "_BUSY_BACKOFF", 0)
+    monkeypatch.setattr(controllers.refine, "FREEZE_AFTER", 3)
+    monkeypatch.setattr(controllers.refine, "_BUSY_BACKOFF", 0)
     admitter, store, _, _ = world()
     slicer = Slicer()
     refused = [1]

@@ -10,7 +10,7 @@ import pytest
 from quota.ledger import ClaimRef
 from quota.model import Namespace
 from kube.events import EventKey, EventRecorder
-from webhook.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
+from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
 from kube.quotawriter import Reservations
 
 from ..builders import exactly, make_claim, request

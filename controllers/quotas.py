@@ -3,7 +3,7 @@
 Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
 webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
 caches (`kube.caches`) already keep from the claim watch: there is one accountant, and
-this module only publishes what it counts. `webhook.leader` runs `QuotaController.run`
+this module only publishes what it counts. `controllers.leader` runs `QuotaController.run`
 while this replica leads and cancels it the moment it stops; `webhook.serve` wires the
 caches' change notifications to `changed`.
 

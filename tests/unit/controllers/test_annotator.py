@@ -1,4 +1,4 @@
-"""The leader's annotator (webhook/annotator.py): a pool of writers, one patch per claim at a time.
+"""The leader's annotator (controllers/annotator.py): a pool of writers, one patch per claim at a time.
 
 The entry an admission wrote in its quota's record goes only once the claim carries its
 charge, so the annotator's patches must keep up with the creates: a slow patch must hold
@@ -15,7 +15,7 @@ from typing import Any
 
 from quota.claims import Claim, parse_claim
 from kube.api import KubeApi, Resource
-from webhook.annotator import Annotator
+from controllers.annotator import Annotator
 
 CHARGE = {"draquota.io/charge": '{"memory":1,"devices":1}'}
 

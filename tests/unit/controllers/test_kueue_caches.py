@@ -1,4 +1,4 @@
-"""webhook.kueue's caches: holdings derived from the Workloads the stores see, the
+"""controllers.kueue's caches: holdings derived from the Workloads the stores see, the
 leader's provisional holding kept through a stale event, released on finish."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry
 from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
-from webhook.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
+from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 
 from ..builders import GiB, exactly, make_claim, request
 from ..test_workloads import admitter, pod_set, state

@@ -1,4 +1,4 @@
-"""webhook.controller against the scripted API server of test_reservations: debouncing,
+"""controllers.quotas against the scripted API server of test_reservations: debouncing,
 write-only-on-change, the leadership fence and a conflict with the webhook's writer, on
 demand. The real control plane: tests/e2e/test_controller.py."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from webhook.controller import QuotaController
+from controllers.quotas import QuotaController
 
 from ..builders import GiB, make_quota
 from ..test_ledger import entry
