@@ -24,7 +24,11 @@ RUN pip wheel --no-cache-dir --disable-pip-version-check --require-hashes --only
  && pip install --no-cache-dir --disable-pip-version-check --no-index --no-deps /wheels/setuptools-*.whl
 COPY pyproject.toml README.md ./
 COPY quota ./quota
+COPY runtime ./runtime
+COPY kube ./kube
+COPY controllers ./controllers
 COPY webhook ./webhook
+COPY commands ./commands
 COPY certs ./certs
 # devcluster (the local cluster of `dra-quota demo` and the e2e tests) is part of the
 # distribution; in the image, without Go, a binary or examples/, `demo` says it needs a checkout.

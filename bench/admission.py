@@ -484,7 +484,7 @@ def section_a(slices: list[JSON], claims: int) -> JSON:
 
     async def run() -> JSON:
         await through_handler(app, bodies(), answered=answered)  # first sight of each selector: warms the caches
-        # As `serve` does once its caches first synced (webhook/serve.py `_announce_ready`).
+        # As `serve` does once its caches first synced (commands/serve.py `_announce_ready`).
         gc.collect()
         gc.freeze()
         out: JSON = {"devices": len(ctx.admitter.pricer.inventory.usable())}

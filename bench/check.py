@@ -51,7 +51,7 @@ def _command() -> list[str]:
     """The console script next to this interpreter, as a user's shell would find it."""
     script = Path(sys.executable).parent / "dra-quota"
     found = str(script) if script.exists() else shutil.which("dra-quota")
-    return [found] if found else [sys.executable, "-m", "quota.cli"]
+    return [found] if found else [sys.executable, "-m", "commands.cli"]
 
 
 def _run(argv: list[str]) -> tuple[float, float, str]:

@@ -385,7 +385,7 @@ def run(case: Case, tmp: Path, index: int) -> Outcome:
         args = [*args, "-f", str(path)]
     if "-o" not in args:
         args += ["-o", "json"]
-    cmd = [sys.executable, "-m", "quota.cli", "check", *(a for s in (STATE if case.state else []) for a in ("-f", s)), *args]
+    cmd = [sys.executable, "-m", "commands.cli", "check", *(a for s in (STATE if case.state else []) for a in ("-f", s)), *args]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             preexec_fn=_limit_child, cwd=ROOT)

@@ -1,7 +1,7 @@
 """Event-loop stalls at 150,000 claims and 58,000 devices, each operation under an honest review stream.
 
 Issue 16.3: no stall above 50 ms anywhere. This runs what `serve` runs, in-process, on
-the real event loop: `webhook.serve.Caches` (every reflector, store, the refiner, the
+the real event loop: `commands.serve.Caches` (every reflector, store, the refiner, the
 relists in slices), the quota controller leading, the usage metrics on the metrics
 listener, and the admission app (`webhook.endpoints` over a loopback socket, plain HTTP);
 only the API server is a stand-in (`Api`: list pages served from encoded JSON and decoded
@@ -54,7 +54,7 @@ from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.metricsserver import serve_metrics  # noqa: E402
 from kube.rebuilds import collect_young  # noqa: E402
-from webhook.serve import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES, Caches  # noqa: E402
+from commands.serve import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES, Caches  # noqa: E402
 from webhook.server import build_app  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402
 

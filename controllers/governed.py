@@ -1,6 +1,6 @@
 """The leader keeps the label `draquota.io/governed=true` on every namespace a DeviceQuota governs.
 
-Neighbours: `webhook.serve` runs `GovernedLabels.run` on the Lease holder, beside the
+Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, beside the
 quota controller, and tells `changed` the namespace of every DeviceQuota and Namespace
 event; the namespace cache (`kube.caches.NamespaceStore`) says what each namespace
 carries now and `quota.ledger` which namespaces hold a DeviceQuota.

@@ -6,7 +6,7 @@ prices it like the claims it will stamp; `quota.ledger` counts what it holds
 (`set_holding`), so claims from anywhere see it, and lets its Pods' claims draw on it;
 `kube.quotawriter` checks it against the namespace's DeviceQuotas exactly as a
 claim is checked (the same persisted, conflict-safe write, the same denial text);
-`webhook.serve` wires the stores into `Caches` and runs `AdmissionCheckController`
+`commands.serve` wires the stores into `Caches` and runs `AdmissionCheckController`
 while leading.
 
 Every replica (webhooks too) derives "Workload W holds charge C" from the Workload

@@ -2,7 +2,7 @@
 
 Neighbours: `quota.leases` holds the Lease record and the pure decisions (read its
 docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
-`webhook.serve` runs `LeaderElector.run` with the controller (`controllers.quotas`) as
+`commands.serve` runs `LeaderElector.run` with the controller (`controllers.quotas`) as
 the work to do while leading, and the controller asks `leading()` before each write.
 
 Why not kubernetes_asyncio's `leaderelection` (issue 8): its Lease calls have no

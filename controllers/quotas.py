@@ -4,7 +4,7 @@ Neighbours: `quota.quotastatus` computes the status (and says how this writer an
 webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
 caches (`kube.caches`) already keep from the claim watch: there is one accountant, and
 this module only publishes what it counts. `controllers.leader` runs `QuotaController.run`
-while this replica leads and cancels it the moment it stops; `webhook.serve` wires the
+while this replica leads and cancels it the moment it stops; `commands.serve` wires the
 caches' change notifications to `changed`.
 
 When it writes: on start (every quota, after the caches synced: a full list), on
@@ -81,7 +81,7 @@ class QuotaController:
         self.writes = 0  # status writes that landed (the logs report it per quota)
         self.passes = 0  # reconcile passes completed: what "it looked and did nothing" is measured by
         # Told (namespace, name, uid, message) when a write turns a quota's Exceeded
-        # condition True: `webhook.serve` records a QuotaExceeded Event on the DeviceQuota
+        # condition True: `commands.serve` records a QuotaExceeded Event on the DeviceQuota
         # (with its uid, which `kubectl describe` selects Events by).
         self.exceeded = exceeded
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).

@@ -9,7 +9,7 @@ Flags follow tests/cluster/README.md (derived from envtest's
 pkg/internal/testing/controlplane, kubeadm's static pod manifests and
 k8s.io/kubernetes 1.37 cmd/*/app/options); the reasons are next to each flag.
 Nothing here is pytest-specific: the e2e tests (tests/e2e/cluster.py re-exports it) and
-`dra-quota demo` (quota/demo.py) start the same cluster. The binary is `.cache/minik8s` of a
+`dra-quota demo` (commands/demo.py) start the same cluster. The binary is `.cache/minik8s` of a
 source checkout, built by tests/cluster/build.sh; `MINIK8S_BIN` names another.
 """
 

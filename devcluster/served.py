@@ -1,7 +1,7 @@
 """One `dra-quota serve` process against the loopback control plane, started and stopped.
 
 The one launcher of `serve` as a process: the e2e tests (tests/e2e/test_serve.py re-exports
-`Served`, and its fixtures start one per test) and `dra-quota demo` (quota/demo.py) use it,
+`Served`, and its fixtures start one per test) and `dra-quota demo` (commands/demo.py) use it,
 so the demo runs serve exactly as the tests prove it. `devcluster.controlplane` provides
 the cluster it talks to (admin kubeconfig, the test CA and the webhook certificate for the
 Service name the shipped configurations use); `devcluster.webhooks` routes those
@@ -89,7 +89,7 @@ class Served:
         credentials = {"KUBECONFIG": kubeconfig} if self.kubeconfig_from_env else {}
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "quota.cli", "serve",
+                [sys.executable, "-m", "commands.cli", "serve",
                  *(() if self.kubeconfig_from_env else ("--kubeconfig", kubeconfig)), *tls,
                  "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level,
                  "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),

@@ -1,6 +1,6 @@
 """Big rebuilds of the caches, in slices, with the cyclic collector kept off what they build.
 
-Neighbours: every `kube.watching.Reflector` of `webhook.serve` hands its lists to
+Neighbours: every `kube.watching.Reflector` of `commands.serve` hands its lists to
 `Rebuilds.run` (its `rebuild`), and `webhook.metricsserver` each scrape; the work runs
 in slices through `runtime.slicing.in_slices` and pauses where the domain says it may
 (`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `kube.caches`,

@@ -1,6 +1,6 @@
 """`dra-quota check`: the admission and accounting code, run offline over YAML files.
 
-Neighbours: `quota.cli` parses flags and prints; `quota.admission.Admitter` decides,
+Neighbours: `commands.cli` parses flags and prints; `quota.admission.Admitter` decides,
 exactly as the webhook does. Order of evaluation: the cluster's state comes first
 (DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas), then allocated claims, which
 are existing usage, then unallocated claims and templates in document order, each

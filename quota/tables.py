@@ -1,6 +1,6 @@
 """Plain-text tables of the command line: `check`'s and `top`'s, and `demo`'s live usage.
 
-Neighbours: `quota.cli` and `quota.demo` print what these return or write; `quota.top`
+Neighbours: `commands.cli` and `commands.demo` print what these return or write; `quota.top`
 gives the per-quota objects `usage_cells` reads. Every cell goes through
 `quota.printable.for_terminal`, so one row stays one line whatever a name holds.
 """

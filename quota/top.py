@@ -1,6 +1,6 @@
 """`dra-quota top`: per-namespace DRA usage as the quota controller published it.
 
-Neighbours: `quota.cli` lists DeviceQuotas through `kube.api` and prints what
+Neighbours: `commands.cli` lists DeviceQuotas through `kube.api` and prints what
 `quota_usage` returns; `quota.devicequota` reads the spec. This module only reads what is
 on each DeviceQuota: `spec.hard` and the `status` the leader-elected controller writes
 (`used`, `reserved`, `claims`, `conditions`, `observedGeneration`), the way `kubectl top`

@@ -1,6 +1,6 @@
 """Reload something from files when they change on disk, by polling their stat.
 
-Neighbours: `webhook.serve` reloads the serving certificate pair (`--cert-mode files`)
+Neighbours: `commands.serve` reloads the serving certificate pair (`--cert-mode files`)
 with it, `webhook.adminpolicy` the adminAccess policy file. One loop for both, so both
 behave the same way on a mounted Secret or ConfigMap.
 

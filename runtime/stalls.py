@@ -1,6 +1,6 @@
 """How long the event loop stalls, measured all the time: a timer's lateness.
 
-Neighbours: `webhook.serve` runs `watch` as a background task and hands each lateness to
+Neighbours: `commands.serve` runs `watch` as a background task and hands each lateness to
 `webhook.metrics` (`draquota_event_loop_stall_seconds`, `..._max_seconds`).
 
 Everything `serve` does shares one event loop: while one callback runs (a review priced,

@@ -2,7 +2,7 @@
 
 Neighbours: `quota.policy` parses and judges (pure); `webhook.claims` and
 `webhook.namespaces` read the policy in force at each review (`ClaimContext.policy` is
-`PolicySource.policy`); `webhook.serve` runs one of the two sources:
+`PolicySource.policy`); `commands.serve` runs one of the two sources:
 
 - `--admin-access-configmap NAMESPACE/NAME`: the ConfigMap, watched through the API by
   a `kube.watching.Reflector` with the field selector `metadata.name=NAME`, so RBAC can

@@ -1,6 +1,6 @@
 """The HTTPS listeners' connections: how many, and how long each may take in every phase.
 
-Neighbours: `webhook.serve` starts the webhook's and the metrics' listeners as `TlsSite`s,
+Neighbours: `commands.serve` starts the webhook's and the metrics' listeners as `TlsSite`s,
 each with its own `Connections`; `webhook.server` and `webhook.metricsserver` build their
 apps with `track` (the middleware that tells it when a request starts and ends) and call
 `Connections.deciding` once a request has arrived whole. `add_arguments`/`from_args` are

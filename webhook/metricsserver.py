@@ -2,7 +2,7 @@
 
 Neighbours: `webhook.metrics` renders the exposition; `kube.api` asks the API server
 who a token is and what it may do; `webhook.connections` bounds the HTTPS listener as it
-bounds the webhook's. `webhook.serve` starts it (`--metrics-port`, `--metrics-secure`).
+bounds the webhook's. `commands.serve` starts it (`--metrics-port`, `--metrics-secure`).
 
 The metrics name every tenant's namespaces, claims, Pods, devices and GPU UUIDs, so they
 are served as Kubernetes components serve theirs (controller-runtime's

@@ -4,7 +4,7 @@ Neighbours: `webhook.metrics` owns the registry and every metric name; `quota.us
 computes the views (per quota from `quota.ledger`, the one accountant; per namespace and
 class; per model from `quota.inventory`; per held device from `quota.usage.Holders`);
 `kube.quotawriter.Reservations.pending` adds the persisted reservations whose claim
-this replica's cache does not hold yet; `webhook.serve` registers them. Nothing is
+this replica's cache does not hold yet; `commands.serve` registers them. Nothing is
 counted here: a scrape reads the same ledger the webhook admits against.
 
 Only the leader exports the usage families (`leading()`; the other replicas leave them

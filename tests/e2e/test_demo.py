@@ -84,7 +84,7 @@ def check_story(summary: dict[str, Any]) -> None:
 
 
 def test_the_demo_denies_a_claim_and_moves_usage_then_stops_everything(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "quota.cli", "demo", "-o", "json"], cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "commands.cli", "demo", "-o", "json"], cwd=REPO_ROOT,
                           env=demo_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     summary = json.loads(proc.stdout)
@@ -99,7 +99,7 @@ def test_the_demo_denies_a_claim_and_moves_usage_then_stops_everything(tmp_path:
 
 def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: Path) -> None:
     env = demo_env(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "quota.cli", "demo", "--keep", "-o", "json"], cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "commands.cli", "demo", "--keep", "-o", "json"], cwd=REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     kept: dict[str, str] = {}
     try:
@@ -108,7 +108,7 @@ def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: P
         assert f"export KUBECONFIG={kept['kubeconfig']}" in proc.stderr
         assert f"Stop it all: sh {kept['stop']}" in proc.stderr
         assert started_by(tmp_path), "still running after the demo exited"
-        top = subprocess.run([sys.executable, "-m", "quota.cli", "top", "--kubeconfig", kept["kubeconfig"],
+        top = subprocess.run([sys.executable, "-m", "commands.cli", "top", "--kubeconfig", kept["kubeconfig"],
                               "-o", "json"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert top.returncode == 0, top.stderr
         rows = {(q["namespace"], q["name"]): q for q in json.loads(top.stdout)["quotas"]}
@@ -140,7 +140,7 @@ def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: P
 
 async def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "quota.cli", "demo", cwd=REPO_ROOT, env=demo_env(tmp_path),
+        sys.executable, "-m", "commands.cli", "demo", cwd=REPO_ROOT, env=demo_env(tmp_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     assert process.stdout is not None
     seen: list[str] = []

@@ -28,7 +28,7 @@ GiB = 1024**3
 
 async def top(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "quota.cli", "top", *args,
+        sys.executable, "-m", "commands.cli", "top", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)

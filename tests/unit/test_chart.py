@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.cli import _parser
+from commands.cli import _parser
 from quota.policy import parse_policy
 
 from ..tools.chart import (

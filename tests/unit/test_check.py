@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from quota.cli import main
+from commands.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 Gi, Mi = 2**30, 2**20
@@ -180,7 +180,7 @@ def test_a_reader_that_goes_away_is_not_a_crash() -> None:
     import sys
 
     with subprocess.Popen(
-        [sys.executable, "-m", "quota.cli", "check", "-f", str(EXAMPLES)],
+        [sys.executable, "-m", "commands.cli", "check", "-f", str(EXAMPLES)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     ) as proc:
         assert proc.stdout is not None and proc.stderr is not None

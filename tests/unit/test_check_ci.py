@@ -1,7 +1,7 @@
 """`dra-quota check` as a CI gate reads it (issue 17): exit statuses, what it says when no
 quota applies, typo'd kinds, typed Lists and unknown fields.
 
-Through `quota.cli.main`, as a pipeline runs the command.
+Through `commands.cli.main`, as a pipeline runs the command.
 """
 
 from __future__ import annotations

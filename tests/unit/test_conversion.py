@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from quota.claims import ClaimError, parse_claim
-from quota.cli import main
+from commands.cli import main
 from quota.conversion import as_v1
 from quota.inventory import Inventory
 from quota.slices import SliceError
@@ -213,7 +213,7 @@ def test_check_reports_conversion_errors_where_it_reports_parse_errors(
 
 def check_json(*paths: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    argv = [sys.executable, "-m", "quota.cli", "check", "-o", "json"]
+    argv = [sys.executable, "-m", "commands.cli", "check", "-o", "json"]
     for path in paths:
         argv += ["-f", str(path)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)

@@ -19,7 +19,7 @@ import pytest
 from quota.admission import Admitter
 from quota.check import ObjectResult, Report
 from quota.claims import ClaimError, parse_claim, parse_device_class
-from quota.cli import main, render_table
+from commands.cli import main, render_table
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger

@@ -1,7 +1,7 @@
 """quota.loader: every way input can be hostile gets its true reason and exit 2, no traceback.
 
 Each case is checked twice: the exact CheckInputError message from `load_documents`,
-and `dra-quota check` through `quota.cli.main` (exit 2, the message on stderr, nothing
+and `dra-quota check` through `commands.cli.main` (exit 2, the message on stderr, nothing
 on stdout).
 """
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import quota.loader as loader
-from quota.cli import main
+from commands.cli import main
 from quota.loader import jsondocs, yamldocs
 from quota.loader import CheckInputError, load_documents
 from quota.loader.sources import MAX_FILE_BYTES

@@ -6,7 +6,7 @@ from importlib import metadata
 
 import pytest
 
-from quota.cli import main
+from commands.cli import main
 
 
 def test_version_prints_the_installed_distributions_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.cli import main
+from commands.cli import main
 
 
 def test_generate_then_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

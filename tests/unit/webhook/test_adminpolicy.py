@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.cli import main
+from commands.cli import main
 from quota.policy import PolicyError
 from webhook.adminpolicy import NOBODY, ConfigMapPolicy, PolicySource, configmap_ref, read_policy
 
@@ -141,7 +141,7 @@ async def test_the_file_is_reloaded_on_an_atomic_swap_and_a_bad_one_is_kept_out(
 
 def test_the_cli_takes_one_source(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("webhook.serve.configure_logging", lambda *_: None)
+    monkeypatch.setattr("commands.serve.configure_logging", lambda *_: None)
     with pytest.raises(SystemExit):
         main(["serve", "--admin-access-configmap", "ops/allow", "--admin-access-policy", str(tmp_path)])
     assert "not allowed with argument" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""webhook.serve: the policy file, JSON log lines, and the certificate pair reloaded from disk."""
+"""commands.serve: the policy file, JSON log lines, and the certificate pair reloaded from disk."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from certs.authority import inspect
 from certs.tls import ReloadingContext
-from quota.cli import main
+from commands.cli import main
 from quota.policy import AdminAccessPolicy
-from webhook.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, policy_source, serve
+from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, policy_source, serve
 
 from ..certs.test_tls import mint
 
@@ -76,7 +76,7 @@ async def test_a_changed_pair_on_disk_is_served_and_a_broken_one_is_not(
 
     try:
         # A key that does not match the certificate (a half-written swap) is not loaded...
-        with caplog.at_level(logging.WARNING, logger="webhook.serve"):
+        with caplog.at_level(logging.WARNING, logger="commands.serve"):
             cert.write_bytes(second.serving.cert_pem)
             await until(lambda: any("keeping the current one" in r.getMessage() for r in caplog.records))
         assert tls.serial == inspect(first.serving.cert_pem).serial
@@ -93,7 +93,7 @@ def test_the_cli_states_the_limitation_and_refuses_what_it_cannot_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The process's logging setup replaces the root handlers: not in a shared test process.
-    monkeypatch.setattr("webhook.serve.configure_logging", lambda *_: None)
+    monkeypatch.setattr("commands.serve.configure_logging", lambda *_: None)
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from .test_check import EXAMPLES
+from ..test_check import EXAMPLES
 
 HEAVY = ("kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography", "lark")
 
@@ -28,7 +28,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def run_main(*argv: str) -> str:
-    return ("from quota.cli import main\n"
+    return ("from commands.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             "    try:\n"
             f"        main({list(argv)!r})\n"
@@ -37,7 +37,7 @@ def run_main(*argv: str) -> str:
 
 
 def test_importing_the_cli_loads_none_of_the_heavy_packages() -> None:
-    assert loaded_after("import quota.cli") == set()
+    assert loaded_after("import commands.cli") == set()
 
 
 @pytest.mark.parametrize("argv", [("--help",), ("check", "--help"), ("top", "--help"), ("demo", "--help")])
@@ -52,6 +52,6 @@ def test_check_builds_the_cel_grammar_and_nothing_of_the_cluster_client() -> Non
 
 def test_serve_help_still_lists_every_flag() -> None:
     """`main` defines only the chosen subcommand's flags; the chosen one has all of its own."""
-    result = subprocess.run([sys.executable, "-m", "quota.cli", "serve", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "commands.cli", "serve", "--help"], capture_output=True, text=True,
                             check=False, timeout=120)
     assert result.returncode == 0 and "--metrics-port" in result.stdout and "--kueue" in result.stdout

@@ -3,7 +3,7 @@
 Neighbours: `devcluster` starts the Go-built control plane (etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager on loopback) and provides the admin client, the
 kubelet-less Nodes and the webhook routing the end-to-end tests use too: the demo shows
-exactly what the tests prove. `quota.cli` parses the flags, prints the fallback (`check`
+exactly what the tests prove. `commands.cli` parses the flags, prints the fallback (`check`
 on examples/) when no control plane can be had (`DemoUnavailable`), and maps errors to
 exit codes. `quota.top` reads each DeviceQuota's status for the usage table.
 

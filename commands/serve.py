@@ -1,6 +1,6 @@
 """`dra-quota serve`: the admission webhook over HTTPS, on caches of the live cluster.
 
-Neighbours: `quota.cli` parses the flags into `ServeOptions`; `kube.api` talks to
+Neighbours: `commands.cli` parses the flags into `ServeOptions`; `kube.api` talks to
 the API server and `kube.watching.Reflector` keeps `kube.caches` current;
 `webhook.endpoints` and `webhook.server` answer the reviews; `certs.tls` serves the
 certificate pair; `webhook.connections` bounds the webhook's and the metrics' listeners;

@@ -1,6 +1,6 @@
 """The `dra-quota` command line.
 
-Neighbours: `quota.check` does the work of `check`, `webhook.serve` of `serve`,
+Neighbours: `quota.check` does the work of `check`, `commands.serve` of `serve`,
 `certs.commands` of `certs`. This module parses flags, renders
 tables and maps failures to exit codes: 0 when it ran; 1 when the cluster could not be
 read (`top`, `demo`) or, with `check --fail-on-deny`, when an object was denied; 2 on
@@ -29,7 +29,7 @@ from quota.version import version
 if TYPE_CHECKING:
     from quota.check import Report
     from quota.model import Charge
-    from webhook.serve import LeaderElection
+    from commands.serve import LeaderElection
 
 EXIT_OK = 0
 EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
@@ -107,7 +107,7 @@ def _add_serve(sub: _Subparsers) -> None:
     from webhook import certificates, connections
     from webhook.adminpolicy import configmap_ref
     from webhook.metrics import DEFAULT_METRICS_PORT
-    from webhook.serve import LIMITATIONS
+    from commands.serve import LIMITATIONS
 
     serve = sub.add_parser(
         "serve", help=_COMMANDS["serve"][0],
@@ -198,7 +198,7 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection:
     """The flags' Lease settings; ValueError says which values cannot work together."""
     from quota.leases import Timing
     from webhook import certificates
-    from webhook.serve import LeaderElection
+    from commands.serve import LeaderElection
 
     timing = Timing(args.leader_election_lease_duration, args.leader_election_renew_deadline,
                     args.leader_election_retry_period)
@@ -214,7 +214,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from quota.printable import for_terminal
     from webhook import certificates, connections
-    from webhook.serve import ServeError, ServeOptions, configure_logging, serve
+    from commands.serve import ServeError, ServeOptions, configure_logging, serve
 
     configure_logging(args.log_format, args.log_level)
     if not (args.webhook or args.controller):
@@ -469,7 +469,7 @@ def _add_demo(sub: _Subparsers) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     # Imported here, like every command's needs: the demo's control plane is only for a
     # source checkout (processes from .cache).
-    from quota import demo
+    from commands import demo
     from quota.printable import for_json, for_terminal
 
     try:

@@ -1,4 +1,4 @@
-"""serve's shutdown (webhook/serve.py `_shut_down`, `_cancel`): its order, and that every
+"""serve's shutdown (commands/serve.py `_shut_down`, `_cancel`): its order, and that every
 background loop ends when cancelled.
 
 A task that loses its cancellation keeps `serve` from exiting after SIGTERM: Python 3.11's
@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from commands.serve import _cancel, _shut_down
 from controllers.annotator import Annotator
 from controllers.kueue import AdmissionCheckController
 from controllers.requeue import Requeuer
 from kube.quotawriter import Reservations
-from webhook.serve import _cancel, _shut_down
 
 from ..controllers.test_annotator import Api, due
 from ..controllers.test_kueue_caches import caches
@@ -99,7 +99,7 @@ async def test_a_task_that_lost_its_cancellation_is_named_and_cancelled_again(
 
     task = asyncio.create_task(drops_one(), name="claim annotations")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.ERROR, logger="webhook.serve"):
+    with caplog.at_level(logging.ERROR, logger="commands.serve"):
         await _cancel([task], patience=0.01)
     assert task.cancelled()
     assert "claim annotations still running" in caplog.text and "drops_one" in caplog.text

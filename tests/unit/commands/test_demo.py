@@ -2,7 +2,7 @@
 
 The live demo itself runs against the real control plane in tests/e2e/test_demo.py. Here
 no Go is on PATH and the built binary is absent (a path under tmp_path), so nothing is
-started: `quota.demo.locate_binary` gives up before any process, and the command line
+started: `commands.demo.locate_binary` gives up before any process, and the command line
 falls back to `check`.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quota import cli, demo
+from commands import cli, demo
 
 H200_DENIAL = ('exceeded DeviceQuota "gpus": requested memory=282Gi, used memory=100Gi, '
                'reserved memory=160Gi, limited memory=320Gi')
