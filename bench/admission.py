@@ -97,7 +97,7 @@ from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.test_chart import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from tests.e2e.test_serve import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
 from kube.caches import ClaimStore, QuotaStore  # noqa: E402
-from webhook.claims import ClaimContext  # noqa: E402
+from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from kube.quotawriter import Reservations  # noqa: E402
 from webhook.server import build_app  # noqa: E402

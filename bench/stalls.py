@@ -48,7 +48,7 @@ from kube.api import ApiError, KubeApi, Obj, Resource  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
-from webhook.claims import ClaimContext  # noqa: E402
+from webhook.claimreview import ClaimContext  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402

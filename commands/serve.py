@@ -74,7 +74,7 @@ from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
 from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
                             namespace_name)
-from webhook.claims import AllocationCheck, ClaimContext
+from webhook.claimreview import AllocationCheck, ClaimContext
 from controllers.quotas import QuotaController
 from controllers.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
                            KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)

@@ -5,7 +5,7 @@ claim it accounts (after the ledger counted it) and `gone` every claim deleted;
 `quota.admission.Admitter.annotations` says what the charge and quota annotations should
 say (from the charge the ledger holds: nothing is priced again here) and
 `quota.pricing.Pricer.allocation_record` what the allocation record should say;
-`webhook.claims` refuses any of them on a new claim or template and any later change
+`webhook.claimreview` refuses any of them on a new claim or template and any later change
 by anyone else, so a tenant cannot lower them.
 
 What is written, each key once it is due:

@@ -1,7 +1,7 @@
 """The webhook's caches: reflector stores that feed the inventory, classes, namespaces and ledger.
 
 Neighbours: `kube.watching.Reflector` calls these stores (synchronously, one event at a
-time); `commands.serve` builds one reflector per store; the handlers in `webhook.claims`
+time); `commands.serve` builds one reflector per store; the handlers in `webhook.claimreview`
 read what they keep through `ClaimContext`. Each adapter turns the raw objects of one
 kind into the domain's updates and nothing else.
 

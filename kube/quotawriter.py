@@ -1,7 +1,7 @@
 """Reservations persisted on DeviceQuota status before a claim is admitted.
 
 Neighbours: `quota.reservations` holds the record's format, the watermark protocol
-(read its docstring first) and the pure decision; `webhook.claims` calls
+(read its docstring first) and the pure decision; `webhook.claimreview` calls
 `Reservations.admit` on a claim CREATE and `controllers.kueue` on a Workload's check; the
 `kube.caches` stores feed `observe` (every DeviceQuota the watch delivers), the
 claim store's versions and `claim_deleted` (claims the watch saw go), and the claim

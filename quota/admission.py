@@ -278,7 +278,7 @@ class Admitter:
         """A new claim priced once, in every mode its namespace's quotas use, or the denial
         no quota needs to decide (adminAccess label, pricing errors, memory no device
         prices): what the webhook's persisted admission checks against the persisted
-        reservations (`webhook.claims`), so the claim is priced once per review."""
+        reservations (`webhook.claimreview`), so the claim is priced once per review."""
         return self._priced_entry(claim, namespace_labels, budget)
 
     def pricing_warnings(self, claim: Claim, pricing: Pricing) -> tuple[str, ...]:
@@ -407,7 +407,7 @@ class Admitter:
 
     def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
         """Our annotations `claim` should carry and does not (the leader writes them,
-        `controllers.annotator`; the webhook accepts exactly these, `webhook.claims`).
+        `controllers.annotator`; the webhook accepts exactly these, `webhook.claimreview`).
 
         The charge is what admission charges the claim's spec in the default mode (the
         estimate, even once allocated: it says what was admitted, and the allocation

@@ -2,7 +2,7 @@
 
 Neighbours: `webhook.pods` builds the claim here at Pod CREATE and prices it through
 `quota.admission.Admitter.fit` (nothing is reserved: the scheduler's own claim CREATE is
-admitted by `webhook.claims` like any other claim); `quota.claims` parses the
+admitted by `webhook.claimreview` like any other claim); `quota.claims` parses the
 DeviceClasses whose `extendedResourceName` this reads. Pure.
 
 What the 1.37 scheduler does (k/k pkg/scheduler/framework/plugins/dynamicresources/

@@ -1,6 +1,6 @@
 """The adminAccess policy: who may use adminAccess, and who may grant it to a namespace.
 
-Neighbours: `webhook.claims` asks it about claims and templates that request
+Neighbours: `webhook.claimreview` asks it about claims and templates that request
 `adminAccess: true`, `webhook.namespaces` about changes to the namespace label
 `resource.kubernetes.io/admin-access`; the server turns each `PolicyRecord` into an
 audit annotation, an Event and a metric. Pure: the configuration arrives as a dict

@@ -1,7 +1,7 @@
 """Pricing in slices: no review's pricing holds the event loop for long (issue 15.2).
 
 Neighbours: `webhook.endpoints` runs every synchronous handler through `Slicer.run`,
-and `webhook.claims` its pricing calls; the leader's Kueue decisions
+and `webhook.claimreview` its pricing calls; the leader's Kueue decisions
 (`controllers.kueue`) and the refinement of stored claims (`controllers.refine`) too. The
 domain (`quota.work`) only calls a pause hook at its pause points: every
 `quota.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a

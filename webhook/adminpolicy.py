@@ -1,6 +1,6 @@
 """The adminAccess allowlist in force, kept current without a restart.
 
-Neighbours: `quota.policy` parses and judges (pure); `webhook.claims` and
+Neighbours: `quota.policy` parses and judges (pure); `webhook.claimreview` and
 `webhook.namespaces` read the policy in force at each review (`ClaimContext.policy` is
 `PolicySource.policy`); `commands.serve` runs one of the two sources:
 

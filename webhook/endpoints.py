@@ -1,7 +1,7 @@
 """The `/validate` and `/mutate` endpoints: dispatch a review to the handler of its kind.
 
 Neighbours: `webhook.server.build_app` serves what `endpoints` returns; the per-kind
-modules (`webhook.claims`, `webhook.namespaces`, `webhook.pods`) decide. A review
+modules (`webhook.claimreview`, `webhook.namespaces`, `webhook.pods`) decide. A review
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
-from webhook.claims import (
+from webhook.claimreview import (
     ClaimContext,
     allocate_claim,
     create_claim,

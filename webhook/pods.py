@@ -5,7 +5,7 @@ configuration sends only Pods that request an extended resource); `quota.extende
 rebuilds the ResourceClaim the scheduler will create for the Pod in PreBind;
 `quota.admission.Admitter.fit` prices it as a template is priced, reserving nothing.
 
-Never a denial: the scheduler's claim CREATE goes through `webhook.claims` like every
+Never a denial: the scheduler's claim CREATE goes through `webhook.claimreview` like every
 claim, and that is where the quota is enforced (with the numbers of that moment). This
 only tells the author at `kubectl apply` time what would otherwise surface as a Pending
 Pod with a FailedScheduling event. Anything we cannot read or price is a warning at
@@ -18,7 +18,7 @@ import logging
 
 from quota.admission import Admission
 from quota.extended import PodError, extended_claim
-from webhook.claims import ClaimContext, with_namespace
+from webhook.claimreview import ClaimContext, with_namespace
 from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = ["create_pod"]

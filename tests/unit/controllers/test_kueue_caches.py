@@ -94,7 +94,7 @@ def stamped(owner_uid: str) -> Any:
 
 
 def charges(kc: KueueCaches, pod: str) -> dict[DeviceQuota, Charge]:
-    """What the webhook would reserve for `pod`'s claim (`webhook.claims`: priced once)."""
+    """What the webhook would reserve for `pod`'s claim (`webhook.claimreview`: priced once)."""
     entry = kc.admitter.price_for_admission(stamped(pod), namespace_labels=None)
     assert isinstance(entry, Entry)
     return kc.admitter.charges(entry)

@@ -16,7 +16,7 @@ from quota.policy import PolicyRecord
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from kube.admissionreview import Verdict
 
-from ..webhook.test_claims import TEMPLATE_GVR, gpu_claim, review_request, stored
+from ..webhook.test_claimreview import TEMPLATE_GVR, gpu_claim, review_request, stored
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -20,12 +20,12 @@ from kube.api import ApiError, Resource
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
-from webhook.claims import ClaimContext, create_claim_persisted
+from webhook.claimreview import ClaimContext, create_claim_persisted
 from kube.quotawriter import CONTENTION, Reservations
 
 from ..builders import GiB, make_quota
 from ..test_pricing import CLASSES, inventory
-from ..webhook.test_claims import POLICY, review_request
+from ..webhook.test_claimreview import POLICY, review_request
 
 NS = Namespace("team-a")
 GPU = Charge(80 * GiB, 1)

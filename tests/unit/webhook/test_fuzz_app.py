@@ -3,7 +3,7 @@
 What `dra-quota serve` mounts (`webhook.server.build_app` over `webhook.endpoints`),
 served by aiohttp on loopback, is sent random bytes, random JSON, mutated
 AdmissionReviews (a random or hostile value spliced in at a random place of a realistic
-review, from test_claims' bases) and byte-level damage to valid reviews (truncation,
+review, from test_claimreview's bases) and byte-level damage to valid reviews (truncation,
 a flipped byte). Two wirings: the ledger alone, and the persisted reservations that
 `serve` uses (over test_reservations' scripted API server). Every answer must be HTTP
 200 with a well-formed AdmissionReview carrying the request's uid when the body had one
@@ -12,7 +12,7 @@ may be logged as an error or with a traceback: the server turns an endpoint that
 raises into a denial (never a 500), so a bug would otherwise pass unseen. Each example
 runs under `bounded()`. DRA_QUOTA_FUZZ_EXAMPLES sets the count (bench/fuzz.py runs a
 long one). The parsers and handlers are fuzzed without HTTP in test_review and
-test_claims; this adds the body decoding, the size limit, the deadline, the logging
+test_claimreview; this adds the body decoding, the size limit, the deadline, the logging
 and the answer's encoding.
 """
 
@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quota.printable import for_terminal
-from webhook.claims import ClaimContext
+from webhook.claimreview import ClaimContext
 from webhook.endpoints import endpoints
 from kube.quotawriter import Reservations
 from webhook.server import build_app
@@ -41,7 +41,7 @@ from webhook.server import build_app
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_quota
 from ..test_fuzz_parsers import json_values, paths, splice, values
-from .test_claims import ADMIN_LABELS, BASES, GPUS, context
+from .test_claimreview import ADMIN_LABELS, BASES, GPUS, context
 from ..kube.test_quotawriter import FakeApi
 from ..kube.test_admissionreview import REVIEW
 

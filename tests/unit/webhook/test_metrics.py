@@ -44,7 +44,7 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
 
-from .test_claims import CLAIM_GVR, gpu_claim, review_request, stored
+from .test_claimreview import CLAIM_GVR, gpu_claim, review_request, stored
 from ..kube.test_admissionreview import REVIEW
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")

@@ -11,7 +11,7 @@ from quota.policy import PolicyRecord
 from webhook.namespaces import update_namespace
 from kube.admissionreview import Verdict
 
-from .test_claims import ADMIN, ALICE, POLICY, review_request
+from .test_claimreview import ADMIN, ALICE, POLICY, review_request
 
 NAMESPACES = {"group": "", "version": "v1", "resource": "namespaces"}
 LABEL = "resource.kubernetes.io/admin-access"

@@ -15,7 +15,7 @@ from quota.devicequota import parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
-from webhook.claims import ClaimContext, create_claim
+from webhook.claimreview import ClaimContext, create_claim
 from webhook.pods import create_pod
 from kube.admissionreview import Verdict, parse_review, respond
 
@@ -23,7 +23,7 @@ from ..bounds import bounded, fuzz_examples
 from ..builders import make_class, make_quota
 from ..test_fuzz_parsers import paths, splice, values
 from ..test_pricing import CLASSES, D, inventory
-from .test_claims import POLICY, raw_review, review_request, run, stored
+from .test_claimreview import POLICY, raw_review, review_request, run, stored
 
 GPU = "example.com/gpu"
 POD_GVR = {"group": "", "version": "v1", "resource": "pods"}

@@ -1,4 +1,4 @@
-"""webhook.claims: claim and template admission from realistic AdmissionReview requests."""
+"""webhook.claimreview: claim and template admission from realistic AdmissionReview requests."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, Namespace
 from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
-from webhook.claims import ClaimContext, allocate_claim, create_claim, create_template, update_claim
+from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim
 from webhook.endpoints import endpoints
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
