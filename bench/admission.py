@@ -84,6 +84,7 @@ from check_data import novel_selector  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
 from pricing import rss_mib, summary  # noqa: E402
 
+from kube.watching import Progress  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
@@ -91,15 +92,14 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
-from kube.watching import Progress  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.test_chart import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from tests.e2e.test_serve import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
 from kube.caches import ClaimStore, QuotaStore  # noqa: E402
+from kube.quotawriter import Reservations  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
-from kube.quotawriter import Reservations  # noqa: E402
 from webhook.server import build_app  # noqa: E402
 
 JSON = dict[str, Any]

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
+from kube.caches import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.devicequota import parse_device_quota  # noqa: E402
@@ -38,7 +39,6 @@ from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
 from quota.reservations import parse_record  # noqa: E402
-from kube.caches import ClaimStore  # noqa: E402
 
 NAMESPACES = 50
 

@@ -46,10 +46,10 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
+from runtime.slicing import Slicer  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.server import build_app  # noqa: E402
-from runtime.slicing import Slicer  # noqa: E402
 
 D = "gpu.nvidia.com"
 JSON = dict[str, Any]

@@ -22,10 +22,10 @@ from inventory import generate_claims  # noqa: E402
 from controller import NAMESPACES, caches  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
+from kube.caches import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.usage import Holders  # noqa: E402
-from kube.caches import ClaimStore  # noqa: E402
 from runtime.metricnames import CLAIM_DEVICE_INFO  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 from quota.version import version
 
 if TYPE_CHECKING:
+    from commands.serve import LeaderElection
     from quota.check import Report
     from quota.model import Charge
-    from commands.serve import LeaderElection
 
 EXIT_OK = 0
 EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
@@ -104,10 +104,10 @@ def _add_check(sub: _Subparsers) -> None:
 
 
 def _add_serve(sub: _Subparsers) -> None:
+    from commands.serve import LIMITATIONS
     from webhook import certificates, connections
     from webhook.adminpolicy import configmap_ref
     from webhook.metrics import DEFAULT_METRICS_PORT
-    from commands.serve import LIMITATIONS
 
     serve = sub.add_parser(
         "serve", help=_COMMANDS["serve"][0],
@@ -196,9 +196,9 @@ def _add_controller(serve: argparse.ArgumentParser) -> None:
 
 def _leader_election(args: argparse.Namespace) -> LeaderElection:
     """The flags' Lease settings; ValueError says which values cannot work together."""
+    from commands.serve import LeaderElection
     from quota.leases import Timing
     from webhook import certificates
-    from commands.serve import LeaderElection
 
     timing = Timing(args.leader_election_lease_duration, args.leader_election_renew_deadline,
                     args.leader_election_retry_period)
@@ -212,9 +212,9 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection:
 def _run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from commands.serve import ServeError, ServeOptions, configure_logging, serve
     from quota.printable import for_terminal
     from webhook import certificates, connections
-    from commands.serve import ServeError, ServeOptions, configure_logging, serve
 
     configure_logging(args.log_format, args.log_level)
     if not (args.webhook or args.controller):
@@ -390,8 +390,8 @@ def _run_top(args: argparse.Namespace) -> int:
     import aiohttp
     from kube.loaders import ConfigException
 
-    from quota.devicequota import QuotaError
     from kube.api import ApiError
+    from quota.devicequota import QuotaError
     from quota.printable import for_json, for_terminal
     from quota.tables import USAGE_HEADERS, print_rows, usage_cells
     from quota.top import quota_usage
@@ -427,8 +427,8 @@ def _run_top(args: argparse.Namespace) -> int:
 
 
 async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from quota.devicequota import GROUP, PLURAL, VERSION
     from kube.api import KubeApi, Resource
+    from quota.devicequota import GROUP, PLURAL, VERSION
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
         return (await api.list(Resource(f"{GROUP}/{VERSION}", PLURAL), namespace=args.namespace)).items

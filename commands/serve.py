@@ -59,44 +59,44 @@ from certs.authority import inspect
 from certs.manager import CertificateManager, Conflict
 from certs.rotation import Policy, plan
 from certs.tls import ReloadingContext
+from controllers.annotator import Annotator
+from controllers.governed import GovernedLabels
+from controllers.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
+                           KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
+from controllers.leader import LeaderElector, default_identity
+from controllers.quotas import QuotaController
+from controllers.refine import Refiner
+from controllers.requeue import Requeuer
+from kube.admissionreview import AdmissionRequest, Verdict
+from kube.api import ApiError, KubeApi, Resource
+from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
+                            namespace_name)
+from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
+from kube.quotawriter import Reservations
+from kube.rebuilds import Rebuilds, collect_young
+from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from quota.admission import Admitter
 from quota.inventory import Inventory
-from kube.api import ApiError, KubeApi, Resource
 from quota.leases import Timing
 from quota.ledger import Ledger
 from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
 from quota.usage import Holders
-from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
+from quota.workloads import WORKLOAD_LABEL
+from runtime.filepoll import Stamp, reload_on_change, stamp
+from runtime.slicing import Slicer
+from runtime.stalls import watch as watch_stalls
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.certificates import start as start_self_managed
-from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
-                            namespace_name)
 from webhook.claimreview import AllocationCheck, ClaimContext
-from controllers.quotas import QuotaController
-from controllers.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
-                           KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
-from quota.workloads import WORKLOAD_LABEL
-from webhook.endpoints import endpoints
-from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
-from runtime.filepoll import Stamp, reload_on_change, stamp
-from controllers.governed import GovernedLabels
-from controllers.leader import LeaderElector, default_identity
-from controllers.annotator import Annotator
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
+from webhook.endpoints import endpoints
 from webhook.metrics import DEFAULT_METRICS_PORT, Metrics
 from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
-from kube.rebuilds import Rebuilds, collect_young
-from controllers.refine import Refiner
-from controllers.requeue import Requeuer
-from runtime.slicing import Slicer
-from kube.quotawriter import Reservations
-from webhook.usagemetrics import UsageMetrics
-from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import Observer, build_app
-from runtime.stalls import watch as watch_stalls
+from webhook.usagemetrics import UsageMetrics
 
 __all__ = ["LIMITATIONS", "QUOTAS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
            "policy_source", "serve"]

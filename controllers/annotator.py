@@ -42,8 +42,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from kube.api import ApiError, KubeApi, Resource
+from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from runtime.guard import guarded
 from runtime.slicing import Busy
 

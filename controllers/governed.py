@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 
-from quota.devicequota import GOVERNED_LABEL
 from kube.api import ApiError, KubeApi, Resource
+from quota.devicequota import GOVERNED_LABEL
 from quota.ledger import Ledger
 from quota.model import Namespace
 

@@ -29,9 +29,12 @@ from typing import Any
 
 import aiohttp
 
+from kube.api import ApiError, KubeApi, Resource
+from kube.caches import parse_or_skip
+from kube.events import EventKey, EventRecorder, Ref
+from kube.quotawriter import Reservations
 from quota.admission import Admitter
 from quota.claims import Claim, parse_claim
-from kube.api import ApiError, KubeApi, Resource
 from quota.ledger import ClaimRef, Entry
 from quota.model import Namespace
 from quota.raw import dig
@@ -48,10 +51,7 @@ from quota.workloads import (
     parse_workload,
     too_many_claims,
 )
-from kube.caches import parse_or_skip
-from kube.events import EventKey, EventRecorder, Ref
 from runtime.guard import guarded
-from kube.quotawriter import Reservations
 from runtime.slicing import Busy, Slicer
 
 __all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",

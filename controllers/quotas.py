@@ -38,14 +38,14 @@ from typing import Any
 
 import aiohttp
 
-from quota.devicequota import QuotaError, parse_device_quota
 from kube.api import ApiError
+from kube.events import uid_of
+from kube.quotawriter import Reservations
+from quota.devicequota import QuotaError, parse_device_quota
 from quota.ledger import Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import parse_record
-from kube.events import uid_of
-from kube.quotawriter import Reservations
 
 __all__ = ["QuotaController"]
 

@@ -23,11 +23,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from kube.rebuilds import Rebuilds
 from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
 from quota.ledger import ClaimRef, Entry
 from runtime.guard import guarded
-from kube.rebuilds import Rebuilds
 from runtime.slicing import Busy, Slicer
 
 __all__ = ["Refiner"]

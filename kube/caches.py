@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol, TypeVar
 
+from kube.watching import Store
 from quota.admission import Admitter, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, ClaimsRebuild, Entry
-from quota.raw import as_map, dig
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
+from quota.raw import as_map, dig
 from quota.scope import DeviceSelection
 from quota.slices import SliceError, parse_slice
-from kube.watching import Store
 from quota.usage import Held, Holders
 from quota.work import pause_point
 from runtime.guard import guarded

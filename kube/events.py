@@ -57,10 +57,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
 
+from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import ApiError, KubeApi, Obj, Resource
 from quota.policy import PolicyRecord
 from quota.raw import dig
-from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = [
     "CONTROLLER",

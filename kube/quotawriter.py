@@ -44,12 +44,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from kube.api import ApiError, KubeApi, Resource
+from kube.watching import Progress
+from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
-from kube.watching import Progress
 
 __all__ = ["CONTENTION", "QUOTAS", "Reservations", "StatusWrite"]
 

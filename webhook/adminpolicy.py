@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from kube.api import KubeApi, Obj, Resource
+from kube.watching import Reflector
 from quota.loader import CheckInputError, read_values
 from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
 from quota.raw import show
 from quota.validation import dns_label, dns_subdomain
-from kube.watching import Reflector
 from runtime.filepoll import Stamp, reload_on_change, stamp
 
 __all__ = ["CONFIGMAPS", "ConfigMapPolicy", "PolicySource", "configmap_ref", "read_policy"]

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from kube.admissionreview import AdmissionRequest, Cause, Verdict
+from kube.quotawriter import Reservations
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.claims import (
     ALLOCATED_CHARGE_ANNOTATION,
@@ -51,8 +53,6 @@ from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from quota.work import Budget
-from kube.quotawriter import Reservations
-from kube.admissionreview import AdmissionRequest, Cause, Verdict
 from runtime.slicing import Slicer
 
 __all__ = [

@@ -18,6 +18,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
+from kube.admissionreview import AdmissionRequest, Verdict
+from runtime.slicing import Busy
 from webhook.claimreview import (
     ClaimContext,
     allocate_claim,
@@ -28,8 +30,6 @@ from webhook.claimreview import (
 )
 from webhook.namespaces import update_namespace
 from webhook.pods import create_pod
-from kube.admissionreview import AdmissionRequest, Verdict
-from runtime.slicing import Busy
 from webhook.server import Endpoint
 
 __all__ = ["endpoints"]

@@ -40,9 +40,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
+from kube.watching import Reflector
 from quota.policy import PolicyRecord
 from quota.version import version
-from kube.watching import Reflector
 from quota.work import pause_point
 from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS,
@@ -63,7 +64,6 @@ from runtime.metricnames import (
 )
 from webhook.connections import DROP_REASONS, Connections
 from webhook.endpoints import MUTATING, VALIDATING
-from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
 
 __all__ = [
     "DEFAULT_METRICS_PORT",

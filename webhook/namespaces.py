@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kube.admissionreview import AdmissionRequest, Verdict
 from quota.admission import ADMIN_ACCESS_LABEL
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, judge_label_change
 from quota.raw import dig, show
-from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = ["update_namespace"]
 

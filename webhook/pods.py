@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 
+from kube.admissionreview import AdmissionRequest, Verdict
 from quota.admission import Admission
 from quota.extended import PodError, extended_claim
 from webhook.claimreview import ClaimContext, with_namespace
-from kube.admissionreview import AdmissionRequest, Verdict
 
 __all__ = ["create_pod"]
 

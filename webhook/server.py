@@ -39,9 +39,9 @@ from typing import Any
 
 from aiohttp import web, web_response
 
+from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 from quota.goduration import NANOS, parse_go_duration
 from webhook.connections import Connections, track
-from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
 

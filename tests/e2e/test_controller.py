@@ -23,9 +23,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from controllers.leader import LeaderElector
 from kube.api import KubeApi
 from quota.leases import Timing
-from controllers.leader import LeaderElector
 
 from .cluster import ControlPlane, free_ports
 from .driver import (RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
+from kube.api import ApiError
 from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.conversion import as_v1
-from kube.api import ApiError
 from quota.slices import SliceError, parse_slice
 from tests.unit.betas import downgrade
 

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.claims import ClaimError, parse_claim
 from commands.cli import main
+from quota.claims import ClaimError, parse_claim
 from quota.conversion import as_v1
 from quota.inventory import Inventory
 from quota.slices import SliceError

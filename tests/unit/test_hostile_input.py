@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from commands.cli import main, render_table
 from quota.admission import Admitter
 from quota.check import ObjectResult, Report
 from quota.claims import ClaimError, parse_claim, parse_device_class
-from commands.cli import main, render_table
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger

@@ -16,8 +16,8 @@ import pytest
 from certs.authority import inspect
 from certs.tls import ReloadingContext
 from commands.cli import main
-from quota.policy import AdminAccessPolicy
 from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, policy_source, serve
+from quota.policy import AdminAccessPolicy
 
 from ..certs.test_tls import mint
 

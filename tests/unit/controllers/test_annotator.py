@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from quota.claims import Claim, parse_claim
-from kube.api import KubeApi, Resource
 from controllers.annotator import Annotator
+from kube.api import KubeApi, Resource
+from quota.claims import Claim, parse_claim
 
 CHARGE = {"draquota.io/charge": '{"memory":1,"devices":1}'}
 

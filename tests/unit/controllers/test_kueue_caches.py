@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 from quota.claims import parse_claim
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry
 from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
-from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 
 from ..builders import GiB, exactly, make_claim, request
 from ..test_workloads import admitter, pod_set, state

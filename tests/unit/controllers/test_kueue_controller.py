@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
+from kube.events import EventKey, EventRecorder
+from kube.quotawriter import Reservations
 from quota.ledger import ClaimRef
 from quota.model import Namespace
-from kube.events import EventKey, EventRecorder
-from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
-from kube.quotawriter import Reservations
 
 from ..builders import exactly, make_claim, request
 from ..test_workloads import pod_set, state

@@ -9,9 +9,9 @@ import copy
 import time
 from typing import Any
 
+from controllers.leader import LeaderElector
 from kube.api import ApiError, Resource
 from quota.leases import Timing
-from controllers.leader import LeaderElector
 
 TIMING = Timing(lease_duration=0.6, renew_deadline=0.4, retry_period=0.1)
 

@@ -8,6 +8,8 @@ import asyncio
 import gc
 from typing import Any
 
+from controllers.refine import Refiner
+from kube.caches import ClaimStore
 from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota
@@ -15,8 +17,6 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
-from kube.caches import ClaimStore
-from controllers.refine import Refiner
 from runtime.slicing import Slicer
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result

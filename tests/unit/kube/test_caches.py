@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 from quota.admission import Admitter
 from quota.claims import parse_claim
 from quota.devicequota import Usage
@@ -16,7 +17,6 @@ from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.work import pausing
-from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
 from ..test_ledger import entry as priced

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kube.credentials import Credentials, CredentialsError, resolve
 from kube.api import KubeApi
+from kube.credentials import Credentials, CredentialsError, resolve
 
 IN_POD = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 

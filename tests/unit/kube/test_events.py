@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kube.api import ApiError, Obj
-from quota.policy import PolicyRecord
-from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from kube.admissionreview import Verdict
+from kube.api import ApiError, Obj
+from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
+from quota.policy import PolicyRecord
 
 from ..webhook.test_claimreview import TEMPLATE_GVR, gpu_claim, review_request, stored
 

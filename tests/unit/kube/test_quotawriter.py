@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
+from kube.api import ApiError, Resource
+from kube.quotawriter import CONTENTION, Reservations
 from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_device_quota
-from kube.api import ApiError, Resource
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, create_claim_persisted
-from kube.quotawriter import CONTENTION, Reservations
 
 from ..builders import GiB, make_quota
 from ..test_pricing import CLASSES, inventory

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from kube.api import Obj
-from quota.work import pause_point
 from kube.rebuilds import OFF, Rebuilds, collect_young
+from quota.work import pause_point
 from runtime.slicing import in_slices
 
 from ..runtime.test_slicing import Ticker

@@ -14,8 +14,8 @@ import pytest
 
 from devcluster.kube import poll
 from runtime.metricnames import EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX
-from webhook.metrics import Metrics
 from runtime.stalls import watch
+from webhook.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 PERIOD = 0.05

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
 from quota.devicequota import parse_device_quota
 from quota.ledger import ClaimRef, Ledger
@@ -20,7 +21,6 @@ from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim
 from webhook.endpoints import endpoints
-from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, exactly, make_claim, make_quota, request, result

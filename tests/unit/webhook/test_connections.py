@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from devcluster.kube import poll
-from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
 from kube.admissionreview import AdmissionRequest, Verdict
+from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
 
 from ..kube.test_admissionreview import REVIEW
 from .wire import Wire, client_context, post, serving

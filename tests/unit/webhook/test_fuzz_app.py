@@ -32,10 +32,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kube.quotawriter import Reservations
 from quota.printable import for_terminal
 from webhook.claimreview import ClaimContext
 from webhook.endpoints import endpoints
-from kube.quotawriter import Reservations
 from webhook.server import build_app
 
 from ..bounds import bounded, fuzz_examples

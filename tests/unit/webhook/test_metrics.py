@@ -18,13 +18,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from quota.inventory import Inventory
+from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import Resource
+from kube.watching import Reflector, ReflectorStats
+from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.policy import PolicyRecord
 from quota.usage import Holders
-from kube.watching import Reflector, ReflectorStats
-from webhook.connections import Connections, Limits
 from runtime.metricnames import (
     ALLOCATION_WAIT,
     ADMIN_ACCESS_DECISIONS,
@@ -38,9 +38,9 @@ from runtime.metricnames import (
     WATCH_RESTARTS,
     WATCH_SYNCED,
 )
+from webhook.connections import Connections, Limits
 from webhook.metrics import Metrics, NamespaceLabel, decision_of, resource_of
 from webhook.metricsserver import serve_metrics
-from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
 

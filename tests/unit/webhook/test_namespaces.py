@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from kube.admissionreview import Verdict
 from quota.policy import PolicyRecord
 from webhook.namespaces import update_namespace
-from kube.admissionreview import Verdict
 
 from .test_claimreview import ADMIN, ALICE, POLICY, review_request
 

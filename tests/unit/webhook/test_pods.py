@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kube.admissionreview import Verdict, parse_review, respond
 from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota
@@ -17,7 +18,6 @@ from quota.model import Charge, Namespace
 from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 from webhook.pods import create_pod
-from kube.admissionreview import Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_class, make_quota

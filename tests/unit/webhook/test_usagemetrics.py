@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from hypothesis import given
 from prometheus_client.parser import text_string_to_metric_families
 
+from kube.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
+from kube.quotawriter import Reservations
 from quota.admission import Admitter
 from quota.claims import parse_claim
 from quota.inventory import Inventory
@@ -27,7 +29,6 @@ from quota.model import DeviceClass, DeviceClassName
 from quota.pricing import Pricer
 from quota.usage import Holders
 from quota.work import pausing
-from kube.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
     INVENTORY_ALLOCATED,
@@ -41,7 +42,6 @@ from runtime.metricnames import (
     WORKLOADS_RESERVED,
 )
 from webhook.metrics import Metrics
-from kube.quotawriter import Reservations
 from webhook.usagemetrics import DEVICE_INFO_LABELS, UsageMetrics
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
