@@ -210,7 +210,7 @@ def configure_logging(log_format: Literal["text", "json"], level: str = "INFO") 
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=max(logging.INFO, logging.getLevelName(level.upper())), handlers=[handler], force=True)
-    for package in ("quota", "webhook", "certs"):
+    for package in ("quota", "runtime", "kube", "controllers", "webhook", "commands", "certs"):
         logging.getLogger(package).setLevel(level.upper())
 
 

@@ -159,7 +159,10 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
     (["--request-body-timeout", "0"], "error: --request-body-timeout must be positive, got 0.0"),
 ])
 def test_connection_bounds_that_cannot_work_are_refused_by_name(flags: list[str], error: str,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The process's logging setup replaces the root handlers: not in a shared test process.
+    monkeypatch.setattr("commands.serve.configure_logging", lambda *_: None)
     assert main(["serve", *flags]) == 2
     assert capsys.readouterr().err.strip() == error
 
