@@ -1,4 +1,4 @@
-"""Prometheus metrics of `dra-quota serve`: every metric name, its help and its labels.
+"""Prometheus metrics of `dra-quota serve`: each metric's help, labels and buckets.
 
 Neighbours: `webhook.server` tells `Metrics.review` every verdict (its `observe` hook);
 `kube.events` counts what it drops here; the reflectors (`kube.watching`, their
@@ -8,8 +8,8 @@ nor `certs/` imports prometheus. `webhook.metricsserver` serves the registry on 
 port (`--metrics-port`): reviews stay on the webhook's.
 
 One `Metrics` per process owns one `CollectorRegistry` (never the global default, so
-tests can build several). Every metric name is a constant here (STYLE: the Grafana test
-checks each dashboard query against them); the usage metrics (issue 8: `draquota_quota`,
+tests can build several). Every metric name is a constant in `runtime.metricnames` (STYLE: the
+Grafana test checks each dashboard query against them); the usage metrics (issue 8: `draquota_quota`,
 `draquota_namespace_device_usage`, `draquota_claim_device_info`, inventory, leader) are
 collectors `webhook.usagemetrics` registers on `Metrics.registry`.
 

@@ -1,6 +1,6 @@
 """The usage metrics of `dra-quota serve`, built at scrape time from the caches it keeps.
 
-Neighbours: `webhook.metrics` owns the registry and every metric name; `quota.usage`
+Neighbours: `webhook.metrics` owns the registry, `runtime.metricnames` every metric name; `quota.usage`
 computes the views (per quota from `quota.ledger`, the one accountant; per namespace and
 class; per model from `quota.inventory`; per held device from `quota.usage.Holders`);
 `kube.quotawriter.Reservations.pending` adds the persisted reservations whose claim

@@ -2,7 +2,7 @@
 
 `python deploy/grafana/generate.py` rewrites the JSON; `--check` exits 1 when the committed
 file differs (tests/unit/deploy/test_dashboard.py runs it, and checks every query's metric
-names against webhook/metrics.py; tests/e2e/test_dashboards.py evaluates every query
+names against runtime/metricnames.py; tests/e2e/test_dashboards.py evaluates every query
 against a real Prometheus scraping `dra-quota serve`). Plain dicts, no SDK: the panels
 are a table of titles and PromQL, the rest is layout.
 

@@ -27,8 +27,8 @@ modelName, Hostname, ...}) for the UUIDs the fake driver publishes; the values a
 test's. What is proven is the join, not the exporter.
 
 The quota, namespace-usage, inventory, leader and DCGM-join checks read the quota
-controller's usage metrics (issue 8); each failure names the metrics webhook/metrics.py
-does not export yet.
+controller's usage metrics (issue 8); each failure names the metrics runtime/metricnames.py
+does not name yet.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ class Checks:
             err = refused
         else:
             return True
-        missing = f" [reads {sorted(needs)}: not exported by webhook/metrics.py]" if needs else ""
+        missing = f" [reads {sorted(needs)}: not named in runtime/metricnames.py]" if needs else ""
         self.failures.append(f"{what}: {err}{missing}")
         return False
 
