@@ -12,7 +12,7 @@ the two-variable forms live in `quota.cel.twovar`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from quota.cel import ops
@@ -96,35 +96,42 @@ def compile_comprehension(kind: str, rng: Fn, slot: int, body: Fn, pred: Fn | No
     return builder(rng, slot, body, pred, step)
 
 
-def _quantifier(name: str, stop_on: bool) -> Callable[[Fn, int, Fn, Fn | None, int], Fn]:
-    """`all` (stops on false) and `exists` (stops on true), with cel-go's error absorption:
-    an element that errors is ignored if another decides the result, else re-raised."""
-
+def quantify(name: str, stop_on: bool, steps: Iterable[object], body: Fn, st: State) -> bool:
+    """`all` (stop_on False) or `exists` (stop_on True) over `steps`, each of which has
+    bound the loop variables and charged its step, with cel-go's error absorption: an
+    element that errors is ignored if another decides the result, else re-raised.
+    The one rule for the one-variable macros here and the two-variable ones
+    (`quota.cel.twovar`)."""
     # Compared by identity with untyped results; kept apart from the bools returned so
     # the comparison cannot narrow them.
     decisive: object = stop_on
     other: object = not stop_on
+    error: EvalError | None = None
+    for _ in steps:
+        try:
+            result = body(st)
+        except EvalError as exc:
+            error = error or exc
+            continue
+        if result is decisive:
+            return stop_on
+        if result is not other:
+            error = error or ops.no_overload(name, result)
+    if error is not None:
+        raise error
+    return not stop_on
 
+
+def _steps(rng: Fn, slot: int, step: int, st: State) -> Iterator[object]:
+    for item in _items(rng, st):
+        charge(st, step)
+        st.slots[slot] = item
+        yield item
+
+
+def _quantifier(name: str, stop_on: bool) -> Callable[[Fn, int, Fn, Fn | None, int], Fn]:
     def build(rng: Fn, slot: int, body: Fn, pred: Fn | None, step: int) -> Fn:
-        def run(st: State) -> bool:
-            error: EvalError | None = None
-            for item in _items(rng, st):
-                charge(st, step)
-                st.slots[slot] = item
-                try:
-                    result = body(st)
-                except EvalError as exc:
-                    error = error or exc
-                    continue
-                if result is decisive:
-                    return stop_on
-                if result is not other:
-                    error = error or ops.no_overload(name, result)
-            if error is not None:
-                raise error
-            return not stop_on
-
-        return run
+        return lambda st: quantify(name, stop_on, _steps(rng, slot, step, st), body, st)
 
     return build
 

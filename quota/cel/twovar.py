@@ -3,8 +3,9 @@
 `list.all(i, v, p)` binds the index and the element, `map.all(k, v, p)` the key and
 the value; `exists`, `existsOne`, `transformList`, `transformMap` and
 `transformMapEntry` (optionally with a filter before the transform) follow the same
-pattern. Error absorption and cost charging match the one-variable macros in
-`quota.cel.calls`; `quota.cel.evaluator` picks this module when `var2` is set.
+pattern. `all` and `exists` absorb errors by the one rule of the one-variable macros
+(`quota.cel.calls.quantify`) and each step is charged as there; `quota.cel.evaluator`
+picks this module when `var2` is set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from quota.cel import ops
+from quota.cel.calls import quantify
 from quota.cel.runtime import Fn, State, charge, not_iterable
 from quota.cel.values import EvalError
 
@@ -43,28 +45,6 @@ def _keep(pred: Fn | None, st: State, name: str) -> bool:
     if type(keep) is not bool:
         raise ops.no_overload(name, keep)
     return keep
-
-
-def _quantifier(kind: str, rng: Fn, slots: Slots, body: Fn, pred: Fn | None, step: int) -> Fn:
-    decisive = kind == "exists"  # the result that stops the loop: True for exists, False for all
-
-    def run(st: State) -> bool:
-        error: EvalError | None = None
-        for _ in _steps(rng, slots, step, st):
-            try:
-                result = body(st)
-            except EvalError as exc:
-                error = error or exc
-                continue
-            if result is decisive:
-                return kind == "exists"
-            if type(result) is not bool:
-                error = error or ops.no_overload(kind, result)
-        if error is not None:
-            raise error
-        return not decisive
-
-    return run
 
 
 def _exists_one(rng: Fn, slots: Slots, body: Fn, pred: Fn | None, step: int) -> Fn:
@@ -122,5 +102,6 @@ _BUILDERS: dict[str, Callable[[Fn, Slots, Fn, Fn | None, int], Fn]] = {
 
 def compile_two_var(kind: str, rng: Fn, slots: Slots, body: Fn, pred: Fn | None, step: int) -> Fn:
     if kind in ("all", "exists"):
-        return _quantifier(kind, rng, slots, body, pred, step)
+        stop_on = kind == "exists"
+        return lambda st: quantify(kind, stop_on, _steps(rng, slots, step, st), body, st)
     return _BUILDERS[kind](rng, slots, body, pred, step)

@@ -33,8 +33,9 @@ MATCHING = [
     f"!(false && {NV}.missing)",
     f"true || {NV}.missing",
     f"{NV}.missing || true",
-    f"[1, 0].exists(x, 1 / x == 1)",
-    f"![1, 0].all(x, 1 / x == 2)",
+    # all / exists absorb an element's error when another element decides, even a later one.
+    f"[1, 0].exists(x, 1 / x == 1) && [0, 1].exists(x, 1 / x == 1)",
+    f"![1, 0].all(x, 1 / x == 2) && ![0, 1].all(x, 1 / x == 2)",
     # presence tests and optionals
     f"has({NV}.type) && !has({NV}.nope)",
     f'"type" in {NV} && !("nope" in {NV})',
@@ -233,7 +234,7 @@ TWO_VARIABLE = [
     '{"a": 1}.transformMap(k, v, v + 1) == {"a": 2} && [5, 6].transformMap(i, v, v) == {0: 5, 1: 6}',
     '{"a": 1, "b": 2}.transformMapEntry(k, v, {v: k}) == {1: "a", 2: "b"}',
     f'{NV}.all(k, v, k != "" && (k != "index" || v == 3))',
-    "![2, 0].all(i, v, 1 / v == 1) && [0, 1].exists(i, v, 1 / v == 1)",
+    "![2, 0].all(i, v, 1 / v == 1) && ![0, 2].all(i, v, 1 / v == 1) && [0, 1].exists(i, v, 1 / v == 1)",
 ]
 
 
