@@ -241,20 +241,27 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
         # names, and its CA in every webhook of both configurations.
         secret = await kube.get("v1", "secrets", SECRET, namespace=NAMESPACE)
         ca = base64.b64decode(secret["data"]["ca.crt"])
-        for obj in installed.applied:
-            if obj["kind"] in PLURALS:
-                live = await kube.get(ADMISSION, PLURALS[obj["kind"]], obj["metadata"]["name"])
-                assert all(ca in base64.b64decode(h["clientConfig"]["caBundle"]) for h in live["webhooks"])
+        # Every configuration the manifest ships, each with its webhooks: a check over none
+        # would pass whatever serve did.
+        configurations = [obj for obj in installed.applied if obj["kind"] in PLURALS]
+        assert len(configurations) == sum(o["kind"] in PLURALS for o in OBJECTS) >= 1, configurations
+
+        def bundles(configuration: Obj) -> list[str | None]:
+            return [h["clientConfig"].get("caBundle") for h in configuration["webhooks"]]
+
+        def hold_the_ca(found: list[str | None]) -> bool:
+            return bool(found) and all(b and ca in base64.b64decode(b) for b in found)
+
+        for obj in configurations:
+            live = bundles(await kube.get(ADMISSION, PLURALS[obj["kind"]], obj["metadata"]["name"]))
+            assert hold_the_ca(live), (obj["metadata"]["name"], live)
 
         # An upgrade (the same apply again, as `helm upgrade` or `kubectl apply
         # --server-side` would send it) keeps the caBundle serve set: the manifest leaves
         # the field to its manager.
-        bundles = {}
-        for obj in installed.applied:
-            if obj["kind"] in PLURALS:
-                again = await apply(kube, obj)
-                bundles[obj["kind"]] = [h["clientConfig"].get("caBundle") for h in again["webhooks"]]
-        assert all(b and ca in base64.b64decode(b) for v in bundles.values() for b in v), bundles
+        for obj in configurations:
+            again = bundles(await apply(kube, obj))
+            assert hold_the_ca(again), (obj["metadata"]["name"], again)
 
         fleet = await make_fleet("chart")
         await fleet.add_node("n1", [Gpu()] * 2)

@@ -349,7 +349,7 @@ def test_cert_manager_signs_the_service_name_and_injects_the_ca() -> None:
     for kind in KINDS:
         config = find(objects, kind)
         assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/dra-quota"}
-        assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+        assert config["webhooks"] and all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
     issuer = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
     objects = render({"certificates": {"mode": "cert-manager", "certManager": {"issuerRef": issuer}}})
     assert find(objects, "Certificate")["spec"]["issuerRef"] == issuer

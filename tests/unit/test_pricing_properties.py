@@ -67,6 +67,17 @@ def claims(draw: st.DrawFn) -> dict[str, Any]:
     return make_claim("c", *reqs)
 
 
+def _alternatives(raw_request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [raw_request["exactly"]] if "exactly" in raw_request else raw_request["firstAvailable"]
+
+
+def _in_class(inv: Inventory, raw_request: dict[str, Any]) -> list[tuple[int, int]]:
+    """Per alternative, (its class's usable devices, counted without the pricer: every
+    device is a gpu, "shared" takes the shareable ones; the count it asks for)."""
+    return [(sum(1 for d in inv.usable().values() if alt["deviceClassName"] != "shared" or d.allow_multiple_allocations),
+             alt.get("count", 1)) for alt in _alternatives(raw_request)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(inventories(), claims())
 def test_optimistic_never_exceeds_conservative_and_nothing_is_negative(inv: Inventory, raw: dict[str, Any]) -> None:
@@ -77,8 +88,13 @@ def test_optimistic_never_exceeds_conservative_and_nothing_is_negative(inv: Inve
     assert conservative.errors == optimistic.errors == ()
     for pricing in (conservative, optimistic):
         assert pricing.total.memory >= 0 and pricing.total.devices >= 0
-        for req in pricing.requests:
-            assert req.candidates >= 0
+        for raw_request, priced in zip(raw["spec"]["devices"]["requests"], pricing.requests, strict=True):
+            in_class = _in_class(inv, raw_request)
+            if any("capacity" in alt for alt in _alternatives(raw_request)):  # it may rule devices out
+                assert 0 <= priced.candidates <= max(n for n, _ in in_class), (raw_request, priced)
+            else:  # the first alternative with enough candidates, the one the scheduler tries
+                enough = [n for n, count in in_class if n >= count]
+                assert priced.candidates == (enough[0] if enough else max(n for n, _ in in_class)), (raw_request, priced)
     assert optimistic.total.memory <= conservative.total.memory
     assert optimistic.total.devices <= conservative.total.devices
     for cls in CLASSES:

@@ -360,7 +360,8 @@ def test_check_holds_a_device_scope_against_claims_through_either_class(
     # The same limit by class name: the claims through `alias` are not counted (the sidestep).
     by_class = make_quota("q", memory="160Gi", classes=["h100"])
     code, out, _ = run(capsys, "check", "-f", cluster_files(tmp_path, by_class, *claims), "-o", "json")
-    assert all(o["allowed"] for o in json.loads(out)["objects"])
+    assert [(o["name"], o["allowed"]) for o in json.loads(out)["objects"]] == [
+        ("used", True), ("c0", True), ("c1", True), ("c2", True)]
 
 
 def test_check_names_a_selector_that_does_not_compile_and_a_misspelt_field(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from quota.cel import MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector, extlib
+from quota.cel import COST_LIMIT, MAX_EXPRESSION_BYTES, CelCompileError, CelRuntimeError, compile_selector, extlib
 from quota.cel.values import EvalError
 from ..bounds import bounded
 from tests.unit.cel.devices import activation
@@ -83,9 +83,12 @@ def test_a_smaller_budget_can_be_given() -> None:
 
 
 def test_cost_is_per_evaluation() -> None:
-    selector = compile_selector("lists.range(300).all(x, lists.range(300).all(y, y >= 0))")
-    for _ in range(3):
-        assert selector.evaluate(activation("d")) is True
+    selector = compile_selector("lists.range(300).all(x, lists.range(400).all(y, y >= 0))")
+    runs = [selector.evaluate_with_cost(activation("d")) for _ in range(3)]
+    # One evaluation spends over half the limit: a budget carried over from the one
+    # before would stop the second; each reports its own cost, the same every time.
+    assert runs[0][1] > COST_LIMIT // 2
+    assert runs == [(True, runs[0][1])] * 3
 
 
 def test_expression_length_limit_is_10_kib_in_bytes() -> None:

@@ -305,4 +305,4 @@ async def test_a_list_goes_through_the_rebuild_hook_and_no_watch_starts_before_i
         with pytest.raises(asyncio.CancelledError):
             await task
     assert seen == [(0, False)] and store.calls[0] == ("replace", [])
-    assert reflector.resource_version is not None
+    assert reflector.resource_version == "5"  # the list's
