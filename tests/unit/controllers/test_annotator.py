@@ -81,6 +81,7 @@ async def test_a_slow_patch_holds_up_only_its_own_writer() -> None:
         await until(lambda: "slow" in api.patched, "the slow one written once released")
     finally:
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
@@ -104,6 +105,7 @@ async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
         assert api.most_at_once["x"] == 1
     finally:
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_full_slow_lane_defers_a_claim_and_never_stops_the_writers() -> None:
