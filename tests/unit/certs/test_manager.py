@@ -14,6 +14,8 @@ from certs.authority import KeyPair, inspect, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Material, Policy, plan
 
+from ..clock import until
+
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 POLICY = Policy(dns_names=service_names("svc", "ns"), ca_validity=10 * DAY, ca_renew_before=2 * DAY,
@@ -196,13 +198,12 @@ def test_run_keeps_serving_through_api_failures() -> None:
 
     async def main() -> None:
         task = asyncio.create_task(m.run())
-        while m.material is None:
-            await asyncio.sleep(0.01)
+        await until(lambda: m.material is not None, "the material, after the failed read")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(main())
     assert calls[0] >= 2 and m.material is not None
 
 

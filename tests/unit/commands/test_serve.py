@@ -8,7 +8,6 @@ import json
 import logging
 import signal
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, _rel
 from quota.policy import AdminAccessPolicy
 
 from ..certs.test_tls import mint
+from ..clock import until
 
 
 def test_the_policy_comes_from_a_map_or_a_configmap(tmp_path: Path) -> None:
@@ -68,11 +68,6 @@ async def test_a_changed_pair_on_disk_is_served_and_a_broken_one_is_not(
     options = ServeOptions(tls_cert_file=cert, tls_key_file=key, cert_poll_seconds=0.01)
     tls = ReloadingContext(first.serving)
     task = asyncio.create_task(_reload_certificates(options, tls, _stamp(options)))
-
-    async def until(condition: Callable[[], bool]) -> None:
-        async with asyncio.timeout(5):
-            while not condition():
-                await asyncio.sleep(0.01)
 
     try:
         # A key that does not match the certificate (a half-written swap) is not loaded...

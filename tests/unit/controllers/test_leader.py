@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from typing import Any
 
 from controllers.leader import LeaderElector
 from kube.api import ApiError, Resource
 from quota.leases import Timing
+
+from ..clock import FakeClock, until
 
 TIMING = Timing(lease_duration=0.6, renew_deadline=0.4, retry_period=0.1)
 
@@ -55,17 +56,18 @@ class FakeLeases:
         return copy.deepcopy(self.obj)
 
 
-class FreezableClock:
-    """time.monotonic until frozen, then that instant forever."""
+class Reads:
+    """`api` as one candidate calls it, counting its reads: one each attempt."""
 
-    def __init__(self) -> None:
-        self.frozen: float | None = None
+    def __init__(self, api: FakeLeases) -> None:
+        self.api, self.reads = api, 0
 
-    def __call__(self) -> float:
-        return time.monotonic() if self.frozen is None else self.frozen
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        self.reads += 1
+        return await self.api.get(resource, name, namespace=namespace)
 
-    def freeze(self) -> None:
-        self.frozen = self()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
 
 
 def elector(api: FakeLeases, identity: str) -> LeaderElector:
@@ -105,9 +107,9 @@ async def test_a_leader_that_cannot_renew_stops_at_the_renew_deadline() -> None:
 
 async def test_a_candidate_waits_out_a_live_lease_and_takes_a_released_one_at_once() -> None:
     api = FakeLeases()
-    b_clock = FreezableClock()
+    b_api, b_clock = Reads(api), FakeClock()
     a = elector(api, "a")
-    b = LeaderElector(api, name="lease", namespace="ns", identity="b", timing=TIMING,  # type: ignore[arg-type]
+    b = LeaderElector(b_api, name="lease", namespace="ns", identity="b", timing=TIMING,  # type: ignore[arg-type]
                       clock=b_clock)
     a_leads, b_leads = asyncio.Event(), asyncio.Event()
 
@@ -119,15 +121,21 @@ async def test_a_candidate_waits_out_a_live_lease_and_takes_a_released_one_at_on
     await asyncio.wait_for(a_leads.wait(), 2)
     task_b = asyncio.create_task(b.run(lambda: lead(b_leads)))
     try:
-        # a renews every retry period: b never sees the record unchanged for a lease duration.
-        await asyncio.sleep(TIMING.lease_duration * 2)  # a span of time is the subject here, not a sync
+        # a renews every retry period: b, whose clock moves only here, never sees the record
+        # unchanged for a lease duration (whole seconds in the Lease), though its clock
+        # passes two in all.
+        assert api.obj is not None
+        duration = api.obj["spec"]["leaseDurationSeconds"]
+        for _ in range(3):
+            b_clock.advance(duration * 2 / 3)
+            renewals, reads = len(api.writes), b_api.reads
+            await until(lambda: len(api.writes) > renewals and b_api.reads >= reads + 2)  # b saw the renewal
         assert not b_leads.is_set() and api.obj is not None and api.obj["spec"]["holderIdentity"] == "a"
         task_a.cancel()  # SIGTERM: the work stops, the Lease is released
         await asyncio.gather(task_a, return_exceptions=True)
         assert api.obj["spec"]["holderIdentity"] is None
-        # From now on no time passes for b: it cannot wait any lease out, so it leads only
-        # because the lease was released (not timed: a busy machine cannot fail this).
-        b_clock.freeze()
+        # No time passes for b now: it cannot wait any lease out, so it leads only because
+        # the lease was released.
         await asyncio.wait_for(b_leads.wait(), 25 * TIMING.lease_duration)
         assert api.obj["spec"]["holderIdentity"] == "b" and api.obj["spec"]["leaseTransitions"] == 1
     finally:

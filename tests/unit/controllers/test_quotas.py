@@ -13,6 +13,7 @@ import pytest
 from controllers.quotas import QuotaController
 
 from ..builders import GiB, make_quota
+from ..clock import FakeClock, until
 from ..test_ledger import entry
 from ..kube.test_quotawriter import GPU, NS, FakeApi, setup
 
@@ -39,23 +40,17 @@ async def running(*, min_interval: float = 0.0, clock: Callable[[], float] | Non
 async def looked(controller: QuotaController, since: int) -> None:
     """Until a reconcile pass after `since` passes completed and nothing is left to do:
     what the controller did about the events before it is then all written."""
-    async with asyncio.timeout(2):
-        while controller.passes <= since or controller._dirty:
-            await asyncio.sleep(0.01)
+    await until(lambda: controller.passes > since and not controller._dirty, f"a pass after pass {since}")
 
 
 async def postponed(controller: QuotaController) -> None:
     """Until the controller looked at the marked quota and left it to its timer."""
-    async with asyncio.timeout(2):
-        while controller._dirty or (NS, "gpus") not in controller._timers:
-            await asyncio.sleep(0.01)
+    await until(lambda: not controller._dirty and (NS, "gpus") in controller._timers, "the quota left to its timer")
 
 
 async def settled(api: FakeApi, writes: int) -> None:
-    """Until the fake saw `writes` writes (or fail after 2 s)."""
-    async with asyncio.timeout(2):
-        while api.writes < writes:
-            await asyncio.sleep(0.01)
+    """Until the fake saw `writes` writes."""
+    await until(lambda: api.writes >= writes, f"{writes} write(s)")
 
 
 async def test_a_burst_of_claim_events_is_one_write() -> None:
@@ -78,9 +73,9 @@ async def test_while_admissions_write_a_quota_the_controller_writes_it_once_per_
     # Claim events in every debounce window while admissions into the quota are being
     # written (a burst of creates): written once, then again only once min_interval has
     # passed on the controller's clock, with all that changed meanwhile.
-    now = [1_000.0]
+    clock = FakeClock(1_000.0)
     admitting = [True]
-    async with running(min_interval=0.5, clock=lambda: now[0]) as (api, controller, _):
+    async with running(min_interval=0.5, clock=clock) as (api, controller, _):
         monkeypatch.setattr(controller.reservations, "admitting", lambda key: admitting[0])
         await settled(api, 1)  # the first pass
         ledger = controller.ledger
@@ -89,7 +84,7 @@ async def test_while_admissions_write_a_quota_the_controller_writes_it_once_per_
             controller.changed(NS)
             await postponed(controller)
             assert api.writes == 1
-        now[0] += 0.5  # the interval passed: the timer's pass writes everything at once
+        clock.advance(0.5)  # the interval passed: the timer's pass writes everything at once
         await settled(api, 2)
         assert api.objects["gpus"]["status"]["used"] == {"memory": "48Gi", "devices": 6}
         # With no admission being written (allocations landing), the debounce alone.

@@ -16,6 +16,7 @@ from kube.api import ApiError, Obj
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from quota.policy import PolicyRecord
 
+from ..clock import FakeClock
 from ..webhook.test_claimreview import TEMPLATE_GVR, gpu_claim, review_request, stored
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -43,16 +44,8 @@ class FakeSink:
         return patch
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def recorder(sink: FakeSink, **kwargs: Any) -> tuple[EventRecorder, Clock, list[str]]:
-    clock, dropped = Clock(), list[str]()
+def recorder(sink: FakeSink, **kwargs: Any) -> tuple[EventRecorder, FakeClock, list[str]]:
+    clock, dropped = FakeClock(1_700_000_000.0), list[str]()
     return EventRecorder(sink, instance="dra-quota-0", dropped=dropped.append, clock=clock, **kwargs), clock, dropped
 
 

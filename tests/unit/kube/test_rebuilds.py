@@ -14,6 +14,7 @@ from kube.rebuilds import OFF, Rebuilds, collect_young
 from quota.work import pause_point
 from runtime.slicing import in_slices
 
+from ..clock import until
 from ..runtime.test_slicing import Ticker
 
 
@@ -100,11 +101,7 @@ async def test_the_youngest_generation_is_collected_on_a_clock() -> None:
     gc.disable()  # no collection but the clock's
     task = asyncio.create_task(collect_young(0.001))
     try:
-        for _ in range(10_000):
-            if 0 in collected:
-                break
-            await asyncio.sleep(0.001)
-        assert 0 in collected
+        await until(lambda: 0 in collected, "a young collection by the clock")
     finally:
         task.cancel()
         gc.enable()

@@ -20,6 +20,8 @@ from kubernetes_asyncio.client import Configuration
 from kube.api import ApiError, KubeApi, LineBuffer, Listing, Obj, Resource, decode_event
 from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
 
+from ..clock import until
+
 
 def make_obj(name: str = "a", rv: str = "7", **extra: Any) -> Obj:
     meta: Obj = {
@@ -263,12 +265,7 @@ async def test_a_watch_that_ends_at_once_empty_backs_off_instead_of_looping() ->
     task = asyncio.create_task(reflector.run())
     try:
         await asyncio.wait_for(reflector.synced.wait(), 5)
-
-        async def three_watches() -> None:
-            while api.watches < 3:  # condition polling; the deadline is wait_for's
-                await asyncio.sleep(0.001)
-
-        await asyncio.wait_for(three_watches(), 5)
+        await until(lambda: api.watches >= 3, "three watches")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

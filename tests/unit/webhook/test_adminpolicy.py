@@ -12,14 +12,17 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from commands.cli import main
 from quota.policy import PolicyError
+from runtime.filepoll import Stamp
+from webhook import adminpolicy
 from webhook.adminpolicy import NOBODY, ConfigMapPolicy, PolicySource, configmap_ref, read_policy
+
+from ..clock import until
 
 
 def configmap(data: object, *, name: str = "allow", version: str = "1") -> dict[str, object]:
@@ -98,15 +101,16 @@ def test_a_mounted_configmap_directory_reads_as_the_configmap_data(tmp_path: Pat
         read_policy(tmp_path)
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 async def test_the_file_is_reloaded_on_an_atomic_swap_and_a_bad_one_is_kept_out(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stamps, stamp = [0], adminpolicy._stamp
+
+    def counted(path: Path) -> Stamp:  # each poll looks at the file's stamp
+        stamps[0] += 1
+        return stamp(path)
+
+    monkeypatch.setattr(adminpolicy, "_stamp", counted)
     write_mounted(tmp_path, {"users": "alice"}, 1)
     source = PolicySource.from_file(tmp_path, poll_seconds=0.01)
     assert source.policy().users == frozenset({"alice"})
@@ -118,8 +122,8 @@ async def test_the_file_is_reloaded_on_an_atomic_swap_and_a_bad_one_is_kept_out(
             write_mounted(tmp_path, {"users": "mallory", "groups": "two words"}, 3)
             await until(lambda: any("cannot reload the adminAccess policy" in r.getMessage() for r in caplog.records))
             # Polled many more times meanwhile: still the last good policy, one warning.
-            for _ in range(20):
-                await asyncio.sleep(0.01)
+            polled = stamps[0]
+            await until(lambda: stamps[0] >= polled + 20, "20 more looks at the file")
         assert source.policy().users == frozenset({"mallory"}) and not source.policy().groups
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "groups[0] must be a non-empty name without spaces" in warnings[0], warnings

@@ -4,7 +4,7 @@ Over real sockets to the webhook app behind `TlsSite`: connections past the cap 
 room by evicting the least useful ones (those no request reached, then slow ones, then
 the least recently used idle ones), a connection whose review is being decided is
 never evicted or timed out, and every other phase ends at its deadline. The deadlines
-run on a clock the test moves (`Clock`), so no test waits for one to pass; asyncio's
+run on a clock the test moves (`FakeClock`), so no test waits for one to pass; asyncio's
 own TLS handshake timer is the exception (real time, a fraction of a second). The
 same bounds with thousands of connections against the real `serve` process:
 tests/e2e/test_connections.py, and bench/connections.py for 10,000.
@@ -24,20 +24,13 @@ from devcluster.kube import poll
 from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
 
+from ..clock import FakeClock
 from ..kube.test_admissionreview import REVIEW
 from .wire import Wire, client_context, post, serving
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 REVIEW_BODY = json.dumps(REVIEW).encode()
 PATIENCE = 30.0  # how long a test waits for what it expects (never a bound it asserts)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def allow(request: AdmissionRequest) -> Verdict:
@@ -134,7 +127,7 @@ async def idle(wire: Wire) -> None:
                          ids=["opening", "headers", "request", "idle"])
 async def test_a_connection_is_dropped_at_its_phases_deadline(phase: Phase,
                                                               reach: Callable[[Wire], Awaitable[None]]) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     limits = Limits(header_timeout=10, body_timeout=20, idle_timeout=120)
     async with serving({"/validate": allow}, limits=limits, clock=clock) as served:
         wire = await Wire.open(served.port)
@@ -154,7 +147,7 @@ async def test_a_connection_is_dropped_at_its_phases_deadline(phase: Phase,
 
 @ASYNC
 async def test_a_review_being_decided_has_no_connection_deadline() -> None:
-    clock, release = Clock(), asyncio.Event()
+    clock, release = FakeClock(1000.0), asyncio.Event()
     async with serving({"/validate": held(release)}, limits=Limits(), clock=clock) as served:
         wire = await Wire.open(served.port)
         await wire.send(post(REVIEW_BODY))
@@ -232,7 +225,7 @@ class Fake:
 
 
 def test_eviction_takes_opening_then_headers_then_request_then_the_least_recently_idle_never_deciding() -> None:
-    clock, aborted = Clock(), list[str]()
+    clock, aborted = FakeClock(1000.0), list[str]()
     connections = Connections(Limits(max_connections=1), clock=clock)
     conns = {name: Fake(name, aborted) for name in ("idle-old", "deciding", "request", "headers", "opening",
                                                     "idle-new")}
@@ -253,7 +246,7 @@ def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_and_refus
     """The oldest opening connection is the API server's, its handshake unread after a
     stall of the loop: newer silent ones go first, then idle ones; once the first
     `EVICTION_SCAN` in line are all waiting on us, the new connection is refused."""
-    clock, aborted = Clock(), list[str]()
+    clock, aborted = FakeClock(1000.0), list[str]()
 
     def admit(connections: Connections, conn: Fake) -> bool:
         if not connections.room():

@@ -18,6 +18,7 @@ from webhook.metrics import Metrics
 from webhook.metricsserver import ALLOWED_TTL, MAX_CACHED, REFUSED_TTL, Access, TokenAccess, serve_metrics
 from webhook.server import SERVER
 
+from ..clock import FakeClock, until
 from .wire import MATERIAL, client_context
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
@@ -44,16 +45,8 @@ class Reviews:
         return {"status": {"allowed": body["spec"]["user"] in self.allowed}}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def access() -> tuple[TokenAccess, Reviews, Clock]:
-    reviews, clock = Reviews(), Clock()
+def access() -> tuple[TokenAccess, Reviews, FakeClock]:
+    reviews, clock = Reviews(), FakeClock()
     return TokenAccess(reviews, clock=clock), reviews, clock  # type: ignore[arg-type]
 
 
@@ -166,10 +159,13 @@ async def test_scrapes_go_through_render_one_at_a_time_and_a_large_body_arrives_
                     return await resp.read()
 
             both = asyncio.gather(get(), get())
-            while running[0] == 0:
-                await asyncio.sleep(0.01)
-            for _ in range(10):  # a chance for the second to reach `render` (it can only make this pass wrongly, never fail)
-                await asyncio.sleep(0.01)
+            # Both requests in their handlers (aiohttp counts one as its handler starts),
+            # then ten turns of the loop: the second is at `render` by then unless
+            # something keeps it out.
+            await until(lambda: running[0] >= 1 and runner.server is not None and runner.server.requests_count == 2,
+                        "both scrapes in their handlers, one at least rendering")
+            for _ in range(10):
+                await asyncio.sleep(0)
             release.set()
             bodies = await both
     finally:
