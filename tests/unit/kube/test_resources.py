@@ -4,8 +4,9 @@ Least privilege both ways: every verb the registry says serve uses is granted to
 ServiceAccount by the chart rendered with every optional part on (the defaults:
 requeue, Kueue auto, --metrics-secure, --cert-mode self), and nothing more is. That the
 grants are enough for the real code is tests/e2e/test_chart.py; that the code names its
-collections from the registry is the registry's own point (grep finds no other
-`Resource(` in the product).
+collections from the registry is the registry's own point (no other `Resource(` in
+quota, runtime, kube, controllers, webhook or commands; devcluster's string-keyed admin
+client builds its own).
 """
 
 from __future__ import annotations
