@@ -32,7 +32,7 @@ from pricing import rss_mib, timed  # noqa: E402
 from kube.caches import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.devicequota import parse_device_quota  # noqa: E402
+from quota.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
 from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClass, DeviceClassName  # noqa: E402
@@ -68,7 +68,7 @@ class NoEntries:
         return False
 
 
-def statuses(ledger: Ledger, objects: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def statuses(ledger: Ledger, objects: list[dict[str, Any]], now: float) -> list[DeviceQuotaStatus]:
     out = []
     for obj in objects:
         quota = parse_device_quota(obj)

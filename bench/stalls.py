@@ -44,13 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import ROOMY, claim, load_average, one_gpu, percentile, review  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
 
-from commands.serve import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES, Caches  # noqa: E402
+from commands.serve import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
-from kube.api import ApiError, KubeApi, Obj, Resource  # noqa: E402
+from kube.api import ApiError, KubeApi, Resource  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
 from kube.rebuilds import collect_young  # noqa: E402
+from kube.resources import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
+from quota.raw import Obj  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402

@@ -427,11 +427,11 @@ def _run_top(args: argparse.Namespace) -> int:
 
 
 async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from kube.api import KubeApi, Resource
-    from quota.devicequota import GROUP, PLURAL, VERSION
+    from kube.api import KubeApi
+    from kube.resources import QUOTAS
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
-        return (await api.list(Resource(f"{GROUP}/{VERSION}", PLURAL), namespace=args.namespace)).items
+        return (await api.list(QUOTAS, namespace=args.namespace)).items
 
 
 def _cluster_error(err: Exception) -> str:

@@ -41,11 +41,12 @@ import yaml
 from devcluster.controlplane import BUILD_SCRIPT, DEFAULT_BINARY, REPO_ROOT, ControlPlane, ControlPlaneError, \
     build, free_ports
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
-from devcluster.kube import ApiError, Kube, Obj, WaitTimeout, poll
+from devcluster.kube import ApiError, Kube, WaitTimeout, poll
 from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount
 from quota.printable import for_terminal
+from quota.raw import Obj
 from quota.tables import USAGE_HEADERS, print_rows, usage_cells
 from quota.top import quota_usage
 

@@ -61,8 +61,8 @@ from certs.rotation import Policy, plan
 from certs.tls import ReloadingContext
 from controllers.annotator import Annotator
 from controllers.governed import GovernedLabels
-from controllers.kueue import (ADMISSION_CHECKS, PODS, TEMPLATES, WORKLOADS, AdmissionCheckController, CheckStore,
-                           KueueCaches, PodLookup, PodStore, TemplateStore, WorkloadStore, serves_workloads)
+from controllers.kueue import (AdmissionCheckController, CheckStore, KueueCaches, PodLookup, PodStore, TemplateStore,
+                               WorkloadStore, serves_workloads)
 from controllers.leader import LeaderElector, default_identity
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
@@ -74,6 +74,7 @@ from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, Quot
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds, collect_young
+from kube.resources import ADMISSION_CHECKS, CLAIMS, CLASSES, NAMESPACES, PODS, QUOTAS, SLICES, TEMPLATES, WORKLOADS
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from quota.admission import Admitter
 from quota.inventory import Inventory
@@ -98,7 +99,7 @@ from webhook.metricsserver import TokenAccess, metrics_limits, serve_metrics
 from webhook.server import Observer, build_app
 from webhook.usagemetrics import UsageMetrics
 
-__all__ = ["LIMITATIONS", "QUOTAS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
+__all__ = ["LIMITATIONS", "LeaderElection", "ServeError", "ServeOptions", "configure_logging",
            "policy_source", "serve"]
 
 log = logging.getLogger(__name__)
@@ -107,11 +108,6 @@ LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
     "the replica holding the Lease writes status.used/reserved and exports the usage metrics."
 )
-SLICES = Resource("resource.k8s.io/v1", "resourceslices")
-CLASSES = Resource("resource.k8s.io/v1", "deviceclasses")
-NAMESPACES = Resource("v1", "namespaces")
-QUOTAS = Resource("draquota.io/v1alpha1", "devicequotas")
-CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
 # ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
 # slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
 SLICE_PAGE = 25

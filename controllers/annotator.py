@@ -42,7 +42,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import CLAIMS
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from runtime.guard import guarded
 from runtime.slicing import Busy
@@ -51,7 +52,6 @@ __all__ = ["Annotator"]
 
 log = logging.getLogger(__name__)
 
-CLAIMS = Resource("resource.k8s.io/v1", "resourceclaims")
 FIELD_MANAGER = "dra-quota"
 # What is due on a claim, given the annotations it carries (`Admitter.annotations_due`),
 # and whether anything may be (`annotations_may_be_due`: no CEL, asked on every event).

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import NAMESPACES
 from quota.devicequota import GOVERNED_LABEL
 from quota.ledger import Ledger
 from quota.model import Namespace
@@ -38,7 +39,6 @@ __all__ = ["GOVERNED_LABEL", "GovernedLabels", "governed_value"]
 
 log = logging.getLogger(__name__)
 
-NAMESPACES = Resource("v1", "namespaces")
 FIELD_MANAGER = "dra-quota"
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 _RETRY_AFTER_FAILURE = 2.0

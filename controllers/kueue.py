@@ -29,15 +29,16 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
 from kube.caches import parse_or_skip
 from kube.events import EventKey, EventRecorder, Ref
 from kube.quotawriter import Reservations
+from kube.resources import ADMISSION_CHECKS, KUEUE, PODS, TEMPLATES, WORKLOADS
 from quota.admission import Admitter
 from quota.claims import Claim, parse_claim
 from quota.ledger import ClaimRef, Entry
 from quota.model import Namespace
-from quota.raw import dig
+from quota.raw import Obj, dig
 from quota.workloads import (
     CONTROLLER_NAME,
     WORKLOAD_LABEL,
@@ -54,25 +55,18 @@ from quota.workloads import (
 from runtime.guard import guarded
 from runtime.slicing import Busy, Slicer
 
-__all__ = ["ADMISSION_CHECKS", "PODS", "TEMPLATES", "WORKLOADS", "AdmissionCheckController", "KueueCaches", "PodLookup",
-           "serves_workloads"]
+__all__ = ["AdmissionCheckController", "KueueCaches", "PodLookup", "serves_workloads"]
 
 log = logging.getLogger(__name__)
 
-API = "kueue.x-k8s.io/v1beta2"
-ADMISSION_CHECKS = Resource(API, "admissionchecks")
-WORKLOADS = Resource(API, "workloads")
-PODS = Resource("v1", "pods")
-TEMPLATES = Resource("resource.k8s.io/v1", "resourceclaimtemplates")
 FIELD_MANAGER = "dra-quota"
-Obj = dict[str, Any]
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 
 
 async def serves_workloads(api: KubeApi) -> bool:
     """Whether the API server serves kueue.x-k8s.io/v1beta2 workloads (`--kueue auto`)."""
     try:
-        found = await api.request("GET", f"/apis/{API}")
+        found = await api.request("GET", f"/apis/{KUEUE}")
     except _FAILURES:
         return False
     if not isinstance(found, dict):
@@ -363,7 +357,7 @@ class AdmissionCheckController:
                     # so never the leader, nor each next one: issue 15.7).
                     log.exception("deciding check %s of Workload %s/%s failed", check, workload.namespace,
                                   workload.name)
-                    self.recorder.record(EventKey(Ref(API, "Workload", workload.name, workload.namespace), None,
+                    self.recorder.record(EventKey(Ref(KUEUE, "Workload", workload.name, workload.namespace), None,
                                                   "Warning", "DeviceQuotaCheckFailed", "AdmissionCheck",
                                                   f"check {check}: dra-quota failed to decide this Workload "
                                                   "(see its logs); it is retried at the next resync"))
@@ -376,7 +370,7 @@ class AdmissionCheckController:
                        if isinstance(c, dict) and c.get("type") == "Active"), {})
         if active.get("status") == "True" and active.get("observedGeneration") == generation:
             return
-        body = {"apiVersion": API, "kind": "AdmissionCheck", "metadata": {"name": name},
+        body = {"apiVersion": ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck", "metadata": {"name": name},
                 "status": {"conditions": [check_active(generation, self.clock())]}}
         try:
             await self.api.patch(ADMISSION_CHECKS, name, body, patch_type="apply", subresource="status",
@@ -425,5 +419,5 @@ class AdmissionCheckController:
         log.info("Workload %s/%s: check %s %s: %s", workload.namespace, workload.name, check, state, message)
         if previous is None or previous.state != state or previous.message != message:
             reason, kind = ("DeviceQuotaReserved", "Normal") if state == "Ready" else ("DeviceQuotaExceeded", "Warning")
-            self.recorder.record(EventKey(Ref(API, "Workload", workload.name, workload.namespace), None, kind,
+            self.recorder.record(EventKey(Ref(KUEUE, "Workload", workload.name, workload.namespace), None, kind,
                                           reason, "AdmissionCheck", f"check {check}: {message}"))

@@ -31,14 +31,15 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Obj, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import LEASES
 from quota.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
+from quota.raw import Obj
 
-__all__ = ["LEASES", "LeaderElector", "default_identity"]
+__all__ = ["LeaderElector", "default_identity"]
 
 log = logging.getLogger(__name__)
 
-LEASES = Resource("coordination.k8s.io/v1", "leases")
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 
 

@@ -34,7 +34,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import aiohttp
 
@@ -45,13 +44,13 @@ from quota.devicequota import QuotaError, parse_device_quota
 from quota.ledger import Ledger, QuotaKey
 from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
+from quota.raw import Obj
 from quota.reservations import parse_record
 
 __all__ = ["QuotaController"]
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 _RETRY_AFTER_FAILURE = 1.0  # seconds before a quota whose write failed is tried again
 

@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import PODS, TEMPLATES
 from quota.waiting import trim_pod, waiting_templates
 
 __all__ = ["ANNOTATION", "Requeuer"]
@@ -33,8 +34,6 @@ __all__ = ["ANNOTATION", "Requeuer"]
 log = logging.getLogger(__name__)
 
 ANNOTATION = "draquota.io/requeued-at"
-PODS = Resource("v1", "pods")
-TEMPLATES = Resource("resource.k8s.io/v1", "resourceclaimtemplates")
 FIELD_MANAGER = "dra-quota"
 
 

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster.kube import Kube, Obj
+from devcluster.kube import Kube
+from quota.raw import Obj
 
 DRIVER = "gpu.nvidia.com"
 RESOURCE_V1 = "resource.k8s.io/v1"

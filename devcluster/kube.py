@@ -22,8 +22,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from kube.api import ApiError, KubeApi, Obj, PatchType, Resource
+from kube.api import ApiError, KubeApi, PatchType, Resource
 from kube.loaders import Configuration
+from quota.raw import Obj
 
 __all__ = ["ApiError", "Kube", "MERGE_PATCH", "Obj", "WaitTimeout", "poll", "resource_path"]
 

@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 
 from devcluster.controlplane import REPO_ROOT, WEBHOOK_SERVICES, ControlPlane
-from devcluster.kube import Obj
+from quota.raw import Obj
 
 WEBHOOKS: list[Obj] = [d for d in yaml.safe_load_all((REPO_ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
 

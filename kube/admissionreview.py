@@ -5,7 +5,8 @@ Neighbours: the aiohttp server hands request bodies to `parse_review` and sends 
 Shapes: k/k staging/src/k8s.io/api/admission/v1/types.go. Every body gets a
 well-formed review back, however broken it is: a review that cannot be read is
 denied with a message saying what is wrong (and echoes the uid when one was found),
-never answered with a 500.
+never answered with a 500. The JSON on both sides is typed (`ReviewRequest` in, every
+field untrusted until parsed; `AdmissionReview` out), so a misspelt field is a type error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Required, TypedDict, cast, get_args
 
 from quota.policy import PolicyRecord
 from quota.printable import for_terminal
@@ -24,6 +25,10 @@ from quota.raw import show
 __all__ = [
     "API_VERSION",
     "AdmissionRequest",
+    "AdmissionReview",
+    "ReviewRequest",
+    "ReviewResponse",
+    "ReviewStatus",
     "CAUSES",
     "Cause",
     "GroupVersionKind",
@@ -53,6 +58,49 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # apiserver pkg/endpoints/filters/warning.go), so keep each readable and bounded.
 MAX_WARNING_CHARS = 512
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class ReviewRequest(TypedDict, total=False):
+    """`request` of an AdmissionReview as received: every value is unchecked (`object`)
+    until `parse_review` has read it; the keys are the only thing typed."""
+
+    uid: object
+    kind: object
+    resource: object
+    subResource: object
+    name: object
+    namespace: object
+    operation: object
+    userInfo: object
+    object: object
+    oldObject: object
+    dryRun: object
+
+
+class ReviewStatus(TypedDict):
+    """metav1.Status, as much of it as a denial carries."""
+
+    code: int
+    reason: str
+    message: str
+
+
+class ReviewResponse(TypedDict, total=False):
+    uid: Required[str]
+    allowed: Required[bool]
+    status: ReviewStatus
+    warnings: list[str]
+    patchType: Literal["JSONPatch"]
+    patch: str  # base64 of a JSON Patch
+    auditAnnotations: dict[str, str]
+
+
+class AdmissionReview(TypedDict):
+    """The review we send back."""
+
+    apiVersion: str
+    kind: Literal["AdmissionReview"]
+    response: ReviewResponse
 
 
 class ReviewError(ValueError):
@@ -128,9 +176,10 @@ def parse_review(review: Any) -> AdmissionRequest:
     """The request of a decoded AdmissionReview (ReviewError naming the field otherwise)."""
     if not isinstance(review, dict):
         raise ReviewError("the body must be a JSON object (an AdmissionReview)")
-    request = review.get("request")
-    uid = request.get("uid") if isinstance(request, dict) else None
-    uid = uid if isinstance(uid, str) else ""
+    raw = review.get("request")
+    request = cast(ReviewRequest, raw) if isinstance(raw, dict) else None
+    found = request.get("uid") if request is not None else None
+    uid = found if isinstance(found, str) else ""
     if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
         raise ReviewError(
             f"expected apiVersion {API_VERSION} kind AdmissionReview, got apiVersion "
@@ -138,7 +187,7 @@ def parse_review(review: Any) -> AdmissionRequest:
             "(set admissionReviewVersions: [v1] in the webhook configuration)",
             uid,
         )
-    if not isinstance(request, dict):
+    if request is None:
         raise ReviewError("request is missing or not an object", uid)
     if not uid:
         raise ReviewError("request.uid is missing or not a string")
@@ -162,11 +211,11 @@ def parse_review(review: Any) -> AdmissionRequest:
     )
 
 
-def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
+def respond(uid: str, verdict: Verdict) -> AdmissionReview:
     """The AdmissionReview to send back for request `uid`."""
     # The API server's uids are UUIDs; anything else cannot match its request anyway,
     # and a lone surrogate in it would make the answer unencodable (a 500).
-    response: dict[str, Any] = {"uid": for_terminal(uid), "allowed": verdict.allowed}
+    response: ReviewResponse = {"uid": for_terminal(uid), "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {
             "code": verdict.code,

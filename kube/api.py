@@ -48,13 +48,13 @@ from kube.loaders import (
     load_incluster_config,
     load_kube_config,
 )
+from quota.raw import Obj
 
 __all__ = [
     "ApiError",
     "KubeApi",
     "LineBuffer",
     "Listing",
-    "Obj",
     "PatchType",
     "Resource",
     "decode_event",
@@ -63,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 PatchType = Literal["merge", "json", "strategic", "apply"]
 _PATCH_CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
@@ -106,6 +105,11 @@ class Resource:
 
     api_version: str
     plural: str
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group), as RBAC rules and admission reviews name it."""
+        return self.api_version.rpartition("/")[0]
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"

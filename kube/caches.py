@@ -37,7 +37,7 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, ClaimsRebuild, Entry
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
-from quota.raw import as_map, dig
+from quota.raw import Obj, as_map, dig
 from quota.scope import DeviceSelection
 from quota.slices import SliceError, parse_slice
 from quota.usage import Held, Holders
@@ -49,7 +49,6 @@ __all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStor
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 # What the domain parsers raise for an object they refuse (all ValueError subclasses).
 _PARSE_ERRORS = (SliceError, ClaimError, QuotaError, NamespaceError, ValueError, KeyError, TypeError)

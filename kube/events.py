@@ -58,13 +58,13 @@ from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
 
 from kube.admissionreview import AdmissionRequest, Verdict
-from kube.api import ApiError, KubeApi, Obj, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
 from quota.policy import PolicyRecord
-from quota.raw import dig
+from quota.raw import Obj, dig
 
 __all__ = [
     "CONTROLLER",
-    "EVENTS",
     "EventKey",
     "EventRecorder",
     "KubeSink",
@@ -77,9 +77,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EVENTS = Resource("events.k8s.io/v1", "events")
 CONTROLLER = "draquota.io/dra-quota"
-DEVICE_QUOTA = "draquota.io/v1alpha1"
+DEVICE_QUOTA = QUOTAS.api_version
 # events.k8s.io/v1 validation (k/k pkg/apis/core/validation/events.go): note at most
 # 1 KiB, reason, action and reportingInstance at most 128 characters.
 NOTE_BYTES = 1024
@@ -331,7 +330,7 @@ def _policy_event(record: PolicyRecord) -> EventKey:
         regarding, related = Ref("v1", "Namespace", record.name), None
     else:
         regarding = Ref("v1", "Namespace", record.namespace)
-        related = Ref("resource.k8s.io/v1", record.kind, record.name, record.namespace)
+        related = Ref(RESOURCE_V1, record.kind, record.name, record.namespace)
     granted = record.outcome == "granted"
     return EventKey(regarding, related, "Normal" if granted else "Warning",
                     "AdminAccessGranted" if granted else "AdminAccessRefused", "AuthorizeAdminAccess",

@@ -44,20 +44,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import QUOTAS
 from kube.watching import Progress
 from quota.devicequota import Decision, DeviceQuota, parse_device_quota
 from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, Namespace
+from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
 
-__all__ = ["CONTENTION", "QUOTAS", "Reservations", "StatusWrite"]
+__all__ = ["CONTENTION", "Reservations", "StatusWrite"]
 
 log = logging.getLogger(__name__)
 
-QUOTAS = Resource("draquota.io/v1alpha1", "devicequotas")
 CONTENTION = "could not persist the reservation: too much contention; retry"
-Obj = dict[str, Any]
 # Deleted claims and finished Workloads remembered: an entry of theirs may still be in a
 # record this replica has not written since. Beyond this, the oldest are forgotten (their
 # entries then go by the watermark of another writer, or expire).

@@ -41,7 +41,7 @@ import gc
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
-from kube.api import Obj
+from quota.raw import Obj
 from quota.work import drop
 from runtime.slicing import SLICE, in_slices
 

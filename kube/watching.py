@@ -35,7 +35,8 @@ from typing import NoReturn, Protocol
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Listing, Obj, Resource
+from kube.api import ApiError, KubeApi, Listing, Resource
+from quota.raw import Obj
 
 __all__ = [
     "LAST_APPLIED",

@@ -5,14 +5,16 @@ Neighbours: `quota.ledger` keeps each quota's usage and calls `check` to admit a
 `CheckRequest` (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
 controller.go) the check takes quotas and usage in and returns a decision: inputs are
 never modified, and the denial lists requested / used / reserved / limited per
-exceeded resource in a stable (sorted) order.
+exceeded resource in a stable (sorted) order. `DeviceQuotaStatus` types the status the
+writers build (`quota.reservations`, `quota.quotastatus`), field for field as the CRD's
+status schema names them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict
 
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.meta import parse_meta, require_version
@@ -27,6 +29,12 @@ __all__ = [
     "VERSION",
     "KIND",
     "PLURAL",
+    "Amounts",
+    "ClaimCounts",
+    "Condition",
+    "DeviceQuotaStatus",
+    "ReservationEntry",
+    "ReservedBy",
     "QuotaError",
     "Limits",
     "DeviceQuota",
@@ -46,6 +54,57 @@ GOVERNED_LABEL = "draquota.io/governed"
 VERSION = "v1alpha1"
 KIND = "DeviceQuota"
 PLURAL = "devicequotas"
+
+
+class Amounts(TypedDict):
+    """`status.used`, `status.reserved`: memory as a quantity (`160Gi`), devices a count."""
+
+    memory: str
+    devices: int
+
+
+class ReservedBy(TypedDict):
+    claims: Amounts
+    workloads: Amounts
+
+
+class ClaimCounts(TypedDict):
+    allocated: int
+    pending: int
+
+
+class Condition(TypedDict, total=False):
+    type: Required[str]
+    status: Required[str]  # "True" or "False"
+    reason: Required[str]
+    message: Required[str]
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+class ReservationEntry(TypedDict, total=False):
+    """One entry of `status.reservations` (by claim or Workload uid)."""
+
+    claim: Required[str]
+    memory: Required[str]
+    devices: Required[int]
+    expires: Required[str]
+    source: str  # absent: "Claim"
+
+
+class DeviceQuotaStatus(TypedDict, total=False):
+    """A DeviceQuota's status as written. Each writer owns some fields (`quota.quotastatus`
+    says which) and carries the others as read: the API server prunes what the schema does
+    not name, so what is read has only these fields."""
+
+    used: Amounts
+    reserved: Amounts
+    reservedBy: ReservedBy
+    claims: ClaimCounts
+    observedGeneration: int
+    conditions: list[Condition]
+    reservations: dict[str, ReservationEntry]
+    claimsThrough: str
 
 Enforcement = Literal["Enforce", "Audit"]
 RESOURCES = ("devices", "memory")  # sorted: the order denial messages use

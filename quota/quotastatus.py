@@ -39,9 +39,9 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from quota.devicequota import RESOURCES, DeviceQuota, Usage, format_resource
+from quota.devicequota import RESOURCES, Amounts, Condition, DeviceQuota, DeviceQuotaStatus, Usage, format_resource
 from quota.leases import micro_time
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
@@ -61,7 +61,7 @@ def desired_status(
     usage: Usage,
     caches: Caches,
     now: float,
-) -> dict[str, Any]:
+) -> DeviceQuotaStatus:
     """The whole status `obj` should have: the controller's fields new, the rest as read.
 
     `record` is the reservation record parsed from `obj`, `caches` what this replica's
@@ -69,7 +69,8 @@ def desired_status(
     unchanged input (a condition's lastTransitionTime moves only when its status does),
     so comparing the result with the current status says whether a write is needed.
     """
-    status = dict(obj.get("status") or {})
+    # The other writer's fields as read: the API server pruned what the schema does not name.
+    status = cast(DeviceQuotaStatus, dict(obj.get("status") or {}))
     live = settle(record, caches, now=now)
     reserved = usage.reserved + in_flight(live, caches)
     generation = (obj.get("metadata") or {}).get("generation")
@@ -97,13 +98,13 @@ def next_expiry(record: Record, now: float) -> float | None:
     return min((r.expires for r in record.held.values() if r.expires > now), default=None)
 
 
-def _amounts(charge: Charge) -> dict[str, Any]:
+def _amounts(charge: Charge) -> Amounts:
     """Memory as a quantity (`160Gi`), as ResourceQuota's status and the printer columns
     beside `spec.hard` read; devices as a count. `quota.top` prints both as integers."""
     return {"memory": format_quantity(charge.memory), "devices": charge.devices}
 
 
-def _ready(quota: DeviceQuota, generation: Any) -> dict[str, Any]:
+def _ready(quota: DeviceQuota, generation: Any) -> Condition:
     """Ready unless a `spec.devices` selector does not compile: such a selector selects
     every device (`quota.scope`), so the quota still holds, but counts more than meant."""
     problems = selection_problems(quota.scope.devices.expressions)
@@ -113,7 +114,7 @@ def _ready(quota: DeviceQuota, generation: Any) -> dict[str, Any]:
     return _condition("Ready", True, "Counted", "usage counted from the allocated and pending claims", generation)
 
 
-def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, Any]:
+def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> Condition:
     over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and total.amount(r) > limit]
     if not over:
         return _condition("Exceeded", False, "WithinHard", "used + reserved is within hard", generation)
@@ -123,27 +124,27 @@ def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> dict[str, A
 
 
 
-def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
+def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> Condition:
+    out: Condition = {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
     if isinstance(generation, int):
         out["observedGeneration"] = generation
     return out
 
 
-def _keep_transitions(old: Any, new: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def _keep_transitions(old: Any, new: list[Condition], now: float) -> list[Condition]:
     """`new`, each with the previous lastTransitionTime while its status is unchanged.
 
     Conditions of other types (none are written by anyone else today) are kept as read.
     """
     previous = {c.get("type"): c for c in old if isinstance(c, dict)} if isinstance(old, list) else {}
     ours = {c["type"] for c in new}
-    out = []
+    out: list[Condition] = []
     for condition in new:
         before = previous.get(condition["type"]) or {}
         same = before.get("status") == condition["status"] and before.get("lastTransitionTime")
         stamp = str(before["lastTransitionTime"]) if same else micro_time(now)
         out.append({**condition, "lastTransitionTime": _seconds(stamp)})
-    out.extend(c for t, c in previous.items() if t not in ours)
+    out.extend(cast(Condition, c) for t, c in previous.items() if t not in ours)  # as the CRD schema admits
     return out
 
 

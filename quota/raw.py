@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dig", "as_map", "as_list", "show"]
+__all__ = ["Obj", "dig", "as_map", "as_list", "show"]
+
+# A Kubernetes object (or any JSON object) as decoded: the one name every floor uses for it.
+Obj = dict[str, Any]
 
 _SHOW_CHARS = 64
 # Python refuses to print integers of more than 4300 digits (ValueError) and a printed

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
-from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.devicequota import Decision, DeviceQuota, DeviceQuotaStatus, QuotaCheck, ReservationEntry, Usage, check
 from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
@@ -84,12 +84,12 @@ class Reservation:
     expires: float  # seconds since the epoch
     source: Source = "Claim"
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> ReservationEntry:
         stamp = datetime.fromtimestamp(self.expires, timezone.utc).isoformat(timespec="milliseconds")
         # Memory as a quantity (`80Gi`), as status.used and status.reserved write it, so
         # `kubectl describe` reads one unit throughout; exact (format_quantity never rounds).
-        out: dict[str, Any] = {"claim": self.claim, "memory": format_quantity(self.charge.memory),
-                               "devices": self.charge.devices, "expires": stamp.replace("+00:00", "Z")}
+        out: ReservationEntry = {"claim": self.claim, "memory": format_quantity(self.charge.memory),
+                                 "devices": self.charge.devices, "expires": stamp.replace("+00:00", "Z")}
         if self.source != "Claim":
             out["source"] = self.source
         return out
@@ -179,14 +179,14 @@ def parse_record(status: Any) -> Record:
     return Record(held, parse_version(status.get("claimsThrough")))
 
 
-def status_fields(record: Record) -> dict[str, Any]:
+def status_fields(record: Record) -> DeviceQuotaStatus:
     """The status fields this protocol owns: the entries and the watermark.
 
     `status.reserved` is the quota controller's (`quota.quotastatus`): it counts the
     pending claims too, and one owner per field keeps the two writers from undoing
     each other's numbers.
     """
-    out: dict[str, Any] = {"reservations": {uid: r.as_json() for uid, r in sorted(record.held.items())}}
+    out: DeviceQuotaStatus = {"reservations": {uid: r.as_json() for uid, r in sorted(record.held.items())}}
     if record.through is not None:
         out["claimsThrough"] = str(record.through)
     return out

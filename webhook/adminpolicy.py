@@ -32,19 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube.api import KubeApi, Obj, Resource
+from kube.api import KubeApi
+from kube.resources import CONFIGMAPS
 from kube.watching import Reflector
 from quota.loader import CheckInputError, read_values
 from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
-from quota.raw import show
+from quota.raw import Obj, show
 from quota.validation import dns_label, dns_subdomain
 from runtime.filepoll import Stamp, reload_on_change, stamp
 
-__all__ = ["CONFIGMAPS", "ConfigMapPolicy", "PolicySource", "configmap_ref", "read_policy"]
+__all__ = ["ConfigMapPolicy", "PolicySource", "configmap_ref", "read_policy"]
 
 log = logging.getLogger(__name__)
 
-CONFIGMAPS = Resource("v1", "configmaps")
 # A ConfigMap holds at most 1 MiB (k/k pkg/apis/core/validation, MaxSecretSize); a
 # mounted key larger than that is not one.
 _MAX_FILE = 1 << 20

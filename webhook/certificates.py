@@ -23,17 +23,14 @@ from certs.authority import SERVICE, KeyPair, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Policy
 from certs.tls import ReloadingContext
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS
 
 __all__ = ["KubeStore", "SelfManaged", "add_arguments", "default_namespace", "from_args", "parse_duration", "start"]
 
 log = logging.getLogger(__name__)
 
-SECRETS = Resource("v1", "secrets")
-CONFIGURATIONS = {
-    "validating": Resource("admissionregistration.k8s.io/v1", "validatingwebhookconfigurations"),
-    "mutating": Resource("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations"),
-}
+CONFIGURATIONS = {"validating": VALIDATING_WEBHOOKS, "mutating": MUTATING_WEBHOOKS}
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # (kind, name): the names deploy/manifests/webhooks.yaml gives both configurations.
 DEFAULT_CONFIGURATIONS = (("validating", "dra-quota"), ("mutating", "dra-quota"))

@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from kube.admissionreview import AdmissionRequest, Verdict
+from kube.resources import CLAIMS, NAMESPACES, PODS, TEMPLATES
 from runtime.slicing import Busy
 from webhook.claimreview import (
     ClaimContext,
@@ -38,7 +39,6 @@ Handler = Callable[[ClaimContext, AdmissionRequest], Verdict | Awaitable[Verdict
 # (API group, resource, subresource, operation) -> handler. The `status` and `finalize`
 # subresources of namespaces write labels too; claims' `status` carries the allocation.
 Route = tuple[str, str, str, str]
-RESOURCE = "resource.k8s.io"
 
 
 def _create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awaitable[Verdict]:
@@ -52,13 +52,14 @@ def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
 
 VALIDATING: dict[Route, Handler] = {
-    (RESOURCE, "resourceclaims", "", "CREATE"): _create_claim,
-    (RESOURCE, "resourceclaims", "", "UPDATE"): update_claim,
-    (RESOURCE, "resourceclaims", "status", "UPDATE"): allocate_claim,
-    (RESOURCE, "resourceclaimtemplates", "", "CREATE"): create_template,
+    (CLAIMS.group, CLAIMS.plural, "", "CREATE"): _create_claim,
+    (CLAIMS.group, CLAIMS.plural, "", "UPDATE"): update_claim,
+    (CLAIMS.group, CLAIMS.plural, "status", "UPDATE"): allocate_claim,
+    (TEMPLATES.group, TEMPLATES.plural, "", "CREATE"): create_template,
     # Warnings only: the scheduler's claim for the Pod's extended resources is judged above.
-    ("", "pods", "", "CREATE"): create_pod,
-    **{("", "namespaces", sub, op): _namespace for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
+    (PODS.group, PODS.plural, "", "CREATE"): create_pod,
+    **{(NAMESPACES.group, NAMESPACES.plural, sub, op): _namespace
+       for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
 # Nothing is mutated any more: the leader writes our annotations once the claim exists
 # (`controllers.annotator`). `/mutate` still answers, allowing everything untouched, so that

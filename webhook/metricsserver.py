@@ -42,7 +42,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import ApiError, KubeApi
+from kube.resources import ACCESS_REVIEWS, TOKEN_REVIEWS
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite, track
 from webhook.metrics import Metrics
 from webhook.server import quiet_server_header
@@ -52,8 +53,6 @@ __all__ = ["MAX_ASKING", "MAX_CACHED", "METRICS_MAX_CONNECTIONS", "Access", "Tok
 
 log = logging.getLogger(__name__)
 
-TOKEN_REVIEWS = Resource("authentication.k8s.io/v1", "tokenreviews")
-ACCESS_REVIEWS = Resource("authorization.k8s.io/v1", "subjectaccessreviews")
 PATH = "/metrics"
 ALLOWED_TTL = 60.0
 REFUSED_TTL = 30.0

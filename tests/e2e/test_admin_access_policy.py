@@ -25,8 +25,9 @@ import pytest_asyncio
 import yaml
 
 from kube.api import KubeApi
+from kube.resources import CONFIGMAPS
 from quota.policy import AUDIT_KEY
-from webhook.adminpolicy import CONFIGMAPS, PolicySource
+from webhook.adminpolicy import PolicySource
 
 from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request

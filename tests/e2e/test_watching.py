@@ -27,8 +27,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from kube.api import ApiError, KubeApi, Obj, Resource
+from kube.api import ApiError, KubeApi, Resource
 from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings
+from quota.raw import Obj
 
 from .cluster import ControlPlane
 from .kube import Kube, poll

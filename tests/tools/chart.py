@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from quota.raw import Obj
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "dra-quota"
 MANIFEST = ROOT / "deploy" / "manifests" / "dra-quota.yaml"
@@ -68,7 +70,6 @@ RULE_HEADER = (
     "# Prometheus' ruleSelector matches (kube-prometheus-stack: release: <its release name>).\n"
 )
 
-Obj = dict[str, Any]
 
 
 class HelmError(RuntimeError):

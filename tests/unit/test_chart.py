@@ -29,13 +29,12 @@ import yaml
 
 from commands.cli import _parser
 from quota.policy import parse_policy
+from quota.raw import Obj
 
 from ..tools.chart import (
     CHART, COPIES, MANIFEST, NAMESPACE, PROMETHEUS_RULE, ROOT, HelmError, documents, find, lint, render,
     shipped_manifest, shipped_prometheus_rule,
 )
-
-Obj = dict[str, Any]
 
 SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())

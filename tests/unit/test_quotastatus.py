@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, is_typeddict
 
-from quota.devicequota import Usage, parse_device_quota
+import pytest
+import yaml
+
+from quota.devicequota import (Amounts, ClaimCounts, Condition, DeviceQuotaStatus, ReservationEntry, ReservedBy, Usage,
+                               parse_device_quota)
 from quota.model import Charge
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
@@ -13,22 +19,24 @@ from quota.reservations import Record, Request, Reservation, apply, parse_record
 from .builders import GiB, make_quota
 from .test_reservations import Seen
 
+CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "devicequota.yaml"
+
 GPU = Charge(80 * GiB, 1)
 TTL = 120.0
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
-def quota_obj(memory: str = "320Gi", status: dict[str, Any] | None = None, generation: int = 2) -> dict[str, Any]:
+def quota_obj(memory: str = "320Gi", status: Mapping[str, Any] | None = None, generation: int = 2) -> dict[str, Any]:
     obj = make_quota("gpus", memory=memory)
     obj["metadata"] = {**obj["metadata"], "generation": generation, "resourceVersion": "1"}
     return {**obj, "status": status} if status is not None else obj
 
 
-def entries(*items: tuple[str, float], through: int | None = None) -> dict[str, Any]:
+def entries(*items: tuple[str, float], through: int | None = None) -> DeviceQuotaStatus:
     return status_fields(Record({uid: Reservation(uid, f"team-a/{uid}", GPU, at) for uid, at in items}, through))
 
 
-def desired(obj: dict[str, Any], *, usage: Usage = Usage(), seen: Seen = Seen(), now: float = NOW) -> dict[str, Any]:
+def desired(obj: dict[str, Any], *, usage: Usage = Usage(), seen: Seen = Seen(), now: float = NOW) -> DeviceQuotaStatus:
     return desired_status(obj, parse_device_quota(obj), parse_record(obj.get("status")), usage=usage, caches=seen,
                           now=now)
 
@@ -72,7 +80,7 @@ def test_exceeded_after_hard_is_lowered_and_transition_times_move_only_on_a_flip
 def test_fields_of_other_writers_are_kept() -> None:
     other = {"type": "SomeoneElses", "status": "True"}
     status = desired(quota_obj(status={"conditions": [other], "extra": 1}))
-    assert status["extra"] == 1 and other in status["conditions"]
+    assert dict(status)["extra"] == 1 and other in status["conditions"]
 
 
 # -- the two writers over one object, every interleaving -----------------------------------------
@@ -87,7 +95,7 @@ class Server:
     def read(self) -> tuple[dict[str, Any], int]:
         return self.obj, self.rv
 
-    def write(self, status: dict[str, Any], rv: int) -> bool:
+    def write(self, status: Mapping[str, Any], rv: int) -> bool:
         if rv != self.rv:
             return False
         self.obj, self.rv = {**self.obj, "status": status}, self.rv + 1
@@ -164,3 +172,24 @@ def test_a_devices_selector_that_does_not_compile_makes_the_quota_not_ready_and_
     assert "selects every device" in ready["message"]
     obj["spec"]["devices"]["selectors"].pop()
     assert [c["status"] for c in desired(obj)["conditions"] if c["type"] == "Ready"] == ["True"]
+
+
+# -- the status's JSON type is the CRD's status schema -------------------------------------------
+
+
+def _schema(*path: str) -> Any:
+    node = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for step in path:
+        node = node["items"] if step == "[]" else node["additionalProperties"] if step == "{}" else node["properties"][step]
+    return node
+
+
+@pytest.mark.parametrize(("typed", "path"), [
+    (DeviceQuotaStatus, ()), (Amounts, ("used",)), (Amounts, ("reserved",)), (ReservedBy, ("reservedBy",)),
+    (Amounts, ("reservedBy", "claims")), (ClaimCounts, ("claims",)), (Condition, ("conditions", "[]")),
+    (ReservationEntry, ("reservations", "{}")),
+], ids=lambda v: ".".join(v) if isinstance(v, tuple) else None)
+def test_the_status_types_name_the_fields_of_the_crd_schema(typed: Any, path: tuple[str, ...]) -> None:
+    assert is_typeddict(typed)
+    assert typed.__required_keys__ | typed.__optional_keys__ == set(_schema(*path)["properties"])
+

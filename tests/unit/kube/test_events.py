@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from kube.admissionreview import Verdict
-from kube.api import ApiError, Obj
+from kube.api import ApiError
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from quota.policy import PolicyRecord
+from quota.raw import Obj
 
 from ..clock import FakeClock
 from ..webhook.test_claimreview import TEMPLATE_GVR, gpu_claim, review_request, stored

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kube.api import Obj
 from kube.rebuilds import OFF, Rebuilds, collect_young
+from quota.raw import Obj
 from quota.work import pause_point
 from runtime.slicing import in_slices
 

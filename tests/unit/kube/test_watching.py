@@ -17,8 +17,9 @@ import pytest
 
 from kubernetes_asyncio.client import Configuration
 
-from kube.api import ApiError, KubeApi, LineBuffer, Listing, Obj, Resource, decode_event
+from kube.api import ApiError, KubeApi, LineBuffer, Listing, Resource, decode_event
 from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
+from quota.raw import Obj
 
 from ..clock import until
 

@@ -1,0 +1,104 @@
+"""Every API resource dra-quota reads or writes, named once, with the verbs it uses on each.
+
+Neighbours: `kube.api.Resource` is the type (its `path` builds the URLs); the caches
+(`commands.serve`), the controllers, the webhook's helpers and the status writer
+(`kube.quotawriter`) name their collections from here rather than spelling out groups,
+versions and plurals. As kopf's `_cogs/structs/references.py` keeps the resources the
+framework itself uses beside the `Resource` type. Our own CRD's coordinates come from
+`quota.devicequota`, the pure model of it.
+
+`VERBS` says what `dra-quota serve` does with each collection (and subresource), every
+entry naming the code that does it: the chart's RBAC (deploy/helm/dra-quota/templates)
+must grant exactly these, no more, no fewer (tests/unit/kube/test_resources.py renders
+the chart with every optional part on and compares; tests/e2e/test_chart.py runs `serve`
+with those rights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kube.api import Resource
+from quota.devicequota import GROUP, PLURAL, VERSION
+
+__all__ = [
+    "ACCESS_REVIEWS",
+    "ADMISSION_CHECKS",
+    "CLAIMS",
+    "CLASSES",
+    "CONFIGMAPS",
+    "EVENTS",
+    "KUEUE",
+    "LEASES",
+    "MUTATING_WEBHOOKS",
+    "NAMESPACES",
+    "PODS",
+    "QUOTAS",
+    "RESOURCE_V1",
+    "SECRETS",
+    "SLICES",
+    "TEMPLATES",
+    "TOKEN_REVIEWS",
+    "VALIDATING_WEBHOOKS",
+    "VERBS",
+    "WORKLOADS",
+]
+
+RESOURCE_V1 = "resource.k8s.io/v1"
+KUEUE = "kueue.x-k8s.io/v1beta2"
+
+QUOTAS = Resource(f"{GROUP}/{VERSION}", PLURAL)
+CLAIMS = Resource(RESOURCE_V1, "resourceclaims")
+TEMPLATES = Resource(RESOURCE_V1, "resourceclaimtemplates")
+SLICES = Resource(RESOURCE_V1, "resourceslices")
+CLASSES = Resource(RESOURCE_V1, "deviceclasses")
+NAMESPACES = Resource("v1", "namespaces")
+PODS = Resource("v1", "pods")
+CONFIGMAPS = Resource("v1", "configmaps")
+SECRETS = Resource("v1", "secrets")
+EVENTS = Resource("events.k8s.io/v1", "events")
+LEASES = Resource("coordination.k8s.io/v1", "leases")
+WORKLOADS = Resource(KUEUE, "workloads")
+ADMISSION_CHECKS = Resource(KUEUE, "admissionchecks")
+TOKEN_REVIEWS = Resource("authentication.k8s.io/v1", "tokenreviews")
+ACCESS_REVIEWS = Resource("authorization.k8s.io/v1", "subjectaccessreviews")
+VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io/v1", "validatingwebhookconfigurations")
+MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
+
+# (collection, subresource) -> the verbs `serve` uses there, each optional part included
+# (--requeue-waiting-pods, --kueue, --metrics-secure, --cert-mode self).
+VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
+    # The caches (commands.serve Caches): one kube.watching.Reflector each, list then watch.
+    (SLICES, ""): frozenset({"list", "watch"}),
+    (CLASSES, ""): frozenset({"list", "watch"}),
+    # ... and the leader's annotations on claims (controllers.annotator, a merge patch).
+    (CLAIMS, ""): frozenset({"list", "watch", "patch"}),
+    # ... and the governed label (controllers.governed).
+    (NAMESPACES, ""): frozenset({"list", "watch", "patch"}),
+    # ... and a re-read after a conflict or for a dryRun check (kube.quotawriter).
+    (QUOTAS, ""): frozenset({"get", "list", "watch"}),
+    # Reservations and the controller's fields: a conditional PUT (kube.quotawriter).
+    (QUOTAS, "status"): frozenset({"update"}),
+    # Requeue (controllers.requeue) lists unscheduled Pods and touches their templates;
+    # Kueue (controllers.kueue) caches both and reads one Pod its cache lacks.
+    (PODS, ""): frozenset({"get", "list", "watch"}),
+    (TEMPLATES, ""): frozenset({"list", "watch", "patch"}),
+    (WORKLOADS, ""): frozenset({"list", "watch"}),
+    (ADMISSION_CHECKS, ""): frozenset({"list", "watch"}),
+    # Server-side apply of our parts (controllers.kueue AdmissionCheckController).
+    (WORKLOADS, "status"): frozenset({"patch"}),
+    (ADMISSION_CHECKS, "status"): frozenset({"patch"}),
+    # Events (kube.events KubeSink): create the first occurrence, patch its series.
+    (EVENTS, ""): frozenset({"create", "patch"}),
+    # Leader election (controllers.leader LeaderElector).
+    (LEASES, ""): frozenset({"create", "get", "update"}),
+    # The adminAccess allowlist (webhook.adminpolicy), one ConfigMap watched.
+    (CONFIGMAPS, ""): frozenset({"list", "watch"}),
+    # --metrics-secure (webhook.metricsserver TokenAccess).
+    (TOKEN_REVIEWS, ""): frozenset({"create"}),
+    (ACCESS_REVIEWS, ""): frozenset({"create"}),
+    # --cert-mode self (webhook.certificates KubeStore): our Secret, our configurations' caBundle.
+    (SECRETS, ""): frozenset({"create", "get", "update"}),
+    (VALIDATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
+    (MUTATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
+}
