@@ -31,7 +31,9 @@ COPY webhook ./webhook
 COPY commands ./commands
 COPY certs ./certs
 # devcluster (the local cluster of `dra-quota demo` and the e2e tests) is part of the
-# distribution; in the image, without Go, a binary or examples/, `demo` says it needs a checkout.
+# distribution; in the image, with no checkout to build a control plane in, `demo` says so and
+# runs `check` on the packaged examples. The packages hold all the program reads (package
+# data: tests/unit/test_install.py builds from exactly these copies).
 COPY devcluster ./devcluster
 RUN pip wheel --no-cache-dir --disable-pip-version-check --no-index --no-deps --no-build-isolation \
         --wheel-dir /wheels .

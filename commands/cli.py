@@ -469,6 +469,8 @@ def _add_demo(sub: _Subparsers) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     # Imported here, like every command's needs: the demo's control plane is only for a
     # source checkout (processes from .cache).
+    from importlib.resources import as_file
+
     from commands import demo
     from quota.printable import for_json, for_terminal
 
@@ -479,12 +481,10 @@ def _run_demo(args: argparse.Namespace) -> int:
         print("dra-quota demo: note: showing `dra-quota check -f examples/` instead: the same admission and "
               "accounting code on the example cluster, offline (no live webhook, scheduler or controller). "
               "Install Go >= 1.26 (or set MINIK8S_BIN) for the live demo.", file=sys.stderr)
-        if not demo.EXAMPLES.is_dir():
-            print(f"error: {for_terminal(str(demo.EXAMPLES))} not found: run from a source checkout",
-                  file=sys.stderr)
-            return EXIT_INPUT
-        return _run_check(argparse.Namespace(paths=[str(demo.EXAMPLES)], output=args.output, mode="conservative",
-                                             fail_on_deny=False))
+        # The examples are package data: a directory of files in any pip-installed copy.
+        with as_file(demo.examples()) as examples:
+            return _run_check(argparse.Namespace(paths=[str(examples)], output=args.output, mode="conservative",
+                                                 fail_on_deny=False))
     except demo.DemoError as err:
         for line in str(err).splitlines():
             print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fnmatch
 import json
 import os
 import shlex
@@ -33,27 +34,26 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-import yaml
-
-from devcluster.controlplane import BUILD_SCRIPT, DEFAULT_BINARY, REPO_ROOT, ControlPlane, ControlPlaneError, \
-    build, free_ports
+from devcluster.controlplane import DEFAULT_BINARY, NOT_A_CHECKOUT, ControlPlane, ControlPlaneError, \
+    build, free_ports, in_checkout
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, WaitTimeout, poll
 from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount
+from quota.manifests import crd, documents
 from quota.printable import for_terminal
 from quota.raw import Obj
 from quota.tables import USAGE_HEADERS, print_rows, usage_cells
 from quota.top import quota_usage
 
-__all__ = ["EXAMPLES", "SCENARIO", "DemoError", "DemoOptions", "DemoUnavailable", "Step", "locate_binary", "run"]
+__all__ = ["SCENARIO", "DemoError", "DemoOptions", "DemoUnavailable", "Step", "examples", "locate_binary", "run"]
 
-EXAMPLES = REPO_ROOT / "examples"
-CRD = REPO_ROOT / "deploy" / "crds" / "devicequota.yaml"
 DQ = "draquota.io/v1alpha1"
 ADMISSION = "admissionregistration.k8s.io/v1"
 LEASE = "dra-quota-demo"
@@ -142,18 +142,27 @@ class _Run:
         return self.workdir / "serve.log"
 
 
+def examples() -> Traversable:
+    """The example cluster (examples/ of a checkout), package data here: the demo publishes
+    it and plays its claims, and without a control plane `check` runs on it."""
+    return files(__package__ or "commands") / "examples"
+
+
 # -- the control plane binary -------------------------------------------------------------------
 
 
 def locate_binary(say: Callable[[str], None]) -> Path:
     """`MINIK8S_BIN`, else tests/cluster/build.sh (a no-op when up to date) when Go is on PATH,
-    else an already built `.cache/minik8s`; `DemoUnavailable` when there is none of these."""
+    else an already built `.cache/minik8s`; `DemoUnavailable` when there is none of these,
+    or no source checkout to build in (an installed copy)."""
     if os.environ.get("MINIK8S_BIN"):
         try:
             return build()
         except ControlPlaneError as err:
             raise DemoError(str(err)) from err
-    if shutil.which("go") and BUILD_SCRIPT.is_file():
+    if not in_checkout():
+        raise DemoUnavailable(f"no local control plane: {NOT_A_CHECKOUT}")
+    if shutil.which("go"):
         if not os.access(DEFAULT_BINARY, os.X_OK):
             say(f"Building the local control plane (Kubernetes 1.37 from the k8s.io/kubernetes Go module, "
                 f"tests/cluster/build.sh). A cold build takes about {COLD_BUILD_MINUTES} minutes on 2 cores; "
@@ -287,7 +296,7 @@ async def _play(state: _Run) -> dict[str, Any]:
         state.say(f"[5/5] the scenario ({len(state.options.scenario)} steps); usage is each DeviceQuota's "
                   "status as the quota controller writes it (what `dra-quota top` prints)")
         claims = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
-                  for d in _documents(EXAMPLES / "40-claims.yaml") if d.get("kind") == "ResourceClaim"}
+                  for d in documents(examples() / "40-claims.yaml") if d.get("kind") == "ResourceClaim"}
         for number, step in enumerate(state.options.scenario, 1):
             if state.interrupted:
                 raise asyncio.CancelledError
@@ -307,10 +316,10 @@ async def _play(state: _Run) -> dict[str, Any]:
 
 
 async def _install_crd(kube: Kube) -> None:
-    crd = yaml.safe_load(CRD.read_text())
-    await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", crd)
-    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions", crd["metadata"]["name"],
-                                  "Established", timeout=60)
+    definition = crd()
+    await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
+    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                  definition["metadata"]["name"], "Established", timeout=60)
 
 
 async def _start_serve(state: _Run) -> None:
@@ -325,7 +334,7 @@ async def _start_serve(state: _Run) -> None:
 
 
 async def _route_webhooks(state: _Run, kube: Kube) -> None:
-    from devcluster.webhooks import adapted_webhooks  # reads deploy/manifests when imported
+    from devcluster.webhooks import adapted_webhooks
 
     assert state.cluster is not None
     # The demo's cluster has one user: the shipped selectors as they are, the names kept.
@@ -337,8 +346,9 @@ async def _route_webhooks(state: _Run, kube: Kube) -> None:
 async def _publish_examples(state: _Run, kube: Kube) -> str:
     counts: dict[str, int] = {}
     nodes: list[str] = []
-    for path in sorted(EXAMPLES.glob("[0-3]*.yaml")):
-        for doc in _documents(path):
+    published = (f for f in examples().iterdir() if fnmatch.fnmatch(f.name, "[0-3]*.yaml"))
+    for path in sorted(published, key=lambda f: f.name):
+        for doc in documents(path):
             kind = doc.get("kind", "")
             if kind not in KINDS:
                 continue
@@ -463,10 +473,6 @@ async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
 async def _usage(kube: Kube) -> list[dict[str, Any]]:
     rows = [quota_usage(q) for q in await kube.list(DQ, "devicequotas")]
     return sorted(rows, key=lambda r: (r["namespace"], r["name"]))
-
-
-def _documents(path: Path) -> list[Obj]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
 
 # -- the end ------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ pkg/internal/testing/controlplane, kubeadm's static pod manifests and
 k8s.io/kubernetes 1.37 cmd/*/app/options); the reasons are next to each flag.
 Nothing here is pytest-specific: the e2e tests (tests/e2e/cluster.py re-exports it) and
 `dra-quota demo` (commands/demo.py) start the same cluster. The binary is `.cache/minik8s` of a
-source checkout, built by tests/cluster/build.sh; `MINIK8S_BIN` names another.
+source checkout, built by tests/cluster/build.sh; `MINIK8S_BIN` names another. An installed
+copy has no checkout to build in: `build` then says so (`NOT_A_CHECKOUT`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,17 @@ from typing import Any
 
 from devcluster.kube import Kube
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "cluster" / "build.sh"
-DEFAULT_BINARY = REPO_ROOT / ".cache" / "minik8s"
+# Where a source checkout (an editable install) keeps the Go build and its output. In an
+# installed copy these name nothing that exists (site-packages holds no tests/ or .cache/):
+# the control plane is built only from a checkout, the one thing here that needs one.
+_CHECKOUT = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = _CHECKOUT / "tests" / "cluster" / "build.sh"
+DEFAULT_BINARY = _CHECKOUT / ".cache" / "minik8s"
+NOT_A_CHECKOUT = (
+    "this dra-quota is an installed copy, not a source checkout: the local control plane is built from "
+    "a clone of the repository (`pip install -e .` there, then `dra-quota demo`: tests/cluster/build.sh "
+    "builds it with Go >= 1.26), or set MINIK8S_BIN to a built minik8s binary"
+)
 
 # Webhook Service names the test certificate is valid for. The apiserver's
 # webhook client verifies ServerName "<name>.<namespace>.svc"
@@ -107,10 +116,12 @@ def build(timeout: float = 3600) -> Path:
         if not os.access(path, os.X_OK):
             raise ControlPlaneError(f"MINIK8S_BIN={override} is not an executable file")
         return path
+    if not in_checkout():
+        raise ControlPlaneError(NOT_A_CHECKOUT)
     try:
         proc = subprocess.run(
             ["bash", str(BUILD_SCRIPT)],
-            cwd=REPO_ROOT,
+            cwd=_CHECKOUT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -125,6 +136,11 @@ def build(timeout: float = 3600) -> Path:
     if not os.access(DEFAULT_BINARY, os.X_OK):
         raise ControlPlaneError(f"{BUILD_SCRIPT} succeeded but {DEFAULT_BINARY} is missing")
     return DEFAULT_BINARY
+
+
+def in_checkout() -> bool:
+    """Whether this module runs from a source checkout, where the control plane can be built."""
+    return BUILD_SCRIPT.is_file()
 
 
 @dataclass

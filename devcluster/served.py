@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from devcluster.controlplane import REPO_ROOT, ControlPlane, die_with_parent_process
+from devcluster.controlplane import ControlPlane, die_with_parent_process
 from devcluster.kube import ApiError, Kube, poll
 
 __all__ = ["METRICS_READER", "ServeExited", "Served", "metrics_reader_token", "service_account_token"]
@@ -94,7 +94,7 @@ class Served:
                  "--bind-address", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level,
                  "--metrics-bind-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
                  *self._own_lease(), *self.args, *(() if self.webhook else ("--no-webhook",))],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.log.parent,
                 env={**os.environ, "POD_NAME": self.log.stem, **credentials, **self.env}, start_new_session=True,
                 preexec_fn=die_with_parent_process if self.die_with_parent else None,
             )

@@ -1,5 +1,5 @@
-"""The shipped webhook configurations (deploy/manifests/webhooks.yaml) routed to a local
-`dra-quota serve` on the loopback control plane.
+"""The shipped webhook configurations (deploy/manifests/webhooks.yaml, package data of
+`quota.manifests`) routed to a local `dra-quota serve` on the loopback control plane.
 
 The API server's `--loopback-service` resolver (devcluster.controlplane) dials
 127.0.0.1:<service port> for every Service reference and still verifies the certificate
@@ -14,12 +14,9 @@ import copy
 from collections.abc import Sequence
 from typing import Literal
 
-import yaml
-
-from devcluster.controlplane import REPO_ROOT, WEBHOOK_SERVICES, ControlPlane
+from devcluster.controlplane import WEBHOOK_SERVICES, ControlPlane
+from quota.manifests import webhook_configurations
 from quota.raw import Obj
-
-WEBHOOKS: list[Obj] = [d for d in yaml.safe_load_all((REPO_ROOT / "deploy/manifests/webhooks.yaml").read_text()) if d]
 
 
 def adapted_webhooks(
@@ -31,7 +28,7 @@ def adapted_webhooks(
     name_suffix: str,
     selector: Literal["objectSelector", "namespaceSelector"] = "namespaceSelector",
     path_per_hook: bool = False,
-    shipped: Sequence[Obj] = WEBHOOKS,
+    shipped: Sequence[Obj] | None = None,
     test_ca: bool = True,
 ) -> list[Obj]:
     """The shipped configurations for one test on the shared cluster: unique names, the
@@ -39,12 +36,13 @@ def adapted_webhooks(
     `selector`, so no other test's objects ever reach them (`label=None`: no such
     requirement, for a cluster of one user such as the demo's). `path_per_hook` appends the
     webhook's name to its path (the recorder then knows which webhook was called).
-    `shipped`: other configurations of the same shape (test_chart.py: the chart's);
+    `shipped`: other configurations of the same shape (test_chart.py: the chart's), by
+    default `quota.manifests.webhook_configurations()`;
     `name_suffix=""` keeps their names and `test_ca=False` leaves caBundle to whoever
     manages it (`serve --cert-mode self`)."""
     ca = base64.b64encode(cluster.ca_file.read_bytes()).decode()
     configs = []
-    for config in copy.deepcopy(list(shipped)):
+    for config in copy.deepcopy(list(webhook_configurations() if shipped is None else shipped)):
         if name_suffix:
             config["metadata"]["name"] = f"{config['metadata']['name']}-{name_suffix}-{run}"
         for hook in config["webhooks"]:

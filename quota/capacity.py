@@ -1,7 +1,9 @@
-"""Per-device rules: capacity requests, requestPolicy rounding, taints.
+"""Per-device rules: capacity requests, requestPolicy rounding, taints; and their sums over
+candidate groups (`eligible`, `all_mode`).
 
 Neighbours: `quota.pricing` asks, for a candidate device and a request, whether the
-device can serve it and what one allocation of it costs in memory. Semantics follow
+device can serve it and what one allocation of it costs in memory; `quota.allocated`
+what an allocation holds. Semantics follow
 TYPES (CapacityRequirements, CapacityRequestPolicy) and the allocator's consumable
 capacity code (k8s.io/dynamic-resource-allocation/structured, consumablecapacity.go):
 - a capacity request filters like `capacity >= request` and is charged per device;
@@ -15,13 +17,16 @@ capacity code (k8s.io/dynamic-resource-allocation/structured, consumablecapacity
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from fractions import Fraction
 
 from quota.claims import DeviceRequirement, Toleration
-from quota.model import MEMORY, Capacity, Device, RequestPolicy, Taint, qualify
+from quota.model import MEMORY, ZERO, Capacity, Charge, Device, RequestPolicy, Taint, qualify
 from quota.quantity import ceil_int
+from quota.selectors import DeviceGroup
 
-__all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all"]
+__all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all", "eligible",
+           "publishes_memory", "all_mode", "per_scope"]
 
 
 def round_request(request: Fraction, capacity: Capacity) -> Fraction | None:
@@ -126,3 +131,42 @@ def _tolerates(toleration: Toleration, taint: Taint) -> bool:
     if toleration.operator == "Exists":
         return not toleration.key or toleration.key == taint.key
     return toleration.key == taint.key and toleration.value == taint.value
+
+
+# -- over candidate groups ------------------------------------------------------------------------
+
+
+def eligible(groups: Iterable[DeviceGroup], req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:
+    """(per-device memory charge, devices, group) for groups that can serve `req`."""
+    out = []
+    for group in groups:
+        rep = group.representative
+        if not tolerates_all(rep.taints, req.tolerations):
+            continue
+        charge = memory_charge(rep, req)
+        if charge is not None:
+            out.append((charge, len(group.devices), group))
+    return out
+
+
+def publishes_memory(groups: Iterable[DeviceGroup]) -> bool:
+    """Whether any of these devices publishes a `memory` capacity (0 included)."""
+    return any(g.representative.own_capacity(MEMORY) is not None for g in groups)
+
+
+def all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
+    """allocationMode All: the largest sum over the candidates of one node (or pool).
+
+    The same in both modes: docs/design.md defines an optimistic variant only for ExactCount
+    and firstAvailable, and the scheduler gives an All request every matching device.
+    """
+    return max(per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)
+
+
+def per_scope(priced: list[tuple[int, int, DeviceGroup]]) -> dict[str, Charge]:
+    """The candidates' charges summed per node (or pool, for devices bound to none)."""
+    sums: dict[str, Charge] = {}
+    for charge, _, group in priced:
+        for device in group.devices:
+            sums[device.scope] = sums.get(device.scope, ZERO) + Charge(charge, 1)
+    return sums

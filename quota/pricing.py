@@ -1,6 +1,7 @@
-"""The charge of a claim: exact from its allocation, estimated before it.
+"""The charge of a claim: estimated before its allocation, exact from it.
 
-Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
+Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device (and
+sums candidate groups), `quota.allocated` prices an allocated claim (`Pricer.exact`),
 `quota.devicequota` compares charges with limits. The rules are docs/design.md's "The
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
@@ -23,16 +24,17 @@ quota reads them are `quota.priced`'s.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
 from typing import TypeVar
 
-from quota.capacity import memory_charge, nominal_memory_charge, round_request, tolerates_all
-from quota.claims import AllocatedDevice, Claim, ClaimSpec, DeviceRequirement, Request
+from quota.allocated import AllocatedPricer
+from quota.capacity import all_mode, eligible, nominal_memory_charge, per_scope, publishes_memory
+from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
 from quota.inventory import Inventory
-from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, qualify
-from quota.priced import HeldDevice, PricedRequest, Pricing, Share, combine
+from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
+from quota.priced import PricedRequest, Pricing, Share, combine
 from quota.quantity import ceil_int, format_quantity
 from quota.scope import DeviceSelection
 from quota.selectors import DeviceGroup, Match, SelectorMatcher
@@ -83,6 +85,7 @@ class Pricer:
         self._cache: OrderedDict[object, _Estimate | _Selected] = OrderedDict()
         self._bounds: OrderedDict[object, Charge] = OrderedDict()
         self._cache_size = cache_size
+        self._allocated = AllocatedPricer(inventory, classes, self.matcher)
 
     # -- unallocated claims: an estimate -------------------------------------------
 
@@ -189,7 +192,7 @@ class Pricer:
             where = f"class {cls.name}" if match.error.stage == 0 else "selector"
             kind = "CEL compile error" if match.error.compile_error else "CEL runtime error"
             return _Estimate(0, ZERO, (), f"{where} #{match.error.index}: {kind}: {match.error.message}", matches=spent)
-        priced = _eligible(match.groups, req)
+        priced = eligible(match.groups, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access:
             # adminAccess devices stay usable by others: they cost nothing (docs/design.md, "The charge of a claim").
@@ -197,9 +200,9 @@ class Pricer:
         if count == 0:
             return self._no_candidate(req, cls, mode, budget, spent)
         warnings: tuple[str, ...] = ()
-        unpriced = not _publish_memory(g for _, _, g in priced)
+        unpriced = not publishes_memory(g for _, _, g in priced)
         if req.allocation_mode == "All":
-            return _Estimate(count, _all_mode(priced), unpriced=unpriced, matches=spent)
+            return _Estimate(count, all_mode(priced), unpriced=unpriced, matches=spent)
         per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
         if count < req.count:
             warnings = (f"only {count} device(s) match now, {req.count} requested",)
@@ -217,13 +220,13 @@ class Pricer:
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
         largest = max((charge for charge, _, _ in priced), default=0)
         if req.allocation_mode == "All":
-            charge = _all_mode(priced)
+            charge = all_mode(priced)
         else:
             charge = Charge(largest * req.count, req.count)
         return _Estimate(0, charge, (
             f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
             f"in class {cls.name} ({format_quantity(largest)} each)",
-        ), unpriced=not _publish_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
+        ), unpriced=not publishes_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
 
     # -- unallocated claims, for a quota that selects devices ----------------------------
 
@@ -246,15 +249,15 @@ class Pricer:
             return self._no_candidate_selected(req, cls, budget, selection, spent)
         _, groups, warnings = self._narrowed((cls.selectors, req.selectors), [n for n, _ in req.capacity_requests],
                                              selection, budget, spent)
-        priced = _eligible(groups, req)
+        priced = eligible(groups, req)
         count = sum(n for _, n, _ in priced)
         if req.admin_access or count == 0:
             return _Selected(ZERO, count > 0, False, warnings, tuple(spent))
         if req.allocation_mode == "All":
-            charge = _all_mode(priced)
+            charge = all_mode(priced)
         else:
             charge = Charge((max if mode == "conservative" else min)(c for c, _, _ in priced) * req.count, req.count)
-        return _Selected(charge, True, not _publish_memory(g for _, _, g in priced), warnings, tuple(spent))
+        return _Selected(charge, True, not publishes_memory(g for _, _, g in priced), warnings, tuple(spent))
 
     def _no_candidate_selected(self, req: DeviceRequirement, cls: DeviceClass, budget: Budget,
                                selection: DeviceSelection, spent: list[tuple[object, int]]) -> _Selected:
@@ -266,8 +269,8 @@ class Pricer:
             return _Selected(ZERO, False, False, warnings, tuple(spent))
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in groups]
         largest = max((charge for charge, _, _ in priced), default=0)
-        charge = _all_mode(priced) if req.allocation_mode == "All" else Charge(largest * req.count, req.count)
-        return _Selected(charge, True, not _publish_memory(groups), warnings, tuple(spent))
+        charge = all_mode(priced) if req.allocation_mode == "All" else Charge(largest * req.count, req.count)
+        return _Selected(charge, True, not publishes_memory(groups), warnings, tuple(spent))
 
     def _narrowed(self, chain: tuple[tuple[str, ...], ...], capacity_names: Sequence[str], selection: DeviceSelection,
                   budget: Budget, spent: list[tuple[object, int]]) -> tuple[Match, list[DeviceGroup], tuple[str, ...]]:
@@ -332,168 +335,19 @@ class Pricer:
         if req.allocation_mode == "All":
             # Per dimension: the estimate's node (the largest memory sum of its
             # candidates) may have more devices than the node with the most memory.
-            return reduce(Charge.max, _per_scope(priced).values(), ZERO)
+            return reduce(Charge.max, per_scope(priced).values(), ZERO)
         return Charge(max((c for c, _, _ in priced), default=0) * req.count, req.count)
 
-    # -- allocated claims: exact --------------------------------------------------
+    # -- allocated claims: exact (`quota.allocated`) -------------------------------
 
     def exact(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing:
-        """Charge from `status.allocation`; a device that vanished from the inventory is
-        charged what the claim's `draquota.io/allocated-charge` records for it, what it
-        was charged while it existed. Each request also priced for each of `selections`
-        (`rescoped`)."""
-        recorded = dict(claim.recorded_devices)
-        classes = _request_classes(claim.spec)
-        held: list[HeldDevice | None] = []
-        unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
-        record: dict[DeviceKey, int] = {}
-        for result in claim.allocation or ():
-            top = result.request.split("/", 1)[0]
-            cls = classes.get(result.request, classes.get(top, DeviceClassName("")))
-            device = None if result.admin_access else self.inventory.lookup(result.key)
-            charge = self._device_exact(result, recorded)
-            if device is not None and charge is not None:
-                record[result.key] = charge.memory
-            elif not result.admin_access and result.key in recorded:
-                record[result.key] = recorded[result.key]  # vanished: kept, never dropped or guessed
-            if charge is None:
-                unknown.append((len(held), result, top, cls))
-            held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
-        warnings: list[str] = []
-        if unknown:
-            names = ", ".join(str(r.key) for _, r, _, _ in unknown)
-            if claim.recorded_charge is not None:
-                known = sum((h.charge for h in held if h is not None), ZERO)
-                share = _vanished_share(claim.recorded_charge, known, len(unknown))
-                warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
-                                f"{format_quantity(share)} each from the charge recorded at admission")
-                shares = [share] * len(unknown)
-            else:
-                # Nothing recorded (a device that never existed, or another driver's pool
-                # named): the class's largest device, so an allocation cannot be free.
-                shares = [self._largest_in_class(classes.get(r.request, DeviceClassName(""))) for _, r, _, _ in unknown]
-                warnings.append(f"allocated device(s) {names} not in the inventory and no charge recorded; "
-                                "charged as the largest device of their class")
-            for (at, result, top, cls), share in zip(unknown, shares, strict=True):
-                held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
-        pricing = Pricing((), exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())),
-                          held=tuple(h for h in held if h is not None))
-        return self.rescoped(pricing, selections)
+        """`AllocatedPricer.exact`: the charge from `status.allocation`."""
+        return self._allocated.exact(claim, selections=selections)
 
     def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
-        """An exact pricing's requests again, priced for `selections`: from its devices
-        (`Pricing.held`), without the claim. A quota selecting devices counts an
-        allocated device when the selection selects it (`_selects`)."""
-        per_request: dict[str, list[HeldDevice]] = {}
-        for line in pricing.held:
-            per_request.setdefault(line.request, []).append(line)
-        budget = Budget.claim()
-        requests = []
-        for name, lines in per_request.items():
-            total = sum((line.charge for line in lines), ZERO)
-            shares = tuple((selection, (self._held_share(lines, selection, budget),)) for selection in selections)
-            requests.append(PricedRequest(name, len(lines), total, ((lines[0].device_class, total),), shares=shares))
-        return replace(pricing, requests=tuple(requests), selections=frozenset(selections))
-
-    def _held_share(self, lines: list[HeldDevice], selection: DeviceSelection, budget: Budget) -> Share:
-        selected = [line for line in lines if self._selects(selection, line.key, budget)]
-        return Share(sum((line.charge for line in selected), ZERO), bool(selected))
-
-    def _selects(self, selection: DeviceSelection, key: DeviceKey, budget: Budget) -> bool:
-        """Whether `selection` selects the allocated device `key`: by the driver the
-        allocation names, then by its selectors on the device as the inventory holds it.
-        A device gone from the inventory (its selectors cannot see it), one a selector
-        fails on, and any past the budget are selected: an allocated device never drops
-        out of a quota because it cannot be judged."""
-        if not selection.admits_driver(key.driver):
-            return False
-        device = self.inventory.lookup(key) if selection.expressions else None
-        if device is None:
-            return True
-        try:
-            return self.matcher.selects(selection.stage, device, budget) is not False
-        except BudgetExceeded:
-            return True
-
-    def _largest_in_class(self, name: DeviceClassName) -> int:
-        cls = self.classes.get(name)
-        if cls is None:
-            return 0
-        return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
+        """`AllocatedPricer.rescoped`: an exact pricing's requests priced for `selections`."""
+        return self._allocated.rescoped(pricing, selections)
 
     def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
-        """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
-        it, `controllers.annotator`; the webhook refuses anything else): the exact memory
-        charge of each allocated device the inventory knows, and for a device it no longer
-        knows the charge already recorded (never dropped, never guessed). adminAccess
-        devices are free and not recorded. Found by `exact` in its pass: an allocated claim
-        the ledger just counted has it on its pricing already."""
-        return dict(self.exact(claim).record)
-
-    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
-        if result.admin_access:
-            return ZERO
-        driver = result.key.driver
-        device = self.inventory.lookup(result.key)
-        if device is not None and not device.allow_multiple_allocations:
-            # A device that is not shared is allocated whole, whatever consumedCapacity says.
-            return Charge(ceil_int(device.memory), 1)
-        # Named with and without prefix, the largest counts: two entries for one capacity
-        # never come from the scheduler, and the first must not undercut the other.
-        consumed = [amount for name, amount in result.consumed_capacity if qualify(name, driver) == (driver, MEMORY)]
-        if consumed:
-            amount = max(consumed)
-            capacity = device.capacity.get(driver, {}).get(MEMORY) if device is not None else None
-            # What the device sets aside for that amount: a share below the policy's
-            # minimum or between its steps still holds the rounded amount.
-            rounded = round_request(amount, capacity) if capacity is not None else None
-            return Charge(ceil_int(rounded if rounded is not None else amount), 1)
-        if device is not None:
-            return Charge(ceil_int(device.memory), 1)
-        if result.key in recorded:
-            return Charge(recorded[result.key], 1)
-        return None
-
-
-def _eligible(groups: Iterable[DeviceGroup], req: DeviceRequirement) -> list[tuple[int, int, DeviceGroup]]:
-    """(per-device memory charge, devices, group) for groups that can serve `req`."""
-    out = []
-    for group in groups:
-        rep = group.representative
-        if not tolerates_all(rep.taints, req.tolerations):
-            continue
-        charge = memory_charge(rep, req)
-        if charge is not None:
-            out.append((charge, len(group.devices), group))
-    return out
-
-
-def _publish_memory(groups: Iterable[DeviceGroup]) -> bool:
-    """Whether any of these devices publishes a `memory` capacity (0 included)."""
-    return any(g.representative.own_capacity(MEMORY) is not None for g in groups)
-
-
-def _all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
-    """allocationMode All: the largest sum over the candidates of one node (or pool).
-
-    The same in both modes: docs/design.md defines an optimistic variant only for ExactCount
-    and firstAvailable, and the scheduler gives an All request every matching device.
-    """
-    return max(_per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)
-
-
-def _per_scope(priced: list[tuple[int, int, DeviceGroup]]) -> dict[str, Charge]:
-    """The candidates' charges summed per node (or pool, for devices bound to none)."""
-    per_scope: dict[str, Charge] = {}
-    for charge, _, group in priced:
-        for device in group.devices:
-            per_scope[device.scope] = per_scope.get(device.scope, ZERO) + Charge(charge, 1)
-    return per_scope
-
-
-def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
-    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
-
-
-def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:
-    return max(recorded.memory - known.memory, 0) // unknown
+        """`AllocatedPricer.allocation_record`: what the claim's `draquota.io/allocated-charge` should say."""
+        return self._allocated.allocation_record(claim)

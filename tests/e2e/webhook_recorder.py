@@ -20,7 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
-from devcluster.webhooks import WEBHOOKS, adapted_webhooks
+from devcluster.webhooks import adapted_webhooks
+from quota.manifests import webhook_configurations
+
+# What the tests compare with: the shipped configurations (quota/manifests/webhooks.yaml).
+WEBHOOKS = webhook_configurations()
 
 __all__ = ["WEBHOOKS", "Recorder", "Seen", "adapted_webhooks", "impersonated", "serve_recorder"]
 

@@ -11,7 +11,8 @@ default values as release dra-quota in dra-quota-system, CRD included;
 deploy/prometheus/prometheusrule.yaml is `shipped_prometheus_rule()`, the chart's
 PrometheusRule for the same release, for those who apply it without Helm. Helm reads only
 files inside the chart, so the chart holds `COPIES` of the CRD, the alert rules and the
-dashboard, whose sources stay in deploy/. Refresh the copies and regenerate the manifest
+dashboard, whose sources are quota/manifests/devicequota.yaml (package data the installed
+demo reads; deploy/crds/devicequota.yaml links to it) and files in deploy/. Refresh the copies and regenerate the manifest
 after changing any of them with
 
     python -m tests.tools.chart
@@ -41,10 +42,10 @@ PROMETHEUS_RULE = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"
 BUILD_SCRIPT = ROOT / "tests" / "tools" / "build-helm.sh"
 DEFAULT_BINARY = ROOT / ".cache" / "helm" / "helm"
 RELEASE, NAMESPACE = "dra-quota", "dra-quota-system"
-# Chart file -> its one source in deploy/ (crds/ is installed before the templates;
+# Chart file -> its one source (crds/ is installed before the templates;
 # files/ is read by the PrometheusRule and dashboard templates with .Files.Get).
 COPIES = {
-    CHART / "crds" / "devicequota.yaml": ROOT / "deploy" / "crds" / "devicequota.yaml",
+    CHART / "crds" / "devicequota.yaml": ROOT / "quota" / "manifests" / "devicequota.yaml",
     CHART / "files" / "prometheus-rules.yaml": ROOT / "deploy" / "prometheus" / "dra-quota-rules.yaml",
     CHART / "files" / "grafana-dashboard.json": ROOT / "deploy" / "grafana" / "dra-quota.json",
 }

@@ -150,7 +150,7 @@ def test_the_chart_version_is_the_distribution_version() -> None:
 @pytest.mark.parametrize("chart_file", list(COPIES), ids=[c.name for c in COPIES])
 def test_the_charts_copies_are_their_sources_in_deploy(chart_file: Path) -> None:
     """Helm reads only files inside the chart: the CRD, the alert rules and the dashboard are
-    copies there, and the files in deploy/ stay the ones people edit."""
+    copies there, and their sources (`COPIES`) stay the ones people edit."""
     source = COPIES[chart_file]
     assert chart_file.read_bytes() == source.read_bytes(), (
         f"{chart_file.relative_to(ROOT)} must be a copy of {source.relative_to(ROOT)}: "

@@ -1,0 +1,161 @@
+"""The exact charge of an allocated claim, from its `status.allocation`.
+
+Neighbours: `quota.pricing.Pricer` estimates claims not allocated yet and hands allocated
+ones to `AllocatedPricer` (`Pricer.exact`, `rescoped`, `allocation_record`);
+`quota.capacity` says what one allocation of a device holds; `quota.priced` holds the
+values built here (`Pricing.held`, `Pricing.record`). A device that vanished from the
+inventory is charged what the claim's `draquota.io/allocated-charge` recorded for it
+(docs/design.md, "The charge of a claim"), never dropped or guessed. No clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from quota.capacity import round_request
+from quota.claims import AllocatedDevice, Claim, ClaimSpec
+from quota.inventory import Inventory
+from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, qualify
+from quota.priced import HeldDevice, PricedRequest, Pricing, Share
+from quota.quantity import ceil_int, format_quantity
+from quota.scope import DeviceSelection
+from quota.selectors import SelectorMatcher
+from quota.work import Budget, BudgetExceeded
+
+__all__ = ["AllocatedPricer"]
+
+
+class AllocatedPricer:
+    """Prices allocated claims against one inventory and a live map of DeviceClasses."""
+
+    def __init__(self, inventory: Inventory, classes: Mapping[DeviceClassName, DeviceClass],
+                 matcher: SelectorMatcher) -> None:
+        self.inventory = inventory
+        self.classes = classes
+        self.matcher = matcher
+
+    def exact(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing:
+        """Charge from `status.allocation`; a device that vanished from the inventory is
+        charged what the claim's `draquota.io/allocated-charge` records for it, what it
+        was charged while it existed. Each request also priced for each of `selections`
+        (`rescoped`)."""
+        recorded = dict(claim.recorded_devices)
+        classes = _request_classes(claim.spec)
+        held: list[HeldDevice | None] = []
+        unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
+        record: dict[DeviceKey, int] = {}
+        for result in claim.allocation or ():
+            top = result.request.split("/", 1)[0]
+            cls = classes.get(result.request, classes.get(top, DeviceClassName("")))
+            device = None if result.admin_access else self.inventory.lookup(result.key)
+            charge = self._device_exact(result, recorded)
+            if device is not None and charge is not None:
+                record[result.key] = charge.memory
+            elif not result.admin_access and result.key in recorded:
+                record[result.key] = recorded[result.key]  # vanished: kept, never dropped or guessed
+            if charge is None:
+                unknown.append((len(held), result, top, cls))
+            held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
+        warnings: list[str] = []
+        if unknown:
+            names = ", ".join(str(r.key) for _, r, _, _ in unknown)
+            if claim.recorded_charge is not None:
+                known = sum((h.charge for h in held if h is not None), ZERO)
+                share = _vanished_share(claim.recorded_charge, known, len(unknown))
+                warnings.append(f"allocated device(s) {names} vanished from the inventory; charged "
+                                f"{format_quantity(share)} each from the charge recorded at admission")
+                shares = [share] * len(unknown)
+            else:
+                # Nothing recorded (a device that never existed, or another driver's pool
+                # named): the class's largest device, so an allocation cannot be free.
+                shares = [self._largest_in_class(classes.get(r.request, DeviceClassName(""))) for _, r, _, _ in unknown]
+                warnings.append(f"allocated device(s) {names} not in the inventory and no charge recorded; "
+                                "charged as the largest device of their class")
+            for (at, result, top, cls), share in zip(unknown, shares, strict=True):
+                held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
+        pricing = Pricing((), exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())),
+                          held=tuple(h for h in held if h is not None))
+        return self.rescoped(pricing, selections)
+
+    def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
+        """An exact pricing's requests again, priced for `selections`: from its devices
+        (`Pricing.held`), without the claim. A quota selecting devices counts an
+        allocated device when the selection selects it (`_selects`)."""
+        per_request: dict[str, list[HeldDevice]] = {}
+        for line in pricing.held:
+            per_request.setdefault(line.request, []).append(line)
+        budget = Budget.claim()
+        requests = []
+        for name, lines in per_request.items():
+            total = sum((line.charge for line in lines), ZERO)
+            shares = tuple((selection, (self._held_share(lines, selection, budget),)) for selection in selections)
+            requests.append(PricedRequest(name, len(lines), total, ((lines[0].device_class, total),), shares=shares))
+        return replace(pricing, requests=tuple(requests), selections=frozenset(selections))
+
+    def _held_share(self, lines: list[HeldDevice], selection: DeviceSelection, budget: Budget) -> Share:
+        selected = [line for line in lines if self._selects(selection, line.key, budget)]
+        return Share(sum((line.charge for line in selected), ZERO), bool(selected))
+
+    def _selects(self, selection: DeviceSelection, key: DeviceKey, budget: Budget) -> bool:
+        """Whether `selection` selects the allocated device `key`: by the driver the
+        allocation names, then by its selectors on the device as the inventory holds it.
+        A device gone from the inventory (its selectors cannot see it), one a selector
+        fails on, and any past the budget are selected: an allocated device never drops
+        out of a quota because it cannot be judged."""
+        if not selection.admits_driver(key.driver):
+            return False
+        device = self.inventory.lookup(key) if selection.expressions else None
+        if device is None:
+            return True
+        try:
+            return self.matcher.selects(selection.stage, device, budget) is not False
+        except BudgetExceeded:
+            return True
+
+    def _largest_in_class(self, name: DeviceClassName) -> int:
+        cls = self.classes.get(name)
+        if cls is None:
+            return 0
+        return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
+
+    def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
+        """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
+        it, `controllers.annotator`; the webhook refuses anything else): the exact memory
+        charge of each allocated device the inventory knows, and for a device it no longer
+        knows the charge already recorded (never dropped, never guessed). adminAccess
+        devices are free and not recorded. Found by `exact` in its pass: an allocated claim
+        the ledger just counted has it on its pricing already."""
+        return dict(self.exact(claim).record)
+
+    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
+        if result.admin_access:
+            return ZERO
+        driver = result.key.driver
+        device = self.inventory.lookup(result.key)
+        if device is not None and not device.allow_multiple_allocations:
+            # A device that is not shared is allocated whole, whatever consumedCapacity says.
+            return Charge(ceil_int(device.memory), 1)
+        # Named with and without prefix, the largest counts: two entries for one capacity
+        # never come from the scheduler, and the first must not undercut the other.
+        consumed = [amount for name, amount in result.consumed_capacity if qualify(name, driver) == (driver, MEMORY)]
+        if consumed:
+            amount = max(consumed)
+            capacity = device.capacity.get(driver, {}).get(MEMORY) if device is not None else None
+            # What the device sets aside for that amount: a share below the policy's
+            # minimum or between its steps still holds the rounded amount.
+            rounded = round_request(amount, capacity) if capacity is not None else None
+            return Charge(ceil_int(rounded if rounded is not None else amount), 1)
+        if device is not None:
+            return Charge(ceil_int(device.memory), 1)
+        if result.key in recorded:
+            return Charge(recorded[result.key], 1)
+        return None
+
+
+def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
+    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
+
+
+def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:
+    return max(recorded.memory - known.memory, 0) // unknown

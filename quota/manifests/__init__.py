@@ -1,0 +1,37 @@
+"""The API objects the program installs itself, read from the installed package.
+
+`devicequota.yaml` is the DeviceQuota CRD (the schema `quota.devicequota` parses);
+`webhooks.yaml` the ValidatingWebhookConfiguration that sends the API server's reviews to
+`dra-quota serve`. Both are package data (pyproject.toml, `[tool.setuptools.package-data]`),
+so `dra-quota demo` (commands/demo.py) and the local cluster's webhook routing
+(devcluster/webhooks.py) find them in an installed copy as in a checkout, whose
+deploy/crds/devicequota.yaml and deploy/manifests/webhooks.yaml are links to these
+files (the chart's crds/ holds a copy, tests/unit/test_chart.py checks it). Read when
+asked, never at import.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from typing import Any
+
+import yaml
+
+__all__ = ["crd", "documents", "webhook_configurations"]
+
+
+def documents(resource: Traversable) -> list[dict[str, Any]]:
+    """The objects of a packaged YAML file (its empty documents left out)."""
+    return [d for d in yaml.safe_load_all(resource.read_text(encoding="utf-8")) if isinstance(d, dict)]
+
+
+def crd() -> dict[str, Any]:
+    """The DeviceQuota CustomResourceDefinition."""
+    (definition,) = documents(files(__name__) / "devicequota.yaml")
+    return definition
+
+
+def webhook_configurations() -> list[dict[str, Any]]:
+    """The shipped webhook configurations, as deploy/manifests/webhooks.yaml has them."""
+    return documents(files(__name__) / "webhooks.yaml")
