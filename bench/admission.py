@@ -93,9 +93,9 @@ from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
+from tests.e2e.harness import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
-from tests.e2e.test_chart import DEPLOYMENT, chart_kubeconfig  # noqa: E402
-from tests.e2e.test_serve import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
+from tests.e2e.shipped import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from kube.caches import ClaimStore, QuotaStore  # noqa: E402
 from kube.quotawriter import Reservations  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402

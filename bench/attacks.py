@@ -49,7 +49,7 @@ from admission import (  # noqa: E402
 from connections import honest, peak_rss, save, stalls_between  # noqa: E402
 
 from tests.e2e.cluster import free_ports  # noqa: E402
-from tests.e2e.test_hostile_pricing import expensive  # noqa: E402
+from tests.e2e.tenants import expensive  # noqa: E402
 
 JSON = dict[str, Any]
 TIGHT_NS = "bench-tight"  # write_nothing_bodies' namespace whose DeviceQuota denies every claim

@@ -1,11 +1,21 @@
 """One `dra-quota serve` process against the loopback control plane, started and stopped.
 
-The one launcher of `serve` as a process: the e2e tests (tests/e2e/test_serve.py re-exports
-`Served`, and its fixtures start one per test) and `dra-quota demo` (commands/demo.py) use it,
+The one launcher of `serve` as a process: the e2e tests (tests/e2e/harness.py re-exports
+`Served`, and conftest.py's fixtures start one per test) and `dra-quota demo` (commands/demo.py) use it,
 so the demo runs serve exactly as the tests prove it. `devcluster.controlplane` provides
 the cluster it talks to (admin kubeconfig, the test CA and the webhook certificate for the
 Service name the shipped configurations use); `devcluster.webhooks` routes those
 configurations to `port`. Readiness is polled (`devcluster.kube.poll`), never slept for.
+
+`start` returns once the process is ready as a kubelet's readiness probe sees it: its
+`/readyz` answers 200 over HTTPS (the test CA). That means every reflector listed once
+and shutdown has not begun (commands/serve.py: `caches.synced and not stop`); not that
+this replica leads (only the leader runs the controller: tests that need it wait for the
+Lease or the namespace's governed label). Two cases where `/readyz` cannot say it of
+*this* process, and its own log line does (serve writes "ready after" as it announces
+that same condition, `_announce_ready`): `--no-webhook` (no listener to ask) and
+`--reuse-port` (the kernel hands each new connection to any replica on the port, so a
+200 may be another replica's).
 
 A plain `subprocess.Popen`, not an asyncio subprocess: asyncio kills a child whose
 transport is closed with its event loop, and the demo's `--keep` must leave serve running
@@ -72,7 +82,7 @@ class Served:
     env: dict[str, str] = field(default_factory=dict)
     # The Lease it campaigns for unless `args` choose one; replicas share one by sharing this.
     lease: str = field(default_factory=lambda: f"serve-{uuid.uuid4().hex[:8]}")
-    # False: --no-webhook (the controller only): no listener, so readiness is its log line.
+    # False: --no-webhook (the controller only): no listener, so readiness is its log line (module doc).
     webhook: bool = True
     # How long the first sync may take (bench/admission.py lists 150,000 claims).
     ready_timeout: float = 60.0
@@ -98,14 +108,18 @@ class Served:
                 env={**os.environ, "POD_NAME": self.log.stem, **credentials, **self.env}, start_new_session=True,
                 preexec_fn=die_with_parent_process if self.die_with_parent else None,
             )
-        if not self.webhook:
+        if self.webhook:
+            await self._readyz()
+        if not self.webhook or "--reuse-port" in self.args:
             async def logged_ready() -> bool:
                 self._check_alive()
                 return self.log_text().count("ready after") > earlier
 
-            await poll(logged_ready, timeout=self.ready_timeout, what="dra-quota serve --no-webhook ready")
-            self.ready_seconds = time.monotonic() - started
-            return
+            await poll(logged_ready, timeout=self.ready_timeout, what=f"dra-quota serve ({self.log.name}) ready")
+        self.ready_seconds = time.monotonic() - started
+
+    async def _readyz(self) -> None:
+        """Poll `/readyz` over HTTPS until it answers 200, as a kubelet's readiness probe would."""
         if self.self_managed:
             # Readiness only: whether the certificate is right is the API server's to judge.
             ctx = ssl.create_default_context()
@@ -124,7 +138,6 @@ class Served:
                     return False
 
             await poll(ready, timeout=self.ready_timeout, what="dra-quota serve /readyz")
-        self.ready_seconds = time.monotonic() - started
 
     def exited(self) -> int | None:
         """The exit code, None while it runs (or before it started)."""

@@ -3,7 +3,9 @@
 The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) is
 built from the k8s.io/kubernetes Go module by tests/cluster/build.sh and started on
 free loopback ports by :mod:`tests.e2e.cluster`. Tests isolate by namespace (the
-``namespace`` / ``make_namespace`` fixtures) and by fleet (``make_fleet``).
+``namespace`` / ``make_namespace`` fixtures) and by fleet (``make_fleet``). The fixtures
+of the tests that run `dra-quota serve` (``crd``, ``served``, ``setup``) are built on
+:mod:`tests.e2e.harness`; a module overrides ``served`` to run it with other flags.
 
 Failing to build or start the control plane is an ERROR of every e2e test, never a
 skip: a green run must mean the tests ran.
@@ -14,19 +16,23 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from .cluster import ControlPlane, ControlPlaneError, build
-from .driver import GpuFleet, create_fleet
-from .kube import Kube, Obj
+from .cluster import ControlPlane, ControlPlaneError, build, free_ports
+from .driver import Gpu, GpuFleet, create_fleet
+from .harness import (
+    CLIENTS, CRD, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, adapted_webhooks, installed, running, unique,
+)
+from .kube import ApiError, Kube, Obj
 from .kubectl import Kubectl, KubectlError
 from .kubectl import build as build_kubectl
-from .kueue import Kueue, KueueError
+from .kueue import API, Kueue, KueueError
 from .kueue import build as build_kueue
+from .queues import MakeQueueObject
 from .timings import summary, write_if_asked
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -92,6 +98,18 @@ async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
         yield k
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def clients(cluster: ControlPlane) -> AsyncIterator[list[Kube]]:
+    """CLIENTS admin clients, each with its own connection pool (one pool serialises nothing
+    then), closed after the test."""
+    opened = [cluster.client() for _ in range(CLIENTS)]
+    try:
+        yield opened
+    finally:
+        for client in opened:
+            await client.close()
+
+
 @pytest.fixture(scope="session")
 def kubectl(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     """The real kubectl (tests/e2e/kubectl.py) with the admin kubeconfig; failing to build it
@@ -134,15 +152,27 @@ async def kueue(cluster: ControlPlane, kube: Kube, tmp_path_factory: pytest.Temp
         await k.stop(kube)
 
 
-def unique(prefix: str) -> str:
-    """A DNS-label-safe unique name (tests share one cluster)."""
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+@pytest_asyncio.fixture(loop_scope="session")
+async def queue_objects(kueue: Kueue, kube: Kube) -> AsyncIterator[MakeQueueObject]:
+    """Factory for cluster-scoped Kueue objects, deleted after the test (not awaited: a
+    ClusterQueue keeps its finalizer until its Workloads are gone with the namespace)."""
+    made: list[tuple[str, str]] = []
+
+    async def make(plural: str, body: Obj) -> Obj:
+        kueue.check_alive()
+        created = await kube.create(API, plural, body)
+        made.append((plural, created["metadata"]["name"]))
+        return created
+
+    yield make
+    for plural, name in reversed(made):
+        await kube.delete(API, plural, name)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def make_namespace(
     cluster: ControlPlane, kube: Kube
-) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+) -> AsyncIterator[MakeNamespace]:
     """Factory: ``await make_namespace(labels={...})`` -> a fresh namespace name, deleted after the test.
 
     Waits for the namespace's "default" ServiceAccount: the ServiceAccount admission
@@ -178,13 +208,13 @@ async def make_namespace(
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def namespace(make_namespace: Callable[..., Awaitable[str]]) -> str:
+async def namespace(make_namespace: MakeNamespace) -> str:
     """A fresh namespace without labels."""
     return await make_namespace()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def make_fleet(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Callable[..., Awaitable[GpuFleet]]]:
+async def make_fleet(cluster: ControlPlane, kube: Kube) -> AsyncIterator[MakeFleet]:
     """Factory for :class:`GpuFleet` (fake nodes + DeviceClass + slices), all deleted after the test."""
     fleets: list[GpuFleet] = []
 
@@ -197,6 +227,44 @@ async def make_fleet(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Callabl
     yield make
     for fleet in fleets:
         await fleet.delete()
+
+
+# -- `dra-quota serve` (tests/e2e/harness.py) ---------------------------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def crd(kube: Kube) -> None:
+    """The DeviceQuota CRD, established (created once; never deleted: tests share it)."""
+    try:
+        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CRD)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                  CRD["metadata"]["name"], "Established", timeout=60)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
+    """One `dra-quota serve` on a free port, ready (its /readyz answers 200), killed after."""
+    async for handle in running(Served(cluster, free_ports(1)[0], tmp_path / "serve.log")):
+        yield handle
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespace: MakeNamespace,
+                make_fleet: MakeFleet) -> AsyncIterator[Setup]:
+    """A labelled namespace, a 4-GPU fleet, and the webhook configurations pointing at `served`.
+
+    Depends on `served` and `make_namespace`, so its teardown (deleting the configurations)
+    runs before the process stops and before the namespace goes.
+    """
+    run = uuid.uuid4().hex[:8]
+    fleet = await make_fleet("serve")
+    await fleet.add_node("n1", [Gpu()] * 4)
+    namespace = await make_namespace("serve", labels={RUN_LABEL: run})
+    async with installed(kube, adapted_webhooks(run, served.port, cluster)) as created:
+        yield Setup(run, namespace, fleet, served, created)
 
 
 @pytest.hookimpl(wrapper=True)

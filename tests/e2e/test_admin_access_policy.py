@@ -2,8 +2,8 @@
 without a restart, read with the shipped least-privilege Role, and every grant and
 refusal in the audit log.
 
-`dra-quota serve --admin-access-configmap NS/NAME` runs as in test_serve.py (`Served`,
-the shipped webhook configurations adapted to this test's namespaces). Requests come
+`dra-quota serve --admin-access-configmap NS/NAME` runs as tests/e2e/harness.py runs it
+(`Served`, the shipped webhook configurations adapted to this test's namespaces). Requests come
 from impersonated users (`impersonated`), so the webhook judges them, not the admin.
 The ConfigMap is the shipped one (deploy/manifests/admin-access-policy.yaml) with a
 unique name in a test namespace. The test control plane audits claim and namespace
@@ -31,14 +31,14 @@ from webhook.adminpolicy import PolicySource
 
 from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
+from .harness import (
+    ADMIN_LABEL, ADMISSION, PLURALS, POLICY_DOCS, QUOTA_HOOK_OPEN, RUN_LABEL, MakeFleet, MakeNamespace, Served,
+    adapted_webhooks,
+)
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_admission_config import ADMIN_LABEL, POLICY_DOCS
-from .test_serve import ADMISSION, PLURALS, QUOTA_HOOK_OPEN, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["crd"]  # the fixture, imported for its name
 
 NAMESPACE_HOOK = "admin-access.namespaces.draquota.io"
 RBAC = "rbac.authorization.k8s.io/v1"

@@ -32,6 +32,7 @@ from quota.policy import parse_policy
 
 from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
+from .harness import ADMIN_LABEL, POLICY_DOCS
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import WEBHOOKS, Recorder, impersonated, serve_recorder
 from .webhook_recorder import adapted_webhooks as shipped_for_test
@@ -39,10 +40,8 @@ from .webhook_recorder import adapted_webhooks as shipped_for_test
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICY_DOCS = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/admin-access-policy.yaml").read_text()) if d]
 ADMISSION = "admissionregistration.k8s.io/v1"
 RUN_LABEL = "e2e.draquota.io/run"
-ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 OUR_SA = "system:serviceaccount:dra-quota-system:dra-quota"
 
 QUOTA = "quota.resourceclaims.draquota.io"

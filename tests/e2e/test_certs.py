@@ -2,7 +2,7 @@
 
 The process mints its CA and serving certificate into a per-test Secret in
 dra-quota-system, patches the caBundle of the shipped configurations (adapted as in
-test_serve.py, with their caBundle removed so only the process can make them work) and
+tests/e2e/harness.py, with their caBundle removed so only the process can make them work) and
 serves `dra-quota-webhook.dra-quota-system.svc`, the name the API server verifies.
 Proof that the API server trusts what is served: every dry-run claim create that
 carries our `draquota.io/charge` annotation comes back refused with our own message,
@@ -35,14 +35,12 @@ from cryptography.hazmat.primitives import hashes
 from runtime.metricnames import CERTIFICATE_EXPIRATION
 
 from .cluster import ControlPlane, free_ports
-from .conftest import unique
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
+from .harness import (
+    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, governed, unique,
+)
 from .kube import ApiError, Kube, Obj, poll
 from .webhook_recorder import WEBHOOKS
-from .test_serve import (ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, crd,
-                         governed)
-
-__all__ = ["crd"]  # the CRD fixture, shared with test_serve.py
 
 pytestmark = pytest.mark.e2e
 

@@ -18,17 +18,8 @@ from aiohttp import web
 
 from .cluster import WEBHOOK_SERVICES, ControlPlane, free_ports
 from .driver import (
-    DRIVER,
-    Gpu,
-    GpuFleet,
-    allocation_results,
-    claim_spec,
-    create_claim,
-    create_claim_template,
-    create_pod,
-    exact_request,
-    free_pod,
-    wait_pod_allocated,
+    DRIVER, Gpu, GpuFleet, allocation_results, claim_spec, create_claim, create_claim_template, create_pod,
+    exact_request, free_pod, wait_pod_allocated,
 )
 from .kube import ApiError, Kube, poll
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import ssl
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,10 +31,10 @@ from runtime.metricnames import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STA
 
 from ..tools.chart import MANIFEST, documents, find
 from .attack import Attack, attack
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, claim_spec, exact_request
+from .harness import Served, Setup, capped, make_quota, rss, served_context
 from .kube import ApiError, Kube, poll
-from .test_serve import DQ, Served, Setup, crd, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -44,16 +43,8 @@ ATTACKERS = 1500
 PER_CONNECTION = 256 * 1024  # bytes of RSS a connection slot may cost, asserted
 
 
-async def capped(cluster: ControlPlane, tmp_path: Path, cap: int) -> AsyncIterator[Served]:
-    """`serve` with `--max-connections cap`, its log in `tmp_path` (the attacked fixtures)."""
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--max-connections", str(cap)), log_level="info")):
-        yield handle
-
-
 @pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     async for handle in capped(cluster, tmp_path, CAP):
         yield handle
 
@@ -100,12 +91,6 @@ async def scrape(served: Served, token: str | None) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
-def served_context(served: Served) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(served.cluster.ca_file))
-    context.check_hostname = False  # the certificate names the Service; we dial 127.0.0.1
-    return context
-
-
 async def test_metrics_are_for_tokens_the_api_server_allows_to_get_them(cluster: ControlPlane, kube: Kube,
                                                                         served: Served) -> None:
     with served.log_on_failure():
@@ -132,14 +117,6 @@ async def test_metrics_are_for_tokens_the_api_server_allows_to_get_them(cluster:
 
 
 # -- idle and slow connections ------------------------------------------------------------------
-
-
-def rss(served: Served) -> int:
-    assert served.process is not None
-    for line in Path(f"/proc/{served.process.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 async def test_idle_and_slow_connections_take_at_most_the_caps_memory_and_creates_go_on(kube: Kube,

@@ -4,7 +4,7 @@ The real scheduler allocates the claims (tests/e2e/driver.py's fake GPU nodes), 
 API server holds the DeviceQuota status both writers share (the webhook's
 `status.reservations`, the controller's usage and conditions: quota.quotastatus), and
 leader election runs on a real coordination.k8s.io/v1 Lease. The serve processes are
-test_serve.py's `Served`, each with its own Lease identity (POD_NAME) and a Lease in a
+harness.py's `Served`, each with its own Lease identity (POD_NAME) and a Lease in a
 namespace of this test, with short timings so take-overs are quick to observe.
 """
 
@@ -15,7 +15,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,17 +28,16 @@ from kube.api import KubeApi
 from quota.leases import Timing
 
 from .cluster import ControlPlane, free_ports
-from .driver import (RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
+from .driver import (RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
                      wait_pod_allocated)
+from .harness import (
+    DQ, ROOT, MakeFleet, MakeNamespace, Served, Setup, amounts, annotated, create, running, top, wait_status,
+)
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_serve import DQ, ROOT, Served, Setup, annotated, create, crd, running, setup
-from .test_top import top
 from .timings import record
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["crd", "setup"]  # fixtures, imported for their names
 
 GiB = 1024**3
 LEASES = "coordination.k8s.io/v1"
@@ -51,8 +50,6 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
           "--leader-election-retry-period", str(RETRY_PERIOD))
 
 CONTENTION = "too much contention"  # kube.quotawriter.CONTENTION: denied, nothing reserved
-MakeNamespace = Callable[..., Awaitable[str]]
-MakeFleet = Callable[..., Awaitable[GpuFleet]]
 LEASE = "dra-quota-controller"
 
 
@@ -69,28 +66,12 @@ async def lease_namespace(make_namespace: MakeNamespace) -> str:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path, lease_namespace: str) -> AsyncIterator[Served]:
-    """Overrides test_serve's: one replica, webhook and controller, leading its own Lease."""
+    """Overrides conftest.py's: one replica, webhook and controller, leading its own Lease."""
     # --reuse-port: a second replica may join on the same port (the race test).
     handle = Served(cluster, free_ports(1)[0], tmp_path / "serve.log",
                     args=(*controller_args(lease_namespace, LEASE), "--reuse-port"), env={"POD_NAME": "replica-a"})
     async for running_handle in running(handle):
         yield running_handle
-
-
-async def quota_status(kube: Kube, namespace: str, name: str = "gpus") -> Obj:
-    obj = await kube.get(DQ, "devicequotas", name, namespace=namespace)
-    status: Obj = obj.get("status") or {}
-    return status
-
-
-async def wait_status(kube: Kube, namespace: str, holds: Callable[[Obj], bool], what: str,
-                      timeout: float = 30) -> Obj:
-    async def probe() -> Obj | None:
-        status = await quota_status(kube, namespace)
-        return status if holds(status) else None
-
-    result: Obj = await poll(probe, timeout=timeout, what=what, interval=0.02, max_interval=0.1)
-    return result
 
 
 async def counted_quota(kube: Kube, setup: Setup, memory: str) -> Obj:
@@ -99,11 +80,6 @@ async def counted_quota(kube: Kube, setup: Setup, memory: str) -> Obj:
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                            "spec": {"hard": {"memory": memory}}}, namespace=setup.namespace)
     return await wait_status(kube, setup.namespace, lambda s: s.get("observedGeneration") == 1, "the first status")
-
-
-def amounts(memory_gib: int, devices: int) -> dict[str, object]:
-    """As the controller writes them: memory a quantity, devices a count."""
-    return {"memory": f"{memory_gib}Gi" if memory_gib else "0", "devices": devices}
 
 
 def condition(status: Obj, kind: str) -> Obj:
@@ -193,13 +169,7 @@ async def test_reservations_written_while_the_controller_writes_are_never_lost(
     ns, count = setup.namespace, 40
     second = Served(cluster, setup.served.port, tmp_path / "second.log",
                     args=(*controller_args(lease_namespace, LEASE), "--reuse-port"), env={"POD_NAME": "replica-b"})
-    async for _ in running(second):
-        # /readyz on the shared port may have been answered by the first replica: the
-        # second says itself when its caches synced (as test_replicas.Replica waits).
-        async def second_ready() -> bool:
-            return "ready after" in second.log_text()
-
-        await poll(second_ready, timeout=60, what="replica-b ready")
+    async for _ in running(second):  # ready itself, not only the port (--reuse-port: Served.start)
         await _race(kube, setup, second, count, lease_namespace)
 
 

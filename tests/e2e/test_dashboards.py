@@ -50,9 +50,9 @@ from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
+from .harness import DQ, Served, Setup, create, denial, make_quota, running
 from .kube import ApiError, Kube, WaitTimeout, poll
 from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
-from .test_serve import DQ, Served, Setup, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +62,7 @@ DEADLINE = 120.0  # seconds for every query to show what it must, after the scen
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     port, metrics_port = free_ports(2)
     async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
         yield handle

@@ -26,31 +26,13 @@ import pytest_asyncio
 
 from .cluster import ControlPlane
 from .driver import (
-    DRIVER,
-    RESOURCE_V1,
-    Gpu,
-    allocation_results,
-    claim_spec,
-    create_claim_template,
-    create_device_class,
-    create_pod,
+    DRIVER, RESOURCE_V1, Gpu, allocation_results, claim_spec, create_claim_template, create_device_class, create_pod,
     exact_request,
 )
-from .kube import Kube, Obj, poll
-from .test_serve import (  # noqa: F401 - crd and served are fixtures
-    DQ,
-    QUOTA_HOOK,
-    RUN_LABEL,
-    MakeFleet,
-    MakeNamespace,
-    Served,
-    adapted_webhooks,
-    crd,
-    denial,
-    governed,
-    installed,
-    served,
+from .harness import (
+    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed,
 )
+from .kube import Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
 

@@ -29,8 +29,8 @@ from runtime.metricnames import INVENTORY_DEVICES, RECONCILE_DURATION
 from .cluster import ControlPlane, free_ports
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
+from .harness import DQ, Served, Setup, annotated, create, denial, make_quota, running
 from .kube import Kube, Obj, poll
-from .test_serve import DQ, Served, Setup, annotated, create, crd, denial, make_quota, running, setup  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ EIGHTY_GIB = '{"memory":85899345920,"devices":1}'  # draquota.io/charge of one 8
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     """Optimistic default pricing (the annotation prices the smallest candidate), metrics on."""
     port, metrics_port = free_ports(2)
     async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,

@@ -15,8 +15,8 @@ claim's uid and each retry is a new claim), and its DELETE releases it at once.
 And at Pod CREATE, a Pod whose request cannot fit gets a warning (`kubectl apply` shows
 it), never a denial.
 
-`dra-quota serve` runs as in test_serve.py (the shipped webhook configurations, adapted
-to the shared cluster), with persisted reservations.
+`dra-quota serve` runs as tests/e2e/harness.py runs it (the shipped webhook configurations,
+adapted to the shared cluster), with persisted reservations.
 """
 
 from __future__ import annotations
@@ -32,23 +32,13 @@ import pytest
 import pytest_asyncio
 
 from .cluster import ControlPlane
-from .driver import DRIVER, POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet
-from .kube import Kube, Obj, poll
-from .test_serve import (  # noqa: F401 - fixtures are found by name in this module
-    DQ,
-    MakeFleet,
-    MakeNamespace,
-    QUOTA_HOOK,
-    RUN_LABEL,
-    Served,
-    annotated,
-    adapted_webhooks,
-    crd,
-    denial,
-    governed,
+from .driver import DRIVER, POD_IMAGE, RESOURCE_V1, Gpu
+from .harness import (
+    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, annotated, denial, governed,
     installed,
-    served,
 )
+from .harness import Setup as ServeSetup
+from .kube import Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -57,11 +47,9 @@ CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 @dataclass
-class Setup:
-    run: str
-    namespace: str
-    fleet: GpuFleet
-    served: Served
+class Setup(ServeSetup):
+    """The harness's setup, and a DeviceClass of its own that maps an extended resource."""
+
     device_class: str  # maps `resource`
     resource: str  # its extendedResourceName
 
@@ -81,8 +69,8 @@ async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespac
         "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": (
             f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"')}}]}})
     try:
-        async with installed(kube, adapted_webhooks(run, served.port, cluster)):
-            yield Setup(run, namespace, fleet, served, device_class, resource)
+        async with installed(kube, adapted_webhooks(run, served.port, cluster)) as created:
+            yield Setup(run, namespace, fleet, served, created, device_class, resource)
     finally:
         await kube.delete(RESOURCE_V1, "deviceclasses", device_class)
 

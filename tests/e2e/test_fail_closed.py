@@ -1,7 +1,7 @@
 """Enforcement fails closed where a DeviceQuota governs, and nowhere else (issue 15, items 3 and 8).
 
 On the real 1.37 control plane with `dra-quota serve` behind the shipped webhook
-configuration (deploy/manifests/webhooks.yaml, adapted per test as test_serve.py does):
+configuration (deploy/manifests/webhooks.yaml, adapted per test as tests/e2e/harness.py does):
 - `serve` SIGSTOPped: a governed namespace's claim creates are refused and its Pods'
   allocations wait; after SIGCONT they land, within the quota. An ungoverned namespace
   creates claims and schedules Pods as if dra-quota were not installed (after the
@@ -14,12 +14,10 @@ configuration (deploy/manifests/webhooks.yaml, adapted per test as test_serve.py
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import os
 import signal
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -30,15 +28,16 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, allocation_results, claim_spec, create_pod, exact_request
+from .harness import (
+    ADMISSION, DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, exceeded,
+    governed, installed, refusing_deletes,
+)
 from .kube import ApiError, Kube, Obj, poll
-from .test_serve import (ADMISSION, DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks,
-                         crd, denial, exceeded, governed, installed, served)
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
-__all__ = ["crd", "served"]  # fixtures used here
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/governed-label-policy.yaml").read_text()) if d]
@@ -202,45 +201,6 @@ async def is_governed(kube: Kube, namespace: str, want: bool) -> bool:
 
 
 # -- a DELETE another webhook refuses -------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def refusing_deletes(cluster: ControlPlane, kube: Kube, run: str,
-                           labels: dict[str, str] | None = None) -> AsyncIterator[list[str]]:
-    """A second validating webhook (a policy protecting claims) that refuses every claim
-    DELETE in the namespaces with `labels` (default: this test's); yields the uids of the
-    DELETEs it refused."""
-    refused: list[str] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        req = (await request.json())["request"]
-        refused.append((req.get("oldObject") or {}).get("metadata", {}).get("uid", ""))
-        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
-            "uid": req["uid"], "allowed": False, "status": {"code": 403, "message": "claims are protected here"}}})
-
-    app = web.Application()
-    app.router.add_post("/refuse", handle)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(*map(str, cluster.webhook_cert))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_ports(1)[0]
-    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
-    config = {"apiVersion": ADMISSION, "kind": "ValidatingWebhookConfiguration",
-              "metadata": {"name": f"protect-claims-{run}"},
-              "webhooks": [{"name": "protect.claims.e2e.draquota.io", "admissionReviewVersions": ["v1"],
-                            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
-                            "clientConfig": {"service": {"namespace": "minik8s-system", "name": "test-webhook",
-                                                         "port": port, "path": "/refuse"},
-                                             "caBundle": base64.b64encode(cluster.ca_file.read_bytes()).decode()},
-                            "namespaceSelector": {"matchLabels": labels or {RUN_LABEL: run}},
-                            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                                       "operations": ["DELETE"], "resources": ["resourceclaims"]}]}]}
-    try:
-        async with installed(kube, [config]):
-            yield refused
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_delete_another_webhook_refuses_keeps_the_reservation(cluster: ControlPlane, kube: Kube,

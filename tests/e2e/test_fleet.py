@@ -44,31 +44,11 @@ from runtime.metricnames import NAMESPACE_USAGE, QUOTA
 
 from .cluster import ControlPlane, free_ports
 from .driver import (
-    DRIVER,
-    RESOURCE_V1,
-    Gpu,
-    GpuFleet,
-    claim_spec,
-    create_claim,
-    create_claim_template,
-    create_device_class,
-    create_node,
-    create_pod,
-    exact_request,
-    publish_node_slice,
+    DRIVER, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim, create_claim_template, create_device_class,
+    create_node, create_pod, exact_request, publish_node_slice,
 )
+from .harness import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, installed, running
 from .kube import Kube, Obj, WaitTimeout, poll
-from .test_serve import (  # noqa: F401 - crd is a fixture
-    DQ,
-    RUN_LABEL,
-    MakeFleet,
-    MakeNamespace,
-    Served,
-    adapted_webhooks,
-    crd,
-    installed,
-    running,
-)
 from .timings import record
 
 ORPHAN_TTL = 30.0  # seconds (serve --reservation-ttl)
@@ -229,7 +209,7 @@ async def build_fleet(kube: Kube, gpus: GpuFleet) -> dict[tuple[str, str], Obj]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def fleet(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  # noqa: F811
+async def fleet(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,
                 make_namespace: MakeNamespace, make_fleet: MakeFleet) -> AsyncIterator[Fleet]:
     """Fleet, classes, namespace and DeviceQuotas first, then the process: its readiness
     means all of them are in its caches."""

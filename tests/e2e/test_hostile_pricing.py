@@ -19,26 +19,11 @@ import pytest
 from quota.work import CLAIM_COST_BUDGET
 
 from .driver import RESOURCE_V1, Gpu
+from .harness import Setup, amounts, create, denial, exceeded, make_quota, wait_status
 from .kube import Kube, poll
-from .test_controller import amounts, wait_status
-from .test_serve import Setup, create, crd, denial, exceeded, make_quota, served, setup  # noqa: F401
+from .tenants import expensive
 
 pytestmark = pytest.mark.e2e
-
-
-def expensive(device_class: str, salt: int) -> dict[str, object]:
-    """A claim of 32 requests x 8 subrequests of `device_class`, each selector salted (module doc)."""
-    def selector(r: int, s: int) -> dict[str, object]:
-        # Per device (the whole attribute map is read) and ~3,500 units a device.
-        expression = (f"size(device.attributes) >= 0 && "
-                      f"lists.range(500).all(x, x + {salt * 256 + r * 8 + s} >= 0)")
-        return {"cel": {"expression": expression}}
-
-    return {"kind": "ResourceClaim", "metadata": {"name": f"hostile-{salt}"}, "spec": {"devices": {"requests": [
-        {"name": f"r{r}", "firstAvailable": [
-            {"name": f"s{s}", "deviceClassName": device_class, "selectors": [selector(r, s)]}
-            for s in range(8)]}
-        for r in range(32)]}}}
 
 
 async def test_honest_claims_are_decided_while_expensive_ones_are_in_flight_and_denied_by_budget(

@@ -16,13 +16,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from .harness import CRD, DQ
 from .kube import Kube
 from .kubectl import Kubectl
-from .test_serve import CRD, DQ, crd
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["crd"]  # the fixture, imported for its name
 
 NAMES = CRD["spec"]["names"]
 

@@ -27,20 +27,18 @@ import pytest_asyncio
 
 from quota.quantity import parse_quantity
 
+from ..tools.chart import NAMESPACE
 from .cluster import ControlPlane, free_ports
-from .conftest import unique
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, exact_request
+from .harness import DQ, RUN_LABEL, Served, adapted_webhooks, installed, running, unique
 from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
-from .test_kueue_harness import BATCH, CONTROLLER, holds, queue_objects, queues, workload_of
-from ..tools.chart import NAMESPACE
-from .test_chart import LEASE, chart_kubeconfig
-from .test_serve import DQ, RUN_LABEL, Served, adapted_webhooks, crd, installed, running
+from .queues import BATCH, CONTROLLER, holds, queues, workload_of
+from .shipped import LEASE, chart_kubeconfig
 
 pytestmark = pytest.mark.e2e
-GiB = 2**30
-__all__ = ["crd", "queue_objects"]  # fixtures used by name
 
+GiB = 2**30
 H100 = Gpu("NVIDIA H100-SXM5-80GB", "80Gi")
 WORKLOAD_LABEL = "draquota.io/workload"
 RETRY_SECONDS = 2

@@ -13,117 +13,20 @@ after each.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from kube.api import Resource
 
-from .conftest import unique
-from .driver import RESOURCE_V1, POD_IMAGE, claim_spec, create_claim_template, create_device_class, exact_request
-from .kube import Kube, Obj, poll
-from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue, condition
+from .driver import RESOURCE_V1, create_device_class
+from .harness import unique
+from .kube import Kube, Obj
+from .kueue import API, DEVICE_RESOURCE, Kueue, condition
+from .queues import BATCH, CONTROLLER, FIELD_MANAGER, charged, gpu_job, holds, kueue_namespace, queues, workload_of
 
 pytestmark = pytest.mark.e2e
-
-CONTROLLER = "draquota.io/devicequota"
-FIELD_MANAGER = "dra-quota"
-BATCH = "batch/v1"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def queue_objects(kueue: Kueue, kube: Kube) -> AsyncIterator[Callable[..., Awaitable[Obj]]]:
-    """Factory for cluster-scoped Kueue objects, deleted after the test (not awaited: a
-    ClusterQueue keeps its finalizer until its Workloads are gone with the namespace)."""
-    made: list[tuple[str, str]] = []
-
-    async def make(plural: str, body: Obj) -> Obj:
-        kueue.check_alive()
-        created = await kube.create(API, plural, body)
-        made.append((plural, created["metadata"]["name"]))
-        return created
-
-    yield make
-    for plural, name in reversed(made):
-        await kube.delete(API, plural, name)
-
-
-async def kueue_namespace(make_namespace: Callable[..., Awaitable[str]]) -> str:
-    return await make_namespace("kueue", labels={NAMESPACE_LABEL: "true"})
-
-
-def cluster_queue(name: str, flavor: str, namespace: str, *, devices: int, checks: tuple[str, ...] = ()) -> Obj:
-    spec: Obj = {
-        # Only the test's namespace: other tests' LocalQueues never draw on this quota.
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "resourceGroups": [{
-            "coveredResources": [DEVICE_RESOURCE],
-            "flavors": [{"name": flavor, "resources": [{"name": DEVICE_RESOURCE, "nominalQuota": devices}]}],
-        }],
-    }
-    if checks:
-        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
-    return {"kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
-
-
-async def queues(kube: Kube, make: Callable[..., Awaitable[Obj]], namespace: str, *, devices: int,
-                 checks: tuple[str, ...] = ()) -> tuple[str, str]:
-    """ResourceFlavor + ClusterQueue + LocalQueue; (ClusterQueue, LocalQueue) names."""
-    flavor = (await make("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": unique("rf")}}))
-    cq = await make("clusterqueues", cluster_queue(unique("cq"), flavor["metadata"]["name"], namespace,
-                                                   devices=devices, checks=checks))
-    lq = unique("lq")
-    await kube.create(API, "localqueues", {"kind": "LocalQueue", "metadata": {"name": lq},
-                                           "spec": {"clusterQueue": cq["metadata"]["name"]}}, namespace=namespace)
-    return cq["metadata"]["name"], lq
-
-
-async def gpu_job(kube: Kube, namespace: str, queue: str, *, devices: int, device_class: str = DEVICE_CLASS) -> Obj:
-    """A suspended Job for `queue` whose one pod stamps a claim for `devices` of `device_class`."""
-    await create_claim_template(kube, namespace, "gpus",
-                                claim_spec(exact_request("gpu", device_class, count=devices)))
-    pod: Obj = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpus"}],
-        "containers": [{"name": "main", "image": POD_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
-    }
-    job: Obj = {
-        "kind": "Job",
-        "metadata": {"name": unique("job"), "labels": {QUEUE_LABEL: queue}},
-        "spec": {"suspend": True, "parallelism": 1, "completions": 1, "template": {"spec": pod}},
-    }
-    return await kube.create(BATCH, "jobs", job, namespace=namespace)
-
-
-async def workload_of(kube: Kube, job: Obj, predicate: Callable[[Obj], bool], what: str,
-                      timeout: float = 60.0) -> Obj:
-    """The Workload Kueue made for `job` (owned by it), once `predicate` holds."""
-    namespace, uid = job["metadata"]["namespace"], job["metadata"]["uid"]
-    last: list[Obj] = []
-
-    async def probe() -> Obj | None:
-        last[:] = [w for w in await kube.list(API, "workloads", namespace=namespace)
-                   if any(o.get("uid") == uid for o in w["metadata"].get("ownerReferences") or [])]
-        return next((w for w in last if predicate(w)), None)
-
-    try:
-        found: Obj = await poll(probe, timeout=timeout, what=f"the Workload of Job {job['metadata']['name']}: {what}")
-    except AssertionError as e:
-        raise AssertionError(f"{e}; Workloads seen: {last}") from None
-    return found
-
-
-def holds(kind: str, status: str = "True") -> Callable[[Obj], bool]:
-    return lambda obj: (condition(obj, kind) or {}).get("status") == status
-
-
-def charged(workload: Obj) -> list[dict[str, Any]]:
-    return [{"flavors": a.get("flavors"), "usage": a.get("resourceUsage")}
-            for a in workload["status"]["admission"]["podSetAssignments"]]
 
 
 async def test_kueue_admits_a_dra_job_and_unsuspends_it(

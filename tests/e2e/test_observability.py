@@ -28,31 +28,13 @@ import yaml
 from certs.authority import inspect
 from kube.events import EventKey, EventRecorder, Ref
 from runtime.metricnames import (
-    ADMIN_ACCESS_DECISIONS,
-    ADMISSION_REQUESTS,
-    BUILD_INFO,
-    CERTIFICATE_EXPIRATION,
-    EVENTS_DROPPED,
-    WATCH_SYNCED,
+    ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, WATCH_SYNCED,
 )
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
+from .harness import DQ, RUN_LABEL, MakeNamespace, Served, Setup, annotated, claim_body, denial, make_quota, running
 from .kube import ApiError, Kube, Obj, poll, resource_path
-from .test_serve import (  # noqa: F401 - crd and setup are fixtures
-    DQ,
-    RUN_LABEL,
-    MakeNamespace,
-    Served,
-    Setup,
-    annotated,
-    running,
-    claim_body,
-    crd,
-    denial,
-    make_quota,
-    setup,
-)
 from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +50,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:  # noqa: F811
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     """`serve` with an adminAccess allowlist of one user and metrics on a free port."""
     policy = tmp_path / "admin-access-policy.yaml"
     policy.write_text(f"users: [{OPS}]\n")

@@ -20,14 +20,7 @@ from quota.model import Charge, DeviceClassName, DeviceKey
 from quota.pricing import Pricer
 
 from .driver import (
-    RESOURCE_V1,
-    Gpu,
-    GpuFleet,
-    claim_spec,
-    create_claim_template,
-    create_pod,
-    exact_request,
-    free_pod,
+    RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
     wait_pod_allocated,
 )
 from .kube import Kube

@@ -38,13 +38,10 @@ from quota.quantity import parse_quantity
 from quota.reservations import MAX_ENTRIES, Reservation
 
 from .driver import RESOURCE_V1
+from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed
 from .kube import ApiError, Kube, Obj, poll
-from .test_replicas import CLIENTS, clients
-from .test_serve import DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, crd, governed, served, setup
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["clients", "crd", "served", "setup"]  # fixtures, imported for their names
 
 GPU = 80 * 1024**3
 BURST = 1100

@@ -3,7 +3,7 @@
 Both processes listen on one loopback port with SO_REUSEPORT (`--reuse-port`), which
 the API server's --loopback-service resolver dials for the webhook Service; the kernel
 spreads the API server's connections over them. The shipped webhook configurations are
-applied as in test_serve.py (its helpers are reused). Every DeviceQuota, namespace and
+applied as tests/e2e/harness.py does. Every DeviceQuota, namespace and
 device exists before the replicas start, so `/readyz` means each replica has them all.
 
 Bursts, each in its own namespace with `hard` = K x 80Gi (K claims of one 80Gi GPU), each
@@ -26,32 +26,19 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
-from .kube import ApiError, Kube, Obj, poll
-from .test_serve import (
-    ADMISSION,
-    DQ,
-    PLURALS,
-    RUN_LABEL,
-    MakeFleet,
-    MakeNamespace,
-    Served,
-    adapted_webhooks,
-    crd,
-    review_latencies,
+from .harness import (
+    ADMISSION, CLIENTS, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, review_latencies,
 )
+from .kube import ApiError, Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["crd"]  # the fixture, imported for its name
 
 GiB = 1024**3
 K = 40
@@ -60,29 +47,16 @@ K = 40
 # and any replica's watch lag. 3 s was not, on a loaded 2-core CI machine: an entry expired
 # before its claim was persisted or seen, and a 41st claim of 40 was admitted.
 TTL = 20.0
-CLIENTS = 4
 BURST = 300
 ROUNDS = 3
 
 
 @dataclass
 class Replica(Served):
-    """A `Served` on a shared port (--reuse-port) with a short reservation TTL."""
+    """A `Served` on a shared port (--reuse-port: `start` also waits for this replica's own
+    readiness, devcluster/served.py) with a short reservation TTL."""
 
     args: tuple[str, ...] = ("--reuse-port", "--reservation-ttl", str(TTL))
-
-    async def start(self) -> None:
-        # The log is appended to across restarts: count this start's line.
-        earlier = self.log_text().count("ready after")
-        await super().start()
-        # /readyz on the shared port may have been answered by the other replica: this
-        # process says itself when its caches synced.
-        async def ready() -> bool:
-            if self.exited() is not None:
-                raise AssertionError(f"dra-quota serve exited with {self.exited()}")
-            return self.log_text().count("ready after") > earlier
-
-        await poll(ready, timeout=60, what=f"dra-quota serve ({self.log.name}) ready")
 
 
 @dataclass
@@ -97,16 +71,6 @@ class Burst:
     @property
     def rate(self) -> float:
         return (self.created + self.exceeded + self.retries) / self.seconds
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def clients(cluster: ControlPlane) -> AsyncIterator[list[Kube]]:
-    opened = [cluster.client() for _ in range(CLIENTS)]
-    try:
-        yield opened
-    finally:
-        for client in opened:
-            await client.close()
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,11 @@ import time
 import pytest
 
 from .driver import RESOURCE_V1, claim_spec, create_claim_template, create_pod, exact_request
+from .harness import Setup, annotated, make_quota
 from .kube import Kube, Obj, poll
-from .test_serve import Setup, annotated, crd, make_quota, served, setup
 from .timings import record
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["crd", "served", "setup"]  # fixtures, imported for their names
 
 FAILURES = 14
 REQUEUE_WAIT = 30.0  # below the controller's own next retry (41 s), far above a requeue's

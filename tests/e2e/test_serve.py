@@ -1,16 +1,8 @@
 """`dra-quota serve` as a process, reached by the real 1.37 API server through its Service.
 
 The process runs with the admin kubeconfig and the test webhook certificate on a free
-loopback port; the shipped configurations (deploy/manifests/webhooks.yaml) are applied
-with what a shared test cluster needs, as in test_admission_config.py:
-- unique object names per test;
-- the namespaceSelector also requires a per-test namespace label, so no other e2e
-  test's objects are ever sent to this process (the shipped requirements stay);
-- clientConfig.service.port -> the process's port (the API server's --loopback-service
-  resolver dials 127.0.0.1:<service port> and verifies the certificate for
-  dra-quota-webhook.dra-quota-system.svc) and the test CA as caBundle.
-The configurations are deleted after each test before the process stops: a
-configuration left pointing at a dead server fails every later claim create.
+loopback port, behind the shipped configurations adapted for a shared test cluster
+(tests/e2e/harness.py says how; the `served` and `setup` fixtures are conftest.py's).
 On failure, the process's log is attached to the error.
 """
 
@@ -20,188 +12,16 @@ import asyncio
 import contextlib
 import re
 import ssl
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
-import yaml
 
-from devcluster.served import Served as Served  # re-exported: the e2e modules take it from here
-
-from .cluster import ControlPlane, free_ports
-from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request
+from .driver import RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request
+from .harness import ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies
 from .kube import ApiError, Kube, Obj, poll
 from .timings import record
-from .webhook_recorder import adapted_webhooks as shipped_for_test
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-CRD = yaml.safe_load((ROOT / "deploy/crds/devicequota.yaml").read_text())
-ADMISSION = "admissionregistration.k8s.io/v1"
-DQ = "draquota.io/v1alpha1"
-RUN_LABEL = "e2e.draquota.io/serve"
-QUOTA_HOOK = "quota.resourceclaims.draquota.io"
-# Its fail-open copy, which answers for namespaces no DeviceQuota governs.
-QUOTA_HOOK_OPEN = "quota-ungoverned.resourceclaims.draquota.io"
-PLURALS = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
-           "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
-
-MakeNamespace = Callable[..., Awaitable[str]]
-MakeFleet = Callable[..., Awaitable[GpuFleet]]
-
-
-# -- the process (devcluster.served.Served, shared with `dra-quota demo`) ----------------------
-
-
-async def running(handle: Served) -> AsyncIterator[Served]:
-    """Body of a fixture: `handle` started (its log attached to a failure), killed after."""
-    try:
-        with handle.log_on_failure():
-            await handle.start()
-        yield handle
-    finally:
-        await handle.kill()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
-    async for handle in running(Served(cluster, free_ports(1)[0], tmp_path / "serve.log")):
-        yield handle
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def crd(kube: Kube) -> None:
-    try:
-        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CRD)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                  CRD["metadata"]["name"], "Established", timeout=60)
-
-
-# -- the webhook configurations -----------------------------------------------------------------
-
-
-@dataclass
-class Setup:
-    run: str
-    namespace: str
-    fleet: GpuFleet
-    served: Served
-    configs: list[tuple[str, str]]
-
-
-def adapted_webhooks(run: str, port: int, cluster: ControlPlane) -> list[Obj]:
-    return shipped_for_test(run, port, cluster, label=RUN_LABEL, name_suffix="serve", selector="namespaceSelector")
-
-
-@contextlib.asynccontextmanager
-async def installed(kube: Kube, configs: list[Obj]) -> AsyncIterator[list[tuple[str, str]]]:
-    """The webhook configurations created; deleted again (newest first) on the way out,
-    before whatever they point at stops, so no later request is refused by a dead server.
-    Yields the (plural, name) of each one created."""
-    created: list[tuple[str, str]] = []
-    try:
-        for config in configs:
-            plural = PLURALS[config["kind"]]
-            await kube.create(ADMISSION, plural, config)
-            created.append((plural, config["metadata"]["name"]))
-        yield created
-    finally:
-        for plural, name in reversed(created):
-            await kube.delete(ADMISSION, plural, name)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def setup(cluster: ControlPlane, kube: Kube, served: Served, make_namespace: MakeNamespace,
-                make_fleet: MakeFleet) -> AsyncIterator[Setup]:
-    """A labelled namespace, a 4-GPU fleet, and the webhook configurations pointing at `served`.
-
-    Depends on `served` and `make_namespace`, so its teardown (deleting the configurations)
-    runs before the process stops and before the namespace goes.
-    """
-    run = uuid.uuid4().hex[:8]
-    fleet = await make_fleet("serve")
-    await fleet.add_node("n1", [Gpu()] * 4)
-    namespace = await make_namespace("serve", labels={RUN_LABEL: run})
-    async with installed(kube, adapted_webhooks(run, served.port, cluster)) as created:
-        yield Setup(run, namespace, fleet, served, created)
-
-
-async def governed(kube: Kube, namespace: str, *, timeout: float = 30) -> None:
-    """Wait until the leader labelled `namespace` draquota.io/governed=true: from then on
-    its claims go to the fail-closed copies of the webhooks (QUOTA_HOOK by name)."""
-
-    async def labelled() -> bool:
-        ns = await kube.get("v1", "namespaces", namespace)
-        return bool((ns["metadata"].get("labels") or {}).get("draquota.io/governed") == "true")
-
-    await poll(labelled, timeout=timeout, what=f"namespace {namespace} to be labelled draquota.io/governed=true")
-
-
-async def annotated(kube: Kube, namespace: str, name: str, *, timeout: float = 30) -> dict[str, str]:
-    """The claim's annotations once the leader wrote our charge on it (it does so once the
-    claim exists: no mutating webhook)."""
-
-    async def written() -> dict[str, str] | None:
-        claim = await kube.get(RESOURCE_V1, "resourceclaims", name, namespace=namespace)
-        annotations: dict[str, str] = claim["metadata"].get("annotations") or {}
-        return annotations if "draquota.io/charge" in annotations else None
-
-    annotations: dict[str, str] = await poll(written, timeout=timeout, what=f"the leader to annotate {namespace}/{name}")
-    return annotations
-
-
-async def make_quota(kube: Kube, setup: Setup, name: str, memory: str) -> None:
-    """A DeviceQuota, then wait until the process enforces it (a dry-run probe it must deny)
-    and the leader labelled the namespace governed."""
-    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": name},
-                                           "spec": {"hard": {"memory": memory}}}, namespace=setup.namespace)
-    await governed(kube, setup.namespace)
-
-    async def enforced() -> bool:
-        # Four GPUs never fit: denied with the quota's message once the webhooks are
-        # called and the process has the quota and the fleet's devices in its caches.
-        message = await denial(create(kube, setup, "probe", count=4, dry_run=True))
-        return f'exceeded DeviceQuota "{name}"' in message
-
-    await poll(enforced, timeout=30, what="the webhook to enforce the DeviceQuota")
-
-
-def claim_body(setup: Setup, name: str, count: int = 1) -> Obj:
-    return {"kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class, count=count))}
-
-
-async def create(kube: Kube, setup: Setup, name: str, *, count: int = 1, dry_run: bool = False) -> Obj:
-    return await kube.create(RESOURCE_V1, "resourceclaims", claim_body(setup, name, count),
-                             namespace=setup.namespace, dry_run=dry_run)
-
-
-async def denial(call: Awaitable[Any]) -> str:
-    """The API server's message for a denied write ("" when it was allowed)."""
-    try:
-        await call
-    except ApiError as err:
-        if err.status in (403, 422):
-            return err.message
-        raise
-    return ""
-
-
-def exceeded(quota: str, *, used: str, reserved: str, limited: str, requested: str = "80Gi") -> str:
-    return (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "{quota}": '
-            f"requested memory={requested}, used memory={used}, reserved memory={reserved}, limited memory={limited}")
-
-
-def review_latencies(log: str) -> list[float]:
-    return [float(m) for m in re.findall(r" uid=\S+ in ([0-9.]+)ms", log)]
 
 
 # -- tests --------------------------------------------------------------------------------------

@@ -7,33 +7,19 @@ test proves what `top` reads and prints, the kubeconfig handling and the exit co
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from .cluster import ControlPlane, free_ports
+from .harness import DQ, MakeNamespace, Served, running, top
 from .kube import Kube
-from .test_serve import DQ, ROOT, MakeNamespace, Served, crd, running
 
 pytestmark = pytest.mark.e2e
 
-__all__ = ["crd"]  # the fixture, imported for its name
-
 GiB = 1024**3
-
-
-async def top(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "commands.cli", "top", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def test_top_prints_published_usage(cluster: ControlPlane, kube: Kube, crd: None,

@@ -50,32 +50,11 @@ from webhook.usagemetrics import DEVICE_INFO_LABELS
 
 from .cluster import ControlPlane, free_ports
 from .driver import (
-    DRIVER,
-    RESOURCE_V1,
-    GpuFleet,
-    claim_spec,
-    create_claim,
-    create_claim_template,
-    create_device_class,
-    create_node,
-    create_pod,
-    exact_request,
-    free_pod,
-    publish_node_slice,
-    wait_pod_allocated,
+    DRIVER, RESOURCE_V1, GpuFleet, claim_spec, create_claim, create_claim_template, create_device_class, create_node,
+    create_pod, exact_request, free_pod, publish_node_slice, wait_pod_allocated,
 )
+from .harness import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, installed, running
 from .kube import Kube, Obj, WaitTimeout, poll
-from .test_serve import (  # noqa: F401 - crd is a fixture
-    DQ,
-    MakeFleet,
-    MakeNamespace,
-    RUN_LABEL,
-    Served,
-    adapted_webhooks,
-    crd,
-    installed,
-    running,
-)
 
 pytestmark = pytest.mark.e2e
 
@@ -110,7 +89,7 @@ class World:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,  # noqa: F811
+async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,
                 make_namespace: MakeNamespace, make_fleet: MakeFleet) -> AsyncIterator[World]:
     port, metrics_port = free_ports(2)
     async for served in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
