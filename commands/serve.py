@@ -405,8 +405,8 @@ async def serve(options: ServeOptions) -> int:
     log.info("Kueue AdmissionCheck controller: %s (--kueue %s)", "on" if kueue else "off", options.kueue)
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
                     also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
-    ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, options.allocation_check,
-                       reservations=caches.reservations,
+    ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, caches.reservations,
+                       options.allocation_check,
                        learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer)
     metrics, recorder, observe = _observability(api, caches, tls, manager, leading)
     connections = Connections(options.limits)

@@ -1,8 +1,10 @@
 """Admission decisions for claims and templates, shared by the webhook and `check`.
 
-Neighbours: `quota.pricing` prices, `quota.ledger` checks and reserves, the webhook
-(webhook/) and the offline checker (`quota.check`) are thin adapters over `Admitter`,
-so both run exactly the same code. Pure and synchronous.
+Neighbours: `quota.pricing` prices; the webhook (webhook/) and the offline checker
+(`quota.check`) are thin adapters over `Admitter`, so both price exactly the same way
+and check with the same rule (`quota.devicequota.check`): the checker against this
+ledger (`quota.ledger` checks and reserves), the webhook against the reservations
+persisted on DeviceQuota status (`quota.reservations`). Pure and synchronous.
 
 Every method that prices takes the `budget` of the review it serves (`quota.work`; a
 review of its own when None) and prices each claim under a claim budget inside it: a
@@ -138,7 +140,9 @@ class Admitter:
         self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False,
         budget: Budget | None = None,
     ) -> Admission:
-        """CREATE of an unallocated claim: price, check every quota, reserve if it fits."""
+        """CREATE of an unallocated claim in `dra-quota check`: price, check every quota,
+        reserve in this ledger if it fits (the webhook persists its reservations instead:
+        `price_for_admission`, `charges`)."""
         entry = self._priced_entry(claim, namespace_labels, budget)
         if isinstance(entry, Admission):
             return entry

@@ -14,7 +14,8 @@ from controllers.quotas import QuotaController
 
 from ..builders import GiB, make_quota
 from ..test_ledger import entry
-from ..kube.test_quotawriter import GPU, NS, FakeApi, setup
+from ..kube.scripted import FakeApi
+from ..kube.test_quotawriter import GPU, NS, setup
 
 Running = tuple[FakeApi, QuotaController, list[bool]]
 
