@@ -278,7 +278,8 @@ class Caches:
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
-                                    leading=leading, run=self.slicer.run) if leading is not None else None)
+                                    leading=leading, run=lambda fn: self.slicer.run(fn, wait=True))
+                          if leading is not None else None)
         # The claim watch's progress and the claim store's versions: the persisted
         # reservations' watermark (quota.reservations) waits on the one, reads the other.
         progress = Progress()

@@ -28,13 +28,12 @@ from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
 from quota.ledger import ClaimRef, Entry
 from runtime.guard import guarded
-from runtime.slicing import Busy, Slicer
+from runtime.slicing import Slicer
 
 __all__ = ["Refiner"]
 
 log = logging.getLogger(__name__)
 
-_BUSY_BACKOFF = 1.0  # seconds before retrying when the slow lane is full
 FREEZE_AFTER = 1000  # claims waiting at once: their pricing is a rebuild (`Refiner.run`)
 
 
@@ -87,8 +86,9 @@ class Refiner:
                 await self._drain(len(self._queue))
 
     async def _drain(self, limit: int) -> bool:
-        """Price up to `limit` waiting claims; False when the slow lane was full meanwhile."""
-        clean = True
+        """Price up to `limit` waiting claims; False when a call waited behind a full slow
+        lane meanwhile (`Slicer.crowded`: reviews were being refused)."""
+        crowded = self.slicer.crowded
         while self._queue and limit > 0:
             limit -= 1
             # A claim whose pricing ends in its first slice awaits nothing: give the
@@ -98,15 +98,10 @@ class Refiner:
             claim, bound = self._queue.pop(ref)
             if self.admitter.ledger.entry(ref) is not bound:
                 continue  # accounted since by its own event, or gone
-            try:
-                priced = await self.slicer.run(
-                    lambda: guarded(f"pricing stored ResourceClaim {claim.namespace}/{claim.name}",
-                                    lambda: self.admitter.existing_entry(claim)))
-            except Busy:
-                self._queue.setdefault(ref, (claim, bound))
-                clean = False
-                await asyncio.sleep(_BUSY_BACKOFF)
-                continue
+            # Waits its turn in a full slow lane: nobody retries this, and the bound counts meanwhile.
+            priced = await self.slicer.run(
+                lambda: guarded(f"pricing stored ResourceClaim {claim.namespace}/{claim.name}",
+                                lambda: self.admitter.existing_entry(claim)), wait=True)
             if priced is None or self.admitter.ledger.entry(ref) is not bound:
                 continue  # failed (logged: the bound stays), or replaced while it was priced
             self.admitter.ledger.add_or_update_claim(priced)
@@ -114,7 +109,7 @@ class Refiner:
             log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
                       claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
             self.changed(claim.namespace)
-        return clean
+        return self.slicer.crowded == crowded
 
 
 def _total(entry: Entry) -> str:

@@ -152,32 +152,30 @@ async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monk
     gc.unfreeze()  # the rest of the session collects as ever
 
 
-async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: Any) -> None:
-    """Under an attack the slow lane is full: the drain still ends (only the claims that
-    were waiting when it began), and what it built meanwhile, the attack's garbage among
-    it, is not frozen (a frozen cycle is never collected)."""
+async def test_a_drain_that_met_a_full_slow_lane_waits_its_turn_and_freezes_nothing(monkeypatch: Any) -> None:
+    """Under an attack the slow lane is full: the drain's pricing waits its turn (nobody
+    would retry it) and still ends (only the claims that were waiting when it began),
+    and what it built meanwhile, the attack's garbage among it, is not frozen (a frozen
+    cycle is never collected)."""
     import controllers.refine
     from kube.rebuilds import Rebuilds
-    from runtime.slicing import Busy
+
+    from ..runtime.test_slicing import full_lane
 
     monkeypatch.setattr(controllers.refine, "FREEZE_AFTER", 3)
-    monkeypatch.setattr(controllers.refine, "_BUSY_BACKOFF", 0)
     admitter, store, _, _ = world()
-    slicer = Slicer()
-    refused = [1]
-    real_run = slicer.run
-
-    async def run(fn: Any) -> Any:
-        if refused:
-            refused.pop()
-            raise Busy(32)
-        return await real_run(fn)
-
-    slicer.run = run  # type: ignore[method-assign]
+    # Every pricing past its first pause point goes to the slow lane.
+    slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
     rebuilds = Rebuilds()
     refiner = Refiner(admitter, slicer, changed=lambda _: None, rebuilds=rebuilds)
     store.provisional = refiner.add
     store.replace(never_priced(3))
-    await refine(refiner, admitter)
-    assert not refused and refiner.refined == 3
+    task = asyncio.create_task(refine(refiner, admitter))
+    async with full_lane(slicer), asyncio.timeout(5):  # a hang fails the test, it never paces it
+        while not slicer.crowded:  # the first pricing waiting behind the full lane
+            assert not task.done()
+            await asyncio.sleep(0)
+        assert refiner.refined == 0
+    await task
+    assert refiner.refined == 3 and slicer.crowded >= 1
     assert rebuilds.freezes == 0
