@@ -45,7 +45,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,8 +69,7 @@ from controllers.refine import Refiner
 from controllers.requeue import Requeuer
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import ApiError, KubeApi, Resource
-from kube.caches import (ClaimStore, ClassStore, NamespaceStore, Notifying, QuotaStore, SliceStore,
-                            namespace_name)
+from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, QuotasChanged, SliceStore
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds, collect_young
@@ -78,7 +77,7 @@ from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim,
 from quota.admission import Admitter
 from quota.inventory import Inventory
 from quota.leases import Timing
-from quota.ledger import Ledger
+from quota.ledger import Ledger, QuotaKey
 from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
 from quota.policy import PolicyError
 from quota.pricing import Pricer
@@ -284,15 +283,18 @@ class Caches:
         # reservations' watermark (quota.reservations) waits on the one, reads the other.
         progress = Progress()
         claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
-                                 holders=self.holders, recorder=self.annotator, provisional=self.refiner.add)
+                                 holders=self.holders, recorder=self.annotator, provisional=self.refiner.add,
+                                 changed=self._tell)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
                                          claim_version=claim_store.version,
                                          claim_recorded=claim_store.recorded_version)
         claim_store.deleted = self.reservations.claim_deleted
 
-        # Told the namespace of every claim and DeviceQuota event (None: a whole list);
-        # the quota controller listens here (controllers.quotas).
-        self.changed: list[Callable[[str | None], None]] = []
+        # Told the quotas every claim, DeviceQuota and Workload event moved (None: any), as
+        # the ledger returns them; the quota controller listens here (controllers.quotas).
+        self.changed: list[QuotasChanged] = []
+        # Told the namespace of every Namespace event (controllers.governed).
+        self.namespaces_changed: list[Callable[[str | None], None]] = []
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False,
                       settings: WatchSettings = WatchSettings()) -> Reflector:
@@ -300,18 +302,15 @@ class Caches:
                              progress=progress if claims else None, settings=settings,
                              rebuild=self.rebuilds.relist)
 
-        def notifying(store: Store, **kwargs: Callable[[Mapping[str, Any]], str]) -> Notifying:
-            return Notifying(store, self._tell, **kwargs)
-
         self.first = [
             reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
             reflector(CLASSES, ClassStore(self.classes)),
-            reflector(NAMESPACES, notifying(NamespaceStore(self.namespaces), namespace_of=namespace_name)),
-            reflector(QUOTAS, notifying(QuotaStore(self.admitter, observe=self.reservations.observe,
-                                                   drop=self.reservations.drop, reprice=self.refiner.add))),
+            reflector(NAMESPACES, NamespaceStore(self.namespaces, changed=self._tell_namespace)),
+            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe, drop=self.reservations.drop,
+                                         reprice=self.refiner.add, changed=self._tell)),
             *also,
         ]
-        self.claims = reflector(CLAIMS, notifying(claim_store), claims=True)
+        self.claims = reflector(CLAIMS, claim_store, claims=True)
         # Kueue (controllers.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None
@@ -328,8 +327,13 @@ class Caches:
         for r in also:
             r.rebuild = self.rebuilds.relist
 
-    def _tell(self, namespace: str | None) -> None:
+    def _tell(self, keys: Iterable[QuotaKey] | None) -> None:
+        keys = None if keys is None else tuple(keys)
         for listener in self.changed:
+            listener(keys)
+
+    def _tell_namespace(self, namespace: str | None) -> None:
+        for listener in self.namespaces_changed:
             listener(namespace)
 
     @property
@@ -567,7 +571,8 @@ async def _lead(elector: LeaderElector, caches: Caches, options: ServeOptions, r
     governed = GovernedLabels(caches.reservations.api, caches.admitter.ledger, caches.namespaces,
                               leading=elector.leading, resync=options.resync_seconds)
     caches.changed.append(controller.changed)
-    caches.changed.append(governed.changed)
+    caches.changed.append(governed.quotas_changed)
+    caches.namespaces_changed.append(governed.changed)
 
     async def work() -> None:
         await caches.wait_synced()

@@ -4,7 +4,8 @@ Neighbours: `kube.caches.ClaimStore` enters each unallocated claim this process 
 not admit (it started later, or the claim was deallocated) at
 `quota.admission.Admitter.bound_entry` and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota
-controller is told the namespace (`changed`) so DeviceQuota status follows.
+controller is told the quotas whose usage the new price moved (`changed`) so
+DeviceQuota status follows.
 
 Why: pricing every stored claim before ready let ten expensive claims hold a fresh
 replica's readiness from 0.11 s to 16.4 s, and a thousand would keep a rollout not
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from kube.rebuilds import Rebuilds
 from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef, Entry, QuotaKey
 from runtime.guard import guarded
 from runtime.slicing import Slicer
 
@@ -38,7 +39,7 @@ FREEZE_AFTER = 1000  # claims waiting at once: their pricing is a rebuild (`Refi
 
 
 class Refiner:
-    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[str], None],
+    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[Iterable[QuotaKey]], None],
                  rebuilds: Rebuilds | None = None) -> None:
         self.admitter = admitter
         self.slicer = slicer
@@ -104,11 +105,11 @@ class Refiner:
                                 lambda: self.admitter.existing_entry(claim)), wait=True)
             if priced is None or self.admitter.ledger.entry(ref) is not bound:
                 continue  # failed (logged: the bound stays), or replaced while it was priced
-            self.admitter.ledger.add_or_update_claim(priced)
+            keys = self.admitter.ledger.add_or_update_claim(priced)
             self.refined += 1
             log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
                       claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
-            self.changed(claim.namespace)
+            self.changed(keys)
         return self.slicer.crowded == crowded
 
 

@@ -27,7 +27,7 @@ from quota.claims import (
 )
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.explain import conservative_note
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
 from quota.model import Charge, DeviceClassName, Mode, Namespace
 from quota.priced import PricedRequest, Pricing, at_least_recorded
 from quota.pricing import Pricer
@@ -36,7 +36,7 @@ from quota.validation import MAX_INT64
 from quota.work import Budget
 
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Fit",
-           "charged_above", "claim_ref", "object_ref"]
+           "Repriced", "charged_above", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -68,6 +68,16 @@ class Admission:
     @property
     def charge(self) -> Charge:
         return self.pricing.total
+
+
+@dataclass(frozen=True, slots=True)
+class Repriced:
+    """What counting a DeviceQuota changed (`Admitter.add_or_update_quota`, `price_for`):
+    the quotas whose usage may have moved (the ledger's keys), and the unallocated claims
+    still to price for its devices, each with the entry that counts it meanwhile."""
+
+    keys: tuple[QuotaKey, ...] = ()
+    stale: tuple[tuple[Claim, Entry], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,10 +340,11 @@ class Admitter:
         """What a Workload's `entry` takes from each quota of its namespace."""
         return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(entry.namespace)}
 
-    def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> None:
+    def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> tuple[QuotaKey, ...]:
         """Count an unallocated claim that already exists, without a check: one admitted
-        before this process started, or deallocated. Refusing it now would change nothing."""
-        self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
+        before this process started, or deallocated. Refusing it now would change nothing.
+        The quotas whose usage it moved (`Ledger.add_or_update_claim`)."""
+        return self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
 
     def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
         """What `reserve_existing` counts: the estimate in every mode, in the default mode
@@ -348,35 +359,37 @@ class Admitter:
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
         return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
 
-    def add_or_update_quota(self, quota: DeviceQuota) -> list[tuple[Claim, Entry]]:
+    def add_or_update_quota(self, quota: DeviceQuota) -> Repriced:
         """Count `quota` (`Ledger.add_or_update_quota`), and price the namespace's claims
         for its `spec.devices` where no quota there selected those devices before.
 
         Allocated claims are priced again at once, from their devices (no tenant CEL:
-        `Pricer.rescoped`). Unallocated ones are returned, each with the entry that counts
-        it meanwhile (its unscoped charge: more than the truth, never less): the caller
-        prices them as stored claims (`controllers.refine`, budgeted) or with
-        `reserve_existing`. Only a selection new to the namespace costs a pass over its
-        claims: a quota's status writes come back as updates of an unchanged spec.
+        `Pricer.rescoped`). Unallocated ones are returned (`Repriced.stale`), each with the
+        entry that counts it meanwhile (its unscoped charge: more than the truth, never
+        less): the caller prices them as stored claims (`controllers.refine`, budgeted) or
+        with `reserve_existing`. Only a selection new to the namespace costs a pass over
+        its claims: a quota's status writes come back as updates of an unchanged spec.
         """
         before = self._selections(quota.namespace)
-        self.ledger.add_or_update_quota(quota)
+        keys = self.ledger.add_or_update_quota(quota)
         selection = quota.scope.devices
         if selection.everything or selection in before:
-            return []
-        return self.price_for(quota.namespace, selection)
+            return Repriced(keys)
+        repriced = self.price_for(quota.namespace, selection)
+        return Repriced(tuple(dict.fromkeys((*keys, *repriced.keys))), repriced.stale)
 
     def selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The device selections claims of `namespace` are priced for (`add_or_update_quota`)."""
         return self._selections(namespace)
 
-    def price_for(self, namespace: Namespace, selection: DeviceSelection) -> list[tuple[Claim, Entry]]:
+    def price_for(self, namespace: Namespace, selection: DeviceSelection) -> Repriced:
         """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
         to it: allocated claims priced again at once, unallocated ones returned (also after
         a relist built while the selection arrived: `kube.caches.ClaimStore.replace`)."""
         selections = self._selections(namespace)
         if selection not in selections:
-            return []
+            return Repriced()
+        keys: dict[QuotaKey, None] = {}
         stale: list[tuple[Claim, Entry]] = []
         for entry in list(self.ledger.entries_in(namespace)):
             if all(p.priced_for(selection) for p in entry.pricing.values()):
@@ -386,10 +399,10 @@ class Admitter:
                 # Pricing may pause (a sliced relist): a claim deleted or changed meanwhile
                 # must not come back as it was.
                 if self.ledger.entry(entry.ref) is entry:
-                    self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))
+                    keys.update(dict.fromkeys(self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))))
             elif entry.claim is not None:
                 stale.append((entry.claim, entry))
-        return stale
+        return Repriced(tuple(keys), tuple(stale))
 
     def priced_before(self, claim: Claim) -> bool:
         """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""

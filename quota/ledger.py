@@ -122,6 +122,13 @@ class Ledger:
         self._usage.pop((namespace, name), None)
         return ((namespace, name),)
 
+    def quota(self, namespace: Namespace, name: str) -> DeviceQuota | None:
+        return self._quotas.get(namespace, {}).get(name)
+
+    def keys(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
+        """The keys of `namespace`'s quotas."""
+        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
+
     def quotas(self, namespace: Namespace | None = None) -> list[DeviceQuota]:
         if namespace is not None:
             return list(self._quotas.get(namespace, {}).values())
@@ -161,14 +168,17 @@ class Ledger:
         """Whether this ledger counts `ref`: a claim it holds, or an admitted Workload."""
         return ref in self._entries or self.holding(ref) is not None
 
-    def set_pod(self, pod: str, workload: ClaimRef | None) -> None:
-        """Pod uid `pod` belongs to `workload` (None: to none, or the Pod is gone)."""
+    def set_pod(self, pod: str, workload: ClaimRef | None) -> tuple[QuotaKey, ...]:
+        """Pod uid `pod` belongs to `workload` (None: to none, or the Pod is gone); the
+        quotas of the holdings it left or joined (its claims draw on those)."""
         old = self._pod_workload.pop(pod, None)
         if old is not None:
             self._workload_pods.get(old, set()).discard(pod)
         if workload is not None:
             self._pod_workload[pod] = workload
             self._workload_pods.setdefault(workload, set()).add(pod)
+        held = [h.namespace for ref in (old, workload) if ref is not None and (h := self.holding(ref)) is not None]
+        return tuple(key for namespace in dict.fromkeys(held) for key in self.keys(namespace))
 
     def knows_pod(self, pod: str) -> bool:
         return pod in self._pod_workload
@@ -196,7 +206,7 @@ class Ledger:
 
     def _touch(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
         self._namespace_generation[namespace] = self._namespace_generation.get(namespace, 0) + 1
-        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
+        return self.keys(namespace)
 
     # -- claims -------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from runtime.slicing import Slicer
@@ -26,14 +26,14 @@ NS = Namespace("team-a")
 SMALL = f"device.capacity['{D}'].memory.compareTo(quantity('50Gi')) < 0"
 
 
-def world() -> tuple[Admitter, ClaimStore, Refiner, list[str]]:
+def world() -> tuple[Admitter, ClaimStore, Refiner, list[QuotaKey]]:
     inventory = Inventory()
     inventory.add_or_update_slice(make_slice("n1", [make_device("big", memory="80Gi"), make_device("small", memory="40Gi")]))
     classes = {DeviceClassName("gpu"): parse_device_class(make_class("gpu"))}
     admitter = Admitter(Pricer(inventory, classes), Ledger())
     admitter.ledger.add_or_update_quota(parse_device_quota(make_quota("gpus", memory="400Gi")))
-    changed: list[str] = []
-    refiner = Refiner(admitter, Slicer(), changed=changed.append)
+    changed: list[QuotaKey] = []
+    refiner = Refiner(admitter, Slicer(), changed=changed.extend)
     return admitter, ClaimStore(admitter, provisional=refiner.add), refiner, changed
 
 
@@ -77,7 +77,7 @@ async def test_stored_claims_count_at_their_bound_then_at_their_price() -> None:
     assert refiner.pending == 2
     await refine(refiner, admitter)
     assert admitter.ledger.usage(NS, "gpus").reserved == Charge(2 * 40 * GiB, 2)  # only the 40Gi device matches
-    assert refiner.refined == 2 and changed == ["team-a", "team-a"]
+    assert refiner.refined == 2 and changed == [(NS, "gpus"), (NS, "gpus")]  # the ledger's keys
 
 
 async def test_a_claim_allocated_before_it_is_priced_keeps_its_exact_charge() -> None:
