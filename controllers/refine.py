@@ -2,7 +2,7 @@
 
 Neighbours: `kube.caches.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at
-`quota.admission.Admitter.bound_entry` and hands it here; `runtime.slicing` prices it
+`quota.counting` (`Admitter.bound_entry`) and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota
 controller is told the quotas whose usage the new price moved (`changed`) so
 DeviceQuota status follows.
