@@ -55,7 +55,7 @@ async def reload_certificates(options: ServeOptions, tls: ReloadingContext, sinc
 
 
 async def metrics_listener(options: ServeOptions, metrics: Metrics, api: KubeApi, tls: ReloadingContext | None,
-                         connections: Connections, rebuilds: Rebuilds) -> web.AppRunner:
+                           connections: Connections, rebuilds: Rebuilds) -> web.AppRunner:
     """The metrics listener (webhook.metricsserver): HTTPS with the serving certificate
     (`--no-webhook`: a self-signed one made now) unless `--no-metrics-secure`."""
     host, port = options.metrics_bind_address, options.metrics_port

@@ -194,7 +194,7 @@ async def serve(options: ServeOptions) -> int:
                 await metrics_runner.cleanup()
 
         await shut_down(writers, [t for t in background if t not in writers], drain,
-                         patience=options.shutdown_grace_seconds)
+                        patience=options.shutdown_grace_seconds)
         await api.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

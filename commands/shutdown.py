@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 async def shut_down(writers: Sequence[asyncio.Task[None]], rest: Sequence[asyncio.Task[None]],
-                     drain: Callable[[], Awaitable[None]], *, patience: float) -> None:
+                    drain: Callable[[], Awaitable[None]], *, patience: float) -> None:
     """Stop in the order that keeps every write and every review answered.
 
     1. The leader's writers (the controller and its Lease, claim annotations, requeues):

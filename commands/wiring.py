@@ -173,7 +173,7 @@ def leader_elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
 
 
 async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder,
-                metrics: Metrics) -> None:
+               metrics: Metrics) -> None:
     """Campaign for the Lease; while leading, run the quota controller over the caches.
 
     The controller starts only once every cache has synced: a status computed from a
@@ -204,7 +204,7 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
 
 
 def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, manager: CertificateManager | None,
-                   leading: Callable[[], bool]) -> tuple[Metrics, EventRecorder, Observer]:
+                  leading: Callable[[], bool]) -> tuple[Metrics, EventRecorder, Observer]:
     """The process's metrics and Event recorder, and the hook telling both every verdict.
 
     `leading()`: whether this replica holds the quota controller's Lease (only the leader

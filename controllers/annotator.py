@@ -2,8 +2,8 @@
 
 Neighbours: the claim cache (`kube.caches.ClaimStore`) tells `Annotator.seen` every
 claim it accounts (after the ledger counted it) and `gone` every claim deleted;
-`quota.annotating` (`Admitter.annotations_due`) says what the charge and quota annotations should
-say (from the charge the ledger holds: nothing is priced again here) and
+`quota.annotating` (`Admitter.annotations_due`) says what the charge and quota
+annotations should say (from the charge the ledger holds: nothing is priced again here) and
 `quota.pricing.Pricer.allocation_record` what the allocation record should say;
 `webhook.claimreview` refuses any of them on a new claim or template and any later change
 by anyone else, so a tenant cannot lower them.

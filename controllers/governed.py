@@ -2,8 +2,9 @@
 
 Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, beside the
 quota controller, and tells `changed` the namespace of every Namespace event and
-`quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`); the namespace cache (`kube.caches.NamespaceStore`) says what each namespace
-carries now and `quota.ledger` which namespaces hold a DeviceQuota.
+`quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`); the
+namespace cache (`kube.caches.NamespaceStore`) says what each namespace carries now and
+`quota.ledger` which namespaces hold a DeviceQuota.
 
 Why (issue 15, item 3): the webhook configurations (deploy/manifests/webhooks.yaml)
 hold each claim webhook twice, `failurePolicy: Fail` for namespaces with this label and
@@ -14,8 +15,9 @@ ValidatingAdmissionPolicy of deploy/manifests/governed-label-policy.yaml refuses
 anyone else, in the API server, whether or not we run.
 
 When it writes: on start (every namespace, after the caches synced), for each namespace
-`changed` or `quotas_changed` names, and for every namespace each resync period (a failed write, or a label
-edited by hand before the policy existed, is repaired without any event). A write is a
+`changed` or `quotas_changed` names, and for every namespace each resync period (a
+failed write, or a label edited by hand before the policy existed, is repaired without
+any event). A write is a
 merge patch of the one label (null removes it), sent only while leading and only when
 the label differs from what it should be. RBAC: patch namespaces.
 """

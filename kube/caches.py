@@ -209,7 +209,7 @@ class QuotaStore:
         self.changed(keys)
 
     def _count(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
-        """Count `quota`; the quotas whose usage that moved."""
+        """Count `quota`; the quotas whose usage it moved."""
         repriced = guarded(f"counting DeviceQuota {quota.namespace}/{quota.name}",
                            lambda: self.admitter.add_or_update_quota(quota)) or Repriced(((quota.namespace, quota.name),))
         keys = dict.fromkeys(repriced.keys)
