@@ -11,7 +11,7 @@ Prints, and writes to bench/results/admission.json:
     `StatusWriter` that stands in for the API server in this process, whose events
     (the status write, the claim created, the leader's charge on it) reach `serve`'s own
     stores; one at a time, then 16 at a time; the caches frozen (`gc.freeze()`) as
-    `serve` freezes them once synced; the Admitter alone beside it;
+    `serve` freezes them once synced; the Admitter alone (its pricing and charges) beside it;
 (b) HTTPS p50/p99 of reviews that write nothing (a claim in a namespace without a
     DeviceQuota, a claim a DeviceQuota denies, a template, the scheduler's allocation of
     a claim) posted to a running `dra-quota serve` at 1,000/s offered, then at rising
@@ -88,7 +88,7 @@ from kube.watching import Progress  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
-from quota.ledger import Ledger  # noqa: E402
+from quota.ledger import Entry, Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
@@ -372,6 +372,16 @@ class StatusWriter:
         self.progress.advance(modified["metadata"]["resourceVersion"])
 
 
+def persisted(admitter: Admitter, *, ttl: float = 120.0) -> tuple[Reservations, StatusWriter]:
+    """`serve`'s persisted reservations (`kube.quotawriter`) over a `StatusWriter`, fed
+    by its watch events as `serve`'s caches feed them."""
+    api = StatusWriter(admitter)
+    reservations = Reservations(api, admitter.ledger, ttl=ttl, progress=api.progress,  # type: ignore[arg-type]
+                                claim_version=api.claims.version, claim_recorded=api.claims.recorded_version)
+    api.attach(reservations)
+    return reservations, api
+
+
 def in_process_context(slices: list[JSON], *, ttl: float = 120.0) -> tuple[ClaimContext, StatusWriter]:
     """`serve`'s admission path in this process: its caches' domain objects, the persisted
     reservations (`kube.quotawriter`) writing to a `StatusWriter`, one DeviceQuota
@@ -380,10 +390,7 @@ def in_process_context(slices: list[JSON], *, ttl: float = 120.0) -> tuple[Claim
     inventory.replace_all(slices)
     classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
     admitter = Admitter(Pricer(inventory, classes), Ledger())
-    api = StatusWriter(admitter)
-    reservations = Reservations(api, admitter.ledger, ttl=ttl, progress=api.progress,  # type: ignore[arg-type]
-                                claim_version=api.claims.version, claim_recorded=api.claims.recorded_version)
-    api.attach(reservations)
+    reservations, api = persisted(admitter, ttl=ttl)
     labels: dict[str, dict[str, str]] = {}
     for ns in generate_namespaces(NAMESPACES):
         name = ns["metadata"]["name"]
@@ -391,7 +398,7 @@ def in_process_context(slices: list[JSON], *, ttl: float = 120.0) -> tuple[Claim
         api.add_quota({"apiVersion": DQ, "kind": "DeviceQuota", "metadata": {"name": "gpus", "namespace": name},
                        "spec": {"hard": ROOMY}, "status": {}})
     policy = parse_policy({})
-    return ClaimContext(admitter, labels.get, lambda: policy, reservations=reservations), api
+    return ClaimContext(admitter, labels.get, lambda: policy, reservations), api
 
 
 class _Body:
@@ -511,17 +518,21 @@ def section_a(slices: list[JSON], claims: int) -> JSON:
             gc.unfreeze()
         out["largest_record_at_end"] = max(len((o.get("status") or {}).get("reservations") or {})
                                            for o in api.objects.values())
-        # The Admitter alone on the same claims (in its own ledger, nothing persisted):
-        # the share of the review that is not pricing and the check.
+        # The Admitter alone on the same claims, as the review asks it (pricing, then each
+        # quota's charge; nothing checked or persisted): the share of the review that is
+        # not pricing.
         parsed = [parse_claim(claim(c["spec"], c["metadata"]["namespace"])) for c in mix]
         start_cpu = time.process_time()
         for p in parsed:
-            ctx.admitter.admit_claim(p, namespace_labels=ctx.namespace_labels(p.namespace))
+            entry = ctx.admitter.price_for_admission(p, namespace_labels=ctx.namespace_labels(p.namespace))
+            if isinstance(entry, Entry):
+                ctx.admitter.charges(entry)
         out["admitter_only_admissions_per_cpu_s"] = round(len(parsed) / (time.process_time() - start_cpu))
         return out
 
     out = asyncio.run(run())
-    print(f"  the Admitter alone: {out['admitter_only_admissions_per_cpu_s']} admissions per CPU-second; at the end "
+    print(f"  the Admitter alone (pricing and charges): {out['admitter_only_admissions_per_cpu_s']} claims per "
+          f"CPU-second; at the end "
           f"the largest record holds {out['largest_record_at_end']} entries")
     return out
 

@@ -2,9 +2,10 @@
 
 Issue 15.2: a 6.3 KB dryRun claim of 32 requests x 8 subrequests, each with its own
 salted, per-device, looping selector, held `serve`'s loop for ~57 s. This starts the
-real aiohttp app (`webhook.server.build_app` with `webhook.endpoints`, the in-memory
-ledger) in a child process on a loopback socket, over a generated inventory, and
-measures, per phase:
+real aiohttp app (`webhook.server.build_app` with `webhook.endpoints`, reservations
+persisted as `serve` persists them, on bench/admission.py's in-process API stand-in: no
+namespace here has a DeviceQuota, so none is written) in a child process on a loopback
+socket, over a generated inventory, and measures, per phase:
 - honest reviews (a claim with a seen selector, one every 20 ms) p50/p99/max, client side;
 - the longest stall of the child's event loop (a 1 ms ticker's overshoot);
 - what the attackers' reviews were answered (the budget's message, a timeout, busy);
@@ -36,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from admission import claim, review  # noqa: E402
+from admission import claim, persisted, review  # noqa: E402
 from inventory import generate_device_classes, generate_slices  # noqa: E402
 
 from quota.admission import Admitter  # noqa: E402
@@ -86,8 +87,8 @@ def serve(port: int, nodes: int, slicing: bool, ready: Any) -> None:
     gc.freeze()  # as `serve` does once its caches synced
     classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
     slicer = Slicer() if slicing else Slicer(first_slice=float("inf"))
-    ctx = ClaimContext(Admitter(Pricer(inventory, classes), Ledger()), lambda ns: {}, AdminAccessPolicy,
-                       slicer=slicer)
+    admitter = Admitter(Pricer(inventory, classes), Ledger())
+    ctx = ClaimContext(admitter, lambda ns: {}, AdminAccessPolicy, persisted(admitter)[0], slicer=slicer)
     app = build_app(endpoints(ctx), ready=lambda: True)
     stall = {"max": 0.0, "cpu": 0.0, "gc": 0.0, "gc_started": 0.0}
 

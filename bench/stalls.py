@@ -1,7 +1,7 @@
 """Event-loop stalls at 150,000 claims and 58,000 devices, each operation under an honest review stream.
 
 Issue 16.3: no stall above 50 ms anywhere. This runs what `serve` runs, in-process, on
-the real event loop: `commands.serve.Caches` (every reflector, store, the refiner, the
+the real event loop: `commands.wiring.Caches` (every reflector, store, the refiner, the
 relists in slices), the quota controller leading, the usage metrics on the metrics
 listener, and the admission app (`webhook.endpoints` over a loopback socket, plain HTTP);
 only the API server is a stand-in (`Api`: list pages served from encoded JSON and decoded
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import ROOMY, claim, load_average, one_gpu, percentile, review  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
 
-from commands.serve import Caches  # noqa: E402
+from commands.wiring import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
 from kube.api import ApiError, KubeApi, Resource  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402

@@ -2,8 +2,8 @@
 
 Neighbours: the claim cache (`kube.caches.ClaimStore`) tells `Annotator.seen` every
 claim it accounts (after the ledger counted it) and `gone` every claim deleted;
-`quota.admission.Admitter.annotations` says what the charge and quota annotations should
-say (from the charge the ledger holds: nothing is priced again here) and
+`quota.annotating` (`Admitter.annotations_due`) says what the charge and quota
+annotations should say (from the charge the ledger holds: nothing is priced again here) and
 `quota.pricing.Pricer.allocation_record` what the allocation record should say;
 `webhook.claimreview` refuses any of them on a new claim or template and any later change
 by anyone else, so a tenant cannot lower them.
@@ -46,7 +46,6 @@ from kube.api import ApiError, KubeApi
 from kube.resources import CLAIMS
 from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
 from runtime.guard import guarded
-from runtime.slicing import Busy
 
 __all__ = ["Annotator"]
 
@@ -57,7 +56,8 @@ FIELD_MANAGER = "dra-quota"
 # and whether anything may be (`annotations_may_be_due`: no CEL, asked on every event).
 Due = Callable[[Claim, Mapping[str, str]], dict[str, str]]
 MayBeDue = Callable[[Claim, Mapping[str, str]], bool]
-# Runs a pricing call off the loop's critical path (`runtime.slicing.Slicer.run`).
+# Runs a pricing call off the loop's critical path (`runtime.slicing.Slicer.run`, waiting
+# its turn in a full slow lane: `wait=True`).
 Run = Callable[[Callable[[], dict[str, str]]], Awaitable[dict[str, str]]]
 
 
@@ -160,15 +160,8 @@ class Annotator:
 
     async def _write(self, claim: Claim, annotations: Mapping[str, str]) -> bool | None:
         """One patch; False: failed and put back to retry; None: written or not needed."""
-        try:
-            due = await self._run(lambda: guarded(f"the annotations of ResourceClaim {claim.namespace}/{claim.name}",
-                                                  lambda: self._due(claim, annotations)) or {})
-        except Busy:
-            # The slow lane is full (tenants' expensive claims): try again after the
-            # backoff, without counting an attempt. Escaping here would stop the writer,
-            # and with it `serve` (the annotator is one of its vital tasks).
-            self._pending.setdefault(claim.uid, (claim, annotations))
-            return False
+        due = await self._run(lambda: guarded(f"the annotations of ResourceClaim {claim.namespace}/{claim.name}",
+                                              lambda: self._due(claim, annotations)) or {})
         if not due:
             return None
         patch = {"metadata": {"uid": claim.uid, "annotations": due}}

@@ -1,9 +1,10 @@
 """The leader keeps the label `draquota.io/governed=true` on every namespace a DeviceQuota governs.
 
 Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, beside the
-quota controller, and tells `changed` the namespace of every DeviceQuota and Namespace
-event; the namespace cache (`kube.caches.NamespaceStore`) says what each namespace
-carries now and `quota.ledger` which namespaces hold a DeviceQuota.
+quota controller, and tells `changed` the namespace of every Namespace event and
+`quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`); the
+namespace cache (`kube.caches.NamespaceStore`) says what each namespace carries now and
+`quota.ledger` which namespaces hold a DeviceQuota.
 
 Why (issue 15, item 3): the webhook configurations (deploy/manifests/webhooks.yaml)
 hold each claim webhook twice, `failurePolicy: Fail` for namespaces with this label and
@@ -14,8 +15,9 @@ ValidatingAdmissionPolicy of deploy/manifests/governed-label-policy.yaml refuses
 anyone else, in the API server, whether or not we run.
 
 When it writes: on start (every namespace, after the caches synced), for each namespace
-`changed` names, and for every namespace each resync period (a failed write, or a label
-edited by hand before the policy existed, is repaired without any event). A write is a
+`changed` or `quotas_changed` names, and for every namespace each resync period (a
+failed write, or a label edited by hand before the policy existed, is repaired without
+any event). A write is a
 merge patch of the one label (null removes it), sent only while leading and only when
 the label differs from what it should be. RBAC: patch namespaces.
 """
@@ -32,7 +34,7 @@ import aiohttp
 from kube.api import ApiError, KubeApi
 from kube.resources import NAMESPACES
 from quota.devicequota import GOVERNED_LABEL
-from quota.ledger import Ledger
+from quota.ledger import Ledger, QuotaKey
 from quota.model import Namespace
 
 __all__ = ["GOVERNED_LABEL", "GovernedLabels", "governed_value"]
@@ -63,9 +65,18 @@ class GovernedLabels:
         self._wake = asyncio.Event()
 
     def changed(self, namespace: str | None) -> None:
-        """A DeviceQuota or Namespace event of `namespace` (None: every namespace)."""
+        """A Namespace event of `namespace` (None: every namespace)."""
         self._dirty.update(self.namespaces if namespace is None else (namespace,))
         self._wake.set()
+
+    def quotas_changed(self, keys: Iterable[QuotaKey] | None) -> None:
+        """An event that moved these quotas (None: any): their namespaces, one added or
+        deleted among them, may now be governed or not."""
+        if keys is None:
+            self.changed(None)
+            return
+        for namespace in dict.fromkeys(k[0] for k in keys):
+            self.changed(namespace)
 
     async def run(self) -> None:
         """Label until cancelled. Start it only once the caches have synced."""

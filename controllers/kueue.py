@@ -36,7 +36,7 @@ from kube.quotawriter import Reservations
 from kube.resources import ADMISSION_CHECKS, KUEUE, PODS, TEMPLATES, WORKLOADS
 from quota.admission import Admitter
 from quota.claims import Claim, parse_claim
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef, Entry, QuotaKey
 from quota.model import Namespace
 from quota.raw import Obj, dig
 from quota.workloads import (
@@ -85,12 +85,13 @@ class KueueCaches:
     kept from four reflectors (the stores below) and turned into ledger holdings."""
 
     def __init__(self, admitter: Admitter, *, forget: Callable[[str], None],
-                 changed: Callable[[str | None], None]) -> None:
+                 changed: Callable[[Iterable[QuotaKey] | None], None]) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # The persisted TTL entry of a Workload no longer held must stop counting at once.
         self.forget = forget
-        # Told the namespace whose holdings changed: the quota controller rewrites its status.
+        # Told the quotas whose holdings changed (the ledger's keys; None: any): the quota
+        # controller rewrites their status.
         self.changed = changed
         self.checks: dict[str, Obj] = {}  # AdmissionCheck name -> object
         self.workloads: dict[str, Workload] = {}  # uid -> Workload
@@ -123,7 +124,7 @@ class KueueCaches:
     def refresh(self, uids: Iterable[str]) -> None:
         """Re-derive what each Workload holds; tell who counts it."""
         ours = self.ours()
-        touched: set[str] = set()
+        touched: dict[QuotaKey, None] = {}
         for uid in uids:
             workload = self.workloads.get(uid)
             if workload is not None and holds(workload, ours):
@@ -149,16 +150,14 @@ class KueueCaches:
                 entry = None
             if entry is not None:
                 if self.ledger.holding(ClaimRef(uid)) != entry:
-                    self.ledger.set_holding(entry)
-                    touched.add(entry.namespace)
+                    touched.update(dict.fromkeys(self.ledger.set_holding(entry)))
             else:
                 held = self.ledger.holding(ClaimRef(uid))
                 if held is not None:
-                    self.ledger.drop_holding(ClaimRef(uid))
+                    touched.update(dict.fromkeys(self.ledger.drop_holding(ClaimRef(uid))))
                     self.forget(uid)
-                    touched.add(held.namespace)
-        for namespace in touched:
-            self.changed(namespace)
+        if touched:
+            self.changed(touched)
         self.wake()
 
     def refresh_namespace(self, namespace: str | None) -> None:
@@ -256,15 +255,15 @@ class PodStore:
         if not uid:
             return
         self._namespaces[uid] = namespace
-        self.caches.ledger.set_pod(uid, ClaimRef(workload) if isinstance(workload, str) and workload else None)
+        keys = self.caches.ledger.set_pod(uid, ClaimRef(workload) if isinstance(workload, str) and workload else None)
         if notify:
-            self.caches.changed(namespace)
+            self.caches.changed(keys)
 
     def delete(self, obj: Obj) -> None:
-        namespace, _, uid = _meta(obj)
-        self.caches.ledger.set_pod(uid, None)
+        _, _, uid = _meta(obj)
+        keys = self.caches.ledger.set_pod(uid, None)
         self._namespaces.pop(uid, None)
-        self.caches.changed(namespace)
+        self.caches.changed(keys)
 
 
 class PodLookup:
@@ -398,7 +397,7 @@ class AdmissionCheckController:
             await self._write(workload, check, "Retry", decision.message)
             return
         ledger = self.caches.ledger
-        ledger.set_holding(entry)  # at once: the next Workload of this pass must see it
+        keys = ledger.set_holding(entry)  # at once: the next Workload of this pass must see it
         self.caches.deciding.add(workload.uid)
         try:
             await self._write(workload, check, "Ready", charge_message(charges))
@@ -407,7 +406,7 @@ class AdmissionCheckController:
             ledger.drop_holding(entry.ref)
             await self.reservations.release(workload.namespace, workload.uid)
             raise
-        self.caches.changed(workload.namespace)
+        self.caches.changed(keys)
 
     async def _write(self, workload: Workload, check: str, state: str, message: str) -> None:
         previous = workload.check(check)

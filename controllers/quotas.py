@@ -5,10 +5,11 @@ webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook'
 caches (`kube.caches`) already keep from the claim watch: there is one accountant, and
 this module only publishes what it counts. `controllers.leader` runs `QuotaController.run`
 while this replica leads and cancels it the moment it stops; `commands.serve` wires the
-caches' change notifications to `changed`.
+caches' change notifications to `changed`: the quotas each event moved, as the
+ledger's mutations return them (`kube.caches`).
 
 When it writes: on start (every quota, after the caches synced: a full list), on
-every change the caches report for a namespace (claim or DeviceQuota events),
+every change the caches report for a quota (claim or DeviceQuota events),
 debounced so a burst of claim events becomes one write per quota (and while admissions
 into a quota are being written, that quota at most every `min_interval`, 0.5 s), when the
 earliest persisted reservation of a quota expires (so an entry whose claim never appeared is
@@ -42,7 +43,6 @@ from kube.events import uid_of
 from kube.quotawriter import Reservations
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.ledger import Ledger, QuotaKey
-from quota.model import Namespace
 from quota.quotastatus import desired_status, next_expiry
 from quota.raw import Obj
 from quota.reservations import parse_record
@@ -93,11 +93,15 @@ class QuotaController:
 
     # -- told by the caches (synchronous: called from reflector callbacks) -----------------
 
-    def changed(self, namespace: str | None) -> None:
-        """Something that counts for `namespace`'s quotas changed (None: anything)."""
-        quotas = self.ledger.quotas(None if namespace is None else Namespace(namespace))
-        if quotas:
-            self._mark((q.namespace, q.name) for q in quotas)
+    def changed(self, keys: Iterable[QuotaKey] | None) -> None:
+        """Something that counts for these quotas changed (None: for any); a quota gone
+        from the ledger has no status left to write."""
+        if keys is None:
+            known = [(q.namespace, q.name) for q in self.ledger.quotas()]
+        else:
+            known = [k for k in keys if self.ledger.quota(*k) is not None]
+        if known:
+            self._mark(known)
             self._wake.set()
 
     def _mark(self, keys: Iterable[QuotaKey]) -> None:

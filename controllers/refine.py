@@ -2,9 +2,10 @@
 
 Neighbours: `kube.caches.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at
-`quota.admission.Admitter.bound_entry` and hands it here; `runtime.slicing` prices it
+`quota.counting` (`Admitter.bound_entry`) and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota
-controller is told the namespace (`changed`) so DeviceQuota status follows.
+controller is told the quotas whose usage the new price moved (`changed`) so
+DeviceQuota status follows.
 
 Why: pricing every stored claim before ready let ten expensive claims hold a fresh
 replica's readiness from 0.11 s to 16.4 s, and a thousand would keep a rollout not
@@ -21,25 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from kube.rebuilds import Rebuilds
 from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef, Entry, QuotaKey
 from runtime.guard import guarded
-from runtime.slicing import Busy, Slicer
+from runtime.slicing import Slicer
 
 __all__ = ["Refiner"]
 
 log = logging.getLogger(__name__)
 
-_BUSY_BACKOFF = 1.0  # seconds before retrying when the slow lane is full
 FREEZE_AFTER = 1000  # claims waiting at once: their pricing is a rebuild (`Refiner.run`)
 
 
 class Refiner:
-    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[str], None],
+    def __init__(self, admitter: Admitter, slicer: Slicer, *, changed: Callable[[Iterable[QuotaKey]], None],
                  rebuilds: Rebuilds | None = None) -> None:
         self.admitter = admitter
         self.slicer = slicer
@@ -87,8 +87,9 @@ class Refiner:
                 await self._drain(len(self._queue))
 
     async def _drain(self, limit: int) -> bool:
-        """Price up to `limit` waiting claims; False when the slow lane was full meanwhile."""
-        clean = True
+        """Price up to `limit` waiting claims; False when a call waited behind a full slow
+        lane meanwhile (`Slicer.crowded`: reviews were being refused)."""
+        crowded = self.slicer.crowded
         while self._queue and limit > 0:
             limit -= 1
             # A claim whose pricing ends in its first slice awaits nothing: give the
@@ -98,23 +99,18 @@ class Refiner:
             claim, bound = self._queue.pop(ref)
             if self.admitter.ledger.entry(ref) is not bound:
                 continue  # accounted since by its own event, or gone
-            try:
-                priced = await self.slicer.run(
-                    lambda: guarded(f"pricing stored ResourceClaim {claim.namespace}/{claim.name}",
-                                    lambda: self.admitter.existing_entry(claim)))
-            except Busy:
-                self._queue.setdefault(ref, (claim, bound))
-                clean = False
-                await asyncio.sleep(_BUSY_BACKOFF)
-                continue
+            # Waits its turn in a full slow lane: nobody retries this, and the bound counts meanwhile.
+            priced = await self.slicer.run(
+                lambda: guarded(f"pricing stored ResourceClaim {claim.namespace}/{claim.name}",
+                                lambda: self.admitter.existing_entry(claim)), wait=True)
             if priced is None or self.admitter.ledger.entry(ref) is not bound:
                 continue  # failed (logged: the bound stays), or replaced while it was priced
-            self.admitter.ledger.add_or_update_claim(priced)
+            keys = self.admitter.ledger.add_or_update_claim(priced)
             self.refined += 1
             log.debug("stored ResourceClaim %s/%s uid=%s priced: %s (counted at %s until now); %d left",
                       claim.namespace, claim.name, claim.uid, _total(priced), _total(bound), len(self._queue))
-            self.changed(claim.namespace)
-        return clean
+            self.changed(keys)
+        return self.slicer.crowded == crowded
 
 
 def _total(entry: Entry) -> str:

@@ -20,21 +20,26 @@ may still refuse the delete). With a `provisional` hook (`dra-quota serve`:
 `controllers.refine`), that pricing happens after ready: the claim counts at once at its
 upper bound (`Admitter.bound_entry`, no tenant CEL), and the hook prices it in the
 background.
+
+The quota and claim stores tell `changed` the quotas whose status may have moved after
+each event: the keys the ledger's mutation returned (as kueue's cache returns them),
+None after a whole list; the Namespace store tells its namespace. The quota controller
+(`controllers.quotas`) and the governed labels (`controllers.governed`) learn what to
+look at again without a watch of their own.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Protocol, TypeVar
 
-from kube.watching import Store
-from quota.admission import Admitter, claim_ref, object_ref
+from quota.admission import Admitter, Repriced, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, ClaimsRebuild, Entry
+from quota.ledger import ClaimRef, ClaimsRebuild, Entry, QuotaKey
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj, as_map, dig
@@ -44,12 +49,13 @@ from quota.usage import Held, Holders
 from quota.work import pause_point
 from runtime.guard import guarded
 
-__all__ = ["ClaimStore", "ClassStore", "Notifying", "NamespaceStore", "QuotaStore", "SliceStore", "namespace_name",
-           "parse_or_skip"]
+__all__ = ["ClaimStore", "ClassStore", "NamespaceStore", "QuotaStore", "QuotasChanged", "SliceStore", "parse_or_skip"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Told the DeviceQuotas whose status may have moved (None: any), module doc.
+QuotasChanged = Callable[[Iterable[QuotaKey] | None], None]
 # What the domain parsers raise for an object they refuse (all ValueError subclasses).
 _PARSE_ERRORS = (SliceError, ClaimError, QuotaError, NamespaceError, ValueError, KeyError, TypeError)
 
@@ -126,23 +132,29 @@ class ClassStore:
 
 
 class NamespaceStore:
-    """Namespace labels by name: the adminAccess label rule reads them."""
+    """Namespace labels by name: the adminAccess label rule reads them; `changed` is told
+    each event's namespace (None after a whole list)."""
 
-    def __init__(self, labels: MutableMapping[str, Mapping[str, str]]) -> None:
+    def __init__(self, labels: MutableMapping[str, Mapping[str, str]], *,
+                 changed: Callable[[str | None], None] = lambda namespace: None) -> None:
         self.labels = labels
+        self.changed = changed
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [n for n in (parse_or_skip("Namespace", o, parse_namespace) for o in objects) if n is not None]
         self.labels.clear()
         self.labels.update((n.name, n.labels) for n in parsed)
+        self.changed(None)
 
     def upsert(self, obj: Obj) -> None:
         ns = parse_or_skip("Namespace", obj, parse_namespace)
         if ns is not None:
             self.labels[ns.name] = ns.labels
+        self.changed(_name(obj))
 
     def delete(self, obj: Obj) -> None:
-        self.labels.pop(str((obj.get("metadata") or {}).get("name")), None)
+        self.labels.pop(_name(obj), None)
+        self.changed(_name(obj))
 
 
 class QuotaStore:
@@ -156,12 +168,14 @@ class QuotaStore:
 
     def __init__(self, admitter: Admitter, *, observe: Callable[[Obj], None] | None = None,
                  drop: Callable[[str, str], None] | None = None,
-                 reprice: Callable[[Claim, Entry], None] | None = None) -> None:
+                 reprice: Callable[[Claim, Entry], None] | None = None,
+                 changed: QuotasChanged = lambda keys: None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         self.observe = observe
         self.drop = drop
         self.reprice = reprice
+        self.changed = changed
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [q for q in (parse_or_skip("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
@@ -176,29 +190,36 @@ class QuotaStore:
         if self.observe is not None:
             for obj in objects:
                 self.observe(obj)
+        self.changed(None)
 
     def upsert(self, obj: Obj) -> None:
         quota = parse_or_skip("DeviceQuota", obj, parse_device_quota)
         if quota is not None:
-            self._count(quota)
+            keys = self._count(quota)
             if self.observe is not None:
                 self.observe(obj)
+            self.changed(keys)
 
     def delete(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
-        self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
+        keys = self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
         if self.drop is not None:
             self.drop(str(meta.get("namespace")), str(meta.get("name")))
+        self.changed(keys)
 
-    def _count(self, quota: DeviceQuota) -> None:
-        stale = guarded(f"counting DeviceQuota {quota.namespace}/{quota.name}",
-                        lambda: self.admitter.add_or_update_quota(quota))
-        for claim, entry in stale or ():
+    def _count(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
+        """Count `quota`; the quotas whose usage it moved."""
+        repriced = guarded(f"counting DeviceQuota {quota.namespace}/{quota.name}",
+                           lambda: self.admitter.add_or_update_quota(quota)) or Repriced(((quota.namespace, quota.name),))
+        keys = dict.fromkeys(repriced.keys)
+        for claim, entry in repriced.stale:
             if self.reprice is not None:
                 self.reprice(claim, entry)
             else:
-                guarded(f"pricing ResourceClaim {claim.namespace}/{claim.name} for DeviceQuota {quota.name}",
-                        lambda: self.admitter.reserve_existing(claim))
+                keys.update(dict.fromkeys(guarded(
+                    f"pricing ResourceClaim {claim.namespace}/{claim.name} for DeviceQuota {quota.name}",
+                    lambda: self.admitter.reserve_existing(claim)) or ()))
+        return tuple(keys)
 
 
 class ClaimStore:
@@ -207,7 +228,8 @@ class ClaimStore:
     def __init__(self, admitter: Admitter, *, deleted: Callable[[str, str | None], None] | None = None,
                  freed: Callable[[str], None] | None = None, holders: Holders | None = None,
                  recorder: ClaimsSeen | None = None,
-                 provisional: Callable[[Claim, Entry], None] | None = None) -> None:
+                 provisional: Callable[[Claim, Entry], None] | None = None,
+                 changed: QuotasChanged = lambda keys: None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
@@ -224,6 +246,7 @@ class ClaimStore:
         self.recorder = recorder
         # Told each stored claim entered at its upper bound, to price it later (module doc).
         self.provisional = provisional
+        self.changed = changed
         # The resourceVersion each accounted claim had: a relist skips the claims that
         # did not change (parsing dominates a relist: 80 % of it, bench/controller.py).
         self._versions: dict[ClaimRef, str] = {}
@@ -272,6 +295,7 @@ class ClaimStore:
             self._tell(claim, obj, bound)
             pause_point()
         relist.rebuild.release()
+        self.changed(None)
 
     def _selections(self) -> dict[Namespace, tuple[DeviceSelection, ...]]:
         return {ns: self.admitter.selections(ns) for ns in {q.namespace for q in self.ledger.quotas()}}
@@ -283,7 +307,7 @@ class ClaimStore:
             for selection in selections:
                 if selection in before.get(namespace, ()):
                     continue
-                for claim, entry in self.admitter.price_for(namespace, selection):
+                for claim, entry in self.admitter.price_for(namespace, selection).stale:
                     if self.provisional is not None:
                         self.provisional(claim, entry)
                     else:
@@ -353,14 +377,21 @@ class ClaimStore:
 
     def upsert(self, obj: Obj) -> None:
         claim = parse_or_skip("ResourceClaim", obj, parse_claim)
-        if claim is not None:
-            self._account(claim, obj)
+        keys = self._account(claim, obj) if claim is not None else None
+        self._changed(keys, obj)
+
+    def _changed(self, keys: tuple[QuotaKey, ...] | None, obj: Obj) -> None:
+        """Tell `changed` the quotas the ledger's mutation moved. Where it moved none (the
+        claim counted as before), the claim's own event may still let its persisted
+        entries go (`quota.reservations.settle`: the charge recorded on it, its
+        deletion): its namespace's quotas."""
+        self.changed(keys or self.ledger.keys(Namespace(_namespace(obj))))
 
     def delete(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
         ref = _ref(uid if isinstance(uid, str) else "", meta)
-        self.ledger.delete_claim(ref)
+        keys = self.ledger.delete_claim(ref)
         self._versions.pop(ref, None)
         self._recorded.discard(ref)
         if self.holders is not None:
@@ -372,6 +403,7 @@ class ClaimStore:
             self.deleted(uid, version if isinstance(version, str) else None)
         if self.freed is not None:
             self.freed(str(meta.get("namespace") or ""))
+        self._changed(keys, obj)
 
     def version(self, uid: str) -> int | None:
         """The resourceVersion at which the ledger counts claim `uid` (None: it does not)."""
@@ -383,11 +415,11 @@ class ClaimStore:
         persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
         return self.version(uid) if ClaimRef(uid) in self._recorded else None
 
-    def _account(self, claim: Claim, obj: Obj) -> None:
-        guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
-                lambda: self._account_one(claim, obj))
+    def _account(self, claim: Claim, obj: Obj) -> tuple[QuotaKey, ...] | None:
+        return guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
+                       lambda: self._account_one(claim, obj))
 
-    def _account_one(self, claim: Claim, obj: Obj) -> None:
+    def _account_one(self, claim: Claim, obj: Obj) -> tuple[QuotaKey, ...]:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
@@ -398,36 +430,10 @@ class ClaimStore:
         if self.holders is not None:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
         entry, bound = self._entry(claim)
-        if entry is not None:
-            self.ledger.add_or_update_claim(entry)
+        keys = self.ledger.add_or_update_claim(entry) if entry is not None else ()
         # After the ledger counted it (the annotator reads what is due from it).
         self._tell(claim, obj, entry if bound else None)
-
-
-class Notifying:
-    """A store that, after applying each event, tells `changed` its object's namespace
-    (None after a whole list): the quota controller (`controllers.quotas`) learns which
-    quotas to look at again without a second watch of its own."""
-
-    def __init__(self, store: Store, changed: Callable[[str | None], None], *,
-                 namespace_of: Callable[[Mapping[str, Any]], str] | None = None) -> None:
-        """`namespace_of`: which namespace an object's event concerns (default its
-        metadata.namespace; a Namespace's is its name)."""
-        self.store = store
-        self.changed = changed
-        self.namespace_of = namespace_of or _namespace
-
-    def replace(self, objects: list[Obj]) -> None:
-        self.store.replace(objects)
-        self.changed(None)
-
-    def upsert(self, obj: Obj) -> None:
-        self.store.upsert(obj)
-        self.changed(self.namespace_of(obj))
-
-    def delete(self, obj: Obj) -> None:
-        self.store.delete(obj)
-        self.changed(self.namespace_of(obj))
+        return keys
 
 
 @dataclass(slots=True)
@@ -447,8 +453,7 @@ def _namespace(obj: Mapping[str, Any]) -> str:
     return str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
 
 
-def namespace_name(obj: Mapping[str, Any]) -> str:
-    """A Namespace's own name: the namespace its events concern."""
+def _name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 

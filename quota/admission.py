@@ -1,8 +1,12 @@
 """Admission decisions for claims and templates, shared by the webhook and `check`.
 
-Neighbours: `quota.pricing` prices, `quota.ledger` checks and reserves, the webhook
-(webhook/) and the offline checker (`quota.check`) are thin adapters over `Admitter`,
-so both run exactly the same code. Pure and synchronous.
+Neighbours: `quota.pricing` prices; `quota.counting` counts the claims that exist and
+`quota.annotating` says what our annotations on them should be (`Admitter` is both);
+the webhook (webhook/) and the offline checker
+(`quota.check`) are thin adapters over `Admitter`, so both price exactly the same way
+and check with the same rule (`quota.devicequota.check`): the checker against this
+ledger (`quota.ledger` checks and reserves), the webhook against the reservations
+persisted on DeviceQuota status (`quota.reservations`). Pure and synchronous.
 
 Every method that prices takes the `budget` of the review it serves (`quota.work`; a
 review of its own when None) and prices each claim under a claim budget inside it: a
@@ -12,29 +16,24 @@ cannot be priced.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from quota.claims import (
-    ALLOCATED_CHARGE_ANNOTATION,
-    CHARGE_ANNOTATION,
-    QUOTAS_ANNOTATION,
-    Claim,
-    allocated_charge_annotation,
-)
+from quota.annotating import Annotating
+from quota.claims import Claim
+from quota.counting import MAX_PRICED_SELECTIONS, Repriced, claim_ref, object_ref
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.explain import conservative_note
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName, Mode, Namespace
-from quota.priced import PricedRequest, Pricing, at_least_recorded
-from quota.pricing import Pricer
-from quota.scope import DeviceSelection
+from quota.priced import PricedRequest, Pricing
 from quota.validation import MAX_INT64
 from quota.work import Budget
 
+# MAX_PRICED_SELECTIONS, Repriced, claim_ref and object_ref live in `quota.counting`;
+# importable from here as before.
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Fit",
-           "charged_above", "claim_ref", "object_ref"]
+           "Repriced", "charged_above", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -42,10 +41,6 @@ ADMIN_ACCESS_MESSAGE = (
     "admin access to devices requires the `resource.kubernetes.io/admin-access: true` label "
     "on the containing namespace"
 )
-# Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
-# once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
-# unscoped charge of its classes: more than the truth, never less.
-MAX_PRICED_SELECTIONS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,33 +107,17 @@ def charged_above(claim: Claim, exact: Charge) -> str:
             f"the {fmt(recorded)} it was admitted at")
 
 
-def claim_ref(claim: Claim) -> ClaimRef:
-    """The ledger key of a parsed claim (see `object_ref`)."""
-    return object_ref(uid=claim.uid, namespace=claim.namespace, name=claim.name)
-
-
-def object_ref(*, uid: str, namespace: str, name: str) -> ClaimRef:
-    """The ledger key of a claim: its uid, else namespace/name.
-
-    A validating webhook sees the uid the API server generated for the CREATE (the
-    mutating phase sees none), and names are reused: a `generateName` collision re-runs
-    admission under a new name and uid, and a late DELETE of an old claim must not
-    erase the reservation of a new claim of the same name. Files read by `dra-quota
-    check` carry no uids: there namespace/name is the identity.
-    """
-    return ClaimRef(uid or f"{namespace}/{name}")
-
-
-class Admitter:
-    def __init__(self, pricer: Pricer, ledger: Ledger) -> None:
-        self.pricer = pricer
-        self.ledger = ledger
+class Admitter(Annotating):
+    """Admission decisions for claims, templates and Workloads, over what `Counting`
+    counts; the annotations they are due (`Annotating`)."""
 
     def admit_claim(
         self, claim: Claim, *, namespace_labels: Mapping[str, str] | None, dry_run: bool = False,
         budget: Budget | None = None,
     ) -> Admission:
-        """CREATE of an unallocated claim: price, check every quota, reserve if it fits."""
+        """CREATE of an unallocated claim in `dra-quota check`: price, check every quota,
+        reserve in this ledger if it fits (the webhook persists its reservations instead:
+        `price_for_admission`, `charges`)."""
         entry = self._priced_entry(claim, namespace_labels, budget)
         if isinstance(entry, Admission):
             return entry
@@ -239,12 +218,6 @@ class Admitter:
         )
         return Admission(True, "", pricing.warnings, pricing, charged)
 
-    def allocated_entry(self, claim: Claim) -> Entry:
-        """What `account_allocated` counts: the exact charge of the allocated devices."""
-        pricing = self.pricer.exact(claim, selections=self._selections(claim.namespace))
-        return Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
-                     owner=claim.owner)
-
     def allocate_claim(self, claim: Claim, *, enforce: bool, dry_run: bool = False) -> Admission:
         """The `status` update that sets an allocation: the exact charge replaces the reservation.
 
@@ -326,126 +299,6 @@ class Admitter:
         """What a Workload's `entry` takes from each quota of its namespace."""
         return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(entry.namespace)}
 
-    def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> None:
-        """Count an unallocated claim that already exists, without a check: one admitted
-        before this process started, or deallocated. Refusing it now would change nothing."""
-        self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
-
-    def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
-        """What `reserve_existing` counts: the estimate in every mode, in the default mode
-        at no less than the charge recorded at its admission (`quota.pricing.at_least_recorded`:
-        a restart must not re-price what was reserved). A mode whose pricing ran out of
-        budget keeps the upper bound: an existing claim is never counted at less."""
-        pricings = self._estimate(claim, budget)
-        for mode, pricing in pricings.items():
-            if pricing.over_budget:
-                pricings[mode] = self.pricer.upper_bound(claim.spec)
-        mode = self.ledger.default_mode
-        pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
-
-    def add_or_update_quota(self, quota: DeviceQuota) -> list[tuple[Claim, Entry]]:
-        """Count `quota` (`Ledger.add_or_update_quota`), and price the namespace's claims
-        for its `spec.devices` where no quota there selected those devices before.
-
-        Allocated claims are priced again at once, from their devices (no tenant CEL:
-        `Pricer.rescoped`). Unallocated ones are returned, each with the entry that counts
-        it meanwhile (its unscoped charge: more than the truth, never less): the caller
-        prices them as stored claims (`controllers.refine`, budgeted) or with
-        `reserve_existing`. Only a selection new to the namespace costs a pass over its
-        claims: a quota's status writes come back as updates of an unchanged spec.
-        """
-        before = self._selections(quota.namespace)
-        self.ledger.add_or_update_quota(quota)
-        selection = quota.scope.devices
-        if selection.everything or selection in before:
-            return []
-        return self.price_for(quota.namespace, selection)
-
-    def selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
-        """The device selections claims of `namespace` are priced for (`add_or_update_quota`)."""
-        return self._selections(namespace)
-
-    def price_for(self, namespace: Namespace, selection: DeviceSelection) -> list[tuple[Claim, Entry]]:
-        """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
-        to it: allocated claims priced again at once, unallocated ones returned (also after
-        a relist built while the selection arrived: `kube.caches.ClaimStore.replace`)."""
-        selections = self._selections(namespace)
-        if selection not in selections:
-            return []
-        stale: list[tuple[Claim, Entry]] = []
-        for entry in list(self.ledger.entries_in(namespace)):
-            if all(p.priced_for(selection) for p in entry.pricing.values()):
-                continue
-            if entry.allocated:
-                rescoped = {mode: self.pricer.rescoped(p, selections) for mode, p in entry.pricing.items()}
-                # Pricing may pause (a sliced relist): a claim deleted or changed meanwhile
-                # must not come back as it was.
-                if self.ledger.entry(entry.ref) is entry:
-                    self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))
-            elif entry.claim is not None:
-                stale.append((entry.claim, entry))
-        return stale
-
-    def priced_before(self, claim: Claim) -> bool:
-        """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
-        selections = self._selections(claim.namespace)
-        return all(self.pricer.known(claim.spec, mode, selections) for mode in self._modes(claim.namespace))
-
-    def bound_entry(self, claim: Claim) -> Entry:
-        """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
-        recorded charge: what a replica counts for a stored claim until it has priced it
-        (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
-        bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
-                     allocated=False, owner=claim.owner, claim=claim)
-
-    def price(self, claim: Claim, *, budget: Budget | None = None) -> Pricing:
-        """The estimate in the default mode: the charge the leader records on a claim."""
-        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode, budget=Budget.claim(budget),
-                                    selections=self._selections(claim.namespace))
-
-    def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
-        """Our annotations `claim` should carry and does not (the leader writes them,
-        `controllers.annotator`; the webhook accepts exactly these, `webhook.claimreview`).
-
-        The charge is what admission charges the claim's spec in the default mode (the
-        estimate, even once allocated: it says what was admitted, and the allocation
-        record says what was allocated), and the quotas it draws on; both written once,
-        when the claim carries no charge yet (a DeviceQuota made later does not rewrite
-        them). The allocation record whenever it differs from what the allocation says.
-        Pricing is cached per spec and inventory (`quota.pricing.Pricer`): every replica
-        that asks gets the same answer from the same inventory. It runs the claim's CEL
-        (within a claim's budget, `quota.work`): callers on the event loop run this
-        through `runtime.slicing`, and ask `annotations_may_be_due` first. A claim over
-        budget gets no charge (it counts at its bound, `bound_entry`).
-        """
-        due: dict[str, str] = {}
-        if CHARGE_ANNOTATION not in current and not (pricing := self.price(claim)).over_budget:
-            mode = self.ledger.default_mode
-            entry = Entry(claim.namespace, claim_ref(claim), {mode: pricing}, allocated=False)
-            due[CHARGE_ANNOTATION] = json.dumps(pricing.total.as_json(), separators=(",", ":"))
-            due[QUOTAS_ANNOTATION] = ",".join(sorted(
-                q.name for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
-        if claim.allocation is not None:
-            record = self.pricer.allocation_record(claim)
-            if record != dict(claim.recorded_devices):
-                due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
-        return due
-
-    def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
-        """Whether `annotations_due` could say anything, without running any CEL: a claim
-        with no charge yet, or an allocation its record does not match (read from the exact
-        pricing the ledger holds for it when it was just counted: priced once an event)."""
-        if CHARGE_ANNOTATION not in current:
-            return True
-        if claim.allocation is None:
-            return False
-        held = self.ledger.entry(claim_ref(claim))
-        pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
-        record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)
-        return record != dict(claim.recorded_devices)
-
     def _own_record(self, claim: Claim) -> Claim:
         """`claim` with the charge the ledger holds for it in place of its annotation.
 
@@ -459,20 +312,3 @@ class Admitter:
         pricing = None if held is None else held.pricing.get(self.ledger.default_mode)
         return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
 
-    def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
-        """Every mode under one claim budget: the modes share their matches."""
-        budget = Budget.claim(review)
-        selections = self._selections(claim.namespace)
-        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
-                for mode in self._modes(claim.namespace)}
-
-    def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
-        """The distinct `spec.devices` of the namespace's quotas a claim there is priced
-        for, in a stable order, at most `MAX_PRICED_SELECTIONS`."""
-        found = {q.scope.devices for q in self.ledger.quotas(namespace) if not q.scope.devices.everything}
-        return tuple(sorted(found, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS]
-
-    def _modes(self, namespace: Namespace) -> list[Mode]:
-        modes: set[Mode] = {self.ledger.default_mode}
-        modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
-        return sorted(modes)

@@ -1,7 +1,9 @@
 """The authoritative in-memory usage ledger: quotas, claims, and each quota's usage.
 
-Neighbours: `quota.admission` prices a claim and calls `Ledger.admit`; the controller
-(and `dra-quota check`) feed allocated claims through `add_or_update_claim`. Shaped
+Neighbours: `quota.admission` prices a claim and, for `dra-quota check`, calls
+`Ledger.admit` (the webhook checks against the reservations persisted on DeviceQuota
+status instead, `kube.quotawriter`, with this ledger's usage); the claim cache
+(`kube.caches`) and `dra-quota check` feed claims through `add_or_update_claim`. Shaped
 like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
 event loop each mutation is atomic without locks; each returns the quotas it touched.
 Usage is kept incrementally: a claim event adjusts only the quotas of its namespace,
@@ -120,6 +122,13 @@ class Ledger:
         self._usage.pop((namespace, name), None)
         return ((namespace, name),)
 
+    def quota(self, namespace: Namespace, name: str) -> DeviceQuota | None:
+        return self._quotas.get(namespace, {}).get(name)
+
+    def keys(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
+        """The keys of `namespace`'s quotas."""
+        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
+
     def quotas(self, namespace: Namespace | None = None) -> list[DeviceQuota]:
         if namespace is not None:
             return list(self._quotas.get(namespace, {}).values())
@@ -159,14 +168,17 @@ class Ledger:
         """Whether this ledger counts `ref`: a claim it holds, or an admitted Workload."""
         return ref in self._entries or self.holding(ref) is not None
 
-    def set_pod(self, pod: str, workload: ClaimRef | None) -> None:
-        """Pod uid `pod` belongs to `workload` (None: to none, or the Pod is gone)."""
+    def set_pod(self, pod: str, workload: ClaimRef | None) -> tuple[QuotaKey, ...]:
+        """Pod uid `pod` belongs to `workload` (None: to none, or the Pod is gone); the
+        quotas of the holdings it left or joined (its claims draw on those)."""
         old = self._pod_workload.pop(pod, None)
         if old is not None:
             self._workload_pods.get(old, set()).discard(pod)
         if workload is not None:
             self._pod_workload[pod] = workload
             self._workload_pods.setdefault(workload, set()).add(pod)
+        held = [h.namespace for ref in (old, workload) if ref is not None and (h := self.holding(ref)) is not None]
+        return tuple(key for namespace in dict.fromkeys(held) for key in self.keys(namespace))
 
     def knows_pod(self, pod: str) -> bool:
         return pod in self._pod_workload
@@ -194,7 +206,7 @@ class Ledger:
 
     def _touch(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
         self._namespace_generation[namespace] = self._namespace_generation.get(namespace, 0) + 1
-        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
+        return self.keys(namespace)
 
     # -- claims -------------------------------------------------------------------
 

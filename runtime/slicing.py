@@ -21,8 +21,13 @@ millisecond once their selectors are known) returns at once. One that does not w
 for the slow lane: at most `SLOW_LANE` such calls run at a time, each giving the loop
 back every `SLICE`, so cheap reviews arriving meanwhile are answered between slices
 and never queue behind expensive ones. At most `SLOW_LANE_QUEUE` wait; past that a
-call is refused at once (`Busy`) rather than held until its webhook deadline. A call
-cancelled while paused (the review's deadline) kills its greenlet, unwinding it.
+review's call is refused at once (`Busy`) rather than held until its webhook deadline.
+A background caller's call (`run(..., wait=True)`: the leader's annotations,
+`controllers.annotator`; stored claims' pricing, `controllers.refine`) has no deadline
+and nobody to retry it: it waits its turn in the lane however full, counted in
+`crowded`, and is never refused. It still counts among the waiting, so reviews are
+refused as early as ever. A call cancelled while paused (the review's deadline) kills
+its greenlet, unwinding it.
 
 Background work (`in_slices`: a relist's rebuild, a scrape, `kube.rebuilds`) takes
 no lane and is never refused: it gives the loop back every `SLICE` from the start, so
@@ -114,18 +119,27 @@ class Slicer:
         self._lane = asyncio.Semaphore(lane)
         self._waiting = 0
         self.slow_calls = 0  # calls that went to the slow lane (tests and metrics read it)
+        # Waiting calls that found the slow lane full (a review's would have been refused):
+        # what a background caller's work built meanwhile includes an attack's garbage.
+        self.crowded = 0
 
     @property
     def waiting(self) -> int:
         return self._waiting
 
-    async def run(self, fn: Callable[[], T]) -> T:
+    async def run(self, fn: Callable[[], T], *, wait: bool = False) -> T:
+        """`fn()`, given the loop back between slices once past its first (module doc).
+
+        `wait`: a background caller's; past a full slow lane it waits its turn (counted
+        in `crowded`) instead of being refused with `Busy`."""
         work = _Work(fn)
         try:
             if work.step(self.first_slice):
                 return work.value
             if self._waiting >= self.queue:
-                raise Busy(self._waiting)
+                if not wait:
+                    raise Busy(self._waiting)
+                self.crowded += 1
             self.slow_calls += 1
             log.debug("pricing did not finish in its first slice: slow lane (%d waiting)", self._waiting)
             self._waiting += 1

@@ -1,12 +1,15 @@
 """Validating admission of ResourceClaims and ResourceClaimTemplates: requests in, Verdicts out.
 
 Neighbours: `webhook.endpoints` dispatches here by resource, subresource and operation;
-`quota.admission.Admitter` prices, checks and reserves; `quota.policy` judges
-adminAccess. A thin adapter in kueue's pkg/webhooks style: read the object, call the
-domain, say what it decided. Every step from parsing to reserving is synchronous (no
-await between the check and the reservation), so on the event loop two admissions can
-never both see the same headroom. No Kubernetes I/O: namespace labels and the policy
-come from the caller's caches.
+`quota.admission.Admitter` prices; `kube.quotawriter.Reservations` checks a claim
+against the reservations persisted on each DeviceQuota's status and persists its own
+(the one admission protocol: `dra-quota serve`'s, with several replicas or one);
+`quota.policy` judges adminAccess. A thin adapter in kueue's pkg/webhooks style: read
+the object, call the domain, say what it decided. The ledger only prices a claim CREATE
+(it holds what this replica's cache holds, not what other replicas admitted); the one
+await between the check and the answer is the conditional status write, made safe by
+its resourceVersion precondition (`kube.quotawriter`). No other Kubernetes I/O:
+namespace labels and the policy come from the caller's caches.
 
 Reservations are keyed by the claim's uid (`quota.admission.claim_ref`): a validating
 webhook sees the name and uid the API server generated for a `generateName` create,
@@ -60,7 +63,6 @@ __all__ = [
     "ClaimContext",
     "allocate_claim",
     "create_claim",
-    "create_claim_persisted",
     "create_template",
     "update_claim",
     "with_namespace",
@@ -86,10 +88,10 @@ class ClaimContext:
     namespace_labels: NamespaceLabels
     # Called per request, so a reloaded ConfigMap applies to the next review.
     policy: Callable[[], AdminAccessPolicy]
+    # The reservations persisted on DeviceQuota status (`kube.quotawriter`): what a
+    # claim CREATE is checked against and reserves in.
+    reservations: Reservations
     allocation_check: AllocationCheck = "enforce"
-    # Set by `dra-quota serve`: reservations are persisted on DeviceQuota status
-    # (`kube.quotawriter`); None keeps them in this process's ledger only.
-    reservations: Reservations | None = None
     # Set when Kueue is on (`controllers.kueue.PodLookup`): reads a claim's Pod the Pod cache
     # does not know yet, so a claim of an admitted Workload draws on its holding.
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
@@ -97,33 +99,14 @@ class ClaimContext:
     slicer: Slicer = field(default_factory=Slicer)
 
 
-def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim CREATE: adminAccess policy, then price, check every quota, reserve."""
-    claim = _claim(request, request.object)
-    if isinstance(claim, Verdict):
-        return claim
-    if (supplied := _supplied(request.object)) is not None:
-        return supplied
-    if not claim.uid and not isinstance(dig(request.object, "metadata", "name"), str):
-        # parse_claim reads generateName as the name; two such claims would share a key.
-        return _invalid("metadata.uid and metadata.name are missing: the API server sets both before validating admission")
-    record = _judge(ctx, request, claim)
-    if record is not None and record.outcome == "refused":
-        return _refusal(record)
-    admission = ctx.admitter.admit_claim(
-        claim, namespace_labels=ctx.namespace_labels(claim.namespace), dry_run=request.dry_run
-    )
-    return _verdict(admission, record)
+async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim CREATE: adminAccess policy, then price, check every quota and reserve,
+    the reservation persisted on each DeviceQuota's status.
 
-
-async def create_claim_persisted(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim CREATE with the reservation persisted on each DeviceQuota's status.
-
-    The same checks as `create_claim`, but the ledger only prices (a dry run: it holds
-    what this replica's cache holds, not what other replicas admitted); the quota check
-    proper runs against the persisted reservations, in `kube.quotawriter`.
+    The ledger only prices (it holds what this replica's cache holds, not what other
+    replicas admitted); the quota check proper runs against the persisted
+    reservations, in `kube.quotawriter`.
     """
-    assert ctx.reservations is not None
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim

@@ -5,12 +5,10 @@ modules (`webhook.claimreview`, `webhook.namespaces`, `webhook.pods`) decide. A 
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
-The in-memory handlers are synchronous, so a check and its reservation run without an
-await between them; the persisted ones (`kube.quotawriter`) await a conditional
-status write instead. Every synchronous handler runs through the context's slicer
-(`runtime.slicing`): one whose pricing is long gives the loop back between slices, in
-the slow lane, so it delays no other review. Its check and reservation still run
-without a pause between them: pauses happen only while pricing.
+A claim CREATE awaits a conditional status write (`kube.quotawriter`: the one admission
+protocol) and slices its own pricing; every other handler is synchronous and runs
+through the context's slicer (`runtime.slicing`): one whose pricing is long gives the
+loop back between slices, in the slow lane, so it delays no other review.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from webhook.claimreview import (
     ClaimContext,
     allocate_claim,
     create_claim,
-    create_claim_persisted,
     create_template,
     update_claim,
 )
@@ -41,18 +38,14 @@ Handler = Callable[[ClaimContext, AdmissionRequest], Verdict | Awaitable[Verdict
 Route = tuple[str, str, str, str]
 
 
-def _create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict | Awaitable[Verdict]:
-    # With persisted reservations the handler awaits the status write: the one await
-    # between check and answer, made safe by the write's resourceVersion precondition.
-    return create_claim(ctx, request) if ctx.reservations is None else create_claim_persisted(ctx, request)
-
-
 def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     return update_namespace(ctx.policy, request)
 
 
 VALIDATING: dict[Route, Handler] = {
-    (CLAIMS.group, CLAIMS.plural, "", "CREATE"): _create_claim,
+    # Awaits the status write: the one await between check and answer, made safe by the
+    # write's resourceVersion precondition.
+    (CLAIMS.group, CLAIMS.plural, "", "CREATE"): create_claim,
     (CLAIMS.group, CLAIMS.plural, "", "UPDATE"): update_claim,
     (CLAIMS.group, CLAIMS.plural, "status", "UPDATE"): allocate_claim,
     (TEMPLATES.group, TEMPLATES.plural, "", "CREATE"): create_template,

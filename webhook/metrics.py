@@ -80,8 +80,8 @@ __all__ = [
 # controller-runtime's and kube-state-metrics' metrics port: what ServiceMonitors expect.
 DEFAULT_METRICS_PORT = 8080
 RENDER_CHUNK = 32  # samples rendered between two pause points of a scrape (~1-2 ms)
-# In-memory reviews take well under a millisecond; persisted ones a status write (a few
-# ms to tens); the API server gives up after timeoutSeconds (5 in deploy/, 10 by default).
+# Reviews that write nothing take well under a millisecond; a claim CREATE into a
+# DeviceQuota a status write (a few ms to tens); the API server gives up after timeoutSeconds (5 in deploy/, 10 by default).
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # A reconcile pass is one status write per changed quota (a few ms each, 8 at a time),
 # conflicts retried; a resync of thousands of quotas takes seconds (issue 8 asks <= 1 s

@@ -251,7 +251,7 @@ def test_rescoping_an_allocation_needs_only_its_pricing() -> None:
 def admitter(*quotas: dict[str, Any]) -> Admitter:
     adm = Admitter(Pricer(inventory(), CLASSES), Ledger())
     for quota in quotas:
-        assert adm.add_or_update_quota(parse_device_quota(quota)) == []
+        assert adm.add_or_update_quota(parse_device_quota(quota)).stale == ()
     return adm
 
 
@@ -295,7 +295,9 @@ def test_a_quota_selecting_new_devices_prices_the_namespaces_claims_again() -> N
     adm.account_allocated(claim("on-a100", "alias", allocation=[result("r", "a100-0", pool="node-2")]))
     adm.reserve_existing(claim("pending", "alias", A100))
     quota = parse_device_quota(make_quota("q", memory="1Ti", selectors=[H100]))
-    stale = adm.add_or_update_quota(quota)
+    repriced = adm.add_or_update_quota(quota)
+    stale = repriced.stale
+    assert repriced.keys == ((NS, "q"),)  # the quotas whose usage moved: the allocation's
     usage = adm.ledger.usage(NS, "q")
     # The allocation at once, exactly: its A100 is not selected.
     assert usage.used == Charge() and usage.allocated_claims == 0
@@ -306,7 +308,7 @@ def test_a_quota_selecting_new_devices_prices_the_namespaces_claims_again() -> N
     # ... then at its price for the selection.
     assert adm.ledger.usage(NS, "q").reserved == Charge()
     # The quota's status writes come back as updates: no second pass.
-    assert adm.add_or_update_quota(quota) == []
+    assert adm.add_or_update_quota(quota).stale == ()
 
 
 def test_memory_no_selected_device_publishes_is_no_admission() -> None:

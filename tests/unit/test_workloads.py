@@ -267,7 +267,9 @@ def test_a_pod_seen_after_its_claim_still_matches() -> None:
     ledger.set_holding(holding)
     ledger.add_or_update_claim(claim("c1", 2, "pod-1"))  # counted before the Pod is known
     assert ledger.usage(NS, "gpus").reserved == Charge(320 * GiB, 4)  # over-counted, never under
-    ledger.set_pod("pod-1", ClaimRef("w-1"))
+    # Each move returns the quotas whose usage it moved (the holding's namespace's).
+    assert ledger.set_pod("pod-1", ClaimRef("w-1")) == ((NS, "gpus"),)
     assert ledger.usage(NS, "gpus").reserved == Charge(160 * GiB, 2)
-    ledger.set_pod("pod-1", None)  # the Pod is gone
+    assert ledger.set_pod("pod-1", None) == ((NS, "gpus"),)  # the Pod is gone
     assert ledger.usage(NS, "gpus").reserved == Charge(320 * GiB, 4)
+    assert ledger.set_pod("pod-2", ClaimRef("w-unknown")) == ()  # no holding: nothing counts it

@@ -15,7 +15,8 @@ import pytest
 from certs.authority import inspect
 from certs.tls import ReloadingContext
 from commands.cli import main
-from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, _reload_certificates, _stamp, policy_source, serve
+from commands.listeners import pair_stamp, reload_certificates
+from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, policy_source, serve
 from quota.policy import AdminAccessPolicy
 
 from ..certs.test_tls import mint
@@ -67,7 +68,7 @@ async def test_a_changed_pair_on_disk_is_served_and_a_broken_one_is_not(
     key.write_bytes(first.serving.key_pem)
     options = ServeOptions(tls_cert_file=cert, tls_key_file=key, cert_poll_seconds=0.01)
     tls = ReloadingContext(first.serving)
-    task = asyncio.create_task(_reload_certificates(options, tls, _stamp(options)))
+    task = asyncio.create_task(reload_certificates(options, tls, pair_stamp(options)))
 
     try:
         # A key that does not match the certificate (a half-written swap) is not loaded...

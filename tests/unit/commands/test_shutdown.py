@@ -1,4 +1,4 @@
-"""serve's shutdown (commands/serve.py `_shut_down`, `_cancel`): its order, and that every
+"""serve's shutdown (commands/shutdown.py `shut_down`, `cancel`): its order, and that every
 background loop ends when cancelled.
 
 A task that loses its cancellation keeps `serve` from exiting after SIGTERM: Python 3.11's
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from commands.serve import _cancel, _shut_down
+from commands.shutdown import cancel, shut_down
 from controllers.annotator import Annotator
 from controllers.kueue import AdmissionCheckController
 from controllers.requeue import Requeuer
@@ -83,7 +83,7 @@ async def test_the_writers_stop_while_reviews_are_answered_and_the_rest_after_th
         order.append("listener closed")
 
     await asyncio.sleep(0)
-    await _shut_down(writers, rest, drain, patience=10)
+    await shut_down(writers, rest, drain, patience=10)
     assert order == ["writer 0", "writer 1", "listener closed", "reflector"]
     assert all(t.cancelled() for t in (*writers, *rest))
 
@@ -99,7 +99,7 @@ async def test_a_task_that_lost_its_cancellation_is_named_and_cancelled_again(
 
     task = asyncio.create_task(drops_one(), name="claim annotations")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.ERROR, logger="commands.serve"):
-        await _cancel([task], patience=0.01)
+    with caplog.at_level(logging.ERROR, logger="commands.shutdown"):
+        await cancel([task], patience=0.01)
     assert task.cancelled()
     assert "claim annotations still running" in caplog.text and "drops_one" in caplog.text

@@ -108,29 +108,32 @@ async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_a_full_slow_lane_defers_a_claim_and_never_stops_the_writers() -> None:
-    """`Slicer.run` refuses a call with `Busy` while its slow lane is full (a tenant's
-    expensive claims): the claim waits for the next try; the writers, vital to `serve`,
-    go on."""
-    from runtime.slicing import Busy
+async def test_a_full_slow_lane_holds_a_claim_until_its_turn_and_never_stops_the_writers() -> None:
+    """While the slow lane is full (a tenant's expensive claims) a claim whose annotations
+    take more than a first slice waits its turn there (`Slicer.run(wait=True)`: never
+    refused, nothing to retry); the writers, vital to `serve`, go on."""
+    from quota.work import pause_point
+    from runtime.slicing import Slicer
+
+    from ..runtime.test_slicing import full_lane
 
     api = Api()
-    busy = {"left": 2}
+    slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
 
-    async def run(fn: Any) -> dict[str, str]:
-        if busy["left"]:
-            busy["left"] -= 1
-            raise Busy(32)
-        return fn()  # type: ignore[no-any-return]
+    def slow_due(claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
+        pause_point()  # past a first slice of 0 s: the slow lane
+        return due(claim, current)
 
-    writer = Annotator(api, due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
-                       leading=lambda: True, concurrency=1, run=run, backoff=0.001, attempts=1)
+    writer = Annotator(api, slow_due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
+                       leading=lambda: True, concurrency=1, run=lambda fn: slicer.run(fn, wait=True))
     task = asyncio.create_task(writer.run())
     try:
-        writer.seen(claim("a"), {})
-        await until(lambda: api.patched == ["a"] or task.done(), "the claim written after the lane freed")
-        assert not task.done()
-        assert api.patched == ["a"] and busy["left"] == 0
+        async with full_lane(slicer):
+            writer.seen(claim("a"), {})
+            await until(lambda: slicer.crowded == 1 or task.done(), "the claim waiting behind the full lane")
+            assert not task.done() and api.patched == []
+        await until(lambda: api.patched == ["a"] or task.done(), "the claim written once the lane freed")
+        assert not task.done() and slicer.crowded == 1
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -9,7 +9,7 @@ from typing import Any
 from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 from quota.claims import parse_claim
 from quota.devicequota import DeviceQuota
-from quota.ledger import ClaimRef, Entry
+from quota.ledger import ClaimRef, Entry, QuotaKey
 from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
 
@@ -27,10 +27,11 @@ def workload(check: str, **conditions: str) -> dict[str, Any]:
                        "conditions": [{"type": t, "status": s} for t, s in {"QuotaReserved": "True", **conditions}.items()]}}
 
 
-def caches() -> tuple[KueueCaches, list[str], list[str | None]]:
+def caches() -> tuple[KueueCaches, list[str], list[tuple[QuotaKey, ...] | None]]:
     forgotten: list[str] = []
-    changed: list[str | None] = []
-    kc = KueueCaches(admitter(), forget=forgotten.append, changed=changed.append)
+    changed: list[tuple[QuotaKey, ...] | None] = []
+    kc = KueueCaches(admitter(), forget=forgotten.append,
+                     changed=lambda keys: changed.append(None if keys is None else tuple(keys)))
     CheckStore(kc).replace([{"metadata": {"name": "dq"}, "spec": {"controllerName": "draquota.io/devicequota"}},
                             {"metadata": {"name": "other"}, "spec": {"controllerName": "example.com/x"}}])
     TemplateStore(kc).replace([make_claim("gpus", request("gpu", exactly("gpu", count=2)), kind="ResourceClaimTemplate")])
@@ -44,7 +45,7 @@ def test_a_ready_workload_holds_its_price_until_it_finishes() -> None:
     assert kc.ledger.usage(NS, "gpus").workloads == Charge()
     store.upsert(workload("Ready", Admitted="True"))
     assert kc.ledger.usage(NS, "gpus").workloads == Charge(160 * GiB, 2)
-    assert "team-a" in changed
+    assert changed[-1] == ((NS, "gpus"),)  # the quota whose usage the holding moved
     store.upsert(workload("Ready", Admitted="True", Finished="True"))
     assert kc.ledger.usage(NS, "gpus").workloads == Charge()
     assert forgotten == ["w-1"]  # its persisted entry counts no more either

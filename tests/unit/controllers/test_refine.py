@@ -14,7 +14,7 @@ from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import ClaimRef, Ledger, QuotaKey
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from runtime.slicing import Slicer
@@ -26,14 +26,14 @@ NS = Namespace("team-a")
 SMALL = f"device.capacity['{D}'].memory.compareTo(quantity('50Gi')) < 0"
 
 
-def world() -> tuple[Admitter, ClaimStore, Refiner, list[str]]:
+def world() -> tuple[Admitter, ClaimStore, Refiner, list[QuotaKey]]:
     inventory = Inventory()
     inventory.add_or_update_slice(make_slice("n1", [make_device("big", memory="80Gi"), make_device("small", memory="40Gi")]))
     classes = {DeviceClassName("gpu"): parse_device_class(make_class("gpu"))}
     admitter = Admitter(Pricer(inventory, classes), Ledger())
     admitter.ledger.add_or_update_quota(parse_device_quota(make_quota("gpus", memory="400Gi")))
-    changed: list[str] = []
-    refiner = Refiner(admitter, Slicer(), changed=changed.append)
+    changed: list[QuotaKey] = []
+    refiner = Refiner(admitter, Slicer(), changed=changed.extend)
     return admitter, ClaimStore(admitter, provisional=refiner.add), refiner, changed
 
 
@@ -77,7 +77,7 @@ async def test_stored_claims_count_at_their_bound_then_at_their_price() -> None:
     assert refiner.pending == 2
     await refine(refiner, admitter)
     assert admitter.ledger.usage(NS, "gpus").reserved == Charge(2 * 40 * GiB, 2)  # only the 40Gi device matches
-    assert refiner.refined == 2 and changed == ["team-a", "team-a"]
+    assert refiner.refined == 2 and changed == [(NS, "gpus"), (NS, "gpus")]  # the ledger's keys
 
 
 async def test_a_claim_allocated_before_it_is_priced_keeps_its_exact_charge() -> None:
@@ -152,32 +152,30 @@ async def test_a_drain_of_many_stored_claims_is_a_rebuild_and_a_few_are_not(monk
     gc.unfreeze()  # the rest of the session collects as ever
 
 
-async def test_a_drain_that_met_a_full_slow_lane_freezes_nothing(monkeypatch: Any) -> None:
-    """Under an attack the slow lane is full: the drain still ends (only the claims that
-    were waiting when it began), and what it built meanwhile, the attack's garbage among
-    it, is not frozen (a frozen cycle is never collected)."""
+async def test_a_drain_that_met_a_full_slow_lane_waits_its_turn_and_freezes_nothing(monkeypatch: Any) -> None:
+    """Under an attack the slow lane is full: the drain's pricing waits its turn (nobody
+    would retry it) and still ends (only the claims that were waiting when it began),
+    and what it built meanwhile, the attack's garbage among it, is not frozen (a frozen
+    cycle is never collected)."""
     import controllers.refine
     from kube.rebuilds import Rebuilds
-    from runtime.slicing import Busy
+
+    from ..runtime.test_slicing import full_lane
 
     monkeypatch.setattr(controllers.refine, "FREEZE_AFTER", 3)
-    monkeypatch.setattr(controllers.refine, "_BUSY_BACKOFF", 0)
     admitter, store, _, _ = world()
-    slicer = Slicer()
-    refused = [1]
-    real_run = slicer.run
-
-    async def run(fn: Any) -> Any:
-        if refused:
-            refused.pop()
-            raise Busy(32)
-        return await real_run(fn)
-
-    slicer.run = run  # type: ignore[method-assign]
+    # Every pricing past its first pause point goes to the slow lane.
+    slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
     rebuilds = Rebuilds()
     refiner = Refiner(admitter, slicer, changed=lambda _: None, rebuilds=rebuilds)
     store.provisional = refiner.add
     store.replace(never_priced(3))
-    await refine(refiner, admitter)
-    assert not refused and refiner.refined == 3
+    task = asyncio.create_task(refine(refiner, admitter))
+    async with full_lane(slicer), asyncio.timeout(5):  # a hang fails the test, it never paces it
+        while not slicer.crowded:  # the first pricing waiting behind the full lane
+            assert not task.done()
+            await asyncio.sleep(0)
+        assert refiner.refined == 0
+    await task
+    assert refiner.refined == 3 and slicer.crowded >= 1
     assert rebuilds.freezes == 0

@@ -303,3 +303,44 @@ def test_a_claim_deleted_while_a_new_selection_prices_it_does_not_come_back() ->
         world.quotas.upsert(h100)
     assert deleted, "the claim was deleted while the quota's selection was priced"
     assert ledger.entry(ClaimRef("u1")) is None
+
+
+def test_the_stores_tell_the_quotas_each_event_moved_as_the_ledger_returns_them() -> None:
+    world = World()
+    world.quotas.upsert(make_quota("other", memory="1Ti"))
+    told: list[list[tuple[str, str]] | None] = []
+    world.quotas.changed = world.claims.changed = lambda keys: told.append(None if keys is None else sorted(keys))
+    both = [(NS, "gpus"), (NS, "other")]
+    world.claims.upsert(claim("c1", "u1"))  # counted: both quotas of its namespace
+    world.claims.upsert(claim("c1", "u1", allocated=True))
+    world.quotas.upsert(make_quota("gpus", memory="320Gi"))  # a quota: its own key
+    world.quotas.delete(make_quota("other", memory="1Ti"))
+    world.claims.delete(claim("c1", "u1", allocated=True))  # one quota left
+    world.claims.replace([])
+    world.quotas.replace([make_quota("gpus", memory="160Gi")])
+    assert told == [both, both, [(NS, "gpus")], [(NS, "other")], [(NS, "gpus")], None, None]
+
+
+def test_a_claim_event_the_ledger_counts_as_before_still_tells_its_namespaces_quotas() -> None:
+    """The leader's charge landing on a claim changes nothing the ledger counts, but lets
+    the claim's persisted entry go (`quota.reservations.settle`): the quota controller
+    must look at its quotas again, or the entry would stay until its TTL."""
+    world = World()
+    ledger = world.admitter.ledger
+    world.admitter.admit_claim(parse_claim(claim("c1", "u1")), namespace_labels={})  # held before its event
+    told: list[list[tuple[str, str]] | None] = []
+    world.claims.changed = lambda keys: told.append(None if keys is None else list(keys))
+    before = ledger.entry(ClaimRef("u1"))
+    world.claims.upsert(claim("c1", "u1"))
+    assert ledger.entry(ClaimRef("u1")) is before  # the ledger counts it as before ...
+    assert told == [[(NS, "gpus")]]  # ... its namespace's quotas are told all the same
+
+
+def test_the_namespace_store_tells_each_events_namespace() -> None:
+    told: list[str | None] = []
+    store = NamespaceStore({}, changed=told.append)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
+    store.upsert(namespace)
+    store.delete(namespace)
+    store.replace([])
+    assert told == ["team-a", "team-a", None]

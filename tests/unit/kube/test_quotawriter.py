@@ -1,64 +1,34 @@
 """kube.quotawriter against a scripted API server: what the real one cannot do on demand.
 
-The fake keeps one DeviceQuota per name with a resourceVersion, answers a status PUT
-with 409 when the precondition is stale, and can be told to inject conflicts (another
-replica writing in between) — the real control plane is exercised in
+The fake (`.scripted.FakeApi`) keeps one DeviceQuota per name with a resourceVersion,
+answers a status PUT with 409 when the precondition is stale, and can be told to inject
+conflicts (another replica writing in between) — the real control plane is exercised in
 tests/e2e/test_replicas.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import pytest
 
-from kube.api import ApiError, Resource
+from kube.api import Resource
 from kube.quotawriter import CONTENTION, Reservations
 from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
-from webhook.claimreview import ClaimContext, create_claim_persisted
+from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import GiB, make_quota
 from ..test_pricing import CLASSES, inventory
 from ..webhook.test_claimreview import POLICY, review_request
+from .scripted import FakeApi
 
 NS = Namespace("team-a")
 GPU = Charge(80 * GiB, 1)
-
-
-class FakeApi:
-    def __init__(self, *quotas: dict[str, Any]) -> None:
-        self.objects = {q["metadata"]["name"]: {**copy.deepcopy(q), "status": {}} for q in quotas}
-        for obj in self.objects.values():
-            obj["metadata"]["resourceVersion"] = "1"
-        self.writes = 0
-        self.conflicts_to_inject = 0
-
-    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
-        await asyncio.sleep(0)
-        if name not in self.objects:
-            raise ApiError(404, "NotFound", name)
-        return copy.deepcopy(self.objects[name])
-
-    async def update_status(self, resource: Resource, body: dict[str, Any], *,
-                            namespace: str | None = None) -> dict[str, Any]:
-        await asyncio.sleep(0)
-        name = body["metadata"]["name"]
-        current = self.objects[name]
-        if self.conflicts_to_inject:
-            self.conflicts_to_inject -= 1
-            current["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
-        if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", "the object has been modified")
-        self.writes += 1
-        current["status"] = copy.deepcopy(body["status"])
-        current["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
-        return copy.deepcopy(current)
 
 
 def setup(*quotas: dict[str, Any]) -> tuple[FakeApi, Reservations, list[DeviceQuota]]:
@@ -185,13 +155,13 @@ async def test_the_schedulers_retries_replace_each_others_unpersisted_reservatio
     scheduler's next attempt for the same Pod replaces it, a tenant's look-alike does not."""
     api, reservations, _ = setup(make_quota("gpus", devices=2))
     ctx = ClaimContext(Admitter(Pricer(inventory(), CLASSES), reservations.ledger), {"team-a": {}}.get,
-                       lambda: POLICY, reservations=reservations)
+                       lambda: POLICY, reservations)
     scheduler = {"username": "system:kube-scheduler", "uid": "s", "groups": ["system:authenticated"]}
     tenant = {"username": "alice", "uid": "a", "groups": ["system:authenticated"]}
 
     async def create(uid: str, user: dict[str, Any]) -> bool:
         obj = scheduler_attempt(uid, f"train-extended-resources-{uid}")
-        return (await create_claim_persisted(ctx, review_request(obj, user=user, name=obj["metadata"]["name"]))).allowed
+        return (await create_claim(ctx, review_request(obj, user=user, name=obj["metadata"]["name"]))).allowed
 
     for uid in ("aaaa1", "aaaa2", "aaaa3", "aaaa4"):
         assert await create(uid, scheduler)

@@ -5,7 +5,8 @@ slow lane. No timing in the assertions: each counts what the loop did while a ca
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -155,3 +156,51 @@ async def test_a_cancelled_call_stops_its_work() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert finished == [False]  # unwound through its finally, never completed
+
+
+@contextlib.asynccontextmanager
+async def full_lane(slicer: Slicer) -> AsyncIterator[None]:
+    """`slicer`'s slow lane taken and its queue full, as under a tenant's expensive
+    reviews: calls that pause until the block ends."""
+    released = asyncio.Event()
+
+    def hog() -> None:
+        while not released.is_set():
+            pause_point()
+
+    hogs = []
+    for _ in range(1 + slicer.queue):  # one in the lane, the rest waiting
+        hogs.append(asyncio.create_task(slicer.run(hog)))
+        await asyncio.sleep(0)
+    assert slicer.waiting == slicer.queue
+    try:
+        yield
+    finally:
+        released.set()
+        await asyncio.gather(*hogs)
+
+
+def paused() -> int:
+    """Background work that pauses once (it will not finish in a first slice of 0 s)."""
+    pause_point()
+    return 7
+
+
+async def test_a_waiting_call_past_a_full_lane_waits_its_turn_instead_of_being_refused() -> None:
+    slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
+    async with full_lane(slicer):
+        background = asyncio.create_task(slicer.run(paused, wait=True))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not background.done() and slicer.crowded == 1
+        # It counts among the waiting: a review is refused as before.
+        with pytest.raises(Busy, match="busy pricing 2 other expensive requests"):
+            await slicer.run(paused)
+    assert await background == 7
+    assert (slicer.crowded, slicer.waiting) == (1, 0)
+
+
+async def test_a_waiting_call_with_room_in_the_lane_is_not_crowded() -> None:
+    slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
+    assert await slicer.run(paused, wait=True) == 7
+    assert (slicer.slow_calls, slicer.crowded) == (1, 0)

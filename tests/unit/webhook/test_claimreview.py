@@ -1,4 +1,10 @@
-"""webhook.claimreview: claim and template admission from realistic AdmissionReview requests."""
+"""webhook.claimreview: claim and template admission from realistic AdmissionReview requests.
+
+A claim CREATE persists its reservation on the DeviceQuota's status (`kube.quotawriter`,
+the one admission protocol), here through a scripted API server (`..kube.scripted`); a
+`World` is one replica as `serve` wires it, whose claim cache counts a claim once the
+watch delivers it (`World.created`).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +19,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+from kube.caches import ClaimStore
+from kube.quotawriter import Reservations
+from kube.watching import Progress
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
 from quota.devicequota import parse_device_quota
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
 from quota.pricing import Pricer
-from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim
+from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim, with_namespace
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, exactly, make_claim, make_quota, request, result
+from ..kube.scripted import FakeApi
 from ..test_fuzz_parsers import paths, splice, values
 from ..test_pricing import CLASSES, inventory
 
@@ -45,13 +55,53 @@ UID = "3c1f5e2a-9b7d-4e61-8f0a-5d2c6b4e7a10"
 UID2 = "8e4b2d7c-1a6f-4c93-b5e0-7f3a9d1c2b64"
 
 
+class World:
+    """One replica as `serve` wires it: the ledger, the reservations persisted through a
+    scripted API server, and the claim cache, which counts a claim once the watch
+    delivers it and tells the reservations of its deletion."""
+
+    def __init__(self, *quotas: dict[str, Any], labels: Mapping[str, str] | None = None,
+                 allocation_check: str = "enforce", pricer: Pricer = PRICER) -> None:
+        ledger = Ledger()
+        for quota in quotas:
+            ledger.add_or_update_quota(parse_device_quota(quota))
+        admitter = Admitter(pricer, ledger)
+        self.api = FakeApi(*quotas)
+        self.progress = Progress()
+        self.claims = ClaimStore(admitter)
+        self.reservations = Reservations(self.api, ledger, ttl=60.0, progress=self.progress,  # type: ignore[arg-type]
+                                         claim_version=self.claims.version,
+                                         claim_recorded=self.claims.recorded_version)
+        self.claims.deleted = self.reservations.claim_deleted
+        known = {"team-a": labels or {"kubernetes.io/metadata.name": "team-a"}}
+        self.ctx = ClaimContext(admitter, known.get, lambda: POLICY, self.reservations,
+                                allocation_check)  # type: ignore[arg-type]
+        self._revision = 100
+
+    def created(self, obj: dict[str, Any]) -> None:
+        """The API server stored admitted claim `obj` and the claim watch delivered it."""
+        self.claims.upsert(self._event(obj))
+
+    def deleted(self, obj: dict[str, Any]) -> None:
+        """The claim watch delivered `obj`'s deletion."""
+        self.claims.delete(self._event(obj))
+
+    def _event(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self._revision += 1
+        out = copy.deepcopy(dict(with_namespace(obj, NS)))
+        out["metadata"]["resourceVersion"] = str(self._revision)
+        self.progress.advance(str(self._revision))
+        return out
+
+
 def context(*quotas: dict[str, Any], labels: Mapping[str, str] | None = None,
             allocation_check: str = "enforce") -> ClaimContext:
-    ledger = Ledger()
-    for quota in quotas:
-        ledger.add_or_update_quota(parse_device_quota(quota))
-    known = {"team-a": labels or {"kubernetes.io/metadata.name": "team-a"}}
-    return ClaimContext(Admitter(PRICER, ledger), known.get, lambda: POLICY, allocation_check)  # type: ignore[arg-type]
+    return World(*quotas, labels=labels, allocation_check=allocation_check).ctx
+
+
+def admit(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """A claim CREATE's verdict, its reservation persisted (`create_claim`)."""
+    return asyncio.run(create_claim(ctx, request))
 
 
 def stored(obj: dict[str, Any], *, uid: str | None = UID, name: str = "train-gpu-x7k2q") -> dict[str, Any]:
@@ -100,7 +150,9 @@ def gpu_claim(selector: str = H100, *, admin: bool = False, count: int | None = 
 
 
 def reserved(ctx: ClaimContext, quota: str = "gpus") -> Charge:
-    return ctx.admitter.ledger.usage(NS, quota).reserved
+    """What the replica counts as reserved: its cache's pending claims and the persisted
+    entries of claims it does not hold yet."""
+    return ctx.admitter.ledger.usage(NS, quota).reserved + ctx.reservations.pending(NS, quota)
 
 
 GPUS = make_quota("gpus", memory="200Gi", devices=4)
@@ -111,24 +163,25 @@ DENIED_THIRD = ('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory
 def test_creates_reserve_until_the_quota_is_full() -> None:
     ctx = context(GPUS)
     for i, uid in enumerate((UID, UID2)):
-        assert create_claim(ctx, review_request(stored(gpu_claim(), uid=uid, name=f"g-{i}"))) == Verdict(True)
-    third = create_claim(ctx, review_request(stored(gpu_claim(), uid="third", name="g-2")))
+        assert admit(ctx, review_request(stored(gpu_claim(), uid=uid, name=f"g-{i}"))) == Verdict(True)
+    third = admit(ctx, review_request(stored(gpu_claim(), uid="third", name="g-2")))
     assert third == Verdict(False, DENIED_THIRD, cause="quota", quotas=("gpus",))
     assert reserved(ctx) == Charge(160 * GiB, 2)
 
 
 def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
-    ctx = context(GPUS)
-    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
-    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed  # the same call again
+    world = World(GPUS)
+    ctx = world.ctx
+    assert admit(ctx, review_request(stored(gpu_claim()))).allowed
+    assert admit(ctx, review_request(stored(gpu_claim()))).allowed  # the same call again
     assert reserved(ctx) == Charge(80 * GiB, 1)
     # The same name under a new uid (a collision re-ran admission, or a delete and re-create).
-    assert create_claim(ctx, review_request(stored(gpu_claim(), uid=UID2))).allowed
+    assert admit(ctx, review_request(stored(gpu_claim(), uid=UID2))).allowed
     assert reserved(ctx) == Charge(160 * GiB, 2)
     # The watch's deletion of the first object releases only its own reservation.
-    ctx.admitter.ledger.delete_claim(ClaimRef(UID))
+    world.deleted(stored(gpu_claim()))
     assert reserved(ctx) == Charge(80 * GiB, 1)
-    assert ctx.admitter.ledger.entry(ClaimRef(UID2)) is not None
+    assert UID2 in world.api.objects["gpus"]["status"]["reservations"]
 
 
 @pytest.mark.parametrize(
@@ -147,7 +200,7 @@ def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
 )
 def test_create_table(quota: dict[str, Any], dry_run: bool, expected: Verdict, reserved_after: Charge) -> None:
     ctx = context(quota)
-    assert create_claim(ctx, review_request(stored(gpu_claim()), dry_run=dry_run)) == expected
+    assert admit(ctx, review_request(stored(gpu_claim()), dry_run=dry_run)) == expected
     assert reserved(ctx) == reserved_after
 
 
@@ -155,7 +208,7 @@ def test_the_request_namespace_is_the_claims() -> None:
     ctx = context(GPUS)
     obj = stored(gpu_claim())
     del obj["metadata"]["namespace"]
-    assert create_claim(ctx, review_request(obj)).allowed
+    assert admit(ctx, review_request(obj)).allowed
     assert reserved(ctx) == Charge(80 * GiB, 1)
 
 
@@ -167,20 +220,19 @@ def test_the_request_namespace_is_the_claims() -> None:
         (lambda o: o["metadata"].update(uid=7), "invalid ResourceClaim: ResourceClaim train-gpu-x7k2q: metadata.uid"),
         (lambda o: o.update(apiVersion="resource.k8s.io/v1alpha3"),
          "invalid ResourceClaim: ResourceClaim with apiVersion 'resource.k8s.io/v1alpha3' is not supported: use resource.k8s.io/v1"),
-        (lambda o: (o["metadata"].pop("uid"), o["metadata"].pop("name")),
-         "metadata.uid and metadata.name are missing"),
+        (lambda o: o["metadata"].pop("uid"), "metadata.uid is missing"),
     ],
 )
 def test_malformed_claims_are_denied_naming_the_field(mutate: Any, message: str) -> None:
     obj = stored(gpu_claim())
     mutate(obj)
-    verdict = create_claim(context(GPUS), review_request(obj))
+    verdict = admit(context(GPUS), review_request(obj))
     assert (verdict.allowed, verdict.reason, verdict.code) == (False, "Invalid", 422)
     assert verdict.message.startswith(message), verdict.message
 
 
 def test_a_missing_object_is_denied() -> None:
-    verdict = create_claim(context(GPUS), review_request(None))
+    verdict = admit(context(GPUS), review_request(None))
     assert verdict == Verdict(False, "request.object is missing on a CREATE of resourceclaims", "Invalid", 422,
                               cause="invalid")
 
@@ -201,8 +253,11 @@ TEMPLATE_GPUS = make_quota("gpus", memory="200Gi")
     ],
 )
 def test_templates_reserve_nothing(count: int, expected: Verdict) -> None:
-    ctx = context(TEMPLATE_GPUS)
-    assert create_claim(ctx, review_request(stored(gpu_claim(), uid="other"))).allowed  # 80Gi reserved
+    world = World(TEMPLATE_GPUS)
+    ctx = world.ctx
+    other = stored(gpu_claim(), uid="other")
+    assert admit(ctx, review_request(other)).allowed  # 80Gi reserved
+    world.created(other)  # what "now" is checked against: this replica's cache
     template = stored(gpu_claim(count=count, kind="ResourceClaimTemplate"), uid="tmpl")
     assert create_template(ctx, review_request(template, gvr=TEMPLATE_GVR)) == expected
     assert reserved(ctx) == Charge(80 * GiB, 1)
@@ -240,10 +295,12 @@ EXCEEDED = ("the allocated devices charge more than the claim reserved (requeste
 )
 def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check: str, expected: Verdict,
                                                  used: Charge, still_reserved: Charge) -> None:
-    ctx = context(make_quota("gpus", memory="160Gi"), allocation_check=check)
-    claim = stored(gpu_claim())
-    assert create_claim(ctx, review_request(claim)).allowed
-    assert create_claim(ctx, review_request(stored(gpu_claim(), uid=UID2, name="other"))).allowed
+    world = World(make_quota("gpus", memory="160Gi"), allocation_check=check)
+    ctx = world.ctx
+    claim, other = stored(gpu_claim()), stored(gpu_claim(), uid=UID2, name="other")
+    for obj in (claim, other):
+        assert admit(ctx, review_request(obj)).allowed
+        world.created(obj)  # the scheduler allocates claims that exist
     assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
     usage = ctx.admitter.ledger.usage(NS, "gpus")
     assert (usage.used, usage.reserved) == (used, still_reserved)
@@ -262,9 +319,11 @@ def test_only_the_update_that_sets_the_allocation_is_checked() -> None:
 
 
 def test_a_dry_run_allocation_changes_nothing() -> None:
-    ctx = context(GPUS)
+    world = World(GPUS)
+    ctx = world.ctx
     claim = stored(gpu_claim())
-    assert create_claim(ctx, review_request(claim)).allowed
+    assert admit(ctx, review_request(claim)).allowed
+    world.created(claim)
     assert allocate_claim(ctx, status_update(allocated(claim, ("node-1", "gpu-0")), claim, dry_run=True)) == Verdict(True)
     assert (ctx.admitter.ledger.usage(NS, "gpus").used, reserved(ctx)) == (Charge(), Charge(80 * GiB, 1))
 
@@ -274,7 +333,7 @@ def test_a_delete_is_not_judged_and_releases_nothing() -> None:
     must not release anything; the claim watch's DELETED event does."""
     ctx = context(GPUS)
     claim = stored(gpu_claim())
-    assert create_claim(ctx, review_request(claim)).allowed
+    assert admit(ctx, review_request(claim)).allowed
     assert run("/validate", ctx, review_request(None, operation="DELETE", old=claim)) == Verdict(True)
     assert reserved(ctx) == Charge(80 * GiB, 1)
 
@@ -286,7 +345,7 @@ def test_a_new_claim_or_template_may_not_carry_our_annotations(key: str) -> None
     claim["metadata"].setdefault("annotations", {})[key] = '{"memory":0,"devices":0}'
     denial = Verdict(False, f"annotation {key} is written by dra-quota once the claim exists and may not be set by its "
                             "creator: remove it (an object exported from a cluster carries it)", cause="annotations")
-    assert create_claim(ctx, review_request(claim)) == denial
+    assert admit(ctx, review_request(claim)) == denial
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "t", "namespace": NS},
                 "spec": {"metadata": {"annotations": {key: "x"}}, "spec": gpu_claim()["spec"]}}
@@ -337,7 +396,7 @@ def test_admin_access_claims(user: dict[str, Any], marks: dict[str, Any], labels
     ctx = context(GPUS, labels=labels)
     obj = stored(gpu_claim(admin=True))
     obj["metadata"].update(copy.deepcopy(marks))
-    assert create_claim(ctx, review_request(obj, user=user)) == expected
+    assert admit(ctx, review_request(obj, user=user)) == expected
     assert reserved(ctx) == Charge()  # adminAccess requests cost nothing
 
 
@@ -425,26 +484,34 @@ op = st.tuples(st.sampled_from(["create", "retry", "delete", "allocate", "dry-ru
 @settings(max_examples=fuzz_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, max_size=25), st.sampled_from(["enforce", "account-only"]))
 def test_no_sequence_over_commits_and_no_retry_counts_twice(ops: list[tuple[str, int, int, int]], check: str) -> None:
-    ctx = context(ENFORCED, make_quota("audit", memory="100Gi", enforcement="Audit"), allocation_check=check)
+    world = World(ENFORCED, make_quota("audit", memory="100Gi", enforcement="Audit"), allocation_check=check)
+    ctx = world.ctx
     ledger = ctx.admitter.ledger
     quota = ledger.quotas(NS)[0]
+
+    def counted() -> tuple[Charge, Charge]:
+        usage = ledger.usage(NS, "gpus")
+        return usage.used, usage.reserved + ctx.reservations.pending(NS, "gpus")
+
     for kind, uid, size, device in ops:
         # uids are reused across sizes and names: the key is the uid, whatever the name
         claim = stored(gpu_claim(SIZES[size]), uid=f"uid-{uid}", name=f"c-{size}")
         if kind in ("create", "retry", "dry-run"):
-            create_claim(ctx, review_request(claim, dry_run=kind == "dry-run"))
+            if admit(ctx, review_request(claim, dry_run=kind == "dry-run")).allowed and kind != "dry-run":
+                world.created(claim)
             if kind == "retry":
-                before = ledger.usage(NS, "gpus")
-                create_claim(ctx, review_request(claim))
-                assert ledger.usage(NS, "gpus") == before
+                before = counted()
+                admit(ctx, review_request(claim))
+                assert counted() == before
         elif kind == "delete":  # the claim watch's DELETED event
-            ledger.delete_claim(ClaimRef(f"uid-{uid}"))
+            world.deleted(claim)
         else:
             allocate_claim(ctx, status_update(allocated(claim, DEVICES[device]), claim))
-        usage = ledger.usage(NS, "gpus")
+        used, reserved = counted()
         if check == "enforce":
-            total = usage.used + usage.reserved
+            total = used + reserved
             assert total.memory <= 300 * GiB and total.devices <= 3
+        usage = ledger.usage(NS, "gpus")
         # incremental usage is a recomputation from the entries: nothing counted twice
         used = sum((e.charge_for(quota, "conservative") for e in ledger.entries() if e.allocated), Charge())
         held = sum((e.charge_for(quota, "conservative") for e in ledger.entries() if not e.allocated), Charge())
@@ -500,7 +567,7 @@ def test_fuzz_the_endpoints_answer_every_mutated_review(data: st.DataObject, bas
             assert verdict.allowed or (verdict.message and not verdict.patch)
             json.dumps(respond(request_.uid, verdict), ensure_ascii=False).encode("utf-8")
         total = ctx.admitter.ledger.usage(NS, "gpus")
-        assert total.used.memory + total.reserved.memory <= 200 * GiB
+        assert total.used.memory + reserved(ctx).memory <= 200 * GiB
 
 
 def test_a_lone_surrogate_in_the_object_is_a_malformed_review() -> None:
@@ -544,23 +611,29 @@ EXCEEDED_100 = ("the allocated devices charge more than the claim reserved (requ
 )
 def test_an_allocation_above_the_recorded_charge_is_said_on_the_verdict(
         device: tuple[str, str], hard: str, check: str, expected: Verdict) -> None:
-    ctx = context(make_quota("gpus", memory=hard), allocation_check=check)
-    assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
+    world = World(make_quota("gpus", memory=hard), allocation_check=check)
+    ctx = world.ctx
+    assert admit(ctx, review_request(stored(gpu_claim()))).allowed
+    world.created(stored(gpu_claim()))
     claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
     assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
 
 
 def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
-    for ctx in (context(), context(make_quota("other-class", memory="1Gi", classes=["other"]))):
-        assert create_claim(ctx, review_request(stored(gpu_claim()))).allowed
+    for world in (World(), World(make_quota("other-class", memory="1Gi", classes=["other"]))):
+        ctx = world.ctx
+        assert admit(ctx, review_request(stored(gpu_claim()))).allowed
+        world.created(stored(gpu_claim()))
         claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
         assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
 def test_an_allocation_before_the_leader_annotated_the_claim_is_compared_with_its_reservation() -> None:
-    ctx = context(make_quota("gpus", memory="400Gi"))
-    claim = stored(gpu_claim())  # not annotated yet: the ledger's reservation says what was admitted
-    assert create_claim(ctx, review_request(claim)).allowed
+    world = World(make_quota("gpus", memory="400Gi"))
+    ctx = world.ctx
+    claim = stored(gpu_claim())  # not annotated yet: what the ledger counts for it says what was admitted
+    assert admit(ctx, review_request(claim)).allowed
+    world.created(claim)
     assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(
         True, charged_above=ABOVE)
 

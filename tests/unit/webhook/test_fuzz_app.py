@@ -4,8 +4,8 @@ What `dra-quota serve` mounts (`webhook.server.build_app` over `webhook.endpoint
 served by aiohttp on loopback, is sent random bytes, random JSON, mutated
 AdmissionReviews (a random or hostile value spliced in at a random place of a realistic
 review, from test_claimreview's bases) and byte-level damage to valid reviews (truncation,
-a flipped byte). Two wirings: the ledger alone, and the persisted reservations that
-`serve` uses (over test_reservations' scripted API server). Every answer must be HTTP
+a flipped byte), wired as `serve` wires it: reservations persisted on DeviceQuota status
+(over the scripted API server of tests/unit/kube/scripted.py). Every answer must be HTTP
 200 with a well-formed AdmissionReview carrying the request's uid when the body had one
 (as `respond` writes it: escaped for terminals), a denial must say why, and nothing
 may be logged as an error or with a traceback: the server turns an endpoint that
@@ -32,7 +32,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kube.quotawriter import Reservations
 from quota.printable import for_terminal
 from webhook.claimreview import ClaimContext
 from webhook.endpoints import endpoints
@@ -42,7 +41,6 @@ from ..bounds import bounded, fuzz_examples
 from ..builders import make_quota
 from ..test_fuzz_parsers import json_values, paths, splice, values
 from .test_claimreview import ADMIN_LABELS, BASES, GPUS, context
-from ..kube.test_quotawriter import FakeApi
 from ..kube.test_admissionreview import REVIEW
 
 MAX_BODY = 256 * 1024
@@ -67,12 +65,12 @@ class Errors(logging.Handler):
 @dataclasses.dataclass
 class App:
     loop: asyncio.AbstractEventLoop
-    clients: dict[str, TestClient[Any, Any]]
+    client: TestClient[Any, Any]
     errors: Errors
 
-    def post(self, wiring: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    def post(self, path: str, body: bytes) -> tuple[int, str, bytes]:
         async def call() -> tuple[int, str, bytes]:
-            async with self.clients[wiring].post(path, data=body, headers={"Content-Type": "application/json"}) as resp:
+            async with self.client.post(path, data=body, headers={"Content-Type": "application/json"}) as resp:
                 return resp.status, resp.content_type, await resp.read()
 
         return self.loop.run_until_complete(call())
@@ -82,28 +80,22 @@ class App:
 def app() -> Iterator[App]:
     # A loop of our own: hypothesis calls the test synchronously, once per example.
     loop = asyncio.new_event_loop()
-    memory = context(GPUS, AUDIT, labels=ADMIN_LABELS)
-    persisted = context(GPUS, AUDIT, labels=ADMIN_LABELS)
-    reservations = Reservations(FakeApi(GPUS, AUDIT), persisted.admitter.ledger, ttl=60.0)  # type: ignore[arg-type]
-    persisted = dataclasses.replace(persisted, reservations=reservations)
-
     async def start(ctx: ClaimContext) -> TestClient[Any, Any]:
         server = TestServer(build_app(endpoints(ctx), ready=lambda: True, max_body_bytes=MAX_BODY), host="127.0.0.1")
         client: TestClient[Any, Any] = TestClient(server)  # binds to the running loop
         await client.start_server()
         return client
 
-    clients = {wiring: loop.run_until_complete(start(ctx)) for wiring, ctx in (("memory", memory), ("persisted", persisted))}
+    client = loop.run_until_complete(start(context(GPUS, AUDIT, labels=ADMIN_LABELS)))
     errors = Errors()
     for name in ("webhook", "quota", "aiohttp"):
         logging.getLogger(name).addHandler(errors)
     try:
-        yield App(loop, clients, errors)
+        yield App(loop, client, errors)
     finally:
         for name in ("webhook", "quota", "aiohttp"):
             logging.getLogger(name).removeHandler(errors)
-        for client in clients.values():
-            loop.run_until_complete(client.close())
+        loop.run_until_complete(client.close())
         loop.close()
 
 
@@ -179,16 +171,16 @@ def assert_well_formed(status: int, content_type: str, raw: bytes, uid: str) -> 
 @settings(max_examples=fuzz_examples(150), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
-@given(st.data(), st.sampled_from(("memory", "persisted")), st.sampled_from(PATHS))
+@given(st.data(), st.sampled_from(PATHS))
 def test_fuzz_every_body_gets_a_well_formed_review_and_nothing_is_logged_as_an_error(
-    app: App, data: st.DataObject, wiring: str, path: str
+    app: App, data: st.DataObject, path: str
 ) -> None:
     body = body_of(data)
     if body is None:
         return
     app.errors.records.clear()
     with bounded(seconds=10, megabytes=256):
-        status, content_type, raw = app.post(wiring, path, body)
+        status, content_type, raw = app.post(path, body)
     uid, nesting = expected_uid(body)
     if uid and NESTED_TOO_DEEPLY in raw:
         # Python's decoder stops at its recursion limit (less the server's own stack):
@@ -203,11 +195,10 @@ def test_the_fuzzer_reaches_the_deciding_code(app: App) -> None:
     """The bases are reviews the endpoints decide on (not refused as malformed), so the
     mutations explore the handlers, not only the parser; and an endpoint that raises is
     caught by `Errors` (the property's other half)."""
-    for wiring in ("memory", "persisted"):
-        for base in REVIEWS:
-            status, content_type, raw = app.post(wiring, "/validate", json.dumps(base).encode())
-            assert_well_formed(status, content_type, raw, base["request"]["uid"])
-            assert "malformed AdmissionReview" not in raw.decode()
+    for base in REVIEWS:
+        status, content_type, raw = app.post("/validate", json.dumps(base).encode())
+        assert_well_formed(status, content_type, raw, base["request"]["uid"])
+        assert "malformed AdmissionReview" not in raw.decode()
     app.errors.records.clear()
     logging.getLogger("webhook.server").exception("probe")
     assert len(app.errors.records) == 1

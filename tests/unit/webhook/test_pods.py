@@ -10,20 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube.admissionreview import Verdict, parse_review, respond
-from quota.admission import Admitter
 from quota.claims import parse_device_class
-from quota.devicequota import parse_device_quota
-from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
-from webhook.claimreview import ClaimContext, create_claim
+from webhook.claimreview import ClaimContext
 from webhook.pods import create_pod
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_class, make_quota
 from ..test_fuzz_parsers import paths, splice, values
 from ..test_pricing import CLASSES, D, inventory
-from .test_claimreview import POLICY, raw_review, review_request, run, stored
+from .test_claimreview import World, admit, raw_review, review_request, run, stored
 
 GPU = "example.com/gpu"
 POD_GVR = {"group": "", "version": "v1", "resource": "pods"}
@@ -41,11 +38,8 @@ PRICER = Pricer(inventory(), {**CLASSES, EXT.name: EXT})  # gpu-ext: 4 x 80Gi (h
 WHAT = "the ResourceClaim the scheduler creates for this Pod's 'example.com/gpu'"
 
 
-def context(*quotas: dict[str, Any]) -> ClaimContext:
-    ledger = Ledger()
-    for quota in quotas:
-        ledger.add_or_update_quota(parse_device_quota(quota))
-    return ClaimContext(Admitter(PRICER, ledger), {"team-a": {}}.get, lambda: POLICY)
+def context(*quotas: dict[str, Any], pricer: Pricer = PRICER) -> ClaimContext:
+    return World(*quotas, pricer=pricer).ctx
 
 
 def pod(requests: dict[str, str], *, init: dict[str, str] | None = None) -> dict[str, Any]:
@@ -72,10 +66,12 @@ def test_a_pod_whose_claim_can_never_fit_is_allowed_with_a_warning() -> None:
 
 
 def test_a_pod_that_does_not_fit_now_is_warned_and_nothing_is_reserved() -> None:
-    ctx = context(DEVICES)
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"generateName": "x-"},
-             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu-ext"}}]}}}
-    assert create_claim(ctx, review_request(stored(claim))).allowed  # one of two devices held
+    replica = World(DEVICES, pricer=PRICER)
+    ctx = replica.ctx
+    claim = stored({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"generateName": "x-"},
+                    "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu-ext"}}]}}})
+    assert admit(ctx, review_request(claim)).allowed  # one of two devices held
+    replica.created(claim)  # what "now" is checked against: this replica's cache
     before = ctx.admitter.ledger.usage(NS, "gpus")
     verdict = create_pod(ctx, review(pod({GPU: "2"})))
     assert verdict.allowed and len(verdict.warnings) == 1
@@ -114,9 +110,7 @@ def test_a_class_nobody_can_price_is_a_warning_not_a_denial() -> None:
     broken = parse_device_class({**_ext_class(), "metadata": {"name": "gpu-none"},
                                  "spec": {"extendedResourceName": "example.com/none", "selectors": [
                                      {"cel": {"expression": "device.attributes['x'].nosuch == 1"}}]}})
-    ctx = ClaimContext(Admitter(Pricer(inventory(), {broken.name: broken}), Ledger()), {"team-a": {}}.get,
-                       lambda: POLICY)
-    ctx.admitter.ledger.add_or_update_quota(parse_device_quota(make_quota("mem", memory="100Gi")))
+    ctx = context(make_quota("mem", memory="100Gi"), pricer=Pricer(inventory(), {broken.name: broken}))
     verdict = create_pod(ctx, review(pod({"example.com/none": "1"})))
     assert verdict.allowed and "would be denied" in verdict.warnings[-1], verdict
 

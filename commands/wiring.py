@@ -1,0 +1,232 @@
+"""`dra-quota serve`'s wiring: the caches and their reflectors, the leader's controllers,
+the metrics and Events every replica keeps.
+
+Neighbours: `commands.serve` builds `Caches` and runs them, campaigns with `lead` and
+tells `observability`'s hook every verdict; `kube.watching.Reflector` keeps `kube.caches`
+current (one reflector per kind); `controllers.*` run on the Lease holder
+(`controllers.leader`) over the same caches, told what changed through `Caches.changed`
+and `Caches.namespaces_changed`; `webhook.metrics`, `webhook.usagemetrics` and
+`kube.events` are the observability.
+
+Start-up order: ResourceSlices, DeviceClasses, Namespaces and DeviceQuotas are listed
+first; ResourceClaims only once those are synced, because re-deriving a claim's charge
+prices it against the inventory and the classes (an empty inventory would price every
+existing claim at nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+
+from certs.authority import inspect
+from certs.manager import CertificateManager
+from certs.tls import ReloadingContext
+from commands.options import ServeOptions
+from controllers.annotator import Annotator
+from controllers.governed import GovernedLabels
+from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
+from controllers.leader import LeaderElector, default_identity
+from controllers.quotas import QuotaController
+from controllers.refine import Refiner
+from controllers.requeue import Requeuer
+from kube.admissionreview import AdmissionRequest, Verdict
+from kube.api import KubeApi, Resource
+from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, QuotasChanged, SliceStore
+from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
+from kube.quotawriter import Reservations
+from kube.rebuilds import Rebuilds
+from kube.resources import ADMISSION_CHECKS, CLAIMS, CLASSES, NAMESPACES, PODS, QUOTAS, SLICES, TEMPLATES, WORKLOADS
+from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
+from quota.admission import Admitter
+from quota.inventory import Inventory
+from quota.ledger import Ledger, QuotaKey
+from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
+from quota.pricing import Pricer
+from quota.usage import Holders
+from quota.workloads import WORKLOAD_LABEL
+from runtime.slicing import Slicer
+from webhook.metrics import Metrics
+from webhook.server import Observer
+from webhook.usagemetrics import UsageMetrics
+
+__all__ = ["Caches", "lead", "leader_elector", "observability"]
+
+# ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
+# slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
+SLICE_PAGE = 25
+
+
+class Caches:
+    """The domain objects the handlers read, and one reflector per kind feeding them."""
+
+    def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 120.0,
+                 requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
+                 leading: Callable[[], bool] | None = None) -> None:
+        """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
+        `leading`: the Lease holder writes our annotations on claims (controllers.annotator)."""
+        self.inventory = Inventory()
+        self.classes: dict[DeviceClassName, DeviceClass] = {}
+        self.namespaces: dict[str, Mapping[str, str]] = {}
+        self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        # One slow lane for every review and Workload decision (`runtime.slicing`).
+        self.slicer = Slicer()
+        # Lists and scrapes in slices, the collector kept off what they build (`kube.rebuilds`).
+        self.rebuilds = Rebuilds()
+        # Stored claims count at an upper bound until priced after ready (`controllers.refine`).
+        self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
+        self.ready = asyncio.Event()  # set once `serve` announced it is ready
+        self.holders = Holders()  # who holds which device: the usage metrics' per-device view
+        self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
+                                    leading=leading, run=lambda fn: self.slicer.run(fn, wait=True))
+                          if leading is not None else None)
+        # The claim watch's progress and the claim store's versions: the persisted
+        # reservations' watermark (quota.reservations) waits on the one, reads the other.
+        progress = Progress()
+        claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
+                                 holders=self.holders, recorder=self.annotator, provisional=self.refiner.add,
+                                 changed=self._tell)
+        self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
+                                         claim_version=claim_store.version,
+                                         claim_recorded=claim_store.recorded_version)
+        claim_store.deleted = self.reservations.claim_deleted
+
+        # Told the quotas every claim, DeviceQuota and Workload event moved (None: any), as
+        # the ledger returns them; the quota controller listens here (controllers.quotas).
+        self.changed: list[QuotasChanged] = []
+        # Told the namespace of every Namespace event (controllers.governed).
+        self.namespaces_changed: list[Callable[[str | None], None]] = []
+
+        def reflector(resource: Resource, store: Store, *, claims: bool = False,
+                      settings: WatchSettings = WatchSettings()) -> Reflector:
+            return Reflector(api, resource, store, trim=trim_claim if claims else trim_object,
+                             progress=progress if claims else None, settings=settings,
+                             rebuild=self.rebuilds.relist)
+
+        self.first = [
+            reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
+            reflector(CLASSES, ClassStore(self.classes)),
+            reflector(NAMESPACES, NamespaceStore(self.namespaces, changed=self._tell_namespace)),
+            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe, drop=self.reservations.drop,
+                                         reprice=self.refiner.add, changed=self._tell)),
+            *also,
+        ]
+        self.claims = reflector(CLAIMS, claim_store, claims=True)
+        # Kueue (controllers.kueue): started with the claims, once the inventory and classes
+        # that price a Workload are synced.
+        self.kueue: KueueCaches | None = None
+        self.later: list[Reflector] = []
+        if kueue:
+            self.kueue = KueueCaches(self.admitter, forget=self.reservations.forget_workload, changed=self._tell)
+            self.later = [
+                reflector(TEMPLATES, TemplateStore(self.kueue)),
+                reflector(ADMISSION_CHECKS, CheckStore(self.kueue)),
+                reflector(WORKLOADS, WorkloadStore(self.kueue)),
+                Reflector(api, PODS, PodStore(self.kueue), label_selector=WORKLOAD_LABEL,
+                          rebuild=self.rebuilds.relist),
+            ]
+        for r in also:
+            r.rebuild = self.rebuilds.relist
+
+    def _tell(self, keys: Iterable[QuotaKey] | None) -> None:
+        keys = None if keys is None else tuple(keys)
+        for listener in self.changed:
+            listener(keys)
+
+    def _tell_namespace(self, namespace: str | None) -> None:
+        for listener in self.namespaces_changed:
+            listener(namespace)
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in (*self.first, self.claims, *self.later))
+
+    async def wait_synced(self) -> None:
+        for r in (*self.first, self.claims, *self.later):
+            await r.synced.wait()
+
+    async def run(self) -> None:
+        """Run every reflector until cancelled; claims start once the others synced (module doc)."""
+        # The CEL parser is imported at the first selector compiled (`quota.cel.selector`,
+        # for the CLI's start-up): ~0.3 s in one piece, here rather than in a review.
+        import quota.cel.syntax  # noqa: F401
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
+            for r in self.first:
+                group.create_task(r.run(), name=f"reflector {r.resource.plural}")
+            await asyncio.gather(*(r.synced.wait() for r in self.first))
+            group.create_task(self.claims.run(), name="reflector resourceclaims")
+            for r in self.later:
+                group.create_task(r.run(), name=f"reflector {r.resource.plural}")
+
+
+def leader_elector(api: KubeApi, options: ServeOptions) -> LeaderElector:
+    election = options.leader_election
+    return LeaderElector(api, name=election.lease_name, namespace=election.lease_namespace,
+                         identity=election.identity or default_identity(), timing=election.timing)
+
+
+async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, recorder: EventRecorder,
+               metrics: Metrics) -> None:
+    """Campaign for the Lease; while leading, run the quota controller over the caches.
+
+    The controller starts only once every cache has synced: a status computed from a
+    half-listed cache would publish too little usage.
+    """
+    def exceeded(namespace: str, name: str, uid: str, message: str) -> None:
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace, uid), None, "Warning",
+                                 "QuotaExceeded", "Reconcile", message))
+
+    controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
+                                 resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe)
+    governed = GovernedLabels(caches.reservations.api, caches.admitter.ledger, caches.namespaces,
+                              leading=elector.leading, resync=options.resync_seconds)
+    caches.changed.append(controller.changed)
+    caches.changed.append(governed.quotas_changed)
+    caches.namespaces_changed.append(governed.changed)
+
+    async def work() -> None:
+        await caches.wait_synced()
+        runs = [controller.run(), governed.run()]
+        if caches.kueue is not None:
+            runs.append(AdmissionCheckController(caches.reservations.api, caches.kueue, caches.reservations, recorder,
+                                                 leading=elector.leading, retry_seconds=options.kueue_retry_seconds,
+                                                 slicer=caches.slicer).run())
+        await asyncio.gather(*runs)
+
+    await elector.run(work)
+
+
+def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, manager: CertificateManager | None,
+                  leading: Callable[[], bool]) -> tuple[Metrics, EventRecorder, Observer]:
+    """The process's metrics and Event recorder, and the hook telling both every verdict.
+
+    `leading()`: whether this replica holds the quota controller's Lease (only the leader
+    exports the usage metrics, so a sum over replicas never counts twice).
+    """
+    metrics = Metrics()
+    ledger = caches.admitter.ledger
+    metrics.namespace.has_quota = lambda namespace: bool(ledger.quotas(Namespace(namespace)))
+    if caches.annotator is not None:
+        caches.annotator.allocated = metrics.allocated
+    recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
+                             dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
+                             quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
+    metrics.watch(lambda: (*caches.first, caches.claims))
+    UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
+                 leading=leading).register(metrics)
+
+    def expirations() -> Iterator[tuple[str, datetime]]:
+        if tls is not None:
+            yield "serving", tls.not_after
+        if manager is not None and manager.material is not None:
+            yield "ca", inspect(manager.material.ca.cert_pem).not_after
+
+    metrics.certificates(expirations)
+
+    def observe(path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
+        metrics.review(path, review, verdict, seconds)
+        recorder.review(review, verdict)
+
+    return metrics, recorder, observe

@@ -1,0 +1,77 @@
+"""Our annotations on a claim (`draquota.io/charge`, `draquota.io/quotas`,
+`draquota.io/allocated-charge`): what they should say, from what the ledger counts.
+
+Neighbours: the leader writes them (`controllers.annotator`), the webhook accepts exactly
+these (`webhook.claimreview`); `quota.counting` holds the ledger and prices; the
+allocation record comes from `quota.pricing.Pricer.allocation_record`. Pure and
+synchronous.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from quota.claims import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    CHARGE_ANNOTATION,
+    QUOTAS_ANNOTATION,
+    Claim,
+    allocated_charge_annotation,
+)
+from quota.counting import Counting, claim_ref
+from quota.ledger import Entry
+from quota.priced import Pricing
+from quota.work import Budget
+
+__all__ = ["Annotating"]
+
+
+class Annotating(Counting):
+    """`Counting`, and the annotations each claim should carry."""
+
+    def price(self, claim: Claim, *, budget: Budget | None = None) -> Pricing:
+        """The estimate in the default mode: the charge the leader records on a claim."""
+        return self.pricer.estimate(claim.spec, mode=self.ledger.default_mode, budget=Budget.claim(budget),
+                                    selections=self._selections(claim.namespace))
+
+    def annotations_due(self, claim: Claim, current: Mapping[str, str]) -> dict[str, str]:
+        """Our annotations `claim` should carry and does not (the leader writes them,
+        `controllers.annotator`; the webhook accepts exactly these, `webhook.claimreview`).
+
+        The charge is what admission charges the claim's spec in the default mode (the
+        estimate, even once allocated: it says what was admitted, and the allocation
+        record says what was allocated), and the quotas it draws on; both written once,
+        when the claim carries no charge yet (a DeviceQuota made later does not rewrite
+        them). The allocation record whenever it differs from what the allocation says.
+        Pricing is cached per spec and inventory (`quota.pricing.Pricer`): every replica
+        that asks gets the same answer from the same inventory. It runs the claim's CEL
+        (within a claim's budget, `quota.work`): callers on the event loop run this
+        through `runtime.slicing`, and ask `annotations_may_be_due` first. A claim over
+        budget gets no charge (it counts at its bound, `bound_entry`).
+        """
+        due: dict[str, str] = {}
+        if CHARGE_ANNOTATION not in current and not (pricing := self.price(claim)).over_budget:
+            mode = self.ledger.default_mode
+            entry = Entry(claim.namespace, claim_ref(claim), {mode: pricing}, allocated=False)
+            due[CHARGE_ANNOTATION] = json.dumps(pricing.total.as_json(), separators=(",", ":"))
+            due[QUOTAS_ANNOTATION] = ",".join(sorted(
+                q.name for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
+        if claim.allocation is not None:
+            record = self.pricer.allocation_record(claim)
+            if record != dict(claim.recorded_devices):
+                due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+        return due
+
+    def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
+        """Whether `annotations_due` could say anything, without running any CEL: a claim
+        with no charge yet, or an allocation its record does not match (read from the exact
+        pricing the ledger holds for it when it was just counted: priced once an event)."""
+        if CHARGE_ANNOTATION not in current:
+            return True
+        if claim.allocation is None:
+            return False
+        held = self.ledger.entry(claim_ref(claim))
+        pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
+        record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)
+        return record != dict(claim.recorded_devices)

@@ -1,0 +1,164 @@
+"""Counting the claims that exist: the ledger entries of stored, allocated and repriced claims.
+
+Neighbours: `quota.admission.Admitter` (a `Counting`) decides admissions on top of this;
+the claim and quota caches (`kube.caches`) and the stored-claim refiner
+(`controllers.refine`) count through these methods; `quota.pricing` prices. Pure and
+synchronous. A claim that exists is counted, never checked: refusing it now would
+change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from quota.claims import Claim
+from quota.devicequota import DeviceQuota
+from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
+from quota.model import Mode, Namespace
+from quota.priced import Pricing, at_least_recorded
+from quota.pricing import Pricer
+from quota.scope import DeviceSelection
+from quota.work import Budget
+
+__all__ = ["MAX_PRICED_SELECTIONS", "Counting", "Repriced", "claim_ref", "object_ref"]
+
+# Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
+# once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
+# unscoped charge of its classes: more than the truth, never less.
+MAX_PRICED_SELECTIONS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Repriced:
+    """What counting a DeviceQuota changed (`Admitter.add_or_update_quota`, `price_for`):
+    the quotas whose usage may have moved (the ledger's keys), and the unallocated claims
+    still to price for its devices, each with the entry that counts it meanwhile."""
+
+    keys: tuple[QuotaKey, ...] = ()
+    stale: tuple[tuple[Claim, Entry], ...] = ()
+
+
+def claim_ref(claim: Claim) -> ClaimRef:
+    """The ledger key of a parsed claim (see `object_ref`)."""
+    return object_ref(uid=claim.uid, namespace=claim.namespace, name=claim.name)
+
+
+def object_ref(*, uid: str, namespace: str, name: str) -> ClaimRef:
+    """The ledger key of a claim: its uid, else namespace/name.
+
+    A validating webhook sees the uid the API server generated for the CREATE (the
+    mutating phase sees none), and names are reused: a `generateName` collision re-runs
+    admission under a new name and uid, and a late DELETE of an old claim must not
+    erase the reservation of a new claim of the same name. Files read by `dra-quota
+    check` carry no uids: there namespace/name is the identity.
+    """
+    return ClaimRef(uid or f"{namespace}/{name}")
+
+
+class Counting:
+    """The pricer and the ledger, and how the claims that exist are counted in it."""
+
+    def __init__(self, pricer: Pricer, ledger: Ledger) -> None:
+        self.pricer = pricer
+        self.ledger = ledger
+
+    def allocated_entry(self, claim: Claim) -> Entry:
+        """What `account_allocated` counts: the exact charge of the allocated devices."""
+        pricing = self.pricer.exact(claim, selections=self._selections(claim.namespace))
+        return Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
+                     owner=claim.owner)
+
+    def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> tuple[QuotaKey, ...]:
+        """Count an unallocated claim that already exists, without a check: one admitted
+        before this process started, or deallocated. Refusing it now would change nothing.
+        The quotas whose usage it moved (`Ledger.add_or_update_claim`)."""
+        return self.ledger.add_or_update_claim(self.existing_entry(claim, budget=budget))
+
+    def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
+        """What `reserve_existing` counts: the estimate in every mode, in the default mode
+        at no less than the charge recorded at its admission (`quota.pricing.at_least_recorded`:
+        a restart must not re-price what was reserved). A mode whose pricing ran out of
+        budget keeps the upper bound: an existing claim is never counted at less."""
+        pricings = self._estimate(claim, budget)
+        for mode, pricing in pricings.items():
+            if pricing.over_budget:
+                pricings[mode] = self.pricer.upper_bound(claim.spec)
+        mode = self.ledger.default_mode
+        pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
+        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
+
+    def add_or_update_quota(self, quota: DeviceQuota) -> Repriced:
+        """Count `quota` (`Ledger.add_or_update_quota`), and price the namespace's claims
+        for its `spec.devices` where no quota there selected those devices before.
+
+        Allocated claims are priced again at once, from their devices (no tenant CEL:
+        `Pricer.rescoped`). Unallocated ones are returned (`Repriced.stale`), each with the
+        entry that counts it meanwhile (its unscoped charge: more than the truth, never
+        less): the caller prices them as stored claims (`controllers.refine`, budgeted) or
+        with `reserve_existing`. Only a selection new to the namespace costs a pass over
+        its claims: a quota's status writes come back as updates of an unchanged spec.
+        """
+        before = self._selections(quota.namespace)
+        keys = self.ledger.add_or_update_quota(quota)
+        selection = quota.scope.devices
+        if selection.everything or selection in before:
+            return Repriced(keys)
+        repriced = self.price_for(quota.namespace, selection)
+        return Repriced(tuple(dict.fromkeys((*keys, *repriced.keys))), repriced.stale)
+
+    def selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
+        """The device selections claims of `namespace` are priced for (`add_or_update_quota`)."""
+        return self._selections(namespace)
+
+    def price_for(self, namespace: Namespace, selection: DeviceSelection) -> Repriced:
+        """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
+        to it: allocated claims priced again at once, unallocated ones returned (also after
+        a relist built while the selection arrived: `kube.caches.ClaimStore.replace`)."""
+        selections = self._selections(namespace)
+        if selection not in selections:
+            return Repriced()
+        keys: dict[QuotaKey, None] = {}
+        stale: list[tuple[Claim, Entry]] = []
+        for entry in list(self.ledger.entries_in(namespace)):
+            if all(p.priced_for(selection) for p in entry.pricing.values()):
+                continue
+            if entry.allocated:
+                rescoped = {mode: self.pricer.rescoped(p, selections) for mode, p in entry.pricing.items()}
+                # Pricing may pause (a sliced relist): a claim deleted or changed meanwhile
+                # must not come back as it was.
+                if self.ledger.entry(entry.ref) is entry:
+                    keys.update(dict.fromkeys(self.ledger.add_or_update_claim(replace(entry, pricing=rescoped))))
+            elif entry.claim is not None:
+                stale.append((entry.claim, entry))
+        return Repriced(tuple(keys), tuple(stale))
+
+    def priced_before(self, claim: Claim) -> bool:
+        """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
+        selections = self._selections(claim.namespace)
+        return all(self.pricer.known(claim.spec, mode, selections) for mode in self._modes(claim.namespace))
+
+    def bound_entry(self, claim: Claim) -> Entry:
+        """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
+        recorded charge: what a replica counts for a stored claim until it has priced it
+        (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
+        bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
+        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
+                     allocated=False, owner=claim.owner, claim=claim)
+
+    def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
+        """Every mode under one claim budget: the modes share their matches."""
+        budget = Budget.claim(review)
+        selections = self._selections(claim.namespace)
+        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
+                for mode in self._modes(claim.namespace)}
+
+    def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
+        """The distinct `spec.devices` of the namespace's quotas a claim there is priced
+        for, in a stable order, at most `MAX_PRICED_SELECTIONS`."""
+        found = {q.scope.devices for q in self.ledger.quotas(namespace) if not q.scope.devices.everything}
+        return tuple(sorted(found, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS]
+
+    def _modes(self, namespace: Namespace) -> list[Mode]:
+        modes: set[Mode] = {self.ledger.default_mode}
+        modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
+        return sorted(modes)
