@@ -9,12 +9,14 @@ match, every token and AST node while compiling. `quota.work` budgets bound the 
 this module bounds how long the loop is held at once.
 
 How: `run(fn)` calls `fn` in a greenlet (a stack of its own on the loop's thread, no
-thread). The hook switches back to `run` when the slice's time is up; `run` awaits,
-then switches in again. A single CEL evaluation (up to 1,000,000 units, 100-200 ms in
-Python) or a 10 KiB compile (~200 ms) pauses in the middle, which generators could
-not do without rewriting the evaluator. No thread touches the caches: everything runs
-on the loop's thread, one greenlet at a time, and the domain mutates a shared cache
-only between pause points (a match walks a snapshot of its partition, `quota.selectors`).
+thread), one of a few workers that take calls in turn (`_Workers`: a new greenlet per
+call cost every review an mmap and a munmap). The hook switches back to `run` when the
+slice's time is up; `run` awaits, then switches in again. A single CEL evaluation (up
+to 1,000,000 units, 100-200 ms in Python) or a 10 KiB compile (~200 ms) pauses in the
+middle, which generators could not do without rewriting the evaluator. No thread
+touches the caches: everything runs on the loop's thread, one greenlet at a time, and
+the domain mutates a shared cache only between pause points (a match walks a snapshot
+of its partition, `quota.selectors`).
 
 Lanes: a call whose `fn` finishes within `FIRST_SLICE` (honest claims: well under a
 millisecond once their selectors are known) returns at once. One that does not waits
@@ -27,7 +29,7 @@ A background caller's call (`run(..., wait=True)`: the leader's annotations,
 and nobody to retry it: it waits its turn in the lane however full, counted in
 `crowded`, and is never refused. It still counts among the waiting, so reviews are
 refused as early as ever. A call cancelled while paused (the review's deadline) kills
-its greenlet, unwinding it.
+its worker, unwinding it.
 
 Background work (`in_slices`: a relist's rebuild, a scrape, `kube.rebuilds`) takes
 no lane and is never refused: it gives the loop back every `SLICE` from the start, so
@@ -38,9 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from greenlet import GreenletExit, greenlet
 
@@ -56,6 +59,7 @@ FIRST_SLICE = 0.005  # seconds: what any review may take before it yields the lo
 SLICE = 0.002  # seconds: each slow-lane turn
 SLOW_LANE = 1  # slow-lane calls running at once
 SLOW_LANE_QUEUE = 32  # slow-lane calls waiting at most
+IDLE_WORKERS = 8  # worker greenlets kept for the next calls (`_Workers`)
 
 
 class Busy(Exception):
@@ -67,22 +71,29 @@ class Busy(Exception):
 
 
 class _Work(Generic[T]):
-    """`fn` in a greenlet of its own, run slice by slice."""
+    """`fn` run slice by slice on a worker greenlet (`_workers`) of its own while it runs."""
 
     def __init__(self, fn: Callable[[], T]) -> None:
         self._fn = fn
-        self._glet = greenlet(self._run)
+        self._glet: greenlet | None = None  # the worker, from the first step until `fn` ends
         self._deadline = 0.0
         self._value: object = None
+        self._error: BaseException | None = None
         self._done = False
 
-    def _run(self) -> T:
+    def call(self) -> None:
+        """On the worker: `fn` under this call's pause hook, its value or exception kept."""
         with pausing(self._pause):
-            return self._fn()
+            try:
+                self._value = self._fn()
+            except GreenletExit:
+                raise  # `close`: the worker unwinds and dies
+            except BaseException as err:  # noqa: BLE001 - re-raised on the caller's side, in `step`
+                self._error = err
 
     def _pause(self) -> None:
         if time.thread_time() >= self._deadline:
-            parent = self._glet.parent
+            parent = greenlet.getcurrent().parent
             assert parent is not None
             parent.switch()
 
@@ -92,11 +103,20 @@ class _Work(Generic[T]):
         (a loaded node), a review preempted by the kernel has not used its slice, and a
         cheap one must not land in the slow lane behind expensive ones for that."""
         self._deadline = time.thread_time() + seconds
-        value = self._glet.switch()
-        self._done = self._glet.dead
-        if self._done:
-            self._value = value
-        return self._done
+        if self._glet is None:
+            self._glet = _workers.take()
+            signal = self._glet.switch(self)
+        else:
+            signal = self._glet.switch()
+        if signal is not _DONE:
+            return False  # paused
+        self._done = True
+        _workers.give_back(self._glet)
+        self._glet = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return True
 
     @property
     def value(self) -> T:
@@ -104,8 +124,53 @@ class _Work(Generic[T]):
         return cast(T, self._value)
 
     def close(self) -> None:
-        if not self._glet.dead:
-            self._glet.throw(GreenletExit)
+        """Unwind `fn` if it is paused; its worker dies with it (never reused half-way)."""
+        if self._glet is not None:
+            glet, self._glet = self._glet, None
+            if not glet.dead:
+                glet.throw(GreenletExit)
+
+
+_DONE = object()  # what a worker switches back with once its call has ended
+
+
+def _serve(work: _Work[Any]) -> None:
+    """A worker's life: run each call given to it, then wait for the next one."""
+    while True:
+        work.call()
+        parent = greenlet.getcurrent().parent
+        assert parent is not None
+        work = parent.switch(_DONE)
+
+
+class _Workers(threading.local):
+    """This thread's idle worker greenlets.
+
+    Why: CPython 3.11 gives each new greenlet's frames a data stack of their own, mapped
+    at its first frame and unmapped when it ends (an mmap and a munmap, and a page
+    fault, for every greenlet): with a greenlet per call that was 15 us a review on an
+    idle core and more on a loaded one, for reviews whose whole pricing takes less. A
+    worker that ran a call to its end is clean (its `pausing` undone) and takes the next.
+    """
+
+    def __init__(self) -> None:
+        self.idle: list[greenlet] = []
+
+    def take(self) -> greenlet:
+        here = greenlet.getcurrent()
+        while self.idle:
+            worker = self.idle.pop()
+            if not worker.dead:
+                worker.parent = here  # it switches back to whoever runs its call
+                return worker
+        return greenlet(_serve, parent=here)
+
+    def give_back(self, worker: greenlet) -> None:
+        if len(self.idle) < IDLE_WORKERS:
+            self.idle.append(worker)
+
+
+_workers = _Workers()
 
 
 class Slicer:

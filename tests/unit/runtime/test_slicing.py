@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from greenlet import greenlet
 
 from quota.admission import Admitter
 from quota.cel import compile_selector
@@ -20,6 +21,7 @@ from quota.model import DeviceClassName
 from quota.pricing import Pricer
 from quota.work import CLAIM_COST_BUDGET, pause_point
 from tests.unit.cel.devices import activation
+from runtime import slicing
 from runtime.slicing import Busy, Slicer
 
 from ..builders import exactly, make_class, make_claim, request
@@ -204,3 +206,43 @@ async def test_a_waiting_call_with_room_in_the_lane_is_not_crowded() -> None:
     slicer = Slicer(first_slice=0.0, slice_seconds=0.0, lane=1, queue=1)
     assert await slicer.run(paused, wait=True) == 7
     assert (slicer.slow_calls, slicer.crowded) == (1, 0)
+
+
+async def test_calls_reuse_a_few_worker_greenlets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greenlet per call cost each review an mmap, a munmap and a page fault (CPython
+    3.11 maps a data stack for each new greenlet's frames): calls that end take turns on
+    the same worker, one that raised included, and a cancelled one's worker is not reused."""
+    made: list[greenlet] = []
+
+    class Counted(greenlet):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(slicing, "greenlet", Counted)
+    slicer = Slicer()
+
+    def fails() -> None:
+        raise ValueError("priced wrong")
+
+    for i in range(50):
+        assert await slicer.run(lambda i=i: i * 2) == i * 2  # type: ignore[misc]
+        with pytest.raises(ValueError, match="priced wrong"):
+            await slicer.run(fails)
+    assert len(made) <= 1  # none when an earlier test left an idle worker
+
+    ran_on: list[greenlet] = []
+
+    def forever() -> None:
+        ran_on.append(greenlet.getcurrent())
+        while True:
+            pause_point()
+
+    paused = asyncio.create_task(Slicer(first_slice=0.0, slice_seconds=0.0).run(forever))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    paused.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await paused
+    assert ran_on[0].dead  # the worker the cancelled call paused on unwound with it
+    assert await slicer.run(lambda: greenlet.getcurrent()) is not ran_on[0]
