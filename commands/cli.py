@@ -155,6 +155,10 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--kueue-retry-seconds", type=int, default=15, metavar="SECONDS",
                        help="requeueAfterSeconds of a Retry for a Workload that does not fit: Kueue checks it "
                             "again this long after (default 15)")
+    serve.add_argument("--shutdown-delay", type=float, default=0.0, metavar="SECONDS",
+                       help="after SIGTERM, /readyz answers 503 at once and reviews are still answered this long, "
+                            "so the Service's endpoints drop this Pod before its listener closes (a rollout's old Pod "
+                            "then fails no review); a second signal ends the wait (default 0; the chart sets 15)")
     serve.add_argument("--reuse-port", action="store_true",
                        help="SO_REUSEPORT: let several replicas on one host listen on --port")
     serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -223,6 +227,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.resync_period <= 0:
         print("error: --resync-period must be positive", file=sys.stderr)
         return EXIT_INPUT
+    if not args.shutdown_delay >= 0:
+        print(f"error: --shutdown-delay must be 0 or more, got {args.shutdown_delay}", file=sys.stderr)
+        return EXIT_INPUT
     files = args.tls_cert_file is not None or args.tls_key_file is not None
     mode = args.cert_mode or ("files" if files else "self")
     if (mode == "files") != files or (files and None in (args.tls_cert_file, args.tls_key_file)):
@@ -241,7 +248,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
         admin_access_configmap=args.admin_access_configmap,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
-        reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port,
+        reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
         metrics_bind_address=args.metrics_bind_address or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),

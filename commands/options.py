@@ -63,6 +63,9 @@ class ServeOptions:
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook
     # timeout (timeoutSeconds, 5 in deploy/) bounds them anyway.
     shutdown_grace_seconds: float = 10.0
+    # After SIGTERM, not ready (503) but still answering this long before the shutdown
+    # sequence begins: the endpoints drop the Pod while it answers (`--shutdown-delay`).
+    shutdown_delay_seconds: float = 0.0
     # Touch the templates Pods wait on when quota frees (controllers.requeue).
     requeue_waiting_pods: bool = True
     # GET /metrics (webhook.metricsserver); port 0: no metrics listener. Secure: HTTPS

@@ -116,10 +116,14 @@ async def serve(options: ServeOptions) -> int:
             await api.close()
             raise ServeError(f"cannot set up the self-managed certificate: {err}") from None
         certificates = manager.run()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()  # the first signal; a second one
     loop = asyncio.get_running_loop()
+
+    def signalled() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     # The Lease holder alone runs the controller, requeues waiting Pods and exports the
     # usage metrics; a replica that never campaigns (--no-controller) does none of them.
     elector = leader_elector(api, options) if options.controller else None
@@ -184,6 +188,8 @@ async def serve(options: ServeOptions) -> int:
             log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
         await stop.wait()
+        if not failed and options.shutdown_delay_seconds > 0:
+            await _not_ready_for(options.shutdown_delay_seconds, hurry)
         log.info("shutting down: the leader's writers stop, then in-flight reviews finish")
     finally:
         async def drain() -> None:
@@ -201,6 +207,21 @@ async def serve(options: ServeOptions) -> int:
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+async def _not_ready_for(seconds: float, hurry: asyncio.Event) -> None:
+    """Answer on, not ready (`/readyz` 503), for `seconds` or until a second signal.
+
+    The kubelet's readiness probe sees the 503 and the endpoints drop this Pod; until they
+    do, the API server still sends reviews here (a new connection to a closed listener
+    is a failed call: under failurePolicy Fail, a refused create). kube-apiserver's own
+    `--shutdown-delay-duration` is the model.
+    """
+    log.info("SIGTERM: not ready; answering reviews %gs more so the endpoints drop this Pod first "
+             "(--shutdown-delay; a second signal stops at once)", seconds)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await hurry.wait()
 
 
 async def _announce_ready(caches: Caches, stop: asyncio.Event, started: float) -> None:

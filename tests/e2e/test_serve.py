@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
 import ssl
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request
-from .harness import ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies
+from .harness import (ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies,
+                      served_context)
 from .kube import ApiError, Kube, Obj, poll
 from .timings import record
 
@@ -194,3 +197,32 @@ async def test_sigterm_stops_the_process_cleanly(kube: Kube, setup: Setup) -> No
         record("SIGTERM -> exit", seconds, target=5.0)
         log = setup.served.log_text()
         assert "stopped" in log and "Traceback" not in log
+
+
+async def test_after_sigterm_it_answers_not_ready_until_the_delay_ends_or_a_second_signal(
+        kube: Kube, setup: Setup) -> None:
+    """--shutdown-delay (the chart sets 15 s): after SIGTERM /readyz answers 503 at once, so
+    the kubelet's probe takes the Pod out of the endpoints, while reviews are still answered
+    (a rollout's old Pod fails none that reach it meanwhile); a second signal ends the wait.
+    Without the delay the listener closed at once and the create below failed (500)."""
+    served = setup.served
+    with served.log_on_failure():
+        await make_quota(kube, setup, "gpus", "160Gi")
+        code, _ = await served.terminate()
+        assert code == 0
+        served.args = (*served.args, "--shutdown-delay", "3600")
+        await served.start()
+        assert served.process is not None
+        served.process.send_signal(signal.SIGTERM)
+        async with aiohttp.ClientSession() as http:
+            async def not_ready() -> bool:
+                async with http.get(f"https://127.0.0.1:{served.port}/readyz", ssl=served_context(served)) as resp:
+                    return resp.status == 503
+
+            await poll(not_ready, timeout=30, what="/readyz to answer 503 after SIGTERM")
+        message = await denial(create(kube, setup, "too-big", count=3, dry_run=True))
+        assert "exceeded DeviceQuota" in message, message
+        assert served.process.poll() is None, "it waits out the delay"
+        code, _ = await served.terminate()  # the second signal
+        assert code == 0
+        assert "SIGTERM: not ready" in served.log_text()
