@@ -13,7 +13,7 @@ v1beta2 (the same JSON), v1beta1 (requests write the `exactly` fields inline, de
 keep everything but their name under `basic`) from k8s.io/api v0.37 resource/*/types.go,
 ObjectMeta and Condition from k8s.io/apimachinery meta/v1, NodeSelector from core/v1;
 DeviceQuota's spec from its CRD (deploy/crds/devicequota.yaml, checked by
-tests/unit/test_knownfields.py). A DeviceQuota's status is written by dra-quota alone
+tests/unit/quota/test_knownfields.py). A DeviceQuota's status is written by dra-quota alone
 and not read by `check`: not checked. Free-form values (opaque driver parameters,
 managedFields' fieldsV1, allocated device data) are not walked.
 

@@ -3,7 +3,7 @@
 Neighbours: the parsers (`quota.slices`, `quota.claims`, `quota.devicequota`,
 `quota.meta`) turn raw objects into domain values with these helpers, so a field of
 the wrong type becomes a parser error naming it instead of an AttributeError deep in
-the webhook (tests/unit/test_fuzz_parsers.py holds them to that). `show` is the one way
+the webhook (tests/unit/quota/test_fuzz_parsers.py holds them to that). `show` is the one way
 a hostile value enters an error message.
 """
 

@@ -1,6 +1,6 @@
 """The JSON field trees of Kubernetes Go API types, read from the k8s.io modules' sources.
 
-tests/unit/test_knownfields.py compares `quota.knownfields` (the fields `dra-quota check`
+tests/unit/quota/test_knownfields.py compares `quota.knownfields` (the fields `dra-quota check`
 accepts, as the API server's strict decoding does) with what the Go types define, so the
 hand-written trees cannot drift from the API the e2e control plane is built from. The
 modules are the versions tests/cluster/go.mod pins, fetched by `go mod download` into

@@ -14,7 +14,7 @@ from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
 
 from ..builders import GiB, exactly, make_claim, request
-from ..test_workloads import admitter, pod_set, state
+from ..quota.test_workloads import admitter, pod_set, state
 
 NS = Namespace("team-a")
 

@@ -14,7 +14,7 @@ from quota.ledger import ClaimRef
 from quota.model import Namespace
 
 from ..builders import exactly, make_claim, request
-from ..test_workloads import pod_set, state
+from ..quota.test_workloads import pod_set, state
 from .test_kueue_caches import caches
 
 FREE = "team-free"  # no DeviceQuota: deciding needs no status write, only the Workload's

@@ -14,7 +14,7 @@ from controllers.quotas import QuotaController
 
 from ..builders import GiB, make_quota
 from ..clock import FakeClock, until
-from ..test_ledger import entry
+from ..quota.test_ledger import entry
 from ..kube.scripted import FakeApi
 from ..kube.test_quotawriter import GPU, NS, setup
 

@@ -19,7 +19,7 @@ from quota.pricing import Pricer
 from quota.work import pausing
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
-from ..test_ledger import entry as priced
+from ..quota.test_ledger import entry as priced
 
 D = "gpu.example.com"
 NS = Namespace("team-a")

@@ -23,7 +23,7 @@ from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import GiB, make_quota
-from ..test_pricing import CLASSES, inventory
+from ..quota.test_pricing import CLASSES, inventory
 from ..webhook.test_claimreview import POLICY, review_request
 from .scripted import FakeApi
 

@@ -20,12 +20,12 @@ from quota.ledger import Ledger
 from quota.model import DeviceClassName
 from quota.pricing import Pricer
 from quota.work import CLAIM_COST_BUDGET, pause_point
-from tests.unit.cel.devices import activation
+from tests.unit.quota.cel.devices import activation
 from runtime import slicing
 from runtime.slicing import Busy, Slicer
 
 from ..builders import exactly, make_class, make_claim, request
-from ..test_selectors import D, node_slice
+from ..quota.test_selectors import D, node_slice
 
 HEAVY = "lists.range(300).all(i, lists.range(300).all(j, i + j >= 0))"  # ~630,000 units: one evaluation
 

@@ -34,8 +34,8 @@ from webhook.endpoints import endpoints
 from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, exactly, make_claim, make_quota, request, result
 from ..kube.scripted import FakeApi
-from ..test_fuzz_parsers import paths, splice, values
-from ..test_pricing import CLASSES, inventory
+from ..quota.test_fuzz_parsers import paths, splice, values
+from ..quota.test_pricing import CLASSES, inventory
 
 NS = Namespace("team-a")
 D = "gpu.example.com"

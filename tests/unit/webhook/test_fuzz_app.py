@@ -39,7 +39,7 @@ from webhook.server import build_app
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_quota
-from ..test_fuzz_parsers import json_values, paths, splice, values
+from ..quota.test_fuzz_parsers import json_values, paths, splice, values
 from .test_claimreview import ADMIN_LABELS, BASES, GPUS, context
 from ..kube.test_admissionreview import REVIEW
 

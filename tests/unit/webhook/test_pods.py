@@ -18,8 +18,8 @@ from webhook.pods import create_pod
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_class, make_quota
-from ..test_fuzz_parsers import paths, splice, values
-from ..test_pricing import CLASSES, D, inventory
+from ..quota.test_fuzz_parsers import paths, splice, values
+from ..quota.test_pricing import CLASSES, D, inventory
 from .test_claimreview import World, admit, raw_review, review_request, run, stored
 
 GPU = "example.com/gpu"

@@ -1,0 +1,413 @@
+"""quota.pricing: every charge rule of docs/design.md ("The charge of a claim"), one table row each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quota.claims import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    ClaimError,
+    allocated_charge_annotation,
+    parse_claim,
+    parse_device_class,
+    pod_owner,
+    recorded_devices,
+)
+from quota.inventory import Inventory
+from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
+from quota.admission import Admitter, claim_ref
+from quota.ledger import Ledger
+from quota.priced import Pricing, at_least_recorded
+from quota.pricing import Pricer
+from quota.scope import Scope
+
+from ..builders import (
+    GiB,
+    MiB,
+    exactly,
+    first_available,
+    make_class,
+    make_claim,
+    make_device,
+    make_slice,
+    request,
+    result,
+)
+
+D = "gpu.example.com"
+SHARE_POLICY = {"default": "48Gi", "validRange": {"min": "1Mi", "max": "48Gi", "step": "1Mi"}}
+
+
+def inventory() -> Inventory:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("n1", [
+        make_device(f"gpu-{i}", memory="80Gi", attrs={"type": "gpu", "model": "h100"}) for i in range(4)
+    ], node="node-1"))
+    inv.add_or_update_slice(make_slice("n2", [
+        make_device(f"gpu-{i}", memory="141Gi", attrs={"type": "gpu", "model": "h200"}) for i in range(2)
+    ], node="node-2"))
+    inv.add_or_update_slice(make_slice("n3", [
+        *(make_device(f"mig-{i}", memory="4864Mi", attrs={"type": "mig", "profile": "1g.5gb"}) for i in range(7)),
+        make_device("shared-0", memory="48Gi", attrs={"type": "shared"}, shared=True, policy=SHARE_POLICY),
+        make_device("tainted-0", memory="40Gi", attrs={"type": "tainted"},
+                    taints=[{"key": "broken", "value": "true", "effect": "NoSchedule"}]),
+    ], node="node-3"))
+    return inv
+
+
+CLASSES = {
+    c.name: c
+    for c in map(parse_device_class, [
+        make_class("gpu", f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'"),
+        make_class("mig", f"device.attributes['{D}'].type == 'mig'"),
+        make_class("shared", "device.allowMultipleAllocations"),
+        make_class("tainted", f"device.attributes['{D}'].type == 'tainted'"),
+        make_class("any"),
+        make_class("empty", "false"),
+        make_class("broken-class", f"device.attributes['{D}'].nosuchkey == 'x'"),
+    ])
+}
+
+
+def price(*requests: dict[str, Any], mode: Mode = "conservative", inv: Inventory | None = None) -> Pricing:
+    pricer = Pricer(inv or inventory(), CLASSES)
+    return pricer.estimate(parse_claim(make_claim("c", *requests)).spec, mode=mode)
+
+
+H100 = f"device.attributes['{D}'].model == 'h100'"
+
+
+@pytest.mark.parametrize(
+    ("requests", "mode", "memory", "devices", "candidates"),
+    [
+        # ExactCount: count x the largest candidate (conservative) or the smallest (optimistic).
+        ([request("r", exactly("gpu", count=2))], "conservative", 2 * 141 * GiB, 2, 6),
+        ([request("r", exactly("gpu", count=2))], "optimistic", 2 * 80 * GiB, 2, 6),
+        ([request("r", exactly("gpu", H100))], "conservative", 80 * GiB, 1, 4),
+        ([request("r", exactly("mig", count=3))], "conservative", 3 * 4864 * MiB, 3, 7),
+        # Candidates must satisfy capacity.requests.
+        ([request("r", exactly("gpu", capacity={"memory": "100Gi"}))], "optimistic", 141 * GiB, 1, 2),
+        # All: the largest per-node sum; devices = that node's count.
+        ([request("r", exactly("gpu", mode="All"))], "conservative", 4 * 80 * GiB, 4, 6),
+        ([request("r", exactly("gpu", mode="All"))], "optimistic", 4 * 80 * GiB, 4, 6),  # no optimistic All
+        # firstAvailable: per-dimension max (conservative) / min (optimistic) over subrequests.
+        ([first_available("r", ("big", exactly("gpu", count=1)), ("many", exactly("mig", count=4)))],
+         "conservative", 141 * GiB, 4, 6),
+        ([first_available("r", ("big", exactly("gpu", count=1)), ("many", exactly("mig", count=4)))],
+         "optimistic", 4 * 4864 * MiB, 1, 6),
+        # Shared device: the request rounded up by the policy (1Mi step), or the policy default.
+        ([request("r", exactly("shared", capacity={"memory": "20Gi"}))], "conservative", 20 * GiB, 1, 1),
+        ([request("r", exactly("shared", capacity={"memory": "1000000000"}))], "conservative", 954 * MiB, 1, 1),
+        ([request("r", exactly("shared"))], "conservative", 48 * GiB, 1, 1),
+        # adminAccess: free, whatever it matches.
+        ([request("r", exactly("gpu", count=2, admin=True))], "conservative", 0, 0, 6),
+        # Requests add up.
+        ([request("a", exactly("gpu", H100)), request("b", exactly("mig"))], "conservative", 80 * GiB + 4864 * MiB, 2, None),
+        # A tainted device is no candidate unless tolerated.
+        ([request("r", exactly("tainted", tolerations=[{"key": "broken", "operator": "Exists"}]))], "conservative", 40 * GiB, 1, 1),
+    ],
+)
+def test_estimates(requests: list[dict[str, Any]], mode: Mode, memory: int, devices: int, candidates: int | None) -> None:
+    pricing = price(*requests, mode=mode)
+    assert pricing.errors == ()
+    assert pricing.total == Charge(memory, devices)
+    if candidates is not None:
+        assert pricing.requests[0].candidates == candidates
+
+
+def test_no_candidate_is_charged_at_the_largest_class_device_with_a_warning() -> None:
+    pricing = price(request("r", exactly("gpu", "false", count=2)))
+    assert pricing.total == Charge(2 * 141 * GiB, 2)
+    assert pricing.requests[0].candidates == 0
+    assert pricing.warnings == ("request r: no device matches now; charged as 2 device(s) at the largest per-device "
+                                "charge in class gpu (141Gi each)",)
+
+
+def shared_inventory() -> Inventory:
+    """An 80Gi GPU shared in 1Gi steps whose requestPolicy default is 8Gi, one with no
+    policy, and an exclusive 40Gi GPU, each in a class of its own and all in `any`."""
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("n", [
+        make_device("share-0", memory="80Gi", attrs={"type": "shared"}, shared=True,
+                    policy={"default": "8Gi", "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"}}),
+        make_device("nopolicy-0", memory="64Gi", attrs={"type": "nopolicy"}, shared=True),
+        make_device("gpu-0", memory="40Gi", attrs={"type": "gpu"}),
+    ], node="node-1"))
+    return inv
+
+
+SHARED_ONLY = {c.name: c for c in map(parse_device_class, [
+    make_class("shared", f"device.attributes['{D}'].type == 'shared'"),
+    make_class("nopolicy", f"device.attributes['{D}'].type == 'nopolicy'"),
+    make_class("both", f"device.attributes['{D}'].type in ['shared', 'gpu']"),
+])}
+
+
+@pytest.mark.parametrize(("cls", "capacity", "count", "memory"), [
+    # Asks for no memory: the policy default of the shared device, not its 80Gi.
+    ("shared", None, 2, 2 * 8 * GiB),
+    # Asks for 20.5Gi: rounded up by the policy to 21Gi, what it would hold on that device.
+    ("shared", {"memory": "20992Mi"}, 1, 21 * GiB),
+    # Asks for more than the device has: it could never be rounded onto it, the whole device.
+    ("shared", {"memory": "100Gi"}, 1, 80 * GiB),
+    # A shared device without a requestPolicy: unrequested capacity is consumed whole
+    # (fillEmptyRequest in k8s.io/dynamic-resource-allocation structured/internal/*/
+    # consumable_capacity.go), so the no-memory request costs all of its 64Gi.
+    ("nopolicy", None, 1, 64 * GiB),
+    # The largest per-device charge of the class: the exclusive 40Gi GPU beats the 8Gi default.
+    ("both", None, 1, 40 * GiB),
+])
+def test_no_candidate_prices_a_shared_device_at_the_charge_this_request_would_have_on_it(
+        cls: str, capacity: dict[str, str] | None, count: int, memory: int) -> None:
+    req = request("r", exactly(cls, "false", count=count, capacity=capacity))
+    pricing = Pricer(shared_inventory(), SHARED_ONLY).estimate(parse_claim(make_claim("c", req)).spec)
+    assert pricing.requests[0].candidates == 0 and "no device matches now" in pricing.warnings[0]
+    assert pricing.total == Charge(memory, count)
+
+
+def test_untolerated_taint_means_no_candidate() -> None:
+    pricing = price(request("r", exactly("tainted")))
+    assert pricing.requests[0].candidates == 0 and "no device matches now" in pricing.warnings[0]
+
+
+def test_a_class_without_devices_charges_devices_only() -> None:
+    assert price(request("r", exactly("empty", count=3))).total == Charge(0, 3)
+
+
+def test_too_few_candidates_warns() -> None:
+    pricing = price(request("r", exactly("gpu", H100, count=6)))
+    assert pricing.total == Charge(6 * 80 * GiB, 6)
+    assert pricing.warnings == ("request r: only 4 device(s) match now, 6 requested",)
+
+
+def test_unknown_class_is_an_error_naming_the_class() -> None:
+    pricing = price(request("r", exactly("nope")))
+    assert pricing.errors == ("request r: device class 'nope' not found: create the DeviceClass or fix deviceClassName",)
+
+
+def test_cel_compile_error_is_reported_with_the_selector_index() -> None:
+    pricing = price(request("r", exactly("gpu", "true", "device.attributes[")))
+    assert len(pricing.errors) == 1 and pricing.errors[0].startswith("request r: selector #1: CEL compile error")
+
+
+def test_cel_runtime_error_is_reported_like_the_scheduler() -> None:
+    pricing = price(request("r", exactly("broken-class")))
+    (error,) = pricing.errors
+    assert error.startswith("request r: class broken-class #0: CEL runtime error") and "nosuchkey" in error
+
+
+def test_runtime_errors_only_on_devices_the_class_selected() -> None:
+    # The class already filtered to GPUs, which all have `model`: no error, as in the scheduler.
+    pricing = price(request("r", exactly("gpu", f"device.attributes['{D}'].model == 'h200'")))
+    assert pricing.errors == () and pricing.total == Charge(141 * GiB, 1)
+
+
+def test_scoped_charge_of_first_available() -> None:
+    pricing = price(first_available("r", ("big", exactly("gpu")), ("small", exactly("mig", count=2))))
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge(2 * 4864 * MiB, 2)
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge(141 * GiB, 1)
+    assert pricing.charge_for(Scope()) == Charge(141 * GiB, 2)
+
+
+def test_estimates_follow_inventory_changes() -> None:
+    inv = inventory()
+    pricer = Pricer(inv, CLASSES)
+    spec = parse_claim(make_claim("c", request("r", exactly("gpu")))).spec
+    assert pricer.estimate(spec).total == Charge(141 * GiB, 1)
+    inv.delete_slice("n2")
+    assert pricer.estimate(spec).total == Charge(80 * GiB, 1)
+
+
+def test_class_edits_are_seen() -> None:
+    classes: dict[DeviceClassName, DeviceClass] = dict(CLASSES)
+    pricer = Pricer(inventory(), classes)
+    spec = parse_claim(make_claim("c", request("r", exactly("gpu")))).spec
+    assert pricer.estimate(spec).total.memory == 141 * GiB
+    classes[DeviceClassName("gpu")] = parse_device_class(make_class("gpu", f"device.attributes['{D}'].type == 'gpu'", H100))
+    assert pricer.estimate(spec).total.memory == 80 * GiB
+
+
+# -- exact pricing from status.allocation ---------------------------------------------
+
+
+def exact(allocation: list[dict[str, Any]], *requests: dict[str, Any],
+          annotations: dict[str, str] | None = None) -> Pricing:
+    reqs = requests or (request("r", exactly("gpu")),)
+    claim = parse_claim(make_claim("c", *reqs, allocation=allocation, annotations=annotations))
+    return Pricer(inventory(), CLASSES).exact(claim)
+
+
+def test_exact_charge_is_the_sum_of_device_memories() -> None:
+    pricing = exact([result("r", "gpu-0", pool="node-2"), result("r", "gpu-1", pool="node-1")],
+                    request("r", exactly("gpu", count=2)))
+    assert pricing.exact and pricing.total == Charge((141 + 80) * GiB, 2)
+
+
+def test_exact_charge_uses_consumed_capacity_on_shared_devices() -> None:
+    pricing = exact([result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})])
+    assert pricing.total == Charge(20 * GiB, 1)
+    qualified = exact([result("r", "shared-0", pool="node-3", consumed={f"{D}/memory": "7Gi"})])
+    assert qualified.total == Charge(7 * GiB, 1)
+
+
+def test_exact_consumed_capacity_cannot_undercut_the_device() -> None:
+    # Not shared: allocated whole, whatever consumedCapacity says.
+    assert exact([result("r", "gpu-0", pool="node-2", consumed={"memory": "0"})]).total == Charge(141 * GiB, 1)
+    # One capacity named with and without prefix: the larger counts, in either order.
+    both = {"memory": "20Gi", f"{D}/memory": "0"}
+    assert exact([result("r", "shared-0", pool="node-3", consumed=both)]).total == Charge(20 * GiB, 1)
+    # Below the policy's minimum: what the device sets aside for it.
+    assert exact([result("r", "shared-0", pool="node-3", consumed={"memory": "0"})]).total == Charge(MiB, 1)
+
+
+def test_exact_device_never_seen_is_charged_as_the_largest_of_its_class() -> None:
+    for gone in (result("r", "gpu-9", pool="node-9"), result("r", "gpu-0", pool="node-2", driver="other.example.com")):
+        pricing = exact([gone])
+        assert pricing.total == Charge(141 * GiB, 1)
+        assert "no charge recorded" in pricing.warnings[0]
+
+
+def test_results_must_name_a_request_of_the_claim() -> None:
+    for name in ("bogus", "r"):  # "r" is a firstAvailable parent: the class would be ambiguous
+        with pytest.raises(ClaimError, match=r"results\[0\]\.request: '(bogus|r)' is not the name"):
+            parse_claim(make_claim("c", first_available("r", ("big", exactly("gpu"))), allocation=[result(name, "gpu-0")]))
+
+
+def test_exact_admin_access_is_free() -> None:
+    assert exact([result("r", "gpu-0", admin=True)]).total == Charge()
+
+
+def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() -> None:
+    pricing = exact([result("r/small", "mig-0", pool="node-3")],
+                    first_available("r", ("big", exactly("gpu")), ("small", exactly("mig"))))
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge(4864 * MiB, 1)
+    assert pricing.charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge()
+
+
+def test_vanished_device_keeps_its_recorded_charge() -> None:
+    gone = result("r", "gpu-9", pool="node-9")
+    record = allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 123})
+    assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: record}).total == Charge(123, 1)
+    from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
+    assert from_annotation.total == Charge(1000, 1)
+    assert "vanished from the inventory" in from_annotation.warnings[0]
+
+
+# -- a pending claim priced again after a restart -------------------------------------------
+
+
+def _recorded(claim: dict[str, Any], charge: Charge) -> dict[str, Any]:
+    claim["metadata"]["annotations"] = {"draquota.io/charge": f'{{"memory":{charge.memory},"devices":{charge.devices}}}'}
+    return claim
+
+
+def test_a_restart_reserves_a_pending_claim_at_no_less_than_its_admission_charged() -> None:
+    """The class's largest devices (141Gi) leave the inventory while a claim admitted at
+    their price is pending: the replica that admitted it still reserves 141Gi; one that
+    starts now must reserve the same, not the new estimate (80Gi), else `reserved`
+    depends on whether the leader restarted (tests/e2e/test_crash_safety.py found it)."""
+    before = inventory()
+    running = Admitter(Pricer(before, CLASSES), Ledger())
+    claim = make_claim("c", request("r", exactly("gpu")))
+    admitted = running.admit_claim(parse_claim(claim), namespace_labels=None)
+    assert admitted.allowed and admitted.pricing.total == Charge(141 * GiB, 1)
+    persisted = parse_claim(_recorded(claim, admitted.pricing.total))  # the mutating webhook's annotation
+
+    after = inventory()
+    after.delete_slice("n2")  # both 141Gi GPUs gone
+    restarted = Admitter(Pricer(after, CLASSES), Ledger())
+    assert restarted.price(persisted).total == Charge(80 * GiB, 1)  # what it estimates now
+    restarted.reserve_existing(persisted)
+    held = restarted.ledger.entry(claim_ref(persisted))
+    assert held is not None and not held.allocated
+    assert held.pricing["conservative"].total == Charge(141 * GiB, 1)
+    # Scoped quotas see it in its class, and nowhere else.
+    assert held.pricing["conservative"].charge_for(Scope(frozenset({DeviceClassName("gpu")}))) == Charge(141 * GiB, 1)
+    assert held.pricing["conservative"].charge_for(Scope(frozenset({DeviceClassName("mig")}))) == Charge()
+
+
+@pytest.mark.parametrize(("recorded", "expected"), [
+    (None, Charge(80 * GiB, 1)),  # nothing recorded: the estimate
+    (Charge(141 * GiB, 1), Charge(141 * GiB, 1)),  # recorded above: what was reserved
+    (Charge(0, 0), Charge(80 * GiB, 1)),  # below the estimate (not our annotation): the estimate
+    (Charge(100 * GiB, 0), Charge(100 * GiB, 1)),  # per dimension
+])
+def test_at_least_recorded(recorded: Charge | None, expected: Charge) -> None:
+    pricing = Pricer(inventory(), CLASSES).estimate(parse_claim(make_claim("c", request("r", exactly(
+        "gpu", f"device.attributes['{D}'].model == 'h100'")))).spec)
+    assert pricing.total == Charge(80 * GiB, 1)
+    assert at_least_recorded(pricing, recorded).total == expected
+
+
+def test_at_least_recorded_leaves_a_claim_of_several_classes_to_its_estimate() -> None:
+    spec = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")))).spec
+    pricing = Pricer(inventory(), CLASSES).estimate(spec)
+    assert at_least_recorded(pricing, Charge(10**15, 9)) == pricing
+
+
+# -- the allocation record (draquota.io/allocated-charge) -----------------------------------
+
+
+def test_a_device_that_vanishes_keeps_its_exact_charge_in_the_running_and_in_a_restarted_process() -> None:
+    """Admitted at 2 x 141Gi, allocated one 80Gi and one 141Gi GPU (221Gi); then the 141Gi
+    GPU's slice goes. Without the record a later event or a restart re-priced it from
+    the admission charge: 80 + (282 - 80) = 282Gi (tests/e2e/test_crash_safety.py)."""
+    two = request("r", exactly("gpu", count=2))
+    allocation = [result("r", "gpu-0", pool="node-1"), result("r", "gpu-0", pool="node-2")]
+    admission = {"draquota.io/charge": f'{{"memory":{282 * GiB},"devices":2}}'}
+    before = Pricer(inventory(), CLASSES)
+    claim = parse_claim(make_claim("c", two, allocation=allocation, annotations=admission))
+    assert before.exact(claim).total == Charge(221 * GiB, 2)
+    record = before.allocation_record(claim)
+    assert record == {DeviceKey(D, "node-1", "gpu-0"): 80 * GiB, DeviceKey(D, "node-2", "gpu-0"): 141 * GiB}
+
+    gone = inventory()
+    gone.delete_slice("n2")
+    after = Pricer(gone, CLASSES)
+    assert after.exact(claim).total == Charge(282 * GiB, 2)  # no record: the admission charge's share
+    recorded = parse_claim(make_claim("c", two, allocation=allocation, annotations={
+        **admission, ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}))
+    assert recorded.recorded_devices == tuple(sorted(record.items(), key=lambda kv: str(kv[0])))
+    priced = after.exact(recorded)
+    assert priced.total == Charge(221 * GiB, 2) and priced.warnings == ()
+    # What the record should say now: unchanged, the vanished device's charge kept.
+    assert after.allocation_record(recorded) == record
+
+
+def test_the_record_follows_the_allocation_and_is_exact() -> None:
+    pricer = Pricer(inventory(), CLASSES)
+    shared = parse_claim(make_claim("c", request("r", exactly("shared")), allocation=[
+        result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})]))
+    assert pricer.allocation_record(shared) == {DeviceKey(D, "node-3", "shared-0"): 20 * GiB}
+    assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[
+        result("r", "gpu-0", admin=True)]))) == {}  # adminAccess is free: nothing to keep
+    stale = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 5})}
+    moved = parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[result("r", "gpu-1", pool="node-1")],
+                                   annotations=stale))
+    assert pricer.allocation_record(moved) == {DeviceKey(D, "node-1", "gpu-1"): 80 * GiB}  # old devices dropped
+    assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu"))))) == {}
+
+
+@pytest.mark.parametrize("raw", [
+    None, "", "[]", "{", '{"a/b": 1}', '{"d/p/x": -1}', '{"d/p/x": 1.5}', '{"d/p/x": "1"}',
+    '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000,
+])
+def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
+    assert recorded_devices(raw) == ()
+
+
+def test_a_pool_name_with_slashes_round_trips() -> None:
+    record = {DeviceKey(D, "node-1/part-a", "gpu-0"): 7}
+    assert dict(recorded_devices(allocated_charge_annotation(record))) == record
+
+
+@pytest.mark.parametrize("name", [10**5000, None, ["x"], {"a": 1}], ids=["huge-int", "none", "list", "map"])
+def test_a_pod_owner_whose_name_is_not_a_string_is_read_without_converting_it(name: Any) -> None:
+    """The fuzzer's find: str() of a 5,000-digit int raises ValueError (Python's limit)."""
+    claim = make_claim("c", request("r", exactly("gpu")))
+    claim["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": "u-1",
+                                             "controller": True}]
+    assert pod_owner(claim) == ("", "u-1")
+    assert parse_claim(claim).owner == "u-1"

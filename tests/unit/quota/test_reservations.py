@@ -1,0 +1,341 @@
+"""quota.reservations: the persisted record, the watermark, and no interleaving of replicas over-commits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from quota.devicequota import DeviceQuota, Usage, parse_device_quota
+from quota.model import Charge
+from quota.reservations import Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
+
+from ..builders import GiB, make_quota
+
+GPU = Charge(80 * GiB, 1)
+QUOTA = parse_device_quota(make_quota("gpus", memory="160Gi"))
+AUDIT = parse_device_quota({**make_quota("gpus", memory="160Gi"),
+                            "spec": {"hard": {"memory": "160Gi"}, "enforcement": "Audit"}})
+TTL = 120.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one replica's caches know (`quota.reservations.Caches`), as plain tables."""
+
+    claims: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion held at
+    unrecorded: frozenset[str] = frozenset()  # held, but without the charge annotation yet
+    deleted: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion of its deletion
+    workloads: frozenset[str] = frozenset()  # Workloads the ledger holds
+    finished: frozenset[str] = frozenset()
+
+    def claim_version(self, uid: str) -> int | None:
+        return self.claims.get(uid)
+
+    def claim_recorded(self, uid: str) -> int | None:
+        return None if uid in self.unrecorded else self.claims.get(uid)
+
+    def claim_gone(self, uid: str) -> int | None:
+        return self.deleted.get(uid)
+
+    def workload_counted(self, uid: str) -> bool:
+        return uid in self.workloads
+
+    def workload_gone(self, uid: str) -> bool:
+        return uid in self.finished
+
+
+def held(*entries: tuple[str, float], through: int | None = None) -> Record:
+    return Record({uid: Reservation(uid, f"team-a/{uid}", GPU, expires) for uid, expires in entries}, through)
+
+
+def run(requests: list[Request], record: Record, *, seen: Seen = Seen(), usage: Usage = Usage(), now: float = 100.0,
+        quota: DeviceQuota = QUOTA, max_entries: int = 1000) -> tuple[list[bool], list[str], bool]:
+    out = apply(quota, record, requests, usage=usage, caches=seen, now=now, ttl=TTL, max_entries=max_entries)
+    return [d.allowed for d in out.decisions], sorted(out.record.held), out.changed
+
+
+def reserve(uid: str, charge: Charge = GPU) -> Request:
+    return Request("reserve", uid, f"team-a/{uid}", charge)
+
+
+def test_requests_apply_in_order_until_hard() -> None:
+    assert run([reserve("a"), reserve("b"), reserve("c")], Record()) == ([True, True, False], ["a", "b"], True)
+
+
+def test_a_retried_uid_replaces_its_entry_instead_of_counting_twice() -> None:
+    assert run([reserve("a"), reserve("a")], held(("b", 200.0))) == ([True, True], ["a", "b"], True)
+
+
+def test_orphans_go_once_expired_and_deleted_claims_at_once() -> None:
+    record = held(("old", 99.0), ("deleted", 200.0))
+    seen = Seen(deleted={"deleted": 7})
+    assert run([reserve("a"), reserve("b")], record, seen=seen) == ([True, True], ["a", "b"], True)
+    assert settle(record, seen, now=100.0) == Record({}, 7)
+    # Expired while its claim, seen here, still had no charge on it (the leader was away):
+    # it goes, and the watermark says this cache holds the claim.
+    unrecorded = Seen(claims={"old": 9}, unrecorded=frozenset({"old"}))
+    assert settle(held(("old", 99.0)), unrecorded, now=100.0) == Record({}, 9)
+
+
+def test_a_seen_claim_leaves_the_record_and_raises_the_watermark() -> None:
+    # "a" is in the cache at resourceVersion 42 (usage counts it): its entry goes, and
+    # claimsThrough says so, for every writer after this one.
+    usage = Usage(reserved=GPU, pending_claims=1)
+    seen = Seen(claims={"a": 42})
+    out = apply(QUOTA, held(("a", 200.0), through=17), [reserve("b")], usage=usage, caches=seen, now=100.0, ttl=TTL)
+    assert [d.allowed for d in out.decisions] == [True]
+    assert sorted(out.record.held) == ["b"] and out.record.through == 42
+    # Never lowered by a writer that saw less.
+    assert settle(held(("a", 200.0), through=50), seen, now=100.0).through == 50
+    # Seen without the charge it was admitted at recorded on it: kept (the one record of
+    # that charge), but counted once, by the cache.
+    unrecorded = Seen(claims={"a": 42}, unrecorded=frozenset({"a"}))
+    record = held(("a", 200.0), through=17)
+    assert settle(record, unrecorded, now=100.0) is record and in_flight(record, unrecorded) == Charge()
+    # Unseen, the entry counts: no room for "b".
+    assert run([reserve("b")], held(("a", 200.0)), usage=usage) == ([False], ["a"], False)
+
+
+def test_a_denied_retry_keeps_the_earlier_entry() -> None:
+    bigger = reserve("a", Charge(200 * GiB, 2))
+    assert run([bigger], held(("a", 200.0))) == ([False], ["a"], False)
+
+
+def test_release_audit_and_a_full_record() -> None:
+    assert run([Request("release", "a")], held(("a", 200.0), ("b", 200.0))) == ([True], ["b"], True)
+    assert run([Request("release", "x")], held(("b", 200.0))) == ([True], ["b"], False)
+    # Audit admits (with a warning) and still records the reservation.
+    out = apply(AUDIT, held(("a", 200.0), ("b", 200.0)), [reserve("c")], usage=Usage(), caches=Seen(),
+                now=100.0, ttl=TTL)
+    assert [d.allowed for d in out.decisions] == [True] and "c" in out.record.held and out.decisions[0].warnings
+    # The record is bounded: past max_entries nothing more is admitted into it, by name.
+    big = parse_device_quota(make_quota("gpus", memory="10Ti"))
+    out = apply(big, held(("a", 200.0), ("b", 200.0)), [reserve("c")], usage=Usage(), caches=Seen(), now=100.0,
+                ttl=TTL, max_entries=2)
+    assert not out.decisions[0].allowed and not out.changed
+    assert out.decisions[0].message.startswith('DeviceQuota "gpus" has 2 admissions in flight')
+
+
+def test_workload_entries_follow_the_ttl_and_never_move_the_watermark() -> None:
+    w = Reservation("w", "team-a/job", GPU, 200.0, "Workload")
+    record = Record({"w": w}, 5)
+    # Counted once: by the holding once the ledger has it, else by the entry; kept until
+    # it expires or the Workload is gone, whatever the claim cache says.
+    assert in_flight(record, Seen()) == GPU and in_flight(record, Seen(workloads=frozenset({"w"}))) == Charge()
+    assert settle(record, Seen(claims={"w": 99}, workloads=frozenset({"w"})), now=100.0) is record
+    assert settle(record, Seen(finished=frozenset({"w"})), now=100.0) == Record({}, 5)
+    assert settle(record, Seen(), now=200.0) == Record({}, 5)
+
+
+def test_the_status_fields_round_trip_and_leave_reserved_to_the_controller() -> None:
+    record = Record({"u1": Reservation("u1", "team-a/c1", GPU, 1_800_000_000.5),
+                     "u2": Reservation("u2", "team-a/c2", Charge(10 * GiB, 1), 1_800_000_001.0, "Workload")}, 12345)
+    fields = status_fields(record)
+    assert set(fields) == {"reservations", "claimsThrough"}  # status.reserved is quota.quotastatus's
+    assert fields["claimsThrough"] == "12345"
+    assert fields["reservations"]["u1"] == {"claim": "team-a/c1", "memory": "80Gi", "devices": 1,
+                                            "expires": "2027-01-15T08:00:00.500Z"}
+    assert fields["reservations"]["u2"]["source"] == "Workload"
+    assert parse_record(fields) == record
+    # Records written before 0.2 hold memory in bytes, as an integer.
+    old = {**fields, "reservations": {**fields["reservations"], "u1": {**fields["reservations"]["u1"],
+                                                                        "memory": 80 * GiB}}}
+    assert parse_record(old) == record
+    assert parse_record({"reservations": {"bad": {"memory": 1}}, "claimsThrough": "x1"}) == Record()
+    assert parse_record(None) == Record()
+
+
+# -- replicas, any interleaving ------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    watched: int = 0  # claim events its watch has delivered (the log's first `watched`)
+    snapshot: tuple[int, Record] | None = None
+
+
+@dataclass
+class World:
+    """The API server: the DeviceQuota's record and version, and the claim event log
+    (resourceVersion = position + 1), in which every watch sees the same order."""
+
+    version: int = 0
+    record: Record = field(default_factory=Record)
+    log: list[tuple[str, str]] = field(default_factory=list)  # (ADDED | RECORDED | DELETED, uid)
+    charges: dict[str, Charge] = field(default_factory=dict)
+    in_flight: list[tuple[str, float, bool]] = field(default_factory=list)  # admitted creates: uid, at, persists
+    now: float = 0.0
+    replicas: tuple[Replica, ...] = field(default_factory=lambda: (Replica(), Replica(), Replica()))
+
+    def seen(self, replica: Replica) -> Seen:
+        claims: dict[str, int] = {}
+        deleted: dict[str, int] = {}
+        recorded: set[str] = set()
+        for position, (kind, uid) in enumerate(self.log[: replica.watched], start=1):
+            if kind == "DELETED":
+                claims.pop(uid, None)
+                deleted[uid] = position
+            else:  # ADDED, or RECORDED: the leader wrote the charge annotation (a MODIFIED)
+                claims[uid] = position
+                if kind == "RECORDED":
+                    recorded.add(uid)
+        return Seen(claims=claims, deleted=deleted, unrecorded=frozenset(set(claims) - recorded))
+
+    def alive(self) -> list[str]:
+        claims: dict[str, None] = {}
+        for kind, uid in self.log:
+            if kind == "DELETED":
+                claims.pop(uid, None)
+            else:
+                claims[uid] = None
+        return list(claims)
+
+    def live(self) -> Charge:
+        return sum((self.charges[u] for u in self.alive()), Charge())
+
+    def persist(self, uid: str) -> None:
+        self.log.append(("ADDED", uid))
+
+
+SIZES = (Charge(80 * GiB, 1), Charge(40 * GiB, 1))
+HARD = QUOTA
+replica = st.integers(0, 2)
+action = st.one_of(
+    st.tuples(st.just("read"), replica),
+    st.tuples(st.just("admit"), replica, st.integers(0, len(SIZES) - 1), st.booleans(), st.booleans()),
+    st.tuples(st.just("settle"), replica, st.booleans()),  # the controller's write, or any writer's
+    st.tuples(st.just("watch"), replica, st.integers(1, 4)),
+    st.tuples(st.just("persist"),),
+    st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("annotate"), st.integers(0, 50)),  # the leader records a claim's charge
+    st.tuples(st.just("tick"), st.floats(1.0, 80.0)),
+)
+
+
+def _write(world: World, r: Replica, requests: list[Request], use_stale: bool) -> list[bool]:
+    """A writer's turn (kube.quotawriter.write_status): decide on the record it read,
+    only once its own watch reached the record's watermark; the write lands only if
+    nobody wrote since that read."""
+    if r.snapshot is None or not use_stale:
+        r.snapshot = (world.version, world.record)
+    version, record = r.snapshot
+    r.snapshot = None
+    if record.through is not None and r.watched < record.through:
+        return []  # it waits for its watch (here: the write does not happen now)
+    seen = world.seen(r)
+    usage = Usage(reserved=sum((world.charges[u] for u in seen.claims), Charge()))
+    out = apply(HARD, record, requests, usage=usage, caches=seen, now=world.now, ttl=TTL)
+    if version != world.version:
+        return []  # a conflict: refused, nothing admitted
+    if out.changed:
+        world.version += 1
+        world.record = out.record
+    return [d.allowed for d in out.decisions]
+
+
+def _step(world: World, act: tuple[object, ...], counter: list[int]) -> None:
+    kind = act[0]
+    if kind == "read":
+        r = world.replicas[int(act[1])]  # type: ignore[call-overload]
+        r.snapshot = (world.version, world.record)
+    elif kind == "watch":
+        r = world.replicas[int(act[1])]  # type: ignore[call-overload]
+        r.watched = min(len(world.log), r.watched + int(act[2]))  # type: ignore[call-overload]
+    elif kind == "persist":
+        if world.in_flight:
+            uid, _, persists = world.in_flight.pop(0)
+            if persists:
+                world.persist(uid)
+    elif kind == "delete":
+        alive = world.alive()
+        if alive:
+            world.log.append(("DELETED", alive[int(act[1]) % len(alive)]))  # type: ignore[call-overload]
+    elif kind == "annotate":
+        bare = [u for u in world.alive() if ("RECORDED", u) not in world.log]
+        if bare:
+            world.log.append(("RECORDED", bare[int(act[1]) % len(bare)]))  # type: ignore[call-overload]
+    elif kind == "tick":
+        world.now += float(act[1])  # type: ignore[arg-type]
+        # The protocol's assumption: a create ends, and every watch delivers its claim,
+        # within the TTL of its admission.
+        due = [c for c in world.in_flight if c[1] + TTL <= world.now]
+        world.in_flight = [c for c in world.in_flight if c[1] + TTL > world.now]
+        for uid, _, persists in due:
+            if persists:
+                world.persist(uid)
+        for r in world.replicas:
+            r.watched = len(world.log)
+    elif kind == "settle":
+        _write(world, world.replicas[int(act[1])], [], bool(act[2]))  # type: ignore[call-overload]
+    else:
+        _, who, size, persisting, use_stale = act
+        counter[0] += 1
+        uid = f"u{counter[0]}"
+        world.charges[uid] = SIZES[int(size)]  # type: ignore[call-overload]
+        writer = world.replicas[int(who)]  # type: ignore[call-overload]
+        if _write(world, writer, [reserve(uid, world.charges[uid])], bool(use_stale)) == [True]:
+            world.in_flight.append((uid, world.now, bool(persisting)))
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(action, min_size=8, max_size=60))
+# Why the watermark: replica 0 sees u1 and drops its entry; replica 1, whose watch has not
+# delivered u1, must not decide before it has (else it counts u1 nowhere).
+@example([("admit", 0, 0, True, False), ("persist",), ("annotate", 0), ("watch", 0, 2), ("settle", 0, False),
+          ("admit", 1, 0, True, False), ("admit", 1, 0, True, False)])
+def test_no_interleaving_of_replicas_over_commits(actions: list[tuple[object, ...]]) -> None:
+    world, counter = World(), [0]
+    for act in actions:
+        _step(world, act, counter)
+        admitted = world.live() + sum((world.charges[u] for u, _, p in world.in_flight if p), Charge())
+        assert admitted.memory <= (HARD.hard.memory or 0), (act, world)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(action, min_size=8, max_size=60))
+def test_the_record_holds_only_admissions_in_flight(actions: list[tuple[object, ...]]) -> None:
+    """Once every claim carries its charge, every watch caught up and any writer wrote, no
+    entry of a created claim is left."""
+    world, counter = World(), [0]
+    for act in actions:
+        _step(world, act, counter)
+    for uid in world.alive():
+        if ("RECORDED", uid) not in world.log:
+            world.log.append(("RECORDED", uid))
+    for r in world.replicas:
+        r.watched = len(world.log)
+    _write(world, world.replicas[0], [], False)
+    created = {uid for _, uid in world.log}
+    assert not set(world.record.held) & created
+
+
+def attempt(uid: str, series: str = "team-a/train-extended-resources-") -> Request:
+    """A reserve by the scheduler for a Pod's extended resources: one attempt of `series`."""
+    return Request("reserve", uid, f"{series}{uid[-5:]:0>5}", GPU, series)
+
+
+def test_an_attempt_replaces_the_unseen_entries_of_earlier_attempts_of_its_series() -> None:
+    series = "team-a/train-extended-resources-"
+    earlier = Record({uid: Reservation(uid, f"{series}{uid}", GPU, 200.0) for uid in ("aaaaa", "bbbbb")})
+    # Two attempts the in-tree ResourceQuota refused after us: the quota would be full.
+    assert run([reserve("x")], earlier) == ([False], ["aaaaa", "bbbbb"], False)
+    assert run([attempt("ccccc")], earlier) == ([True], ["ccccc"], True)
+    # One whose claim is seen exists: its entry goes by the watermark, and it counts once,
+    # by the cache.
+    usage = Usage(reserved=GPU, pending_claims=1)
+    assert run([attempt("ccccc")], earlier, seen=Seen(claims={"aaaaa": 3}), usage=usage) == ([True], ["ccccc"], True)
+
+
+def test_an_attempt_leaves_other_series_and_other_claims_alone() -> None:
+    current = Record({
+        # Another Pod whose name starts the same: a longer generated name.
+        "other": Reservation("other", "team-a/train-extended-resources-x-extended-resources-abcde", GPU, 200.0),
+        "plain": Reservation("plain", "team-a/train-extended-resources-abcd", GPU, 200.0),  # not 5 random
+        "elsewhere": Reservation("elsewhere", "team-b/train-extended-resources-abcde", GPU, 200.0),
+    })
+    big = parse_device_quota(make_quota("gpus", memory="400Gi"))
+    assert run([attempt("ccccc")], current, quota=big) == ([True], ["ccccc", "elsewhere", "other", "plain"], True)
+    # A reserve without a series drops nothing.
+    assert run([reserve("z")], current, quota=big)[1] == ["elsewhere", "other", "plain", "z"]

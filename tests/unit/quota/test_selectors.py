@@ -1,0 +1,197 @@
+"""quota.selectors: grouping, stage order, and incremental per-pool caching.
+
+The matcher keeps per-pool partitions and verdicts across inventory changes; the
+property test holds it to the only acceptable behaviour: after any sequence of slice
+events it answers exactly what a fresh matcher over the same inventory answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quota.cel import CompiledSelector
+from quota.inventory import Inventory
+from quota.model import DeviceKey
+from quota.selectors import SelectorMatcher
+from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded
+
+from ..builders import make_device, make_slice
+
+D = "gpu.example.com"
+GPU = (f"device.attributes['{D}'].type == 'gpu'",)
+BIG = (f"device.capacity['{D}'].memory.compareTo(quantity('50Gi')) >= 0",)
+MODEL = (f"device.attributes['{D}'].model == 'h100'",)
+DYNAMIC = (f"size(device.attributes['{D}']) >= 2",)  # reads a whole map: no grouping
+CHAINS = [(GPU,), (GPU, BIG), (GPU, MODEL), (GPU, DYNAMIC), ((), BIG)]
+
+
+def node_slice(node: int, models: list[str], generation: int = 1) -> dict:  # type: ignore[type-arg]
+    devices = [
+        make_device(f"gpu-{i}", memory="80Gi" if m == "h100" else "40Gi", attrs={"type": "gpu", "model": m})
+        for i, m in enumerate(models)
+    ]
+    return make_slice(f"s{node}", devices, driver=D, node=f"node-{node}", generation=generation)
+
+
+def keys(matcher: SelectorMatcher, chain: tuple[tuple[str, ...], ...]) -> set[DeviceKey]:
+    match = matcher.match(chain)
+    assert match.error is None
+    return {d.key for d in match.devices()}
+
+
+def test_one_slice_update_recomputes_one_pool_per_partition() -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(50)])
+    matcher = SelectorMatcher(inv)
+    assert len(keys(matcher, (GPU, BIG))) == 50
+    before = matcher.pools_computed
+    inv.add_or_update_slice(node_slice(7, ["h100", "h100"], generation=2))
+    assert len(keys(matcher, (GPU, BIG))) == 51
+    # base partition, class paths, request paths: one pool each.
+    assert matcher.pools_computed - before == 3
+
+
+def test_deleted_pool_disappears_and_relist_rescans() -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100"]) for n in range(3)])
+    matcher = SelectorMatcher(inv)
+    assert len(keys(matcher, (GPU,))) == 3
+    inv.delete_slice("s1")
+    assert {k.pool for k in keys(matcher, (GPU,))} == {"node-0", "node-2"}
+    inv.replace_all([node_slice(9, ["a100"])])
+    assert {k.pool for k in keys(matcher, (GPU,))} == {"node-9"}
+
+
+def test_a_new_literal_reuses_the_partition_of_its_fields() -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    matcher = SelectorMatcher(inv)
+    keys(matcher, (GPU, MODEL))
+    before = matcher.pools_computed
+    assert len(keys(matcher, (GPU, (f"device.attributes['{D}'].model == 'a100'",)))) == 20
+    assert matcher.pools_computed == before
+
+
+def test_runtime_errors_only_where_the_previous_stage_kept_devices() -> None:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("s", [
+        make_device("gpu-0", attrs={"type": "gpu", "model": "h100"}),
+        make_device("nic-0", attrs={"type": "nic"}),
+    ], driver=D))
+    matcher = SelectorMatcher(inv)
+    assert keys(matcher, (GPU, MODEL)) == {DeviceKey(D, "node-1", "gpu-0")}
+    failed = matcher.match(((), MODEL))
+    assert failed.error is not None and failed.error.stage == 1 and "model" in failed.error.message
+
+
+def test_bool_and_int_attributes_never_share_a_group() -> None:
+    # Python has 1 == True with equal hashes; CEL does not: true == 1 is false.
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("s", [
+        make_device("one", attrs={"x": 1}), make_device("true", attrs={"x": True}),
+        make_device("ones", attrs={"x": 2}),
+    ], driver=D))
+    inv.add_or_update_slice(make_slice("l", [
+        {"name": "ints", "attributes": {"xs": {"ints": [1, 0]}}},
+        {"name": "bools", "attributes": {"xs": {"bools": [True, False]}}},
+    ], driver=D, node="node-2"))
+    matcher = SelectorMatcher(inv)
+    x = f"has(device.attributes['{D}'].x) && device.attributes['{D}'].x"
+    assert {k.device for k in keys(matcher, ((f"{x} == 1",),))} == {"one"}
+    assert {k.device for k in keys(matcher, ((f"{x} == true",),))} == {"true"}
+    assert {k.device for k in keys(matcher, ((f"has(device.attributes['{D}'].xs) && device.attributes['{D}'].xs == [1, 0]",),))} == {"ints"}
+
+
+def test_a_match_has_one_cost_budget_across_devices() -> None:
+    # Reads the whole attribute map (no grouping), so every device is evaluated; each
+    # evaluation stays under the per-evaluation limit, the sum does not.
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(60)])
+    heavy = (f"size(device.attributes['{D}']) > 0 && "
+             "lists.range(300).all(x, lists.range(100).all(y, x + y >= 0))",)
+    with pytest.raises(BudgetExceeded, match=f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"):
+        SelectorMatcher(inv).match((heavy,))
+    cheap = (f"size(device.attributes['{D}']) > 0",)
+    assert SelectorMatcher(inv).match((cheap,)).count == 180
+
+
+def test_a_cached_match_costs_a_claim_what_it_cost_to_compute_once_per_claim() -> None:
+    """The same claim gets the same verdict whatever earlier claims left in the caches."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100", "h100"]) for n in range(20)])
+    matcher = SelectorMatcher(inv)
+    loop = (f"size(device.attributes['{D}']) > 0 && lists.range(50).all(x, x >= 0)",)
+    cold, warm, again = Budget.claim(), Budget.claim(), Budget.claim()
+    first = matcher.match((loop,), (), cold)
+    assert first.cost == cold.spent > 60 * 50
+    assert matcher.match((loop,), (), warm) is first and warm.spent == cold.spent
+    matcher.match((loop,), (), again)
+    matcher.match((loop,), (), again)
+    assert again.spent == cold.spent  # once per claim
+    # A new matcher (another replica) whose verdict cache is warm from another chain.
+    other = SelectorMatcher(inv)
+    other.match((loop, ("true",)), (), Budget.claim())
+    fresh = Budget.claim()
+    other.match((loop,), (), fresh)
+    assert fresh.spent == cold.spent
+
+
+def test_a_per_device_selector_does_not_evict_the_verdicts_of_others() -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(10)])
+    evaluations = []
+    evaluate = CompiledSelector.evaluate_with_cost
+
+    def counted(self: CompiledSelector, *args: Any, **kwargs: Any) -> tuple[bool, int]:
+        evaluations.append(self.expression)
+        return evaluate(self, *args, **kwargs)
+
+    with patch("quota.verdicts.PER_STAGE", 2), patch.object(CompiledSelector, "evaluate_with_cost", counted):
+        matcher = SelectorMatcher(inv, verdict_cache_size=8)
+        inv.add_or_update_slice(make_slice("names", [make_device(f"n-{i}", attrs={"name": f"n{i}", "type": "nic"})
+                                                     for i in range(20)], driver=D, node="names"))
+        assert len(keys(matcher, (GPU, MODEL))) == 10
+        # 20 devices, 20 names: CEL runs per device, and only 3 of its verdicts are kept.
+        per_device = ((f"!has(device.attributes['{D}'].name) || device.attributes['{D}'].name != 'x'",),)
+        assert len(keys(matcher, per_device)) == 40
+        evaluations.clear()
+        inv.add_or_update_slice(node_slice(3, ["h100", "a100"], generation=2))
+        assert len(keys(matcher, (GPU, MODEL))) == 10
+    assert evaluations == []  # every verdict came from the cache
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["update", "delete", "relist"]),
+        st.integers(0, 4),
+        st.lists(st.sampled_from(["h100", "a100"]), min_size=0, max_size=3),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(events)
+def test_incremental_answers_equal_a_fresh_matcher(ops: list[tuple[str, int, list[str]]]) -> None:
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(3)])
+    matcher = SelectorMatcher(inv)
+    generation = {n: 1 for n in range(5)}
+    for chain in CHAINS:
+        keys(matcher, chain)
+    for op, node, models in ops:
+        if op == "update":
+            generation[node] += 1
+            inv.add_or_update_slice(node_slice(node, models, generation[node]))
+        elif op == "delete":
+            inv.delete_slice(f"s{node}")
+        else:
+            inv.replace_all([node_slice(n, models or ["a100"], generation[n]) for n in range(node + 1)])
+        fresh = SelectorMatcher(inv)
+        for chain in CHAINS:
+            assert keys(matcher, chain) == keys(fresh, chain), (op, node, models, chain)
