@@ -666,7 +666,10 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
         # its flags, but for where it listens and where its certificate comes from.
         kubeconfig = await chart_kubeconfig(cluster, kube, workdir / "chart.kubeconfig")
         served = Served(cluster, free_ports(1)[0], workdir / "serve.log", kubeconfig=kubeconfig,
-                        args=(*deployment_flags(), "--log-level", "info", *ttl), ready_timeout=900,
+                        # ::1 too: bench/connections.py and attacks.py attack from there, as a
+                        # Pod would from its own address (the honest reviews use 127.0.0.1).
+                        args=(*deployment_flags(), "--log-level", "info", *ttl, "--bind-address", "127.0.0.1,::1"),
+                        ready_timeout=900,
                         metrics_port=metrics_port)
         await served.start()
         assert served.process is not None

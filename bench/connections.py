@@ -155,7 +155,7 @@ async def run(args: argparse.Namespace) -> JSON:
             results["baseline"]["stalls"] = stalls_between(quiet, before)
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
             attacker = Attacker(bench.served.port, args.connections, Path(tmp) / "attack.json", ramp=args.ramp,
-                                reopen=args.reopen, nice=args.nice)
+                                reopen=args.reopen, nice=args.nice, host="::1")
             async with peak_rss(bench.serve_pid) as peak:
                 await attacker.start()
                 started = time.monotonic()

@@ -115,7 +115,8 @@ def _add_serve(sub: _Subparsers) -> None:
                     "ResourceSlices, DeviceClasses, Namespaces, DeviceQuotas and ResourceClaims kept by "
                     f"list+watch. {LIMITATIONS} Stops cleanly on SIGTERM or SIGINT (exit 0).")
     serve.add_argument("--kubeconfig", metavar="FILE", help=_KUBECONFIG_HELP)
-    serve.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--bind-address", default="0.0.0.0",
+                       help="address to listen on, or several separated by commas (default 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     serve.add_argument("--cert-mode", choices=("self", "files"),
                        help="self: CA and serving certificate in a Secret, caBundles patched, renewed and "

@@ -29,16 +29,20 @@ opening one, else the oldest in headers, then in request, then the least recentl
 idle one; only when every connection is deciding is the new one closed at once. So
 connections that idle or trickle can hold memory only up to the cap and can never lock
 the API server out: its own connections carry requests, so they are the last evicted.
+Among the first `EVICTION_SCAN` in that order, the one to go is from the source address
+that holds the most connections: a Pod flooding the port evicts its own connections,
+not the API server's (which comes from another address and holds a few).
 
-Eviction passes over a connection whose client has sent bytes we have not read yet (the
-kernel holds them: `waiting`): its client keeps up and we are the slow party. Under a
-flood of connects the oldest opening connection is replaced hundreds of times a second,
-and after a stall of the loop the API server's own new connection, its handshake or
-request sitting unread, was the oldest: evicted, its create failed with "connection
-reset by peer" (a fresh clone's hostile-tenant e2e test). When the first
-`EVICTION_SCAN` in line are all waiting, we are behind: the new connection is refused
-(closed at once, before any handshake costs us CPU) and those in progress go on. A
-connection that idles or trickles has nothing unread between our reads, so it stays
+Within a source, eviction passes over a connection whose client has sent bytes we have
+not read yet (the kernel holds them: `waiting`): its client keeps up and we are the slow
+party. Under a flood of connects the oldest opening connection is replaced hundreds of
+times a second, and after a stall of the loop the API server's own new connection, its
+handshake or request sitting unread, was the oldest: evicted, its create failed with
+"connection reset by peer" (a fresh clone's hostile-tenant e2e test). When every one
+worth evicting is waiting, we are behind: the new connection is refused (closed at once,
+before any handshake costs us CPU) and those in progress go on, unless the waiting one
+is from a source holding more connections than the new one's (a flood's): that one goes.
+A connection that idles or trickles has nothing unread between our reads, so it stays
 first in line; the bound keeps an eviction's cost a few system calls whatever the flood.
 """
 
@@ -58,6 +62,7 @@ import time
 from asyncio.sslproto import SSLProtocol
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,6 +140,9 @@ class Connections:
         self._phases: dict[Phase, OrderedDict[Tracked, float]] = {p: OrderedDict() for p in Phase}
         self._phase: dict[Tracked, Phase] = {}
         self._by_handler: dict[object, Tracked] = {}
+        # Each connection's source address, and how many each source holds (module doc).
+        self._source: dict[Tracked, str] = {}
+        self._held: Counter[str] = Counter()
         # Connections dropped by us, by why: evicted, refused, or the phase whose deadline passed.
         self.dropped: Counter[str] = Counter()
 
@@ -144,20 +152,23 @@ class Connections:
     def counts(self) -> dict[Phase, int]:
         return {phase: len(queue) for phase, queue in self._phases.items()}
 
-    def room(self) -> bool:
-        """Make room for one more connection (evicting one if at the cap); False: every one
-        is deciding, or the first in line are all waiting on us (module doc)."""
+    def room(self, source: str = "") -> bool:
+        """Make room for one more connection from `source` (its peer's address), evicting one
+        if at the cap; False: every one is deciding, or the first in line are all waiting on
+        us and none is from a source holding more than `source` (module doc)."""
         while len(self) >= self.limits.max_connections:
-            victim = self._victim()
+            victim = self._victim(source)
             if victim is None:
                 self.dropped["refused"] += 1
                 return False
             self._drop(victim, "evicted")
         return True
 
-    def opened(self, conn: Tracked) -> None:
-        """`conn` was accepted."""
+    def opened(self, conn: Tracked, source: str = "") -> None:
+        """`conn` was accepted from `source` (after `room`)."""
         self._enter(conn, Phase.OPENING)
+        self._source[conn] = source
+        self._held[source] += 1
 
     def handled(self, conn: Tracked, handler: object) -> None:
         """`conn`'s requests now arrive on `handler` (aiohttp's protocol, made once TLS is up)."""
@@ -188,6 +199,7 @@ class Connections:
         phase = self._phase.pop(conn, None)
         if phase is not None:
             del self._phases[phase][conn]
+            self._forget(conn)
 
     def expire(self) -> None:
         """Drop every connection whose phase's deadline has passed."""
@@ -213,11 +225,23 @@ class Connections:
             await asyncio.sleep(SWEEP_SECONDS)
             self.expire()
 
-    def _victim(self) -> Tracked | None:
-        """The connection worth least (module doc): the first in eviction order whose
-        client is not waiting on us, among the first `EVICTION_SCAN`; None if there is none."""
+    def _victim(self, source: str) -> Tracked | None:
+        """The connection worth least (module doc), among the first `EVICTION_SCAN` in
+        eviction order: from the source holding the most, one not waiting on us first; one
+        waiting only if its source holds more than `source`; else None."""
         candidates = (c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q)
-        return next((c for _, c in zip(range(EVICTION_SCAN), candidates) if not c.waiting()), None)
+        ranked = sorted(((-self._held[self._source[c]], c.waiting(), i, c)
+                         for i, c in enumerate(islice(candidates, EVICTION_SCAN))), key=lambda r: r[:3])
+        if not ranked:
+            return None
+        minus_held, waiting, _, conn = ranked[0]
+        return conn if not waiting or -minus_held > self._held[source] else None
+
+    def _forget(self, conn: Tracked) -> None:
+        source = self._source.pop(conn)
+        self._held[source] -= 1
+        if not self._held[source]:
+            del self._held[source]
 
     def _enter(self, conn: Tracked, phase: Phase) -> None:
         old = self._phase.get(conn)
@@ -229,6 +253,7 @@ class Connections:
     def _drop(self, conn: Tracked, why: str) -> None:
         phase = self._phase.pop(conn)
         del self._phases[phase][conn]
+        self._forget(conn)
         self.dropped[why] += 1
         conn.abort()
 
@@ -301,7 +326,6 @@ class _TlsConnection(SSLProtocol):
         self._make_handler = handler
         self._handler: asyncio.BaseProtocol | None = None
         self._raw: asyncio.BaseTransport | None = None
-        self._aborted = False
 
     def handshaken(self, transport: asyncio.BaseTransport) -> None:
         """TLS is up: aiohttp's handler takes the connection over (public `set_protocol`)."""
@@ -311,10 +335,14 @@ class _TlsConnection(SSLProtocol):
         self._handler.connection_made(transport)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Admitted here, not at the accept: only now is the peer's address known.
         self._raw = transport
-        if self._aborted:  # evicted between the accept and this call: no handshake at all
-            transport.abort()  # type: ignore[attr-defined]  # a socket transport
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self._connections.room(source):
+            transport.abort()  # type: ignore[attr-defined]  # a socket transport: no handshake at all
             return
+        self._connections.opened(self, source)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -337,7 +365,6 @@ class _TlsConnection(SSLProtocol):
         return sock is not None and unread(sock.fileno()) > 0
 
     def abort(self) -> None:
-        self._aborted = True
         if self._raw is not None:
             self._raw.abort()  # type: ignore[attr-defined]  # a socket transport
 
@@ -351,15 +378,6 @@ class _Handshaking(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._conn.handshaken(transport)
-
-
-class _Refused(asyncio.Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._raw = transport
-        transport.abort()  # type: ignore[attr-defined]  # a socket transport
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        _unlink(self._raw)
 
 
 def unread(fileno: int) -> int:
@@ -428,14 +446,11 @@ class TlsSite(web.BaseSite):
         assert server is not None
 
         def accept() -> asyncio.BaseProtocol:
-            if not self.connections.room():
-                return _Refused()
-            conn = _TlsConnection(loop, server, self._context, self.connections)
-            self.connections.opened(conn)
-            return conn
+            return _TlsConnection(loop, server, self._context, self.connections)
 
+        hosts = [h.strip() for h in self._host.split(",")] if "," in self._host else self._host
         self._server = self._listening = await loop.create_server(
-            accept, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None)
+            accept, hosts, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None)
         for sock in self._listening.sockets:
             _deepen(sock)
         self._sweeper = asyncio.create_task(self.connections.run(), name=f"connections {self.name}")

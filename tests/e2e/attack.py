@@ -104,13 +104,13 @@ class _Conn:
         self.sock.close()
 
 
-async def _open(port: int, kind: str, context: ssl.SSLContext) -> _Conn:
+async def _open(host: str, port: int, kind: str, context: ssl.SSLContext) -> _Conn:
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     try:
-        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_connect(sock, (host, port))
         conn = _Conn(sock, None if kind == "tcp" else context)
         if conn.tls is not None:
             await conn.handshake()
@@ -139,9 +139,11 @@ async def _hold(conn: _Conn, kind: str, trickle: float) -> None:
 
 
 async def attack(port: int, count: int, stop: asyncio.Event, *, ramp: float = 1000.0, reopen: float = 2.0,
-                 trickle: float = 1.0, report: Attack | None = None) -> Attack:
-    """Hold `count` connections of the KINDS against 127.0.0.1:`port` until `stop`; opened at
-    `ramp` a second, each re-opened `reopen` seconds after the server dropped it."""
+                 trickle: float = 1.0, report: Attack | None = None, host: str = "127.0.0.1") -> Attack:
+    """Hold `count` connections of the KINDS against `host`:`port` until `stop`; opened at
+    `ramp` a second, each re-opened `reopen` seconds after the server dropped it. `host`
+    ::1: the attack comes from another address than the API server (127.0.0.1), as a
+    Pod's would."""
     out = report or Attack()
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # an attacker verifies nothing
@@ -151,7 +153,7 @@ async def attack(port: int, count: int, stop: asyncio.Event, *, ramp: float = 10
         await asyncio.sleep(i / ramp)
         while not stop.is_set():
             try:
-                conn = await asyncio.wait_for(_open(port, kind, context), timeout=30)
+                conn = await asyncio.wait_for(_open(host, port, kind, context), timeout=30)
             except (OSError, ssl.SSLError, TimeoutError):
                 out.failed += 1
             else:
@@ -187,14 +189,15 @@ class Attacker:
     pipe the reader stops draining would block the attacker)."""
 
     def __init__(self, port: int, connections: int, report: Path, *, ramp: float = 1000.0, reopen: float = 2.0,
-                 nice: int = 19) -> None:
-        self.port, self.connections, self.path = port, connections, report
+                 nice: int = 19, host: str = "127.0.0.1") -> None:
+        self.port, self.connections, self.path, self.host = port, connections, report, host
         self.ramp, self.reopen, self.nice = ramp, reopen, nice
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.e2e.attack", "--port", str(self.port), "--connections", str(self.connections),
+            sys.executable, "-m", "tests.e2e.attack", "--host", self.host, "--port", str(self.port),
+            "--connections", str(self.connections),
             "--reopen", str(self.reopen), "--ramp", str(self.ramp), "--nice", str(self.nice),
             "--output", str(self.path), cwd=Path(__file__).resolve().parents[2])
 
@@ -232,7 +235,7 @@ async def _attack_main(args: argparse.Namespace) -> None:
     os.nice(args.nice)
     stop, report = asyncio.Event(), Attack()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(attack(args.port, args.connections, stop, ramp=args.ramp, reopen=args.reopen,
+    task = asyncio.create_task(attack(args.port, args.connections, stop, ramp=args.ramp, reopen=args.reopen, host=args.host,
                                       report=report))
 
     def write() -> None:
@@ -249,7 +252,8 @@ async def _attack_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="hold idle and slow connections against 127.0.0.1:PORT")
+    parser = argparse.ArgumentParser(description="hold idle and slow connections against HOST:PORT")
+    parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 or ::1 (loopback only)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--connections", type=int, required=True)
     parser.add_argument("--ramp", type=float, default=1000.0, help="connections opened a second")

@@ -79,11 +79,13 @@ async def running(handle: Served) -> AsyncIterator[Served]:
         await handle.kill()
 
 
-async def capped(cluster: ControlPlane, tmp_path: Path, cap: int) -> AsyncIterator[Served]:
-    """`serve` with `--max-connections cap`, its log in `tmp_path` (the attacked fixtures)."""
+async def capped(cluster: ControlPlane, tmp_path: Path, cap: int, *,
+                 also: tuple[str, ...] = ()) -> AsyncIterator[Served]:
+    """`serve` with `--max-connections cap` (and the flags `also`), its log in `tmp_path`
+    (the attacked fixtures)."""
     port, metrics_port = free_ports(2)
     async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--max-connections", str(cap)), log_level="info")):
+                                       args=("--max-connections", str(cap), *also), log_level="info")):
         yield handle
 
 

@@ -273,6 +273,33 @@ def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_and_refus
     assert "silent-last" not in aborted
 
 
+def test_a_flood_from_one_source_evicts_its_own_connections_not_the_api_servers() -> None:
+    """The API server (10.0.0.1) holds a few connections, a Pod (10.9.9.9) floods the port:
+    the flood's connections make room, the API server's stay even when older, quiet or
+    the flood's wait on us; a new connection from the flood is refused once all of its
+    own wait on us; from a single source the order alone decides."""
+    clock, aborted = FakeClock(1000.0), list[str]()
+    connections = Connections(Limits(max_connections=4), clock=clock)
+
+    def admit(conn: Fake, source: str) -> bool:
+        if not connections.room(source):
+            return False
+        connections.opened(conn, source)
+        clock.now += 1
+        return True
+
+    api = Fake("api-server", aborted)
+    assert admit(api, "10.0.0.1")
+    flood = [Fake(f"flood-{i}", aborted) for i in range(6)]
+    assert all(admit(conn, "10.9.9.9") for conn in flood)
+    assert aborted == ["flood-0", "flood-1", "flood-2"], "the oldest and quiet API server connection stays"
+    for conn in flood[3:]:
+        conn.unread = True  # a stall: the flood's handshakes sit unread
+    assert not admit(Fake("flood-new", aborted), "10.9.9.9"), "the flood's own wait on us: refused"
+    assert admit(Fake("api-new", aborted), "10.0.0.1") and aborted[-1] == "flood-3", "the API server's is not"
+    assert connections.dropped == {"evicted": 4, "refused": 1}
+
+
 def test_unread_counts_the_bytes_the_kernel_holds_for_a_socket() -> None:
     left, right = socket.socketpair()
     with left, right:
