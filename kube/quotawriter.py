@@ -163,6 +163,17 @@ class Reservations:
     def workload_counted(self, uid: str) -> bool:
         return self.ledger.holding(ClaimRef(uid)) is not None
 
+    def claim_outlived(self, uid: str, version: int | None) -> bool:
+        """Whether claim `uid`, read at resourceVersion `version` (None: unknown), is gone
+        as far as this replica's claim watch goes: it delivered the deletion, or it has
+        passed `version` and the cache does not hold the claim (deleted before the list
+        the cache was built from, whose watch never tells). A review of such a copy
+        (`webhook.claimreview.allocate_claim`) is late: the API server validated a stale
+        copy and its write will find no claim; counting it would never be undone."""
+        if self.claim_gone(uid) is not None:
+            return True
+        return version is not None and self.claim_version(uid) is None and self.progress.has_reached(version)
+
     def admitting(self, key: QuotaKey) -> bool:
         """Whether admissions into quota `key` are being written or wait to be (the quota
         controller then writes that quota less often: `controllers.quotas`)."""

@@ -55,6 +55,7 @@ from quota.claims import (
 from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
+from quota.reservations import parse_version
 from quota.work import Budget
 from runtime.slicing import Slicer
 
@@ -166,13 +167,19 @@ def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
     The scheduler writes the allocation once, in PreBind (k/k pkg/scheduler/framework/
     plugins/dynamicresources); deallocation, Unreserve and drivers' `status.devices`
-    writes pass untouched, so a quota can never block a claim's release.
+    writes pass untouched, so a quota can never block a claim's release. A review of a
+    claim this replica's watch already saw go (`Reservations.claim_outlived`) passes
+    untouched too: the API server validated a stale copy and its write will fail, and a
+    charge counted then would outlive the claim, as no event would come to release it.
     """
     if dig(request.old_object, "status", "allocation") is not None or dig(request.object, "status", "allocation") is None:
         return Verdict(True)
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim
+    if ctx.reservations.claim_outlived(str(claim_ref(claim)),
+                                       parse_version(dig(request.old_object, "metadata", "resourceVersion"))):
+        return Verdict(True)
     admission = ctx.admitter.allocate_claim(claim, enforce=ctx.allocation_check == "enforce", dry_run=request.dry_run)
     return _verdict(admission, None)
 

@@ -309,6 +309,55 @@ def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check:
     assert ctx.admitter.ledger.usage(NS, "gpus") == usage
 
 
+def at(obj: dict[str, Any], version: int) -> dict[str, Any]:
+    """`obj` as the API server stores it at resourceVersion `version`."""
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = str(version)
+    return out
+
+
+def test_a_late_allocation_review_of_a_deleted_claim_counts_nothing() -> None:
+    """The scheduler's allocation of a claim deleted meanwhile: the API server validated a
+    stale copy (its watch cache's, or one read before the DELETE committed) and its write
+    will find no claim, but this replica's watch had already delivered the deletion. No
+    later event would ever take the claim away: counting it again kept a gone claim in
+    `used` for good (tests/e2e/test_crash_safety.py, CRASH_SEED=34108989: used 221Gi and
+    allocated 2 against 141Gi and 1)."""
+    world = World(make_quota("gpus", memory="400Gi"))
+    ctx = world.ctx
+    claim, other = stored(gpu_claim()), stored(gpu_claim(), uid=UID2, name="other")
+    for obj in (claim, other):
+        assert admit(ctx, review_request(obj)).allowed
+        world.created(obj)  # at resourceVersions 101 and 102
+    world.deleted(claim)  # 103: the claim's reservation goes
+    late = at(claim, 101)
+    assert allocate_claim(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
+    usage = ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used, usage.allocated_claims, usage.reserved, usage.pending_claims) == (
+        Charge(), 0, Charge(80 * GiB, 1), 1)
+
+
+def test_a_late_allocation_review_of_a_claim_gone_before_the_list_counts_nothing() -> None:
+    """The same after a restart: the claim was deleted before the list this replica started
+    from, so its watch never delivers a deletion; the list's resourceVersion is past the
+    copy's, and the cache does not hold it."""
+    world = World(make_quota("gpus", memory="400Gi"))
+    ctx = world.ctx
+    listed = at(stored(gpu_claim(), uid=UID2, name="other"), 150)
+    world.claims.replace([dict(with_namespace(listed, NS))])
+    world.progress.advance("200")
+    late = at(stored(gpu_claim()), 120)
+    assert allocate_claim(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
+    assert ctx.admitter.ledger.usage(NS, "gpus").used == Charge()
+    # The claim the cache holds, and one the watch has not reached yet (its events
+    # follow), are counted at once.
+    new = at(stored(gpu_claim(), uid="fresh", name="fresh"), 201)
+    for obj in (listed, new):
+        assert allocate_claim(ctx, status_update(allocated(obj, ("node-1", "gpu-0")), obj)) == Verdict(True)
+    usage = ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used, usage.allocated_claims) == (Charge(160 * GiB, 2), 2)
+
+
 def test_only_the_update_that_sets_the_allocation_is_checked() -> None:
     ctx = context(make_quota("gpus", memory="1Gi"))
     claim = allocated(stored(gpu_claim()), ("node-2", "gpu-0"))
