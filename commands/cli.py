@@ -228,6 +228,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.resync_period <= 0:
         print("error: --resync-period must be positive", file=sys.stderr)
         return EXIT_INPUT
+    hosts = [host.strip() for host in args.bind_address.split(",")]
+    if not all(hosts):
+        print(f"error: --bind-address {args.bind_address!r} has an empty address", file=sys.stderr)
+        return EXIT_INPUT
+    if len(hosts) > 1 and args.port == 0:
+        print("error: --bind-address with several addresses needs a --port other than 0 (each would get its own)",
+              file=sys.stderr)
+        return EXIT_INPUT
     if not args.shutdown_delay >= 0:
         print(f"error: --shutdown-delay must be 0 or more, got {args.shutdown_delay}", file=sys.stderr)
         return EXIT_INPUT
@@ -246,7 +254,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, kubeconfig=args.kubeconfig,
         certificates=self_managed,
-        bind_address=args.bind_address, port=args.port, admin_access_policy=args.admin_access_policy,
+        bind_address=",".join(hosts), port=args.port, admin_access_policy=args.admin_access_policy,
         admin_access_configmap=args.admin_access_configmap,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
         reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,

@@ -175,6 +175,7 @@ async def serve(options: ServeOptions) -> int:
             log.error("%s failed, shutting down", task.get_name(), exc_info=task.exception())
             failed.append(task.get_name())
             stop.set()
+            hurry.set()  # no shutdown delay: answering on from a dead cache is what this prevents
 
     for task in background:
         task.add_done_callback(fatal)
@@ -188,7 +189,8 @@ async def serve(options: ServeOptions) -> int:
             log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
         await stop.wait()
-        if not failed and options.shutdown_delay_seconds > 0:
+        # Only a replica the endpoints may hold needs the delay: one that listens and was ready.
+        if options.shutdown_delay_seconds > 0 and options.webhook and caches.ready.is_set() and not failed:
             await _not_ready_for(options.shutdown_delay_seconds, hurry)
         log.info("shutting down: the leader's writers stop, then in-flight reviews finish")
     finally:

@@ -140,6 +140,7 @@ def _serve(work: _Work[Any]) -> None:
         work.call()
         parent = greenlet.getcurrent().parent
         assert parent is not None
+        del work  # an idle worker keeps nothing of its last call (a review's claim, a scrape)
         work = parent.switch(_DONE)
 
 

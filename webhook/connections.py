@@ -29,9 +29,11 @@ opening one, else the oldest in headers, then in request, then the least recentl
 idle one; only when every connection is deciding is the new one closed at once. So
 connections that idle or trickle can hold memory only up to the cap and can never lock
 the API server out: its own connections carry requests, so they are the last evicted.
-Among the first `EVICTION_SCAN` in that order, the one to go is from the source address
-that holds the most connections: a Pod flooding the port evicts its own connections,
-not the API server's (which comes from another address and holds a few).
+A source address holding more than half the cap is a hog: among the first
+`EVICTION_SCAN` in that order, its connections go first, so a Pod flooding the port
+evicts its own, not the API server's (which comes from another address and pools a few
+dozen at most). Without a hog (one source, or a flood spread over many) the order alone
+decides, so no source is ever worse off for holding more.
 
 Within a source, eviction passes over a connection whose client has sent bytes we have
 not read yet (the kernel holds them: `waiting`): its client keeps up and we are the slow
@@ -39,9 +41,9 @@ party. Under a flood of connects the oldest opening connection is replaced hundr
 times a second, and after a stall of the loop the API server's own new connection, its
 handshake or request sitting unread, was the oldest: evicted, its create failed with
 "connection reset by peer" (a fresh clone's hostile-tenant e2e test). When every one
-worth evicting is waiting, we are behind: the new connection is refused (closed at once,
-before any handshake costs us CPU) and those in progress go on, unless the waiting one
-is from a source holding more connections than the new one's (a flood's): that one goes.
+worth evicting is waiting, we are behind: the new connection is refused (closed at once)
+and those in progress go on, unless a hog's is among them and the new one is no hog's:
+the hog's goes.
 A connection that idles or trickles has nothing unread between our reads, so it stays
 first in line; the bound keeps an eviction's cost a few system calls whatever the flood.
 """
@@ -227,15 +229,23 @@ class Connections:
 
     def _victim(self, source: str) -> Tracked | None:
         """The connection worth least (module doc), among the first `EVICTION_SCAN` in
-        eviction order: from the source holding the most, one not waiting on us first; one
-        waiting only if its source holds more than `source`; else None."""
-        candidates = (c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q)
-        ranked = sorted(((-self._held[self._source[c]], c.waiting(), i, c)
-                         for i, c in enumerate(islice(candidates, EVICTION_SCAN))), key=lambda r: r[:3])
-        if not ranked:
-            return None
-        minus_held, waiting, _, conn = ranked[0]
-        return conn if not waiting or -minus_held > self._held[source] else None
+        eviction order: a hog's that is not waiting on us; else, for a newcomer that is no
+        hog, a hog's; else the first not waiting; else None."""
+        scanned = list(islice((c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q),
+                              EVICTION_SCAN))
+        hogs = [c for c in scanned if self._hogging(self._source[c])]
+        # `waiting` is a system call: asked lazily, in order, until one answers no.
+        quiet = next((c for c in hogs if not c.waiting()), None)
+        if quiet is not None:
+            return quiet
+        if hogs:
+            return None if self._hogging(source) else hogs[0]
+        return next((c for c in scanned if not c.waiting()), None)
+
+    def _hogging(self, source: str) -> bool:
+        """`source` holds more than half the cap: a flood (the API server keeps a pool of
+        at most a few dozen; client-go keeps 25 idle)."""
+        return self._held[source] > self.limits.max_connections // 2
 
     def _forget(self, conn: Tracked) -> None:
         source = self._source.pop(conn)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -136,6 +137,53 @@ async def test_a_dead_cache_stops_the_process_with_exit_1(tmp_path: Path, monkey
     assert asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM) is False
 
 
+class _Logged(logging.Handler):
+    """Sets `events[text]` once a record containing `text` is logged."""
+
+    def __init__(self, events: dict[str, asyncio.Event]) -> None:
+        super().__init__()
+        self.events = events
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for text, event in self.events.items():
+            if text in record.getMessage():
+                event.set()
+
+
+async def test_a_cache_that_dies_during_the_shutdown_delay_ends_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """After SIGTERM a ready replica answers on for --shutdown-delay; a cache that dies
+    meanwhile ends the delay at once (exit 1) rather than answering from a frozen cache."""
+    cert, key, kubeconfig = unreachable(tmp_path)
+    seen = {"ready after": asyncio.Event(), "not ready; answering": asyncio.Event()}
+
+    async def synced(self: Caches) -> None:
+        return None
+
+    async def dies_in_the_delay(self: Caches) -> None:
+        await seen["not ready; answering"].wait()
+        raise RuntimeError("a store bug")
+
+    monkeypatch.setattr(Caches, "wait_synced", synced)
+    monkeypatch.setattr(Caches, "synced", property(lambda self: True))
+    monkeypatch.setattr(Caches, "run", dies_in_the_delay)
+    logger, handler = logging.getLogger("commands.serve"), _Logged(seen)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        options = ServeOptions(tls_cert_file=cert, tls_key_file=key, kubeconfig=str(kubeconfig),
+                               bind_address="127.0.0.1", port=0, metrics_port=0, shutdown_delay_seconds=3600)
+        task = asyncio.create_task(serve(options))
+        async with asyncio.timeout(30):  # a hang detector, not a bound
+            await seen["ready after"].wait()
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert await task == 1
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None:
     cert, key, kubeconfig = unreachable(tmp_path)
     with socket.socket() as taken:
@@ -153,6 +201,10 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
 @pytest.mark.parametrize("flags,error", [
     (["--max-connections", "0"], "error: --max-connections must be at least 1, got 0"),
     (["--request-body-timeout", "0"], "error: --request-body-timeout must be positive, got 0.0"),
+    (["--bind-address", "127.0.0.1,"], "error: --bind-address '127.0.0.1,' has an empty address"),
+    (["--bind-address", "127.0.0.1,::1", "--port", "0"],
+     "error: --bind-address with several addresses needs a --port other than 0 (each would get its own)"),
+    (["--shutdown-delay", "-1"], "error: --shutdown-delay must be 0 or more, got -1.0"),
 ])
 def test_connection_bounds_that_cannot_work_are_refused_by_name(flags: list[str], error: str,
                                                                  capsys: pytest.CaptureFixture[str],

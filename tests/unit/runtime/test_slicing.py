@@ -5,6 +5,7 @@ slow lane. No timing in the assertions: each counts what the loop did while a ca
 from __future__ import annotations
 
 import asyncio
+import weakref
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -246,3 +247,16 @@ async def test_calls_reuse_a_few_worker_greenlets(monkeypatch: pytest.MonkeyPatc
         await paused
     assert ran_on[0].dead  # the worker the cancelled call paused on unwound with it
     assert await slicer.run(lambda: greenlet.getcurrent()) is not ran_on[0]
+
+
+async def test_an_idle_worker_keeps_nothing_of_its_last_call() -> None:
+    """A worker waiting for its next call held the last one's value (a review's claim, a
+    scrape's output) for as long as it stayed idle, and a relist's gc.freeze kept it."""
+
+    class Priced:
+        pass
+
+    priced = await Slicer().run(Priced)
+    gone = weakref.ref(priced)
+    del priced
+    assert gone() is None, "the idle worker still refers to the last call's value"

@@ -300,6 +300,32 @@ def test_a_flood_from_one_source_evicts_its_own_connections_not_the_api_servers(
     assert connections.dropped == {"evicted": 4, "refused": 1}
 
 
+@pytest.mark.parametrize("api_phase,api_unread", [(Phase.IDLE, False), (Phase.OPENING, True)],
+                         ids=["kept-alive", "handshake-unread"])
+def test_a_flood_spread_over_pods_that_each_hold_fewer_than_the_api_server_does_not_make_it_the_victim(
+        api_phase: Phase, api_unread: bool) -> None:
+    """No source holds more than half the cap: the order alone decides, so the API
+    server's pooled connections (its kept-alive ones, or new ones whose handshake waits on
+    us) are not evicted for holding more than each Pod does."""
+    clock, aborted = FakeClock(1000.0), list[str]()
+    connections = Connections(Limits(max_connections=4), clock=clock)
+
+    def admit(conn: Fake, source: str) -> bool:
+        if not connections.room(source):
+            return False
+        connections.opened(conn, source)
+        clock.now += 1
+        return True
+
+    for i in range(2):
+        api = Fake(f"api-{i}", aborted, unread=api_unread)
+        assert admit(api, "10.0.0.1")
+        connections.enter(api, api_phase)
+    for name, source in (("pod-a", "10.9.0.1"), ("pod-b", "10.9.0.2"), ("pod-c", "10.9.0.3")):
+        assert admit(Fake(name, aborted), source)
+    assert aborted == ["pod-a"]
+
+
 def test_unread_counts_the_bytes_the_kernel_holds_for_a_socket() -> None:
     left, right = socket.socketpair()
     with left, right:
