@@ -156,8 +156,8 @@ class Connections:
 
     def room(self, source: str = "") -> bool:
         """Make room for one more connection from `source` (its peer's address), evicting one
-        if at the cap; False: every one is deciding, or the first in line are all waiting on
-        us and none is from a source holding more than `source` (module doc)."""
+        if at the cap; False: every one is deciding, or the first in line all wait on us and
+        none is a hog's (or `source` is the hog) (module doc)."""
         while len(self) >= self.limits.max_connections:
             victim = self._victim(source)
             if victim is None:
