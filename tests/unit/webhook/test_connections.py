@@ -242,34 +242,35 @@ def test_eviction_takes_opening_then_headers_then_request_then_the_least_recentl
     assert connections.counts()[Phase.DECIDING] == 1 and len(connections) == 1
 
 
+def admit(connections: Connections, clock: FakeClock, conn: Fake, source: str = "") -> bool:
+    """Accept `conn` from `source` as `TlsSite` does (room, then opened), a second apart."""
+    if not connections.room(source):
+        return False
+    connections.opened(conn, source)
+    clock.now += 1
+    return True
+
+
 def test_eviction_passes_over_connections_whose_bytes_we_have_not_read_and_refuses_when_all_in_line_are() -> None:
     """The oldest opening connection is the API server's, its handshake unread after a
     stall of the loop: newer silent ones go first, then idle ones; once the first
     `EVICTION_SCAN` in line are all waiting on us, the new connection is refused."""
     clock, aborted = FakeClock(1000.0), list[str]()
-
-    def admit(connections: Connections, conn: Fake) -> bool:
-        if not connections.room():
-            return False
-        connections.opened(conn)
-        clock.now += 1
-        return True
-
     connections = Connections(Limits(max_connections=4), clock=clock)
     for conn in (Fake("api-server", aborted, unread=True), Fake("silent", aborted), Fake("idle", aborted),
                  Fake("trickling", aborted, unread=True)):
-        assert admit(connections, conn)
+        assert admit(connections, clock, conn)
         if conn.name == "idle":
             connections.enter(conn, Phase.IDLE)
-    assert [admit(connections, Fake(f"new-{i}", aborted, unread=True)) for i in range(3)] == [True, True, False]
+    assert [admit(connections, clock, Fake(f"new-{i}", aborted, unread=True)) for i in range(3)] == [True, True, False]
     assert aborted == ["silent", "idle"], "the API server's connection is never evicted while it waits on us"
     assert connections.dropped == {"evicted": 2, "refused": 1}
 
     flood = [Fake(f"unread-{i}", aborted, unread=True) for i in range(EVICTION_SCAN)]
     connections = Connections(Limits(max_connections=len(flood) + 1), clock=clock)
     for conn in (*flood, Fake("silent-last", aborted)):
-        assert admit(connections, conn)
-    assert not admit(connections, Fake("newest", aborted)), "a scan is bounded: the silent one is past it"
+        assert admit(connections, clock, conn)
+    assert not admit(connections, clock, Fake("newest", aborted)), "a scan is bounded: the silent one is past it"
     assert "silent-last" not in aborted
 
 
@@ -281,22 +282,16 @@ def test_a_flood_from_one_source_evicts_its_own_connections_not_the_api_servers(
     clock, aborted = FakeClock(1000.0), list[str]()
     connections = Connections(Limits(max_connections=4), clock=clock)
 
-    def admit(conn: Fake, source: str) -> bool:
-        if not connections.room(source):
-            return False
-        connections.opened(conn, source)
-        clock.now += 1
-        return True
-
     api = Fake("api-server", aborted)
-    assert admit(api, "10.0.0.1")
+    assert admit(connections, clock, api, "10.0.0.1")
     flood = [Fake(f"flood-{i}", aborted) for i in range(6)]
-    assert all(admit(conn, "10.9.9.9") for conn in flood)
+    assert all(admit(connections, clock, conn, "10.9.9.9") for conn in flood)
     assert aborted == ["flood-0", "flood-1", "flood-2"], "the oldest and quiet API server connection stays"
     for conn in flood[3:]:
         conn.unread = True  # a stall: the flood's handshakes sit unread
-    assert not admit(Fake("flood-new", aborted), "10.9.9.9"), "the flood's own wait on us: refused"
-    assert admit(Fake("api-new", aborted), "10.0.0.1") and aborted[-1] == "flood-3", "the API server's is not"
+    assert not admit(connections, clock, Fake("flood-new", aborted), "10.9.9.9"), "the flood's own wait on us: refused"
+    assert admit(connections, clock, Fake("api-new", aborted), "10.0.0.1")
+    assert aborted[-1] == "flood-3", "the API server's new one is not refused: a flood's goes"
     assert connections.dropped == {"evicted": 4, "refused": 1}
 
 
@@ -310,19 +305,12 @@ def test_a_flood_spread_over_pods_that_each_hold_fewer_than_the_api_server_does_
     clock, aborted = FakeClock(1000.0), list[str]()
     connections = Connections(Limits(max_connections=4), clock=clock)
 
-    def admit(conn: Fake, source: str) -> bool:
-        if not connections.room(source):
-            return False
-        connections.opened(conn, source)
-        clock.now += 1
-        return True
-
     for i in range(2):
         api = Fake(f"api-{i}", aborted, unread=api_unread)
-        assert admit(api, "10.0.0.1")
+        assert admit(connections, clock, api, "10.0.0.1")
         connections.enter(api, api_phase)
     for name, source in (("pod-a", "10.9.0.1"), ("pod-b", "10.9.0.2"), ("pod-c", "10.9.0.3")):
-        assert admit(Fake(name, aborted), source)
+        assert admit(connections, clock, Fake(name, aborted), source)
     assert aborted == ["pod-a"]
 
 
