@@ -380,7 +380,8 @@ def render_table(report: Report, out: TextIO) -> None:
     if report.quotas:
         out.write("\n")
         quota_rows: list[tuple[str, ...]] = [("QUOTA", "NAMESPACE", *USAGE_HEADERS)]
-        quota_rows.extend((q["name"], q["namespace"], *usage_cells(q)) for q in report.quotas)
+        # A ClusterDeviceQuota spans namespaces: its row says so, its members follow in JSON.
+        quota_rows.extend((q["name"], q["namespace"] or "(cluster)", *usage_cells(q)) for q in report.quotas)
         print_rows(quota_rows, out)
 
 

@@ -39,7 +39,8 @@ from quota.admission import Admitter, Repriced, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, ClaimsRebuild, Entry, QuotaKey
+from quota.claimsrebuild import ClaimsRebuild
+from quota.ledger import ClaimRef, Entry, QuotaKey
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj, as_map, dig

@@ -76,7 +76,7 @@ class Fit:
 def _unpriced_message(quota: DeviceQuota, alternative: str, cls: DeviceClassName) -> str:
     which = "" if quota.scope.devices.everything else " its spec.devices selects"
     return (
-        f'DeviceQuota "{quota.name}" limits memory but request {alternative} cannot be priced: no device of '
+        f'{quota.kind} "{quota.name}" limits memory but request {alternative} cannot be priced: no device of '
         f"class {cls}{which} that could serve it publishes a memory capacity. Publish the devices "
         f"(ResourceSlices with a memory capacity), or leave class {cls} out of the quota's "
         "spec.deviceClassNames"

@@ -2,7 +2,9 @@
 
 Neighbours: `commands.cli` parses flags and prints; `quota.admission.Admitter` decides,
 exactly as the webhook does. Order of evaluation: the cluster's state comes first
-(DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas), then allocated claims, which
+(DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas, ClusterDeviceQuotas; a
+namespace with no Namespace document has only its name label, as the API server sets
+it, for the teams' selectors), then allocated claims, which
 are existing usage, then unallocated claims and templates in document order, each
 admitted (and reserving) or denied as the webhook would. Results keep document order.
 """
@@ -17,7 +19,7 @@ from typing import Any
 from quota.admission import Admission, Admitter
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.conversion import require_dra_version
-from quota.devicequota import GROUP, KIND, QuotaError, parse_device_quota
+from quota.devicequota import CLUSTER_KIND, GROUP, KIND, DeviceQuota, QuotaError, parse_cluster_device_quota, parse_device_quota
 from quota.inventory import Inventory
 from quota.knownfields import strict_error
 from quota.ledger import Ledger
@@ -34,7 +36,7 @@ from quota.slices import SliceError
 __all__ = ["ObjectResult", "Report", "run_check"]
 
 _CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
-_STATE_KINDS = ("DeviceClass", "ResourceSlice", KIND)  # the cluster's state: unreadable stops the run
+_STATE_KINDS = ("DeviceClass", "ResourceSlice", KIND, CLUSTER_KIND)  # the cluster's state: unreadable stops the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +107,13 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
                 ns = parse_namespace(doc.obj)
                 _once(seen, doc, kind, "", ns.name)
                 namespaces[ns.name] = ns.labels
-            elif kind == "DeviceQuota":
-                quota = parse_device_quota(doc.obj)
+                admitter.set_namespace(Namespace(ns.name), ns.labels)
+            elif kind in (KIND, CLUSTER_KIND):
+                quota = parse_device_quota(doc.obj) if kind == KIND else parse_cluster_device_quota(doc.obj)
                 _once(seen, doc, kind, quota.namespace, quota.name)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
-                report.warnings.extend(f"{doc.source}: DeviceQuota {quota.namespace}/{quota.name}: {problem}: that "
-                                       "selector selects every device"
+                shown = f"{quota.namespace}/{quota.name}" if quota.namespace else quota.name
+                report.warnings.extend(f"{doc.source}: {kind} {shown}: {problem}: that selector selects every device"
                                        for problem in selection_problems(quota.scope.devices.expressions))
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
@@ -120,7 +123,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             elif _group(doc.obj.get("apiVersion")) == GROUP:
                 # A typo in our own kinds (`DeviceQuotas`) skipped with a warning would
                 # leave its namespace without the quota and every claim there allowed.
-                raise CheckInputError(f"{doc.source}: unknown kind {show(kind)} in {GROUP}: dra-quota knows {KIND}")
+                raise CheckInputError(f"{doc.source}: unknown kind {show(kind)} in {GROUP}: dra-quota knows {KIND}, {CLUSTER_KIND}")
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
@@ -128,6 +131,8 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
     for pool, reason in sorted(inventory.unusable_pools().items()):
         report.warnings.append(f"pool {pool[0]}/{pool[1]} is not usable ({reason}): its devices are not candidates")
     parsed = [_parse(doc) for doc in claims]
+    for namespace in dict.fromkeys(namespace for _, namespace, _, _ in parsed if namespace not in namespaces):
+        admitter.set_namespace(Namespace(namespace), {})
     results: dict[int, ObjectResult] = {}
     # Allocated claims are existing state: account them before admitting anything.
     for index, (kind, namespace, name, claim) in enumerate(parsed):
@@ -147,17 +152,21 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             admission = admitter.admit_claim(claim, namespace_labels=labels)
         results[index] = _result(kind, namespace, name, admission, ledger, allocated=False)
     report.objects = [results[i] for i in sorted(results)]
-    report.quotas = [
-        {
-            "namespace": q.namespace,
-            "name": q.name,
-            "hard": q.hard.as_json(),
-            "used": (u := ledger.usage(q.namespace, q.name)).used.as_json(),
-            "reserved": u.reserved.as_json(),
-        }
-        for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))
-    ]
+    report.quotas = [_quota_json(q, ledger) for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))]
     return report
+
+
+def _quota_json(quota: DeviceQuota, ledger: Ledger) -> dict[str, Any]:
+    """One `quotas[]` item; a ClusterDeviceQuota's (namespace "") has its team's totals and
+    `namespaces`, each member's part."""
+    usage = ledger.usage(quota.namespace, quota.name)
+    out: dict[str, Any] = {"kind": quota.kind, "namespace": quota.namespace, "name": quota.name,
+                           "hard": quota.hard.as_json(), "used": usage.used.as_json(),
+                           "reserved": usage.reserved.as_json()}
+    if quota.cluster:
+        out["namespaces"] = [{"namespace": ns, "used": (part := ledger.usage_in(quota.name, ns)).used.as_json(),
+                              "reserved": part.reserved.as_json()} for ns in ledger.members(quota.name)]
+    return out
 
 
 def _group(api_version: Any) -> str:
@@ -231,7 +240,8 @@ def _unlimited(namespace: str, admission: Admission, ledger: Ledger) -> str:
         return ""
     quotas = ledger.quotas(Namespace(namespace))
     if not quotas:
-        return f"no DeviceQuota in namespace {namespace}: no quota applies"
+        teams = " and no ClusterDeviceQuota selects it" if any(q.cluster for q in ledger.quotas()) else ""
+        return f"no DeviceQuota in namespace {namespace}{teams}: no quota applies"
     if not any(admission.pricing.in_scope(q.scope) for q in quotas):
         return f"no DeviceQuota of namespace {namespace} counts its device classes or devices: no quota applies"
     return ""

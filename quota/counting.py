@@ -9,6 +9,7 @@ change nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from quota.claims import Claim
@@ -98,6 +99,8 @@ class Counting:
         with `reserve_existing`. Only a selection new to the namespace costs a pass over
         its claims: a quota's status writes come back as updates of an unchanged spec.
         """
+        if quota.cluster:
+            return self._add_or_update_team(quota)
         before = self._selections(quota.namespace)
         keys = self.ledger.add_or_update_quota(quota)
         selection = quota.scope.devices
@@ -105,6 +108,32 @@ class Counting:
             return Repriced(keys)
         repriced = self.price_for(quota.namespace, selection)
         return Repriced(tuple(dict.fromkeys((*keys, *repriced.keys))), repriced.stale)
+
+    def _add_or_update_team(self, quota: DeviceQuota) -> Repriced:
+        """A ClusterDeviceQuota: its members' claims priced for its `spec.devices` when its
+        scope or selector changed (`price_for` passes over what is priced already)."""
+        old = self.ledger.quota(quota.namespace, quota.name)
+        keys = self.ledger.add_or_update_quota(quota)
+        if quota.scope.devices.everything or (old is not None and (old.scope, old.selector) == (quota.scope, quota.selector)):
+            return Repriced(keys)
+        return self._price_members(keys, [(ns, quota.scope.devices) for ns in self.ledger.members(quota.name)])
+
+    def set_namespace(self, namespace: Namespace, labels: Mapping[str, str]) -> Repriced:
+        """A Namespace's labels (`Ledger.set_namespace`): the teams it joined or left, and
+        its claims priced for the `spec.devices` of the teams it joined."""
+        keys = self.ledger.set_namespace(namespace, labels)
+        joined = [(namespace, q.scope.devices) for q in self.ledger.quotas(namespace)
+                  if (q.namespace, q.name) in keys and not q.scope.devices.everything]
+        return self._price_members(keys, joined)
+
+    def _price_members(self, keys: tuple[QuotaKey, ...], todo: list[tuple[Namespace, DeviceSelection]]) -> Repriced:
+        found: dict[QuotaKey, None] = dict.fromkeys(keys)
+        stale: list[tuple[Claim, Entry]] = []
+        for namespace, selection in todo:
+            repriced = self.price_for(namespace, selection)
+            found.update(dict.fromkeys(repriced.keys))
+            stale.extend(repriced.stale)
+        return Repriced(tuple(found), tuple(stale))
 
     def selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The device selections claims of `namespace` are priced for (`add_or_update_quota`)."""

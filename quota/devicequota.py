@@ -1,7 +1,10 @@
-"""DeviceQuota objects (draquota.io/v1alpha1) and the pure admission check.
+"""DeviceQuota and ClusterDeviceQuota objects (draquota.io/v1alpha1) and the pure admission check.
 
 Neighbours: `quota.ledger` keeps each quota's usage and calls `check` to admit a claim;
-`deploy/crds/devicequota.yaml` is the schema this parser accepts. Like the in-tree
+`deploy/crds/devicequota.yaml` and `deploy/crds/clusterdevicequota.yaml` are the schemas
+these parsers accept. A ClusterDeviceQuota (a team's quota) is a `DeviceQuota` with no
+namespace and a namespace selector (`quota.labelselector`); `quota.teams` keeps which
+namespaces it selects. Like the in-tree
 `CheckRequest` (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
 controller.go) the check takes quotas and usage in and returns a decision: inputs are
 never modified, and the denial lists requested / used / reserved / limited per
@@ -13,9 +16,10 @@ status schema names them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Required, TypedDict
 
+from quota.labelselector import LabelSelector, parse_label_selector
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.meta import parse_meta, require_version
 from quota.quantity import ceil_int, format_quantity, non_negative_amount
@@ -29,10 +33,17 @@ __all__ = [
     "VERSION",
     "KIND",
     "PLURAL",
+    "CLUSTER_KIND",
+    "CLUSTER_PLURAL",
+    "TEAM_LABEL_PREFIX",
+    "NAME_LABEL",
+    "SELECTOR_KEYS_MESSAGE",
     "Amounts",
     "ClaimCounts",
     "Condition",
     "DeviceQuotaStatus",
+    "ClusterDeviceQuotaStatus",
+    "NamespaceUsage",
     "ReservationEntry",
     "ReservedBy",
     "QuotaError",
@@ -42,6 +53,7 @@ __all__ = [
     "QuotaCheck",
     "Decision",
     "parse_device_quota",
+    "parse_cluster_device_quota",
     "check",
     "format_amount",
     "format_resource",
@@ -54,6 +66,14 @@ GOVERNED_LABEL = "draquota.io/governed"
 VERSION = "v1alpha1"
 KIND = "DeviceQuota"
 PLURAL = "devicequotas"
+CLUSTER_KIND = "ClusterDeviceQuota"
+CLUSTER_PLURAL = "clusterdevicequotas"
+# The only label keys a namespaceSelector may use (the CRD's rule says the same): labels a
+# tenant cannot change. The API server sets `kubernetes.io/metadata.name` and refuses to
+# change it; the chart's ValidatingAdmissionPolicy lets only configured principals set a
+# `team.draquota.io/` label. A tenant who could relabel its namespace could leave its team.
+NAME_LABEL = "kubernetes.io/metadata.name"
+TEAM_LABEL_PREFIX = "team.draquota.io/"
 
 
 class Amounts(TypedDict):
@@ -92,6 +112,15 @@ class ReservationEntry(TypedDict, total=False):
     source: str  # absent: "Claim"
 
 
+class NamespaceUsage(TypedDict):
+    """One item of a ClusterDeviceQuota's `status.namespaces`: a member's part."""
+
+    namespace: str
+    used: Amounts
+    reserved: Amounts
+    claims: ClaimCounts
+
+
 class DeviceQuotaStatus(TypedDict, total=False):
     """A DeviceQuota's status as written. Each writer owns some fields (`quota.quotastatus`
     says which) and carries the others as read: the API server prunes what the schema does
@@ -105,6 +134,13 @@ class DeviceQuotaStatus(TypedDict, total=False):
     conditions: list[Condition]
     reservations: dict[str, ReservationEntry]
     claimsThrough: str
+
+
+class ClusterDeviceQuotaStatus(DeviceQuotaStatus, total=False):
+    """A ClusterDeviceQuota's status: a DeviceQuota's, with the team's totals, and the
+    per-namespace breakdown, sorted by namespace."""
+
+    namespaces: list[NamespaceUsage]
 
 Enforcement = Literal["Enforce", "Audit"]
 RESOURCES = ("devices", "memory")  # sorted: the order denial messages use
@@ -136,6 +172,17 @@ class DeviceQuota:
     enforcement: Enforcement = "Enforce"
     # None: the global pricing mode applies.
     mode: Mode | None = None
+    # A ClusterDeviceQuota's `spec.namespaceSelector`; None for a DeviceQuota.
+    selector: LabelSelector | None = None
+
+    @property
+    def cluster(self) -> bool:
+        """A ClusterDeviceQuota (a team's quota, over the namespaces its selector picks)."""
+        return self.selector is not None
+
+    @property
+    def kind(self) -> str:
+        return CLUSTER_KIND if self.cluster else KIND
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +231,39 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         raise QuotaError(f"{where}: spec is required")
+    return _parse_spec(spec, Namespace(meta.namespace), meta.name, where)
+
+
+def parse_cluster_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
+    """A ClusterDeviceQuota, checked against deploy/crds/clusterdevicequota.yaml's schema:
+    DeviceQuota's spec and a `namespaceSelector` keyed only by labels no tenant can change."""
+    if not isinstance(obj, dict):
+        raise QuotaError("a ClusterDeviceQuota must be an object")
+    require_version(obj, CLUSTER_KIND, QuotaError)
+    meta = parse_meta(obj, CLUSTER_KIND, QuotaError, namespaced=False)
+    where = f"ClusterDeviceQuota {meta.name}"
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise QuotaError(f"{where}: spec is required")
+    if "namespaceSelector" not in spec:
+        raise QuotaError(f"{where}: spec.namespaceSelector is required ({{}} selects every namespace)")
+    selector = parse_label_selector(spec["namespaceSelector"], f"{where}: spec.namespaceSelector", QuotaError)
+    for key in sorted(selector.keys()):
+        if key != NAME_LABEL and not key.startswith(TEAM_LABEL_PREFIX):
+            raise QuotaError(f"{where}: spec.namespaceSelector: {SELECTOR_KEYS_MESSAGE}, got {show(key)}")
+    quota = _parse_spec({k: v for k, v in spec.items() if k != "namespaceSelector"}, Namespace(""), meta.name, where)
+    return replace(quota, selector=selector)
+
+
+# The CRD's x-kubernetes-validations message, word for word.
+SELECTOR_KEYS_MESSAGE = (
+    "a namespaceSelector may use only the label keys kubernetes.io/metadata.name and team.draquota.io/*: "
+    "labels a tenant cannot change (the API server sets the first; dra-quota's ValidatingAdmissionPolicy "
+    "lets only cluster admins set the others), so no tenant can move its namespace out of its team"
+)
+
+
+def _parse_spec(spec: Mapping[str, Any], namespace: Namespace, name: str, where: str) -> DeviceQuota:
     hard = spec.get("hard") or {}
     if not isinstance(hard, dict):
         raise QuotaError(f"{where}: spec.hard must be a map, got {show(hard)}")
@@ -201,8 +281,8 @@ def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     enforcement_value: Enforcement = "Audit" if enforcement == "Audit" else "Enforce"
     devices = hard.get("devices")
     return DeviceQuota(
-        namespace=Namespace(meta.namespace),
-        name=meta.name,
+        namespace=namespace,
+        name=name,
         hard=Limits(
             memory=_limit(hard.get("memory"), f"{where}: spec.hard.memory"),
             # The CRD types devices as a non-negative int64, not a quantity.
@@ -267,6 +347,6 @@ def _exceeded_message(item: QuotaCheck, exceeded: list[str]) -> str:
         )
 
     return (
-        f'exceeded DeviceQuota "{item.quota.name}": requested {fmt(item.charge)}, used {fmt(item.usage.used)}, '
+        f'exceeded {item.quota.kind} "{item.quota.name}": requested {fmt(item.charge)}, used {fmt(item.usage.used)}, '
         f"reserved {fmt(item.usage.reserved)}, limited {fmt(item.quota.hard)}"
     )

@@ -138,11 +138,16 @@ _V1BETA1 = _objects(_claim_spec(_fields("name", exactly=_EXACT, firstAvailable=[
 DEVICE_QUOTA_SPEC = _fields("deviceClassNames", "enforcement", "pricing", hard=_fields("memory", "devices"),
                             devices=_fields("drivers", selectors=[_SELECTOR]))
 
+_REQUIREMENT = _fields("key", "operator", "values")
+CLUSTER_DEVICE_QUOTA_SPEC = {**DEVICE_QUOTA_SPEC,
+                             "namespaceSelector": _fields(matchLabels=None, matchExpressions=[_REQUIREMENT])}
+
 SCHEMAS: dict[str, dict[str, dict[str, Schema]]] = {
     "resource.k8s.io/v1": _V1,
     "resource.k8s.io/v1beta2": _V1,
     "resource.k8s.io/v1beta1": _V1BETA1,
-    "draquota.io/v1alpha1": {"DeviceQuota": _object(status=None, spec=DEVICE_QUOTA_SPEC)},
+    "draquota.io/v1alpha1": {"DeviceQuota": _object(status=None, spec=DEVICE_QUOTA_SPEC),
+                             "ClusterDeviceQuota": _object(status=None, spec=CLUSTER_DEVICE_QUOTA_SPEC)},
 }
 
 

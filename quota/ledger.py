@@ -6,37 +6,32 @@ status instead, `kube.quotawriter`, with this ledger's usage); the claim cache
 (`kube.caches`) and `dra-quota check` feed claims through `add_or_update_claim`. Shaped
 like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
 event loop each mutation is atomic without locks; each returns the quotas it touched.
-Usage is kept incrementally: a claim event adjusts only the quotas of its namespace,
-and a DeviceQuota event whose scope (pricing mode, device classes) did not change
-keeps its quota's usage, so recomputing from scratch is never needed after the list.
+Usage is kept incrementally: a claim event adjusts only the quotas of its namespace
+(its DeviceQuotas and the ClusterDeviceQuotas selecting it, `quota.teams`), and a quota
+event whose scope (pricing mode, device classes) did not change keeps its quota's usage,
+so recomputing from scratch is never needed after the list. A ClusterDeviceQuota's key
+is `(Namespace(""), name)`; the Namespaces' labels (`set_namespace`) say which
+namespaces it selects, and a relabel moves one namespace's usage in or out at once.
 
-A relist of the claims (`ClaimsRebuild`) is built aside and swapped in with one
-synchronous step: `serve` builds it in slices (`kube.rebuilds`), and a decision
-taken between two slices sees the ledger as it was before the relist, whole. What
-changes the live ledger meanwhile is reconciled at the swap: a claim the list carries
-unchanged (`keep`) takes the live entry (the stored-claim pricing of `controllers.refine`,
-an allocation admitted by the webhook); a quota whose scope changed is counted again
-from the new entries. Everything else the list says wins, as an event-by-event relist
-would have it: the watch resumes from the list's resourceVersion and brings what came
-after.
+A relist of the claims is built aside and swapped in with one synchronous step
+(`quota.claimsrebuild.ClaimsRebuild`, which reaches into this ledger's tables).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import NewType, TypeVar
+from typing import NewType
 
 from quota.claims import Claim
 from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.priced import Pricing
 from quota.scope import Scope
-from quota.work import drop, pause_point
+from quota.teams import Teams
 
-__all__ = ["ClaimRef", "ClaimsRebuild", "QuotaKey", "Entry", "Ledger"]
+__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "usage_scope"]
 
-T = TypeVar("T")
 QuotaKey = tuple[Namespace, str]
 # The key of a claim: its uid when it has one (every claim the API server admits does),
 # else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
@@ -94,54 +89,101 @@ class Ledger:
         self._by_owner: dict[str, set[ClaimRef]] = {}
         # While a `ClaimsRebuild` is built: the claims changed in the live ledger since it began.
         self._touched: set[ClaimRef] | None = None
+        # ClusterDeviceQuotas, the Namespaces' labels, and each team's usage per member.
+        self._teams = Teams()
 
     # -- quotas -------------------------------------------------------------------
 
     def add_or_update_quota(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
         """A DeviceQuota added or changed: its usage counted from the namespace's claims,
-        unless what its usage depends on (`_scope`) is unchanged: every admission's status
+        unless what its usage depends on (`usage_scope`) is unchanged: every admission's status
         write comes back through the watch, and a recount costs every claim of the
         namespace (issue 16: 150,000 claims)."""
+        if quota.cluster:
+            self._teams.put_quota(quota, self._count_in)
+            return ((quota.namespace, quota.name),)
         per_ns = self._quotas.setdefault(quota.namespace, {})
         old = per_ns.get(quota.name)
         per_ns[quota.name] = quota
         key = (quota.namespace, quota.name)
-        if old is None or _scope(old) != _scope(quota) or key not in self._usage:
+        if old is None or usage_scope(old) != usage_scope(quota) or key not in self._usage:
             self._usage[key] = self._count(quota, self._by_namespace.get(quota.namespace, {}).values())
         return (key,)
 
     def _count(self, quota: DeviceQuota, entries: Iterable[Entry]) -> Usage:
         usage = Usage()
         for entry in entries:
-            usage = _add(usage, entry, quota, self.default_mode, +1)
+            usage = add_usage(usage, entry, quota, self.default_mode, +1)
         return usage
 
+    def _count_in(self, quota: DeviceQuota, namespace: Namespace) -> Usage:
+        return self._count(quota, self._by_namespace.get(namespace, {}).values())
+
     def delete_quota(self, namespace: Namespace, name: str) -> tuple[QuotaKey, ...]:
+        if not namespace:
+            return ((namespace, name),) if self._teams.drop_quota(name) else ()
         if self._quotas.get(namespace, {}).pop(name, None) is None:
             return ()
         self._usage.pop((namespace, name), None)
         return ((namespace, name),)
 
     def quota(self, namespace: Namespace, name: str) -> DeviceQuota | None:
+        if not namespace:
+            return self._teams.quota(name)
         return self._quotas.get(namespace, {}).get(name)
 
     def keys(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
-        """The keys of `namespace`'s quotas."""
-        return tuple((namespace, name) for name in self._quotas.get(namespace, {}))
+        """The keys of the quotas of `namespace`: its own, then the teams selecting it."""
+        return (*((namespace, name) for name in self._quotas.get(namespace, {})),
+                *((q.namespace, q.name) for q in self._teams.selecting(namespace)))
 
     def quotas(self, namespace: Namespace | None = None) -> list[DeviceQuota]:
+        """The quotas a claim of `namespace` must fit: its DeviceQuotas, then the
+        ClusterDeviceQuotas selecting it, by name. None: every quota of both kinds."""
         if namespace is not None:
-            return list(self._quotas.get(namespace, {}).values())
-        return [q for per_ns in self._quotas.values() for q in per_ns.values()]
+            return [*self._quotas.get(namespace, {}).values(), *self._teams.selecting(namespace)]
+        return [*(q for per_ns in self._quotas.values() for q in per_ns.values()), *self._teams.quotas()]
 
     def usage(self, namespace: Namespace, name: str) -> Usage:
-        """The claims' usage plus what admitted Workloads still hold (in `reserved`)."""
+        """The claims' usage plus what admitted Workloads still hold (in `reserved`); a
+        team's (`namespace` ""): the totals over its member namespaces."""
+        if not namespace:
+            quota = self._teams.quota(name)
+            usage = self._teams.total(name)
+            return usage if quota is None else self._held(usage, quota, [
+                ns for ns, held in self._holdings.items() if held and self._teams.selects(name, ns)])
         usage = self._usage.get((namespace, name), Usage())
         quota = self._quotas.get(namespace, {}).get(name)
-        if quota is None or not self._holdings.get(namespace):
-            return usage
-        held = sum((self._left(h, quota) for h in self._holdings[namespace].values()), ZERO)
-        return replace(usage, reserved=usage.reserved + held, workloads=held)
+        return usage if quota is None else self._held(usage, quota, [namespace])
+
+    def usage_in(self, name: str, namespace: Namespace) -> Usage:
+        """One member namespace's part of team `name`'s usage (its Workloads' holdings included)."""
+        quota = self._teams.quota(name)
+        usage = self._teams.part(name, namespace)
+        return usage if quota is None or not self._teams.selects(name, namespace) else \
+            self._held(usage, quota, [namespace])
+
+    def members(self, name: str) -> tuple[Namespace, ...]:
+        """The namespaces team `name` selects, of those the ledger knows (sorted)."""
+        return self._teams.members(name)
+
+    def _held(self, usage: Usage, quota: DeviceQuota, namespaces: Iterable[Namespace]) -> Usage:
+        held = sum((self._left(h, quota) for ns in namespaces for h in self._holdings.get(ns, {}).values()), ZERO)
+        return usage if held.is_zero() else replace(usage, reserved=usage.reserved + held, workloads=held)
+
+    # -- namespaces -----------------------------------------------------------------
+
+    def set_namespace(self, namespace: Namespace, labels: Mapping[str, str]) -> tuple[QuotaKey, ...]:
+        """`namespace` exists with `labels`: the keys of the teams it joined or left."""
+        moved = self._teams.set_namespace(namespace, dict(labels), self._count_in)
+        return tuple((Namespace(""), name) for name in moved)
+
+    def delete_namespace(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
+        return tuple((Namespace(""), name) for name in self._teams.delete_namespace(namespace))
+
+    def namespace_labels(self, namespace: Namespace) -> Mapping[str, str] | None:
+        """The labels `set_namespace` last said (None: a Namespace the ledger never heard of)."""
+        return self._teams.labels(namespace)
 
     # -- Kueue Workloads ------------------------------------------------------------
 
@@ -274,9 +316,9 @@ class Ledger:
         previous = self._entries.get(entry.ref)
         checks = []
         for quota in self.quotas(entry.namespace):
-            usage = self.usage(entry.namespace, quota.name)
+            usage = self.usage(quota.namespace, quota.name)
             if previous is not None:
-                usage = _add(usage, previous, quota, self.default_mode, -1)
+                usage = add_usage(usage, previous, quota, self.default_mode, -1)
             checks.append(QuotaCheck(quota, usage, self.uncovered(entry, quota)))
         decision = check(checks)
         if decision.allowed and not dry_run:
@@ -299,7 +341,7 @@ class Ledger:
             held = previous.charge_for(quota, self.default_mode) if previous is not None else ZERO
             exact = entry.charge_for(quota, self.default_mode)
             excess = Charge(max(exact.memory - held.memory, 0), max(exact.devices - held.devices, 0))
-            checks.append(QuotaCheck(quota, self.usage(entry.namespace, quota.name), excess))
+            checks.append(QuotaCheck(quota, self.usage(quota.namespace, quota.name), excess))
         decision = check(checks)
         if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)
@@ -311,152 +353,21 @@ class Ledger:
         touched = []
         for quota in self._quotas.get(entry.namespace, {}).values():
             key = (entry.namespace, quota.name)
-            self._usage[key] = _add(self._usage.get(key, Usage()), entry, quota, self.default_mode, sign)
+            self._usage[key] = add_usage(self._usage.get(key, Usage()), entry, quota, self.default_mode, sign)
             touched.append(key)
+        for quota in self._teams.selecting(entry.namespace):
+            self._teams.add(quota.name, entry.namespace, add_usage(Usage(), entry, quota, self.default_mode, sign))
+            touched.append((quota.namespace, quota.name))
         return tuple(touched)
 
 
-class ClaimsRebuild:
-    """A relist of every claim, built aside and swapped into `ledger` by `commit` (module doc).
-
-    Say what the list holds with `keep` (a claim unchanged since the ledger counted it)
-    and `put` (a claim priced again); `commit` builds the rest (pausing at
-    `quota.work.pause_point`) and swaps it in. One at a time per ledger.
-    """
-
-    def __init__(self, ledger: Ledger) -> None:
-        if ledger._touched is not None:
-            raise RuntimeError("a claims rebuild is already under way on this ledger")
-        self._ledger = ledger
-        self._entries: dict[ClaimRef, Entry] = {}
-        self._kept: set[ClaimRef] = set()
-        self._old: list[dict[Namespace, dict[ClaimRef, Entry]] | dict[ClaimRef, Entry] | dict[str, set[ClaimRef]]] = []
-        ledger._touched = set()
-
-    def keep(self, ref: ClaimRef) -> bool:
-        """Carry the claim the live ledger holds over; False when it holds none."""
-        entry = self._ledger.entry(ref)
-        if entry is None:
-            return False
-        self._entries[ref] = entry
-        self._kept.add(ref)
-        return True
-
-    def put(self, entry: Entry) -> None:
-        self._entries[entry.ref] = entry
-        self._kept.discard(entry.ref)
-
-    def holds(self, ref: ClaimRef) -> bool:
-        return ref in self._entries
-
-    def cancel(self) -> None:
-        """Give up without changing the ledger (`commit` is then refused)."""
-        self._ledger._touched = None
-
-    def commit(self) -> list[Entry]:
-        """Swap the new claims in; the entries the list no longer holds (for callbacks)."""
-        ledger = self._ledger
-        if ledger._touched is None:
-            raise RuntimeError("this claims rebuild was cancelled")
-        try:
-            by_namespace, by_owner, usage, counted = self._derive()
-            dropped = [ref for ref in self._walk(list(ledger._entries)) if ref not in self._entries]
-        except BaseException:
-            ledger._touched = None
-            raise
-        # The swap: no pause point from here on.
-        touched, ledger._touched = ledger._touched, None
-        changed = self._reconcile(touched, by_namespace, by_owner)
-        gone = [e for ref in dict.fromkeys((*dropped, *touched))
-                if ref not in self._entries and (e := ledger._entries.get(ref)) is not None]
-        for namespace, quotas in ledger._quotas.items():
-            for name, quota in quotas.items():
-                key = (namespace, name)
-                was = counted.get(key)
-                if was is None or _scope(was) != _scope(quota):
-                    usage[key] = ledger._count(quota, by_namespace.get(namespace, {}).values())
-                    continue
-                for old, new in changed.get(namespace, ()):
-                    if old is not None:
-                        usage[key] = _add(usage[key], old, quota, ledger.default_mode, -1)
-                    if new is not None:
-                        usage[key] = _add(usage[key], new, quota, ledger.default_mode, +1)
-        for namespace in {*ledger._by_namespace, *by_namespace}:
-            ledger._namespace_generation[namespace] = ledger._namespace_generation.get(namespace, 0) + 1
-        self._old = [ledger._entries, ledger._by_namespace, ledger._by_owner]
-        ledger._entries, ledger._by_namespace, ledger._by_owner = self._entries, by_namespace, by_owner
-        ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
-        return gone
-
-    def release(self) -> None:
-        """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`)."""
-        for table in self._old:
-            drop(table)
-        self._old = []
-
-    def _derive(self) -> tuple[dict[Namespace, dict[ClaimRef, Entry]], dict[str, set[ClaimRef]],
-                               dict[QuotaKey, Usage], dict[QuotaKey, DeviceQuota]]:
-        """The indexes and every quota's usage of the new entries, in pauses: the quotas
-        each was counted against are returned, to count again any that changed meanwhile."""
-        ledger = self._ledger
-        by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
-        by_owner: dict[str, set[ClaimRef]] = {}
-        for entry in self._walk(self._entries.values()):
-            by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
-            if entry.owner:
-                by_owner.setdefault(entry.owner, set()).add(entry.ref)
-        usage: dict[QuotaKey, Usage] = {}
-        counted: dict[QuotaKey, DeviceQuota] = {}
-        for namespace, entries in by_namespace.items():
-            for quota in list(ledger._quotas.get(namespace, {}).values()):
-                key = (namespace, quota.name)
-                counted[key] = quota
-                total = Usage()
-                for entry in self._walk(entries.values()):
-                    total = _add(total, entry, quota, ledger.default_mode, +1)
-                usage[key] = total
-        return by_namespace, by_owner, usage, counted
-
-    @staticmethod
-    def _walk(items: Iterable[T]) -> Iterator[T]:
-        """`items` with a pause point between two (only over what no one else mutates)."""
-        for item in items:
-            yield item
-            pause_point()
-
-    def _reconcile(self, touched: set[ClaimRef], by_namespace: dict[Namespace, dict[ClaimRef, Entry]],
-                   by_owner: dict[str, set[ClaimRef]]) -> dict[Namespace, list[tuple[Entry | None, Entry | None]]]:
-        """Kept claims the live ledger changed while this was built take the live entry;
-        the (old, new) pairs changed, by namespace, for the usage."""
-        changed: dict[Namespace, list[tuple[Entry | None, Entry | None]]] = {}
-        for ref in touched & self._kept:
-            old, new = self._entries.get(ref), self._ledger._entries.get(ref)
-            if old is new:
-                continue
-            if old is not None:
-                del self._entries[ref]
-                by_namespace[old.namespace].pop(ref, None)
-                if old.owner and (owned := by_owner.get(old.owner)) is not None:
-                    owned.discard(ref)
-                    if not owned:
-                        del by_owner[old.owner]
-                changed.setdefault(old.namespace, []).append((old, None))
-            if new is not None:
-                self._entries[ref] = new
-                by_namespace.setdefault(new.namespace, {})[ref] = new
-                if new.owner:
-                    by_owner.setdefault(new.owner, set()).add(ref)
-                changed.setdefault(new.namespace, []).append((None, new))
-        return changed
-
-
-def _scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:
-    """What a quota's usage depends on (`_add`): its pricing mode and what it charges
+def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:
+    """What a quota's usage depends on (`add_usage`): its pricing mode and what it charges
     (device classes and devices, `quota.scope`)."""
     return quota.mode, quota.scope
 
 
-def _add(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:
+def add_usage(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:
     charge = entry.charge_for(quota, default_mode)
     signed = charge if sign > 0 else ZERO - charge
     counted = sign if entry.in_scope(quota, default_mode) else 0

@@ -30,11 +30,14 @@ __all__ = [
     "require_version",
     "parse_meta",
     "parse_namespace",
+    "is_label_key",
+    "is_label_value",
 ]
 
 # The only versions of these kinds this release reads (resource.k8s.io: quota.conversion).
 API_VERSIONS = {
     "DeviceQuota": "draquota.io/v1alpha1",
+    "ClusterDeviceQuota": "draquota.io/v1alpha1",
     "Namespace": "v1",
 }
 _TOTAL_ANNOTATIONS = 256 * 1024  # TotalAnnotationSizeLimitB
@@ -125,16 +128,26 @@ def _string_map(raw: Any, where: str, error: type[Exception]) -> dict[str, str]:
 def _labels(raw: Any, where: str, error: type[Exception]) -> dict[str, str]:
     labels = _string_map(raw, where, error)
     for key, value in labels.items():
-        prefix, sep, name = key.rpartition("/")
-        if (
-            len(name) > 63
-            or _LABEL_NAME.fullmatch(name) is None
-            or (sep and (len(prefix) > 253 or _LABEL_PREFIX.fullmatch(prefix) is None))
-        ):
+        if not is_label_key(key):
             raise error(f"{where}: key {show(key)} is not a valid label key")
-        if len(value) > 63 or (value and _LABEL_NAME.fullmatch(value) is None):
+        if not is_label_value(value):
             raise error(f"{where}[{show(key)}]: {show(value)} is not a valid label value")
     return labels
+
+
+def is_label_key(key: str) -> bool:
+    """IsQualifiedName: `[prefix/]name`, name at most 63 characters, prefix a DNS subdomain."""
+    prefix, sep, name = key.rpartition("/")
+    return not (
+        len(name) > 63
+        or _LABEL_NAME.fullmatch(name) is None
+        or (sep and (len(prefix) > 253 or _LABEL_PREFIX.fullmatch(prefix) is None))
+    )
+
+
+def is_label_value(value: str) -> bool:
+    """IsValidLabelValue: empty, or at most 63 alphanumerics with `-_.` inside."""
+    return len(value) <= 63 and (not value or _LABEL_NAME.fullmatch(value) is not None)
 
 
 def _annotations(raw: Any, where: str, error: type[Exception]) -> dict[str, str]:

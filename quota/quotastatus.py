@@ -30,6 +30,9 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
   admitted by our AdmissionCheck hold beyond their Pods' claims (`quota.workloads`),
   and `claims`, the rest;
 - `claims`: allocated and pending (existing, unallocated) claims;
+- `namespaces` (a ClusterDeviceQuota's only): the same numbers per member namespace
+  (`quota.teams`), sorted by namespace, as OpenShift's ClusterResourceQuota shows them;
+  `used`, `reserved` and `claims` are then the team's totals;
 - `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
   Audit enforcement, an allocation accounted in account-only mode);
 - `Ready` False (`InvalidSelector`): a `spec.devices` selector does not compile; it
@@ -38,19 +41,33 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from quota.devicequota import RESOURCES, Amounts, Condition, DeviceQuota, DeviceQuotaStatus, Usage, format_resource
+from quota.devicequota import (
+    RESOURCES,
+    Amounts,
+    ClusterDeviceQuotaStatus,
+    Condition,
+    DeviceQuota,
+    DeviceQuotaStatus,
+    NamespaceUsage,
+    Usage,
+    format_resource,
+)
 from quota.leases import micro_time
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
 from quota.reservations import Caches, Record, in_flight, settle, status_fields
 from quota.scope import selection_problems
 
-__all__ = ["CONTROLLER_FIELDS", "desired_status", "next_expiry"]
+__all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "desired_status", "next_expiry"]
 
-CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions")
+CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions", "namespaces")
+# Members a ClusterDeviceQuota's status lists (the CRD's maxItems): one item is about 150
+# bytes, so the object stays far below etcd's request limit. Past it the status lists the
+# first ones by name and the totals still count every member.
+MAX_NAMESPACES = 2000
 
 
 def desired_status(
@@ -61,6 +78,7 @@ def desired_status(
     usage: Usage,
     caches: Caches,
     now: float,
+    members: Sequence[tuple[str, Usage]] | None = None,
 ) -> DeviceQuotaStatus:
     """The whole status `obj` should have: the controller's fields new, the rest as read.
 
@@ -68,13 +86,17 @@ def desired_status(
     caches know of its uids (`quota.reservations.Caches`). Deterministic for an
     unchanged input (a condition's lastTransitionTime moves only when its status does),
     so comparing the result with the current status says whether a write is needed.
+    `members`: a ClusterDeviceQuota's member namespaces, each with its part of `usage`.
     """
     # The other writer's fields as read: the API server pruned what the schema does not name.
-    status = cast(DeviceQuotaStatus, dict(obj.get("status") or {}))
+    status = cast(ClusterDeviceQuotaStatus, dict(obj.get("status") or {}))
     live = settle(record, caches, now=now)
     reserved = usage.reserved + in_flight(live, caches)
     generation = (obj.get("metadata") or {}).get("generation")
-    status.update(status_fields(live))
+    fields = status_fields(live)
+    status["reservations"] = fields["reservations"]
+    if "claimsThrough" in fields:
+        status["claimsThrough"] = fields["claimsThrough"]
     status["used"] = _amounts(usage.used)
     status["reserved"] = _amounts(reserved)
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
@@ -86,11 +108,20 @@ def desired_status(
         status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads),
                                 "workloads": _amounts(usage.workloads)}
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
+    if members is not None:
+        status["namespaces"] = [_member(namespace, part, live, caches)
+                                for namespace, part in sorted(members)[:MAX_NAMESPACES]]
     if isinstance(generation, int):
         status["observedGeneration"] = generation
     conditions = [_ready(quota, generation), _exceeded(quota, usage.used + reserved, generation)]
     status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
     return status
+
+
+def _member(namespace: str, part: Usage, live: Record, caches: Caches) -> NamespaceUsage:
+    reserved = part.reserved + in_flight(live, caches, namespace=namespace)
+    return {"namespace": namespace, "used": _amounts(part.used), "reserved": _amounts(reserved),
+            "claims": {"allocated": part.allocated_claims, "pending": part.pending_claims}}
 
 
 def next_expiry(record: Record, now: float) -> float | None:

@@ -231,11 +231,14 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
     return Record(held, through)
 
 
-def in_flight(record: Record, caches: Caches) -> Charge:
+def in_flight(record: Record, caches: Caches, *, namespace: str | None = None) -> Charge:
     """What the entries add to this replica's ledger: each one whose claim (or Workload)
-    the ledger does not count itself."""
+    the ledger does not count itself; with `namespace`, only that namespace's (a team's
+    breakdown: an entry names its claim `namespace/name`)."""
     total = ZERO
     for uid, entry in record.held.items():
+        if namespace is not None and entry.claim.partition("/")[0] != namespace:
+            continue
         counted = (caches.workload_counted(uid) if entry.source == "Workload"
                    else caches.claim_version(uid) is not None)
         if not counted:
@@ -299,5 +302,5 @@ def apply(
 
 
 def _full(quota: DeviceQuota, max_entries: int) -> Decision:
-    return Decision(False, f'DeviceQuota "{quota.name}" has {max_entries} admissions in flight, as many as its '
+    return Decision(False, f'{quota.kind} "{quota.name}" has {max_entries} admissions in flight, as many as its '
                            "status may hold; retry once some of them are seen (usually within seconds)")

@@ -190,7 +190,7 @@ def charge_message(charges: Mapping[DeviceQuota, Charge]) -> str:
         charge = charges[quota]
         amounts = ", ".join(format_resource(r, charge.memory if r == "memory" else charge.devices)
                             for r in ("devices", "memory") if quota.hard.get(r) is not None)
-        parts.append(f'DeviceQuota "{quota.name}": {amounts or "nothing it limits"}')
+        parts.append(f'{quota.kind} "{quota.name}": {amounts or "nothing it limits"}')
     return "holds " + ("; ".join(parts) if parts else "nothing: no DeviceQuota in this namespace")
 
 

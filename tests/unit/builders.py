@@ -147,3 +147,14 @@ def make_quota(name: str, *, namespace: str = "team-a", memory: str | None = Non
                               if selectors is not None else {})}
     return {"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def make_cluster_quota(name: str, *, team: str | None = None, selector: dict[str, Any] | None = None,
+                       **fields: Any) -> dict[str, Any]:
+    """A ClusterDeviceQuota: `make_quota`'s spec, selecting `team.draquota.io/name: <team>`
+    (or `selector` as written)."""
+    quota = make_quota(name, **fields)
+    spec = {**quota["spec"], "namespaceSelector": selector if selector is not None
+            else {"matchLabels": {"team.draquota.io/name": team or name}}}
+    return {"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuota", "metadata": {"name": name},
+            "spec": spec}

@@ -70,8 +70,8 @@ def test_a_claim_no_quota_counts_says_so(tmp_path: Path, capsys: pytest.CaptureF
 @pytest.mark.parametrize(("doc", "kind"), [
     ({**make_quota("gpus", memory="80Gi"), "kind": "DeviceQuotas"}, "DeviceQuotas"),
     ({"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuotaLis", "items": []}, "DeviceQuotaLis"),
-    ({"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuotaList",
-      "items": [{"metadata": {"name": "team"}}]}, "ClusterDeviceQuota"),
+    ({"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterQuotaList",
+      "items": [{"metadata": {"name": "team"}}]}, "ClusterQuota"),
 ])
 def test_an_unknown_kind_of_our_group_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     doc: dict[str, Any], kind: str) -> None:

@@ -120,7 +120,7 @@ def test_json_contract_shape(capsys: pytest.CaptureFixture[str]) -> None:
         for req in obj["requests"]:
             assert set(req) == {"name", "candidates", "charge"} and isinstance(req["candidates"], int)
     for quota in data["quotas"]:
-        assert set(quota) == {"namespace", "name", "hard", "used", "reserved"}
+        assert set(quota) == {"kind", "namespace", "name", "hard", "used", "reserved"}
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,3 +210,57 @@ def test_an_object_defined_twice_exits_2_naming_both(tmp_path: Path, capsys: pyt
     code, _, err = run(capsys, "check", "-f", str(path))
     assert code == 2
     assert "is defined twice (first at" in err and f"{path}:1 (document 1)" in err
+
+
+TEAM = """
+apiVersion: draquota.io/v1alpha1
+kind: ClusterDeviceQuota
+metadata: {name: ml-team}
+spec:
+  namespaceSelector: {matchLabels: {team.draquota.io/name: ml}}
+  hard: {devices: 2}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml-dev, labels: {team.draquota.io/name: ml}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml-train, labels: {team.draquota.io/name: ml}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: web}
+"""
+
+
+def _claim(namespace: str, name: str) -> str:
+    return (f"---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {namespace}}}\n"
+            "spec: {devices: {requests: [{name: r, exactly: {deviceClassName: gpu.example.com}}]}}\n")
+
+
+def test_a_team_quota_limits_its_namespaces_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "team.yaml").write_text(TEAM + "---\napiVersion: resource.k8s.io/v1\nkind: DeviceClass\n"
+                                        "metadata: {name: gpu.example.com}\nspec: {}\n"
+                                        + _claim("ml-dev", "a") + _claim("ml-train", "b") + _claim("ml-train", "c")
+                                        + _claim("web", "d"))
+    data = check_json(capsys, str(tmp_path))
+    decisions = {(o["namespace"], o["name"]): (o["allowed"], o["reason"]) for o in data["objects"]}
+    assert decisions[("ml-dev", "a")][0] and decisions[("ml-train", "b")][0] and decisions[("web", "d")][0]
+    assert decisions[("ml-train", "c")] == (False, 'exceeded ClusterDeviceQuota "ml-team": requested devices=1, used '
+                                                   "devices=0, reserved devices=2, limited devices=2")
+    (team,) = data["quotas"]
+    assert team == {"kind": "ClusterDeviceQuota", "namespace": "", "name": "ml-team", "hard": {"devices": 2},
+                    "used": {"memory": 0, "devices": 0}, "reserved": {"memory": 0, "devices": 2},
+                    "namespaces": [
+                        {"namespace": "ml-dev", "used": {"memory": 0, "devices": 0}, "reserved": {"memory": 0, "devices": 1}},
+                        {"namespace": "ml-train", "used": {"memory": 0, "devices": 0},
+                         "reserved": {"memory": 0, "devices": 1}}]}
+    code, out, _ = run(capsys, "check", "-f", str(tmp_path))
+    assert code == 0 and any(line.startswith("ml-team") and "(cluster)" in line for line in out.splitlines())
+
+
+def test_a_team_selector_on_a_tenants_label_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.yaml").write_text(TEAM.replace("team.draquota.io/name: ml}}", "team: ml}}", 1))
+    code, _, err = run(capsys, "check", "-f", str(tmp_path))
+    assert code == 2 and "may use only the label keys kubernetes.io/metadata.name and team.draquota.io/*" in err

@@ -1,14 +1,30 @@
 """quota.devicequota: parsing and the pure admission check with in-tree style messages."""
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quota.devicequota import DeviceQuota, Limits, QuotaCheck, QuotaError, Usage, check, parse_device_quota
+from quota.devicequota import (
+    SELECTOR_KEYS_MESSAGE,
+    DeviceQuota,
+    Limits,
+    QuotaCheck,
+    QuotaError,
+    Usage,
+    check,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.scope import Scope
 
-from ..builders import GiB, make_quota
+from ..builders import GiB, make_cluster_quota, make_quota
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_parses_quantities_scope_and_modes() -> None:
@@ -96,3 +112,60 @@ def test_check_is_exactly_the_inequality(used: int, reserved: int, charge: int, 
     quota = DeviceQuota(Namespace("n"), "q", Limits(memory=hard))
     decision = check([QuotaCheck(quota, Usage(Charge(used, 0), Charge(reserved, 0)), Charge(charge, 0))])
     assert decision.allowed is (used + reserved + charge <= hard)
+
+
+# -- ClusterDeviceQuota ------------------------------------------------------------------------
+
+
+def test_a_cluster_quota_is_a_device_quota_with_no_namespace_and_a_selector() -> None:
+    q = parse_cluster_device_quota(make_cluster_quota("ml", team="ml", memory="320Gi", devices=8,
+                                                      classes=["gpu"], pricing="Optimistic"))
+    assert (q.namespace, q.name, q.hard, q.mode, q.cluster, q.kind) == (
+        Namespace(""), "ml", Limits(320 * GiB, 8), "optimistic", True, "ClusterDeviceQuota")
+    assert q.selector is not None and q.selector.matches({"team.draquota.io/name": "ml"})
+    assert not q.selector.matches({"team.draquota.io/name": "web"})
+    plain = parse_device_quota(make_quota("gpus", memory="1Gi"))
+    assert (plain.cluster, plain.kind, plain.selector) == (False, "DeviceQuota", None)
+
+
+@pytest.mark.parametrize("selector", [
+    {},
+    {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}},
+    {"matchExpressions": [{"key": "team.draquota.io/tier", "operator": "Exists"}]},
+])
+def test_a_selector_on_labels_no_tenant_can_change_is_accepted(selector: dict[str, Any]) -> None:
+    assert parse_cluster_device_quota(make_cluster_quota("t", selector=selector, memory="1Gi")).cluster
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (make_cluster_quota("t", selector={"matchLabels": {"team": "ml"}}, memory="1Gi"),
+     "may use only the label keys kubernetes.io/metadata.name and team.draquota.io/*"),
+    # The governed label is ours, and any tenant-writable label would let a tenant leave its team.
+    (make_cluster_quota("t", selector={"matchExpressions": [{"key": "draquota.io/governed", "operator": "Exists"}]},
+                        memory="1Gi"), "got 'draquota.io/governed'"),
+    (make_cluster_quota("t", selector={"matchExpressions": [{"key": "team.draquota.io/x", "operator": "Is"}]},
+                        memory="1Gi"), "spec.namespaceSelector.matchExpressions[0].operator"),
+    ({**make_cluster_quota("t", memory="1Gi"), "spec": {"hard": {"memory": "1Gi"}}}, "namespaceSelector is required"),
+    ({**make_cluster_quota("t", memory="1Gi"), "apiVersion": "draquota.io/v1"}, "reads ClusterDeviceQuota draquota.io/v1alpha1"),
+    (make_cluster_quota("t", memory="lots"), "ClusterDeviceQuota t: spec.hard.memory"),
+])
+def test_rejects_bad_cluster_quotas(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(QuotaError) as err:
+        parse_cluster_device_quota(raw)
+    assert message in str(err.value)
+
+
+def test_the_key_rule_is_the_crds_word_for_word() -> None:
+    crd = yaml.safe_load((ROOT / "quota" / "manifests" / "clusterdevicequota.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (rule,) = spec["properties"]["namespaceSelector"]["x-kubernetes-validations"]
+    assert rule["message"] == SELECTOR_KEYS_MESSAGE
+
+
+def test_a_team_denial_names_the_kind_and_the_teams_numbers() -> None:
+    team = parse_cluster_device_quota(make_cluster_quota("ml-team", memory="320Gi"))
+    decision = check([QuotaCheck(team, Usage(used=Charge(240 * GiB, 3), reserved=Charge(40 * GiB, 1)),
+                                 Charge(80 * GiB, 1))])
+    assert not decision.allowed
+    assert decision.message == ('exceeded ClusterDeviceQuota "ml-team": requested memory=80Gi, used memory=240Gi, '
+                                "reserved memory=40Gi, limited memory=320Gi")

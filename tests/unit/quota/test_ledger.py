@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import quota.ledger as ledger_module
 from quota.devicequota import parse_device_quota
-from quota.ledger import ClaimRef, ClaimsRebuild, Entry, Ledger
+from quota.claimsrebuild import ClaimsRebuild
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
@@ -96,13 +97,13 @@ def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.Monke
     for i in range(50):
         led.add_or_update_claim(entry(f"c{i}", GiB))
     counted: list[Entry] = []
-    real = ledger_module._add
+    real = ledger_module.add_usage
 
     def counting(usage: Any, e: Entry, *args: Any) -> Any:
         counted.append(e)
         return real(usage, e, *args)
 
-    monkeypatch.setattr(ledger_module, "_add", counting)
+    monkeypatch.setattr(ledger_module, "add_usage", counting)
     before = led.usage(NS, "q")
     assert led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti"))) == ((NS, "q"),)
     assert counted == [] and led.usage(NS, "q") == before

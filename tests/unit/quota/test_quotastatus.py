@@ -10,16 +10,18 @@ from typing import Any, is_typeddict
 import pytest
 import yaml
 
-from quota.devicequota import (Amounts, ClaimCounts, Condition, DeviceQuotaStatus, ReservationEntry, ReservedBy, Usage,
+from quota.devicequota import (Amounts, ClaimCounts, ClusterDeviceQuotaStatus, Condition, DeviceQuotaStatus,
+                               NamespaceUsage, ReservationEntry, ReservedBy, Usage, parse_cluster_device_quota,
                                parse_device_quota)
 from quota.model import Charge
 from quota.quotastatus import desired_status, next_expiry
 from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
 
-from ..builders import GiB, make_quota
+from ..builders import GiB, make_cluster_quota, make_quota
 from .test_reservations import Seen
 
 CRD = Path(__file__).resolve().parents[3] / "deploy" / "crds" / "devicequota.yaml"
+CLUSTER_CRD = CRD.with_name("clusterdevicequota.yaml")
 
 GPU = Charge(80 * GiB, 1)
 TTL = 120.0
@@ -177,8 +179,8 @@ def test_a_devices_selector_that_does_not_compile_makes_the_quota_not_ready_and_
 # -- the status's JSON type is the CRD's status schema -------------------------------------------
 
 
-def _schema(*path: str) -> Any:
-    node = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+def _schema(*path: str, crd: Path = CRD) -> Any:
+    node = yaml.safe_load(crd.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     for step in path:
         node = node["items"] if step == "[]" else node["additionalProperties"] if step == "{}" else node["properties"][step]
     return node
@@ -193,3 +195,46 @@ def test_the_status_types_name_the_fields_of_the_crd_schema(typed: Any, path: tu
     assert is_typeddict(typed)
     assert typed.__required_keys__ | typed.__optional_keys__ == set(_schema(*path)["properties"])
 
+
+
+@pytest.mark.parametrize(("typed", "path"), [
+    (ClusterDeviceQuotaStatus, ()), (NamespaceUsage, ("namespaces", "[]")), (Amounts, ("namespaces", "[]", "used")),
+    (ClaimCounts, ("namespaces", "[]", "claims")), (Amounts, ("used",)), (Condition, ("conditions", "[]")),
+], ids=lambda v: ".".join(v) if isinstance(v, tuple) else None)
+def test_the_cluster_status_types_name_the_fields_of_its_crd_schema(typed: Any, path: tuple[str, ...]) -> None:
+    assert typed.__required_keys__ | typed.__optional_keys__ == set(_schema(*path, crd=CLUSTER_CRD)["properties"])
+
+
+def test_the_cluster_crd_is_the_device_quota_crd_plus_the_team_fields() -> None:
+    def version(path: Path) -> Any:
+        return yaml.safe_load(path.read_text())["spec"]["versions"][0]
+
+    plain, cluster = version(CRD), version(CLUSTER_CRD)
+    assert cluster["additionalPrinterColumns"] == plain["additionalPrinterColumns"]
+    props = cluster["schema"]["openAPIV3Schema"]["properties"]
+    spec, status = dict(props["spec"]["properties"]), dict(props["status"]["properties"])
+    assert spec.pop("namespaceSelector") and status.pop("namespaces")
+    assert spec == plain["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert status == plain["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+
+
+def test_a_team_status_has_its_totals_and_each_namespaces_part_with_its_entries_in_flight() -> None:
+    obj = make_cluster_quota("ml", memory="320Gi")
+    obj["metadata"] = {**obj["metadata"], "generation": 1, "resourceVersion": "1"}
+    record = Record({"u": Reservation("u", "team-b/c", GPU, NOW + 30)})
+    obj["status"] = status_fields(record)
+    a = Usage(used=Charge(160 * GiB, 2), allocated_claims=2)
+    b = Usage(reserved=GPU, pending_claims=1)
+    total = Usage(used=a.used, reserved=b.reserved, allocated_claims=2, pending_claims=1)
+    status = desired_status(obj, parse_cluster_device_quota(obj), record, usage=total, caches=Seen(), now=NOW,
+                            members=[("team-b", b), ("team-a", a)])
+    assert status["used"] == {"memory": "160Gi", "devices": 2}
+    assert status["reserved"] == {"memory": "160Gi", "devices": 2}  # b's claim and the entry in flight
+    assert status["namespaces"] == [  # type: ignore[typeddict-item]
+        {"namespace": "team-a", "used": {"memory": "160Gi", "devices": 2}, "reserved": {"memory": "0", "devices": 0},
+         "claims": {"allocated": 2, "pending": 0}},
+        {"namespace": "team-b", "used": {"memory": "0", "devices": 0}, "reserved": {"memory": "160Gi", "devices": 2},
+         "claims": {"allocated": 0, "pending": 1}},
+    ]
+    # A DeviceQuota's status has no breakdown.
+    assert "namespaces" not in desired(quota_obj())

@@ -1,0 +1,192 @@
+"""A relist of every claim, built aside and swapped into a `quota.ledger.Ledger` at once.
+
+Neighbours: `kube.caches.ClaimStore` builds one per relist (in slices, `kube.rebuilds`);
+`quota.ledger` owns the tables this swaps (a friend of the ledger: it reads and replaces
+its private tables, as one synchronous step). A decision taken between two slices
+sees the ledger as it was before the relist, whole. What changes the live ledger
+meanwhile is reconciled at the swap: a claim the list carries unchanged (`keep`)
+takes the live entry (the stored-claim pricing of `controllers.refine`, an allocation
+admitted by the webhook); a quota whose scope changed is counted again from the new
+entries, and so is a team's part of a namespace that joined it meanwhile
+(`quota.teams`). Everything else the list says wins, as an event-by-event relist would
+have it: the watch resumes from the list's resourceVersion and brings what came after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from quota.devicequota import DeviceQuota, Usage
+from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, usage_scope
+from quota.model import Namespace
+from quota.work import drop, pause_point
+
+__all__ = ["ClaimsRebuild"]
+
+T = TypeVar("T")
+
+
+class ClaimsRebuild:
+    """A relist of every claim, built aside and swapped into `ledger` by `commit` (module doc).
+
+    Say what the list holds with `keep` (a claim unchanged since the ledger counted it)
+    and `put` (a claim priced again); `commit` builds the rest (pausing at
+    `quota.work.pause_point`) and swaps it in. One at a time per ledger.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        if ledger._touched is not None:
+            raise RuntimeError("a claims rebuild is already under way on this ledger")
+        self._ledger = ledger
+        self._entries: dict[ClaimRef, Entry] = {}
+        self._kept: set[ClaimRef] = set()
+        self._old: list[dict[Namespace, dict[ClaimRef, Entry]] | dict[ClaimRef, Entry] | dict[str, set[ClaimRef]]] = []
+        ledger._touched = set()
+
+    def keep(self, ref: ClaimRef) -> bool:
+        """Carry the claim the live ledger holds over; False when it holds none."""
+        entry = self._ledger.entry(ref)
+        if entry is None:
+            return False
+        self._entries[ref] = entry
+        self._kept.add(ref)
+        return True
+
+    def put(self, entry: Entry) -> None:
+        self._entries[entry.ref] = entry
+        self._kept.discard(entry.ref)
+
+    def holds(self, ref: ClaimRef) -> bool:
+        return ref in self._entries
+
+    def cancel(self) -> None:
+        """Give up without changing the ledger (`commit` is then refused)."""
+        self._ledger._touched = None
+
+    def commit(self) -> list[Entry]:
+        """Swap the new claims in; the entries the list no longer holds (for callbacks)."""
+        ledger = self._ledger
+        if ledger._touched is None:
+            raise RuntimeError("this claims rebuild was cancelled")
+        try:
+            by_namespace, by_owner, usage, counted, parts = self._derive()
+            dropped = [ref for ref in self._walk(list(ledger._entries)) if ref not in self._entries]
+        except BaseException:
+            ledger._touched = None
+            raise
+        # The swap: no pause point from here on.
+        touched, ledger._touched = ledger._touched, None
+        changed = self._reconcile(touched, by_namespace, by_owner)
+        gone = [e for ref in dict.fromkeys((*dropped, *touched))
+                if ref not in self._entries and (e := ledger._entries.get(ref)) is not None]
+        for namespace, quotas in ledger._quotas.items():
+            for name, quota in quotas.items():
+                key = (namespace, name)
+                was = counted.get(key)
+                if was is None or usage_scope(was) != usage_scope(quota):
+                    usage[key] = ledger._count(quota, by_namespace.get(namespace, {}).values())
+                    continue
+                usage[key] = self._changed(usage[key], quota, changed.get(namespace, ()))
+        self._teams_parts(parts, by_namespace, changed)
+        for namespace in {*ledger._by_namespace, *by_namespace}:
+            ledger._namespace_generation[namespace] = ledger._namespace_generation.get(namespace, 0) + 1
+        self._old = [ledger._entries, ledger._by_namespace, ledger._by_owner]
+        ledger._entries, ledger._by_namespace, ledger._by_owner = self._entries, by_namespace, by_owner
+        ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
+        return gone
+
+    def release(self) -> None:
+        """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`)."""
+        for table in self._old:
+            drop(table)
+        self._old = []
+
+    def _changed(self, usage: Usage, quota: DeviceQuota, changed: Iterable[tuple[Entry | None, Entry | None]]) -> Usage:
+        for old, new in changed:
+            if old is not None:
+                usage = add_usage(usage, old, quota, self._ledger.default_mode, -1)
+            if new is not None:
+                usage = add_usage(usage, new, quota, self._ledger.default_mode, +1)
+        return usage
+
+    def _teams_parts(self, parts: dict[QuotaKey, tuple[DeviceQuota, Usage]],
+                     by_namespace: dict[Namespace, dict[ClaimRef, Entry]],
+                     changed: dict[Namespace, list[tuple[Entry | None, Entry | None]]]) -> None:
+        """Every team member's part of the new entries: counted in `_derive` where the
+        namespace was a member then under the same scope, else counted now (it joined,
+        or the team's scope changed, while the rebuild was built)."""
+        ledger = self._ledger
+        new: dict[str, dict[Namespace, Usage]] = {}
+        for quota in ledger._teams.quotas():
+            for namespace in ledger._teams.members(quota.name):
+                was = parts.get((namespace, quota.name))
+                if was is None or usage_scope(was[0]) != usage_scope(quota):
+                    part = ledger._count(quota, by_namespace.get(namespace, {}).values())
+                else:
+                    part = self._changed(was[1], quota, changed.get(namespace, ()))
+                new.setdefault(quota.name, {})[namespace] = part
+        ledger._teams.replace_parts(new)
+
+    def _derive(self) -> tuple[dict[Namespace, dict[ClaimRef, Entry]], dict[str, set[ClaimRef]],
+                               dict[QuotaKey, Usage], dict[QuotaKey, DeviceQuota],
+                               dict[QuotaKey, tuple[DeviceQuota, Usage]]]:
+        """The indexes and every quota's usage of the new entries, in pauses: the quotas
+        each was counted against are returned, to count again any that changed meanwhile;
+        and each team's part of its member namespaces then, by (namespace, team name)."""
+        ledger = self._ledger
+        by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
+        by_owner: dict[str, set[ClaimRef]] = {}
+        for entry in self._walk(self._entries.values()):
+            by_namespace.setdefault(entry.namespace, {})[entry.ref] = entry
+            if entry.owner:
+                by_owner.setdefault(entry.owner, set()).add(entry.ref)
+        usage: dict[QuotaKey, Usage] = {}
+        counted: dict[QuotaKey, DeviceQuota] = {}
+        parts: dict[QuotaKey, tuple[DeviceQuota, Usage]] = {}
+        for namespace, entries in by_namespace.items():
+            for quota in list(ledger._quotas.get(namespace, {}).values()):
+                key = (namespace, quota.name)
+                counted[key] = quota
+                usage[key] = self._sum(entries.values(), quota)
+            for quota in ledger._teams.selecting(namespace):
+                parts[(namespace, quota.name)] = (quota, self._sum(entries.values(), quota))
+        return by_namespace, by_owner, usage, counted, parts
+
+    def _sum(self, entries: Iterable[Entry], quota: DeviceQuota) -> Usage:
+        total = Usage()
+        for entry in self._walk(entries):
+            total = add_usage(total, entry, quota, self._ledger.default_mode, +1)
+        return total
+
+    @staticmethod
+    def _walk(items: Iterable[T]) -> Iterator[T]:
+        """`items` with a pause point between two (only over what no one else mutates)."""
+        for item in items:
+            yield item
+            pause_point()
+
+    def _reconcile(self, touched: set[ClaimRef], by_namespace: dict[Namespace, dict[ClaimRef, Entry]],
+                   by_owner: dict[str, set[ClaimRef]]) -> dict[Namespace, list[tuple[Entry | None, Entry | None]]]:
+        """Kept claims the live ledger changed while this was built take the live entry;
+        the (old, new) pairs changed, by namespace, for the usage."""
+        changed: dict[Namespace, list[tuple[Entry | None, Entry | None]]] = {}
+        for ref in touched & self._kept:
+            old, new = self._entries.get(ref), self._ledger._entries.get(ref)
+            if old is new:
+                continue
+            if old is not None:
+                del self._entries[ref]
+                by_namespace[old.namespace].pop(ref, None)
+                if old.owner and (owned := by_owner.get(old.owner)) is not None:
+                    owned.discard(ref)
+                    if not owned:
+                        del by_owner[old.owner]
+                changed.setdefault(old.namespace, []).append((old, None))
+            if new is not None:
+                self._entries[ref] = new
+                by_namespace.setdefault(new.namespace, {})[ref] = new
+                if new.owner:
+                    by_owner.setdefault(new.owner, set()).add(ref)
+                changed.setdefault(new.namespace, []).append((None, new))
+        return changed

@@ -1,0 +1,278 @@
+"""quota.teams through quota.ledger: team quotas (ClusterDeviceQuotas) over labelled namespaces."""
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import quota.ledger as ledger_module
+from quota.devicequota import RESOURCES, parse_cluster_device_quota, parse_device_quota
+from quota.claimsrebuild import ClaimsRebuild
+from quota.ledger import ClaimRef, Entry, Ledger
+from quota.model import Charge, DeviceClassName, Namespace
+from quota.priced import PricedRequest, Pricing
+from quota.work import pausing
+
+from ..builders import GiB, make_cluster_quota, make_quota
+
+A, B, C = Namespace("team-a"), Namespace("team-b"), Namespace("team-c")
+TEAM = Namespace("")
+GPU, MIG = DeviceClassName("gpu"), DeviceClassName("mig")
+ML = {"team.draquota.io/name": "ml"}
+
+
+def entry(ref: str, memory: int, devices: int = 1, *, ns: Namespace = A, cls: DeviceClassName = GPU,
+          allocated: bool = False, owner: str = "") -> Entry:
+    charge = Charge(memory, devices)
+    pricing = Pricing((PricedRequest("r", devices, charge, ((cls, charge),)),))
+    return Entry(ns, ClaimRef(ref), {"conservative": pricing}, allocated, owner=owner)
+
+
+def team(name: str = "ml", **fields: Any) -> Any:
+    return parse_cluster_device_quota(make_cluster_quota(name, team="ml", **fields))
+
+
+def ledger(*labelled: Namespace, quota: Any = None) -> Ledger:
+    led = Ledger()
+    for ns in (A, B, C):
+        led.set_namespace(ns, ML if ns in labelled else {})
+    led.add_or_update_quota(quota if quota is not None else team(memory="100Gi"))
+    return led
+
+
+def test_a_team_counts_the_claims_of_every_namespace_it_selects_and_no_other() -> None:
+    led = ledger(A, B)
+    led.add_or_update_claim(entry("a", 30 * GiB, allocated=True))
+    led.add_or_update_claim(entry("b", 20 * GiB, ns=B))
+    led.add_or_update_claim(entry("c", 50 * GiB, ns=C))
+    usage = led.usage(TEAM, "ml")
+    assert (usage.used, usage.reserved, usage.allocated_claims, usage.pending_claims) == (
+        Charge(30 * GiB, 1), Charge(20 * GiB, 1), 1, 1)
+    assert led.members("ml") == (A, B)
+    assert led.usage_in("ml", A).used == Charge(30 * GiB, 1) and led.usage_in("ml", B).reserved == Charge(20 * GiB, 1)
+    assert led.usage_in("ml", C) == led.usage_in("ml", Namespace("nowhere"))
+    assert [q.name for q in led.quotas(A)] == ["ml"] and led.quotas(C) == []
+    assert led.keys(A) == ((TEAM, "ml"),) and led.keys(C) == ()
+    assert led.quota(TEAM, "ml") is not None
+
+
+def test_a_namespace_with_its_own_quota_answers_to_both_own_first() -> None:
+    led = ledger(A)
+    led.add_or_update_quota(parse_device_quota(make_quota("gpus", memory="1Ti")))
+    assert [q.kind for q in led.quotas(A)] == ["DeviceQuota", "ClusterDeviceQuota"]
+    assert led.keys(A) == ((A, "gpus"), (TEAM, "ml"))
+    assert {q.name for q in led.quotas()} == {"gpus", "ml"}
+    assert led.add_or_update_claim(entry("a", GiB)) == ((A, "gpus"), (TEAM, "ml"))
+
+
+def test_admission_is_all_or_nothing_across_the_namespaces_of_a_team() -> None:
+    led = ledger(A, B)
+    assert led.admit(entry("a", 60 * GiB)).allowed
+    denied = led.admit(entry("b", 60 * GiB, ns=B))
+    assert not denied.allowed and denied.denied_by == ("ml",)
+    assert denied.message == ('exceeded ClusterDeviceQuota "ml": requested memory=60Gi, used memory=0, '
+                              "reserved memory=60Gi, limited memory=100Gi")
+    assert led.entry(ClaimRef("b")) is None
+    # A namespace outside the team is not limited by it.
+    assert led.admit(entry("c", 60 * GiB, ns=C)).allowed
+
+
+def test_a_relabel_moves_a_namespaces_usage_in_and_out_at_once() -> None:
+    led = ledger(A)
+    led.add_or_update_claim(entry("b", 40 * GiB, ns=B, allocated=True))
+    assert led.set_namespace(B, ML) == ((TEAM, "ml"),)
+    assert led.usage(TEAM, "ml").used == Charge(40 * GiB, 1) and led.members("ml") == (A, B)
+    # Joining a team already full puts it over hard (no eviction): the next admission is denied.
+    assert not led.admit(entry("a", 61 * GiB)).allowed
+    assert led.set_namespace(B, {**ML, "other": "x"}) == ()  # still a member: nothing moved
+    assert led.set_namespace(B, {}) == ((TEAM, "ml"),)
+    assert led.usage(TEAM, "ml") == led.usage(TEAM, "empty-team") and led.members("ml") == (A,)
+    assert led.admit(entry("a", 61 * GiB)).allowed
+    assert led.delete_namespace(A) == ((TEAM, "ml"),)
+    assert led.usage(TEAM, "ml").reserved == Charge() and led.members("ml") == ()
+    assert led.delete_namespace(A) == ()
+
+
+def test_the_name_label_selects_a_namespace_that_does_not_carry_it() -> None:
+    # `dra-quota check` reads Namespaces without it; the API server always sets it.
+    led = ledger(quota=team(selector={"matchLabels": {"kubernetes.io/metadata.name": "team-b"}}, memory="1Gi"))
+    assert led.members("ml") == (B,)
+
+
+def test_a_team_quota_created_later_counts_and_deleting_it_drops_everything() -> None:
+    led = Ledger()
+    led.set_namespace(A, ML)
+    led.add_or_update_claim(entry("a", 10 * GiB))
+    assert led.add_or_update_quota(team(memory="100Gi")) == ((TEAM, "ml"),)
+    assert led.usage(TEAM, "ml").reserved == Charge(10 * GiB, 1)
+    assert led.delete_quota(TEAM, "ml") == ((TEAM, "ml"),)
+    assert led.quotas(A) == [] and led.quotas() == [] and led.members("ml") == ()
+    assert led.usage(TEAM, "ml").reserved == Charge() and led.delete_quota(TEAM, "ml") == ()
+    # The claim still counts where it belongs, and nothing of the team is left behind.
+    assert led.add_or_update_claim(entry("a", 20 * GiB)) == ()
+
+
+def test_a_team_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every status write comes back through the watch: it must not cost a pass over the
+    # claims of every member namespace.
+    led = ledger(A, B)
+    for i in range(20):
+        led.add_or_update_claim(entry(f"c{i}", GiB, ns=A if i % 2 else B))
+    counted: list[Entry] = []
+    real = ledger_module.add_usage
+
+    def counting(usage: Any, e: Entry, *args: Any) -> Any:
+        counted.append(e)
+        return real(usage, e, *args)
+
+    monkeypatch.setattr(ledger_module, "add_usage", counting)
+    before = led.usage(TEAM, "ml")
+    led.add_or_update_quota(team(memory="200Gi"))  # another hard
+    assert counted == [] and led.usage(TEAM, "ml") == before
+    assert led.quota(TEAM, "ml").hard.memory == 200 * GiB  # type: ignore[union-attr]
+    assert not led.admit(entry("x", 181 * GiB)).allowed  # the new hard holds at once
+    led.add_or_update_quota(team(memory="200Gi", classes=["mig"]))  # another scope
+    assert len(counted) == 20 and led.usage(TEAM, "ml").reserved == Charge()
+    led.add_or_update_quota(team(selector={"matchLabels": {"kubernetes.io/metadata.name": "team-c"}}, memory="1Gi"))
+    assert led.members("ml") == (C,)
+
+
+def test_a_workloads_holding_counts_in_its_teams_usage() -> None:
+    led = ledger(A, B)
+    led.set_holding(entry("w", 30 * GiB, ns=B))
+    usage = led.usage(TEAM, "ml")
+    assert (usage.reserved, usage.workloads) == (Charge(30 * GiB, 1), Charge(30 * GiB, 1))
+    assert led.usage_in("ml", B).workloads == Charge(30 * GiB, 1) and led.usage_in("ml", A).workloads == Charge()
+    assert not led.admit(entry("a", 71 * GiB)).allowed
+    led.set_namespace(B, {})
+    assert led.usage(TEAM, "ml").reserved == Charge()
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+NAMESPACES = [A, B, C]
+REFS = [f"c{i}" for i in range(8)]
+TEAMS: dict[str, dict[str, Any]] = {
+    "ml": {"team": "ml", "memory": "100Gi", "devices": 4},
+    "mig": {"selector": {"matchExpressions": [{"key": "team.draquota.io/name", "operator": "In", "values": ["ml", "web"]}]},
+            "memory": "60Gi", "classes": ["mig"]},
+    "all": {"selector": {}, "devices": 6},
+}
+_memory = st.integers(1, 6).map(lambda n: n * 10 * GiB)
+_op = st.one_of(
+    st.tuples(st.just("admit"), st.sampled_from(REFS), st.sampled_from(NAMESPACES), _memory, st.sampled_from([GPU, MIG])),
+    st.tuples(st.just("allocate"), st.sampled_from(REFS)),
+    st.tuples(st.just("delete"), st.sampled_from(REFS)),
+    st.tuples(st.just("label"), st.sampled_from(NAMESPACES), st.sampled_from([None, "ml", "web"])),
+    st.tuples(st.just("forget"), st.sampled_from(NAMESPACES)),
+    st.tuples(st.just("team"), st.sampled_from(sorted(TEAMS)), st.sampled_from([None, "40Gi", "100Gi"])),
+)
+
+
+def _labels(value: str | None) -> dict[str, str]:
+    return {} if value is None else {"team.draquota.io/name": value}
+
+
+def _team(name: str, memory: str | None) -> Any:
+    fields = {**TEAMS[name], **({"memory": memory} if memory is not None else {})}
+    return parse_cluster_device_quota(make_cluster_quota(name, **fields))
+
+
+def _assert_counted(led: Ledger, labels: dict[Namespace, dict[str, str]]) -> None:
+    """Every team's totals and parts are what counting the same claims from scratch gives."""
+    fresh = Ledger()
+    for ns, value in labels.items():
+        fresh.set_namespace(ns, value)
+    for quota in led.quotas():
+        fresh.add_or_update_quota(quota)
+    for e in led.entries():
+        fresh.add_or_update_claim(e)
+    for quota in led.quotas():
+        assert led.usage(quota.namespace, quota.name) == fresh.usage(quota.namespace, quota.name), quota.name
+        assert led.members(quota.name) == fresh.members(quota.name)
+        for ns in led.members(quota.name):
+            assert led.usage_in(quota.name, ns) == fresh.usage_in(quota.name, ns)
+
+
+def _apply(led: Ledger, labels: dict[Namespace, dict[str, str]], op: tuple[Any, ...]) -> None:
+    if op[0] == "admit":
+        new = entry(op[1], op[3], ns=op[2], cls=op[4])
+        old = led.entry(new.ref)
+        if old is not None and old.namespace != new.namespace:
+            return  # a uid lives in one namespace
+        decision = led.admit(new)
+        if decision.allowed:
+            # `admit` never lets a charged, Enforce quota's used + reserved past hard.
+            for quota in led.quotas(new.namespace):
+                usage = led.usage(quota.namespace, quota.name)
+                charge = new.charge_for(quota, led.default_mode)
+                for r in RESOURCES:
+                    limit = quota.hard.get(r)
+                    if limit is not None and charge.amount(r) > 0:
+                        assert usage.used.amount(r) + usage.reserved.amount(r) <= limit, (quota.name, r)
+    elif op[0] == "allocate":
+        old = led.entry(ClaimRef(op[1]))
+        if old is not None:
+            led.add_or_update_claim(Entry(old.namespace, old.ref, old.pricing, True))
+    elif op[0] == "delete":
+        led.delete_claim(ClaimRef(op[1]))
+    elif op[0] == "label":
+        labels[op[1]] = _labels(op[2])
+        led.set_namespace(op[1], labels[op[1]])
+    elif op[0] == "forget":
+        labels.pop(op[1], None)
+        led.delete_namespace(op[1])
+    elif op[2] is None:
+        led.delete_quota(TEAM, op[1])
+    else:
+        led.add_or_update_quota(_team(op[1], op[2]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_op, max_size=40))
+def test_incremental_team_usage_is_a_recount_and_admit_never_passes_hard(ops: list[tuple[Any, ...]]) -> None:
+    led = Ledger()
+    labels: dict[Namespace, dict[str, str]] = {}
+    for op in ops:
+        _apply(led, labels, op)
+        _assert_counted(led, labels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    initial=st.lists(_op, max_size=15),
+    listed=st.lists(st.tuples(st.sampled_from(REFS), st.sampled_from(NAMESPACES), _memory, st.booleans()),
+                    unique_by=lambda t: t[0]),
+    live=st.lists(st.tuples(st.integers(0, 30), _op), max_size=8),
+)
+def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...]],
+                                                    listed: list[tuple[str, Namespace, int, bool]],
+                                                    live: list[tuple[int, tuple[Any, ...]]]) -> None:
+    """Relabels, team changes and claim events land between any two steps of the build and
+    of the swap: after it, every team's usage and parts are a recount."""
+    led = Ledger()
+    labels: dict[Namespace, dict[str, str]] = {}
+    for op in initial:
+        _apply(led, labels, op)
+    pending = sorted(live, key=lambda t: t[0])
+    steps = 0
+
+    def step() -> None:
+        nonlocal steps
+        steps += 1
+        while pending and pending[0][0] <= steps:
+            _apply(led, labels, pending.pop(0)[1])
+
+    rebuild = ClaimsRebuild(led)
+    for ref, ns, memory, allocated in listed:
+        step()
+        if not rebuild.keep(ClaimRef(ref)):
+            rebuild.put(entry(ref, memory, ns=ns, allocated=allocated))
+    with pausing(step):
+        rebuild.commit()
+    rebuild.release()
+    _assert_counted(led, labels)
+    for _, op in pending:
+        _apply(led, labels, op)
+    _assert_counted(led, labels)
