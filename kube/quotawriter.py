@@ -225,7 +225,7 @@ class Reservations:
                 # an orphan holding room for a TTL.
                 self._release_soon(list(charges), uid)
             raise
-        return Decision(True, "", tuple(warnings), tuple(q.name for q in done), warned_by=tuple(warned_by))
+        return Decision(True, "", tuple(warnings), tuple(q.ref for q in done), warned_by=tuple(warned_by))
 
     def _release_soon(self, quotas: list[DeviceQuota], uid: str) -> None:
         task = asyncio.create_task(self._compensate(quotas, uid), name=f"release {uid}")

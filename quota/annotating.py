@@ -56,7 +56,7 @@ class Annotating(Counting):
             entry = Entry(claim.namespace, claim_ref(claim), {mode: pricing}, allocated=False)
             due[CHARGE_ANNOTATION] = json.dumps(pricing.total.as_json(), separators=(",", ":"))
             due[QUOTAS_ANNOTATION] = ",".join(sorted(
-                q.name for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
+                q.ref for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
         if claim.allocation is not None:
             record = self.pricer.allocation_record(claim)
             if record != dict(claim.recorded_devices):

@@ -221,7 +221,8 @@ class Decision:
     allowed: bool
     message: str = ""
     warnings: tuple[str, ...] = ()
-    # Quotas the claim is charged to (Audit ones included): the draquota.io/quotas annotation.
+    # Quotas the claim is charged to (Audit ones included), by `DeviceQuota.ref`: the
+    # draquota.io/quotas annotation (a team as `ClusterDeviceQuota/<name>`).
     charged: tuple[str, ...] = field(default=())
     # The Enforce quotas that denied it, by `DeviceQuota.ref`: the webhook's Events regard each.
     denied_by: tuple[str, ...] = ()
@@ -345,7 +346,7 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
         else:
             denials.append(message)
             denied_by.append(item.quota.ref)
-    charged = tuple(item.quota.name for item in checks if not item.charge.is_zero())
+    charged = tuple(item.quota.ref for item in checks if not item.charge.is_zero())
     if denials:
         return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by), tuple(warned_by))
     return Decision(True, "", tuple(warnings), charged, (), tuple(warned_by))

@@ -413,3 +413,9 @@ def test_a_namespace_joining_a_team_selecting_devices_has_its_claims_priced_for_
     usage = world.admitter.ledger.usage(Namespace(""), "ml")
     assert usage.used == ZERO  # the A100 allocation, priced again for the H100 selection at once
     assert handed == ["pending"] and usage.reserved == Charge(40 * GiB, 1)  # at its unscoped charge meanwhile
+
+
+def test_a_claims_quotas_annotation_names_its_team_by_kind() -> None:
+    world, _, _ = team_world()
+    due = world.admitter.annotations_due(parse_claim(claim("c2", "u2")), {})
+    assert due["draquota.io/quotas"] == "ClusterDeviceQuota/ml,gpus"
