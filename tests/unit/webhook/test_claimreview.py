@@ -23,7 +23,7 @@ from kube.caches import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
-from quota.devicequota import parse_device_quota
+from quota.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
@@ -32,7 +32,7 @@ from webhook.claimreview import ClaimContext, allocate_claim, create_claim, crea
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples
-from ..builders import GiB, exactly, make_claim, make_quota, request, result
+from ..builders import GiB, exactly, make_claim, make_cluster_quota, make_quota, request, result
 from ..kube.scripted import FakeApi
 from ..quota.test_fuzz_parsers import paths, splice, values
 from ..quota.test_pricing import CLASSES, inventory
@@ -733,3 +733,19 @@ def test_a_vanished_devices_record_is_kept_not_rewritten() -> None:
     assert update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)) == Verdict(True)
     after["metadata"]["annotations"] = {"draquota.io/allocated-charge": kept.replace(":7}", ":1}")}
     assert not update_claim(context(GPUS), review_request(after, operation="UPDATE", old=before)).allowed
+
+
+def test_a_claim_of_a_namespace_not_cached_yet_waits_while_teams_exist() -> None:
+    """Which ClusterDeviceQuotas select a namespace is in its labels: a claim of a
+    namespace this replica's watch has not brought yet could skip its team's quota."""
+    world = World(GPUS)
+    known: dict[str, Mapping[str, str]] = {}
+    ctx = ClaimContext(world.ctx.admitter, known.get, lambda: POLICY, world.reservations)
+    assert admit(ctx, review_request(stored(gpu_claim(), uid=UID))).allowed  # no team: the labels decide nothing
+    ctx.admitter.ledger.add_or_update_quota(parse_cluster_device_quota(make_cluster_quota("ml", memory="1Ti")))
+    verdict = admit(ctx, review_request(stored(gpu_claim(), uid=UID2, name="g-2")))
+    assert (verdict.allowed, verdict.cause) == (False, "unavailable")
+    assert verdict.message == ("namespace team-a is not in dra-quota's cache yet, and ClusterDeviceQuotas select "
+                               "namespaces by their labels: retry in a moment")
+    known["team-a"] = {"kubernetes.io/metadata.name": "team-a"}
+    assert admit(ctx, review_request(stored(gpu_claim(), uid=UID2, name="g-2"))).allowed
