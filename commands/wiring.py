@@ -8,7 +8,8 @@ current (one reflector per kind); `controllers.*` run on the Lease holder
 and `Caches.namespaces_changed`; `webhook.metrics`, `webhook.usagemetrics` and
 `kube.events` are the observability.
 
-Start-up order: ResourceSlices, DeviceClasses, Namespaces and DeviceQuotas are listed
+Start-up order: ResourceSlices, DeviceClasses, Namespaces, DeviceQuotas and
+ClusterDeviceQuotas are listed
 first; ResourceClaims only once those are synced, because re-deriving a claim's charge
 prices it against the inventory and the classes (an empty inventory would price every
 existing claim at nothing).
@@ -37,7 +38,18 @@ from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, Quot
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds
-from kube.resources import ADMISSION_CHECKS, CLAIMS, CLASSES, NAMESPACES, PODS, QUOTAS, SLICES, TEMPLATES, WORKLOADS
+from kube.resources import (
+    ADMISSION_CHECKS,
+    CLAIMS,
+    CLASSES,
+    CLUSTER_QUOTAS,
+    NAMESPACES,
+    PODS,
+    QUOTAS,
+    SLICES,
+    TEMPLATES,
+    WORKLOADS,
+)
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from quota.admission import Admitter
 from quota.inventory import Inventory
@@ -107,9 +119,12 @@ class Caches:
         self.first = [
             reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
             reflector(CLASSES, ClassStore(self.classes)),
-            reflector(NAMESPACES, NamespaceStore(self.namespaces, changed=self._tell_namespace)),
-            reflector(QUOTAS, QuotaStore(self.admitter, observe=self.reservations.observe, drop=self.reservations.drop,
-                                         reprice=self.refiner.add, changed=self._tell)),
+            reflector(NAMESPACES, NamespaceStore(self.namespaces, changed=self._tell_namespace, admitter=self.admitter,
+                                                 quotas_changed=self._tell, reprice=self.refiner.add)),
+            *(reflector(resource, QuotaStore(self.admitter, observe=self.reservations.observe,
+                                             drop=self.reservations.drop, reprice=self.refiner.add,
+                                             changed=self._tell, cluster=resource is CLUSTER_QUOTAS))
+              for resource in (QUOTAS, CLUSTER_QUOTAS)),
             *also,
         ]
         self.claims = reflector(CLAIMS, claim_store, claims=True)
@@ -175,7 +190,8 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
     half-listed cache would publish too little usage.
     """
     def exceeded(namespace: str, name: str, uid: str, message: str) -> None:
-        recorder.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", name, namespace, uid), None, "Warning",
+        kind = "DeviceQuota" if namespace else "ClusterDeviceQuota"
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,

@@ -1,10 +1,16 @@
-"""The leader keeps the label `draquota.io/governed=true` on every namespace a DeviceQuota governs.
+"""The leader keeps the label `draquota.io/governed=true` on every namespace a quota governs:
+one holding a DeviceQuota, or selected by a ClusterDeviceQuota (a team's namespace).
 
 Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, beside the
 quota controller, and tells `changed` the namespace of every Namespace event and
 `quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`); the
 namespace cache (`kube.caches.NamespaceStore`) says what each namespace carries now and
-`quota.ledger` which namespaces hold a DeviceQuota.
+`quota.ledger` which namespaces hold a DeviceQuota or belong to a team. A team's key
+moves on every claim event of its namespaces; only a change of its members (a team
+added, deleted or reselecting) changes which namespaces it governs, so only those are
+looked at again. A ClusterDeviceQuota's selector can never key on the governed label
+itself (its CRD allows only `kubernetes.io/metadata.name` and `team.draquota.io/*`):
+labelling a namespace can never move it into or out of a team.
 
 Why (issue 15, item 3): the webhook configurations (deploy/manifests/webhooks.yaml)
 hold each claim webhook twice, `failurePolicy: Fail` for namespaces with this label and
@@ -47,7 +53,8 @@ _RETRY_AFTER_FAILURE = 2.0
 
 
 def governed_value(ledger: Ledger, namespace: str) -> str | None:
-    """The label's value `namespace` should carry: "true" while it holds a DeviceQuota."""
+    """The label's value `namespace` should carry: "true" while it holds a DeviceQuota or
+    a ClusterDeviceQuota selects it (`Ledger.quotas`)."""
     return "true" if ledger.quotas(Namespace(namespace)) else None
 
 
@@ -63,6 +70,8 @@ class GovernedLabels:
         self.writes = 0  # label writes that landed (tests and logs read it)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
+        # Each team's members when last looked at (module doc).
+        self._members: dict[str, frozenset[str]] = {}
 
     def changed(self, namespace: str | None) -> None:
         """A Namespace event of `namespace` (None: every namespace)."""
@@ -73,10 +82,22 @@ class GovernedLabels:
         """An event that moved these quotas (None: any): their namespaces, one added or
         deleted among them, may now be governed or not."""
         if keys is None:
+            self._members = {q.name: frozenset(self.ledger.members(q.name)) for q in self.ledger.quotas() if q.cluster}
             self.changed(None)
             return
-        for namespace in dict.fromkeys(k[0] for k in keys):
-            self.changed(namespace)
+        for namespace, name in dict.fromkeys(keys):
+            if namespace:
+                self.changed(namespace)
+                continue
+            members = frozenset(self.ledger.members(name)) if self.ledger.quota(namespace, name) is not None \
+                else frozenset()
+            moved = members ^ self._members.get(name, frozenset())
+            if members:
+                self._members[name] = members
+            else:
+                self._members.pop(name, None)
+            for member in moved:
+                self.changed(member)
 
     async def run(self) -> None:
         """Label until cancelled. Start it only once the caches have synced."""

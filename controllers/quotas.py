@@ -1,4 +1,4 @@
-"""The quota controller: writes each DeviceQuota's usage to its status, on the leader only.
+"""The quota controller: writes each DeviceQuota's and ClusterDeviceQuota's usage to its status, on the leader only.
 
 Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
 webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
@@ -9,7 +9,8 @@ caches' change notifications to `changed`: the quotas each event moved, as the
 ledger's mutations return them (`kube.caches`).
 
 When it writes: on start (every quota, after the caches synced: a full list), on
-every change the caches report for a quota (claim or DeviceQuota events),
+every change the caches report for a quota (claim, quota and Workload events, and
+for a ClusterDeviceQuota a Namespace relabelled into or out of it),
 debounced so a burst of claim events becomes one write per quota (and while admissions
 into a quota are being written, that quota at most every `min_interval`, 0.5 s), when the
 earliest persisted reservation of a quota expires (so an entry whose claim never appeared is
@@ -41,8 +42,8 @@ import aiohttp
 from kube.api import ApiError
 from kube.events import uid_of
 from kube.quotawriter import Reservations
-from quota.devicequota import QuotaError, parse_device_quota
-from quota.ledger import Ledger, QuotaKey
+from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
+from quota.ledger import Ledger, QuotaKey, shown
 from quota.quotastatus import desired_status, next_expiry
 from quota.raw import Obj
 from quota.reservations import parse_record
@@ -81,7 +82,8 @@ class QuotaController:
         self.passes = 0  # reconcile passes completed: what "it looked and did nothing" is measured by
         # Told (namespace, name, uid, message) when a write turns a quota's Exceeded
         # condition True: `commands.serve` records a QuotaExceeded Event on the DeviceQuota
-        # (with its uid, which `kubectl describe` selects Events by).
+        # (namespace "": the ClusterDeviceQuota, e.g. a namespace joined a full team; the
+        # Event lives in `default`), with its uid, which `kubectl describe` selects Events by.
         self.exceeded = exceeded
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
         self.observe = observe
@@ -174,8 +176,8 @@ class QuotaController:
         try:
             await self.reconcile(key)
         except _FAILURES as err:
-            log.warning("cannot write the status of DeviceQuota %s/%s (retried in %ss): %s",
-                        key[0], key[1], _RETRY_AFTER_FAILURE, err or type(err).__name__)
+            log.warning("cannot write the status of %s (retried in %ss): %s",
+                        shown(key), _RETRY_AFTER_FAILURE, err or type(err).__name__)
             self._timers[key] = min(self._timers.get(key, float("inf")), self.clock() + _RETRY_AFTER_FAILURE)
 
     async def reconcile(self, key: QuotaKey) -> bool:
@@ -184,7 +186,7 @@ class QuotaController:
         def build(obj: Obj) -> Obj | None:
             body = self._desired(key, obj)
             if body is not None and not self.leading():
-                log.info("not leading: DeviceQuota %s/%s status left to the next leader", key[0], key[1])
+                log.info("not leading: %s status left to the next leader", shown(key))
                 return None
             return body
 
@@ -195,8 +197,7 @@ class QuotaController:
             self._timers[key] = min(self._timers.get(key, float("inf")), self.clock() + _RETRY_AFTER_FAILURE)
             return False
         if result.conflicts:
-            log.info("DeviceQuota %s/%s: %d conflicts in a row, trying again next round", key[0], key[1],
-                     self.retries + 1)
+            log.info("%s: %d conflicts in a row, trying again next round", shown(key), self.retries + 1)
             self._mark([key])
             self._wake.set()
             return False
@@ -211,7 +212,7 @@ class QuotaController:
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
             self.exceeded(key[0], key[1], uid_of(result.written), now_exceeded)
-        log.debug("DeviceQuota %s/%s status: used %s, reserved %s, claims %s", key[0], key[1],
+        log.debug("%s status: used %s, reserved %s, claims %s", shown(key),
                   status.get("used"), status.get("reserved"), status.get("claims"))
         return True
 
@@ -221,18 +222,25 @@ class QuotaController:
         Synchronous from the ledger read to the result: no event can land in between.
         """
         try:
-            quota = parse_device_quota(obj)
+            quota = parse_device_quota(obj) if key[0] else parse_cluster_device_quota(obj)
         except QuotaError as err:
-            log.warning("skipping DeviceQuota %s/%s: %s", key[0], key[1], err)
+            log.warning("skipping %s: %s", shown(key), err)
             return None
         record = parse_record(obj.get("status"))
         now = self.clock()
         status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),
-                                caches=self.reservations, now=now)
+                                caches=self.reservations, now=now, members=self._members(quota))
         expiry = next_expiry(record, now)
         if expiry is not None:
             self._timers[key] = min(self._timers.get(key, float("inf")), expiry)
         return None if status == (obj.get("status") or {}) else {**obj, "status": status}
+
+
+    def _members(self, quota: DeviceQuota) -> list[tuple[str, Usage]] | None:
+        """A team's breakdown: each member namespace's part (`Ledger.usage_in`)."""
+        if not quota.cluster:
+            return None
+        return [(ns, self.ledger.usage_in(quota.name, ns)) for ns in self.ledger.members(quota.name)]
 
 
 def _exceeded(status: Obj) -> str | None:

@@ -23,7 +23,10 @@ background.
 
 The quota and claim stores tell `changed` the quotas whose status may have moved after
 each event: the keys the ledger's mutation returned (as kueue's cache returns them),
-None after a whole list; the Namespace store tells its namespace. The quota controller
+None after a whole list; the Namespace store tells its namespace, and, as it gives the
+ledger every Namespace's labels (`Ledger.set_namespace`: which ClusterDeviceQuotas
+select it), the teams a relabel moved it into or out of. Two quota stores feed the
+ledger: DeviceQuotas and ClusterDeviceQuotas. The quota controller
 (`controllers.quotas`) and the governed labels (`controllers.governed`) learn what to
 look at again without a watch of their own.
 """
@@ -37,10 +40,10 @@ from typing import Any, Protocol, TypeVar
 
 from quota.admission import Admitter, Repriced, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
-from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
+from quota.devicequota import CLUSTER_KIND, KIND, DeviceQuota, QuotaError, parse_cluster_device_quota, parse_device_quota
 from quota.inventory import Inventory
 from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import ClaimRef, Entry, QuotaKey
+from quota.ledger import ClaimRef, Entry, QuotaKey, shown
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj, as_map, dig
@@ -134,33 +137,59 @@ class ClassStore:
 
 class NamespaceStore:
     """Namespace labels by name: the adminAccess label rule reads them; `changed` is told
-    each event's namespace (None after a whole list)."""
+    each event's namespace (None after a whole list). With an `admitter`, the ledger is
+    told them too (module doc), before `changed`: a relabel moves the namespace's usage
+    between teams at once, and `quotas_changed` is told the teams it moved."""
 
     def __init__(self, labels: MutableMapping[str, Mapping[str, str]], *,
-                 changed: Callable[[str | None], None] = lambda namespace: None) -> None:
+                 changed: Callable[[str | None], None] = lambda namespace: None,
+                 admitter: Admitter | None = None, quotas_changed: QuotasChanged = lambda keys: None,
+                 reprice: Callable[[Claim, Entry], None] | None = None) -> None:
         self.labels = labels
         self.changed = changed
+        self.admitter = admitter
+        self.quotas_changed = quotas_changed
+        self.reprice = reprice
 
     def replace(self, objects: list[Obj]) -> None:
         parsed = [n for n in (parse_or_skip("Namespace", o, parse_namespace) for o in objects) if n is not None]
+        gone = set(self.labels) - {n.name for n in parsed}
         self.labels.clear()
         self.labels.update((n.name, n.labels) for n in parsed)
+        if self.admitter is not None:
+            for name in gone:
+                self.admitter.ledger.delete_namespace(Namespace(name))
+            for ns in parsed:
+                self._teams(ns.name, ns.labels)
+            self.quotas_changed(None)
         self.changed(None)
 
     def upsert(self, obj: Obj) -> None:
         ns = parse_or_skip("Namespace", obj, parse_namespace)
         if ns is not None:
             self.labels[ns.name] = ns.labels
+            if self.admitter is not None:
+                self.quotas_changed(self._teams(ns.name, ns.labels))
         self.changed(_name(obj))
 
     def delete(self, obj: Obj) -> None:
         self.labels.pop(_name(obj), None)
+        if self.admitter is not None:
+            self.quotas_changed(self.admitter.ledger.delete_namespace(Namespace(_name(obj))))
         self.changed(_name(obj))
+
+    def _teams(self, name: str, labels: Mapping[str, str]) -> tuple[QuotaKey, ...]:
+        assert self.admitter is not None
+        admitter = self.admitter
+        repriced = guarded(f"counting the teams of Namespace {name}",
+                           lambda: admitter.set_namespace(Namespace(name), labels)) or Repriced()
+        return _repriced(admitter, repriced, self.reprice, f"Namespace {name}")
 
 
 class QuotaStore:
-    """DeviceQuotas into the ledger; `observe`/`drop` also get the raw objects, for the
-    persisted reservations (`kube.quotawriter`) to write against the newest one.
+    """DeviceQuotas (`cluster`: ClusterDeviceQuotas) into the ledger; `observe`/`drop` also
+    get the raw objects, for the persisted reservations (`kube.quotawriter`) to write
+    against the newest one. Deleting a quota drops its usage and reservations with it.
 
     A quota selecting devices no quota of its namespace selected before has the
     namespace's claims priced again for it (`Admitter.add_or_update_quota`): allocated
@@ -170,19 +199,22 @@ class QuotaStore:
     def __init__(self, admitter: Admitter, *, observe: Callable[[Obj], None] | None = None,
                  drop: Callable[[str, str], None] | None = None,
                  reprice: Callable[[Claim, Entry], None] | None = None,
-                 changed: QuotasChanged = lambda keys: None) -> None:
+                 changed: QuotasChanged = lambda keys: None, cluster: bool = False) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
         self.observe = observe
         self.drop = drop
         self.reprice = reprice
         self.changed = changed
+        self.cluster = cluster
+        self.kind = CLUSTER_KIND if cluster else KIND
+        self.parse = parse_cluster_device_quota if cluster else parse_device_quota
 
     def replace(self, objects: list[Obj]) -> None:
-        parsed = [q for q in (parse_or_skip("DeviceQuota", o, parse_device_quota) for o in objects) if q is not None]
+        parsed = [q for q in (parse_or_skip(self.kind, o, self.parse) for o in objects) if q is not None]
         keep = {(q.namespace, q.name) for q in parsed}
         for quota in self.ledger.quotas():
-            if (quota.namespace, quota.name) not in keep:
+            if quota.cluster == self.cluster and (quota.namespace, quota.name) not in keep:
                 self.ledger.delete_quota(quota.namespace, quota.name)
                 if self.drop is not None:
                     self.drop(quota.namespace, quota.name)
@@ -194,7 +226,7 @@ class QuotaStore:
         self.changed(None)
 
     def upsert(self, obj: Obj) -> None:
-        quota = parse_or_skip("DeviceQuota", obj, parse_device_quota)
+        quota = parse_or_skip(self.kind, obj, self.parse)
         if quota is not None:
             keys = self._count(quota)
             if self.observe is not None:
@@ -203,24 +235,32 @@ class QuotaStore:
 
     def delete(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
-        keys = self.ledger.delete_quota(Namespace(str(meta.get("namespace"))), str(meta.get("name")))
+        namespace = "" if self.cluster else str(meta.get("namespace"))
+        keys = self.ledger.delete_quota(Namespace(namespace), str(meta.get("name")))
         if self.drop is not None:
-            self.drop(str(meta.get("namespace")), str(meta.get("name")))
+            self.drop(namespace, str(meta.get("name")))
         self.changed(keys)
 
     def _count(self, quota: DeviceQuota) -> tuple[QuotaKey, ...]:
         """Count `quota`; the quotas whose usage it moved."""
-        repriced = guarded(f"counting DeviceQuota {quota.namespace}/{quota.name}",
+        what = shown((quota.namespace, quota.name))
+        repriced = guarded(f"counting {what}",
                            lambda: self.admitter.add_or_update_quota(quota)) or Repriced(((quota.namespace, quota.name),))
-        keys = dict.fromkeys(repriced.keys)
-        for claim, entry in repriced.stale:
-            if self.reprice is not None:
-                self.reprice(claim, entry)
-            else:
-                keys.update(dict.fromkeys(guarded(
-                    f"pricing ResourceClaim {claim.namespace}/{claim.name} for DeviceQuota {quota.name}",
-                    lambda: self.admitter.reserve_existing(claim)) or ()))
-        return tuple(keys)
+        return _repriced(self.admitter, repriced, self.reprice, what)
+
+
+def _repriced(admitter: Admitter, repriced: Repriced, reprice: Callable[[Claim, Entry], None] | None,
+              why: str) -> tuple[QuotaKey, ...]:
+    """The keys `repriced` moved; its stale claims handed to `reprice` (priced after ready,
+    `controllers.refine`), or, without it, priced here."""
+    keys = dict.fromkeys(repriced.keys)
+    for claim, entry in repriced.stale:
+        if reprice is not None:
+            reprice(claim, entry)
+        else:
+            keys.update(dict.fromkeys(guarded(f"pricing ResourceClaim {claim.namespace}/{claim.name} for {why}",
+                                              lambda: admitter.reserve_existing(claim)) or ()))
+    return tuple(keys)
 
 
 class ClaimStore:
@@ -299,7 +339,10 @@ class ClaimStore:
         self.changed(None)
 
     def _selections(self) -> dict[Namespace, tuple[DeviceSelection, ...]]:
-        return {ns: self.admitter.selections(ns) for ns in {q.namespace for q in self.ledger.quotas()}}
+        """Per namespace with a quota (its own, or a team's that selects it), what its claims are priced for."""
+        namespaces = {ns for q in self.ledger.quotas()
+                      for ns in (self.ledger.members(q.name) if q.cluster else (q.namespace,))}
+        return {ns: self.admitter.selections(ns) for ns in namespaces}
 
     def _reprice_since(self, before: dict[Namespace, tuple[DeviceSelection, ...]]) -> None:
         """A quota selecting new devices arrived while the relist was built: the claims it

@@ -15,8 +15,8 @@ for one write, and repeats that arrive while it waits share that write, so the c
 current within one queue turn and a storm of repeats costs at most one write per turn.
 
 Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
-- `QuotaExceeded` (Warning) regarding each DeviceQuota that denied a claim, a template or
-  an allocation, or that one was admitted over (enforcement Audit, or the allocation
+- `QuotaExceeded` (Warning) regarding each DeviceQuota (or ClusterDeviceQuota, its Event
+  in `default`) that denied a claim, a template or an allocation, or that one was admitted over (enforcement Audit, or the allocation
   check in account-only mode); the note is the denial message or the warning, prefixed
   with the object.
 - `QuotaExceeded` (Warning) regarding the Pod that controls a claim denied for quota at
@@ -35,8 +35,9 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   does this by design); when the extra charge breaks a quota's `hard`, that quota's
   QuotaExceeded Warning says so. The limit: an update refused after us (another
   admission step, storage) leaves an Event for an allocation that did not happen.
-- `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota whose status
-  write turned its Exceeded condition True (`controllers.quotas`, the leader only).
+- `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota or ClusterDeviceQuota
+  whose status write turned its Exceeded condition True (for a team, e.g. a namespace
+  relabelled into it while it was full) (`controllers.quotas`, the leader only).
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
   (for claims and templates, the related object is the claim or template): the note is
   the record the audit annotation carries (who, what, why). Events regarding a
@@ -60,6 +61,7 @@ from typing import Any, NoReturn, Protocol
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import ApiError, KubeApi
 from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
+from quota.devicequota import KIND, ref_of
 from quota.policy import PolicyRecord
 from quota.raw import Obj, dig
 
@@ -188,8 +190,10 @@ class EventRecorder:
         if verdict.cause == "quota":
             subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
             for quota in verdict.quotas:
-                self.record(EventKey(Ref(DEVICE_QUOTA, "DeviceQuota", quota, review.namespace,
-                                         self.quota_uid(review.namespace, quota)),
+                # A ClusterDeviceQuota is cluster-scoped: its Events live in `default`.
+                kind, name = ref_of(quota)
+                namespace = review.namespace if kind == KIND else ""
+                self.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, self.quota_uid(namespace, name)),
                                      _related(review), "Warning", "QuotaExceeded", "Admit",
                                      f"{subject}: {_quota_note(quota, verdict)}"))
             pod = owning_pod(review) if not verdict.allowed else None
@@ -322,7 +326,8 @@ def _quota_note(quota: str, verdict: Verdict) -> str:
     """The denial, or for an admission over an Audit quota the warning that names `quota`."""
     if not verdict.allowed:
         return verdict.message
-    return next((w for w in verdict.warnings if f'DeviceQuota "{quota}"' in w), "admitted over its hard")
+    kind, name = ref_of(quota)
+    return next((w for w in verdict.warnings if f'{kind} "{name}"' in w), "admitted over its hard")
 
 
 def _policy_event(record: PolicyRecord) -> EventKey:

@@ -1,4 +1,4 @@
-"""Reservations persisted on DeviceQuota status before a claim is admitted.
+"""Reservations persisted on DeviceQuota and ClusterDeviceQuota status before a claim is admitted.
 
 Neighbours: `quota.reservations` holds the record's format, the watermark protocol
 (read its docstring first) and the pure decision; `webhook.claimreview` calls
@@ -23,9 +23,11 @@ admission/plugin/resourcequota/controller.go: a work queue per namespace, one
 re-checked up to 3 times, then every request in the batch denied). Deny by default:
 an admission whose reservation is not persisted is never allowed.
 
-Several quotas per claim: Kubernetes has no multi-object transaction, so the quotas
-are reserved one at a time in name order (a fixed order, so two claims never hold
-each other's first quota while waiting on the second) and the ones already reserved
+Several quotas per claim (its namespace's DeviceQuotas and the ClusterDeviceQuotas
+selecting it): Kubernetes has no multi-object transaction, so the quotas are reserved
+one at a time in key order, team quotas (no namespace) first, then by name (a fixed
+total order, so two claims never hold each other's first quota while waiting on the
+second) and the ones already reserved
 are released if a later one denies or fails. Until that release lands the claim holds
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
@@ -45,10 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kube.api import ApiError, KubeApi
-from kube.resources import QUOTAS
+from kube.resources import quota_resource
 from kube.watching import Progress
-from quota.devicequota import Decision, DeviceQuota, parse_device_quota
-from quota.ledger import ClaimRef, Ledger, QuotaKey
+from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, parse_cluster_device_quota, parse_device_quota
+from quota.ledger import ClaimRef, Ledger, QuotaKey, shown
 from quota.model import Charge, Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
@@ -122,7 +124,7 @@ class Reservations:
 
     def observe(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
-        self._objects[(Namespace(str(meta.get("namespace"))), str(meta.get("name")))] = obj
+        self._objects[(Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))] = obj
 
     def drop(self, namespace: str, name: str) -> None:
         key = (Namespace(namespace), name)
@@ -192,13 +194,13 @@ class Reservations:
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
                     dry_run: bool = False, series: str = "", source: Source = "Claim") -> Decision:
-        """Reserve `charges` (quota -> charge) for `uid`, in quota-name order; `series`
+        """Reserve `charges` (quota -> charge) for `uid`, in key order (module doc); `series`
         replaces earlier attempts (`quota.reservations.Request.series`)."""
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
         try:
-            for quota in sorted(charges, key=lambda q: q.name):
+            for quota in sorted(charges, key=lambda q: (q.namespace, q.name)):
                 request = Request("reserve", uid, claim, charges[quota], series, source)
                 decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
                 if not decision.allowed:
@@ -224,11 +226,11 @@ class Reservations:
         task.add_done_callback(self._tasks.discard)
 
     async def release(self, namespace: str, uid: str) -> None:
-        """Remove `uid`'s entries from the quotas of `namespace` that hold one: only for
-        an admission whose object will never be created (a Workload whose Ready could
-        not be written), never for a claim DELETE (module doc)."""
+        """Remove `uid`'s entries from the quotas of `namespace` (and the team quotas) that
+        hold one: only for an admission whose object will never be created (a Workload
+        whose Ready could not be written), never for a claim DELETE (module doc)."""
         keys = [k for k, obj in self._objects.items()
-                if k[0] == namespace and uid in ((obj.get("status") or {}).get("reservations") or {})]
+                if k[0] in (namespace, "") and uid in ((obj.get("status") or {}).get("reservations") or {})]
         await asyncio.gather(*(self._release_one(k, uid) for k in keys))
 
     async def _compensate(self, quotas: list[DeviceQuota], uid: str) -> None:
@@ -238,8 +240,8 @@ class Reservations:
         try:
             await self._submit_key(key, Request("release", uid))
         except Exception as err:  # noqa: BLE001 - the entry expires anyway
-            log.warning("cannot release reservation %s on DeviceQuota %s/%s: %s; it expires after %ss",
-                        uid, key[0], key[1], err, self.ttl)
+            log.warning("cannot release reservation %s on %s: %s; it expires after %ss",
+                        uid, shown(key), err, self.ttl)
 
     # -- the per-quota batch ----------------------------------------------------------
 
@@ -252,7 +254,7 @@ class Reservations:
         batch.pending.append((request, future))
         if not batch.running:
             batch.running = True
-            task = asyncio.create_task(self._drain(key, batch), name=f"reservations {key[0]}/{key[1]}")
+            task = asyncio.create_task(self._drain(key, batch), name=f"reservations {shown(key)}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await future
@@ -266,8 +268,8 @@ class Reservations:
                 try:
                     decisions = await self._write(key, [r for r, _ in items])
                 except Exception as err:  # noqa: BLE001 - answered as a denial, never a 500
-                    log.warning("cannot persist reservations on DeviceQuota %s/%s: %s", key[0], key[1], err)
-                    decisions = [Decision(False, f"could not persist the reservation on DeviceQuota "
+                    log.warning("cannot persist reservations on %s: %s", shown(key), err)
+                    decisions = [Decision(False, f"could not persist the reservation on {_kind(key)} "
                                                  f'"{key[1]}": {err}')] * len(items)
                 for (_, future), decision in zip(items, decisions):
                     if not future.done():
@@ -292,18 +294,18 @@ class Reservations:
 
         result = await self.write_status(key, build, retries=self.retries)
         if result.lagging:
-            message = (f'could not persist the reservation on DeviceQuota "{key[1]}": this replica\'s claim watch '
+            message = (f'could not persist the reservation on {_kind(key)} "{key[1]}": this replica\'s claim watch '
                        f"is more than {self.catch_up:g}s behind the quota's record; retry")
             return [Decision(False, message) if r.op == "reserve" else Decision(True) for r in requests]
         if result.conflicts:
-            return [Decision(False, f'{CONTENTION} (DeviceQuota "{key[1]}")') if r.op == "reserve"
+            return [Decision(False, f'{CONTENTION} ({_kind(key)} "{key[1]}")') if r.op == "reserve"
                     else Decision(True) for r in requests]
         if result.read is None or outcome is None:  # the quota is gone: nothing left to hold against
             return [Decision(True)] * len(requests)
         return list(outcome.decisions)
 
     async def write_status(self, key: QuotaKey, build: Callable[[Obj], Obj | None], *, retries: int) -> StatusWrite:
-        """One conditional write of a DeviceQuota's status: the one way both writers (these
+        """One conditional write of a quota's status: the one way both writers (these
         reservations and the quota controller, `quota.quotastatus`) change it.
 
         `build(obj)` returns the object to PUT, built from `obj` (None: nothing to write);
@@ -328,11 +330,12 @@ class Reservations:
             body = build(obj)
             if body is None:
                 return StatusWrite(read=obj)
+            resource, namespace = quota_resource(key[0])
             try:
-                written = await self.api.update_status(QUOTAS, body, namespace=key[0])
+                written = await self.api.update_status(resource, body, namespace=namespace)
             except ApiError as err:
                 if err.status == 409:
-                    log.debug("conflict writing DeviceQuota %s/%s status (attempt %d)", key[0], key[1], attempt + 1)
+                    log.debug("conflict writing %s status (attempt %d)", shown(key), attempt + 1)
                     continue
                 if err.status == 404:
                     self._objects.pop(key, None)
@@ -355,8 +358,8 @@ class Reservations:
             if self.progress.has_reached(through):
                 return obj
             if not await self.progress.reached(through, timeout=max(deadline - time.monotonic(), 0.0)):
-                log.warning("DeviceQuota %s/%s: the claim watch is at %s, behind the record's watermark %s after "
-                            "%ss", key[0], key[1], self.progress.version, through, self.catch_up)
+                log.warning("%s: the claim watch is at %s, behind the record's watermark %s after "
+                            "%ss", shown(key), self.progress.version, through, self.catch_up)
                 return _LAGGING
             # The watch may have brought a newer object meanwhile: build from the newest.
             obj = self._objects.get(key)
@@ -366,19 +369,20 @@ class Reservations:
         """dryRun: the same decision, nothing written."""
         obj = await self._caught_up((quota.namespace, quota.name), fresh=False)
         if obj is _LAGGING:
-            return Decision(False, f'could not check DeviceQuota "{quota.name}": this replica\'s claim watch is '
+            return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch is '
                                    "behind the quota's record; retry")
         return Decision(True) if obj is None else self._decide(obj, [request]).decisions[0]
 
     def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
-        quota = parse_device_quota(obj)
+        quota = (parse_device_quota if (obj.get("metadata") or {}).get("namespace") else parse_cluster_device_quota)(obj)
         return apply(quota, parse_record(obj.get("status")), requests,
                      usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl)
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:
-            obj = await self.api.get(QUOTAS, key[1], namespace=key[0])
+            resource, namespace = quota_resource(key[0])
+            obj = await self.api.get(resource, key[1], namespace=namespace)
         except ApiError as err:
             if err.status == 404:
                 self._objects.pop(key, None)
@@ -390,6 +394,10 @@ class Reservations:
 
 # A sentinel object: `_caught_up`'s "the watch did not reach the watermark in time".
 _LAGGING: Obj = {}
+
+
+def _kind(key: QuotaKey) -> str:
+    return KIND if key[0] else CLUSTER_KIND
 
 
 def _remember(table: dict[str, Any], uid: str, value: Any) -> None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kube.api import Resource
-from quota.devicequota import GROUP, PLURAL, VERSION
+from quota.devicequota import CLUSTER_PLURAL, GROUP, PLURAL, VERSION
 
 __all__ = [
     "ACCESS_REVIEWS",
     "ADMISSION_CHECKS",
     "CLAIMS",
     "CLASSES",
+    "CLUSTER_QUOTAS",
     "CONFIGMAPS",
     "EVENTS",
     "KUEUE",
@@ -42,12 +43,14 @@ __all__ = [
     "VALIDATING_WEBHOOKS",
     "VERBS",
     "WORKLOADS",
+    "quota_resource",
 ]
 
 RESOURCE_V1 = "resource.k8s.io/v1"
 KUEUE = "kueue.x-k8s.io/v1beta2"
 
 QUOTAS = Resource(f"{GROUP}/{VERSION}", PLURAL)
+CLUSTER_QUOTAS = Resource(f"{GROUP}/{VERSION}", CLUSTER_PLURAL)
 CLAIMS = Resource(RESOURCE_V1, "resourceclaims")
 TEMPLATES = Resource(RESOURCE_V1, "resourceclaimtemplates")
 SLICES = Resource(RESOURCE_V1, "resourceslices")
@@ -79,6 +82,9 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     (QUOTAS, ""): frozenset({"get", "list", "watch"}),
     # Reservations and the controller's fields: a conditional PUT (kube.quotawriter).
     (QUOTAS, "status"): frozenset({"update"}),
+    # ClusterDeviceQuotas (team quotas): the same, cluster-scoped.
+    (CLUSTER_QUOTAS, ""): frozenset({"get", "list", "watch"}),
+    (CLUSTER_QUOTAS, "status"): frozenset({"update"}),
     # Requeue (controllers.requeue) lists unscheduled Pods and touches their templates;
     # Kueue (controllers.kueue) caches both and reads one Pod its cache lacks.
     (PODS, ""): frozenset({"get", "list", "watch"}),
@@ -102,3 +108,9 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     (VALIDATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
     (MUTATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
 }
+
+
+def quota_resource(namespace: str) -> tuple[Resource, str | None]:
+    """The collection of the quota keyed `(namespace, name)` and the namespace of its path:
+    a ClusterDeviceQuota's key has no namespace (`quota.ledger.QuotaKey`)."""
+    return (QUOTAS, namespace) if namespace else (CLUSTER_QUOTAS, None)

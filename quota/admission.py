@@ -168,7 +168,7 @@ class Admitter(Annotating):
         pricing is why (`quota.explain`); other messages unchanged."""
         if not denied_by:
             return message
-        quotas = [q for q in self.ledger.quotas(claim.namespace) if q.name in denied_by]
+        quotas = [q for q in self.ledger.quotas(claim.namespace) if q.ref in denied_by]
         note = conservative_note(self.pricer, claim, quotas, self.ledger.default_mode)
         return f"{message}. {note}" if note else message
 

@@ -55,6 +55,7 @@ __all__ = [
     "parse_device_quota",
     "parse_cluster_device_quota",
     "check",
+    "ref_of",
     "format_amount",
     "format_resource",
 ]
@@ -184,6 +185,13 @@ class DeviceQuota:
     def kind(self) -> str:
         return CLUSTER_KIND if self.cluster else KIND
 
+    @property
+    def ref(self) -> str:
+        """How a decision names it (`Decision.denied_by`): a DeviceQuota by its name (the
+        claim's namespace is the rest), a ClusterDeviceQuota as `ClusterDeviceQuota/<name>`
+        (no name holds a '/'): `ref_of` reads it back."""
+        return f"{CLUSTER_KIND}/{self.name}" if self.cluster else self.name
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -215,7 +223,7 @@ class Decision:
     warnings: tuple[str, ...] = ()
     # Quotas the claim is charged to (Audit ones included): the draquota.io/quotas annotation.
     charged: tuple[str, ...] = field(default=())
-    # The Enforce quotas that denied it, by name: the webhook's Events regard each.
+    # The Enforce quotas that denied it, by `DeviceQuota.ref`: the webhook's Events regard each.
     denied_by: tuple[str, ...] = ()
     # The Audit quotas it exceeds, admitted with a warning: recorded the same way.
     warned_by: tuple[str, ...] = ()
@@ -300,6 +308,12 @@ def _limit(raw: Any, where: str) -> int | None:
     return ceil_int(non_negative_amount(raw, where, QuotaError))
 
 
+def ref_of(ref: str) -> tuple[str, str]:
+    """(kind, name) of a `DeviceQuota.ref`."""
+    kind, _, name = ref.rpartition("/")
+    return (kind or KIND), name
+
+
 def format_amount(resource: str, value: int) -> str:
     """Memory as a quantity (`80Gi`), devices as a count."""
     return format_quantity(value) if resource == "memory" else str(value)
@@ -328,10 +342,10 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
         message = _exceeded_message(item, exceeded)
         if item.quota.enforcement == "Audit":
             warnings.append(f"{message} (enforcement: Audit, admitted)")
-            warned_by.append(item.quota.name)
+            warned_by.append(item.quota.ref)
         else:
             denials.append(message)
-            denied_by.append(item.quota.name)
+            denied_by.append(item.quota.ref)
     charged = tuple(item.quota.name for item in checks if not item.charge.is_zero())
     if denials:
         return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by), tuple(warned_by))

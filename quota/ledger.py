@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 from typing import NewType
 
 from quota.claims import Claim
-from quota.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.priced import Pricing
 from quota.scope import Scope
 from quota.teams import Teams
 
-__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "usage_scope"]
+__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "shown", "usage_scope"]
 
 QuotaKey = tuple[Namespace, str]
 # The key of a claim: its uid when it has one (every claim the API server admits does),
@@ -162,6 +162,10 @@ class Ledger:
         usage = self._teams.part(name, namespace)
         return usage if quota is None or not self._teams.selects(name, namespace) else \
             self._held(usage, quota, [namespace])
+
+    def has_teams(self) -> bool:
+        """Whether any ClusterDeviceQuota exists."""
+        return self._teams.exist()
 
     def members(self, name: str) -> tuple[Namespace, ...]:
         """The namespaces team `name` selects, of those the ledger knows (sorted)."""
@@ -359,6 +363,11 @@ class Ledger:
             self._teams.add(quota.name, entry.namespace, add_usage(Usage(), entry, quota, self.default_mode, sign))
             touched.append((quota.namespace, quota.name))
         return tuple(touched)
+
+
+def shown(key: QuotaKey) -> str:
+    """How logs and messages name a quota: `DeviceQuota team-a/gpus`, `ClusterDeviceQuota ml-team`."""
+    return f"{KIND} {key[0]}/{key[1]}" if key[0] else f"{CLUSTER_KIND} {key[1]}"
 
 
 def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:

@@ -51,6 +51,9 @@ class Teams:
     def quota(self, name: str) -> DeviceQuota | None:
         return self._quotas.get(name)
 
+    def exist(self) -> bool:
+        return bool(self._quotas)
+
     def quotas(self) -> list[DeviceQuota]:
         return [self._quotas[name] for name in sorted(self._quotas)]
 

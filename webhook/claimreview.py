@@ -119,6 +119,11 @@ async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     if record is not None and record.outcome == "refused":
         return _refusal(record)
     labels = ctx.namespace_labels(claim.namespace)
+    if labels is None and ctx.admitter.ledger.has_teams():
+        # A namespace created a moment ago: which ClusterDeviceQuotas select it is in its
+        # labels, which this replica's Namespace watch has not brought yet. Deny by default.
+        return Verdict(False, f"namespace {claim.namespace} is not in dra-quota's cache yet, and ClusterDeviceQuotas "
+                              "select namespaces by their labels: retry in a moment", cause="unavailable")
     # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`).
     entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
                                                                           budget=Budget.review()))

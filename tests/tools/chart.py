@@ -11,8 +11,8 @@ default values as release dra-quota in dra-quota-system, CRD included;
 deploy/prometheus/prometheusrule.yaml is `shipped_prometheus_rule()`, the chart's
 PrometheusRule for the same release, for those who apply it without Helm. Helm reads only
 files inside the chart, so the chart holds `COPIES` of the CRD, the alert rules and the
-dashboard, whose sources are quota/manifests/devicequota.yaml (package data the installed
-demo reads; deploy/crds/devicequota.yaml links to it) and files in deploy/. Refresh the copies and regenerate the manifest
+dashboard, whose sources are quota/manifests/devicequota.yaml and clusterdevicequota.yaml
+(package data the installed demo reads; deploy/crds/ links to them) and files in deploy/. Refresh the copies and regenerate the manifest
 after changing any of them with
 
     python -m tests.tools.chart
@@ -46,6 +46,7 @@ RELEASE, NAMESPACE = "dra-quota", "dra-quota-system"
 # files/ is read by the PrometheusRule and dashboard templates with .Files.Get).
 COPIES = {
     CHART / "crds" / "devicequota.yaml": ROOT / "quota" / "manifests" / "devicequota.yaml",
+    CHART / "crds" / "clusterdevicequota.yaml": ROOT / "quota" / "manifests" / "clusterdevicequota.yaml",
     CHART / "files" / "prometheus-rules.yaml": ROOT / "deploy" / "prometheus" / "dra-quota-rules.yaml",
     CHART / "files" / "grafana-dashboard.json": ROOT / "deploy" / "grafana" / "dra-quota.json",
 }

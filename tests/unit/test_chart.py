@@ -36,10 +36,11 @@ from ..tools.chart import (
     shipped_manifest, shipped_prometheus_rule,
 )
 
-SOURCE_CRD = ROOT / "deploy" / "crds" / "devicequota.yaml"
+SOURCE_CRDS = [ROOT / "deploy" / "crds" / "devicequota.yaml", ROOT / "deploy" / "crds" / "clusterdevicequota.yaml"]
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
 SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
 SOURCE_GOVERNED = documents((ROOT / "deploy" / "manifests" / "governed-label-policy.yaml").read_text())
+SOURCE_TEAMS = documents((ROOT / "deploy" / "manifests" / "team-label-policy.yaml").read_text())
 SOURCE_EVENTS = documents((ROOT / "deploy" / "manifests" / "rbac-events.yaml").read_text())
 SOURCE_LEADER = documents((ROOT / "deploy" / "manifests" / "rbac-leader-election.yaml").read_text())
 KINDS = {"ValidatingWebhookConfiguration"}
@@ -157,8 +158,10 @@ def test_the_charts_copies_are_their_sources_in_deploy(chart_file: Path) -> None
         "run `python -m tests.tools.chart`")
 
 
-def test_the_crd_is_deploy_crds_devicequota_yaml(default: list[Obj]) -> None:
-    assert find(default, "CustomResourceDefinition") == yaml.safe_load(SOURCE_CRD.read_text())
+@pytest.mark.parametrize("source", SOURCE_CRDS, ids=[s.name for s in SOURCE_CRDS])
+def test_the_crds_are_those_of_deploy_crds(default: list[Obj], source: Path) -> None:
+    crd = yaml.safe_load(source.read_text())
+    assert find(default, "CustomResourceDefinition", crd["metadata"]["name"]) == crd
 
 
 def test_the_webhook_configurations_are_those_of_deploy_manifests(default: list[Obj]) -> None:
@@ -214,15 +217,27 @@ def test_the_chart_refuses_to_render_without_an_image() -> None:
 def test_the_admin_access_policy_events_and_lease_rbac_are_those_of_deploy_manifests(default: list[Obj]) -> None:
     # Each is proven on the real API server by its own e2e test (test_admin_access_policy,
     # test_fail_closed, test_observability, test_controller): the chart renders exactly those.
-    for source in SOURCE_POLICY + SOURCE_GOVERNED + SOURCE_EVENTS + SOURCE_LEADER:
+    for source in SOURCE_POLICY + SOURCE_GOVERNED + SOURCE_TEAMS + SOURCE_EVENTS + SOURCE_LEADER:
         rendered = find(default, source["kind"], source["metadata"]["name"])
         assert_labels_kept(source, rendered)
         assert without_labels(rendered) == without_labels(source)
     objects = render({"adminAccess": {"validatingAdmissionPolicy": {"enabled": False}}})
     assert [o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")] == [
-        "dra-quota-governed-label", "dra-quota-governed-label"]  # that one is not optional
+        "dra-quota-governed-label", "dra-quota-team-labels",
+        "dra-quota-governed-label", "dra-quota-team-labels"]  # those are not optional
     find(objects, "ConfigMap", "dra-quota-admin-access")  # the allowlist stays: the webhook's too
     find(objects, "Role", "dra-quota-admin-access-reader")
+
+
+def test_the_team_label_principals_come_from_values() -> None:
+    policy = find(render({"teamLabels": {"users": ["alice"], "groups": ["platform-admins", "ops"]}}),
+                  "ValidatingAdmissionPolicy", "dra-quota-team-labels")
+    (validation,) = policy["spec"]["validations"]
+    assert 'request.userInfo.username in ["alice"]' in validation["expression"]
+    assert 'g in ["platform-admins","ops"]' in validation["expression"]
+    nobody = find(render({"teamLabels": {"users": [], "groups": []}}), "ValidatingAdmissionPolicy",
+                  "dra-quota-team-labels")
+    assert "in []" in nobody["spec"]["validations"][0]["expression"]
 
 
 def test_the_allowlist_reaches_the_policy_and_serve_alike() -> None:

@@ -12,7 +12,9 @@ import pytest
 
 from controllers.quotas import QuotaController
 
-from ..builders import GiB, make_quota
+from quota.model import Namespace
+
+from ..builders import GiB, make_cluster_quota, make_quota
 from ..clock import FakeClock, until
 from ..quota.test_ledger import entry
 from ..kube.scripted import FakeApi
@@ -168,3 +170,31 @@ def test_it_looks_again_at_the_quotas_it_is_told_that_the_ledger_still_holds() -
     assert controller._dirty == {(NS, "gpus")}
     controller.changed(None)
     assert controller._dirty == {(NS, "gpus"), (NS, "other")}
+
+
+async def test_a_team_status_has_its_breakdown_and_turning_exceeded_by_a_join_is_told() -> None:
+    api, reservations, _ = setup(make_cluster_quota("ml", memory="100Gi"))
+    ledger = reservations.ledger
+    reservations.observe(await api.get(None, "ml"))  # type: ignore[arg-type]
+    api.objects["ml"]["metadata"]["uid"] = "cdq-uid"
+    ledger.add_or_update_claim(entry("a", 60 * GiB, allocated=True))  # team-a, a member (setup)
+    ledger.add_or_update_claim(entry("b", 60 * GiB, allocated=True, ns=Namespace("team-b")))
+    told: list[tuple[str, str, str, str]] = []
+    controller = QuotaController(ledger, reservations, leading=lambda: True, debounce=0.01, min_interval=0.0,
+                                 exceeded=lambda *args: told.append(args))
+    task = asyncio.create_task(controller.run())
+    try:
+        await settled(api, 1)
+        status = api.objects["ml"]["status"]
+        assert status["used"] == {"memory": "60Gi", "devices": 1}
+        assert [(n["namespace"], n["used"]) for n in status["namespaces"]] == [("team-a", {"memory": "60Gi", "devices": 1})]
+        # team-b joins the team (a relabel): over hard, told once, nothing evicted.
+        controller.changed(ledger.set_namespace(Namespace("team-b"), {"team.draquota.io/name": "ml"}))
+        await settled(api, 2)
+        status = api.objects["ml"]["status"]
+        assert status["used"] == {"memory": "120Gi", "devices": 2}
+        assert [n["namespace"] for n in status["namespaces"]] == ["team-a", "team-b"]
+        assert told == [("", "ml", "cdq-uid", "used + reserved memory=120Gi is above hard memory=100Gi")]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -25,6 +25,8 @@ class FakeApi:
             obj["metadata"]["resourceVersion"] = "1"
         self.writes = 0
         self.conflicts_to_inject = 0
+        # (plural, namespace, name) of every status write, in order.
+        self.written: list[tuple[str, str | None, str]] = []
 
     async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         await asyncio.sleep(0)
@@ -43,6 +45,7 @@ class FakeApi:
         if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", "the object has been modified")
         self.writes += 1
+        self.written.append((resource.plural, namespace, name))
         current["status"] = copy.deepcopy(body["status"])
         current["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
         return copy.deepcopy(current)

@@ -18,7 +18,8 @@ from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.work import pausing
 
-from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
+from ..builders import (GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice,
+                        request, result)
 from ..quota.test_ledger import entry as priced
 
 D = "gpu.example.com"
@@ -344,3 +345,71 @@ def test_the_namespace_store_tells_each_events_namespace() -> None:
     store.delete(namespace)
     store.replace([])
     assert told == ["team-a", "team-a", None]
+
+
+# -- team quotas (ClusterDeviceQuotas) ------------------------------------------------------------
+
+
+def namespace_obj(name: str, team: str | None = None) -> dict[str, Any]:
+    labels = {"kubernetes.io/metadata.name": name, **({"team.draquota.io/name": team} if team else {})}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def team_world() -> tuple[World, QuotaStore, list[list[tuple[str, str]] | None]]:
+    world = World()
+    told: list[list[tuple[str, str]] | None] = []
+    world.namespace_store = NamespaceStore(world.namespaces, admitter=world.admitter,
+                                           quotas_changed=lambda keys: told.append(None if keys is None else list(keys)))
+    teams = QuotaStore(world.admitter, cluster=True)
+    world.namespace_store.replace([namespace_obj("team-a", "ml"), namespace_obj("team-b")])
+    teams.replace([make_cluster_quota("ml", team="ml", memory="1Ti")])
+    world.claims.upsert(claim("c1", "u1", allocated=True))
+    told.clear()
+    return world, teams, told
+
+
+def test_namespace_labels_move_a_namespaces_usage_between_teams_at_once() -> None:
+    world, _, told = team_world()
+    ledger, team = world.admitter.ledger, (Namespace(""), "ml")
+    assert ledger.usage(*team).used == Charge(80 * GiB, 1) and ledger.members("ml") == (NS,)
+    world.namespace_store.upsert(namespace_obj("team-a"))  # relabelled out
+    assert ledger.usage(*team).used == ZERO and ledger.members("ml") == ()
+    world.namespace_store.upsert(namespace_obj("team-a", "ml"))  # and back
+    assert ledger.usage(*team).used == Charge(80 * GiB, 1)
+    world.namespace_store.upsert(namespace_obj("team-a", "ml"))  # unchanged: nothing moves
+    world.namespace_store.delete(namespace_obj("team-a", "ml"))
+    assert ledger.members("ml") == ()
+    assert told == [[team], [team], [], [team]]
+    world.namespace_store.replace([namespace_obj("team-b", "ml")])
+    assert ledger.members("ml") == (Namespace("team-b"),) and told[-1] is None
+
+
+def test_the_two_quota_stores_keep_to_their_own_kind() -> None:
+    world, teams, _ = team_world()
+    ledger = world.admitter.ledger
+    assert {(q.kind, q.name) for q in ledger.quotas()} == {("DeviceQuota", "gpus"), ("ClusterDeviceQuota", "ml")}
+    world.quotas.replace([make_quota("gpus", memory="160Gi")])  # a DeviceQuota relist keeps the team
+    assert ledger.quota(Namespace(""), "ml") is not None
+    teams.replace([])  # and a team relist the DeviceQuotas
+    assert ledger.quota(Namespace(""), "ml") is None and ledger.quota(NS, "gpus") is not None
+    teams.upsert(make_cluster_quota("ml", team="ml", memory="1Ti"))
+    teams.delete(make_cluster_quota("ml", team="ml"))  # deleting a team drops what it counted
+    assert ledger.quotas(NS) == [ledger.quota(NS, "gpus")] and ledger.usage(Namespace(""), "ml") == Usage()
+
+
+def test_a_namespace_joining_a_team_selecting_devices_has_its_claims_priced_for_it() -> None:
+    """As for a DeviceQuota selecting devices new to a namespace (above): its allocated
+    claims priced again at once, its unallocated ones handed to the refiner."""
+    world, claims, _ = scoped_world()
+    handed: list[str] = []
+    world.namespace_store = NamespaceStore(world.namespaces, admitter=world.admitter,
+                                           reprice=lambda c, e: handed.append(c.name))
+    world.namespace_store.replace([namespace_obj("team-a")])
+    teams = QuotaStore(world.admitter, cluster=True)
+    teams.replace([make_cluster_quota("ml", team="ml", memory="1Ti",
+                                      selectors=[f"device.attributes['{D}'].model == 'h100'"])])
+    world.claims.replace(claims)
+    world.namespace_store.upsert(namespace_obj("team-a", "ml"))
+    usage = world.admitter.ledger.usage(Namespace(""), "ml")
+    assert usage.used == ZERO  # the A100 allocation, priced again for the H100 selection at once
+    assert handed == ["pending"] and usage.reserved == Charge(40 * GiB, 1)  # at its unscoped charge meanwhile

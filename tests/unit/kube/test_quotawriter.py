@@ -16,13 +16,13 @@ import pytest
 from kube.api import Resource
 from kube.quotawriter import CONTENTION, Reservations
 from quota.admission import Admitter
-from quota.devicequota import DeviceQuota, parse_device_quota
+from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
 from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 
-from ..builders import GiB, make_quota
+from ..builders import GiB, make_cluster_quota, make_quota
 from ..quota.test_pricing import CLASSES, inventory
 from ..webhook.test_claimreview import POLICY, review_request
 from .scripted import FakeApi
@@ -34,7 +34,9 @@ GPU = Charge(80 * GiB, 1)
 def setup(*quotas: dict[str, Any]) -> tuple[FakeApi, Reservations, list[DeviceQuota]]:
     api = FakeApi(*quotas)
     ledger = Ledger()
-    parsed = [parse_device_quota(q) for q in quotas]
+    ledger.set_namespace(NS, {"team.draquota.io/name": "ml"})
+    parsed = [parse_cluster_device_quota(q) if q["kind"] == "ClusterDeviceQuota" else parse_device_quota(q)
+              for q in quotas]
     for quota in parsed:
         ledger.add_or_update_quota(quota)
     return api, Reservations(api, ledger, ttl=60.0, clock=lambda: 1_000.0), parsed  # type: ignore[arg-type]
@@ -189,3 +191,25 @@ async def test_a_review_cancelled_while_its_write_is_in_flight_leaves_no_entry()
     while reservations._tasks:  # the batch's write, then the release queued behind it
         await asyncio.gather(*list(reservations._tasks))
     assert api.objects["gpus"]["status"]["reservations"] == {} and api.writes == 2
+
+
+async def test_a_team_quota_is_written_cluster_scoped_first_and_released_when_its_namespace_denies() -> None:
+    # "a-team" sorts before "b-gpus" by name either way: the order is by key, teams first.
+    api, reservations, (gpus, team) = setup(make_quota("b-gpus", memory="80Gi"),
+                                            make_cluster_quota("a-team", team="ml", memory="800Gi"))
+    assert (await reservations.admit({gpus: GPU, team: GPU}, uid="u1", claim="team-a/c1")).allowed
+    assert api.written == [("clusterdevicequotas", None, "a-team"), ("devicequotas", "team-a", "b-gpus")]
+    denied = await reservations.admit({gpus: GPU, team: GPU}, uid="u2", claim="team-a/c2")
+    assert not denied.allowed and denied.denied_by == ("b-gpus",)
+    # The team's reservation of the denied claim was released: all or nothing.
+    assert list(api.objects["a-team"]["status"]["reservations"]) == ["u1"]
+    await reservations.release(NS, "u1")  # a release reaches the team quota too
+    assert api.objects["a-team"]["status"]["reservations"] == {}
+
+
+async def test_a_full_team_denies_naming_itself() -> None:
+    api, reservations, (team,) = setup(make_cluster_quota("ml", memory="80Gi"))
+    assert (await reservations.admit({team: GPU}, uid="u1", claim="team-a/c1")).allowed
+    denied = await reservations.admit({team: GPU}, uid="u2", claim="team-b/c2")
+    assert denied.message.startswith('exceeded ClusterDeviceQuota "ml": requested memory=80Gi')
+    assert denied.denied_by == ("ClusterDeviceQuota/ml",)

@@ -70,7 +70,7 @@ def test_admission_is_all_or_nothing_across_the_namespaces_of_a_team() -> None:
     led = ledger(A, B)
     assert led.admit(entry("a", 60 * GiB)).allowed
     denied = led.admit(entry("b", 60 * GiB, ns=B))
-    assert not denied.allowed and denied.denied_by == ("ml",)
+    assert not denied.allowed and denied.denied_by == ("ClusterDeviceQuota/ml",)
     assert denied.message == ('exceeded ClusterDeviceQuota "ml": requested memory=60Gi, used memory=0, '
                               "reserved memory=60Gi, limited memory=100Gi")
     assert led.entry(ClaimRef("b")) is None

@@ -9,7 +9,7 @@ import pytest
 
 from quota.admission import Admitter
 from quota.claims import parse_claim, parse_device_class
-from quota.devicequota import parse_device_quota
+from quota.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
@@ -29,7 +29,7 @@ from quota.workloads import (
 )
 
 from ..bounds import bounded
-from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request
+from ..builders import GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice, request
 
 NS = Namespace("team-a")
 OURS = frozenset({"dq"})
@@ -154,6 +154,23 @@ def test_a_workload_is_priced_count_times_its_templates_claims() -> None:
     assert isinstance(entry, Entry)
     quota = adm.ledger.quotas(NS)[0]
     assert adm.workload_charges(entry) == {quota: Charge(240 * GiB, 3)}
+
+
+
+def test_a_workload_is_priced_against_the_teams_selecting_its_namespace_too() -> None:
+    """controllers.kueue reserves `workload_charges` (quota.ledger.Ledger.quotas): a team's
+    quota holds a Workload as it holds a claim, and the message names it by kind."""
+    adm = admitter()
+    adm.ledger.set_namespace(NS, {"team.draquota.io/name": "ml"})
+    adm.add_or_update_quota(parse_cluster_device_quota(make_cluster_quota("ml", memory="1Ti")))
+    entry = adm.workload_entry(NS, ClaimRef("w-1"), [(template(1), 2)])
+    assert isinstance(entry, Entry)
+    charges = adm.workload_charges(entry)
+    assert sorted((q.kind, q.name, c) for q, c in charges.items()) == [
+        ("ClusterDeviceQuota", "ml", Charge(160 * GiB, 2)), ("DeviceQuota", "gpus", Charge(160 * GiB, 2))]
+    assert 'ClusterDeviceQuota "ml": memory=160Gi' in charge_message(charges)
+    adm.ledger.set_holding(entry)
+    assert adm.ledger.usage(Namespace(""), "ml").workloads == Charge(160 * GiB, 2)
 
 
 MAX_COUNT = 2**31 - 1
