@@ -448,14 +448,13 @@ def _run_top(args: argparse.Namespace) -> int:
 
 async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     """The DeviceQuotas, the ClusterDeviceQuotas, and why the latter are missing ("" when not)."""
-    from kube.api import ApiError, KubeApi, Resource
-    from kube.resources import QUOTAS
-    from quota.devicequota import CLUSTER_PLURAL, GROUP, VERSION
+    from kube.api import ApiError, KubeApi
+    from kube.resources import CLUSTER_QUOTAS, QUOTAS
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
         quotas = (await api.list(QUOTAS, namespace=args.namespace)).items
         try:
-            return quotas, (await api.list(Resource(f"{GROUP}/{VERSION}", CLUSTER_PLURAL))).items, ""
+            return quotas, (await api.list(CLUSTER_QUOTAS)).items, ""
         except ApiError as err:
             if err.status == 404:  # no ClusterDeviceQuota CRD: no teams
                 return quotas, [], ""
