@@ -59,11 +59,6 @@ class Panel:
     column_units: tuple[tuple[str, str], ...] = ()
 
 
-def _quota(resource: str, kind: str) -> Q:
-    return Q(f'max by (namespace, quota) (draquota_quota{{resource="{resource}", type="{kind}", {NS}}})',
-             f"{{{{namespace}}}}/{{{{quota}}}} {kind}")
-
-
 def _held(resource: str) -> str:
     return (f"sum by (namespace, state) (max by (namespace, device_class, resource, state) "
             f'(draquota_namespace_device_usage{{resource="{resource}", {NS}}}))')
@@ -83,10 +78,11 @@ class Quotas:
     metric: str
     by: str
     match: str
+    legend: str  # a quota's name in a legend
 
 
-DEVICE_QUOTAS = Quotas("draquota_quota", "namespace, quota", NS)
-TEAMS = Quotas("draquota_cluster_quota", "quota", TEAM)
+DEVICE_QUOTAS = Quotas("draquota_quota", "namespace, quota", NS, "{{namespace}}/{{quota}}")
+TEAMS = Quotas("draquota_cluster_quota", "quota", TEAM, "{{quota}}")
 PARTS = "draquota_cluster_quota_namespace"
 
 
@@ -117,8 +113,22 @@ def _utilisation(of: Quotas) -> str:
             f'max by ({of.by}, resource) ({of.metric}{{type="hard", {of.match}}} > 0)')
 
 
-def _team(resource: str, kind: str) -> Q:
-    return Q(_by_quota(resource, kind, TEAMS), f"{{{{quota}}}} {kind}")
+def _limits(of: Quotas, noun: str, whose: str, alert: str) -> tuple[Panel, Panel, Panel]:
+    """Memory and devices used / reserved / hard over time, and (used + reserved) / hard now."""
+    def series(resource: str) -> tuple[Q, ...]:
+        return tuple(Q(_by_quota(resource, kind, of), f"{of.legend} {kind}") for kind in ("used", "reserved", "hard"))
+
+    return (
+        Panel(f"{noun} memory: used, reserved, hard", "timeseries", "bytes", series("memory"),
+              f"{whose} memory: allocated (used), admitted but not yet allocated (reserved), and its limit."),
+        Panel(f"{noun} devices: used, reserved, hard", "timeseries", "short", series("devices"),
+              f"{whose} device count: used, reserved and its limit."),
+        Panel(f"{noun} utilisation: (used + reserved) / hard", "bargauge", "percentunit",
+              (Q(_utilisation(of), f"{of.legend} {{{{resource}}}}", instant=True),),
+              f"How much of each limit is committed; above 90% the {alert} alert fires, at 100% new claims are "
+              "denied.", thresholds=PERCENT_THRESHOLDS,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+    )
 
 
 def _parts(resource: str) -> Q:
@@ -188,17 +198,7 @@ DCGM_NOTE = (" From dcgm-exporter's series joined on UUID (and GPU_I_PROFILE) wi
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Quotas", (
-        Panel("Quota memory: used, reserved, hard", "timeseries", "bytes",
-              (_quota("memory", "used"), _quota("memory", "reserved"), _quota("memory", "hard")),
-              "Each DeviceQuota's memory: allocated (used), admitted but not yet allocated (reserved), and its limit."),
-        Panel("Quota devices: used, reserved, hard", "timeseries", "short",
-              (_quota("devices", "used"), _quota("devices", "reserved"), _quota("devices", "hard")),
-              "Each DeviceQuota's device count: used, reserved and its limit."),
-        Panel("Quota utilisation: (used + reserved) / hard", "bargauge", "percentunit",
-              (Q(_utilisation(DEVICE_QUOTAS), "{{namespace}}/{{quota}} {{resource}}", instant=True),),
-              "How much of each limit is committed; above 90% the DraQuotaNearLimit alert fires, "
-              "at 100% new claims are denied.", thresholds=PERCENT_THRESHOLDS,
-              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        *_limits(DEVICE_QUOTAS, "Quota", "Each DeviceQuota's", "DraQuotaNearLimit"),
         Panel("Device memory held per namespace (every class)", "timeseries", "bytes",
               (Q(_held("memory"), "{{namespace}} {{state}}"),),
               "Allocated and reserved device memory per namespace, with or without a DeviceQuota.", stack=True),
@@ -223,18 +223,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                   "columnField": "model", "rowField": "namespace", "valueField": "devices"}},)),
     )),
     ("Teams (ClusterDeviceQuotas)", (
-        Panel("Team memory: used, reserved, hard", "timeseries", "bytes",
-              (_team("memory", "used"), _team("memory", "reserved"), _team("memory", "hard")),
-              "Each ClusterDeviceQuota's memory over every namespace it selects: allocated (used), admitted but "
-              "not yet allocated (reserved), and the team's limit."),
-        Panel("Team devices: used, reserved, hard", "timeseries", "short",
-              (_team("devices", "used"), _team("devices", "reserved"), _team("devices", "hard")),
-              "Each ClusterDeviceQuota's device count over its namespaces: used, reserved and its limit."),
-        Panel("Team utilisation: (used + reserved) / hard", "bargauge", "percentunit",
-              (Q(_utilisation(TEAMS), "{{quota}} {{resource}}", instant=True),),
-              "How much of each team's limit is committed; above 90% DraQuotaTeamNearLimit fires, at 100% new "
-              "claims in every namespace of the team are denied.", thresholds=PERCENT_THRESHOLDS,
-              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        *_limits(TEAMS, "Team", "Each team's (ClusterDeviceQuota's, over every namespace it selects)",
+                 "DraQuotaTeamNearLimit"),
         Panel("Team memory per namespace", "timeseries", "bytes", (_parts("memory"),),
               "Each namespace's part of its team's memory, used and reserved, stacked: together they are the "
               "team's total. A relabelled namespace moves from one team to the other.", width=12, stack=True),
