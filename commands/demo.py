@@ -46,7 +46,7 @@ from devcluster.kube import ApiError, Kube, WaitTimeout, poll
 from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount
-from quota.manifests import crd, documents
+from quota.manifests import crds, documents
 from quota.printable import for_terminal
 from quota.raw import Obj
 from quota.tables import USAGE_HEADERS, print_rows, usage_cells
@@ -316,10 +316,10 @@ async def _play(state: _Run) -> dict[str, Any]:
 
 
 async def _install_crd(kube: Kube) -> None:
-    definition = crd()
-    await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
-    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                  definition["metadata"]["name"], "Established", timeout=60)
+    for definition in crds():
+        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
+        await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                      definition["metadata"]["name"], "Established", timeout=60)
 
 
 async def _start_serve(state: _Run) -> None:

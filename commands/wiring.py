@@ -96,7 +96,7 @@ class Caches:
         # The claim watch's progress and the claim store's versions: the persisted
         # reservations' watermark (quota.reservations) waits on the one, reads the other.
         progress = Progress()
-        claim_store = ClaimStore(self.admitter, freed=requeue.quota_freed if requeue else None,
+        claim_store = ClaimStore(self.admitter, freed=self._freed(requeue) if requeue else None,
                                  holders=self.holders, recorder=self.annotator, provisional=self.refiner.add,
                                  changed=self._tell)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
@@ -143,6 +143,20 @@ class Caches:
             ]
         for r in also:
             r.rebuild = self.rebuilds.relist
+
+    def _freed(self, requeue: Requeuer) -> Callable[[str], None]:
+        """Quota freed in `namespace`: its waiting Pods retried, and those of every namespace
+        of its teams (a ClusterDeviceQuota's room is shared by its namespaces)."""
+        ledger = self.admitter.ledger
+
+        def freed(namespace: str) -> None:
+            requeue.quota_freed(namespace)
+            for quota in ledger.quotas(Namespace(namespace)):
+                if quota.cluster:
+                    for member in ledger.members(quota.name):
+                        requeue.quota_freed(member)
+
+        return freed
 
     def _tell(self, keys: Iterable[QuotaKey] | None) -> None:
         keys = None if keys is None else tuple(keys)

@@ -1,11 +1,12 @@
 """The API objects the program installs itself, read from the installed package.
 
-`devicequota.yaml` is the DeviceQuota CRD (the schema `quota.devicequota` parses);
+`devicequota.yaml` and `clusterdevicequota.yaml` are the DeviceQuota and
+ClusterDeviceQuota CRDs (the schemas `quota.devicequota` parses; `serve` watches both);
 `webhooks.yaml` the ValidatingWebhookConfiguration that sends the API server's reviews to
 `dra-quota serve`. Both are package data (pyproject.toml, `[tool.setuptools.package-data]`),
 so `dra-quota demo` (commands/demo.py) and the local cluster's webhook routing
 (devcluster/webhooks.py) find them in an installed copy as in a checkout, whose
-deploy/crds/devicequota.yaml and deploy/manifests/webhooks.yaml are links to these
+deploy/crds/*.yaml and deploy/manifests/webhooks.yaml are links to these
 files (the chart's crds/ holds a copy, tests/unit/test_chart.py checks it). Read when
 asked, never at import.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["crd", "documents", "webhook_configurations"]
+__all__ = ["crd", "crds", "documents", "webhook_configurations"]
 
 
 def documents(resource: Traversable) -> list[dict[str, Any]]:
@@ -30,6 +31,11 @@ def crd() -> dict[str, Any]:
     """The DeviceQuota CustomResourceDefinition."""
     (definition,) = documents(files(__name__) / "devicequota.yaml")
     return definition
+
+
+def crds() -> list[dict[str, Any]]:
+    """Every CustomResourceDefinition `serve` needs: DeviceQuota's and ClusterDeviceQuota's."""
+    return [crd(), *documents(files(__name__) / "clusterdevicequota.yaml")]
 
 
 def webhook_configurations() -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import pytest_asyncio
 from .cluster import ControlPlane, ControlPlaneError, build, free_ports
 from .driver import Gpu, GpuFleet, create_fleet
 from .harness import (
-    CLIENTS, CRD, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, adapted_webhooks, installed, running, unique,
+    CLIENTS, CRDS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, adapted_webhooks, installed, running, unique,
 )
 from .kube import ApiError, Kube, Obj
 from .kubectl import Kubectl, KubectlError
@@ -234,14 +234,16 @@ async def make_fleet(cluster: ControlPlane, kube: Kube) -> AsyncIterator[MakeFle
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def crd(kube: Kube) -> None:
-    """The DeviceQuota CRD, established (created once; never deleted: tests share it)."""
-    try:
-        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CRD)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                  CRD["metadata"]["name"], "Established", timeout=60)
+    """The DeviceQuota and ClusterDeviceQuota CRDs, established (created once; never deleted:
+    tests share them)."""
+    for definition in CRDS:
+        try:
+            await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                      definition["metadata"]["name"], "Established", timeout=60)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
