@@ -21,8 +21,8 @@ import yaml
 from devcluster.served import service_account_token
 
 from .cluster import ControlPlane, free_ports
-from .harness import DQ, ROOT, MakeNamespace, Served, running, top, unique
-from .kube import ApiError, Kube
+from .harness import DQ, MakeNamespace, Served, running, top, unique
+from .kube import Kube
 
 pytestmark = pytest.mark.e2e
 
@@ -46,9 +46,7 @@ async def test_top_prints_published_usage(cluster: ControlPlane, kube: Kube, crd
     kubeconfig = str(cluster.kubeconfig)
 
     code, out, err = await top("--kubeconfig", kubeconfig, "-o", "json")
-    # No warning, with or without the ClusterDeviceQuota CRD (first in this file on a fresh
-    # cluster: not installed yet, the list answers 404 and there are no teams to show).
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), err  # listing the ClusterDeviceQuotas too: no warning
     rows = {(q["namespace"], q["name"]): q for q in json.loads(out)["quotas"]}
     assert rows[(counted, "gpus")] == {
         "kind": "DeviceQuota", "namespace": counted, "name": "gpus", "hard": {"memory": 320 * GiB, "devices": 4},
@@ -101,27 +99,12 @@ async def test_every_command_finds_the_cluster_through_kubeconfig(tmp_path: Path
         assert f"credentials: kubeconfig {cluster.kubeconfig} ($KUBECONFIG" in handle.log_text()
 
 
-CLUSTER_CRD = yaml.safe_load((ROOT / "deploy/crds/clusterdevicequota.yaml").read_text())
-
-
-async def cluster_crd(kube: Kube) -> None:
-    """The ClusterDeviceQuota CRD, established (created once; left installed: tests share it)."""
-    try:
-        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CLUSTER_CRD)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                  CLUSTER_CRD["metadata"]["name"], "Established", timeout=60)
-
-
 def amounts(memory: int, devices: int) -> dict[str, int]:
     return {"memory": memory * GiB, "devices": devices}
 
 
 async def test_top_shows_each_team_with_its_namespaces(cluster: ControlPlane, kube: Kube, crd: None,
                                                        make_namespace: MakeNamespace) -> None:
-    await cluster_crd(kube)
     dev, train, other = [await make_namespace("top-team") for _ in range(3)]
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                            "spec": {"hard": {"memory": "160Gi"}}}, namespace=dev)
@@ -177,7 +160,6 @@ async def test_a_user_who_may_not_list_teams_still_sees_its_namespace(tmp_path: 
                                                                       make_namespace: MakeNamespace) -> None:
     """A tenant's account: `list` on its namespace's DeviceQuotas (a Role), nothing on the
     cluster-scoped ClusterDeviceQuotas (403 from the real authorizer)."""
-    await cluster_crd(kube)
     ns = await make_namespace("top-tenant")
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                            "spec": {"hard": {"memory": "80Gi"}}}, namespace=ns)
