@@ -25,8 +25,8 @@ ledger, which keeps it incrementally, so keeping it here would save nothing, and
 or a change of the team's selector or scope moves parts without any claim changing.
 
 A scrape runs in slices (`kube.rebuilds`, from `webhook.metricsserver`): it pauses
-between quotas, chunks of a team's namespaces, namespaces, claims and chunks of rendered claims
-(`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
+between quotas, chunks of a team's namespaces, namespaces, claims and chunks of rendered
+claims (`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
 never holds the loop for long. Claim events land between its slices: every loop runs
 over a copy of what it reads, and each cache is stamped with the generation read
 before it was built, so what changed meanwhile is built again at the next scrape. One
