@@ -101,7 +101,7 @@ class GovernedLabels:
 
     async def run(self) -> None:
         """Label until cancelled. Start it only once the caches have synced."""
-        self.changed(None)
+        self.quotas_changed(None)  # every namespace, and each team's members as they are now
         next_resync = time.monotonic() + self.resync
         while True:
             try:

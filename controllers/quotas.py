@@ -1,4 +1,4 @@
-"""The quota controller: writes each DeviceQuota's and ClusterDeviceQuota's usage to its status, on the leader only.
+"""The quota controller: writes each (Cluster)DeviceQuota's usage to its status, on the leader only.
 
 Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
 webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's

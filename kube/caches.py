@@ -40,7 +40,14 @@ from typing import Any, Protocol, TypeVar
 
 from quota.admission import Admitter, Repriced, claim_ref, object_ref
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
-from quota.devicequota import CLUSTER_KIND, KIND, DeviceQuota, QuotaError, parse_cluster_device_quota, parse_device_quota
+from quota.devicequota import (
+    CLUSTER_KIND,
+    KIND,
+    DeviceQuota,
+    QuotaError,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.inventory import Inventory
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, QuotaKey, shown

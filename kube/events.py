@@ -16,9 +16,9 @@ current within one queue turn and a storm of repeats costs at most one write per
 
 Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
 - `QuotaExceeded` (Warning) regarding each DeviceQuota (or ClusterDeviceQuota, its Event
-  in `default`) that denied a claim, a template or an allocation, or that one was admitted over (enforcement Audit, or the allocation
-  check in account-only mode); the note is the denial message or the warning, prefixed
-  with the object.
+  in `default`) that denied a claim, a template or an allocation, or that one was
+  admitted over (enforcement Audit, or the allocation check in account-only mode); the
+  note is the denial message or the warning, prefixed with the object.
 - `QuotaExceeded` (Warning) regarding the Pod that controls a claim denied for quota at
   CREATE (`owning_pod`: the resourceclaim controller's template claims and the
   scheduler's extended-resource claims both name their Pod so): the denied claim does not

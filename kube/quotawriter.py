@@ -49,7 +49,14 @@ from typing import Any
 from kube.api import ApiError, KubeApi
 from kube.resources import quota_resource
 from kube.watching import Progress
-from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, parse_cluster_device_quota, parse_device_quota
+from quota.devicequota import (
+    CLUSTER_KIND,
+    KIND,
+    Decision,
+    DeviceQuota,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.ledger import ClaimRef, Ledger, QuotaKey, shown
 from quota.model import Charge, Namespace
 from quota.raw import Obj
@@ -375,7 +382,8 @@ class Reservations:
 
     def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
-        quota = (parse_device_quota if (obj.get("metadata") or {}).get("namespace") else parse_cluster_device_quota)(obj)
+        namespaced = bool((obj.get("metadata") or {}).get("namespace"))
+        quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
         return apply(quota, parse_record(obj.get("status")), requests,
                      usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl)
 

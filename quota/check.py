@@ -19,7 +19,15 @@ from typing import Any
 from quota.admission import Admission, Admitter
 from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
 from quota.conversion import require_dra_version
-from quota.devicequota import CLUSTER_KIND, GROUP, KIND, DeviceQuota, QuotaError, parse_cluster_device_quota, parse_device_quota
+from quota.devicequota import (
+    CLUSTER_KIND,
+    GROUP,
+    KIND,
+    DeviceQuota,
+    QuotaError,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.inventory import Inventory
 from quota.knownfields import strict_error
 from quota.ledger import Ledger
@@ -123,7 +131,8 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Repor
             elif _group(doc.obj.get("apiVersion")) == GROUP:
                 # A typo in our own kinds (`DeviceQuotas`) skipped with a warning would
                 # leave its namespace without the quota and every claim there allowed.
-                raise CheckInputError(f"{doc.source}: unknown kind {show(kind)} in {GROUP}: dra-quota knows {KIND}, {CLUSTER_KIND}")
+                raise CheckInputError(f"{doc.source}: unknown kind {show(kind)} in {GROUP}: "
+                                      f"dra-quota knows {KIND}, {CLUSTER_KIND}")
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:

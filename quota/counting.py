@@ -114,7 +114,8 @@ class Counting:
         scope or selector changed (`price_for` passes over what is priced already)."""
         old = self.ledger.quota(quota.namespace, quota.name)
         keys = self.ledger.add_or_update_quota(quota)
-        if quota.scope.devices.everything or (old is not None and (old.scope, old.selector) == (quota.scope, quota.selector)):
+        unchanged = old is not None and (old.scope, old.selector) == (quota.scope, quota.selector)
+        if quota.scope.devices.everything or unchanged:
             return Repriced(keys)
         return self._price_members(keys, [(ns, quota.scope.devices) for ns in self.ledger.members(quota.name)])
 

@@ -231,35 +231,34 @@ class Decision:
 
 def parse_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     """A DeviceQuota, checked against deploy/crds/devicequota.yaml's schema."""
+    namespace, name, where, spec = _envelope(obj, KIND)
+    return _parse_spec(spec, namespace, name, where)
+
+
+def _envelope(obj: Mapping[str, Any], kind: str) -> tuple[Namespace, str, str, Mapping[str, Any]]:
+    """(namespace, name, how messages name it, spec) of a quota of `kind`."""
     if not isinstance(obj, dict):
-        raise QuotaError("a DeviceQuota must be an object")
-    require_version(obj, KIND, QuotaError)
-    meta = parse_meta(obj, KIND, QuotaError, namespaced=True)
-    where = f"DeviceQuota {meta.namespace}/{meta.name}"
+        raise QuotaError(f"a {kind} must be an object")
+    require_version(obj, kind, QuotaError)
+    meta = parse_meta(obj, kind, QuotaError, namespaced=kind == KIND)
+    where = f"{kind} {meta.namespace}/{meta.name}" if kind == KIND else f"{kind} {meta.name}"
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         raise QuotaError(f"{where}: spec is required")
-    return _parse_spec(spec, Namespace(meta.namespace), meta.name, where)
+    return Namespace(meta.namespace), meta.name, where, spec
 
 
 def parse_cluster_device_quota(obj: Mapping[str, Any]) -> DeviceQuota:
     """A ClusterDeviceQuota, checked against deploy/crds/clusterdevicequota.yaml's schema:
     DeviceQuota's spec and a `namespaceSelector` keyed only by labels no tenant can change."""
-    if not isinstance(obj, dict):
-        raise QuotaError("a ClusterDeviceQuota must be an object")
-    require_version(obj, CLUSTER_KIND, QuotaError)
-    meta = parse_meta(obj, CLUSTER_KIND, QuotaError, namespaced=False)
-    where = f"ClusterDeviceQuota {meta.name}"
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        raise QuotaError(f"{where}: spec is required")
+    _, name, where, spec = _envelope(obj, CLUSTER_KIND)
     if "namespaceSelector" not in spec:
         raise QuotaError(f"{where}: spec.namespaceSelector is required ({{}} selects every namespace)")
     selector = parse_label_selector(spec["namespaceSelector"], f"{where}: spec.namespaceSelector", QuotaError)
     for key in sorted(selector.keys()):
         if key != NAME_LABEL and not key.startswith(TEAM_LABEL_PREFIX):
             raise QuotaError(f"{where}: spec.namespaceSelector: {SELECTOR_KEYS_MESSAGE}, got {show(key)}")
-    quota = _parse_spec({k: v for k, v in spec.items() if k != "namespaceSelector"}, Namespace(""), meta.name, where)
+    quota = _parse_spec({k: v for k, v in spec.items() if k != "namespaceSelector"}, Namespace(""), name, where)
     return replace(quota, selector=selector)
 
 

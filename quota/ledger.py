@@ -185,10 +185,6 @@ class Ledger:
     def delete_namespace(self, namespace: Namespace) -> tuple[QuotaKey, ...]:
         return tuple((Namespace(""), name) for name in self._teams.delete_namespace(namespace))
 
-    def namespace_labels(self, namespace: Namespace) -> Mapping[str, str] | None:
-        """The labels `set_namespace` last said (None: a Namespace the ledger never heard of)."""
-        return self._teams.labels(namespace)
-
     # -- Kueue Workloads ------------------------------------------------------------
 
     def set_holding(self, entry: Entry) -> tuple[QuotaKey, ...]:

@@ -74,9 +74,6 @@ class Teams:
     def part(self, name: str, namespace: Namespace) -> Usage:
         return self._parts.get(name, {}).get(namespace, Usage())
 
-    def labels(self, namespace: Namespace) -> Mapping[str, str] | None:
-        return self._labels.get(namespace)
-
     # -- claims -----------------------------------------------------------------------
 
     def add(self, name: str, namespace: Namespace, delta: Usage) -> None:

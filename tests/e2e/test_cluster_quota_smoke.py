@@ -4,7 +4,8 @@ A team of two namespaces (labelled `team.draquota.io/name: <run>`) under one
 ClusterDeviceQuota of two GPUs, a third namespace outside it: creates from both team
 namespaces are denied once the team is full, naming the ClusterDeviceQuota; the status
 holds the team's totals and each namespace's part; relabelling a namespace out frees
-the team at once; deleting the quota drops what it held. And the shipped
+the team at once, relabelling it back in with its claim makes the team Exceeded (an
+Event, nothing evicted); deleting the quota drops what it held. And the shipped
 ValidatingAdmissionPolicy (deploy/manifests/team-label-policy.yaml): a tenant bound to
 `edit`, and a user who may patch Namespaces but is not in `teamLabels`, cannot move a
 namespace between teams. The concurrent, multi-replica, crash-safe proof is
@@ -134,6 +135,23 @@ async def test_a_team_is_full_across_its_namespaces_and_a_relabel_frees_it(kube:
         status = await team_status(kube, team, lambda s: [n["namespace"] for n in s.get("namespaces") or []] == [team.a]
                                    and (s.get("claims") or {}).get("pending") == 2, "team-b gone from the breakdown")
         assert status["namespaces"] == [part(team.a, "160Gi", 2)]
+
+        # team-b joins again with its claim: the team is over hard (nothing evicted), its
+        # Exceeded condition turns True and a Warning Event regards it, in `default`.
+        await kube.patch("v1", "namespaces", team.b, {"metadata": {"labels": {TEAM_LABEL: team.name}}})
+        status = await team_status(kube, team, lambda s: any(
+            c.get("type") == "Exceeded" and c.get("status") == "True" for c in s.get("conditions") or []),
+            "the team to turn Exceeded")
+        assert status["reserved"] == {"memory": "240Gi", "devices": 3}
+
+        async def event() -> Obj | None:
+            events = await kube.list("events.k8s.io/v1", "events", namespace="default")
+            return next((e for e in events if e["regarding"].get("name") == team.name
+                         and e["reason"] == "QuotaExceeded" and e.get("action") == "Reconcile"), None)
+
+        found = await poll(event, timeout=30, what="the QuotaExceeded Event on the ClusterDeviceQuota")
+        assert found["regarding"]["kind"] == "ClusterDeviceQuota" and found["type"] == "Warning"
+        assert "used + reserved memory=240Gi is above hard memory=160Gi" in found["note"], found["note"]
 
         # Deleting the team quota drops what it held: nothing counts against it any more.
         await kube.delete(DQ, CDQ, team.name)

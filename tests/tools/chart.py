@@ -12,7 +12,8 @@ deploy/prometheus/prometheusrule.yaml is `shipped_prometheus_rule()`, the chart'
 PrometheusRule for the same release, for those who apply it without Helm. Helm reads only
 files inside the chart, so the chart holds `COPIES` of the CRD, the alert rules and the
 dashboard, whose sources are quota/manifests/devicequota.yaml and clusterdevicequota.yaml
-(package data the installed demo reads; deploy/crds/ links to them) and files in deploy/. Refresh the copies and regenerate the manifest
+(package data the installed demo reads; deploy/crds/ links to them) and files in deploy/.
+Refresh the copies and regenerate the manifest
 after changing any of them with
 
     python -m tests.tools.chart

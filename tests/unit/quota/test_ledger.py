@@ -90,12 +90,8 @@ def test_a_quota_created_later_counts_existing_claims() -> None:
     assert led.quotas(NS) == []
 
 
-def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every status write of a DeviceQuota comes back through the watch: the same spec must
-    # not cost a pass over every claim of its namespace (1,000s, in a burst of creates).
-    led = ledger(make_quota("q", memory="1Ti"))
-    for i in range(50):
-        led.add_or_update_claim(entry(f"c{i}", GiB))
+def counting_adds(monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
+    """The entries the ledger counts into a quota's usage from now on, in order."""
     counted: list[Entry] = []
     real = ledger_module.add_usage
 
@@ -104,6 +100,16 @@ def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.Monke
         return real(usage, e, *args)
 
     monkeypatch.setattr(ledger_module, "add_usage", counting)
+    return counted
+
+
+def test_a_quota_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every status write of a DeviceQuota comes back through the watch: the same spec must
+    # not cost a pass over every claim of its namespace (1,000s, in a burst of creates).
+    led = ledger(make_quota("q", memory="1Ti"))
+    for i in range(50):
+        led.add_or_update_claim(entry(f"c{i}", GiB))
+    counted = counting_adds(monkeypatch)
     before = led.usage(NS, "q")
     assert led.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti"))) == ((NS, "q"),)
     assert counted == [] and led.usage(NS, "q") == before

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import quota.ledger as ledger_module
 from quota.devicequota import RESOURCES, parse_cluster_device_quota, parse_device_quota
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, Ledger
@@ -15,6 +14,7 @@ from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
 
 from ..builders import GiB, make_cluster_quota, make_quota
+from .test_ledger import counting_adds
 
 A, B, C = Namespace("team-a"), Namespace("team-b"), Namespace("team-c")
 TEAM = Namespace("")
@@ -119,14 +119,7 @@ def test_a_team_seen_again_unchanged_is_not_recounted(monkeypatch: pytest.Monkey
     led = ledger(A, B)
     for i in range(20):
         led.add_or_update_claim(entry(f"c{i}", GiB, ns=A if i % 2 else B))
-    counted: list[Entry] = []
-    real = ledger_module.add_usage
-
-    def counting(usage: Any, e: Entry, *args: Any) -> Any:
-        counted.append(e)
-        return real(usage, e, *args)
-
-    monkeypatch.setattr(ledger_module, "add_usage", counting)
+    counted = counting_adds(monkeypatch)
     before = led.usage(TEAM, "ml")
     led.add_or_update_quota(team(memory="200Gi"))  # another hard
     assert counted == [] and led.usage(TEAM, "ml") == before
