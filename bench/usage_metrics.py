@@ -5,7 +5,11 @@ one reserved for a pod) go through the webhook's own `ClaimStore` into the ledge
 the holders, as a serve process's first list would; one DeviceQuota per namespace.
 Then one scrape (`Metrics.exposition`, what `GET /metrics` serves) is timed cold, again
 with nothing changed (the per-model and per-device families are cached on the
-inventory generation and the holders' version), and after one claim changed.
+inventory generation and the holders' version), and after one claim changed. Then team
+quotas (issue 19): `--team-namespaces` more Namespaces and `--teams` ClusterDeviceQuotas,
+first each selecting its share of them (a label per team), then each selecting every
+namespace (`{}`: the worst case, teams x namespaces members); each scrape is timed with
+the rest unchanged, so the difference is the team families' cost.
 
 Not a timed test: run `python bench/usage_metrics.py [--nodes N] [--claims N]`.
 """
@@ -24,9 +28,12 @@ from pricing import rss_mib, timed  # noqa: E402
 
 from kube.caches import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
+from quota.devicequota import parse_cluster_device_quota  # noqa: E402
+from quota.ledger import Ledger  # noqa: E402
+from quota.model import Namespace  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.usage import Holders  # noqa: E402
-from runtime.metricnames import CLAIM_DEVICE_INFO  # noqa: E402
+from runtime.metricnames import CLAIM_DEVICE_INFO, CLUSTER_QUOTA_NAMESPACE  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402
 
@@ -34,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=150_000)
+    parser.add_argument("--teams", type=int, default=20)
+    parser.add_argument("--team-namespaces", type=int, default=500)
     args = parser.parse_args()
 
     slices, inventory, classes, ledger, _ = caches(args.nodes)
@@ -62,6 +71,26 @@ def main() -> None:
           f"({len(holders)} allocated) accounted in {load_s:.1f} s; RSS +{rss_mib() - before:.0f} MiB")
     print(f"one scrape: {len(cold) / 1e6:.1f} MB, {len(cold.splitlines())} lines, {series} {CLAIM_DEVICE_INFO} series")
     print(f"  cold {cold_s:.2f} s; nothing changed {warm_s:.2f} s; one claim changed {changed_s:.2f} s")
+    teams(ledger, metrics, args.teams, args.team_namespaces)
+
+
+def teams(ledger: Ledger, metrics: Metrics, count: int, namespaces: int) -> None:
+    """The team families' scrape cost: `count` teams over `namespaces` more Namespaces."""
+    label = "team.draquota.io/name"
+    for k in range(namespaces):
+        ledger.set_namespace(Namespace(f"member-{k:04d}"), {label: f"t{k % count}"})
+    _, before_s = timed(metrics.exposition)
+    for selector in ("share", "every"):
+        for t in range(count):
+            ledger.add_or_update_quota(parse_cluster_device_quota({
+                "apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuota", "metadata": {"name": f"t{t}"},
+                "spec": {"hard": {"memory": "100Ti"},
+                         "namespaceSelector": {"matchLabels": {label: f"t{t}"}} if selector == "share" else {}}}))
+        text, team_s = timed(metrics.exposition)
+        series = sum(1 for line in text.splitlines() if line.startswith(CLUSTER_QUOTA_NAMESPACE.encode()))
+        print(f"{count} teams, each selecting {'its share' if selector == 'share' else 'every one'} of "
+              f"{namespaces} more namespaces: {series} {CLUSTER_QUOTA_NAMESPACE} series; scrape {team_s:.2f} s "
+              f"(+{team_s - before_s:.2f} s over the same scrape without teams)")
 
 
 if __name__ == "__main__":

@@ -390,11 +390,14 @@ def render_table(report: Report, out: TextIO) -> None:
 def _add_top(sub: _Subparsers) -> None:
     top = sub.add_parser(
         "top", help=_COMMANDS["top"][0],
-        description="List DeviceQuotas from the API server and print used/reserved/hard memory and devices, "
-                    "allocated and pending claims, and whether the quota is exceeded or not counted yet "
-                    "(status missing or older than the spec). Reads status only, like kubectl top. "
+        description="List DeviceQuotas and ClusterDeviceQuotas (team quotas) from the API server and print "
+                    "used/reserved/hard memory and devices, allocated and pending claims, and whether the quota is "
+                    "exceeded or not counted yet (status missing or older than the spec); for each team, its "
+                    "totals and each namespace's part. Reads status only, like kubectl top. A cluster without "
+                    "the ClusterDeviceQuota CRD, or a user not allowed to list them, gets the DeviceQuotas alone. "
                     "Exit 0 when it printed, 1 when the cluster could not be read.")
-    top.add_argument("-n", "--namespace", help="only this namespace (default: all namespaces)")
+    top.add_argument("-n", "--namespace", help="only this namespace: its DeviceQuotas, and the teams selecting it "
+                     "with its part (default: all namespaces)")
     top.add_argument("-o", "--output", choices=("table", "json"), default="table")
     top.add_argument("--kubeconfig", metavar="FILE", help=_KUBECONFIG_HELP)
     top.add_argument("--context", help="kubeconfig context (default: the current one)")
@@ -410,45 +413,54 @@ def _run_top(args: argparse.Namespace) -> int:
     from kube.api import ApiError
     from quota.devicequota import QuotaError
     from quota.printable import for_json, for_terminal
-    from quota.tables import USAGE_HEADERS, print_rows, usage_cells
-    from quota.top import quota_usage
+    from quota.tables import print_rows, top_tables
+    from quota.top import quota_usage, team_usage
 
     try:
-        objects = asyncio.run(_list_quotas(args))
+        objects, teams, note = asyncio.run(_list_quotas(args))
     except (ApiError, ConfigException, OSError, aiohttp.ClientError, TimeoutError, ValueError) as err:
         print(f"error: {for_terminal(_cluster_error(err))}", file=sys.stderr)
         return EXIT_CLUSTER
+    if note:
+        print(f"warning: {for_terminal(note)}", file=sys.stderr)
     quotas = []
-    for obj in objects:
-        try:
-            quotas.append(quota_usage(obj))
-        except QuotaError as err:  # one unreadable object does not hide the others
-            print(f"warning: skipped: {for_terminal(str(err))}", file=sys.stderr)
+    for read, items in ((quota_usage, objects), (lambda obj: team_usage(obj, args.namespace), teams)):
+        for obj in items:
+            try:
+                if (row := read(obj)) is not None:
+                    quotas.append(row)
+            except QuotaError as err:  # one unreadable object does not hide the others
+                print(f"warning: skipped: {for_terminal(str(err))}", file=sys.stderr)
     quotas.sort(key=lambda q: (q["namespace"], q["name"]))
     if args.output == "json":
         print(json.dumps(for_json({"quotas": quotas}), indent=2))
         return EXIT_OK
-    rows: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, "CLAIMS allocated/pending", "STATUS")]
-    for q in quotas:
-        claims = " / ".join("-" if (n := q["claims"][k]) is None else str(n) for k in ("allocated", "pending"))
-        state = "Exceeded" if q["exceeded"] else ""
-        if not q["current"]:
-            state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
-        rows.append((q["namespace"], q["name"], *usage_cells(q), claims, state))
-    if len(rows) == 1:
-        print("No DeviceQuotas found" + (f" in namespace {for_terminal(args.namespace)}" if args.namespace else ""),
-              file=sys.stderr)
-        return EXIT_OK
-    print_rows(rows, sys.stdout)
+    tables = [rows for rows in top_tables(quotas) if len(rows) > 1]
+    if not tables:
+        print("No DeviceQuotas or ClusterDeviceQuotas found"
+              + (f" for namespace {for_terminal(args.namespace)}" if args.namespace else ""), file=sys.stderr)
+    for index, rows in enumerate(tables):
+        if index:
+            sys.stdout.write("\n")
+        print_rows(rows, sys.stdout)
     return EXIT_OK
 
 
-async def _list_quotas(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from kube.api import KubeApi
-    from kube.resources import QUOTAS
+async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """The DeviceQuotas, the ClusterDeviceQuotas, and why the latter are missing ("" when not)."""
+    from kube.api import ApiError, KubeApi
+    from kube.resources import CLUSTER_QUOTAS, QUOTAS
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
-        return (await api.list(QUOTAS, namespace=args.namespace)).items
+        quotas = (await api.list(QUOTAS, namespace=args.namespace)).items
+        try:
+            return quotas, (await api.list(CLUSTER_QUOTAS)).items, ""
+        except ApiError as err:
+            if err.status == 404:  # no ClusterDeviceQuota CRD: no teams
+                return quotas, [], ""
+            if err.status in (401, 403):  # a tenant may read its namespace's quotas, not the cluster's
+                return quotas, [], f"not allowed to list ClusterDeviceQuotas, team quotas not shown: {err.message}"
+            raise
 
 
 def _cluster_error(err: Exception) -> str:
@@ -519,7 +531,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[_Subparsers], None]]] = {
     "check": ("price and admit claims offline from YAML files (no cluster needed)", _add_check),
     "certs": ("generate or inspect webhook certificates", _add_certs),
     "serve": ("run the admission webhook against a cluster", _add_serve),
-    "top": ("print each DeviceQuota's usage as the quota controller published it", _add_top),
+    "top": ("print each DeviceQuota's and ClusterDeviceQuota's usage as the quota controller published it",
+            _add_top),
     "demo": ("run the webhook and quota controller live on a throw-away local cluster", _add_demo),
 }
 

@@ -1,7 +1,7 @@
 """Plain-text tables of the command line: `check`'s and `top`'s, and `demo`'s live usage.
 
 Neighbours: `commands.cli` and `commands.demo` print what these return or write; `quota.top`
-gives the per-quota objects `usage_cells` reads. Every cell goes through
+gives the per-quota objects `usage_cells` and `top_tables` read. Every cell goes through
 `quota.printable.for_terminal`, so one row stays one line whatever a name holds.
 """
 
@@ -13,19 +13,48 @@ from typing import Any, TextIO
 from quota.devicequota import format_amount
 from quota.printable import for_terminal
 
-__all__ = ["USAGE_HEADERS", "print_rows", "usage_cells"]
+__all__ = ["USAGE_HEADERS", "print_rows", "top_tables", "usage_cells"]
 
 USAGE_HEADERS = ("MEMORY used/reserved/hard", "DEVICES used/reserved/hard")
+Rows = list[tuple[str, ...]]
 
 
-def usage_cells(quota: dict[str, Any]) -> tuple[str, str]:
+def usage_cells(quota: dict[str, Any], keys: Sequence[str] = ("used", "reserved", "hard")) -> tuple[str, str]:
     """`used / reserved / hard` per resource of one per-quota JSON object (check's or top's); "-" for none."""
     memory, devices = (
         " / ".join("-" if (v := quota[key].get(resource)) is None else format_amount(resource, v)
-                   for key in ("used", "reserved", "hard"))
+                   for key in keys)
         for resource in ("memory", "devices")
     )
     return memory, devices
+
+
+def top_tables(quotas: Sequence[dict[str, Any]]) -> tuple[Rows, Rows]:
+    """`top`'s two tables, headers included: the DeviceQuotas, then the ClusterDeviceQuotas,
+    each a `(total)` row and one row per namespace of its breakdown (its part: used and
+    reserved; the team's hard is on the total)."""
+    claims = "CLAIMS allocated/pending"
+    namespaced: Rows = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, claims, "STATUS")]
+    teams: Rows = [("CLUSTERDEVICEQUOTA", "NAMESPACE", *USAGE_HEADERS, claims, "STATUS")]
+    for q in quotas:
+        if not q["namespace"]:
+            teams.append((q["name"], "(total)", *usage_cells(q), _claims(q), _state(q)))
+            teams.extend((q["name"], part["namespace"], *usage_cells(part, ("used", "reserved")), _claims(part), "")
+                         for part in q["namespaces"])
+        else:
+            namespaced.append((q["namespace"], q["name"], *usage_cells(q), _claims(q), _state(q)))
+    return namespaced, teams
+
+
+def _claims(row: dict[str, Any]) -> str:
+    return " / ".join("-" if (n := row["claims"][k]) is None else str(n) for k in ("allocated", "pending"))
+
+
+def _state(quota: dict[str, Any]) -> str:
+    state = "Exceeded" if quota["exceeded"] else ""
+    if not quota["current"]:
+        state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
+    return state
 
 
 def print_rows(rows: Sequence[Sequence[str]], out: TextIO, *, indent: str = "") -> None:

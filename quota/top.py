@@ -1,17 +1,18 @@
-"""`dra-quota top`: per-namespace DRA usage as the quota controller published it.
+"""`dra-quota top`: per-namespace and per-team DRA usage as the quota controller published it.
 
-Neighbours: `commands.cli` lists DeviceQuotas through `kube.api` and prints what
-`quota_usage` returns; `quota.devicequota` reads the spec. This module only reads what is
-on each DeviceQuota: `spec.hard` and the `status` the leader-elected controller writes
-(`used`, `reserved`, `claims`, `conditions`, `observedGeneration`), the way `kubectl top`
-reads what metrics-server published instead of computing it. Nothing here recomputes
-usage: two tools must never show two different numbers for one quota.
+Neighbours: `commands.cli` lists DeviceQuotas and ClusterDeviceQuotas through `kube.api`
+and prints what `quota_usage` and `team_usage` return; `quota.devicequota` reads the
+spec. This module only reads what is on each quota: `spec.hard` and the `status` the
+leader-elected controller writes (`used`, `reserved`, `claims`, `conditions`,
+`observedGeneration`, and a team's `namespaces`, its per-namespace breakdown), the way
+`kubectl top` reads what metrics-server published instead of computing it. Nothing here
+recomputes usage: two tools must never show two different numbers for one quota.
 
 A status that is missing, or written for an older generation of the spec, is reported as
 such (`current: false`), so a reader can tell "nothing used" from "not counted yet".
 The JSON shape extends `dra-quota check`'s per-quota objects (same keys, integers: bytes
-and counts) with `claims`, `exceeded` and `current`; an amount the status does not carry
-is null.
+and counts; a ClusterDeviceQuota's has namespace "" and `namespaces`) with `claims`,
+`exceeded` and `current`; an amount the status does not carry is null.
 """
 
 from __future__ import annotations
@@ -19,18 +20,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from quota.devicequota import RESOURCES, QuotaError, parse_device_quota
+from quota.devicequota import (
+    RESOURCES,
+    DeviceQuota,
+    QuotaError,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.quantity import ceil_int, non_negative_amount
-from quota.raw import as_map
+from quota.raw import as_map, show
 from quota.validation import integer
 
-__all__ = ["quota_usage"]
+__all__ = ["quota_usage", "team_usage"]
 
 
 def quota_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
     """One DeviceQuota's row; `QuotaError` names the field when the object is unreadable."""
     quota = parse_device_quota(obj)
-    where = f"DeviceQuota {quota.namespace}/{quota.name}: status"
+    return _row(quota, obj, f"DeviceQuota {quota.namespace}/{quota.name}: status")
+
+
+def team_usage(obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any] | None:
+    """One ClusterDeviceQuota's row: the team's totals and `namespaces`, each namespace's
+    part (`status.namespaces`). With `namespace`, only that one's part, and None when
+    the status does not list it (the team does not select it, or not counted yet)."""
+    quota = parse_cluster_device_quota(obj)
+    where = f"ClusterDeviceQuota {quota.name}: status"
+    row = _row(quota, obj, where)
+    members = as_map(obj.get("status")).get("namespaces")
+    parts = [_part(item, f"{where}.namespaces[{i}]") for i, item in enumerate(members)
+             if isinstance(item, dict)] if isinstance(members, list) else []
+    if namespace is not None:
+        parts = [part for part in parts if part["namespace"] == namespace]
+        if not parts:
+            return None
+    row["namespaces"] = parts
+    return row
+
+
+def _row(quota: DeviceQuota, obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     status = as_map(obj.get("status"))
     meta = as_map(obj.get("metadata"))
     conditions = {
@@ -40,17 +68,32 @@ def quota_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
     } if isinstance(status.get("conditions"), list) else {}
     generation = meta.get("generation")
     return {
+        "kind": quota.kind,
         "namespace": quota.namespace,
         "name": quota.name,
         "hard": quota.hard.as_json(),
         "used": _amounts(status.get("used"), f"{where}.used"),
         "reserved": _amounts(status.get("reserved"), f"{where}.reserved"),
-        "claims": {k: None if (n := as_map(status.get("claims")).get(k)) is None
-                   else integer(n, f"{where}.claims.{k}", QuotaError) for k in ("allocated", "pending")},
+        "claims": _claims(status.get("claims"), f"{where}.claims"),
         "exceeded": conditions.get("Exceeded") == "True",
         # The controller has counted this spec: its observedGeneration is the object's.
         "current": bool(status) and generation is not None and status.get("observedGeneration") == generation,
     }
+
+
+def _part(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One item of a team's `status.namespaces`."""
+    namespace = item.get("namespace")
+    if not isinstance(namespace, str) or not namespace:
+        raise QuotaError(f"{where}.namespace must be a namespace name, got {show(namespace)}")
+    return {"namespace": namespace, "used": _amounts(item.get("used"), f"{where}.used"),
+            "reserved": _amounts(item.get("reserved"), f"{where}.reserved"),
+            "claims": _claims(item.get("claims"), f"{where}.claims")}
+
+
+def _claims(raw: Any, where: str) -> dict[str, int | None]:
+    return {k: None if (n := as_map(raw).get(k)) is None else integer(n, f"{where}.{k}", QuotaError)
+            for k in ("allocated", "pending")}
 
 
 def _amounts(raw: Any, where: str) -> dict[str, int | None]:
@@ -60,4 +103,3 @@ def _amounts(raw: Any, where: str) -> dict[str, int | None]:
         value = values.get(resource)
         out[resource] = None if value is None else ceil_int(non_negative_amount(value, f"{where}.{resource}", QuotaError))
     return out
-

@@ -18,11 +18,15 @@ per-device family (one sample per held device: tens of thousands) is kept as ren
 text per claim (`Metrics.rendered`), re-rendered only for the claims that changed (all
 of them when the inventory changed, as its attributes feed the labels); the per-model
 index is rebuilt once per inventory generation. `draquota_quota` is built at every
-scrape: a few samples per quota.
+scrape: a few samples per quota. So are the team families (`draquota_cluster_quota`, a
+ClusterDeviceQuota's totals, and `draquota_cluster_quota_namespace`, each selected
+namespace's part, `Ledger.members` and `Ledger.usage_in`): a part is one lookup in the
+ledger, which keeps it incrementally, so keeping it here would save nothing, and a relabel
+or a change of the team's selector or scope moves parts without any claim changing.
 
 A scrape runs in slices (`kube.rebuilds`, from `webhook.metricsserver`): it pauses
-between quotas, namespaces, claims and chunks of rendered claims
-(`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
+between quotas, chunks of a team's namespaces, namespaces, claims and chunks of rendered
+claims (`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
 never holds the loop for long. Claim events land between its slices: every loop runs
 over a copy of what it reads, and each cache is stamped with the generation read
 before it was built, so what changed meanwhile is built again at the next scrape. One
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from quota.devicequota import DeviceQuota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
@@ -43,6 +48,8 @@ from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, hel
 from quota.work import drop, pause_point
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
+    CLUSTER_QUOTA,
+    CLUSTER_QUOTA_NAMESPACE,
     INVENTORY_ALLOCATED,
     INVENTORY_DEVICES,
     INVENTORY_MEMORY,
@@ -89,12 +96,14 @@ class UsageMetrics:
     def collect(self) -> Iterator[Metric]:
         leading = self.leading()
         leader = GaugeMetricFamily(LEADER, "1 on the replica that holds the quota controller's Lease and alone "
-                                   "exports the usage metrics (draquota_quota, draquota_namespace_device_usage, "
+                                   "exports the usage metrics (draquota_quota, draquota_cluster_quota*, "
+                                   "draquota_namespace_device_usage, "
                                    "draquota_inventory_*, draquota_claim_device_info), else 0.")
         leader.add_metric([], 1.0 if leading else 0.0)
         yield leader
         if leading:
             yield self._quota_family()
+            yield from self._team_families()
             yield self._workloads_family()
             yield from self._namespace_families()
 
@@ -111,18 +120,42 @@ class UsageMetrics:
 
     def _quota_family(self) -> Metric:
         family = _quota_family()
-        for quota in self.ledger.quotas():
+        for quota in self._namespaced():
             pause_point()
-            usage = self.ledger.usage(quota.namespace, quota.name)
-            reserved = usage.reserved + self.pending(quota.namespace, quota.name)
-            for resource in _RESOURCES:
-                labels = [quota.namespace, quota.name, resource]
-                limit = quota.hard.get(resource)
-                if limit is not None:
-                    family.add_metric([*labels, "hard"], limit)
-                family.add_metric([*labels, "used"], usage.used.amount(resource))
-                family.add_metric([*labels, "reserved"], reserved.amount(resource))
+            self._add_totals(family, [quota.namespace, quota.name], quota)
         return family
+
+    def _team_families(self) -> tuple[Metric, Metric]:
+        """Each ClusterDeviceQuota's totals, and each namespace it selects with its part."""
+        totals, parts = _team_family(), _team_namespace_family()
+        for quota in self.ledger.quotas():
+            if not quota.cluster:
+                continue
+            pause_point()
+            self._add_totals(totals, [quota.name], quota)
+            for index, namespace in enumerate(self.ledger.members(quota.name)):  # a copy: relabels land in pauses
+                if index and index % RENDER_CHUNK == 0:
+                    pause_point()
+                part = self.ledger.usage_in(quota.name, namespace)
+                for resource in _RESOURCES:
+                    parts.add_metric([quota.name, namespace, resource, "used"], part.used.amount(resource))
+                    parts.add_metric([quota.name, namespace, resource, "reserved"], part.reserved.amount(resource))
+        return totals, parts
+
+    def _add_totals(self, family: GaugeMetricFamily, labels: list[str], quota: DeviceQuota) -> None:
+        """`quota`'s hard (the resources it limits), used and reserved samples, after `labels`."""
+        usage = self.ledger.usage(quota.namespace, quota.name)
+        reserved = usage.reserved + self.pending(quota.namespace, quota.name)
+        for resource in _RESOURCES:
+            limit = quota.hard.get(resource)
+            if limit is not None:
+                family.add_metric([*labels, resource, "hard"], limit)
+            family.add_metric([*labels, resource, "used"], usage.used.amount(resource))
+            family.add_metric([*labels, resource, "reserved"], reserved.amount(resource))
+
+    def _namespaced(self) -> list[DeviceQuota]:
+        """The DeviceQuotas: `Ledger.quotas()` lists the teams' too, under namespace ""."""
+        return [quota for quota in self.ledger.quotas() if not quota.cluster]
 
     def _workloads_family(self) -> Metric:
         """The part of draquota_quota{type="reserved"} Kueue Workloads hold (status.reservedBy.workloads)."""
@@ -130,7 +163,7 @@ class UsageMetrics:
             WORKLOADS_RESERVED, 'The part of draquota_quota{type="reserved"} held by Kueue Workloads admitted by '
             "dra-quota's AdmissionCheck beyond what their Pods' claims count (the rest is claims'); resource memory "
             "in bytes, devices a count. Exported by the leader only.", labels=["namespace", "quota", "resource"])
-        for quota in self.ledger.quotas():
+        for quota in self._namespaced():
             pause_point()
             held = self.ledger.usage(quota.namespace, quota.name).workloads
             for resource in _RESOURCES:
@@ -224,6 +257,24 @@ def _quota_family() -> GaugeMetricFamily:
         "allocated claims; reserved: the estimated charge of its claims admitted and not yet allocated, plus the "
         "reservations persisted on its status whose claim this replica's cache does not hold yet (each claim "
         "counted once). Exported by the leader only.", labels=["namespace", "quota", "resource", "type"])
+
+
+def _team_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        CLUSTER_QUOTA, "A ClusterDeviceQuota's (a team's) limit and usage over every namespace it selects, as "
+        "draquota_quota shows a DeviceQuota's; resource memory in bytes, devices a count. type hard: spec.hard "
+        "(only the resources it limits); used and reserved: the team's totals, reserved with the reservations "
+        "persisted on its status whose claim this replica's cache does not hold yet. Exported by the leader only.",
+        labels=["quota", "resource", "type"])
+
+
+def _team_namespace_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        CLUSTER_QUOTA_NAMESPACE, "Each namespace a ClusterDeviceQuota selects, with its part of the team's usage "
+        "(status.namespaces); resource memory in bytes, devices a count. type used: the exact charge of its "
+        "allocated claims; reserved: the estimated charge of its claims not yet allocated, and what its admitted "
+        "Kueue Workloads hold (a reservation whose claim is not in the cache yet is in draquota_cluster_quota "
+        "only). Exported by the leader only.", labels=["quota", "namespace", "resource", "type"])
 
 
 def _namespace_family() -> GaugeMetricFamily:

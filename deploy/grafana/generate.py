@@ -13,6 +13,8 @@ dcgm-exporter's per-GPU series to `draquota_claim_device_info` on `UUID` (and
 `$namespace` lists the namespaces of `draquota_quota`, which every namespace holding a
 DeviceQuota has from the moment it exists (claims or not); the per-request series name
 only those namespaces too (their other namespaces read "other", webhook/metrics.py).
+`$quota` lists the ClusterDeviceQuotas (`draquota_cluster_quota`) and filters the team
+row: each team's totals and its namespaces' parts (`draquota_cluster_quota_namespace`).
 Tables are instant queries merged on their labels (Grafana's `merge` transformation), one
 column per query, renamed by `organize`.
 """
@@ -28,6 +30,7 @@ from typing import Any
 TARGET = Path(__file__).resolve().parent / "dra-quota.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 NS = 'namespace=~"$namespace"'
+TEAM = 'quota=~"$quota"'
 MODEL = "driver, model, profile"
 
 
@@ -56,11 +59,6 @@ class Panel:
     column_units: tuple[tuple[str, str], ...] = ()
 
 
-def _quota(resource: str, kind: str) -> Q:
-    return Q(f'max by (namespace, quota) (draquota_quota{{resource="{resource}", type="{kind}", {NS}}})',
-             f"{{{{namespace}}}}/{{{{quota}}}} {kind}")
-
-
 def _held(resource: str) -> str:
     return (f"sum by (namespace, state) (max by (namespace, device_class, resource, state) "
             f'(draquota_namespace_device_usage{{resource="{resource}", {NS}}}))')
@@ -71,23 +69,91 @@ def _top(resource: str) -> str:
             f'(draquota_namespace_device_usage{{resource="{resource}", state="allocated"}})))')
 
 
-def _by_quota(resource: str, kind: str) -> str:
-    return f'max by (namespace, quota) (draquota_quota{{resource="{resource}", type="{kind}", {NS}}})'
+@dataclass(frozen=True)
+class Quotas:
+    """Where a kind of quota's series are: DeviceQuotas in draquota_quota by (namespace,
+    quota), filtered by `$namespace`; ClusterDeviceQuotas (teams) in draquota_cluster_quota
+    by quota, filtered by `$quota`."""
+
+    metric: str
+    by: str
+    match: str
+    legend: str  # a quota's name in a legend
 
 
-def _headroom(resource: str) -> str:
+DEVICE_QUOTAS = Quotas("draquota_quota", "namespace, quota", NS, "{{namespace}}/{{quota}}")
+TEAMS = Quotas("draquota_cluster_quota", "quota", TEAM, "{{quota}}")
+PARTS = "draquota_cluster_quota_namespace"
+
+
+def _by_quota(resource: str, kind: str, of: Quotas = DEVICE_QUOTAS) -> str:
+    return f'max by ({of.by}) ({of.metric}{{resource="{resource}", type="{kind}", {of.match}}})'
+
+
+def _headroom(resource: str, of: Quotas) -> str:
     """hard - (used + reserved): what the next claims may still take (negative: exceeded)."""
-    committed = (f"sum by (namespace, quota) (max by (namespace, quota, type) "
-                 f'(draquota_quota{{resource="{resource}", type=~"used|reserved", {NS}}}))')
-    return f"{_by_quota(resource, 'hard')} - on (namespace, quota) {committed}"
+    committed = (f"sum by ({of.by}) (max by ({of.by}, type) "
+                 f'({of.metric}{{resource="{resource}", type=~"used|reserved", {of.match}}}))')
+    return f"{_by_quota(resource, 'hard', of)} - on ({of.by}) {committed}"
 
 
-def _quota_table() -> tuple[Q, ...]:
+def _quota_table(of: Quotas) -> tuple[Q, ...]:
     queries = []
-    for resource, short in (("memory", "memory"), ("devices", "devices")):
-        queries += [Q(_by_quota(resource, kind), instant=True, column=f"{short} {kind}")
+    for resource in ("memory", "devices"):
+        queries += [Q(_by_quota(resource, kind, of), instant=True, column=f"{resource} {kind}")
                     for kind in ("hard", "used", "reserved")]
-        queries.append(Q(_headroom(resource), instant=True, column=f"{short} headroom"))
+        queries.append(Q(_headroom(resource, of), instant=True, column=f"{resource} headroom"))
+    return tuple(queries)
+
+
+def _utilisation(of: Quotas) -> str:
+    """(used + reserved) / hard per quota and resource, for the limits above 0."""
+    return (f"sum by ({of.by}, resource) (max by ({of.by}, resource, type) "
+            f'({of.metric}{{type=~"used|reserved", {of.match}}})) / on ({of.by}, resource) '
+            f'max by ({of.by}, resource) ({of.metric}{{type="hard", {of.match}}} > 0)')
+
+
+def _limits(of: Quotas, noun: str, whose: str, alert: str) -> tuple[Panel, Panel, Panel]:
+    """Memory and devices used / reserved / hard over time, and (used + reserved) / hard now."""
+    def series(resource: str) -> tuple[Q, ...]:
+        return tuple(Q(_by_quota(resource, kind, of), f"{of.legend} {kind}") for kind in ("used", "reserved", "hard"))
+
+    return (
+        Panel(f"{noun} memory: used, reserved, hard", "timeseries", "bytes", series("memory"),
+              f"{whose} memory: allocated (used), admitted but not yet allocated (reserved), and its limit."),
+        Panel(f"{noun} devices: used, reserved, hard", "timeseries", "short", series("devices"),
+              f"{whose} device count: used, reserved and its limit."),
+        Panel(f"{noun} utilisation: (used + reserved) / hard", "bargauge", "percentunit",
+              (Q(_utilisation(of), f"{of.legend} {{{{resource}}}}", instant=True),),
+              f"How much of each limit is committed; above 90% the {alert} alert fires, at 100% new claims are "
+              "denied.", thresholds=PERCENT_THRESHOLDS,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+    )
+
+
+def _parts(resource: str) -> Q:
+    """Each namespace's part of its team, used and reserved (stacked: the team's total)."""
+    return Q(f'max by (quota, namespace, type) ({PARTS}{{resource="{resource}", {TEAM}}})',
+             "{{quota}} {{namespace}} {{type}}")
+
+
+def _part(resource: str, kind: str) -> str:
+    return f'max by (quota, namespace) ({PARTS}{{resource="{resource}", type="{kind}", {TEAM}}})'
+
+
+def _share(resource: str) -> str:
+    """A namespace's used + reserved over its team's hard."""
+    committed = (f"sum by (quota, namespace) (max by (quota, namespace, type) "
+                 f'({PARTS}{{resource="{resource}", type=~"used|reserved", {TEAM}}}))')
+    return f"{committed} / on (quota) group_left () ({_by_quota(resource, 'hard', TEAMS)} > 0)"
+
+
+def _breakdown_table() -> tuple[Q, ...]:
+    queries = []
+    for resource in ("memory", "devices"):
+        queries += [Q(_part(resource, kind), instant=True, column=f"{resource} {kind}")
+                    for kind in ("used", "reserved")]
+        queries.append(Q(_share(resource), instant=True, column=f"{resource} share of team hard"))
     return tuple(queries)
 
 
@@ -132,20 +198,7 @@ DCGM_NOTE = (" From dcgm-exporter's series joined on UUID (and GPU_I_PROFILE) wi
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Quotas", (
-        Panel("Quota memory: used, reserved, hard", "timeseries", "bytes",
-              (_quota("memory", "used"), _quota("memory", "reserved"), _quota("memory", "hard")),
-              "Each DeviceQuota's memory: allocated (used), admitted but not yet allocated (reserved), and its limit."),
-        Panel("Quota devices: used, reserved, hard", "timeseries", "short",
-              (_quota("devices", "used"), _quota("devices", "reserved"), _quota("devices", "hard")),
-              "Each DeviceQuota's device count: used, reserved and its limit."),
-        Panel("Quota utilisation: (used + reserved) / hard", "bargauge", "percentunit",
-              (Q("sum by (namespace, quota, resource) (max by (namespace, quota, resource, type) "
-                 f'(draquota_quota{{type=~"used|reserved", {NS}}})) / on (namespace, quota, resource) '
-                 f'max by (namespace, quota, resource) (draquota_quota{{type="hard", {NS}}} > 0)',
-                 "{{namespace}}/{{quota}} {{resource}}", instant=True),),
-              "How much of each limit is committed; above 90% the DraQuotaNearLimit alert fires, "
-              "at 100% new claims are denied.", thresholds=PERCENT_THRESHOLDS,
-              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        *_limits(DEVICE_QUOTAS, "Quota", "Each DeviceQuota's", "DraQuotaNearLimit"),
         Panel("Device memory held per namespace (every class)", "timeseries", "bytes",
               (Q(_held("memory"), "{{namespace}} {{state}}"),),
               "Allocated and reserved device memory per namespace, with or without a DeviceQuota.", stack=True),
@@ -156,7 +209,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               (Q(_top("memory"), "{{namespace}}", instant=True),),
               "The ten namespaces holding the most allocated device memory.",
               options={"displayMode": "gradient", "orientation": "horizontal"}),
-        Panel("DeviceQuotas: hard, used, reserved, headroom", "table", "none", _quota_table(),
+        Panel("DeviceQuotas: hard, used, reserved, headroom", "table", "none", _quota_table(DEVICE_QUOTAS),
               "One row per DeviceQuota: its limits, what allocated claims use, what admitted claims reserve, and "
               "the headroom left (hard - used - reserved; negative: Exceeded). Empty cells: a resource the quota "
               "does not limit.", width=16,
@@ -168,6 +221,25 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "MIG device counts under its GPU's), each device once however many pods use it.", width=8,
               transformations=({"id": "groupingToMatrix", "options": {
                   "columnField": "model", "rowField": "namespace", "valueField": "devices"}},)),
+    )),
+    ("Teams (ClusterDeviceQuotas)", (
+        *_limits(TEAMS, "Team", "Each team's (ClusterDeviceQuota's, over every namespace it selects)",
+                 "DraQuotaTeamNearLimit"),
+        Panel("Team memory per namespace", "timeseries", "bytes", (_parts("memory"),),
+              "Each namespace's part of its team's memory, used and reserved, stacked: together they are the "
+              "team's total. A relabelled namespace moves from one team to the other.", width=12, stack=True),
+        Panel("Team devices per namespace", "timeseries", "short", (_parts("devices"),),
+              "Each namespace's part of its team's devices, used and reserved, stacked.", width=12, stack=True),
+        Panel("ClusterDeviceQuotas: hard, used, reserved, headroom", "table", "none", _quota_table(TEAMS),
+              "One row per team: its limits, what its namespaces' allocated claims use, what their admitted "
+              "claims reserve, and the headroom left (hard - used - reserved; negative: Exceeded).", width=12,
+              column_units=tuple((f"memory {k}", "bytes") for k in ("hard", "used", "reserved", "headroom"))),
+        Panel("Team breakdown per namespace", "table", "none", _breakdown_table(),
+              "One row per team and namespace it selects: the namespace's part (used, reserved) and what share "
+              "of the team's hard it commits (empty: a resource the team does not limit).", width=12,
+              column_units=(("memory used", "bytes"), ("memory reserved", "bytes"),
+                            ("memory share of team hard", "percentunit"),
+                            ("devices share of team hard", "percentunit"))),
     )),
     ("Claims", (
         Panel("Pending claims per namespace", "timeseries", "short",
@@ -317,6 +389,10 @@ def _variables() -> list[dict[str, Any]]:
         {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DATASOURCE,
          "query": {"query": "label_values(draquota_quota, namespace)", "refId": "namespace"},
          "definition": "label_values(draquota_quota, namespace)",
+         "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "sort": 1, "hide": 0},
+        {"name": "quota", "label": "Team (ClusterDeviceQuota)", "type": "query", "datasource": DATASOURCE,
+         "query": {"query": "label_values(draquota_cluster_quota, quota)", "refId": "quota"},
+         "definition": "label_values(draquota_cluster_quota, quota)",
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "sort": 1, "hide": 0},
     ]
 

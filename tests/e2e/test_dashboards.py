@@ -12,14 +12,17 @@ every per-namespace answer below also shows that honorLabels keeps our own `name
 hand when this was written).
 The scenario: a DeviceQuota of 160Gi, two pods whose template claims the real scheduler
 allocates (two 80Gi GPUs), a claim denied for quota and one for an unknown class (pricing),
-then a second DeviceQuota of 80Gi created below what is already allocated. Then, through
-/api/v1/query, with the dashboard's `$namespace` set to the test's namespace:
+then a second DeviceQuota of 80Gi created below what is already allocated, and two
+ClusterDeviceQuotas selecting the namespace (team quotas: one of 160Gi, full, one of
+80Gi, over). Then, through /api/v1/query, with the dashboard's `$namespace` set to the
+test's namespace and `$quota` to its two teams:
 - every dashboard query (panels and the namespace variable) returns data, and the ones
   with known answers return them (denial reasons, the quotas' bytes, the GPU utilisation
   per claim and per namespace from the DCGM join, the leader);
 - every alert rule is healthy in Prometheus' rule engine; DraQuotaNearLimit fires for the
-  full quota and DraQuotaOverLimit for the one below its usage; every other alert is
-  silent while every metric it reads has series (so silence is not a missing metric).
+  full quota and DraQuotaOverLimit for the one below its usage, and their team
+  counterparts for the two teams; every other alert is silent while every metric it
+  reads has series (so silence is not a missing metric).
 
 No GPU exists here: the DCGM series come from a loopback target serving dcgm-exporter's
 real metric and label names (DCGM_FI_DEV_GPU_UTIL / DCGM_FI_DEV_FB_USED{gpu, UUID, device,
@@ -98,6 +101,8 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
                                                                    for c, us in claims.items()})
         finally:
             await prometheus.stop()
+            for team in teams(ns):
+                await kube.delete(DQ, "clusterdevicequotas", team)
     assert not failures, "\n".join(failures) + f"\n--- prometheus log ---\n{prometheus.log_text()}"
 
 
@@ -156,7 +161,19 @@ async def scenario(kube: Kube, setup: Setup) -> dict[str, list[str]]:
     # Memory below what is already allocated (over its limit at once); devices 2 of 4 (quiet).
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "small"},
                                            "spec": {"hard": {"memory": "80Gi", "devices": 4}}}, namespace=ns)
+    # The namespace joins two teams with its claims: one full (memory 160Gi, devices 2 of 4),
+    # one over at once (memory 80Gi).
+    full, small = teams(ns)
+    for name, hard in ((full, {"memory": "160Gi", "devices": 4}), (small, {"memory": "80Gi"})):
+        await kube.create(DQ, "clusterdevicequotas", {"kind": "ClusterDeviceQuota", "metadata": {"name": name},
+                                                      "spec": {"hard": hard, "namespaceSelector": {"matchLabels": {
+                                                          "kubernetes.io/metadata.name": ns}}}})
     return claims
+
+
+def teams(ns: str) -> tuple[str, str]:
+    """The scenario's two ClusterDeviceQuotas (cluster-scoped: named after the namespace)."""
+    return f"{ns}-team", f"{ns}-small-team"
 
 
 Check = Callable[[list[Sample]], bool]
@@ -165,6 +182,7 @@ Check = Callable[[list[Sample]], bool]
 def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
     """What the panels with a known answer must show (the others: any data)."""
     held = [g for gs in claims.values() for g in gs]
+    full, small = teams(ns)
     return {
         "panel 'Denials by reason' A": lambda r: {"quota", "pricing"} <= {k[0] for k in values(r, "reason")},
         "panel 'Quota memory: used, reserved, hard' A":  # used
@@ -191,10 +209,25 @@ def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
             values(r, "namespace").get((ns,), -1), sum(g.utilisation for g in held) / len(held)),
         "panel 'GPU memory in use per namespace' A": lambda r: close(
             values(r, "namespace").get((ns,), -1), sum(g.memory_used_mib for g in held) * 1048576),
+        # The teams: each counts the namespace's two allocated GPUs.
+        "panel 'Team memory: used, reserved, hard' A":  # used
+            lambda r: values(r, "quota") == {(full,): 160 * GI, (small,): 160 * GI},
+        "panel 'Team devices: used, reserved, hard' C":  # hard: only the team limiting devices
+            lambda r: values(r, "quota") == {(full,): 4},
+        "panel 'ClusterDeviceQuotas: hard, used, reserved, headroom' D":  # memory headroom
+            lambda r: values(r, "quota") == {(full,): 0, (small,): -80 * GI},
+        "panel 'Team breakdown per namespace' A":  # memory used
+            lambda r: values(r, "quota", "namespace") == {(full, ns): 160 * GI, (small, ns): 160 * GI},
+        "panel 'Team breakdown per namespace' C":  # memory share of the team's hard
+            lambda r: values(r, "quota", "namespace") == {(full, ns): 1.0, (small, ns): 2.0},
     }
 
 
-FIRING = {"DraQuotaNearLimit": "gpus", "DraQuotaOverLimit": "small"}  # alert -> the quota it fires for
+def firing(ns: str) -> dict[str, tuple[str, str]]:
+    """alert -> the (namespace, quota) it fires for; a team's has no namespace."""
+    full, small = teams(ns)
+    return {"DraQuotaNearLimit": (ns, "gpus"), "DraQuotaOverLimit": (ns, "small"),
+            "DraQuotaTeamNearLimit": ("", full), "DraQuotaTeamOverLimit": ("", small)}
 
 
 @dataclass
@@ -240,7 +273,8 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
     queries = dashboard_queries()
     assert set(expected) <= {q.where for q in queries}, set(expected) - {q.where for q in queries}
     for query in queries:
-        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ns)
+        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ns).replace(
+            "$quota", "|".join(teams(ns)))
         check: Check = expected.get(query.where, bool)
 
         async def answers(expr: str = expr, check: Check = check) -> bool:
@@ -256,12 +290,14 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
 
 async def check_alert(checks: Checks, ns: str, name: str, expr: str) -> None:
     prometheus, needs = checks.prometheus, unknown(expr)
-    if name in FIRING:
+    if name in (fired := firing(ns)):
+        ours = {ns, *teams(ns)}  # the test's namespace and teams: the cluster is shared
+
         async def fires() -> bool:
             result = values(await prometheus.query(expr), "namespace", "quota", "resource")
-            return {k for k in result if k[0] == ns} == {(ns, FIRING[name], "memory")}
+            return {k for k in result if k[0] in ours or k[1] in ours} == {(*fired[name], "memory")}
 
-        await checks.until(f"alert {name} fires for {ns}/{FIRING[name]} memory, and nothing else there", fires,
+        await checks.until(f"alert {name} fires for {fired[name]} memory, and nothing else of the test's", fires,
                            needs)
         return
 

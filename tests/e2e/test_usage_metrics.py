@@ -2,7 +2,8 @@
 
 Issue 8 item 3: `draquota_quota` (hard/used/reserved), `draquota_namespace_device_usage`,
 `draquota_claim_device_info` and the inventory by model, against the real 1.37 API server, resourceclaim
-controller and scheduler. The fleet publishes whole GPUs and MIG devices with the
+controller and scheduler; issue 19: a team's (ClusterDeviceQuota's) series, moved by a
+relabel of the namespace as serve's Namespace watch delivers it. The fleet publishes whole GPUs and MIG devices with the
 attributes the NVIDIA driver publishes (`uuid`; a MIG device's `parentUUID` and
 `profile`); pods get their claims from templates and the scheduler allocates them; one
 claim no pod uses stays pending (reserved). Every expectation is computed from what the
@@ -31,6 +32,10 @@ from runtime.metricnames import (
 
     CLAIM_DEVICE_INFO,
 
+    CLUSTER_QUOTA,
+
+    CLUSTER_QUOTA_NAMESPACE,
+
     INVENTORY_ALLOCATED,
 
     INVENTORY_DEVICES,
@@ -54,7 +59,7 @@ from .driver import (
     create_pod, exact_request, free_pod, publish_node_slice, wait_pod_allocated,
 )
 from .harness import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, installed, running
-from .kube import Kube, Obj, WaitTimeout, poll
+from .kube import ApiError, Kube, Obj, WaitTimeout, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -264,3 +269,63 @@ async def test_scrape_equals_the_charges_of_the_claims_the_scheduler_allocated(k
         claims = await converge(kube, world, "the scrape to drop the deleted pod's claim")
         assert sum(allocated(c) for c in claims) == 2
         assert "whole-a" not in {dict(labels).get("pod") for (_, labels) in shown(world, await world.served.metrics())}
+
+
+TEAM_LABEL = "team.draquota.io/name"
+
+
+async def test_a_relabel_moves_the_namespaces_series_between_teams(kube: Kube, world: World) -> None:
+    ns, fleet = world.namespace, world.fleet
+    teams = (f"usage-{RUN}-a", f"usage-{RUN}-b")  # cluster-scoped: this run's own
+    try:
+        with world.served.log_on_failure():
+            for team in teams:
+                await kube.create(DQ, "clusterdevicequotas", {
+                    "kind": "ClusterDeviceQuota", "metadata": {"name": team},
+                    "spec": {"hard": {"memory": "1Ti"}, "namespaceSelector": {"matchLabels": {TEAM_LABEL: team}}}})
+            await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {TEAM_LABEL: teams[0]}}})
+            # Admitted, used by no pod: reserved, in the namespace's part of its team.
+            spec = claim_spec(exact_request("gpu", fleet.device_class))
+
+            async def admitted() -> bool:  # until serve's Namespace cache holds the new label
+                try:
+                    await create_claim(kube, ns, "waiting", spec)
+                except ApiError as err:
+                    if err.status != 403:  # a denial: told again below, once the label is seen
+                        raise
+                    return False
+                return True
+
+            await poll(admitted, timeout=30, what="the claim admitted in the team's namespace")
+            for team, other in (teams, teams[::-1]):
+                if team != teams[0]:
+                    await kube.patch("v1", "namespaces", ns, {"metadata": {"labels": {TEAM_LABEL: team}}})
+                await team_series(kube, world, team, other)
+    finally:
+        for team in teams:
+            await kube.delete(DQ, "clusterdevicequotas", team)
+
+
+async def team_series(kube: Kube, world: World, team: str, other: str) -> None:
+    """The namespace's reserved claim shows in `team`'s part and total, and nowhere in `other`'s."""
+    ns = world.namespace
+    last: dict[str, dict[tuple[str, str], float]] = {}
+
+    async def moved() -> bool:
+        [claim] = await kube.list(RESOURCE_V1, "resourceclaims", namespace=ns)
+        if CHARGE not in (claim["metadata"].get("annotations") or {}):
+            return False
+        memory = charge(claim)["memory"]
+        scraped = await world.served.metrics()
+        last["got"] = got = {
+            (dict(labels)["quota"], dict(labels).get("namespace", "")): value
+            for (name, labels), value in scraped.items()
+            if name in (CLUSTER_QUOTA, CLUSTER_QUOTA_NAMESPACE) and dict(labels)["quota"] in (team, other)
+            and ("resource", "memory") in labels and ("type", "reserved") in labels}
+        last["want"] = want = {(team, ns): float(memory), (team, ""): float(memory), (other, ""): 0.0}
+        return got == want
+
+    try:
+        await poll(moved, timeout=30, what=f"{ns}'s reserved memory in team {team}, not {other}")
+    except WaitTimeout:
+        assert last.get("got") == last.get("want"), f"{ns}'s reserved memory in team {team}, not {other}"

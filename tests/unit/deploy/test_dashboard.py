@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,7 +39,8 @@ def test_the_dashboard_covers_what_operators_ask_for() -> None:
     read = set().union(*(metric_names(q.expr) for q in QUERIES))
     assert {"draquota_quota", "draquota_namespace_device_usage", "draquota_admission_requests_total",
             "draquota_admission_duration_seconds_bucket", "draquota_claim_device_info", "draquota_leader",
-            "draquota_certificate_expiration_timestamp_seconds", "DCGM_FI_DEV_GPU_UTIL"} <= read
+            "draquota_certificate_expiration_timestamp_seconds", "DCGM_FI_DEV_GPU_UTIL", "draquota_cluster_quota",
+            "draquota_cluster_quota_namespace"} <= read
     dashboard = json.loads(DASHBOARD.read_text())
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -107,7 +109,12 @@ def test_the_dcgm_join_attributes_each_gpu_to_its_one_holder(tmp_path: Path) -> 
         {"expr": exprs[GPU_UTIL_PANELS["namespace"]], "eval_time": "2m", "exp_samples": [
             {"labels": '{namespace="ns1"}', "value": 20}, {"labels": '{namespace="ns2"}', "value": 50}]},
     ]
-    test_file = tmp_path / "join.test.yaml"
+    promtool_test(tmp_path, series, cases)
+
+
+def promtool_test(tmp_path: Path, series: list[dict[str, str]], cases: list[dict[str, Any]]) -> None:
+    """`promtool test rules` of `cases` (promql_expr_test) over `series`."""
+    test_file = tmp_path / "queries.test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
         {"interval": "1m", "input_series": series, "promql_expr_test": cases}]}))
     tool = shutil.which("promtool")
@@ -116,3 +123,44 @@ def test_the_dcgm_join_attributes_each_gpu_to_its_one_holder(tmp_path: Path) -> 
     result = subprocess.run([tool, "test", "rules", str(test_file)], capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the team view, by promtool on hand-made series ---------------------------------------------
+
+def _team(name: str, value: float, instance: str, **labels: str) -> dict[str, str]:
+    return _series(name, value, **labels, instance=instance)
+
+
+def test_the_team_view_adds_up_each_team_and_its_namespaces(tmp_path: Path) -> None:
+    """Team ml: 100 memory hard, namespace a 30 used + 10 reserved, b 50 used; team cv: no
+    memory limit, namespace c 20 used. Two replicas export the same series (a handover):
+    the max reductions count each once."""
+    series = []
+    for instance in ("r1", "r2"):
+        series += [_team("draquota_cluster_quota", v, instance, quota=q, resource="memory", type=t)
+                   for q, t, v in (("ml", "hard", 100), ("ml", "used", 80), ("ml", "reserved", 10),
+                                   ("cv", "used", 20), ("cv", "reserved", 0))]
+        series += [_team("draquota_cluster_quota_namespace", v, instance, quota=q, namespace=ns, resource="memory",
+                         type=t)
+                   for q, ns, t, v in (("ml", "a", "used", 30), ("ml", "a", "reserved", 10), ("ml", "b", "used", 50),
+                                       ("ml", "b", "reserved", 0), ("cv", "c", "used", 20), ("cv", "c", "reserved", 0))]
+    exprs = {q.where: q.expr.replace("$quota", ".*") for q in QUERIES}
+    breakdown = "panel 'Team breakdown per namespace'"
+    teams = "panel 'ClusterDeviceQuotas: hard, used, reserved, headroom'"
+    cases = [
+        {"expr": exprs["panel 'Team utilisation: (used + reserved) / hard' A"], "eval_time": "2m", "exp_samples": [
+            {"labels": '{quota="ml",resource="memory"}', "value": 0.9}]},
+        {"expr": exprs[f"{teams} D"], "eval_time": "2m", "exp_samples": [  # memory headroom
+            {"labels": '{quota="ml"}', "value": 10}]},
+        {"expr": exprs[f"{breakdown} A"], "eval_time": "2m", "exp_samples": [  # memory used
+            {"labels": f'{{quota="{q}",namespace="{ns}"}}', "value": v}
+            for q, ns, v in (("ml", "a", 30), ("ml", "b", 50), ("cv", "c", 20))]},
+        {"expr": exprs[f"{breakdown} C"], "eval_time": "2m", "exp_samples": [  # memory share of the team's hard
+            {"labels": '{quota="ml",namespace="a"}', "value": 0.4},
+            {"labels": '{quota="ml",namespace="b"}', "value": 0.5}]},
+        {"expr": exprs["panel 'Team memory per namespace' A"], "eval_time": "2m", "exp_samples": [
+            {"labels": f'{{quota="{q}",namespace="{ns}",type="{t}"}}', "value": v}
+            for q, ns, t, v in (("ml", "a", "used", 30), ("ml", "a", "reserved", 10), ("ml", "b", "used", 50),
+                                ("ml", "b", "reserved", 0), ("cv", "c", "used", 20), ("cv", "c", "reserved", 0))]},
+    ]
+    promtool_test(tmp_path, series, cases)

@@ -23,14 +23,17 @@ from kube.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
 from kube.quotawriter import Reservations
 from quota.admission import Admitter
 from quota.claims import parse_claim
+from quota.devicequota import parse_cluster_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger
-from quota.model import DeviceClass, DeviceClassName
+from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.usage import Holders
 from quota.work import pausing
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
+    CLUSTER_QUOTA,
+    CLUSTER_QUOTA_NAMESPACE,
     INVENTORY_ALLOCATED,
     INVENTORY_DEVICES,
     INVENTORY_MEMORY,
@@ -44,7 +47,18 @@ from runtime.metricnames import (
 from webhook.metrics import Metrics
 from webhook.usagemetrics import DEVICE_INFO_LABELS, UsageMetrics
 
-from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
+from ..builders import (
+    GiB,
+    exactly,
+    make_class,
+    make_claim,
+    make_cluster_quota,
+    make_device,
+    make_quota,
+    make_slice,
+    request,
+    result,
+)
 
 D = "gpu.nvidia.com"
 A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
@@ -245,11 +259,12 @@ def test_inventory_by_model_and_profile() -> None:
 def test_only_the_leader_exports_usage() -> None:
     world = World(leading=False)
     world.quotas.replace([make_quota("gpus", memory="400Gi")])
+    with_team(world)
     world.claims.replace([claim("one", "u1", "gpu-0", pods=("p",))])
     follower = world.scrape()
     assert family(follower, LEADER) == {frozenset(): 0}
     usage = (QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED, CLAIM_DEVICE_INFO,
-             PENDING_CLAIMS)
+             PENDING_CLAIMS, CLUSTER_QUOTA, CLUSTER_QUOTA_NAMESPACE)
     assert not [key for key in follower if key[0] in usage]
     world.leading = True
     leader = world.scrape()
@@ -278,7 +293,7 @@ _step = st.tuples(
 
 def usage(samples: Samples) -> Samples:
     names = (LEADER, QUOTA, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
-             CLAIM_DEVICE_INFO)
+             CLAIM_DEVICE_INFO, CLUSTER_QUOTA, CLUSTER_QUOTA_NAMESPACE)
     return {key: value for key, value in samples.items() if key[0] in names}
 
 
@@ -289,6 +304,7 @@ def test_the_kept_views_equal_a_fresh_scrape_after_any_changes(steps: list[tuple
     """Caching per namespace, per claim and per inventory generation never serves a stale sample."""
     world = World()
     world.quotas.replace([make_quota("gpus", memory="1Ti")])
+    with_team(world)
     generation = [1]
     for step in steps:
         _apply(world, generation, step)
@@ -327,6 +343,7 @@ def test_events_between_the_slices_of_a_scrape_are_in_the_next_one(
     stale sample."""
     world = World()
     world.quotas.replace([make_quota("gpus", memory="1Ti")])
+    with_team(world)
     generation = [1]
     for step in before:
         _apply(world, generation, step)
@@ -360,3 +377,72 @@ def test_what_kueue_workloads_hold_is_its_own_series_and_part_of_reserved() -> N
     labels = frozenset({"namespace": "team-a", "quota": "gpus", "resource": "memory"}.items())
     assert held[labels] == 2 * 80 * GiB
     assert family(samples, QUOTA)[quota_sample("memory", "reserved")] == 2 * 80 * GiB
+
+
+# -- team quotas (ClusterDeviceQuotas) --------------------------------------------------------
+
+ML, CV = {"team.draquota.io/name": "ml"}, {"team.draquota.io/name": "cv"}
+
+
+def with_team(world: World) -> None:
+    """team-a and team-b in team "ml" (640Gi, 8 devices), team-c in "cv" (2 devices, no memory
+    limit): told to the ledger directly, as the Namespace and ClusterDeviceQuota caches tell it."""
+    for namespace, labels in (("team-a", ML), ("team-b", ML), ("team-c", CV)):
+        world.admitter.ledger.set_namespace(Namespace(namespace), labels)
+    for obj in (make_cluster_quota("ml", memory="640Gi", devices=8), make_cluster_quota("cv", devices=2)):
+        world.admitter.add_or_update_quota(parse_cluster_device_quota(obj))
+
+
+def teams_world() -> World:
+    """`with_team`, and team-a's own DeviceQuota. Claims: team-a one allocated GPU and one
+    pending, team-b one allocated, team-c one pending."""
+    world = World()
+    world.quotas.replace([make_quota("gpus", memory="400Gi")])
+    with_team(world)
+    world.claims.replace([claim("one", "u1", "gpu-0"), claim("wait", "u2"),
+                          claim("two", "u3", "gpu-1", namespace="team-b"), claim("three", "u4", namespace="team-c")])
+    return world
+
+
+def team_samples(samples: Samples, name: str) -> dict[tuple[str, ...], float]:
+    keys = ("quota", "resource", "type") if name == CLUSTER_QUOTA else ("quota", "namespace", "resource", "type")
+    return {tuple(dict(labels)[k] for k in keys): value for labels, value in family(samples, name).items()}
+
+
+def test_a_team_quota_shows_its_totals_and_each_namespace_it_selects() -> None:
+    samples = teams_world().scrape()
+    gpu = 80 * GiB
+    assert team_samples(samples, CLUSTER_QUOTA) == {
+        ("ml", "memory", "hard"): 640 * GiB, ("ml", "devices", "hard"): 8,
+        ("ml", "memory", "used"): 2 * gpu, ("ml", "devices", "used"): 2,
+        ("ml", "memory", "reserved"): gpu, ("ml", "devices", "reserved"): 1,
+        ("cv", "devices", "hard"): 2,  # no memory limit: no hard sample for it
+        ("cv", "memory", "used"): 0, ("cv", "devices", "used"): 0,
+        ("cv", "memory", "reserved"): gpu, ("cv", "devices", "reserved"): 1,
+    }
+    assert team_samples(samples, CLUSTER_QUOTA_NAMESPACE) == {
+        ("ml", "team-a", "memory", "used"): gpu, ("ml", "team-a", "devices", "used"): 1,
+        ("ml", "team-a", "memory", "reserved"): gpu, ("ml", "team-a", "devices", "reserved"): 1,
+        ("ml", "team-b", "memory", "used"): gpu, ("ml", "team-b", "devices", "used"): 1,
+        ("ml", "team-b", "memory", "reserved"): 0, ("ml", "team-b", "devices", "reserved"): 0,
+        ("cv", "team-c", "memory", "used"): 0, ("cv", "team-c", "devices", "used"): 0,
+        ("cv", "team-c", "memory", "reserved"): gpu, ("cv", "team-c", "devices", "reserved"): 1,
+    }
+    # draquota_quota stays per DeviceQuota: the teams are not in it under namespace "".
+    assert {dict(labels)["namespace"] for labels in family(samples, QUOTA)} == {"team-a"}
+    assert not [labels for labels in family(samples, WORKLOADS_RESERVED) if dict(labels)["namespace"] != "team-a"]
+
+
+def test_a_relabel_moves_a_namespaces_series_between_teams() -> None:
+    world = teams_world()
+    world.scrape()
+    world.admitter.ledger.set_namespace(Namespace("team-b"), CV)
+    samples = world.scrape()
+    parts = team_samples(samples, CLUSTER_QUOTA_NAMESPACE)
+    assert {(q, ns) for q, ns, _, _ in parts} == {("ml", "team-a"), ("cv", "team-b"), ("cv", "team-c")}
+    assert parts[("cv", "team-b", "memory", "used")] == 80 * GiB
+    totals = team_samples(samples, CLUSTER_QUOTA)
+    assert (totals[("ml", "memory", "used")], totals[("cv", "memory", "used")]) == (80 * GiB, 80 * GiB)
+    # Out of every team: no series left for it.
+    world.admitter.ledger.set_namespace(Namespace("team-b"), {})
+    assert {ns for _, ns, _, _ in team_samples(world.scrape(), CLUSTER_QUOTA_NAMESPACE)} == {"team-a", "team-c"}
