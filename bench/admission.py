@@ -93,7 +93,7 @@ from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
-from tests.e2e.harness import ADMISSION, CRD, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
+from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.shipped import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from kube.caches import ClaimStore, QuotaStore  # noqa: E402
@@ -643,9 +643,10 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
     served: Served | None = None
     http: aiohttp.ClientSession | None = None
     try:
-        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", CRD)
-        await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                      CRD["metadata"]["name"], "Established", timeout=60)
+        for definition in CRDS:  # serve watches both quota kinds: it is not ready without either
+            await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
+            await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                          definition["metadata"]["name"], "Established", timeout=60)
         for cls in generate_device_classes():
             await kube.create(RESOURCE_V1, "deviceclasses", cls)
         slices = generate_slices(args.nodes)
