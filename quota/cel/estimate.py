@@ -47,6 +47,14 @@ _DEVICE_FIELDS = {
     "capacity": Est(0, MAX_ENTRIES, Est(0, MAX_ENTRIES, Est(0), Est(0, MAX_ID)), Est(0, MAX_DOMAIN)),
 }
 _DEVICE = Est(0)
+# Functions whose result holds nothing (a number, a bool, a quantity, a semver): size 0,
+# so a comparison with one is bounded by the other operand (`_values_within`), as the
+# evaluator charges it. Without this (and the scalar nodes of `visit`), hypothesis found
+# `(c ? attr : quantity("1Gi")) == ...` estimated "unbounded".
+_SCALAR = frozenset(
+    "quantity semver isQuantity isSemver sign isGreaterThan isLessThan compareTo add sub mul div divInt "
+    "isInteger asInteger asApproximateFloat major minor patch size int uint double bool".split()
+)
 # Functions whose run time grows with their first argument (cel-go charges a traversal).
 _SCAN = frozenset(
     "contains startsWith endsWith matches find indexOf lastIndexOf lowerAscii upperAscii trim "
@@ -106,17 +114,19 @@ class _Estimator:
                 return Est(cost + (left.size + right.size) // 2, left.size + right.size, _widest([left.elem, right.elem]))
             return Est(cost)
         if isinstance(node, ast.Binary) and node.op == "in":
-            return Est(cost + (parts[1].size or 0) // 10)
+            return Est(cost + (parts[1].size or 0) // 10, 0)
         if isinstance(node, ast.Binary) and node.op in ast.COMPARISONS and not ast.uncharged_comparison(node):
             # As the evaluator charges it (ops.comparison_cost): the smaller operand's
             # values at every depth (strings: a tenth of their length, bounded by it).
             bounds = [b for b in (_values_within(parts[0]), _values_within(parts[1])) if b is not None]
             if not bounds:
                 raise _Unbounded
-            return Est(cost + min(bounds))
+            return Est(cost + min(bounds), 0)
         if isinstance(node, ast.Cond):
             return Est(cost, *_fields(_widest(parts[1:]) or Est(0)))
-        return Est(cost)
+        # What is left (has, &&, ||, !, unary minus, arithmetic, uncharged comparisons)
+        # yields a bool or a number: it holds nothing.
+        return Est(cost, 0)
 
     def _comprehension(self, node: ast.Comprehension, env: dict[str, Est]) -> Est:
         rng = self.visit(node.range, env)
@@ -173,6 +183,8 @@ class _Estimator:
             return Est(cost + 48)
         if name in ("orValue", "value", "dyn", "optional.of", "or"):
             return Est(cost, *_fields(_widest(parts) or Est(0)))
+        if name in _SCALAR:
+            return Est(cost, 0)
         return Est(cost)
 
 

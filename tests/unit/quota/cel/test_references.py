@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from quota.cel import CelCompileError, CelRuntimeError, compile_selector
@@ -213,8 +213,17 @@ def _outcome_of(selector: Any, act: Any) -> Any:
         return str(exc)
 
 
+_FOUND = {"driver": "d1", "attributes": {"d1/a": True}, "capacity": {}, "allow_multiple_allocations": False}
+
+
 @settings(max_examples=300, deadline=None)
 @given(_expr(3), devices())
+# Found by hypothesis: a comparison of two conditionals, one branch a scalar call or node,
+# was estimated unbounded.
+@example('!(((device.attributes["d1"].a ? device.attributes["d1"].a : quantity("1Gi")) == '
+         '(device.attributes["d1"].a ? device.attributes["d1"].a : quantity("1Gi"))))', _FOUND)
+@example('(device.attributes["d1"].a ? device.attributes["d1"].a : has(device.attributes["d1"].a)) == '
+         '(device.attributes["d1"].a ? device.attributes["d1"].a : has(device.attributes["d1"].a))', _FOUND)
 def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[str, Any]) -> None:
     # Shares the expression generator; lives here rather than in test_limits for that.
     try:
