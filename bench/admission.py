@@ -632,9 +632,10 @@ def deployment_flags() -> tuple[str, ...]:
 
 
 @contextlib.asynccontextmanager
-async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port: int = 0) -> AsyncIterator[Bench]:
+async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port: int = 0,
+                        log_level: str = "info") -> AsyncIterator[Bench]:
     """The control plane with the generated inventory, and `serve` (its metrics on
-    `metrics_port`, 0: off)."""
+    `metrics_port`, 0: off; `log_level` "debug" logs every review with its latency)."""
     cluster = ControlPlane(binary=build(), workdir=workdir)
     started = time.monotonic()
     cluster.start()
@@ -669,7 +670,7 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
         served = Served(cluster, free_ports(1)[0], workdir / "serve.log", kubeconfig=kubeconfig,
                         # ::1 too: bench/connections.py and attacks.py attack from there, as a
                         # Pod would from its own address (the honest reviews use 127.0.0.1).
-                        args=(*deployment_flags(), "--log-level", "info", *ttl, "--bind-address", "127.0.0.1,::1"),
+                        args=(*deployment_flags(), "--log-level", log_level, *ttl, "--bind-address", "127.0.0.1,::1"),
                         ready_timeout=900,
                         metrics_port=metrics_port)
         await served.start()

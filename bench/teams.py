@@ -153,7 +153,8 @@ def line(name: str, row: JSON) -> str:
 
 async def measure(args: argparse.Namespace) -> JSON:
     with tempfile.TemporaryDirectory(prefix="bench-teams-") as tmp:
-        async with control_plane(args, Path(tmp)) as bench:
+        # debug: serve logs every review with its latency (both sets pay for it alike).
+        async with control_plane(args, Path(tmp), log_level="debug") as bench:
             gc.collect()
             gc.freeze()  # the generator's own data: serve is what is measured
             async with our_webhooks(bench) as run:
