@@ -100,10 +100,12 @@ class Holders:
             return None
         return Held(claim.namespace, claim.name, consumers(status), claim.allocation)
 
-    def replace(self, held: dict[ClaimRef, Held]) -> None:
-        """After a relist: exactly `held` (built aside: `kube.caches.ClaimStore.replace`)."""
-        self._held = held
+    def replace(self, held: dict[ClaimRef, Held]) -> dict[ClaimRef, Held]:
+        """After a relist: exactly `held` (built aside: `kube.caches.ClaimStore.replace`).
+        The old table, for the caller to free in pieces where it may pause (`quota.work.drop`)."""
+        old, self._held = self._held, held
         self.version += 1
+        return old
 
     def drop(self, ref: ClaimRef) -> None:
         if self._held.pop(ref, None) is not None:

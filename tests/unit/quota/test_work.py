@@ -35,10 +35,11 @@ def test_work_shared_inside_a_claim_is_charged_once() -> None:
     assert claim.spent == 1000
 
 
-@pytest.mark.parametrize("items", [{i: str(i) for i in range(5)}, list(range(5))])
-def test_drop_empties_a_table_an_element_at_a_time(items: dict[int, str] | list[int]) -> None:
+@pytest.mark.parametrize("items", [{i: str(i) for i in range(5)}, list(range(5)), set(range(5))])
+def test_drop_empties_a_table_an_element_at_a_time(items: dict[int, str] | list[int] | set[int]) -> None:
     """The old caches of a relist are freed in pieces, a pause point between two."""
     sizes: list[int] = []
     with pausing(lambda: sizes.append(len(items))):
         drop(items)
     assert sizes == [4, 3, 2, 1, 0] and not items
+
