@@ -24,13 +24,11 @@ new level up). `refresh` moves a few pools and never pauses.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 
 from quota.columns import MISSING, PRESENCE, Column, Field, PoolIndex, column
-from quota.work import pause_point
+from quota.work import paced, pause_point
 
 __all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
 
@@ -147,51 +145,43 @@ def _buckets(
     """One class's pools by their columns for `fields`.
 
     A field no pool has (`present`: pools per field) costs nothing per pool: a tenant
-    inventing names splits nothing. Otherwise only a dict lookup per pool and field
-    runs in Python; splitting the class runs in C when it has few distinct column
-    sets, as it nearly always has.
+    inventing names splits nothing. Otherwise a dict lookup per pool and field, then one
+    pass over the pools, pausing (`quota.work.paced`): a class of 5,000 pools split in C,
+    a pass per distinct column set over a list of every pool's, held the loop 44 ms
+    (bench/stalls.py).
     """
     if fields is None:
         # Whole-device reads: every pool splits on its own.
         return [(None, {key: pool}) for key, pool in members.items()]
-    pools = list(members.values())
+    # One snapshot: reading the columns pauses, and a refresh may move pools meanwhile.
+    items = list(members.items())
+    pools = [pool for _, pool in items]
     nowhere: list[Column | None] = [None] * len(pools)
     per_field = [_column_per_pool(pools, f) if present.get(f[1:] if f[0] == PRESENCE else f) else nowhere
                  for f in fields]
     if all(column is nowhere for column in per_field):
-        return [((None,) * len(fields), dict(members))]  # a copy: levels move pools apart
-    signatures: list[Signature] = list(zip(*per_field))
-    # Columns hash by identity (interned), so these are cheap to hash and compare.
-    distinct = list(dict.fromkeys(signatures))
-    if len(distinct) == 1:
-        return [(distinct[0], dict(members))]
-    items = list(members.items())
-    if len(distinct) <= _FEW:
-        return [(sig, dict(compress(items, map(operator.eq, signatures, repeat(sig))))) for sig in distinct]
+        return [((None,) * len(fields), dict(items))]  # a copy: levels move pools apart
+    # Columns hash by identity (interned), so signatures are cheap to hash and compare.
     buckets: dict[Signature, dict[PoolKey, PoolIndex]] = {}
-    for (key, pool), sig in zip(items, signatures):
-        found = buckets.get(sig)
+    for (key, pool), signature in paced(zip(items, zip(*per_field))):
+        found = buckets.get(signature)
         if found is None:
-            buckets[sig] = {key: pool}
+            buckets[signature] = {key: pool}
         else:
             found[key] = pool
     return list(buckets.items())
 
 
 def _column_per_pool(pools: list[PoolIndex], field: Field) -> list[Column | None]:
+    """Per pool (5,000 of them: tens of ms for a presence field), pausing (`quota.work.paced`)."""
     if field[0] != PRESENCE:
-        return [pool.columns.get(field) for pool in pools]
-    return [column(pool, field) for pool in pools]
-
-
-# Up to this many distinct column sets in a class, one C pass over the class per set is
-# cheaper than a Python loop over its pools.
-_FEW = 16
+        return [pool.columns.get(field) for pool in paced(pools)]
+    return [column(pool, field) for pool in paced(pools)]
 
 
 def _by_shape(indexes: Mapping[PoolKey, PoolIndex]) -> list[tuple[State, dict[PoolKey, PoolIndex]]]:
     """The base level's parent: every pool whole, by size and driver."""
     out: dict[tuple[int, str], dict[PoolKey, PoolIndex]] = {}
-    for pool_key, pool in indexes.items():
+    for pool_key, pool in paced(list(indexes.items())):
         out.setdefault((len(pool.devices), pool_key[0]), {})[pool_key] = pool
     return [(_whole(size), members) for (size, _), members in out.items()]
