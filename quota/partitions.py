@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from quota.columns import MISSING, PRESENCE, Column, Field, PoolIndex, column
 from quota.work import paced, pause_point
 
-__all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
+__all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf", "Superseded"]
 
 PoolKey = tuple[str, str]
 GroupKey = tuple[object, ...]
@@ -61,19 +61,26 @@ class Partition:
     states: dict[PoolKey, State] = field(default_factory=dict)
     classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
 
-    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int]) -> int:
-        """Recompute every pool, one split per (class, columns); returns the pools done."""
+    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int],
+                done_elsewhere: Callable[[], Partition | None] = lambda: None) -> int:
+        """Recompute every pool, one split per (class, columns); returns the pools done.
+
+        `done_elsewhere`: asked after each pause, the same level another caller completed
+        meanwhile; then this one stops (`Superseded`). Every review arriving after a
+        relist of the slices rebuilds the level it needs until one is installed: without
+        this, each went on to the end of its own (~0.1 s each) and the slow lane's queue
+        outgrew the reviews' deadlines (bench/stalls.py)."""
         self.states.clear()
         self.classes.clear()
         parents = _by_shape(indexes) if self.parent is None else list(self.parent.classes.items())
         for parent_state, members in parents:
-            pause_point()
+            _pause(done_elsewhere)
             if not members:
                 continue  # emptied by a refresh while this rebuild paused
             # One class has one driver (see _by_shape), hence the same fields.
             fields = self.fields_of(next(iter(members.values())))
             for signature, bucket in _buckets(members, fields, present):
-                pause_point()
+                _pause(done_elsewhere)
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))
                 # One lookup: a state hashes every key in it, and tuples cache no hash.
@@ -137,6 +144,20 @@ class Partition:
                         found.append(p)
                 out.extend((sub, tuple(group)) for sub, group in split.items())
         return tuple(out)
+
+
+class Superseded(Exception):
+    """A rebuild stopped: `partition`, the same level, was completed by another caller."""
+
+    def __init__(self, partition: Partition) -> None:
+        super().__init__("superseded")
+        self.partition = partition
+
+
+def _pause(done_elsewhere: Callable[[], Partition | None]) -> None:
+    pause_point()
+    if (done := done_elsewhere()) is not None:
+        raise Superseded(done)
 
 
 def _buckets(

@@ -45,7 +45,7 @@ from quota.columns import Field, PoolIndex, base_fields
 from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
 from quota.model import Device
-from quota.partitions import FieldsOf, GroupKey, Part, Partition
+from quota.partitions import FieldsOf, GroupKey, Part, Partition, Superseded
 from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
 from quota.work import PAUSE_EVERY, Budget, pauses
 
@@ -267,9 +267,18 @@ class SelectorMatcher:
             self.pools_computed += partition.refresh(changed, self._inventory.usable_pools())
             partition.generation = generation
             return partition
-        # A fresh level, installed once complete: the rebuild may pause (quota.partitions).
+        # A fresh level, installed once complete: the rebuild may pause (quota.partitions),
+        # and stops once another caller installed the level meanwhile.
+        def done_elsewhere() -> Partition | None:
+            found = self._partitions.get(key)
+            return found if isinstance(found, Partition) and found.generation == generation else None
+
         fresh = Partition(parent, _base(extra) if not chain else _fixed(chain[-1]))
-        self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools())
+        try:
+            self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools(),
+                                                 done_elsewhere)
+        except Superseded as superseded:
+            return superseded.partition
         fresh.generation = generation
         self._partitions.store(key, fresh)
         return fresh

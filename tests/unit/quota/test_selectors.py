@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quota import partitions
 from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
 from quota.selectors import SelectorMatcher
-from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded
+from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded, pausing
 
 from ..builders import make_device, make_slice
 
@@ -54,6 +55,42 @@ def test_one_slice_update_recomputes_one_pool_per_partition() -> None:
     assert len(keys(matcher, (GPU, BIG))) == 51
     # base partition, class paths, request paths: one pool each.
     assert matcher.pools_computed - before == 3
+
+
+def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> None:
+    """After a relist of the slices every review rebuilds the partitions it needs until one
+    is installed; one that paused meanwhile takes the installed one at its next pause
+    instead of finishing its own (with 50 reviews a second, the slow lane's queue of such
+    rebuilds outgrew their deadlines)."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    calls: list[str] = []  # a rebuild's first step, then each class of pools it splits
+    by_shape, buckets = partitions._by_shape, partitions._buckets
+
+    def first(*args: Any) -> Any:
+        calls.append("rebuild")
+        return by_shape(*args)
+
+    def split(*args: Any) -> Any:
+        calls.append("split")
+        return buckets(*args)
+
+    with patch("quota.partitions._by_shape", first), patch("quota.partitions._buckets", split):
+        expected = keys(SelectorMatcher(inv), (GPU, BIG))
+        alone = calls.count("split")
+        calls.clear()
+        matcher = SelectorMatcher(inv)
+        nested: list[set[DeviceKey]] = []
+
+        def pause() -> None:  # in a rebuild: another review's match runs whole meanwhile
+            if calls and not nested:
+                nested.append(set())
+                nested[0] = keys(matcher, (GPU, BIG))
+
+        with pausing(pause):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert nested == [expected]
+    assert calls.count("split") == alone, "the paused rebuild went on after another one was installed"
 
 
 def test_deleted_pool_disappears_and_relist_rescans() -> None:
