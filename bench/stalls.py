@@ -323,10 +323,10 @@ async def run(args: argparse.Namespace) -> list[JSON]:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.port).start()
 
-    async def at_once(exposition: Callable[[], bytes]) -> bytes:
+    async def at_once(exposition: Callable[[], list[bytes]]) -> list[bytes]:
         return exposition()
 
-    async def sliced(exposition: Callable[[], bytes]) -> bytes:
+    async def sliced(exposition: Callable[[], list[bytes]]) -> list[bytes]:
         return await caches.rebuilds.run(exposition)
 
     metrics_runner, metrics_port = await serve_metrics(metrics, host="127.0.0.1", port=0, context=None, access=None,

@@ -32,7 +32,7 @@ at a time (prometheus_client spends ~40 us a sample), with a pause point
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -202,7 +202,7 @@ class Metrics:
         # children are cached here: 1.7 µs per review instead of 6.4 (measured on a shared
         # 2-core machine, noisy), against a 200 µs in-process review budget.
         self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
-        self._rendered: list[Callable[[], bytes]] = []
+        self._rendered: list[Callable[[], Sequence[bytes]]] = []
         self._stall_max = 0.0
 
     def review(self, path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
@@ -248,20 +248,29 @@ class Metrics:
         """Expose the families `collect` builds at each scrape (`webhook.usagemetrics`)."""
         self.registry.register(_Collect(collect))
 
-    def rendered(self, text: Callable[[], bytes]) -> None:
-        """Append `text()` to each scrape: families already rendered (by `render`) and cached
-        by their owner, for those with tens of thousands of samples (rendering costs ~10 µs
-        a sample). Not in `registry`, so `get_sample_value` does not see them."""
+    def rendered(self, text: Callable[[], Sequence[bytes]]) -> None:
+        """Append the pieces `text()` returns to each scrape: families already rendered (by
+        `render`) and cached by their owner, for those with tens of thousands of samples
+        (rendering costs ~10 µs a sample). Not in `registry`, so `get_sample_value` does
+        not see them."""
         self._rendered.append(text)
 
-    def exposition(self) -> bytes:
-        """What `GET /metrics` serves (module doc: in pieces, with pause points between)."""
+    def exposition_parts(self) -> list[bytes]:
+        """What `GET /metrics` serves, in pieces (module doc: with pause points between),
+        never joined: a scrape of 150,000 claims is tens of MB, and each copy of it
+        in one piece held the loop 20-40 ms (bench/stalls.py). `webhook.metricsserver`
+        writes them as they are."""
         parts = []
         for family in self.registry.collect():
             parts.append(_render_family(family))
             pause_point()
-        parts.extend(text() for text in self._rendered)
-        return b"".join(parts)
+        for text in self._rendered:
+            parts.extend(text())
+        return parts
+
+    def exposition(self) -> bytes:
+        """`exposition_parts`, joined (tests, benchmarks)."""
+        return b"".join(self.exposition_parts())
 
 
 def _render_family(family: Metric) -> bytes:
