@@ -56,6 +56,7 @@ from runtime.metricnames import (
     CONNECTIONS_DROPPED,
     EVENTS_DROPPED,
     EVENT_LOOP_STALL,
+    EVENT_LOOP_STALL_CPU_MAX,
     EVENT_LOOP_STALL_MAX,
     RECONCILE_DURATION,
     WATCH_RELISTS,
@@ -189,6 +190,10 @@ class Metrics:
             "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)
         self.stall_max = Gauge(EVENT_LOOP_STALL_MAX, "The longest event loop stall since the process started, "
                                "seconds.", registry=self.registry)
+        self.stall_cpu_max = Gauge(
+            EVENT_LOOP_STALL_CPU_MAX, "The longest event loop stall since the process started counting only what "
+            "the loop's own thread was on the CPU for (runtime.stalls: serve's own work; the rest of a stall is "
+            "the node's other processes), seconds.", registry=self.registry)
         build = Gauge(BUILD_INFO, "Always 1; the version of dra-quota and of Python serving.",
                       ["version", "python_version"], registry=self.registry)
         build.labels(version(), platform.python_version()).set(1)
@@ -203,7 +208,7 @@ class Metrics:
         # 2-core machine, noisy), against a 200 µs in-process review budget.
         self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
         self._rendered: list[Callable[[], Sequence[bytes]]] = []
-        self._stall_max = 0.0
+        self._stall_max = self._stall_cpu_max = 0.0
 
     def review(self, path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
         """Count one answered review (`webhook.server.Observer`)."""
@@ -225,12 +230,16 @@ class Metrics:
         (`controllers.annotator.Annotator`'s hook)."""
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
 
-    def stalled(self, seconds: float) -> None:
-        """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late."""
+    def stalled(self, seconds: float, cpu: float) -> None:
+        """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late, `cpu`
+        of them on the CPU itself."""
         self.stall.observe(seconds)
         if seconds > self._stall_max:
             self._stall_max = seconds
             self.stall_max.set(seconds)
+        if cpu > self._stall_cpu_max:
+            self._stall_cpu_max = cpu
+            self.stall_cpu_max.set(cpu)
 
     def connections(self, listeners: Mapping[str, Connections]) -> None:
         """Expose each listener's connections by phase and those it dropped (read at each scrape)."""
