@@ -4,7 +4,8 @@ Neighbours: `quota.pricing` gives every claim it prices a `Budget` and charges i
 `quota.selectors` and `quota.verdicts` spend it on CEL evaluations; `quota.cel` calls
 `pause_point` while compiling and every `PAUSE_EVERY` cost units while evaluating;
 `runtime.slicing` installs the pause hook that lets the event loop run between slices
-of one review's pricing (`pausing`). Pure: no clock, no I/O; a pause is whatever the
+of one review's pricing (`pausing`), and the wait hook for work that waits on another
+call's (`wait_point`). Pure: no clock, no I/O; a pause is whatever the
 hook does (nothing, for `dra-quota check` and the caches).
 
 Budgets follow the API server's model (issue 15.2): a per-expression cost limit (the
@@ -28,7 +29,7 @@ from contextvars import ContextVar
 from typing import Any, Literal, TypeVar
 
 __all__ = ["CLAIM_COST_BUDGET", "COMPILE_UNITS_PER_BYTE", "PAUSE_EVERY", "REVIEW_COST_BUDGET", "Budget",
-           "BudgetExceeded", "PAUSE_ITEMS", "Pause", "drop", "paced", "pause_point", "pauses", "pausing"]
+           "BudgetExceeded", "PAUSE_ITEMS", "Pause", "drop", "paced", "pause_point", "pauses", "pausing", "wait_point"]
 
 # Per claim: twice the scheduler's per-expression limit, ~0.2-0.4 s of work on an idle
 # core (1-2 s on a loaded one). Honest claims cost thousands of units (grouping
@@ -121,6 +122,8 @@ class Budget:
 # The pause hook of the running slice (`runtime.slicing`), or None: pricing never pauses.
 # A ContextVar, so that only the greenlet a slicer runs sees its hook.
 _PAUSE: ContextVar[Pause | None] = ContextVar("dra_quota_pause", default=None)
+# Its other hook: give the loop back now, whatever is left of the slice (`wait_point`).
+_WAIT: ContextVar[Pause | None] = ContextVar("dra_quota_wait", default=None)
 
 
 def pause_point() -> None:
@@ -128,6 +131,17 @@ def pause_point() -> None:
     hook = _PAUSE.get()
     if hook is not None:
         hook()
+
+
+def wait_point() -> bool:
+    """Where work waits on another caller's (a partition another review is building):
+    give the loop back now. False where nothing runs this work in slices: waiting there
+    would never end, so the caller does the work itself."""
+    hook = _WAIT.get()
+    if hook is None:
+        return False
+    hook()
+    return True
 
 
 def pauses() -> Pause | None:
@@ -164,9 +178,11 @@ def drop(items: MutableMapping[Any, Any] | MutableSequence[Any] | MutableSet[Any
 
 
 @contextmanager
-def pausing(hook: Pause) -> Iterator[None]:
-    token = _PAUSE.set(hook)
+def pausing(hook: Pause, wait: Pause | None = None) -> Iterator[None]:
+    """`hook` at every pause point, `wait` at every wait point (module doc)."""
+    token, waiting = _PAUSE.set(hook), _WAIT.set(wait)
     try:
         yield
     finally:
         _PAUSE.reset(token)
+        _WAIT.reset(waiting)

@@ -12,6 +12,7 @@ from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
+from greenlet import greenlet
 from hypothesis import strategies as st
 
 from quota import partitions
@@ -91,6 +92,49 @@ def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> No
             assert keys(matcher, (GPU, BIG)) == expected
     assert nested == [expected]
     assert calls.count("split") == alone, "the paused rebuild went on after another one was installed"
+
+
+def test_a_match_waits_for_the_rebuild_another_has_under_way_instead_of_building_its_own() -> None:
+    """A review arriving while another one rebuilds the level it needs gives the loop back
+    (`quota.work.wait_point`) until that one is installed, and takes it: its first slice
+    spent rebuilding too starved the rebuild that would finish."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    calls: list[str] = []
+    by_shape, buckets = partitions._by_shape, partitions._buckets
+
+    def first(*args: Any) -> Any:
+        calls.append("rebuild")
+        return by_shape(*args)
+
+    def split(*args: Any) -> Any:
+        calls.append("split")
+        return buckets(*args)
+
+    with patch("quota.partitions._by_shape", first), patch("quota.partitions._buckets", split):
+        expected = keys(SelectorMatcher(inv), (GPU, BIG))
+        alone = calls.count("rebuild"), calls.count("split")
+        calls.clear()
+        matcher = SelectorMatcher(inv)
+        main = greenlet.getcurrent()
+
+        def builder() -> set[DeviceKey]:  # another review, paused in its rebuild
+            with pausing(lambda: main.switch() if calls else None):
+                return keys(matcher, (GPU, BIG))
+
+        other = greenlet(builder)
+        other.switch()
+        assert calls == ["rebuild"] and not other.dead
+        waits: list[bool] = []
+
+        def wait() -> None:
+            waits.append(True)
+            other.switch()
+
+        with pausing(lambda: None, wait):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert waits and other.dead
+    assert (calls.count("rebuild"), calls.count("split")) == alone, "it built a level the other was building"
 
 
 def test_deleted_pool_disappears_and_relist_rescans() -> None:
