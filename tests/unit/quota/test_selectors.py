@@ -7,12 +7,14 @@ events it answers exactly what a fresh matcher over the same inventory answers.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 from unittest.mock import patch
 
 import pytest
-from hypothesis import given, settings
 from greenlet import greenlet
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota import partitions
@@ -58,14 +60,10 @@ def test_one_slice_update_recomputes_one_pool_per_partition() -> None:
     assert matcher.pools_computed - before == 3
 
 
-def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> None:
-    """After a relist of the slices every review rebuilds the partitions it needs until one
-    is installed; one that paused meanwhile takes the installed one at its next pause
-    instead of finishing its own (with 50 reviews a second, the slow lane's queue of such
-    rebuilds outgrew their deadlines)."""
-    inv = Inventory()
-    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
-    calls: list[str] = []  # a rebuild's first step, then each class of pools it splits
+@contextlib.contextmanager
+def counting_rebuilds(calls: list[str]) -> Iterator[None]:
+    """`calls` gets "rebuild" as each partition rebuild begins, "split" for each class of
+    pools a rebuild splits."""
     by_shape, buckets = partitions._by_shape, partitions._buckets
 
     def first(*args: Any) -> Any:
@@ -77,6 +75,18 @@ def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> No
         return buckets(*args)
 
     with patch("quota.partitions._by_shape", first), patch("quota.partitions._buckets", split):
+        yield
+
+
+def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> None:
+    """After a relist of the slices every review rebuilds the partitions it needs until one
+    is installed; one that paused meanwhile takes the installed one at its next pause
+    instead of finishing its own (with 50 reviews a second, the slow lane's queue of such
+    rebuilds outgrew their deadlines)."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    calls: list[str] = []
+    with counting_rebuilds(calls):
         expected = keys(SelectorMatcher(inv), (GPU, BIG))
         alone = calls.count("split")
         calls.clear()
@@ -101,17 +111,7 @@ def test_a_match_waits_for_the_rebuild_another_has_under_way_instead_of_building
     inv = Inventory()
     inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
     calls: list[str] = []
-    by_shape, buckets = partitions._by_shape, partitions._buckets
-
-    def first(*args: Any) -> Any:
-        calls.append("rebuild")
-        return by_shape(*args)
-
-    def split(*args: Any) -> Any:
-        calls.append("split")
-        return buckets(*args)
-
-    with patch("quota.partitions._by_shape", first), patch("quota.partitions._buckets", split):
+    with counting_rebuilds(calls):
         expected = keys(SelectorMatcher(inv), (GPU, BIG))
         alone = calls.count("rebuild"), calls.count("split")
         calls.clear()
