@@ -60,6 +60,7 @@ class Partition:
     generation: int = -1
     states: dict[PoolKey, State] = field(default_factory=dict)
     classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
+    steps: int = 0  # pauses its rebuild passed: whether it moves (`quota.selectors` waits on it)
 
     def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int],
                 done_elsewhere: Callable[[], Partition | None] = lambda: None) -> int:
@@ -74,12 +75,14 @@ class Partition:
         self.classes.clear()
         parents = _by_shape(indexes) if self.parent is None else list(self.parent.classes.items())
         for parent_state, members in parents:
+            self.steps += 1
             _pause(done_elsewhere)
             if not members:
                 continue  # emptied by a refresh while this rebuild paused
             # One class has one driver (see _by_shape), hence the same fields.
             fields = self.fields_of(next(iter(members.values())))
             for signature, bucket in _buckets(members, fields, present):
+                self.steps += 1
                 _pause(done_elsewhere)
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))

@@ -49,7 +49,7 @@ from quota.partitions import FieldsOf, GroupKey, Part, Partition, Superseded
 from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
 from quota.work import PAUSE_EVERY, Budget, pauses, wait_point
 
-__all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
+__all__ = ["PATIENCE", "SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
 
 class _Devices(Sequence[Device]):
@@ -124,6 +124,10 @@ class Match:
     def devices(self) -> Iterator[Device]:
         for group in self.groups:
             yield from group.devices
+
+
+# Turns a call waits for another's rebuild of the level it needs that did not move (`_fresh`).
+PATIENCE = 3
 
 
 class _LRU(OrderedDict[Hashable, object]):
@@ -274,17 +278,22 @@ class SelectorMatcher:
     def _fresh(self, key: Hashable, fresh: Partition, generation: int) -> Partition:
         """`fresh` rebuilt and installed, or the same level another caller installed
         meanwhile: this one waits for a rebuild under way (the loop given back each turn,
-        `quota.work.wait_point`), and a paused rebuild stops once another one is installed
-        (`quota.partitions.Superseded`). After a relist of the slices every review needs
-        the levels rebuilt (~0.1 s): each building its own, new reviews' first slices
-        starved the one that would finish and the slow lane's queue overflowed
-        (bench/stalls.py)."""
+        `quota.work.wait_point`) while it moves, and a paused rebuild stops once another
+        one is installed (`quota.partitions.Superseded`). After a relist of the slices
+        every review needs the levels rebuilt (~0.1 s): each building its own, new
+        reviews' first slices starved the one that would finish and the slow lane's queue
+        overflowed (bench/stalls.py). A rebuild that does not move for `PATIENCE` turns
+        may be waiting for the slow lane this call holds: then this call builds its own."""
         def done_elsewhere() -> Partition | None:
             found = self._partitions.get(key)
             return found if isinstance(found, Partition) and found.generation == generation else None
 
-        while self._building.get(key, (-1,))[0] == generation and wait_point():
-            pass
+        still = 0
+        while (other := self._building.get(key)) is not None and other[0] == generation and still < PATIENCE:
+            steps = other[1].steps
+            if not wait_point():
+                break
+            still = still + 1 if other[1].steps == steps else 0
         if (done := done_elsewhere()) is not None:
             return done
         mine = self._building[key] = (generation, fresh)

@@ -21,7 +21,7 @@ from quota import partitions
 from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
-from quota.selectors import SelectorMatcher
+from quota.selectors import PATIENCE, SelectorMatcher
 from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded, pausing
 
 from ..builders import make_device, make_slice
@@ -135,6 +135,30 @@ def test_a_match_waits_for_the_rebuild_another_has_under_way_instead_of_building
             assert keys(matcher, (GPU, BIG)) == expected
     assert waits and other.dead
     assert (calls.count("rebuild"), calls.count("split")) == alone, "it built a level the other was building"
+
+
+def test_a_match_stops_waiting_for_a_rebuild_that_does_not_move() -> None:
+    """The call rebuilding may be queued for the slow lane the waiting call holds: after
+    `PATIENCE` turns in which it did not move, the waiting call builds its own (else both
+    waited until the reviews' deadline: every review of a bench/stalls.py window failed)."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    expected = keys(SelectorMatcher(inv), (GPU, BIG))
+    calls: list[str] = []
+    with counting_rebuilds(calls):
+        matcher = SelectorMatcher(inv)
+        main = greenlet.getcurrent()
+
+        def stuck() -> None:  # paused in its rebuild, never resumed
+            with pausing(lambda: main.switch() if calls else None):
+                keys(matcher, (GPU, BIG))
+
+        builder = greenlet(stuck)  # kept: a greenlet let go is unwound (its rebuild given up)
+        builder.switch()
+        waits: list[bool] = []
+        with pausing(lambda: None, lambda: waits.append(True)):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert len(waits) == PATIENCE and calls.count("rebuild") > 1 and not builder.dead
 
 
 def test_deleted_pool_disappears_and_relist_rescans() -> None:
