@@ -22,7 +22,7 @@ import pytest
 
 from devcluster.kube import poll
 from kube.admissionreview import AdmissionRequest, Verdict
-from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
+from webhook.connections import EVICTION_SCAN, HOG_ROOM_PER_SECOND, Connections, Limits, Phase, unread
 
 from ..clock import FakeClock
 from ..kube.test_admissionreview import REVIEW
@@ -54,6 +54,18 @@ async def reviewed(wire: Wire) -> bool:
 async def closed(wire: Wire) -> bool:
     async with asyncio.timeout(PATIENCE):
         return await wire.closed_by_server()
+
+
+async def refused(port: int) -> bool:
+    """A new connection is refused: reset as it connects, or closed before it sent anything."""
+    try:
+        wire = await Wire.open(port, tls=False)
+    except ConnectionResetError:
+        return True
+    try:
+        return await closed(wire)
+    finally:
+        await wire.close()
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -91,9 +103,7 @@ async def test_when_every_connection_is_deciding_a_new_one_is_closed_at_once() -
         for wire in deciding:
             await wire.send(post(REVIEW_BODY))
         await until(lambda: served.connections.counts()[Phase.DECIDING] == 2, "two reviews deciding")
-        late = await Wire.open(served.port, tls=False)
-        assert await closed(late)
-        await late.close()
+        assert await refused(served.port)
         assert served.connections.dropped == {"refused": 1}
         release.set()
         for wire in deciding:
@@ -293,6 +303,35 @@ def test_a_flood_from_one_source_evicts_its_own_connections_not_the_api_servers(
     assert admit(connections, clock, Fake("api-new", aborted), "10.0.0.1")
     assert aborted[-1] == "flood-3", "the API server's new one is not refused: a flood's goes"
     assert connections.dropped == {"evicted": 4, "refused": 1}
+
+
+@pytest.mark.parametrize("api_server", [True, False], ids=["beside-the-api-server", "alone"])
+def test_a_floods_new_connections_make_room_at_most_so_often_and_the_api_servers_always(api_server: bool) -> None:
+    """At the cap, each of a hog's new connections that makes room costs a protocol, a
+    TLS handshake and an eviction on the one event loop: a flood of them, re-opened as
+    fast as they are dropped, took most of it (bench/connections.py). Past
+    `HOG_ROOM_PER_SECOND` a second they are refused (at the accept, before anything is
+    built), whether or not another source holds connections; the API server's are not."""
+    clock, aborted = FakeClock(1000.0), list[str]()
+    connections = Connections(Limits(max_connections=8), clock=clock)
+    if api_server:
+        assert admit(connections, clock, Fake("api-server", aborted), "10.0.0.1")
+    while len(connections) < 8:
+        assert admit(connections, clock, Fake("flood", aborted), "10.9.9.9")
+    budget = int(HOG_ROOM_PER_SECOND)
+    clock.now += 1
+
+    def flood() -> bool:
+        """A new connection from the flood, at the same instant as the others."""
+        if not connections.room("10.9.9.9"):
+            return False
+        connections.opened(Fake("flood", aborted), "10.9.9.9")
+        return True
+
+    assert [flood() for _ in range(3 * budget)] == [True] * budget + [False] * 2 * budget
+    assert connections.dropped == {"evicted": budget, "refused": 2 * budget}
+    assert admit(connections, clock, Fake("api-new", aborted), "10.0.0.1"), "the API server's still evicts a flood's"
+    assert sum(flood() for _ in range(budget)) == budget, "a second later the budget is back"
 
 
 @pytest.mark.parametrize("api_phase,api_unread", [(Phase.IDLE, False), (Phase.OPENING, True)],
