@@ -13,6 +13,7 @@ tests/e2e/test_connections.py, and bench/connections.py for 10,000.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import socket
@@ -108,6 +109,27 @@ async def test_when_every_connection_is_deciding_a_new_one_is_closed_at_once() -
         release.set()
         for wire in deciding:
             assert (await wire.answer()).review()["allowed"] is True
+            await wire.close()
+
+
+@ASYNC
+async def test_past_the_hogs_budget_new_connections_are_refused_at_the_accept() -> None:
+    """Over real sockets, every one from 127.0.0.1 (a hog: it holds the cap): once
+    `HOG_ROOM_PER_SECOND` new ones made room, the rest are refused as they are accepted
+    (reset), and those held stay. The deadlines' clock stands still: one instant."""
+    clock = FakeClock(1000.0)
+    budget = int(HOG_ROOM_PER_SECOND)
+    async with serving({"/validate": allow}, limits=Limits(max_connections=4), clock=clock) as served:
+        held = [await Wire.open(served.port, tls=False) for _ in range(4)]
+        await until(lambda: len(served.connections) == 4, "4 connections held")
+        late = []
+        for _ in range(budget + 8):
+            with contextlib.suppress(ConnectionResetError):  # refused before the connect returned
+                late.append(await Wire.open(served.port, tls=False))
+        await until(lambda: served.connections.dropped.total() == budget + 8, "every new connection decided")
+        assert len(served.connections) == 4
+        assert served.connections.dropped == {"evicted": budget, "refused": 8}
+        for wire in (*held, *late):
             await wire.close()
 
 
