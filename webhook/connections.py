@@ -34,11 +34,13 @@ A source address holding more than half the cap is a hog: among the first
 `EVICTION_SCAN` in that order, its connections go first, so a Pod flooding the port
 evicts its own, not the API server's (which comes from another address and pools a few
 dozen at most). Without a hog (one source, or a flood spread over many) the order alone
-decides, so no source is ever worse off for holding more. But a hog's new connections
-make room only `HOG_ROOM_PER_SECOND` a second; the rest are refused: each that makes
-room costs a protocol, a TLS handshake and an eviction on the one event loop, and a
-flood re-opening its connections as fast as they go (bench/connections.py: 1,400 a
-second) took most of the loop's time, an honest review's p99 0.8-1.3 s. A connection is
+decides, so no source is ever worse off for holding more. But a hog is given only
+`HOG_NEW_PER_SECOND` new connections a second, at the cap or below it; the rest are
+refused: each costs a protocol and a TLS handshake on the one event loop (at the cap an
+eviction too), and a flood re-opening its connections as fast as they go
+(bench/connections.py: 1,400 a second at the cap; below it, everything its deadlines
+dropped, 900 at once every 10 s) took most of the loop's time, an honest review's p99
+0.8-1.3 s. A connection is
 admitted (or refused) at the accept, from its peer's address, before anything is built
 for it (`webhook.accepting`), so a refused one costs an accept and a reset.
 
@@ -88,9 +90,9 @@ log = logging.getLogger(__name__)
 SWEEP_SECONDS = 1.0
 # How many connections with unread bytes one eviction passes over (module doc).
 EVICTION_SCAN = 16
-# How many of a hog's new connections a second may make room for at the cap; the rest
-# are refused before anything is built for them (module doc, `webhook.accepting`).
-HOG_ROOM_PER_SECOND = 32.0
+# How many new connections a second a hog is given; the rest are refused before anything
+# is built for them (module doc, `webhook.accepting`).
+HOG_NEW_PER_SECOND = 32.0
 
 
 class Phase(enum.IntEnum):
@@ -156,8 +158,8 @@ class Connections:
         self._held: Counter[str] = Counter()
         # Connections dropped by us, by why: evicted, refused, or the phase whose deadline passed.
         self.dropped: Counter[str] = Counter()
-        # A token bucket: how many more of a hog's new connections may make room now.
-        self._hog_room, self._hog_room_at = HOG_ROOM_PER_SECOND, clock()
+        # A token bucket: how many more new connections a hog may have now.
+        self._hog_room, self._hog_room_at = HOG_NEW_PER_SECOND, clock()
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -168,7 +170,10 @@ class Connections:
     def room(self, source: str = "") -> bool:
         """Make room for one more connection from `source` (its peer's address), evicting one
         if at the cap; False: every one is deciding, or the first in line all wait on us and
-        none is a hog's (or `source` is the hog) (module doc)."""
+        none is a hog's (or `source` is the hog), or `source` is a hog past its budget (module doc)."""
+        if self._hogging(source) and not self._hog_may_open():
+            self.dropped["refused"] += 1
+            return False
         while len(self) >= self.limits.max_connections:
             victim = self._victim(source)
             if victim is None:
@@ -240,11 +245,8 @@ class Connections:
 
     def _victim(self, source: str) -> Tracked | None:
         """The connection worth least (module doc), among the first `EVICTION_SCAN` in
-        eviction order: none for a hog's newcomer past `HOG_ROOM_PER_SECOND`; a hog's
-        that is not waiting on us; else, for a newcomer that is no hog, a hog's; else the
-        first not waiting; else None."""
-        if self._hogging(source) and not self._hog_may_evict():
-            return None
+        eviction order: a hog's that is not waiting on us; else, for a newcomer that is no
+        hog, a hog's; else the first not waiting; else None."""
         scanned = list(islice((c for p, q in self._phases.items() if p is not Phase.DECIDING for c in q),
                               EVICTION_SCAN))
         hogs = [c for c in scanned if self._hogging(self._source[c])]
@@ -256,10 +258,10 @@ class Connections:
             return None if self._hogging(source) else hogs[0]
         return next((c for c in scanned if not c.waiting()), None)
 
-    def _hog_may_evict(self) -> bool:
-        """Whether a hog's new connection may make room now (`HOG_ROOM_PER_SECOND`, a token bucket)."""
+    def _hog_may_open(self) -> bool:
+        """Whether a hog may have a new connection now (`HOG_NEW_PER_SECOND`, a token bucket)."""
         now = self._clock()
-        self._hog_room = min(HOG_ROOM_PER_SECOND, self._hog_room + (now - self._hog_room_at) * HOG_ROOM_PER_SECOND)
+        self._hog_room = min(HOG_NEW_PER_SECOND, self._hog_room + (now - self._hog_room_at) * HOG_NEW_PER_SECOND)
         self._hog_room_at = now
         if self._hog_room < 1:
             return False
