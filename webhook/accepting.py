@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # retransmissions (1 s, then 3 s).
 LISTEN_BACKLOG = 4096
 # Accepted, and admitted, per readiness event of one listening socket (module doc).
+# asyncio accepts as many as listen()'s backlog: 4,096 there made stalls of seconds.
 ACCEPT_BATCH = 128
 ADMIT_BATCH = 8
 # Out of descriptors or memory: accepting again at once would spin (asyncio's remedy).

@@ -40,9 +40,9 @@ refused: each costs a protocol and a TLS handshake on the one event loop (at the
 eviction too), and a flood re-opening its connections as fast as they go
 (bench/connections.py: 1,400 a second at the cap; below it, everything its deadlines
 dropped, 900 at once every 10 s) took most of the loop's time, an honest review's p99
-0.8-1.3 s. A connection is
-admitted (or refused) at the accept, from its peer's address, before anything is built
-for it (`webhook.accepting`), so a refused one costs an accept and a reset.
+0.8-1.3 s. A connection is admitted (or refused) at the accept, from its peer's address,
+before anything is built for it (`webhook.accepting`), so a refused one costs an accept
+and a reset.
 
 Within a source, eviction passes over a connection whose client has sent bytes we have
 not read yet (the kernel holds them: `waiting`): its client keeps up and we are the slow
@@ -158,8 +158,9 @@ class Connections:
         self._held: Counter[str] = Counter()
         # Connections dropped by us, by why: evicted, refused, or the phase whose deadline passed.
         self.dropped: Counter[str] = Counter()
-        # A token bucket: how many more new connections a hog may have now.
-        self._hog_room, self._hog_room_at = HOG_NEW_PER_SECOND, clock()
+        # A token bucket: how many more new connections a hog may have now (one bucket: at
+        # most one source holds more than half the cap).
+        self._hog_budget, self._hog_budget_at = HOG_NEW_PER_SECOND, clock()
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -169,8 +170,8 @@ class Connections:
 
     def room(self, source: str = "") -> bool:
         """Make room for one more connection from `source` (its peer's address), evicting one
-        if at the cap; False: every one is deciding, or the first in line all wait on us and
-        none is a hog's (or `source` is the hog), or `source` is a hog past its budget (module doc)."""
+        if at the cap; False: `source` is a hog past its budget, or every one is deciding, or
+        the first in line all wait on us and none is a hog's (or `source` is the hog) (module doc)."""
         if self._hogging(source) and not self._hog_may_open():
             self.dropped["refused"] += 1
             return False
@@ -261,11 +262,12 @@ class Connections:
     def _hog_may_open(self) -> bool:
         """Whether a hog may have a new connection now (`HOG_NEW_PER_SECOND`, a token bucket)."""
         now = self._clock()
-        self._hog_room = min(HOG_NEW_PER_SECOND, self._hog_room + (now - self._hog_room_at) * HOG_NEW_PER_SECOND)
-        self._hog_room_at = now
-        if self._hog_room < 1:
+        self._hog_budget = min(HOG_NEW_PER_SECOND,
+                               self._hog_budget + (now - self._hog_budget_at) * HOG_NEW_PER_SECOND)
+        self._hog_budget_at = now
+        if self._hog_budget < 1:
             return False
-        self._hog_room -= 1
+        self._hog_budget -= 1
         return True
 
     def _hogging(self, source: str) -> bool:
