@@ -680,7 +680,8 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
         ctx.check_hostname = False  # the certificate names the Service, we dial 127.0.0.1
         # A bounded pool, opened before measuring: a TLS handshake in the middle of a run
         # would cost both sides milliseconds of CPU (the API server keeps its connections too).
-        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=CONNECTIONS), trace_configs=list(trace))
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=CONNECTIONS),
+                                     trace_configs=list(trace))
         async with http.get(f"https://127.0.0.1:{served.port}/healthz") as resp:
             assert resp.status == 200
         results = {"slices": count, "slices_create_s": round(seconds, 1),

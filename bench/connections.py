@@ -71,36 +71,37 @@ def buckets(samples: Samples, metric: str) -> dict[float, float]:
     return out
 
 
-def stall_buckets(samples: Samples) -> dict[float, float]:
-    return buckets(samples, EVENT_LOOP_STALL)
+def gained(before: Samples, after: Samples, metric: str) -> dict[float, float]:
+    """What a histogram's cumulative buckets gained between two scrapes."""
+    old, new = buckets(before, metric), buckets(after, metric)
+    return {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
+
+
+def bucket_of(counts: dict[float, float], q: float) -> tuple[float, float]:
+    """(a, b]: the bucket of cumulative `counts` holding their q-quantile."""
+    top = next(b for b in sorted(counts) if counts[b] >= q * counts[float("inf")])
+    return max((b for b in counts if b < top), default=0.0), top
 
 
 def quantile_between(before: Samples, after: Samples, metric: str, q: float) -> str:
     """The bucket "(a, b] ms" holding the q-quantile of what a histogram observed between two scrapes."""
-    old, new = buckets(before, metric), buckets(after, metric)
-    gained = {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
-    total = gained.get(float("inf"), 0.0)
-    if not total:
+    counts = gained(before, after, metric)
+    if not counts.get(float("inf")):
         return "none"
-    bounds = sorted(gained)
-    top = next(b for b in bounds if gained[b] >= q * total)
-    lower = max((b for b in bounds if b < top), default=0.0)
+    lower, top = bucket_of(counts, q)
     return f"({lower * 1000:g}, {top * 1000:g}] ms"
 
 
 def stalls_between(before: Samples, after: Samples) -> str:
     """The longest stall observed between two scrapes, as its bucket "(a, b] s", and how
     many ticks were over 50 ms and over 250 ms (cumulative buckets: the counts gained)."""
-    old, new = stall_buckets(before), stall_buckets(after)
-    gained = {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
-    total = gained[float("inf")]
+    counts = gained(before, after, EVENT_LOOP_STALL)
+    total = counts.get(float("inf"), 0.0)
     if not total:
         return "none"
-    bounds = sorted(gained)
-    top = next(b for b in bounds if gained[b] >= total)
-    lower = max((b for b in bounds if b < top), default=0.0)
-    return (f"longest ({lower:g}, {top:g}] s; {total - gained[0.05]:.0f} ticks over 50 ms, "
-            f"{total - gained[0.25]:.0f} over 250 ms, of {total:.0f}")
+    lower, top = bucket_of(counts, 1.0)
+    return (f"longest ({lower:g}, {top:g}] s; {total - counts[0.05]:.0f} ticks over 50 ms, "
+            f"{total - counts[0.25]:.0f} over 250 ms, of {total:.0f}")
 
 
 def connection_counts(samples: Samples) -> JSON:
@@ -244,7 +245,7 @@ async def run(args: argparse.Namespace) -> JSON:
             print(f"\nserve RSS {rss_of(bench.serve_pid):.0f} MiB before; load average {load_average()}")
             quiet = await bench.served.metrics()
             results["baseline"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack",
-                                         breakdown)
+                                               breakdown)
             before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
             results["baseline"]["stalls"] = stalls_between(quiet, before)
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
