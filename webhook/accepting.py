@@ -13,7 +13,7 @@ burst of hundreds of admitted ones ran their constructions in one loop iteration
 their TLS handshakes in the next. Under bench/connections.py's flood (10,000 idle and
 slow connections from one Pod's address, each re-opened 5 s after it was dropped) that
 was 1,400 accepts a second, each evicting one of the flood's own: serve's one event loop
-spent most of its time there, in iterations of 50-250 ms, and an honest review, which
+spent most of its time there, in iterations of 20-250 ms, and an honest review, which
 needs a few iterations, waited through several (p99 0.8-1.3 s).
 
 Here a refused connection costs an accept and a reset (SO_LINGER 0: no TIME_WAIT left
@@ -102,7 +102,7 @@ class Listener(asyncio.AbstractServer):
                 continue  # reset by its client while it waited in the queue
             except OSError as err:
                 if err.errno not in _SCARCE:
-                    raise
+                    raise  # the loop logs it, as it does asyncio's own accept errors
                 log.warning("accepting a connection failed (%s); accepting again in %gs", err, PAUSE_SECONDS)
                 self._pause(sock)
                 return
@@ -122,6 +122,7 @@ class Listener(asyncio.AbstractServer):
             try:
                 await self._loop.connect_accepted_socket(lambda: protocol, conn)
             except OSError as err:  # reset by its client before its transport was made
+                # (its place in `Connections` goes at its header deadline)
                 log.debug("a connection closed before it was served: %s", err)
                 conn.close()
             except asyncio.CancelledError:  # the listener closed first
