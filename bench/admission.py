@@ -633,9 +633,11 @@ def deployment_flags() -> tuple[str, ...]:
 
 @contextlib.asynccontextmanager
 async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port: int = 0,
-                        log_level: str = "info") -> AsyncIterator[Bench]:
+                        log_level: str = "info",
+                        trace: Sequence[aiohttp.TraceConfig] = ()) -> AsyncIterator[Bench]:
     """The control plane with the generated inventory, and `serve` (its metrics on
-    `metrics_port`, 0: off; `log_level` "debug" logs every review with its latency)."""
+    `metrics_port`, 0: off; `log_level` "debug" logs every review with its latency);
+    `trace`: the honest client's aiohttp trace hooks."""
     cluster = ControlPlane(binary=build(), workdir=workdir)
     started = time.monotonic()
     cluster.start()
@@ -681,7 +683,8 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
         ctx.check_hostname = False  # the certificate names the Service, we dial 127.0.0.1
         # A bounded pool, opened before measuring: a TLS handshake in the middle of a run
         # would cost both sides milliseconds of CPU (the API server keeps its connections too).
-        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=CONNECTIONS))
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=CONNECTIONS),
+                                     trace_configs=list(trace))
         async with http.get(f"https://127.0.0.1:{served.port}/healthz") as resp:
             assert resp.status == 200
         results = {"slices": count, "slices_create_s": round(seconds, 1),

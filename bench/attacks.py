@@ -46,7 +46,7 @@ from admission import (  # noqa: E402
     GPU_CLASS, HEADERS, TIGHT, Bench, claim, control_plane, load_average, one_gpu, review, rss_of, warm,
     write_nothing_bodies,
 )
-from connections import honest, peak_rss, save, stalls_between  # noqa: E402
+from connections import Breakdown, honest, peak_rss, save, stalls_between  # noqa: E402
 
 from tests.e2e.cluster import free_ports  # noqa: E402
 from tests.e2e.tenants import expensive  # noqa: E402
@@ -146,7 +146,7 @@ async def attack_main(args: argparse.Namespace) -> None:
 
 
 async def one_attack(bench: Bench, args: argparse.Namespace, name: str, bodies: list[tuple[str, bytes]],
-                     workdir: Path) -> JSON:
+                     workdir: Path, breakdown: Breakdown) -> JSON:
     """The attack in a process of its own (at --nice, as bench/connections.py's: on this
     2-core machine its CPU would otherwise be taken from serve and from the honest load,
     where a real attacker's runs on other hosts), the honest load beside it."""
@@ -160,7 +160,7 @@ async def one_attack(bench: Bench, args: argparse.Namespace, name: str, bodies: 
             assert process.returncode is None, "the attacker died"
             await asyncio.sleep(0.2)
         await asyncio.sleep(2)  # the attack under way before the honest load starts
-        row = await honest(bench, bodies, args.rate, args.seconds, f"honest reviews, attack: {name}")
+        row = await honest(bench, bodies, args.rate, args.seconds, f"honest reviews, attack: {name}", breakdown)
         after = await bench.served.metrics()
         process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), timeout=120)
@@ -176,15 +176,18 @@ async def run(args: argparse.Namespace) -> JSON:
     results: JSON = {"rate": args.rate, "seconds": args.seconds, "workers": args.workers, "cores": os.cpu_count(),
                      "load_average_start": load_average()}
     with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
-        async with control_plane(args, Path(tmp), metrics_port=args.metrics_port) as bench:
+        breakdown = Breakdown()
+        async with control_plane(args, Path(tmp), metrics_port=args.metrics_port,
+                                 trace=[breakdown.config()]) as bench:
             bodies = await write_nothing_bodies(bench)
             await warm(bench, bodies)
             quiet = await bench.served.metrics()
-            results["none"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack")
+            results["none"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack",
+                                           breakdown)
             results["none"]["stalls"] = stalls_between(quiet, await bench.served.metrics())
             print(f"    event loop stalls: {results['none']['stalls']}; serve RSS {rss_of(bench.serve_pid):.0f} MiB")
             for name in args.only or ATTACKS:
-                results[name] = await one_attack(bench, args, name, bodies, Path(tmp))
+                results[name] = await one_attack(bench, args, name, bodies, Path(tmp), breakdown)
     results["load_average_end"] = load_average()
     return results
 

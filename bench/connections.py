@@ -36,8 +36,12 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,31 +52,56 @@ from admission import (  # noqa: E402
 
 from tests.e2e.attack import Attack, Attacker  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
-from runtime.metricnames import CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX  # noqa: E402
+from runtime.metricnames import (  # noqa: E402
+    ADMISSION_DURATION, CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX,
+)
 
 JSON = dict[str, Any]
 TARGET_P99_MS = 50.0
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def stall_buckets(samples: Samples) -> dict[float, float]:
-    return {float(dict(labels)["le"]): value for (name, labels), value in samples.items()
-            if name == f"{EVENT_LOOP_STALL}_bucket"}
+def buckets(samples: Samples, metric: str) -> dict[float, float]:
+    """A histogram's cumulative buckets, summed over its series."""
+    out: dict[float, float] = {}
+    for (name, labels), value in samples.items():
+        if name == f"{metric}_bucket":
+            le = float(dict(labels)["le"])
+            out[le] = out.get(le, 0.0) + value
+    return out
+
+
+def gained(before: Samples, after: Samples, metric: str) -> dict[float, float]:
+    """What a histogram's cumulative buckets gained between two scrapes."""
+    old, new = buckets(before, metric), buckets(after, metric)
+    return {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
+
+
+def bucket_of(counts: dict[float, float], q: float) -> tuple[float, float]:
+    """(a, b]: the bucket of cumulative `counts` holding their q-quantile."""
+    top = next(b for b in sorted(counts) if counts[b] >= q * counts[float("inf")])
+    return max((b for b in counts if b < top), default=0.0), top
+
+
+def quantile_between(before: Samples, after: Samples, metric: str, q: float) -> str:
+    """The bucket "(a, b] ms" holding the q-quantile of what a histogram observed between two scrapes."""
+    counts = gained(before, after, metric)
+    if not counts.get(float("inf")):
+        return "none"
+    lower, top = bucket_of(counts, q)
+    return f"({lower * 1000:g}, {top * 1000:g}] ms"
 
 
 def stalls_between(before: Samples, after: Samples) -> str:
     """The longest stall observed between two scrapes, as its bucket "(a, b] s", and how
     many ticks were over 50 ms and over 250 ms (cumulative buckets: the counts gained)."""
-    old, new = stall_buckets(before), stall_buckets(after)
-    gained = {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
-    total = gained[float("inf")]
+    counts = gained(before, after, EVENT_LOOP_STALL)
+    total = counts.get(float("inf"), 0.0)
     if not total:
         return "none"
-    bounds = sorted(gained)
-    top = next(b for b in bounds if gained[b] >= total)
-    lower = max((b for b in bounds if b < top), default=0.0)
-    return (f"longest ({lower:g}, {top:g}] s; {total - gained[0.05]:.0f} ticks over 50 ms, "
-            f"{total - gained[0.25]:.0f} over 250 ms, of {total:.0f}")
+    lower, top = bucket_of(counts, 1.0)
+    return (f"longest ({lower:g}, {top:g}] s; {total - counts[0.05]:.0f} ticks over 50 ms, "
+            f"{total - counts[0.25]:.0f} over 250 ms, of {total:.0f}")
 
 
 def connection_counts(samples: Samples) -> JSON:
@@ -102,13 +131,66 @@ async def peak_rss(pid: int) -> AsyncIterator[list[float]]:
         await sampler
 
 
+@dataclass
+class Breakdown:
+    """Where each honest request's time went, by the client's aiohttp trace hooks: those
+    that waited for a free connection of the pool, those that opened a new one (TCP + TLS:
+    it waits in serve's accept queue behind the flood's connects), and the rest, on a
+    kept-alive connection (only serve's loop and the kernel in between)."""
+
+    new: list[tuple[float, float]] = field(default_factory=list)  # (connecting ms, whole request ms)
+    kept: list[float] = field(default_factory=list)
+    queued: int = 0
+
+    def config(self) -> aiohttp.TraceConfig:
+        trace = aiohttp.TraceConfig()
+        clock = asyncio.get_running_loop().time
+
+        async def start(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.started, ctx.connecting = clock(), None
+
+        async def queued(_: object, ctx: SimpleNamespace, __: object) -> None:
+            self.queued += 1
+
+        async def connecting(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.connecting = clock()
+
+        async def connected(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.connecting = (clock() - ctx.connecting) * 1000
+
+        async def end(_: object, ctx: SimpleNamespace, __: object) -> None:
+            took = (clock() - ctx.started) * 1000
+            if ctx.connecting is None:
+                self.kept.append(took)
+            else:
+                self.new.append((ctx.connecting, took))
+
+        trace.on_request_start.append(start)
+        trace.on_connection_queued_start.append(queued)
+        trace.on_connection_create_start.append(connecting)
+        trace.on_connection_create_end.append(connected)
+        trace.on_request_end.append(end)
+        return trace
+
+    def take(self) -> JSON:
+        """What was recorded since the last take, and start afresh."""
+        out = {"kept_alive": len(self.kept), "kept_alive_p50_ms": round(percentile(self.kept, 0.5), 1),
+               "kept_alive_p99_ms": round(percentile(self.kept, 0.99), 1), "new_connection": len(self.new),
+               "new_connection_connect_p99_ms": round(percentile([c for c, _ in self.new], 0.99), 1),
+               "new_connection_p99_ms": round(percentile([t for _, t in self.new], 0.99), 1),
+               "waited_for_the_pool": self.queued}
+        self.new, self.kept, self.queued = [], [], 0
+        return out
+
+
 def save(results: JSON, output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nload average at the end {load_average()}; results written to {output}")
 
 
-async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str) -> JSON:
+async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, seconds: float, name: str,
+                 breakdown: Breakdown) -> JSON:
     """The open-loop honest load; beside it, a new connection (TCP and TLS handshake) every
     100 ms timed alone: what a pool's new connection waits, apart from the reviews."""
     loop = asyncio.get_running_loop()
@@ -129,15 +211,25 @@ async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, sec
                 handshakes.append(float("inf"))
             await asyncio.sleep(0.1)  # the probe's period
 
+    breakdown.take()
+    before = await bench.served.metrics()
     load, _ = await asyncio.gather(open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid),
                                    connect())
     row: JSON = load.row(name)
     row["load_average"] = load_average()
     row["new_connection_p50_ms"] = round(percentile(handshakes, 0.5), 1)
     row["new_connection_p99_ms"] = round(percentile(handshakes, 0.99), 1)
+    row["requests"] = breakdown.take()
+    # serve's own clock: from the review's headers read to its answer written.
+    row["serve_p99"] = quantile_between(before, await bench.served.metrics(), ADMISSION_DURATION, 0.99)
     show(row, TARGET_P99_MS)
     print(f"    a new connection (TCP + TLS): p50 {row['new_connection_p50_ms']} ms, p99 "
           f"{row['new_connection_p99_ms']} ms ({len(handshakes)}); load average {row['load_average']}")
+    r = row["requests"]
+    print(f"    honest requests on a kept-alive connection: {r['kept_alive']}, p50 {r['kept_alive_p50_ms']} ms, "
+          f"p99 {r['kept_alive_p99_ms']} ms; on a new one: {r['new_connection']}, p99 {r['new_connection_p99_ms']} ms "
+          f"(connecting p99 {r['new_connection_connect_p99_ms']} ms); waited for a free one of the pool: "
+          f"{r['waited_for_the_pool']}; serve's own p99 (draquota_admission_duration_seconds) {row['serve_p99']}")
     return row
 
 
@@ -145,12 +237,15 @@ async def run(args: argparse.Namespace) -> JSON:
     results: JSON = {"connections": args.connections, "rate": args.rate, "seconds": args.seconds,
                      "cores": os.cpu_count(), "load_average_start": load_average()}
     with tempfile.TemporaryDirectory(prefix="bench-connections-") as tmp:
-        async with control_plane(args, Path(tmp), metrics_port=args.metrics_port) as bench:
+        breakdown = Breakdown()
+        async with control_plane(args, Path(tmp), metrics_port=args.metrics_port,
+                                 trace=[breakdown.config()]) as bench:
             bodies = await write_nothing_bodies(bench)
             await warm(bench, bodies)
             print(f"\nserve RSS {rss_of(bench.serve_pid):.0f} MiB before; load average {load_average()}")
             quiet = await bench.served.metrics()
-            results["baseline"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack")
+            results["baseline"] = await honest(bench, bodies, args.rate, args.seconds, "honest reviews, no attack",
+                                               breakdown)
             before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
             results["baseline"]["stalls"] = stalls_between(quiet, before)
             print(f"    event loop stalls without the attack: {results['baseline']['stalls']}")
@@ -165,7 +260,7 @@ async def run(args: argparse.Namespace) -> JSON:
                 print(f"  the attack opened {args.connections} connections in {time.monotonic() - started:.1f} s; "
                       f"load average {load_average()}")
                 during = await honest(bench, bodies, args.rate, args.seconds,
-                                      f"honest reviews, {args.connections} idle/slow connections")
+                                      f"honest reviews, {args.connections} idle/slow connections", breakdown)
                 after = await bench.served.metrics()
                 report = (await attacker.stop()).__dict__
                 attack_seconds = time.monotonic() - started

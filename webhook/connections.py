@@ -1,8 +1,9 @@
 """The HTTPS listeners' connections: how many, and how long each may take in every phase.
 
 Neighbours: `commands.serve` starts the webhook's and the metrics' listeners as `TlsSite`s,
-each with its own `Connections`; `webhook.server` and `webhook.metricsserver` build their
-apps with `track` (the middleware that tells it when a request starts and ends) and call
+each with its own `Connections`, listening through `webhook.accepting.Listener`;
+`webhook.server` and `webhook.metricsserver` build their apps with `track` (the
+middleware that tells it when a request starts and ends) and call
 `Connections.deciding` once a request has arrived whole. `add_arguments`/`from_args` are
 the `dra-quota serve` flags.
 
@@ -33,7 +34,15 @@ A source address holding more than half the cap is a hog: among the first
 `EVICTION_SCAN` in that order, its connections go first, so a Pod flooding the port
 evicts its own, not the API server's (which comes from another address and pools a few
 dozen at most). Without a hog (one source, or a flood spread over many) the order alone
-decides, so no source is ever worse off for holding more.
+decides, so no source is ever worse off for holding more. But a hog is given only
+`HOG_NEW_PER_SECOND` new connections a second, at the cap or below it; the rest are
+refused: each costs a protocol and a TLS handshake on the one event loop (at the cap an
+eviction too), and a flood re-opening its connections as fast as they go
+(bench/connections.py: 1,400 a second at the cap; below it, everything its deadlines
+dropped, 900 at once every 10 s) took most of the loop's time, an honest review's p99
+0.8-1.3 s. A connection is admitted (or refused) at the accept, from its peer's address,
+before anything is built for it (`webhook.accepting`), so a refused one costs an accept
+and a reset.
 
 Within a source, eviction passes over a connection whose client has sent bytes we have
 not read yet (the kernel holds them: `waiting`): its client keeps up and we are the slow
@@ -55,8 +64,6 @@ import asyncio
 import enum
 import fcntl
 import logging
-import os
-import socket
 import ssl
 import struct
 import termios
@@ -72,6 +79,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
+from webhook.accepting import Listener
+
 __all__ = ["DROP_REASONS", "HTTP_LOG", "Connections", "Limits", "Phase", "TlsSite", "Tracked", "add_arguments",
            "from_args", "track", "unread"]
 
@@ -79,9 +88,11 @@ log = logging.getLogger(__name__)
 
 # Every deadline is checked this often: a deadline holds to within a second.
 SWEEP_SECONDS = 1.0
-LISTEN_BACKLOG = 4096
 # How many connections with unread bytes one eviction passes over (module doc).
 EVICTION_SCAN = 16
+# How many new connections a second a hog is given; the rest are refused before anything
+# is built for them (module doc, `webhook.accepting`).
+HOG_NEW_PER_SECOND = 32.0
 
 
 class Phase(enum.IntEnum):
@@ -147,6 +158,9 @@ class Connections:
         self._held: Counter[str] = Counter()
         # Connections dropped by us, by why: evicted, refused, or the phase whose deadline passed.
         self.dropped: Counter[str] = Counter()
+        # A token bucket: how many more new connections a hog may have now (one bucket: at
+        # most one source holds more than half the cap).
+        self._hog_budget, self._hog_budget_at = HOG_NEW_PER_SECOND, clock()
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -156,8 +170,11 @@ class Connections:
 
     def room(self, source: str = "") -> bool:
         """Make room for one more connection from `source` (its peer's address), evicting one
-        if at the cap; False: every one is deciding, or the first in line all wait on us and
-        none is a hog's (or `source` is the hog) (module doc)."""
+        if at the cap; False: `source` is a hog past its budget, or every one is deciding, or
+        the first in line all wait on us and none is a hog's (or `source` is the hog) (module doc)."""
+        if self._hogging(source) and not self._hog_may_open():
+            self.dropped["refused"] += 1
+            return False
         while len(self) >= self.limits.max_connections:
             victim = self._victim(source)
             if victim is None:
@@ -241,6 +258,17 @@ class Connections:
         if hogs:
             return None if self._hogging(source) else hogs[0]
         return next((c for c in scanned if not c.waiting()), None)
+
+    def _hog_may_open(self) -> bool:
+        """Whether a hog may have a new connection now (`HOG_NEW_PER_SECOND`, a token bucket)."""
+        now = self._clock()
+        self._hog_budget = min(HOG_NEW_PER_SECOND,
+                               self._hog_budget + (now - self._hog_budget_at) * HOG_NEW_PER_SECOND)
+        self._hog_budget_at = now
+        if self._hog_budget < 1:
+            return False
+        self._hog_budget -= 1
+        return True
 
     def _hogging(self, source: str) -> bool:
         """`source` holds more than half the cap: a flood (the API server keeps a pool of
@@ -345,14 +373,11 @@ class _TlsConnection(SSLProtocol):
         self._handler.connection_made(transport)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # Admitted here, not at the accept: only now is the peer's address known.
+        # Admitted at the accept (`TlsSite`); evicted since, before its transport was made?
         self._raw = transport
-        peer = transport.get_extra_info("peername")
-        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self._connections.room(source):
+        if self._connections.phase(self) is None:
             transport.abort()  # type: ignore[attr-defined]  # a socket transport: no handshake at all
             return
-        self._connections.opened(self, source)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -412,21 +437,6 @@ def _unlink(transport: asyncio.BaseTransport | None) -> None:
         transport._read_ready_cb = None
 
 
-def _deepen(sock: socket.socket) -> None:
-    """Let the kernel queue `LISTEN_BACKLOG` connections not accepted yet.
-
-    asyncio accepts at most `backlog` connections per event loop iteration and gives the
-    same number to listen(): aiohttp's 128. Under a flood of connects (each accepted, then
-    evicted) a stall of a fraction of a second overflows 128, and a new API server
-    connection then waits out a SYN retransmission (1 s, then 3 s). listen() again on a
-    duplicate of the descriptor deepens the kernel's queue only (capped at
-    net.core.somaxconn, 4096 by default: Go's net.Listen takes that too), not how many one
-    iteration accepts (4,096 there made stalls of seconds).
-    """
-    with socket.socket(fileno=os.dup(sock.fileno())) as listening:
-        listening.listen(LISTEN_BACKLOG)
-
-
 class TlsSite(web.BaseSite):
     """An HTTPS listener whose connections `connections` bounds (aiohttp's TCPSite, plus the bounds)."""
 
@@ -437,7 +447,7 @@ class TlsSite(web.BaseSite):
         self._context = context
         self.connections = connections
         self._sweeper: asyncio.Task[None] | None = None
-        self._listening: asyncio.Server | None = None
+        self._listening: Listener | None = None
 
     @property
     def name(self) -> str:
@@ -455,14 +465,16 @@ class TlsSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
 
-        def accept() -> asyncio.BaseProtocol:
-            return _TlsConnection(loop, server, self._context, self.connections)
+        def admit(source: str) -> asyncio.BaseProtocol | None:
+            """A new connection from `source`: room made for it, or refused (module doc)."""
+            if not self.connections.room(source):
+                return None
+            conn = _TlsConnection(loop, server, self._context, self.connections)
+            self.connections.opened(conn, source)
+            return conn
 
-        hosts = [h.strip() for h in self._host.split(",")] if "," in self._host else self._host
-        self._server = self._listening = await loop.create_server(
-            accept, hosts, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None)
-        for sock in self._listening.sockets:
-            _deepen(sock)
+        hosts = [h.strip() for h in self._host.split(",")]
+        self._server = self._listening = await Listener.open(hosts, self._port, admit, reuse_port=self._reuse_port)
         self._sweeper = asyncio.create_task(self.connections.run(), name=f"connections {self.name}")
 
     async def stop(self) -> None:

@@ -13,6 +13,7 @@ tests/e2e/test_connections.py, and bench/connections.py for 10,000.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import socket
@@ -22,7 +23,7 @@ import pytest
 
 from devcluster.kube import poll
 from kube.admissionreview import AdmissionRequest, Verdict
-from webhook.connections import EVICTION_SCAN, Connections, Limits, Phase, unread
+from webhook.connections import EVICTION_SCAN, HOG_NEW_PER_SECOND, Connections, Limits, Phase, unread
 
 from ..clock import FakeClock
 from ..kube.test_admissionreview import REVIEW
@@ -54,6 +55,18 @@ async def reviewed(wire: Wire) -> bool:
 async def closed(wire: Wire) -> bool:
     async with asyncio.timeout(PATIENCE):
         return await wire.closed_by_server()
+
+
+async def refused(port: int) -> bool:
+    """A new connection is refused: reset as it connects, or closed before it sent anything."""
+    try:
+        wire = await Wire.open(port, tls=False)
+    except ConnectionResetError:
+        return True
+    try:
+        return await closed(wire)
+    finally:
+        await wire.close()
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -91,13 +104,33 @@ async def test_when_every_connection_is_deciding_a_new_one_is_closed_at_once() -
         for wire in deciding:
             await wire.send(post(REVIEW_BODY))
         await until(lambda: served.connections.counts()[Phase.DECIDING] == 2, "two reviews deciding")
-        late = await Wire.open(served.port, tls=False)
-        assert await closed(late)
-        await late.close()
+        assert await refused(served.port)
         assert served.connections.dropped == {"refused": 1}
         release.set()
         for wire in deciding:
             assert (await wire.answer()).review()["allowed"] is True
+            await wire.close()
+
+
+@ASYNC
+async def test_past_the_hogs_budget_new_connections_are_refused_at_the_accept() -> None:
+    """Over real sockets, every one from 127.0.0.1 (a hog: it holds the cap): once
+    `HOG_NEW_PER_SECOND` new ones made room, the rest are refused as they are accepted
+    (reset), and those held stay. The clock stands still but once: one instant."""
+    clock = FakeClock(1000.0)
+    budget = int(HOG_NEW_PER_SECOND)
+    async with serving({"/validate": allow}, limits=Limits(max_connections=4), clock=clock) as served:
+        held = [await Wire.open(served.port, tls=False) for _ in range(4)]
+        await until(lambda: len(served.connections) == 4, "4 connections held")
+        clock.now += 1  # the budget back whole
+        late = []
+        for _ in range(budget + 8):
+            with contextlib.suppress(ConnectionResetError):  # refused before the connect returned
+                late.append(await Wire.open(served.port, tls=False))
+        await until(lambda: served.connections.dropped.total() == budget + 8, "every new connection decided")
+        assert len(served.connections) == 4
+        assert served.connections.dropped == {"evicted": budget, "refused": 8}
+        for wire in (*held, *late):
             await wire.close()
 
 
@@ -293,6 +326,42 @@ def test_a_flood_from_one_source_evicts_its_own_connections_not_the_api_servers(
     assert admit(connections, clock, Fake("api-new", aborted), "10.0.0.1")
     assert aborted[-1] == "flood-3", "the API server's new one is not refused: a flood's goes"
     assert connections.dropped == {"evicted": 4, "refused": 1}
+
+
+@pytest.mark.parametrize("api_server", [True, False], ids=["beside-the-api-server", "alone"])
+def test_a_flood_is_given_so_many_new_connections_a_second_and_the_api_server_all_it_asks(api_server: bool) -> None:
+    """Each of a hog's new connections costs a protocol and a TLS handshake on the one
+    event loop (at the cap an eviction too): a flood of them, re-opened as fast as they
+    are dropped, took most of it (bench/connections.py). Past `HOG_NEW_PER_SECOND` a
+    second they are refused (at the accept, before anything is built), at the cap or
+    below it, whether or not another source holds connections; the API server's are not."""
+    clock, aborted = FakeClock(1000.0), list[str]()
+    budget = int(HOG_NEW_PER_SECOND)
+
+    def flood(connections: Connections) -> bool:
+        """A new connection from the flood, at the same instant as the others."""
+        if not connections.room("10.9.9.9"):
+            return False
+        connections.opened(Fake("flood", aborted), "10.9.9.9")
+        return True
+
+    at_cap = Connections(Limits(max_connections=8), clock=clock)
+    if api_server:
+        assert admit(at_cap, clock, Fake("api-server", aborted), "10.0.0.1")
+    while len(at_cap) < 8:
+        assert admit(at_cap, clock, Fake("flood", aborted), "10.9.9.9")
+    assert [flood(at_cap) for _ in range(3 * budget)] == [True] * budget + [False] * 2 * budget
+    assert at_cap.dropped == {"evicted": budget, "refused": 2 * budget}
+    assert admit(at_cap, clock, Fake("api-new", aborted), "10.0.0.1"), "the API server's still evicts a flood's"
+    assert sum(flood(at_cap) for _ in range(budget)) == budget, "a second later the budget is back"
+
+    below = Connections(Limits(max_connections=10 * budget), clock=clock)
+    while len(below) <= 5 * budget:  # a hog from here on
+        assert admit(below, clock, Fake("flood", aborted), "10.9.9.9")
+    assert [flood(below) for _ in range(2 * budget)] == [True] * budget + [False] * budget
+    assert len(below) < below.limits.max_connections and below.dropped == {"refused": budget}
+    if api_server:
+        assert all(admit(below, clock, Fake("api-server", aborted), "10.0.0.1") for _ in range(budget + 1))
 
 
 @pytest.mark.parametrize("api_phase,api_unread", [(Phase.IDLE, False), (Phase.OPENING, True)],
