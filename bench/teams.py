@@ -118,7 +118,8 @@ async def phase(bench: Bench, names: Sequence[str], rate: float, seconds: float,
                 "kind": "ResourceClaim", "metadata": {"name": f"c-{counter[0]:07d}"}, "spec": one_gpu()}, namespace=ns)
             latencies.append((loop.time() - due) * 1000)
         except ApiError as err:
-            errors[err.message[:120]] = errors.get(err.message[:120], 0) + 1
+            key = err.message[:300]
+            errors[key] = errors.get(key, 0) + 1
 
     tasks = []
     try:

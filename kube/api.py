@@ -25,9 +25,11 @@ failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are nev
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import random
 import re
 import ssl
 import time
@@ -73,6 +75,20 @@ _PATCH_CONTENT_TYPES: dict[PatchType, str] = {
 # A list restarted this many times because its continue token expired gives up: each
 # restart is a full list, and a cluster compacting faster than we can page is broken.
 _MAX_LIST_RESTARTS = 3
+
+
+# A 429 (the API server's priority and fairness queue is full) is tried again this many
+# times, each after its Retry-After, at most MAX_RETRY_AFTER seconds (`KubeApi._round_trip`).
+TOO_MANY_REQUESTS_RETRIES = 5
+MAX_RETRY_AFTER = 1.0
+
+
+def _retry_after(header: str | None) -> float:
+    """Seconds a Retry-After header asks for (delta-seconds); 1 when absent or unreadable."""
+    try:
+        return max(float(header or "1"), 0.0)
+    except ValueError:
+        return 1.0
 
 
 class ApiError(Exception):
@@ -320,19 +336,29 @@ class KubeApi:
                 sent[name] = value  # replaces the default (a Table, `as=Table;g=meta.k8s.io;v=v1`)
             else:
                 sent.add(name, value)
-        async with self._http().request(
-            method,
-            self.server + path,
-            params=_query(params or {}),
-            data=data,
-            headers=sent,
-            proxy=self._proxy,
-            server_hostname=self._server_hostname,
-        ) as resp:
-            raw = await resp.read()
-            if warnings is not None:
-                warnings.extend(warning_text(h) for h in resp.headers.getall("Warning", ()))
-        logger.debug("%s %s -> %d in %.3fs", method, path, resp.status, time.monotonic() - started)
+        for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
+            async with self._http().request(
+                method,
+                self.server + path,
+                params=_query(params or {}),
+                data=data,
+                headers=sent,
+                proxy=self._proxy,
+                server_hostname=self._server_hostname,
+            ) as resp:
+                raw = await resp.read()
+                if warnings is not None:
+                    warnings.extend(warning_text(h) for h in resp.headers.getall("Warning", ()))
+            logger.debug("%s %s -> %d in %.3fs", method, path, resp.status, time.monotonic() - started)
+            if resp.status != 429 or attempt == TOO_MANY_REQUESTS_RETRIES:
+                break
+            # The API server's priority and fairness refused the request before doing
+            # anything (a full queue): any verb may go again after its Retry-After, as
+            # client-go's rest.Request does (checkWait, up to 10 times). Capped and spread,
+            # so a burst of our own writes does not come back all at once; the callers'
+            # deadlines (an admission's answer, a write's retries) still bound the whole.
+            await asyncio.sleep(min(_retry_after(resp.headers.get("Retry-After")), MAX_RETRY_AFTER)
+                                * random.uniform(0.5, 1.0))
         if resp.status >= 300:
             raise ApiError.from_body(resp.status, raw, where=f"{method} {path}")
         return raw

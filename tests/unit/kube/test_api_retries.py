@@ -1,0 +1,69 @@
+"""KubeApi on a 429: tried again after its Retry-After, as client-go does, then given up.
+
+Over a real loopback socket: an aiohttp server that answers 429 (the API server's
+priority and fairness refusing a request before doing anything) a given number of times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from kubernetes_asyncio.client import Configuration
+
+from kube.api import TOO_MANY_REQUESTS_RETRIES, ApiError, KubeApi
+
+
+class Refusing:
+    """Answers 429 `refusals` times, then 200 with an empty object; counts the calls."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.calls = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            return web.json_response({"kind": "Status", "reason": "TooManyRequests",
+                                      "message": "Too many requests, please try again later."},
+                                     status=429, headers={"Retry-After": "0"})
+        return web.json_response({"kind": "Thing", "seen": request.method})
+
+
+@pytest_asyncio.fixture(loop_scope="function")  # the test's own loop: the server must answer on it
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[KubeApi, Refusing]]:
+    refusing = Refusing(request.param)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refusing.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    configuration = Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    api = KubeApi(configuration)
+    try:
+        yield api, refusing
+    finally:
+        await api.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("served", [3], indirect=True)
+async def test_a_write_refused_with_429_goes_again_and_lands(served: tuple[KubeApi, Refusing]) -> None:
+    api, refusing = served
+    answer = await api.request("PUT", "/apis/draquota.io/v1alpha1/clusterdevicequotas/t/status", body={"a": 1})
+    assert answer == {"kind": "Thing", "seen": "PUT"}
+    assert refusing.calls == 4
+
+
+@pytest.mark.parametrize("served", [1000], indirect=True)
+async def test_past_the_retries_the_429_is_the_answer(served: tuple[KubeApi, Refusing]) -> None:
+    api, refusing = served
+    with pytest.raises(ApiError) as caught:
+        await api.request("POST", "/api/v1/namespaces/a/events", body={})
+    assert caught.value.status == 429
+    assert refusing.calls == TOO_MANY_REQUESTS_RETRIES + 1
