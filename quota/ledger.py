@@ -167,6 +167,11 @@ class Ledger:
         """Whether any ClusterDeviceQuota exists."""
         return self._teams.exist()
 
+    def knows_namespace(self, namespace: Namespace) -> bool:
+        """Whether `namespace`'s labels were set here: until they are, which teams select
+        it is unknown (a namespace created a moment ago), and a decision must wait."""
+        return self._teams.knows(namespace)
+
     def members(self, name: str) -> tuple[Namespace, ...]:
         """The namespaces team `name` selects, of those the ledger knows (sorted)."""
         return self._teams.members(name)

@@ -62,6 +62,10 @@ class Teams:
         teams = self._selecting.get(namespace)
         return [teams[name] for name in sorted(teams)] if teams else []
 
+    def knows(self, namespace: Namespace) -> bool:
+        """Whether the ledger was told `namespace`'s labels (which teams select it)."""
+        return namespace in self._labels
+
     def selects(self, name: str, namespace: Namespace) -> bool:
         return name in self._selecting.get(namespace, ())
 
