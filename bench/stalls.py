@@ -43,6 +43,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import ROOMY, claim, load_average, one_gpu, percentile, review  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
+from longticks import Sampler  # noqa: E402
 
 from commands.wiring import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
@@ -142,14 +143,18 @@ class Probe:
 
     ticks: list[tuple[float, float, float]] = field(default_factory=list)
     collections: list[tuple[float, int, float]] = field(default_factory=list)  # (when, generation, seconds)
+    why: Sampler | None = None  # `--why`: what ran in the long ticks
     _started: float = 0.0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            due, cpu = loop.time() + PROBE, time.thread_time()
+            due, cpu, began = loop.time() + PROBE, time.thread_time(), time.time()
             await asyncio.sleep(PROBE)
-            self.ticks.append((time.time(), max(0.0, loop.time() - due), time.thread_time() - cpu))
+            tick = (time.time(), max(0.0, loop.time() - due), time.thread_time() - cpu)
+            self.ticks.append(tick)
+            if self.why is not None:
+                self.why.tick(began, *tick)
 
     def collected(self, phase: str, info: Mapping[str, int]) -> None:
         if phase == "start":
@@ -292,13 +297,21 @@ async def run(args: argparse.Namespace) -> list[JSON]:
     del slices, claims, changed
     gc.collect()
     gc.freeze()  # the generator's own data: not what is measured
+    # A full collection over nothing (all frozen): CPython runs the next automatic one once
+    # the objects promoted since exceed a quarter of those the last one kept, which was
+    # the generator's millions; `serve` has no such data, so its full collections come
+    # far sooner. Counted from zero, as in `serve`.
+    gc.collect()
 
     caches = Caches(api, "conservative", reservation_ttl=120.0)
     if args.at_once:
         for r in (*caches.first, caches.claims):
             r.rebuild = whole
-    probe = Probe()
+    probe = Probe(why=Sampler() if args.why else None)
     gc.callbacks.append(probe.collected)
+    if probe.why is not None:
+        gc.callbacks.append(probe.why.collected)
+        probe.why.start()
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=lambda: True, resync=3600)
     caches.changed.append(controller.changed)
     metrics = Metrics()
@@ -310,10 +323,10 @@ async def run(args: argparse.Namespace) -> list[JSON]:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.port).start()
 
-    async def at_once(exposition: Callable[[], bytes]) -> bytes:
+    async def at_once(exposition: Callable[[], list[bytes]]) -> list[bytes]:
         return exposition()
 
-    async def sliced(exposition: Callable[[], bytes]) -> bytes:
+    async def sliced(exposition: Callable[[], list[bytes]]) -> list[bytes]:
         return await caches.rebuilds.run(exposition)
 
     metrics_runner, metrics_port = await serve_metrics(metrics, host="127.0.0.1", port=0, context=None, access=None,
@@ -372,6 +385,9 @@ async def run(args: argparse.Namespace) -> list[JSON]:
         await runner.cleanup()
         await metrics_runner.cleanup()
         child.join(timeout=30)
+        if probe.why is not None:
+            probe.why.stop()
+            probe.why.report([(w.name, w.start, w.end) for w in world.windows])
     return [w.row(probe, reviews) for w in world.windows]
 
 
@@ -384,6 +400,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18944)
     parser.add_argument("--at-once", action="store_true", help="relists and scrapes in one piece (the before)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 nodes, 5,000 claims")
+    parser.add_argument("--why", action="store_true", help="sample the loop's stack: print what ran in long ticks")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parent / "results" / "stalls.json")
     args = parser.parse_args()
     if args.quick:

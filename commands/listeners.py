@@ -60,7 +60,7 @@ async def metrics_listener(options: ServeOptions, metrics: Metrics, api: KubeApi
     (`--no-webhook`: a self-signed one made now) unless `--no-metrics-secure`."""
     host, port = options.metrics_bind_address, options.metrics_port
 
-    async def render(exposition: Callable[[], bytes]) -> bytes:
+    async def render(exposition: Callable[[], list[bytes]]) -> list[bytes]:
         return await rebuilds.run(exposition)
 
     context = None

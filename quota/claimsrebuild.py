@@ -41,7 +41,9 @@ class ClaimsRebuild:
         self._ledger = ledger
         self._entries: dict[ClaimRef, Entry] = {}
         self._kept: set[ClaimRef] = set()
-        self._old: list[dict[Namespace, dict[ClaimRef, Entry]] | dict[ClaimRef, Entry] | dict[str, set[ClaimRef]]] = []
+        # What the ledger held before `commit` (entries, by namespace, by owner), for `release`.
+        self._old: tuple[dict[ClaimRef, Entry], dict[Namespace, dict[ClaimRef, Entry]],
+                         dict[str, set[ClaimRef]]] | None = None
         ledger._touched = set()
 
     def keep(self, ref: ClaimRef) -> bool:
@@ -91,16 +93,23 @@ class ClaimsRebuild:
         self._teams_parts(parts, by_namespace, changed)
         for namespace in {*ledger._by_namespace, *by_namespace}:
             ledger._namespace_generation[namespace] = ledger._namespace_generation.get(namespace, 0) + 1
-        self._old = [ledger._entries, ledger._by_namespace, ledger._by_owner]
+        self._old = (ledger._entries, ledger._by_namespace, ledger._by_owner)
         ledger._entries, ledger._by_namespace, ledger._by_owner = self._entries, by_namespace, by_owner
         ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
         return gone
 
     def release(self) -> None:
-        """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`)."""
-        for table in self._old:
+        """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`):
+        each namespace's claims too, no one else's once swapped out (one namespace's
+        3,000 claims freed in one piece: tens of ms, bench/stalls.py)."""
+        if self._old is None:
+            return
+        entries, by_namespace, by_owner = self._old
+        self._old = None
+        for per_namespace in by_namespace.values():
+            drop(per_namespace)
+        for table in (entries, by_namespace, by_owner):
             drop(table)
-        self._old = []
 
     def _changed(self, usage: Usage, quota: DeviceQuota, changed: Iterable[tuple[Entry | None, Entry | None]]) -> Usage:
         for old, new in changed:

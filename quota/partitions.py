@@ -24,15 +24,13 @@ new level up). `refresh` moves a few pools and never pauses.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 
 from quota.columns import MISSING, PRESENCE, Column, Field, PoolIndex, column
-from quota.work import pause_point
+from quota.work import paced, pause_point
 
-__all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf"]
+__all__ = ["GroupKey", "State", "Part", "Partition", "FieldsOf", "Superseded"]
 
 PoolKey = tuple[str, str]
 GroupKey = tuple[object, ...]
@@ -62,20 +60,30 @@ class Partition:
     generation: int = -1
     states: dict[PoolKey, State] = field(default_factory=dict)
     classes: dict[State, dict[PoolKey, PoolIndex]] = field(default_factory=dict)
+    steps: int = 0  # pauses its rebuild passed: whether it moves (`quota.selectors` waits on it)
 
-    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int]) -> int:
-        """Recompute every pool, one split per (class, columns); returns the pools done."""
+    def rebuild(self, indexes: Mapping[PoolKey, PoolIndex], present: Mapping[Field, int],
+                done_elsewhere: Callable[[], Partition | None] = lambda: None) -> int:
+        """Recompute every pool, one split per (class, columns); returns the pools done.
+
+        `done_elsewhere`: asked after each pause, the same level another caller completed
+        meanwhile; then this one stops (`Superseded`). Every review arriving after a
+        relist of the slices rebuilds the level it needs until one is installed: without
+        this, each went on to the end of its own (~0.1 s each) and the slow lane's queue
+        outgrew the reviews' deadlines (bench/stalls.py)."""
         self.states.clear()
         self.classes.clear()
         parents = _by_shape(indexes) if self.parent is None else list(self.parent.classes.items())
         for parent_state, members in parents:
-            pause_point()
+            self.steps += 1
+            _pause(done_elsewhere)
             if not members:
                 continue  # emptied by a refresh while this rebuild paused
             # One class has one driver (see _by_shape), hence the same fields.
             fields = self.fields_of(next(iter(members.values())))
             for signature, bucket in _buckets(members, fields, present):
-                pause_point()
+                self.steps += 1
+                _pause(done_elsewhere)
                 state = self._split(parent_state, signature, next(iter(bucket.values())))
                 self.states.update(dict.fromkeys(bucket, state))
                 # One lookup: a state hashes every key in it, and tuples cache no hash.
@@ -141,57 +149,63 @@ class Partition:
         return tuple(out)
 
 
+class Superseded(Exception):
+    """A rebuild stopped: `partition`, the same level, was completed by another caller."""
+
+    def __init__(self, partition: Partition) -> None:
+        super().__init__("superseded")
+        self.partition = partition
+
+
+def _pause(done_elsewhere: Callable[[], Partition | None]) -> None:
+    pause_point()
+    if (done := done_elsewhere()) is not None:
+        raise Superseded(done)
+
+
 def _buckets(
     members: dict[PoolKey, PoolIndex], fields: tuple[Field, ...] | None, present: Mapping[Field, int]
 ) -> list[tuple[Signature | None, dict[PoolKey, PoolIndex]]]:
     """One class's pools by their columns for `fields`.
 
     A field no pool has (`present`: pools per field) costs nothing per pool: a tenant
-    inventing names splits nothing. Otherwise only a dict lookup per pool and field
-    runs in Python; splitting the class runs in C when it has few distinct column
-    sets, as it nearly always has.
+    inventing names splits nothing. Otherwise a dict lookup per pool and field, then one
+    pass over the pools, pausing (`quota.work.paced`): a class of 5,000 pools split in C,
+    a pass per distinct column set over a list of every pool's, held the loop 44 ms
+    (bench/stalls.py).
     """
     if fields is None:
         # Whole-device reads: every pool splits on its own.
         return [(None, {key: pool}) for key, pool in members.items()]
-    pools = list(members.values())
+    # One snapshot: reading the columns pauses, and a refresh may move pools meanwhile.
+    items = list(members.items())
+    pools = [pool for _, pool in items]
     nowhere: list[Column | None] = [None] * len(pools)
     per_field = [_column_per_pool(pools, f) if present.get(f[1:] if f[0] == PRESENCE else f) else nowhere
                  for f in fields]
     if all(column is nowhere for column in per_field):
-        return [((None,) * len(fields), dict(members))]  # a copy: levels move pools apart
-    signatures: list[Signature] = list(zip(*per_field))
-    # Columns hash by identity (interned), so these are cheap to hash and compare.
-    distinct = list(dict.fromkeys(signatures))
-    if len(distinct) == 1:
-        return [(distinct[0], dict(members))]
-    items = list(members.items())
-    if len(distinct) <= _FEW:
-        return [(sig, dict(compress(items, map(operator.eq, signatures, repeat(sig))))) for sig in distinct]
+        return [((None,) * len(fields), dict(items))]  # a copy: levels move pools apart
+    # Columns hash by identity (interned), so signatures are cheap to hash and compare.
     buckets: dict[Signature, dict[PoolKey, PoolIndex]] = {}
-    for (key, pool), sig in zip(items, signatures):
-        found = buckets.get(sig)
+    for (key, pool), signature in paced(zip(items, zip(*per_field))):
+        found = buckets.get(signature)
         if found is None:
-            buckets[sig] = {key: pool}
+            buckets[signature] = {key: pool}
         else:
             found[key] = pool
     return list(buckets.items())
 
 
 def _column_per_pool(pools: list[PoolIndex], field: Field) -> list[Column | None]:
+    """Per pool (5,000 of them: tens of ms for a presence field), pausing (`quota.work.paced`)."""
     if field[0] != PRESENCE:
-        return [pool.columns.get(field) for pool in pools]
-    return [column(pool, field) for pool in pools]
-
-
-# Up to this many distinct column sets in a class, one C pass over the class per set is
-# cheaper than a Python loop over its pools.
-_FEW = 16
+        return [pool.columns.get(field) for pool in paced(pools)]
+    return [column(pool, field) for pool in paced(pools)]
 
 
 def _by_shape(indexes: Mapping[PoolKey, PoolIndex]) -> list[tuple[State, dict[PoolKey, PoolIndex]]]:
     """The base level's parent: every pool whole, by size and driver."""
     out: dict[tuple[int, str], dict[PoolKey, PoolIndex]] = {}
-    for pool_key, pool in indexes.items():
+    for pool_key, pool in paced(list(indexes.items())):
         out.setdefault((len(pool.devices), pool_key[0]), {})[pool_key] = pool
     return [(_whole(size), members) for (size, _), members in out.items()]

@@ -45,11 +45,11 @@ from quota.columns import Field, PoolIndex, base_fields
 from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
 from quota.model import Device
-from quota.partitions import FieldsOf, GroupKey, Part, Partition
+from quota.partitions import FieldsOf, GroupKey, Part, Partition, Superseded
 from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
-from quota.work import PAUSE_EVERY, Budget, pauses
+from quota.work import PAUSE_EVERY, Budget, pauses, wait_point
 
-__all__ = ["SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
+__all__ = ["PATIENCE", "SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]
 
 
 class _Devices(Sequence[Device]):
@@ -126,6 +126,10 @@ class Match:
             yield from group.devices
 
 
+# Turns a call waits for another's rebuild of the level it needs that did not move (`_fresh`).
+PATIENCE = 3
+
+
 class _LRU(OrderedDict[Hashable, object]):
     def __init__(self, size: int) -> None:
         super().__init__()
@@ -161,6 +165,8 @@ class SelectorMatcher:
         # A partition holds a state per usable pool (about 0.5 MB at 5,000 pools), and
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
         self._partitions = _LRU(partition_cache_size)
+        # The levels being rebuilt now, by key: (the generation, the partition).
+        self._building: dict[Hashable, tuple[int, Partition]] = {}
         self._results = _LRU(cache_size)
         # Equality indexes (`quota.equality`) by attribute: ~8 MB each at 58,000 devices.
         self._indexes = _LRU(index_cache_size)
@@ -267,9 +273,38 @@ class SelectorMatcher:
             self.pools_computed += partition.refresh(changed, self._inventory.usable_pools())
             partition.generation = generation
             return partition
-        # A fresh level, installed once complete: the rebuild may pause (quota.partitions).
-        fresh = Partition(parent, _base(extra) if not chain else _fixed(chain[-1]))
-        self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools())
+        return self._fresh(key, Partition(parent, _base(extra) if not chain else _fixed(chain[-1])), generation)
+
+    def _fresh(self, key: Hashable, fresh: Partition, generation: int) -> Partition:
+        """`fresh` rebuilt and installed, or the same level another caller installed
+        meanwhile: this one waits for a rebuild under way (the loop given back each turn,
+        `quota.work.wait_point`) while it moves, and a paused rebuild stops once another
+        one is installed (`quota.partitions.Superseded`). After a relist of the slices
+        every review needs the levels rebuilt (~0.1 s): each building its own, new
+        reviews' first slices starved the one that would finish and the slow lane's queue
+        overflowed (bench/stalls.py). A rebuild that does not move for `PATIENCE` turns
+        may be waiting for the slow lane this call holds: then this call builds its own."""
+        def done_elsewhere() -> Partition | None:
+            found = self._partitions.get(key)
+            return found if isinstance(found, Partition) and found.generation == generation else None
+
+        still = 0
+        while (other := self._building.get(key)) is not None and other[0] == generation and still < PATIENCE:
+            steps = other[1].steps
+            if not wait_point():
+                break
+            still = still + 1 if other[1].steps == steps else 0
+        if (done := done_elsewhere()) is not None:
+            return done
+        mine = self._building[key] = (generation, fresh)
+        try:
+            self.pools_computed += fresh.rebuild(self._inventory.usable_pools(), self._inventory.field_pools(),
+                                                 done_elsewhere)
+        except Superseded as superseded:
+            return superseded.partition
+        finally:
+            if self._building.get(key) is mine:
+                del self._building[key]
         fresh.generation = generation
         self._partitions.store(key, fresh)
         return fresh

@@ -4,7 +4,8 @@ Neighbours: `quota.pricing` gives every claim it prices a `Budget` and charges i
 `quota.selectors` and `quota.verdicts` spend it on CEL evaluations; `quota.cel` calls
 `pause_point` while compiling and every `PAUSE_EVERY` cost units while evaluating;
 `runtime.slicing` installs the pause hook that lets the event loop run between slices
-of one review's pricing (`pausing`). Pure: no clock, no I/O; a pause is whatever the
+of one review's pricing (`pausing`), and the wait hook for work that waits on another
+call's (`wait_point`). Pure: no clock, no I/O; a pause is whatever the
 hook does (nothing, for `dra-quota check` and the caches).
 
 Budgets follow the API server's model (issue 15.2): a per-expression cost limit (the
@@ -22,13 +23,13 @@ the second pricing mode) is charged once (`Budget.once`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, MutableMapping, MutableSequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, MutableMapping, MutableSequence, MutableSet
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = ["CLAIM_COST_BUDGET", "COMPILE_UNITS_PER_BYTE", "PAUSE_EVERY", "REVIEW_COST_BUDGET", "Budget",
-           "BudgetExceeded", "Pause", "drop", "pause_point", "pauses", "pausing"]
+           "BudgetExceeded", "PAUSE_ITEMS", "Pause", "drop", "paced", "pause_point", "pauses", "pausing", "wait_point"]
 
 # Per claim: twice the scheduler's per-expression limit, ~0.2-0.4 s of work on an idle
 # core (1-2 s on a loaded one). Honest claims cost thousands of units (grouping
@@ -43,7 +44,11 @@ REVIEW_COST_BUDGET = 4_000_000
 COMPILE_UNITS_PER_BYTE = 50
 # CEL units between two pause points of one evaluation (~0.1-0.4 ms of work).
 PAUSE_EVERY = 2_000
+# Items of a plain loop over every device or pool between two pause points (`paced`:
+# a few dict operations an item, ~0.5-1 ms of work).
+PAUSE_ITEMS = 1024
 
+T = TypeVar("T")
 Scope = Literal["claim", "review"]
 Pause = Callable[[], None]
 
@@ -117,6 +122,8 @@ class Budget:
 # The pause hook of the running slice (`runtime.slicing`), or None: pricing never pauses.
 # A ContextVar, so that only the greenlet a slicer runs sees its hook.
 _PAUSE: ContextVar[Pause | None] = ContextVar("dra_quota_pause", default=None)
+# Its other hook: give the loop back now, whatever is left of the slice (`wait_point`).
+_WAIT: ContextVar[Pause | None] = ContextVar("dra_quota_wait", default=None)
 
 
 def pause_point() -> None:
@@ -126,17 +133,39 @@ def pause_point() -> None:
         hook()
 
 
+def wait_point() -> bool:
+    """Where work waits on another caller's (a partition another review is building):
+    give the loop back now. False where nothing runs this work in slices: waiting there
+    would never end, so the caller does the work itself."""
+    hook = _WAIT.get()
+    if hook is None:
+        return False
+    hook()
+    return True
+
+
 def pauses() -> Pause | None:
     """The hook itself, for loops that fetch it once and call it every so often."""
     return _PAUSE.get()
 
 
-def drop(items: MutableMapping[Any, Any] | MutableSequence[Any]) -> None:
+def paced(items: Iterable[T], every: int = PAUSE_ITEMS) -> Iterator[T]:
+    """`items`, with a pause point after every `every` of them: for loops over every
+    device (58,000) that would otherwise hold the loop for tens of ms in one piece."""
+    for n, item in enumerate(items, 1):
+        yield item
+        if not n % every:
+            pause_point()
+
+
+def drop(items: MutableMapping[Any, Any] | MutableSequence[Any] | MutableSet[Any]) -> None:
     """Empty `items` an element at a time, with a pause point between two.
 
     Reference counting frees what was only held here as each goes: the old caches of a
     relist (millions of objects) dropped in one go free in one cascade, ~0.1 s a million
-    objects holding the loop (bench/stalls.py).
+    objects holding the loop (bench/stalls.py). Only `items` itself is emptied: an
+    element that is a big table of its own (one namespace's claims) is the caller's to
+    drop first, who knows it is no one else's.
     """
     if isinstance(items, MutableMapping):
         while items:
@@ -149,9 +178,11 @@ def drop(items: MutableMapping[Any, Any] | MutableSequence[Any]) -> None:
 
 
 @contextmanager
-def pausing(hook: Pause) -> Iterator[None]:
-    token = _PAUSE.set(hook)
+def pausing(hook: Pause, wait: Pause | None = None) -> Iterator[None]:
+    """`hook` at every pause point, `wait` at every wait point (module doc)."""
+    token, waiting = _PAUSE.set(hook), _WAIT.set(wait)
     try:
         yield
     finally:
         _PAUSE.reset(token)
+        _WAIT.reset(waiting)

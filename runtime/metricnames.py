@@ -20,6 +20,7 @@ __all__ = [
     "CONNECTIONS_DROPPED",
     "EVENTS_DROPPED",
     "EVENT_LOOP_STALL",
+    "EVENT_LOOP_STALL_CPU_MAX",
     "EVENT_LOOP_STALL_MAX",
     "INVENTORY_ALLOCATED",
     "INVENTORY_DEVICES",
@@ -66,6 +67,8 @@ PENDING_CLAIMS = "draquota_namespace_pending_claims"
 ALLOCATION_WAIT = "draquota_claim_allocation_wait_seconds"
 EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
 EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
+# The same, counting only what the loop's own thread held the CPU for (runtime.stalls).
+EVENT_LOOP_STALL_CPU_MAX = "draquota_event_loop_stall_cpu_max_seconds"
 # webhook.connections: open connections by listener and phase, and those it dropped.
 CONNECTIONS = "draquota_connections"
 CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
@@ -73,4 +76,4 @@ NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_S
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, CLUSTER_QUOTA,
          CLUSTER_QUOTA_NAMESPACE, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
          CLAIM_DEVICE_INFO, RECONCILE_DURATION, WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL,
-         EVENT_LOOP_STALL_MAX, CONNECTIONS, CONNECTIONS_DROPPED)
+         EVENT_LOOP_STALL_MAX, EVENT_LOOP_STALL_CPU_MAX, CONNECTIONS, CONNECTIONS_DROPPED)

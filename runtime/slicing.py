@@ -5,7 +5,9 @@ and `webhook.claimreview` its pricing calls; the leader's Kueue decisions
 (`controllers.kueue`) and the refinement of stored claims (`controllers.refine`) too. The
 domain (`quota.work`) only calls a pause hook at its pause points: every
 `quota.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a
-match, every token and AST node while compiling. `quota.work` budgets bound the total;
+match, every token and AST node while compiling; and a wait hook where it waits on
+another call's work (a partition another review is rebuilding), which ends the slice
+at once. `quota.work` budgets bound the total;
 this module bounds how long the loop is held at once.
 
 How: `run(fn)` calls `fn` in a greenlet (a stack of its own on the loop's thread, no
@@ -83,7 +85,7 @@ class _Work(Generic[T]):
 
     def call(self) -> None:
         """On the worker: `fn` under this call's pause hook, its value or exception kept."""
-        with pausing(self._pause):
+        with pausing(self._pause, self._yield):
             try:
                 self._value = self._fn()
             except GreenletExit:
@@ -93,9 +95,14 @@ class _Work(Generic[T]):
 
     def _pause(self) -> None:
         if time.thread_time() >= self._deadline:
-            parent = greenlet.getcurrent().parent
-            assert parent is not None
-            parent.switch()
+            self._yield()
+
+    @staticmethod
+    def _yield() -> None:
+        """The loop back now (`quota.work.wait_point`: this call waits on another's)."""
+        parent = greenlet.getcurrent().parent
+        assert parent is not None
+        parent.switch()
 
     def step(self, seconds: float) -> bool:
         """Run for about `seconds` of this thread's CPU time; True once `fn` returned (its

@@ -32,7 +32,7 @@ at a time (prometheus_client spends ~40 us a sample), with a pause point
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -56,6 +56,7 @@ from runtime.metricnames import (
     CONNECTIONS_DROPPED,
     EVENTS_DROPPED,
     EVENT_LOOP_STALL,
+    EVENT_LOOP_STALL_CPU_MAX,
     EVENT_LOOP_STALL_MAX,
     RECONCILE_DURATION,
     WATCH_RELISTS,
@@ -189,6 +190,10 @@ class Metrics:
             "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)
         self.stall_max = Gauge(EVENT_LOOP_STALL_MAX, "The longest event loop stall since the process started, "
                                "seconds.", registry=self.registry)
+        self.stall_cpu_max = Gauge(
+            EVENT_LOOP_STALL_CPU_MAX, "The longest event loop stall since the process started counting only what "
+            "the loop's own thread was on the CPU for (runtime.stalls: serve's own work; the rest of a stall is "
+            "the node's other processes), seconds.", registry=self.registry)
         build = Gauge(BUILD_INFO, "Always 1; the version of dra-quota and of Python serving.",
                       ["version", "python_version"], registry=self.registry)
         build.labels(version(), platform.python_version()).set(1)
@@ -202,8 +207,8 @@ class Metrics:
         # children are cached here: 1.7 µs per review instead of 6.4 (measured on a shared
         # 2-core machine, noisy), against a 200 µs in-process review budget.
         self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
-        self._rendered: list[Callable[[], bytes]] = []
-        self._stall_max = 0.0
+        self._rendered: list[Callable[[], Sequence[bytes]]] = []
+        self._stall_max = self._stall_cpu_max = 0.0
 
     def review(self, path: str, review: AdmissionRequest | None, verdict: Verdict, seconds: float) -> None:
         """Count one answered review (`webhook.server.Observer`)."""
@@ -225,12 +230,16 @@ class Metrics:
         (`controllers.annotator.Annotator`'s hook)."""
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
 
-    def stalled(self, seconds: float) -> None:
-        """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late."""
+    def stalled(self, seconds: float, cpu: float) -> None:
+        """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late, `cpu`
+        of them on the CPU itself."""
         self.stall.observe(seconds)
         if seconds > self._stall_max:
             self._stall_max = seconds
             self.stall_max.set(seconds)
+        if cpu > self._stall_cpu_max:
+            self._stall_cpu_max = cpu
+            self.stall_cpu_max.set(cpu)
 
     def connections(self, listeners: Mapping[str, Connections]) -> None:
         """Expose each listener's connections by phase and those it dropped (read at each scrape)."""
@@ -248,20 +257,29 @@ class Metrics:
         """Expose the families `collect` builds at each scrape (`webhook.usagemetrics`)."""
         self.registry.register(_Collect(collect))
 
-    def rendered(self, text: Callable[[], bytes]) -> None:
-        """Append `text()` to each scrape: families already rendered (by `render`) and cached
-        by their owner, for those with tens of thousands of samples (rendering costs ~10 µs
-        a sample). Not in `registry`, so `get_sample_value` does not see them."""
+    def rendered(self, text: Callable[[], Sequence[bytes]]) -> None:
+        """Append the pieces `text()` returns to each scrape: families already rendered (by
+        `render`) and cached by their owner, for those with tens of thousands of samples
+        (rendering costs ~10 µs a sample). Not in `registry`, so `get_sample_value` does
+        not see them."""
         self._rendered.append(text)
 
-    def exposition(self) -> bytes:
-        """What `GET /metrics` serves (module doc: in pieces, with pause points between)."""
+    def exposition_parts(self) -> list[bytes]:
+        """What `GET /metrics` serves, in pieces (module doc: with pause points between),
+        never joined: a scrape of 150,000 claims is tens of MB, and each copy of it
+        in one piece held the loop 20-40 ms (bench/stalls.py). `webhook.metricsserver`
+        writes them as they are."""
         parts = []
         for family in self.registry.collect():
             parts.append(_render_family(family))
             pause_point()
-        parts.extend(text() for text in self._rendered)
-        return b"".join(parts)
+        for text in self._rendered:
+            parts.extend(text())
+        return parts
+
+    def exposition(self) -> bytes:
+        """`exposition_parts`, joined (tests, benchmarks)."""
+        return b"".join(self.exposition_parts())
 
 
 def _render_family(family: Metric) -> bytes:

@@ -16,6 +16,7 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
+from quota.usage import Holders
 from quota.work import pausing
 
 from ..builders import (GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice,
@@ -168,6 +169,24 @@ def test_a_relist_in_slices_swaps_in_whole_and_keeps_what_changed_meanwhile() ->
     assert seen[1:swapped] == [old_now[0]] * (swapped - 1) and set(seen[swapped:]) == {new}
     assert (world.usage().used, world.usage().reserved) == new
     assert deleted == ["u2"]
+
+
+def test_after_a_relist_swapped_in_what_it_replaced_is_freed_a_claim_at_a_time() -> None:
+    """The old versions, charge records and holders, and each claim read again, go in
+    pieces after the swap, a pause point between two: freed together at the end of the
+    relist they held the loop 0.2 s at 150,000 claims (bench/stalls.py)."""
+    world = World()
+    world.claims.holders = Holders()
+    listed = [versioned(claim(f"c{n}", f"u{n}", allocated=True), "10") for n in range(3)]
+    world.claims.replace(listed)
+    versions, held = world.claims._versions, world.claims.holders.mapping()
+    assert len(versions) == len(held) == 3
+    sizes: list[tuple[int, int]] = []
+    with pausing(lambda: sizes.append((len(versions), len(held)))):
+        world.claims.replace([versioned(claim(f"c{n}", f"u{n}", allocated=True), "11") for n in range(3)])
+    assert (2, 3) in sizes and (0, 2) in sizes, sizes  # each table emptied one at a time, pausing
+    assert not versions and not held
+    assert len(world.claims._versions) == len(world.claims.holders.mapping()) == 3
 
 
 def test_a_relist_never_tells_as_deleted_a_claim_it_knows_only_from_an_admission() -> None:

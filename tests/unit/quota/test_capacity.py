@@ -1,14 +1,16 @@
 """quota.capacity: requestPolicy rounding, capacity requests, taints."""
 
 from fractions import Fraction
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from quota.capacity import memory_charge, round_request, tolerates_all
+from quota.capacity import memory_charge, per_scope, round_request, tolerates_all
 from quota.claims import DeviceRequirement, Toleration
-from quota.model import Capacity, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
+from quota.model import Capacity, Charge, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
 from quota.inventory import Inventory
+from quota.work import PAUSE_ITEMS, pausing
 
 from ..builders import GiB, MiB, make_device, make_slice
 
@@ -91,3 +93,15 @@ NO_SCHEDULE = Taint("maintenance", "true", "NoSchedule")
 )
 def test_taints(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...], ok: bool) -> None:
     assert tolerates_all(taints, tolerations) is ok
+
+
+def test_per_scope_sums_per_node_and_pauses_on_the_way() -> None:
+    """An All-mode bound reads every candidate (58,000 devices): it gives the loop back
+    every `PAUSE_ITEMS` devices (`quota.work.paced`) instead of holding it 68 ms."""
+    node = [SimpleNamespace(scope=f"node-{n % 3}") for n in range(3 * 700)]  # over 2 * PAUSE_ITEMS
+    groups: Any = [(10, len(node), SimpleNamespace(devices=node)), (1, 1, SimpleNamespace(devices=node[:1]))]
+    pauses: list[int] = []
+    with pausing(lambda: pauses.append(1)):
+        sums = per_scope(groups)
+    assert len(pauses) == len(node) // PAUSE_ITEMS == 2
+    assert sums == {"node-0": Charge(7001, 701), "node-1": Charge(7000, 700), "node-2": Charge(7000, 700)}

@@ -307,3 +307,20 @@ def test_a_cancelled_claims_rebuild_leaves_the_ledger_alone_and_a_second_one_wai
     ClaimsRebuild(led).commit()  # the next one may start
     assert list(led.entries()) == []
     assert led.usage(NS, "q").reserved == Charge()
+
+
+def test_release_frees_each_old_namespace_table_a_claim_at_a_time() -> None:
+    """After a relist, what the ledger held before goes in pieces, a pause point between
+    two claims: one namespace's thousands of claims freed in one piece held the loop."""
+    led = ledger(make_quota("q", memory="1Ti"))
+    for n in range(4):
+        led.add_or_update_claim(entry(f"c{n}", GiB))
+    old_namespace = led._by_namespace[NS]
+    rebuild = ClaimsRebuild(led)
+    rebuild.put(entry("new", GiB))
+    rebuild.commit()
+    sizes: list[int] = []
+    with pausing(lambda: sizes.append(len(old_namespace))):
+        rebuild.release()
+    assert [size for size in sizes if size < 4][:4] == [3, 2, 1, 0] and not old_namespace
+    assert [e.ref for e in led.entries()] == [ClaimRef("new")]

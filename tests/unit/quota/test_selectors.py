@@ -7,18 +7,22 @@ events it answers exactly what a fresh matcher over the same inventory answers.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 from unittest.mock import patch
 
 import pytest
+from greenlet import greenlet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quota import partitions
 from quota.cel import CompiledSelector
 from quota.inventory import Inventory
 from quota.model import DeviceKey
-from quota.selectors import SelectorMatcher
-from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded
+from quota.selectors import PATIENCE, SelectorMatcher
+from quota.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded, pausing
 
 from ..builders import make_device, make_slice
 
@@ -54,6 +58,107 @@ def test_one_slice_update_recomputes_one_pool_per_partition() -> None:
     assert len(keys(matcher, (GPU, BIG))) == 51
     # base partition, class paths, request paths: one pool each.
     assert matcher.pools_computed - before == 3
+
+
+@contextlib.contextmanager
+def counting_rebuilds(calls: list[str]) -> Iterator[None]:
+    """`calls` gets "rebuild" as each partition rebuild begins, "split" for each class of
+    pools a rebuild splits."""
+    by_shape, buckets = partitions._by_shape, partitions._buckets
+
+    def first(*args: Any) -> Any:
+        calls.append("rebuild")
+        return by_shape(*args)
+
+    def split(*args: Any) -> Any:
+        calls.append("split")
+        return buckets(*args)
+
+    with patch("quota.partitions._by_shape", first), patch("quota.partitions._buckets", split):
+        yield
+
+
+def test_a_rebuild_stops_once_another_match_installed_the_same_partition() -> None:
+    """After a relist of the slices every review rebuilds the partitions it needs until one
+    is installed; one that paused meanwhile takes the installed one at its next pause
+    instead of finishing its own (with 50 reviews a second, the slow lane's queue of such
+    rebuilds outgrew their deadlines)."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    calls: list[str] = []
+    with counting_rebuilds(calls):
+        expected = keys(SelectorMatcher(inv), (GPU, BIG))
+        alone = calls.count("split")
+        calls.clear()
+        matcher = SelectorMatcher(inv)
+        nested: list[set[DeviceKey]] = []
+
+        def pause() -> None:  # in a rebuild: another review's match runs whole meanwhile
+            if calls and not nested:
+                nested.append(set())
+                nested[0] = keys(matcher, (GPU, BIG))
+
+        with pausing(pause):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert nested == [expected]
+    assert calls.count("split") == alone, "the paused rebuild went on after another one was installed"
+
+
+def test_a_match_waits_for_the_rebuild_another_has_under_way_instead_of_building_its_own() -> None:
+    """A review arriving while another one rebuilds the level it needs gives the loop back
+    (`quota.work.wait_point`) until that one is installed, and takes it: its first slice
+    spent rebuilding too starved the rebuild that would finish."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    calls: list[str] = []
+    with counting_rebuilds(calls):
+        expected = keys(SelectorMatcher(inv), (GPU, BIG))
+        alone = calls.count("rebuild"), calls.count("split")
+        calls.clear()
+        matcher = SelectorMatcher(inv)
+        main = greenlet.getcurrent()
+
+        def builder() -> set[DeviceKey]:  # another review, paused in its rebuild
+            with pausing(lambda: main.switch() if calls else None):
+                return keys(matcher, (GPU, BIG))
+
+        other = greenlet(builder)
+        other.switch()
+        assert calls == ["rebuild"] and not other.dead
+        waits: list[bool] = []
+
+        def wait() -> None:
+            waits.append(True)
+            other.switch()
+
+        with pausing(lambda: None, wait):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert waits and other.dead
+    assert (calls.count("rebuild"), calls.count("split")) == alone, "it built a level the other was building"
+
+
+def test_a_match_stops_waiting_for_a_rebuild_that_does_not_move() -> None:
+    """The call rebuilding may be queued for the slow lane the waiting call holds: after
+    `PATIENCE` turns in which it did not move, the waiting call builds its own (else both
+    waited until the reviews' deadline: every review of a bench/stalls.py window failed)."""
+    inv = Inventory()
+    inv.replace_all([node_slice(n, ["h100", "a100"]) for n in range(20)])
+    expected = keys(SelectorMatcher(inv), (GPU, BIG))
+    calls: list[str] = []
+    with counting_rebuilds(calls):
+        matcher = SelectorMatcher(inv)
+        main = greenlet.getcurrent()
+
+        def stuck() -> None:  # paused in its rebuild, never resumed
+            with pausing(lambda: main.switch() if calls else None):
+                keys(matcher, (GPU, BIG))
+
+        builder = greenlet(stuck)  # kept: a greenlet let go is unwound (its rebuild given up)
+        builder.switch()
+        waits: list[bool] = []
+        with pausing(lambda: None, lambda: waits.append(True)):
+            assert keys(matcher, (GPU, BIG)) == expected
+    assert len(waits) == PATIENCE and calls.count("rebuild") > 1 and not builder.dead
 
 
 def test_deleted_pool_disappears_and_relist_rescans() -> None:

@@ -20,7 +20,7 @@ from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.model import DeviceClassName
 from quota.pricing import Pricer
-from quota.work import CLAIM_COST_BUDGET, pause_point
+from quota.work import CLAIM_COST_BUDGET, pause_point, wait_point
 from tests.unit.quota.cel.devices import activation
 from runtime import slicing
 from runtime.slicing import Busy, Slicer
@@ -260,3 +260,27 @@ async def test_an_idle_worker_keeps_nothing_of_its_last_call() -> None:
     gone = weakref.ref(priced)
     del priced
     assert gone() is None, "the idle worker still refers to the last call's value"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_wait_point_gives_the_loop_back_at_once_and_a_pause_point_only_when_the_slice_is_up() -> None:
+    """Work waiting on another call's (`quota.work.wait_point`) must not spin out its
+    slice: the loop runs others at once. Without a slicer there is nothing to wait on."""
+    ran: list[str] = []
+
+    def work() -> None:
+        pause_point()  # the slice (a minute of CPU) is not up: no turn for the others
+        ran.append("paused")
+        assert wait_point()
+        ran.append("waited")
+
+    async def other() -> None:
+        while "paused" not in ran:
+            await asyncio.sleep(0)
+        ran.append("other")
+
+    task = asyncio.ensure_future(other())
+    await slicing.in_slices(work, slice_seconds=60.0)
+    await task
+    assert ran == ["paused", "other", "waited"]
+    assert not wait_point()

@@ -141,15 +141,15 @@ async def test_scrapes_go_through_render_one_at_a_time_and_a_large_body_arrives_
 
     metrics = Metrics()
     big = b"# " + b"x" * (600 * 1024) + b"\n"  # over two of the writes a body is sent in
-    metrics.rendered(lambda: big)
+    metrics.rendered(lambda: (b"# small\n", big))
     running, most, release = [0], [0], asyncio.Event()
 
-    async def render(exposition: Any) -> bytes:
+    async def render(exposition: Any) -> list[bytes]:
         running[0] += 1
         most[0] = max(most[0], running[0])
         await release.wait()
         running[0] -= 1
-        return bytes(exposition())
+        return list(exposition())
 
     runner, port = await serve_metrics(metrics, host="127.0.0.1", port=0, context=None, access=None, render=render)
     try:
@@ -171,4 +171,44 @@ async def test_scrapes_go_through_render_one_at_a_time_and_a_large_body_arrives_
     finally:
         await runner.cleanup()
     assert most[0] == 1
-    assert all(body.endswith(big) for body in bodies)
+    assert all(body.endswith(b"# small\n" + big) for body in bodies)
+
+
+@ASYNC
+async def test_a_scrape_body_is_written_a_piece_at_a_time_giving_the_loop_back_between(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write awaits nothing while the reader keeps up: without a pause between pieces
+    a body of tens of MB went out in one turn of the loop."""
+    import asyncio
+
+    from aiohttp import web
+
+    from webhook import metricsserver
+
+    monkeypatch.setattr(metricsserver, "_WRITE_CHUNK", 1024)
+    metrics = Metrics()
+    metrics.rendered(lambda: [b"# " + b"x" * 1000 + b"\n"] * 8)
+    turns, at_writes = [0], []
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0)
+            turns[0] += 1
+
+    write = web.StreamResponse.write
+
+    async def counted(self: web.StreamResponse, data: Any) -> None:
+        at_writes.append(turns[0])
+        await write(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", counted)
+    runner, port = await serve_metrics(metrics, host="127.0.0.1", port=0, context=None, access=None)
+    task = asyncio.create_task(ticker())
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            body = await resp.read()
+    finally:
+        task.cancel()
+        await runner.cleanup()
+    assert body.count(b"# xxx") == 8
+    assert len(at_writes) >= 8 and all(a < b for a, b in zip(at_writes, at_writes[1:])), at_writes
