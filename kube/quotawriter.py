@@ -12,7 +12,9 @@ Every write of a DeviceQuota's status, by either writer, goes: take the newest o
 known, wait until this replica's claim watch has reached its `claimsThrough` (at most
 `catch_up` seconds, else the write is refused: deciding from a cache that lags the
 watermark could count a claim nowhere; on a ClusterDeviceQuota, its Namespace watch
-too, up to `namespacesThrough`), build the body synchronously, PUT it with the
+too, up to `namespacesThrough`), refuse reserving if the object's spec is one this
+replica's ledger has not counted (read afresh after a conflict, it may be newer than the
+quota watch: another selector or scope), build the body synchronously, PUT it with the
 resourceVersion it was built from; on a conflict read again and start over.
 
 One write per quota for many admissions: requests for one quota queue in a per-quota
@@ -44,7 +46,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kube.api import ApiError, KubeApi
@@ -55,10 +57,11 @@ from quota.devicequota import (
     KIND,
     Decision,
     DeviceQuota,
+    Usage,
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.ledger import ClaimRef, Ledger, QuotaKey, shown
+from quota.ledger import ClaimRef, Ledger, QuotaKey, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
@@ -398,6 +401,18 @@ class Reservations:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
         namespaced = bool((obj.get("metadata") or {}).get("namespace"))
         quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
+        known = self.ledger.quota(quota.namespace, quota.name)
+        if known is None or _counted_as(known) != _counted_as(quota):
+            # An object read from the API server (after a conflict) may be newer than this
+            # replica's quota watch: the ledger's usage is then of another selector or scope
+            # (a team just given a namespace would count none of its claims). Releases only.
+            message = (f'could not persist the reservation on {quota.kind} "{quota.name}": this replica has not '
+                       "counted its newest spec (namespaceSelector, scope or pricing) yet; retry")
+            releases = [r for r in requests if r.op == "release"]
+            outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
+                            now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)
+            return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
+                                                    for r in requests))
         return apply(quota, parse_record(obj.get("status")), requests,
                      usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl,
                      namespaces=self.namespaces_seen() if quota.cluster else None)
@@ -417,6 +432,12 @@ class Reservations:
 
 # A sentinel object: `_caught_up`'s "the watch did not reach the watermark in time".
 _LAGGING: Obj = {}
+
+
+def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
+    """What the ledger's usage of `quota` depends on (`quota.ledger.usage_scope`), and a
+    team's members (its selector)."""
+    return (*usage_scope(quota), quota.selector)
 
 
 def _kind(key: QuotaKey) -> str:

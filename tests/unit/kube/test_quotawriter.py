@@ -252,3 +252,29 @@ async def test_a_replica_whose_namespace_watch_lags_a_relabel_waits_for_it_befor
 def team_entry(ref: str, namespace: Namespace) -> Entry:
     pricing = Pricing((PricedRequest("r", 1, GPU, ((DeviceClassName("gpu"), GPU),)),))
     return Entry(namespace, ClaimRef(ref), {"conservative": pricing}, False)
+
+
+async def test_a_replica_deciding_on_a_team_object_newer_than_its_quota_watch_refuses_until_it_counted_it() -> None:
+    # The team's selector grew to team-b (80Gi of claims there) on the API server; this
+    # replica read the new object after a conflict, but its ledger still counts the old
+    # selector: deciding on it would admit two GPUs into a team with room for one.
+    team_b = Namespace("team-b")
+    old = make_cluster_quota("ml", selector={"matchLabels": {"team.draquota.io/name": "ml"}}, memory="160Gi")
+    new = make_cluster_quota("ml", selector={"matchExpressions": [
+        {"key": "team.draquota.io/name", "operator": "In", "values": ["ml", "ml2"]}]}, memory="160Gi")
+    api = FakeApi(new)
+    ledger = Ledger()
+    ledger.set_namespace(NS, {"team.draquota.io/name": "ml"})
+    ledger.set_namespace(team_b, {"team.draquota.io/name": "ml2"})
+    ledger.add_or_update_quota(parse_cluster_device_quota(old))
+    ledger.add_or_update_claim(team_entry("b1", team_b))
+    reservations = Reservations(api, ledger, ttl=60.0, clock=lambda: 1_000.0)  # type: ignore[arg-type]
+    team = parse_cluster_device_quota(new)
+    burst = [reservations.admit({team: GPU}, uid=u, claim=f"team-a/{u}") for u in ("u1", "u2")]
+    refused = await asyncio.gather(*burst)
+    assert [d.allowed for d in refused] == [False, False]
+    assert "has not counted its newest spec" in refused[0].message
+    ledger.add_or_update_quota(team)  # the quota watch brings it
+    decisions = await asyncio.gather(*(reservations.admit({team: GPU}, uid=u, claim=f"team-a/{u}")
+                                       for u in ("u1", "u2")))
+    assert sorted(d.allowed for d in decisions) == [False, True]
