@@ -101,12 +101,18 @@ class Caches:
         # The claim watch's progress and the claim store's versions: the persisted
         # reservations' watermark (quota.reservations) waits on the one, reads the other.
         progress = Progress()
+        # The Namespace watch's: a ClusterDeviceQuota's second watermark (namespacesThrough).
+        namespace_progress = Progress()
+        namespace_store = NamespaceStore(self.namespaces, changed=self._tell_namespace, admitter=self.admitter,
+                                         quotas_changed=self._tell, reprice=self.refiner.add)
         claim_store = ClaimStore(self.admitter, freed=self._freed(requeue) if requeue else None,
                                  holders=self.holders, recorder=self.annotator, provisional=self.refiner.add,
                                  changed=self._tell)
         self.reservations = Reservations(api, self.admitter.ledger, ttl=reservation_ttl, progress=progress,
                                          claim_version=claim_store.version,
-                                         claim_recorded=claim_store.recorded_version)
+                                         claim_recorded=claim_store.recorded_version,
+                                         namespace_progress=namespace_progress,
+                                         namespaces_seen=lambda: namespace_store.newest)
         claim_store.deleted = self.reservations.claim_deleted
 
         # Told the quotas every claim, DeviceQuota and Workload event moved (None: any), as
@@ -116,16 +122,15 @@ class Caches:
         self.namespaces_changed: list[Callable[[str | None], None]] = []
 
         def reflector(resource: Resource, store: Store, *, claims: bool = False,
-                      settings: WatchSettings = WatchSettings()) -> Reflector:
+                      settings: WatchSettings = WatchSettings(), moves: Progress | None = None) -> Reflector:
             return Reflector(api, resource, store, trim=trim_claim if claims else trim_object,
-                             progress=progress if claims else None, settings=settings,
+                             progress=progress if claims else moves, settings=settings,
                              rebuild=self.rebuilds.relist)
 
         self.first = [
             reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
             reflector(CLASSES, ClassStore(self.classes)),
-            reflector(NAMESPACES, NamespaceStore(self.namespaces, changed=self._tell_namespace, admitter=self.admitter,
-                                                 quotas_changed=self._tell, reprice=self.refiner.add)),
+            reflector(NAMESPACES, namespace_store, moves=namespace_progress),
             *(reflector(resource, QuotaStore(self.admitter, observe=self.reservations.observe,
                                              drop=self.reservations.drop, reprice=self.refiner.add,
                                              changed=self._tell, cluster=resource is CLUSTER_QUOTAS))

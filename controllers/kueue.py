@@ -385,6 +385,13 @@ class AdmissionCheckController:
             # would check the Workload against its own holding and refuse it (seen on the
             # e2e cluster: an Admitted Workload turned Retry, and Kueue evicted it).
             return
+        ledger = self.caches.ledger
+        if ledger.has_teams() and not ledger.knows_namespace(Namespace(workload.namespace)):
+            # As for a claim (`webhook.claimreview.create_claim`): checked against its
+            # namespace's DeviceQuotas alone, it would be held without reserving on its team.
+            await self._write(workload, check, "Retry", f"namespace {workload.namespace} is not in dra-quota's "
+                              "cache yet, and ClusterDeviceQuotas select namespaces by their labels: retry")
+            return
         entry = await self.slicer.run(lambda: self.caches.price(workload))
         if isinstance(entry, str):
             await self._write(workload, check, "Retry", f"cannot be priced: {entry}")
@@ -396,7 +403,6 @@ class AdmissionCheckController:
         if not decision.allowed:
             await self._write(workload, check, "Retry", decision.message)
             return
-        ledger = self.caches.ledger
         keys = ledger.set_holding(entry)  # at once: the next Workload of this pass must see it
         self.caches.deciding.add(workload.uid)
         try:

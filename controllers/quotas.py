@@ -229,7 +229,8 @@ class QuotaController:
         record = parse_record(obj.get("status"))
         now = self.clock()
         status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),
-                                caches=self.reservations, now=now, members=self._members(quota))
+                                caches=self.reservations, now=now, members=self._members(quota),
+                                namespaces=self.reservations.namespaces_seen() if quota.cluster else None)
         expiry = next_expiry(record, now)
         if expiry is not None:
             self._timers[key] = min(self._timers.get(key, float("inf")), expiry)

@@ -54,6 +54,7 @@ from quota.ledger import ClaimRef, Entry, QuotaKey, shown
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj, as_map, dig
+from quota.reservations import parse_version
 from quota.scope import DeviceSelection
 from quota.slices import SliceError, parse_slice
 from quota.usage import Held, Holders
@@ -157,8 +158,22 @@ class NamespaceStore:
         self.admitter = admitter
         self.quotas_changed = quotas_changed
         self.reprice = reprice
+        # The highest resourceVersion of a Namespace listed or delivered (its deletion
+        # included): a ClusterDeviceQuota's `namespacesThrough` is raised to it
+        # (`quota.reservations`). Not the watch's position: a list's or a bookmark's
+        # version is no Namespace event, and another replica's watch might not pass it
+        # for a minute; every watch passes the version of a real Namespace write.
+        self.newest: int | None = None
+
+    def _seen(self, obj: Obj) -> None:
+        meta = obj.get("metadata")
+        version = parse_version(meta.get("resourceVersion")) if isinstance(meta, dict) else None
+        if version is not None and (self.newest is None or version > self.newest):
+            self.newest = version
 
     def replace(self, objects: list[Obj]) -> None:
+        for obj in objects:
+            self._seen(obj)
         parsed = [n for n in (parse_or_skip("Namespace", o, parse_namespace) for o in objects) if n is not None]
         gone = set(self.labels) - {n.name for n in parsed}
         self.labels.clear()
@@ -172,6 +187,7 @@ class NamespaceStore:
         self.changed(None)
 
     def upsert(self, obj: Obj) -> None:
+        self._seen(obj)
         ns = parse_or_skip("Namespace", obj, parse_namespace)
         if ns is not None:
             self.labels[ns.name] = ns.labels
@@ -180,6 +196,7 @@ class NamespaceStore:
         self.changed(_name(obj))
 
     def delete(self, obj: Obj) -> None:
+        self._seen(obj)
         self.labels.pop(_name(obj), None)
         if self.admitter is not None:
             self.quotas_changed(self.admitter.ledger.delete_namespace(Namespace(_name(obj))))

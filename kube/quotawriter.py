@@ -11,7 +11,10 @@ counts; the quota controller (`controllers.quotas`) writes through `write_status
 Every write of a DeviceQuota's status, by either writer, goes: take the newest object
 known, wait until this replica's claim watch has reached its `claimsThrough` (at most
 `catch_up` seconds, else the write is refused: deciding from a cache that lags the
-watermark could count a claim nowhere), build the body synchronously, PUT it with the
+watermark could count a claim nowhere; on a ClusterDeviceQuota, its Namespace watch
+too, up to `namespacesThrough`), refuse reserving if the object's spec is one this
+replica's ledger has not counted (read afresh after a conflict, it may be newer than the
+quota watch: another selector or scope), build the body synchronously, PUT it with the
 resourceVersion it was built from; on a conflict read again and start over.
 
 One write per quota for many admissions: requests for one quota queue in a per-quota
@@ -43,7 +46,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kube.api import ApiError, KubeApi
@@ -54,10 +57,11 @@ from quota.devicequota import (
     KIND,
     Decision,
     DeviceQuota,
+    Usage,
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.ledger import ClaimRef, Ledger, QuotaKey, shown
+from quota.ledger import ClaimRef, Ledger, QuotaKey, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
@@ -86,7 +90,7 @@ class StatusWrite:
     read: Obj | None = None  # the object the last body was built from; None: the quota is gone
     written: Obj | None = None  # what the API server stored; None: nothing was written
     conflicts: bool = False  # every attempt met a newer object
-    lagging: bool = False  # this replica's claim watch did not reach the watermark in time
+    lagging: bool = False  # this replica's claim (or Namespace) watch did not reach a watermark in time
 
 
 class Reservations:
@@ -99,7 +103,9 @@ class Reservations:
     def __init__(self, api: KubeApi, ledger: Ledger, *, ttl: float, retries: int = 3,
                  clock: Callable[[], float] = time.time, progress: Progress | None = None,
                  claim_version: Callable[[str], int | None] = lambda uid: None,
-                 claim_recorded: Callable[[str], int | None] | None = None, catch_up: float = 2.0) -> None:
+                 claim_recorded: Callable[[str], int | None] | None = None, catch_up: float = 2.0,
+                 namespace_progress: Progress | None = None,
+                 namespaces_seen: Callable[[], int | None] = lambda: None) -> None:
         self.api = api
         self.ledger = ledger
         self.ttl = ttl
@@ -112,6 +118,11 @@ class Reservations:
         self._claim_version = claim_version
         self._claim_recorded = claim_recorded or claim_version
         self.catch_up = catch_up
+        # How far the Namespace watch has come, and the newest Namespace it brought
+        # (`kube.caches.NamespaceStore.newest`): a team's second watermark
+        # (`quota.reservations`, namespacesThrough) waits on the one, is raised to the other.
+        self.namespace_progress = namespace_progress or Progress()
+        self.namespaces_seen = namespaces_seen
         # The newest DeviceQuota object known per quota: from the watch or from our own
         # write's answer. A stale one only costs a conflict and a re-read.
         self._objects: dict[QuotaKey, Obj] = {}
@@ -302,7 +313,8 @@ class Reservations:
         result = await self.write_status(key, build, retries=self.retries)
         if result.lagging:
             message = (f'could not persist the reservation on {_kind(key)} "{key[1]}": this replica\'s claim watch '
-                       f"is more than {self.catch_up:g}s behind the quota's record; retry")
+                       f"(or, on a ClusterDeviceQuota, Namespace watch) is more than {self.catch_up:g}s behind the "
+                       "quota's record; retry")
             return [Decision(False, message) if r.op == "reserve" else Decision(True) for r in requests]
         if result.conflicts:
             return [Decision(False, f'{CONTENTION} ({_kind(key)} "{key[1]}")') if r.op == "reserve"
@@ -361,12 +373,17 @@ class Reservations:
         obj = await self._get(key) if fresh else (self._objects.get(key) or await self._get(key))
         deadline = time.monotonic() + self.catch_up
         while obj is not None:
-            through = parse_record(obj.get("status")).through
-            if self.progress.has_reached(through):
+            record = parse_record(obj.get("status"))
+            watches = ((self.progress, record.through, "claim"),
+                       (self.namespace_progress, record.namespaces, "Namespace"))
+            behind = [(progress, through, what) for progress, through, what in watches
+                      if not progress.has_reached(through)]
+            if not behind:
                 return obj
-            if not await self.progress.reached(through, timeout=max(deadline - time.monotonic(), 0.0)):
-                log.warning("%s: the claim watch is at %s, behind the record's watermark %s after "
-                            "%ss", shown(key), self.progress.version, through, self.catch_up)
+            progress, through, what = behind[0]
+            if not await progress.reached(through, timeout=max(deadline - time.monotonic(), 0.0)):
+                log.warning("%s: the %s watch is at %s, behind the record's watermark %s after "
+                            "%ss", shown(key), what, progress.version, through, self.catch_up)
                 return _LAGGING
             # The watch may have brought a newer object meanwhile: build from the newest.
             obj = self._objects.get(key)
@@ -376,16 +393,29 @@ class Reservations:
         """dryRun: the same decision, nothing written."""
         obj = await self._caught_up((quota.namespace, quota.name), fresh=False)
         if obj is _LAGGING:
-            return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch is '
-                                   "behind the quota's record; retry")
+            return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch (or, '
+                                   "on a ClusterDeviceQuota, Namespace watch) is behind the quota's record; retry")
         return Decision(True) if obj is None else self._decide(obj, [request]).decisions[0]
 
     def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
         namespaced = bool((obj.get("metadata") or {}).get("namespace"))
         quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
+        known = self.ledger.quota(quota.namespace, quota.name)
+        if known is None or _counted_as(known) != _counted_as(quota):
+            # An object read from the API server (after a conflict) may be newer than this
+            # replica's quota watch: the ledger's usage is then of another selector or scope
+            # (a team just given a namespace would count none of its claims). Releases only.
+            message = (f'could not persist the reservation on {quota.kind} "{quota.name}": this replica has not '
+                       "counted its newest spec (namespaceSelector, scope or pricing) yet; retry")
+            releases = [r for r in requests if r.op == "release"]
+            outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
+                            now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)
+            return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
+                                                    for r in requests))
         return apply(quota, parse_record(obj.get("status")), requests,
-                     usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl)
+                     usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl,
+                     namespaces=self.namespaces_seen() if quota.cluster else None)
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:
@@ -402,6 +432,12 @@ class Reservations:
 
 # A sentinel object: `_caught_up`'s "the watch did not reach the watermark in time".
 _LAGGING: Obj = {}
+
+
+def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
+    """What the ledger's usage of `quota` depends on (`quota.ledger.usage_scope`), and a
+    team's members (its selector)."""
+    return (*usage_scope(quota), quota.selector)
 
 
 def _kind(key: QuotaKey) -> str:

@@ -142,6 +142,7 @@ class ClusterDeviceQuotaStatus(DeviceQuotaStatus, total=False):
     per-namespace breakdown, sorted by namespace."""
 
     namespaces: list[NamespaceUsage]
+    namespacesThrough: str  # the team's second watermark (`quota.reservations`)
 
 Enforcement = Literal["Enforce", "Audit"]
 RESOURCES = ("devices", "memory")  # sorted: the order denial messages use

@@ -7,7 +7,8 @@ persisted admissions) and its pure rules, which this module reuses rather than r
 `quota.top` reads what is written here.
 
 Two writers share one status, each owning its fields:
-- the webhooks (every replica): `reservations` and `claimsThrough`;
+- the webhooks (every replica): `reservations`, `claimsThrough` and a team's
+  `namespacesThrough`;
 - the leader's controller: `used`, `reserved`, `claims`, `observedGeneration`,
   `conditions`, and it settles the record as any writer does
   (`quota.reservations.settle`: entries whose claim its cache holds go, raising the
@@ -79,6 +80,7 @@ def desired_status(
     caches: Caches,
     now: float,
     members: Sequence[tuple[str, Usage]] | None = None,
+    namespaces: int | None = None,
 ) -> DeviceQuotaStatus:
     """The whole status `obj` should have: the controller's fields new, the rest as read.
 
@@ -86,17 +88,20 @@ def desired_status(
     caches know of its uids (`quota.reservations.Caches`). Deterministic for an
     unchanged input (a condition's lastTransitionTime moves only when its status does),
     so comparing the result with the current status says whether a write is needed.
-    `members`: a ClusterDeviceQuota's member namespaces, each with its part of `usage`.
+    `members`: a ClusterDeviceQuota's member namespaces, each with its part of `usage`;
+    `namespaces`: the newest Namespace this replica has seen (`quota.reservations.settle`).
     """
     # The other writer's fields as read: the API server pruned what the schema does not name.
     status = cast(ClusterDeviceQuotaStatus, dict(obj.get("status") or {}))
-    live = settle(record, caches, now=now)
+    live = settle(record, caches, now=now, namespaces=namespaces)
     reserved = usage.reserved + in_flight(live, caches)
     generation = (obj.get("metadata") or {}).get("generation")
     fields = status_fields(live)
     status["reservations"] = fields["reservations"]
     if "claimsThrough" in fields:
         status["claimsThrough"] = fields["claimsThrough"]
+    if "namespacesThrough" in fields:
+        status["namespacesThrough"] = fields["namespacesThrough"]
     status["used"] = _amounts(usage.used)
     status["reserved"] = _amounts(reserved)
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold

@@ -11,6 +11,7 @@ The record, on the DeviceQuota's status:
     reservations:            # admissions in flight, keyed by the claim's uid
       <uid>: {claim: <namespace>/<name>, memory: <quantity>, devices: <n>, expires: <RFC 3339>}
     claimsThrough: "<resourceVersion>"   # the watermark
+    namespacesThrough: "<resourceVersion>"  # a ClusterDeviceQuota's only (below)
 
 An entry lives from the admission that wrote it until every replica that may decide
 would count its claim itself, and no longer. The watermark says when that is.
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
-from quota.devicequota import Decision, DeviceQuota, DeviceQuotaStatus, QuotaCheck, ReservationEntry, Usage, check
+from quota.devicequota import ClusterDeviceQuotaStatus, Decision, DeviceQuota, QuotaCheck, ReservationEntry, Usage, check
 from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
@@ -97,10 +98,12 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """`status.reservations` and `status.claimsThrough` (None: no watermark yet)."""
+    """`status.reservations`, `status.claimsThrough` and a team's `status.namespacesThrough`
+    (None: no watermark yet)."""
 
     held: Mapping[str, Reservation] = field(default_factory=dict)
     through: int | None = None
+    namespaces: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,23 +179,26 @@ def parse_record(status: Any) -> Record:
             held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-    return Record(held, parse_version(status.get("claimsThrough")))
+    return Record(held, parse_version(status.get("claimsThrough")), parse_version(status.get("namespacesThrough")))
 
 
-def status_fields(record: Record) -> DeviceQuotaStatus:
-    """The status fields this protocol owns: the entries and the watermark.
+def status_fields(record: Record) -> ClusterDeviceQuotaStatus:
+    """The status fields this protocol owns: the entries and the watermarks (a
+    ClusterDeviceQuotaStatus: `namespacesThrough` is a team's, absent for a DeviceQuota).
 
     `status.reserved` is the quota controller's (`quota.quotastatus`): it counts the
     pending claims too, and one owner per field keeps the two writers from undoing
     each other's numbers.
     """
-    out: DeviceQuotaStatus = {"reservations": {uid: r.as_json() for uid, r in sorted(record.held.items())}}
+    out: ClusterDeviceQuotaStatus = {"reservations": {uid: r.as_json() for uid, r in sorted(record.held.items())}}
     if record.through is not None:
         out["claimsThrough"] = str(record.through)
+    if record.namespaces is not None:
+        out["namespacesThrough"] = str(record.namespaces)
     return out
 
 
-def settle(record: Record, caches: Caches, *, now: float) -> Record:
+def settle(record: Record, caches: Caches, *, now: float, namespaces: int | None = None) -> Record:
     """`record` without the entries no writer needs any more (module doc, step 2).
 
     A claim entry goes once this replica's cache holds its claim carrying the charge it
@@ -228,7 +234,11 @@ def settle(record: Record, caches: Caches, *, now: float) -> Record:
             held[uid] = entry
     if len(held) == len(record.held) and through == record.through:
         return record
-    return Record(held, through)
+    return Record(held, through, _raised(record.namespaces, namespaces))
+
+
+def _raised(through: int | None, seen: int | None) -> int | None:
+    return through if seen is None or (through is not None and through >= seen) else seen
 
 
 def in_flight(record: Record, caches: Caches, *, namespace: str | None = None) -> Charge:
@@ -256,6 +266,7 @@ def apply(
     now: float,
     ttl: float,
     max_entries: int = MAX_ENTRIES,
+    namespaces: int | None = None,
 ) -> Outcome:
     """Apply `requests` in order to `quota`'s record, after `settle`.
 
@@ -268,8 +279,9 @@ def apply(
     the quota with claims that do not exist (one Pod asking 1 device held 4 of a quota
     of 4 on the e2e cluster). Only claims this replica has not seen are in the record
     after `settle`, so every such entry is an attempt that does not exist yet.
+    `namespaces`: a team's (`settle`); an entry added raises `namespacesThrough` too.
     """
-    settled = settle(record, caches, now=now)
+    settled = settle(record, caches, now=now, namespaces=namespaces)
     live = dict(settled.held)
     changed = settled is not record
     decisions: list[Decision] = []
@@ -298,7 +310,9 @@ def apply(
         elif previous is not None:
             live[request.uid] = previous
         decisions.append(decision)
-    return Outcome(Record(live, settled.through), tuple(decisions), changed)
+    added = any(uid not in settled.held or settled.held[uid] is not r for uid, r in live.items())
+    through = _raised(settled.namespaces, namespaces) if added else settled.namespaces
+    return Outcome(Record(live, settled.through, through), tuple(decisions), changed)
 
 
 def _full(quota: DeviceQuota, max_entries: int) -> Decision:

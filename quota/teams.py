@@ -7,7 +7,8 @@ matches a Namespace's labels. Synchronous and pure, like the ledger.
 A team's usage is kept per member namespace (its *part*: what the team's scope sees of
 that namespace's claims) and as a total, both incrementally: a claim event adds its
 delta to the part and the total of every team selecting its namespace; a Namespace
-relabelled into a team adds its part (counted once, from its claims), out of it takes
+relabelled into a team adds its part (counted once by the ledger's `Count`, or taken
+from a quota already counting it the same way), out of it takes
 the part away. The parts are the per-namespace breakdown of the team's status.
 """
 
@@ -61,6 +62,10 @@ class Teams:
         """The team quotas selecting `namespace`, by name."""
         teams = self._selecting.get(namespace)
         return [teams[name] for name in sorted(teams)] if teams else []
+
+    def knows(self, namespace: Namespace) -> bool:
+        """Whether the ledger was told `namespace`'s labels (which teams select it)."""
+        return namespace in self._labels
 
     def selects(self, name: str, namespace: Namespace) -> bool:
         return name in self._selecting.get(namespace, ())

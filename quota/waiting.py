@@ -42,7 +42,8 @@ def waiting_templates(pods: Iterable[Mapping[str, Any]]) -> set[str]:
 def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields `waiting_templates` reads: a namespace's Pods can be large."""
     return {
-        "metadata": {"name": dig(pod, "metadata", "name"), "deletionTimestamp": dig(pod, "metadata", "deletionTimestamp")},
+        "metadata": {"name": dig(pod, "metadata", "name"), "namespace": dig(pod, "metadata", "namespace"),
+                     "deletionTimestamp": dig(pod, "metadata", "deletionTimestamp")},
         "spec": {"nodeName": dig(pod, "spec", "nodeName"), "resourceClaims": dig(pod, "spec", "resourceClaims")},
         "status": {"phase": dig(pod, "status", "phase"),
                    "resourceClaimStatuses": dig(pod, "status", "resourceClaimStatuses")},

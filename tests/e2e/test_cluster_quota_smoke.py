@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -123,6 +124,8 @@ async def test_a_team_is_full_across_its_namespaces_and_a_relabel_frees_it(kube:
                                    "the team's status to count both claims")
         assert status["reserved"] == {"memory": "160Gi", "devices": 2}
         assert status["namespaces"] == [part(team.a, "80Gi", 1), part(team.b, "80Gi", 1)]
+        # The team's second watermark (quota.reservations), kept by the API server (the CRD names it).
+        assert str(status.get("namespacesThrough")).isdigit(), status
 
         # team-b leaves the team: its claim stops counting at once, team-a's create fits.
         await kube.patch("v1", "namespaces", team.b, {"metadata": {"labels": {TEAM_LABEL: None}}})
@@ -191,7 +194,8 @@ async def guard(kube: Kube, team: Team) -> AsyncIterator[tuple[str, str]]:
                                           "subjects": [{"kind": "User", "name": tenant}]}, team.a)
         role = f"namespace-patcher-{team.run}"
         await make(RBAC, "clusterroles", {"kind": "ClusterRole", "metadata": {"name": role}, "rules": [
-            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "patch", "update"]}]})
+            {"apiGroups": [""], "resources": ["namespaces", "namespaces/status"],
+             "verbs": ["get", "create", "patch", "update"]}]})
         await make(RBAC, "clusterrolebindings", {"kind": "ClusterRoleBinding", "metadata": {"name": role},
                                                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
                                                              "kind": "ClusterRole", "name": role},
@@ -203,12 +207,17 @@ async def guard(kube: Kube, team: Team) -> AsyncIterator[tuple[str, str]]:
 
 
 async def relabel(kube: Kube, namespace: str, value: str | None, *, user: str, groups: tuple[str, ...] = (),
-                  key: str = TEAM_LABEL) -> str:
-    """Set (None: remove) label `key` on `namespace` as `user`, dry run: "" when allowed,
-    else the API server's status and message."""
+                  key: str = TEAM_LABEL, subresource: str = "") -> str:
+    """Set (None: remove) label `key` on `namespace` (or through its `subresource`) as
+    `user`, dry run: "" when allowed, else the API server's status and message."""
+    path = f"/api/v1/namespaces/{namespace}" + (f"/{subresource}" if subresource else "")
+    return await refusal_of(impersonated(kube, "PATCH", path, user=user, groups=groups,
+                                         body={"metadata": {"labels": {key: value}}}, params={"dryRun": "All"}))
+
+
+async def refusal_of(call: Awaitable[Any]) -> str:
     try:
-        await impersonated(kube, "PATCH", f"/api/v1/namespaces/{namespace}", user=user, groups=groups,
-                           body={"metadata": {"labels": {key: value}}}, params={"dryRun": "All"})
+        await call
     except ApiError as err:
         return f"{err.status}: {err.message}"
     return ""
@@ -233,12 +242,28 @@ async def test_only_team_label_principals_move_a_namespace_between_teams(kube: K
     # A tenant with `edit` may not write its Namespace at all (RBAC, before any policy).
     message = await relabel(kube, team.a, None, user=tenant)
     assert message.startswith("403: ") and 'cannot patch resource "namespaces"' in message, message
+    # The status subresource writes a Namespace's labels too (pkg/registry/core/namespace/
+    # strategy.go keeps only its spec): guarded the same.
+    message = await relabel(kube, team.a, None, user=operator, subresource="status")
+    assert message.startswith("403: ") and refusal in message, message
+    # A Namespace created with a team label would join that team: refused; without one, not.
+    def new_namespace(labels: dict[str, str]) -> Awaitable[Any]:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"new-{team.run}", "labels": labels}}
+        return impersonated(kube, "POST", "/api/v1/namespaces", user=operator, body=body,
+                            params={"dryRun": "All"}, content_type="application/json")
+
+    message = await refusal_of(new_namespace({TEAM_LABEL: team.name}))
+    assert message.startswith("403: ") and refusal in message, message
+    assert await refusal_of(new_namespace({"example.com/cost-center": "42"})) == ""
     # A cluster admin (the default teamLabels.groups, system:masters) may.
     assert await relabel(kube, team.outside, team.name, user="platform-admin", groups=("system:masters",)) == ""
 
 
 @pytest.mark.parametrize(("selector", "message"), [
     ({"matchLabels": {"team": "ml"}}, SELECTOR_KEYS_MESSAGE),
+    # The prefix is matched whole: neither a longer domain nor a longer first label passes.
+    ({"matchLabels": {"team.draquota.io.evil/name": "ml"}}, SELECTOR_KEYS_MESSAGE),
+    ({"matchExpressions": [{"key": "xteam.draquota.io/name", "operator": "Exists"}]}, SELECTOR_KEYS_MESSAGE),
     ({"matchExpressions": [{"key": "draquota.io/governed", "operator": "Exists"}]}, SELECTOR_KEYS_MESSAGE),
     ({"matchExpressions": [{"key": "team.draquota.io/name", "operator": "In"}]},
      "values must be specified when operator is In or NotIn"),

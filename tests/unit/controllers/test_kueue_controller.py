@@ -10,10 +10,11 @@ import pytest
 from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
 from kube.events import EventKey, EventRecorder
 from kube.quotawriter import Reservations
+from quota.devicequota import parse_cluster_device_quota
 from quota.ledger import ClaimRef
 from quota.model import Namespace
 
-from ..builders import exactly, make_claim, request
+from ..builders import exactly, make_claim, make_cluster_quota, request
 from ..quota.test_workloads import pod_set, state
 from .test_kueue_caches import caches
 
@@ -95,3 +96,21 @@ def test_a_held_workload_whose_pricing_raises_keeps_its_holding(monkeypatch: pyt
     ready["spec"]["podSets"][0]["count"] = 2
     store.upsert(ready)  # does not raise
     assert kc.ledger.holding(ClaimRef("w-1")) == held
+
+
+async def test_a_workload_in_a_namespace_not_in_the_cache_yet_waits_while_team_quotas_exist() -> None:
+    # Which ClusterDeviceQuotas select a namespace is in its labels: checked against its
+    # DeviceQuotas alone, the Workload would be held without reserving on its team.
+    kc, _, _ = caches()
+    kc.ledger.add_or_update_quota(parse_cluster_device_quota(make_cluster_quota("ml", team="ml", memory="80Gi")))
+    TemplateStore(kc).upsert(make_claim("gpus", request("gpu", exactly("gpu")), kind="ResourceClaimTemplate",
+                                        namespace=FREE))
+    WorkloadStore(kc).replace([pending("w-1", "job", created="2026-01-01T00:00:00Z")])
+    api = Api()
+    controller = AdmissionCheckController(api, kc, Reservations(api, kc.ledger, ttl=60),  # type: ignore[arg-type]
+                                          Recorder(), leading=lambda: True)
+    await controller.reconcile()
+    assert api.patched == [("job", "Retry")] and kc.ledger.holding(ClaimRef("w-1")) is None
+    kc.ledger.set_namespace(Namespace(FREE), {})  # its Namespace arrives: no team selects it
+    await controller.reconcile()
+    assert api.patched[-1] == ("job", "Ready")

@@ -366,6 +366,21 @@ def test_the_namespace_store_tells_each_events_namespace() -> None:
     assert told == ["team-a", "team-a", None]
 
 
+def test_the_namespace_store_knows_the_newest_namespace_version_it_was_given() -> None:
+    # A ClusterDeviceQuota's namespacesThrough is raised to it (quota.reservations): the
+    # version of a real Namespace write (a deletion's too), never lowered by an older one.
+    store = NamespaceStore({})
+    def ns(name: str, version: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "resourceVersion": version}}
+    assert store.newest is None
+    store.replace([ns("a", "7"), ns("b", "12")])
+    assert store.newest == 12
+    store.upsert(ns("a", "9"))
+    assert store.newest == 12
+    store.delete(ns("b", "20"))
+    assert store.newest == 20
+
+
 # -- team quotas (ClusterDeviceQuotas) ------------------------------------------------------------
 
 

@@ -15,10 +15,12 @@ import pytest
 
 from kube.api import Resource
 from kube.quotawriter import CONTENTION, Reservations
+from kube.watching import Progress
 from quota.admission import Admitter
 from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
-from quota.ledger import Ledger
-from quota.model import Charge, Namespace
+from quota.ledger import ClaimRef, Entry, Ledger
+from quota.model import Charge, DeviceClassName, Namespace
+from quota.priced import PricedRequest, Pricing
 from quota.pricing import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 
@@ -213,3 +215,66 @@ async def test_a_full_team_denies_naming_itself() -> None:
     denied = await reservations.admit({team: GPU}, uid="u2", claim="team-b/c2")
     assert denied.message.startswith('exceeded ClusterDeviceQuota "ml": requested memory=80Gi')
     assert denied.denied_by == ("ClusterDeviceQuota/ml",)
+
+
+async def test_a_replica_whose_namespace_watch_lags_a_relabel_waits_for_it_before_deciding_on_the_team() -> None:
+    # Replica A has seen team-b join the team (Namespace resourceVersion 100) and admits u1
+    # there; replica B's Namespace watch is at 90, so its ledger does not count team-b's
+    # claims in the team. Deciding at once, B would read u1's entry as counted (its claim
+    # cache holds the claim) and admit two more GPUs into a team of two.
+    team_b = Namespace("team-b")
+    api = FakeApi(make_cluster_quota("ml", team="ml", memory="160Gi"))
+    team = parse_cluster_device_quota(make_cluster_quota("ml", team="ml", memory="160Gi"))
+    ledgers = Ledger(), Ledger()
+    for led, b_labels in zip(ledgers, ({"team.draquota.io/name": "ml"}, {})):
+        led.set_namespace(NS, {"team.draquota.io/name": "ml"})
+        led.set_namespace(team_b, b_labels)
+        led.add_or_update_quota(team)
+    a = Reservations(api, ledgers[0], ttl=60.0, clock=lambda: 1_000.0, namespaces_seen=lambda: 100)  # type: ignore[arg-type]
+    assert (await a.admit({team: GPU}, uid="u1", claim="team-b/c1")).allowed
+    assert api.objects["ml"]["status"]["namespacesThrough"] == "100"
+    # u1's claim reaches both claim caches (and ledgers); B still has team-b outside the team.
+    for led in ledgers:
+        led.add_or_update_claim(team_entry("u1", team_b))
+    progress = Progress()
+    progress.advance("90")
+    b = Reservations(api, ledgers[1], ttl=60.0, clock=lambda: 1_000.0,  # type: ignore[arg-type]
+                     claim_version=lambda uid: 5 if uid == "u1" else None, namespace_progress=progress,
+                     namespaces_seen=lambda: progress.version, catch_up=600.0)
+    burst = asyncio.gather(*(b.admit({team: GPU}, uid=u, claim=f"team-a/{u}") for u in ("u2", "u3")))
+    for _ in range(10):  # as far as it can go without the Namespace event (task switches only)
+        await asyncio.sleep(0)
+    ledgers[1].set_namespace(team_b, {"team.draquota.io/name": "ml"})  # the relabel reaches B
+    progress.advance("100")
+    assert sorted(d.allowed for d in await burst) == [False, True]
+
+
+def team_entry(ref: str, namespace: Namespace) -> Entry:
+    pricing = Pricing((PricedRequest("r", 1, GPU, ((DeviceClassName("gpu"), GPU),)),))
+    return Entry(namespace, ClaimRef(ref), {"conservative": pricing}, False)
+
+
+async def test_a_replica_deciding_on_a_team_object_newer_than_its_quota_watch_refuses_until_it_counted_it() -> None:
+    # The team's selector grew to team-b (80Gi of claims there) on the API server; this
+    # replica read the new object after a conflict, but its ledger still counts the old
+    # selector: deciding on it would admit two GPUs into a team with room for one.
+    team_b = Namespace("team-b")
+    old = make_cluster_quota("ml", selector={"matchLabels": {"team.draquota.io/name": "ml"}}, memory="160Gi")
+    new = make_cluster_quota("ml", selector={"matchExpressions": [
+        {"key": "team.draquota.io/name", "operator": "In", "values": ["ml", "ml2"]}]}, memory="160Gi")
+    api = FakeApi(new)
+    ledger = Ledger()
+    ledger.set_namespace(NS, {"team.draquota.io/name": "ml"})
+    ledger.set_namespace(team_b, {"team.draquota.io/name": "ml2"})
+    ledger.add_or_update_quota(parse_cluster_device_quota(old))
+    ledger.add_or_update_claim(team_entry("b1", team_b))
+    reservations = Reservations(api, ledger, ttl=60.0, clock=lambda: 1_000.0)  # type: ignore[arg-type]
+    team = parse_cluster_device_quota(new)
+    burst = [reservations.admit({team: GPU}, uid=u, claim=f"team-a/{u}") for u in ("u1", "u2")]
+    refused = await asyncio.gather(*burst)
+    assert [d.allowed for d in refused] == [False, False]
+    assert "has not counted its newest spec" in refused[0].message
+    ledger.add_or_update_quota(team)  # the quota watch brings it
+    decisions = await asyncio.gather(*(reservations.admit({team: GPU}, uid=u, claim=f"team-a/{u}")
+                                       for u in ("u1", "u2")))
+    assert sorted(d.allowed for d in decisions) == [False, True]

@@ -213,7 +213,7 @@ def test_the_cluster_crd_is_the_device_quota_crd_plus_the_team_fields() -> None:
     assert cluster["additionalPrinterColumns"] == plain["additionalPrinterColumns"]
     props = cluster["schema"]["openAPIV3Schema"]["properties"]
     spec, status = dict(props["spec"]["properties"]), dict(props["status"]["properties"])
-    assert spec.pop("namespaceSelector") and status.pop("namespaces")
+    assert spec.pop("namespaceSelector") and status.pop("namespaces") and status.pop("namespacesThrough")
     assert spec == plain["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert status == plain["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
 
@@ -238,3 +238,16 @@ def test_a_team_status_has_its_totals_and_each_namespaces_part_with_its_entries_
     ]
     # A DeviceQuota's status has no breakdown.
     assert "namespaces" not in desired(quota_obj())
+
+
+def test_the_leader_dropping_a_teams_entry_raises_its_namespace_watermark() -> None:
+    # It counts the claim in the team by its own view of the Namespaces' labels: a writer
+    # after it must have seen at least as much (quota.reservations, namespacesThrough).
+    obj = make_cluster_quota("ml", memory="320Gi")
+    record = Record({"u": Reservation("u", "team-b/c", GPU, NOW + 30)})
+    obj["status"] = status_fields(record)
+    quota = parse_cluster_device_quota(obj)
+    status = desired_status(obj, quota, record, usage=Usage(), caches=Seen(claims={"u": 7}), now=NOW, namespaces=40)
+    assert status["reservations"] == {} and status["namespacesThrough"] == "40"  # type: ignore[typeddict-item]
+    kept = desired_status(obj, quota, record, usage=Usage(), caches=Seen(), now=NOW, namespaces=40)
+    assert "namespacesThrough" not in kept

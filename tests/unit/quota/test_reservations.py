@@ -98,6 +98,25 @@ def test_a_seen_claim_leaves_the_record_and_raises_the_watermark() -> None:
     assert run([reserve("b")], held(("a", 200.0)), usage=usage) == ([False], ["a"], False)
 
 
+def test_a_teams_record_carries_the_newest_namespace_its_writers_saw_when_they_changed_it() -> None:
+    # namespacesThrough (a ClusterDeviceQuota's): raised by an entry added or dropped,
+    # never lowered, absent from a DeviceQuota's record (namespaces None).
+    seen = Seen(claims={"a": 42})
+    out = apply(QUOTA, held(("a", 200.0)), [reserve("b")], usage=Usage(), caches=seen, now=100.0, ttl=TTL,
+                namespaces=30)
+    assert out.record.namespaces == 30 and status_fields(out.record)["namespacesThrough"] == "30"
+    assert parse_record(status_fields(out.record)).namespaces == 30
+    assert settle(held(("a", 200.0)), seen, now=100.0, namespaces=31).namespaces == 31
+    assert settle(Record(held(("a", 200.0)).held, 1, 50), seen, now=100.0, namespaces=31).namespaces == 50
+    unchanged = held(("b", 200.0))
+    assert settle(unchanged, seen, now=100.0, namespaces=31) is unchanged
+    denied = apply(QUOTA, Record(), [reserve("c", Charge(999 * GiB, 1))], usage=Usage(), caches=seen, now=100.0,
+                   ttl=TTL, namespaces=30)
+    assert denied.record.namespaces is None
+    plain = apply(QUOTA, Record(), [reserve("b")], usage=Usage(), caches=seen, now=100.0, ttl=TTL)
+    assert plain.record.namespaces is None and "namespacesThrough" not in status_fields(plain.record)
+
+
 def test_a_denied_retry_keeps_the_earlier_entry() -> None:
     bigger = reserve("a", Charge(200 * GiB, 2))
     assert run([bigger], held(("a", 200.0))) == ([False], ["a"], False)

@@ -269,3 +269,21 @@ def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...
     for _, op in pending:
         _apply(led, labels, op)
     _assert_counted(led, labels)
+
+
+def test_a_namespace_joining_a_team_takes_the_count_of_a_quota_of_the_same_scope(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its own DeviceQuota (or another team) counting with the same pricing mode and scope
+    # already holds the part: a relabel costs no pass over the namespace's claims.
+    led = ledger(B)
+    led.add_or_update_quota(parse_device_quota(make_quota("own", namespace="team-a", memory="1000Gi")))
+    for i in range(20):
+        led.add_or_update_claim(entry(f"c{i}", GiB, ns=A, allocated=bool(i % 2)))
+    counted = counting_adds(monkeypatch)
+    assert led.set_namespace(A, ML) == ((TEAM, "ml"),)
+    assert counted == [] and led.usage_in("ml", A) == led.usage(A, "own")
+    led.add_or_update_quota(team("other", memory="1Gi"))  # a second team over A, B: A's part from "ml"
+    assert counted == [] and led.usage_in("other", A) == led.usage_in("ml", A)
+    led.add_or_update_quota(team("mig", memory="1Gi", classes=["mig"]))  # another scope: counted
+    assert len(counted) == 20
+    _assert_counted(led, {A: ML, B: ML, C: {}})
