@@ -133,7 +133,8 @@ async def test_used_is_exact_from_the_allocation_and_exceeded_follows_hard(kube:
         code, out, err = await top("--kubeconfig", str(setup.served.cluster.kubeconfig), "-n", ns, "-o", "json")
         assert code == 0, err
         assert json.loads(out)["quotas"] == [{
-            "namespace": ns, "name": "gpus", "hard": {"memory": 100 * GiB}, "used": {"memory": 160 * GiB, "devices": 2},
+            "kind": "DeviceQuota", "namespace": ns, "name": "gpus", "hard": {"memory": 100 * GiB},
+            "used": {"memory": 160 * GiB, "devices": 2},
             "reserved": {"memory": 0, "devices": 0}, "claims": {"allocated": 1, "pending": 0}, "exceeded": True,
             "current": True}]
 
