@@ -69,7 +69,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1062,6 +1062,20 @@ async def section_f(bench: Bench, rate: float, seconds: float, limit: int) -> JS
     return out
 
 
+async def on_schedule(n: int, rate: float, start: float,
+                      one: Callable[[int, float], Coroutine[Any, Any, None]]) -> None:
+    """Start `one(i, due)` at due = start + i/rate, whatever is still in flight (an open
+    loop: a backlog shows in the latencies, never hidden); return once every one ended."""
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []
+    for i in range(n):
+        due = start + i / rate
+        if (delay := due - loop.time()) > 0:
+            await asyncio.sleep(delay)  # the open loop's schedule
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+
+
 async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: float, limit: int) -> JSON:
     """Creates due at start + i/rate, at most `limit` in flight (as a controller's workers
     create claims: beyond them a create waits for a worker), each timed from its due
@@ -1092,14 +1106,8 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
             finally:
                 in_flight -= 1
 
-    tasks = []
     try:
-        for i in range(n):
-            due = start + i / rate
-            if (delay := due - loop.time()) > 0:
-                await asyncio.sleep(delay)  # the open loop's schedule
-            tasks.append(asyncio.create_task(one(i, due)))
-        await asyncio.gather(*tasks)
+        await on_schedule(n, rate, start, one)
     finally:
         finished.set()
         for client in clients:

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from admission import (  # noqa: E402
-    ROOMY, Bench, control_plane, create_many, load_average, one_gpu, our_webhooks, percentile,
+    ROOMY, Bench, control_plane, create_many, load_average, on_schedule, one_gpu, our_webhooks, percentile,
 )
 
 from tests.e2e.harness import DQ, RUN_LABEL, review_latencies  # noqa: E402
@@ -121,14 +121,8 @@ async def phase(bench: Bench, names: Sequence[str], rate: float, seconds: float,
             key = err.message[:300]
             errors[key] = errors.get(key, 0) + 1
 
-    tasks = []
     try:
-        for i in range(n):
-            due = start + i / rate
-            if (delay := due - loop.time()) > 0:
-                await asyncio.sleep(delay)  # the open loop's schedule
-            tasks.append(asyncio.create_task(one(i, due)))
-        await asyncio.gather(*tasks)
+        await on_schedule(n, rate, start, one)
     finally:
         for client in clients:
             await client.close()
