@@ -241,6 +241,27 @@ async def create(kube: Kube, setup: Setup, name: str, *, count: int = 1, dry_run
                              namespace=setup.namespace, dry_run=dry_run)
 
 
+async def create_until_decided(client: Kube, namespace: str, body: Obj, errors: dict[str, int]) -> str:
+    """Create claim `body` until the webhooks decide, as a controller would: "" once it is
+    admitted (a 409 "already exists" too: an earlier attempt was persisted after all), else
+    the quota's denial (a DeviceQuota's or a ClusterDeviceQuota's). Any other failure (a
+    webhook call cut by a SIGKILL, contention) is counted in `errors` and tried again."""
+    name = body["metadata"]["name"]
+    for _ in range(60):
+        try:
+            await client.create(RESOURCE_V1, "resourceclaims", body, namespace=namespace)
+            return ""
+        except ApiError as err:
+            if "exceeded DeviceQuota" in err.message or "exceeded ClusterDeviceQuota" in err.message:
+                return err.message
+            if err.status == 409 and "already exists" in err.message:
+                return ""
+            key = f"{err.status} {err.message[:90]}"
+            errors[key] = errors.get(key, 0) + 1
+            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
+    raise AssertionError(f"create {namespace}/{name} undecided after 60 attempts: {errors}")
+
+
 async def denial(call: Awaitable[Any]) -> str:
     """The API server's message for a denied write ("" when it was allowed)."""
     try:

@@ -34,7 +34,8 @@ import pytest
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .harness import (
-    ADMISSION, CLIENTS, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, review_latencies,
+    ADMISSION, CLIENTS, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks,
+    create_until_decided, review_latencies,
 )
 from .kube import ApiError, Kube, Obj, poll
 
@@ -63,10 +64,13 @@ class Replica(Served):
 class Burst:
     created: int = 0
     exceeded: int = 0
-    retries: int = 0
     seconds: float = 0.0
     max_seen: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # failures retried, by status and message
+
+    @property
+    def retries(self) -> int:
+        return sum(self.errors.values())
 
     @property
     def rate(self) -> float:
@@ -85,26 +89,12 @@ class Round:
                 "spec": claim_spec(exact_request("gpu", self.device_class, count=count))}
 
 
-async def create_until_decided(client: Kube, rnd: Round, name: str, count: int, burst: Burst) -> None:
-    body = rnd.claim(name, count)
-    namespace = rnd.namespace
-    for _ in range(60):
-        try:
-            await client.create(RESOURCE_V1, "resourceclaims", body, namespace=namespace)
-            burst.created += 1
-            return
-        except ApiError as err:
-            if "exceeded DeviceQuota" in err.message:
-                burst.exceeded += 1
-                return
-            if err.status == 409 and "already exists" in err.message:
-                burst.created += 1  # an earlier attempt was persisted after all
-                return
-            key = f"{err.status} {err.message[:90]}"
-            burst.errors[key] = burst.errors.get(key, 0) + 1
-            burst.retries += 1
-            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
-    raise AssertionError(f"create {namespace}/{name} undecided after 60 attempts: {burst.errors}")
+async def decide(client: Kube, rnd: Round, name: str, count: int, burst: Burst) -> None:
+    """One create of `burst`, retried until the webhooks decide (`harness.create_until_decided`)."""
+    if await create_until_decided(client, rnd.namespace, rnd.claim(name, count), burst.errors):
+        burst.exceeded += 1
+    else:
+        burst.created += 1
 
 
 async def persisted(kube: Kube, namespace: str) -> list[int]:
@@ -135,7 +125,7 @@ async def burst(rnd: Round, sizes: list[int], on_progress: asyncio.Event | None 
                 await asyncio.wait_for(done.wait(), 0.05)
 
     async def one(i: int) -> None:
-        await create_until_decided(rnd.clients[i % CLIENTS], rnd, f"c{i}", sizes[i], result)
+        await decide(rnd.clients[i % CLIENTS], rnd, f"c{i}", sizes[i], result)
         if on_progress is not None and result.created >= 2:
             on_progress.set()  # mid-burst: most admissions still to come
 
@@ -253,7 +243,7 @@ async def killed_mid_burst(kube: Kube, rnd: Round, victim: Replica) -> str:
         if sum(await persisted(kube, namespace)) >= K:
             return True
         late[0] += 1
-        await create_until_decided(kube, rnd, f"late{late[0]}", 1, four)
+        await decide(kube, rnd, f"late{late[0]}", 1, four)
         return sum(await persisted(kube, namespace)) >= K
 
     await poll(filled, timeout=TTL * 4, what=f"retried creates to reach {K} claims after the TTL")

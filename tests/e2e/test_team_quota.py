@@ -34,7 +34,7 @@ from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .harness import (
     ADMISSION, CLIENTS, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks,
-    denial, governed, installed, running, unique,
+    create_until_decided, denial, governed, installed, running, unique,
 )
 from .kube import ApiError, Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, NAMESPACE_LABEL, Kueue
@@ -93,36 +93,20 @@ class Tally:
     created: int = 0
     denied_by_team: int = 0
     denied_by_own: int = 0
-    retries: int = 0
     max_team: int = 0
     max_own: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # failures retried, by status and message
 
 
-async def create_until_decided(client: Kube, fleet: GpuFleet, namespace: str, name: str, tally: Tally) -> bool:
-    """Create until the webhooks decide; True when admitted. A create that failed for
-    another reason than a quota (a call cut by the SIGKILL, contention) is retried, as a
-    controller would."""
-    for _ in range(60):
-        try:
-            await client.create(RESOURCE_V1, "resourceclaims", claim(fleet, name), namespace=namespace)
-            tally.created += 1
-            return True
-        except ApiError as err:
-            if "exceeded ClusterDeviceQuota" in err.message:
-                tally.denied_by_team += 1
-                return False
-            if "exceeded DeviceQuota" in err.message:
-                tally.denied_by_own += 1
-                return False
-            if err.status == 409 and "already exists" in err.message:
-                tally.created += 1  # an earlier attempt was persisted after all
-                return True
-            key = f"{err.status} {err.message[:90]}"
-            tally.errors[key] = tally.errors.get(key, 0) + 1
-            tally.retries += 1
-            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
-    raise AssertionError(f"create {namespace}/{name} undecided after 60 attempts: {tally.errors}")
+async def decide(client: Kube, fleet: GpuFleet, namespace: str, name: str, tally: Tally) -> None:
+    """One create, retried until the webhooks decide (`harness.create_until_decided`), tallied."""
+    denied = await create_until_decided(client, namespace, claim(fleet, name), tally.errors)
+    if "exceeded ClusterDeviceQuota" in denied:
+        tally.denied_by_team += 1
+    elif denied:
+        tally.denied_by_own += 1
+    else:
+        tally.created += 1
 
 
 @contextlib.asynccontextmanager
@@ -183,7 +167,7 @@ async def test_a_team_burst_through_two_replicas_one_killed_never_over_commits(
 
             async def one(i: int) -> None:
                 ns = namespaces[i % 3]
-                await create_until_decided(clients[i % CLIENTS], fleet, ns, f"c{i}", tally)
+                await decide(clients[i % CLIENTS], fleet, ns, f"c{i}", tally)
                 if tally.created >= 4 and not killed.is_set():
                     killed.set()  # mid-burst: most admissions are still to come
                     await b.kill()
@@ -205,7 +189,7 @@ async def test_a_team_burst_through_two_replicas_one_killed_never_over_commits(
                 if sum(counts.values()) >= TEAM_K:
                     return True
                 late[0] += 1
-                await create_until_decided(kube, fleet, min(counts, key=lambda n: counts[n]), f"late{late[0]}", tally)
+                await decide(kube, fleet, min(counts, key=lambda n: counts[n]), f"late{late[0]}", tally)
                 return False
 
             async with sampled(kube, namespaces, tally):
