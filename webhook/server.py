@@ -130,9 +130,15 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
         except _Unread as err:
             log.warning("unreadable AdmissionReview on %s (uid %r): %s", path, err.uid, err)
             return _answered(path, started, err.uid, None, err.verdict, observe, close=True)
-        except ConnectionError:
+        except ConnectionError as err:
             # The connection is gone (the client left, or a connection bound dropped it):
-            # nobody is left to answer.
+            # nobody is left to answer. aiohttp's reader keeps the error to raise it again,
+            # and its traceback holds our frames, which hold the request and so the reader:
+            # a cycle only a full collection would free, one per cut-off body (the slow
+            # bodies of bench/connections.py's flood, cut at their deadline, promoted to the
+            # oldest generation by then: most of what each full collection freed). Without
+            # the traceback, reference counting frees them.
+            err.__traceback__ = None
             log.debug("%s: the connection closed before the AdmissionReview arrived whole", path)
             return web.Response(status=400)
         if connections is not None:

@@ -243,6 +243,45 @@ async def test_connections_that_end_leave_nothing_for_the_cyclic_collector() -> 
     assert left == 0, f"{left} of serve's closed transports were left to the cyclic collector"
 
 
+def aiohttp_objects_left_to_the_collector() -> int:
+    gc.collect()
+    return sum(type(o).__module__.startswith("aiohttp.") for o in gc.garbage)
+
+
+@ASYNC
+async def test_a_body_cut_off_midway_leaves_nothing_for_the_cyclic_collector() -> None:
+    """A review whose client closes halfway through its body: the request, its reader and
+    its handler are freed by reference counting. (aiohttp's reader keeps the
+    ConnectionResetError it raised, whose traceback holds the handler's frames, which hold
+    the request and so the reader: every slow body the flood's connections left was a
+    cycle for the full collections.) Blocking client sockets, as above: every aiohttp
+    object in this process is serve's."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        async with serving({"/validate": allow}) as served:
+            cut = await asyncio.to_thread(started_then_cut, served.port)
+            await until(lambda: served.connections.counts()[Phase.REQUEST] == 1, "the body being read")
+            cut.close()
+            await until(lambda: len(served.connections) == 0, "the connection forgotten")
+            left = aiohttp_objects_left_to_the_collector()
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == 0, f"{left} aiohttp objects of a cut-off review were left to the cyclic collector"
+
+
+def started_then_cut(port: int) -> socket.socket:
+    """A TLS socket (blocking, made in a thread) that sent a review's headers and the first
+    tenth of its body; the caller closes it."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    tls = client_context().wrap_socket(raw, server_hostname="dra-quota.ns.svc")
+    tls.sendall(post(REVIEW_BODY[:len(REVIEW_BODY) // 10], length=len(REVIEW_BODY)))
+    return tls
+
+
 # -- eviction order, without sockets ------------------------------------------------------------
 
 
