@@ -49,7 +49,6 @@ from commands.wiring import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
 from kube.api import ApiError, KubeApi, Resource  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
-from kube.rebuilds import collect_young  # noqa: E402
 from kube.resources import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
@@ -334,7 +333,7 @@ async def run(args: argparse.Namespace) -> list[JSON]:
     world = World(api, caches, controller, probe)
     background = [asyncio.create_task(probe.run()), asyncio.create_task(caches.run())]
     if not args.at_once:
-        background.append(asyncio.create_task(collect_young()))
+        background.append(asyncio.create_task(caches.rebuilds.collect()))
     stop, (receive, send) = multiprocessing.Event(), multiprocessing.Pipe(duplex=False)
     child = multiprocessing.Process(target=reviewer, args=(f"http://127.0.0.1:{args.port}/validate", args.every,
                                                            stop, send), daemon=True)

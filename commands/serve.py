@@ -59,7 +59,6 @@ from commands.wiring import Caches, lead, leader_elector, observability
 from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
 from kube.api import ApiError, KubeApi
-from kube.rebuilds import collect_young
 from kube.resources import QUOTAS
 from runtime.stalls import watch as watch_stalls
 from webhook.certificates import start as start_self_managed
@@ -163,7 +162,7 @@ async def serve(options: ServeOptions) -> int:
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
         asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
-        asyncio.create_task(collect_young(), name="young collections"),
+        asyncio.create_task(caches.rebuilds.collect(), name="collections on a clock"),
     ]
     metrics_runner: web.AppRunner | None = None
     failed: list[str] = []

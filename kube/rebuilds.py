@@ -25,12 +25,24 @@ objects promoted since the last full collection exceed a quarter of those it kep
   which are rare (the first ones, then a 410 Gone), and a drain of stored claims that
   never met a full slow lane (`controllers.refine`); a scrape only keeps full collections
   off while it runs;
-- the youngest generation is collected on a clock (`collect_young`, every
+- the youngest generation is collected on a clock (`Rebuilds.collect`, every
   `YOUNG_EVERY`). CPython collects it once allocations less deallocations since the
   last collection pass 700; work that frees old objects as it makes new ones (stored
   claims priced after ready, each replacing its bound; a scrape rendering claims again)
   keeps that count low while the generation grows: 184,000 objects, 0.2 s in one
-  collection (bench/stalls.py). On a clock, a collection walks what one period made.
+  collection (bench/stalls.py). On a clock, a collection walks what one period made;
+- full collections come from that clock too, at most one every `FULL_EVERY`, never
+  while a rebuild runs. CPython starts one once a quarter as many objects as the
+  oldest generation holds have been promoted since the last; after a freeze that
+  generation holds little but the connections open now, which live seconds (deadlines
+  of 10 s, idle 120 s), so a flood of connections (bench/connections.py: about 600
+  held, 40 tracked objects each) promoted that quarter every 3-7 s, and each full
+  collection walked all of them: 25-90 ms on a loaded node, the longest ticks of the
+  loop after the flood's own work, for almost nothing freed (a closed connection, a
+  cut-off body and a finished review leave no cycle: `webhook.connections`,
+  `webhook.server`). Bounded by time, they cost at most one such tick a minute, and
+  cyclic garbage still goes within a minute of reaching the oldest generation: memory
+  stays bounded by what one minute makes (nothing frozen meanwhile).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -45,12 +58,13 @@ from quota.raw import Obj
 from quota.work import drop
 from runtime.slicing import SLICE, in_slices
 
-__all__ = ["OFF", "YOUNG_EVERY", "Rebuilds", "collect_young"]
+__all__ = ["FULL_EVERY", "OFF", "YOUNG_EVERY", "Rebuilds"]
 
 T = TypeVar("T")
 
 OFF = 1 << 30  # the oldest generation's threshold while a rebuild runs: never reached
 YOUNG_EVERY = 0.02  # seconds between two collections of the youngest generation
+FULL_EVERY = 60.0  # seconds at least between two full collections (module doc)
 
 
 class Rebuilds:
@@ -102,6 +116,41 @@ class Rebuilds:
         finally:
             self._leave()
 
+    async def collect(self, *, period: float = YOUNG_EVERY, full_every: float = FULL_EVERY) -> None:
+        """Until cancelled, the collector on a clock (module doc): the youngest generation
+        every `period` seconds, the middle one after as many of those as its threshold
+        says, as CPython would, and the oldest when CPython would, but at most once every
+        `full_every` seconds and never while a rebuild runs."""
+        old = self._take_full_collections()
+        last_full = time.monotonic()
+        try:
+            while True:
+                await asyncio.sleep(period)
+                gc.collect(0)
+                if gc.get_count()[1] > gc.get_threshold()[1]:
+                    gc.collect(1)
+                now = time.monotonic()
+                if not self._running and gc.get_count()[2] > old and now - last_full >= full_every:
+                    gc.collect(2)
+                    last_full = now
+        finally:
+            self._give_full_collections_back(old)
+
+    def _take_full_collections(self) -> int:
+        """CPython's own full collections off (for `collect`); the threshold they had."""
+        young, middle, old = gc.get_threshold()
+        if self._running:  # what a rebuild's end restores is off too
+            old, self._saved = self._saved, OFF
+        gc.set_threshold(young, middle, OFF)
+        return old
+
+    def _give_full_collections_back(self, old: int) -> None:
+        if self._running:
+            self._saved = old
+        else:
+            young, middle, _ = gc.get_threshold()
+            gc.set_threshold(young, middle, old)
+
     def _enter(self) -> None:
         if self._running == 0:
             young, middle, self._saved = gc.get_threshold()
@@ -113,14 +162,3 @@ class Rebuilds:
         if self._running == 0:
             young, middle, _ = gc.get_threshold()
             gc.set_threshold(young, middle, self._saved)
-
-
-async def collect_young(period: float = YOUNG_EVERY) -> None:
-    """Until cancelled: collect the youngest generation every `period` seconds, and the
-    middle one after as many of those as its threshold says, as CPython would (module
-    doc); full collections stay CPython's."""
-    while True:
-        await asyncio.sleep(period)
-        gc.collect(0)
-        if gc.get_count()[1] > gc.get_threshold()[1]:
-            gc.collect(1)

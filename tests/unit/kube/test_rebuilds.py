@@ -4,12 +4,13 @@ cyclic collector stays off what they build."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from kube.rebuilds import OFF, Rebuilds, collect_young
+from kube.rebuilds import OFF, Rebuilds
 from quota.raw import Obj
 from quota.work import pause_point
 from runtime.slicing import in_slices
@@ -90,7 +91,9 @@ async def test_a_failed_relist_turns_full_collections_back_on() -> None:
     assert gc.get_threshold() == before and rebuilds.freezes == 0
 
 
-async def test_the_youngest_generation_is_collected_on_a_clock() -> None:
+@contextlib.contextmanager
+def generations_collected() -> Iterator[list[int]]:
+    """The generation of every collection meanwhile, with no collection but the clock's."""
     collected: list[int] = []
 
     def callback(phase: str, info: dict[str, int]) -> None:
@@ -98,11 +101,64 @@ async def test_the_youngest_generation_is_collected_on_a_clock() -> None:
             collected.append(info["generation"])
 
     gc.callbacks.append(callback)
-    gc.disable()  # no collection but the clock's
-    task = asyncio.create_task(collect_young(0.001))
+    gc.disable()
     try:
-        await until(lambda: 0 in collected, "a young collection by the clock")
+        yield collected
     finally:
-        task.cancel()
         gc.enable()
         gc.callbacks.remove(callback)
+
+
+@contextlib.asynccontextmanager
+async def clock(rebuilds: Rebuilds, *, full_every: float) -> AsyncIterator[None]:
+    task = asyncio.create_task(rebuilds.collect(period=0.001, full_every=full_every))
+    await asyncio.sleep(0)  # the clock takes the full collections over as it starts
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def young_collections(collected: list[int], n: int) -> Callable[[], bool]:
+    return lambda: collected.count(0) >= n
+
+
+async def test_the_youngest_generation_is_collected_on_a_clock() -> None:
+    with generations_collected() as collected:
+        async with clock(Rebuilds(), full_every=0):
+            await until(young_collections(collected, 1), "a young collection by the clock")
+
+
+async def test_full_collections_come_from_the_clock_at_most_once_a_period() -> None:
+    """CPython's own are off while the clock runs (its threshold back after); with a period
+    longer than the test, none comes however many middle collections pass."""
+    young, middle, old = gc.get_threshold()
+    with generations_collected() as collected:
+        async with clock(Rebuilds(), full_every=3600):
+            assert gc.get_threshold() == (young, middle, OFF)
+            # CPython would have made several full collections by then
+            await until(young_collections(collected, (middle + 1) * (old + 1) * 3), "many young collections")
+            assert collected.count(1) > old and 2 not in collected
+        assert gc.get_threshold() == (young, middle, old)
+        async with clock(Rebuilds(), full_every=0):
+            await until(lambda: 2 in collected, "a full collection by the clock")
+
+
+async def test_no_full_collection_while_a_rebuild_runs() -> None:
+    young, middle, old = gc.get_threshold()
+    rebuilds = Rebuilds()
+    with generations_collected() as collected:
+        with rebuilds.quiet():
+            async with clock(rebuilds, full_every=0):
+                await until(young_collections(collected, (middle + 1) * (old + 1) * 3), "many young collections")
+                assert 2 not in collected
+            assert gc.get_threshold() == (young, middle, OFF)  # the rebuild's to give back
+        assert gc.get_threshold() == (young, middle, old)
+        async with clock(rebuilds, full_every=0):
+            with rebuilds.quiet():
+                pass
+            assert gc.get_threshold() == (young, middle, OFF)  # the clock's, after the rebuild too
+            await until(lambda: 2 in collected, "a full collection once the rebuild is over")
+        assert gc.get_threshold() == (young, middle, old)
