@@ -18,7 +18,8 @@ API server posts them) at --rate a second for --seconds:
 Printed for each: honest p50/p99 (target p99 <= 50 ms) and failures, and the time a new
 connection (TCP + TLS) takes; during the attack also serve's peak RSS (sampled every
 0.2 s), its event loop stalls (what draquota_event_loop_stall_seconds gained meanwhile:
-the longest, and how many ticks were late by over 50 and 250 ms), serve's connection
+the longest, and how many ticks were late by over 50 and 250 ms; its full collections,
+draquota_gc_pause_seconds), serve's connection
 counts and drops (draquota_connections*), and the load average beside every number. Not a timed test: `python bench/connections.py [--connections N] [--seconds S]`;
 results also in bench/results/connections.json.
 """
@@ -53,7 +54,7 @@ from admission import (  # noqa: E402
 from tests.e2e.attack import Attack, Attacker  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from runtime.metricnames import (  # noqa: E402
-    ADMISSION_DURATION, CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX,
+    ADMISSION_DURATION, CONNECTIONS, CONNECTIONS_DROPPED, EVENT_LOOP_STALL, EVENT_LOOP_STALL_MAX, GC_PAUSE,
 )
 
 JSON = dict[str, Any]
@@ -61,19 +62,19 @@ TARGET_P99_MS = 50.0
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def buckets(samples: Samples, metric: str) -> dict[float, float]:
-    """A histogram's cumulative buckets, summed over its series."""
+def buckets(samples: Samples, metric: str, **only: str) -> dict[float, float]:
+    """A histogram's cumulative buckets, summed over its series (those with the labels `only`)."""
     out: dict[float, float] = {}
     for (name, labels), value in samples.items():
-        if name == f"{metric}_bucket":
+        if name == f"{metric}_bucket" and only.items() <= dict(labels).items():
             le = float(dict(labels)["le"])
             out[le] = out.get(le, 0.0) + value
     return out
 
 
-def gained(before: Samples, after: Samples, metric: str) -> dict[float, float]:
+def gained(before: Samples, after: Samples, metric: str, **only: str) -> dict[float, float]:
     """What a histogram's cumulative buckets gained between two scrapes."""
-    old, new = buckets(before, metric), buckets(after, metric)
+    old, new = buckets(before, metric, **only), buckets(after, metric, **only)
     return {b: new[b] - old.get(b, 0.0) for b in sorted(new)}
 
 
@@ -102,6 +103,19 @@ def stalls_between(before: Samples, after: Samples) -> str:
     lower, top = bucket_of(counts, 1.0)
     return (f"longest ({lower:g}, {top:g}] s; {total - counts[0.05]:.0f} ticks over 50 ms, "
             f"{total - counts[0.25]:.0f} over 250 ms, of {total:.0f}")
+
+
+def full_collections_between(before: Samples, after: Samples) -> str:
+    """How many full collections serve made between two scrapes, and the longest's bucket
+    (draquota_gc_pause_seconds; "not exported" by a serve older than it)."""
+    counts = gained(before, after, GC_PAUSE, generation="2")
+    if not counts:
+        return "not exported"
+    total = counts.get(float("inf"), 0.0)
+    if not total:
+        return "none"
+    lower, top = bucket_of(counts, 1.0)
+    return f"{total:.0f}, the longest ({lower * 1000:g}, {top * 1000:g}] ms"
 
 
 def connection_counts(samples: Samples) -> JSON:
@@ -213,9 +227,11 @@ async def honest(bench: Bench, bodies: list[tuple[str, bytes]], rate: float, sec
 
     breakdown.take()
     before = await bench.served.metrics()
+    started = time.monotonic()  # the system's clock: serve's own records of the window can be matched to it
     load, _ = await asyncio.gather(open_loop(bench.http, bench.base, bodies, rate, seconds, bench.serve_pid),
                                    connect())
     row: JSON = load.row(name)
+    row["monotonic_window"] = [round(started, 3), round(time.monotonic(), 3)]
     row["load_average"] = load_average()
     row["new_connection_p50_ms"] = round(percentile(handshakes, 0.5), 1)
     row["new_connection_p99_ms"] = round(percentile(handshakes, 0.99), 1)
@@ -267,14 +283,15 @@ async def run(args: argparse.Namespace) -> JSON:
             results["attack"] = {
                 "honest": during, "attack": report, "serve_rss_before_mib": round(before_rss),
                 "serve_peak_rss_mib": round(peak[0]), "serve_rss_after_mib": round(rss_of(bench.serve_pid)),
-                "stalls": stalls_between(before, after),
+                "stalls": stalls_between(before, after), "full_collections": full_collections_between(before, after),
                 "longest_stall_since_start_s": after.get((EVENT_LOOP_STALL_MAX, frozenset()), float("nan")),
                 "serve_connections": connection_counts(after), "load_average": load_average(),
                 "attempts_per_s": round((sum(report.get("opened", {}).values()) + report.get("failed", 0))
                                         / attack_seconds)}
             a = results["attack"]
             print(f"  serve RSS {a['serve_rss_before_mib']} MiB before, peak {a['serve_peak_rss_mib']} MiB during, "
-                  f"{a['serve_rss_after_mib']} MiB after; event loop stalls during the attack: {a['stalls']}; "
+                  f"{a['serve_rss_after_mib']} MiB after; event loop stalls during the attack: {a['stalls']}; full "
+                  f"collections: {a['full_collections']}; "
                   f"load average {a['load_average']}")
             print(f"  serve's webhook connections at the end: {a['serve_connections']}")
             print(f"  {Attack(**report).line()}; "

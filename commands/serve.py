@@ -60,7 +60,7 @@ from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
 from kube.api import ApiError, KubeApi
 from kube.resources import QUOTAS
-from runtime.stalls import watch as watch_stalls
+from runtime.stalls import time_collections, watch as watch_stalls
 from webhook.certificates import start as start_self_managed
 from webhook.claimreview import ClaimContext
 from webhook.connections import HTTP_LOG, Connections, TlsSite
@@ -162,6 +162,7 @@ async def serve(options: ServeOptions) -> int:
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
         asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
+        asyncio.create_task(time_collections(metrics.collected), name="collections timed"),
         asyncio.create_task(caches.rebuilds.collect(), name="collections on a clock"),
     ]
     metrics_runner: web.AppRunner | None = None

@@ -22,6 +22,7 @@ __all__ = [
     "EVENT_LOOP_STALL",
     "EVENT_LOOP_STALL_CPU_MAX",
     "EVENT_LOOP_STALL_MAX",
+    "GC_PAUSE",
     "INVENTORY_ALLOCATED",
     "INVENTORY_DEVICES",
     "INVENTORY_MEMORY",
@@ -69,6 +70,8 @@ EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
 EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
 # The same, counting only what the loop's own thread held the CPU for (runtime.stalls).
 EVENT_LOOP_STALL_CPU_MAX = "draquota_event_loop_stall_cpu_max_seconds"
+# How long each pass of the cyclic collector held the loop, by generation (runtime.stalls).
+GC_PAUSE = "draquota_gc_pause_seconds"
 # webhook.connections: open connections by listener and phase, and those it dropped.
 CONNECTIONS = "draquota_connections"
 CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
@@ -76,4 +79,4 @@ NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_S
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, CLUSTER_QUOTA,
          CLUSTER_QUOTA_NAMESPACE, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
          CLAIM_DEVICE_INFO, RECONCILE_DURATION, WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL,
-         EVENT_LOOP_STALL_MAX, EVENT_LOOP_STALL_CPU_MAX, CONNECTIONS, CONNECTIONS_DROPPED)
+         EVENT_LOOP_STALL_MAX, EVENT_LOOP_STALL_CPU_MAX, GC_PAUSE, CONNECTIONS, CONNECTIONS_DROPPED)

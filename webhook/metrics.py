@@ -58,6 +58,7 @@ from runtime.metricnames import (
     EVENT_LOOP_STALL,
     EVENT_LOOP_STALL_CPU_MAX,
     EVENT_LOOP_STALL_MAX,
+    GC_PAUSE,
     RECONCILE_DURATION,
     WATCH_RELISTS,
     WATCH_RESTARTS,
@@ -194,6 +195,11 @@ class Metrics:
             EVENT_LOOP_STALL_CPU_MAX, "The longest event loop stall since the process started counting only what "
             "the loop's own thread was on the CPU for (runtime.stalls: serve's own work; the rest of a stall is "
             "the node's other processes), seconds.", registry=self.registry)
+        gc_pause = Histogram(
+            GC_PAUSE, "Seconds each pass of Python's cyclic garbage collector held the event loop, by generation "
+            "(2: a full collection; kube.rebuilds schedules them), one observation per pass.", ["generation"],
+            buckets=STALL_BUCKETS, registry=self.registry)
+        self._gc_pauses = tuple(gc_pause.labels(str(generation)) for generation in range(3))
         build = Gauge(BUILD_INFO, "Always 1; the version of dra-quota and of Python serving.",
                       ["version", "python_version"], registry=self.registry)
         build.labels(version(), platform.python_version()).set(1)
@@ -240,6 +246,10 @@ class Metrics:
         if cpu > self._stall_cpu_max:
             self._stall_cpu_max = cpu
             self.stall_cpu_max.set(cpu)
+
+    def collected(self, generation: int, seconds: float) -> None:
+        """One pass of the cyclic collector (`runtime.stalls.time_collections`)."""
+        self._gc_pauses[min(generation, 2)].observe(seconds)
 
     def connections(self, listeners: Mapping[str, Connections]) -> None:
         """Expose each listener's connections by phase and those it dropped (read at each scrape)."""

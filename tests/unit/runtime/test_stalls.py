@@ -9,14 +9,15 @@ CPU (a spin of that much CPU time), not when it slept.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 
 import pytest
 
 from devcluster.kube import poll
-from runtime.metricnames import EVENT_LOOP_STALL, EVENT_LOOP_STALL_CPU_MAX, EVENT_LOOP_STALL_MAX
-from runtime.stalls import watch
+from runtime.metricnames import EVENT_LOOP_STALL, EVENT_LOOP_STALL_CPU_MAX, EVENT_LOOP_STALL_MAX, GC_PAUSE
+from runtime.stalls import time_collections, watch
 from webhook.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -66,3 +67,24 @@ async def test_a_stall_on_the_cpu_shows_in_the_cpu_figure_too() -> None:
     metrics = await stalled(spin)
     ours = metrics.registry.get_sample_value(EVENT_LOOP_STALL_CPU_MAX)
     assert ours is not None and ours >= BLOCK - PERIOD, ours
+
+
+async def test_each_collection_shows_by_its_generation_and_the_hook_goes_with_the_task() -> None:
+    metrics = Metrics()
+
+    def passes(generation: int) -> float:
+        return metrics.registry.get_sample_value(f"{GC_PAUSE}_count", {"generation": str(generation)}) or 0.0
+
+    hooks = len(gc.callbacks)
+    task = asyncio.create_task(time_collections(metrics.collected))
+    await asyncio.sleep(0)  # the task hooks in as it starts
+    full = passes(2)
+    gc.collect()
+    gc.collect(1)
+    assert passes(2) == full + 1 and passes(1) >= 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(gc.callbacks) == hooks
+    gc.collect()
+    assert passes(2) == full + 1  # no longer hooked
+
