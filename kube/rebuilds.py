@@ -38,11 +38,12 @@ objects promoted since the last full collection exceed a quarter of those it kep
   of 10 s, idle 120 s), so a flood of connections (bench/connections.py: about 600
   held, 40 tracked objects each) promoted that quarter every 3-7 s, and each full
   collection walked all of them: 25-90 ms on a loaded node, the longest ticks of the
-  loop after the flood's own work, for almost nothing freed (a closed connection, a
-  cut-off body and a finished review leave no cycle: `webhook.connections`,
-  `webhook.server`). Bounded by time, they cost at most one such tick a minute, and
-  cyclic garbage still goes within a minute of reaching the oldest generation: memory
-  stays bounded by what one minute makes (nothing frozen meanwhile).
+  loop after the flood's own work. They freed little: up to 5,000 objects a pass, the
+  cycles of bodies cut off midway, which `webhook.server` now breaks (a closed
+  connection leaves none: `webhook.connections`); since, 0-32. Bounded by time, they
+  cost at most one such tick a minute, and cyclic garbage still goes within a minute of
+  reaching the oldest generation: nothing more is frozen, so memory stays bounded by the
+  cyclic garbage one minute makes.
 """
 
 from __future__ import annotations
