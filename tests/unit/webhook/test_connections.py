@@ -17,7 +17,7 @@ import contextlib
 import gc
 import json
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -213,9 +213,22 @@ def reviewed_blocking(port: int) -> None:
         assert tls.recv(65536).startswith(b"HTTP/1.1 200")
 
 
-def transports_left_to_the_collector() -> int:
+@contextlib.contextmanager
+def left_to_the_collector() -> Iterator[list[type]]:
+    """No collection meanwhile; on leaving, one, and the types of what it found (each
+    object is kept by gc.DEBUG_SAVEALL until they are read, then let go)."""
     gc.collect()
-    return sum(type(o).__name__ == "_SelectorSocketTransport" for o in gc.garbage)
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    found: list[type] = []
+    try:
+        yield found
+        gc.collect()
+        found.extend(type(o) for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 @ASYNC
@@ -224,28 +237,16 @@ async def test_connections_that_end_leave_nothing_for_the_cyclic_collector() -> 
     once. (asyncio's socket transport refers to itself; a flood of connections left
     thousands for the collector, whose passes stalled the loop up to 0.3 s.) The client
     side here is blocking sockets, so every socket transport in this process is serve's."""
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        async with serving({"/validate": allow}, limits=Limits(max_connections=2)) as served:
+    async with serving({"/validate": allow}, limits=Limits(max_connections=2)) as served:
+        with left_to_the_collector() as found:
             await asyncio.to_thread(reviewed_blocking, served.port)
             idle = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(10)]
             await until(lambda: served.connections.dropped.get("evicted") == 8, "8 evictions")
             for sock in idle:
                 sock.close()
             await until(lambda: len(served.connections) == 0, "every connection forgotten")
-            left = transports_left_to_the_collector()
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    left = sum(kind.__name__ == "_SelectorSocketTransport" for kind in found)
     assert left == 0, f"{left} of serve's closed transports were left to the cyclic collector"
-
-
-def aiohttp_objects_left_to_the_collector() -> int:
-    gc.collect()
-    return sum(type(o).__module__.startswith("aiohttp.") for o in gc.garbage)
 
 
 @ASYNC
@@ -256,20 +257,13 @@ async def test_a_body_cut_off_midway_leaves_nothing_for_the_cyclic_collector() -
     the request and so the reader: every slow body the flood's connections left was a
     cycle for the full collections.) Blocking client sockets, as above: every aiohttp
     object in this process is serve's."""
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        async with serving({"/validate": allow}) as served:
+    async with serving({"/validate": allow}) as served:
+        with left_to_the_collector() as found:
             cut = await asyncio.to_thread(started_then_cut, served.port)
             await until(lambda: served.connections.counts()[Phase.REQUEST] == 1, "the body being read")
             cut.close()
             await until(lambda: len(served.connections) == 0, "the connection forgotten")
-            left = aiohttp_objects_left_to_the_collector()
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    left = sum(kind.__module__.startswith("aiohttp.") for kind in found)
     assert left == 0, f"{left} aiohttp objects of a cut-off review were left to the cyclic collector"
 
 
