@@ -40,7 +40,7 @@ objects promoted since the last full collection exceed a quarter of those it kep
   collection walked all of them: 25-90 ms on a loaded node, the longest ticks of the
   loop after the flood's own work. They freed little: up to 5,000 objects a pass, the
   cycles of bodies cut off midway, which `webhook.server` now breaks (a closed
-  connection leaves none: `webhook.connections`); since, 0-32. Bounded by time, they
+  connection leaves none: `webhook.connections`); since, 0-64. Bounded by time, they
   cost at most one such tick a minute, and cyclic garbage still goes within a minute of
   reaching the oldest generation: nothing more is frozen, so memory stays bounded by the
   cyclic garbage one minute makes.
