@@ -38,6 +38,7 @@ from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, Quot
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds
+from kube.recounts import Recounter
 from kube.resources import (
     ADMISSION_CHECKS,
     CLAIMS,
@@ -93,6 +94,8 @@ class Caches:
         self.rebuilds = Rebuilds()
         # Stored claims count at an upper bound until priced after ready (`controllers.refine`).
         self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
+        # A team's part of a namespace counted in slices, not at once (`kube.recounts`).
+        self.recounter = Recounter(self.admitter.ledger, self.rebuilds, changed=self._tell)
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
@@ -189,6 +192,7 @@ class Caches:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
+            group.create_task(self.recounter.run(), name="team recounts")
             for r in self.first:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))
