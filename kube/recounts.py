@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from kube.caches import QuotasChanged
 from kube.rebuilds import Rebuilds
-from quota.ledger import Ledger
+from quota.ledger import RECOUNT_PAUSE_EVERY, Ledger
 
 __all__ = ["RECOUNT_WAIT", "Recounter"]
 
@@ -37,14 +37,15 @@ _RETRY_AFTER_FAILURE = 1.0  # seconds before a recount that raised runs again
 class Recounter:
     """Runs the ledger's recounts in slices as they fall due (module doc)."""
 
-    def __init__(self, ledger: Ledger, rebuilds: Rebuilds, *, changed: QuotasChanged = lambda keys: None) -> None:
+    def __init__(self, ledger: Ledger, rebuilds: Rebuilds, *, changed: QuotasChanged = lambda keys: None,
+                 every: int = RECOUNT_PAUSE_EVERY) -> None:
         self.ledger = ledger
         self.rebuilds = rebuilds
         self.changed = changed
         self.passes = 0  # recount passes run (tests and the bench read it)
         self._due = asyncio.Event()
         self._counted = asyncio.Event()  # set after each pass: waiters look again
-        ledger.defer_recounts(self._due.set)
+        ledger.defer_recounts(self._due.set, every=every)
 
     async def run(self) -> None:
         """Until cancelled: whenever recounts are due, run them all, in slices."""

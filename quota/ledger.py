@@ -34,7 +34,8 @@ from quota.scope import Scope
 from quota.teams import Recount, Teams
 from quota.work import paced
 
-__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "recounting_message", "shown", "usage_scope"]
+__all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "recounting_message", "shown",
+           "usage_scope"]
 
 QuotaKey = tuple[Namespace, str]
 # The key of a claim: its uid when it has one (every claim the API server admits does),
