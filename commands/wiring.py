@@ -69,6 +69,11 @@ __all__ = ["Caches", "lead", "leader_elector", "observability"]
 # ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
 # slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
 SLICE_PAGE = 25
+# ResourceClaims a list page, for the same reason: 500 claims (~250 KB) decoded in one piece
+# with the young collections they trigger held the loop 35-90 ms on a loaded node during a
+# relist of 150,000 claims (bench/stalls.py --why); 100 cost a fifth of that, for 1,500
+# requests a list instead of 300 (each a page of the API server's watch cache).
+CLAIM_PAGE = 100
 
 
 class Caches:
@@ -140,7 +145,7 @@ class Caches:
               for resource in (QUOTAS, CLUSTER_QUOTAS)),
             *also,
         ]
-        self.claims = reflector(CLAIMS, claim_store, claims=True)
+        self.claims = reflector(CLAIMS, claim_store, claims=True, settings=WatchSettings(page_size=CLAIM_PAGE))
         # Kueue (controllers.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None
