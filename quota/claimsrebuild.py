@@ -8,8 +8,9 @@ meanwhile is reconciled at the swap: a claim the list carries unchanged (`keep`)
 takes the live entry (the stored-claim pricing of `controllers.refine`, an allocation
 admitted by the webhook); a quota whose scope changed is counted again from the new
 entries, and so is a team's part of a namespace that joined it meanwhile
-(`quota.teams`; left to a recount where the ledger defers them). Everything else the list says wins, as an event-by-event relist would
-have it: the watch resumes from the list's resourceVersion and brings what came after.
+(`quota.teams`; left to a recount where the ledger defers them). Everything else the
+list says wins, as an event-by-event relist would have it: the watch resumes from the
+list's resourceVersion and brings what came after.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ QuotaKey = tuple[Namespace, str]
 # else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
 # '/', so the two forms cannot collide.
 ClaimRef = NewType("ClaimRef", str)
-# Claims counted between two pause points of a recount (`quota.work.paced`): ~1-2 ms.
-RECOUNT_PAUSE_EVERY = 256
+# Claims counted between two pause points of a recount (`quota.work.paced`): ~0.5-1 ms, so
+# that a slice (`runtime.slicing.SLICE`, 2 ms) ends near its time.
+RECOUNT_PAUSE_EVERY = 64
 
 
 @dataclass(frozen=True, slots=True)
