@@ -27,9 +27,10 @@ __all__ = ["RECOUNT_WAIT", "Recounter"]
 
 log = logging.getLogger(__name__)
 
-# Seconds a review waits for the recount of a team it is charged to: a team over 150,000
-# claims is recounted in about 2-4 s of a busy loop; the webhook's own deadline is 5 s
-# (`timeoutSeconds`), and past this the review is refused with a message to retry.
+# Seconds a review waits for the recount of a team it is charged to, as long as it waits
+# for a lagging watch (`kube.quotawriter`'s `catch_up`): a team over 144,000 claims is
+# recounted in 3-13 s of a busy replica (bench/stalls.py); the webhook's own deadline is
+# 5 s (`timeoutSeconds`), and past this the review is refused with a message to retry.
 RECOUNT_WAIT = 2.0
 _RETRY_AFTER_FAILURE = 1.0  # seconds before a recount that raised runs again
 
