@@ -4,22 +4,29 @@ Issue 16.3: no stall above 50 ms anywhere. This runs what `serve` runs, in-proce
 the real event loop: `commands.wiring.Caches` (every reflector, store, the refiner, the
 relists in slices), the quota controller leading, the usage metrics on the metrics
 listener, and the admission app (`webhook.endpoints` over a loopback socket, plain HTTP);
-only the API server is a stand-in (`Api`: list pages served from encoded JSON and decoded
-as `kube.api` decodes them, watches that end in a 410 Gone on demand, DeviceQuota
-status writes kept in memory and sent back as watch events). A child process sends an
+only the API server is a stand-in (`Api`: list pages cut at the request's `limit` and
+resumed at its `continue`, as the API server pages, from objects encoded once, and
+decoded as `kube.api` decodes them; watches that end in a 410 Gone on demand, or deliver
+an event; quota status writes kept in memory and sent back as watch events). A child process sends an
 honest dryRun claim CREATE every `--every` seconds (open loop: each timed from when it was
 due) to a namespace with a DeviceQuota. Then, one at a time: the stored claims priced
 after ready, the first usage-metrics scrape and the next ones, a quota controller pass
 over every DeviceQuota, relists (410) of ResourceSlices, ResourceClaims (unchanged, then
-every claim changed) and DeviceQuotas; for each, the longest stall of the loop (a 5 ms
+every claim changed) and DeviceQuotas, then a team quota (a ClusterDeviceQuota whose scope
+no DeviceQuota shares, so its parts are counted from the claims: `kube.recounts`) created
+over 48 namespaces (144,000 claims), its selector changed to 24 of them, and one more
+namespace relabelled into it; for each, the longest stall of the loop (a 5 ms
 timer's lateness, as `runtime.stalls` measures it, and the CPU time the loop's thread spent
 between two ticks), the longest full collection, and the honest
 reviews due meanwhile (p50/p99/max), with the load average.
 
     python bench/stalls.py [--nodes 5000] [--claims 150000] [--at-once] [--quick]
+                           [--only PREFIX ...] [--claim-page N] [--why [--why-ms MS]]
 
-`--at-once` runs relists and scrapes as before this work (in one piece, `gc.freeze()`
-at ready as `serve` did): the before figures. Not a timed test.
+`--at-once` runs relists, scrapes and team counts as before the slicing work (in one
+piece, `gc.freeze()` at ready as `serve` did): the before figures. `--only` measures the
+operations whose names start so (`ResourceClaims`, `team`); `--claim-page 500` lists the
+claims in pages of 500, as before `commands.wiring.CLAIM_PAGE`. Not a timed test.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +49,14 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import ROOMY, claim, load_average, one_gpu, percentile, review  # noqa: E402
-from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
+from inventory import ADMIN_ACCESS_LABEL, generate_claims, generate_device_classes, generate_slices  # noqa: E402
 from longticks import Sampler  # noqa: E402
 
 from commands.wiring import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
 from kube.api import ApiError, KubeApi, Resource  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
-from kube.resources import CLAIMS, CLASSES, NAMESPACES, QUOTAS, SLICES  # noqa: E402
+from kube.resources import CLAIMS, CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
 from quota.policy import AdminAccessPolicy  # noqa: E402
 from quota.raw import Obj  # noqa: E402
@@ -75,35 +82,45 @@ class Api(KubeApi):
         configuration = Configuration()
         configuration.host = "http://127.0.0.1:1"
         super().__init__(configuration)
-        self.pages: dict[str, list[bytes]] = {}  # list path -> encoded pages
+        # list path -> (head of a page, its items each encoded, the page's kind): pages are
+        # cut at the request's `limit` and resumed at its `continue` (an offset), as the
+        # API server pages a list; only the joins run per request.
+        self.lists: dict[str, tuple[str, list[bytes]]] = {}
         self.objects: dict[str, JSON] = {}  # object path -> object (DeviceQuotas)
         self.expire: dict[str, asyncio.Event] = {}  # list path -> set: its watch ends in a 410
         self.events: dict[str, asyncio.Queue[tuple[str, JSON]]] = {}
         self.version = 10_000_000
 
-    def serve_list(self, resource: Resource, items: Sequence[JSON], page: int) -> None:
+    def serve_list(self, resource: Resource, items: Sequence[JSON]) -> None:
         path = resource.path()
         kind = items[0]["kind"] if items else ""
-        chunks = [items[i:i + page] for i in range(0, len(items), page)] or [[]]
-        self.pages[path] = [json.dumps({"apiVersion": resource.api_version, "kind": f"{kind}List", "items": chunk,
-                                        "metadata": {"resourceVersion": str(self.version),
-                                                     "continue": str(n + 1) if n + 1 < len(chunks) else ""}}).encode()
-                            for n, chunk in enumerate(chunks)]
+        self.lists[path] = (f'{{"apiVersion": {json.dumps(resource.api_version)}, "kind": "{kind}List", '
+                            f'"items": [', [json.dumps(item).encode() for item in items])
         self.expire.setdefault(path, asyncio.Event())
         self.events.setdefault(path, asyncio.Queue())
+
+    def page(self, path: str, params: Mapping[str, Any]) -> bytes:
+        """One page: `limit` items from the `continue` offset, and the next offset while any are left."""
+        head, items = self.lists[path]
+        start = int(params.get("continue") or 0)
+        limit = int(params.get("limit") or 0) or len(items) or 1
+        end = min(start + limit, len(items))
+        meta = json.dumps({"resourceVersion": str(self.version), "continue": str(end) if end < len(items) else ""})
+        return b"".join((head.encode(), b",".join(items[start:end]), b'], "metadata": ', meta.encode(), b"}"))
 
     async def _round_trip(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
                           body: Any = None, **_: Any) -> bytes:
         await asyncio.sleep(0)
-        if method == "GET" and path in self.pages:
-            return self.pages[path][int((params or {}).get("continue") or 0)]
+        if method == "GET" and path in self.lists:
+            return self.page(path, params or {})
         if method == "GET" and path in self.objects:
             return json.dumps(self.objects[path]).encode()
         if method == "PUT" and path.endswith("/status"):
             self.version += 1
             stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
             self.objects[path.removesuffix("/status")] = stored
-            self.events[QUOTAS.path()].put_nowait(("MODIFIED", stored))
+            watched = QUOTAS if stored["metadata"].get("namespace") else CLUSTER_QUOTAS
+            self.events[watched.path()].put_nowait(("MODIFIED", stored))
             return json.dumps(stored).encode()
         raise ApiError(404, "NotFound", f"{method} {path}")
 
@@ -123,6 +140,28 @@ class Api(KubeApi):
                 raise ApiError(410, "Expired", "too old resource version")
             if getting.done() and not getting.cancelled():
                 yield getting.result()
+
+
+TEAM = "bench-team"
+TEAM_LABEL = "team.draquota.io/name"
+IN_TEAM = 48  # namespaces team-000 ... team-047 carry the team's label; team-048 is relabelled in
+HALF = [f"team-{k:03d}" for k in range(IN_TEAM // 2)]
+
+
+def team_quota(version: int, selector: JSON) -> JSON:
+    """A ClusterDeviceQuota whose scope (MIG and AMD classes) no DeviceQuota shares: its part
+    of each namespace is counted from the claims, not taken from a DeviceQuota's usage."""
+    return {"apiVersion": CLUSTER_QUOTAS.api_version, "kind": "ClusterDeviceQuota",
+            "metadata": {"name": TEAM, "uid": "cdq-bench", "resourceVersion": str(version), "generation": version},
+            "spec": {"hard": ROOMY, "namespaceSelector": selector,
+                     "deviceClassNames": ["mig.nvidia.com", "gpu.amd.com"]}}
+
+
+def namespace(k: int, *, in_team: bool) -> JSON:
+    meta: JSON = {"name": f"team-{k:03d}", "resourceVersion": "1",
+                  "labels": {**({ADMIN_ACCESS_LABEL: "true"} if k % 2 == 1 else {}),
+                             **({TEAM_LABEL: "ml"} if in_team else {})}}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
 def quota(namespace: str) -> JSON:
@@ -255,6 +294,15 @@ class World:
             f"http://127.0.0.1:{port}/metrics")
         await child.wait()
 
+    async def watched(self, resource: Resource, kind: str, obj: JSON) -> None:
+        """`obj` delivered by `resource`'s watch; done once the team's recount (if any) ended."""
+        ledger = self.caches.admitter.ledger
+        events = self.reflector(resource).stats.events
+        if resource is CLUSTER_QUOTAS:
+            self.api.objects[CLUSTER_QUOTAS.path(None, TEAM)] = obj
+        self.api.events[resource.path()].put_nowait((kind, obj))
+        await until(lambda: self.reflector(resource).stats.events > events and not ledger.recounting(TEAM), 0.005)
+
     async def pass_over_every_quota(self) -> None:
         passes = self.controller.passes
         self.controller.changed(None)
@@ -266,9 +314,9 @@ async def whole(fetch: Callable[[], Awaitable[list[JSON]]], replace: Callable[[l
     replace(await fetch())
 
 
-async def until(condition: Callable[[], bool]) -> None:
+async def until(condition: Callable[[], bool], every: float = 0.05) -> None:
     while not condition():
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every)
 
 
 async def run(args: argparse.Namespace) -> list[JSON]:
@@ -280,19 +328,19 @@ async def run(args: argparse.Namespace) -> list[JSON]:
         if (c.get("status") or {}).get("allocation"):
             c["status"]["reservedFor"] = [{"resource": "pods", "name": f"pod-{i}", "uid": f"pod-uid-{i}"}]
     api = Api()
-    api.serve_list(SLICES, slices, 25)
-    api.serve_list(CLASSES, generate_device_classes(), 500)
-    api.serve_list(NAMESPACES, [{"apiVersion": "v1", "kind": "Namespace", **ns} for ns in generate_namespaces(TEAMS)],
-                   500)
+    api.serve_list(SLICES, slices)
+    api.serve_list(CLASSES, generate_device_classes())
+    api.serve_list(NAMESPACES, [namespace(k, in_team=k < IN_TEAM) for k in range(TEAMS)])
     quotas = [quota(f"team-{k:03d}") for k in range(TEAMS)]
-    api.serve_list(QUOTAS, quotas, 500)
+    api.serve_list(QUOTAS, quotas)
+    api.serve_list(CLUSTER_QUOTAS, [])
     for q in quotas:
         api.objects[QUOTAS.path(q["metadata"]["namespace"], "gpus")] = q
-    api.serve_list(CLAIMS, claims, 500)
+    api.serve_list(CLAIMS, claims)
     changed = [{**c, "metadata": {**c["metadata"], "resourceVersion": str(int(c["metadata"]["resourceVersion"]) + 1)}}
                for c in claims]
     changed_pages = Api()
-    changed_pages.serve_list(CLAIMS, changed, 500)
+    changed_pages.serve_list(CLAIMS, changed)
     del slices, claims, changed
     gc.collect()
     gc.freeze()  # the generator's own data: not what is measured
@@ -306,7 +354,11 @@ async def run(args: argparse.Namespace) -> list[JSON]:
     if args.at_once:
         for r in (*caches.first, caches.claims):
             r.rebuild = whole
-    probe = Probe(why=Sampler() if args.why else None)
+    if args.claim_page:
+        caches.claims.settings = replace(caches.claims.settings, page_size=args.claim_page)
+    if args.at_once:
+        caches.admitter.ledger.defer_recounts(None)  # a team's parts counted in the watch event, as before
+    probe = Probe(why=Sampler(threshold=args.why_ms / 1000) if args.why else None)
     gc.callbacks.append(probe.collected)
     if probe.why is not None:
         gc.callbacks.append(probe.why.collected)
@@ -347,26 +399,41 @@ async def run(args: argparse.Namespace) -> list[JSON]:
         print(f"synced in {time.time() - started:.1f} s; {len(caches.inventory.usable())} devices, "
               f"{sum(1 for _ in caches.admitter.ledger.entries())} claims, {caches.refiner.pending} at their bound",
               flush=True)
+        async def priced() -> None:
+            caches.ready.set()
+            await until(lambda: caches.refiner.pending == 0)
+
+        async def relist_changed() -> None:
+            api.lists[CLAIMS.path()] = changed_pages.lists[CLAIMS.path()]
+            await world.relist(CLAIMS)
+
         background.append(asyncio.create_task(controller.run()))
         await until(lambda: controller.passes > 0)
         child.start()
         await asyncio.sleep(3)
-        await world.measure("idle", lambda: asyncio.sleep(args.idle), 0)
-        caches.ready.set()
-        await world.measure(f"stored claims priced after ready ({caches.refiner.pending})",
-                            lambda: until(lambda: caches.refiner.pending == 0), 1)
-        await world.measure("first usage-metrics scrape", lambda: world.scrape(metrics_port), 1)
-        await world.measure("next scrape, nothing changed", lambda: world.scrape(metrics_port), 1)
-        await world.measure(f"quota controller: a pass over every DeviceQuota ({TEAMS})",
-                            world.pass_over_every_quota, 1)
-        await world.measure("ResourceSlices relist (410)", lambda: world.relist(SLICES), 1)
-        await world.measure("scrape after the slice relist (every claim rendered again)",
-                            lambda: world.scrape(metrics_port), 1)
-        await world.measure("ResourceClaims relist, nothing changed (410)", lambda: world.relist(CLAIMS), 1)
-        api.pages[CLAIMS.path()] = changed_pages.pages[CLAIMS.path()]
-        await world.measure("ResourceClaims relist, every claim changed (410)", lambda: world.relist(CLAIMS), 1)
-        await world.measure("DeviceQuotas relist (410)", lambda: world.relist(QUOTAS), 1)
-        await world.measure("idle after", lambda: asyncio.sleep(args.idle), 0)
+        phases: list[tuple[str, Callable[[], Awaitable[Any]], float]] = [
+            ("idle", lambda: asyncio.sleep(args.idle), 0),
+            (f"stored claims priced after ready ({caches.refiner.pending})", priced, 1),
+            ("first usage-metrics scrape", lambda: world.scrape(metrics_port), 1),
+            ("next scrape, nothing changed", lambda: world.scrape(metrics_port), 1),
+            (f"quota controller: a pass over every DeviceQuota ({TEAMS})", world.pass_over_every_quota, 1),
+            ("ResourceSlices relist (410)", lambda: world.relist(SLICES), 1),
+            ("scrape after the slice relist (every claim rendered again)", lambda: world.scrape(metrics_port), 1),
+            ("ResourceClaims relist, nothing changed (410)", lambda: world.relist(CLAIMS), 1),
+            ("ResourceClaims relist, every claim changed (410)", relist_changed, 1),
+            ("DeviceQuotas relist (410)", lambda: world.relist(QUOTAS), 1),
+            (f"team quota created: {IN_TEAM} namespaces' claims counted", lambda: world.watched(
+                CLUSTER_QUOTAS, "ADDED", team_quota(2, {"matchLabels": {TEAM_LABEL: "ml"}})), 1),
+            (f"team quota's selector changed: {IN_TEAM - len(HALF)} namespaces counted", lambda: world.watched(
+                CLUSTER_QUOTAS, "MODIFIED", team_quota(3, {"matchLabels": {TEAM_LABEL: "ml"}, "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": HALF}]})), 1),
+            ("team quota: a namespace relabelled into it, its claims counted", lambda: world.watched(
+                NAMESPACES, "MODIFIED", namespace(IN_TEAM, in_team=True)), 1),
+            ("idle after", lambda: asyncio.sleep(args.idle), 0),
+        ]
+        for name, operation, settle in phases:
+            if not args.only or any(name.startswith(prefix) for prefix in args.only):
+                await world.measure(name, operation, settle)
         stop.set()
         reviews: list[tuple[float, float, bool]] = await asyncio.to_thread(receive.recv)
         # What the freezes cost: cycles frozen that became garbage, never collected since
@@ -400,6 +467,12 @@ def main() -> None:
     parser.add_argument("--at-once", action="store_true", help="relists and scrapes in one piece (the before)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 nodes, 5,000 claims")
     parser.add_argument("--why", action="store_true", help="sample the loop's stack: print what ran in long ticks")
+    parser.add_argument("--claim-page", type=int, default=0,
+                        help="claims a list page (default: serve's, commands.wiring.CLAIM_PAGE; before it, 500)")
+    parser.add_argument("--why-ms", type=float, default=50.0, help="--why: what a long tick is, in ms of CPU")
+    parser.add_argument("--only", nargs="*", default=[], metavar="PREFIX",
+                        help="only the operations whose name starts so (e.g. 'ResourceClaims' 'team'); "
+                             "without 'stored', the stored claims stay at their bound")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parent / "results" / "stalls.json")
     args = parser.parse_args()
     if args.quick:

@@ -137,7 +137,8 @@ async def serve(options: ServeOptions) -> int:
                     also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, caches.reservations,
                        options.allocation_check,
-                       learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer)
+                       learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer,
+                       recounts=caches.recounter)
     metrics, recorder, observe = observability(api, caches, tls, manager, leading)
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))

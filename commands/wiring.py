@@ -38,6 +38,7 @@ from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, Quot
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds
+from kube.recounts import Recounter
 from kube.resources import (
     ADMISSION_CHECKS,
     CLAIMS,
@@ -68,6 +69,11 @@ __all__ = ["Caches", "lead", "leader_elector", "observability"]
 # ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
 # slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
 SLICE_PAGE = 25
+# ResourceClaims a list page, for the same reason: 500 claims (~250 KB) decoded in one piece
+# with the young collections they trigger held the loop 35-90 ms on a loaded node during a
+# relist of 150,000 claims (bench/stalls.py --why); 100 cost a fifth of that, for 1,500
+# requests a list instead of 300 (each a page of the API server's watch cache).
+CLAIM_PAGE = 100
 
 
 class Caches:
@@ -93,6 +99,8 @@ class Caches:
         self.rebuilds = Rebuilds()
         # Stored claims count at an upper bound until priced after ready (`controllers.refine`).
         self.refiner = Refiner(self.admitter, self.slicer, changed=self._tell, rebuilds=self.rebuilds)
+        # A team's part of a namespace counted in slices, not at once (`kube.recounts`).
+        self.recounter = Recounter(self.admitter.ledger, self.rebuilds, changed=self._tell)
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
         self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
@@ -137,7 +145,7 @@ class Caches:
               for resource in (QUOTAS, CLUSTER_QUOTAS)),
             *also,
         ]
-        self.claims = reflector(CLAIMS, claim_store, claims=True)
+        self.claims = reflector(CLAIMS, claim_store, claims=True, settings=WatchSettings(page_size=CLAIM_PAGE))
         # Kueue (controllers.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None
@@ -189,6 +197,7 @@ class Caches:
         """Run every reflector until cancelled; claims start once the others synced (module doc)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self.refiner.run(self.ready.wait), name="stored claims")
+            group.create_task(self.recounter.run(), name="team recounts")
             for r in self.first:
                 group.create_task(r.run(), name=f"reflector {r.resource.plural}")
             await asyncio.gather(*(r.synced.wait() for r in self.first))

@@ -226,6 +226,8 @@ class QuotaController:
         except QuotaError as err:
             log.warning("skipping %s: %s", shown(key), err)
             return None
+        if quota.cluster and self.ledger.recounting(quota.name):
+            return None  # its usage is partial until the recount ends, which tells `changed` (`kube.recounts`)
         record = parse_record(obj.get("status"))
         now = self.clock()
         status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),

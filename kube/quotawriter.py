@@ -61,7 +61,7 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.ledger import ClaimRef, Ledger, QuotaKey, shown, usage_scope
+from quota.ledger import ClaimRef, Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
@@ -402,12 +402,16 @@ class Reservations:
         namespaced = bool((obj.get("metadata") or {}).get("namespace"))
         quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
         known = self.ledger.quota(quota.namespace, quota.name)
+        message = None
         if known is None or _counted_as(known) != _counted_as(quota):
             # An object read from the API server (after a conflict) may be newer than this
             # replica's quota watch: the ledger's usage is then of another selector or scope
             # (a team just given a namespace would count none of its claims). Releases only.
             message = (f'could not persist the reservation on {quota.kind} "{quota.name}": this replica has not '
                        "counted its newest spec (namespaceSelector, scope or pricing) yet; retry")
+        elif quota.cluster and self.ledger.recounting(quota.name):
+            message = recounting_message(quota.name)  # a partial usage (`kube.recounts`): releases only
+        if message is not None:
             releases = [r for r in requests if r.op == "release"]
             outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
                             now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)

@@ -8,8 +8,9 @@ meanwhile is reconciled at the swap: a claim the list carries unchanged (`keep`)
 takes the live entry (the stored-claim pricing of `controllers.refine`, an allocation
 admitted by the webhook); a quota whose scope changed is counted again from the new
 entries, and so is a team's part of a namespace that joined it meanwhile
-(`quota.teams`). Everything else the list says wins, as an event-by-event relist would
-have it: the watch resumes from the list's resourceVersion and brings what came after.
+(`quota.teams`; left to a recount where the ledger defers them). Everything else the
+list says wins, as an event-by-event relist would have it: the watch resumes from the
+list's resourceVersion and brings what came after.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TypeVar
 from quota.devicequota import DeviceQuota, Usage
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, usage_scope
 from quota.model import Namespace
+from quota.teams import Recount
 from quota.work import drop, pause_point
 
 __all__ = ["ClaimsRebuild"]
@@ -123,15 +125,17 @@ class ClaimsRebuild:
                      by_namespace: dict[Namespace, dict[ClaimRef, Entry]],
                      changed: dict[Namespace, list[tuple[Entry | None, Entry | None]]]) -> None:
         """Every team member's part of the new entries: counted in `_derive` where the
-        namespace was a member then under the same scope, else counted now (it joined,
-        or the team's scope changed, while the rebuild was built)."""
+        namespace was a member then under the same scope, else counted again (it joined,
+        or the team's scope changed, while the rebuild was built): now, or by a recount
+        over the new entries (`Ledger.defer_recounts`)."""
         ledger = self._ledger
-        new: dict[str, dict[Namespace, Usage]] = {}
+        new: dict[str, dict[Namespace, Usage | Recount]] = {}
         for quota in ledger._teams.quotas():
             for namespace in ledger._teams.members(quota.name):
                 was = parts.get((namespace, quota.name))
+                part: Usage | Recount
                 if was is None or usage_scope(was[0]) != usage_scope(quota):
-                    part = ledger._count(quota, by_namespace.get(namespace, {}).values())
+                    part = ledger._recount_of(quota, namespace, by_namespace.get(namespace, {}).values())
                 else:
                     part = self._changed(was[1], quota, changed.get(namespace, ()))
                 new.setdefault(quota.name, {})[namespace] = part

@@ -12,6 +12,9 @@ event whose scope (pricing mode, device classes) did not change keeps its quota'
 so recomputing from scratch is never needed after the list. A ClusterDeviceQuota's key
 is `(Namespace(""), name)`; the Namespaces' labels (`set_namespace`) say which
 namespaces it selects, and a relabel moves one namespace's usage in or out at once.
+With `defer_recounts` (`serve`), a team's part that no quota of the same scope already
+counts is counted later, in slices (`quota.teams.Recount`, `kube.recounts`), and no
+admission or allocation is decided on that team meanwhile (`recounting`).
 
 A relist of the claims is built aside and swapped in with one synchronous step
 (`quota.claimsrebuild.ClaimsRebuild`, which reaches into this ledger's tables).
@@ -19,7 +22,7 @@ A relist of the claims is built aside and swapped in with one synchronous step
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NewType
 
@@ -28,15 +31,20 @@ from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCh
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.priced import Pricing
 from quota.scope import Scope
-from quota.teams import Teams
+from quota.teams import Recount, Teams
+from quota.work import paced
 
-__all__ = ["ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "shown", "usage_scope"]
+__all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "recounting_message", "shown",
+           "usage_scope"]
 
 QuotaKey = tuple[Namespace, str]
 # The key of a claim: its uid when it has one (every claim the API server admits does),
 # else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
 # '/', so the two forms cannot collide.
 ClaimRef = NewType("ClaimRef", str)
+# Claims counted between two pause points of a recount (`quota.work.paced`): ~0.5-1 ms, so
+# that a slice (`runtime.slicing.SLICE`, 2 ms) ends near its time.
+RECOUNT_PAUSE_EVERY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,9 @@ class Ledger:
         self._touched: set[ClaimRef] | None = None
         # ClusterDeviceQuotas, the Namespaces' labels, and each team's usage per member.
         self._teams = Teams()
+        # Told each time a team's part is left to a `Recount` (None: parts are counted at once).
+        self._deferred: Callable[[], None] | None = None
+        self._recount_every = RECOUNT_PAUSE_EVERY
 
     # -- quotas -------------------------------------------------------------------
 
@@ -116,19 +127,47 @@ class Ledger:
             usage = add_usage(usage, entry, quota, self.default_mode, +1)
         return usage
 
-    def _count_in(self, quota: DeviceQuota, namespace: Namespace) -> Usage:
+    def _count_in(self, quota: DeviceQuota, namespace: Namespace) -> Usage | Recount:
         """Team `quota`'s part of `namespace` (a relabel into it, or the team created or
         reselecting). Any quota already counting the namespace's claims with the same
         `usage_scope` counts the same: its number is taken, not the claims walked again
-        (a pass over a namespace of 150,000 claims holds the event loop ~2 s)."""
+        (a pass over a namespace of 150,000 claims holds the event loop ~2 s); else the
+        claims are counted, at once or later (`defer_recounts`)."""
         scope = usage_scope(quota)
         for other in self._quotas.get(namespace, {}).values():
             if usage_scope(other) == scope and (key := (namespace, other.name)) in self._usage:
                 return self._usage[key]
         for other in self._teams.selecting(namespace):
-            if other.name != quota.name and usage_scope(other) == scope:
+            if other.name != quota.name and usage_scope(other) == scope and \
+                    not self._teams.recounting_part(other.name, namespace):
                 return self._teams.part(other.name, namespace)
-        return self._count(quota, self._by_namespace.get(namespace, {}).values())
+        return self._recount_of(quota, namespace, self._by_namespace.get(namespace, {}).values())
+
+    def _recount_of(self, quota: DeviceQuota, namespace: Namespace, entries: Iterable[Entry]) -> Usage | Recount:
+        """`quota`'s count of `entries` (a namespace's claims): now, or a `Recount` over
+        them as they are now (a list of the same frozen entries: ~1 ms for 150,000)."""
+        if self._deferred is None:
+            return self._count(quota, entries)
+        snapshot: Sequence[Entry] = list(entries)
+        self._deferred()
+        return Recount(quota, namespace, lambda: self._count(quota, paced(snapshot, self._recount_every)))
+
+    def defer_recounts(self, due: Callable[[], None] | None, *, every: int = RECOUNT_PAUSE_EVERY) -> None:
+        """From now on a team's part is counted by `recount` (a pause point every `every`
+        claims), `due` told each time one is left to it (None: at once again)."""
+        self._deferred, self._recount_every = due, every
+
+    def recount(self) -> tuple[QuotaKey, ...]:
+        """Count the teams' parts left to it (pausing, `quota.work`); the keys of the teams
+        now counted whole."""
+        return tuple((Namespace(""), name) for name in self._teams.recount())
+
+    def recounts_due(self) -> bool:
+        return bool(self._teams.recounts())
+
+    def recounting(self, name: str) -> bool:
+        """Whether team `name`'s usage is partial, a part still to be counted (module doc)."""
+        return self._teams.recounting(name)
 
     def delete_quota(self, namespace: Namespace, name: str) -> tuple[QuotaKey, ...]:
         if not namespace:
@@ -336,7 +375,7 @@ class Ledger:
             if previous is not None:
                 usage = add_usage(usage, previous, quota, self.default_mode, -1)
             checks.append(QuotaCheck(quota, usage, self.uncovered(entry, quota)))
-        decision = check(checks)
+        decision = self._unsettled(checks) or check(checks)
         if decision.allowed and not dry_run:
             self.add_or_update_claim(entry)
         return decision
@@ -358,10 +397,17 @@ class Ledger:
             exact = entry.charge_for(quota, self.default_mode)
             excess = Charge(max(exact.memory - held.memory, 0), max(exact.devices - held.devices, 0))
             checks.append(QuotaCheck(quota, self.usage(quota.namespace, quota.name), excess))
-        decision = check(checks)
+        decision = self._unsettled(checks) or check(checks)
         if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)
         return decision
+
+    def _unsettled(self, checks: Iterable[QuotaCheck]) -> Decision | None:
+        """A refusal while a team the charge counts against is still being recounted: its
+        usage is partial, and a decision on it could pass `hard` (fail closed)."""
+        busy = [c.quota.name for c in checks if c.quota.cluster and c.quota.enforcement != "Audit"
+                and not c.charge.is_zero() and self._teams.recounting(c.quota.name)]
+        return Decision(False, "; ".join(map(recounting_message, busy))) if busy else None
 
     def _apply(self, entry: Entry, sign: int) -> tuple[QuotaKey, ...]:
         # Every claim change passes here.
@@ -380,6 +426,11 @@ class Ledger:
 def shown(key: QuotaKey) -> str:
     """How logs and messages name a quota: `DeviceQuota team-a/gpus`, `ClusterDeviceQuota ml-team`."""
     return f"{KIND} {key[0]}/{key[1]}" if key[0] else f"{CLUSTER_KIND} {key[1]}"
+
+
+def recounting_message(name: str) -> str:
+    return (f'{CLUSTER_KIND} "{name}" is being recounted (its namespaceSelector, scope or members changed): '
+            "no claim is decided against it until its usage is whole again; retry")
 
 
 def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:

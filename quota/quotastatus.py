@@ -36,6 +36,8 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
   `used`, `reserved` and `claims` are then the team's totals;
 - `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
   Audit enforcement, an allocation accounted in account-only mode);
+- `NamespacesListed` (a ClusterDeviceQuota's only): False (`TooManyNamespaces`) while the
+  team has more members than the breakdown lists (`MAX_NAMESPACES`);
 - `Ready` False (`InvalidSelector`): a `spec.devices` selector does not compile; it
   selects every device meanwhile (`quota.scope`).
 """
@@ -119,6 +121,8 @@ def desired_status(
     if isinstance(generation, int):
         status["observedGeneration"] = generation
     conditions = [_ready(quota, generation), _exceeded(quota, usage.used + reserved, generation)]
+    if members is not None:
+        conditions.append(_listed(len(members), generation))
     status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
     return status
 
@@ -158,6 +162,17 @@ def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> Condition:
                         f"{format_resource(r, quota.hard.get(r) or 0)}" for r in over)
     return _condition("Exceeded", True, "AboveHard", message, generation)
 
+
+def _listed(members: int, generation: Any) -> Condition:
+    """A team's `NamespacesListed`: whether `status.namespaces` shows every member, so an
+    admin reading a truncated breakdown is told so (the totals always count every one)."""
+    if members <= MAX_NAMESPACES:
+        return _condition("NamespacesListed", True, "AllListed",
+                          f"status.namespaces lists all {members} member namespaces", generation)
+    return _condition("NamespacesListed", False, "TooManyNamespaces",
+                      f"status.namespaces lists the first {MAX_NAMESPACES} of {members} member namespaces by name; "
+                      "used, reserved and claims count every one, and the metric "
+                      "draquota_cluster_quota_namespace shows each namespace's part", generation)
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> Condition:

@@ -10,19 +10,43 @@ delta to the part and the total of every team selecting its namespace; a Namespa
 relabelled into a team adds its part (counted once by the ledger's `Count`, or taken
 from a quota already counting it the same way), out of it takes
 the part away. The parts are the per-namespace breakdown of the team's status.
+
+A part may also be counted later (`Recount`): where `serve` runs, counting a namespace
+of 150,000 claims at once held the event loop 1.2-2.1 s (issue 16.3), so the ledger
+hands back a `Recount` over the namespace's claims as they were when it joined, which
+`kube.recounts` runs in slices. Meanwhile the part starts at zero and every claim event
+adds its delta as usual; the recount's sum, added once it ends, makes the part exact (a
+part is a sum, and each event's delta is taken from a claim either in that snapshot or
+added by an earlier event). Until then the team is `recounting`: its totals are partial,
+and nothing may decide on them (`quota.ledger.Ledger.recounting`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from quota.devicequota import NAME_LABEL, DeviceQuota, Usage
 from quota.model import Namespace
+from quota.work import pause_point
 
-__all__ = ["Count", "Teams", "plus"]
+__all__ = ["Count", "Recount", "Teams", "plus"]
 
-# The usage a team's quota sees of one namespace's claims, counted from scratch.
-Count = Callable[[DeviceQuota, Namespace], Usage]
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Recount:
+    """Team `quota`'s part of `namespace`, still to be counted: `count()` sums the
+    namespace's claims as they were when it joined (it may pause, `quota.work`); compared
+    by identity, so a recount started again replaces this one (module doc)."""
+
+    quota: DeviceQuota
+    namespace: Namespace
+    count: Callable[[], Usage]
+
+
+# The usage a team's quota sees of one namespace's claims, counted from scratch, or a
+# `Recount` that will count it.
+Count = Callable[[DeviceQuota, Namespace], Usage | Recount]
 
 
 def plus(a: Usage, b: Usage, sign: int = 1) -> Usage:
@@ -46,6 +70,8 @@ class Teams:
         self._totals: dict[str, Usage] = {}
         # namespace -> the teams selecting it (the reverse of `_parts`), by name.
         self._selecting: dict[Namespace, dict[str, DeviceQuota]] = {}
+        # name -> member -> the recount its part waits for (module doc).
+        self._recounts: dict[str, dict[Namespace, Recount]] = {}
 
     # -- reading ----------------------------------------------------------------------
 
@@ -79,6 +105,55 @@ class Teams:
     def part(self, name: str, namespace: Namespace) -> Usage:
         return self._parts.get(name, {}).get(namespace, Usage())
 
+    # -- recounts (module doc) -----------------------------------------------------------
+
+    def recounting(self, name: str) -> bool:
+        """Whether some member's part of team `name` waits for its recount: the totals are partial."""
+        return bool(self._recounts.get(name))
+
+    def recounting_part(self, name: str, namespace: Namespace) -> bool:
+        return namespace in self._recounts.get(name, ())
+
+    def recounts(self) -> list[Recount]:
+        """The recounts due, oldest team first."""
+        return [job for jobs in self._recounts.values() for job in jobs.values()]
+
+    def recount(self) -> list[str]:
+        """Run the recounts due, those falling due meanwhile too (each may pause; what
+        changes meanwhile is `settle`'s to sort out); the teams whose every part is
+        counted now."""
+        done = []
+        while self._recounts:
+            job = next(iter(next(iter(self._recounts.values())).values()))
+            if self.settle(job, job.count()) and not self.recounting(job.quota.name):
+                done.append(job.quota.name)
+            pause_point()  # between two namespaces too: a team of many small ones
+        return list(dict.fromkeys(done))
+
+    def settle(self, job: Recount, counted: Usage) -> bool:
+        """`job` counted `counted`: added to its part, unless the job was replaced or
+        dropped meanwhile (the namespace left, the team changed or was counted again)."""
+        jobs = self._recounts.get(job.quota.name, {})
+        if jobs.get(job.namespace) is not job:
+            return False
+        del jobs[job.namespace]
+        if not jobs:
+            del self._recounts[job.quota.name]
+        self.add(job.quota.name, job.namespace, counted)
+        return True
+
+    def _pend(self, quota: DeviceQuota, namespace: Namespace, part: Usage | Recount) -> Usage:
+        """The part to start from: `part`, or zero while its `Recount` is due."""
+        jobs = self._recounts.get(quota.name)
+        if jobs is not None:
+            jobs.pop(namespace, None)
+        if isinstance(part, Usage):
+            if jobs is not None and not jobs:
+                del self._recounts[quota.name]
+            return part
+        self._recounts.setdefault(quota.name, {})[namespace] = part
+        return Usage()
+
     # -- claims -----------------------------------------------------------------------
 
     def add(self, name: str, namespace: Namespace, delta: Usage) -> None:
@@ -87,12 +162,13 @@ class Teams:
         parts[namespace] = plus(parts[namespace], delta)
         self._totals[name] = plus(self._totals[name], delta)
 
-    def replace_parts(self, parts: Mapping[str, Mapping[Namespace, Usage]]) -> None:
+    def replace_parts(self, parts: Mapping[str, Mapping[Namespace, Usage | Recount]]) -> None:
         """After a relist of the claims (`quota.claimsrebuild.ClaimsRebuild`): every member's part
-        counted again; the totals follow."""
+        counted again, or to be recounted from the new claims; the totals follow."""
         for name, members in self._parts.items():
+            quota = self._quotas[name]
             for namespace in members:
-                members[namespace] = parts.get(name, {}).get(namespace, Usage())
+                members[namespace] = self._pend(quota, namespace, parts.get(name, {}).get(namespace, Usage()))
             self._totals[name] = sum_usage(members.values())
 
     # -- quotas and namespaces ----------------------------------------------------------
@@ -118,6 +194,7 @@ class Teams:
             return False
         self._leave_all(name)
         del self._parts[name], self._totals[name]
+        self._recounts.pop(name, None)
         return True
 
     def set_namespace(self, namespace: Namespace, labels: Mapping[str, str], count: Count) -> tuple[str, ...]:
@@ -151,13 +228,16 @@ class Teams:
         return quota.selector.matches(labels if NAME_LABEL in labels else {**labels, NAME_LABEL: namespace})
 
     def _join(self, quota: DeviceQuota, namespace: Namespace, count: Count) -> None:
-        part = count(quota, namespace)
+        part = self._pend(quota, namespace, count(quota, namespace))
         self._parts[quota.name][namespace] = part
         self._totals[quota.name] = plus(self._totals[quota.name], part)
         self._selecting.setdefault(namespace, {})[quota.name] = quota
 
     def _leave(self, name: str, namespace: Namespace) -> None:
         part = self._parts[name].pop(namespace)
+        jobs = self._recounts.get(name)
+        if jobs is not None and jobs.pop(namespace, None) is not None and not jobs:
+            del self._recounts[name]
         self._totals[name] = plus(self._totals[name], part, -1)
         teams = self._selecting[namespace]
         del teams[name]

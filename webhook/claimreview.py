@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from kube.admissionreview import AdmissionRequest, Cause, Verdict
 from kube.quotawriter import Reservations
+from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.claims import (
     ALLOCATED_CHARGE_ANNOTATION,
@@ -98,6 +99,8 @@ class ClaimContext:
     learn_pod: Callable[[Claim, str], Awaitable[None]] | None = None
     # Runs pricing in slices, expensive reviews in a bounded slow lane (`runtime.slicing`).
     slicer: Slicer = field(default_factory=Slicer)
+    # The teams' recounts (`kube.recounts`): a claim charged to a team being recounted waits for it.
+    recounts: Recounter | None = None
 
 
 async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -132,6 +135,11 @@ async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:
         await ctx.learn_pod(claim, owner[0])
     charges = {q: c for q, c in ctx.admitter.charges(entry).items() if not c.is_zero()}
+    if ctx.recounts is not None and (busy := [q.name for q in charges
+                                              if q.cluster and ctx.admitter.ledger.recounting(q.name)]):
+        # A team's usage is partial until its recount ends: wait for it, bounded. Past the
+        # bound the decision refuses, as it does for every writer (fail closed).
+        await ctx.recounts.wait(busy)
     decision = await ctx.reservations.admit(charges, uid=str(claim_ref(claim)), claim=f"{claim.namespace}/{claim.name}",
                                             dry_run=request.dry_run, series=_series(request))
     pricing = entry.pricing[ctx.admitter.ledger.default_mode]

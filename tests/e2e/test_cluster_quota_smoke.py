@@ -126,6 +126,9 @@ async def test_a_team_is_full_across_its_namespaces_and_a_relabel_frees_it(kube:
         assert status["namespaces"] == [part(team.a, "80Gi", 1), part(team.b, "80Gi", 1)]
         # The team's second watermark (quota.reservations), kept by the API server (the CRD names it).
         assert str(status.get("namespacesThrough")).isdigit(), status
+        # The CRD keeps the team-only condition that says the breakdown is whole.
+        listed = {c["type"]: c for c in status["conditions"]}["NamespacesListed"]
+        assert (listed["status"], listed["reason"]) == ("True", "AllListed"), listed
 
         # team-b leaves the team: its claim stops counting at once, team-a's create fits.
         await kube.patch("v1", "namespaces", team.b, {"metadata": {"labels": {TEAM_LABEL: None}}})

@@ -198,3 +198,26 @@ async def test_a_team_status_has_its_breakdown_and_turning_exceeded_by_a_join_is
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_team_being_recounted_gets_no_status_until_its_count_is_whole() -> None:
+    api, reservations, _ = setup(make_cluster_quota("ml", memory="100Gi"))
+    ledger = reservations.ledger
+    ledger.defer_recounts(lambda: None)  # as `serve` (kube.recounts): run by hand here
+    reservations.observe(await api.get(None, "ml"))  # type: ignore[arg-type]
+    ledger.add_or_update_claim(entry("a", 60 * GiB, allocated=True))  # team-a, a member (setup)
+    ledger.add_or_update_claim(entry("b", 60 * GiB, allocated=True, ns=Namespace("team-b")))
+    controller = QuotaController(ledger, reservations, leading=lambda: True, debounce=0.01, min_interval=0.0)
+    task = asyncio.create_task(controller.run())
+    try:
+        await settled(api, 1)
+        controller.changed(ledger.set_namespace(Namespace("team-b"), {"team.draquota.io/name": "ml"}))
+        assert ledger.recounting("ml")
+        await looked(controller, controller.passes)
+        assert api.writes == 1 and api.objects["ml"]["status"]["used"] == {"memory": "60Gi", "devices": 1}
+        controller.changed(ledger.recount())  # what kube.recounts tells once the count is whole
+        await settled(api, 2)
+        assert api.objects["ml"]["status"]["used"] == {"memory": "120Gi", "devices": 2}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -14,7 +14,7 @@ from quota.devicequota import (Amounts, ClaimCounts, ClusterDeviceQuotaStatus, C
                                NamespaceUsage, ReservationEntry, ReservedBy, Usage, parse_cluster_device_quota,
                                parse_device_quota)
 from quota.model import Charge
-from quota.quotastatus import desired_status, next_expiry
+from quota.quotastatus import MAX_NAMESPACES, desired_status, next_expiry
 from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
 
 from ..builders import GiB, make_cluster_quota, make_quota
@@ -251,3 +251,20 @@ def test_the_leader_dropping_a_teams_entry_raises_its_namespace_watermark() -> N
     assert status["reservations"] == {} and status["namespacesThrough"] == "40"  # type: ignore[typeddict-item]
     kept = desired_status(obj, quota, record, usage=Usage(), caches=Seen(), now=NOW, namespaces=40)
     assert "namespacesThrough" not in kept
+
+
+def test_a_team_says_when_its_breakdown_lists_only_the_first_namespaces() -> None:
+    obj = make_cluster_quota("ml", memory="320Gi")
+    quota = parse_cluster_device_quota(obj)
+    few = desired_status(obj, quota, Record({}), usage=Usage(), caches=Seen(), now=NOW,
+                         members=[("team-a", Usage())])
+    listed = {c["type"]: c for c in few["conditions"]}["NamespacesListed"]
+    assert (listed["status"], listed["reason"]) == ("True", "AllListed")
+    many = [(f"ns-{i:05}", Usage()) for i in range(MAX_NAMESPACES + 1)]
+    status = desired_status(obj, quota, Record({}), usage=Usage(), caches=Seen(), now=NOW, members=many)
+    listed = {c["type"]: c for c in status["conditions"]}["NamespacesListed"]
+    assert (listed["status"], listed["reason"]) == ("False", "TooManyNamespaces")
+    assert f"first {MAX_NAMESPACES} of {MAX_NAMESPACES + 1}" in listed["message"]
+    assert len(status["namespaces"]) == MAX_NAMESPACES  # type: ignore[typeddict-item]
+    # A DeviceQuota has no breakdown, so no such condition.
+    assert "NamespacesListed" not in {c["type"] for c in desired(quota_obj())["conditions"]}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from quota.devicequota import RESOURCES, parse_cluster_device_quota, parse_device_quota
 from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger, recounting_message
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
@@ -172,8 +172,8 @@ def _team(name: str, memory: str | None) -> Any:
     return parse_cluster_device_quota(make_cluster_quota(name, **fields))
 
 
-def _assert_counted(led: Ledger, labels: dict[Namespace, dict[str, str]]) -> None:
-    """Every team's totals and parts are what counting the same claims from scratch gives."""
+def _fresh(led: Ledger, labels: dict[Namespace, dict[str, str]]) -> Ledger:
+    """The same quotas, labels and claims, counted from scratch at once."""
     fresh = Ledger()
     for ns, value in labels.items():
         fresh.set_namespace(ns, value)
@@ -181,7 +181,17 @@ def _assert_counted(led: Ledger, labels: dict[Namespace, dict[str, str]]) -> Non
         fresh.add_or_update_quota(quota)
     for e in led.entries():
         fresh.add_or_update_claim(e)
+    return fresh
+
+
+def _assert_counted(led: Ledger, labels: dict[Namespace, dict[str, str]]) -> None:
+    """Every team's totals and parts are what counting the same claims from scratch gives
+    (a team still being recounted: its members only, its usage is partial)."""
+    fresh = _fresh(led, labels)
     for quota in led.quotas():
+        assert led.members(quota.name) == fresh.members(quota.name)
+        if led.recounting(quota.name):
+            continue
         assert led.usage(quota.namespace, quota.name) == fresh.usage(quota.namespace, quota.name), quota.name
         assert led.members(quota.name) == fresh.members(quota.name)
         for ns in led.members(quota.name):
@@ -196,9 +206,11 @@ def _apply(led: Ledger, labels: dict[Namespace, dict[str, str]], op: tuple[Any, 
             return  # a uid lives in one namespace
         decision = led.admit(new)
         if decision.allowed:
-            # `admit` never lets a charged, Enforce quota's used + reserved past hard.
+            # `admit` never lets a charged, Enforce quota's used + reserved past hard,
+            # counted from scratch (a team whose count is partial refuses).
+            fresh = _fresh(led, labels)
             for quota in led.quotas(new.namespace):
-                usage = led.usage(quota.namespace, quota.name)
+                usage = fresh.usage(quota.namespace, quota.name)
                 charge = new.charge_for(quota, led.default_mode)
                 for r in RESOURCES:
                     limit = quota.hard.get(r)
@@ -232,6 +244,92 @@ def test_incremental_team_usage_is_a_recount_and_admit_never_passes_hard(ops: li
         _assert_counted(led, labels)
 
 
+_recount = st.tuples(st.just("recount"), st.integers(0, 6))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.one_of(_op, _recount), max_size=40))
+def test_recounts_in_pauses_leave_every_team_counted_and_nothing_decides_on_a_partial_count(
+        ops: list[tuple[Any, ...]]) -> None:
+    """As `serve` runs it (`Ledger.defer_recounts`): a part no quota of the same scope
+    counts is recounted later, pausing after every claim, and any op (claims, relabels,
+    team changes) lands in those pauses. A team not being recounted is always a recount
+    from scratch; an admission never passes `hard` counted from scratch (`_apply`)."""
+    led = Ledger()
+    led.defer_recounts(lambda: None, every=1)
+    labels: dict[Namespace, dict[str, str]] = {}
+    queue = list(ops)
+
+    def between(budget: list[int]) -> None:
+        if budget[0] > 0 and queue and queue[0][0] != "recount":
+            budget[0] -= 1
+            _apply(led, labels, queue.pop(0))
+
+    while queue:
+        op = queue.pop(0)
+        if op[0] == "recount":
+            budget = [op[1]]
+            with pausing(lambda: between(budget)):
+                led.recount()
+        else:
+            _apply(led, labels, op)
+        _assert_counted(led, labels)
+    led.recount()
+    assert not any(led.recounting(q.name) for q in led.quotas())
+    _assert_counted(led, labels)
+
+
+def test_a_relabel_leaves_the_count_to_a_recount_that_refuses_the_team_until_it_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    due: list[int] = []
+    led = ledger(B, quota=team(memory="100Gi", classes=["gpu"]))
+    led.defer_recounts(lambda: due.append(1), every=2)
+    for i in range(6):
+        led.add_or_update_claim(entry(f"a{i}", 10 * GiB, ns=A, allocated=bool(i % 2)))
+    counted = counting_adds(monkeypatch)
+    assert led.set_namespace(A, ML) == ((TEAM, "ml"),)
+    assert counted == [] and due == [1] and led.recounting("ml")  # no pass over A's claims here
+    refused = led.admit(entry("new", GiB, ns=B))  # any namespace of the team: its total is partial
+    assert (refused.allowed, refused.message) == (False, recounting_message("ml"))
+    assert led.admit(entry("free", GiB, ns=B, cls=MIG)).allowed  # not charged to the team: decided
+    events = [lambda: led.add_or_update_claim(entry("a6", 5 * GiB, ns=A)), lambda: led.delete_claim(ClaimRef("a0")),
+              lambda: led.add_or_update_claim(entry("a2", 10 * GiB, ns=A, allocated=True))]
+
+    def between() -> None:
+        if events:
+            events.pop(0)()
+
+    with pausing(between):
+        assert led.recount() == ((TEAM, "ml"),)
+    assert events == [] and not led.recounting("ml") and len(counted) > 6
+    _assert_counted(led, {A: ML, B: ML, C: {}})
+    assert led.usage(TEAM, "ml").used == Charge(40 * GiB, 4)
+    assert led.admit(entry("new", GiB, ns=B)).allowed
+
+
+def test_a_recount_outdated_while_it_ran_is_dropped() -> None:
+    led = ledger()
+    led.defer_recounts(lambda: None, every=1)
+    for i in range(3):
+        led.add_or_update_claim(entry(f"a{i}", 10 * GiB, ns=A))
+    led.set_namespace(A, ML)
+    moves = [lambda: led.set_namespace(A, {}), lambda: led.set_namespace(A, ML)]  # left, and joined again
+
+    def between() -> None:
+        if moves:
+            moves.pop(0)()
+
+    with pausing(between):
+        led.recount()  # the first recount's sum is stale: only the second one's counts
+    assert not led.recounting("ml")
+    assert led.usage(TEAM, "ml").reserved == Charge(30 * GiB, 3)
+    led.add_or_update_quota(team(memory="100Gi", classes=["mig"]))  # the team's scope changed: counted again
+    assert led.recounting("ml")
+    led.delete_quota(TEAM, "ml")
+    assert not led.recounting("ml") and led.recount() == ()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
 @settings(max_examples=150, deadline=None)
 @given(
     initial=st.lists(_op, max_size=15),
@@ -241,10 +339,13 @@ def test_incremental_team_usage_is_a_recount_and_admit_never_passes_hard(ops: li
 )
 def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...]],
                                                     listed: list[tuple[str, Namespace, int, bool]],
-                                                    live: list[tuple[int, tuple[Any, ...]]]) -> None:
+                                                    live: list[tuple[int, tuple[Any, ...]]], deferred: bool) -> None:
     """Relabels, team changes and claim events land between any two steps of the build and
-    of the swap: after it, every team's usage and parts are a recount."""
+    of the swap: after it, every team's usage and parts are a recount (`deferred`: once
+    the recounts the swap left, if any, have run)."""
     led = Ledger()
+    if deferred:
+        led.defer_recounts(lambda: None, every=1)
     labels: dict[Namespace, dict[str, str]] = {}
     for op in initial:
         _apply(led, labels, op)
@@ -265,6 +366,8 @@ def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...
     with pausing(step):
         rebuild.commit()
     rebuild.release()
+    _assert_counted(led, labels)
+    led.recount()
     _assert_counted(led, labels)
     for _, op in pending:
         _apply(led, labels, op)
