@@ -50,6 +50,10 @@ resourceVersions say nothing about the claim watch, so their entries follow the 
 rule: counted once (by the holding when this replica's Workload cache has it, else by
 the entry) until they expire or the Workload is gone.
 
+Leases (`quota.headroom`, `source: Lease`): a chunk of headroom one `serve` process
+admits claims against without a write. Every writer but its holder counts its whole
+amount as in flight and drops it only once it expired; only the holder settles it.
+
 The record is bounded: at most MAX_ENTRIES entries (the CRD says the same), past which
 admissions into that quota are refused with a message naming it; in steady state it
 holds only the admissions of the last watch lag. `reservations` is an atomic map in the
@@ -74,7 +78,7 @@ __all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
 # each, so the object stays far below etcd's 1.5 MiB request limit.
 MAX_ENTRIES = 1000
-Source = Literal["Claim", "Workload"]
+Source = Literal["Claim", "Workload", "Lease"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +179,8 @@ def parse_record(status: Any) -> Record:
             charge = Charge(ceil_int(parse_quantity(entry.get("memory") or 0)), int(entry.get("devices") or 0))
             if charge.memory < 0 or charge.devices < 0:
                 continue
-            source: Source = "Workload" if entry.get("source") == "Workload" else "Claim"
+            raw_source = entry.get("source")
+            source: Source = raw_source if raw_source in ("Workload", "Lease") else "Claim"
             held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
@@ -219,6 +224,12 @@ def settle(record: Record, caches: Caches, *, now: float, namespaces: int | None
             if entry.expires > now and not caches.workload_gone(uid):
                 held[uid] = entry
             continue
+        if entry.source == "Lease":
+            # Only its holder knows which claims it admitted under it (`quota.headroom`):
+            # every other writer counts all of it until it expires.
+            if entry.expires > now:
+                held[uid] = entry
+            continue
         seen = caches.claim_recorded(uid)
         if seen is None:
             seen = caches.claim_gone(uid)
@@ -250,7 +261,7 @@ def in_flight(record: Record, caches: Caches, *, namespace: str | None = None) -
         if namespace is not None and entry.claim.partition("/")[0] != namespace:
             continue
         counted = (caches.workload_counted(uid) if entry.source == "Workload"
-                   else caches.claim_version(uid) is not None)
+                   else entry.source == "Claim" and caches.claim_version(uid) is not None)
         if not counted:
             total = total + entry.charge
     return total

@@ -1,0 +1,203 @@
+"""Leases: a chunk of a DeviceQuota's headroom one `serve` process admits claims against locally.
+
+Neighbours: `quota.reservations` holds the record and the watermark protocol (a lease is
+one more entry of `status.reservations`, `source: Lease`); `kube.quotawriter` keeps this
+process's leases, calls `take` on a claim CREATE and `renew` inside each status write it
+makes of a quota, and commits the plan once the write landed. Pure: no clock, no I/O.
+docs/reservations.md ("Leases") holds the safety argument; in short:
+
+- A lease is written like any entry, by a conditional write that checked
+  `used + reserved + in flight + amount <= hard`. Every writer counts every lease's
+  whole amount as in flight (no other writer knows what its holder admitted under it),
+  and drops one only once it expired (the orphan rule).
+- Its holder admits a claim under it with no write iff what it admitted under it, not yet
+  settled, plus the claim's charge fits the amount (`take`), and only until `until`
+  (written at + period); the entry expires at written at + period + the reservation TTL,
+  which outlasts any create admitted before `until` plus any replica's watch lag.
+- Settling (`renew`, in the holder's next write of that quota): a claim admitted under
+  it that the holder's claim cache holds with its charge recorded, or saw deleted,
+  leaves the lease (amount minus its charge) and `claimsThrough` rises to the
+  resourceVersion that showed it: the same watermark argument as a single entry's.
+- Sizing: a chunk is a `share` of the free headroom, taken only while `keep_free` of
+  `hard` stays free after it; nearer `hard`, the lease shrinks to what it admitted and
+  not settled, and every admission takes the exact path (one entry per claim).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from quota.devicequota import RESOURCES, DeviceQuota, Usage
+from quota.model import ZERO, Charge
+from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, in_flight
+
+__all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "landed", "leasable", "renew", "take", "untake", "writing"]
+
+LEASE_PREFIX = "lease."
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    period: float = 5.0  # seconds a lease is admitted against after a write; 0: no leases
+    share: float = 0.25  # of the free headroom one chunk takes
+    keep_free: float = 0.5  # of `hard` that must stay free once the chunk is taken
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """This process's lease on one quota, as its last landed write left it."""
+
+    key: str  # the entry's key in status.reservations
+    holder: str  # the process, for people reading the status
+    quota: DeviceQuota  # the spec it was granted under: another spec stops local admissions
+    amount: Charge = ZERO  # as written
+    admitted: Mapping[str, tuple[Charge, float]] = field(default_factory=dict)  # uid -> (charge, at), unsettled
+    until: float = 0.0  # local admissions end then
+    expires: float = 0.0
+    # While a write that shrinks the lease is in flight: the room it leaves (None: `amount`).
+    limit: Charge | None = None
+    taken: int = 0  # local admissions since the last landed write
+
+    def consumed(self, *, without: str = "") -> Charge:
+        return sum((c for uid, (c, _) in self.admitted.items() if uid != without), ZERO)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a write of the quota's status does to the lease: the book once it lands."""
+
+    lease: Lease | None
+    settled: frozenset[str]  # uids that leave the lease with this write
+    limit: Charge  # room for local admissions while the write is in flight
+
+
+def leasable(quota: DeviceQuota, sizing: Sizing) -> bool:
+    """DeviceQuotas that enforce; teams' quotas and Audit keep one entry per admission."""
+    return sizing.period > 0 and not quota.cluster and quota.enforcement == "Enforce" and any(
+        quota.hard.get(r) is not None for r in RESOURCES)
+
+
+def _fits(quota: DeviceQuota, total: Charge, charge: Charge, room: Charge) -> bool:
+    # As `quota.devicequota.check`: a dimension the charge does not touch, or the quota
+    # does not limit, never refuses.
+    return all(quota.hard.get(r) is None or charge.amount(r) <= 0 or total.amount(r) <= room.amount(r)
+               for r in RESOURCES)
+
+
+def take(lease: Lease | None, quota: DeviceQuota, uid: str, charge: Charge, now: float) -> Lease | None:
+    """The lease with claim `uid` admitted under it; None when it does not fit (or is
+    past its window, or was granted under another spec): the exact path decides then."""
+    if lease is None or lease.quota != quota or now >= lease.until:
+        return None
+    room = lease.amount if lease.limit is None else lease.amount.min(lease.limit)
+    if not _fits(quota, lease.consumed(without=uid) + charge, charge, room):
+        return None
+    return replace(lease, admitted={**lease.admitted, uid: (charge, now)}, taken=lease.taken + 1)
+
+
+def untake(lease: Lease, uid: str) -> Lease:
+    """`take` undone: the claim's other quotas refused it, so it will not be created."""
+    return replace(lease, admitted={u: v for u, v in lease.admitted.items() if u != uid})
+
+
+def writing(lease: Lease | None, plan: Plan) -> Lease | None:
+    """The book while the write that carries `plan` is in flight: local admissions keep
+    within what both the old and the new amount leave (a shrink may land)."""
+    return None if lease is None else replace(lease, limit=plan.limit)
+
+
+def landed(lease: Lease | None, plan: Plan) -> Lease | None:
+    """The book once the write that carries `plan` landed: the planned lease, with the
+    claims admitted under it meanwhile (they fit within `plan.limit`, so within the new
+    amount once the settled ones left)."""
+    if plan.lease is None:
+        return None
+    admitted = {u: v for u, v in (lease.admitted.items() if lease is not None else ()) if u not in plan.settled}
+    return replace(plan.lease, admitted=admitted, taken=len(set(admitted) - set(plan.lease.admitted)))
+
+
+def renew(
+    lease: Lease | None,
+    *,
+    key: str,
+    holder: str,
+    quota: DeviceQuota,
+    record: Record,
+    requests: Sequence[Request],
+    usage: Usage,
+    caches: Caches,
+    now: float,
+    ttl: float,
+    sizing: Sizing,
+    max_entries: int = MAX_ENTRIES,
+) -> tuple[Outcome, Plan]:
+    """`apply` for a quota this process may lease: settle its own lease, decide
+    `requests` (counting the lease's unsettled part not in this cache as in flight), then
+    size the lease again. `lease` is this process's book (None: none); `key` its entry."""
+    stored = record.held.get(key)
+    own = lease if lease is not None and stored is not None and stored.charge == lease.amount else None
+    settled: dict[str, Charge] = {}
+    through = record.through
+    for uid, (charge, at) in (own.admitted.items() if own is not None else ()):
+        seen = caches.claim_recorded(uid)
+        if seen is None:
+            seen = caches.claim_gone(uid)
+        if seen is None and at + ttl <= now:
+            seen = caches.claim_version(uid)  # expired: as `quota.reservations.settle`
+            if seen is None:
+                settled[uid] = charge  # an orphan: never created
+                continue
+        if seen is not None:
+            settled[uid] = charge
+            through = seen if through is None else max(through, seen)
+    unsettled = own.consumed() - sum(settled.values(), ZERO) if own is not None else ZERO
+    cached = sum((c for uid, (c, _) in (own.admitted.items() if own is not None else ())
+                  if uid not in settled and caches.claim_version(uid) is not None), ZERO)
+    held = {uid: r for uid, r in record.held.items() if uid != key}
+    if stored is not None and own is None:
+        held[key] = stored  # not ours to change (a book lost to an uncertain write): it expires
+    elif stored is not None:
+        # In flight for this decision: the lease's room and its claims this cache does not count.
+        held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
+    outcome = apply(quota, Record(held, through, record.namespaces), requests, usage=usage, caches=caches, now=now,
+                    ttl=ttl, max_entries=max_entries)
+    live = {uid: r for uid, r in outcome.record.held.items() if uid != key}
+    if stored is not None and own is None:
+        if key in outcome.record.held:
+            live[key] = stored
+        return replace(outcome, record=replace(outcome.record, held=live)), Plan(None, frozenset(), ZERO)
+    admitted = {uid: v for uid, v in (own.admitted.items() if own is not None else ()) if uid not in settled}
+    active = any(r.op == "reserve" for r in requests) or (own is not None and own.taken > 0)
+    chunk = _chunk(quota, usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO), sizing) \
+        if active and leasable(quota, sizing) else None
+    if chunk is not None:
+        amount, until, expires = unsettled + chunk, now + sizing.period, now + sizing.period + ttl
+    else:
+        amount, until = unsettled, 0.0
+        expires = stored.expires if stored is not None else now + ttl
+    planned: Lease | None = None
+    if not amount.is_zero() and (stored is not None or chunk is not None):
+        live[key] = Reservation(key, holder, amount, expires, "Lease")
+        planned = Lease(key, holder, quota, amount, admitted, until, expires)
+    changed = outcome.changed or live.get(key) != stored or through != record.through
+    limit = amount + sum(settled.values(), ZERO)
+    return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
+            Plan(planned, frozenset(settled), limit))
+
+
+def _chunk(quota: DeviceQuota, counted: Charge, sizing: Sizing) -> Charge | None:
+    """A `share` of the free headroom in each dimension `quota` limits; None when that
+    leaves less than `keep_free` of hard free, or the chunk would hold nothing."""
+    parts = {"memory": 0, "devices": 0}
+    for r in RESOURCES:
+        hard = quota.hard.get(r)
+        if hard is None:
+            continue
+        free = hard - counted.amount(r)
+        part = math.floor(free * sizing.share)
+        if part <= 0 or free - part < hard * sizing.keep_free:
+            return None
+        parts[r] = part
+    return Charge(parts["memory"], parts["devices"])
