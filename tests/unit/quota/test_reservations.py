@@ -496,6 +496,8 @@ def _committed(world: World) -> Charge:
 # lease once the release lands.
 @example([("exact", 0, 0, False, True), ("renew", 0, False, False)] + [("local", 0, 0, True)] * 7
          + [("land", 0)] + [("exact", 1, 0, False, True)] * 15)
+# Every other writer counts the whole lease: it cannot know what was admitted under it.
+@example([("exact", 0, 0, False, True)] + [("exact", 1, 0, False, True)] * 15 + [("local", 0, 0, True)] * 7)
 # A lease admits only until its window ends: past its expiry every other writer dropped it.
 @example([("exact", 0, 0, False, True), ("tick", 80.0), ("tick", 80.0)] + [("exact", 1, 0, False, True)] * 15
          + [("local", 0, 0, True)])
