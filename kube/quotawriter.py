@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kube.api import ApiError, KubeApi
+from kube.leasebook import LeaseBook
 from kube.resources import quota_resource
 from kube.watching import Progress
 from quota.devicequota import (
@@ -61,6 +62,7 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
+from quota.headroom import Plan, renew
 from quota.ledger import ClaimRef, Ledger, QuotaKey, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
@@ -105,7 +107,7 @@ class Reservations:
                  claim_version: Callable[[str], int | None] = lambda uid: None,
                  claim_recorded: Callable[[str], int | None] | None = None, catch_up: float = 2.0,
                  namespace_progress: Progress | None = None,
-                 namespaces_seen: Callable[[], int | None] = lambda: None) -> None:
+                 namespaces_seen: Callable[[], int | None] = lambda: None, leases: LeaseBook | None = None) -> None:
         self.api = api
         self.ledger = ledger
         self.ttl = ttl
@@ -137,6 +139,10 @@ class Reservations:
         # uid -> the resourceVersion at which the claim watch delivered its deletion.
         self._claims_gone: dict[str, int] = {}
         self._workloads_gone: dict[str, None] = {}
+        # This process's leases (`kube.leasebook`; none unless sized), and the task that
+        # renews or releases each one at the end of its window.
+        self.leases = leases or LeaseBook()
+        self._tending: dict[QuotaKey, asyncio.Task[None]] = {}
 
     # -- fed by the caches ------------------------------------------------------------
 
@@ -212,8 +218,30 @@ class Reservations:
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
                     dry_run: bool = False, series: str = "", source: Source = "Claim") -> Decision:
-        """Reserve `charges` (quota -> charge) for `uid`, in key order (module doc); `series`
-        replaces earlier attempts (`quota.reservations.Request.series`)."""
+        """Reserve `charges` (quota -> charge) for `uid`: under this process's lease where one
+        has room (`kube.leasebook`, no write), the rest in key order (module doc), all or
+        nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
+        local: list[DeviceQuota] = []
+        if source == "Claim" and not series:  # Workloads and the scheduler's attempts: one entry each
+            now = self.clock()
+            local = [q for q in charges if self.leases.take(q, uid, charges[q], now, dry_run=dry_run)]
+        try:
+            decision = await self._admit_exact({q: c for q, c in charges.items() if q not in local}, uid=uid,
+                                               claim=claim, dry_run=dry_run, series=series, source=source)
+        except BaseException:
+            for quota in local if not dry_run else ():
+                self.leases.untake(quota, uid)
+            raise
+        if not decision.allowed:
+            for quota in local if not dry_run else ():
+                self.leases.untake(quota, uid)
+            return decision
+        charged = sorted({*decision.charged, *(q.ref for q in local)},
+                         key=lambda ref: ("" if "/" in ref else "~", ref))
+        return replace(decision, charged=tuple(charged))
+
+    async def _admit_exact(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
+                           dry_run: bool, series: str, source: Source) -> Decision:
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
@@ -302,15 +330,30 @@ class Reservations:
     async def _write(self, key: QuotaKey, requests: list[Request]) -> list[Decision]:
         """Read, decide, conditionally write; on a conflict re-read and decide again."""
         outcome: Outcome | None = None
+        plan: Plan | None = None
+        planned = False
 
         def build(obj: Obj) -> Obj | None:
-            nonlocal outcome
-            outcome = self._decide(obj, requests)
+            nonlocal outcome, plan, planned
+            outcome, plan = self._decide(obj, requests)
+            if plan is not None:
+                planned = True
+                self.leases.writing(key, plan)  # local admissions keep within old and new amount
             if not outcome.changed:
                 return None
             return {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.record)}}
 
-        result = await self.write_status(key, build, retries=self.retries)
+        try:
+            result = await self.write_status(key, build, retries=self.retries)
+        except BaseException:
+            if planned:
+                self.leases.uncertain(key)  # it may have landed: the entry is left to expire
+            raise
+        if plan is not None and result.written is not None:
+            self.leases.landed(key, plan)
+            self._tend(key)
+        else:
+            self.leases.unwritten(key)
         if result.lagging:
             message = (f'could not persist the reservation on {_kind(key)} "{key[1]}": this replica\'s claim watch '
                        f"(or, on a ClusterDeviceQuota, Namespace watch) is more than {self.catch_up:g}s behind the "
@@ -395,9 +438,9 @@ class Reservations:
         if obj is _LAGGING:
             return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch (or, '
                                    "on a ClusterDeviceQuota, Namespace watch) is behind the quota's record; retry")
-        return Decision(True) if obj is None else self._decide(obj, [request]).decisions[0]
+        return Decision(True) if obj is None else self._decide(obj, [request])[0].decisions[0]
 
-    def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
+    def _decide(self, obj: Obj, requests: list[Request]) -> tuple[Outcome, Plan | None]:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
         namespaced = bool((obj.get("metadata") or {}).get("namespace"))
         quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
@@ -412,10 +455,38 @@ class Reservations:
             outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
                             now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
-                                                    for r in requests))
-        return apply(quota, parse_record(obj.get("status")), requests,
-                     usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl,
-                     namespaces=self.namespaces_seen() if quota.cluster else None)
+                                                    for r in requests)), None
+        usage = self.ledger.usage(quota.namespace, quota.name)
+        if self.leases.leasable(quota):
+            key = (quota.namespace, quota.name)
+            return renew(self.leases.leases.get(key), key=self.leases.key(key), holder=self.leases.holder,
+                         quota=quota, record=parse_record(obj.get("status")), requests=requests, usage=usage,
+                         caches=self, now=self.clock(), ttl=self.ttl, sizing=self.leases.sizing)
+        return apply(quota, parse_record(obj.get("status")), requests, usage=usage, caches=self, now=self.clock(),
+                     ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None), None
+
+    def _tend(self, key: QuotaKey) -> None:
+        if key not in self._tending and key in self.leases.leases:
+            task = asyncio.create_task(self._tend_lease(key), name=f"lease {shown(key)}")
+            self._tending[key] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _tend_lease(self, key: QuotaKey) -> None:
+        """Write the lease on `key` when it is due (`kube.leasebook`) until it is gone."""
+        try:
+            while (delay := self.leases.due(key, self.clock())) is not None:
+                await asyncio.sleep(max(delay, 0.05))
+                if key not in self.leases.leases:
+                    break
+                if self.leases.renewed(key, self.clock()):
+                    continue  # an admission's write renewed it meanwhile
+                try:
+                    await self._write(key, [])
+                except Exception as err:  # noqa: BLE001 - tried again when next due
+                    log.warning("cannot renew the lease on %s: %s", shown(key), err)
+        finally:
+            self._tending.pop(key, None)
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:

@@ -107,11 +107,14 @@ def desired_status(
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
     # beyond their Pods' claims (`quota.workloads`), and the rest. Only while Workloads
     # hold something: without Kueue, `kubectl describe` showed an empty split.
-    if usage.workloads.is_zero():
+    leases = sum((r.charge for r in live.held.values() if r.source == "Lease"), ZERO)
+    if usage.workloads.is_zero() and leases.is_zero():
         status.pop("reservedBy", None)
     else:
-        status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads),
+        status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads - leases),
                                 "workloads": _amounts(usage.workloads)}
+        if not leases.is_zero():
+            status["reservedBy"]["leases"] = _amounts(leases)
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
     if members is not None:
         status["namespaces"] = [_member(namespace, part, live, caches)

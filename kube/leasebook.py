@@ -1,0 +1,101 @@
+"""This process's leases (`quota.headroom`), one per DeviceQuota it admits into while far from `hard`.
+
+Neighbours: `kube.quotawriter.Reservations` owns one `LeaseBook`: `take` on a claim CREATE
+(no write, no await), `plan`/`landed`/`unwritten`/`uncertain` around each status write it
+makes of a quota, and `tend` wakes each lease at the end of its window so that its
+holder renews it (claims still arriving), or shrinks it to what it admitted and has not
+settled (idle), releasing the room it held for nothing. Everything here runs on the event
+loop between awaits, so a book never changes between a decision and its record.
+
+Keys: `lease.<holder>.<n>`, `holder` unique per process (the Pod's name and a random
+nonce: a restarted process never adopts an old lease, which expires as an orphan); `n`
+moves when a write's outcome is unknown (a timeout, a 5xx): the old entry is left to
+expire rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field, replace
+
+from quota.devicequota import DeviceQuota
+from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, take, untake, writing
+from quota.ledger import QuotaKey
+from quota.model import Charge
+
+__all__ = ["LeaseBook", "default_holder"]
+
+
+def default_holder() -> str:
+    """The Pod's name (POD_NAME, else the host name) and a nonce unique to this process."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class LeaseBook:
+    sizing: Sizing = field(default_factory=lambda: Sizing(period=0.0))
+    holder: str = field(default_factory=default_holder)
+    leases: dict[QuotaKey, Lease] = field(default_factory=dict)
+    serials: dict[QuotaKey, int] = field(default_factory=dict)
+
+    def key(self, quota: QuotaKey) -> str:
+        return f"{LEASE_PREFIX}{self.holder}.{self.serials.get(quota, 0)}"
+
+    def leasable(self, quota: DeviceQuota) -> bool:
+        return leasable(quota, self.sizing)
+
+    def take(self, quota: DeviceQuota, uid: str, charge: Charge, now: float, *, dry_run: bool = False) -> bool:
+        """Admit claim `uid` under this process's lease on `quota` (recorded unless `dry_run`)."""
+        if not self.leasable(quota):
+            return False
+        key = (quota.namespace, quota.name)
+        taken = take(self.leases.get(key), quota, uid, charge, now)
+        if taken is not None and not dry_run:
+            self.leases[key] = taken
+        return taken is not None
+
+    def untake(self, quota: DeviceQuota, uid: str) -> None:
+        key = (quota.namespace, quota.name)
+        if (lease := self.leases.get(key)) is not None:
+            self.leases[key] = untake(lease, uid)
+
+    def writing(self, quota: QuotaKey, plan: Plan) -> None:
+        if (lease := writing(self.leases.get(quota), plan)) is not None:
+            self.leases[quota] = lease
+
+    def landed(self, quota: QuotaKey, plan: Plan) -> None:
+        if (lease := landed(self.leases.get(quota), plan)) is not None:
+            self.leases[quota] = lease
+        else:
+            self.leases.pop(quota, None)
+
+    def unwritten(self, quota: QuotaKey) -> None:
+        """The write did not happen (a conflict, nothing to write): the book as it was."""
+        if (lease := self.leases.get(quota)) is not None:
+            self.leases[quota] = replace(lease, limit=None)
+
+    def uncertain(self, quota: QuotaKey) -> None:
+        """The write may or may not have landed: stop admitting under this lease and take
+        the next key; the entry, whichever it is, expires as an orphan."""
+        self.leases.pop(quota, None)
+        self.serials[quota] = self.serials.get(quota, 0) + 1
+
+    def due(self, quota: QuotaKey, now: float) -> float | None:
+        """Seconds until the lease on `quota` wants its holder's write (None: no lease): a
+        fifth of a period before its window ends (claims still arriving find it renewed),
+        every period once it was shrunk (what it still holds settles)."""
+        lease = self.leases.get(quota)
+        if lease is None:
+            return None
+        return max(lease.until - self.margin - now, 0.0) if lease.until > now else self.sizing.period
+
+    def renewed(self, quota: QuotaKey, now: float) -> bool:
+        """Whether a write since the wake-up already renewed the lease."""
+        lease = self.leases.get(quota)
+        return lease is not None and lease.until - self.margin > now
+
+    @property
+    def margin(self) -> float:
+        return self.sizing.period / 5
