@@ -465,6 +465,13 @@ class Reservations:
         return apply(quota, parse_record(obj.get("status")), requests, usage=usage, caches=self, now=self.clock(),
                      ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None), None
 
+    async def close(self) -> None:
+        """Stop tending leases (shutdown): each expires as an orphan, as after a SIGKILL."""
+        tasks = list(self._tending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _tend(self, key: QuotaKey) -> None:
         if key not in self._tending and key in self.leases.leases:
             task = asyncio.create_task(self._tend_lease(key), name=f"lease {shown(key)}")
