@@ -207,12 +207,12 @@ class Reservations:
         return batch is not None and (batch.running or bool(batch.pending))
 
     def pending(self, namespace: str, name: str) -> Charge:
-        """What the quota's persisted entries add to this replica's ledger now (the sum
-        `apply` checks against)."""
+        """What the quota's persisted entries add to this replica's ledger now, as the status
+        shows it (`apply` also counts the leases, `quota.headroom`)."""
         obj = self._objects.get((Namespace(namespace), name))
         if obj is None:
             return Charge()
-        return in_flight(settle(parse_record(obj.get("status")), self, now=self.clock()), self)
+        return in_flight(settle(parse_record(obj.get("status")), self, now=self.clock()), self, leases=False)
 
     # -- admission --------------------------------------------------------------------
 

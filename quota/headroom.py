@@ -59,6 +59,7 @@ class Lease:
     # While a write that shrinks the lease is in flight: the room it leaves (None: `amount`).
     limit: Charge | None = None
     taken: int = 0  # local admissions since the last landed write
+    unit: Charge = ZERO  # the largest charge it was sized for: a chunk is whole multiples of it
 
     def consumed(self, *, without: str = "") -> Charge:
         return sum((c for uid, (c, _) in self.admitted.items() if uid != without), ZERO)
@@ -170,8 +171,10 @@ def renew(
         return replace(outcome, record=replace(outcome.record, held=live)), Plan(None, frozenset(), ZERO)
     admitted = {uid: v for uid, v in (own.admitted.items() if own is not None else ()) if uid not in settled}
     active = any(r.op == "reserve" for r in requests) or (own is not None and own.taken > 0)
-    chunk = _chunk(quota, usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO), sizing) \
-        if active and leasable(quota, sizing) else None
+    unit = max((r.charge for r in requests if r.op == "reserve"), key=_size, default=ZERO)
+    unit = unit.max(own.unit) if own is not None else unit
+    counted = usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO)
+    chunk = _chunk(quota, counted, sizing, unit) if active and leasable(quota, sizing) else None
     if chunk is not None:
         amount, until, expires = unsettled + chunk, now + sizing.period, now + sizing.period + ttl
     else:
@@ -180,24 +183,32 @@ def renew(
     planned: Lease | None = None
     if not amount.is_zero() and (stored is not None or chunk is not None):
         live[key] = Reservation(key, holder, amount, expires, "Lease")
-        planned = Lease(key, holder, quota, amount, admitted, until, expires)
+        planned = Lease(key, holder, quota, amount, admitted, until, expires, unit=unit)
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
     return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
             Plan(planned, frozenset(settled), limit))
 
 
-def _chunk(quota: DeviceQuota, counted: Charge, sizing: Sizing) -> Charge | None:
-    """A `share` of the free headroom in each dimension `quota` limits; None when that
-    leaves less than `keep_free` of hard free, or the chunk would hold nothing."""
-    parts = {"memory": 0, "devices": 0}
+def _size(charge: Charge) -> tuple[int, int]:
+    return (charge.devices, charge.memory)
+
+
+def _chunk(quota: DeviceQuota, counted: Charge, sizing: Sizing, unit: Charge) -> Charge | None:
+    """Whole multiples of `unit` (the largest charge admitted lately), at most a `share` of
+    the free headroom and leaving `keep_free` of hard free, in every dimension `quota`
+    limits; None below two of them (a lease that saves at most one write is not worth the
+    room it holds from the other replicas)."""
+    count: int | None = None
     for r in RESOURCES:
         hard = quota.hard.get(r)
-        if hard is None:
+        if hard is None or unit.amount(r) <= 0:
             continue
         free = hard - counted.amount(r)
-        part = math.floor(free * sizing.share)
-        if part <= 0 or free - part < hard * sizing.keep_free:
-            return None
-        parts[r] = part
-    return Charge(parts["memory"], parts["devices"])
+        room = min(free * sizing.share, free - hard * sizing.keep_free)
+        fits = max(math.floor(room / unit.amount(r)), 0)
+        count = fits if count is None else min(count, fits)
+    if count is None or count < 2:
+        return None
+    return Charge(unit.memory * count if quota.hard.get("memory") is not None else 0,
+                  unit.devices * count if quota.hard.get("devices") is not None else 0)

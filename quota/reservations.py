@@ -252,13 +252,16 @@ def _raised(through: int | None, seen: int | None) -> int | None:
     return through if seen is None or (through is not None and through >= seen) else seen
 
 
-def in_flight(record: Record, caches: Caches, *, namespace: str | None = None) -> Charge:
+def in_flight(record: Record, caches: Caches, *, namespace: str | None = None, leases: bool = True) -> Charge:
     """What the entries add to this replica's ledger: each one whose claim (or Workload)
-    the ledger does not count itself; with `namespace`, only that namespace's (a team's
-    breakdown: an entry names its claim `namespace/name`)."""
+    the ledger does not count itself, and each lease whole; with `namespace`, only that
+    namespace's (a team's breakdown: an entry names its claim `namespace/name`); without
+    `leases`, what the status shows as reserved (leases are shown apart: part of their
+    amount may be claims the ledger already counts, `quota.quotastatus`)."""
     total = ZERO
     for uid, entry in record.held.items():
-        if namespace is not None and entry.claim.partition("/")[0] != namespace:
+        if (namespace is not None and entry.claim.partition("/")[0] != namespace) or (
+                not leases and entry.source == "Lease"):
             continue
         counted = (caches.workload_counted(uid) if entry.source == "Workload"
                    else entry.source == "Claim" and caches.claim_version(uid) is not None)
