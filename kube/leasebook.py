@@ -21,9 +21,10 @@ import socket
 from dataclasses import dataclass, field, replace
 
 from quota.devicequota import DeviceQuota
-from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, take, untake, writing
+from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
 from quota.ledger import QuotaKey
 from quota.model import Charge
+from quota.reservations import Caches
 
 __all__ = ["LeaseBook", "default_holder"]
 
@@ -82,20 +83,20 @@ class LeaseBook:
         self.leases.pop(quota, None)
         self.serials[quota] = self.serials.get(quota, 0) + 1
 
-    def due(self, quota: QuotaKey, now: float) -> float | None:
-        """Seconds until the lease on `quota` wants its holder's write (None: no lease): a
-        fifth of a period before its window ends (claims still arriving find it renewed),
-        every period once it was shrunk (what it still holds settles)."""
+    def due(self, quota: QuotaKey, caches: Caches, now: float, ttl: float) -> bool:
+        """Whether the lease on `quota` wants its holder's write now: a fifth of a period
+        before its window ends (claims still arriving find it renewed, an idle one is
+        released), or as soon as part of it can be settled (`quota.headroom.settleable`)."""
         lease = self.leases.get(quota)
         if lease is None:
-            return None
-        return max(lease.until - self.margin - now, 0.0) if lease.until > now else self.sizing.period
-
-    def renewed(self, quota: QuotaKey, now: float) -> bool:
-        """Whether a write since the wake-up already renewed the lease."""
-        lease = self.leases.get(quota)
-        return lease is not None and lease.until - self.margin > now
+            return False
+        return (lease.until > 0 and lease.until - self.margin <= now) or settleable(lease, caches, now=now, ttl=ttl)
 
     @property
     def margin(self) -> float:
         return self.sizing.period / 5
+
+    @property
+    def poll(self) -> float:
+        """How often a lease is looked at: writes of one lease come at most this often."""
+        return min(self.sizing.period / 10, 0.5)

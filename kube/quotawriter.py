@@ -349,7 +349,10 @@ class Reservations:
             if planned:
                 self.leases.uncertain(key)  # it may have landed: the entry is left to expire
             raise
-        if plan is not None and result.written is not None:
+        # Nothing to write and a book that matched the entry: the plan is what is stored
+        # (its window ended, say), so the book takes it too.
+        unchanged = result.read is not None and outcome is not None and not outcome.changed
+        if plan is not None and (result.written is not None or (unchanged and plan.lease is not None)):
             self.leases.landed(key, plan)
             self._tend(key)
         else:
@@ -480,14 +483,12 @@ class Reservations:
             task.add_done_callback(self._tasks.discard)
 
     async def _tend_lease(self, key: QuotaKey) -> None:
-        """Write the lease on `key` when it is due (`kube.leasebook`) until it is gone."""
+        """Write the lease on `key` whenever it is due (`kube.leasebook`) until it is gone."""
         try:
-            while (delay := self.leases.due(key, self.clock())) is not None:
-                await asyncio.sleep(max(delay, 0.05))
-                if key not in self.leases.leases:
-                    break
-                if self.leases.renewed(key, self.clock()):
-                    continue  # an admission's write renewed it meanwhile
+            while key in self.leases.leases:
+                await asyncio.sleep(self.leases.poll)
+                if not self.leases.due(key, self, self.clock(), self.ttl):
+                    continue
                 try:
                     await self._write(key, [])
                 except Exception as err:  # noqa: BLE001 - tried again when next due

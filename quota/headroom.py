@@ -26,14 +26,16 @@ docs/reservations.md ("Leases") holds the safety argument; in short:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from quota.devicequota import RESOURCES, DeviceQuota, Usage
+from quota.devicequota import RESOURCES, Decision, DeviceQuota, Usage
 from quota.model import ZERO, Charge
+from quota.quantity import format_quantity
 from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, in_flight
 
-__all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "landed", "leasable", "renew", "take", "untake", "writing"]
+__all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "landed", "leasable", "renew", "settleable", "take", "untake",
+           "writing"]
 
 LEASE_PREFIX = "lease."
 
@@ -103,6 +105,14 @@ def untake(lease: Lease, uid: str) -> Lease:
     return replace(lease, admitted={u: v for u, v in lease.admitted.items() if u != uid})
 
 
+def settleable(lease: Lease, caches: Caches, *, now: float, ttl: float) -> bool:
+    """Whether a write now would settle part of `lease` (`renew`): the holder writes then,
+    so that the other replicas stop counting those claims twice (by their caches and in
+    the lease's amount) and deny less near `hard`."""
+    return any(caches.claim_recorded(uid) is not None or caches.claim_gone(uid) is not None or at + ttl <= now
+               for uid, (_, at) in lease.admitted.items())
+
+
 def writing(lease: Lease | None, plan: Plan) -> Lease | None:
     """The book while the write that carries `plan` is in flight: local admissions keep
     within what both the old and the new amount leave (a shrink may land)."""
@@ -164,6 +174,9 @@ def renew(
         held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
     outcome = apply(quota, Record(held, through, record.namespaces), requests, usage=usage, caches=caches, now=now,
                     ttl=ttl, max_entries=max_entries)
+    outcome = replace(outcome, decisions=_retryable(quota, held, key, outcome.decisions, lambda others: apply(
+        quota, Record(others, through, record.namespaces), requests, usage=usage, caches=caches, now=now, ttl=ttl,
+        max_entries=max_entries).decisions))
     live = {uid: r for uid, r in outcome.record.held.items() if uid != key}
     if stored is not None and own is None:
         if key in outcome.record.held:
@@ -188,6 +201,22 @@ def renew(
     limit = amount + sum(settled.values(), ZERO)
     return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
             Plan(planned, frozenset(settled), limit))
+
+
+def _retryable(quota: DeviceQuota, held: Mapping[str, Reservation], key: str, decisions: tuple[Decision, ...],
+               decide: Callable[[dict[str, Reservation]], tuple[Decision, ...]]) -> tuple[Decision, ...]:
+    """A denial that only other replicas' leases cause is not the quota's answer: part of
+    their amount may be claims this cache already counts, and a lease shrinks within a
+    period. Such a request is refused as one to retry (no quota named), not as exceeded."""
+    leases = {uid: r for uid, r in held.items() if r.source == "Lease" and uid != key}
+    if not leases or all(d.allowed for d in decisions):
+        return decisions
+    without = decide({uid: r for uid, r in held.items() if uid not in leases})
+    amount = sum((r.charge for r in leases.values()), ZERO)
+    message = (f'{quota.kind} "{quota.name}" is full counting the leases other replicas hold '
+               f"(memory={format_quantity(amount.memory)}, devices={amount.devices}), part of which may be claims "
+               "already counted; retry in a few seconds")
+    return tuple(Decision(False, message) if not d.allowed and w.allowed else d for d, w in zip(decisions, without))
 
 
 def _size(charge: Charge) -> tuple[int, int]:
