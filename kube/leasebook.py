@@ -15,18 +15,23 @@ expire rather than guessed at.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from quota.devicequota import DeviceQuota
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
-from quota.ledger import QuotaKey
+from quota.ledger import QuotaKey, shown
 from quota.model import Charge
 from quota.reservations import Caches
 
 __all__ = ["LeaseBook", "default_holder"]
+
+log = logging.getLogger(__name__)
 
 
 def default_holder() -> str:
@@ -40,6 +45,7 @@ class LeaseBook:
     holder: str = field(default_factory=default_holder)
     leases: dict[QuotaKey, Lease] = field(default_factory=dict)
     serials: dict[QuotaKey, int] = field(default_factory=dict)
+    tending: dict[QuotaKey, asyncio.Task[None]] = field(default_factory=dict)
 
     def key(self, quota: QuotaKey) -> str:
         return f"{LEASE_PREFIX}{self.holder}.{self.serials.get(quota, 0)}"
@@ -100,3 +106,32 @@ class LeaseBook:
     def poll(self) -> float:
         """How often a lease is looked at: writes of one lease come at most this often."""
         return min(self.sizing.period / 10, 0.5)
+
+    def tend(self, quota: QuotaKey, write: Callable[[], Awaitable[object]], caches: Caches, *,
+             clock: Callable[[], float], ttl: float) -> None:
+        """Have `write` (a status write of `quota` with no admission) run whenever the lease
+        on `quota` is `due`, until the lease is gone."""
+        if quota not in self.tending and quota in self.leases:
+            self.tending[quota] = asyncio.create_task(self._tend(quota, write, caches, clock, ttl),
+                                                      name=f"lease {shown(quota)}")
+
+    async def _tend(self, quota: QuotaKey, write: Callable[[], Awaitable[object]], caches: Caches,
+                    clock: Callable[[], float], ttl: float) -> None:
+        try:
+            while quota in self.leases:
+                await asyncio.sleep(self.poll)
+                if not self.due(quota, caches, clock(), ttl):
+                    continue
+                try:
+                    await write()
+                except Exception as err:  # noqa: BLE001 - tried again when next due
+                    log.warning("cannot renew the lease on %s: %s", shown(quota), err)
+        finally:
+            self.tending.pop(quota, None)
+
+    async def close(self) -> None:
+        """Stop tending (shutdown): each lease expires as an orphan, as after a SIGKILL."""
+        tasks = list(self.tending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

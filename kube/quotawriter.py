@@ -35,6 +35,11 @@ are released if a later one denies or fails. Until that release lands the claim 
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
 
+Leases (`quota.headroom`, `kube.leasebook`): while a DeviceQuota is far from `hard`, a
+claim is admitted under this process's lease on it, with no write; every write of that
+quota's status by this process settles and re-sizes the lease (`renew`), and the book
+follows the write's fate (landed, not written, or unknown: the key is retired).
+
 A claim's entry is never released when the claim is deleted at admission (a later
 admission plugin may deny the DELETE): it goes once a cache saw the claim, and the
 claim then stops counting when the watch delivers its deletion.
@@ -47,11 +52,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kube.api import ApiError, KubeApi
 from kube.leasebook import LeaseBook
 from kube.resources import quota_resource
+from kube.seen import Seen
 from kube.watching import Progress
 from quota.devicequota import (
     CLUSTER_KIND,
@@ -63,7 +68,7 @@ from quota.devicequota import (
     parse_device_quota,
 )
 from quota.headroom import Plan, renew
-from quota.ledger import ClaimRef, Ledger, QuotaKey, shown, usage_scope
+from quota.ledger import Ledger, QuotaKey, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
@@ -73,10 +78,7 @@ __all__ = ["CONTENTION", "Reservations", "StatusWrite"]
 log = logging.getLogger(__name__)
 
 CONTENTION = "could not persist the reservation: too much contention; retry"
-# Deleted claims and finished Workloads remembered: an entry of theirs may still be in a
-# record this replica has not written since. Beyond this, the oldest are forgotten (their
-# entries then go by the watermark of another writer, or expire).
-_GONE_REMEMBERED = 8192
+
 
 
 @dataclass(slots=True)
@@ -95,11 +97,11 @@ class StatusWrite:
     lagging: bool = False  # this replica's claim (or Namespace) watch did not reach a watermark in time
 
 
-class Reservations:
+class Reservations(Seen):
     """The persisted reservations of every DeviceQuota, written with optimistic concurrency.
 
-    It is also this replica's `quota.reservations.Caches`: what its own caches know of
-    the uids a record holds.
+    It is also this replica's `quota.reservations.Caches` (`kube.seen`): what its own
+    caches know of the uids a record holds.
     """
 
     def __init__(self, api: KubeApi, ledger: Ledger, *, ttl: float, retries: int = 3,
@@ -109,16 +111,10 @@ class Reservations:
                  namespace_progress: Progress | None = None,
                  namespaces_seen: Callable[[], int | None] = lambda: None, leases: LeaseBook | None = None) -> None:
         self.api = api
-        self.ledger = ledger
         self.ttl = ttl
         self.retries = retries
         self.clock = clock
-        # How far the claim watch has come, and at which resourceVersion the claim cache
-        # holds a claim (`kube.caches.ClaimStore.version`), with its charge recorded on
-        # it (`recorded_version`).
-        self.progress = progress or Progress()
-        self._claim_version = claim_version
-        self._claim_recorded = claim_recorded or claim_version
+        super().__init__(ledger, progress=progress, claim_version=claim_version, claim_recorded=claim_recorded)
         self.catch_up = catch_up
         # How far the Namespace watch has come, and the newest Namespace it brought
         # (`kube.caches.NamespaceStore.newest`): a team's second watermark
@@ -136,13 +132,8 @@ class Reservations:
         # allocation by 3 s (tests/e2e/test_fleet.py on a loaded machine).
         self._writing: dict[QuotaKey, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # uid -> the resourceVersion at which the claim watch delivered its deletion.
-        self._claims_gone: dict[str, int] = {}
-        self._workloads_gone: dict[str, None] = {}
-        # This process's leases (`kube.leasebook`; none unless sized), and the task that
-        # renews or releases each one at the end of its window.
+        # This process's leases (`kube.leasebook`; none unless sized).
         self.leases = leases or LeaseBook()
-        self._tending: dict[QuotaKey, asyncio.Task[None]] = {}
 
     # -- fed by the caches ------------------------------------------------------------
 
@@ -160,45 +151,6 @@ class Reservations:
     def newest(self, namespace: str, name: str) -> Obj | None:
         """The newest DeviceQuota object known (the quota controller writes against it too)."""
         return self._objects.get((Namespace(namespace), name))
-
-    def claim_deleted(self, uid: str, resource_version: str | None) -> None:
-        """The claim watch delivered `uid`'s deletion (or a relist no longer has it) at
-        `resource_version` (None: at the watch's current position)."""
-        version = int(resource_version) if resource_version and resource_version.isdigit() else self.progress.version
-        # 0: known gone, at no version that could raise a watermark.
-        _remember(self._claims_gone, uid, version or 0)
-
-    def workload_gone(self, uid: str) -> bool:
-        return uid in self._workloads_gone
-
-    def forget_workload(self, uid: str) -> None:
-        """The Workload cache saw `uid` finish or go: its entry counts no more."""
-        _remember(self._workloads_gone, uid, None)
-
-    # -- quota.reservations.Caches ----------------------------------------------------
-
-    def claim_version(self, uid: str) -> int | None:
-        return self._claim_version(uid)
-
-    def claim_recorded(self, uid: str) -> int | None:
-        return self._claim_recorded(uid)
-
-    def claim_gone(self, uid: str) -> int | None:
-        return self._claims_gone.get(uid)
-
-    def workload_counted(self, uid: str) -> bool:
-        return self.ledger.holding(ClaimRef(uid)) is not None
-
-    def claim_outlived(self, uid: str, version: int | None) -> bool:
-        """Whether claim `uid`, read at resourceVersion `version` (None: unknown), is gone
-        as far as this replica's claim watch goes: it delivered the deletion, or it has
-        passed `version` and the cache does not hold the claim (deleted before the list
-        the cache was built from, whose watch never tells). A review of such a copy
-        (`webhook.claimreview.allocate_claim`) is late: the API server validated a stale
-        copy and its write will find no claim; counting it would never be undone."""
-        if self.claim_gone(uid) is not None:
-            return True
-        return version is not None and self.claim_version(uid) is None and self.progress.has_reached(version)
 
     def admitting(self, key: QuotaKey) -> bool:
         """Whether admissions into quota `key` are being written or wait to be (the quota
@@ -354,7 +306,7 @@ class Reservations:
         unchanged = result.read is not None and outcome is not None and not outcome.changed
         if plan is not None and (result.written is not None or (unchanged and plan.lease is not None)):
             self.leases.landed(key, plan)
-            self._tend(key)
+            self.leases.tend(key, lambda: self._write(key, []), self, clock=self.clock, ttl=self.ttl)
         else:
             self.leases.unwritten(key)
         if result.lagging:
@@ -470,31 +422,7 @@ class Reservations:
 
     async def close(self) -> None:
         """Stop tending leases (shutdown): each expires as an orphan, as after a SIGKILL."""
-        tasks = list(self._tending.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _tend(self, key: QuotaKey) -> None:
-        if key not in self._tending and key in self.leases.leases:
-            task = asyncio.create_task(self._tend_lease(key), name=f"lease {shown(key)}")
-            self._tending[key] = task
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _tend_lease(self, key: QuotaKey) -> None:
-        """Write the lease on `key` whenever it is due (`kube.leasebook`) until it is gone."""
-        try:
-            while key in self.leases.leases:
-                await asyncio.sleep(self.leases.poll)
-                if not self.leases.due(key, self, self.clock(), self.ttl):
-                    continue
-                try:
-                    await self._write(key, [])
-                except Exception as err:  # noqa: BLE001 - tried again when next due
-                    log.warning("cannot renew the lease on %s: %s", shown(key), err)
-        finally:
-            self._tending.pop(key, None)
+        await self.leases.close()
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:
@@ -521,9 +449,3 @@ def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
 
 def _kind(key: QuotaKey) -> str:
     return KIND if key[0] else CLUSTER_KIND
-
-
-def _remember(table: dict[str, Any], uid: str, value: Any) -> None:
-    table[uid] = value
-    while len(table) > _GONE_REMEMBERED:
-        del table[next(iter(table))]
