@@ -183,8 +183,11 @@ def renew(
             live[key] = stored
         return replace(outcome, record=replace(outcome.record, held=live)), Plan(None, frozenset(), ZERO)
     admitted = {uid: v for uid, v in (own.admitted.items() if own is not None else ()) if uid not in settled}
-    active = any(r.op == "reserve" for r in requests) or (own is not None and own.taken > 0)
-    unit = max((r.charge for r in requests if r.op == "reserve"), key=_size, default=ZERO)
+    # Claims' admissions call for a lease; Workloads' and the scheduler's attempts, which
+    # never take one (`kube.quotawriter.Reservations.admit`), do not.
+    claims = [r.charge for r in requests if r.op == "reserve" and r.source == "Claim" and not r.series]
+    active = bool(claims) or (own is not None and own.taken > 0)
+    unit = max(claims, key=_size, default=ZERO)
     unit = unit.max(own.unit) if own is not None else unit
     counted = usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO)
     chunk = _chunk(quota, counted, sizing, unit) if active and leasable(quota, sizing) else None
