@@ -80,7 +80,6 @@ log = logging.getLogger(__name__)
 CONTENTION = "could not persist the reservation: too much contention; retry"
 
 
-
 @dataclass(slots=True)
 class _Batch:
     pending: list[tuple[Request, asyncio.Future[Decision]]] = field(default_factory=list)
