@@ -200,6 +200,7 @@ async def serve(options: ServeOptions) -> int:
             # the handlers in flight.
             if options.webhook:
                 await runner.cleanup()
+                await caches.reservations.close()  # no review in flight: release the leases' idle room
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
 

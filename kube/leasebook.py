@@ -83,6 +83,11 @@ class LeaseBook:
         if (lease := self.leases.get(quota)) is not None:
             self.leases[quota] = replace(lease, limit=None)
 
+    def idle(self, quota: QuotaKey) -> None:
+        """No more local admissions under the lease on `quota`: its next write shrinks it."""
+        if (lease := self.leases.get(quota)) is not None:
+            self.leases[quota] = replace(lease, until=0.0, taken=0)
+
     def uncertain(self, quota: QuotaKey) -> None:
         """The write may or may not have landed: stop admitting under this lease and take
         the next key; the entry, whichever it is, expires as an orphan."""

@@ -419,8 +419,16 @@ class Reservations(Seen):
         return apply(quota, parse_record(obj.get("status")), requests, usage=usage, caches=self, now=self.clock(),
                      ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None), None
 
-    async def close(self) -> None:
-        """Stop tending leases (shutdown): each expires as an orphan, as after a SIGKILL."""
+    async def close(self, *, patience: float = 2.0) -> None:
+        """Shutdown, once no review is in flight: shrink each lease to what it admitted and
+        has not settled (the rest of its room is not held idle until it expires), each
+        write bounded by `patience`; then stop tending them."""
+        for key in list(self.leases.leases):
+            self.leases.idle(key)
+            try:
+                await asyncio.wait_for(self._write(key, []), patience)
+            except Exception as err:  # noqa: BLE001 - it expires as an orphan, as after a SIGKILL
+                log.warning("cannot release the lease on %s: %s", shown(key), err)
         await self.leases.close()
 
     async def _get(self, key: QuotaKey) -> Obj | None:

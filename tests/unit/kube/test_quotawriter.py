@@ -357,3 +357,14 @@ async def test_a_write_whose_outcome_is_unknown_retires_the_lease() -> None:
     # A new key: the old entry is left to expire, never guessed at.
     assert {"lease.serve-a.0", "lease.serve-a.1"} <= set(api.objects["gpus"]["status"]["reservations"])
     await reservations.close()
+
+
+async def test_at_shutdown_a_lease_shrinks_to_what_it_admitted() -> None:
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    for i in range(3):
+        assert (await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}")).allowed
+    assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "1920Gi"
+    await reservations.close()
+    # u1 and u2, admitted under it and not seen yet, stay covered; the idle 22 GPUs go.
+    assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "160Gi"
+    assert not reservations.leases.tending
