@@ -97,11 +97,19 @@ class LeaseBook:
     def due(self, quota: QuotaKey, caches: Caches, now: float, ttl: float) -> bool:
         """Whether the lease on `quota` wants its holder's write now: a fifth of a period
         before its window ends (claims still arriving find it renewed, an idle one is
-        released), or as soon as part of it can be settled (`quota.headroom.settleable`)."""
+        released, what can be settled is); once it was shrunk (near `hard`), as soon as
+        part of it can be settled (`quota.headroom.settleable`): only there do the other
+        replicas' denials depend on it. Far from `hard`, settling at each renewal keeps
+        the writes to about one a period."""
         lease = self.leases.get(quota)
         if lease is None:
             return False
-        return (lease.until > 0 and lease.until - self.margin <= now) or settleable(lease, caches, now=now, ttl=ttl)
+        if lease.expires <= now:  # every writer drops it now: nothing left to settle or admit
+            del self.leases[quota]
+            return False
+        if lease.until > 0:
+            return lease.until - self.margin <= now
+        return settleable(lease, caches, now=now, ttl=ttl)
 
     @property
     def margin(self) -> float:

@@ -71,7 +71,8 @@ from quota.headroom import Plan, renew
 from quota.ledger import Ledger, QuotaKey, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
-from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
+from quota.reservations import (Outcome, Record, Request, Source, apply, in_flight, parse_record, parse_version, settle,
+                                status_fields)
 
 __all__ = ["CONTENTION", "Reservations", "StatusWrite"]
 
@@ -138,7 +139,13 @@ class Reservations(Seen):
 
     def observe(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
-        self._objects[(Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))] = obj
+        key = (Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))
+        # The watch may deliver a version older than our own write's answer: keep the newer
+        # (one object's resourceVersions are etcd revisions, ordered).
+        known = parse_version(((self._objects.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+        version = parse_version(meta.get("resourceVersion"))
+        if known is None or version is None or version >= known:
+            self._objects[key] = obj
 
     def drop(self, namespace: str, name: str) -> None:
         key = (Namespace(namespace), name)
@@ -303,7 +310,8 @@ class Reservations(Seen):
         # Nothing to write and a book that matched the entry: the plan is what is stored
         # (its window ended, say), so the book takes it too.
         unchanged = result.read is not None and outcome is not None and not outcome.changed
-        if plan is not None and (result.written is not None or (unchanged and plan.lease is not None)):
+        if plan is not None and (result.written is not None
+                                 or (unchanged and plan.lease is not None and not plan.stale)):
             self.leases.landed(key, plan)
             self.leases.tend(key, lambda: self._write(key, []), self, clock=self.clock, ttl=self.ttl)
         else:

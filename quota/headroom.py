@@ -74,6 +74,7 @@ class Plan:
     lease: Lease | None
     settled: frozenset[str]  # uids that leave the lease with this write
     limit: Charge  # room for local admissions while the write is in flight
+    stale: bool = False  # built on an object older than the book: it may land only by a write (it will not)
 
 
 def leasable(quota: DeviceQuota, sizing: Sizing) -> bool:
@@ -148,7 +149,14 @@ def renew(
     `requests` (counting the lease's unsettled part not in this cache as in flight), then
     size the lease again. `lease` is this process's book (None: none); `key` its entry."""
     stored = record.held.get(key)
-    own = lease if lease is not None and stored is not None and stored.charge == lease.amount else None
+    # Only the holder changes its entry's amount, and only by writes whose outcome it
+    # knows: an entry unlike the book (or none, for a book) is on an object older than the
+    # holder's last write (the watch lags its answer). A write built on it conflicts; its
+    # decisions count the book's amount, and it must not become the book (`Plan.stale`).
+    stale = lease is not None and (stored is None or stored.charge != lease.amount)
+    if lease is not None and stored is not None and stale:
+        stored = replace(stored, charge=lease.amount)
+    own = lease if lease is not None and stored is not None else None
     settled: dict[str, Charge] = {}
     through = record.through
     for uid, (charge, at) in (own.admitted.items() if own is not None else ()):
@@ -168,7 +176,7 @@ def renew(
                   if uid not in settled and caches.claim_version(uid) is not None), ZERO)
     held = {uid: r for uid, r in record.held.items() if uid != key}
     if stored is not None and own is None:
-        held[key] = stored  # not ours to change (a book lost to an uncertain write): it expires
+        held[key] = stored  # not ours to change: an entry of this key with no book
     elif stored is not None:
         # In flight for this decision: the lease's room and its claims this cache does not count.
         held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
@@ -203,7 +211,7 @@ def renew(
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
     return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
-            Plan(planned, frozenset(settled), limit))
+            Plan(planned, frozenset(settled), limit, stale))
 
 
 def _retryable(quota: DeviceQuota, held: Mapping[str, Reservation], key: str, decisions: tuple[Decision, ...],

@@ -73,7 +73,7 @@ async def burst(setup: Setup, clients: list[Kube], namespace: str, count: int, p
 
 
 def used_and_reserved(status: Obj) -> int:
-    return sum(int(parse_quantity(str((status.get(field) or {}).get("memory") or "0"))) for field in ("used", "reserved"))
+    return sum(int(parse_quantity(str((status.get(key) or {}).get("memory") or "0"))) for key in ("used", "reserved"))
 
 
 async def test_a_lease_takes_the_status_write_off_each_create_and_hard_stays_exact(

@@ -368,3 +368,13 @@ async def test_at_shutdown_a_lease_shrinks_to_what_it_admitted() -> None:
     # u1 and u2, admitted under it and not seen yet, stay covered; the idle 22 GPUs go.
     assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "160Gi"
     assert not reservations.leases.tending
+
+
+async def test_a_watch_event_older_than_our_own_write_does_not_replace_it() -> None:
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    before = {**api.objects["gpus"], "metadata": dict(api.objects["gpus"]["metadata"])}
+    assert (await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    reservations.observe(before)  # the watch delivers the object as it was before the grant
+    newest = reservations.newest("team-a", "gpus")
+    assert newest is not None and "lease.serve-a.0" in newest["status"]["reservations"]
+    await reservations.close()

@@ -440,7 +440,8 @@ lease_action = st.one_of(
 
 def _lease_step(world: World, act: tuple[object, ...], counter: list[int], sizing: Sizing) -> None:
     kind = act[0]
-    r = world.replicas[int(act[1])] if len(act) > 1 and kind in ("read", "exact", "local", "renew", "land", "crash", "watch", "sync") else None  # type: ignore[call-overload]
+    acts_on = kind in ("read", "exact", "local", "renew", "land", "crash", "watch", "sync")
+    r = world.replicas[int(act[1])] if acts_on else None  # type: ignore[call-overload]
     assert r is None or isinstance(r, Holder)
     if kind in ("exact", "local"):
         assert r is not None
