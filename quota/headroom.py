@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, Usage
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
-from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, in_flight
+from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, claim_settled, in_flight
 
 __all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "landed", "leasable", "renew", "settleable", "take", "untake",
            "writing"]
@@ -110,8 +110,7 @@ def settleable(lease: Lease, caches: Caches, *, now: float, ttl: float) -> bool:
     """Whether a write now would settle part of `lease` (`renew`): the holder writes then,
     so that the other replicas stop counting those claims twice (by their caches and in
     the lease's amount) and deny less near `hard`."""
-    return any(caches.claim_recorded(uid) is not None or caches.claim_gone(uid) is not None or at + ttl <= now
-               for uid, (_, at) in lease.admitted.items())
+    return any(claim_settled(caches, uid, expired=at + ttl <= now)[0] for uid, (_, at) in lease.admitted.items())
 
 
 def writing(lease: Lease | None, plan: Plan) -> Lease | None:
@@ -160,16 +159,10 @@ def renew(
     settled: dict[str, Charge] = {}
     through = record.through
     for uid, (charge, at) in (own.admitted.items() if own is not None else ()):
-        seen = caches.claim_recorded(uid)
-        if seen is None:
-            seen = caches.claim_gone(uid)
-        if seen is None and at + ttl <= now:
-            seen = caches.claim_version(uid)  # expired: as `quota.reservations.settle`
-            if seen is None:
-                settled[uid] = charge  # an orphan: never created
-                continue
-        if seen is not None:
+        goes, seen = claim_settled(caches, uid, expired=at + ttl <= now)
+        if goes:
             settled[uid] = charge
+        if seen is not None:
             through = seen if through is None else max(through, seen)
     unsettled = own.consumed() - sum(settled.values(), ZERO) if own is not None else ZERO
     cached = sum((c for uid, (c, _) in (own.admitted.items() if own is not None else ())

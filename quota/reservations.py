@@ -73,7 +73,7 @@ from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
 
 __all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "apply",
-           "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
+           "claim_settled", "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
 
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
 # each, so the object stays far below etcd's 1.5 MiB request limit.
@@ -230,22 +230,30 @@ def settle(record: Record, caches: Caches, *, now: float, namespaces: int | None
             if entry.expires > now:
                 held[uid] = entry
             continue
-        seen = caches.claim_recorded(uid)
-        if seen is None:
-            seen = caches.claim_gone(uid)
-        if seen is None and entry.expires <= now:
-            # Expired before its claim carried its charge (no leader annotated it in time):
-            # it goes, but if this cache holds the claim, the watermark still says so.
-            seen = caches.claim_version(uid)
-            if seen is None:
-                continue  # an orphan: its claim never appeared here
+        goes, seen = claim_settled(caches, uid, expired=entry.expires <= now)
         if seen is not None:
             through = seen if through is None else max(through, seen)
-        else:
+        if not goes:
             held[uid] = entry
     if len(held) == len(record.held) and through == record.through:
         return record
     return Record(held, through, _raised(record.namespaces, namespaces))
+
+
+def claim_settled(caches: Caches, uid: str, *, expired: bool) -> tuple[bool, int | None]:
+    """Whether an admission of claim `uid` (its entry, or its part of a lease) may go, and
+    the claim resourceVersion the watermark must rise to when it does (None: none).
+
+    It goes once this cache holds the claim carrying the charge it was admitted at, or
+    saw it deleted; once expired, also when the cache holds it without its charge (no
+    leader annotated it in time: the watermark still says so), or never saw it (an
+    orphan: its create never succeeded, and the watermark stays)."""
+    seen = caches.claim_recorded(uid)
+    if seen is None:
+        seen = caches.claim_gone(uid)
+    if seen is None and expired:
+        return True, caches.claim_version(uid)
+    return seen is not None, seen
 
 
 def _raised(through: int | None, seen: int | None) -> int | None:
