@@ -75,6 +75,7 @@ class Plan:
     settled: frozenset[str]  # uids that leave the lease with this write
     limit: Charge  # room for local admissions while the write is in flight
     stale: bool = False  # built on an object older than the book: it may land only by a write (it will not)
+    fresh: bool = False  # a new lease, nothing of an old book in it
 
 
 def leasable(quota: DeviceQuota, sizing: Sizing) -> bool:
@@ -125,7 +126,11 @@ def landed(lease: Lease | None, plan: Plan) -> Lease | None:
     amount once the settled ones left)."""
     if plan.lease is None:
         return None
-    admitted = {u: v for u, v in (lease.admitted.items() if lease is not None else ()) if u not in plan.settled}
+    if plan.fresh or lease is None:
+        # An expired book's claims were never in this amount: carried over, their settling
+        # would take their charges out of room they never held.
+        return plan.lease
+    admitted = {u: v for u, v in lease.admitted.items() if u not in plan.settled}
     return replace(plan.lease, admitted=admitted, taken=len(set(admitted) - set(plan.lease.admitted)))
 
 
@@ -204,7 +209,7 @@ def renew(
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
     return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
-            Plan(planned, frozenset(settled), limit, stale))
+            Plan(planned, frozenset(settled), limit, stale, fresh=own is None))
 
 
 def _retryable(quota: DeviceQuota, held: Mapping[str, Reservation], key: str, decisions: tuple[Decision, ...],
