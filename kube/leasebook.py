@@ -1,11 +1,13 @@
 """This process's leases (`quota.headroom`), one per DeviceQuota it admits into while far from `hard`.
 
 Neighbours: `kube.quotawriter.Reservations` owns one `LeaseBook`: `take` on a claim CREATE
-(no write, no await), `plan`/`landed`/`unwritten`/`uncertain` around each status write it
-makes of a quota, and `tend` wakes each lease at the end of its window so that its
-holder renews it (claims still arriving), or shrinks it to what it admitted and has not
-settled (idle), releasing the room it held for nothing. Everything here runs on the event
-loop between awaits, so a book never changes between a decision and its record.
+(no write, no await), `writing`/`landed`/`unwritten`/`uncertain` around each status write
+it makes of a quota (the plan is `quota.headroom.renew`'s), and `tend` writes each lease
+when it is `due`: near the end of its window, so that its holder renews it (claims still
+arriving) or shrinks it to what it admitted and has not settled (idle), releasing the
+room it held for nothing; and, once shrunk near `hard`, as soon as part of it settles.
+Everything here runs on the event loop between awaits, so a book never changes between a
+decision and its record.
 
 Keys: `lease.<holder>.<n>`, `holder` unique per process (the Pod's name and a random
 nonce: a restarted process never adopts an old lease, which expires as an orphan); `n`
@@ -41,6 +43,8 @@ def default_holder() -> str:
 
 @dataclass(slots=True)
 class LeaseBook:
+    """This process's leases by quota, their keys, and the tasks that tend them."""
+
     sizing: Sizing = field(default_factory=lambda: Sizing(period=0.0))
     holder: str = field(default_factory=default_holder)
     leases: dict[QuotaKey, Lease] = field(default_factory=dict)
