@@ -117,7 +117,7 @@ class LeaseBook:
 
     @property
     def margin(self) -> float:
-        return self.sizing.period / 5
+        return self.sizing.margin
 
     @property
     def poll(self) -> float:

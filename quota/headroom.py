@@ -46,6 +46,11 @@ class Sizing:
     share: float = 0.25  # of the free headroom one chunk takes
     keep_free: float = 0.5  # of `hard` that must stay free once the chunk is taken
 
+    @property
+    def margin(self) -> float:
+        """How long before its window ends a live holder renews (or releases) its lease."""
+        return self.period / 5
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:
@@ -180,7 +185,8 @@ def renew(
         held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
     outcome = apply(quota, Record(held, through, record.namespaces), requests, usage=usage, caches=caches, now=now,
                     ttl=ttl, max_entries=max_entries)
-    outcome = replace(outcome, decisions=_retryable(quota, held, key, outcome.decisions, lambda others: apply(
+    live_until = now + ttl + sizing.margin  # a lease expiring later has its window open past its renewal
+    outcome = replace(outcome, decisions=_retryable(quota, held, key, live_until, outcome.decisions, lambda others: apply(
         quota, Record(others, through, record.namespaces), requests, usage=usage, caches=caches, now=now, ttl=ttl,
         max_entries=max_entries).decisions))
     live = {uid: r for uid, r in outcome.record.held.items() if uid != key}
@@ -212,12 +218,16 @@ def renew(
             Plan(planned, frozenset(settled), limit, stale, fresh=own is None))
 
 
-def _retryable(quota: DeviceQuota, held: Mapping[str, Reservation], key: str, decisions: tuple[Decision, ...],
+def _retryable(quota: DeviceQuota, held: Mapping[str, Reservation], key: str, live_until: float,
+               decisions: tuple[Decision, ...],
                decide: Callable[[dict[str, Reservation]], tuple[Decision, ...]]) -> tuple[Decision, ...]:
-    """A denial that only other replicas' leases cause is not the quota's answer: part of
-    their amount may be claims this cache already counts, and a lease shrinks within a
-    period. Such a request is refused as one to retry (no quota named), not as exceeded."""
-    leases = {uid: r for uid, r in held.items() if r.source == "Lease" and uid != key}
+    """A denial that only other replicas' open leases cause is not the quota's answer: part
+    of their amount may be claims this cache already counts, and each is renewed or
+    released within a fifth of a period. Such a request is refused as one to retry (no
+    quota named), not as exceeded. A lease past that point (`live_until`: its holder
+    would have written it by now; a SIGKILLed holder's, or one shrunk near `hard`) holds
+    its room like any entry until it expires or settles: a denial it causes is final."""
+    leases = {uid: r for uid, r in held.items() if r.source == "Lease" and uid != key and r.expires > live_until}
     if not leases or all(d.allowed for d in decisions):
         return decisions
     without = decide({uid: r for uid, r in held.items() if uid not in leases})

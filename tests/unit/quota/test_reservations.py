@@ -507,3 +507,22 @@ def test_no_interleaving_of_replicas_holding_leases_over_commits(actions: list[t
     for act in actions:
         _lease_step(world, act, counter, SIZING)
         assert _committed(world).memory <= (LEASED.hard.memory or 0), (act, world)
+
+
+def test_a_denial_only_an_open_lease_of_another_replica_causes_is_one_to_retry() -> None:
+    # 16 GPUs: 10 claims seen here, 5 GPUs in replica B's lease (some of it may be those claims).
+    seen = Seen(claims={f"c{i}": i + 1 for i in range(10)})
+    usage = Usage(reserved=Charge(800 * GiB, 10))
+
+    def decide(expires: float) -> str:
+        lease = Reservation("lease.b.0", "b", Charge(400 * GiB, 0), expires, "Lease")
+        outcome, _ = renew(None, key="lease.a.0", holder="a", quota=LEASED, record=Record({"lease.b.0": lease}),
+                           requests=[reserve("x", Charge(160 * GiB, 2))], usage=usage, caches=seen, now=100.0,
+                           ttl=TTL, sizing=SIZING)
+        assert not outcome.decisions[0].allowed and "lease.b.0" in outcome.record.held
+        return outcome.decisions[0].message
+
+    # Its window open (written at 95, 30 s): B renews or releases it within a fifth of a period.
+    assert decide(95.0 + 30.0 + TTL).startswith('DeviceQuota "gpus" is full counting the leases other replicas hold')
+    # Past its renewal point (B was SIGKILLed, or shrank it near hard): it holds room like any entry.
+    assert decide(60.0 + 30.0 + TTL).startswith('exceeded DeviceQuota "gpus"')
