@@ -143,6 +143,10 @@ def _add_serve(sub: _Subparsers) -> None:
                             "admission step refused the create) is dropped after this long; keep it longer than "
                             "the API server's request timeout (60 s by default) plus any replica's watch lag "
                             "(default 120)")
+    serve.add_argument("--lease-period", type=float, default=5.0, metavar="SECONDS",
+                       help="while a DeviceQuota is far from hard, each replica reserves a chunk of its headroom "
+                            "(a lease, one status write) and admits claims against it for this long with no write; "
+                            "near hard every admission is persisted one by one; 0 turns leases off (default 5)")
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
@@ -257,7 +261,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         bind_address=",".join(hosts), port=args.port, admin_access_policy=args.admin_access_policy,
         admin_access_configmap=args.admin_access_configmap,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing,
-        reservation_ttl=args.reservation_ttl, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
+        reservation_ttl=args.reservation_ttl, lease_period=args.lease_period, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
         metrics_bind_address=args.metrics_bind_address or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),

@@ -29,6 +29,8 @@ from controllers.annotator import Annotator
 from controllers.governed import GovernedLabels
 from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
 from controllers.leader import LeaderElector, default_identity
+from kube.leasebook import LeaseBook
+from quota.headroom import Sizing
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
 from controllers.requeue import Requeuer
@@ -81,7 +83,7 @@ class Caches:
 
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 120.0,
                  requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
-                 leading: Callable[[], bool] | None = None) -> None:
+                 leading: Callable[[], bool] | None = None, lease_period: float = 0.0) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
         `leading`: the Lease holder writes our annotations on claims (controllers.annotator)."""
         # The CEL parser is imported at the first selector compiled (`quota.cel.selector`,
@@ -120,7 +122,8 @@ class Caches:
                                          claim_version=claim_store.version,
                                          claim_recorded=claim_store.recorded_version,
                                          namespace_progress=namespace_progress,
-                                         namespaces_seen=lambda: namespace_store.newest)
+                                         namespaces_seen=lambda: namespace_store.newest,
+                                         leases=LeaseBook(Sizing(period=lease_period)))
         claim_store.deleted = self.reservations.claim_deleted
 
         # Told the quotas every claim, DeviceQuota and Workload event moved (None: any), as

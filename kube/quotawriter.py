@@ -35,6 +35,11 @@ are released if a later one denies or fails. Until that release lands the claim 
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
 
+Leases (`quota.headroom`, `kube.leasebook`): while a DeviceQuota is far from `hard`, a
+claim is admitted under this process's lease on it, with no write; every write of that
+quota's status by this process settles and re-sizes the lease (`renew`), and the book
+follows the write's fate (landed, not written, or unknown: the key is retired).
+
 A claim's entry is never released when the claim is deleted at admission (a later
 admission plugin may deny the DELETE): it goes once a cache saw the claim, and the
 claim then stops counting when the watch delivers its deletion.
@@ -47,10 +52,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kube.api import ApiError, KubeApi
+from kube.leasebook import LeaseBook
 from kube.resources import quota_resource
+from kube.seen import Seen
 from kube.watching import Progress
 from quota.devicequota import (
     CLUSTER_KIND,
@@ -61,20 +67,18 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.ledger import ClaimRef, Ledger, QuotaKey, recounting_message, shown, usage_scope
+from quota.headroom import Plan, renew
+from quota.ledger import Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
-from quota.reservations import Outcome, Record, Request, Source, apply, in_flight, parse_record, settle, status_fields
+from quota.reservations import (Outcome, Record, Request, Source, apply, in_flight, parse_record, parse_version, settle,
+                                status_fields)
 
 __all__ = ["CONTENTION", "Reservations", "StatusWrite"]
 
 log = logging.getLogger(__name__)
 
 CONTENTION = "could not persist the reservation: too much contention; retry"
-# Deleted claims and finished Workloads remembered: an entry of theirs may still be in a
-# record this replica has not written since. Beyond this, the oldest are forgotten (their
-# entries then go by the watermark of another writer, or expire).
-_GONE_REMEMBERED = 8192
 
 
 @dataclass(slots=True)
@@ -93,11 +97,11 @@ class StatusWrite:
     lagging: bool = False  # this replica's claim (or Namespace) watch did not reach a watermark in time
 
 
-class Reservations:
+class Reservations(Seen):
     """The persisted reservations of every DeviceQuota, written with optimistic concurrency.
 
-    It is also this replica's `quota.reservations.Caches`: what its own caches know of
-    the uids a record holds.
+    It is also this replica's `quota.reservations.Caches` (`kube.seen`): what its own
+    caches know of the uids a record holds.
     """
 
     def __init__(self, api: KubeApi, ledger: Ledger, *, ttl: float, retries: int = 3,
@@ -105,18 +109,12 @@ class Reservations:
                  claim_version: Callable[[str], int | None] = lambda uid: None,
                  claim_recorded: Callable[[str], int | None] | None = None, catch_up: float = 2.0,
                  namespace_progress: Progress | None = None,
-                 namespaces_seen: Callable[[], int | None] = lambda: None) -> None:
+                 namespaces_seen: Callable[[], int | None] = lambda: None, leases: LeaseBook | None = None) -> None:
         self.api = api
-        self.ledger = ledger
         self.ttl = ttl
         self.retries = retries
         self.clock = clock
-        # How far the claim watch has come, and at which resourceVersion the claim cache
-        # holds a claim (`kube.caches.ClaimStore.version`), with its charge recorded on
-        # it (`recorded_version`).
-        self.progress = progress or Progress()
-        self._claim_version = claim_version
-        self._claim_recorded = claim_recorded or claim_version
+        super().__init__(ledger, progress=progress, claim_version=claim_version, claim_recorded=claim_recorded)
         self.catch_up = catch_up
         # How far the Namespace watch has come, and the newest Namespace it brought
         # (`kube.caches.NamespaceStore.newest`): a team's second watermark
@@ -134,15 +132,20 @@ class Reservations:
         # allocation by 3 s (tests/e2e/test_fleet.py on a loaded machine).
         self._writing: dict[QuotaKey, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # uid -> the resourceVersion at which the claim watch delivered its deletion.
-        self._claims_gone: dict[str, int] = {}
-        self._workloads_gone: dict[str, None] = {}
+        # This process's leases (`kube.leasebook`; none unless sized).
+        self.leases = leases or LeaseBook()
 
     # -- fed by the caches ------------------------------------------------------------
 
     def observe(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
-        self._objects[(Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))] = obj
+        key = (Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))
+        # The watch may deliver a version older than our own write's answer: keep the newer
+        # (one object's resourceVersions are etcd revisions, ordered).
+        known = parse_version(((self._objects.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+        version = parse_version(meta.get("resourceVersion"))
+        if known is None or version is None or version >= known:
+            self._objects[key] = obj
 
     def drop(self, namespace: str, name: str) -> None:
         key = (Namespace(namespace), name)
@@ -155,45 +158,6 @@ class Reservations:
         """The newest DeviceQuota object known (the quota controller writes against it too)."""
         return self._objects.get((Namespace(namespace), name))
 
-    def claim_deleted(self, uid: str, resource_version: str | None) -> None:
-        """The claim watch delivered `uid`'s deletion (or a relist no longer has it) at
-        `resource_version` (None: at the watch's current position)."""
-        version = int(resource_version) if resource_version and resource_version.isdigit() else self.progress.version
-        # 0: known gone, at no version that could raise a watermark.
-        _remember(self._claims_gone, uid, version or 0)
-
-    def workload_gone(self, uid: str) -> bool:
-        return uid in self._workloads_gone
-
-    def forget_workload(self, uid: str) -> None:
-        """The Workload cache saw `uid` finish or go: its entry counts no more."""
-        _remember(self._workloads_gone, uid, None)
-
-    # -- quota.reservations.Caches ----------------------------------------------------
-
-    def claim_version(self, uid: str) -> int | None:
-        return self._claim_version(uid)
-
-    def claim_recorded(self, uid: str) -> int | None:
-        return self._claim_recorded(uid)
-
-    def claim_gone(self, uid: str) -> int | None:
-        return self._claims_gone.get(uid)
-
-    def workload_counted(self, uid: str) -> bool:
-        return self.ledger.holding(ClaimRef(uid)) is not None
-
-    def claim_outlived(self, uid: str, version: int | None) -> bool:
-        """Whether claim `uid`, read at resourceVersion `version` (None: unknown), is gone
-        as far as this replica's claim watch goes: it delivered the deletion, or it has
-        passed `version` and the cache does not hold the claim (deleted before the list
-        the cache was built from, whose watch never tells). A review of such a copy
-        (`webhook.claimreview.allocate_claim`) is late: the API server validated a stale
-        copy and its write will find no claim; counting it would never be undone."""
-        if self.claim_gone(uid) is not None:
-            return True
-        return version is not None and self.claim_version(uid) is None and self.progress.has_reached(version)
-
     def admitting(self, key: QuotaKey) -> bool:
         """Whether admissions into quota `key` are being written or wait to be (the quota
         controller then writes that quota less often: `controllers.quotas`)."""
@@ -201,19 +165,41 @@ class Reservations:
         return batch is not None and (batch.running or bool(batch.pending))
 
     def pending(self, namespace: str, name: str) -> Charge:
-        """What the quota's persisted entries add to this replica's ledger now (the sum
-        `apply` checks against)."""
+        """What the quota's persisted entries add to this replica's ledger now, as the status
+        shows it (`apply` also counts the leases, `quota.headroom`)."""
         obj = self._objects.get((Namespace(namespace), name))
         if obj is None:
             return Charge()
-        return in_flight(settle(parse_record(obj.get("status")), self, now=self.clock()), self)
+        return in_flight(settle(parse_record(obj.get("status")), self, now=self.clock()), self, leases=False)
 
     # -- admission --------------------------------------------------------------------
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
                     dry_run: bool = False, series: str = "", source: Source = "Claim") -> Decision:
-        """Reserve `charges` (quota -> charge) for `uid`, in key order (module doc); `series`
-        replaces earlier attempts (`quota.reservations.Request.series`)."""
+        """Reserve `charges` (quota -> charge) for `uid`: under this process's lease where one
+        has room (`kube.leasebook`, no write), the rest in key order (module doc), all or
+        nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
+        local: list[DeviceQuota] = []
+        if source == "Claim" and not series:  # Workloads and the scheduler's attempts: one entry each
+            now = self.clock()
+            local = [q for q in charges if self.leases.take(q, uid, charges[q], now, dry_run=dry_run)]
+        try:
+            decision = await self._admit_exact({q: c for q, c in charges.items() if q not in local}, uid=uid,
+                                               claim=claim, dry_run=dry_run, series=series, source=source)
+        except BaseException:
+            for quota in local if not dry_run else ():
+                self.leases.untake(quota, uid)
+            raise
+        if not decision.allowed:
+            for quota in local if not dry_run else ():
+                self.leases.untake(quota, uid)
+            return decision
+        charged = sorted({*decision.charged, *(q.ref for q in local)},
+                         key=lambda ref: ("" if "/" in ref else "~", ref))
+        return replace(decision, charged=tuple(charged))
+
+    async def _admit_exact(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
+                           dry_run: bool, series: str, source: Source) -> Decision:
         done: list[DeviceQuota] = []
         warnings: list[str] = []
         warned_by: list[str] = []
@@ -302,15 +288,34 @@ class Reservations:
     async def _write(self, key: QuotaKey, requests: list[Request]) -> list[Decision]:
         """Read, decide, conditionally write; on a conflict re-read and decide again."""
         outcome: Outcome | None = None
+        plan: Plan | None = None
+        planned = False
 
         def build(obj: Obj) -> Obj | None:
-            nonlocal outcome
-            outcome = self._decide(obj, requests)
+            nonlocal outcome, plan, planned
+            outcome, plan = self._decide(obj, requests)
+            if plan is not None:
+                planned = True
+                self.leases.writing(key, plan)  # local admissions keep within old and new amount
             if not outcome.changed:
                 return None
             return {**obj, "status": {**(obj.get("status") or {}), **status_fields(outcome.record)}}
 
-        result = await self.write_status(key, build, retries=self.retries)
+        try:
+            result = await self.write_status(key, build, retries=self.retries)
+        except BaseException:
+            if planned:
+                self.leases.uncertain(key)  # it may have landed: the entry is left to expire
+            raise
+        # Nothing to write and a book that matched the entry: the plan is what is stored
+        # (its window ended, say), so the book takes it too.
+        unchanged = result.read is not None and outcome is not None and not outcome.changed
+        if plan is not None and (result.written is not None
+                                 or (unchanged and plan.lease is not None and not plan.stale)):
+            self.leases.landed(key, plan)
+            self.leases.tend(key, lambda: self._write(key, []), self, clock=self.clock, ttl=self.ttl)
+        else:
+            self.leases.unwritten(key)
         if result.lagging:
             message = (f'could not persist the reservation on {_kind(key)} "{key[1]}": this replica\'s claim watch '
                        f"(or, on a ClusterDeviceQuota, Namespace watch) is more than {self.catch_up:g}s behind the "
@@ -395,9 +400,9 @@ class Reservations:
         if obj is _LAGGING:
             return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch (or, '
                                    "on a ClusterDeviceQuota, Namespace watch) is behind the quota's record; retry")
-        return Decision(True) if obj is None else self._decide(obj, [request]).decisions[0]
+        return Decision(True) if obj is None else self._decide(obj, [request])[0].decisions[0]
 
-    def _decide(self, obj: Obj, requests: list[Request]) -> Outcome:
+    def _decide(self, obj: Obj, requests: list[Request]) -> tuple[Outcome, Plan | None]:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
         namespaced = bool((obj.get("metadata") or {}).get("namespace"))
         quota = parse_device_quota(obj) if namespaced else parse_cluster_device_quota(obj)
@@ -416,10 +421,27 @@ class Reservations:
             outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
                             now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
-                                                    for r in requests))
-        return apply(quota, parse_record(obj.get("status")), requests,
-                     usage=self.ledger.usage(quota.namespace, quota.name), caches=self, now=self.clock(), ttl=self.ttl,
-                     namespaces=self.namespaces_seen() if quota.cluster else None)
+                                                    for r in requests)), None
+        usage = self.ledger.usage(quota.namespace, quota.name)
+        if self.leases.leasable(quota):
+            key = (quota.namespace, quota.name)
+            return renew(self.leases.leases.get(key), key=self.leases.key(key), holder=self.leases.holder,
+                         quota=quota, record=parse_record(obj.get("status")), requests=requests, usage=usage,
+                         caches=self, now=self.clock(), ttl=self.ttl, sizing=self.leases.sizing)
+        return apply(quota, parse_record(obj.get("status")), requests, usage=usage, caches=self, now=self.clock(),
+                     ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None), None
+
+    async def close(self, *, patience: float = 2.0) -> None:
+        """Shutdown, once no review is in flight: shrink each lease to what it admitted and
+        has not settled (the rest of its room is not held idle until it expires), each
+        write bounded by `patience`; then stop tending them."""
+        for key in list(self.leases.leases):
+            self.leases.idle(key)
+            try:
+                await asyncio.wait_for(self._write(key, []), patience)
+            except Exception as err:  # noqa: BLE001 - it expires as an orphan, as after a SIGKILL
+                log.warning("cannot release the lease on %s: %s", shown(key), err)
+        await self.leases.close()
 
     async def _get(self, key: QuotaKey) -> Obj | None:
         try:
@@ -446,9 +468,3 @@ def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
 
 def _kind(key: QuotaKey) -> str:
     return KIND if key[0] else CLUSTER_KIND
-
-
-def _remember(table: dict[str, Any], uid: str, value: Any) -> None:
-    table[uid] = value
-    while len(table) > _GONE_REMEMBERED:
-        del table[next(iter(table))]

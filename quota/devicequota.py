@@ -84,9 +84,10 @@ class Amounts(TypedDict):
     devices: int
 
 
-class ReservedBy(TypedDict):
+class ReservedBy(TypedDict, total=False):
     claims: Amounts
     workloads: Amounts
+    leases: Amounts  # replicas' chunks of headroom (`quota.headroom`), counted whole
 
 
 class ClaimCounts(TypedDict):

@@ -96,7 +96,7 @@ def desired_status(
     # The other writer's fields as read: the API server pruned what the schema does not name.
     status = cast(ClusterDeviceQuotaStatus, dict(obj.get("status") or {}))
     live = settle(record, caches, now=now, namespaces=namespaces)
-    reserved = usage.reserved + in_flight(live, caches)
+    reserved = usage.reserved + in_flight(live, caches, leases=False)
     generation = (obj.get("metadata") or {}).get("generation")
     fields = status_fields(live)
     status["reservations"] = fields["reservations"]
@@ -109,11 +109,17 @@ def desired_status(
     # By source, for dashboards and queue admins: what admitted Kueue Workloads hold
     # beyond their Pods' claims (`quota.workloads`), and the rest. Only while Workloads
     # hold something: without Kueue, `kubectl describe` showed an empty split.
-    if usage.workloads.is_zero():
+    # Leases (`quota.headroom`) apart: room replicas hold for admissions they make without
+    # a write, part of it perhaps claims already counted in `reserved` (only the holder
+    # knows which), so that `used + reserved` stays what the claims take.
+    leases = sum((r.charge for r in live.held.values() if r.source == "Lease"), ZERO)
+    if usage.workloads.is_zero() and leases.is_zero():
         status.pop("reservedBy", None)
     else:
         status["reservedBy"] = {"claims": _amounts(reserved - usage.workloads),
                                 "workloads": _amounts(usage.workloads)}
+        if not leases.is_zero():
+            status["reservedBy"]["leases"] = _amounts(leases)
     status["claims"] = {"allocated": usage.allocated_claims, "pending": usage.pending_claims}
     if members is not None:
         status["namespaces"] = [_member(namespace, part, live, caches)
@@ -128,7 +134,7 @@ def desired_status(
 
 
 def _member(namespace: str, part: Usage, live: Record, caches: Caches) -> NamespaceUsage:
-    reserved = part.reserved + in_flight(live, caches, namespace=namespace)
+    reserved = part.reserved + in_flight(live, caches, namespace=namespace, leases=False)
     return {"namespace": namespace, "used": _amounts(part.used), "reserved": _amounts(reserved),
             "claims": {"allocated": part.allocated_claims, "pending": part.pending_claims}}
 

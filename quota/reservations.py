@@ -50,6 +50,10 @@ resourceVersions say nothing about the claim watch, so their entries follow the 
 rule: counted once (by the holding when this replica's Workload cache has it, else by
 the entry) until they expire or the Workload is gone.
 
+Leases (`quota.headroom`, `source: Lease`): a chunk of headroom one `serve` process
+admits claims against without a write. Every writer but its holder counts its whole
+amount as in flight and drops it only once it expired; only the holder settles it.
+
 The record is bounded: at most MAX_ENTRIES entries (the CRD says the same), past which
 admissions into that quota are refused with a message naming it; in steady state it
 holds only the admissions of the last watch lag. `reservations` is an atomic map in the
@@ -69,12 +73,12 @@ from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
 
 __all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "apply",
-           "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
+           "claim_settled", "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
 
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
 # each, so the object stays far below etcd's 1.5 MiB request limit.
 MAX_ENTRIES = 1000
-Source = Literal["Claim", "Workload"]
+Source = Literal["Claim", "Workload", "Lease"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +179,8 @@ def parse_record(status: Any) -> Record:
             charge = Charge(ceil_int(parse_quantity(entry.get("memory") or 0)), int(entry.get("devices") or 0))
             if charge.memory < 0 or charge.devices < 0:
                 continue
-            source: Source = "Workload" if entry.get("source") == "Workload" else "Claim"
+            raw_source = entry.get("source")
+            source: Source = raw_source if raw_source in ("Workload", "Lease") else "Claim"
             held[str(uid)] = Reservation(str(uid), str(entry.get("claim") or ""), charge, expires, source)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
@@ -219,38 +224,55 @@ def settle(record: Record, caches: Caches, *, now: float, namespaces: int | None
             if entry.expires > now and not caches.workload_gone(uid):
                 held[uid] = entry
             continue
-        seen = caches.claim_recorded(uid)
-        if seen is None:
-            seen = caches.claim_gone(uid)
-        if seen is None and entry.expires <= now:
-            # Expired before its claim carried its charge (no leader annotated it in time):
-            # it goes, but if this cache holds the claim, the watermark still says so.
-            seen = caches.claim_version(uid)
-            if seen is None:
-                continue  # an orphan: its claim never appeared here
+        if entry.source == "Lease":
+            # Only its holder knows which claims it admitted under it (`quota.headroom`):
+            # every other writer counts all of it until it expires.
+            if entry.expires > now:
+                held[uid] = entry
+            continue
+        goes, seen = claim_settled(caches, uid, expired=entry.expires <= now)
         if seen is not None:
             through = seen if through is None else max(through, seen)
-        else:
+        if not goes:
             held[uid] = entry
     if len(held) == len(record.held) and through == record.through:
         return record
     return Record(held, through, _raised(record.namespaces, namespaces))
 
 
+def claim_settled(caches: Caches, uid: str, *, expired: bool) -> tuple[bool, int | None]:
+    """Whether an admission of claim `uid` (its entry, or its part of a lease) may go, and
+    the claim resourceVersion the watermark must rise to when it does (None: none).
+
+    It goes once this cache holds the claim carrying the charge it was admitted at, or
+    saw it deleted; once expired, also when the cache holds it without its charge (no
+    leader annotated it in time: the watermark still says so), or never saw it (an
+    orphan: its create never succeeded, and the watermark stays)."""
+    seen = caches.claim_recorded(uid)
+    if seen is None:
+        seen = caches.claim_gone(uid)
+    if seen is None and expired:
+        return True, caches.claim_version(uid)
+    return seen is not None, seen
+
+
 def _raised(through: int | None, seen: int | None) -> int | None:
     return through if seen is None or (through is not None and through >= seen) else seen
 
 
-def in_flight(record: Record, caches: Caches, *, namespace: str | None = None) -> Charge:
+def in_flight(record: Record, caches: Caches, *, namespace: str | None = None, leases: bool = True) -> Charge:
     """What the entries add to this replica's ledger: each one whose claim (or Workload)
-    the ledger does not count itself; with `namespace`, only that namespace's (a team's
-    breakdown: an entry names its claim `namespace/name`)."""
+    the ledger does not count itself, and each lease whole; with `namespace`, only that
+    namespace's (a team's breakdown: an entry names its claim `namespace/name`); without
+    `leases`, what the status shows as reserved (leases are shown apart: part of their
+    amount may be claims the ledger already counts, `quota.quotastatus`)."""
     total = ZERO
     for uid, entry in record.held.items():
-        if namespace is not None and entry.claim.partition("/")[0] != namespace:
+        if (namespace is not None and entry.claim.partition("/")[0] != namespace) or (
+                not leases and entry.source == "Lease"):
             continue
         counted = (caches.workload_counted(uid) if entry.source == "Workload"
-                   else caches.claim_version(uid) is not None)
+                   else entry.source == "Claim" and caches.claim_version(uid) is not None)
         if not counted:
             total = total + entry.charge
     return total

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from kube.api import Resource
+from kube.leasebook import LeaseBook
 from kube.quotawriter import CONTENTION, Reservations
 from kube.watching import Progress
 from quota.admission import Admitter
+from quota.headroom import Sizing
 from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
@@ -278,3 +280,101 @@ async def test_a_replica_deciding_on_a_team_object_newer_than_its_quota_watch_re
     decisions = await asyncio.gather(*(reservations.admit({team: GPU}, uid=u, claim=f"team-a/{u}")
                                        for u in ("u1", "u2")))
     assert sorted(d.allowed for d in decisions) == [False, True]
+
+
+# -- leases (quota.headroom, kube.leasebook) ------------------------------------------------------
+
+
+def leased(*quotas: dict[str, Any], now: list[float]) -> tuple[FakeApi, Reservations, list[DeviceQuota]]:
+    api, plain, parsed = setup(*quotas)
+    reservations = Reservations(api, plain.ledger, ttl=60.0, clock=lambda: now[0],  # type: ignore[arg-type]
+                                leases=LeaseBook(Sizing(period=5.0), holder="serve-a"))
+    return api, reservations, parsed
+
+
+async def test_far_from_hard_one_write_grants_a_lease_that_admits_many_claims_with_none() -> None:
+    now = [1_000.0]
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=now)  # 100 GPUs
+    first = await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")
+    assert first.allowed and api.writes == 1
+    entry = api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]
+    # A quarter of the 99 GPUs left, in whole GPUs (24), expiring a period and a TTL on.
+    assert (entry["source"], entry["claim"], entry["expires"]) == ("Lease", "serve-a", "1970-01-01T00:17:45.000Z")
+    decisions = [await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}") for i in range(1, 25)]
+    assert all(d.allowed and d.charged == ("gpus",) for d in decisions) and api.writes == 1
+    # The 25th does not fit the lease: its exact write renews the lease (settles nothing,
+    # as no claim was seen) and it is admitted with an entry of its own.
+    assert (await reservations.admit({quota: GPU}, uid="u25", claim="team-a/c25")).allowed and api.writes == 2
+    assert "u25" in api.objects["gpus"]["status"]["reservations"]
+    # dryRun reserves nothing, under a lease or not.
+    book = reservations.leases.leases[(NS, "gpus")]
+    assert (await reservations.admit({quota: GPU}, uid="dry", claim="team-a/dry", dry_run=True)).allowed
+    assert reservations.leases.leases[(NS, "gpus")] == book and api.writes == 2
+    # Past its window nothing is admitted under it: the exact path decides.
+    now[0] += 10.0
+    assert (await reservations.admit({quota: GPU}, uid="late", claim="team-a/late")).allowed and api.writes == 3
+    assert "late" in api.objects["gpus"]["status"]["reservations"]
+    await reservations.close()
+
+
+
+async def test_near_hard_every_admission_is_exact_and_stops_at_hard() -> None:
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="400Gi"), now=[1_000.0])  # 5 GPUs
+    decisions = [await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}") for i in range(7)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    # A quarter of the four GPUs left is less than two: no lease, every admission exact.
+    assert not any(uid.startswith("lease.") for uid in api.objects["gpus"]["status"]["reservations"])
+    await reservations.close()
+
+
+async def test_a_claim_refused_by_another_quota_gives_its_lease_room_back() -> None:
+    api, reservations, (roomy, tight) = leased(make_quota("gpus", memory="8000Gi"),
+                                               make_quota("small", memory="80Gi"), now=[1_000.0])
+    assert (await reservations.admit({roomy: GPU}, uid="u0", claim="team-a/c0")).allowed
+    assert (await reservations.admit({roomy: GPU, tight: GPU}, uid="u1", claim="team-a/c1")).allowed
+    denied = await reservations.admit({roomy: GPU, tight: GPU}, uid="u2", claim="team-a/c2")
+    assert not denied.allowed and denied.denied_by == ("small",)
+    assert set(reservations.leases.leases[(NS, "gpus")].admitted) == {"u1"}
+    await reservations.close()
+
+
+
+async def test_a_write_whose_outcome_is_unknown_retires_the_lease() -> None:
+    now = [1_000.0]
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=now)
+    assert (await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    failing = api.update_status
+
+    async def timeout(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise TimeoutError("the API server did not answer")
+
+    api.update_status = timeout  # type: ignore[method-assign]
+    now[0] += 10.0  # past the window: the next admission writes, and that write times out
+    assert not (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
+    assert (NS, "gpus") not in reservations.leases.leases
+    api.update_status = failing  # type: ignore[method-assign]
+    assert (await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed
+    # A new key: the old entry is left to expire, never guessed at.
+    assert {"lease.serve-a.0", "lease.serve-a.1"} <= set(api.objects["gpus"]["status"]["reservations"])
+    await reservations.close()
+
+
+async def test_at_shutdown_a_lease_shrinks_to_what_it_admitted() -> None:
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    for i in range(3):
+        assert (await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}")).allowed
+    assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "1920Gi"
+    await reservations.close()
+    # u1 and u2, admitted under it and not seen yet, stay covered; the idle 22 GPUs go.
+    assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "160Gi"
+    assert not reservations.leases.tending
+
+
+async def test_a_watch_event_older_than_our_own_write_does_not_replace_it() -> None:
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    before = {**api.objects["gpus"], "metadata": dict(api.objects["gpus"]["metadata"])}
+    assert (await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    reservations.observe(before)  # the watch delivers the object as it was before the grant
+    newest = reservations.newest("team-a", "gpus")
+    assert newest is not None and "lease.serve-a.0" in newest["status"]["reservations"]
+    await reservations.close()

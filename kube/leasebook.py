@@ -1,0 +1,154 @@
+"""This process's leases (`quota.headroom`), one per DeviceQuota it admits into while far from `hard`.
+
+Neighbours: `kube.quotawriter.Reservations` owns one `LeaseBook`: `take` on a claim CREATE
+(no write, no await), `writing`/`landed`/`unwritten`/`uncertain` around each status write
+it makes of a quota (the plan is `quota.headroom.renew`'s), and `tend` writes each lease
+when it is `due`: near the end of its window, so that its holder renews it (claims still
+arriving) or shrinks it to what it admitted and has not settled (idle), releasing the
+room it held for nothing; and, once shrunk near `hard`, as soon as part of it settles.
+Everything here runs on the event loop between awaits, so a book never changes between a
+decision and its record.
+
+Keys: `lease.<holder>.<n>`, `holder` unique per process (the Pod's name and a random
+nonce: a restarted process never adopts an old lease, which expires as an orphan); `n`
+moves when a write's outcome is unknown (a timeout, a 5xx): the old entry is left to
+expire rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+
+from quota.devicequota import DeviceQuota
+from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
+from quota.ledger import QuotaKey, shown
+from quota.model import Charge
+from quota.reservations import Caches
+
+__all__ = ["LeaseBook", "default_holder"]
+
+log = logging.getLogger(__name__)
+
+
+def default_holder() -> str:
+    """The Pod's name (POD_NAME, else the host name) and a nonce unique to this process."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class LeaseBook:
+    """This process's leases by quota, their keys, and the tasks that tend them."""
+
+    sizing: Sizing = field(default_factory=lambda: Sizing(period=0.0))
+    holder: str = field(default_factory=default_holder)
+    leases: dict[QuotaKey, Lease] = field(default_factory=dict)
+    serials: dict[QuotaKey, int] = field(default_factory=dict)
+    tending: dict[QuotaKey, asyncio.Task[None]] = field(default_factory=dict)
+
+    def key(self, quota: QuotaKey) -> str:
+        return f"{LEASE_PREFIX}{self.holder}.{self.serials.get(quota, 0)}"
+
+    def leasable(self, quota: DeviceQuota) -> bool:
+        return leasable(quota, self.sizing)
+
+    def take(self, quota: DeviceQuota, uid: str, charge: Charge, now: float, *, dry_run: bool = False) -> bool:
+        """Admit claim `uid` under this process's lease on `quota` (recorded unless `dry_run`)."""
+        if not self.leasable(quota):
+            return False
+        key = (quota.namespace, quota.name)
+        taken = take(self.leases.get(key), quota, uid, charge, now)
+        if taken is not None and not dry_run:
+            self.leases[key] = taken
+        return taken is not None
+
+    def untake(self, quota: DeviceQuota, uid: str) -> None:
+        key = (quota.namespace, quota.name)
+        if (lease := self.leases.get(key)) is not None:
+            self.leases[key] = untake(lease, uid)
+
+    def writing(self, quota: QuotaKey, plan: Plan) -> None:
+        if (lease := writing(self.leases.get(quota), plan)) is not None:
+            self.leases[quota] = lease
+
+    def landed(self, quota: QuotaKey, plan: Plan) -> None:
+        if (lease := landed(self.leases.get(quota), plan)) is not None:
+            self.leases[quota] = lease
+        else:
+            self.leases.pop(quota, None)
+
+    def unwritten(self, quota: QuotaKey) -> None:
+        """The write did not happen (a conflict, nothing to write): the book as it was."""
+        if (lease := self.leases.get(quota)) is not None:
+            self.leases[quota] = replace(lease, limit=None)
+
+    def idle(self, quota: QuotaKey) -> None:
+        """No more local admissions under the lease on `quota`: its next write shrinks it."""
+        if (lease := self.leases.get(quota)) is not None:
+            self.leases[quota] = replace(lease, until=0.0, taken=0)
+
+    def uncertain(self, quota: QuotaKey) -> None:
+        """The write may or may not have landed: stop admitting under this lease and take
+        the next key; the entry, whichever it is, expires as an orphan."""
+        self.leases.pop(quota, None)
+        self.serials[quota] = self.serials.get(quota, 0) + 1
+
+    def due(self, quota: QuotaKey, caches: Caches, now: float, ttl: float) -> bool:
+        """Whether the lease on `quota` wants its holder's write now: a fifth of a period
+        before its window ends (claims still arriving find it renewed, an idle one is
+        released, what can be settled is); once it was shrunk (near `hard`), as soon as
+        part of it can be settled (`quota.headroom.settleable`): only there do the other
+        replicas' denials depend on it. Far from `hard`, settling at each renewal keeps
+        the writes to about one a period."""
+        lease = self.leases.get(quota)
+        if lease is None:
+            return False
+        if lease.expires <= now:  # every writer drops it now: nothing left to settle or admit
+            del self.leases[quota]
+            return False
+        if lease.until > 0:
+            return lease.until - self.margin <= now
+        return settleable(lease, caches, now=now, ttl=ttl)
+
+    @property
+    def margin(self) -> float:
+        return self.sizing.margin
+
+    @property
+    def poll(self) -> float:
+        """How often a lease is looked at: writes of one lease come at most this often."""
+        return min(self.sizing.period / 10, 0.5)
+
+    def tend(self, quota: QuotaKey, write: Callable[[], Awaitable[object]], caches: Caches, *,
+             clock: Callable[[], float], ttl: float) -> None:
+        """Have `write` (a status write of `quota` with no admission) run whenever the lease
+        on `quota` is `due`, until the lease is gone."""
+        if quota not in self.tending and quota in self.leases:
+            self.tending[quota] = asyncio.create_task(self._tend(quota, write, caches, clock, ttl),
+                                                      name=f"lease {shown(quota)}")
+
+    async def _tend(self, quota: QuotaKey, write: Callable[[], Awaitable[object]], caches: Caches,
+                    clock: Callable[[], float], ttl: float) -> None:
+        try:
+            while quota in self.leases:
+                await asyncio.sleep(self.poll)
+                if not self.due(quota, caches, clock(), ttl):
+                    continue
+                try:
+                    await write()
+                except Exception as err:  # noqa: BLE001 - tried again when next due
+                    log.warning("cannot renew the lease on %s: %s", shown(quota), err)
+        finally:
+            self.tending.pop(quota, None)
+
+    async def close(self) -> None:
+        """Stop tending (shutdown): each lease expires as an orphan, as after a SIGKILL."""
+        tasks = list(self.tending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
