@@ -213,7 +213,10 @@ async def test_a_delete_another_webhook_refuses_keeps_the_reservation(cluster: C
                 try:
                     await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=two.governed)
                 except ApiError as err:
-                    return err.message
+                    # A 500 is the API server failing to call that webhook (its config seen
+                    # before it reaches the server: a flake seen once, "connection refused");
+                    # under failurePolicy Fail nothing was deleted, so ask again.
+                    return "" if err.status == 500 else err.message
                 return ""
 
             message = await poll(protected, timeout=30, what="the second webhook to refuse the DELETE")
