@@ -202,7 +202,9 @@ def renew(
     unit = max(claims, key=_size, default=ZERO)
     unit = unit.max(own.unit) if own is not None else unit
     counted = usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO)
-    chunk = _chunk(quota, counted, sizing, unit) if active and leasable(quota, sizing) else None
+    # A new entry past the bound (the CRD's maxProperties) would have the whole write refused.
+    room_for_entry = stored is not None or len(live) < max_entries
+    chunk = _chunk(quota, counted, sizing, unit) if active and room_for_entry and leasable(quota, sizing) else None
     if chunk is not None:
         amount, until, expires = unsettled + chunk, now + sizing.period, now + sizing.period + ttl
     else:
