@@ -181,8 +181,10 @@ def renew(
     if stored is not None and own is None:
         held[key] = stored  # not ours to change: an entry of this key with no book
     elif stored is not None:
-        # In flight for this decision: the lease's room and its claims this cache does not count.
-        held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
+        # In flight for this decision: the lease's claims this cache does not count. Not its
+        # idle room: this write sizes the lease again from what it admits (`counted` below),
+        # and local admissions keep within the new amount while it is in flight (`writing`).
+        held[key] = replace(stored, charge=(unsettled - cached).max(ZERO))
     outcome = apply(quota, Record(held, through, record.namespaces), requests, usage=usage, caches=caches, now=now,
                     ttl=ttl, max_entries=max_entries)
     live_until = now + ttl + sizing.margin  # a lease expiring later has its window open past its renewal

@@ -416,3 +416,15 @@ async def test_a_relist_bringing_another_object_of_the_quotas_name_retires_the_l
     assert (await holder.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed and api.writes == 2
     assert "u2" in api.objects["gpus"]["status"]["reservations"]
     await holder.close()
+
+
+async def test_one_replica_never_counts_its_own_leases_idle_room_against_a_claim_that_fits() -> None:
+    # 100 GPUs, one taken; the holder's lease holds 24 more, none of them used. A claim of
+    # 80 fits (81 of 100): the write that admits it gives the lease's idle room back.
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    assert (await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    big = await reservations.admit({quota: Charge(80 * 80 * GiB, 80)}, uid="big", claim="team-a/big")
+    assert big.allowed, big.message
+    status = api.objects["gpus"]["status"]["reservations"]
+    assert sorted(status) == ["big", "u0"]  # the lease, idle, is gone: 81 of 100 leaves none
+    await reservations.close()
