@@ -142,14 +142,20 @@ class Reservations(Seen):
         key = (Namespace(str(meta.get("namespace") or "")), str(meta.get("name")))
         # The watch may deliver a version older than our own write's answer: keep the newer
         # (one object's resourceVersions are etcd revisions, ordered).
-        known = parse_version(((self._objects.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+        known_meta = (self._objects.get(key) or {}).get("metadata") or {}
+        known = parse_version(known_meta.get("resourceVersion"))
         version = parse_version(meta.get("resourceVersion"))
         if known is None or version is None or version >= known:
+            if known_meta and known_meta.get("uid") != meta.get("uid"):
+                self.leases.uncertain(key)  # another object of that name (a relist): the old one's lease went with it
             self._objects[key] = obj
 
     def drop(self, namespace: str, name: str) -> None:
         key = (Namespace(namespace), name)
         self._objects.pop(key, None)
+        # The lease went with the object: a quota created again under that name holds
+        # none, and no other replica counts it (its window may have seconds to run).
+        self.leases.uncertain(key)
         lock = self._writing.get(key)
         if lock is not None and not lock.locked():
             del self._writing[key]

@@ -181,8 +181,10 @@ def renew(
     if stored is not None and own is None:
         held[key] = stored  # not ours to change: an entry of this key with no book
     elif stored is not None:
-        # In flight for this decision: the lease's room and its claims this cache does not count.
-        held[key] = replace(stored, charge=(stored.charge - sum(settled.values(), ZERO) - cached).max(ZERO))
+        # In flight for this decision: the lease's claims this cache does not count. Not its
+        # idle room: this write sizes the lease again from what it admits (`counted` below),
+        # and local admissions keep within the new amount while it is in flight (`writing`).
+        held[key] = replace(stored, charge=(unsettled - cached).max(ZERO))
     outcome = apply(quota, Record(held, through, record.namespaces), requests, usage=usage, caches=caches, now=now,
                     ttl=ttl, max_entries=max_entries)
     live_until = now + ttl + sizing.margin  # a lease expiring later has its window open past its renewal
@@ -202,7 +204,9 @@ def renew(
     unit = max(claims, key=_size, default=ZERO)
     unit = unit.max(own.unit) if own is not None else unit
     counted = usage.used + usage.reserved + in_flight(Record(live), caches) + (unsettled - cached).max(ZERO)
-    chunk = _chunk(quota, counted, sizing, unit) if active and leasable(quota, sizing) else None
+    # A new entry past the bound (the CRD's maxProperties) would have the whole write refused.
+    room_for_entry = stored is not None or len(live) < max_entries
+    chunk = _chunk(quota, counted, sizing, unit) if active and room_for_entry and leasable(quota, sizing) else None
     if chunk is not None:
         amount, until, expires = unsettled + chunk, now + sizing.period, now + sizing.period + ttl
     else:

@@ -378,3 +378,53 @@ async def test_a_watch_event_older_than_our_own_write_does_not_replace_it() -> N
     newest = reservations.newest("team-a", "gpus")
     assert newest is not None and "lease.serve-a.0" in newest["status"]["reservations"]
     await reservations.close()
+
+
+async def test_a_quota_deleted_and_created_again_admits_nothing_under_the_old_objects_lease() -> None:
+    # The new object holds no lease: the other replicas count none. The holder's book must
+    # not admit against it (its window has seconds to run), or both give the room away.
+    now = [1_000.0]
+    spec = make_quota("gpus", memory="8000Gi")  # 100 GPUs
+    api, holder, (quota,) = leased(spec, now=now)
+    assert (await holder.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    assert "lease.serve-a.0" in api.objects["gpus"]["status"]["reservations"]
+    # `kubectl replace --force`: the quota goes and comes back with the same spec.
+    api.objects["gpus"] = {**spec, "metadata": {**spec["metadata"], "uid": "new", "resourceVersion": "50"},
+                           "status": {}}
+    holder.drop("team-a", "gpus")  # the holder's quota watch: DELETED, then ADDED
+    holder.observe(api.objects["gpus"])
+    other = Reservations(api, Ledger(), ttl=60.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    other.ledger.add_or_update_quota(quota)
+    assert (await other.admit({quota: Charge(8000 * GiB, 100)}, uid="big", claim="team-a/big")).allowed
+    # Hard is taken whole by the new object's one entry: nothing more fits.
+    assert not (await holder.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
+    await holder.close()
+
+
+async def test_a_relist_bringing_another_object_of_the_quotas_name_retires_the_lease() -> None:
+    now = [1_000.0]
+    spec = make_quota("gpus", memory="8000Gi")  # 100 GPUs
+    api, holder, (quota,) = leased(spec, now=now)
+    api.objects["gpus"]["metadata"]["uid"] = "old"
+    assert (await holder.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    assert (await holder.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed and api.writes == 1
+    # The watch expired across the delete: the relist brings the new object, no DELETED.
+    api.objects["gpus"] = {**spec, "metadata": {**spec["metadata"], "uid": "new", "resourceVersion": "50"},
+                           "status": {}}
+    holder.observe(api.objects["gpus"])
+    assert (NS, "gpus") not in holder.leases.leases
+    assert (await holder.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed and api.writes == 2
+    assert "u2" in api.objects["gpus"]["status"]["reservations"]
+    await holder.close()
+
+
+async def test_one_replica_never_counts_its_own_leases_idle_room_against_a_claim_that_fits() -> None:
+    # 100 GPUs, one taken; the holder's lease holds 24 more, none of them used. A claim of
+    # 80 fits (81 of 100): the write that admits it gives the lease's idle room back.
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    assert (await reservations.admit({quota: GPU}, uid="u0", claim="team-a/c0")).allowed
+    big = await reservations.admit({quota: Charge(80 * 80 * GiB, 80)}, uid="big", claim="team-a/big")
+    assert big.allowed, big.message
+    status = api.objects["gpus"]["status"]["reservations"]
+    assert sorted(status) == ["big", "u0"]  # the lease, idle, is gone: 81 of 100 leaves none
+    await reservations.close()

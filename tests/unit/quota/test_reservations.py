@@ -526,3 +526,14 @@ def test_a_denial_only_an_open_lease_of_another_replica_causes_is_one_to_retry()
     assert decide(95.0 + 30.0 + TTL).startswith('DeviceQuota "gpus" is full counting the leases other replicas hold')
     # Past its renewal point (B was SIGKILLed, or shrank it near hard): it holds room like any entry.
     assert decide(60.0 + 30.0 + TTL).startswith('exceeded DeviceQuota "gpus"')
+
+
+def test_a_lease_never_takes_the_record_past_its_bound() -> None:
+    # The CRD's maxProperties: a write with one entry more is refused whole (422), and
+    # with it every admission and every settling this holder's writes carry.
+    big = parse_device_quota(make_quota("gpus", memory="8000Gi"))
+    record = Record({u: Reservation(u, f"team-a/{u}", GPU, 500.0) for u in ("a", "b")})
+    outcome, plan = renew(None, key="lease.a.0", holder="a", quota=big, record=record, requests=[reserve("x")],
+                          usage=Usage(), caches=Seen(), now=100.0, ttl=TTL, sizing=SIZING, max_entries=3)
+    assert outcome.decisions[0].allowed and len(outcome.record.held) <= 3, sorted(outcome.record.held)
+    assert plan.lease is None
