@@ -22,9 +22,11 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
+from kube.api import ApiError
 from quota.devicequota import DeviceQuota
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
 from quota.ledger import QuotaKey, shown
@@ -34,6 +36,9 @@ from quota.reservations import Caches
 __all__ = ["LeaseBook", "default_holder"]
 
 log = logging.getLogger(__name__)
+
+# Seconds leases stay off after the DeviceQuota CRD refused one (`LeaseBook.refused_by_schema`).
+SCHEMA_RETRY = 300.0
 
 
 def default_holder() -> str:
@@ -50,12 +55,14 @@ class LeaseBook:
     leases: dict[QuotaKey, Lease] = field(default_factory=dict)
     serials: dict[QuotaKey, int] = field(default_factory=dict)
     tending: dict[QuotaKey, asyncio.Task[None]] = field(default_factory=dict)
+    # Until when leases are off: the CRD refused one (`refused_by_schema`).
+    refused_until: float = 0.0
 
     def key(self, quota: QuotaKey) -> str:
         return f"{LEASE_PREFIX}{self.holder}.{self.serials.get(quota, 0)}"
 
     def leasable(self, quota: DeviceQuota) -> bool:
-        return leasable(quota, self.sizing)
+        return leasable(quota, self.sizing) and time.monotonic() >= self.refused_until
 
     def take(self, quota: DeviceQuota, uid: str, charge: Charge, now: float, *, dry_run: bool = False) -> bool:
         """Admit claim `uid` under this process's lease on `quota` (recorded unless `dry_run`)."""
@@ -91,6 +98,22 @@ class LeaseBook:
         """No more local admissions under the lease on `quota`: its next write shrinks it."""
         if (lease := self.leases.get(quota)) is not None:
             self.leases[quota] = replace(lease, until=0.0, taken=0)
+
+    def refused_by_schema(self, quota: QuotaKey, err: ApiError) -> bool:
+        """Whether `err` is the API server refusing a lease entry by the DeviceQuota CRD's
+        schema (a 422 naming the `Lease` source): the CRD predates leases, its upgrade
+        forgotten (Helm never upgrades a chart's `crds/`). Such a write did not land.
+        Leases are then off for `SCHEMA_RETRY` seconds (said as an error with the fix),
+        admissions going on with one entry each: slower, never refused for it; the next
+        lease after that finds the CRD applied, or is refused and falls back again."""
+        if err.status != 422 or '"Lease"' not in err.message:  # Unsupported value: "Lease": supported values: ...
+            return False
+        log.error("the DeviceQuota CRD refuses lease entries (%s): admitting with one entry each, leases tried again "
+                  "in %gs; apply the CRDs of this release (kubectl apply --server-side -f deploy/crds/, "
+                  "docs/install.md \"Upgrade and uninstall\")", err.message[:300], SCHEMA_RETRY)
+        self.refused_until = time.monotonic() + SCHEMA_RETRY
+        self.unwritten(quota)
+        return True
 
     def uncertain(self, quota: QuotaKey) -> None:
         """The write may or may not have landed: stop admitting under this lease and take

@@ -309,6 +309,12 @@ class Reservations(Seen):
 
         try:
             result = await self.write_status(key, build, retries=self.retries)
+        except ApiError as err:
+            if planned and self.leases.refused_by_schema(key, err):
+                return await self._write(key, requests)  # leases are off now: the exact path
+            if planned:
+                self.leases.uncertain(key)  # it may have landed: the entry is left to expire
+            raise
         except BaseException:
             if planned:
                 self.leases.uncertain(key)  # it may have landed: the entry is left to expire

@@ -12,11 +12,17 @@ asserted, not the time. Asserted: every create of the two bursts admitted; the l
 burst needs at most half the writes of the exact one (one write for many admissions:
 measured 10-20x fewer); the filling quota admits exactly K and denies the rest as
 exceeded, and `used + reserved` never passes `hard` on its status.
+
+And an upgrade whose CRDs were not applied: with the DeviceQuota CRD's `source` enum of
+the release before leases, the API server refuses a lease entry (422); every create is
+still admitted, with single entries, and serve's log says how to fix it. The CRD is put
+back as it was, and the API server seen taking a lease entry again, before the test ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -24,7 +30,7 @@ from quota.quantity import parse_quantity
 
 from .driver import RESOURCE_V1
 from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed
-from .kube import ApiError, Kube, Obj
+from .kube import ApiError, Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -105,3 +111,66 @@ async def test_a_lease_takes_the_status_write_off_each_create_and_hard_stays_exa
                for m in denied), denied
     status = (await kube.get(DQ, "devicequotas", "gpus", namespace=filling))["status"]
     assert used_and_reserved(status) <= K * 80 * 1024**3, status
+
+
+CRD = "apiextensions.k8s.io/v1"
+CRD_NAME = "devicequotas.draquota.io"
+
+
+def with_sources(crd: Obj, sources: list[str]) -> Obj:
+    """The DeviceQuota CRD with its reservations' `source` enum set to `sources`."""
+    crd = copy.deepcopy(crd)
+    version = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    entry = version["properties"]["status"]["properties"]["reservations"]["additionalProperties"]
+    entry["properties"]["source"]["enum"] = sources
+    return crd
+
+
+async def accepts_leases(kube: Kube, namespace: str) -> bool:
+    """Whether the API server's DeviceQuota schema takes a `Lease` entry now (an expired
+    one, on this test's own quota: every writer drops it)."""
+    obj = await kube.get(DQ, "devicequotas", "probe", namespace=namespace)
+    status = obj.get("status") or {}
+    status["reservations"] = {**(status.get("reservations") or {}), "lease.probe.0": {
+        "claim": "probe", "memory": "0", "devices": 0, "expires": "2000-01-01T00:00:00Z", "source": "Lease"}}
+    try:
+        await kube.replace(DQ, "devicequotas", {**obj, "status": status}, namespace=namespace, subresource="status")
+    except ApiError as err:
+        if err.status == 409:
+            return await accepts_leases(kube, namespace)
+        assert err.status == 422 and '"Lease"' in err.message, err.message
+        return False
+    return True
+
+
+async def test_a_crd_from_before_leases_admits_with_single_entries_and_says_how_to_fix_it(
+        kube: Kube, setup: Setup, make_namespace: MakeNamespace, clients: list[Kube]) -> None:
+    # An upgrade whose CRDs were not applied (Helm never upgrades a chart's crds/): the
+    # API server refuses a lease entry with a 422. Admissions must go on, one entry each.
+    current = await kube.get(CRD, "customresourcedefinitions", CRD_NAME)
+    namespace = await make_namespace("serve-oldcrd", labels={RUN_LABEL: setup.run})
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "probe"},
+                                           "spec": {"hard": {"memory": "1Gi"}, "enforcement": "Audit"}},
+                      namespace=namespace)
+    try:
+        await kube.replace(CRD, "customresourcedefinitions", with_sources(current, ["Claim", "Workload"]))
+        await poll(lambda: _refusing(kube, namespace), timeout=60, what="the API server to take the old schema")
+        roomy = await make_namespace("serve-oldcrd-claims", labels={RUN_LABEL: setup.run})
+        await quota(kube, roomy, "1000Ti")
+        outcomes = await burst(setup, clients, roomy, 40, "old")
+        refused = {k: v for k, v in outcomes.items() if v != "created"}
+        assert not refused, (len(refused), next(iter(refused.items())))
+        assert "the DeviceQuota CRD refuses lease entries" in setup.served.log_text()
+        held = (await kube.get(DQ, "devicequotas", "gpus", namespace=roomy))["status"].get("reservations") or {}
+        assert not any(k.startswith("lease.") for k in held), held
+    finally:
+        latest = await kube.get(CRD, "customresourcedefinitions", CRD_NAME)
+        await kube.replace(CRD, "customresourcedefinitions",
+                           with_sources(latest, current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+                                        ["status"]["properties"]["reservations"]["additionalProperties"]["properties"]
+                                        ["source"]["enum"]))
+        await poll(lambda: accepts_leases(kube, namespace), timeout=60, what="the API server to take the schema back")
+
+
+async def _refusing(kube: Kube, namespace: str) -> bool:
+    return not await accepts_leases(kube, namespace)

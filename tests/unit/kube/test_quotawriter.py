@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kube.api import Resource
+from kube.api import ApiError, Resource
 from kube.leasebook import LeaseBook
 from kube.quotawriter import CONTENTION, Reservations
 from kube.watching import Progress
@@ -427,4 +427,31 @@ async def test_one_replica_never_counts_its_own_leases_idle_room_against_a_claim
     assert big.allowed, big.message
     status = api.objects["gpus"]["status"]["reservations"]
     assert sorted(status) == ["big", "u0"]  # the lease, idle, is gone: 81 of 100 leaves none
+    await reservations.close()
+
+
+async def test_a_crd_that_refuses_lease_entries_turns_leases_off_and_admits_with_single_entries() -> None:
+    # The DeviceQuota CRD of the release before leases (its upgrade forgotten: Helm never
+    # upgrades a chart's crds/) refuses the `Lease` source as the real API server does.
+    api, reservations, (quota,) = leased(make_quota("gpus", memory="8000Gi"), now=[1_000.0])
+    writing = api.update_status
+
+    async def old_schema(resource: Resource, body: dict[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+        for key, entry in (body["status"].get("reservations") or {}).items():
+            if entry.get("source") == "Lease":
+                raise ApiError(422, "Invalid", f'DeviceQuota.draquota.io "gpus" is invalid: status.reservations.{key}.'
+                                               'source: Unsupported value: "Lease": supported values: "Claim", "Workload"')
+        return await writing(resource, body, namespace=namespace)
+
+    api.update_status = old_schema  # type: ignore[method-assign]
+    decisions = [await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}") for i in range(3)]
+    assert all(d.allowed for d in decisions), decisions
+    held = api.objects["gpus"]["status"]["reservations"]
+    assert set(held) == {"u0", "u1", "u2"} and api.writes == 3  # one entry each, no lease
+    assert not reservations.leases.leasable(quota)
+    # Past the pause the next admission tries a lease again (the CRD may be applied by then).
+    reservations.leases.refused_until = 0.0
+    api.update_status = writing  # type: ignore[method-assign]
+    assert (await reservations.admit({quota: GPU}, uid="u3", claim="team-a/c3")).allowed
+    assert any(k.startswith("lease.") for k in api.objects["gpus"]["status"]["reservations"])
     await reservations.close()
