@@ -495,6 +495,13 @@ class ClaimStore:
                        lambda: self._account_one(claim, obj))
 
     def _account_one(self, claim: Claim, obj: Obj) -> tuple[QuotaKey, ...]:
+        if self.holders is not None:
+            self.holders.update(claim_ref(claim), claim, obj.get("status"))
+        entry, bound = self._entry(claim)
+        keys = self.ledger.add_or_update_claim(entry) if entry is not None else ()
+        # The version only once the ledger counts this copy (as `_stage_one` does): a claim
+        # whose pricing raised is not held by this cache, so its persisted reservation stays
+        # (`quota.reservations.settle` drops an entry whose claim the cache holds).
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
@@ -502,10 +509,6 @@ class ClaimStore:
             self._recorded.add(claim_ref(claim))
         else:
             self._recorded.discard(claim_ref(claim))
-        if self.holders is not None:
-            self.holders.update(claim_ref(claim), claim, obj.get("status"))
-        entry, bound = self._entry(claim)
-        keys = self.ledger.add_or_update_claim(entry) if entry is not None else ()
         # After the ledger counted it (the annotator reads what is due from it).
         self._tell(claim, obj, entry if bound else None)
         return keys
