@@ -263,6 +263,7 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
     metrics.watch(lambda: (*caches.first, caches.claims))
+    metrics.leases(caches.reservations.leases)
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
                  leading=leading).register(metrics)
 

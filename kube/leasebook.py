@@ -13,6 +13,10 @@ Keys: `lease.<holder>.<n>`, `holder` unique per process (the Pod's name and a ra
 nonce: a restarted process never adopts an old lease, which expires as an orphan); `n`
 moves when a write's outcome is unknown (a timeout, a 5xx): the old entry is left to
 expire rather than guessed at.
+
+`LeaseStats` counts admissions by path and lease writes by outcome, plain integers that
+`webhook.metrics` reads at each scrape (as `kube.watching.ReflectorStats`), with the room
+the book holds (`LeaseBook.room`).
 """
 
 from __future__ import annotations
@@ -25,25 +29,44 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from kube.api import ApiError
 from quota.devicequota import DeviceQuota
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
 from quota.ledger import QuotaKey, shown
-from quota.model import Charge
+from quota.model import ZERO, Charge
+from quota.raw import Obj
 from quota.reservations import Caches
 
-__all__ = ["LeaseBook", "default_holder"]
+__all__ = ["LeaseBook", "LeaseStats", "PATHS", "WRITE_OUTCOMES", "default_holder"]
 
 log = logging.getLogger(__name__)
 
 # Seconds leases stay off after the DeviceQuota CRD refused one (`LeaseBook.refused_by_schema`).
 SCHEMA_RETRY = 300.0
 
+Path = Literal["lease", "exact"]
+# What a status write did to this process's entry: granted (a new lease), renewed (a new
+# window), shrunk (no window: what it admitted and has not settled), released (the entry
+# removed), refused (the CRD's schema: `refused_by_schema`), uncertain (outcome unknown).
+WriteOutcome = Literal["granted", "renewed", "shrunk", "released", "refused", "uncertain"]
+PATHS: tuple[Path, ...] = ("lease", "exact")
+WRITE_OUTCOMES: tuple[WriteOutcome, ...] = ("granted", "renewed", "shrunk", "released", "refused", "uncertain")
+
 
 def default_holder() -> str:
     """The Pod's name (POD_NAME, else the host name) and a nonce unique to this process."""
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class LeaseStats:
+    """Plain counters, read by the metrics layer at each scrape (dryRun never counted)."""
+
+    # Reservations admitted, one per quota: under the lease (no write) or by an entry of their own.
+    admitted: dict[Path, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
+    writes: dict[WriteOutcome, int] = field(default_factory=lambda: dict.fromkeys(WRITE_OUTCOMES, 0))
 
 
 @dataclass(slots=True)
@@ -57,6 +80,7 @@ class LeaseBook:
     tending: dict[QuotaKey, asyncio.Task[None]] = field(default_factory=dict)
     # Until when leases are off: the CRD refused one (`refused_by_schema`).
     refused_until: float = 0.0
+    stats: LeaseStats = field(default_factory=LeaseStats)
 
     def key(self, quota: QuotaKey) -> str:
         return f"{LEASE_PREFIX}{self.holder}.{self.serials.get(quota, 0)}"
@@ -89,6 +113,22 @@ class LeaseBook:
         else:
             self.leases.pop(quota, None)
 
+    def wrote(self, quota: QuotaKey, plan: Plan, before: Obj | None, after: Obj) -> None:
+        """Count a landed status write of `quota` by what it did to this process's entry
+        (`before`: the object it was built from; none changed: not a lease write)."""
+        key = self.key(quota)
+        old, new = _entry(before, key), _entry(after, key)
+        if old == new:
+            return
+        outcome: WriteOutcome = ("released" if plan.lease is None else "shrunk" if plan.lease.until <= 0
+                                 else "granted" if old is None else "renewed")
+        self.stats.writes[outcome] += 1
+
+    def room(self) -> Charge:
+        """What this process's leases hold, summed over quotas, as written (a lease whose
+        write's outcome was unknown has left the book: its entry expires as an orphan)."""
+        return sum((lease.amount for lease in self.leases.values()), ZERO)
+
     def unwritten(self, quota: QuotaKey) -> None:
         """The write did not happen (a conflict, nothing to write): the book as it was."""
         if (lease := self.leases.get(quota)) is not None:
@@ -112,13 +152,17 @@ class LeaseBook:
                   "in %gs; apply the CRDs of this release (kubectl apply --server-side -f deploy/crds/, "
                   "docs/install.md \"Upgrade and uninstall\")", err.message[:300], SCHEMA_RETRY)
         self.refused_until = time.monotonic() + SCHEMA_RETRY
+        self.stats.writes["refused"] += 1
         self.unwritten(quota)
         return True
 
-    def uncertain(self, quota: QuotaKey) -> None:
-        """The write may or may not have landed: stop admitting under this lease and take
-        the next key; the entry, whichever it is, expires as an orphan."""
-        self.leases.pop(quota, None)
+    def uncertain(self, quota: QuotaKey, plan: Plan | None = None) -> None:
+        """The write may or may not have landed (`plan`: the one it carried; none, the quota
+        went): stop admitting under this lease and take the next key; the entry, whichever
+        it is, expires as an orphan."""
+        held = self.leases.pop(quota, None)
+        if plan is not None and (held is not None or plan.lease is not None):  # a write that carried a lease
+            self.stats.writes["uncertain"] += 1
         self.serials[quota] = self.serials.get(quota, 0) + 1
 
     def due(self, quota: QuotaKey, caches: Caches, now: float, ttl: float) -> bool:
@@ -175,3 +219,7 @@ class LeaseBook:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _entry(obj: Obj | None, key: str) -> object:
+    return (((obj or {}).get("status") or {}).get("reservations") or {}).get(key)

@@ -200,6 +200,9 @@ class Reservations(Seen):
             for quota in local if not dry_run else ():
                 self.leases.untake(quota, uid)
             return decision
+        if not dry_run:
+            self.leases.stats.admitted["lease"] += len(local)
+            self.leases.stats.admitted["exact"] += len(charges) - len(local)
         charged = sorted({*decision.charged, *(q.ref for q in local)},
                          key=lambda ref: ("" if "/" in ref else "~", ref))
         return replace(decision, charged=tuple(charged))
@@ -313,17 +316,19 @@ class Reservations(Seen):
             if planned and self.leases.refused_by_schema(key, err):
                 return await self._write(key, requests)  # leases are off now: the exact path
             if planned:
-                self.leases.uncertain(key)  # it may have landed: the entry is left to expire
+                self.leases.uncertain(key, plan)  # it may have landed: the entry is left to expire
             raise
         except BaseException:
             if planned:
-                self.leases.uncertain(key)  # it may have landed: the entry is left to expire
+                self.leases.uncertain(key, plan)  # it may have landed: the entry is left to expire
             raise
         # Nothing to write and a book that matched the entry: the plan is what is stored
         # (its window ended, say), so the book takes it too.
         unchanged = result.read is not None and outcome is not None and not outcome.changed
         if plan is not None and (result.written is not None
                                  or (unchanged and plan.lease is not None and not plan.stale)):
+            if result.written is not None:
+                self.leases.wrote(key, plan, result.read, result.written)
             self.leases.landed(key, plan)
             self.leases.tend(key, lambda: self._write(key, []), self, clock=self.clock, ttl=self.ttl)
         else:

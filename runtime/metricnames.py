@@ -27,11 +27,14 @@ __all__ = [
     "INVENTORY_DEVICES",
     "INVENTORY_MEMORY",
     "LEADER",
+    "LEASE_ROOM",
+    "LEASE_WRITES",
     "NAMES",
     "NAMESPACE_USAGE",
     "PENDING_CLAIMS",
     "QUOTA",
     "RECONCILE_DURATION",
+    "RESERVATION_ADMISSIONS",
     "WATCH_RELISTS",
     "WATCH_RESTARTS",
     "WATCH_SYNCED",
@@ -75,8 +78,14 @@ GC_PAUSE = "draquota_gc_pause_seconds"
 # webhook.connections: open connections by listener and phase, and those it dropped.
 CONNECTIONS = "draquota_connections"
 CONNECTIONS_DROPPED = "draquota_connections_dropped_total"
+# kube.leasebook: reservations admitted by path (lease, exact), this process's lease
+# writes by outcome, and the room its leases hold.
+RESERVATION_ADMISSIONS = "draquota_reservation_admissions_total"
+LEASE_WRITES = "draquota_lease_writes_total"
+LEASE_ROOM = "draquota_lease_room"
 NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, BUILD_INFO, LEADER, QUOTA, CLUSTER_QUOTA,
          CLUSTER_QUOTA_NAMESPACE, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
          CLAIM_DEVICE_INFO, RECONCILE_DURATION, WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL,
-         EVENT_LOOP_STALL_MAX, EVENT_LOOP_STALL_CPU_MAX, GC_PAUSE, CONNECTIONS, CONNECTIONS_DROPPED)
+         EVENT_LOOP_STALL_MAX, EVENT_LOOP_STALL_CPU_MAX, GC_PAUSE, CONNECTIONS, CONNECTIONS_DROPPED,
+         RESERVATION_ADMISSIONS, LEASE_WRITES, LEASE_ROOM)

@@ -2,9 +2,10 @@
 
 Neighbours: `webhook.server` tells `Metrics.review` every verdict (its `observe` hook);
 `kube.events` counts what it drops here; the reflectors (`kube.watching`, their
-`ReflectorStats`) and the served certificate (`certs.tls.ReloadingContext`, the
-self-managed `certs.manager`) are read at scrape time by collectors, so neither `quota/`
-nor `certs/` imports prometheus. `webhook.metricsserver` serves the registry on its own
+`ReflectorStats`), this process's leases (`kube.leasebook`, its `LeaseStats` and room)
+and the served certificate (`certs.tls.ReloadingContext`, the self-managed
+`certs.manager`) are read at scrape time by collectors, so neither `quota/` nor `certs/`
+nor `kube/` imports prometheus. `webhook.metricsserver` serves the registry on its own
 port (`--metrics-port`): reviews stay on the webhook's.
 
 One `Metrics` per process owns one `CollectorRegistry` (never the global default, so
@@ -41,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
+from kube.leasebook import PATHS, WRITE_OUTCOMES, LeaseBook
 from kube.watching import Reflector
 from quota.policy import PolicyRecord
 from quota.version import version
@@ -59,7 +61,10 @@ from runtime.metricnames import (
     EVENT_LOOP_STALL_CPU_MAX,
     EVENT_LOOP_STALL_MAX,
     GC_PAUSE,
+    LEASE_ROOM,
+    LEASE_WRITES,
     RECONCILE_DURATION,
+    RESERVATION_ADMISSIONS,
     WATCH_RELISTS,
     WATCH_RESTARTS,
     WATCH_SYNCED,
@@ -259,6 +264,11 @@ class Metrics:
         """Expose the reflectors' state (read at each scrape)."""
         self.registry.register(_Collect(lambda: _reflector_metrics(reflectors())))
 
+    def leases(self, book: LeaseBook) -> None:
+        """Expose the reservations admitted by path, the lease writes by outcome and the
+        room the leases hold (read at each scrape)."""
+        self.registry.register(_Collect(lambda: _lease_metrics(book)))
+
     def certificates(self, expirations: Callable[[], Iterable[tuple[str, datetime]]]) -> None:
         """Expose certificate expiry: `expirations` yields (which, notAfter), e.g. ("serving", ...), ("ca", ...)."""
         self.registry.register(_Collect(lambda: _certificate_metrics(expirations())))
@@ -347,6 +357,28 @@ def _connection_metrics(listeners: Mapping[str, Connections]) -> Iterator[Metric
         for reason in DROP_REASONS:
             dropped.add_metric([listener, reason], connections.dropped[reason])
     yield from (gauge, dropped)
+
+
+def _lease_metrics(book: LeaseBook) -> Iterator[Metric]:
+    admitted = CounterMetricFamily(RESERVATION_ADMISSIONS, "Reservations admitted into a DeviceQuota or "
+                                   "ClusterDeviceQuota, one per quota of each admitted claim or Workload, by path "
+                                   "(lease: under this process's lease, no write; exact: an entry of its own, "
+                                   "persisted). dryRun excluded.", labels=["path"])
+    writes = CounterMetricFamily(LEASE_WRITES, "Status writes that changed this process's lease entry, by outcome "
+                                 "(granted, renewed, shrunk: to what it admitted and has not settled, released), and "
+                                 "lease writes refused by the DeviceQuota CRD's schema (refused: leases off for 5 "
+                                 "minutes) or whose outcome is unknown (uncertain: the entry left to expire).",
+                                 labels=["outcome"])
+    room = GaugeMetricFamily(LEASE_ROOM, "What this process's leases hold, summed over quotas, by resource (memory "
+                             "in bytes, devices a count).", labels=["resource"])
+    for path in PATHS:
+        admitted.add_metric([path], book.stats.admitted[path])
+    for outcome in WRITE_OUTCOMES:
+        writes.add_metric([outcome], book.stats.writes[outcome])
+    held = book.room()
+    room.add_metric(["memory"], held.memory)
+    room.add_metric(["devices"], held.devices)
+    yield from (admitted, writes, room)
 
 
 def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterator[Metric]:

@@ -11,11 +11,14 @@ The status writes of each phase are counted by the API server's own metric (PUTs
 asserted, not the time. Asserted: every create of the two bursts admitted; the leased
 burst needs at most half the writes of the exact one (one write for many admissions:
 measured 10-20x fewer); the filling quota admits exactly K and denies the rest as
-exceeded, and `used + reserved` never passes `hard` on its status.
+exceeded, and `used + reserved` never passes `hard` on its status. serve's own metrics
+(`draquota_reservation_admissions_total`, `draquota_lease_writes_total`) say the same: the
+Audit burst all `exact`, the enforced one mostly `lease`, after a `granted` write.
 
 And an upgrade whose CRDs were not applied: with the DeviceQuota CRD's `source` enum of
 the release before leases, the API server refuses a lease entry (422); every create is
-still admitted, with single entries, and serve's log says how to fix it. The CRD is put
+still admitted, with single entries (counted `exact`, none `lease`), serve's log says how
+to fix it and `draquota_lease_writes_total{outcome="refused"}` counts the refusal. The CRD is put
 back as it was, and the API server seen taking a lease entry again, before the test ends.
 """
 
@@ -23,13 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from quota.quantity import parse_quantity
+from runtime.metricnames import LEASE_WRITES, RESERVATION_ADMISSIONS
 
+from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1
-from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed
+from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Served, Setup, claim_body, governed, running
 from .kube import ApiError, Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +46,14 @@ BURST = 300
 IN_FLIGHT = 16
 K = 40
 FILL = 60
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
+    """The default `serve`, metrics on (its lease counters are read)."""
+    port, metrics_port = free_ports(2)
+    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
+        yield handle
 
 
 async def status_puts(kube: Kube) -> int:
@@ -78,6 +94,13 @@ async def burst(setup: Setup, clients: list[Kube], namespace: str, count: int, p
     return outcomes
 
 
+async def lease_counts(served: Served) -> dict[str, float]:
+    """serve's admissions by path ("lease", "exact") and lease writes by outcome."""
+    scraped = await served.metrics()
+    return {dict(labels).get("path") or dict(labels)["outcome"]: value for (name, labels), value in scraped.items()
+            if name in (RESERVATION_ADMISSIONS, LEASE_WRITES)}
+
+
 def used_and_reserved(status: Obj) -> int:
     return sum(int(parse_quantity(str((status.get(key) or {}).get("memory") or "0"))) for key in ("used", "reserved"))
 
@@ -92,16 +115,22 @@ async def test_a_lease_takes_the_status_write_off_each_create_and_hard_stays_exa
     await quota(kube, filling, f"{K * 80}Gi")
 
     writes: dict[str, int] = {}
+    counted: dict[str, dict[str, float]] = {}
     for name, ns in (("exact", exact), ("leased", leased)):
-        before = await status_puts(kube)
+        before, counts = await status_puts(kube), await lease_counts(setup.served)
         outcomes = await burst(setup, clients, ns, BURST, name)
         writes[name] = await status_puts(kube) - before
+        counted[name] = {k: v - counts[k] for k, v in (await lease_counts(setup.served)).items()}
         refused = {k: v for k, v in outcomes.items() if v != "created"}
         assert not refused, (name, len(refused), next(iter(refused.items())))
     lease = (await kube.get(DQ, "devicequotas", "gpus", namespace=leased))["status"]
     print(f"{BURST} creates, {IN_FLIGHT} in flight: {writes['exact']} status writes exact, {writes['leased']} "
           f"leased; the leased quota's status after: reservedBy {lease.get('reservedBy')}")
     assert writes["leased"] * 2 <= writes["exact"], writes
+    # serve's metrics: the Audit quota's admissions all exact, the enforced one's mostly under a lease.
+    assert (counted["exact"]["exact"], counted["exact"]["lease"]) == (BURST, 0), counted
+    assert counted["leased"]["lease"] + counted["leased"]["exact"] == BURST, counted
+    assert counted["leased"]["lease"] * 2 >= BURST and counted["leased"]["granted"] >= 1, counted
 
     outcomes = await burst(setup, clients, filling, FILL, "fill")
     admitted = [k for k, v in outcomes.items() if v == "created"]
@@ -157,12 +186,15 @@ async def test_a_crd_from_before_leases_admits_with_single_entries_and_says_how_
         await poll(lambda: _refusing(kube, namespace), timeout=60, what="the API server to take the old schema")
         roomy = await make_namespace("serve-oldcrd-claims", labels={RUN_LABEL: setup.run})
         await quota(kube, roomy, "1000Ti")
+        counts = await lease_counts(setup.served)
         outcomes = await burst(setup, clients, roomy, 40, "old")
+        counted = {k: v - counts[k] for k, v in (await lease_counts(setup.served)).items()}
         refused = {k: v for k, v in outcomes.items() if v != "created"}
         assert not refused, (len(refused), next(iter(refused.items())))
         assert "the DeviceQuota CRD refuses lease entries" in setup.served.log_text()
         held = (await kube.get(DQ, "devicequotas", "gpus", namespace=roomy))["status"].get("reservations") or {}
         assert not any(k.startswith("lease.") for k in held), held
+        assert counted["refused"] >= 1 and (counted["exact"], counted["lease"]) == (40, 0), counted
     finally:
         latest = await kube.get(CRD, "customresourcedefinitions", CRD_NAME)
         await kube.replace(CRD, "customresourcedefinitions",

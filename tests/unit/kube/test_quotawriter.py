@@ -300,16 +300,21 @@ async def test_far_from_hard_one_write_grants_a_lease_that_admits_many_claims_wi
     entry = api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]
     # A quarter of the 99 GPUs left, in whole GPUs (24), expiring a period and a TTL on.
     assert (entry["source"], entry["claim"], entry["expires"]) == ("Lease", "serve-a", "1970-01-01T00:17:45.000Z")
+    stats = reservations.leases.stats  # what the metrics read (webhook.metrics)
+    assert stats.writes["granted"] == 1 and reservations.leases.room() == Charge(24 * 80 * GiB, 0)
     decisions = [await reservations.admit({quota: GPU}, uid=f"u{i}", claim=f"team-a/c{i}") for i in range(1, 25)]
     assert all(d.allowed and d.charged == ("gpus",) for d in decisions) and api.writes == 1
+    assert stats.admitted == {"lease": 24, "exact": 1}
     # The 25th does not fit the lease: its exact write renews the lease (settles nothing,
     # as no claim was seen) and it is admitted with an entry of its own.
     assert (await reservations.admit({quota: GPU}, uid="u25", claim="team-a/c25")).allowed and api.writes == 2
     assert "u25" in api.objects["gpus"]["status"]["reservations"]
-    # dryRun reserves nothing, under a lease or not.
+    assert stats.admitted == {"lease": 24, "exact": 2} and (stats.writes["granted"], stats.writes["renewed"]) == (1, 1)
+    # dryRun reserves nothing, under a lease or not, and counts nothing.
     book = reservations.leases.leases[(NS, "gpus")]
     assert (await reservations.admit({quota: GPU}, uid="dry", claim="team-a/dry", dry_run=True)).allowed
     assert reservations.leases.leases[(NS, "gpus")] == book and api.writes == 2
+    assert stats.admitted == {"lease": 24, "exact": 2}
     # Past its window nothing is admitted under it: the exact path decides.
     now[0] += 10.0
     assert (await reservations.admit({quota: GPU}, uid="late", claim="team-a/late")).allowed and api.writes == 3
@@ -351,7 +356,8 @@ async def test_a_write_whose_outcome_is_unknown_retires_the_lease() -> None:
     api.update_status = timeout  # type: ignore[method-assign]
     now[0] += 10.0  # past the window: the next admission writes, and that write times out
     assert not (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
-    assert (NS, "gpus") not in reservations.leases.leases
+    assert (NS, "gpus") not in reservations.leases.leases and reservations.leases.room().is_zero()
+    assert reservations.leases.stats.writes["uncertain"] == 1
     api.update_status = failing  # type: ignore[method-assign]
     assert (await reservations.admit({quota: GPU}, uid="u2", claim="team-a/c2")).allowed
     # A new key: the old entry is left to expire, never guessed at.
@@ -367,6 +373,7 @@ async def test_at_shutdown_a_lease_shrinks_to_what_it_admitted() -> None:
     await reservations.close()
     # u1 and u2, admitted under it and not seen yet, stay covered; the idle 22 GPUs go.
     assert api.objects["gpus"]["status"]["reservations"]["lease.serve-a.0"]["memory"] == "160Gi"
+    assert reservations.leases.stats.writes["shrunk"] == 1 and reservations.leases.room().memory == 160 * GiB
     assert not reservations.leases.tending
 
 
@@ -427,6 +434,7 @@ async def test_one_replica_never_counts_its_own_leases_idle_room_against_a_claim
     assert big.allowed, big.message
     status = api.objects["gpus"]["status"]["reservations"]
     assert sorted(status) == ["big", "u0"]  # the lease, idle, is gone: 81 of 100 leaves none
+    assert reservations.leases.stats.writes["released"] == 1 and reservations.leases.room().is_zero()
     await reservations.close()
 
 
@@ -449,6 +457,8 @@ async def test_a_crd_that_refuses_lease_entries_turns_leases_off_and_admits_with
     held = api.objects["gpus"]["status"]["reservations"]
     assert set(held) == {"u0", "u1", "u2"} and api.writes == 3  # one entry each, no lease
     assert not reservations.leases.leasable(quota)
+    stats = reservations.leases.stats  # one refused lease write, then the exact path
+    assert stats.writes["refused"] == 1 and stats.admitted == {"lease": 0, "exact": 3}
     # Past the pause the next admission tries a lease again (the CRD may be applied by then).
     reservations.leases.refused_until = 0.0
     api.update_status = writing  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -20,9 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import Resource
+from kube.leasebook import LeaseBook
 from kube.watching import Reflector, ReflectorStats
+from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
+from quota.headroom import Lease
 from quota.ledger import Ledger
+from quota.model import Charge, Namespace
 from quota.policy import PolicyRecord
 from quota.usage import Holders
 from runtime.metricnames import (
@@ -33,7 +38,10 @@ from runtime.metricnames import (
     BUILD_INFO,
     CERTIFICATE_EXPIRATION,
     EVENTS_DROPPED,
+    LEASE_ROOM,
+    LEASE_WRITES,
     NAMES,
+    RESERVATION_ADMISSIONS,
     WATCH_RELISTS,
     WATCH_RESTARTS,
     WATCH_SYNCED,
@@ -44,6 +52,7 @@ from webhook.metricsserver import serve_metrics
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
 
+from ..builders import GiB, make_quota
 from .test_claimreview import CLAIM_GVR, gpu_claim, review_request, stored
 from ..kube.test_admissionreview import REVIEW
 
@@ -171,11 +180,31 @@ def test_reflectors_and_certificates_are_read_at_scrape_time() -> None:
     assert m.registry.get_sample_value(CERTIFICATE_EXPIRATION, {"certificate": "ca"}) == 1924992000
 
 
-def test_every_name_is_exposed_with_help_and_registries_are_separate() -> None:
+def test_leases_are_read_at_scrape_time_with_every_path_and_outcome_from_the_start() -> None:
+    m, book = Metrics(), LeaseBook(holder="serve-a")
+    m.leases(book)
+    samples = {(s.name, tuple(s.labels.values())): s.value
+               for f in text_string_to_metric_families(m.exposition().decode()) for s in f.samples}
+    assert {k: v for k, v in samples.items() if k[0].startswith(("draquota_lease", "draquota_reservation"))} == {
+        **{(RESERVATION_ADMISSIONS, (path,)): 0 for path in ("lease", "exact")},
+        **{(LEASE_WRITES, (o,)): 0 for o in ("granted", "renewed", "shrunk", "released", "refused", "uncertain")},
+        (LEASE_ROOM, ("memory",)): 0, (LEASE_ROOM, ("devices",)): 0}
+    book.stats.admitted["lease"] += 7
+    book.stats.writes["refused"] += 1
+    quota = parse_device_quota(make_quota("gpus", memory="8000Gi"))
+    for name, amount in (("gpus", Charge(160 * GiB, 2)), ("more", Charge(80 * GiB, 1))):  # summed over quotas
+        book.leases[(Namespace("team-a"), name)] = Lease("lease.serve-a.0", "serve-a", quota, amount)
+    value = m.registry.get_sample_value
+    assert (value(RESERVATION_ADMISSIONS, {"path": "lease"}), value(LEASE_WRITES, {"outcome": "refused"})) == (7, 1)
+    assert (value(LEASE_ROOM, {"resource": "memory"}), value(LEASE_ROOM, {"resource": "devices"})) == (240 * GiB, 3)
+
+
+def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separate() -> None:
     a, b = Metrics(), Metrics()
     a.review("/validate", claim_create(), Verdict(True), 0.001)
     a.events_dropped.labels("queue_full").inc()
     a.watch(lambda: [])
+    a.leases(LeaseBook(holder="serve-a"))
     a.certificates(lambda: [])
     a.connections({"webhook": Connections(Limits())})
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
@@ -186,6 +215,8 @@ def test_every_name_is_exposed_with_help_and_registries_are_separate() -> None:
     exposed = {name.removesuffix("_total") for name in NAMES}
     assert exposed <= set(families), exposed - set(families)
     assert all(families[n].documentation for n in exposed)
+    table = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text()
+    assert [n for n in NAMES if f"| `{n}` |" not in table] == []  # a row of the docs' table each
     assert a.registry.get_sample_value(EVENTS_DROPPED, {"reason": "queue_full"}) == 1
     [build] = families[BUILD_INFO].samples
     assert build.value == 1 and build.labels["version"]
