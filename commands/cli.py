@@ -143,10 +143,11 @@ def _add_serve(sub: _Subparsers) -> None:
                             "admission step refused the create) is dropped after this long; keep it longer than "
                             "the API server's request timeout (60 s by default) plus any replica's watch lag "
                             "(default 120)")
-    serve.add_argument("--lease-period", type=float, default=5.0, metavar="SECONDS",
+    serve.add_argument("--lease-period", type=float, default=0.0, metavar="SECONDS",
                        help="while a DeviceQuota is far from hard, each replica reserves a chunk of its headroom "
                             "(a lease, one status write) and admits claims against it for this long with no write; "
-                            "near hard every admission is persisted one by one; 0 turns leases off (default 5)")
+                            "near hard every admission is persisted one by one; opt-in (5 is the measured choice): "
+                            "under sustained bursts its record filled (docs/performance.md) (default 0: off)")
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
