@@ -665,6 +665,7 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
                 await c.close()
         print(f"{count} ResourceSlices ({args.nodes} nodes) created in {seconds:.1f} s ({count / seconds:.0f}/s)")
         ttl = () if args.reservation_ttl is None else ("--reservation-ttl", str(args.reservation_ttl))
+        leases = () if args.lease_period is None else ("--lease-period", str(args.lease_period))
         # As a Deployment of the chart runs it: its ServiceAccount and RBAC (so the leader's
         # own claim writes skip our annotation webhook, as `not-dra-quota-itself` says) and
         # its flags, but for where it listens and where its certificate comes from.
@@ -672,7 +673,7 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
         served = Served(cluster, free_ports(1)[0], workdir / "serve.log", kubeconfig=kubeconfig,
                         # ::1 too: bench/connections.py and attacks.py attack from there, as a
                         # Pod would from its own address (the honest reviews use 127.0.0.1).
-                        args=(*deployment_flags(), "--log-level", log_level, *ttl, "--bind-address", "127.0.0.1,::1"),
+                        args=(*deployment_flags(), "--log-level", log_level, *ttl, *leases, "--bind-address", "127.0.0.1,::1"),
                         ready_timeout=900,
                         metrics_port=metrics_port)
         await served.start()
@@ -901,14 +902,41 @@ async def sample_quota(kube: Kube, ns: str, done: Callable[[], bool], name: str 
     """The DeviceQuota's largest size until `done()`, read every `every` seconds: its
     entries and its bytes as the API server sends it (JSON)."""
     entries = size = samples = 0
+    loop = asyncio.get_running_loop()
+    shown_at = loop.time()
     while True:
         quota = await kube.get(DQ, "devicequotas", name, namespace=ns)
         samples += 1
-        entries = max(entries, len((quota.get("status") or {}).get("reservations") or {}))
+        held = (quota.get("status") or {}).get("reservations") or {}
+        entries = max(entries, len(held))
         size = max(size, len(json.dumps(quota, separators=(",", ":"))))
+        if loop.time() - shown_at >= 10:  # progress, so that a long run shows how the record moves
+            shown_at = loop.time()
+            leases = sum(1 for r in held.values() if r.get("source") == "Lease")
+            print(f"    {ns}: {len(held)} entries ({leases} leases), largest so far {entries}; "
+                  f"load average {load_average()}", flush=True)
         if done():
             return {"max_entries": entries, "max_bytes": size, "samples": samples}
         await asyncio.sleep(every)  # a sampling period, not a wait for a condition
+
+
+async def served_counts(served: Served) -> dict[str, float]:
+    """`serve`'s reservations admitted by path and its lease writes, as its metrics count them."""
+    samples = await served.metrics()
+    return {"admitted_lease": samples.get(("draquota_reservation_admissions_total", frozenset({("path", "lease")})), 0.0),
+            "admitted_exact": samples.get(("draquota_reservation_admissions_total", frozenset({("path", "exact")})), 0.0),
+            "lease_writes": sum(v for (name, _), v in samples.items() if name == "draquota_lease_writes_total")}
+
+
+async def sample_backlog(served: Served, done: Callable[[], bool], every: float = 5.0) -> float:
+    """The most charges the leader had yet to write on claims, scraped every `every`
+    seconds until `done()` (a scrape costs `serve` CPU: seldom)."""
+    most = 0.0
+    while not done():
+        samples = await served.metrics()
+        most = max(most, samples.get(("draquota_charge_annotations_pending", frozenset()), 0.0))
+        await asyncio.sleep(every)  # a sampling period, not a wait for a condition
+    return most
 
 
 @contextlib.asynccontextmanager
@@ -1089,7 +1117,10 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
     n = int(rate * seconds)
     start = loop.time() + 0.05
     finished = asyncio.Event()
-    sampler = asyncio.create_task(sample_quota(bench.kube, ns, finished.is_set, every=0.5)) if ns != baseline else None
+    ours = ns != baseline
+    sampler = asyncio.create_task(sample_quota(bench.kube, ns, finished.is_set, every=0.5)) if ours else None
+    backlog = asyncio.create_task(sample_backlog(bench.served, finished.is_set)) if ours else None
+    before = await served_counts(bench.served) if ours else {}
 
     async def one(i: int, due: float) -> None:
         nonlocal in_flight, most
@@ -1114,6 +1145,10 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
             await client.close()
     wall = loop.time() - start
     record = await sampler if sampler is not None else {}
+    if backlog is not None:
+        after = await served_counts(bench.served)
+        record = {**record, "most_annotations_pending": await backlog,
+                  **{k: v - before.get(k, 0) for k, v in after.items()}}
     row = {"namespace": ns, "offered_per_s": rate, "seconds": seconds, "created": len(latencies),
            "failed": sum(errors.values()), "errors": errors, "achieved_per_s": round(len(latencies) / wall, 1),
            "p50_ms": round(percentile(latencies, 0.5), 1), "p99_ms": round(percentile(latencies, 0.99), 1),
@@ -1121,7 +1156,10 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
            "load_average": load_average()}
     print(f"  {ns}: {row['created']} created of {n} ({row['achieved_per_s']}/s), failed {row['failed']} {errors or ''}; "
           f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms max {row['max_ms']} ms; at most {most} in flight"
-          + (f"; the DeviceQuota at most {row['max_bytes']} bytes, {row['max_entries']} entries" if record else "")
+          + (f"; the DeviceQuota at most {row['max_bytes']} bytes, {row['max_entries']} entries; admitted under "
+             f"a lease {row['admitted_lease']:.0f}, exact {row['admitted_exact']:.0f}; lease writes "
+             f"{row['lease_writes']:.0f}; at most {row['most_annotations_pending']:.0f} charges waiting for the "
+             "leader's patch" if record else "")
           + f"; load average {row['load_average']}")
     return row
 
@@ -1201,7 +1239,8 @@ async def section_e(bench: Bench, claims: int, checkpoints: int) -> JSON:
 
 async def cluster_sections(args: argparse.Namespace, only: set[str], results: JSON) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-admission-") as tmp:
-        async with control_plane(args, Path(tmp)) as bench:
+        # (f) reads serve's metrics (admissions by path, the annotator's backlog).
+        async with control_plane(args, Path(tmp), metrics_port=free_ports(1)[0] if "f" in only else 0) as bench:
             results["cluster"] = bench.results
             # The generator's own long-lived data (the slices it created, the bodies it
             # sends) must not cost it full collections while it measures: `serve` is
@@ -1249,6 +1288,8 @@ def main() -> None:
     parser.add_argument("--sustained-in-flight", type=int, default=64, help="(f): creates in flight at most")
     parser.add_argument("--reservation-ttl", type=float, default=None,
                         help="serve's --reservation-ttl (its default, 60 s, when not given)")
+    parser.add_argument("--lease-period", type=float, default=None,
+                        help="serve's --lease-period (its default, 0: leases off, when not given)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 200 nodes, 2,000 claims, 2 s steps, 1 round, (f) for 20 s")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "admission.json")
@@ -1259,7 +1300,7 @@ def main() -> None:
         args.sustained_seconds = 20.0
     only = set(args.only.split(","))
     results: JSON = {"nodes": args.nodes, "cores": os.cpu_count(), "load_average_start": load_average(),
-                     "reservation_ttl": args.reservation_ttl,
+                     "reservation_ttl": args.reservation_ttl, "lease_period": args.lease_period,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(f"admission benchmark: {args.nodes} nodes, {os.cpu_count()} cores, load average {load_average()}")
     if "a" in only:

@@ -143,11 +143,11 @@ def _add_serve(sub: _Subparsers) -> None:
                             "admission step refused the create) is dropped after this long; keep it longer than "
                             "the API server's request timeout (60 s by default) plus any replica's watch lag "
                             "(default 120)")
-    serve.add_argument("--lease-period", type=float, default=0.0, metavar="SECONDS",
+    serve.add_argument("--lease-period", type=float, default=5.0, metavar="SECONDS",
                        help="while a DeviceQuota is far from hard, each replica reserves a chunk of its headroom "
                             "(a lease, one status write) and admits claims against it for this long with no write; "
-                            "near hard every admission is persisted one by one; opt-in (5 is the measured choice): "
-                            "under sustained bursts its record filled (docs/performance.md) (default 0: off)")
+                            "near hard every admission is persisted one by one; 0 turns leases off, else at least 1 "
+                            "(default 5)")
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
@@ -239,6 +239,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     if len(hosts) > 1 and args.port == 0:
         print("error: --bind-address with several addresses needs a --port other than 0 (each would get its own)",
+              file=sys.stderr)
+        return EXIT_INPUT
+    if not (args.lease_period == 0 or args.lease_period >= 1):
+        # A window shorter than a status write's round trip would be renewed without end.
+        print(f"error: --lease-period must be 0 (no leases) or at least 1 second, got {args.lease_period}",
               file=sys.stderr)
         return EXIT_INPUT
     if not args.shutdown_delay >= 0:

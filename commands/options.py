@@ -59,7 +59,7 @@ class ServeOptions:
     # any replica's claim watch lag).
     reservation_ttl: float = 120.0
     # A replica's lease on a DeviceQuota's headroom (quota.headroom); 0: none.
-    lease_period: float = 0.0  # opt-in: see --lease-period
+    lease_period: float = 5.0
     # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
     reuse_port: bool = False
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook

@@ -257,8 +257,10 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
     metrics = Metrics()
     ledger = caches.admitter.ledger
     metrics.namespace.has_quota = lambda namespace: bool(ledger.quotas(Namespace(namespace)))
-    if caches.annotator is not None:
-        caches.annotator.allocated = metrics.allocated
+    if (annotator := caches.annotator) is not None:
+        annotator.allocated = metrics.allocated
+        metrics.annotations(lambda: annotator.pending if leading() else 0,
+                            lambda: annotator.writers if leading() else 0)
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))

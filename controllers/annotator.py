@@ -21,6 +21,15 @@ What is written, each key once it is due:
   ResourceSlice, a node goes away); its charge must stay what it was, in the process
   that saw the device and in a leader started afterwards, which never saw it.
 
+How many patches are in flight: `concurrency` writers always, and one more for every
+`BACKLOG_PER_WRITER` claims waiting, up to `max_concurrency`; the extra ones stop once
+the backlog is gone. Each create needs one patch, and the API server shares its time
+among the requests in flight: a fixed pool of 16 against 64 creates in flight fell
+minutes behind a sustained 200 creates/s (bench/admission.py (f)), and each claim it had
+not reached kept its entry in the quota's record, which filled to its 1,000 entries.
+More patches in flight take a larger share, which slows the creates: the backlog, and
+so the record, stays bounded by what the API server can do.
+
 Only the leader writes (`leading`); every replica collects the claims still to write, so
 a new leader starts from its own cache without a list. The first allocation record a
 leader writes for a claim is also when it tells `allocated` how long the claim waited,
@@ -56,6 +65,8 @@ FIELD_MANAGER = "dra-quota"
 # and whether anything may be (`annotations_may_be_due`: no CEL, asked on every event).
 Due = Callable[[Claim, Mapping[str, str]], dict[str, str]]
 MayBeDue = Callable[[Claim, Mapping[str, str]], bool]
+# Claims waiting per writer past which another writer starts (`Annotator` doc).
+BACKLOG_PER_WRITER = 8
 # Runs a pricing call off the loop's critical path (`runtime.slicing.Slicer.run`, waiting
 # its turn in a full slow lane: `wait=True`).
 Run = Callable[[Callable[[], dict[str, str]]], Awaitable[dict[str, str]]]
@@ -67,13 +78,18 @@ async def _inline(fn: Callable[[], dict[str, str]]) -> dict[str, str]:
 
 class Annotator:
     def __init__(self, api: KubeApi, due: Due, may_be_due: MayBeDue, *, leading: Callable[[], bool],
-                 run: Run = _inline, concurrency: int = 16, backoff: float = 1.0, attempts: int = 5) -> None:
+                 run: Run = _inline, concurrency: int = 16, max_concurrency: int = 64, backoff: float = 1.0,
+                 attempts: int = 5) -> None:
         self._api = api
         self._due = due
         self._may_be_due = may_be_due
         self._run = run
         self._leading = leading
         self._concurrency = concurrency
+        self._max_concurrency = max(max_concurrency, concurrency)
+        self._extra: set[asyncio.Task[None]] = set()  # writers started for a backlog (`_grow`)
+        self.most_writers = 0  # the most writers at once (tests and logs read it)
+        self._running = False  # `run` is: writers may be started
         self._backoff = backoff
         self._attempts = attempts
         # uid -> the latest claim to annotate and the annotations it carried.
@@ -99,6 +115,7 @@ class Annotator:
         if claim.allocation is not None:
             self._seen_at.setdefault(claim.uid, time.time())
         self._wake.set()
+        self._grow()  # the writers may all be waiting on patches
 
     def gone(self, uid: str) -> None:
         self._forget(uid)
@@ -117,7 +134,7 @@ class Annotator:
 
     async def run(self) -> None:
         """Until cancelled: while leading, write what is due, `concurrency` patches in
-        flight, oldest claim first.
+        flight (more while a backlog lasts, module doc), oldest claim first.
 
         A pool of writers, not rounds of a batch: each takes the next claim as soon as its
         patch is answered, so one slow patch holds up only its own writer. The entry a
@@ -125,11 +142,37 @@ class Annotator:
         its charge (`quota.reservations.settle`), so these writes must keep up with the
         creates: behind them, the record grows by every create they have not reached.
         """
-        await asyncio.gather(*(self._writer() for _ in range(self._concurrency)))
+        self._running = True
+        try:
+            await asyncio.gather(*(self._writer() for _ in range(self._concurrency)))
+        finally:
+            self._running = False
+            extra = list(self._extra)
+            for task in extra:
+                task.cancel()
+            await asyncio.gather(*extra, return_exceptions=True)
 
-    async def _writer(self) -> None:
+    @property
+    def writers(self) -> int:
+        return self._concurrency + len(self._extra)
+
+    def _grow(self) -> None:
+        """Start writers while the backlog outgrows those running (module doc); only
+        where they would write (a replica that does not lead collects claims too)."""
+        if not self._running or not self._leading():
+            return
+        while (self.writers < self._max_concurrency
+               and len(self._pending) > BACKLOG_PER_WRITER * self.writers):
+            task = asyncio.create_task(self._writer(extra=True), name="annotator writer")
+            self._extra.add(task)
+            task.add_done_callback(self._extra.discard)
+        self.most_writers = max(self.most_writers, self.writers)
+
+    async def _writer(self, *, extra: bool = False) -> None:
         while True:
             uid = self._next() if self._leading() else None
+            if uid is None and extra:
+                return  # the backlog is gone (or leadership): the pool shrinks back
             if uid is None:
                 # Leadership is polled: the elector has no callback and a new leader
                 # finds its pending claims at most a second late. asyncio.timeout, not
@@ -144,6 +187,7 @@ class Annotator:
                     pass
                 continue
             claim, annotations = self._pending.pop(uid)
+            self._grow()
             self._writing.add(uid)
             try:
                 failed = await self._write(claim, annotations) is False

@@ -52,6 +52,8 @@ from runtime.metricnames import (
     ADMISSION_DURATION,
     ADMISSION_REQUESTS,
     ALLOCATION_WAIT,
+    ANNOTATION_WRITERS,
+    ANNOTATIONS_PENDING,
     BUILD_INFO,
     CERTIFICATE_EXPIRATION,
     CONNECTIONS,
@@ -269,6 +271,11 @@ class Metrics:
         room the leases hold (read at each scrape)."""
         self.registry.register(_Collect(lambda: _lease_metrics(book)))
 
+    def annotations(self, pending: Callable[[], int], writers: Callable[[], int]) -> None:
+        """Expose the leader's backlog of charges to write on claims and its writers (read
+        at each scrape; `controllers.annotator`)."""
+        self.registry.register(_Collect(lambda: _annotation_metrics(pending(), writers())))
+
     def certificates(self, expirations: Callable[[], Iterable[tuple[str, datetime]]]) -> None:
         """Expose certificate expiry: `expirations` yields (which, notAfter), e.g. ("serving", ...), ("ca", ...)."""
         self.registry.register(_Collect(lambda: _certificate_metrics(expirations())))
@@ -379,6 +386,14 @@ def _lease_metrics(book: LeaseBook) -> Iterator[Metric]:
     room.add_metric(["memory"], held.memory)
     room.add_metric(["devices"], held.devices)
     yield from (admitted, writes, room)
+
+
+def _annotation_metrics(pending: int, writers: int) -> Iterator[Metric]:
+    yield GaugeMetricFamily(ANNOTATIONS_PENDING, "Claims whose charge annotations the leader has yet to write. Each "
+                            "keeps its entry in its quota's status.reservations until written: a backlog that grows "
+                            "is a record that grows.", value=pending)
+    yield GaugeMetricFamily(ANNOTATION_WRITERS, "Charge annotation patches the leader may have in flight: 16, more "
+                            "while a backlog lasts (up to 64).", value=writers)
 
 
 def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterator[Metric]:

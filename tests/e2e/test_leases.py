@@ -1,6 +1,6 @@
 """Leases take the status write off each create's path far from `hard`, and near it every admission is exact.
 
-`serve` (one process, the shipped webhooks, leases turned on: `--lease-period 5`, they are opt-in)
+`serve` (one process, the shipped webhooks, leases on: `--lease-period 5`, the default, given explicitly)
 takes BURST creates of one 80Gi GPU, IN_FLIGHT at a time, first into a namespace whose
 DeviceQuota with room is in Audit mode (admissions there are persisted one by one, batched
 as before leases: `quota.headroom.leasable`), then into one whose DeviceQuota with the same
@@ -50,7 +50,7 @@ FILL = 60
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
-    """`serve` with leases on (opt-in: `--lease-period 5`), metrics on (its lease counters are read)."""
+    """`serve` with leases on (`--lease-period 5`, the default), metrics on (its lease counters are read)."""
     port, metrics_port = free_ports(2)
     async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
                                        args=("--lease-period", "5"))):

@@ -205,6 +205,8 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
     (["--bind-address", "127.0.0.1,::1", "--port", "0"],
      "error: --bind-address with several addresses needs a --port other than 0 (each would get its own)"),
     (["--shutdown-delay", "-1"], "error: --shutdown-delay must be 0 or more, got -1.0"),
+    (["--lease-period", "0.2"], "error: --lease-period must be 0 (no leases) or at least 1 second, got 0.2"),
+    (["--lease-period", "-5"], "error: --lease-period must be 0 (no leases) or at least 1 second, got -5.0"),
 ])
 def test_connection_bounds_that_cannot_work_are_refused_by_name(flags: list[str], error: str,
                                                                  capsys: pytest.CaptureFixture[str],

@@ -84,6 +84,37 @@ async def test_a_slow_patch_holds_up_only_its_own_writer() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_backlog_starts_more_writers_up_to_the_bound_and_they_stop_once_it_is_gone() -> None:
+    """Each create needs one patch: a fixed pool fell minutes behind a sustained burst
+    and the quota's record filled with the entries of claims it had not reached."""
+    api = Api()
+    gate = asyncio.Event()
+    names = [f"c{i:03d}" for i in range(200)]
+    for name in names:
+        api.held[name] = gate
+    writer = Annotator(api, due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
+                       leading=lambda: True, concurrency=4, max_concurrency=16)
+    task = asyncio.create_task(writer.run())
+    try:
+        for name in names[:20]:  # a short backlog: the base pool only
+            writer.seen(claim(name), {})
+        await until(lambda: sum(api.in_flight.values()) == 4, "the base pool busy")
+        assert writer.writers == 4
+        for name in names[20:]:
+            writer.seen(claim(name), {})
+        writer.seen(claim("c000"), {})  # any event wakes the pool (here: one already in flight)
+        await until(lambda: sum(api.in_flight.values()) == 16, "the bound reached with a long backlog")
+        assert writer.writers == 16 and writer.most_writers == 16
+        gate.set()
+        await until(lambda: set(names) <= set(api.patched) and writer.writers == 4,
+                    "every claim written, the extra writers gone")
+        assert sum(api.in_flight.values()) == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert writer.writers == 4  # cancelled with run(): no writer left behind
+
+
 async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
     api = Api()
     api.held["x"] = asyncio.Event()

@@ -32,6 +32,8 @@ from quota.policy import PolicyRecord
 from quota.usage import Holders
 from runtime.metricnames import (
     ALLOCATION_WAIT,
+    ANNOTATION_WRITERS,
+    ANNOTATIONS_PENDING,
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_DURATION,
     ADMISSION_REQUESTS,
@@ -199,12 +201,23 @@ def test_leases_are_read_at_scrape_time_with_every_path_and_outcome_from_the_sta
     assert (value(LEASE_ROOM, {"resource": "memory"}), value(LEASE_ROOM, {"resource": "devices"})) == (240 * GiB, 3)
 
 
+def test_the_leaders_charge_backlog_and_writers_are_read_at_each_scrape() -> None:
+    m = Metrics()
+    backlog = [0]
+    m.annotations(lambda: backlog[0], lambda: 16 + backlog[0] // 8)
+    value = m.registry.get_sample_value
+    assert (value(ANNOTATIONS_PENDING), value(ANNOTATION_WRITERS)) == (0, 16)
+    backlog[0] = 200
+    assert (value(ANNOTATIONS_PENDING), value(ANNOTATION_WRITERS)) == (200, 41)
+
+
 def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separate() -> None:
     a, b = Metrics(), Metrics()
     a.review("/validate", claim_create(), Verdict(True), 0.001)
     a.events_dropped.labels("queue_full").inc()
     a.watch(lambda: [])
     a.leases(LeaseBook(holder="serve-a"))
+    a.annotations(lambda: 0, lambda: 0)
     a.certificates(lambda: [])
     a.connections({"webhook": Connections(Limits())})
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
