@@ -10,6 +10,8 @@ The record, on the DeviceQuota's status:
 
     reservations:            # admissions in flight, keyed by the claim's uid
       <uid>: {claim: <namespace>/<name>, memory: <quantity>, devices: <n>, expires: <RFC 3339>}
+      # an allocation's excess over its claim's reservation (`quota.excess`, its own rule)
+      allocation.<uid>.<resourceVersion>: {claim: <namespace>/<name>, memory: ..., devices: ..., expires: ...}
     claimsThrough: "<resourceVersion>"   # the watermark
     namespacesThrough: "<resourceVersion>"  # a ClusterDeviceQuota's only (below)
 
