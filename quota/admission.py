@@ -33,8 +33,7 @@ from quota.work import Budget
 # MAX_PRICED_SELECTIONS, Repriced, claim_ref and object_ref live in `quota.counting`;
 # importable from here as before.
 __all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Allocation",
-           "Fit",
-           "Repriced", "charged_above", "claim_ref", "object_ref"]
+           "Fit", "Repriced", "charged_above", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
