@@ -33,8 +33,10 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   take-over, which allocations its predecessor already reported. Normal, not Warning:
   the allocation went through and nothing is wrong with the claim (Optimistic pricing
   does this by design); when the extra charge breaks a quota's `hard`, that quota's
-  QuotaExceeded Warning says so. The limit: an update refused after us (another
-  admission step, storage) leaves an Event for an allocation that did not happen.
+  QuotaExceeded Warning says so. Told once: the same claim charged the same again within
+  the window is not counted (the API server reviews one write again, on the newer copy,
+  when the claim changed in storage meanwhile). The limit: an update refused after us
+  (another admission step, storage) leaves an Event for an allocation that did not happen.
 - `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota or ClusterDeviceQuota
   whose status write turned its Exceeded condition True (for a team, e.g. a namespace
   relabelled into it while it was full) (`controllers.quotas`, the leader only).
@@ -204,11 +206,21 @@ class EventRecorder:
                 self.record(EventKey(pod, None, "Warning", "QuotaExceeded", "Admit", verdict.message))
         if verdict.allowed and verdict.charged_above:
             claim = _related(review)
-            if claim is not None:
-                self.record(EventKey(replace(claim, uid=uid_of(review.object)), None, "Normal",
-                                     "ChargedAboveReservation", "Allocate", verdict.charged_above))
+            key = None if claim is None else EventKey(replace(claim, uid=uid_of(review.object)), None, "Normal",
+                                                      "ChargedAboveReservation", "Allocate", verdict.charged_above)
+            if key is not None and not self._seen_lately(key):
+                self.record(key)
         for record in verdict.records:
             self.record(_policy_event(record))
+
+    def _seen_lately(self, key: EventKey) -> bool:
+        """Whether `key` occurred within the window: a ChargedAboveReservation is told once.
+        The API server reviews one allocation write again when the claim changed in storage
+        while the webhook decided (the leader's annotation, while the excess was being
+        persisted: `quota.excess`), each time on the newer copy; the claim, the devices and
+        the charges are the same, and only one of the attempts lands."""
+        series = self._series.get(key)
+        return series is not None and self.clock() - series.last <= self.window
 
     def record(self, key: EventKey) -> bool:
         """Count one occurrence of `key`; False when it was dropped (the queue is full). Never blocks."""

@@ -67,6 +67,7 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
+from quota.excess import parse_allocation_key
 from quota.headroom import Plan, renew
 from quota.ledger import Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Charge, Namespace
@@ -186,7 +187,8 @@ class Reservations(Seen):
         has room (`kube.leasebook`, no write), the rest in key order (module doc), all or
         nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
         local: list[DeviceQuota] = []
-        if source == "Claim" and not series:  # Workloads and the scheduler's attempts: one entry each
+        # Workloads, the scheduler's attempts and allocations' excesses (`quota.excess`): one entry each.
+        if source == "Claim" and not series and parse_allocation_key(uid) is None:
             now = self.clock()
             local = [q for q in charges if self.leases.take(q, uid, charges[q], now, dry_run=dry_run)]
         try:

@@ -16,7 +16,7 @@ cannot be priced.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from quota.annotating import Annotating
@@ -32,8 +32,8 @@ from quota.work import Budget
 
 # MAX_PRICED_SELECTIONS, Repriced, claim_ref and object_ref live in `quota.counting`;
 # importable from here as before.
-__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Fit",
-           "Repriced", "charged_above", "claim_ref", "object_ref"]
+__all__ = ["ADMIN_ACCESS_LABEL", "ADMIN_ACCESS_MESSAGE", "MAX_PRICED_SELECTIONS", "Admission", "Admitter", "Allocation",
+           "Fit", "Repriced", "charged_above", "claim_ref", "object_ref"]
 
 # TYPES: DRAAdminNamespaceLabelKey; the value must be exactly "true" (pkg/registry/resource/utils.go).
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -61,6 +61,23 @@ class Admission:
     @property
     def charge(self) -> Charge:
         return self.pricing.total
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """An allocation priced (`Admitter.price_allocation`)."""
+
+    own: Claim  # the claim, carrying what it was admitted at (`Admitter._own_record`)
+    pricing: Pricing  # its exact charge
+    entry: Entry  # the ledger's entry for it, allocated
+
+
+def _joined(persisted: Decision | None, local: Decision) -> Decision:
+    """The persisted decision (allowed) and the ledger's on the other quotas, as one."""
+    if persisted is None:
+        return local
+    return replace(local, warnings=(*persisted.warnings, *local.warnings),
+                   charged=(*persisted.charged, *local.charged), warned_by=(*persisted.warned_by, *local.warned_by))
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,21 +236,48 @@ class Admitter(Annotating):
         return Admission(True, "", pricing.warnings, pricing, charged)
 
     def allocate_claim(self, claim: Claim, *, enforce: bool, dry_run: bool = False) -> Admission:
-        """The `status` update that sets an allocation: the exact charge replaces the reservation.
+        """The `status` update that sets an allocation, decided from this ledger alone
+        (`dra-quota check`; the webhook persists the excess first: `price_allocation`,
+        `excess_to_persist`, `allocated`)."""
+        return self.allocated(self.price_allocation(claim), enforce=enforce, dry_run=dry_run)
 
-        Denied only when the exact charge exceeds what the claim reserved and the excess
-        breaks `hard` (an Optimistic quota can price below what the scheduler picks);
-        with `enforce` false that is a warning and the charge is accounted anyway.
-        """
+    def price_allocation(self, claim: Claim) -> Allocation:
+        """The exact charge of `claim`'s allocation, and what it was admitted at."""
         own = self._own_record(claim)
         pricing = self.pricer.exact(own, selections=self._selections(claim.namespace))
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
-        decision = self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run)
+        return Allocation(own, pricing, entry)
+
+    def excess_to_persist(self, allocation: Allocation) -> dict[DeviceQuota, Charge]:
+        """Per Enforce quota, the allocation's excess over what its claim holds, where it
+        touches a resource the quota limits: what the webhook reserves in that quota's
+        persisted record before allowing it (`quota.excess`). Empty in the common case
+        (within the reservation): no write. Audit quotas only warn, from this ledger."""
+        return {q: c for q, c in self.ledger.excess(allocation.entry).items()
+                if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
+
+    def allocated(self, allocation: Allocation, *, enforce: bool, dry_run: bool = False,
+                  persisted: Decision | None = None, excess: Collection[DeviceQuota] = ()) -> Admission:
+        """The exact charge replaces the reservation.
+
+        Denied only when the exact charge exceeds what the claim reserved and the excess
+        breaks `hard` (an Optimistic quota can price below what the scheduler picks);
+        with `enforce` false that is a warning and the charge is accounted anyway.
+        `persisted`: the decision on `excess` (the quotas `excess_to_persist` named),
+        taken on their persisted records; the other quotas are checked here.
+        """
+        own, pricing, entry = allocation.own, allocation.pricing, allocation.entry
+        if persisted is not None and not persisted.allowed:
+            decision = persisted
+        else:
+            keys = [(q.namespace, q.name) for q in excess] if persisted is not None else []
+            decision = _joined(persisted, self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run,
+                                                               persisted=keys))
         warnings = (*pricing.warnings, *decision.warnings)
         # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
         counted = any(not entry.charge_for(q, self.ledger.default_mode).is_zero()
-                      for q in self.ledger.quotas(claim.namespace))
+                      for q in self.ledger.quotas(own.namespace))
         # What it was admitted at: the ledger's reservation (the leader's annotation may
         # not be on the claim yet), else the annotation.
         above = charged_above(own, pricing.total) if counted else ""

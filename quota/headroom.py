@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, Usage
+from quota.excess import parse_allocation_key
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
 from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, claim_settled, in_flight
@@ -197,9 +198,10 @@ def renew(
             live[key] = stored
         return replace(outcome, record=replace(outcome.record, held=live)), Plan(None, frozenset(), ZERO)
     admitted = {uid: v for uid, v in (own.admitted.items() if own is not None else ()) if uid not in settled}
-    # Claims' admissions call for a lease; Workloads' and the scheduler's attempts, which
-    # never take one (`kube.quotawriter.Reservations.admit`), do not.
-    claims = [r.charge for r in requests if r.op == "reserve" and r.source == "Claim" and not r.series]
+    # Claims' admissions call for a lease; Workloads', the scheduler's attempts and
+    # allocations' excesses, which never take one (`kube.quotawriter.Reservations.admit`), do not.
+    claims = [r.charge for r in requests if r.op == "reserve" and r.source == "Claim" and not r.series
+              and parse_allocation_key(r.uid) is None]
     active = bool(claims) or (own is not None and own.taken > 0)
     unit = max(claims, key=_size, default=ZERO)
     unit = unit.max(own.unit) if own is not None else unit

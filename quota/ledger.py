@@ -22,7 +22,7 @@ A relist of the claims is built aside and swapped in with one synchronous step
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NewType
 
@@ -380,7 +380,8 @@ class Ledger:
             self.add_or_update_claim(entry)
         return decision
 
-    def allocate(self, entry: Entry, *, enforce: bool, dry_run: bool = False) -> Decision:
+    def allocate(self, entry: Entry, *, enforce: bool, dry_run: bool = False,
+                 persisted: Collection[QuotaKey] = ()) -> Decision:
         """Replace `entry.ref`'s reservation with `entry`, its exact (allocated) charge.
 
         Only growth past what the claim holds is checked: per quota the excess of the
@@ -388,19 +389,28 @@ class Ledger:
         the reservation being part of `reserved`). An allocation within its reservation
         always passes, even under a quota already over `hard`: blocking it would stall
         the scheduler on capacity the claim already holds. With `enforce` false the
-        entry is accounted whatever the decision says (account-only).
+        entry is accounted whatever the decision says (account-only). `persisted`: the
+        quotas whose excess the webhook reserved in their persisted record
+        (`quota.excess`): not checked again, and the entry is not accounted here, since
+        that record counts the excess until the claim watch brings the allocated claim.
         """
-        previous = self._entries.get(entry.ref)
-        checks = []
-        for quota in self.quotas(entry.namespace):
-            held = previous.charge_for(quota, self.default_mode) if previous is not None else ZERO
-            exact = entry.charge_for(quota, self.default_mode)
-            excess = Charge(max(exact.memory - held.memory, 0), max(exact.devices - held.devices, 0))
-            checks.append(QuotaCheck(quota, self.usage(quota.namespace, quota.name), excess))
+        excess = self.excess(entry)
+        checks = [QuotaCheck(q, self.usage(q.namespace, q.name), excess[q]) for q in self.quotas(entry.namespace)
+                  if (q.namespace, q.name) not in persisted]
         decision = self._unsettled(checks) or check(checks)
-        if (decision.allowed or not enforce) and not dry_run:
+        if (decision.allowed or not enforce) and not dry_run and not persisted:
             self.add_or_update_claim(entry)
         return decision
+
+    def excess(self, entry: Entry) -> dict[DeviceQuota, Charge]:
+        """Per quota of `entry`'s namespace, what its exact charge adds to what the ledger
+        holds for its claim, per resource (never below zero)."""
+        previous = self._entries.get(entry.ref)
+        out = {}
+        for quota in self.quotas(entry.namespace):
+            held = previous.charge_for(quota, self.default_mode) if previous is not None else ZERO
+            out[quota] = (entry.charge_for(quota, self.default_mode) - held).max(ZERO)
+        return out
 
     def _unsettled(self, checks: Iterable[QuotaCheck]) -> Decision | None:
         """A refusal while a team the charge counts against is still being recounted: its

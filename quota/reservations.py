@@ -10,6 +10,8 @@ The record, on the DeviceQuota's status:
 
     reservations:            # admissions in flight, keyed by the claim's uid
       <uid>: {claim: <namespace>/<name>, memory: <quantity>, devices: <n>, expires: <RFC 3339>}
+      # an allocation's excess over its claim's reservation (`quota.excess`, its own rule)
+      allocation.<uid>.<resourceVersion>: {claim: <namespace>/<name>, memory: ..., devices: ..., expires: ...}
     claimsThrough: "<resourceVersion>"   # the watermark
     namespacesThrough: "<resourceVersion>"  # a ClusterDeviceQuota's only (below)
 
@@ -68,6 +70,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
 from quota.devicequota import ClusterDeviceQuotaStatus, Decision, DeviceQuota, QuotaCheck, ReservationEntry, Usage, check
+from quota.excess import excess_settled, parse_allocation_key, supersedes
 from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
@@ -247,7 +250,13 @@ def claim_settled(caches: Caches, uid: str, *, expired: bool) -> tuple[bool, int
     It goes once this cache holds the claim carrying the charge it was admitted at, or
     saw it deleted; once expired, also when the cache holds it without its charge (no
     leader annotated it in time: the watermark still says so), or never saw it (an
-    orphan: its create never succeeded, and the watermark stays)."""
+    orphan: its create never succeeded, and the watermark stays). An allocation's excess
+    (`quota.excess`, keyed by the claim and the copy it was reviewed on) has its own rule."""
+    allocation = parse_allocation_key(uid)
+    if allocation is not None:
+        claim, before = allocation
+        return excess_settled(before, version=caches.claim_version(claim), gone=caches.claim_gone(claim),
+                              expired=expired)
     seen = caches.claim_recorded(uid)
     if seen is None:
         seen = caches.claim_gone(uid)
@@ -271,11 +280,26 @@ def in_flight(record: Record, caches: Caches, *, namespace: str | None = None, l
         if (namespace is not None and entry.claim.partition("/")[0] != namespace) or (
                 not leases and entry.source == "Lease"):
             continue
-        counted = (caches.workload_counted(uid) if entry.source == "Workload"
-                   else entry.source == "Claim" and caches.claim_version(uid) is not None)
-        if not counted:
+        if not _counted(uid, entry, caches):
             total = total + entry.charge
     return total
+
+
+def _counted(uid: str, entry: Reservation, caches: Caches) -> bool:
+    """Whether this replica's ledger counts what `entry` holds itself (a lease: never)."""
+    if entry.source != "Claim":
+        return entry.source == "Workload" and caches.workload_counted(uid)
+    if parse_allocation_key(uid) is not None:  # once the cache holds the allocated copy
+        return claim_settled(caches, uid, expired=False)[0]
+    return caches.claim_version(uid) is not None
+
+
+def _stale(uid: str, entry: Reservation, request: Request) -> bool:
+    """Whether reserving `request` drops `entry`: an earlier attempt of its series (the
+    scheduler's extended-resource claims) or of its claim's allocation (`quota.excess`)."""
+    if uid == request.uid or entry.source != "Claim":
+        return False
+    return (bool(request.series) and in_series(entry.claim, request.series)) or supersedes(request.uid, uid)
 
 
 def apply(
@@ -300,7 +324,9 @@ def apply(
     admission step after ours refuses each attempt, entries left to expire would fill
     the quota with claims that do not exist (one Pod asking 1 device held 4 of a quota
     of 4 on the e2e cluster). Only claims this replica has not seen are in the record
-    after `settle`, so every such entry is an attempt that does not exist yet.
+    after `settle`, so every such entry is an attempt that does not exist yet. An
+    allocation's excess supersedes the entries of its claim's older attempts and, retried
+    under its own key, holds the larger of the two excesses (`quota.excess`).
     `namespaces`: a team's (`settle`); an entry added raises `namespacesThrough` too.
     """
     settled = settle(record, caches, now=now, namespaces=namespaces)
@@ -308,13 +334,15 @@ def apply(
     changed = settled is not record
     decisions: list[Decision] = []
     for request in requests:
-        if request.op == "reserve" and request.series:
-            stale = [uid for uid, r in live.items()
-                     if uid != request.uid and r.source == "Claim" and in_series(r.claim, request.series)]
+        if request.op == "reserve":
+            stale = [uid for uid, r in live.items() if _stale(uid, r, request)]
             for uid in stale:
                 del live[uid]
             changed = changed or bool(stale)
         previous = live.pop(request.uid, None)
+        charge = request.charge
+        if previous is not None and parse_allocation_key(request.uid) is not None:
+            charge = charge.max(previous.charge)  # either allocation may land
         if request.op == "release":
             changed = changed or previous is not None
             decisions.append(Decision(True))
@@ -325,9 +353,9 @@ def apply(
             decisions.append(_full(quota, max_entries))
             continue
         pending = in_flight(Record(live), caches)
-        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), request.charge)])
+        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), charge)])
         if decision.allowed:
-            live[request.uid] = Reservation(request.uid, request.claim, request.charge, now + ttl, request.source)
+            live[request.uid] = Reservation(request.uid, request.claim, charge, now + ttl, request.source)
             changed = True
         elif previous is not None:
             live[request.uid] = previous

@@ -53,6 +53,7 @@ from quota.claims import (
     pod_owner,
     recorded_devices,
 )
+from quota.excess import allocation_key
 from quota.extended import attempt_series
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
@@ -175,7 +176,7 @@ def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     return _verdict(admission, record)
 
 
-def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     """`resourceclaims/status` UPDATE: only the one that sets `status.allocation` is ours.
 
     The scheduler writes the allocation once, in PreBind (k/k pkg/scheduler/framework/
@@ -184,16 +185,35 @@ def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     claim this replica's watch already saw go (`Reservations.claim_outlived`) passes
     untouched too: the API server validated a stale copy and its write will fail, and a
     charge counted then would outlive the claim, as no event would come to release it.
+
+    An allocation that charges more than its claim holds in some Enforce quota has that
+    excess reserved in the quota's persisted record first (`quota.excess`), keyed by the
+    claim and the old object's resourceVersion, so two replicas' excesses never both
+    take the same room. Within what the claim holds (the common case) nothing is written.
     """
     if dig(request.old_object, "status", "allocation") is not None or dig(request.object, "status", "allocation") is None:
         return Verdict(True)
     claim = _claim(request, request.object)
     if isinstance(claim, Verdict):
         return claim
-    if ctx.reservations.claim_outlived(str(claim_ref(claim)),
-                                       parse_version(dig(request.old_object, "metadata", "resourceVersion"))):
+    uid = str(claim_ref(claim))
+    before = parse_version(dig(request.old_object, "metadata", "resourceVersion"))
+    if ctx.reservations.claim_outlived(uid, before):
         return Verdict(True)
-    admission = ctx.admitter.allocate_claim(claim, enforce=ctx.allocation_check == "enforce", dry_run=request.dry_run)
+    enforce = ctx.allocation_check == "enforce"
+    allocation = await ctx.slicer.run(lambda: ctx.admitter.price_allocation(claim))
+    excess = ctx.admitter.excess_to_persist(allocation) if enforce else {}
+    persisted = None
+    if excess:
+        if before is None:
+            return _invalid("oldObject.metadata.resourceVersion is missing or not a resourceVersion: the API server "
+                            "sends the stored claim on a status UPDATE")
+        persisted = await ctx.reservations.admit(excess, uid=allocation_key(uid, before),
+                                                 claim=f"{claim.namespace}/{claim.name}", dry_run=request.dry_run)
+        if not persisted.allowed and not persisted.denied_by:  # conflicts, API errors: no quota said no
+            return Verdict(False, persisted.message, warnings=persisted.warnings, cause="unavailable")
+    admission = ctx.admitter.allocated(allocation, enforce=enforce, dry_run=request.dry_run, persisted=persisted,
+                                       excess=list(excess))
     return _verdict(admission, None)
 
 

@@ -5,9 +5,9 @@ modules (`webhook.claimreview`, `webhook.namespaces`, `webhook.pods`) decide. A 
 for anything not in the tables (another resource, subresource or operation, which the
 webhook configurations should not send but a hand-edited one may) is allowed untouched:
 failing closed on a request we were never meant to judge would block unrelated writes.
-A claim CREATE awaits a conditional status write (`kube.quotawriter`: the one admission
-protocol) and slices its own pricing; every other handler is synchronous and runs
-through the context's slicer (`runtime.slicing`): one whose pricing is long gives the
+A claim CREATE, and an allocation above what its claim reserved, await a conditional
+status write (`kube.quotawriter`: the one admission protocol) and slice their own
+pricing; every other handler is synchronous and runs through the context's slicer (`runtime.slicing`): one whose pricing is long gives the
 loop back between slices, in the slow lane, so it delays no other review.
 """
 
@@ -47,6 +47,7 @@ VALIDATING: dict[Route, Handler] = {
     # write's resourceVersion precondition.
     (CLAIMS.group, CLAIMS.plural, "", "CREATE"): create_claim,
     (CLAIMS.group, CLAIMS.plural, "", "UPDATE"): update_claim,
+    # Awaits the status write when the allocation charges more than the claim reserved.
     (CLAIMS.group, CLAIMS.plural, "status", "UPDATE"): allocate_claim,
     (TEMPLATES.group, TEMPLATES.plural, "", "CREATE"): create_template,
     # Warnings only: the scheduler's claim for the Pod's extended resources is judged above.

@@ -357,6 +357,22 @@ async def test_an_allocation_charged_above_its_reservation_tells_the_claim(
             assert (body["note"], body["action"], "related" in body) == (ABOVE, "Allocate", False)
 
 
+async def test_an_allocation_reviewed_again_is_told_once() -> None:
+    """The API server reviews one allocation write again when the claim changed in storage
+    meanwhile (the leader's annotation, while the excess was persisted): one Event, no
+    series; after the window, the same claim charged the same again is told again."""
+    sink = FakeSink()
+    rec, clock, _ = recorder(sink)
+    for _ in range(3):
+        rec.review(allocation(), Verdict(True, charged_above=ABOVE))
+    await drain(rec)
+    assert [s.count for s in rec._series.values()] == [1] and len(sink.calls) == 1
+    clock.now += rec.window + 1
+    rec.review(allocation(), Verdict(True, charged_above=ABOVE))
+    await drain(rec)
+    assert len(sink.calls) == 2
+
+
 async def test_a_quota_event_carries_the_uid_the_caches_know() -> None:
     uids = {("team-a", "gpus"): "dq-uid"}
     rec = EventRecorder(FakeSink(), instance="dra-quota-0", quota_uid=lambda ns, name: uids.get((ns, name), ""))

@@ -79,8 +79,11 @@ class World:
         self._revision = 100
 
     def created(self, obj: dict[str, Any]) -> None:
-        """The API server stored admitted claim `obj` and the claim watch delivered it."""
-        self.claims.upsert(self._event(obj))
+        """The API server stored admitted claim `obj` and the claim watch delivered it
+        (`obj` then carries the resourceVersion it was stored at)."""
+        event = self._event(obj)
+        obj["metadata"]["resourceVersion"] = event["metadata"]["resourceVersion"]
+        self.claims.upsert(event)
 
     def deleted(self, obj: dict[str, Any]) -> None:
         """The claim watch delivered `obj`'s deletion."""
@@ -102,6 +105,11 @@ def context(*quotas: dict[str, Any], labels: Mapping[str, str] | None = None,
 def admit(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     """A claim CREATE's verdict, its reservation persisted (`create_claim`)."""
     return asyncio.run(create_claim(ctx, request))
+
+
+def allocate(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """A `resourceclaims/status` UPDATE's verdict, its excess persisted (`allocate_claim`)."""
+    return asyncio.run(allocate_claim(ctx, request))
 
 
 def stored(obj: dict[str, Any], *, uid: str | None = UID, name: str = "train-gpu-x7k2q") -> dict[str, Any]:
@@ -271,6 +279,8 @@ def allocated(obj: dict[str, Any], *devices: tuple[str, str]) -> dict[str, Any]:
 
 def status_update(obj: dict[str, Any], old: dict[str, Any], *, dry_run: bool = False) -> AdmissionRequest:
     scheduler = {"username": "system:kube-scheduler", "groups": ["system:authenticated"]}
+    # The API server sends the stored copy, with its resourceVersion.
+    old = {**old, "metadata": {"resourceVersion": "1", **old["metadata"]}}
     return review_request(obj, operation="UPDATE", sub="status", old=old, user=scheduler, dry_run=dry_run)
 
 
@@ -301,11 +311,11 @@ def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check:
     for obj in (claim, other):
         assert admit(ctx, review_request(obj)).allowed
         world.created(obj)  # the scheduler allocates claims that exist
-    assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
+    assert allocate(ctx, status_update(allocated(claim, device), claim)) == expected
     usage = ctx.admitter.ledger.usage(NS, "gpus")
     assert (usage.used, usage.reserved) == (used, still_reserved)
     # the scheduler's retry of the same update counts nothing twice
-    allocate_claim(ctx, status_update(allocated(claim, device), claim))
+    allocate(ctx, status_update(allocated(claim, device), claim))
     assert ctx.admitter.ledger.usage(NS, "gpus") == usage
 
 
@@ -331,7 +341,7 @@ def test_a_late_allocation_review_of_a_deleted_claim_counts_nothing() -> None:
         world.created(obj)  # at resourceVersions 101 and 102
     world.deleted(claim)  # 103: the claim's reservation goes
     late = at(claim, 101)
-    assert allocate_claim(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
+    assert allocate(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
     usage = ctx.admitter.ledger.usage(NS, "gpus")
     assert (usage.used, usage.allocated_claims, usage.reserved, usage.pending_claims) == (
         Charge(), 0, Charge(80 * GiB, 1), 1)
@@ -347,23 +357,25 @@ def test_a_late_allocation_review_of_a_claim_gone_before_the_list_counts_nothing
     world.claims.replace([dict(with_namespace(listed, NS))])
     world.progress.advance("200")
     late = at(stored(gpu_claim()), 120)
-    assert allocate_claim(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
+    assert allocate(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
     assert ctx.admitter.ledger.usage(NS, "gpus").used == Charge()
     # The claim the cache holds, and one the watch has not reached yet (its events
-    # follow), are counted at once.
+    # follow), are counted at once: the one by the ledger, the other, all of whose charge
+    # is above what this ledger holds for it, by its excess's persisted entry.
     new = at(stored(gpu_claim(), uid="fresh", name="fresh"), 201)
     for obj in (listed, new):
-        assert allocate_claim(ctx, status_update(allocated(obj, ("node-1", "gpu-0")), obj)) == Verdict(True)
+        assert allocate(ctx, status_update(allocated(obj, ("node-1", "gpu-0")), obj)) == Verdict(True)
     usage = ctx.admitter.ledger.usage(NS, "gpus")
-    assert (usage.used, usage.allocated_claims) == (Charge(160 * GiB, 2), 2)
+    assert (usage.used, usage.allocated_claims) == (Charge(80 * GiB, 1), 1)
+    assert ctx.reservations.pending(NS, "gpus") == Charge(80 * GiB, 1)
 
 
 def test_only_the_update_that_sets_the_allocation_is_checked() -> None:
     ctx = context(make_quota("gpus", memory="1Gi"))
     claim = allocated(stored(gpu_claim()), ("node-2", "gpu-0"))
     # deallocation, and a driver's status.devices write on an allocated claim
-    assert allocate_claim(ctx, status_update(stored(gpu_claim()), claim)) == Verdict(True)
-    assert allocate_claim(ctx, status_update({**claim, "status": {**claim["status"], "devices": []}}, claim)) == Verdict(True)
+    assert allocate(ctx, status_update(stored(gpu_claim()), claim)) == Verdict(True)
+    assert allocate(ctx, status_update({**claim, "status": {**claim["status"], "devices": []}}, claim)) == Verdict(True)
     assert ctx.admitter.ledger.usage(NS, "gpus").used == Charge()
 
 
@@ -373,8 +385,53 @@ def test_a_dry_run_allocation_changes_nothing() -> None:
     claim = stored(gpu_claim())
     assert admit(ctx, review_request(claim)).allowed
     world.created(claim)
-    assert allocate_claim(ctx, status_update(allocated(claim, ("node-1", "gpu-0")), claim, dry_run=True)) == Verdict(True)
+    assert allocate(ctx, status_update(allocated(claim, ("node-1", "gpu-0")), claim, dry_run=True)) == Verdict(True)
     assert (ctx.admitter.ledger.usage(NS, "gpus").used, reserved(ctx)) == (Charge(), Charge(80 * GiB, 1))
+
+
+H200_EXCESS = ("the allocated devices charge more than the claim reserved (requested: the excess): "
+               'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=221Gi, '
+               "limited memory=260Gi")
+
+
+def test_two_replicas_excess_allocations_never_both_take_the_last_room() -> None:
+    """Two claims reserved at an h100 each (160Gi of 260Gi), both allocated an h200 (61Gi
+    more each, room for one), the two status updates reviewed by two replicas before
+    either's claim watch brought the other's allocation. Decided from each replica's own
+    ledger, both passed (282Gi used of 260Gi); the excess is persisted now, and the
+    second replica counts the first's entry."""
+    quota = make_quota("gpus", memory="260Gi")
+    a, b = World(quota), World(quota)
+    b.reservations.api = a.api  # type: ignore[assignment]  # one API server
+    claims = [stored(gpu_claim(), uid=uid, name=name) for uid, name in ((UID, "train-gpu-x7k2q"), (UID2, "other"))]
+    for obj in claims:
+        assert admit(a.ctx, review_request(obj)).allowed
+        for world in (a, b):
+            world.created(obj)  # both watches deliver both claims, at one resourceVersion each
+    first, second = (allocated(obj, ("node-2", "gpu-0")) for obj in claims)
+    assert allocate(a.ctx, status_update(first, claims[0])) == Verdict(True, charged_above=ABOVE)
+    writes = a.api.writes
+    assert allocate(b.ctx, status_update(second, claims[1])) == Verdict(False, H200_EXCESS, cause="quota",
+                                                                     quotas=("gpus",))
+    # Counted by both while their caches hold the claim's older, unallocated copy ...
+    assert reserved(a.ctx) == reserved(b.ctx) == Charge(221 * GiB, 2)
+    # ... and by the cache once it holds the allocated one: the entry goes, nothing twice.
+    b.created(first)
+    usage = b.ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used, reserved(b.ctx)) == (Charge(141 * GiB, 1), Charge(80 * GiB, 1))
+    # The denied one still does not fit; a dry run of it says so and writes nothing.
+    assert not allocate(b.ctx, status_update(second, claims[1], dry_run=True)).allowed
+    assert a.api.writes == writes
+
+
+def test_an_allocation_within_its_reservation_writes_nothing() -> None:
+    world = World(make_quota("gpus", memory="160Gi"))
+    claim = stored(gpu_claim())
+    assert admit(world.ctx, review_request(claim)).allowed
+    world.created(claim)
+    writes = world.api.writes
+    assert allocate(world.ctx, status_update(allocated(claim, ("node-1", "gpu-0")), claim)) == Verdict(True)
+    assert world.api.writes == writes
 
 
 def test_a_delete_is_not_judged_and_releases_nothing() -> None:
@@ -555,7 +612,7 @@ def test_no_sequence_over_commits_and_no_retry_counts_twice(ops: list[tuple[str,
         elif kind == "delete":  # the claim watch's DELETED event
             world.deleted(claim)
         else:
-            allocate_claim(ctx, status_update(allocated(claim, DEVICES[device]), claim))
+            allocate(ctx, status_update(allocated(claim, DEVICES[device]), claim))
         used, reserved = counted()
         if check == "enforce":
             total = used + reserved
@@ -665,7 +722,7 @@ def test_an_allocation_above_the_recorded_charge_is_said_on_the_verdict(
     assert admit(ctx, review_request(stored(gpu_claim()))).allowed
     world.created(stored(gpu_claim()))
     claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
-    assert allocate_claim(ctx, status_update(allocated(claim, device), claim)) == expected
+    assert allocate(ctx, status_update(allocated(claim, device), claim)) == expected
 
 
 def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
@@ -674,7 +731,7 @@ def test_an_allocation_no_quota_counts_was_reserved_nothing_to_exceed() -> None:
         assert admit(ctx, review_request(stored(gpu_claim()))).allowed
         world.created(stored(gpu_claim()))
         claim = annotated(stored(gpu_claim()), 80 * GiB, 1)
-        assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
+        assert allocate(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
 def test_an_allocation_before_the_leader_annotated_the_claim_is_compared_with_its_reservation() -> None:
@@ -683,14 +740,14 @@ def test_an_allocation_before_the_leader_annotated_the_claim_is_compared_with_it
     claim = stored(gpu_claim())  # not annotated yet: what the ledger counts for it says what was admitted
     assert admit(ctx, review_request(claim)).allowed
     world.created(claim)
-    assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(
+    assert allocate(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(
         True, charged_above=ABOVE)
 
 
 def test_an_allocation_of_a_claim_nobody_priced_has_nothing_to_compare() -> None:
     ctx = context(make_quota("gpus", memory="400Gi"))
     claim = stored(gpu_claim())  # created before the install: no reservation, no annotation
-    assert allocate_claim(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
+    assert allocate(ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim)) == Verdict(True)
 
 
 # -- the allocation record: only its exact value may be written --------------------------
