@@ -334,7 +334,8 @@ def apply(
     changed = settled is not record
     decisions: list[Decision] = []
     for request in requests:
-        if request.op == "reserve":
+        # Only a series or an allocation's excess replaces other entries: no scan for the rest.
+        if request.op == "reserve" and (request.series or parse_allocation_key(request.uid) is not None):
             stale = [uid for uid, r in live.items() if _stale(uid, r, request)]
             for uid in stale:
                 del live[uid]
