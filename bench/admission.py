@@ -97,7 +97,10 @@ from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served, a
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.shipped import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from kube.caches import ClaimStore, QuotaStore  # noqa: E402
+from commands.options import ServeOptions  # noqa: E402
+from kube.leasebook import LeaseBook  # noqa: E402
 from kube.quotawriter import Reservations  # noqa: E402
+from quota.headroom import Sizing  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.server import build_app  # noqa: E402
@@ -113,6 +116,7 @@ H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM
 ROOMY = {"devices": 10_000_000, "memory": "1000000Ti"}
 TIGHT = {"memory": "1Gi"}  # every GPU of the inventory has more: each claim is denied
 NAMESPACES = 50  # of the generated claim mix (team-000 ...)
+SERVE_LEASE_PERIOD = ServeOptions().lease_period  # `serve`'s default, what (a) measures unless told
 TARGETS = {"a_reviews_per_cpu_s": 5000, "b_p99_ms": 5.0, "c_ratio": 0.8, "c_cpu_ratio": 1.5, "d_p99_ms": 50.0}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONNECTIONS = 64
@@ -372,25 +376,28 @@ class StatusWriter:
         self.progress.advance(modified["metadata"]["resourceVersion"])
 
 
-def persisted(admitter: Admitter, *, ttl: float = 120.0) -> tuple[Reservations, StatusWriter]:
+def persisted(admitter: Admitter, *, ttl: float = 120.0,
+              lease_period: float = 0.0) -> tuple[Reservations, StatusWriter]:
     """`serve`'s persisted reservations (`kube.quotawriter`) over a `StatusWriter`, fed
-    by its watch events as `serve`'s caches feed them."""
+    by its watch events as `serve`'s caches feed them; leases of `lease_period` (0: none)."""
     api = StatusWriter(admitter)
     reservations = Reservations(api, admitter.ledger, ttl=ttl, progress=api.progress,  # type: ignore[arg-type]
-                                claim_version=api.claims.version, claim_recorded=api.claims.recorded_version)
+                                claim_version=api.claims.version, claim_recorded=api.claims.recorded_version,
+                                leases=LeaseBook(Sizing(period=lease_period)))
     api.attach(reservations)
     return reservations, api
 
 
-def in_process_context(slices: list[JSON], *, ttl: float = 120.0) -> tuple[ClaimContext, StatusWriter]:
+def in_process_context(slices: list[JSON], *, ttl: float = 120.0,
+                       lease_period: float = 0.0) -> tuple[ClaimContext, StatusWriter]:
     """`serve`'s admission path in this process: its caches' domain objects, the persisted
-    reservations (`kube.quotawriter`) writing to a `StatusWriter`, one DeviceQuota
-    with room in each namespace of the claim mix."""
+    reservations (`kube.quotawriter`, leases of `lease_period`) writing to a
+    `StatusWriter`, one DeviceQuota with room in each namespace of the claim mix."""
     inventory = Inventory()
     inventory.replace_all(slices)
     classes = {DeviceClassName(c["metadata"]["name"]): parse_device_class(c) for c in generate_device_classes()}
     admitter = Admitter(Pricer(inventory, classes), Ledger())
-    reservations, api = persisted(admitter, ttl=ttl)
+    reservations, api = persisted(admitter, ttl=ttl, lease_period=lease_period)
     labels: dict[str, dict[str, str]] = {}
     for ns in generate_namespaces(NAMESPACES):
         name = ns["metadata"]["name"]
@@ -467,11 +474,12 @@ def collections_timed() -> Iterator[list[tuple[int, float]]]:
         gc.callbacks.remove(callback)
 
 
-def section_a(slices: list[JSON], claims: int) -> JSON:
+def section_a(slices: list[JSON], claims: int, lease_period: float) -> JSON:
     print(f"\n(a) in-process: {claims} claim CREATE reviews of the generated mix through the app's handler, "
-          "each reservation persisted as `serve` does (kube.quotawriter), on a simulated API server")
+          "each reservation persisted as `serve` does (kube.quotawriter), on a simulated API server; "
+          + (f"leases of {lease_period:g} s" if lease_period else "no leases"))
     started = time.perf_counter()
-    ctx, api = in_process_context(slices)
+    ctx, api = in_process_context(slices, lease_period=lease_period)
     print(f"  inventory of {len(ctx.admitter.pricer.inventory.usable())} devices built in "
           f"{time.perf_counter() - started:.1f} s; RSS {rss_mib():.0f} MiB")
     app = build_app(endpoints(ctx), ready=lambda: True)
@@ -1289,7 +1297,7 @@ def main() -> None:
     parser.add_argument("--reservation-ttl", type=float, default=None,
                         help="serve's --reservation-ttl (its default, 60 s, when not given)")
     parser.add_argument("--lease-period", type=float, default=None,
-                        help="serve's --lease-period (its default, 0: leases off, when not given)")
+                        help="serve's --lease-period, and (a)'s (serve's default when not given)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 200 nodes, 2,000 claims, 2 s steps, 1 round, (f) for 20 s")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "admission.json")
@@ -1304,7 +1312,8 @@ def main() -> None:
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(f"admission benchmark: {args.nodes} nodes, {os.cpu_count()} cores, load average {load_average()}")
     if "a" in only:
-        results["a"] = section_a(generate_slices(args.nodes), args.inprocess_claims)
+        results["a"] = section_a(generate_slices(args.nodes), args.inprocess_claims,
+                                 SERVE_LEASE_PERIOD if args.lease_period is None else args.lease_period)
     if only & {"b", "c", "d", "e", "f"}:
         asyncio.run(cluster_sections(args, only, results))
     args.output.parent.mkdir(parents=True, exist_ok=True)

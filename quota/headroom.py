@@ -68,9 +68,18 @@ class Lease:
     limit: Charge | None = None
     taken: int = 0  # local admissions since the last landed write
     unit: Charge = ZERO  # the largest charge it was sized for: a chunk is whole multiples of it
+    # The sum of `admitted`'s charges, kept beside it (`_admitting`): `take` runs on every
+    # create's path, and summing a backlog of a thousand claims there cost 1-2 ms each.
+    total: Charge = ZERO
 
     def consumed(self, *, without: str = "") -> Charge:
-        return sum((c for uid, (c, _) in self.admitted.items() if uid != without), ZERO)
+        held = self.admitted.get(without)
+        return self.total if held is None else self.total - held[0]
+
+
+def _admitting(lease: Lease, admitted: Mapping[str, tuple[Charge, float]], *, taken: int = 0) -> Lease:
+    """`lease` with `admitted` (and `taken`), its total summed afresh: once per write."""
+    return replace(lease, admitted=admitted, total=sum((c for c, _ in admitted.values()), ZERO), taken=taken)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +114,16 @@ def take(lease: Lease | None, quota: DeviceQuota, uid: str, charge: Charge, now:
     room = lease.amount if lease.limit is None else lease.amount.min(lease.limit)
     if not _fits(quota, lease.consumed(without=uid) + charge, charge, room):
         return None
-    return replace(lease, admitted={**lease.admitted, uid: (charge, now)}, taken=lease.taken + 1)
+    total = lease.consumed(without=uid) + charge
+    return replace(lease, admitted={**lease.admitted, uid: (charge, now)}, total=total, taken=lease.taken + 1)
 
 
 def untake(lease: Lease, uid: str) -> Lease:
     """`take` undone: the claim's other quotas refused it, so it will not be created."""
-    return replace(lease, admitted={u: v for u, v in lease.admitted.items() if u != uid})
+    if uid not in lease.admitted:
+        return lease
+    return replace(lease, admitted={u: v for u, v in lease.admitted.items() if u != uid},
+                   total=lease.consumed(without=uid))
 
 
 def settleable(lease: Lease, caches: Caches, *, now: float, ttl: float) -> bool:
@@ -137,7 +150,7 @@ def landed(lease: Lease | None, plan: Plan) -> Lease | None:
         # would take their charges out of room they never held.
         return plan.lease
     admitted = {u: v for u, v in lease.admitted.items() if u not in plan.settled}
-    return replace(plan.lease, admitted=admitted, taken=len(set(admitted) - set(plan.lease.admitted)))
+    return _admitting(plan.lease, admitted, taken=len(set(admitted) - set(plan.lease.admitted)))
 
 
 def renew(
@@ -217,7 +230,7 @@ def renew(
     planned: Lease | None = None
     if not amount.is_zero() and (stored is not None or chunk is not None):
         live[key] = Reservation(key, holder, amount, expires, "Lease")
-        planned = Lease(key, holder, quota, amount, admitted, until, expires, unit=unit)
+        planned = _admitting(Lease(key, holder, quota, amount, until=until, expires=expires, unit=unit), admitted)
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
     return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),

@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Usage, parse_device_quota
-from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, renew, take, writing
+from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, renew, take, untake, writing
 from quota.model import Charge
 from quota.reservations import Outcome, Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
 
@@ -499,6 +499,8 @@ def _committed(world: World) -> Charge:
          + [("land", 0)] + [("exact", 1, 0, False, True)] * 15)
 # Every other writer counts the whole lease: it cannot know what was admitted under it.
 @example([("exact", 0, 0, False, True)] + [("exact", 1, 0, False, True)] * 15 + [("local", 0, 0, True)] * 7)
+# The holder admits no more than the amount: replica 1 fills what the lease leaves.
+@example([("exact", 0, 0, False, True)] + [("exact", 1, 0, False, True)] * 15 + [("local", 0, 0, True)] * 9)
 # A lease admits only until its window ends: past its expiry every other writer dropped it.
 @example([("exact", 0, 0, False, True), ("tick", 80.0), ("tick", 80.0)] + [("exact", 1, 0, False, True)] * 15
          + [("local", 0, 0, True)])
@@ -507,6 +509,24 @@ def test_no_interleaving_of_replicas_holding_leases_over_commits(actions: list[t
     for act in actions:
         _lease_step(world, act, counter, SIZING)
         assert _committed(world).memory <= (LEASED.hard.memory or 0), (act, world)
+
+
+def test_what_a_lease_admitted_is_kept_as_claims_come_go_and_settle() -> None:
+    """`take` reads the running total beside `admitted` (not a sum on every create)."""
+    lease: Lease | None = Lease("lease.a.0", "a", LEASED, Charge(240 * GiB, 3), until=100.0, expires=300.0)
+    for uid in ("a", "b", "c"):
+        lease = take(lease, LEASED, uid, GPU, 10.0)
+        assert lease is not None
+    assert lease.consumed() == Charge(240 * GiB, 3) and take(lease, LEASED, "d", GPU, 10.0) is None
+    assert take(lease, LEASED, "c", GPU, 10.0) is not None  # the same claim again: no more room taken
+    lease = untake(lease, "b")
+    assert lease.consumed() == Charge(160 * GiB, 2) and lease.consumed(without="a") == GPU
+    lease = take(lease, LEASED, "d", GPU, 10.0)
+    assert lease is not None and take(lease, LEASED, "e", GPU, 10.0) is None
+    # A write settles "a": what is left is counted afresh from what stays.
+    plan = Plan(replace(lease, admitted={}, total=Charge()), frozenset({"a"}), Charge(240 * GiB, 3))
+    lease = landed(lease, plan)
+    assert lease is not None and set(lease.admitted) == {"c", "d"} and lease.consumed() == Charge(160 * GiB, 2)
 
 
 def test_a_denial_only_an_open_lease_of_another_replica_causes_is_one_to_retry() -> None:
