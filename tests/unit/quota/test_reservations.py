@@ -513,20 +513,21 @@ def test_no_interleaving_of_replicas_holding_leases_over_commits(actions: list[t
 
 def test_what_a_lease_admitted_is_kept_as_claims_come_go_and_settle() -> None:
     """`take` reads the running total beside `admitted` (not a sum on every create)."""
-    lease: Lease | None = Lease("lease.a.0", "a", LEASED, Charge(240 * GiB, 3), until=100.0, expires=300.0)
+    lease = Lease("lease.a.0", "a", LEASED, Charge(240 * GiB, 3), until=100.0, expires=300.0)
     for uid in ("a", "b", "c"):
-        lease = take(lease, LEASED, uid, GPU, 10.0)
-        assert lease is not None
+        taken = take(lease, LEASED, uid, GPU, 10.0)
+        assert taken is not None
+        lease = taken
     assert lease.consumed() == Charge(240 * GiB, 3) and take(lease, LEASED, "d", GPU, 10.0) is None
     assert take(lease, LEASED, "c", GPU, 10.0) is not None  # the same claim again: no more room taken
     lease = untake(lease, "b")
     assert lease.consumed() == Charge(160 * GiB, 2) and lease.consumed(without="a") == GPU
-    lease = take(lease, LEASED, "d", GPU, 10.0)
-    assert lease is not None and take(lease, LEASED, "e", GPU, 10.0) is None
+    taken = take(lease, LEASED, "d", GPU, 10.0)
+    assert taken is not None and take(taken, LEASED, "e", GPU, 10.0) is None
     # A write settles "a": what is left is counted afresh from what stays.
-    plan = Plan(replace(lease, admitted={}, total=Charge()), frozenset({"a"}), Charge(240 * GiB, 3))
-    lease = landed(lease, plan)
-    assert lease is not None and set(lease.admitted) == {"c", "d"} and lease.consumed() == Charge(160 * GiB, 2)
+    plan = Plan(replace(taken, admitted={}, total=Charge()), frozenset({"a"}), Charge(240 * GiB, 3))
+    after = landed(taken, plan)
+    assert after is not None and set(after.admitted) == {"c", "d"} and after.consumed() == Charge(160 * GiB, 2)
 
 
 def test_a_denial_only_an_open_lease_of_another_replica_causes_is_one_to_retry() -> None:
