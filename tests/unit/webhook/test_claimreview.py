@@ -424,6 +424,36 @@ def test_two_replicas_excess_allocations_never_both_take_the_last_room() -> None
     assert a.api.writes == writes
 
 
+def test_a_reallocation_reviewed_by_a_replica_that_missed_the_deallocation_persists_its_excess() -> None:
+    """Claim u took an h200 (61Gi above its 80Gi reservation), landed, was deallocated;
+    replica B's watch brought the deallocation, replica A's not yet. The scheduler
+    allocates u an h200 again, reviewed on the deallocated copy by A, whose ledger still
+    holds u's first allocation. Measured against that stale allocation the excess was 0:
+    A allowed and wrote nothing, and B, counting u at its 80Gi reservation, let claim w's
+    61Gi excess in too (282Gi allocated under a hard of 260Gi). Measured against what the
+    reviewed copy reserves it is 61Gi, persisted: never both."""
+    quota = make_quota("gpus", memory="260Gi")
+    a, b = World(quota), World(quota)
+    b.reservations.api = a.api  # type: ignore[assignment]  # one API server
+    u, w = (stored(gpu_claim(), uid=uid, name=name) for uid, name in ((UID, "train-gpu-x7k2q"), (UID2, "other")))
+    for obj in (u, w):
+        assert admit(a.ctx, review_request(obj)).allowed
+        for world in (a, b):
+            world.created(obj)
+    first = allocated(u, ("node-2", "gpu-0"))
+    assert allocate(a.ctx, status_update(first, u)) == Verdict(True, charged_above=ABOVE)
+    for world in (a, b):
+        world.created(first)  # landed; both watches bring it
+    freed = stored(gpu_claim())  # deallocated: only B's watch has brought it
+    b.created(freed)
+    again = allocate(a.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
+    other = allocate(b.ctx, status_update(allocated(w, ("node-2", "gpu-0")), w))
+    # A, lagging, also counts u's stale allocation: it refuses until its watch catches up
+    # (more, never less); B's verdict then holds.
+    assert not (again.allowed and other.allowed)
+    assert other.allowed
+
+
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
     world = World(make_quota("gpus", memory="160Gi"))
     claim = stored(gpu_claim())
