@@ -269,7 +269,13 @@ class Admitter(Annotating):
         touches a resource the quota limits: what the webhook reserves in that quota's
         persisted record before allowing it (`quota.excess`). Empty in the common case
         (within the reservation): no write. Audit quotas only warn, from this ledger."""
-        return {q: c for q, c in self.ledger.excess(allocation.entry, over=allocation.held).items()
+        entry = allocation.entry
+        # Over the smaller of what the reviewed copy reserves (what the replicas holding that
+        # copy count) and what this ledger holds (a stale or optimistic allocation: what
+        # this replica counts until its watch moves), so both count the whole exact charge.
+        mine = self.ledger.excess(entry, over=self.ledger.entry(entry.ref))
+        excess = {q: c.max(mine[q]) for q, c in self.ledger.excess(entry, over=allocation.held).items()}
+        return {q: c for q, c in excess.items()
                 if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
 
     def allocated(self, allocation: Allocation, *, enforce: bool, dry_run: bool = False,

@@ -174,9 +174,10 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
             return  # allocated, or gone: not a review we decide
         exact = EXACTS[int(size)]  # type: ignore[call-overload]
         _, _, held = world.seen(r)
-        # Over what the reviewed (unallocated) copy reserves, even where this replica's
-        # ledger still holds an earlier allocation (`quota.admission.Admitter._reserved`).
-        excess = (exact - (ESTIMATE if uid in held else Charge())).max(Charge())
+        # Over the smaller of what the reviewed (unallocated) copy reserves and what this
+        # replica's ledger holds, maybe an earlier allocation (`Admitter.excess_to_persist`).
+        copy = ESTIMATE if uid in held else Charge()
+        excess = (exact - held.get(uid, Charge()).min(copy)).max(Charge())
         if excess.memory <= 0:
             world.writes.append((uid, before, exact, world.now))  # within the reservation: no write
         elif _decide(world, r, [Request("reserve", allocation_key(uid, before), uid, excess)], bool(use_stale)) == [True]:

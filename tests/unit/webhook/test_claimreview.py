@@ -454,6 +454,23 @@ def test_a_reallocation_reviewed_by_a_replica_that_missed_the_deallocation_persi
     assert other.allowed
 
 
+def test_a_retried_allocation_after_one_within_the_reservation_is_counted_whole_by_the_replica() -> None:
+    """Claim u reserved at 141Gi (any GPU, Conservative). The scheduler's first write (an
+    h100, within the reservation) is allowed, so the ledger counts u allocated at 80Gi,
+    but the write fails after us; its retry on the same copy takes an h100 and an h200
+    (221Gi). This replica must count all of it until its watch moves: its 80Gi plus an
+    excess of 141Gi, not the 80Gi over the copy's reservation (160Gi in all)."""
+    world = World(make_quota("gpus", memory="400Gi"))
+    u = stored(gpu_claim("true"))
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    assert allocate(world.ctx, status_update(allocated(u, ("node-1", "gpu-0")), u)).allowed
+    retry = allocated(u, ("node-1", "gpu-0"), ("node-2", "gpu-0"))
+    assert allocate(world.ctx, status_update(retry, u)).allowed
+    usage = world.ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used + usage.reserved + world.ctx.reservations.pending(NS, "gpus")).memory >= 221 * GiB
+
+
 @pytest.mark.xfail(strict=True, reason="review3: a deallocated claim counts at its reservation again, which the room "
                                       "its allocation freed may have gone to; its reallocation within it is not checked")
 def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanwhile() -> None:
