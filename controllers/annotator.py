@@ -21,12 +21,13 @@ What is written, each key once it is due:
   ResourceSlice, a node goes away); its charge must stay what it was, in the process
   that saw the device and in a leader started afterwards, which never saw it.
 
-How many patches are in flight: `concurrency` writers always, and one more for every
-`BACKLOG_PER_WRITER` claims waiting, up to `max_concurrency`; the extra ones stop once
-the backlog is gone. Each create needs one patch, and the API server shares its time
-among the requests in flight: a fixed pool of 16 against 64 creates in flight fell
-minutes behind a sustained 200 creates/s (bench/admission.py (f)), and each claim it had
-not reached kept its entry in the quota's record, which filled to its 1,000 entries.
+How many patches are in flight: `concurrency` writers always, or one for every
+`BACKLOG_PER_WRITER` claims waiting where that is more (16 writers until 128 claims
+wait), up to `max_concurrency`; the extra ones stop once no claim waits. Each create
+needs one patch, and the API server shares its time among the requests in flight: a
+fixed pool of 16 against 64 creates in flight fell minutes behind a sustained 200
+creates/s (bench/admission.py (f)), and each claim it had not reached kept its entry in
+the quota's record, which filled to its 1,000 entries.
 More patches in flight take a larger share, which slows the creates: the backlog, and
 so the record, stays bounded by what the API server can do.
 

@@ -70,6 +70,8 @@ class Allocation:
     own: Claim  # the claim, carrying what it was admitted at (`Admitter._own_record`)
     pricing: Pricing  # its exact charge
     entry: Entry  # the ledger's entry for it, allocated
+    # What the reviewed copy reserves (`Admitter._reserved`; None: nothing this ledger knows).
+    held: Entry | None = None
 
 
 def _joined(persisted: Decision | None, local: Decision) -> Decision:
@@ -243,18 +245,37 @@ class Admitter(Annotating):
 
     def price_allocation(self, claim: Claim) -> Allocation:
         """The exact charge of `claim`'s allocation, and what it was admitted at."""
-        own = self._own_record(claim)
+        held = self._reserved(claim)
+        own = self._own_record(claim, held)
         pricing = self.pricer.exact(own, selections=self._selections(claim.namespace))
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
-        return Allocation(own, pricing, entry)
+        return Allocation(own, pricing, entry, held)
+
+    def _reserved(self, claim: Claim) -> Entry | None:
+        """What the reviewed copy of `claim` reserves: the ledger's entry for it, unless
+        that entry is an allocation. The review's old object is unallocated, so such an
+        entry is not what that copy holds: this replica's claim watch has not brought a
+        deallocation yet, or the ledger counted an allocation whose write did not land.
+        Every replica holding the reviewed copy counts its reservation, priced as the
+        claim store prices a deallocated claim (`existing_entry`); an excess measured
+        against the stale allocation instead (0 for the same device again) went
+        unpersisted while those replicas counted only the reservation."""
+        held = self.ledger.entry(claim_ref(claim))
+        return self.existing_entry(claim) if held is not None and held.allocated else held
 
     def excess_to_persist(self, allocation: Allocation) -> dict[DeviceQuota, Charge]:
         """Per Enforce quota, the allocation's excess over what its claim holds, where it
         touches a resource the quota limits: what the webhook reserves in that quota's
         persisted record before allowing it (`quota.excess`). Empty in the common case
         (within the reservation): no write. Audit quotas only warn, from this ledger."""
-        return {q: c for q, c in self.ledger.excess(allocation.entry).items()
+        entry = allocation.entry
+        # Over the smaller of what the reviewed copy reserves (what the replicas holding that
+        # copy count) and what this ledger holds (a stale or optimistic allocation: what
+        # this replica counts until its watch moves), so both count the whole exact charge.
+        mine = self.ledger.excess(entry, over=self.ledger.entry(entry.ref))
+        excess = {q: c.max(mine[q]) for q, c in self.ledger.excess(entry, over=allocation.held).items()}
+        return {q: c for q, c in excess.items()
                 if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
 
     def allocated(self, allocation: Allocation, *, enforce: bool, dry_run: bool = False,
@@ -343,8 +364,8 @@ class Admitter(Annotating):
         """What a Workload's `entry` takes from each quota of its namespace."""
         return {q: entry.charge_for(q, self.ledger.default_mode) for q in self.ledger.quotas(entry.namespace)}
 
-    def _own_record(self, claim: Claim) -> Claim:
-        """`claim` with the charge the ledger holds for it in place of its annotation.
+    def _own_record(self, claim: Claim, held: Entry | None) -> Claim:
+        """`claim` with the charge it reserved (`held`, `_reserved`) in place of its annotation.
 
         `draquota.io/charge` is tenant-writable metadata: where the ledger already
         counts the claim, its own record prices devices that vanished from the
@@ -352,7 +373,6 @@ class Admitter(Annotating):
         (a claim admitted before this process started). `account_allocated` keeps
         reading the annotation: `dra-quota check` has nothing else.
         """
-        held = self.ledger.entry(claim_ref(claim))
         pricing = None if held is None else held.pricing.get(self.ledger.default_mode)
         return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
 

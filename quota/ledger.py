@@ -394,7 +394,7 @@ class Ledger:
         (`quota.excess`): not checked again, and the entry is not accounted here, since
         that record counts the excess until the claim watch brings the allocated claim.
         """
-        excess = self.excess(entry)
+        excess = self.excess(entry, over=self._entries.get(entry.ref))
         checks = [QuotaCheck(q, self.usage(q.namespace, q.name), excess[q]) for q in self.quotas(entry.namespace)
                   if (q.namespace, q.name) not in persisted]
         decision = self._unsettled(checks) or check(checks)
@@ -402,13 +402,13 @@ class Ledger:
             self.add_or_update_claim(entry)
         return decision
 
-    def excess(self, entry: Entry) -> dict[DeviceQuota, Charge]:
-        """Per quota of `entry`'s namespace, what its exact charge adds to what the ledger
-        holds for its claim, per resource (never below zero)."""
-        previous = self._entries.get(entry.ref)
+    def excess(self, entry: Entry, *, over: Entry | None) -> dict[DeviceQuota, Charge]:
+        """Per quota of `entry`'s namespace, what its exact charge adds to what `over`
+        holds for its claim (the ledger's entry for it, or what the reviewed copy reserves:
+        `Admitter.price_allocation`), per resource (never below zero)."""
         out = {}
         for quota in self.quotas(entry.namespace):
-            held = previous.charge_for(quota, self.default_mode) if previous is not None else ZERO
+            held = over.charge_for(quota, self.default_mode) if over is not None else ZERO
             out[quota] = (entry.charge_for(quota, self.default_mode) - held).max(ZERO)
         return out
 

@@ -174,7 +174,10 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
             return  # allocated, or gone: not a review we decide
         exact = EXACTS[int(size)]  # type: ignore[call-overload]
         _, _, held = world.seen(r)
-        excess = (exact - held.get(uid, Charge())).max(Charge())  # quota.ledger.Ledger.excess
+        # Over the smaller of what the reviewed (unallocated) copy reserves and what this
+        # replica's ledger holds, maybe an earlier allocation (`Admitter.excess_to_persist`).
+        copy = ESTIMATE if uid in held else Charge()
+        excess = (exact - held.get(uid, Charge()).min(copy)).max(Charge())
         if excess.memory <= 0:
             world.writes.append((uid, before, exact, world.now))  # within the reservation: no write
         elif _decide(world, r, [Request("reserve", allocation_key(uid, before), uid, excess)], bool(use_stale)) == [True]:
@@ -239,6 +242,11 @@ action = st.one_of(
 # Two allocations of c0 reviewed on one copy (141Gi, then 100Gi: one of the two writes
 # lands): its entry keeps 61Gi, so c1's 61Gi does not fit.
 @example([("allocate", 0, 0, 0, False), ("allocate", 1, 0, 1, False), ("allocate", 0, 1, 0, False)])
+# c0 took an h200, landed, was deallocated; replica 1's watch brought that, replica 0's not.
+# Replica 0 reviews c0's reallocation of an h200 on the deallocated copy: its excess is over
+# what that copy reserves (80Gi), not over the allocation its ledger still holds (0).
+@example([("allocate", 0, 0, 0, False), ("land", 0), ("tick", 1.0), ("free", 0), ("watch", 1, 1),
+          ("allocate", 0, 0, 0, False), ("allocate", 1, 1, 0, False), ("land", 0), ("land", 0)])
 def test_no_interleaving_of_replicas_deciding_allocations_over_commits(actions: list[tuple[object, ...]]) -> None:
     world = Cluster()
     for act in actions:

@@ -424,6 +424,121 @@ def test_two_replicas_excess_allocations_never_both_take_the_last_room() -> None
     assert a.api.writes == writes
 
 
+def test_a_reallocation_reviewed_by_a_replica_that_missed_the_deallocation_persists_its_excess() -> None:
+    """Claim u took an h200 (61Gi above its 80Gi reservation), landed, was deallocated;
+    replica B's watch brought the deallocation, replica A's not yet. The scheduler
+    allocates u an h200 again, reviewed on the deallocated copy by A, whose ledger still
+    holds u's first allocation. Measured against that stale allocation the excess was 0:
+    A allowed and wrote nothing, and B, counting u at its 80Gi reservation, let claim w's
+    61Gi excess in too (282Gi allocated under a hard of 260Gi). Measured against what the
+    reviewed copy reserves it is 61Gi, persisted: never both."""
+    quota = make_quota("gpus", memory="260Gi")
+    a, b = World(quota), World(quota)
+    b.reservations.api = a.api  # type: ignore[assignment]  # one API server
+    u, w = (stored(gpu_claim(), uid=uid, name=name) for uid, name in ((UID, "train-gpu-x7k2q"), (UID2, "other")))
+    for obj in (u, w):
+        assert admit(a.ctx, review_request(obj)).allowed
+        for world in (a, b):
+            world.created(obj)
+    first = allocated(u, ("node-2", "gpu-0"))
+    assert allocate(a.ctx, status_update(first, u)) == Verdict(True, charged_above=ABOVE)
+    for world in (a, b):
+        world.created(first)  # landed; both watches bring it
+    freed = stored(gpu_claim())  # deallocated: only B's watch has brought it
+    b.created(freed)
+    again = allocate(a.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
+    other = allocate(b.ctx, status_update(allocated(w, ("node-2", "gpu-0")), w))
+    # A, lagging, also counts u's stale allocation: it refuses until its watch catches up
+    # (more, never less); B's verdict then holds.
+    assert not (again.allowed and other.allowed)
+    assert other.allowed
+
+
+def test_a_retried_allocation_after_one_within_the_reservation_is_counted_whole_by_the_replica() -> None:
+    """Claim u reserved at 141Gi (any GPU, Conservative). The scheduler's first write (an
+    h100, within the reservation) is allowed, so the ledger counts u allocated at 80Gi,
+    but the write fails after us; its retry on the same copy takes an h100 and an h200
+    (221Gi). This replica must count all of it until its watch moves: its 80Gi plus an
+    excess of 141Gi, not the 80Gi over the copy's reservation (160Gi in all)."""
+    world = World(make_quota("gpus", memory="400Gi"))
+    u = stored(gpu_claim("true"))
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    assert allocate(world.ctx, status_update(allocated(u, ("node-1", "gpu-0")), u)).allowed
+    retry = allocated(u, ("node-1", "gpu-0"), ("node-2", "gpu-0"))
+    assert allocate(world.ctx, status_update(retry, u)).allowed
+    usage = world.ctx.admitter.ledger.usage(NS, "gpus")
+    assert (usage.used + usage.reserved + world.ctx.reservations.pending(NS, "gpus")).memory >= 221 * GiB
+
+
+@pytest.mark.xfail(strict=True, reason="review3: the all-or-nothing release of a denied attempt drops the entry "
+                                      "its key shares with an allowed attempt on the same copy")
+def test_a_denied_attempt_on_a_copy_never_releases_an_allowed_one_s_excess() -> None:
+    """Two allocations of u reviewed on one copy (two allocators, or a retry while the
+    first write is still in the API server): the first (an h200, 61Gi above u's 80Gi) fits
+    quotas "a" and "b" and is allowed; the second (two h200s) fits "a" but not "b", so
+    its part on "a" is released. The release takes the whole shared entry: "a" no longer
+    counts the first's 61Gi, which may still land."""
+    world = World(make_quota("a", memory="400Gi"), make_quota("b", memory="250Gi"))
+    u = stored(gpu_claim())
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    assert allocate(world.ctx, status_update(allocated(u, ("node-2", "gpu-0")), u)).allowed
+    assert not allocate(world.ctx, status_update(allocated(u, ("node-2", "gpu-0"), ("node-2", "gpu-1")), u)).allowed
+    assert world.ctx.reservations.pending(NS, "a").memory >= 61 * GiB
+
+
+@pytest.mark.xfail(strict=True, reason="review3: a deallocated claim counts at its reservation again, which the room "
+                                      "its allocation freed may have gone to; its reallocation within it is not checked")
+def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanwhile() -> None:
+    """One replica, no race. Claim u, reserved at 141Gi (any GPU, Conservative), is
+    allocated an h100 (80Gi); claim w is admitted at 141Gi into the 221Gi that leaves.
+    u is deallocated (its Pod done; a standalone claim): it counts 141Gi again, 282Gi
+    of 221Gi. u is allocated an h200 (141Gi, "within its reservation", not checked),
+    then w an h200: 282Gi used of a hard 221Gi in an Enforce quota."""
+    world = World(make_quota("gpus", memory="221Gi"))
+    u = stored(gpu_claim("true"))
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    first = allocated(u, ("node-1", "gpu-0"))
+    assert allocate(world.ctx, status_update(first, u)).allowed
+    world.created(first)
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(world.ctx, review_request(w)).allowed
+    world.created(w)
+    freed = stored(gpu_claim("true"))
+    world.created(freed)  # deallocated
+    again = allocate(world.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed))
+    other = allocate(world.ctx, status_update(allocated(w, ("node-2", "gpu-0")), w))
+    assert not (again.allowed and other.allowed)
+
+
+@pytest.mark.xfail(strict=True, reason="review3: a deallocation raises a claim's charge (exact -> reservation) and "
+                                      "nothing makes a replica whose watch lags it count more than the old exact charge")
+def test_a_replica_lagging_a_deallocation_never_lets_a_reallocation_within_its_reservation_over_commit() -> None:
+    """Claim u, reserved at 141Gi (any GPU, Conservative), allocated an h100 (80Gi, within
+    its reservation: nothing written); deallocated, which replica B's watch brought and
+    C's not yet. The scheduler allocates u an h200 (141Gi, still within its reservation:
+    nothing written), reviewed by B. C, counting u at its stale 80Gi, admits claim w at
+    141Gi into a hard of 221Gi; w is then allocated within its reservation: 282Gi used."""
+    quota = make_quota("gpus", memory="221Gi")
+    b, c = World(quota), World(quota)
+    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    u = stored(gpu_claim("true"))
+    assert admit(b.ctx, review_request(u)).allowed
+    for world in (b, c):
+        world.created(u)
+    first = allocated(u, ("node-1", "gpu-0"))
+    assert allocate(b.ctx, status_update(first, u)).allowed
+    for world in (b, c):
+        world.created(first)
+    freed = stored(gpu_claim("true"))
+    b.created(freed)  # deallocated: only B's watch has brought it
+    again = allocate(b.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
+    created = admit(c.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other")))
+    assert not (again.allowed and created.allowed)
+
+
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
     world = World(make_quota("gpus", memory="160Gi"))
     claim = stored(gpu_claim())
