@@ -42,7 +42,7 @@ _VALUE = Est(0, MAX_VALUE, Est(0, MAX_VALUE))
 _ID_MAP = Est(0, MAX_ENTRIES, _VALUE, Est(0, MAX_ID))
 _DEVICE_FIELDS = {
     "driver": Est(0, MAX_DOMAIN),
-    "allowMultipleAllocations": Est(0),
+    "allowMultipleAllocations": Est(0, 0),  # a bool: holds nothing (as `_SCALAR`)
     "attributes": Est(0, MAX_ENTRIES, _ID_MAP, Est(0, MAX_DOMAIN)),
     "capacity": Est(0, MAX_ENTRIES, Est(0, MAX_ENTRIES, Est(0), Est(0, MAX_ID)), Est(0, MAX_DOMAIN)),
 }
@@ -145,6 +145,10 @@ class _Estimator:
             return Est(cost, size, body)
         if node.kind == "filter":
             return Est(cost, size, rng.elem, rng.key)
+        if node.kind in ("all", "exists", "exists_one", "existsOne"):
+            # A bool holds nothing. Hypothesis found `(c ? attr : list.exists(...)) == ...`
+            # estimated unbounded: an unknown size here widened the conditional's.
+            return Est(cost, 0)
         return Est(cost)
 
     def _call(self, node: ast.Call, env: dict[str, Est]) -> Est:

@@ -224,6 +224,15 @@ _FOUND = {"driver": "d1", "attributes": {"d1/a": True}, "capacity": {}, "allow_m
          '(device.attributes["d1"].a ? device.attributes["d1"].a : quantity("1Gi"))))', _FOUND)
 @example('(device.attributes["d1"].a ? device.attributes["d1"].a : has(device.attributes["d1"].a)) == '
          '(device.attributes["d1"].a ? device.attributes["d1"].a : has(device.attributes["d1"].a))', _FOUND)
+@example('(device.attributes["d1"][?"b"].orValue(false) == ((device.attributes["d1"][?"b"].orValue(false) ? '
+         'device.attributes["d1"].a : device.attributes["d1"].exists(k, k == "c")) == '
+         '(device.attributes["d1"][?"b"].orValue(false) ? device.attributes["d1"].a : '
+         'device.attributes["d1"].exists(k, k == "c"))))',
+         {"driver": "d1", "attributes": {}, "capacity": {}, "allow_multiple_allocations": False})
+@example('(true == ((device.attributes["d1"][?"b"].orValue(false) ? device.attributes["d1"].a : '
+         'device.allowMultipleAllocations) == (device.attributes["d1"][?"b"].orValue(false) ? '
+         'device.attributes["d1"].a : device.allowMultipleAllocations)))',
+         {"driver": "d1", "attributes": {}, "capacity": {}, "allow_multiple_allocations": False})
 def test_static_estimate_bounds_the_actual_cost(expression: str, device: dict[str, Any]) -> None:
     # Shares the expression generator; lives here rather than in test_limits for that.
     try:
