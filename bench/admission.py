@@ -673,7 +673,9 @@ async def control_plane(args: argparse.Namespace, workdir: Path, *, metrics_port
                 await c.close()
         print(f"{count} ResourceSlices ({args.nodes} nodes) created in {seconds:.1f} s ({count / seconds:.0f}/s)")
         ttl = () if args.reservation_ttl is None else ("--reservation-ttl", str(args.reservation_ttl))
-        leases = () if args.lease_period is None else ("--lease-period", str(args.lease_period))
+        # The other benches (connections, attacks, teams) run serve with its default.
+        period = getattr(args, "lease_period", None)
+        leases = () if period is None else ("--lease-period", str(period))
         # As a Deployment of the chart runs it: its ServiceAccount and RBAC (so the leader's
         # own claim writes skip our annotation webhook, as `not-dra-quota-itself` says) and
         # its flags, but for where it listens and where its certificate comes from.
