@@ -192,6 +192,11 @@ class Annotator:
             self._writing.add(uid)
             try:
                 failed = await self._write(claim, annotations) is False
+            except Exception as err:  # noqa: BLE001 - a writer lost is a pool that shrinks for good
+                # Unforeseen (the API client's own errors are handled in `_write`): the
+                # claim is tried again like a failed patch, and the writer goes on.
+                log.exception("writing the annotations of ResourceClaim %s/%s failed", claim.namespace, claim.name)
+                failed = self._failed(claim, annotations, repr(err))
             finally:
                 self._writing.discard(uid)
                 if uid in self._pending:  # a newer event while this patch was in flight

@@ -115,6 +115,32 @@ async def test_a_backlog_starts_more_writers_up_to_the_bound_and_they_stop_once_
     assert writer.writers == 4  # cancelled with run(): no writer left behind
 
 
+async def test_an_unforeseen_error_costs_a_retry_never_a_writer() -> None:
+    class Flaky(Api):
+        def __init__(self) -> None:
+            super().__init__()
+            self.raised = 0
+
+        async def patch(self, resource: Resource, name: str, patch: Any, **kw: Any) -> dict[str, Any]:
+            if name == "bad" and self.raised == 0:
+                self.raised += 1
+                raise KeyError("an unforeseen bug")
+            return await super().patch(resource, name, patch, **kw)
+
+    api = Flaky()
+    writer = Annotator(api, due, lambda c, current: "draquota.io/charge" not in current,  # type: ignore[arg-type]
+                       leading=lambda: True, concurrency=1, backoff=0.0)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.seen(claim("bad"), {})
+        writer.seen(claim("good"), {})
+        await until(lambda: {"bad", "good"} <= set(api.patched) or task.done(), "both written, the bad one retried")
+        assert not task.done() and api.raised == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_claim_is_patched_by_one_writer_at_a_time() -> None:
     api = Api()
     api.held["x"] = asyncio.Event()
