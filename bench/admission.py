@@ -474,7 +474,7 @@ def collections_timed() -> Iterator[list[tuple[int, float]]]:
         gc.callbacks.remove(callback)
 
 
-def section_a(slices: list[JSON], claims: int, lease_period: float) -> JSON:
+def section_a(slices: list[JSON], claims: int, lease_period: float = SERVE_LEASE_PERIOD) -> JSON:
     print(f"\n(a) in-process: {claims} claim CREATE reviews of the generated mix through the app's handler, "
           "each reservation persisted as `serve` does (kube.quotawriter), on a simulated API server; "
           + (f"leases of {lease_period:g} s" if lease_period else "no leases"))

@@ -41,7 +41,7 @@ bench = load()
 
 
 def test_in_process_reviews_go_through_the_apps_handler() -> None:
-    out = bench.section_a(bench.generate_slices(20), 100)
+    out = bench.section_a(bench.generate_slices(20), 100, lease_period=0.0)  # the exact path
     assert out["devices"] > 0
     for row in (out["one_at_a_time"], out["16_at_a_time"]):
         assert row["reviews"] == 100 and 0 < row["allowed"] <= 100
@@ -52,6 +52,14 @@ def test_in_process_reviews_go_through_the_apps_handler() -> None:
     # Every claim of a group reached the cache annotated before the next group's writes
     # settled: what is left is at most the last group's entries.
     assert out["largest_record_at_end"] <= 16
+
+
+def test_in_process_reviews_with_leases_admit_with_fewer_writes() -> None:
+    """(a) measures `serve`'s default, leases on: admissions under a lease write nothing."""
+    out = bench.section_a(bench.generate_slices(20), 100, lease_period=5.0)
+    row = out["one_at_a_time"]
+    assert row["reviews"] == 100 and 0 < row["allowed"] <= 100
+    assert row["status_writes"] < row["allowed"]  # the exact path writes once per admission
 
 
 async def test_the_open_loop_generator_sees_the_queue_a_closed_loop_hides() -> None:
