@@ -112,9 +112,9 @@ def take(lease: Lease | None, quota: DeviceQuota, uid: str, charge: Charge, now:
     if lease is None or lease.quota != quota or now >= lease.until:
         return None
     room = lease.amount if lease.limit is None else lease.amount.min(lease.limit)
-    if not _fits(quota, lease.consumed(without=uid) + charge, charge, room):
-        return None
     total = lease.consumed(without=uid) + charge
+    if not _fits(quota, total, charge, room):
+        return None
     return replace(lease, admitted={**lease.admitted, uid: (charge, now)}, total=total, taken=lease.taken + 1)
 
 
