@@ -81,13 +81,21 @@ async def running(handle: Served) -> AsyncIterator[Served]:
         await handle.kill()
 
 
+async def metered(cluster: ControlPlane, tmp_path: Path, *args: str,
+                  log_level: str = "debug") -> AsyncIterator[Served]:
+    """Body of a fixture: `serve` with the flags `args` and its metrics on a free port, its
+    log in `tmp_path`."""
+    port, metrics_port = free_ports(2)
+    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port, args=args,
+                                       log_level=log_level)):
+        yield handle
+
+
 async def capped(cluster: ControlPlane, tmp_path: Path, cap: int, *,
                  also: tuple[str, ...] = ()) -> AsyncIterator[Served]:
     """`serve` with `--max-connections cap` (and the flags `also`), its log in `tmp_path`
     (the attacked fixtures)."""
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--max-connections", str(cap), *also), log_level="info")):
+    async for handle in metered(cluster, tmp_path, "--max-connections", str(cap), *also, log_level="info"):
         yield handle
 
 

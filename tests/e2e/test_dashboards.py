@@ -50,10 +50,10 @@ from devcluster.served import metrics_reader_token
 
 from ..tools.chart import find, render
 from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, unknown
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
-from .harness import DQ, Served, Setup, create, denial, make_quota, running
+from .harness import DQ, Served, Setup, create, denial, make_quota, metered
 from .kube import ApiError, Kube, WaitTimeout, poll
 from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
 
@@ -66,8 +66,7 @@ DEADLINE = 120.0  # seconds for every query to show what it must, after the scen
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port)):
+    async for handle in metered(cluster, tmp_path):
         yield handle
 
 

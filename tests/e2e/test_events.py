@@ -26,10 +26,10 @@ import pytest_asyncio
 
 from runtime.metricnames import INVENTORY_DEVICES, RECONCILE_DURATION
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
-from .harness import DQ, Served, Setup, annotated, create, denial, make_quota, running
+from .harness import DQ, Served, Setup, annotated, create, denial, make_quota, metered
 from .kube import Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +42,7 @@ EIGHTY_GIB = '{"memory":85899345920,"devices":1}'  # draquota.io/charge of one 8
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     """Optimistic default pricing (the annotation prices the smallest candidate), metrics on."""
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--default-pricing", "optimistic"))):
+    async for handle in metered(cluster, tmp_path, "--default-pricing", "optimistic"):
         yield handle
 
 

@@ -35,9 +35,9 @@ import pytest_asyncio
 from quota.quantity import parse_quantity
 from runtime.metricnames import LEASE_WRITES, RESERVATION_ADMISSIONS
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1
-from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Served, Setup, claim_body, governed, running
+from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Served, Setup, claim_body, governed, metered
 from .kube import ApiError, Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
@@ -51,9 +51,7 @@ FILL = 60
 @pytest_asyncio.fixture(loop_scope="session")
 async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncIterator[Served]:
     """`serve` with leases on (`--lease-period 5`, the default), metrics on (its lease counters are read)."""
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log", metrics_port=metrics_port,
-                                       args=("--lease-period", "5"))):
+    async for handle in metered(cluster, tmp_path, "--lease-period", "5"):
         yield handle
 
 

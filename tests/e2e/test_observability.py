@@ -31,9 +31,9 @@ from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, WATCH_SYNCED,
 )
 
-from .cluster import ControlPlane, free_ports
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, claim_spec, exact_request
-from .harness import DQ, RUN_LABEL, MakeNamespace, Served, Setup, annotated, claim_body, denial, make_quota, running
+from .harness import DQ, RUN_LABEL, MakeNamespace, Served, Setup, annotated, claim_body, denial, make_quota, metered
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import impersonated
 
@@ -54,9 +54,7 @@ async def served(cluster: ControlPlane, crd: None, tmp_path: Path) -> AsyncItera
     """`serve` with an adminAccess allowlist of one user and metrics on a free port."""
     policy = tmp_path / "admin-access-policy.yaml"
     policy.write_text(f"users: [{OPS}]\n")
-    port, metrics_port = free_ports(2)
-    async for handle in running(Served(cluster, port, tmp_path / "serve.log",
-                                       args=("--admin-access-policy", str(policy)), metrics_port=metrics_port)):
+    async for handle in metered(cluster, tmp_path, "--admin-access-policy", str(policy)):
         yield handle
 
 
