@@ -334,15 +334,16 @@ def apply(
     changed = settled is not record
     decisions: list[Decision] = []
     for request in requests:
+        excess = parse_allocation_key(request.uid) is not None  # an allocation's (`quota.excess`)
         # Only a series or an allocation's excess replaces other entries: no scan for the rest.
-        if request.op == "reserve" and (request.series or parse_allocation_key(request.uid) is not None):
+        if request.op == "reserve" and (request.series or excess):
             stale = [uid for uid, r in live.items() if _stale(uid, r, request)]
             for uid in stale:
                 del live[uid]
             changed = changed or bool(stale)
         previous = live.pop(request.uid, None)
         charge = request.charge
-        if previous is not None and parse_allocation_key(request.uid) is not None:
+        if previous is not None and excess:
             charge = charge.max(previous.charge)  # either allocation may land
         if request.op == "release":
             changed = changed or previous is not None
