@@ -435,12 +435,18 @@ class ClaimStore:
         whether that is its upper bound, to be priced after ready (module doc)."""
         if claim.allocation is not None:
             return self.admitter.allocated_entry(claim), False
-        if (held := self.ledger.entry(claim_ref(claim))) is not None and not held.allocated:
-            return None, False  # reserved at admission in this ledger (`dra-quota check`): the claim confirms it
+        if (held := self.ledger.entry(claim_ref(claim))) is not None:
+            if held.allocated:
+                # Deallocated: it keeps counting what its last allocation charged, not its
+                # reservation again (`Counting.deallocated_entry`).
+                return self.admitter.deallocated_entry(held), False
+            # Reserved at admission in this ledger (`dra-quota check`), or deallocated
+            # before: the claim confirms it.
+            return None, False
         if self.provisional is None or self.admitter.priced_before(claim):
-            # Never admitted by this process (it started later), or deallocated: priced at
-            # once when that is a cache lookup (claims stamped from a known template, one
-            # this replica priced at admission)...
+            # Never counted by this process (it started later): priced at once when that
+            # is a cache lookup (claims stamped from a known template, one this replica
+            # priced at admission)...
             return self.admitter.existing_entry(claim), False
         return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
 

@@ -253,14 +253,15 @@ class Admitter(Annotating):
         return Allocation(own, pricing, entry, held)
 
     def _reserved(self, claim: Claim) -> Entry | None:
-        """What the reviewed copy of `claim` reserves: the ledger's entry for it, unless
-        that entry is an allocation. The review's old object is unallocated, so such an
-        entry is not what that copy holds: this replica's claim watch has not brought a
-        deallocation yet, or the ledger counted an allocation whose write did not land.
-        Every replica holding the reviewed copy counts its reservation, priced as the
-        claim store prices a deallocated claim (`existing_entry`); an excess measured
-        against the stale allocation instead (0 for the same device again) went
-        unpersisted while those replicas counted only the reservation."""
+        """What the reviewed copy of `claim` holds: the ledger's entry for it (its
+        reservation, or its last allocation once deallocated: `deallocated_entry`), unless
+        that entry is an allocation. The review's old object is unallocated, so this
+        replica's claim watch has not brought the deallocation yet. The replicas whose
+        watch has count the last allocation, as this one does; a replica that started
+        after the deallocation never saw that allocation and counts the reservation
+        (`existing_entry`). That is returned here, and `excess_to_persist` measures the
+        excess over the smaller of it and the ledger's entry, so both kinds of replica
+        count the whole exact charge."""
         held = self.ledger.entry(claim_ref(claim))
         return self.existing_entry(claim) if held is not None and held.allocated else held
 
@@ -279,7 +280,8 @@ class Admitter(Annotating):
                 if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
 
     def allocated(self, allocation: Allocation, *, enforce: bool, dry_run: bool = False,
-                  persisted: Decision | None = None, excess: Collection[DeviceQuota] = ()) -> Admission:
+                  persisted: Decision | None = None, excess: Collection[DeviceQuota] = (),
+                  account: bool = True) -> Admission:
         """The exact charge replaces the reservation.
 
         Denied only when the exact charge exceeds what the claim reserved and the excess
@@ -287,13 +289,18 @@ class Admitter(Annotating):
         with `enforce` false that is a warning and the charge is accounted anyway.
         `persisted`: the decision on `excess` (the quotas `excess_to_persist` named),
         taken on their persisted records; the other quotas are checked here.
+        `account`: count the allocation in the ledger now (`dra-quota check`, which has no
+        watch). `serve` passes False: its claim cache counts the allocation when the watch
+        brings it, so every allocated entry of its ledger is one that landed, and the last
+        one is what a deallocated claim keeps counting (`kube.caches.ClaimStore`); an
+        allocation allowed here may still be refused by a later admission step.
         """
         own, pricing, entry = allocation.own, allocation.pricing, allocation.entry
         if persisted is not None and not persisted.allowed:
             decision = persisted
         else:
             keys = [(q.namespace, q.name) for q in excess] if persisted is not None else []
-            decision = _joined(persisted, self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run,
+            decision = _joined(persisted, self.ledger.allocate(entry, enforce=enforce, dry_run=dry_run or not account,
                                                                persisted=keys))
         warnings = (*pricing.warnings, *decision.warnings)
         # Only where a quota counts the claim's devices: elsewhere nothing was reserved to exceed.
@@ -374,5 +381,6 @@ class Admitter(Annotating):
         reading the annotation: `dra-quota check` has nothing else.
         """
         pricing = None if held is None else held.pricing.get(self.ledger.default_mode)
-        return claim if pricing is None else replace(claim, recorded_charge=pricing.total)
+        # A deallocated claim's entry is its last allocation (`deallocated_entry`), not what it was admitted at.
+        return claim if pricing is None or pricing.exact else replace(claim, recorded_charge=pricing.total)
 

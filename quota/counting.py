@@ -69,6 +69,18 @@ class Counting:
         return Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                      owner=claim.owner)
 
+    def deallocated_entry(self, allocated: Entry) -> Entry:
+        """A claim whose allocation the watch saw go, counted at what that allocation
+        (`allocated`, the ledger's entry from the watch) charged, among the pending claims:
+        not at its reservation again. The room an allocation below its reservation freed
+        may have been admitted to another claim meanwhile; counted at its reservation
+        again, the claim's next allocation would be "within what it holds", unchecked, and
+        could take that room twice (`used` above `hard`). So a reallocation is checked
+        for what it adds to the last allocation (`Ledger.allocate`), and a claim is always
+        free to get back what it had. Its pricing keeps the devices: a quota selecting
+        other devices reprices it from them (`price_for`), with no tenant CEL."""
+        return replace(allocated, allocated=False)
+
     def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> tuple[QuotaKey, ...]:
         """Count an unallocated claim that already exists, without a check: one admitted
         before this process started, or deallocated. Refusing it now would change nothing.
@@ -152,7 +164,7 @@ class Counting:
         for entry in list(self.ledger.entries_in(namespace)):
             if all(p.priced_for(selection) for p in entry.pricing.values()):
                 continue
-            if entry.allocated:
+            if all(p.exact for p in entry.pricing.values()):  # allocated, or deallocated (`deallocated_entry`)
                 rescoped = {mode: self.pricer.rescoped(p, selections) for mode, p in entry.pricing.items()}
                 # Pricing may pause (a sliced relist): a claim deleted or changed meanwhile
                 # must not come back as it was.

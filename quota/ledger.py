@@ -61,7 +61,7 @@ class Entry:
     owner: str = ""
     # An unallocated claim's own object: what prices it again for a quota selecting other
     # devices than its pricing knows (`Admitter.add_or_update_quota`). None for allocated
-    # claims (their pricing holds their devices) and Workloads.
+    # and deallocated claims (their pricing holds their last devices) and Workloads.
     claim: Claim | None = None
 
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:

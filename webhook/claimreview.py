@@ -213,7 +213,7 @@ async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdic
         if not persisted.allowed and not persisted.denied_by:  # conflicts, API errors: no quota said no
             return Verdict(False, persisted.message, warnings=persisted.warnings, cause="unavailable")
     admission = ctx.admitter.allocated(allocation, enforce=enforce, dry_run=request.dry_run, persisted=persisted,
-                                       excess=list(excess))
+                                       excess=list(excess), account=False)
     return _verdict(admission, None)
 
 

@@ -101,7 +101,7 @@ def test_claims_reserve_confirm_charge_and_release() -> None:
     # Allocation: exact, moves from reserved to used.
     world.claims.upsert(claim("c2", "u2", allocated=True))
     assert (world.usage().used, world.usage().reserved) == (Charge(80 * GiB, 1), Charge(80 * GiB, 1))
-    # Deallocated (status.allocation removed): a reservation again.
+    # Deallocated (status.allocation removed): pending again, at what its allocation charged.
     world.claims.upsert(claim("c2", "u2"))
     assert (world.usage().used, world.usage().reserved) == (ZERO, Charge(160 * GiB, 2))
     world.claims.delete(claim("c2", "u2"))
@@ -267,6 +267,27 @@ def scoped_world() -> tuple[World, list[dict[str, Any]], dict[str, Any]]:
     pending = with_uid(make_claim("pending", request("gpu", exactly("gpu", a100))), "u2")
     return world, [on_a100, pending], make_quota("h100", memory="1Ti",
                                                  selectors=[f"device.attributes['{D}'].model == 'h100'"])
+
+
+def test_a_deallocated_claim_counts_what_its_last_allocation_charged_through_relists_and_new_selections() -> None:
+    """Priced at the H100 it might get (80Gi), allocated the A100 (40Gi): the 40Gi freed may
+    go to another claim. Deallocated, it counts 40Gi among the pending claims, not 80Gi
+    again, so a reallocation is checked for what it adds (`Counting.deallocated_entry`);
+    a relist keeps that, and a quota selecting other devices prices it from its devices
+    (no tenant CEL, nothing handed to the stored-claim pricer)."""
+    world, (on_a100, pending), h100 = scoped_world()
+    handed: list[str] = []
+    world.quotas.reprice = lambda c, e: handed.append(c.name)
+    world.claims.replace([on_a100])
+    freed = copy.deepcopy(on_a100)
+    freed["status"] = {}
+    world.claims.upsert(versioned(freed, "7"))
+    assert (world.usage().used, world.usage().reserved, world.usage().pending_claims) == (ZERO, Charge(40 * GiB, 1), 1)
+    world.claims.replace([versioned(copy.deepcopy(freed), "8"), pending])
+    assert world.usage().reserved == Charge(80 * GiB, 2)
+    world.quotas.upsert(h100)
+    assert handed == ["pending"]
+    assert world.admitter.ledger.usage(NS, "h100").reserved == Charge(40 * GiB, 1)  # the pending A100 claim's bound
 
 
 @pytest.mark.parametrize("hooked", [False, True])

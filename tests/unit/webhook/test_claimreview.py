@@ -311,7 +311,10 @@ def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check:
     for obj in (claim, other):
         assert admit(ctx, review_request(obj)).allowed
         world.created(obj)  # the scheduler allocates claims that exist
-    assert allocate(ctx, status_update(allocated(claim, device), claim)) == expected
+    verdict = allocate(ctx, status_update(allocated(claim, device), claim))
+    assert verdict == expected
+    if verdict.allowed:
+        world.created(allocated(claim, device))  # stored; the ledger counts what the watch brings
     usage = ctx.admitter.ledger.usage(NS, "gpus")
     assert (usage.used, usage.reserved) == (used, still_reserved)
     # the scheduler's retry of the same update counts nothing twice
@@ -360,13 +363,14 @@ def test_a_late_allocation_review_of_a_claim_gone_before_the_list_counts_nothing
     assert allocate(ctx, status_update(allocated(late, ("node-1", "gpu-0")), late)) == Verdict(True)
     assert ctx.admitter.ledger.usage(NS, "gpus").used == Charge()
     # The claim the cache holds, and one the watch has not reached yet (its events
-    # follow), are counted at once: the one by the ledger, the other, all of whose charge
-    # is above what this ledger holds for it, by its excess's persisted entry.
+    # follow), are counted at once: the one by the ledger (at its reservation, until the
+    # watch brings its allocation), the other, all of whose charge is above what this
+    # ledger holds for it, by its excess's persisted entry.
     new = at(stored(gpu_claim(), uid="fresh", name="fresh"), 201)
     for obj in (listed, new):
         assert allocate(ctx, status_update(allocated(obj, ("node-1", "gpu-0")), obj)) == Verdict(True)
     usage = ctx.admitter.ledger.usage(NS, "gpus")
-    assert (usage.used, usage.allocated_claims) == (Charge(80 * GiB, 1), 1)
+    assert (usage.reserved, usage.pending_claims, usage.used) == (Charge(80 * GiB, 1), 1, Charge())
     assert ctx.reservations.pending(NS, "gpus") == Charge(80 * GiB, 1)
 
 
@@ -429,9 +433,12 @@ def test_a_reallocation_reviewed_by_a_replica_that_missed_the_deallocation_persi
     replica B's watch brought the deallocation, replica A's not yet. The scheduler
     allocates u an h200 again, reviewed on the deallocated copy by A, whose ledger still
     holds u's first allocation. Measured against that stale allocation the excess was 0:
-    A allowed and wrote nothing, and B, counting u at its 80Gi reservation, let claim w's
-    61Gi excess in too (282Gi allocated under a hard of 260Gi). Measured against what the
-    reviewed copy reserves it is 61Gi, persisted: never both."""
+    A allowed and wrote nothing, and B, had it counted u at its 80Gi reservation again, would
+    have let claim w's 61Gi excess in too (282Gi allocated under a hard of 260Gi). Measured
+    against what the reviewed copy may count on some replica (its 80Gi reservation, on one
+    that started after the deallocation) it is 61Gi, persisted: never both. B counts u at
+    its last allocation (141Gi), so w's excess does not fit; once A's watch catches up, u
+    gets back what it had."""
     quota = make_quota("gpus", memory="260Gi")
     a, b = World(quota), World(quota)
     b.reservations.api = a.api  # type: ignore[assignment]  # one API server
@@ -449,17 +456,18 @@ def test_a_reallocation_reviewed_by_a_replica_that_missed_the_deallocation_persi
     again = allocate(a.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
     other = allocate(b.ctx, status_update(allocated(w, ("node-2", "gpu-0")), w))
     # A, lagging, also counts u's stale allocation: it refuses until its watch catches up
-    # (more, never less); B's verdict then holds.
+    # (more, never less).
     assert not (again.allowed and other.allowed)
-    assert other.allowed
+    assert not other.allowed
+    a.created(freed)
+    assert allocate(a.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed)).allowed
 
 
 def test_a_retried_allocation_after_one_within_the_reservation_is_counted_whole_by_the_replica() -> None:
     """Claim u reserved at 141Gi (any GPU, Conservative). The scheduler's first write (an
-    h100, within the reservation) is allowed, so the ledger counts u allocated at 80Gi,
-    but the write fails after us; its retry on the same copy takes an h100 and an h200
-    (221Gi). This replica must count all of it until its watch moves: its 80Gi plus an
-    excess of 141Gi, not the 80Gi over the copy's reservation (160Gi in all)."""
+    h100, within the reservation) is allowed, writing nothing, but fails after us; its
+    retry on the same copy takes an h100 and an h200 (221Gi). This replica must count all
+    of it until its watch moves: the 141Gi reservation it holds plus an excess of 80Gi."""
     world = World(make_quota("gpus", memory="400Gi"))
     u = stored(gpu_claim("true"))
     assert admit(world.ctx, review_request(u)).allowed
@@ -488,8 +496,6 @@ def test_a_denied_attempt_on_a_copy_never_releases_an_allowed_one_s_excess() -> 
     assert world.ctx.reservations.pending(NS, "a").memory >= 61 * GiB
 
 
-@pytest.mark.xfail(strict=True, reason="review3: a deallocated claim counts at its reservation again, which the room "
-                                      "its allocation freed may have gone to; its reallocation within it is not checked")
 def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanwhile() -> None:
     """One replica, no race. Claim u, reserved at 141Gi (any GPU, Conservative), is
     allocated an h100 (80Gi); claim w is admitted at 141Gi into the 221Gi that leaves.
@@ -513,8 +519,6 @@ def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanw
     assert not (again.allowed and other.allowed)
 
 
-@pytest.mark.xfail(strict=True, reason="review3: a deallocation raises a claim's charge (exact -> reservation) and "
-                                      "nothing makes a replica whose watch lags it count more than the old exact charge")
 def test_a_replica_lagging_a_deallocation_never_lets_a_reallocation_within_its_reservation_over_commit() -> None:
     """Claim u, reserved at 141Gi (any GPU, Conservative), allocated an h100 (80Gi, within
     its reservation: nothing written); deallocated, which replica B's watch brought and

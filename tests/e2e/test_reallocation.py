@@ -1,0 +1,80 @@
+"""A deallocated claim's next allocation cannot take room that went to another claim
+(docs/reservations.md, "A deallocated claim keeps what its last allocation charged").
+
+On the real control plane with `dra-quota serve`: one 80Gi GPU and one 141Gi GPU; a
+Conservative DeviceQuota of 221Gi. Claim u, which may get either, is reserved at 141Gi and
+allocated the 80Gi GPU: the 61Gi freed lets claim w in at 141Gi. u is deallocated (its
+status cleared, as the resourceclaim controller does once its Pod is gone). Counted at its
+reservation again, u would put the quota at 282Gi of 221Gi, and its reallocation on the
+141Gi GPU, "within its reservation", would pass unchecked: 282Gi allocatable. Counted at
+its last allocation, the quota stays at 221Gi, the 141Gi reallocation is refused for its
+61Gi excess, and the 80Gi one (what u had) passes.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from quota.quantity import ceil_int, parse_quantity
+
+from .cluster import ControlPlane
+from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
+from .harness import (
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed, wait_status,
+)
+from .kube import Kube, Obj
+
+pytestmark = pytest.mark.e2e
+
+GiB = 1024**3
+EXCESS_DENIED = ("the allocated devices charge more than the claim reserved (requested: the excess): "
+                 'exceeded DeviceQuota "gpus": requested memory=61Gi')
+
+
+def _gib(status: Obj, field: str) -> int:
+    return ceil_int(parse_quantity((status.get(field) or {}).get("memory") or 0)) // GiB
+
+
+async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_claim(
+        cluster: ControlPlane, kube: Kube, served: Served, make_namespace: MakeNamespace,
+        make_fleet: MakeFleet) -> None:
+    run = uuid.uuid4().hex[:8]
+    fleet = await make_fleet("realloc")
+    small = await fleet.add_node("small", [Gpu()])
+    big = await fleet.add_node("big", [Gpu(product="NVIDIA H200", memory="141Gi")])
+    ns = await make_namespace("realloc", labels={RUN_LABEL: run})
+    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"}, "spec": {
+        "hard": {"memory": "221Gi"}, "deviceClassNames": [fleet.device_class]}}, namespace=ns)
+    spec = claim_spec(exact_request("gpu", fleet.device_class))
+
+    async def allocate(name: str, pool: str) -> str:
+        allocation = {"devices": {"results": [{"request": "gpu", "driver": fleet.driver, "pool": pool,
+                                               "device": "gpu-0"}]}}
+        return await denial(kube.patch(RESOURCE_V1, "resourceclaims", name, {"status": {"allocation": allocation}},
+                                       namespace=ns, subresource="status"))
+
+    async with installed(kube, adapted_webhooks(run, served.port, cluster)):
+        await governed(kube, ns)
+        await kube.create(RESOURCE_V1, "resourceclaims", {"kind": "ResourceClaim", "metadata": {"name": "u"},
+                                                          "spec": spec}, namespace=ns)
+        await wait_status(kube, ns, lambda s: _gib(s, "reserved") == 141 and not s.get("reservations"),
+                          "u counted at its Conservative price")
+        assert await allocate("u", small) == ""
+        await wait_status(kube, ns, lambda s: (_gib(s, "used"), _gib(s, "reserved")) == (80, 0),
+                          "u counted at its allocation")
+        assert await denial(kube.create(RESOURCE_V1, "resourceclaims", {
+            "kind": "ResourceClaim", "metadata": {"name": "w"}, "spec": spec}, namespace=ns)) == ""
+        await kube.patch(RESOURCE_V1, "resourceclaims", "u", {"status": {"allocation": None}}, namespace=ns,
+                         subresource="status")
+        status = await wait_status(
+            kube, ns, lambda s: s.get("claims") == {"allocated": 0, "pending": 2} and not s.get("reservations"),
+            "u deallocated, w admitted")
+        assert (_gib(status, "used"), _gib(status, "reserved")) == (0, 80 + 141), status
+        message = await allocate("u", big)
+        assert EXCESS_DENIED in message, message
+        assert await allocate("u", small) == ""  # what u had
+        status = await wait_status(kube, ns, lambda s: (s.get("claims") or {}).get("allocated") == 1,
+                                   "u allocated again")
+        assert _gib(status, "used") + _gib(status, "reserved") <= 221, status
