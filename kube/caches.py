@@ -443,6 +443,8 @@ class ClaimStore:
             # Reserved at admission in this ledger (`dra-quota check`), or deallocated
             # before: the claim confirms it.
             return None, False
+        if (last := self.admitter.recorded_allocation(claim)) is not None:
+            return last, False  # deallocated before this process started: the same, from its record
         if self.provisional is None or self.admitter.priced_before(claim):
             # Never counted by this process (it started later): priced at once when that
             # is a cache lookup (claims stamped from a known template, one this replica

@@ -258,12 +258,15 @@ class Admitter(Annotating):
         that entry is an allocation. The review's old object is unallocated, so this
         replica's claim watch has not brought the deallocation yet. The replicas whose
         watch has count the last allocation, as this one does; a replica that started
-        after the deallocation never saw that allocation and counts the reservation
+        after the deallocation never saw that allocation: it counts what the claim's
+        allocation record says (`recorded_allocation`), else the reservation
         (`existing_entry`). That is returned here, and `excess_to_persist` measures the
         excess over the smaller of it and the ledger's entry, so both kinds of replica
         count the whole exact charge."""
         held = self.ledger.entry(claim_ref(claim))
-        return self.existing_entry(claim) if held is not None and held.allocated else held
+        if held is None or not held.allocated:
+            return held
+        return self.recorded_allocation(claim) or self.existing_entry(claim)
 
     def excess_to_persist(self, allocation: Allocation) -> dict[DeviceQuota, Charge]:
         """Per Enforce quota, the allocation's excess over what its claim holds, where it

@@ -78,6 +78,21 @@ class AllocatedPricer:
                           held=tuple(h for h in held if h is not None))
         return self.rescoped(pricing, selections)
 
+    def recorded(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing | None:
+        """An unallocated claim's last allocation, from the record the leader wrote on it
+        (`draquota.io/allocated-charge`: each charged device and its memory), as `exact`
+        priced it then: what a process that never saw that allocation (it started after
+        the deallocation) counts, as the ones that saw it do (`Counting.deallocated_entry`).
+        None without a record, or where the record cannot say which class each device was
+        charged to (requests of several classes: it names no request)."""
+        classes = set(_request_classes(claim.spec).values())
+        if claim.allocation is not None or not claim.recorded_devices or len(classes) != 1:
+            return None
+        (cls,) = classes
+        request = ",".join(r.name for r in claim.spec.requests)
+        held = tuple(HeldDevice(request, cls, key, Charge(memory, 1)) for key, memory in claim.recorded_devices)
+        return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=held), selections)
+
     def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
         """An exact pricing's requests again, priced for `selections`: from its devices
         (`Pricing.held`), without the claim. A quota selecting devices counts an

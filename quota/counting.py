@@ -81,6 +81,17 @@ class Counting:
         other devices reprices it from them (`price_for`), with no tenant CEL."""
         return replace(allocated, allocated=False)
 
+    def recorded_allocation(self, claim: Claim) -> Entry | None:
+        """`deallocated_entry` for a claim whose allocation this process never saw (it
+        started after the deallocation): its last allocation from the record the leader
+        wrote on it (`Pricer.recorded`). None where there is none to read: the claim then
+        counts its reservation (`existing_entry`)."""
+        pricing = self.pricer.recorded(claim, selections=self._selections(claim.namespace))
+        if pricing is None:
+            return None
+        return Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=False,
+                     owner=claim.owner)
+
     def reserve_existing(self, claim: Claim, *, budget: Budget | None = None) -> tuple[QuotaKey, ...]:
         """Count an unallocated claim that already exists, without a check: one admitted
         before this process started, or deallocated. Refusing it now would change nothing.

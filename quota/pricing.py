@@ -344,6 +344,10 @@ class Pricer:
         """`AllocatedPricer.exact`: the charge from `status.allocation`."""
         return self._allocated.exact(claim, selections=selections)
 
+    def recorded(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing | None:
+        """`AllocatedPricer.recorded`: a deallocated claim's last allocation, from its record."""
+        return self._allocated.recorded(claim, selections=selections)
+
     def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
         """`AllocatedPricer.rescoped`: an exact pricing's requests priced for `selections`."""
         return self._allocated.rescoped(pricing, selections)

@@ -275,6 +275,10 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new:
         claim = parse_claim(with_namespace(request.object, request.namespace))
     except ClaimError as err:
         return f"{where}: cannot read the claim: {err}"
+    if claim.allocation is None:
+        # A deallocated claim's record is its last allocation, which replicas started since
+        # count it at (`Counting.recorded_allocation`): it changes with the next one only.
+        return f"{where} records the claim's last allocation and changes only when the claim is allocated again"
     expected = ctx.admitter.pricer.allocation_record(replace(claim, recorded_devices=recorded_devices(old)))
     if dict(recorded_devices(new)) == expected and (expected or new == "{}"):
         return ""

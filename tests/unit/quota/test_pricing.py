@@ -390,6 +390,27 @@ def test_the_record_follows_the_allocation_and_is_exact() -> None:
     assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu"))))) == {}
 
 
+def test_a_deallocated_claims_record_prices_its_last_allocation_when_it_names_one_class() -> None:
+    """`Pricer.recorded`: what a process started after the deallocation counts, the same as
+    `exact` priced the allocation (by device and by class), or None where the record
+    cannot say which class a device was charged to."""
+    pricer = Pricer(inventory(), CLASSES)
+    spec = make_claim("c", request("a", exactly("gpu")), request("b", exactly("gpu")))
+    allocation = [result("a", "gpu-0"), result("b", "gpu-1")]
+    exact = pricer.exact(parse_claim(make_claim("c", *spec["spec"]["devices"]["requests"], allocation=allocation)))
+    record = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(dict(exact.record))}
+    freed = parse_claim(make_claim("c", *spec["spec"]["devices"]["requests"], annotations=record))
+    last = pricer.recorded(freed)
+    assert last is not None and last.exact
+    assert last.total == exact.total == Charge(2 * 80 * GiB, 2)
+    assert [last.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == [exact.total, Charge()]
+    assert pricer.recorded(parse_claim(spec)) is None  # no record: never allocated, or not recorded yet
+    two_classes = make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")), annotations=record)
+    assert pricer.recorded(parse_claim(two_classes)) is None
+    allocated = make_claim("c", request("a", exactly("gpu")), allocation=[result("a", "gpu-0")], annotations=record)
+    assert pricer.recorded(parse_claim(allocated)) is None  # allocated: `exact` prices it
+
+
 @pytest.mark.parametrize("raw", [
     None, "", "[]", "{", '{"a/b": 1}', '{"d/p/x": -1}', '{"d/p/x": 1.5}', '{"d/p/x": "1"}',
     '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000,

@@ -23,6 +23,7 @@ from kube.caches import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
+from quota.claims import ALLOCATED_CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim
 from quota.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
@@ -541,6 +542,55 @@ def test_a_replica_lagging_a_deallocation_never_lets_a_reallocation_within_its_r
     again = allocate(b.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
     created = admit(c.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other")))
     assert not (again.allowed and created.allowed)
+
+
+def recorded(obj: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
+    """`obj` carrying the leader's record of `allocation` (`draquota.io/allocated-charge`)."""
+    record = PRICER.allocation_record(parse_claim(with_namespace(allocation, NS)))
+    out = copy.deepcopy(obj)
+    out["metadata"].setdefault("annotations", {})[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+    return out
+
+
+def test_a_replica_started_after_a_deallocation_counts_the_last_allocation_from_its_record() -> None:
+    """Claim u, reserved at 141Gi (any GPU, Conservative), allocated an h100 (80Gi), its
+    record written, deallocated: replica B, which saw all that, counts u at 80Gi. Replica
+    C starts after: its first sight of u is the deallocated copy. Counting u at its
+    reservation, it would take u's reallocation on an h200 as within it and write
+    nothing, and B would admit a 141Gi claim into the 221Gi hard beside u's 80Gi: 282Gi
+    once both are allocated. From the record C counts 80Gi too: the 61Gi excess is
+    persisted, and B counts it."""
+    quota = make_quota("gpus", memory="221Gi")
+    b, c = World(quota), World(quota)
+    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    u = stored(gpu_claim("true"))
+    assert admit(b.ctx, review_request(u)).allowed
+    b.created(u)
+    first = allocated(u, ("node-1", "gpu-0"))
+    assert allocate(b.ctx, status_update(first, u)).allowed
+    b.created(first)
+    freed = recorded(stored(gpu_claim("true")), first)
+    b.created(freed)
+    c.claims.replace([dict(with_namespace(freed, NS))])
+    assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge(80 * GiB, 1)
+    assert allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+    assert c.ctx.reservations.pending(NS, "gpus") == Charge(61 * GiB, 0)
+    assert not admit(b.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other"))).allowed
+
+
+def test_a_deallocated_claim_s_record_changes_only_with_its_next_allocation() -> None:
+    world = World(make_quota("gpus", memory="400Gi"))
+    u = stored(gpu_claim())
+    first = allocated(u, ("node-2", "gpu-0"))
+    freed = recorded(u, first)
+    lowered = copy.deepcopy(freed)
+    lowered["metadata"]["annotations"][ALLOCATED_CHARGE_ANNOTATION] = "{}"
+    verdict = update_claim(world.ctx, review_request(lowered, operation="UPDATE", old=freed))
+    assert not verdict.allowed
+    assert "records the claim's last allocation and changes only when the claim is allocated again" in verdict.message
+    # The leader's record of a new allocation passes.
+    again = allocated(freed, ("node-1", "gpu-0"))
+    assert update_claim(world.ctx, review_request(recorded(again, again), operation="UPDATE", old=again)).allowed
 
 
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
