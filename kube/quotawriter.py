@@ -31,7 +31,9 @@ selecting it): Kubernetes has no multi-object transaction, so the quotas are res
 one at a time in key order, team quotas (no namespace) first, then by name (a fixed
 total order, so two claims never hold each other's first quota while waiting on the
 second) and the ones already reserved
-are released if a later one denies or fails. Until that release lands the claim holds
+are released if a later one denies or fails (an allocation's excess is taken back by its
+`quota.reservations.Undo`: its entry may be another attempt's too, `quota.excess`).
+Until that release lands the claim holds
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
 
@@ -72,19 +74,22 @@ from quota.headroom import Plan, renew
 from quota.ledger import Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Charge, Namespace
 from quota.raw import Obj
-from quota.reservations import (Outcome, Record, Request, Source, apply, in_flight, parse_record, parse_version, settle,
-                                status_fields)
+from quota.reservations import (Outcome, Record, Request, Source, Undo, apply, in_flight, parse_record, parse_version,
+                                settle, status_fields)
 
 __all__ = ["CONTENTION", "Reservations", "StatusWrite"]
 
 log = logging.getLogger(__name__)
 
 CONTENTION = "could not persist the reservation: too much contention; retry"
+# A request's answer: its decision, and how to take an allowed allocation's excess back
+# (`quota.reservations.Undo`; None for everything else).
+_Answer = tuple[Decision, Undo | None]
 
 
 @dataclass(slots=True)
 class _Batch:
-    pending: list[tuple[Request, asyncio.Future[Decision]]] = field(default_factory=list)
+    pending: list[tuple[Request, asyncio.Future[_Answer]]] = field(default_factory=list)
     running: bool = False
 
 
@@ -211,18 +216,18 @@ class Reservations(Seen):
 
     async def _admit_exact(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
                            dry_run: bool, series: str, source: Source) -> Decision:
-        done: list[DeviceQuota] = []
+        done: list[tuple[DeviceQuota, Undo | None]] = []
         warnings: list[str] = []
         warned_by: list[str] = []
         try:
             for quota in sorted(charges, key=lambda q: (q.namespace, q.name)):
                 request = Request("reserve", uid, claim, charges[quota], series, source)
-                decision = await (self._check(quota, request) if dry_run else self._submit(quota, request))
+                decision, undo = await (self._check(quota, request) if dry_run else self._submit(quota, request))
                 if not decision.allowed:
                     await self._compensate(done, uid)
                     return Decision(False, decision.message, (*warnings, *decision.warnings),
                                     denied_by=decision.denied_by)
-                done.append(quota)
+                done.append((quota, undo))
                 warnings.extend(decision.warnings)
                 warned_by.extend(decision.warned_by)
         except asyncio.CancelledError:
@@ -230,12 +235,15 @@ class Reservations(Seen):
                 # The review ran out of time (`webhook.server`): it is answered denied, so its
                 # object is never created, but a write of its batch may still land. Release
                 # it everywhere it may be held, queued behind that write, rather than leave
-                # an orphan holding room for a TTL.
-                self._release_soon(list(charges), uid)
+                # an orphan holding room for a TTL. An allocation's excess only where its
+                # reserve's outcome is known: its key may hold another attempt's excess too
+                # (`quota.excess`), so the one in flight is left to settle or expire.
+                excess = parse_allocation_key(uid) is not None
+                self._release_soon(done if excess else [(q, None) for q in charges], uid)
             raise
-        return Decision(True, "", tuple(warnings), tuple(q.ref for q in done), warned_by=tuple(warned_by))
+        return Decision(True, "", tuple(warnings), tuple(q.ref for q, _ in done), warned_by=tuple(warned_by))
 
-    def _release_soon(self, quotas: list[DeviceQuota], uid: str) -> None:
+    def _release_soon(self, quotas: list[tuple[DeviceQuota, Undo | None]], uid: str) -> None:
         task = asyncio.create_task(self._compensate(quotas, uid), name=f"release {uid}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -248,23 +256,25 @@ class Reservations(Seen):
                 if k[0] in (namespace, "") and uid in ((obj.get("status") or {}).get("reservations") or {})]
         await asyncio.gather(*(self._release_one(k, uid) for k in keys))
 
-    async def _compensate(self, quotas: list[DeviceQuota], uid: str) -> None:
-        await asyncio.gather(*(self._release_one((q.namespace, q.name), uid) for q in quotas))
+    async def _compensate(self, quotas: list[tuple[DeviceQuota, Undo | None]], uid: str) -> None:
+        """All or nothing: take `uid`'s reserves back from `quotas`; an allocation's excess by
+        its `Undo`, so another attempt's on the same copy stays (`quota.excess`)."""
+        await asyncio.gather(*(self._release_one((q.namespace, q.name), uid, undo) for q, undo in quotas))
 
-    async def _release_one(self, key: QuotaKey, uid: str) -> None:
+    async def _release_one(self, key: QuotaKey, uid: str, undo: Undo | None = None) -> None:
         try:
-            await self._submit_key(key, Request("release", uid))
+            await self._submit_key(key, Request("release", uid, undo=undo))
         except Exception as err:  # noqa: BLE001 - the entry expires anyway
             log.warning("cannot release reservation %s on %s: %s; it expires after %ss",
                         uid, shown(key), err, self.ttl)
 
     # -- the per-quota batch ----------------------------------------------------------
 
-    async def _submit(self, quota: DeviceQuota, request: Request) -> Decision:
+    async def _submit(self, quota: DeviceQuota, request: Request) -> _Answer:
         return await self._submit_key((quota.namespace, quota.name), request)
 
-    async def _submit_key(self, key: QuotaKey, request: Request) -> Decision:
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+    async def _submit_key(self, key: QuotaKey, request: Request) -> _Answer:
+        future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         batch = self._batches.setdefault(key, _Batch())
         batch.pending.append((request, future))
         if not batch.running:
@@ -281,22 +291,22 @@ class Reservations(Seen):
                 await asyncio.sleep(0)
                 items, batch.pending = batch.pending, []
                 try:
-                    decisions = await self._write(key, [r for r, _ in items])
+                    answers = await self._write(key, [r for r, _ in items])
                 except Exception as err:  # noqa: BLE001 - answered as a denial, never a 500
                     log.warning("cannot persist reservations on %s: %s", shown(key), err)
-                    decisions = [Decision(False, f"could not persist the reservation on {_kind(key)} "
-                                                 f'"{key[1]}": {err}')] * len(items)
-                for (_, future), decision in zip(items, decisions):
+                    answers = [(Decision(False, f"could not persist the reservation on {_kind(key)} "
+                                                f'"{key[1]}": {err}'), None)] * len(items)
+                for (_, future), answer in zip(items, answers):
                     if not future.done():
-                        future.set_result(decision)
+                        future.set_result(answer)
         finally:
             batch.running = False
             for _, future in batch.pending:  # only on cancellation (shutdown)
                 if not future.done():
-                    future.set_result(Decision(False, "could not persist the reservation: shutting down"))
+                    future.set_result((Decision(False, "could not persist the reservation: shutting down"), None))
             batch.pending.clear()
 
-    async def _write(self, key: QuotaKey, requests: list[Request]) -> list[Decision]:
+    async def _write(self, key: QuotaKey, requests: list[Request]) -> list[_Answer]:
         """Read, decide, conditionally write; on a conflict re-read and decide again."""
         outcome: Outcome | None = None
         plan: Plan | None = None
@@ -339,13 +349,13 @@ class Reservations(Seen):
             message = (f'could not persist the reservation on {_kind(key)} "{key[1]}": this replica\'s claim watch '
                        f"(or, on a ClusterDeviceQuota, Namespace watch) is more than {self.catch_up:g}s behind the "
                        "quota's record; retry")
-            return [Decision(False, message) if r.op == "reserve" else Decision(True) for r in requests]
+            return [(Decision(False, message) if r.op == "reserve" else Decision(True), None) for r in requests]
         if result.conflicts:
-            return [Decision(False, f'{CONTENTION} ({_kind(key)} "{key[1]}")') if r.op == "reserve"
-                    else Decision(True) for r in requests]
+            return [(Decision(False, f'{CONTENTION} ({_kind(key)} "{key[1]}")') if r.op == "reserve"
+                     else Decision(True), None) for r in requests]
         if result.read is None or outcome is None:  # the quota is gone: nothing left to hold against
-            return [Decision(True)] * len(requests)
-        return list(outcome.decisions)
+            return [(Decision(True), None)] * len(requests)
+        return list(zip(outcome.decisions, outcome.undos, strict=True))
 
     async def write_status(self, key: QuotaKey, build: Callable[[Obj], Obj | None], *, retries: int) -> StatusWrite:
         """One conditional write of a quota's status: the one way both writers (these
@@ -413,13 +423,13 @@ class Reservations(Seen):
             obj = self._objects.get(key)
         return None
 
-    async def _check(self, quota: DeviceQuota, request: Request) -> Decision:
-        """dryRun: the same decision, nothing written."""
+    async def _check(self, quota: DeviceQuota, request: Request) -> _Answer:
+        """dryRun: the same decision, nothing written (so nothing to take back)."""
         obj = await self._caught_up((quota.namespace, quota.name), fresh=False)
         if obj is _LAGGING:
             return Decision(False, f'could not check {quota.kind} "{quota.name}": this replica\'s claim watch (or, '
-                                   "on a ClusterDeviceQuota, Namespace watch) is behind the quota's record; retry")
-        return Decision(True) if obj is None else self._decide(obj, [request])[0].decisions[0]
+                                   "on a ClusterDeviceQuota, Namespace watch) is behind the quota's record; retry"), None
+        return (Decision(True) if obj is None else self._decide(obj, [request])[0].decisions[0]), None
 
     def _decide(self, obj: Obj, requests: list[Request]) -> tuple[Outcome, Plan | None]:
         # Synchronous from the usage read to the decision: the cache cannot move in between.
@@ -440,7 +450,7 @@ class Reservations(Seen):
             outcome = apply(quota, parse_record(obj.get("status")), releases, usage=Usage(), caches=self,
                             now=self.clock(), ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None)
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
-                                                    for r in requests)), None
+                                                    for r in requests), undos=(None,) * len(requests)), None
         usage = self.ledger.usage(quota.namespace, quota.name)
         if self.leases.leasable(quota):
             key = (quota.namespace, quota.name)

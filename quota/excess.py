@@ -31,7 +31,14 @@ read it as a claim entry whose claim never appears, count it and let it expire):
   of one claim thus hold one entry, not one each until the TTL;
 - two reviews from the same old object (a retried webhook call, or two allocators racing
   for the claim; at most one write lands) share the key: the entry holds the larger
-  excess per dimension, so it covers whichever lands.
+  excess per dimension, so it covers whichever lands;
+- so an attempt refused by another of the claim's quotas does not remove the entry when
+  it takes its reserve back (`quota.reservations.Undo`): it restores what the key held
+  before that reserve, and only while the entry is still the one it wrote. A reserve over
+  an entry writes a later expiry (by a millisecond at least, as the status keeps it), so
+  no two entries a key holds in turn read alike: the reserves and rollbacks of one key
+  nest like a stack, and an allowed attempt's excess is never taken back by another's
+  rollback, while a lone refused attempt leaves nothing (docs/reservations.md, Rollback).
 """
 
 from __future__ import annotations

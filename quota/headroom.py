@@ -233,7 +233,7 @@ def renew(
         planned = _admitting(Lease(key, holder, quota, amount, until=until, expires=expires, unit=unit), admitted)
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
-    return (Outcome(replace(outcome.record, held=live), outcome.decisions, changed),
+    return (replace(outcome, record=replace(outcome.record, held=live), changed=changed),
             Plan(planned, frozenset(settled), limit, stale, fresh=own is None))
 
 

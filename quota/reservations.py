@@ -75,7 +75,7 @@ from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
 
-__all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "apply",
+__all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "Undo", "apply",
            "claim_settled", "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
 
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
@@ -114,6 +114,15 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class Undo:
+    """How an attempt at an allocation takes its reserve back (`quota.excess`): the entry
+    the reserve wrote, and what its key held before (None: nothing)."""
+
+    wrote: Reservation
+    before: Reservation | None
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     op: Literal["reserve", "release"]
     uid: str
@@ -124,6 +133,9 @@ class Request:
     # this one replaces.
     series: str = ""
     source: Source = "Claim"
+    # A release of an allocation's excess: what its reserve's `Outcome.undos` gave (None:
+    # the release takes nothing back; other releases remove the uid's entry).
+    undo: Undo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +144,9 @@ class Outcome:
     # One per request, in order; a release is always allowed.
     decisions: tuple[Decision, ...]
     changed: bool
+    # One per request, in order: for an allowed reserve of an allocation's excess, how
+    # to take it back (`Request.undo`); None for every other request.
+    undos: tuple[Undo | None, ...]
 
 
 class Caches(Protocol):
@@ -326,13 +341,15 @@ def apply(
     of 4 on the e2e cluster). Only claims this replica has not seen are in the record
     after `settle`, so every such entry is an attempt that does not exist yet. An
     allocation's excess supersedes the entries of its claim's older attempts and, retried
-    under its own key, holds the larger of the two excesses (`quota.excess`).
+    under its own key, holds the larger of the two excesses; its release takes back only
+    its own reserve, by the `Undo` that reserve's outcome gave (`quota.excess`).
     `namespaces`: a team's (`settle`); an entry added raises `namespacesThrough` too.
     """
     settled = settle(record, caches, now=now, namespaces=namespaces)
     live = dict(settled.held)
     changed = settled is not record
     decisions: list[Decision] = []
+    undos: list[Undo | None] = []
     for request in requests:
         excess = parse_allocation_key(request.uid) is not None  # an allocation's (`quota.excess`)
         # Only a series or an allocation's excess replaces other entries: no scan for the rest.
@@ -342,11 +359,12 @@ def apply(
                 del live[uid]
             changed = changed or bool(stale)
         previous = live.pop(request.uid, None)
-        charge = request.charge
-        if previous is not None and excess:
-            charge = charge.max(previous.charge)  # either allocation may land
+        undos.append(None)
         if request.op == "release":
-            changed = changed or previous is not None
+            kept = _undone(previous, request.undo) if excess else None
+            if kept is not None:
+                live[request.uid] = kept
+            changed = changed or kept is not previous
             decisions.append(Decision(True))
             continue
         if len(live) >= max_entries:
@@ -354,17 +372,40 @@ def apply(
                 live[request.uid] = previous
             decisions.append(_full(quota, max_entries))
             continue
+        entry = Reservation(request.uid, request.claim, request.charge, now + ttl, request.source)
+        if previous is not None and excess:
+            entry = _over(previous, entry)
         pending = in_flight(Record(live), caches)
-        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), charge)])
+        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), entry.charge)])
         if decision.allowed:
-            live[request.uid] = Reservation(request.uid, request.claim, charge, now + ttl, request.source)
+            live[request.uid] = entry
             changed = True
+            undos[-1] = Undo(entry, previous) if excess else None
         elif previous is not None:
             live[request.uid] = previous
         decisions.append(decision)
     added = any(uid not in settled.held or settled.held[uid] is not r for uid, r in live.items())
     through = _raised(settled.namespaces, namespaces) if added else settled.namespaces
-    return Outcome(Record(live, settled.through, through), tuple(decisions), changed)
+    return Outcome(Record(live, settled.through, through), tuple(decisions), changed, tuple(undos))
+
+
+def _over(previous: Reservation, entry: Reservation) -> Reservation:
+    """Another attempt's reserve over an allocation entry of the same copy (`quota.excess`):
+    the larger excess per dimension (either allocation may land), and an expiry later than
+    the entry's by at least the millisecond the status keeps, so no two entries the key
+    holds one after the other read alike and an `Undo` names exactly its own."""
+    return replace(entry, charge=entry.charge.max(previous.charge),
+                   expires=max(entry.expires, previous.expires + 0.001))
+
+
+def _undone(current: Reservation | None, undo: Undo | None) -> Reservation | None:
+    """An allocation entry once an attempt took its reserve back (`undo`): what the key held
+    before that reserve if the entry is still the one it wrote; else as it is (another
+    attempt wrote since, and its entry covers its own excess; or the key settled or was
+    superseded, and holds nothing to restore). Compared as the status stores it."""
+    if current is None or undo is None or current.as_json() != undo.wrote.as_json():
+        return current
+    return undo.before
 
 
 def _full(quota: DeviceQuota, max_entries: int) -> Decision:

@@ -20,6 +20,7 @@ from kube.watching import Progress
 from quota.admission import Admitter
 from quota.headroom import Sizing
 from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
+from quota.excess import allocation_key
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
@@ -130,6 +131,22 @@ async def test_a_later_quota_denying_releases_the_earlier_ones() -> None:
     assert api.objects["b-tight"]["status"] == {}  # denied: nothing to write
 
 
+async def test_a_denied_attempt_takes_back_only_its_own_reserve_of_an_allocations_excess() -> None:
+    """Two attempts at claim u's allocation on one copy share one entry (`quota.excess`).
+    The first to reserve on "a" is refused by "b", but only after the second reserved on
+    "a" over it (the same 61Gi, at the same clock) and was allowed on "b": its rollback
+    finds the entry rewritten and leaves it. Restoring what the key held before its own
+    reserve (nothing) would drop the allowed attempt's 61Gi, which may land."""
+    api, reservations, (a, b) = setup(make_quota("a", memory="400Gi"), make_quota("b", memory="100Gi"))
+    key, excess = allocation_key("u", 40), Charge(61 * GiB, 0)
+    refused, allowed = await asyncio.gather(
+        reservations.admit({a: excess, b: Charge(200 * GiB, 0)}, uid=key, claim="team-a/u"),
+        reservations.admit({a: excess, b: excess}, uid=key, claim="team-a/u"))
+    assert (refused.allowed, refused.denied_by, allowed.allowed) == (False, ("b",), True)
+    assert api.objects["a"]["status"]["reservations"][key]["memory"] == "61Gi"
+    assert api.objects["b"]["status"]["reservations"][key]["memory"] == "61Gi"
+
+
 async def test_a_delete_releases_the_entry_and_the_quota_going_away_holds_nothing() -> None:
     api, reservations, (quota,) = setup(make_quota("gpus", memory="80Gi"))
     assert (await reservations.admit({quota: GPU}, uid="u1", claim="team-a/c1")).allowed
@@ -195,6 +212,31 @@ async def test_a_review_cancelled_while_its_write_is_in_flight_leaves_no_entry()
     while reservations._tasks:  # the batch's write, then the release queued behind it
         await asyncio.gather(*list(reservations._tasks))
     assert api.objects["gpus"]["status"]["reservations"] == {} and api.writes == 2
+
+
+async def test_a_review_cancelled_while_its_allocations_excess_is_in_flight_leaves_the_entry_its_key_shares() -> None:
+    """The same, for an allocation's excess: its entry may hold another attempt's excess on
+    the same copy (`quota.excess`), allowed already, and what the cancelled write made of
+    it is unknown. It is left to settle or expire, never released whole."""
+    api = GatedApi(make_quota("gpus", memory="400Gi"))
+    ledger = Ledger()
+    quota = parse_device_quota(make_quota("gpus", memory="400Gi"))
+    ledger.add_or_update_quota(quota)
+    reservations = Reservations(api, ledger, ttl=120.0, clock=lambda: 1_000.0)  # type: ignore[arg-type]
+    key, excess = allocation_key("u", 40), Charge(61 * GiB, 0)
+    api.gate.set()
+    assert (await reservations.admit({quota: excess}, uid=key, claim="team-a/u")).allowed
+    api.gate.clear()
+    api.in_flight.clear()
+    review = asyncio.create_task(reservations.admit({quota: excess}, uid=key, claim="team-a/u"))
+    await api.in_flight.wait()
+    review.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await review
+    api.gate.set()
+    while reservations._tasks:
+        await asyncio.gather(*list(reservations._tasks))
+    assert api.objects["gpus"]["status"]["reservations"][key]["memory"] == "61Gi"
 
 
 async def test_a_team_quota_is_written_cluster_scoped_first_and_released_when_its_namespace_denies() -> None:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from quota.devicequota import Usage, parse_device_quota
 from quota.excess import allocation_key, excess_settled, parse_allocation_key, supersedes
 from quota.model import Charge
-from quota.reservations import Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
+from quota.reservations import (Outcome, Record, Request, Reservation, Undo, apply, in_flight, parse_record, settle,
+                                status_fields)
 
 from ..builders import GiB, make_quota
 from .test_reservations import TTL, Replica, Seen
@@ -87,6 +88,31 @@ def test_a_newer_attempt_supersedes_older_ones_and_a_retry_holds_the_larger_exce
     assert out.record.held[newer].charge == Charge(61 * GiB, 1)
 
 
+def test_a_release_takes_back_only_its_own_reserve_while_the_entry_is_as_it_left_it() -> None:
+    """Two attempts on one copy, the same excess at the same clock: each release restores
+    what the key held before its reserve if nothing rewrote the entry since, as the
+    status stores it; else it leaves the entry (another attempt's, covering its own)."""
+    def run(record: Record, request: Request, seen: Seen = Seen()) -> Outcome:
+        return apply(QUOTA, record, [request], usage=Usage(), caches=seen, now=100.0, ttl=TTL)
+
+    first = run(Record(), Request("reserve", KEY, "team-a/train", EXCESS))
+    second = run(first.record, Request("reserve", KEY, "team-a/train", EXCESS))
+    earlier, later = first.undos[0], second.undos[0]
+    assert earlier == Undo(first.record.held[KEY], None) and later == Undo(second.record.held[KEY], earlier.wrote)
+    assert status_fields(first.record) != status_fields(second.record)  # a later expiry, to the millisecond
+    assert run(second.record, Request("release", KEY, undo=earlier)).record == second.record  # rewritten since
+    stored = parse_record(status_fields(second.record))
+    back = run(stored, Request("release", KEY, undo=later))
+    assert status_fields(back.record) == status_fields(first.record) and back.changed
+    assert run(back.record, Request("release", KEY, undo=earlier)).record == Record()
+    # Without an undo (what a reserve that was not allowed gives) nothing is taken back.
+    assert run(stored, Request("release", KEY)).record == stored
+    # Superseded by a newer copy's attempt, or settled: nothing to restore, none resurrected.
+    newer = run(second.record, Request("reserve", allocation_key(UID, 52), "team-a/train", EXCESS)).record
+    assert run(newer, Request("release", KEY, undo=later)).record == newer
+    assert run(second.record, Request("release", KEY, undo=later), Seen(claims={UID: 41})).record == Record({}, 41)
+
+
 # -- replicas deciding allocations, any interleaving -------------------------------------------
 
 # What each claim reserved: above some allocations (the room they free may go to another
@@ -107,6 +133,8 @@ class Cluster:
     # (uid, exact charge, or None: unallocated; "deleted" for a deletion)
     log: list[tuple[str, Charge | None | str]] = field(default_factory=list)
     writes: list[tuple[str, int, Charge, float]] = field(default_factory=list)  # allowed, not landed: uid, before, exact, at
+    # Attempts allowed here and refused by another of the claim's quotas: their rollbacks to come.
+    undos: list[tuple[str, Undo | None]] = field(default_factory=list)
     now: float = 0.0
     replicas: tuple[Replica, ...] = field(default_factory=lambda: tuple(Replica(watched=CLAIMS) for _ in range(3)))
 
@@ -162,29 +190,28 @@ class Cluster:
         return total
 
 
-def _decide(world: Cluster, r: Replica, requests: list[Request], use_stale: bool,
-            held: dict[str, Charge] | None = None) -> list[bool]:
+def _decide(world: Cluster, r: Replica, requests: list[Request], use_stale: bool) -> Outcome | None:
     """A writer's turn (kube.quotawriter): wait for its watch to reach the watermark,
-    decide on what it read, write only if nobody wrote since."""
+    decide on what it read, write only if nobody wrote since (None: it did not)."""
     if r.snapshot is None or not use_stale:
         r.snapshot = (world.version, world.record)
     version, record = r.snapshot
     r.snapshot = None
     if record.through is not None and r.watched < record.through:
-        return []
+        return None
     seen, usage, _, _ = world.seen(r)
     out = apply(HARD, record, requests, usage=usage, caches=seen, now=world.now, ttl=TTL)
     if version != world.version:
-        return []
+        return None
     if out.changed:
         world.version += 1
         world.record = out.record
-    return [d.allowed for d in out.decisions]
+    return out
 
 
 def _step(world: Cluster, act: tuple[object, ...]) -> None:
     kind = act[0]
-    if kind == "allocate":
+    if kind in ("allocate", "refuse"):  # "refuse": allowed here, refused by another of the claim's quotas
         _, who, which, size, use_stale = act
         r = world.replicas[int(who)]  # type: ignore[call-overload]
         uid = f"c{int(which) % CLAIMS}"  # type: ignore[call-overload]
@@ -198,10 +225,18 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
         # allocation) and what this replica's ledger holds (`Admitter.excess_to_persist`).
         copy = ESTIMATE if uid in allocated else held.get(uid, Charge())
         excess = (exact - held.get(uid, Charge()).min(copy)).max(Charge())
-        if excess.memory <= 0:
+        key = allocation_key(uid, before)
+        out = None if excess.memory <= 0 else _decide(world, r, [Request("reserve", key, uid, excess)], bool(use_stale))
+        if out is not None and out.decisions[0].allowed and kind == "refuse":
+            world.undos.append((key, out.undos[0]))  # the all-or-nothing rollback, to come
+        elif kind == "allocate" and (excess.memory <= 0 or (out is not None and out.decisions[0].allowed)):
             world.writes.append((uid, before, exact, world.now))  # within the reservation: no write
-        elif _decide(world, r, [Request("reserve", allocation_key(uid, before), uid, excess)], bool(use_stale)) == [True]:
-            world.writes.append((uid, before, exact, world.now))
+    elif kind == "undo" and world.undos:  # a rollback: on a conflict it reads again
+        _, who, which, use_stale = act
+        key, undo = world.undos[int(which) % len(world.undos)]  # type: ignore[call-overload]
+        if _decide(world, world.replicas[int(who)], [Request("release", key, undo=undo)],  # type: ignore[call-overload]
+                   bool(use_stale)) is not None:
+            world.undos.remove((key, undo))
     elif kind == "land" and world.writes:
         uid, before, exact, _ = world.writes.pop(int(act[1]) % len(world.writes))  # type: ignore[call-overload]
         if world.state()[uid][0] == before:  # etcd's compare: the claim did not move
@@ -234,8 +269,9 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
 
 replica = st.integers(0, 2)
 action = st.one_of(
-    st.tuples(st.just("allocate"), replica, st.integers(0, CLAIMS - 1), st.integers(0, len(EXACTS) - 1),
-              st.booleans()),
+    st.tuples(st.sampled_from(["allocate", "refuse"]), replica, st.integers(0, CLAIMS - 1),
+              st.integers(0, len(EXACTS) - 1), st.booleans()),
+    st.tuples(st.just("undo"), replica, st.integers(0, 9), st.booleans()),
     st.tuples(st.just("land"), st.integers(0, 9)),
     st.tuples(st.just("fail"), st.integers(0, 9)),
     st.tuples(st.sampled_from(["touch", "free", "delete"]), st.integers(0, CLAIMS - 1)),
@@ -276,6 +312,14 @@ action = st.one_of(
 @example([("allocate", 0, 0, 2, False), ("land", 0), ("allocate", 0, 1, 2, False), ("land", 0), ("watch", 0, 4),
           ("allocate", 0, 2, 0, False), ("land", 0), ("watch", 0, 4), ("allocate", 0, 3, 0, False), ("land", 0),
           ("watch", 0, 4), ("free", 0), ("free", 1), ("watch", 0, 4), ("allocate", 0, 0, 0, False), ("land", 0)])
+# Two attempts at c0 on one copy: the first allowed, the second refused by another quota.
+# Its rollback takes back only its own reserve: c1's 41Gi still does not fit.
+@example([("allocate", 0, 0, 0, False), ("refuse", 1, 0, 0, False), ("undo", 1, 0, False),
+          ("allocate", 0, 1, 0, False), ("land", 0), ("land", 0)])
+# The refused attempt reserved first; the allowed one rewrote the entry over it: the
+# rollback leaves the entry (restoring "nothing", what it found, would drop c0's 41Gi).
+@example([("refuse", 1, 0, 0, False), ("allocate", 0, 0, 0, False), ("undo", 1, 0, False),
+          ("allocate", 0, 1, 0, False), ("land", 0), ("land", 0)])
 def test_no_interleaving_of_replicas_deciding_allocations_over_commits(actions: list[tuple[object, ...]]) -> None:
     world = Cluster()
     for act in actions:

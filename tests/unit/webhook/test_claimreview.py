@@ -480,21 +480,31 @@ def test_a_retried_allocation_after_one_within_the_reservation_is_counted_whole_
     assert (usage.used + usage.reserved + world.ctx.reservations.pending(NS, "gpus")).memory >= 221 * GiB
 
 
-@pytest.mark.xfail(strict=True, reason="review3: the all-or-nothing release of a denied attempt drops the entry "
-                                      "its key shares with an allowed attempt on the same copy")
 def test_a_denied_attempt_on_a_copy_never_releases_an_allowed_one_s_excess() -> None:
     """Two allocations of u reviewed on one copy (two allocators, or a retry while the
     first write is still in the API server): the first (an h200, 61Gi above u's 80Gi) fits
     quotas "a" and "b" and is allowed; the second (two h200s) fits "a" but not "b", so
-    its part on "a" is released. The release takes the whole shared entry: "a" no longer
-    counts the first's 61Gi, which may still land."""
+    its part on "a" is taken back. The entry the two share on "a" then holds the first's
+    61Gi again, which may still land (review3: it used to be removed whole)."""
     world = World(make_quota("a", memory="400Gi"), make_quota("b", memory="250Gi"))
     u = stored(gpu_claim())
     assert admit(world.ctx, review_request(u)).allowed
     world.created(u)
     assert allocate(world.ctx, status_update(allocated(u, ("node-2", "gpu-0")), u)).allowed
     assert not allocate(world.ctx, status_update(allocated(u, ("node-2", "gpu-0"), ("node-2", "gpu-1")), u)).allowed
-    assert world.ctx.reservations.pending(NS, "a").memory >= 61 * GiB
+    assert world.ctx.reservations.pending(NS, "a") == Charge(61 * GiB, 0)
+
+
+def test_a_lone_denied_attempt_leaves_no_entry_behind() -> None:
+    """The scheduler's allocation (two h200s) fits "a" but not "b": its part on "a" is
+    taken back, so its retries do not hold room there until the TTL."""
+    world = World(make_quota("a", memory="400Gi"), make_quota("b", memory="250Gi"))
+    u = stored(gpu_claim())
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    assert not allocate(world.ctx, status_update(allocated(u, ("node-2", "gpu-0"), ("node-2", "gpu-1")), u)).allowed
+    assert list(world.api.objects["a"]["status"]["reservations"]) == [UID]  # the create's, counted by the cache
+    assert world.ctx.reservations.pending(NS, "a") == Charge()
 
 
 def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanwhile() -> None:
