@@ -440,6 +440,12 @@ class ClaimStore:
                 # Deallocated: it keeps counting what its last allocation charged, not its
                 # reservation again (`Counting.deallocated_entry`).
                 return self.admitter.deallocated_entry(held), False
+            if not all(p.exact for p in held.pricing.values()) and \
+                    (last := self.admitter.recorded_allocation(claim)) is not None:
+                # Counted at its reservation, yet recorded as allocated since: this watch
+                # missed the allocation (a relist after it and the deallocation). The
+                # replicas that saw it count the last allocation: the record's, the same.
+                return last, False
             # Reserved at admission in this ledger (`dra-quota check`), or deallocated
             # before: the claim confirms it.
             return None, False
