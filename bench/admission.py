@@ -7,7 +7,7 @@ Prints, and writes to bench/results/admission.json:
     aiohttp app's own route handler (`webhook.server.build_app` over
     `webhook.endpoints`: decoding, parsing, pricing, the quota check, the answer's
     encoding) with each admission persisted as `serve` persists it: the real
-    `kube.quotawriter` (batch, watermark, conditional status write) against a
+    `kube.quotawriter` (`kube.statuswriter`: batch, watermark, conditional status write) against a
     `StatusWriter` that stands in for the API server in this process, whose events
     (the status write, the claim created, the leader's charge on it) reach `serve`'s own
     stores; one at a time, then 16 at a time; the caches frozen (`gc.freeze()`) as
@@ -96,7 +96,8 @@ from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
 from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.shipped import DEPLOYMENT, chart_kubeconfig  # noqa: E402
-from kube.caches import ClaimStore, QuotaStore  # noqa: E402
+from kube.caches import QuotaStore  # noqa: E402
+from kube.claimstore import ClaimStore  # noqa: E402
 from commands.options import ServeOptions  # noqa: E402
 from kube.leasebook import LeaseBook  # noqa: E402
 from kube.quotawriter import Reservations  # noqa: E402

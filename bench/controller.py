@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
-from kube.caches import ClaimStore  # noqa: E402
+from kube.claimstore import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402

@@ -1,7 +1,7 @@
 """Stored expensive claims and a fresh replica's readiness (issue 15.4).
 
 A replica becomes ready once its claim cache has listed and accounted every stored
-claim (`kube.caches.ClaimStore.replace`). Pricing each one there let ten expensive
+claim (`kube.claimstore.ClaimStore.replace`). Pricing each one there let ten expensive
 claims push readiness from 0.11 s to 16.4 s. This builds the caches' domain objects over
 a generated inventory, lists N stored claims that each read every device with a loop
 (salted: nothing cached helps), and prints:
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_device_classes, generate_slices  # noqa: E402
 
 from controllers.refine import Refiner  # noqa: E402
-from kube.caches import ClaimStore  # noqa: E402
+from kube.claimstore import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.devicequota import parse_device_quota  # noqa: E402

@@ -26,7 +26,7 @@ from inventory import generate_claims  # noqa: E402
 from controller import NAMESPACES, caches  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
-from kube.caches import ClaimStore  # noqa: E402
+from kube.claimstore import ClaimStore  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.devicequota import parse_cluster_device_quota  # noqa: E402
 from quota.ledger import Ledger  # noqa: E402

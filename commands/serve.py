@@ -2,7 +2,7 @@
 
 Neighbours: `commands.cli` parses the flags into `ServeOptions` (`commands.options`);
 `commands.wiring` builds the caches (one `kube.watching.Reflector` per kind feeding
-`kube.caches`), the leader's controllers and the metrics; `commands.listeners` reloads
+`kube.caches` and `kube.claimstore`), the leader's controllers and the metrics; `commands.listeners` reloads
 the certificate files and serves the metrics; `commands.shutdown` stops it all in
 order; `webhook.endpoints` and `webhook.server` answer the reviews; `certs.tls` serves
 the certificate pair; `webhook.connections` bounds the webhook's and the metrics'

@@ -3,7 +3,7 @@ the metrics and Events every replica keeps.
 
 Neighbours: `commands.serve` builds `Caches` and runs them, campaigns with `lead` and
 tells `observability`'s hook every verdict; `kube.watching.Reflector` keeps `kube.caches`
-current (one reflector per kind); `controllers.*` run on the Lease holder
+and `kube.claimstore` current (one reflector per kind); `controllers.*` run on the Lease holder
 (`controllers.leader`) over the same caches, told what changed through `Caches.changed`
 and `Caches.namespaces_changed`; `webhook.metrics`, `webhook.usagemetrics` and
 `kube.events` are the observability.
@@ -36,7 +36,8 @@ from controllers.refine import Refiner
 from controllers.requeue import Requeuer
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import KubeApi, Resource
-from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, QuotasChanged, SliceStore
+from kube.caches import ClassStore, NamespaceStore, QuotaStore, QuotasChanged, SliceStore
+from kube.claimstore import ClaimStore
 from kube.events import DEVICE_QUOTA, EventKey, EventRecorder, KubeSink, Ref, reporting_instance, uid_of
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds

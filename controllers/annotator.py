@@ -1,6 +1,6 @@
 """The leader writes our annotations on each claim, once the claim exists.
 
-Neighbours: the claim cache (`kube.caches.ClaimStore`) tells `Annotator.seen` every
+Neighbours: the claim cache (`kube.claimstore.ClaimStore`) tells `Annotator.seen` every
 claim it accounts (after the ledger counted it) and `gone` every claim deleted;
 `quota.annotating` (`Admitter.annotations_due`) says what the charge and quota
 annotations should say (from the charge the ledger holds: nothing is priced again here) and

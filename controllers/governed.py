@@ -3,7 +3,7 @@ one holding a DeviceQuota, or selected by a ClusterDeviceQuota (a team's namespa
 
 Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, beside the
 quota controller, and tells `changed` the namespace of every Namespace event and
-`quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`); the
+`quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`, `kube.claimstore`); the
 namespace cache (`kube.caches.NamespaceStore`) says what each namespace carries now and
 `quota.ledger` which namespaces hold a DeviceQuota or belong to a team. A team's key
 moves on every claim event of its namespaces; only a change of its members (a team

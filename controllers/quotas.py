@@ -2,11 +2,11 @@
 
 Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
 webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
-caches (`kube.caches`) already keep from the claim watch: there is one accountant, and
+caches (`kube.claimstore`) already keep from the claim watch: there is one accountant, and
 this module only publishes what it counts. `controllers.leader` runs `QuotaController.run`
 while this replica leads and cancels it the moment it stops; `commands.serve` wires the
 caches' change notifications to `changed`: the quotas each event moved, as the
-ledger's mutations return them (`kube.caches`).
+ledger's mutations return them (`kube.caches`, `kube.claimstore`).
 
 When it writes: on start (every quota, after the caches synced: a full list), on
 every change the caches report for a quota (claim, quota and Workload events, and
@@ -23,7 +23,7 @@ after the debounce to its last write, and told to `observe` (the metric
 `draquota_reconcile_duration_seconds`).
 
 Fencing: each write is a PUT of the status with the resourceVersion it was computed
-from, through `Reservations.write_status`, the one conditional write both writers use
+from, through `Reservations.write_status` (`kube.statuswriter`), the one conditional write both writers use
 (it first waits for this replica's claim watch to reach the record's watermark; 409
 when a webhook or anyone wrote in between: re-read, recompute, up to 3 times, then
 again in the next round), and is sent only while `leading()` holds; a replica that

@@ -1,6 +1,6 @@
 """Stored claims: counted at once at an upper bound, priced after ready (issue 15.4).
 
-Neighbours: `kube.caches.ClaimStore` enters each unallocated claim this process did
+Neighbours: `kube.claimstore.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at
 `quota.counting` (`Admitter.bound_entry`) and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota

@@ -1,6 +1,6 @@
 """Pods waiting on quota get their claim as soon as quota frees, not ~17 minutes later.
 
-Neighbours: the claim cache (`kube.caches.ClaimStore`) calls `Requeuer.quota_freed`
+Neighbours: the claim cache (`kube.claimstore.ClaimStore`) calls `Requeuer.quota_freed`
 with the namespace of each deleted claim; `quota.waiting` picks, from that namespace's
 unscheduled Pods, the ResourceClaimTemplates some Pod still waits on; this module
 touches them (annotation `draquota.io/requeued-at`), which makes the resourceclaim

@@ -3,7 +3,7 @@
 Neighbours: every `kube.watching.Reflector` of `commands.serve` hands its lists to
 `Rebuilds.run` (its `rebuild`), and `webhook.metricsserver` each scrape; the work runs
 in slices through `runtime.slicing.in_slices` and pauses where the domain says it may
-(`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `kube.caches`,
+(`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `kube.claimstore`,
 `webhook.usagemetrics`). How each store stays atomic while its relist runs in slices
 is theirs to say (`kube.watching`): build aside, swap in one step.
 

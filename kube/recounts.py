@@ -8,7 +8,7 @@ collections off meanwhile) and tells `changed` the teams counted whole, so the q
 controller writes their status then (`controllers.quotas` writes none of a team while it
 is recounted). `webhook.claimreview` waits here, bounded, before it decides a claim
 against a team being recounted; past the bound, and for every other writer, the
-decision itself refuses (`kube.quotawriter`, `quota.ledger`): nothing is decided on a
+decision itself refuses (`kube.statuswriter`, `quota.ledger`): nothing is decided on a
 partial count. Counted at once, one namespace of 150,000 claims held the loop 1.2-2.1 s
 (issue 16.3, bench/stalls.py).
 """
@@ -28,7 +28,7 @@ __all__ = ["RECOUNT_WAIT", "Recounter"]
 log = logging.getLogger(__name__)
 
 # Seconds a review waits for the recount of a team it is charged to, as long as it waits
-# for a lagging watch (`kube.quotawriter`'s `catch_up`): a team over 144,000 claims is
+# for a lagging watch (`kube.statuswriter`'s `catch_up`): a team over 144,000 claims is
 # recounted in 3-13 s of a busy replica (bench/stalls.py); the webhook's own deadline is
 # 5 s (`timeoutSeconds`), and past this the review is refused with a message to retry.
 RECOUNT_WAIT = 2.0

@@ -2,7 +2,7 @@
 
 Neighbours: `kube.api.Resource` is the type (its `path` builds the URLs); the caches
 (`commands.serve`), the controllers, the webhook's helpers and the status writer
-(`kube.quotawriter`) name their collections from here rather than spelling out groups,
+(`kube.statuswriter`) name their collections from here rather than spelling out groups,
 versions and plurals. As kopf's `_cogs/structs/references.py` keeps the resources the
 framework itself uses beside the `Resource` type. Our own CRD's coordinates come from
 `quota.devicequota`, the pure model of it.
@@ -78,9 +78,9 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     (CLAIMS, ""): frozenset({"list", "watch", "patch"}),
     # ... and the governed label (controllers.governed).
     (NAMESPACES, ""): frozenset({"list", "watch", "patch"}),
-    # ... and a re-read after a conflict or for a dryRun check (kube.quotawriter).
+    # ... and a re-read after a conflict or for a dryRun check (kube.statuswriter).
     (QUOTAS, ""): frozenset({"get", "list", "watch"}),
-    # Reservations and the controller's fields: a conditional PUT (kube.quotawriter).
+    # Reservations and the controller's fields: a conditional PUT (kube.statuswriter).
     (QUOTAS, "status"): frozenset({"update"}),
     # ClusterDeviceQuotas (team quotas): the same, cluster-scoped.
     (CLUSTER_QUOTAS, ""): frozenset({"get", "list", "watch"}),

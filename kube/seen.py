@@ -1,9 +1,9 @@
 """What this replica's own caches know of the uids a reservation record holds (`quota.reservations.Caches`).
 
-Neighbours: `kube.quotawriter.Reservations` is one (it settles and counts records with
-it); the claim reflector (`kube.caches.ClaimStore`) supplies the versions at which the
-claim cache holds a claim and tells `claim_deleted`; the Workload cache tells
-`forget_workload`; `webhook.claimreview` asks `claim_outlived`.
+Neighbours: `kube.statuswriter.QuotaStatusWriter`, so `kube.quotawriter.Reservations`, is one
+(it settles and counts records with it); the claim reflector (`kube.claimstore.ClaimStore`)
+supplies the versions at which the claim cache holds a claim and tells `claim_deleted`;
+the Workload cache tells `forget_workload`; `webhook.claimreview` asks `claim_outlived`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Seen:
                  claim_recorded: Callable[[str], int | None] | None = None) -> None:
         self.ledger = ledger
         # How far the claim watch has come, and at which resourceVersion the claim cache
-        # holds a claim (`kube.caches.ClaimStore.version`), with its charge recorded on
+        # holds a claim (`kube.claimstore.ClaimStore.version`), with its charge recorded on
         # it (`recorded_version`).
         self.progress = progress or Progress()
         self._claim_version = claim_version

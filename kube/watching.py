@@ -164,7 +164,7 @@ class ReflectorStats:
 class Progress:
     """The resourceVersion up to which a reflector has applied every event to its store.
 
-    `kube.quotawriter` waits on it before deciding on a DeviceQuota: a writer may
+    `kube.statuswriter` waits on it before deciding on a DeviceQuota: a writer may
     count a claim only from its own cache once the cache holds it, and
     `quota.reservations` says when that must be (the watermark). A reflector moves it
     after the store took the list or the event, never before, so `reached(v)` means the

@@ -295,7 +295,7 @@ class Admitter(Annotating):
         `account`: count the allocation in the ledger now (`dra-quota check`, which has no
         watch). `serve` passes False: its claim cache counts the allocation when the watch
         brings it, so every allocated entry of its ledger is one that landed, and the last
-        one is what a deallocated claim keeps counting (`kube.caches.ClaimStore`); an
+        one is what a deallocated claim keeps counting (`kube.claimstore.ClaimStore`); an
         allocation allowed here may still be refused by a later admission step.
         """
         own, pricing, entry = allocation.own, allocation.pricing, allocation.entry

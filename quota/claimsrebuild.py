@@ -1,6 +1,6 @@
 """A relist of every claim, built aside and swapped into a `quota.ledger.Ledger` at once.
 
-Neighbours: `kube.caches.ClaimStore` builds one per relist (in slices, `kube.rebuilds`);
+Neighbours: `kube.claimstore.ClaimStore` builds one per relist (in slices, `kube.rebuilds`);
 `quota.ledger` owns the tables this swaps (a friend of the ledger: it reads and replaces
 its private tables, as one synchronous step). A decision taken between two slices
 sees the ledger as it was before the relist, whole. What changes the live ledger

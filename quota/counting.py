@@ -1,7 +1,7 @@
 """Counting the claims that exist: the ledger entries of stored, allocated and repriced claims.
 
 Neighbours: `quota.admission.Admitter` (a `Counting`) decides admissions on top of this;
-the claim and quota caches (`kube.caches`) and the stored-claim refiner
+the claim and quota caches (`kube.claimstore`, `kube.caches`) and the stored-claim refiner
 (`controllers.refine`) count through these methods; `quota.pricing` prices. Pure and
 synchronous. A claim that exists is counted, never checked: refusing it now would
 change nothing.
@@ -166,7 +166,7 @@ class Counting:
     def price_for(self, namespace: Namespace, selection: DeviceSelection) -> Repriced:
         """`add_or_update_quota`'s pass over the namespace's claims for a `selection` new
         to it: allocated claims priced again at once, unallocated ones returned (also after
-        a relist built while the selection arrived: `kube.caches.ClaimStore.replace`)."""
+        a relist built while the selection arrived: `kube.claimstore.ClaimStore.replace`)."""
         selections = self._selections(namespace)
         if selection not in selections:
             return Repriced()

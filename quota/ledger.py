@@ -3,7 +3,7 @@
 Neighbours: `quota.admission` prices a claim and, for `dra-quota check`, calls
 `Ledger.admit` (the webhook checks against the reservations persisted on DeviceQuota
 status instead, `kube.quotawriter`, with this ledger's usage); the claim cache
-(`kube.caches`) and `dra-quota check` feed claims through `add_or_update_claim`. Shaped
+(`kube.claimstore`) and `dra-quota check` feed claims through `add_or_update_claim`. Shaped
 like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
 event loop each mutation is atomic without locks; each returns the quotas it touched.
 Usage is kept incrementally: a claim event adjusts only the quotas of its namespace

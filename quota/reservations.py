@@ -1,6 +1,6 @@
 """Persisted reservations on a DeviceQuota's status: the record and the pure decision.
 
-Neighbours: `kube.quotawriter` reads a DeviceQuota, waits until its own claim watch
+Neighbours: `kube.statuswriter` reads a DeviceQuota, waits until its own claim watch
 has reached the record's watermark, calls `apply` and writes the result back through
 the status subresource with a resourceVersion precondition; `quota.devicequota.check`
 is the check itself; `quota.ledger` supplies the usage this replica's claim cache

@@ -2,7 +2,7 @@
 
 Neighbours: `quota.ledger` is the one accountant (used and reserved per quota, and the
 entry of every claim); `quota.inventory` the devices; `Holders` here records who holds
-which device (fed by `kube.caches.ClaimStore` next to the ledger, charging nothing);
+which device (fed by `kube.claimstore.ClaimStore` next to the ledger, charging nothing);
 `webhook.usagemetrics` turns these views into Prometheus families at scrape time. Pure
 and synchronous: every function reads the caches as they are at the call.
 
@@ -101,7 +101,7 @@ class Holders:
         return Held(claim.namespace, claim.name, consumers(status), claim.allocation)
 
     def replace(self, held: dict[ClaimRef, Held]) -> dict[ClaimRef, Held]:
-        """After a relist: exactly `held` (built aside: `kube.caches.ClaimStore.replace`).
+        """After a relist: exactly `held` (built aside: `kube.claimstore.ClaimStore.replace`).
         The old table, for the caller to free in pieces where it may pause (`quota.work.drop`)."""
         old, self._held = self._held, held
         self.version += 1

@@ -1,6 +1,6 @@
 """One object's failure stays that object's: the helper every per-object callback runs under.
 
-Neighbours: the reflector stores (`kube.caches`, `controllers.kueue`), the leader's
+Neighbours: the reflector stores (`kube.caches`, `kube.claimstore`, `controllers.kueue`), the leader's
 annotator (`controllers.annotator`) and the Kueue decision loop call the domain
 once per object. The domain raises only what it documents, but a bug, or a tenant's
 object that reaches an unbounded path, must cost that object its decision and nothing

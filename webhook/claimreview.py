@@ -8,7 +8,7 @@ against the reservations persisted on each DeviceQuota's status and persists its
 the object, call the domain, say what it decided. The ledger only prices a claim CREATE
 (it holds what this replica's cache holds, not what other replicas admitted); the one
 await between the check and the answer is the conditional status write, made safe by
-its resourceVersion precondition (`kube.quotawriter`). No other Kubernetes I/O:
+its resourceVersion precondition (`kube.statuswriter`). No other Kubernetes I/O:
 namespace labels and the policy come from the caller's caches.
 
 Reservations are keyed by the claim's uid (`quota.admission.claim_ref`): a validating
@@ -28,7 +28,7 @@ of each claim's charge; the annotations are what others read, and a floor when a
 claim is priced again.
 
 A claim DELETE is not ours to judge: a reservation ends when the claim watch delivers
-the deletion (`kube.caches.ClaimStore.delete`), never at the DELETE's admission,
+the deletion (`kube.claimstore.ClaimStore.delete`), never at the DELETE's admission,
 which a later admission step may still refuse (issue 15, item 8).
 """
 

@@ -51,7 +51,7 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
           "--leader-election-renew-deadline", str(RENEW_DEADLINE),
           "--leader-election-retry-period", str(RETRY_PERIOD))
 
-CONTENTION = "too much contention"  # kube.quotawriter.CONTENTION: denied, nothing reserved
+CONTENTION = "too much contention"  # kube.statuswriter.CONTENTION: denied, nothing reserved
 LEASE = "dra-quota-controller"
 
 

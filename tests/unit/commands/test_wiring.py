@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from commands.wiring import Caches
 from controllers.requeue import Requeuer
-from kube.caches import ClaimStore
+from kube.claimstore import ClaimStore
 from quota.devicequota import parse_cluster_device_quota
 from quota.model import Namespace
 

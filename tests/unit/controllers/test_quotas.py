@@ -162,7 +162,7 @@ async def test_each_pass_is_timed() -> None:
 
 
 def test_it_looks_again_at_the_quotas_it_is_told_that_the_ledger_still_holds() -> None:
-    """Told the keys an event moved (`kube.caches`): a quota deleted meanwhile has no
+    """Told the keys an event moved (`kube.caches`, `kube.claimstore`): a quota deleted meanwhile has no
     status left to write; None means every quota."""
     _, reservations, _ = setup(make_quota("gpus", memory="400Gi"), make_quota("other", memory="1Ti"))
     controller = QuotaController(reservations.ledger, reservations, leading=lambda: True)

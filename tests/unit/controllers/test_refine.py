@@ -9,7 +9,7 @@ import gc
 from typing import Any
 
 from controllers.refine import Refiner
-from kube.caches import ClaimStore
+from kube.claimstore import ClaimStore
 from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota

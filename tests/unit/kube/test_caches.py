@@ -1,4 +1,4 @@
-"""kube.caches: reflector stores that never raise, and claims accounted from the cluster's view."""
+"""kube.caches and kube.claimstore: reflector stores that never raise, and claims accounted from the cluster's view."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from kube.caches import ClaimStore, ClassStore, NamespaceStore, QuotaStore, SliceStore
+from kube.caches import ClassStore, NamespaceStore, QuotaStore, SliceStore
+from kube.claimstore import ClaimStore
 from quota.admission import Admitter
 from quota.claims import parse_claim
 from quota.devicequota import Usage

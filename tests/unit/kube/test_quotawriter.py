@@ -15,7 +15,8 @@ import pytest
 
 from kube.api import ApiError, Resource
 from kube.leasebook import LeaseBook
-from kube.quotawriter import CONTENTION, Reservations
+from kube.quotawriter import Reservations
+from kube.statuswriter import CONTENTION
 from kube.watching import Progress
 from quota.admission import Admitter
 from quota.headroom import Sizing

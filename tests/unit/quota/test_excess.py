@@ -149,7 +149,7 @@ class Cluster:
         return out
 
     def holds(self, upto: int | None = None) -> dict[str, Charge]:
-        """What each claim counts after `upto` events (`kube.caches.ClaimStore`): its
+        """What each claim counts after `upto` events (`kube.claimstore.ClaimStore`): its
         allocation; deallocated, its last one (`Counting.deallocated_entry`); else its
         reservation."""
         out: dict[str, Charge] = {}
@@ -191,7 +191,7 @@ class Cluster:
 
 
 def _decide(world: Cluster, r: Replica, requests: list[Request], use_stale: bool) -> Outcome | None:
-    """A writer's turn (kube.quotawriter): wait for its watch to reach the watermark,
+    """A writer's turn (kube.statuswriter): wait for its watch to reach the watermark,
     decide on what it read, write only if nobody wrote since (None: it did not)."""
     if r.snapshot is None or not use_stale:
         r.snapshot = (world.version, world.record)

@@ -105,7 +105,7 @@ class Server:
 
 
 def webhook_writes(server: Server, uid: str) -> Any:
-    """kube.quotawriter._write: read, apply, merge its field into the status as read."""
+    """kube.statuswriter.QuotaStatusWriter._write: read, apply, merge its field into the status as read."""
     while True:
         obj, rv = server.read()
         yield

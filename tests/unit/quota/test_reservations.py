@@ -235,7 +235,7 @@ action = st.one_of(
 
 
 def _write(world: World, r: Replica, requests: list[Request], use_stale: bool) -> list[bool]:
-    """A writer's turn (kube.quotawriter.write_status): decide on the record it read,
+    """A writer's turn (kube.statuswriter.QuotaStatusWriter.write_status): decide on the record it read,
     only once its own watch reached the record's watermark; the write lands only if
     nobody wrote since that read."""
     if r.snapshot is None or not use_stale:
@@ -381,7 +381,7 @@ class Holder(Replica):
 
 
 def _build(world: World, r: Holder, uid: str, use_stale: bool, sizing: Sizing) -> None:
-    """Build a write (kube.quotawriter._decide): settle the lease, decide `uid`'s exact
+    """Build a write (kube.statuswriter.QuotaStatusWriter._decide): settle the lease, decide `uid`'s exact
     reservation (none: ""), size the lease again; it lands at a later step, or conflicts."""
     if r.pending is not None:
         return  # one write of a quota at a time in a process

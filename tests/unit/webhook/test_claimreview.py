@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
-from kube.caches import ClaimStore
+from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hypothesis import given
 from prometheus_client.parser import text_string_to_metric_families
 
-from kube.caches import ClaimStore, ClassStore, QuotaStore, SliceStore
+from kube.caches import ClassStore, QuotaStore, SliceStore
+from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from quota.admission import Admitter
 from quota.claims import parse_claim
