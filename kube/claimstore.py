@@ -207,11 +207,11 @@ class ClaimStore:
                 # Deallocated: it keeps counting what its last allocation charged, not its
                 # reservation again (`Counting.deallocated_entry`).
                 return self.admitter.deallocated_entry(held), False
-            if not all(p.exact for p in held.pricing.values()) and \
-                    (last := self.admitter.recorded_allocation(claim)) is not None:
-                # Counted at its reservation, yet recorded as allocated since: this watch
-                # missed the allocation (a relist after it and the deallocation). The
-                # replicas that saw it count the last allocation: the record's, the same.
+            if (last := self.admitter.recorded_since(held, claim)) is not None:
+                # Counted at its reservation, yet recorded as allocated since (this watch
+                # missed the allocation: a relist after it and the deallocation), or at a
+                # record the leader has rewritten: the replicas that saw the allocation
+                # count it, and the record says the same.
                 return last, False
             # Reserved at admission in this ledger (`dra-quota check`), or deallocated
             # before: the claim confirms it.

@@ -74,6 +74,9 @@ class AllocatedPricer:
                                 "charged as the largest device of their class")
             for (at, result, top, cls), share in zip(unknown, shares, strict=True):
                 held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
+                # Recorded too: a process started after a deallocation counts the claim's last
+                # allocation from the record (`recorded`), which must charge every device.
+                record[result.key] = share
         pricing = Pricing((), exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())),
                           held=tuple(h for h in held if h is not None))
         return self.rescoped(pricing, selections)
@@ -85,13 +88,16 @@ class AllocatedPricer:
         the deallocation) counts, as the ones that saw it do (`Counting.deallocated_entry`).
         None without a record, or where the record cannot say which class each device was
         charged to (requests of several classes: it names no request)."""
+        if claim.allocation is not None or not claim.recorded_devices:
+            return None
         classes = set(_request_classes(claim.spec).values())
-        if claim.allocation is not None or not claim.recorded_devices or len(classes) != 1:
+        if len(classes) != 1:
             return None
         (cls,) = classes
         request = ",".join(r.name for r in claim.spec.requests)
         held = tuple(HeldDevice(request, cls, key, Charge(memory, 1)) for key, memory in claim.recorded_devices)
-        return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=held), selections)
+        return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=held, from_record=True),
+                             selections)
 
     def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
         """An exact pricing's requests again, priced for `selections`: from its devices
@@ -137,8 +143,9 @@ class AllocatedPricer:
     def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
         """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
         it, `controllers.annotator`; the webhook refuses anything else): the exact memory
-        charge of each allocated device the inventory knows, and for a device it no longer
-        knows the charge already recorded (never dropped, never guessed). adminAccess
+        charge of each allocated device the inventory knows, for a device it no longer
+        knows the charge already recorded (never dropped), and for one it never knew what
+        `exact` charges it (the record must charge every device: `recorded`). adminAccess
         devices are free and not recorded. Found by `exact` in its pass: an allocated claim
         the ledger just counted has it on its pricing already."""
         return dict(self.exact(claim).record)

@@ -21,6 +21,7 @@ from quota.claims import (
 )
 from quota.counting import Counting, claim_ref
 from quota.ledger import Entry
+from quota.model import DeviceKey
 from quota.priced import Pricing
 from quota.work import Budget
 
@@ -61,7 +62,23 @@ class Annotating(Counting):
             record = self.pricer.allocation_record(claim)
             if record != dict(claim.recorded_devices):
                 due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+        elif (last := self.record_due(claim)) is not None:
+            due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(last)
         return due
+
+    def record_due(self, claim: Claim) -> dict[DeviceKey, int] | None:
+        """What an unallocated claim's allocation record should say where it is not the last
+        allocation this process saw land (the ledger's `Counting.deallocated_entry`): the
+        claim was deallocated before the leader recorded that allocation, or allocated and
+        deallocated again since. Replicas started after the deallocation count the record
+        (`Counting.recorded_allocation`): it must be the last allocation's. None: nothing
+        to write (in step, or no allocation seen here)."""
+        held = self.ledger.entry(claim_ref(claim))
+        pricing = held.pricing.get(self.ledger.default_mode) if held is not None and not held.allocated else None
+        if pricing is None or not pricing.exact or pricing.from_record or not pricing.record:
+            return None
+        record = dict(pricing.record)
+        return None if record == dict(claim.recorded_devices) else record
 
     def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
         """Whether `annotations_due` could say anything, without running any CEL: a claim
@@ -70,7 +87,7 @@ class Annotating(Counting):
         if CHARGE_ANNOTATION not in current:
             return True
         if claim.allocation is None:
-            return False
+            return self.record_due(claim) is not None
         held = self.ledger.entry(claim_ref(claim))
         pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
         record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)

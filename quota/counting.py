@@ -81,6 +81,19 @@ class Counting:
         other devices reprices it from them (`price_for`), with no tenant CEL."""
         return replace(allocated, allocated=False)
 
+    def recorded_since(self, held: Entry, claim: Claim) -> Entry | None:
+        """What replaces `held`, the ledger's unallocated entry of `claim`, on an unallocated
+        copy: the last allocation its record says (`recorded_allocation`) where `held` is
+        a reservation (this watch missed the allocation: a relist after it and the
+        deallocation) or was read from another record (the leader rewrote it:
+        `quota.annotating`). None: `held` stays (the last allocation this process saw
+        itself, or no record to read)."""
+        pricing = held.pricing.get(self.ledger.default_mode)
+        if pricing is not None and pricing.exact and \
+                (not pricing.from_record or dict(pricing.record) == dict(claim.recorded_devices)):
+            return None
+        return self.recorded_allocation(claim)
+
     def recorded_allocation(self, claim: Claim) -> Entry | None:
         """`deallocated_entry` for a claim whose allocation this process never saw (it
         started after the deallocation): its last allocation from the record the leader

@@ -131,6 +131,9 @@ class Pricing:
     selections: frozenset[DeviceSelection] = frozenset()
     # Exact pricings: each allocated device's charge (`Pricer.rescoped` reprices from it).
     held: tuple[HeldDevice, ...] = ()
+    # Read from a deallocated claim's allocation record (`Pricer.recorded`), not priced from
+    # an allocation this process saw: the record may be rewritten (`quota.annotating`).
+    from_record: bool = False
 
     @property
     def total(self) -> Charge:

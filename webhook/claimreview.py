@@ -277,8 +277,13 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new:
         return f"{where}: cannot read the claim: {err}"
     if claim.allocation is None:
         # A deallocated claim's record is its last allocation, which replicas started since
-        # count it at (`Counting.recorded_allocation`): it changes with the next one only.
-        return f"{where} records the claim's last allocation and changes only when the claim is allocated again"
+        # count it at (`Counting.recorded_allocation`): only to what this replica saw land
+        # last (`Annotating.record_due`: the leader catching up), else with the next one.
+        due = ctx.admitter.record_due(replace(claim, recorded_devices=recorded_devices(old)))
+        if due is not None and dict(recorded_devices(new)) == due:
+            return ""
+        return (f"{where} records the claim's last allocation: it is written by dra-quota, and changes "
+                "when the claim is allocated again")
     expected = ctx.admitter.pricer.allocation_record(replace(claim, recorded_devices=recorded_devices(old)))
     if dict(recorded_devices(new)) == expected and (expected or new == "{}"):
         return ""

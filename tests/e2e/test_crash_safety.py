@@ -77,6 +77,7 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
           "--leader-election-retry-period", str(RETRY_PERIOD))
 SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(2**32))
 CHARGE = "draquota.io/charge"
+ALLOCATED_CHARGE = "draquota.io/allocated-charge"
 SETTLE = 60.0  # seconds for a stretch's churn to settle (the scheduler's back-off included)
 CONVERGE = 30.0  # seconds for the status to match once it settled and the process is ready
 
@@ -103,7 +104,10 @@ def from_scratch(claims: list[Obj], slices: list[Obj]) -> Count:
 
     Allocated claims exactly: each device at the memory its slice publishes (none here is
     shared); a device no slice publishes any more at the claim's recorded charge less
-    what its other devices cost, shared equally. Pending claims at their recorded charge.
+    what its other devices cost, shared equally. Pending claims at their recorded charge,
+    or, deallocated ones, at their last allocation as its record says (docs/reservations.md,
+    "A deallocated claim keeps what its last allocation charged": the leader brings the
+    record up to date).
     """
     published = {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]):
                  int(parse_quantity(d["capacity"]["memory"]["value"]))
@@ -114,8 +118,9 @@ def from_scratch(claims: list[Obj], slices: list[Obj]) -> Count:
         allocation = (claim.get("status") or {}).get("allocation")
         if allocation is None:
             pending += 1
-            reserved_memory += recorded["memory"]
-            reserved_devices += recorded["devices"]
+            last = json.loads(claim["metadata"]["annotations"].get(ALLOCATED_CHARGE) or "{}")
+            reserved_memory += sum(last.values()) if last else recorded["memory"]
+            reserved_devices += len(last) if last else recorded["devices"]
             continue
         allocated += 1
         results = allocation["devices"]["results"]

@@ -11,7 +11,7 @@ import pytest
 from kube.caches import ClassStore, NamespaceStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
 from quota.admission import Admitter
-from quota.claims import parse_claim
+from quota.claims import ALLOCATED_CHARGE_ANNOTATION, CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim
 from quota.devicequota import Usage
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
@@ -284,6 +284,16 @@ def test_a_deallocated_claim_counts_what_its_last_allocation_charged_through_rel
     freed["status"] = {}
     world.claims.upsert(versioned(freed, "7"))
     assert (world.usage().used, world.usage().reserved, world.usage().pending_claims) == (ZERO, Charge(40 * GiB, 1), 1)
+    # Deallocated before the leader recorded the allocation: the leader writes the record
+    # (what a replica started from now on counts, `Counting.recorded_allocation`).
+    current = {CHARGE_ANNOTATION: "{}"}
+    assert world.admitter.annotations_may_be_due(parse_claim(freed), current)
+    record = world.admitter.pricer.allocation_record(parse_claim(on_a100))
+    assert world.admitter.annotations_due(parse_claim(freed), current) == {
+        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+    with_record = copy.deepcopy(freed)
+    with_record["metadata"]["annotations"] = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+    assert not world.admitter.annotations_may_be_due(parse_claim(with_record), current)
     world.claims.replace([versioned(copy.deepcopy(freed), "8"), pending])
     assert world.usage().reserved == Charge(80 * GiB, 2)
     world.quotas.upsert(h100)

@@ -597,7 +597,7 @@ def test_a_deallocated_claim_s_record_changes_only_with_its_next_allocation() ->
     lowered["metadata"]["annotations"][ALLOCATED_CHARGE_ANNOTATION] = "{}"
     verdict = update_claim(world.ctx, review_request(lowered, operation="UPDATE", old=freed))
     assert not verdict.allowed
-    assert "records the claim's last allocation and changes only when the claim is allocated again" in verdict.message
+    assert "records the claim's last allocation: it is written by dra-quota" in verdict.message
     # The leader's record of a new allocation passes.
     again = allocated(freed, ("node-1", "gpu-0"))
     assert update_claim(world.ctx, review_request(recorded(again, again), operation="UPDATE", old=again)).allowed
@@ -635,11 +635,12 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
     "review4: a deallocated claim with no usable record (several device classes, or deallocated before the leader "
     "wrote it) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
     "that reservation is not checked, while the room its last allocation freed went to another claim. Permanent, "
-    "one replica is enough (docs/reservations.md calls it a watch-lag window)."))
+    "one replica is enough (docs/reservations.md, \"One case is left\")."))
 def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation_over_commit() -> None:
     """Claim u, reserved at 141Gi (any GPU, Conservative), allocated an h100 (80Gi); claim
     w admitted at 141Gi into the 221Gi left; u deallocated before the leader recorded its
-    allocation. The one replica restarts: it counts u at its 141Gi reservation again, takes
+    allocation, and the one replica (the leader) restarts before it brings the record up
+    to date (`Annotating.record_due`): it counts u at its 141Gi reservation again, takes
     u's reallocation on an h200 as within it, and w's allocation within its own follows:
     282Gi under a hard of 221Gi."""
     quota = make_quota("gpus", memory="221Gi")
@@ -661,16 +662,14 @@ def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation
     assert not allocate(restarted.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4: the record of a deallocated claim can be a stale allocation's (deallocated again before the leader "
-    "recorded the last one, and no change is accepted while unallocated): a replica started since counts that, "
-    "more than the replicas that saw the last allocation, and a reallocation within it is not checked."))
 def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
     """Claim u (141Gi reservation, any GPU) allocated an h200, recorded (141Gi),
     deallocated; allocated an h100 (80Gi) and deallocated again before the leader recorded
-    that: the record still says 141Gi, and can no longer change. Replica B counts u at
-    80Gi and admits w at 141Gi into the 221Gi hard. Replica C, started now, counts u at
-    the record's 141Gi, takes u's reallocation on an h200 as within it: 282Gi."""
+    that: the record still says 141Gi. Replica B counts u at 80Gi and admits w at 141Gi
+    into the 221Gi hard. Replica C, started after, counting u at the record's 141Gi,
+    would take u's reallocation on an h200 as within it: 282Gi. The leader, B, which saw
+    the h100 land, brings the record up to date (the webhook accepts that value on an
+    unallocated claim, and only that), and C counts what B does. (review4)"""
     quota = make_quota("gpus", memory="221Gi")
     b, c = World(quota), World(quota)
     c.reservations.api = b.api  # type: ignore[assignment]  # one API server
@@ -687,21 +686,28 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
     b.created(second)
     freed_again = recorded(stored(gpu_claim("true")), first)  # the leader had not recorded the h100 yet
     b.created(freed_again)
+    c.claims.replace([dict(with_namespace(freed_again, NS))])  # C starts now: the stale record
+    assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge(141 * GiB, 1)
+    stale = parse_claim(with_namespace(freed_again, NS))
+    assert b.ctx.admitter.record_due(stale) == PRICER.allocation_record(parse_claim(with_namespace(second, NS)))
+    caught_up = recorded(stored(gpu_claim("true")), second)
+    assert not update_claim(c.ctx, review_request(caught_up, operation="UPDATE", old=freed_again)).allowed
+    assert update_claim(b.ctx, review_request(caught_up, operation="UPDATE", old=freed_again)).allowed
+    for world in (b, c):
+        world.created(caught_up)  # C reads the rewritten record
+    freed_again = caught_up
     w = stored(gpu_claim("true"), uid=UID2, name="other")
     assert admit(b.ctx, review_request(w)).allowed
     b.created(w)
-    c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed_again, w)])
+    c.created(w)
+    assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge((80 + 141) * GiB, 2)
     assert not allocate(c.ctx, status_update(allocated(freed_again, ("node-2", "gpu-1")), freed_again)).allowed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4: the allocation record leaves out a device the inventory did not know (charged the largest of its "
-    "class by `AllocatedPricer.exact`), so a replica started after the deallocation counts less than the replicas "
-    "that saw the allocation; one admits into the difference, the other takes a reallocation within its count."))
 def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last_allocation() -> None:
     """Claim u, reserved at 282Gi (two of any GPU), allocated an h100 and a device no
     ResourceSlice publishes (charged 141Gi, the largest of its class): 221Gi. The record
-    holds the h100 only. Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
+    held the h100 only (review4); it holds both now. Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
     w (two h200s, 282Gi) into the 400Gi hard, and B takes u's reallocation on an h100 and
     an h200 (221Gi) as within what u holds: 503Gi once both are allocated."""
     quota = make_quota("gpus", memory="400Gi")
