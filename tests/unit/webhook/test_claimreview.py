@@ -514,12 +514,7 @@ def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanw
     of 221Gi. u is allocated an h200 (141Gi, "within its reservation", not checked),
     then w an h200: 282Gi used of a hard 221Gi in an Enforce quota."""
     world = World(make_quota("gpus", memory="221Gi"))
-    u = stored(gpu_claim("true"))
-    assert admit(world.ctx, review_request(u)).allowed
-    world.created(u)
-    first = allocated(u, ("node-1", "gpu-0"))
-    assert allocate(world.ctx, status_update(first, u)).allowed
-    world.created(first)
+    landed(world, ("node-1", "gpu-0"))
     w = stored(gpu_claim("true"), uid=UID2, name="other")
     assert admit(world.ctx, review_request(w)).allowed
     world.created(w)
@@ -536,9 +531,7 @@ def test_a_replica_lagging_a_deallocation_never_lets_a_reallocation_within_its_r
     C's not yet. The scheduler allocates u an h200 (141Gi, still within its reservation:
     nothing written), reviewed by B. C, counting u at its stale 80Gi, admits claim w at
     141Gi into a hard of 221Gi; w is then allocated within its reservation: 282Gi used."""
-    quota = make_quota("gpus", memory="221Gi")
-    b, c = World(quota), World(quota)
-    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
     u = stored(gpu_claim("true"))
     assert admit(b.ctx, review_request(u)).allowed
     for world in (b, c):
@@ -552,6 +545,25 @@ def test_a_replica_lagging_a_deallocation_never_lets_a_reallocation_within_its_r
     again = allocate(b.ctx, status_update(allocated(freed, ("node-2", "gpu-0")), freed))
     created = admit(c.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other")))
     assert not (again.allowed and created.allowed)
+
+
+def replicas(quota: dict[str, Any]) -> tuple[World, World]:
+    """Two replicas B and C of one API server, with `quota`."""
+    b, c = World(quota), World(quota)
+    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    return b, c
+
+
+def landed(world: World, device: tuple[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Claim u (any GPU: reserved at 141Gi, Conservative) admitted on `world`, allocated
+    `device`, both stored and brought by its watch: (u, its allocated copy)."""
+    u = stored(gpu_claim("true"))
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    first = allocated(u, device)
+    assert allocate(world.ctx, status_update(first, u)).allowed
+    world.created(first)
+    return u, first
 
 
 def recorded(obj: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
@@ -570,15 +582,8 @@ def test_a_replica_started_after_a_deallocation_counts_the_last_allocation_from_
     nothing, and B would admit a 141Gi claim into the 221Gi hard beside u's 80Gi: 282Gi
     once both are allocated. From the record C counts 80Gi too: the 61Gi excess is
     persisted, and B counts it."""
-    quota = make_quota("gpus", memory="221Gi")
-    b, c = World(quota), World(quota)
-    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
-    u = stored(gpu_claim("true"))
-    assert admit(b.ctx, review_request(u)).allowed
-    b.created(u)
-    first = allocated(u, ("node-1", "gpu-0"))
-    assert allocate(b.ctx, status_update(first, u)).allowed
-    b.created(first)
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
+    u, first = landed(b, ("node-1", "gpu-0"))
     freed = recorded(stored(gpu_claim("true")), first)
     b.created(freed)
     c.claims.replace([dict(with_namespace(freed, NS))])
@@ -611,9 +616,7 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
     its reservation (the ledger's entry won over the record), took u's reallocation on an
     h200 as within it and wrote nothing: 282Gi once w is allocated, no race needed. From
     the record C counts 80Gi, so the reallocation's 61Gi must fit, and does not."""
-    quota = make_quota("gpus", memory="221Gi")
-    b, c = World(quota), World(quota)
-    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
     u = stored(gpu_claim("true"))
     assert admit(b.ctx, review_request(u)).allowed
     for world in (b, c):
@@ -645,12 +648,7 @@ def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation
     282Gi under a hard of 221Gi."""
     quota = make_quota("gpus", memory="221Gi")
     world = World(quota)
-    u = stored(gpu_claim("true"))
-    assert admit(world.ctx, review_request(u)).allowed
-    world.created(u)
-    first = allocated(u, ("node-1", "gpu-0"))
-    assert allocate(world.ctx, status_update(first, u)).allowed
-    world.created(first)
+    landed(world, ("node-1", "gpu-0"))
     w = stored(gpu_claim("true"), uid=UID2, name="other")
     assert admit(world.ctx, review_request(w)).allowed
     world.created(w)
@@ -670,15 +668,8 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
     would take u's reallocation on an h200 as within it: 282Gi. The leader, B, which saw
     the h100 land, brings the record up to date (the webhook accepts that value on an
     unallocated claim, and only that), and C counts what B does. (review4)"""
-    quota = make_quota("gpus", memory="221Gi")
-    b, c = World(quota), World(quota)
-    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
-    u = stored(gpu_claim("true"))
-    assert admit(b.ctx, review_request(u)).allowed
-    b.created(u)
-    first = allocated(u, ("node-2", "gpu-0"))
-    assert allocate(b.ctx, status_update(first, u)).allowed
-    b.created(first)
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
+    u, first = landed(b, ("node-2", "gpu-0"))
     freed = recorded(stored(gpu_claim("true")), first)
     b.created(freed)
     second = allocated(freed, ("node-1", "gpu-0"))
@@ -710,9 +701,7 @@ def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last
     held the h100 only (review4); it holds both now. Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
     w (two h200s, 282Gi) into the 400Gi hard, and B takes u's reallocation on an h100 and
     an h200 (221Gi) as within what u holds: 503Gi once both are allocated."""
-    quota = make_quota("gpus", memory="400Gi")
-    b, c = World(quota), World(quota)
-    c.reservations.api = b.api  # type: ignore[assignment]  # one API server
+    b, c = replicas(make_quota("gpus", memory="400Gi"))
     u = stored(gpu_claim("true", count=2))
     assert admit(b.ctx, review_request(u)).allowed
     b.created(u)
