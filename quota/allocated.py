@@ -86,18 +86,44 @@ class AllocatedPricer:
         (`draquota.io/allocated-charge`: each charged device and its memory), as `exact`
         priced it then: what a process that never saw that allocation (it started after
         the deallocation) counts, as the ones that saw it do (`Counting.deallocated_entry`).
-        None without a record, or where the record cannot say which class each device was
-        charged to (requests of several classes: it names no request)."""
+        The record names devices, not requests: a device is charged to the class of the
+        claim's requests it belongs to (`_recorded_class`). None without a record, or
+        where a device's class cannot be told."""
         if claim.allocation is not None or not claim.recorded_devices:
             return None
-        classes = set(_request_classes(claim.spec).values())
-        if len(classes) != 1:
+        classes = sorted(set(_request_classes(claim.spec).values()))
+        requests = {cls: ",".join(r.name for r in claim.spec.requests
+                                  if any(alt.device_class == cls for alt in r.alternatives)) for cls in classes}
+        held = []
+        budget = Budget.claim()
+        for key, memory in claim.recorded_devices:
+            cls = classes[0] if len(classes) == 1 else self._recorded_class(key, classes, budget)
+            if cls is None:
+                return None
+            held.append(HeldDevice(requests[cls], cls, key, Charge(memory, 1)))
+        return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=tuple(held),
+                                     from_record=True), selections)
+
+    def _recorded_class(self, key: DeviceKey, classes: Sequence[DeviceClassName], budget: Budget) -> \
+            DeviceClassName | None:
+        """The one class of `classes` whose selectors select recorded device `key` in the
+        inventory: a device the scheduler allocated for a request satisfies its class's
+        selectors, so if only one of the claim's classes selects it, that was its request's
+        class. None: the device left the inventory, or none or several select it (or a
+        selector fails on it, or the budget ran out). Only DeviceClass selectors run (the
+        cluster admin's CEL, never the tenant's)."""
+        device = self.inventory.lookup(key)
+        if device is None:
             return None
-        (cls,) = classes
-        request = ",".join(r.name for r in claim.spec.requests)
-        held = tuple(HeldDevice(request, cls, key, Charge(memory, 1)) for key, memory in claim.recorded_devices)
-        return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=held, from_record=True),
-                             selections)
+        found: list[DeviceClassName] = []
+        for name in classes:
+            cls = self.classes.get(name)
+            try:
+                if cls is not None and self.matcher.selects(cls.selectors, device, budget) is True:
+                    found.append(name)
+            except BudgetExceeded:
+                return None
+        return found[0] if len(found) == 1 else None
 
     def rescoped(self, pricing: Pricing, selections: Sequence[DeviceSelection]) -> Pricing:
         """An exact pricing's requests again, priced for `selections`: from its devices

@@ -405,8 +405,16 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_when_it_names_on
     assert last.total == exact.total == Charge(2 * 80 * GiB, 2)
     assert [last.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == [exact.total, Charge()]
     assert pricer.recorded(parse_claim(spec)) is None  # no record: never allocated, or not recorded yet
-    two_classes = make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")), annotations=record)
-    assert pricer.recorded(parse_claim(two_classes)) is None
+    # Requests of two classes: each recorded device is charged to the one class selecting it.
+    two_classes = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")),
+                                         annotations=record))
+    split = pricer.recorded(two_classes)
+    assert split is not None and split.total == exact.total
+    assert [split.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == \
+        [exact.total, Charge()]
+    # A device two of its classes select could have served either request: not told.
+    either = make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")), annotations=record)
+    assert pricer.recorded(parse_claim(either)) is None
     allocated = make_claim("c", request("a", exactly("gpu")), allocation=[result("a", "gpu-0")], annotations=record)
     assert pricer.recorded(parse_claim(allocated)) is None  # allocated: `exact` prices it
 

@@ -635,8 +635,8 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review4: a deallocated claim with no usable record (several device classes, or deallocated before the leader "
-    "wrote it) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
+    "review4: a deallocated claim with no usable record (several device classes a device could be of, or "
+    "deallocated before the leader wrote it and the leader restarted) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
     "that reservation is not checked, while the room its last allocation freed went to another claim. Permanent, "
     "one replica is enough (docs/reservations.md, \"One case is left\")."))
 def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation_over_commit() -> None:
