@@ -72,6 +72,9 @@ class Allocation:
     entry: Entry  # the ledger's entry for it, allocated
     # What the reviewed copy reserves (`Admitter._reserved`; None: nothing this ledger knows).
     held: Entry | None = None
+    # What a replica counts the reviewed copy at from its allocation record
+    # (`Counting.recorded_allocation`; None: no record it can read).
+    recorded: Entry | None = None
 
 
 def _joined(persisted: Decision | None, local: Decision) -> Decision:
@@ -250,7 +253,10 @@ class Admitter(Annotating):
         pricing = self.pricer.exact(own, selections=self._selections(claim.namespace))
         entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=True,
                       owner=claim.owner)
-        return Allocation(own, pricing, entry, held)
+        # The reviewed copy's record, read as on that (unallocated) copy: `Pricer.recorded`
+        # reads none on an allocated claim.
+        recorded = self.recorded_allocation(replace(claim, allocation=None))
+        return Allocation(own, pricing, entry, held, recorded)
 
     def _reserved(self, claim: Claim) -> Entry | None:
         """What the reviewed copy of `claim` holds: the ledger's entry for it (its
@@ -259,14 +265,14 @@ class Admitter(Annotating):
         replica's claim watch has not brought the deallocation yet. The replicas whose
         watch has count the last allocation, as this one does; a replica that started
         after the deallocation never saw that allocation: it counts what the claim's
-        allocation record says (`recorded_allocation`), else the reservation
-        (`existing_entry`). That is returned here, and `excess_to_persist` measures the
-        excess over the smaller of it and the ledger's entry, so both kinds of replica
-        count the whole exact charge."""
+        allocation record says (`Allocation.recorded`), else the reservation
+        (`existing_entry`, returned here). `excess_to_persist` measures the excess over
+        the smallest of these and the ledger's entry, so every kind of replica counts the
+        whole exact charge."""
         held = self.ledger.entry(claim_ref(claim))
         if held is None or not held.allocated:
             return held
-        return self.recorded_allocation(claim) or self.existing_entry(claim)
+        return self.existing_entry(claim)
 
     def excess_to_persist(self, allocation: Allocation) -> dict[DeviceQuota, Charge]:
         """Per Enforce quota, the allocation's excess over what its claim holds, where it
@@ -274,11 +280,19 @@ class Admitter(Annotating):
         persisted record before allowing it (`quota.excess`). Empty in the common case
         (within the reservation): no write. Audit quotas only warn, from this ledger."""
         entry = allocation.entry
-        # Over the smaller of what the reviewed copy reserves (what the replicas holding that
-        # copy count) and what this ledger holds (a stale or optimistic allocation: what
-        # this replica counts until its watch moves), so both count the whole exact charge.
-        mine = self.ledger.excess(entry, over=self.ledger.entry(entry.ref))
-        excess = {q: c.max(mine[q]) for q, c in self.ledger.excess(entry, over=allocation.held).items()}
+        # Over the smallest of what the reviewed copy reserves (what the replicas holding that
+        # copy count), what this ledger holds (a stale or optimistic allocation: what this
+        # replica counts until its watch moves) and what the copy's record says (what a
+        # replica that started since counts, and one whose watch saw the last allocation:
+        # this ledger's history may be older, its watch having missed a whole allocation),
+        # so each counts the whole exact charge.
+        overs = [allocation.held, self.ledger.entry(entry.ref)]  # None: nothing held, all of it is excess
+        if allocation.recorded is not None:
+            overs.append(allocation.recorded)
+        measured = [self.ledger.excess(entry, over=over) for over in overs]
+        excess = measured[0]
+        for more in measured[1:]:
+            excess = {q: c.max(more[q]) for q, c in excess.items()}
         return {q: c for q, c in excess.items()
                 if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
 

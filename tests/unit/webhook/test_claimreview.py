@@ -717,6 +717,53 @@ def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last
     assert not (created.allowed and again.allowed)
 
 
+def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Claim u (any GPU: reserved at 141Gi, Conservative) allocated an h200 (141Gi), landed on
+    B and C; then, C's watch broken, recorded and deallocated, allocated an h100 (80Gi),
+    recorded and deallocated again on B alone: (u's first allocation, its last copy)."""
+    u, first = landed(b, ("node-2", "gpu-0"))
+    c.created(u)
+    c.created(first)
+    freed = recorded(stored(gpu_claim("true")), first)
+    b.created(freed)
+    second = allocated(freed, ("node-1", "gpu-0"))
+    assert allocate(b.ctx, status_update(second, freed)).allowed
+    b.created(second)
+    freed_again = recorded(stored(gpu_claim("true")), second)
+    b.created(freed_again)
+    return first, freed_again
+
+
+def test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit() -> None:
+    """review5. u's h200 (141Gi) landed on B and C; C's watch broke, and u was deallocated,
+    allocated an h100 (80Gi), recorded and deallocated again: B counts u at 80Gi and admits
+    w at 141Gi into the 221Gi hard. C relists: its own history (the h200) won over the
+    newer record, and was all C measured u's reallocation on an h200 over: within it,
+    nothing written, 282Gi once it lands. Measured over the record too, the 61Gi must fit."""
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
+    first, freed = two_cycles(b, c)
+    c.created(recorded(stored(gpu_claim("true")), first))  # the first deallocation, then the break
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(b.ctx, review_request(w)).allowed
+    b.created(w)
+    c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
+    assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+
+
+def test_a_replica_lagging_a_whole_cycle_never_lets_a_reallocation_over_commit() -> None:
+    """review5. The same with C's watch behind, not broken: its ledger still holds u's
+    h200 allocation. It measured the reallocation over the smaller of that and u's
+    reservation (141Gi both), never over the record the reviewed copy carries (80Gi,
+    what B and any replica started since count): `_reserved` asked the allocated copy
+    for its record, which `Pricer.recorded` reads on an unallocated claim only."""
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
+    _, freed = two_cycles(b, c)
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(b.ctx, review_request(w)).allowed
+    b.created(w)
+    assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+
+
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
     world = World(make_quota("gpus", memory="160Gi"))
     claim = stored(gpu_claim())
