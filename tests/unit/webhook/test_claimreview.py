@@ -764,6 +764,38 @@ def test_a_replica_lagging_a_whole_cycle_never_lets_a_reallocation_over_commit()
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "review5: a replica whose watch missed a whole allocation holds an older history than the claim's record, "
+    "and `record_due` cannot tell which is newer (the record carries no version): as leader it rewrites the newer "
+    "record back to its history (its patch skips the webhook), and its webhook accepts that value from a tenant; "
+    "a replica started since counts it, above what the others count, and takes a reallocation as within it. "
+    "Needs a dated record (the allocation's resourceVersion, beside the history's)."))
+def test_a_replica_that_missed_a_whole_cycle_never_rewrites_the_newer_record() -> None:
+    """review5. As `test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit`:
+    C relisted u (record: the h100's 80Gi) holding its own older history (the h200's
+    141Gi). Leading, C writes 141Gi back; a tenant may too, through C's webhook. Replica
+    D, started then, counts u at 141Gi and measures u's reallocation on an h200 over it
+    (nothing written), while B counts 80Gi beside w's 141Gi: 282Gi under the 221Gi hard."""
+    quota = make_quota("gpus", memory="221Gi")
+    b, c = replicas(quota)
+    first, freed = two_cycles(b, c)
+    c.created(recorded(stored(gpu_claim("true")), first))
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(b.ctx, review_request(w)).allowed
+    b.created(w)
+    c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
+    due = c.ctx.admitter.annotations_due(parse_claim(with_namespace(freed, NS)), freed["metadata"]["annotations"])
+    if ALLOCATED_CHARGE_ANNOTATION in due:  # the leader's write, or a tenant's through C's webhook
+        rewritten = copy.deepcopy(freed)
+        rewritten["metadata"]["annotations"].update(due)
+        assert update_claim(c.ctx, review_request(rewritten, operation="UPDATE", old=freed)).allowed
+        freed = rewritten
+    d = World(quota)
+    d.reservations.api = b.api  # type: ignore[assignment]
+    d.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
+    assert not allocate(d.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+
+
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
     world = World(make_quota("gpus", memory="160Gi"))
     claim = stored(gpu_claim())
