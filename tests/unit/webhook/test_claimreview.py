@@ -717,10 +717,11 @@ def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last
     assert not (created.allowed and again.allowed)
 
 
-def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any]]:
+def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Claim u (any GPU: reserved at 141Gi, Conservative) allocated an h200 (141Gi), landed on
     B and C; then, C's watch broken, recorded and deallocated, allocated an h100 (80Gi),
-    recorded and deallocated again on B alone: (u's first allocation, its last copy)."""
+    recorded and deallocated again on B alone, which admits w at 141Gi beside u's 80Gi:
+    (u's first allocation, its last copy, w)."""
     u, first = landed(b, ("node-2", "gpu-0"))
     c.created(u)
     c.created(first)
@@ -731,7 +732,10 @@ def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any]]:
     b.created(second)
     freed_again = recorded(stored(gpu_claim("true")), second)
     b.created(freed_again)
-    return first, freed_again
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(b.ctx, review_request(w)).allowed
+    b.created(w)
+    return first, freed_again, w
 
 
 def test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit() -> None:
@@ -741,11 +745,8 @@ def test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_comm
     newer record, and was all C measured u's reallocation on an h200 over: within it,
     nothing written, 282Gi once it lands. Measured over the record too, the 61Gi must fit."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
-    first, freed = two_cycles(b, c)
+    first, freed, w = two_cycles(b, c)
     c.created(recorded(stored(gpu_claim("true")), first))  # the first deallocation, then the break
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
     c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
@@ -757,10 +758,7 @@ def test_a_replica_lagging_a_whole_cycle_never_lets_a_reallocation_over_commit()
     what B and any replica started since count): `_reserved` asked the allocated copy
     for its record, which `Pricer.recorded` reads on an unallocated claim only."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
-    _, freed = two_cycles(b, c)
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
+    _, freed, w = two_cycles(b, c)
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
@@ -778,11 +776,8 @@ def test_a_replica_that_missed_a_whole_cycle_never_rewrites_the_newer_record() -
     (nothing written), while B counts 80Gi beside w's 141Gi: 282Gi under the 221Gi hard."""
     quota = make_quota("gpus", memory="221Gi")
     b, c = replicas(quota)
-    first, freed = two_cycles(b, c)
+    first, freed, w = two_cycles(b, c)
     c.created(recorded(stored(gpu_claim("true")), first))
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
     c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
     due = c.ctx.admitter.annotations_due(parse_claim(with_namespace(freed, NS)), freed["metadata"]["annotations"])
     if ALLOCATED_CHARGE_ANNOTATION in due:  # the leader's write, or a tenant's through C's webhook
