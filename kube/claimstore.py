@@ -182,7 +182,7 @@ class ClaimStore:
     def _stage_one(self, claim: Claim, obj: Obj, relist: _Relist) -> bool:
         """`_account_one` into the rebuild: the same entry, the ledger left alone."""
         ref = claim_ref(claim)
-        entry, bound = self._entry(claim)
+        entry, bound = self._entry(claim, relisted=True)
         if entry is None:
             relist.rebuild.keep(ref)
         else:
@@ -197,11 +197,17 @@ class ClaimStore:
         relist.told.append((claim, obj, entry if bound else None))
         return True
 
-    def _entry(self, claim: Claim) -> tuple[Entry | None, bool]:
+    def _entry(self, claim: Claim, *, relisted: bool = False) -> tuple[Entry | None, bool]:
         """What the ledger should count for `claim` (None: the entry it holds), and
-        whether that is its upper bound, to be priced after ready (module doc)."""
+        whether that is its upper bound, to be priced after ready (module doc).
+        `relisted`: a relist brought it changed since this cache last held it."""
         if claim.allocation is not None:
             return self.admitter.allocated_entry(claim), False
+        if relisted and (last := self.admitter.recorded_allocation(claim)) is not None:
+            # Deallocated, and changed while the watch was down: it may have been allocated
+            # and deallocated again meanwhile, so the last allocation this process saw may
+            # be older than the one the leader recorded. The record wins (review5).
+            return last, False
         if (held := self.ledger.entry(claim_ref(claim))) is not None:
             if held.allocated:
                 # Deallocated: it keeps counting what its last allocation charged, not its

@@ -280,7 +280,12 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new:
         # count it at (`Counting.recorded_allocation`): only to what this replica saw land
         # last (`Annotating.record_due`: the leader catching up), else with the next one.
         due = ctx.admitter.record_due(replace(claim, recorded_devices=recorded_devices(old)))
-        if due is not None and dict(recorded_devices(new)) == due:
+        # Only from a cache holding the stored copy: one behind it may hold an older
+        # allocation than the record it would replace.
+        held_at = ctx.reservations.claim_version(claim.uid)
+        current = held_at is not None and held_at == parse_version(dig(request.old_object, "metadata",
+                                                                       "resourceVersion"))
+        if due is not None and current and dict(recorded_devices(new)) == due:
             return ""
         return (f"{where} records the claim's last allocation: it is written by dra-quota, and changes "
                 "when the claim is allocated again")

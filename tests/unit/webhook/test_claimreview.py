@@ -762,18 +762,14 @@ def test_a_replica_lagging_a_whole_cycle_never_lets_a_reallocation_over_commit()
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review5: a replica whose watch missed a whole allocation holds an older history than the claim's record, "
-    "and `record_due` cannot tell which is newer (the record carries no version): as leader it rewrites the newer "
-    "record back to its history (its patch skips the webhook), and its webhook accepts that value from a tenant; "
-    "a replica started since counts it, above what the others count, and takes a reallocation as within it. "
-    "Needs a dated record (the allocation's resourceVersion, beside the history's)."))
 def test_a_replica_that_missed_a_whole_cycle_never_rewrites_the_newer_record() -> None:
     """review5. As `test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit`:
     C relisted u (record: the h100's 80Gi) holding its own older history (the h200's
     141Gi). Leading, C writes 141Gi back; a tenant may too, through C's webhook. Replica
     D, started then, counts u at 141Gi and measures u's reallocation on an h200 over it
-    (nothing written), while B counts 80Gi beside w's 141Gi: 282Gi under the 221Gi hard."""
+    (nothing written), while B counts 80Gi beside w's 141Gi: 282Gi under the 221Gi hard.
+    A relist of a claim that changed while the watch was down now takes its record over
+    the process's own older history, so C has nothing to write back."""
     quota = make_quota("gpus", memory="221Gi")
     b, c = replicas(quota)
     first, freed, w = two_cycles(b, c)
@@ -789,6 +785,22 @@ def test_a_replica_that_missed_a_whole_cycle_never_rewrites_the_newer_record() -
     d.reservations.api = b.api  # type: ignore[assignment]
     d.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
     assert not allocate(d.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+
+
+def test_a_replica_behind_the_stored_claim_accepts_no_record_change() -> None:
+    """As `two_cycles`, with C's watch behind rather than broken: it has brought u's first
+    deallocation (its history: the h200's 141Gi), not the h100's cycle the record now
+    says (80Gi). A tenant writing 141Gi back through C's webhook is refused: C does not
+    hold the stored copy, so its history may be older than the record. (review5)"""
+    b, c = replicas(make_quota("gpus", memory="221Gi"))
+    first, freed, _ = two_cycles(b, c)
+    c.created(recorded(stored(gpu_claim("true")), first))
+    due = c.ctx.admitter.record_due(parse_claim(with_namespace(freed, NS)))
+    assert due == PRICER.allocation_record(parse_claim(with_namespace(first, NS)))  # C's older history
+    rewritten = copy.deepcopy(freed)
+    rewritten["metadata"]["annotations"][ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(due)
+    verdict = update_claim(c.ctx, review_request(rewritten, operation="UPDATE", old=freed))
+    assert not verdict.allowed and "records the claim's last allocation" in verdict.message
 
 
 def test_an_allocation_within_its_reservation_writes_nothing() -> None:
