@@ -8,11 +8,14 @@ status cleared, as the resourceclaim controller does once its Pod is gone). Coun
 reservation again, u would put the quota at 282Gi of 221Gi, and its reallocation on the
 141Gi GPU, "within its reservation", would pass unchecked: 282Gi allocatable. Counted at
 its last allocation, the quota stays at 221Gi, the 141Gi reallocation is refused for its
-61Gi excess, and the 80Gi one (what u had) passes.
+61Gi excess, also by a `serve` started after the deallocation (it reads u's last
+allocation from the record the leader keeps on the claim), and the 80Gi one (what u
+had) passes.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -24,7 +27,7 @@ from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .harness import (
     DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed, wait_status,
 )
-from .kube import Kube, Obj
+from .kube import Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -72,6 +75,19 @@ async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_
             kube, ns, lambda s: s.get("claims") == {"allocated": 0, "pending": 2} and not s.get("reservations"),
             "u deallocated, w admitted")
         assert (_gib(status, "used"), _gib(status, "reserved")) == (0, 80 + 141), status
+        message = await allocate("u", big)
+        assert EXCESS_DENIED in message, message
+
+        # A replica started now never saw u's allocation: it reads it from the record the
+        # leader keeps on the claim, and refuses the same reallocation.
+        async def record() -> dict[str, int] | None:
+            claim = await kube.get(RESOURCE_V1, "resourceclaims", "u", namespace=ns)
+            raw = (claim["metadata"].get("annotations") or {}).get("draquota.io/allocated-charge")
+            return json.loads(raw) if raw else None
+
+        assert list((await poll(record, timeout=30, what="u's allocation record")).values()) == [80 * GiB]
+        await served.kill()
+        await served.start()
         message = await allocate("u", big)
         assert EXCESS_DENIED in message, message
         assert await allocate("u", small) == ""  # what u had
