@@ -244,7 +244,11 @@ async def test_a_hostile_tenant_neither_gets_around_the_quota_nor_stalls_the_oth
           f"{RSS_BOUND / 2**20:.0f}); /healthz attempts reset {samples.healthz_reset}; {len(t.honest_creates)} "
           f"honest creates; longest loop stall {stall:.3f}s; mallory's answers {dict(t.answers)}; {connections.line()}")
     assert samples.during >= 1 and samples.count >= MIN_SAMPLES, samples
-    assert sum(connections.dropped.values()) >= ATTACKERS - CAP, connections.line()
+    # The attack met serve's limits: what is beyond the cap was refused (the attacker's
+    # connect or handshake failed: serve resets what it will not serve) or dropped once
+    # opened (the cap's eviction, the handshake/header/body timeouts). How the two split
+    # depends on the machine's load (a CI run: 391 dropped and 1,030 refused).
+    assert sum(connections.dropped.values()) + connections.failed >= ATTACKERS - CAP, connections.line()
     record("honest claim create, p99 during the attacks", percentile(t.honest_creates, 0.99), target=5.0)
     record("honest claim create, longest during the attacks", max(t.honest_creates), target=5.0)
     record("/healthz, longest during the attacks", max(samples.healthz), target=1.0)
