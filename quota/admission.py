@@ -280,19 +280,16 @@ class Admitter(Annotating):
         persisted record before allowing it (`quota.excess`). Empty in the common case
         (within the reservation): no write. Audit quotas only warn, from this ledger."""
         entry = allocation.entry
-        # Over the smallest of what the reviewed copy reserves (what the replicas holding that
-        # copy count), what this ledger holds (a stale or optimistic allocation: what this
-        # replica counts until its watch moves) and what the copy's record says (what a
-        # replica that started since counts, and one whose watch saw the last allocation:
-        # this ledger's history may be older, its watch having missed a whole allocation),
-        # so each counts the whole exact charge.
+        # Over the least of what the reviewed copy reserves (what the replicas holding that
+        # copy count), what this ledger holds (a stale allocation: what this replica counts
+        # until its watch moves) and what the copy's record says (what a replica that
+        # started since counts, and one whose watch saw the last allocation: this ledger's
+        # history may be older, its watch having missed a whole allocation), so each counts
+        # the whole exact charge.
         overs = [allocation.held, self.ledger.entry(entry.ref)]  # None: nothing held, all of it is excess
         if allocation.recorded is not None:
             overs.append(allocation.recorded)
-        measured = [self.ledger.excess(entry, over=over) for over in overs]
-        excess = measured[0]
-        for more in measured[1:]:
-            excess = {q: c.max(more[q]) for q, c in excess.items()}
+        excess = self.ledger.excess(entry, over=overs)
         return {q: c for q, c in excess.items()
                 if q.enforcement != "Audit" and any(c.amount(r) > 0 and q.hard.get(r) is not None for r in RESOURCES)}
 

@@ -391,25 +391,29 @@ class Ledger:
         the scheduler on capacity the claim already holds. With `enforce` false the
         entry is accounted whatever the decision says (account-only). `persisted`: the
         quotas whose excess the webhook reserved in their persisted record
-        (`quota.excess`): not checked again, and the entry is not accounted here, since
-        that record counts the excess until the claim watch brings the allocated claim.
+        (`quota.excess`): not checked again (the webhook accounts nothing here, `dry_run`:
+        that record counts the excess until the claim watch brings the allocated claim).
         """
-        excess = self.excess(entry, over=self._entries.get(entry.ref))
+        excess = self.excess(entry, over=(self._entries.get(entry.ref),))
         checks = [QuotaCheck(q, self.usage(q.namespace, q.name), excess[q]) for q in self.quotas(entry.namespace)
                   if (q.namespace, q.name) not in persisted]
         decision = self._unsettled(checks) or check(checks)
-        if (decision.allowed or not enforce) and not dry_run and not persisted:
+        if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)
         return decision
 
-    def excess(self, entry: Entry, *, over: Entry | None) -> dict[DeviceQuota, Charge]:
-        """Per quota of `entry`'s namespace, what its exact charge adds to what `over`
-        holds for its claim (the ledger's entry for it, or what the reviewed copy reserves:
-        `Admitter.price_allocation`), per resource (never below zero)."""
+    def excess(self, entry: Entry, *, over: Sequence[Entry | None]) -> dict[DeviceQuota, Charge]:
+        """Per quota of `entry`'s namespace, what its exact charge adds to the least any of
+        `over` holds for its claim (the ledger's entry for it, what the reviewed copy
+        reserves, what its record says: `Admitter.excess_to_persist`; None holds nothing),
+        per resource (never below zero)."""
         out = {}
         for quota in self.quotas(entry.namespace):
-            held = over.charge_for(quota, self.default_mode) if over is not None else ZERO
-            out[quota] = (entry.charge_for(quota, self.default_mode) - held).max(ZERO)
+            held = [e.charge_for(quota, self.default_mode) if e is not None else ZERO for e in over]
+            least = held[0]
+            for charge in held[1:]:
+                least = least.min(charge)
+            out[quota] = (entry.charge_for(quota, self.default_mode) - least).max(ZERO)
         return out
 
     def _unsettled(self, checks: Iterable[QuotaCheck]) -> Decision | None:

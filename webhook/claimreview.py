@@ -282,7 +282,7 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new:
         due = ctx.admitter.record_due(replace(claim, recorded_devices=recorded_devices(old)))
         # Only from a cache holding the stored copy: one behind it may hold an older
         # allocation than the record it would replace.
-        held_at = ctx.reservations.claim_version(claim.uid)
+        held_at = ctx.reservations.claim_version(str(claim_ref(claim)))
         current = held_at is not None and held_at == parse_version(dig(request.old_object, "metadata",
                                                                        "resourceVersion"))
         if due is not None and current and dict(recorded_devices(new)) == due:
