@@ -515,9 +515,7 @@ def test_a_reallocation_within_the_reservation_never_takes_room_given_away_meanw
     then w an h200: 282Gi used of a hard 221Gi in an Enforce quota."""
     world = World(make_quota("gpus", memory="221Gi"))
     landed(world, ("node-1", "gpu-0"))
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(world.ctx, review_request(w)).allowed
-    world.created(w)
+    w = admitted(world)
     freed = stored(gpu_claim("true"))
     world.created(freed)  # deallocated
     again = allocate(world.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed))
@@ -552,6 +550,14 @@ def replicas(quota: dict[str, Any]) -> tuple[World, World]:
     b, c = World(quota), World(quota)
     c.reservations.api = b.api  # type: ignore[assignment]  # one API server
     return b, c
+
+
+def admitted(world: World) -> dict[str, Any]:
+    """Claim w (any GPU: 141Gi, Conservative) admitted on `world`, stored and brought by its watch."""
+    w = stored(gpu_claim("true"), uid=UID2, name="other")
+    assert admit(world.ctx, review_request(w)).allowed
+    world.created(w)
+    return w
 
 
 def landed(world: World, device: tuple[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -617,18 +623,11 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
     h200 as within it and wrote nothing: 282Gi once w is allocated, no race needed. From
     the record C counts 80Gi, so the reallocation's 61Gi must fit, and does not."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
-    u = stored(gpu_claim("true"))
-    assert admit(b.ctx, review_request(u)).allowed
-    for world in (b, c):
-        world.created(u)
-    first = allocated(u, ("node-1", "gpu-0"))
-    assert allocate(b.ctx, status_update(first, u)).allowed
-    b.created(first)
+    u, first = landed(b, ("node-1", "gpu-0"))
+    c.created(u)
     freed = recorded(stored(gpu_claim("true")), first)
     b.created(freed)
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
+    w = admitted(b)
     c.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])  # its watch resumes with a list
     assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge(221 * GiB, 2)
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
@@ -649,9 +648,7 @@ def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation
     quota = make_quota("gpus", memory="221Gi")
     world = World(quota)
     landed(world, ("node-1", "gpu-0"))
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(world.ctx, review_request(w)).allowed
-    world.created(w)
+    w = admitted(world)
     freed = stored(gpu_claim("true"))
     world.created(freed)  # deallocated, no record
     restarted = World(quota)
@@ -687,9 +684,7 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
     for world in (b, c):
         world.created(caught_up)  # C reads the rewritten record
     freed_again = caught_up
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
+    w = admitted(b)
     c.created(w)
     assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge((80 + 141) * GiB, 2)
     assert not allocate(c.ctx, status_update(allocated(freed_again, ("node-2", "gpu-1")), freed_again)).allowed
@@ -732,9 +727,7 @@ def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any], dict
     b.created(second)
     freed_again = recorded(stored(gpu_claim("true")), second)
     b.created(freed_again)
-    w = stored(gpu_claim("true"), uid=UID2, name="other")
-    assert admit(b.ctx, review_request(w)).allowed
-    b.created(w)
+    w = admitted(b)
     return first, freed_again, w
 
 
