@@ -9,8 +9,8 @@ reservation again, u would put the quota at 282Gi of 221Gi, and its reallocation
 141Gi GPU, "within its reservation", would pass unchecked: 282Gi allocatable. Counted at
 its last allocation, the quota stays at 221Gi, the 141Gi reallocation is refused for its
 61Gi excess, also by a `serve` started after the deallocation (it reads u's last
-allocation from the record the leader keeps on the claim), and the 80Gi one (what u
-had) passes.
+allocation from the record the leader keeps on the claim, which a tenant with `edit`
+cannot lower or clear), and the 80Gi one (what u had) passes.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from .harness import (
     DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed, wait_status,
 )
 from .kube import Kube, Obj, poll
+from .webhook_recorder import impersonated
 
 pytestmark = pytest.mark.e2e
 
 GiB = 1024**3
+RBAC = "rbac.authorization.k8s.io/v1"
 EXCESS_DENIED = ("the allocated devices charge more than the claim reserved (requested: the excess): "
                  'exceeded DeviceQuota "gpus": requested memory=61Gi')
 
@@ -85,7 +87,26 @@ async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_
             raw = (claim["metadata"].get("annotations") or {}).get("draquota.io/allocated-charge")
             return json.loads(raw) if raw else None
 
-        assert list((await poll(record, timeout=30, what="u's allocation record")).values()) == [80 * GiB]
+        last = await poll(record, timeout=30, what="u's allocation record")
+        assert list(last.values()) == [80 * GiB]
+
+        # A tenant with `edit` cannot lower (or clear) that record through the API server:
+        # a replica started later would count less than the others do.
+        tenant = f"tenant-{run}"
+        await kube.create(RBAC, "rolebindings", {
+            "kind": "RoleBinding", "metadata": {"name": tenant},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "User", "name": tenant}]}, namespace=ns)
+        for forged in ({key: 1 for key in last}, {}):
+            body = {"metadata": {"annotations": {"draquota.io/allocated-charge": json.dumps(forged)}}}
+
+            async def refused() -> str | None:  # until the binding loads, RBAC refuses first
+                message = await denial(impersonated(kube, "PATCH", f"/apis/{RESOURCE_V1}/namespaces/{ns}/"
+                                                    "resourceclaims/u", user=tenant, body=body))
+                return message if "records the claim's last allocation" in message else None
+
+            await poll(refused, timeout=30, what="the webhook to refuse the tenant's record")
+        assert await record() == last
         await served.kill()
         await served.start()
         message = await allocate("u", big)
