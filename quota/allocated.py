@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from quota.capacity import round_request
-from quota.claims import AllocatedDevice, Claim, ClaimSpec
+from quota.claims import AllocatedDevice, Claim, ClaimSpec, result_key
 from quota.inventory import Inventory
-from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, qualify
+from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
 from quota.priced import HeldDevice, PricedRequest, Pricing, Share
 from quota.quantity import ceil_int, format_quantity
 from quota.scope import DeviceSelection
@@ -44,16 +44,15 @@ class AllocatedPricer:
         classes = _request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
-        record: dict[DeviceKey, int] = {}
+        record: dict[RecordKey, int] = {}
         for result in claim.allocation or ():
-            top = result.request.split("/", 1)[0]
-            cls = classes.get(result.request, classes.get(top, DeviceClassName("")))
+            top, cls = _request_class(result.request, classes)
             device = None if result.admin_access else self.inventory.lookup(result.key)
             charge = self._device_exact(result, recorded)
             if device is not None and charge is not None:
-                record[result.key] = charge.memory
-            elif not result.admin_access and result.key in recorded:
-                record[result.key] = recorded[result.key]  # vanished: kept, never dropped or guessed
+                record[result_key(result)] = charge.memory
+            elif not result.admin_access and (kept := _recorded_for(recorded, result)) is not None:
+                record[result_key(result)] = kept  # vanished: kept, never dropped or guessed
             if charge is None:
                 unknown.append((len(held), result, top, cls))
             held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
@@ -76,31 +75,38 @@ class AllocatedPricer:
                 held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
                 # Recorded too: a process started after a deallocation counts the claim's last
                 # allocation from the record (`recorded`), which must charge every device.
-                record[result.key] = share
-        pricing = Pricing((), exact=True, warnings=tuple(warnings), record=tuple(sorted(record.items())),
+                record[result_key(result)] = share
+        pricing = Pricing((), exact=True, warnings=tuple(warnings),
+                          record=tuple(sorted(record.items(), key=lambda kv: str(kv[0]))),
                           held=tuple(h for h in held if h is not None))
         return self.rescoped(pricing, selections)
 
     def recorded(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing | None:
         """An unallocated claim's last allocation, from the record the leader wrote on it
-        (`draquota.io/allocated-charge`: each charged device and its memory), as `exact`
+        (`draquota.io/allocated-charge`: each allocation result and its memory), as `exact`
         priced it then: what a process that never saw that allocation (it started after
         the deallocation) counts, as the ones that saw it do (`Counting.deallocated_entry`).
-        The record names devices, not requests: a device is charged to the class of the
-        claim's requests it belongs to (`_recorded_class`). None without a record, or
-        where a device's class cannot be told."""
+        Each result names its request, so its device is charged to that request's class,
+        as `exact` charged it. A record an older release wrote names devices only: a device
+        is charged to the class of the claim's requests it belongs to (`_recorded_class`).
+        None without a record, or where such a device's class cannot be told."""
         if claim.allocation is not None or not claim.recorded_devices:
             return None
-        classes = sorted(set(_request_classes(claim.spec).values()))
+        by_request = _request_classes(claim.spec)
+        classes = sorted(set(by_request.values()))
         requests = {cls: ",".join(r.name for r in claim.spec.requests
                                   if any(alt.device_class == cls for alt in r.alternatives)) for cls in classes}
         held = []
         budget = Budget.claim()
         for key, memory in claim.recorded_devices:
-            cls = classes[0] if len(classes) == 1 else self._recorded_class(key, classes, budget)
+            if key.request:
+                top, named = _request_class(key.request, by_request)
+                held.append(HeldDevice(top, named, key.device, Charge(memory, 1)))
+                continue
+            cls = classes[0] if len(classes) == 1 else self._recorded_class(key.device, classes, budget)
             if cls is None:
                 return None
-            held.append(HeldDevice(requests[cls], cls, key, Charge(memory, 1)))
+            held.append(HeldDevice(requests[cls], cls, key.device, Charge(memory, 1)))
         return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=tuple(held),
                                      from_record=True), selections)
 
@@ -166,7 +172,7 @@ class AllocatedPricer:
             return 0
         return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
 
-    def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
+    def allocation_record(self, claim: Claim) -> dict[RecordKey, int]:
         """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
         it, `controllers.annotator`; the webhook refuses anything else): the exact memory
         charge of each allocated device the inventory knows, for a device it no longer
@@ -176,7 +182,7 @@ class AllocatedPricer:
         the ledger just counted has it on its pricing already."""
         return dict(self.exact(claim).record)
 
-    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[DeviceKey, int]) -> Charge | None:
+    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[RecordKey, int]) -> Charge | None:
         if result.admin_access:
             return ZERO
         driver = result.key.driver
@@ -196,13 +202,26 @@ class AllocatedPricer:
             return Charge(ceil_int(rounded if rounded is not None else amount), 1)
         if device is not None:
             return Charge(ceil_int(device.memory), 1)
-        if result.key in recorded:
-            return Charge(recorded[result.key], 1)
+        if (kept := _recorded_for(recorded, result)) is not None:
+            return Charge(kept, 1)
         return None
 
 
 def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
     return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
+
+
+def _request_class(request: str, classes: Mapping[str, DeviceClassName]) -> tuple[str, DeviceClassName]:
+    """An allocation result's request ("req" or "req/sub"): its top-level request and its class."""
+    top = request.split("/", 1)[0]
+    return top, classes.get(request, classes.get(top, DeviceClassName("")))
+
+
+def _recorded_for(recorded: Mapping[RecordKey, int], result: AllocatedDevice) -> int | None:
+    """What the record charged `result`: under its own key, else (a record an older release
+    wrote, by device) under its device's."""
+    kept = recorded.get(result_key(result))
+    return kept if kept is not None else recorded.get(RecordKey("", result.key))
 
 
 def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:

@@ -18,10 +18,11 @@ from quota.claims import (
     QUOTAS_ANNOTATION,
     Claim,
     allocated_charge_annotation,
+    record_in_step,
 )
 from quota.counting import Counting, claim_ref
 from quota.ledger import Entry
-from quota.model import DeviceKey
+from quota.model import RecordKey
 from quota.priced import Pricing
 from quota.work import Budget
 
@@ -60,13 +61,13 @@ class Annotating(Counting):
                 q.ref for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
         if claim.allocation is not None:
             record = self.pricer.allocation_record(claim)
-            if record != dict(claim.recorded_devices):
+            if not record_in_step(claim, record):
                 due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
         elif (last := self.record_due(claim)) is not None:
             due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(last)
         return due
 
-    def record_due(self, claim: Claim) -> dict[DeviceKey, int] | None:
+    def record_due(self, claim: Claim) -> dict[RecordKey, int] | None:
         """What an unallocated claim's allocation record should say where it is not the last
         allocation this process saw land (the ledger's `Counting.deallocated_entry`): the
         claim was deallocated before the leader recorded that allocation, or allocated and
@@ -78,7 +79,7 @@ class Annotating(Counting):
         if pricing is None or not pricing.exact or pricing.from_record or not pricing.record:
             return None
         record = dict(pricing.record)
-        return None if record == dict(claim.recorded_devices) else record
+        return None if record_in_step(claim, record) else record
 
     def annotations_may_be_due(self, claim: Claim, current: Mapping[str, str]) -> bool:
         """Whether `annotations_due` could say anything, without running any CEL: a claim
@@ -91,4 +92,4 @@ class Annotating(Counting):
         held = self.ledger.entry(claim_ref(claim))
         pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
         record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)
-        return record != dict(claim.recorded_devices)
+        return not record_in_step(claim, record)

@@ -27,6 +27,7 @@ from quota.model import (
     DeviceClassName,
     DeviceKey,
     Namespace,
+    RecordKey,
 )
 from quota.meta import parse_meta
 from quota.quantity import non_negative_amount
@@ -63,6 +64,8 @@ __all__ = [
     "allocated_charge_annotation",
     "parse_claim",
     "parse_claim_spec",
+    "record_in_step",
+    "result_key",
     "parse_device_class",
     "ALLOCATED_CHARGE_ANNOTATION",
     "CHARGE_ANNOTATION",
@@ -73,7 +76,8 @@ CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
 # The exact memory charge of each allocated device, written by the quota controller's
 # leader once the claim is allocated (`controllers.annotator`): a device that later vanishes
-# from the inventory keeps the charge it had, in every process and after any restart.
+# from the inventory keeps the charge it had, in every process and after any restart, and
+# a deallocated claim counts its last allocation from it (`RecordKey`).
 ALLOCATED_CHARGE_ANNOTATION = "draquota.io/allocated-charge"
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
@@ -140,8 +144,8 @@ class Claim:
     # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
     # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).
     owner: str = ""
-    # The per-device memory charges recorded after allocation (ALLOCATED_CHARGE_ANNOTATION).
-    recorded_devices: tuple[tuple[DeviceKey, int], ...] = ()
+    # The memory charge of each allocation result, recorded after allocation (ALLOCATED_CHARGE_ANNOTATION).
+    recorded_devices: tuple[tuple[RecordKey, int], ...] = ()
     # metadata.creationTimestamp in seconds since the epoch (None: absent or unreadable):
     # the start of the wait the allocation-wait histogram measures (webhook.allocations).
     created: float | None = None
@@ -418,14 +422,16 @@ def _recorded_charge(raw: Any) -> Charge | None:
     return Charge(memory, devices)
 
 
-# One entry per allocated device (an allocation holds at most 32 results, dra-api.md),
-# each key at most 63 + 253 + 63 characters: anything longer is not ours.
-_DEVICES_MAX_BYTES = 16 * 1024
+# One entry per allocation result (at most 32, dra-api.md), each key at most 63 + 1 + 63
+# (request/subrequest) + 1 + 63 + 253 + 63 (the device) + 1 + 36 (a shareID) characters:
+# anything longer is not ours.
+_DEVICES_MAX_BYTES = 32 * 1024
 
 
-def recorded_devices(raw: Any) -> tuple[tuple[DeviceKey, int], ...]:
-    """The `draquota.io/allocated-charge` annotation: (device, memory bytes) pairs, sorted;
-    empty when absent, malformed or not ours (never an error: it only refines a charge)."""
+def recorded_devices(raw: Any) -> tuple[tuple[RecordKey, int], ...]:
+    """The `draquota.io/allocated-charge` annotation: (result, memory bytes) pairs, sorted;
+    empty when absent, malformed or not ours (never an error: the leader rewrites it, and
+    the webhook refuses anyone else's)."""
     if not isinstance(raw, str) or len(raw) > _DEVICES_MAX_BYTES:
         return ()
     try:
@@ -434,18 +440,54 @@ def recorded_devices(raw: Any) -> tuple[tuple[DeviceKey, int], ...]:
         return ()
     if not isinstance(data, dict):
         return ()
-    out: list[tuple[DeviceKey, int]] = []
-    for key, memory in data.items():
-        driver, _, rest = key.partition("/")
-        pool, _, device = rest.rpartition("/")
-        if not (driver and pool and device) or type(memory) is not int or not 0 <= memory <= MAX_INT64:
+    out: list[tuple[RecordKey, int]] = []
+    for text, memory in data.items():
+        key = _record_key(text)
+        if key is None or type(memory) is not int or not 0 <= memory <= MAX_INT64:
             return ()
-        out.append((DeviceKey(driver, pool, device), memory))
+        out.append((key, memory))
     return tuple(sorted(out, key=lambda item: str(item[0])))
 
 
-def allocated_charge_annotation(charges: Mapping[DeviceKey, int]) -> str:
-    """The annotation's value for `charges`: `{"driver/pool/device": bytes}`, keys sorted."""
+def _record_key(text: str) -> RecordKey | None:
+    # A request name has no ":" (a DNS label, or two: "req/sub"), a driver no ":" or "#",
+    # a pool or device no "#" (DNS subdomains and labels).
+    request, colon, rest = text.partition(":")
+    if not colon:
+        request, rest = "", text
+    elif not request:
+        return None
+    rest, hash_, share = rest.partition("#")
+    driver, _, rest = rest.partition("/")
+    pool, _, device = rest.rpartition("/")
+    if not (driver and pool and device) or (hash_ and not share):
+        return None
+    return RecordKey(request, DeviceKey(driver, pool, device), share)
+
+
+def result_key(result: AllocatedDevice) -> RecordKey:
+    """The allocation record's key of one allocation result."""
+    return RecordKey(result.request, result.key, result.share_id or "")
+
+
+def record_in_step(claim: Claim, record: Mapping[RecordKey, int]) -> bool:
+    """Whether `claim`'s allocation record says `record`, what the leader would write. A
+    record an older release wrote (by device, no request) says the same where the claim's
+    requests are all of one device class: each device is read as of that class
+    (`quota.allocated.AllocatedPricer.recorded`), so an upgrade rewrites only the records
+    of claims of several classes, not every allocated claim's."""
+    recorded = dict(claim.recorded_devices)
+    if recorded == record:
+        return True
+    if any(key.request for key in recorded):
+        return False
+    classes = {alt.device_class for req in claim.spec.requests for alt in req.alternatives}
+    by_device = {RecordKey("", key.device): memory for key, memory in record.items()}
+    return len(classes) == 1 and len(by_device) == len(record) and by_device == recorded
+
+
+def allocated_charge_annotation(charges: Mapping[RecordKey, int]) -> str:
+    """The annotation's value for `charges`: `{"request:driver/pool/device": bytes}`, keys sorted."""
     return json.dumps({str(k): v for k, v in sorted(charges.items(), key=lambda kv: str(kv[0]))},
                       separators=(",", ":"))
 

@@ -37,6 +37,25 @@ class DeviceKey:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordKey:
+    """One allocation result in the allocation record (`draquota.io/allocated-charge`):
+    `request:driver/pool/device`, with `#shareID` for a share of a device that allows
+    several allocations. The request says which of the claim's device classes the device
+    was charged to: its selectors alone cannot tell, when two of the claim's classes
+    select it (`quota.allocated.AllocatedPricer.recorded`); the share keeps two shares of
+    one device apart. A record written before requests were recorded has `request` ""
+    (read, never written)."""
+
+    request: str
+    device: DeviceKey
+    share: str = ""
+
+    def __str__(self) -> str:
+        head = f"{self.request}:{self.device}" if self.request else str(self.device)
+        return f"{head}#{self.share}" if self.share else head
+
+
+@dataclass(frozen=True, slots=True)
 class Version:
     """A `version` attribute: a semver 2.0.0 string, compared as semver by CEL."""
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import reduce
 
-from quota.model import ZERO, Charge, DeviceClassName, DeviceKey, Mode
+from quota.model import ZERO, Charge, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.scope import DeviceSelection, Scope
 
 __all__ = ["HeldDevice", "PricedRequest", "Pricing", "Share", "at_least_recorded", "combine"]
@@ -126,7 +126,7 @@ class Pricing:
     over_budget: bool = False
     # Exact pricings: what `draquota.io/allocated-charge` should say (`Pricer.allocation_record`),
     # found in the same pass over the allocation, so an allocation event prices its devices once.
-    record: tuple[tuple[DeviceKey, int], ...] = ()
+    record: tuple[tuple[RecordKey, int], ...] = ()
     # The selections its requests were priced for (`PricedRequest.shares`).
     selections: frozenset[DeviceSelection] = frozenset()
     # Exact pricings: each allocated device's charge (`Pricer.rescoped` reprices from it).

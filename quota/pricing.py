@@ -33,7 +33,7 @@ from quota.allocated import AllocatedPricer
 from quota.capacity import all_mode, eligible, nominal_memory_charge, per_scope, publishes_memory
 from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
 from quota.inventory import Inventory
-from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
+from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.priced import PricedRequest, Pricing, Share, combine
 from quota.quantity import ceil_int, format_quantity
 from quota.scope import DeviceSelection
@@ -352,6 +352,6 @@ class Pricer:
         """`AllocatedPricer.rescoped`: an exact pricing's requests priced for `selections`."""
         return self._allocated.rescoped(pricing, selections)
 
-    def allocation_record(self, claim: Claim) -> dict[DeviceKey, int]:
+    def allocation_record(self, claim: Claim) -> dict[RecordKey, int]:
         """`AllocatedPricer.allocation_record`: what the claim's `draquota.io/allocated-charge` should say."""
         return self._allocated.allocation_record(claim)

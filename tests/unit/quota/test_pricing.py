@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from quota.claims import (
     ALLOCATED_CHARGE_ANNOTATION,
+    CHARGE_ANNOTATION,
     ClaimError,
     allocated_charge_annotation,
     parse_claim,
     parse_device_class,
     pod_owner,
+    record_in_step,
     recorded_devices,
+    result_key,
 )
 from quota.inventory import Inventory
-from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode
+from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
 from quota.ledger import Ledger
 from quota.priced import Pricing, at_least_recorded
@@ -288,8 +292,11 @@ def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() ->
 
 def test_vanished_device_keeps_its_recorded_charge() -> None:
     gone = result("r", "gpu-9", pool="node-9")
-    record = allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 123})
+    record = allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 123})
     assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: record}).total == Charge(123, 1)
+    # As an older release recorded it, by device.
+    by_device = allocated_charge_annotation({RecordKey("", DeviceKey(D, "node-9", "gpu-9")): 123})
+    assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: by_device}).total == Charge(123, 1)
     from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
     assert from_annotation.total == Charge(1000, 1)
     assert "vanished from the inventory" in from_annotation.warnings[0]
@@ -361,7 +368,8 @@ def test_a_device_that_vanishes_keeps_its_exact_charge_in_the_running_and_in_a_r
     claim = parse_claim(make_claim("c", two, allocation=allocation, annotations=admission))
     assert before.exact(claim).total == Charge(221 * GiB, 2)
     record = before.allocation_record(claim)
-    assert record == {DeviceKey(D, "node-1", "gpu-0"): 80 * GiB, DeviceKey(D, "node-2", "gpu-0"): 141 * GiB}
+    assert record == {RecordKey("r", DeviceKey(D, "node-1", "gpu-0")): 80 * GiB,
+                      RecordKey("r", DeviceKey(D, "node-2", "gpu-0")): 141 * GiB}
 
     gone = inventory()
     gone.delete_slice("n2")
@@ -380,20 +388,20 @@ def test_the_record_follows_the_allocation_and_is_exact() -> None:
     pricer = Pricer(inventory(), CLASSES)
     shared = parse_claim(make_claim("c", request("r", exactly("shared")), allocation=[
         result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})]))
-    assert pricer.allocation_record(shared) == {DeviceKey(D, "node-3", "shared-0"): 20 * GiB}
+    assert pricer.allocation_record(shared) == {result_key(shared.allocation[0]): 20 * GiB}  # type: ignore[index]
     assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[
         result("r", "gpu-0", admin=True)]))) == {}  # adminAccess is free: nothing to keep
-    stale = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation({DeviceKey(D, "node-9", "gpu-9"): 5})}
+    stale = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 5})}
     moved = parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[result("r", "gpu-1", pool="node-1")],
                                    annotations=stale))
-    assert pricer.allocation_record(moved) == {DeviceKey(D, "node-1", "gpu-1"): 80 * GiB}  # old devices dropped
+    assert pricer.allocation_record(moved) == {RecordKey("r", DeviceKey(D, "node-1", "gpu-1")): 80 * GiB}  # old devices dropped
     assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu"))))) == {}
 
 
-def test_a_deallocated_claims_record_prices_its_last_allocation_when_it_names_one_class() -> None:
+def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -> None:
     """`Pricer.recorded`: what a process started after the deallocation counts, the same as
-    `exact` priced the allocation (by device and by class), or None where the record
-    cannot say which class a device was charged to."""
+    `exact` priced the allocation (by device and by class); for a record an older release
+    wrote (by device), None where it cannot say which class a device was charged to."""
     pricer = Pricer(inventory(), CLASSES)
     spec = make_claim("c", request("a", exactly("gpu")), request("b", exactly("gpu")))
     allocation = [result("a", "gpu-0"), result("b", "gpu-1")]
@@ -405,30 +413,73 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_when_it_names_on
     assert last.total == exact.total == Charge(2 * 80 * GiB, 2)
     assert [last.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == [exact.total, Charge()]
     assert pricer.recorded(parse_claim(spec)) is None  # no record: never allocated, or not recorded yet
-    # Requests of two classes: each recorded device is charged to the one class selecting it.
+    # Requests of two classes, recorded by device (an older release): each device is charged
+    # to the one class selecting it.
+    by_device = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(
+        {RecordKey("", key.device): memory for key, memory in exact.record})}
     two_classes = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")),
-                                         annotations=record))
+                                         annotations=by_device))
     split = pricer.recorded(two_classes)
     assert split is not None and split.total == exact.total
     assert [split.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == \
         [exact.total, Charge()]
-    # A device two of its classes select could have served either request: not told.
-    either = make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")), annotations=record)
-    assert pricer.recorded(parse_claim(either)) is None
+    # A device two of its classes select could have served either request: the record says which.
+    either = make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")), allocation=allocation)
+    both = pricer.exact(parse_claim(either))
+    by_class = [Scope(classes=frozenset({DeviceClassName(c)})) for c in ("gpu", "any")]
+    assert [both.charge_for(s) for s in by_class] == [Charge(80 * GiB, 1)] * 2
+    freed_either = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")), annotations={
+        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(dict(both.record))}))
+    read = pricer.recorded(freed_either)
+    assert read is not None and [read.charge_for(s) for s in by_class] == [Charge(80 * GiB, 1)] * 2
+    # Recorded by device (an older release): not told.
+    old = {RecordKey("", key.device): memory for key, memory in both.record}
+    assert pricer.recorded(replace(freed_either, recorded_devices=tuple(old.items()))) is None
     allocated = make_claim("c", request("a", exactly("gpu")), allocation=[result("a", "gpu-0")], annotations=record)
     assert pricer.recorded(parse_claim(allocated)) is None  # allocated: `exact` prices it
 
 
+def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -> None:
+    """A record by device (an older release) reads the same on a claim of one class: the
+    leader leaves it (an upgrade does not patch every allocated claim); on a claim of
+    several classes it writes the record by request."""
+    pricer = Pricer(inventory(), CLASSES)
+    admitter = Admitter(pricer, Ledger())
+
+    def due(*requests: dict[str, Any], allocation: list[dict[str, Any]]) -> dict[str, str]:
+        exact = pricer.allocation_record(parse_claim(make_claim("c", *requests, allocation=allocation)))
+        current = {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', ALLOCATED_CHARGE_ANNOTATION:
+                   allocated_charge_annotation({RecordKey("", key.device): memory for key, memory in exact.items()})}
+        claim = parse_claim(make_claim("c", *requests, allocation=allocation, annotations=current))
+        return admitter.annotations_due(claim, current)
+
+    one = [request("a", exactly("gpu")), request("b", exactly("gpu"))]
+    assert due(*one, allocation=[result("a", "gpu-0"), result("b", "gpu-1")]) == {}
+    assert not record_in_step(parse_claim(make_claim("c", *one)), {RecordKey("a", DeviceKey(D, "node-1", "gpu-0")): 1})
+    mixed = [request("a", exactly("gpu")), request("b", exactly("mig"))]
+    allocation = [result("a", "gpu-0"), result("b", "mig-0", pool="node-3")]
+    record = pricer.allocation_record(parse_claim(make_claim("c", *mixed, allocation=allocation)))
+    assert all(key.request for key in record)
+    assert due(*mixed, allocation=allocation) == {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+
+
 @pytest.mark.parametrize("raw", [
     None, "", "[]", "{", '{"a/b": 1}', '{"d/p/x": -1}', '{"d/p/x": 1.5}', '{"d/p/x": "1"}',
-    '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000,
+    '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000, '{":d/p/x": 1}', '{"r:d/p/x#": 1}',
+    '{"r:d/p": 1}', '{"r:" : 1}', '{"d/p/x": ' + "1" * 40000 + "}",
 ])
 def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
     assert recorded_devices(raw) == ()
 
 
-def test_a_pool_name_with_slashes_round_trips() -> None:
-    record = {DeviceKey(D, "node-1/part-a", "gpu-0"): 7}
+@pytest.mark.parametrize("key", [
+    RecordKey("r", DeviceKey(D, "node-1/part-a", "gpu-0")),  # a pool name with slashes
+    RecordKey("r/small", DeviceKey(D, "node-1", "gpu-0")),  # a subrequest
+    RecordKey("r", DeviceKey(D, "node-1", "gpu-0"), "8c4d5b6e-0000-4000-8000-000000000001"),  # a share
+    RecordKey("", DeviceKey(D, "node-1/part-a", "gpu-0")),  # an older release's, by device
+], ids=str)
+def test_a_record_key_round_trips(key: RecordKey) -> None:
+    record = {key: 7}
     assert dict(recorded_devices(allocated_charge_annotation(record))) == record
 
 

@@ -20,7 +20,7 @@ from quota.claims import ALLOCATED_CHARGE_ANNOTATION, allocated_charge_annotatio
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
-from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
+from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
 from quota.priced import Pricing
 from quota.pricing import Pricer
 from quota.scope import DeviceSelection, Scope
@@ -230,7 +230,7 @@ def test_an_allocation_counts_each_selected_device() -> None:
 
 
 def test_a_vanished_device_counts_by_its_driver_its_selectors_cannot_see_it() -> None:
-    record = allocated_charge_annotation({DeviceKey(D, "node-1", "h100-9"): 80 * GiB})
+    record = allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-1", "h100-9")): 80 * GiB})
     pricing = allocated("h100-9", annotations={ALLOCATED_CHARGE_ANNOTATION: record})
     assert pricing.charge_for(SELECTED) == Charge(80 * GiB, 1)  # kept: it may have been selected
     assert pricing.charge_for(Scope(devices=ONLY_FPGA)) == Charge()  # its driver says it was not

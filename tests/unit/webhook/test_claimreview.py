@@ -33,7 +33,7 @@ from webhook.claimreview import ClaimContext, allocate_claim, create_claim, crea
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples
-from ..builders import GiB, exactly, make_claim, make_cluster_quota, make_quota, request, result
+from ..builders import GiB, MiB, exactly, make_claim, make_cluster_quota, make_quota, request, result
 from ..kube.scripted import FakeApi
 from ..quota.test_fuzz_parsers import paths, splice, values
 from ..quota.test_pricing import CLASSES, inventory
@@ -599,6 +599,41 @@ def test_a_replica_started_after_a_deallocation_counts_the_last_allocation_from_
     assert not admit(b.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other"))).allowed
 
 
+def test_a_replica_started_after_a_deallocation_reads_a_device_two_of_its_classes_select_by_its_request() -> None:
+    """Claim u asks any GPU (class gpu, reserved at 141Gi, Conservative) and a MIG slice
+    (class any: every device), is allocated an h100 (80Gi) and a slice, recorded and
+    deallocated; w takes the 61Gi freed. Class any selects the h100 too, so a record by
+    device could not say which request, and which class, it was charged to: replica C,
+    started after, counted u at its reservation and took u's reallocation on an h200 as
+    within it, 282Gi of GPUs in the end. The record names each result's request now:
+    C counts the last allocation, and the 61Gi excess must fit."""
+    mig = f"device.attributes['{D}'].type == 'mig'"
+    spec = make_claim("ignored", request("gpu", exactly("gpu", "true")), request("small", exactly("any", mig)))
+    del spec["metadata"]["name"]
+    slice_ = 4864 * MiB
+    b, c = replicas(make_quota("gpus", memory=f"{221 * GiB + slice_}"))
+    u = stored(spec)
+    assert admit(b.ctx, review_request(u)).allowed
+    b.created(u)
+
+    def on(*devices: tuple[str, str, str]) -> dict[str, Any]:
+        out = copy.deepcopy(u)
+        out["status"] = {"allocation": {"devices": {"results": [result(r, d, pool=p) for r, p, d in devices]}}}
+        return out
+
+    first = on(("gpu", "node-1", "gpu-0"), ("small", "node-3", "mig-0"))
+    assert allocate(b.ctx, status_update(first, u)).allowed
+    b.created(first)
+    freed = recorded(u, first)
+    b.created(freed)
+    admitted(b)
+    c.claims.replace([dict(with_namespace(freed, NS))])
+    assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge(80 * GiB + slice_, 2)
+    again = on(("gpu", "node-2", "gpu-1"), ("small", "node-3", "mig-0"))
+    assert not allocate(c.ctx, status_update(again, freed)).allowed
+    assert allocate(c.ctx, status_update(on(("gpu", "node-1", "gpu-1"), ("small", "node-3", "mig-0")), freed)).allowed
+
+
 def test_a_deallocated_claim_s_record_changes_only_with_its_next_allocation() -> None:
     world = World(make_quota("gpus", memory="400Gi"))
     u = stored(gpu_claim())
@@ -634,8 +669,8 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review4: a deallocated claim with no usable record (several device classes a device could be of, or "
-    "deallocated before the leader wrote it and the leader restarted) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
+    "review4: a deallocated claim with no record (deallocated before the leader wrote it, and the leader "
+    "restarted) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
     "that reservation is not checked, while the room its last allocation freed went to another claim. Permanent, "
     "one replica is enough (docs/reservations.md, \"One case is left\")."))
 def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation_over_commit() -> None:
@@ -1124,15 +1159,17 @@ def test_an_allocation_of_a_claim_nobody_priced_has_nothing_to_compare() -> None
 
 # -- the allocation record: only its exact value may be written --------------------------
 
-RECORD_80 = '{"gpu.example.com/node-1/gpu-0":85899345920}'
+RECORD_80 = '{"gpu:gpu.example.com/node-1/gpu-0":85899345920}'
 
 
 @pytest.mark.parametrize(
     ("old", "new", "allowed"),
     [
         (None, RECORD_80, True),  # the leader's first write: the exact charge of gpu-0 (80Gi)
+        # An older release's leader, by device (a rolling upgrade): the same on a claim of one class.
+        (None, RECORD_80.replace("gpu:", ""), True),
         (RECORD_80, RECORD_80.replace("85899345920", "1"), False),  # lowered
-        (None, '{"gpu.example.com/node-1/gpu-0":85899345920,"gpu.example.com/node-9/gpu-9":1}', False),  # not allocated
+        (None, '{"gpu:gpu.example.com/node-1/gpu-0":85899345920,"gpu:gpu.example.com/node-9/gpu-9":1}', False),  # not allocated
         (RECORD_80, None, False),  # removed
         (None, "not json", False),
         (None, "{}", False),  # the allocation's devices are known: {} is not their record
