@@ -439,6 +439,21 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -
     assert pricer.recorded(parse_claim(allocated)) is None  # allocated: `exact` prices it
 
 
+def test_two_shares_of_one_device_are_two_results_of_the_record() -> None:
+    """A device that allows several allocations, shared twice by one claim: recorded by
+    device, the second share overwrote the first (the record charged 10Gi of 30Gi)."""
+    pricer = Pricer(inventory(), CLASSES)
+    shares = [result("r", "shared-0", pool="node-3", consumed={"memory": amount}) for amount in ("10Gi", "20Gi")]
+    shares[1]["shareID"] = "6ba7b810-9dad-11d1-80b4-00c04fd430c9"
+    claim = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), allocation=shares))
+    record = pricer.allocation_record(claim)
+    assert sorted(record.values()) == [10 * GiB, 20 * GiB]
+    freed = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), annotations={
+        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}))
+    last = pricer.recorded(freed)
+    assert last is not None and last.total == pricer.exact(claim).total == Charge(30 * GiB, 2)
+
+
 def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -> None:
     """A record by device (an older release) reads the same on a claim of one class: the
     leader leaves it (an upgrade does not patch every allocated claim); on a claim of
