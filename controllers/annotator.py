@@ -16,8 +16,9 @@ What is written, each key once it is due:
   issue 16 a mutating webhook wrote them during the CREATE; writing them here keeps a
   create to one webhook call, at the cost of a window (usually well under a second)
   in which a new claim carries none.
-- `draquota.io/allocated-charge`, once the claim is allocated: the exact charge of each
-  device. A device can vanish while a claim holds it (a driver rewrites its
+- the allocation record (`quota.allocationrecord`: `draquota.io/allocated-charge`, and
+  `draquota.io/allocation-results` where the claim needs it), once the claim is
+  allocated: the exact charge of each device. A device can vanish while a claim holds it (a driver rewrites its
   ResourceSlice, a node goes away); its charge must stay what it was, in the process
   that saw the device and in a leader started afterwards, which never saw it.
 
@@ -54,7 +55,8 @@ import aiohttp
 
 from kube.api import ApiError, KubeApi
 from kube.resources import CLAIMS
-from quota.claims import ALLOCATED_CHARGE_ANNOTATION, Claim
+from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
+from quota.claims import Claim
 from runtime.guard import guarded
 
 __all__ = ["Annotator"]

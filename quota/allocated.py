@@ -4,17 +4,18 @@ Neighbours: `quota.pricing.Pricer` estimates claims not allocated yet and hands 
 ones to `AllocatedPricer` (`Pricer.exact`, `rescoped`, `allocation_record`);
 `quota.capacity` says what one allocation of a device holds; `quota.priced` holds the
 values built here (`Pricing.held`, `Pricing.record`). A device that vanished from the
-inventory is charged what the claim's `draquota.io/allocated-charge` recorded for it
-(docs/design.md, "The charge of a claim"), never dropped or guessed. No clock, no I/O.
+inventory is charged what the claim's allocation record (`quota.allocationrecord`) kept for
+it (docs/design.md, "The charge of a claim"), never dropped or guessed. No clock, no I/O.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from quota.capacity import round_request
-from quota.claims import AllocatedDevice, Claim, ClaimSpec, result_key
+from quota.claims import AllocatedDevice, Claim, ClaimSpec
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
 from quota.priced import HeldDevice, PricedRequest, Pricing, Share
@@ -37,10 +38,11 @@ class AllocatedPricer:
 
     def exact(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing:
         """Charge from `status.allocation`; a device that vanished from the inventory is
-        charged what the claim's `draquota.io/allocated-charge` records for it, what it
-        was charged while it existed. Each request also priced for each of `selections`
+        charged what the claim's allocation record keeps for it, what it was charged
+        while it existed. Each request also priced for each of `selections`
         (`rescoped`)."""
         recorded = dict(claim.recorded_devices)
+        results = Counter(result.key for result in claim.allocation or ())
         classes = _request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
@@ -48,11 +50,14 @@ class AllocatedPricer:
         for result in claim.allocation or ():
             top, cls = _request_class(result.request, classes)
             device = None if result.admin_access else self.inventory.lookup(result.key)
-            charge = self._device_exact(result, recorded)
-            if device is not None and charge is not None:
-                record[result_key(result)] = charge.memory
-            elif not result.admin_access and (kept := _recorded_for(recorded, result)) is not None:
-                record[result_key(result)] = kept  # vanished: kept, never dropped or guessed
+            kept = _recorded_for(recorded, result, shared=results[result.key] > 1)
+            charge = self._device_exact(result, kept)
+            if result.admin_access:
+                pass  # free: nothing to keep
+            elif device is None and kept is not None:
+                record[_result_key(result)] = kept  # vanished: kept, never dropped or guessed
+            elif charge is not None:
+                record[_result_key(result)] = charge.memory
             if charge is None:
                 unknown.append((len(held), result, top, cls))
             held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
@@ -75,7 +80,7 @@ class AllocatedPricer:
                 held[at] = HeldDevice(top, cls, result.key, Charge(share, 1))
                 # Recorded too: a process started after a deallocation counts the claim's last
                 # allocation from the record (`recorded`), which must charge every device.
-                record[result_key(result)] = share
+                record[_result_key(result)] = share
         pricing = Pricing((), exact=True, warnings=tuple(warnings),
                           record=tuple(sorted(record.items(), key=lambda kv: str(kv[0]))),
                           held=tuple(h for h in held if h is not None))
@@ -83,13 +88,14 @@ class AllocatedPricer:
 
     def recorded(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing | None:
         """An unallocated claim's last allocation, from the record the leader wrote on it
-        (`draquota.io/allocated-charge`: each allocation result and its memory), as `exact`
+        (`quota.allocationrecord`: each allocation result and its memory), as `exact`
         priced it then: what a process that never saw that allocation (it started after
         the deallocation) counts, as the ones that saw it do (`Counting.deallocated_entry`).
-        Each result names its request, so its device is charged to that request's class,
-        as `exact` charged it. A record an older release wrote names devices only: a device
-        is charged to the class of the claim's requests it belongs to (`_recorded_class`).
-        None without a record, or where such a device's class cannot be told."""
+        A record by result names each request, so its device is charged to that request's
+        class, as `exact` charged it. A record by device (a claim of one class, or one an
+        older release wrote): a device is charged to the class of the claim's requests it
+        belongs to (`_recorded_class`). None without a record, or where such a device's
+        class cannot be told."""
         if claim.allocation is not None or not claim.recorded_devices:
             return None
         by_request = _request_classes(claim.spec)
@@ -173,7 +179,7 @@ class AllocatedPricer:
         return max((ceil_int(g.representative.memory) for g in self.matcher.match((cls.selectors,)).groups), default=0)
 
     def allocation_record(self, claim: Claim) -> dict[RecordKey, int]:
-        """What the claim's `draquota.io/allocated-charge` should say now (the leader writes
+        """What the claim's allocation record should say now (the leader writes
         it, `controllers.annotator`; the webhook refuses anything else): the exact memory
         charge of each allocated device the inventory knows, for a device it no longer
         knows the charge already recorded (never dropped), and for one it never knew what
@@ -182,7 +188,7 @@ class AllocatedPricer:
         the ledger just counted has it on its pricing already."""
         return dict(self.exact(claim).record)
 
-    def _device_exact(self, result: AllocatedDevice, recorded: Mapping[RecordKey, int]) -> Charge | None:
+    def _device_exact(self, result: AllocatedDevice, kept: int | None) -> Charge | None:
         if result.admin_access:
             return ZERO
         driver = result.key.driver
@@ -202,7 +208,7 @@ class AllocatedPricer:
             return Charge(ceil_int(rounded if rounded is not None else amount), 1)
         if device is not None:
             return Charge(ceil_int(device.memory), 1)
-        if (kept := _recorded_for(recorded, result)) is not None:
+        if kept is not None:
             return Charge(kept, 1)
         return None
 
@@ -217,11 +223,16 @@ def _request_class(request: str, classes: Mapping[str, DeviceClassName]) -> tupl
     return top, classes.get(request, classes.get(top, DeviceClassName("")))
 
 
-def _recorded_for(recorded: Mapping[RecordKey, int], result: AllocatedDevice) -> int | None:
-    """What the record charged `result`: under its own key, else (a record an older release
-    wrote, by device) under its device's."""
-    kept = recorded.get(result_key(result))
-    return kept if kept is not None else recorded.get(RecordKey("", result.key))
+def _result_key(result: AllocatedDevice) -> RecordKey:
+    return RecordKey(result.request, result.key, result.share_id or "")
+
+
+def _recorded_for(recorded: Mapping[RecordKey, int], result: AllocatedDevice, *, shared: bool) -> int | None:
+    """What the record charged `result`: under its own key, else (a record by device) under
+    its device's, where the device has no other result (a record by device holds the sum of
+    a device's results; an older release's, the last one: never a result's own, review6)."""
+    kept = recorded.get(_result_key(result))
+    return kept if kept is not None or shared else recorded.get(RecordKey("", result.key))
 
 
 def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:

@@ -1,5 +1,5 @@
-"""Our annotations on a claim (`draquota.io/charge`, `draquota.io/quotas`,
-`draquota.io/allocated-charge`): what they should say, from what the ledger counts.
+"""Our annotations on a claim (`draquota.io/charge`, `draquota.io/quotas`, the allocation
+record of `quota.allocationrecord`): what they should say, from what the ledger counts.
 
 Neighbours: the leader writes them (`controllers.annotator`), the webhook accepts exactly
 these (`webhook.claimreview`); `quota.counting` holds the ledger and prices; the
@@ -12,14 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from quota.claims import (
-    ALLOCATED_CHARGE_ANNOTATION,
-    CHARGE_ANNOTATION,
-    QUOTAS_ANNOTATION,
-    Claim,
-    allocated_charge_annotation,
-    record_in_step,
-)
+from quota.allocationrecord import record_annotations, record_in_step
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim
 from quota.counting import Counting, claim_ref
 from quota.ledger import Entry
 from quota.model import RecordKey
@@ -62,9 +56,9 @@ class Annotating(Counting):
         if claim.allocation is not None:
             record = self.pricer.allocation_record(claim)
             if not record_in_step(claim, record):
-                due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+                due.update(record_annotations(claim, record))
         elif (last := self.record_due(claim)) is not None:
-            due[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(last)
+            due.update(record_annotations(claim, last))
         return due
 
     def record_due(self, claim: Claim) -> dict[RecordKey, int] | None:

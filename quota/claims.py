@@ -11,13 +11,13 @@ refused here. A malformed object raises `ClaimError` whose message names the fie
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 from typing import Any, Literal
 
+from quota.allocationrecord import recorded_devices
 from quota.conversion import as_v1
 from quota.model import (
     AllocationMode,
@@ -31,7 +31,7 @@ from quota.model import (
 )
 from quota.meta import parse_meta
 from quota.quantity import non_negative_amount
-from quota.raw import as_list, dig, show
+from quota.raw import as_list, dig, show, small_json
 from quota.validation import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_CEL_LENGTH,
@@ -54,31 +54,21 @@ from quota.validation import (
 __all__ = [
     "ClaimError",
     "pod_owner",
-    "recorded_devices",
     "Toleration",
     "DeviceRequirement",
     "Request",
     "ClaimSpec",
     "AllocatedDevice",
     "Claim",
-    "allocated_charge_annotation",
     "parse_claim",
     "parse_claim_spec",
-    "record_in_step",
-    "result_key",
     "parse_device_class",
-    "ALLOCATED_CHARGE_ANNOTATION",
     "CHARGE_ANNOTATION",
     "QUOTAS_ANNOTATION",
 ]
 
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
-# The exact memory charge of each allocated device, written by the quota controller's
-# leader once the claim is allocated (`controllers.annotator`): a device that later vanishes
-# from the inventory keeps the charge it had, in every process and after any restart, and
-# a deallocated claim counts its last allocation from it (`RecordKey`).
-ALLOCATED_CHARGE_ANNOTATION = "draquota.io/allocated-charge"
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
 
@@ -144,11 +134,18 @@ class Claim:
     # The uid of the Pod the claim's controlling ownerReference names ("" for none): the
     # claims of an admitted Kueue Workload's Pods draw on its holding (`quota.workloads`).
     owner: str = ""
-    # The memory charge of each allocation result, recorded after allocation (ALLOCATED_CHARGE_ANNOTATION).
+    # The memory charge of each allocation result, recorded after allocation by the leader
+    # (`quota.allocationrecord`): a device that later leaves the inventory keeps the charge
+    # it had, and a deallocated claim counts its last allocation from it.
     recorded_devices: tuple[tuple[RecordKey, int], ...] = ()
     # metadata.creationTimestamp in seconds since the epoch (None: absent or unreadable):
     # the start of the wait the allocation-wait histogram measures (webhook.allocations).
     created: float | None = None
+
+    @property
+    def several_classes(self) -> bool:
+        """Whether the claim's requests name more than one DeviceClass."""
+        return len({alt.device_class for req in self.spec.requests for alt in req.alternatives}) > 1
 
     @property
     def admin_access(self) -> bool:
@@ -187,7 +184,7 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         allocation=allocation,
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
         owner=(pod_owner(obj) or ("", ""))[1],
-        recorded_devices=recorded_devices(meta.annotations.get(ALLOCATED_CHARGE_ANNOTATION)),
+        recorded_devices=recorded_devices(meta.annotations),
         created=_timestamp(dig(obj, "metadata", "creationTimestamp")),
     )
 
@@ -403,100 +400,15 @@ def _result(res: Any, where: str) -> AllocatedDevice:
 # larger was not written by us (a claim from before the install; the webhook refuses ours
 # on new claims) and is ignored rather than parsed at any cost.
 _CHARGE_MAX_BYTES = 256
-_CHARGE_MAX_DIGITS = 19
 
 
 def _recorded_charge(raw: Any) -> Charge | None:
     """The `draquota.io/charge` annotation; ignored (None) when absent or not ours."""
-    if not isinstance(raw, str) or len(raw) > _CHARGE_MAX_BYTES:
+    data = small_json(raw, max_bytes=_CHARGE_MAX_BYTES)
+    if not isinstance(data, dict):
         return None
-    try:
-        # Depth is bounded by the length (far below the recursion limit); integers are
-        # bounded before int() sees them.
-        data = json.loads(raw, parse_int=_small_int, parse_constant=_refuse)
-        memory, devices = data["memory"], data["devices"]
-    except (ValueError, TypeError, KeyError, RecursionError):
-        return None
-    if not all(type(v) is int and 0 <= v <= MAX_INT64 for v in (memory, devices)):
+    memory, devices = data.get("memory"), data.get("devices")
+    if type(memory) is not int or type(devices) is not int or \
+            not (0 <= memory <= MAX_INT64 and 0 <= devices <= MAX_INT64):
         return None
     return Charge(memory, devices)
-
-
-# One entry per allocation result (at most 32, dra-api.md), each key at most 63 + 1 + 63
-# (request/subrequest) + 1 + 63 + 253 + 63 (the device) + 1 + 36 (a shareID) characters:
-# anything longer is not ours.
-_DEVICES_MAX_BYTES = 32 * 1024
-
-
-def recorded_devices(raw: Any) -> tuple[tuple[RecordKey, int], ...]:
-    """The `draquota.io/allocated-charge` annotation: (result, memory bytes) pairs, sorted;
-    empty when absent, malformed or not ours (never an error: the leader rewrites it, and
-    the webhook refuses anyone else's)."""
-    if not isinstance(raw, str) or len(raw) > _DEVICES_MAX_BYTES:
-        return ()
-    try:
-        data = json.loads(raw, parse_int=_small_int, parse_constant=_refuse)
-    except (ValueError, TypeError, RecursionError):
-        return ()
-    if not isinstance(data, dict):
-        return ()
-    out: list[tuple[RecordKey, int]] = []
-    for text, memory in data.items():
-        key = _record_key(text)
-        if key is None or type(memory) is not int or not 0 <= memory <= MAX_INT64:
-            return ()
-        out.append((key, memory))
-    return tuple(sorted(out, key=lambda item: str(item[0])))
-
-
-def _record_key(text: str) -> RecordKey | None:
-    # A request name has no ":" (a DNS label, or two: "req/sub"), a driver no ":" or "#",
-    # a pool or device no "#" (DNS subdomains and labels).
-    request, colon, rest = text.partition(":")
-    if not colon:
-        request, rest = "", text
-    elif not request:
-        return None
-    rest, hash_, share = rest.partition("#")
-    driver, _, rest = rest.partition("/")
-    pool, _, device = rest.rpartition("/")
-    if not (driver and pool and device) or (hash_ and not share):
-        return None
-    return RecordKey(request, DeviceKey(driver, pool, device), share)
-
-
-def result_key(result: AllocatedDevice) -> RecordKey:
-    """The allocation record's key of one allocation result."""
-    return RecordKey(result.request, result.key, result.share_id or "")
-
-
-def record_in_step(claim: Claim, record: Mapping[RecordKey, int]) -> bool:
-    """Whether `claim`'s allocation record says `record`, what the leader would write. A
-    record an older release wrote (by device, no request) says the same where the claim's
-    requests are all of one device class: each device is read as of that class
-    (`quota.allocated.AllocatedPricer.recorded`), so an upgrade rewrites only the records
-    of claims of several classes, not every allocated claim's."""
-    recorded = dict(claim.recorded_devices)
-    if recorded == record:
-        return True
-    if any(key.request for key in recorded):
-        return False
-    classes = {alt.device_class for req in claim.spec.requests for alt in req.alternatives}
-    by_device = {RecordKey("", key.device): memory for key, memory in record.items()}
-    return len(classes) == 1 and len(by_device) == len(record) and by_device == recorded
-
-
-def allocated_charge_annotation(charges: Mapping[RecordKey, int]) -> str:
-    """The annotation's value for `charges`: `{"request:driver/pool/device": bytes}`, keys sorted."""
-    return json.dumps({str(k): v for k, v in sorted(charges.items(), key=lambda kv: str(kv[0]))},
-                      separators=(",", ":"))
-
-
-def _small_int(text: str) -> int:
-    if len(text.lstrip("-")) > _CHARGE_MAX_DIGITS:
-        raise ValueError("integer too long")
-    return int(text)
-
-
-def _refuse(text: str) -> Any:
-    raise ValueError(f"{text} is not a number")

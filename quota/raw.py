@@ -9,9 +9,10 @@ a hostile value enters an error message.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-__all__ = ["Obj", "dig", "as_map", "as_list", "show"]
+__all__ = ["Obj", "dig", "as_map", "as_list", "show", "small_json"]
 
 # A Kubernetes object (or any JSON object) as decoded: the one name every floor uses for it.
 Obj = dict[str, Any]
@@ -65,3 +66,25 @@ def show(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     return f"a {type(value).__name__}"
+
+
+def small_json(raw: Any, *, max_bytes: int, max_digits: int = 19) -> Any:
+    """An annotation of ours, decoded: None when it is not a string of at most `max_bytes`,
+    not JSON, or holds an integer of more than `max_digits` digits (bounded before int()
+    sees it), NaN or Infinity. Depth is bounded by the length, far below the recursion
+    limit: a value not written by us is ignored rather than parsed at any cost."""
+    if not isinstance(raw, str) or len(raw) > max_bytes:
+        return None
+
+    def small_int(text: str) -> int:
+        if len(text.lstrip("-")) > max_digits:
+            raise ValueError("integer too long")
+        return int(text)
+
+    def refuse(text: str) -> Any:
+        raise ValueError(f"{text} is not a number")
+
+    try:
+        return json.loads(raw, parse_int=small_int, parse_constant=refuse)
+    except (ValueError, TypeError, RecursionError):
+        return None

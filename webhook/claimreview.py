@@ -18,8 +18,8 @@ a name collision re-runs admission under a new name and uid, and the same uid se
 attempts at one Pod's extended-resource claim replace each other's unconfirmed
 reservations (`_series`), so attempts refused after us do not pile up until their TTL.
 
-Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation
-`draquota.io/allocated-charge`) are written by the quota controller's leader once the
+Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation the
+allocation record, `quota.allocationrecord`) are written by the quota controller's leader once the
 claim exists (`controllers.annotator`), so a create costs one webhook call. A new claim
 or template may not carry them (`_supplied`) and a later change by anyone but us is
 refused (`update_claim`): queue managers and dashboards read them as ours, so a tenant
@@ -42,20 +42,11 @@ from kube.admissionreview import AdmissionRequest, Cause, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
-from quota.claims import (
-    ALLOCATED_CHARGE_ANNOTATION,
-    CHARGE_ANNOTATION,
-    QUOTAS_ANNOTATION,
-    Claim,
-    ClaimError,
-    allocated_charge_annotation,
-    parse_claim,
-    pod_owner,
-    record_in_step,
-    recorded_devices,
-)
+from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations, recorded_devices
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim, pod_owner
 from quota.excess import allocation_key
 from quota.extended import attempt_series
+from quota.model import RecordKey
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
 from quota.reservations import parse_version
@@ -77,7 +68,7 @@ NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
 # Every annotation only dra-quota writes (the leader, `controllers.annotator`): none may
 # come with a new claim or template.
-WRITTEN_BY_US = (*OUR_ANNOTATIONS, ALLOCATED_CHARGE_ANNOTATION)
+WRITTEN_BY_US = (*OUR_ANNOTATIONS, *RECORD_ANNOTATIONS)
 # kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
 # claims for Pods' extended resources.
 SCHEDULER = "system:kube-scheduler"
@@ -239,9 +230,8 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
             f"(was {show(old.get(changed[0]))}, now {show(new.get(changed[0]))})",
             cause="annotations",
         )
-    if old.get(ALLOCATED_CHARGE_ANNOTATION) != new.get(ALLOCATED_CHARGE_ANNOTATION):
-        problem = _record_problem(ctx, request, old.get(ALLOCATED_CHARGE_ANNOTATION),
-                                  new.get(ALLOCATED_CHARGE_ANNOTATION))
+    if any(old.get(key) != new.get(key) for key in RECORD_ANNOTATIONS):
+        problem = _record_problem(ctx, request, old, new)
         if problem:
             return Verdict(False, problem, cause="annotations")
     return Verdict(True)
@@ -261,41 +251,54 @@ def _first_charge(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str
     return bool(due) and all(new.get(key) == due.get(key) for key in OUR_ANNOTATIONS)
 
 
-def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Any, new: Any) -> str:
-    """Why a change of `draquota.io/allocated-charge` is refused, "" when it is the record.
+def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str, Any],
+                    new: Mapping[str, Any]) -> str:
+    """Why a change of the allocation record (`quota.allocationrecord`) is refused, "" when
+    each annotation changed says what the leader writes.
 
     The leader writes it (`controllers.annotator`) as `Pricer.allocation_record` says; any
     writer may, but only that value: a tenant could otherwise lower what a device charges
-    once it has left the inventory (the record is then all that prices it)."""
-    where = f"annotation {ALLOCATED_CHARGE_ANNOTATION}"
-    if new is None:
-        return f"{where} records what the allocated devices charge and may not be removed"
+    once it has left the inventory (the record is then all that prices it), or what a
+    replica started after a deallocation counts."""
+    changed = [key for key in RECORD_ANNOTATIONS if old.get(key) != new.get(key)]
+    where = f"annotation {changed[0]}"
+    if new.get(ALLOCATED_CHARGE_ANNOTATION) is None:
+        return f"annotation {ALLOCATED_CHARGE_ANNOTATION} records what the allocated devices charge and may not be removed"
     if request.object is None:
         return f"{where}: the request carries no object"
     try:
-        claim = parse_claim(with_namespace(request.object, request.namespace))
+        claim = replace(parse_claim(with_namespace(request.object, request.namespace)),
+                        recorded_devices=recorded_devices(old))
     except ClaimError as err:
         return f"{where}: cannot read the claim: {err}"
     if claim.allocation is None:
         # A deallocated claim's record is its last allocation, which replicas started since
         # count it at (`Counting.recorded_allocation`): only to what this replica saw land
         # last (`Annotating.record_due`: the leader catching up), else with the next one.
-        due = ctx.admitter.record_due(replace(claim, recorded_devices=recorded_devices(old)))
+        due = ctx.admitter.record_due(claim)
         # Only from a cache holding the stored copy: one behind it may hold an older
         # allocation than the record it would replace.
         held_at = ctx.reservations.claim_version(str(claim_ref(claim)))
         current = held_at is not None and held_at == parse_version(dig(request.old_object, "metadata",
                                                                        "resourceVersion"))
-        if due is not None and current and dict(recorded_devices(new)) == due:
+        if due is not None and current and not _unlike(claim, due, changed, new):
             return ""
         return (f"{where} records the claim's last allocation: it is written by dra-quota, and changes "
                 "when the claim is allocated again")
-    expected = ctx.admitter.pricer.allocation_record(replace(claim, recorded_devices=recorded_devices(old)))
-    # An older release's leader writes the record by device: one that reads the same passes (a rolling upgrade).
-    if record_in_step(replace(claim, recorded_devices=recorded_devices(new)), expected) and (expected or new == "{}"):
+    expected = ctx.admitter.pricer.allocation_record(claim)
+    wrong = _unlike(claim, expected, changed, new)
+    if not wrong:
         return ""
-    return (f"{where} is written by dra-quota from the claim's allocation and the devices it charged: "
-            f"expected {allocated_charge_annotation(expected)}, got {show(new)}")
+    key = wrong[0]
+    return (f"annotation {key} is written by dra-quota from the claim's allocation and the devices it charged: "
+            f"expected {show(record_annotations(claim, expected).get(key))}, got {show(new.get(key))}")
+
+
+def _unlike(claim: Claim, record: Mapping[RecordKey, int], changed: list[str], new: Mapping[str, Any]) -> list[str]:
+    """The changed annotations of the record that do not read exactly as the leader writes
+    `record` (one it does not write for it may not change at all)."""
+    due = record_annotations(claim, record)
+    return [key for key in changed if key not in due or new.get(key) != due[key]]
 
 
 def _supplied(obj: Any) -> Verdict | None:

@@ -460,7 +460,7 @@ async def test_a_vanished_device_keeps_its_exact_charge_across_a_restart(kube: K
         name = claim["metadata"]["name"]
         charge = (await annotated(kube, ns, name))["draquota.io/charge"]
         assert json.loads(charge) == {"memory": 282 * GiB, "devices": 2}
-        devices = {f"{r['request']}:{r['driver']}/{r['pool']}/{r['device']}": r["device"]
+        devices = {f"{r['driver']}/{r['pool']}/{r['device']}": r["device"]
                    for r in claim["status"]["allocation"]["devices"]["results"]}
         expected = {key: (141 if device == "gpu-0" else 80) * GiB for key, device in devices.items()}
 

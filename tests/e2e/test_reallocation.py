@@ -38,6 +38,7 @@ pytestmark = pytest.mark.e2e
 
 GiB = 1024**3
 RBAC = "rbac.authorization.k8s.io/v1"
+RECORD = ("draquota.io/allocated-charge", "draquota.io/allocation-results")  # by device, by result
 EXCESS_DENIED = ("the allocated devices charge more than the claim reserved (requested: the excess): "
                  'exceeded DeviceQuota "gpus": requested memory=61Gi')
 
@@ -90,13 +91,16 @@ async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_
 
             # A replica started now never saw u's allocation: it reads it from the record the
             # leader keeps on the claim, and refuses the same reallocation.
-            async def record() -> dict[str, int] | None:
+            async def record() -> dict[str, dict[str, int]] | None:
                 claim = await kube.get(RESOURCE_V1, "resourceclaims", "u", namespace=ns)
-                raw = (claim["metadata"].get("annotations") or {}).get("draquota.io/allocated-charge")
-                return json.loads(raw) if raw else None
+                annotations = claim["metadata"].get("annotations") or {}
+                got = {key: json.loads(annotations[key]) for key in RECORD if key in annotations}
+                return got if len(got) == len(RECORD) else None
 
-            last = await poll(record, timeout=30, what="u's allocation record")
-            assert list(last.values()) == [80 * GiB]
+            last = await poll(record, timeout=30, what="u's allocation record, by device and by result")
+            assert [list(value.values()) for value in last.values()] == [[80 * GiB], [80 * GiB]], last
+            (by_result,) = last[RECORD[1]]
+            assert by_result.startswith("gpu/fleet:"), last  # the request says the class
 
             # A tenant with `edit` cannot lower (or clear) that record through the API server:
             # a replica started later would count less than the others do.
@@ -105,15 +109,15 @@ async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_
                 "kind": "RoleBinding", "metadata": {"name": tenant},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
                 "subjects": [{"kind": "User", "name": tenant}]}, namespace=ns)
-            for forged in ({key: 1 for key in last}, {}):
-                body = {"metadata": {"annotations": {"draquota.io/allocated-charge": json.dumps(forged)}}}
+            for annotation, forged in [(key, value) for key in RECORD for value in ({k: 1 for k in last[key]}, {})]:
+                body = {"metadata": {"annotations": {annotation: json.dumps(forged)}}}
 
                 async def refused() -> str | None:  # until the binding loads, RBAC refuses first
                     message = await denial(impersonated(kube, "PATCH", f"/apis/{RESOURCE_V1}/namespaces/{ns}/"
                                                         "resourceclaims/u", user=tenant, body=body))
                     return message if "records the claim's last allocation" in message else None
 
-                await poll(refused, timeout=30, what="the webhook to refuse the tenant's record")
+                await poll(refused, timeout=30, what=f"the webhook to refuse the tenant's {annotation}")
             assert await record() == last
             await served.kill()
             await served.start()

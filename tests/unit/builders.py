@@ -6,7 +6,12 @@ parsers are exercised on every test.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from quota.allocationrecord import record_annotations
+from quota.model import RecordKey
 
 GiB = 2**30
 MiB = 2**20
@@ -158,3 +163,17 @@ def make_cluster_quota(name: str, *, team: str | None = None, selector: dict[str
             else {"matchLabels": {"team.draquota.io/name": team or name}}}
     return {"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuota", "metadata": {"name": name},
             "spec": spec}
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What `record_annotations` asks of a claim."""
+
+    several_classes: bool
+    recorded_devices: tuple[tuple[RecordKey, int], ...] = ()
+
+
+def record_for(record: Mapping[RecordKey, int], *, several_classes: bool = False) -> dict[str, str]:
+    """The allocation record's annotations the leader writes for `record` on a claim of one
+    device class (or of several)."""
+    return record_annotations(_Shape(several_classes), record)

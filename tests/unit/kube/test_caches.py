@@ -11,7 +11,8 @@ import pytest
 from kube.caches import ClassStore, NamespaceStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
 from quota.admission import Admitter
-from quota.claims import ALLOCATED_CHARGE_ANNOTATION, CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim
+from quota.allocationrecord import record_annotations
+from quota.claims import CHARGE_ANNOTATION, parse_claim
 from quota.devicequota import Usage
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
@@ -289,10 +290,9 @@ def test_a_deallocated_claim_counts_what_its_last_allocation_charged_through_rel
     current = {CHARGE_ANNOTATION: "{}"}
     assert world.admitter.annotations_may_be_due(parse_claim(freed), current)
     record = world.admitter.pricer.allocation_record(parse_claim(on_a100))
-    assert world.admitter.annotations_due(parse_claim(freed), current) == {
-        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+    assert world.admitter.annotations_due(parse_claim(freed), current) == record_annotations(parse_claim(freed), record)
     with_record = copy.deepcopy(freed)
-    with_record["metadata"]["annotations"] = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+    with_record["metadata"]["annotations"] = record_annotations(parse_claim(freed), record)
     assert not world.admitter.annotations_may_be_due(parse_claim(with_record), current)
     world.claims.replace([versioned(copy.deepcopy(freed), "8"), pending])
     assert world.usage().reserved == Charge(80 * GiB, 2)

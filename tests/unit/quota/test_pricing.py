@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from quota.claims import (
+from quota.allocationrecord import (
     ALLOCATED_CHARGE_ANNOTATION,
-    CHARGE_ANNOTATION,
-    ClaimError,
-    allocated_charge_annotation,
-    parse_claim,
-    parse_device_class,
-    pod_owner,
+    ALLOCATION_RESULTS_ANNOTATION,
+    by_device,
     record_in_step,
     recorded_devices,
-    result_key,
 )
+from quota.claims import CHARGE_ANNOTATION, ClaimError, parse_claim, parse_device_class, pod_owner
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
 from quota.ledger import Ledger
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
-from quota.scope import Scope
+from quota.scope import DeviceSelection, Scope
 
 from ..builders import (
     GiB,
@@ -36,6 +33,7 @@ from ..builders import (
     make_claim,
     make_device,
     make_slice,
+    record_for,
     request,
     result,
 )
@@ -292,11 +290,8 @@ def test_exact_first_available_is_attributed_to_the_chosen_subrequest_class() ->
 
 def test_vanished_device_keeps_its_recorded_charge() -> None:
     gone = result("r", "gpu-9", pool="node-9")
-    record = allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 123})
-    assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: record}).total == Charge(123, 1)
-    # As an older release recorded it, by device.
-    by_device = allocated_charge_annotation({RecordKey("", DeviceKey(D, "node-9", "gpu-9")): 123})
-    assert exact([gone], annotations={ALLOCATED_CHARGE_ANNOTATION: by_device}).total == Charge(123, 1)
+    record = record_for({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 123})
+    assert exact([gone], annotations=record).total == Charge(123, 1)
     from_annotation = exact([gone], annotations={"draquota.io/charge": '{"memory": 1000, "devices": 1}'})
     assert from_annotation.total == Charge(1000, 1)
     assert "vanished from the inventory" in from_annotation.warnings[0]
@@ -375,9 +370,8 @@ def test_a_device_that_vanishes_keeps_its_exact_charge_in_the_running_and_in_a_r
     gone.delete_slice("n2")
     after = Pricer(gone, CLASSES)
     assert after.exact(claim).total == Charge(282 * GiB, 2)  # no record: the admission charge's share
-    recorded = parse_claim(make_claim("c", two, allocation=allocation, annotations={
-        **admission, ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}))
-    assert recorded.recorded_devices == tuple(sorted(record.items(), key=lambda kv: str(kv[0])))
+    recorded = parse_claim(make_claim("c", two, allocation=allocation, annotations={**admission, **record_for(record)}))
+    assert dict(recorded.recorded_devices) == by_device(record)  # one class: by device is all it takes
     priced = after.exact(recorded)
     assert priced.total == Charge(221 * GiB, 2) and priced.warnings == ()
     # What the record should say now: unchanged, the vanished device's charge kept.
@@ -388,10 +382,11 @@ def test_the_record_follows_the_allocation_and_is_exact() -> None:
     pricer = Pricer(inventory(), CLASSES)
     shared = parse_claim(make_claim("c", request("r", exactly("shared")), allocation=[
         result("r", "shared-0", pool="node-3", consumed={"memory": "20Gi"})]))
-    assert pricer.allocation_record(shared) == {result_key(shared.allocation[0]): 20 * GiB}  # type: ignore[index]
+    assert [(key.request, key.device.device, memory) for key, memory in pricer.allocation_record(shared).items()] == \
+        [("r", "shared-0", 20 * GiB)]
     assert pricer.allocation_record(parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[
         result("r", "gpu-0", admin=True)]))) == {}  # adminAccess is free: nothing to keep
-    stale = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 5})}
+    stale = record_for({RecordKey("r", DeviceKey(D, "node-9", "gpu-9")): 5})
     moved = parse_claim(make_claim("c", request("r", exactly("gpu")), allocation=[result("r", "gpu-1", pool="node-1")],
                                    annotations=stale))
     assert pricer.allocation_record(moved) == {RecordKey("r", DeviceKey(D, "node-1", "gpu-1")): 80 * GiB}  # old devices dropped
@@ -406,7 +401,7 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -
     spec = make_claim("c", request("a", exactly("gpu")), request("b", exactly("gpu")))
     allocation = [result("a", "gpu-0"), result("b", "gpu-1")]
     exact = pricer.exact(parse_claim(make_claim("c", *spec["spec"]["devices"]["requests"], allocation=allocation)))
-    record = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(dict(exact.record))}
+    record = record_for(dict(exact.record))
     freed = parse_claim(make_claim("c", *spec["spec"]["devices"]["requests"], annotations=record))
     last = pricer.recorded(freed)
     assert last is not None and last.exact
@@ -415,10 +410,8 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -
     assert pricer.recorded(parse_claim(spec)) is None  # no record: never allocated, or not recorded yet
     # Requests of two classes, recorded by device (an older release): each device is charged
     # to the one class selecting it.
-    by_device = {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(
-        {RecordKey("", key.device): memory for key, memory in exact.record})}
     two_classes = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("mig")),
-                                         annotations=by_device))
+                                         annotations=record_for(by_device(dict(exact.record)))))
     split = pricer.recorded(two_classes)
     assert split is not None and split.total == exact.total
     assert [split.charge_for(Scope(classes=frozenset({DeviceClassName(c)}))) for c in ("gpu", "mig")] == \
@@ -428,8 +421,8 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -
     both = pricer.exact(parse_claim(either))
     by_class = [Scope(classes=frozenset({DeviceClassName(c)})) for c in ("gpu", "any")]
     assert [both.charge_for(s) for s in by_class] == [Charge(80 * GiB, 1)] * 2
-    freed_either = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")), annotations={
-        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(dict(both.record))}))
+    freed_either = parse_claim(make_claim("c", request("a", exactly("gpu")), request("b", exactly("any")),
+                                          annotations=record_for(dict(both.record), several_classes=True)))
     read = pricer.recorded(freed_either)
     assert read is not None and [read.charge_for(s) for s in by_class] == [Charge(80 * GiB, 1)] * 2
     # Recorded by device (an older release): not told.
@@ -448,8 +441,7 @@ def test_two_shares_of_one_device_are_two_results_of_the_record() -> None:
     claim = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), allocation=shares))
     record = pricer.allocation_record(claim)
     assert sorted(record.values()) == [10 * GiB, 20 * GiB]
-    freed = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), annotations={
-        ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}))
+    freed = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), annotations=record_for(record)))
     last = pricer.recorded(freed)
     assert last is not None and last.total == pricer.exact(claim).total == Charge(30 * GiB, 2)
 
@@ -463,8 +455,7 @@ def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -
 
     def due(*requests: dict[str, Any], allocation: list[dict[str, Any]]) -> dict[str, str]:
         exact = pricer.allocation_record(parse_claim(make_claim("c", *requests, allocation=allocation)))
-        current = {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', ALLOCATED_CHARGE_ANNOTATION:
-                   allocated_charge_annotation({RecordKey("", key.device): memory for key, memory in exact.items()})}
+        current = {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', **record_for(by_device(exact))}
         claim = parse_claim(make_claim("c", *requests, allocation=allocation, annotations=current))
         return admitter.annotations_due(claim, current)
 
@@ -475,16 +466,78 @@ def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -
     allocation = [result("a", "gpu-0"), result("b", "mig-0", pool="node-3")]
     record = pricer.allocation_record(parse_claim(make_claim("c", *mixed, allocation=allocation)))
     assert all(key.request for key in record)
-    assert due(*mixed, allocation=allocation) == {ALLOCATED_CHARGE_ANNOTATION: allocated_charge_annotation(record)}
+    assert due(*mixed, allocation=allocation) == record_for(record, several_classes=True)
 
 
 @pytest.mark.parametrize("raw", [
     None, "", "[]", "{", '{"a/b": 1}', '{"d/p/x": -1}', '{"d/p/x": 1.5}', '{"d/p/x": "1"}',
     '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000, '{":d/p/x": 1}', '{"r:d/p/x#": 1}',
     '{"r:d/p": 1}', '{"r:" : 1}', '{"d/p/x": ' + "1" * 40000 + "}",
+    '{"r:d/p/x": 1}',  # a key by result, in the annotation by device
+    '{"d/p/x": 1, "r:d/p/x": 1}',  # both forms (review6: counted the device twice)
 ])
 def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
-    assert recorded_devices(raw) == ()
+    assert recorded_devices({ALLOCATED_CHARGE_ANNOTATION: raw}) == ()
+
+
+SHARED = DeviceKey(D, "node-3", "shared-0")
+
+
+def test_the_annotation_by_device_is_what_a_release_before_records_by_result_reads() -> None:
+    """review6: a record by result in `draquota.io/allocated-charge` read, on a replica of the
+    release before, as devices of a driver named "r:gpu.example.com": 0 for a quota scoped
+    by driver. That annotation stays by device (the sum of a device's results), and the
+    results go in their own."""
+    record = {RecordKey("a", DeviceKey(D, "node-1", "gpu-0")): 80 * GiB,
+              RecordKey("b", SHARED, "s-1"): 10 * GiB, RecordKey("b", SHARED, "s-2"): 20 * GiB}
+    written = record_for(record, several_classes=True)
+    assert json.loads(written[ALLOCATED_CHARGE_ANNOTATION]) == {f"{D}/node-1/gpu-0": 80 * GiB, f"{SHARED}": 30 * GiB}
+    assert dict(recorded_devices(written)) == record
+
+
+def test_a_record_by_result_counts_only_where_the_one_by_device_agrees() -> None:
+    """A leader of the release before rewrites the annotation by device alone, for a newer
+    allocation: the one by result then says an older one, and is not read."""
+    record = {RecordKey("a", DeviceKey(D, "node-1", "gpu-0")): 80 * GiB}
+    newer = {RecordKey("", DeviceKey(D, "node-2", "gpu-0")): 141 * GiB}
+    written = {**record_for(record, several_classes=True), **record_for(newer)}
+    assert dict(recorded_devices(written)) == newer
+    del written[ALLOCATED_CHARGE_ANNOTATION]
+    assert recorded_devices(written) == ()  # the one by result alone is not a record
+
+
+def test_an_older_records_collapsed_shares_of_a_vanished_device_are_not_rewritten_larger() -> None:
+    """review6. Two shares (10Gi, 20Gi) of one shared device, recorded by the release before
+    once, 20Gi (the second share overwrote the first). The device leaves the inventory:
+    each share took the device's 20Gi, 40Gi recorded while the allocation says 30Gi, and
+    a replica started after the deallocation would have counted 40Gi. A device's entry by
+    device stands for one result only where it has no other."""
+    shares = [result("r", "shared-0", pool="node-3", consumed={"memory": a}) for a in ("10Gi", "20Gi")]
+    shares[1]["shareID"] = "6ba7b810-9dad-11d1-80b4-00c04fd430c9"
+    gone = inventory()
+    gone.delete_slice("n3")
+    pricer = Pricer(gone, CLASSES)
+    claim = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), allocation=shares,
+                                   annotations=record_for({RecordKey("", SHARED): 20 * GiB})))
+    assert pricer.exact(claim).total == Charge(30 * GiB, 2)
+    assert sorted(pricer.allocation_record(claim).values()) == [10 * GiB, 20 * GiB]
+
+
+def test_a_claim_of_one_class_reads_the_same_by_device_and_by_result() -> None:
+    """review6 (S1): on a claim of one class every scope (by driver, by selector, by class)
+    counts a record by device as the allocation, so none is rewritten by result."""
+    pricer = Pricer(inventory(), CLASSES)
+    selections = (DeviceSelection(drivers=frozenset({D})), DeviceSelection(drivers=frozenset({"x.example.com"})),
+                  DeviceSelection(expressions=(f"device.attributes['{D}'].model == 'h100'",)))
+    spec = [first_available("a", ("big", exactly("any")), ("small", exactly("any"))), request("b", exactly("any"))]
+    allocation = [result("a/small", "mig-0", pool="node-3"), result("b", "gpu-1", pool="node-2")]
+    exact = pricer.exact(parse_claim(make_claim("c", *spec, allocation=allocation)), selections=selections)
+    freed = parse_claim(make_claim("c", *spec, annotations=record_for(dict(exact.record))))
+    assert record_in_step(freed, dict(exact.record)) and all(not key.request for key, _ in freed.recorded_devices)
+    last = pricer.recorded(freed, selections=selections)
+    assert last is not None
+    scopes = [Scope(devices=s) for s in selections] + [Scope(classes=frozenset({DeviceClassName("any")})), Scope()]
+    assert [last.charge_for(s) for s in scopes] == [exact.charge_for(s) for s in scopes]
 
 
 @pytest.mark.parametrize("key", [
@@ -495,7 +548,7 @@ def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
 ], ids=str)
 def test_a_record_key_round_trips(key: RecordKey) -> None:
     record = {key: 7}
-    assert dict(recorded_devices(allocated_charge_annotation(record))) == record
+    assert dict(recorded_devices(record_for(record, several_classes=True))) == record
 
 
 @pytest.mark.parametrize("name", [10**5000, None, ["x"], {"a": 1}], ids=["huge-int", "none", "list", "map"])

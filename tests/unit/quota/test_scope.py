@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from quota.admission import Admitter
-from quota.claims import ALLOCATED_CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim, parse_device_class
+from quota.claims import parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
@@ -35,6 +35,7 @@ from ..builders import (
     make_device,
     make_quota,
     make_slice,
+    record_for,
     request,
     result,
 )
@@ -230,8 +231,7 @@ def test_an_allocation_counts_each_selected_device() -> None:
 
 
 def test_a_vanished_device_counts_by_its_driver_its_selectors_cannot_see_it() -> None:
-    record = allocated_charge_annotation({RecordKey("r", DeviceKey(D, "node-1", "h100-9")): 80 * GiB})
-    pricing = allocated("h100-9", annotations={ALLOCATED_CHARGE_ANNOTATION: record})
+    pricing = allocated("h100-9", annotations=record_for({RecordKey("r", DeviceKey(D, "node-1", "h100-9")): 80 * GiB}))
     assert pricing.charge_for(SELECTED) == Charge(80 * GiB, 1)  # kept: it may have been selected
     assert pricing.charge_for(Scope(devices=ONLY_FPGA)) == Charge()  # its driver says it was not
 

@@ -23,7 +23,8 @@ from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
-from quota.claims import ALLOCATED_CHARGE_ANNOTATION, allocated_charge_annotation, parse_claim
+from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, ALLOCATION_RESULTS_ANNOTATION, record_annotations
+from quota.claims import parse_claim
 from quota.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger
 from quota.model import Charge, Namespace
@@ -576,7 +577,7 @@ def recorded(obj: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
     """`obj` carrying the leader's record of `allocation` (`draquota.io/allocated-charge`)."""
     record = PRICER.allocation_record(parse_claim(with_namespace(allocation, NS)))
     out = copy.deepcopy(obj)
-    out["metadata"].setdefault("annotations", {})[ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(record)
+    out["metadata"].setdefault("annotations", {}).update(record_annotations(parse_claim(with_namespace(out, NS)), record))
     return out
 
 
@@ -826,7 +827,7 @@ def test_a_replica_behind_the_stored_claim_accepts_no_record_change() -> None:
     due = c.ctx.admitter.record_due(parse_claim(with_namespace(freed, NS)))
     assert due == PRICER.allocation_record(parse_claim(with_namespace(first, NS)))  # C's older history
     rewritten = copy.deepcopy(freed)
-    rewritten["metadata"]["annotations"][ALLOCATED_CHARGE_ANNOTATION] = allocated_charge_annotation(due)
+    rewritten["metadata"]["annotations"].update(record_annotations(parse_claim(with_namespace(freed, NS)), due))
     verdict = update_claim(c.ctx, review_request(rewritten, operation="UPDATE", old=freed))
     assert not verdict.allowed and "records the claim's last allocation" in verdict.message
 
@@ -1159,17 +1160,16 @@ def test_an_allocation_of_a_claim_nobody_priced_has_nothing_to_compare() -> None
 
 # -- the allocation record: only its exact value may be written --------------------------
 
-RECORD_80 = '{"gpu:gpu.example.com/node-1/gpu-0":85899345920}'
+RECORD_80 = '{"gpu.example.com/node-1/gpu-0":85899345920}'
 
 
 @pytest.mark.parametrize(
     ("old", "new", "allowed"),
     [
         (None, RECORD_80, True),  # the leader's first write: the exact charge of gpu-0 (80Gi)
-        # An older release's leader, by device (a rolling upgrade): the same on a claim of one class.
-        (None, RECORD_80.replace("gpu:", ""), True),
         (RECORD_80, RECORD_80.replace("85899345920", "1"), False),  # lowered
-        (None, '{"gpu:gpu.example.com/node-1/gpu-0":85899345920,"gpu:gpu.example.com/node-9/gpu-9":1}', False),  # not allocated
+        (None, '{"gpu.example.com/node-1/gpu-0":85899345920,"gpu.example.com/node-9/gpu-9":1}', False),  # not allocated
+        (None, RECORD_80.replace('{"', '{"gpu:'), False),  # by result, where only the one by device goes
         (RECORD_80, None, False),  # removed
         (None, "not json", False),
         (None, "{}", False),  # the allocation's devices are known: {} is not their record
@@ -1186,7 +1186,34 @@ def test_the_allocation_record_may_only_say_what_the_devices_charge(old: str | N
     if not allowed:
         assert verdict.cause == "annotations" and "draquota.io/allocated-charge" in verdict.message
         if new is not None:
-            assert f"expected {RECORD_80}" in verdict.message
+            assert f"expected '{RECORD_80}'" in verdict.message
+
+
+def test_the_record_by_result_may_only_say_what_the_allocation_says() -> None:
+    """`draquota.io/allocation-results`: on a claim of two classes the leader writes it beside
+    the record by device; nobody may write another value, or one on a claim of one class."""
+    two = make_claim("ignored", request("gpu", exactly("gpu", "true")), request("any", exactly("any")))
+    del two["metadata"]["name"]
+    claim = stored(two)
+    claim["status"] = {"allocation": {"devices": {"results": [result("gpu", "gpu-0", pool="node-1"),
+                                                               result("any", "gpu-1", pool="node-1")]}}}
+    written = record_annotations(parse_claim(with_namespace(claim, NS)),
+                                 PRICER.allocation_record(parse_claim(with_namespace(claim, NS))))
+    assert set(written) == {ALLOCATED_CHARGE_ANNOTATION, ALLOCATION_RESULTS_ANNOTATION}
+
+    def verdict(obj: dict[str, Any], annotations: dict[str, str]) -> Verdict:
+        after = copy.deepcopy(obj)
+        after["metadata"]["annotations"] = annotations
+        return update_claim(context(GPUS), review_request(after, operation="UPDATE", old=obj))
+
+    assert verdict(claim, written).allowed
+    lowered = {**written, ALLOCATION_RESULTS_ANNOTATION: written[ALLOCATION_RESULTS_ANNOTATION].replace("85899345920", "1")}
+    refused = verdict(claim, lowered)
+    assert not refused.allowed and ALLOCATION_RESULTS_ANNOTATION in refused.message
+    one = allocated(stored(gpu_claim()), ("node-1", "gpu-0"))
+    assert not verdict(one, {ALLOCATED_CHARGE_ANNOTATION: RECORD_80,
+                             ALLOCATION_RESULTS_ANNOTATION: RECORD_80.replace('{"', '{"gpu:')}).allowed
+    assert verdict(one, {ALLOCATED_CHARGE_ANNOTATION: RECORD_80}).allowed
 
 
 def test_a_vanished_devices_record_is_kept_not_rewritten() -> None:
