@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from quota.allocationrecord import by_device
 from quota.capacity import round_request
 from quota.claims import AllocatedDevice, Claim, ClaimSpec
 from quota.inventory import Inventory
@@ -42,7 +43,10 @@ class AllocatedPricer:
         while it existed. Each request also priced for each of `selections`
         (`rescoped`)."""
         recorded = dict(claim.recorded_devices)
-        results = Counter(result.key for result in claim.allocation or ())
+        # What the record says by device, to fall back on where a result's own key is not
+        # there (a record by device; review7: one by result that says another allocation).
+        devices = by_device(recorded)
+        results = Counter(result.key for result in claim.allocation or () if not result.admin_access)
         classes = _request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
@@ -50,7 +54,7 @@ class AllocatedPricer:
         for result in claim.allocation or ():
             top, cls = _request_class(result.request, classes)
             device = None if result.admin_access else self.inventory.lookup(result.key)
-            kept = _recorded_for(recorded, result, shared=results[result.key] > 1)
+            kept = _recorded_for(recorded, devices, result, shared=results[result.key] > 1)
             charge = self._device_exact(result, kept)
             if result.admin_access:
                 pass  # free: nothing to keep
@@ -227,12 +231,14 @@ def _result_key(result: AllocatedDevice) -> RecordKey:
     return RecordKey(result.request, result.key, result.share_id or "")
 
 
-def _recorded_for(recorded: Mapping[RecordKey, int], result: AllocatedDevice, *, shared: bool) -> int | None:
-    """What the record charged `result`: under its own key, else (a record by device) under
-    its device's, where the device has no other result (a record by device holds the sum of
-    a device's results; an older release's, the last one: never a result's own, review6)."""
+def _recorded_for(recorded: Mapping[RecordKey, int], devices: Mapping[RecordKey, int], result: AllocatedDevice, *,
+                  shared: bool) -> int | None:
+    """What the record charged `result`: under its own key, else under its device's (`devices`:
+    the record by device), where the device has no other charged result (by device, a
+    record holds the sum of a device's results; an older release's, the last one: never
+    a result's own, review6)."""
     kept = recorded.get(_result_key(result))
-    return kept if kept is not None or shared else recorded.get(RecordKey("", result.key))
+    return kept if kept is not None or shared else devices.get(RecordKey("", result.key))
 
 
 def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:

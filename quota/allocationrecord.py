@@ -10,23 +10,30 @@ Two annotations, because releases before this one read only the first:
 - `draquota.io/allocated-charge`, by device: `{"driver/pool/device": bytes}`, the memory
   of a device's results summed. Always written. Every release reads it.
 - `draquota.io/allocation-results`, by result: `{"request:driver/pool/device[#shareID]":
-  bytes}`. Written only where the first cannot say what the allocation charged: a claim
-  of several device classes (a device two of them select could have served either
-  request, and each quota scoped by class counts it by its request's class), or a device
-  with several results (shares of a device that allows several allocations). Read only
-  where it agrees with the first (the same devices and memory): a release that does not
-  know it rewrites the first alone, and the second then says an older allocation.
+  bytes}`. Written, and read, only on a claim of several device classes: a device two of
+  them select could have served either request, and a quota scoped by class counts it
+  by its request's class. Read only where every key names one of the claim's requests
+  and it agrees with the first (the same devices and memory): a release that does not
+  know it rewrites the first alone, and the second then says an older allocation. On a
+  claim of one class the first says all there is (each device is of that class); its
+  shares of one device read as one device.
 
 A release that knew only the first saw the second as a foreign annotation, so during a
 rolling upgrade every replica reads a record it understands (review6: one record by
 result in the first annotation read as devices of an unknown driver, which a quota
 scoped by driver then counted at 0 on the older replicas).
+
+What the second cannot tell (docs/reservations.md): the release before neither guards nor
+rewrites it, so one a tenant set on a claim before the upgrade, or one an older leader
+left standing after reallocating the same devices to other requests (a rollback), is
+read while it agrees by device, until the leader rewrites it (an allocated claim's at
+once; a deallocated claim's once it sees the claim allocated again) (review7).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from quota.model import DeviceKey, RecordKey
@@ -66,15 +73,19 @@ class Recorded(Protocol):
     def several_classes(self) -> bool: ...
 
 
-def recorded_devices(annotations: Mapping[str, Any]) -> Entries:
+def recorded_devices(annotations: Mapping[str, Any], *, requests: Collection[str] = ()) -> Entries:
     """The record a claim's annotations carry: (result, memory bytes) pairs, sorted; by
-    result where the second annotation agrees with the first (module doc), else by device
-    (`RecordKey.request` ""). Empty when absent, malformed or not ours: never an error (the
-    leader rewrites it, and the webhook refuses anyone else's)."""
+    result on a claim of several classes (its `requests`, top-level and subrequests, given:
+    none for one of one class) where the second annotation names only those and agrees
+    with the first (module doc), else by device (`RecordKey.request` ""). Empty when
+    absent, malformed or not ours: never an error (the leader rewrites it, and the
+    webhook refuses anyone else's)."""
     devices = _parse(annotations.get(ALLOCATED_CHARGE_ANNOTATION), by_result=False)
-    results = _parse(annotations.get(ALLOCATION_RESULTS_ANNOTATION), by_result=True)
-    if results and by_device(dict(results)) == dict(devices):
-        return results
+    if requests:
+        results = _parse(annotations.get(ALLOCATION_RESULTS_ANNOTATION), by_result=True)
+        if results and all(key.request in requests for key, _ in results) and \
+                by_device(dict(results)) == dict(devices):
+            return results
     return devices
 
 
@@ -88,26 +99,22 @@ def by_device(record: Mapping[RecordKey, int]) -> dict[RecordKey, int]:
 
 
 def record_annotations(claim: Recorded, record: Mapping[RecordKey, int]) -> dict[str, str]:
-    """The annotations that say `record` on `claim`: the first always, the second where the
-    first cannot say it (module doc)."""
+    """The annotations that say `record` on `claim`: the first always, the second on a
+    claim of several classes (module doc)."""
     out = {ALLOCATED_CHARGE_ANNOTATION: _json(by_device(record))}
-    if _needs_results(claim, record):
+    if claim.several_classes:
         out[ALLOCATION_RESULTS_ANNOTATION] = _json(record)
     return out
 
 
 def record_in_step(claim: Recorded, record: Mapping[RecordKey, int]) -> bool:
-    """Whether `claim`'s record says `record`, as the leader would write it. On a claim of
-    one class whose devices have one result each, by device is all it takes: each device
-    is read as of that class (an upgrade rewrites no such record)."""
+    """Whether `claim`'s record says `record`, as the leader would write it: on a claim of
+    one class, by device (an upgrade rewrites no such record); on one of several, result
+    by result."""
     recorded = dict(claim.recorded_devices)
-    if _needs_results(claim, record):
+    if claim.several_classes:
         return recorded == record
     return by_device(recorded) == by_device(record)
-
-
-def _needs_results(claim: Recorded, record: Mapping[RecordKey, int]) -> bool:
-    return claim.several_classes or len(by_device(record)) != len(record)
 
 
 def _json(record: Mapping[RecordKey, int]) -> str:

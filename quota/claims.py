@@ -60,6 +60,7 @@ __all__ = [
     "ClaimSpec",
     "AllocatedDevice",
     "Claim",
+    "claim_record",
     "parse_claim",
     "parse_claim_spec",
     "parse_device_class",
@@ -145,7 +146,7 @@ class Claim:
     @property
     def several_classes(self) -> bool:
         """Whether the claim's requests name more than one DeviceClass."""
-        return len({alt.device_class for req in self.spec.requests for alt in req.alternatives}) > 1
+        return _several_classes(self.spec)
 
     @property
     def admin_access(self) -> bool:
@@ -184,9 +185,22 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         allocation=allocation,
         recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
         owner=(pod_owner(obj) or ("", ""))[1],
-        recorded_devices=recorded_devices(meta.annotations),
+        recorded_devices=claim_record(claim_spec, meta.annotations),
         created=_timestamp(dig(obj, "metadata", "creationTimestamp")),
     )
+
+
+def _several_classes(spec: ClaimSpec) -> bool:
+    return len({alt.device_class for req in spec.requests for alt in req.alternatives}) > 1
+
+
+def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple[RecordKey, int], ...]:
+    """The allocation record `annotations` carry for a claim of `spec` (`Claim.recorded_devices`):
+    by result only on a claim of several classes, and naming its requests
+    (`quota.allocationrecord.recorded_devices`)."""
+    requests = frozenset(alt.name for req in spec.requests for alt in req.alternatives) \
+        if _several_classes(spec) else frozenset()
+    return recorded_devices(annotations, requests=requests)
 
 
 def _timestamp(raw: Any) -> float | None:

@@ -457,6 +457,10 @@ def add_usage(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode
     charge = entry.charge_for(quota, default_mode)
     signed = charge if sign > 0 else ZERO - charge
     counted = sign if entry.in_scope(quota, default_mode) else 0
+    # Built directly, not by `dataclasses.replace`: a relist sums every claim through here
+    # (150,000 calls; replace was a sixth of a relist of unchanged claims, bench/controller.py).
     if entry.allocated:
-        return replace(usage, used=usage.used + signed, allocated_claims=usage.allocated_claims + counted)
-    return replace(usage, reserved=usage.reserved + signed, pending_claims=usage.pending_claims + counted)
+        return Usage(used=usage.used + signed, reserved=usage.reserved, allocated_claims=usage.allocated_claims + counted,
+                     pending_claims=usage.pending_claims, workloads=usage.workloads)
+    return Usage(used=usage.used, reserved=usage.reserved + signed, allocated_claims=usage.allocated_claims,
+                 pending_claims=usage.pending_claims + counted, workloads=usage.workloads)

@@ -137,7 +137,10 @@ class Pricing:
 
     @property
     def total(self) -> Charge:
-        return sum((r.charge for r in self.requests), ZERO)
+        requests = self.requests
+        if len(requests) == 1:  # most claims: asked per quota per claim on every relist
+            return requests[0].charge
+        return sum((r.charge for r in requests), ZERO)
 
     def charge_for(self, scope: Scope) -> Charge:
         """The charge a quota of `scope` sees."""

@@ -42,8 +42,8 @@ from kube.admissionreview import AdmissionRequest, Cause, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
-from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations, recorded_devices
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, parse_claim, pod_owner
+from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, claim_record, parse_claim, pod_owner
 from quota.excess import allocation_key
 from quota.extended import attempt_series
 from quota.model import RecordKey
@@ -267,8 +267,8 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[s
     if request.object is None:
         return f"{where}: the request carries no object"
     try:
-        claim = replace(parse_claim(with_namespace(request.object, request.namespace)),
-                        recorded_devices=recorded_devices(old))
+        claim = parse_claim(with_namespace(request.object, request.namespace))
+        claim = replace(claim, recorded_devices=claim_record(claim.spec, old))
     except ClaimError as err:
         return f"{where}: cannot read the claim: {err}"
     if claim.allocation is None:

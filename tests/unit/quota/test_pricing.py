@@ -434,7 +434,8 @@ def test_a_deallocated_claims_record_prices_its_last_allocation_as_exact_did() -
 
 def test_two_shares_of_one_device_are_two_results_of_the_record() -> None:
     """A device that allows several allocations, shared twice by one claim: recorded by
-    device, the second share overwrote the first (the record charged 10Gi of 30Gi)."""
+    device, the second share overwrote the first (the record charged 10Gi of 30Gi); the
+    device's entry is their sum now."""
     pricer = Pricer(inventory(), CLASSES)
     shares = [result("r", "shared-0", pool="node-3", consumed={"memory": amount}) for amount in ("10Gi", "20Gi")]
     shares[1]["shareID"] = "6ba7b810-9dad-11d1-80b4-00c04fd430c9"
@@ -443,7 +444,9 @@ def test_two_shares_of_one_device_are_two_results_of_the_record() -> None:
     assert sorted(record.values()) == [10 * GiB, 20 * GiB]
     freed = parse_claim(make_claim("c", request("r", exactly("shared", count=2)), annotations=record_for(record)))
     last = pricer.recorded(freed)
-    assert last is not None and last.total == pricer.exact(claim).total == Charge(30 * GiB, 2)
+    # A claim of one class is recorded by device: its shares of one device read as one.
+    assert pricer.exact(claim).total == Charge(30 * GiB, 2)
+    assert last is not None and last.total == Charge(30 * GiB, 1)
 
 
 def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -> None:
@@ -492,7 +495,8 @@ def test_the_annotation_by_device_is_what_a_release_before_records_by_result_rea
               RecordKey("b", SHARED, "s-1"): 10 * GiB, RecordKey("b", SHARED, "s-2"): 20 * GiB}
     written = record_for(record, several_classes=True)
     assert json.loads(written[ALLOCATED_CHARGE_ANNOTATION]) == {f"{D}/node-1/gpu-0": 80 * GiB, f"{SHARED}": 30 * GiB}
-    assert dict(recorded_devices(written)) == record
+    assert dict(recorded_devices(written, requests={"a", "b"})) == record
+    assert dict(recorded_devices(written)) == by_device(record)  # a claim of one class reads it by device
 
 
 def test_a_record_by_result_counts_only_where_the_one_by_device_agrees() -> None:
@@ -501,9 +505,9 @@ def test_a_record_by_result_counts_only_where_the_one_by_device_agrees() -> None
     record = {RecordKey("a", DeviceKey(D, "node-1", "gpu-0")): 80 * GiB}
     newer = {RecordKey("", DeviceKey(D, "node-2", "gpu-0")): 141 * GiB}
     written = {**record_for(record, several_classes=True), **record_for(newer)}
-    assert dict(recorded_devices(written)) == newer
+    assert dict(recorded_devices(written, requests={"a"})) == newer
     del written[ALLOCATED_CHARGE_ANNOTATION]
-    assert recorded_devices(written) == ()  # the one by result alone is not a record
+    assert recorded_devices(written, requests={"a"}) == ()  # the one by result alone is not a record
 
 
 def test_an_older_records_collapsed_shares_of_a_vanished_device_are_not_rewritten_larger() -> None:
@@ -521,6 +525,65 @@ def test_an_older_records_collapsed_shares_of_a_vanished_device_are_not_rewritte
                                    annotations=record_for({RecordKey("", SHARED): 20 * GiB})))
     assert pricer.exact(claim).total == Charge(30 * GiB, 2)
     assert sorted(pricer.allocation_record(claim).values()) == [10 * GiB, 20 * GiB]
+
+
+GPU0 = DeviceKey(D, "node-1", "gpu-0")
+
+
+def test_a_results_annotation_on_a_claim_of_one_class_is_not_read() -> None:
+    """review7 (F1). The release before neither guards nor reads `draquota.io/allocation-results`:
+    a tenant could set it before the upgrade, naming a request the claim does not have
+    (class ""), with the devices' memory (public). On a claim of one class it is not read,
+    nor on one of several where it names a request the claim does not have."""
+    pricer = Pricer(inventory(), CLASSES)
+    forged = {ALLOCATION_RESULTS_ANNOTATION: allocated_json({RecordKey("zzz", GPU0): 80 * GiB})}
+    one = make_claim("c", request("r", exactly("gpu")), annotations={**record_for({RecordKey("r", GPU0): 80 * GiB}),
+                                                                      **forged})
+    last = pricer.recorded(parse_claim(one))
+    assert last is not None
+    assert last.charge_for(Scope(classes=frozenset({DeviceClassName("gpu")}))) == Charge(80 * GiB, 1)
+    two = [request("a", exactly("gpu")), request("b", exactly("mig"))]
+    freed = parse_claim(make_claim("c", *two, annotations={**record_for({RecordKey("a", GPU0): 80 * GiB}), **forged}))
+    assert all(not key.request for key, _ in freed.recorded_devices)  # by device, the class told by the selectors
+    split = pricer.recorded(freed)
+    assert split is not None and split.charge_for(Scope(classes=frozenset({DeviceClassName("gpu")}))) == \
+        Charge(80 * GiB, 1)
+
+
+def test_a_vanished_device_keeps_its_charge_by_device_where_the_results_do_not_name_it() -> None:
+    """review7 (F2). Read by result, the record held no entry by device to fall back on: a
+    result missing there (the results say an older allocation) was priced, once its device
+    left the inventory, from the admission charge (80Gi -> 1), and the leader wrote that."""
+    gone = inventory()
+    gone.delete_slice("n1")
+    pricer = Pricer(gone, CLASSES)
+    spec = [request("a", exactly("gpu")), request("b", exactly("mig"))]
+    current = {CHARGE_ANNOTATION: '{"memory":1,"devices":1}',
+               **record_for({RecordKey("b", GPU0): 80 * GiB}, several_classes=True)}
+    claim = parse_claim(make_claim("c", *spec, allocation=[result("a", "gpu-0")], annotations=current))
+    assert pricer.exact(claim).total == Charge(80 * GiB, 1)
+    assert json.loads(Admitter(pricer, Ledger()).annotations_due(claim, current)[ALLOCATED_CHARGE_ANNOTATION]) == \
+        {str(GPU0): 80 * GiB}
+
+
+def test_an_admin_access_result_on_the_same_device_leaves_its_record_readable() -> None:
+    """review7 (F3). An adminAccess result is free and not recorded: it is no second share
+    of the device, whose entry by device stands for the one charged result."""
+    spec = [request("a", exactly("gpu")), request("m", exactly("gpu", admin=True))]
+    allocation = [result("a", "gpu-0"), result("m", "gpu-0", admin=True)]
+    truth = Pricer(inventory(), CLASSES).allocation_record(parse_claim(make_claim("c", *spec, allocation=allocation)))
+    assert truth == {RecordKey("a", GPU0): 80 * GiB}
+    gone = inventory()
+    gone.delete_slice("n1")
+    pricer = Pricer(gone, CLASSES)
+    current = {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', **record_for(truth)}
+    claim = parse_claim(make_claim("c", *spec, allocation=allocation, annotations=current))
+    assert pricer.exact(claim).total == Charge(80 * GiB, 1)
+    assert Admitter(pricer, Ledger()).annotations_due(claim, current) == {}
+
+
+def allocated_json(record: dict[RecordKey, int]) -> str:
+    return json.dumps({str(k): v for k, v in record.items()})
 
 
 def test_a_claim_of_one_class_reads_the_same_by_device_and_by_result() -> None:
@@ -548,7 +611,7 @@ def test_a_claim_of_one_class_reads_the_same_by_device_and_by_result() -> None:
 ], ids=str)
 def test_a_record_key_round_trips(key: RecordKey) -> None:
     record = {key: 7}
-    assert dict(recorded_devices(record_for(record, several_classes=True))) == record
+    assert dict(recorded_devices(record_for(record, several_classes=True), requests={"r", "r/small"})) == record
 
 
 @pytest.mark.parametrize("name", [10**5000, None, ["x"], {"a": 1}], ids=["huge-int", "none", "list", "map"])
