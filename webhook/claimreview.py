@@ -262,7 +262,7 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[s
     replica started after a deallocation counts."""
     changed = [key for key in RECORD_ANNOTATIONS if old.get(key) != new.get(key)]
     where = f"annotation {changed[0]}"
-    if new.get(ALLOCATED_CHARGE_ANNOTATION) is None:
+    if old.get(ALLOCATED_CHARGE_ANNOTATION) is not None and new.get(ALLOCATED_CHARGE_ANNOTATION) is None:
         return f"annotation {ALLOCATED_CHARGE_ANNOTATION} records what the allocated devices charge and may not be removed"
     if request.object is None:
         return f"{where}: the request carries no object"
