@@ -10,7 +10,6 @@ it (docs/design.md, "The charge of a claim"), never dropped or guessed. No clock
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -43,10 +42,6 @@ class AllocatedPricer:
         while it existed. Each request also priced for each of `selections`
         (`rescoped`)."""
         recorded = dict(claim.recorded_devices)
-        # What the record says by device, to fall back on where a result's own key is not
-        # there (a record by device; review7: one by result that says another allocation).
-        devices = by_device(recorded)
-        results = Counter(result.key for result in claim.allocation or () if not result.admin_access)
         classes = _request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
@@ -54,7 +49,9 @@ class AllocatedPricer:
         for result in claim.allocation or ():
             top, cls = _request_class(result.request, classes)
             device = None if result.admin_access else self.inventory.lookup(result.key)
-            kept = _recorded_for(recorded, devices, result, shared=results[result.key] > 1)
+            # The record is read for a device that left the inventory only (every allocation
+            # event of every claim comes through here).
+            kept = _recorded_for(recorded, claim, result) if device is None and not result.admin_access else None
             charge = self._device_exact(result, kept)
             if result.admin_access:
                 pass  # free: nothing to keep
@@ -231,14 +228,18 @@ def _result_key(result: AllocatedDevice) -> RecordKey:
     return RecordKey(result.request, result.key, result.share_id or "")
 
 
-def _recorded_for(recorded: Mapping[RecordKey, int], devices: Mapping[RecordKey, int], result: AllocatedDevice, *,
-                  shared: bool) -> int | None:
-    """What the record charged `result`: under its own key, else under its device's (`devices`:
-    the record by device), where the device has no other charged result (by device, a
-    record holds the sum of a device's results; an older release's, the last one: never
-    a result's own, review6)."""
+def _recorded_for(recorded: Mapping[RecordKey, int], claim: Claim, result: AllocatedDevice) -> int | None:
+    """What the record charged `result`: under its own key, else under its device's (the
+    record by device: a record by device, or review7: one by result that says another
+    allocation), where the device has no other charged result (by device, a record holds
+    the sum of a device's results; an older release's, the last one: never a result's
+    own, review6)."""
     kept = recorded.get(_result_key(result))
-    return kept if kept is not None or shared else devices.get(RecordKey("", result.key))
+    if kept is not None:
+        return kept
+    if sum(1 for r in claim.allocation or () if r.key == result.key and not r.admin_access) > 1:
+        return None
+    return by_device(recorded).get(RecordKey("", result.key))
 
 
 def _vanished_share(recorded: Charge, known: Charge, unknown: int) -> int:
