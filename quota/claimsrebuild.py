@@ -10,7 +10,11 @@ admitted by the webhook); a quota whose scope changed is counted again from the 
 entries, and so is a team's part of a namespace that joined it meanwhile
 (`quota.teams`; left to a recount where the ledger defers them). Everything else the
 list says wins, as an event-by-event relist would have it: the watch resumes from the
-list's resourceVersion and brings what came after.
+list's resourceVersion and brings what came after. Where few claims differ from the live
+ledger (a watch that broke for a while: the list priced few again and dropped few), the
+swap moves the live usage by them (`Ledger._apply`, as their events would have), so a
+relist of 150,000 claims costs no pass over all of them per quota (bench/controller.py:
+1.25 s against 2.3 s); else every quota is summed again over the new entries, in pauses.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from quota.teams import Recount
 from quota.work import drop, pause_point
 
 __all__ = ["ClaimsRebuild"]
+
+# How many claims that differ from the live ledger a swap may move its usage by, with no
+# pause (`ClaimsRebuild._move`: two `Ledger._apply` each, a few µs); more are summed
+# again over every claim, in pauses.
+MOVED_AT_SWAP = 2000
 
 T = TypeVar("T")
 
@@ -43,6 +52,9 @@ class ClaimsRebuild:
         self._ledger = ledger
         self._entries: dict[ClaimRef, Entry] = {}
         self._kept: set[ClaimRef] = set()
+        # Claims the list priced again (`put`): with the ones it no longer holds, all that
+        # can differ from the live ledger but for what changed it meanwhile.
+        self._put: set[ClaimRef] = set()
         # What the ledger held before `commit` (entries, by namespace, by owner), for `release`.
         self._old: tuple[dict[ClaimRef, Entry], dict[Namespace, dict[ClaimRef, Entry]],
                          dict[str, set[ClaimRef]]] | None = None
@@ -55,11 +67,13 @@ class ClaimsRebuild:
             return False
         self._entries[ref] = entry
         self._kept.add(ref)
+        self._put.discard(ref)
         return True
 
     def put(self, entry: Entry) -> None:
         self._entries[entry.ref] = entry
         self._kept.discard(entry.ref)
+        self._put.add(entry.ref)
 
     def holds(self, ref: ClaimRef) -> bool:
         return ref in self._entries
@@ -74,8 +88,11 @@ class ClaimsRebuild:
         if ledger._touched is None:
             raise RuntimeError("this claims rebuild was cancelled")
         try:
-            by_namespace, by_owner, usage, counted, parts = self._derive()
             dropped = [ref for ref in self._walk(list(ledger._entries)) if ref not in self._entries]
+            # Few claims differ from the live ledger (a relist after a short break): its usage
+            # is moved by them at the swap, rather than summed again over every claim.
+            moved = len(self._put) + len(dropped) <= MOVED_AT_SWAP
+            by_namespace, by_owner, usage, counted, parts = self._derive(sums=not moved)
         except BaseException:
             ledger._touched = None
             raise
@@ -84,6 +101,10 @@ class ClaimsRebuild:
         changed = self._reconcile(touched, by_namespace, by_owner)
         gone = [e for ref in dict.fromkeys((*dropped, *touched))
                 if ref not in self._entries and (e := ledger._entries.get(ref)) is not None]
+        if moved:
+            self._move(dict.fromkeys((*self._put, *dropped, *touched)))
+            self._swap(by_namespace, by_owner)
+            return gone
         for namespace, quotas in ledger._quotas.items():
             for name, quota in quotas.items():
                 key = (namespace, name)
@@ -93,12 +114,30 @@ class ClaimsRebuild:
                     continue
                 usage[key] = self._changed(usage[key], quota, changed.get(namespace, ()))
         self._teams_parts(parts, by_namespace, changed)
+        ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
+        self._swap(by_namespace, by_owner)
+        return gone
+
+    def _move(self, refs: Iterable[ClaimRef]) -> None:
+        """The live ledger's usage (its quotas' and its teams' parts, `Ledger._apply`) moved
+        by each claim whose new entry is not the live one: the usage of the new entries,
+        as every other claim counts the same in both."""
+        ledger = self._ledger
+        for ref in refs:
+            old, new = ledger._entries.get(ref), self._entries.get(ref)
+            if old is new:
+                continue
+            if old is not None:
+                ledger._apply(old, -1)
+            if new is not None:
+                ledger._apply(new, +1)
+
+    def _swap(self, by_namespace: dict[Namespace, dict[ClaimRef, Entry]], by_owner: dict[str, set[ClaimRef]]) -> None:
+        ledger = self._ledger
         for namespace in {*ledger._by_namespace, *by_namespace}:
             ledger._namespace_generation[namespace] = ledger._namespace_generation.get(namespace, 0) + 1
         self._old = (ledger._entries, ledger._by_namespace, ledger._by_owner)
         ledger._entries, ledger._by_namespace, ledger._by_owner = self._entries, by_namespace, by_owner
-        ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
-        return gone
 
     def release(self) -> None:
         """After `commit`: free what the ledger held before, in pieces (`quota.work.drop`):
@@ -141,12 +180,13 @@ class ClaimsRebuild:
                 new.setdefault(quota.name, {})[namespace] = part
         ledger._teams.replace_parts(new)
 
-    def _derive(self) -> tuple[dict[Namespace, dict[ClaimRef, Entry]], dict[str, set[ClaimRef]],
-                               dict[QuotaKey, Usage], dict[QuotaKey, DeviceQuota],
-                               dict[QuotaKey, tuple[DeviceQuota, Usage]]]:
-        """The indexes and every quota's usage of the new entries, in pauses: the quotas
-        each was counted against are returned, to count again any that changed meanwhile;
-        and each team's part of its member namespaces then, by (namespace, team name)."""
+    def _derive(self, *, sums: bool) -> tuple[dict[Namespace, dict[ClaimRef, Entry]], dict[str, set[ClaimRef]],
+                                              dict[QuotaKey, Usage], dict[QuotaKey, DeviceQuota],
+                                              dict[QuotaKey, tuple[DeviceQuota, Usage]]]:
+        """The indexes and, with `sums`, every quota's usage of the new entries, in pauses:
+        the quotas each was counted against are returned, to count again any that changed
+        meanwhile; and each team's part of its member namespaces then, by (namespace, team
+        name)."""
         ledger = self._ledger
         by_namespace: dict[Namespace, dict[ClaimRef, Entry]] = {}
         by_owner: dict[str, set[ClaimRef]] = {}
@@ -157,7 +197,7 @@ class ClaimsRebuild:
         usage: dict[QuotaKey, Usage] = {}
         counted: dict[QuotaKey, DeviceQuota] = {}
         parts: dict[QuotaKey, tuple[DeviceQuota, Usage]] = {}
-        for namespace, entries in by_namespace.items():
+        for namespace, entries in by_namespace.items() if sums else ():
             for quota in list(ledger._quotas.get(namespace, {}).values()):
                 key = (namespace, quota.name)
                 counted[key] = quota

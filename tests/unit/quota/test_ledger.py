@@ -1,11 +1,13 @@
 """quota.ledger: incremental usage, atomic reserve, no double counting."""
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import quota.claimsrebuild as claimsrebuild
 import quota.ledger as ledger_module
 from quota.devicequota import parse_device_quota
 from quota.claimsrebuild import ClaimsRebuild
@@ -237,6 +239,7 @@ def _assert_counted(led: Ledger) -> None:
         assert led.usage(q.namespace, q.name) == fresh.usage(q.namespace, q.name), q.name
 
 
+@pytest.mark.parametrize("moved_at_swap", [0, 2000], ids=["summed-again", "moved-at-swap"])
 @settings(max_examples=300, deadline=None)
 @given(
     initial=st.dictionaries(st.sampled_from(REFS), st.tuples(_memory, st.booleans())),
@@ -247,7 +250,7 @@ def _assert_counted(led: Ledger) -> None:
 )
 def test_a_claims_rebuild_is_what_the_list_says_with_live_changes_to_kept_claims(
         initial: dict[str, tuple[int, bool]], listed: list[tuple[str, Any]],
-        live: list[tuple[int, tuple[Any, ...]]]) -> None:
+        live: list[tuple[int, tuple[Any, ...]]], moved_at_swap: int) -> None:
     """Live changes land between any two steps of the build (as the refiner and the webhook
     change the ledger between the slices of a relist): after the swap, a kept claim is as
     the live ledger holds it, a claim the list priced is the list's, any other is gone, and
@@ -279,7 +282,7 @@ def test_a_claims_rebuild_is_what_the_list_says_with_live_changes_to_kept_claims
         # Between two steps the live ledger is whole and nothing of the list shows.
         assert {e.ref: e for e in led.entries()} == shadow
         _assert_counted(led)
-    with pausing(step):
+    with pausing(step), mock.patch.object(claimsrebuild, "MOVED_AT_SWAP", moved_at_swap):
         gone = rebuild.commit()
     rebuild.release()
     expected |= {ref: shadow[ref] for ref in kept if ref in shadow}

@@ -1,12 +1,14 @@
 """quota.teams through quota.ledger: team quotas (ClusterDeviceQuotas) over labelled namespaces."""
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import RESOURCES, parse_cluster_device_quota, parse_device_quota
+import quota.claimsrebuild as claimsrebuild
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, Ledger, recounting_message
 from quota.model import Charge, DeviceClassName, Namespace
@@ -329,6 +331,7 @@ def test_a_recount_outdated_while_it_ran_is_dropped() -> None:
     assert not led.recounting("ml") and led.recount() == ()
 
 
+@pytest.mark.parametrize("moved_at_swap", [0, 2000], ids=["summed-again", "moved-at-swap"])
 @pytest.mark.parametrize("deferred", [False, True])
 @settings(max_examples=150, deadline=None)
 @given(
@@ -339,7 +342,8 @@ def test_a_recount_outdated_while_it_ran_is_dropped() -> None:
 )
 def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...]],
                                                     listed: list[tuple[str, Namespace, int, bool]],
-                                                    live: list[tuple[int, tuple[Any, ...]]], deferred: bool) -> None:
+                                                    live: list[tuple[int, tuple[Any, ...]]], deferred: bool,
+                                                    moved_at_swap: int) -> None:
     """Relabels, team changes and claim events land between any two steps of the build and
     of the swap: after it, every team's usage and parts are a recount (`deferred`: once
     the recounts the swap left, if any, have run)."""
@@ -363,7 +367,7 @@ def test_a_claims_rebuild_leaves_every_team_counted(initial: list[tuple[Any, ...
         step()
         if not rebuild.keep(ClaimRef(ref)):
             rebuild.put(entry(ref, memory, ns=ns, allocated=allocated))
-    with pausing(step):
+    with pausing(step), mock.patch.object(claimsrebuild, "MOVED_AT_SWAP", moved_at_swap):
         rebuild.commit()
     rebuild.release()
     _assert_counted(led, labels)
