@@ -9,9 +9,13 @@ What a leader does, through the code `serve` runs (not a model of it):
 - incremental: claim events (`ClaimStore.upsert`: allocations landing on claims seen
   pending, claims deleted and created again) each followed by the affected quota's `desired_status`, as the
   controller's debounced pass does per event at worst; events per second;
+- relists where some claims changed (their resourceVersion moved: parsed and priced
+  again), with the longest piece of work between two pause points (what one slice of
+  `serve`'s event loop holds: the swap has none): up to `quota.claimsrebuild.MOVED_AT_SWAP`
+  quota updates the swap moves the live usage by them, past it every quota is summed again;
 - RSS after the claims are held.
 
-Not a timed test: `python bench/controller.py [--nodes N] [--claims N] [--events N]`.
+Not a timed test: `python bench/controller.py [--nodes N] [--claims N] [--events N] [--changed N ...]`.
 The claims are bench/inventory.py's `generate_claims` mix (about 30 % allocated).
 """
 
@@ -30,6 +34,8 @@ from inventory import generate_claims, generate_device_classes, generate_slices 
 from pricing import rss_mib, timed  # noqa: E402
 
 from kube.claimstore import ClaimStore  # noqa: E402
+from kube.rebuilds import Rebuilds  # noqa: E402
+from quota.claimsrebuild import MOVED_AT_SWAP  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
@@ -39,6 +45,7 @@ from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
 from quota.reservations import parse_record  # noqa: E402
+from quota.work import pausing  # noqa: E402
 
 NAMESPACES = 50
 
@@ -97,6 +104,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=150_000)
     parser.add_argument("--events", type=int, default=20_000)
+    # One DeviceQuota a namespace here: a changed claim costs the swap two quota updates.
+    parser.add_argument("--changed", type=int, nargs="*", default=[MOVED_AT_SWAP // 2, MOVED_AT_SWAP // 2 + 1, 20_000],
+                        help="relists with this many claims changed")
     args = parser.parse_args()
 
     slices, inventory, classes, ledger, quotas = caches(args.nodes)
@@ -154,6 +164,34 @@ def main() -> None:
           f"{len(events) / events_s:,.0f} events/s")
     print(f"allocation record check (what each allocated claim's draquota.io/allocated-charge should say): "
           f"{len(parsed)} claims in {record_s:.2f} s, {record_s / max(len(parsed), 1) * 1e6:.1f} us each")
+    for changed in args.changed:
+        claims = [changed_copy(c, k) if k < changed else c for k, c in enumerate(claims)]
+        seconds, piece = relist_in_pieces(store, claims)
+        print(f"relist with {changed} claims changed: {seconds:.2f} s, longest piece between two pause points "
+              f"{piece * 1000:.1f} ms (the swap moves the usage for up to {MOVED_AT_SWAP} quota updates)")
+
+
+def changed_copy(claim: dict[str, Any], k: int) -> dict[str, Any]:
+    """`claim` as a relist after it changed brings it: a new resourceVersion."""
+    return {**claim, "metadata": {**claim["metadata"], "resourceVersion": f"{claim['metadata']['resourceVersion']}{k % 10}"}}
+
+
+def relist_in_pieces(store: ClaimStore, claims: list[dict[str, Any]]) -> tuple[float, float]:
+    """`store.replace(claims)` and the longest stretch between two of its pause points, with
+    full collections off meanwhile and what is alive frozen after, as `serve` relists
+    (`kube.rebuilds.Rebuilds.rebuilding`)."""
+    last = longest = 0.0
+
+    def pause() -> None:
+        nonlocal last, longest
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+
+    start = last = time.perf_counter()
+    with Rebuilds().rebuilding(), pausing(pause):
+        store.replace(claims)
+        pause()
+    return time.perf_counter() - start, longest
 
 
 if __name__ == "__main__":

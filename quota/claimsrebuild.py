@@ -15,6 +15,7 @@ ledger (a watch that broke for a while: the list priced few again and dropped fe
 swap moves the live usage by them (`Ledger._apply`, as their events would have), so a
 relist of 150,000 claims costs no pass over all of them per quota (bench/controller.py:
 1.25 s against 2.3 s); else every quota is summed again over the new entries, in pauses.
+"Few" is counted in quota updates (`MOVED_AT_SWAP`), as the swap holds the loop for them.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from quota.work import drop, pause_point
 
 __all__ = ["ClaimsRebuild"]
 
-# How many claims that differ from the live ledger a swap may move its usage by, with no
-# pause (`ClaimsRebuild._move`: two `Ledger._apply` each, a few µs); more are summed
-# again over every claim, in pauses.
+# How many quota updates a swap may make to move the live usage by the claims that differ
+# from it, with no pause (`ClaimsRebuild._move`: a claim's old and new entry each update
+# every DeviceQuota of its namespace and every team selecting it, 7-12 µs each, review9);
+# past it every quota is summed again over every claim, in pauses. The claims the live
+# ledger changed meanwhile are reconciled at the swap either way.
 MOVED_AT_SWAP = 2000
 
 T = TypeVar("T")
@@ -91,7 +94,7 @@ class ClaimsRebuild:
             dropped = [ref for ref in self._walk(list(ledger._entries)) if ref not in self._entries]
             # Few claims differ from the live ledger (a relist after a short break): its usage
             # is moved by them at the swap, rather than summed again over every claim.
-            moved = len(self._put) + len(dropped) <= MOVED_AT_SWAP
+            moved = self._move_cost(dropped) <= MOVED_AT_SWAP
             by_namespace, by_owner, usage, counted, parts = self._derive(sums=not moved)
         except BaseException:
             ledger._touched = None
@@ -117,6 +120,26 @@ class ClaimsRebuild:
         ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
         self._swap(by_namespace, by_owner)
         return gone
+
+    def _move_cost(self, dropped: list[ClaimRef]) -> int:
+        """The quota updates `_move` would make for the claims put or dropped (review9: a
+        bound on claims alone let the quotas of one namespace multiply the swap's work);
+        counted only until past `MOVED_AT_SWAP`."""
+        ledger = self._ledger
+        per_namespace: dict[Namespace, int] = {}
+        cost = 0
+        for ref in (*self._put, *dropped):
+            for entry in (ledger._entries.get(ref), self._entries.get(ref)):
+                if entry is None:
+                    continue
+                namespace = entry.namespace
+                if (updates := per_namespace.get(namespace)) is None:
+                    updates = len(ledger._quotas.get(namespace, {})) + len(ledger._teams.selecting(namespace))
+                    per_namespace[namespace] = updates
+                cost += max(updates, 1)
+            if cost > MOVED_AT_SWAP:
+                break
+        return cost
 
     def _move(self, refs: Iterable[ClaimRef]) -> None:
         """The live ledger's usage (its quotas' and its teams' parts, `Ledger._apply`) moved

@@ -295,6 +295,27 @@ def test_a_claims_rebuild_is_what_the_list_says_with_live_changes_to_kept_claims
     _assert_counted(led)
 
 
+def test_a_swap_moves_the_usage_only_within_its_budget_of_quota_updates() -> None:
+    """review9: the swap holds the loop for one quota update per DeviceQuota of a changed
+    claim's namespace, for its old entry and its new one; a bound on claims alone let 2,000
+    claims in a namespace of 5 DeviceQuotas and 5 teams hold it 0.75 s."""
+    led = ledger(*(make_quota(f"q{i}", memory="1Ti") for i in range(5)))
+    for i in range(300):
+        led.add_or_update_claim(entry(f"c{i}", 10 * GiB))
+    few = ClaimsRebuild(led)
+    for i in range(100):
+        few.put(entry(f"c{i}", 20 * GiB))
+    assert few._move_cost([]) == 100 * 2 * 5 <= claimsrebuild.MOVED_AT_SWAP
+    few.cancel()
+    many = ClaimsRebuild(led)
+    for i in range(300):
+        many.put(entry(f"c{i}", 20 * GiB))
+    assert many._move_cost([]) > claimsrebuild.MOVED_AT_SWAP  # 3,000 updates: summed again, in pauses
+    assert many._move_cost([]) < 300 * 2 * 5  # counted only until past the bound
+    gone = many.commit()
+    assert gone == [] and all(led.usage(NS, f"q{i}").reserved == Charge(300 * 20 * GiB, 300) for i in range(5))
+
+
 def test_a_cancelled_claims_rebuild_leaves_the_ledger_alone_and_a_second_one_waits() -> None:
     led = ledger(make_quota("q", memory="1Ti"))
     led.add_or_update_claim(entry("a", 10 * GiB))
