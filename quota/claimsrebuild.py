@@ -14,7 +14,7 @@ list's resourceVersion and brings what came after. Where few claims differ from 
 ledger (a watch that broke for a while: the list priced few again and dropped few), the
 swap moves the live usage by them (`Ledger._apply`, as their events would have), so a
 relist of 150,000 claims costs no pass over all of them per quota (bench/controller.py:
-1.25 s against 2.3 s); else every quota is summed again over the new entries, in pauses.
+0.9-1.25 s against 2.3 s); else every quota is summed again over the new entries, in pauses.
 "Few" is counted in quota updates (`MOVED_AT_SWAP`), as the swap holds the loop for them.
 """
 
