@@ -206,7 +206,10 @@ class AllocatedPricer:
             # What the device sets aside for that amount: a share below the policy's
             # minimum or between its steps still holds the rounded amount.
             rounded = round_request(amount, capacity) if capacity is not None else None
-            return Charge(ceil_int(rounded if rounded is not None else amount), 1)
+            charge = ceil_int(rounded if rounded is not None else amount)
+            # Gone from the inventory, its policy cannot round the amount: what the record
+            # kept (rounded while the device was there) where that is more (review8).
+            return Charge(max(charge, kept) if kept is not None else charge, 1)
         if device is not None:
             return Charge(ceil_int(device.memory), 1)
         if kept is not None:

@@ -586,6 +586,22 @@ def allocated_json(record: dict[RecordKey, int]) -> str:
     return json.dumps({str(k): v for k, v in record.items()})
 
 
+def test_a_share_of_a_vanished_device_keeps_the_rounded_charge_its_record_kept() -> None:
+    """review8. A share consumed off the policy's step is charged rounded up to it while the
+    device is there; once it is gone nothing rounds it, and the unrounded amount was
+    charged and written over the record: lower."""
+    share = [result("r", "shared-0", pool="node-3", consumed={"memory": "1000000000"})]
+    spec = request("r", exactly("shared"))
+    record = Pricer(inventory(), CLASSES).allocation_record(parse_claim(make_claim("c", spec, allocation=share)))
+    assert list(record.values()) == [954 * MiB]  # 1e9 bytes rounded up to the 1Mi step
+    gone = inventory()
+    gone.delete_slice("n3")
+    pricer = Pricer(gone, CLASSES)
+    claim = parse_claim(make_claim("c", spec, allocation=share, annotations=record_for(record)))
+    assert pricer.exact(claim).total == Charge(954 * MiB, 1)
+    assert pricer.allocation_record(claim) == record
+
+
 def test_a_claim_of_one_class_reads_the_same_by_device_and_by_result() -> None:
     """review6 (S1): on a claim of one class every scope (by driver, by selector, by class)
     counts a record by device as the allocation, so none is rewritten by result."""
