@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from quota.allocationrecord import by_device
 from quota.capacity import round_request
-from quota.claims import AllocatedDevice, Claim, ClaimSpec
+from quota.claims import AllocatedDevice, Claim, request_classes
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
 from quota.priced import HeldDevice, PricedRequest, Pricing, Share
@@ -42,7 +42,7 @@ class AllocatedPricer:
         while it existed. Each request also priced for each of `selections`
         (`rescoped`)."""
         recorded = dict(claim.recorded_devices)
-        classes = _request_classes(claim.spec)
+        classes = request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
         record: dict[RecordKey, int] = {}
@@ -99,7 +99,7 @@ class AllocatedPricer:
         class cannot be told."""
         if claim.allocation is not None or not claim.recorded_devices:
             return None
-        by_request = _request_classes(claim.spec)
+        by_request = request_classes(claim.spec)
         classes = sorted(set(by_request.values()))
         requests = {cls: ",".join(r.name for r in claim.spec.requests
                                   if any(alt.device_class == cls for alt in r.alternatives)) for cls in classes}
@@ -215,10 +215,6 @@ class AllocatedPricer:
         if kept is not None:
             return Charge(kept, 1)
         return None
-
-
-def _request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
-    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
 
 
 def _request_class(request: str, classes: Mapping[str, DeviceClassName]) -> tuple[str, DeviceClassName]:

@@ -63,6 +63,7 @@ __all__ = [
     "claim_record",
     "parse_claim",
     "parse_claim_spec",
+    "request_classes",
     "parse_device_class",
     "CHARGE_ANNOTATION",
     "QUOTAS_ANNOTATION",
@@ -190,17 +191,23 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     )
 
 
+def request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
+    """Each request's name ("req", or "req/sub" for a `firstAvailable` subrequest, as an
+    allocation result names it) and its DeviceClass."""
+    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
+
+
 def _several_classes(spec: ClaimSpec) -> bool:
-    return len({alt.device_class for req in spec.requests for alt in req.alternatives}) > 1
+    return len(set(request_classes(spec).values())) > 1
 
 
 def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple[RecordKey, int], ...]:
     """The allocation record `annotations` carry for a claim of `spec` (`Claim.recorded_devices`):
     by result only on a claim of several classes, and naming its requests
     (`quota.allocationrecord.recorded_devices`)."""
-    requests = frozenset(alt.name for req in spec.requests for alt in req.alternatives) \
-        if _several_classes(spec) else frozenset()
-    return recorded_devices(annotations, requests=requests)
+    classes = request_classes(spec)
+    several = len(set(classes.values())) > 1
+    return recorded_devices(annotations, requests=frozenset(classes) if several else frozenset())
 
 
 def _timestamp(raw: Any) -> float | None:
