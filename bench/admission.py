@@ -69,7 +69,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -976,10 +976,10 @@ async def resource_quota_namespace(kube: Kube, name: str) -> str:
     return ns
 
 
-def claim_body(name: str, ns: str, baseline: str) -> JSON:
-    """A one-GPU claim; in the ResourceQuota baseline's namespace carrying a charge already
-    (CHARGED), so dra-quota writes nothing there."""
-    meta: JSON = {"name": name, **({"annotations": CHARGED} if ns == baseline else {})}
+def claim_body(name: str, ns: str, charged: Collection[str]) -> JSON:
+    """A one-GPU claim; in the namespaces `charged` (the ResourceQuota baseline's)
+    carrying a charge already (CHARGED), so dra-quota writes nothing there."""
+    meta: JSON = {"name": name, **({"annotations": CHARGED} if ns in charged else {})}
     return {"kind": "ResourceClaim", "metadata": meta, "spec": one_gpu()}
 
 
@@ -1004,25 +1004,56 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
         unquoted = await namespace(bench.kube, "bench-webhook-noquota", {RUN_LABEL: run})
         theirs = await resource_quota_namespace(bench.kube, "bench-resourcequota")
         await enforced(bench, ours)
-        return await creates_per_second(bench, seconds, rounds, workers,
-                                        {"webhook": ours, "webhook-noquota": unquoted, "resourcequota": theirs})
+        phases = await creates_per_second(bench, seconds, rounds, workers,
+                                          {"webhook": ours, "webhook-noquota": unquoted, "resourcequota": theirs},
+                                          charged={theirs}, patched={"webhook", "webhook-noquota"})
+    rate, cpu = rates(phases), apiserver_cpu(phases)
+    ratio = rate["webhook"] / rate["resourcequota"]
+    cpu_ratio = cpu["webhook"] / cpu["resourcequota"]
+    print(f"  webhook {rate['webhook']:.1f}/s vs ResourceQuota {rate['resourcequota']:.1f}/s: ratio {ratio:.2f} "
+          f"(target >= {TARGETS['c_ratio']}); API server CPU a create {cpu['webhook']:.2f} vs "
+          f"{cpu['resourcequota']:.2f} ms: {cpu_ratio:.2f}x (target <= {TARGETS['c_cpu_ratio']}x); webhook without a "
+          f"DeviceQuota in scope {rate['webhook-noquota']:.1f}/s, ratio {rate['webhook-noquota'] / rate['resourcequota']:.2f}, "
+          f"API server CPU {cpu['webhook-noquota'] / cpu['resourcequota']:.2f}x; load average {load_average()}")
+    return {"phases": phases, "per_s": {m: round(v, 1) for m, v in rate.items()}, "ratio": round(ratio, 3),
+            "ratio_noquota": round(rate["webhook-noquota"] / rate["resourcequota"], 3),
+            "apiserver_cpu_ms_per_create": {m: round(v, 3) for m, v in cpu.items()},
+            "apiserver_cpu_ratio": round(cpu_ratio, 3),
+            "apiserver_cpu_ratio_noquota": round(cpu["webhook-noquota"] / cpu["resourcequota"], 3),
+            "load_average": load_average()}
 
 
-async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers: int, modes: dict[str, str]) -> JSON:
-    """(c)'s alternating phases, `workers` creates in flight in each mode's namespace."""
+def rates(phases: dict[str, list[JSON]]) -> dict[str, float]:
+    """Creates per second of each mode over all its phases."""
+    return {m: sum(r["creates"] for r in rows) / sum(r["seconds"] for r in rows) for m, rows in phases.items()}
+
+
+def apiserver_cpu(phases: dict[str, list[JSON]]) -> dict[str, float]:
+    """The API server's CPU milliseconds per create of each mode over all its phases."""
+    return {m: sum(r["cpu_ms_per_create"]["apiserver"] * r["creates"] for r in rows) / sum(r["creates"] for r in rows)
+            for m, rows in phases.items()}
+
+
+async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers: int, modes: dict[str, str], *,
+                             charged: Collection[str], patched: Collection[str],
+                             more_pids: dict[str, int] | None = None) -> dict[str, list[JSON]]:
+    """(c)'s alternating phases, `workers` creates in flight in each mode's namespace:
+    each phase's row, by mode. Claims in the namespaces `charged` carry a charge already
+    (`claim_body`); a phase of a mode in `patched` ends once the leader charged its claims.
+    `more_pids`: other processes whose CPU per create each row shows, by name."""
     clients = [bench.cluster.client() for _ in range(max(1, workers // 8))]
     phases: dict[str, list[JSON]] = {mode: [] for mode in modes}
     counter = iter(range(10**9))
 
     async def phase(mode: str, ns: str) -> JSON:
-        pids = bench.pids()
+        pids = bench.pids() | (more_pids or {})
         cpu = {k: cpu_seconds(p) for k, p in pids.items()}
         metrics = await bench.kube.api.text("/metrics")
         latencies: list[float] = []
         failed = 0
         deadline = time.monotonic() + seconds
         sampled = (asyncio.create_task(sample_quota(bench.kube, ns, lambda: time.monotonic() >= deadline))
-                   if mode == "webhook" else None)
+                   if mode == "webhook" else None)  # the one mode with a DeviceQuota
 
         async def work(client: Kube) -> None:
             nonlocal failed
@@ -1030,7 +1061,7 @@ async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers:
                 sent = time.monotonic()
                 try:
                     await client.create(RESOURCE_V1, "resourceclaims",
-                                        claim_body(f"c-{next(counter):07d}", ns, modes["resourcequota"]), namespace=ns)
+                                        claim_body(f"c-{next(counter):07d}", ns, charged), namespace=ns)
                 except ApiError:
                     failed += 1
                     continue
@@ -1040,7 +1071,7 @@ async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers:
         await asyncio.gather(*(work(clients[i % len(clients)]) for i in range(workers)))
         wall = time.monotonic() - started
         record = await sampled if sampled is not None else {}
-        if mode != "resourcequota":  # the leader's patches of these creates count here, not in the next phase
+        if mode in patched:  # the leader's patches of these creates count here, not in the next phase
             await annotations_landed(bench.kube, metrics, len(latencies))
         after = await bench.kube.api.text("/metrics")
         used = {k: round((cpu_seconds(p) - cpu[k]) / max(1, len(latencies)) * 1000, 3) for k, p in pids.items()}
@@ -1062,22 +1093,7 @@ async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers:
     finally:
         for client in clients:
             await client.close()
-    rate = {m: sum(r["creates"] for r in rows) / sum(r["seconds"] for r in rows) for m, rows in phases.items()}
-    ratio = rate["webhook"] / rate["resourcequota"]
-    cpu = {m: sum(r["cpu_ms_per_create"]["apiserver"] * r["creates"] for r in rows) / sum(r["creates"] for r in rows)
-           for m, rows in phases.items()}
-    cpu_ratio = cpu["webhook"] / cpu["resourcequota"]
-    print(f"  webhook {rate['webhook']:.1f}/s vs ResourceQuota {rate['resourcequota']:.1f}/s: ratio {ratio:.2f} "
-          f"(target >= {TARGETS['c_ratio']}); API server CPU a create {cpu['webhook']:.2f} vs "
-          f"{cpu['resourcequota']:.2f} ms: {cpu_ratio:.2f}x (target <= {TARGETS['c_cpu_ratio']}x); webhook without a "
-          f"DeviceQuota in scope {rate['webhook-noquota']:.1f}/s, ratio {rate['webhook-noquota'] / rate['resourcequota']:.2f}, "
-          f"API server CPU {cpu['webhook-noquota'] / cpu['resourcequota']:.2f}x; load average {load_average()}")
-    return {"phases": phases, "per_s": {m: round(v, 1) for m, v in rate.items()}, "ratio": round(ratio, 3),
-            "ratio_noquota": round(rate["webhook-noquota"] / rate["resourcequota"], 3),
-            "apiserver_cpu_ms_per_create": {m: round(v, 3) for m, v in cpu.items()},
-            "apiserver_cpu_ratio": round(cpu_ratio, 3),
-            "apiserver_cpu_ratio_noquota": round(cpu["webhook-noquota"] / cpu["resourcequota"], 3),
-            "load_average": load_average()}
+    return phases
 
 
 # -- (f) sustained creates into one DeviceQuota ---------------------------------------------------
@@ -1140,7 +1156,7 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
             most = max(most, in_flight)
             try:
                 await clients[i % len(clients)].create(RESOURCE_V1, "resourceclaims",
-                                                       claim_body(f"s-{i:07d}", ns, baseline), namespace=ns)
+                                                       claim_body(f"s-{i:07d}", ns, {baseline}), namespace=ns)
                 latencies.append((loop.time() - due) * 1000)
             except (ApiError, aiohttp.ClientError, TimeoutError) as err:
                 reason = err.message[:160] if isinstance(err, ApiError) else type(err).__name__

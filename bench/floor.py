@@ -1,0 +1,211 @@
+"""The floor of issue 16 (c): what one webhook call per create costs, whatever the webhook does.
+
+Issue 16 asks for claim creates through the API server, our webhooks and a DeviceQuota in
+scope, at >= 0.8x the rate of a namespace with only a ResourceQuota, and API-server CPU
+per create <= 1.5x ResourceQuota's. Every design of ours makes at least one webhook call
+per create (a quota whose prices come from CEL selectors over the inventory cannot be
+checked in the API server's process). This measures what that one call costs on its own,
+with a webhook that does nothing: a separate Python process (aiohttp over TLS 1.2+, as
+`serve` listens) answering every review at once, no parsing beyond the JSON, no pricing,
+no writes. Its numbers bound every design from above: no webhook of ours can be cheaper.
+
+Modes, alternating phases in one run (bench/admission.py's (c) harness: 16 creates in
+flight, the same one-GPU claim, the API server's own metrics and each process's CPU):
+- plain: no admission webhook and no quota at all (the ceiling);
+- resourcequota: only an in-tree ResourceQuota (issue 16's baseline);
+- floor-validating: one validating call to the do-nothing webhook (today's design has
+  one such call per create, plus the leader's charge patch);
+- floor-mutating: one mutating call to the do-nothing webhook, answering with a JSON
+  patch that sets the charge annotations (the one-write design's floor: reserve and
+  annotate in the create itself, no second write);
+- webhook, webhook-noquota: `dra-quota serve` itself with the shipped webhooks, with and
+  without a DeviceQuota in scope (as (c)).
+
+Not a timed test: `python bench/floor.py [--seconds S] [--rounds N] [--nodes N]`; results
+also in bench/results/floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import gc
+import json
+import os
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from admission import (  # noqa: E402
+    CHARGED, TARGETS, Bench, apiserver_cpu, control_plane, creates_per_second, device_quota, enforced,
+    load_average, namespace, our_webhooks, rates, resource_quota_namespace,
+)
+
+from devcluster.controlplane import WEBHOOK_SERVICES  # noqa: E402
+from tests.e2e.cluster import free_ports  # noqa: E402
+from tests.e2e.harness import ADMISSION, PLURALS, RUN_LABEL  # noqa: E402
+
+JSON = dict[str, Any]
+FLOOR_LABEL = "bench.draquota.io/floor"
+# One JSON patch for every claim of the mutating floor: they are created without annotations.
+PATCH = base64.b64encode(json.dumps([{"op": "add", "path": "/metadata/annotations", "value": CHARGED}]).encode()).decode()
+
+
+# -- the do-nothing webhook (its own process) ------------------------------------------------------
+
+
+def hook_app() -> web.Application:
+    async def answer(request: web.Request, patch: bool) -> web.Response:
+        uid = json.loads(await request.read())["request"]["uid"]
+        response: JSON = {"uid": uid, "allowed": True}
+        if patch:
+            response |= {"patchType": "JSONPatch", "patch": PATCH}
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+
+    async def validate(request: web.Request) -> web.Response:
+        return await answer(request, patch=False)
+
+    async def mutate(request: web.Request) -> web.Response:
+        return await answer(request, patch=True)
+
+    app = web.Application()
+    app.router.add_post("/validate", validate)
+    app.router.add_post("/mutate", mutate)
+    return app
+
+
+def serve_hook(port: int, cert: str, key: str) -> None:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    web.run_app(hook_app(), host="127.0.0.1", port=port, ssl_context=context, access_log=None, print=None)
+
+
+@asynccontextmanager
+async def do_nothing_webhook(bench: Bench) -> AsyncIterator[tuple[int, int]]:
+    """The do-nothing webhook in its own process: its port (once it listens) and pid."""
+    port = free_ports(1)[0]
+    cert, key = bench.cluster.webhook_cert
+    process = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve-hook", str(port), str(cert),
+                                                   str(key))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.returncode is not None:
+                    raise RuntimeError("the do-nothing webhook did not start") from None
+                await asyncio.sleep(0.1)  # polling for the port to open, with a deadline
+        yield port, process.pid
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+def floor_configs(port: int, ca: bytes) -> list[JSON]:
+    """A validating and a mutating configuration, each for claims created in namespaces
+    labelled FLOOR_LABEL=validating / mutating, pointed at the do-nothing webhook."""
+    namespace, service = WEBHOOK_SERVICES[0]
+    configs = []
+    for kind, path in (("ValidatingWebhookConfiguration", "validate"), ("MutatingWebhookConfiguration", "mutate")):
+        hook: JSON = {
+            "name": f"{path}.floor.bench.draquota.io",
+            "clientConfig": {"service": {"namespace": namespace, "name": service, "path": f"/{path}", "port": port},
+                             "caBundle": base64.b64encode(ca).decode()},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["resourceclaims"], "scope": "Namespaced"}],
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 5, "admissionReviewVersions": ["v1"],
+            "namespaceSelector": {"matchLabels": {FLOOR_LABEL: f"{path[:-1]}ing"}},
+        }
+        if kind.startswith("Mutating"):
+            hook["reinvocationPolicy"] = "Never"
+        configs.append({"apiVersion": ADMISSION, "kind": kind, "metadata": {"name": f"floor-{path}"},
+                        "webhooks": [hook]})
+    return configs
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> JSON:
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        async with control_plane(args, Path(tmp)) as bench, do_nothing_webhook(bench) as (port, hook_pid):
+            gc.collect()
+            gc.freeze()  # the generator's long-lived data: no full collections of it while measuring
+            configs = floor_configs(port, bench.cluster.ca_file.read_bytes())
+            for config in configs:
+                await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
+            try:
+                async with our_webhooks(bench) as ours_run:
+                    ours = await namespace(bench.kube, "floor-webhook", {RUN_LABEL: ours_run})
+                    await device_quota(bench.kube, ours, {"devices": 10_000_000, "memory": "1000000Ti"})
+                    unquoted = await namespace(bench.kube, "floor-webhook-noquota", {RUN_LABEL: ours_run})
+                    modes = {
+                        "plain": await namespace(bench.kube, "floor-plain"),
+                        "resourcequota": await resource_quota_namespace(bench.kube, "floor-resourcequota"),
+                        "floor-validating": await namespace(bench.kube, "floor-validating", {FLOOR_LABEL: "validating"}),
+                        "floor-mutating": await namespace(bench.kube, "floor-mutating", {FLOOR_LABEL: "mutating"}),
+                        "webhook": ours,
+                        "webhook-noquota": unquoted,
+                    }
+                    await enforced(bench, ours)
+                    print(f"\ncreates through the API server, {args.workers} in flight, {args.rounds} rounds of "
+                          f"{args.seconds:.0f} s per mode; load average {load_average()}")
+                    # Every claim but those our webhooks see carries its charge (the mutating
+                    # floor's get it from the patch), so the leader writes nothing to them.
+                    charged = {modes[m] for m in ("plain", "resourcequota", "floor-validating")}
+                    phases = await creates_per_second(bench, args.seconds, args.rounds, args.workers, modes,
+                                                      charged=charged, patched={"webhook", "webhook-noquota"},
+                                                      more_pids={"floor-hook": hook_pid})
+            finally:
+                for config in configs:
+                    await bench.kube.delete(ADMISSION, PLURALS[config["kind"]], config["metadata"]["name"])
+    rate, cpu = rates(phases), apiserver_cpu(phases)
+    base_rate, base_cpu = rate["resourcequota"], cpu["resourcequota"]
+    print(f"\nagainst only a ResourceQuota ({base_rate:.1f} creates/s, API server {base_cpu:.2f} ms CPU a create); "
+          f"targets: rate >= {TARGETS['c_ratio']}x, API server CPU <= {TARGETS['c_cpu_ratio']}x")
+    summary: JSON = {}
+    for mode in modes:
+        summary[mode] = {"creates_per_s": round(rate[mode], 1), "ratio": round(rate[mode] / base_rate, 3),
+                         "apiserver_cpu_ms": round(cpu[mode], 3), "apiserver_cpu_ratio": round(cpu[mode] / base_cpu, 3)}
+        print(f"  {mode:<17} {rate[mode]:7.1f}/s  ratio {rate[mode] / base_rate:.2f}  "
+              f"API server CPU {cpu[mode]:.2f} ms a create, {cpu[mode] / base_cpu:.2f}x")
+    print(f"load average {load_average()}")
+    return {"nodes": args.nodes, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
+            "cores": os.cpu_count(), "summary": summary, "phases": phases, "load_average_end": load_average()}
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve-hook":
+        serve_hook(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500, help="inventory size (8 GPUs a node)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per mode")
+    parser.add_argument("--workers", type=int, default=16, help="creates in flight")
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "floor.json")
+    args = parser.parse_args()
+    args.reservation_ttl = args.lease_period = None  # serve's defaults (bench/admission.py's control_plane)
+    results = asyncio.run(run(args))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()
