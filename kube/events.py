@@ -274,6 +274,12 @@ class EventRecorder:
             series.name = str((created.get("metadata") or {}).get("name") or "") or None
         except Exception as err:  # noqa: BLE001 - an Event is never worth more than a log line
             self.dropped("write_failed")
+            if _namespace_terminating(err):
+                # As client-go's recorder (record/event.go): expected while a namespace
+                # goes, and nothing anyone can act on, so no warning.
+                log.debug("Event %s on %s %s/%s not recorded: its namespace is being deleted", key.reason,
+                          key.regarding.kind, key.regarding.namespace, key.regarding.name)
+                return
             log.warning("cannot record Event %s on %s %s/%s: %s", key.reason, key.regarding.kind,
                         key.regarding.namespace, key.regarding.name, err)
 
@@ -364,3 +370,13 @@ def _bounded(note: str) -> str:
     if len(raw) <= NOTE_BYTES:
         return note
     return raw[: NOTE_BYTES - 3].decode(errors="ignore") + "…"
+
+
+def _namespace_terminating(err: Exception) -> bool:
+    """The API server refused a write into a namespace being deleted: its `Status` carries
+    the cause `NamespaceTerminating` (k8s.io/api/core/v1 NamespaceTerminatingCause)."""
+    if not isinstance(err, ApiError):
+        return False
+    causes = dig(err.body, "details", "causes")
+    return isinstance(causes, list) and any(isinstance(c, dict) and c.get("type") == "NamespaceTerminating"
+                                            for c in causes)

@@ -138,6 +138,26 @@ async def test_a_failed_write_is_counted_and_never_raised() -> None:
     assert dropped == ["write_failed"]
 
 
+async def test_a_write_into_a_namespace_being_deleted_is_counted_without_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The API server's answer to a create in a terminating namespace (a real one, trimmed).
+    terminating = ApiError(403, "Forbidden", 'events.events.k8s.io "gpus.18eb" is forbidden: unable to create new '
+                           "content in namespace kq-1 because it is being terminated",
+                           body={"kind": "Status", "reason": "Forbidden", "code": 403, "details": {
+                               "name": "gpus.18eb", "kind": "events",
+                               "causes": [{"type": "NamespaceTerminating", "message": "namespace kq-1 is being "
+                                                                                      "terminated", "field": "metadata.namespace"}]}})
+    for err, level in ((terminating, "DEBUG"), (ApiError(403, "Forbidden", "events.events.k8s.io is forbidden"),
+                                                "WARNING")):
+        caplog.clear()
+        rec, _, dropped = recorder(FakeSink(fail=err))
+        rec.record(key())
+        with caplog.at_level("DEBUG", logger="kube.events"):
+            await drain(rec)
+        assert dropped == ["write_failed"]
+        assert [r.levelname for r in caplog.records if r.name == "kube.events"] == [level]
+
+
 async def test_an_expired_event_is_created_again_with_its_count() -> None:
     sink = FakeSink()
     rec, _, _ = recorder(sink)
