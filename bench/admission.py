@@ -884,6 +884,8 @@ COSTS = {
     "create": ("apiserver_request_duration_seconds", 'resource="resourceclaims"', 'subresource=""', 'verb="POST"'),
     "quota_webhook": (HOOK, 'name="quota.resourceclaims.draquota.io"'),
     "quota_webhook_ungoverned": (HOOK, 'name="quota-ungoverned.resourceclaims.draquota.io"'),
+    # The one-write prototype's mutating call (bench/floor.py's `one-write` mode).
+    "admit_webhook": (HOOK, 'name="admit.resourceclaims.draquota.io"'),
     # Should stay 0: the leader's own writes of our annotations skip it (not-dra-quota-itself).
     "annotations_webhook": (HOOK, 'name="annotations'),
     "resourcequota_plugin": ("apiserver_admission_controller_admission_duration_seconds", 'name="ResourceQuota"',
@@ -1036,11 +1038,13 @@ def apiserver_cpu(phases: dict[str, list[JSON]]) -> dict[str, float]:
 
 async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers: int, modes: dict[str, str], *,
                              charged: Collection[str], patched: Collection[str],
-                             more_pids: dict[str, int] | None = None) -> dict[str, list[JSON]]:
+                             more_pids: dict[str, int] | None = None,
+                             quotas: Collection[str] = ("webhook",)) -> dict[str, list[JSON]]:
     """(c)'s alternating phases, `workers` creates in flight in each mode's namespace:
     each phase's row, by mode. Claims in the namespaces `charged` carry a charge already
     (`claim_body`); a phase of a mode in `patched` ends once the leader charged its claims.
-    `more_pids`: other processes whose CPU per create each row shows, by name."""
+    `more_pids`: other processes whose CPU per create each row shows, by name; `quotas`:
+    the modes whose namespace's DeviceQuota `gpus` is sampled (`sample_quota`)."""
     clients = [bench.cluster.client() for _ in range(max(1, workers // 8))]
     phases: dict[str, list[JSON]] = {mode: [] for mode in modes}
     counter = iter(range(10**9))
@@ -1053,7 +1057,7 @@ async def creates_per_second(bench: Bench, seconds: float, rounds: int, workers:
         failed = 0
         deadline = time.monotonic() + seconds
         sampled = (asyncio.create_task(sample_quota(bench.kube, ns, lambda: time.monotonic() >= deadline))
-                   if mode == "webhook" else None)  # the one mode with a DeviceQuota
+                   if mode in quotas else None)
 
         async def work(client: Kube) -> None:
             nonlocal failed

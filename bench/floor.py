@@ -19,7 +19,13 @@ flight, the same one-GPU claim, the API server's own metrics and each process's 
   patch that sets the charge annotations (the one-write design's floor: reserve and
   annotate in the create itself, no second write);
 - webhook, webhook-noquota: `dra-quota serve` itself with the shipped webhooks, with and
-  without a DeviceQuota in scope (as (c)).
+  without a DeviceQuota in scope (as (c));
+- one-write: `serve` with a DeviceQuota in scope, through the one-write prototype
+  (`webhook.claimadmit`): a mutating call for claim CREATE that reserves under a fresh
+  token and patches the charge, the quotas and the token on, and the validating
+  configuration without claim CREATE (`one_write_webhooks`). The leader writes nothing
+  to these claims: the phase checks they carry the charge and a token, that the API
+  server saw no PATCH of claims, and the DeviceQuota's record stays small.
 
 Not a timed test: `python bench/floor.py [--seconds S] [--rounds N] [--nodes N]`; results
 also in bench/results/floor.json.
@@ -30,6 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import copy
 import gc
 import json
 import os
@@ -53,8 +61,13 @@ from admission import (  # noqa: E402
 )
 
 from devcluster.controlplane import WEBHOOK_SERVICES  # noqa: E402
+from devcluster.webhooks import adapted_webhooks  # noqa: E402
+from quota.admissiontoken import ADMISSION_ANNOTATION  # noqa: E402
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION  # noqa: E402
+from quota.manifests import webhook_configurations  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
-from tests.e2e.harness import ADMISSION, PLURALS, RUN_LABEL  # noqa: E402
+from tests.e2e.harness import ADMISSION, DQ, PLURALS, QUOTA_HOOK, QUOTA_HOOK_OPEN, RUN_LABEL  # noqa: E402
+from tests.e2e.kube import Kube  # noqa: E402
 
 JSON = dict[str, Any]
 FLOOR_LABEL = "bench.draquota.io/floor"
@@ -138,6 +151,72 @@ def floor_configs(port: int, ca: bytes) -> list[JSON]:
     return configs
 
 
+# -- the one-write prototype's configuration -------------------------------------------------------
+
+ADMIT_HOOKS = {QUOTA_HOOK: "admit.resourceclaims.draquota.io", QUOTA_HOOK_OPEN: "admit-ungoverned.resourceclaims.draquota.io"}
+
+
+def one_write_shipped() -> list[JSON]:
+    """The shipped configurations as the one-write design would ship them: the quota hooks'
+    claim CREATE moved to a mutating configuration (`/mutate`, reinvocation IfNeeded: a
+    later mutating webhook's change is priced again), templates left validating, and the
+    annotation guard watching the token too (`draquota.io/admission`)."""
+    configs = copy.deepcopy(list(webhook_configurations()))
+    mutating: list[JSON] = []
+    for config in configs:
+        for hook in config["webhooks"]:
+            if hook["name"] in ADMIT_HOOKS:
+                admit = copy.deepcopy(hook)
+                admit["name"] = ADMIT_HOOKS[hook["name"]]
+                admit["rules"] = [{**rule, "resources": ["resourceclaims"]} for rule in hook["rules"]]
+                admit["clientConfig"]["service"]["path"] = "/mutate"
+                admit["reinvocationPolicy"] = "IfNeeded"
+                mutating.append(admit)
+                for rule in hook["rules"]:
+                    rule["resources"] = [r for r in rule["resources"] if r != "resourceclaims"]
+            for condition in hook.get("matchConditions") or ():
+                if condition["name"] == "changes-our-annotations":
+                    condition["expression"] = condition["expression"].replace(
+                        "['draquota.io/charge',", f"['{ADMISSION_ANNOTATION}', 'draquota.io/charge',")
+                    assert ADMISSION_ANNOTATION in condition["expression"]
+    assert len(mutating) == len(ADMIT_HOOKS)
+    return [*configs, {"apiVersion": ADMISSION, "kind": "MutatingWebhookConfiguration",
+                       "metadata": {"name": "dra-quota-admit"}, "webhooks": mutating}]
+
+
+@contextlib.asynccontextmanager
+async def one_write_webhooks(bench: Bench) -> AsyncIterator[str]:
+    """`one_write_shipped` pointed at `serve` for namespaces labelled with the run label this
+    yields (another run than `our_webhooks`'), deleted on the way out."""
+    run = os.urandom(4).hex()
+    configs = adapted_webhooks(run, bench.served.port, bench.cluster, label=RUN_LABEL, name_suffix="onewrite",
+                               shipped=one_write_shipped())
+    for config in configs:
+        await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
+    try:
+        yield run
+    finally:
+        for config in configs:
+            await bench.kube.delete(ADMISSION, PLURALS[config["kind"]], config["metadata"]["name"])
+
+
+async def one_write_check(kube: Kube, ns: str) -> JSON:
+    """What the one-write phases left: how many claims carry the charge, the quotas and a
+    token (all of them should), distinct tokens, and the DeviceQuota's record now."""
+    claims = await kube.list("resource.k8s.io/v1", "resourceclaims", namespace=ns)
+    notes = [c["metadata"].get("annotations") or {} for c in claims]
+    quota = await kube.get(DQ, "devicequotas", "gpus", namespace=ns)
+    held = (quota.get("status") or {}).get("reservations") or {}
+    out = {"claims": len(claims), "charged": sum(CHARGE_ANNOTATION in a and QUOTAS_ANNOTATION in a for a in notes),
+           "tokens": len({a[ADMISSION_ANNOTATION] for a in notes if ADMISSION_ANNOTATION in a}),
+           "quotas_annotation": sorted({a.get(QUOTAS_ANNOTATION, "") for a in notes}),
+           "charge_annotation": sorted({a.get(CHARGE_ANNOTATION, "") for a in notes}),
+           "entries_after": len(held), "token_entries_after": sum(k.startswith("admission.") for k in held),
+           "lease_entries_after": sum(r.get("source") == "Lease" for r in held.values())}
+    print(f"  one-write: {out}")
+    return out
+
+
 # -- the run -----------------------------------------------------------------------------------------
 
 
@@ -150,10 +229,12 @@ async def run(args: argparse.Namespace) -> JSON:
             for config in configs:
                 await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
             try:
-                async with our_webhooks(bench) as ours_run:
+                async with our_webhooks(bench) as ours_run, one_write_webhooks(bench) as one_write_run:
                     ours = await namespace(bench.kube, "floor-webhook", {RUN_LABEL: ours_run})
                     await device_quota(bench.kube, ours, {"devices": 10_000_000, "memory": "1000000Ti"})
                     unquoted = await namespace(bench.kube, "floor-webhook-noquota", {RUN_LABEL: ours_run})
+                    one_write = await namespace(bench.kube, "floor-one-write", {RUN_LABEL: one_write_run})
+                    await device_quota(bench.kube, one_write, {"devices": 10_000_000, "memory": "1000000Ti"})
                     modes = {
                         "plain": await namespace(bench.kube, "floor-plain"),
                         "resourcequota": await resource_quota_namespace(bench.kube, "floor-resourcequota"),
@@ -161,8 +242,10 @@ async def run(args: argparse.Namespace) -> JSON:
                         "floor-mutating": await namespace(bench.kube, "floor-mutating", {FLOOR_LABEL: "mutating"}),
                         "webhook": ours,
                         "webhook-noquota": unquoted,
+                        "one-write": one_write,
                     }
                     await enforced(bench, ours)
+                    await enforced(bench, one_write)
                     print(f"\ncreates through the API server, {args.workers} in flight, {args.rounds} rounds of "
                           f"{args.seconds:.0f} s per mode; load average {load_average()}")
                     # Every claim but those our webhooks see carries its charge (the mutating
@@ -170,7 +253,9 @@ async def run(args: argparse.Namespace) -> JSON:
                     charged = {modes[m] for m in ("plain", "resourcequota", "floor-validating")}
                     phases = await creates_per_second(bench, args.seconds, args.rounds, args.workers, modes,
                                                       charged=charged, patched={"webhook", "webhook-noquota"},
-                                                      more_pids={"floor-hook": hook_pid})
+                                                      more_pids={"floor-hook": hook_pid},
+                                                      quotas={"webhook", "one-write"})
+                    checked = await one_write_check(bench.kube, one_write)
             finally:
                 for config in configs:
                     await bench.kube.delete(ADMISSION, PLURALS[config["kind"]], config["metadata"]["name"])
@@ -184,8 +269,13 @@ async def run(args: argparse.Namespace) -> JSON:
                          "apiserver_cpu_ms": round(cpu[mode], 3), "apiserver_cpu_ratio": round(cpu[mode] / base_cpu, 3)}
         print(f"  {mode:<17} {rate[mode]:7.1f}/s  ratio {rate[mode] / base_rate:.2f}  "
               f"API server CPU {cpu[mode]:.2f} ms a create, {cpu[mode] / base_cpu:.2f}x")
+    for mode in ("webhook", "one-write"):
+        rows = phases[mode]
+        print(f"  {mode}: serve CPU ms a create {[r['cpu_ms_per_create']['serve'] for r in rows]}, leader PATCHes "
+              f"{[r['annotation_patch_calls'] for r in rows]}, the DeviceQuota at most "
+              f"{[r.get('max_entries') for r in rows]} entries, {[r.get('max_bytes') for r in rows]} bytes")
     print(f"load average {load_average()}")
-    return {"nodes": args.nodes, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
+    return {"one_write": checked, "nodes": args.nodes, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
             "cores": os.cpu_count(), "summary": summary, "phases": phases, "load_average_end": load_average()}
 
 

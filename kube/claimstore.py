@@ -19,6 +19,11 @@ may still refuse the delete). With a `provisional` hook (`dra-quota serve`:
 upper bound (`Admitter.bound_entry`, no tenant CEL), and the hook prices it in the
 background.
 
+A claim admitted by the one-write admission (`webhook.claimadmit`) carries the token its
+reservation is keyed by (`quota.admissiontoken`): the store maps each token key to the
+first claim carrying it, so `version`, `recorded_version` and `deleted` answer for the key
+as for the uid, and the entry settles exactly as a uid-keyed one does.
+
 The claim store tells `changed` the quotas whose status may have moved after each event:
 the keys the ledger's mutation returned (as kueue's cache returns them), None after a
 whole list.
@@ -32,6 +37,7 @@ from typing import Any, Protocol
 
 from kube.caches import QuotasChanged, parse_or_skip
 from quota.admission import Admitter, claim_ref, object_ref
+from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
 from quota.claims import Claim, parse_claim
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, QuotaKey
@@ -84,6 +90,8 @@ class ClaimStore:
         self._versions: dict[ClaimRef, str] = {}
         # The claims carrying the charge they were admitted at (`draquota.io/charge`).
         self._recorded: set[ClaimRef] = set()
+        # One-write admissions (module doc): token key -> the first claim carrying its token.
+        self._tokens = _Tokens()
 
     def replace(self, objects: list[Obj]) -> None:
         """A relist: built aside and swapped in with the ledger in one step (module doc).
@@ -108,6 +116,7 @@ class ClaimStore:
         # these (`version`).
         listed_before, self._versions = self._versions, relist.versions
         recorded_before, self._recorded = self._recorded, relist.recorded
+        tokens_before, self._tokens = self._tokens, relist.tokens
         held_before = self.holders.replace(relist.held) if self.holders is not None else {}
         self._reprice_since(selections)
         # Told after the swap (in pauses: the reflector applies no event until they are done).
@@ -118,6 +127,8 @@ class ClaimStore:
             # persisted reservation must keep counting it until the watch delivers it.
             if self.deleted is not None and entry.ref in listed_before:
                 self.deleted(entry.ref, None)
+                if (key := tokens_before.key_of.get(entry.ref)) is not None:
+                    self.deleted(key, None)
             pause_point()
         if self.freed is not None:
             for namespace in dict.fromkeys(e.namespace for e in gone):
@@ -175,6 +186,8 @@ class ClaimStore:
             relist.versions[ref] = version
         if ref in self._recorded:
             relist.recorded.add(ref)
+        if (key := self._tokens.key_of.get(ref)) is not None:
+            relist.tokens.add(key, ref)
         if self.holders is not None and (held := self.holders.mapping().get(ref)) is not None:
             relist.held[ref] = held
         return True
@@ -192,6 +205,8 @@ class ClaimStore:
             relist.versions[ref] = version
         if claim.recorded_charge is not None:
             relist.recorded.add(ref)
+        if (key := _token_key(obj)) is not None:
+            relist.tokens.add(key, ref)
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
             relist.held[ref] = held
         relist.told.append((claim, obj, entry if bound else None))
@@ -256,6 +271,7 @@ class ClaimStore:
         keys = self.ledger.delete_claim(ref)
         self._versions.pop(ref, None)
         self._recorded.discard(ref)
+        key = self._tokens.drop(ref)
         if self.holders is not None:
             self.holders.drop(ref)
         if self.recorder is not None and isinstance(uid, str):
@@ -263,19 +279,27 @@ class ClaimStore:
         if self.deleted is not None and isinstance(uid, str) and uid:
             version = meta.get("resourceVersion")
             self.deleted(uid, version if isinstance(version, str) else None)
+            if key is not None:  # its one-write entry settles as its uid's does
+                self.deleted(key, version if isinstance(version, str) else None)
         if self.freed is not None:
             self.freed(str(meta.get("namespace") or ""))
         self._changed(keys, obj)
 
     def version(self, uid: str) -> int | None:
-        """The resourceVersion at which the ledger counts claim `uid` (None: it does not)."""
-        version = self._versions.get(ClaimRef(uid))
+        """The resourceVersion at which the ledger counts claim `uid` (None: it does not);
+        `uid` may be a one-write admission's token key (module doc)."""
+        version = self._versions.get(self._ref(uid))
         return int(version) if version is not None and version.isdigit() else None
 
     def recorded_version(self, uid: str) -> int | None:
         """`version`, once the claim carries the charge it was admitted at: what lets a
         persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
-        return self.version(uid) if ClaimRef(uid) in self._recorded else None
+        return self.version(uid) if self._ref(uid) in self._recorded else None
+
+    def _ref(self, uid: str) -> ClaimRef:
+        if is_token_key(uid):
+            return self._tokens.ref_of.get(uid, ClaimRef(""))
+        return ClaimRef(uid)
 
     def _account(self, claim: Claim, obj: Obj) -> tuple[QuotaKey, ...] | None:
         return guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
@@ -292,6 +316,8 @@ class ClaimStore:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
+        if (key := _token_key(obj)) is not None:
+            self._tokens.add(key, claim_ref(claim))
         if claim.recorded_charge is not None:
             self._recorded.add(claim_ref(claim))
         else:
@@ -309,8 +335,37 @@ class _Relist:
     versions: dict[ClaimRef, str] = field(default_factory=dict)
     recorded: set[ClaimRef] = field(default_factory=set)
     held: dict[ClaimRef, Held] = field(default_factory=dict)
+    tokens: _Tokens = field(default_factory=lambda: _Tokens())
     # Each claim read again, with its bound when it counts at one: told after the swap.
     told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Tokens:
+    """Token keys of one-write admissions and the claims carrying their tokens, both ways."""
+
+    ref_of: dict[str, ClaimRef] = field(default_factory=dict)
+    key_of: dict[ClaimRef, str] = field(default_factory=dict)
+
+    def add(self, key: str, ref: ClaimRef) -> None:
+        """The first claim carrying a token keeps it: a later copy (a tenant who read the
+        token off the persisted claim) never takes over its entry (`quota.admissiontoken`).
+        The annotation never changes on a claim (`webhook.claimreview.update_claim`)."""
+        if key not in self.ref_of and ref not in self.key_of:
+            self.ref_of[key] = ref
+            self.key_of[ref] = key
+
+    def drop(self, ref: ClaimRef) -> str | None:
+        key = self.key_of.pop(ref, None)
+        if key is not None:
+            self.ref_of.pop(key, None)
+        return key
+
+
+def _token_key(obj: Obj) -> str | None:
+    """The record key of the one-write admission whose token `obj` carries, if any."""
+    token = as_map(dig(obj, "metadata", "annotations")).get(ADMISSION_ANNOTATION)
+    return token_key(token) if is_token(token) else None
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:

@@ -48,11 +48,8 @@ class Annotating(Counting):
         """
         due: dict[str, str] = {}
         if CHARGE_ANNOTATION not in current and not (pricing := self.price(claim)).over_budget:
-            mode = self.ledger.default_mode
-            entry = Entry(claim.namespace, claim_ref(claim), {mode: pricing}, allocated=False)
-            due[CHARGE_ANNOTATION] = json.dumps(pricing.total.as_json(), separators=(",", ":"))
-            due[QUOTAS_ANNOTATION] = ",".join(sorted(
-                q.ref for q in self.ledger.quotas(claim.namespace) if not entry.charge_for(q, mode).is_zero()))
+            entry = Entry(claim.namespace, claim_ref(claim), {self.ledger.default_mode: pricing}, allocated=False)
+            due.update(self.charge_annotations(entry))
         if claim.allocation is not None:
             record = self.pricer.allocation_record(claim)
             if not record_in_step(claim, record):
@@ -60,6 +57,17 @@ class Annotating(Counting):
         elif (last := self.record_due(claim)) is not None:
             due.update(record_annotations(claim, last))
         return due
+
+    def charge_annotations(self, entry: Entry) -> dict[str, str]:
+        """`draquota.io/charge` and `draquota.io/quotas` for a claim priced as `entry` (in
+        the default mode at least): the one place their values are built, for the leader's
+        patch (`annotations_due`) and for the one-write admission that sets them in the
+        create itself (`webhook.claimadmit`), so both write the same bytes."""
+        mode = self.ledger.default_mode
+        pricing = entry.pricing[mode]
+        return {CHARGE_ANNOTATION: json.dumps(pricing.total.as_json(), separators=(",", ":")),
+                QUOTAS_ANNOTATION: ",".join(sorted(q.ref for q in self.ledger.quotas(entry.namespace)
+                                                   if not entry.charge_for(q, mode).is_zero()))}
 
     def record_due(self, claim: Claim) -> dict[RecordKey, int] | None:
         """What an unallocated claim's allocation record should say where it is not the last

@@ -21,7 +21,7 @@ reservations (`_series`), so attempts refused after us do not pile up until thei
 Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation the
 allocation record, `quota.allocationrecord`) are written by the quota controller's leader once the
 claim exists (`controllers.annotator`), so a create costs one webhook call. A new claim
-or template may not carry them (`_supplied`) and a later change by anyone but us is
+or template may not carry them (`supplied`) and a later change by anyone but us is
 refused (`update_claim`): queue managers and dashboards read them as ours, so a tenant
 cannot publish a smaller charge than the one counted. The ledger keeps its own record
 of each claim's charge; the annotations are what others read, and a floor when a
@@ -42,10 +42,12 @@ from kube.admissionreview import AdmissionRequest, Cause, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
+from quota.admissiontoken import ADMISSION_ANNOTATION
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, claim_record, parse_claim, pod_owner
 from quota.excess import allocation_key
 from quota.extended import attempt_series
+from quota.ledger import Entry
 from quota.model import RecordKey
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
@@ -54,11 +56,15 @@ from quota.work import Budget
 from runtime.slicing import Slicer
 
 __all__ = [
+    "Admitted",
     "AllocationCheck",
     "ClaimContext",
+    "admit_new",
     "allocate_claim",
     "create_claim",
     "create_template",
+    "parse_request_claim",
+    "supplied",
     "update_claim",
     "with_namespace",
 ]
@@ -68,7 +74,7 @@ NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 OUR_ANNOTATIONS = (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)
 # Every annotation only dra-quota writes (the leader, `controllers.annotator`): none may
 # come with a new claim or template.
-WRITTEN_BY_US = (*OUR_ANNOTATIONS, *RECORD_ANNOTATIONS)
+WRITTEN_BY_US = (*OUR_ANNOTATIONS, *RECORD_ANNOTATIONS, ADMISSION_ANNOTATION)
 # kube-scheduler's identity (its bootstrap ClusterRole binds this user): it creates the
 # claims for Pods' extended resources.
 SCHEDULER = "system:kube-scheduler"
@@ -96,35 +102,51 @@ class ClaimContext:
     recounts: Recounter | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A claim CREATE's verdict, and the claim as priced when it was (its charge
+    annotations are built from it: `Annotating.charge_annotations`)."""
+
+    verdict: Verdict
+    entry: Entry | None = None
+
+
 async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    """ResourceClaim CREATE: adminAccess policy, then price, check every quota and reserve,
-    the reservation persisted on each DeviceQuota's status.
+    """ResourceClaim CREATE (validating): `admit_new`, the reservation keyed by the claim's uid."""
+    claim = parse_request_claim(request)
+    if isinstance(claim, Verdict):
+        return claim
+    if (denied := supplied(request.object)) is not None:
+        return denied
+    if not claim.uid:
+        return _invalid("metadata.uid is missing: the API server sets it before validating admission")
+    return (await admit_new(ctx, request, claim)).verdict
+
+
+async def admit_new(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) -> Admitted:
+    """adminAccess policy, then price, check every quota and reserve, the reservation
+    persisted on each DeviceQuota's status, keyed by `claim_ref(claim)` (the uid, or the
+    token key the one-write admission puts in its place: `webhook.claimadmit`).
 
     The ledger only prices (it holds what this replica's cache holds, not what other
     replicas admitted); the quota check proper runs against the persisted
     reservations, in `kube.quotawriter`.
     """
-    claim = _claim(request, request.object)
-    if isinstance(claim, Verdict):
-        return claim
-    if (supplied := _supplied(request.object)) is not None:
-        return supplied
-    if not claim.uid:
-        return _invalid("metadata.uid is missing: the API server sets it before validating admission")
     record = _judge(ctx, request, claim)
     if record is not None and record.outcome == "refused":
-        return _refusal(record)
+        return Admitted(_refusal(record))
     labels = ctx.namespace_labels(claim.namespace)
     if labels is None and ctx.admitter.ledger.has_teams():
         # A namespace created a moment ago: which ClusterDeviceQuotas select it is in its
         # labels, which this replica's Namespace watch has not brought yet. Deny by default.
-        return Verdict(False, f"namespace {claim.namespace} is not in dra-quota's cache yet, and ClusterDeviceQuotas "
-                              "select namespaces by their labels: retry in a moment", cause="unavailable")
+        return Admitted(Verdict(False, f"namespace {claim.namespace} is not in dra-quota's cache yet, and "
+                                       "ClusterDeviceQuotas select namespaces by their labels: retry in a moment",
+                                cause="unavailable"))
     # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`).
     entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
                                                                           budget=Budget.review()))
     if isinstance(entry, Admission):
-        return _verdict(entry, record)  # adminAccess label, pricing errors: no quota decides those
+        return Admitted(_verdict(entry, record))  # adminAccess label, pricing errors: no quota decides those
     if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:
         await ctx.learn_pod(claim, owner[0])
     charges = {q: c for q, c in ctx.admitter.charges(entry).items() if not c.is_zero()}
@@ -138,10 +160,10 @@ async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     pricing = entry.pricing[ctx.admitter.ledger.default_mode]
     warnings = (*ctx.admitter.pricing_warnings(claim, pricing), *decision.warnings)
     if not decision.allowed and not decision.denied_by:  # conflicts, API errors: no quota said no
-        return Verdict(False, decision.message, warnings=warnings, cause="unavailable")
+        return Admitted(Verdict(False, decision.message, warnings=warnings, cause="unavailable"))
     message = ctx.admitter.explained(claim, decision.message, decision.denied_by)
-    return _verdict(Admission(decision.allowed, message, warnings, pricing, decision.charged,
-                              decision.denied_by, decision.warned_by), record)
+    return Admitted(_verdict(Admission(decision.allowed, message, warnings, pricing, decision.charged,
+                                       decision.denied_by, decision.warned_by), record), entry)
 
 
 def _series(request: AdmissionRequest) -> str:
@@ -156,11 +178,11 @@ def _series(request: AdmissionRequest) -> str:
 
 def create_template(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     """ResourceClaimTemplate CREATE: denied if its claim could never fit; reserves nothing."""
-    claim = _claim(request, request.object)
+    claim = parse_request_claim(request)
     if isinstance(claim, Verdict):
         return claim
-    if (supplied := _supplied(dig(request.object, "spec"))) is not None:
-        return supplied
+    if (denied := supplied(dig(request.object, "spec"))) is not None:
+        return denied
     record = _judge(ctx, request, claim)
     if record is not None and record.outcome == "refused":
         return _refusal(record)
@@ -185,7 +207,7 @@ async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdic
     """
     if dig(request.old_object, "status", "allocation") is not None or dig(request.object, "status", "allocation") is None:
         return Verdict(True)
-    claim = _claim(request, request.object)
+    claim = parse_request_claim(request)
     if isinstance(claim, Verdict):
         return claim
     uid = str(claim_ref(claim))
@@ -222,6 +244,12 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     """
     old = as_map(dig(request.old_object, "metadata", "annotations"))
     new = as_map(dig(request.object, "metadata", "annotations"))
+    if old.get(ADMISSION_ANNOTATION) != new.get(ADMISSION_ANNOTATION):
+        # It names the claim's reservation (`quota.admissiontoken`): added to another
+        # claim, it would settle an admission still in flight, counted nowhere.
+        return Verdict(False, f"annotation {ADMISSION_ANNOTATION} is written by dra-quota when the claim is created "
+                              f"and may not be changed (was {show(old.get(ADMISSION_ANNOTATION))}, now "
+                              f"{show(new.get(ADMISSION_ANNOTATION))})", cause="annotations")
     changed = [key for key in OUR_ANNOTATIONS if old.get(key) != new.get(key)]
     if changed and not _first_charge(ctx, request, old, new):
         return Verdict(
@@ -301,19 +329,19 @@ def _unlike(claim: Claim, record: Mapping[RecordKey, int], changed: list[str], n
     return [key for key in changed if key not in due or new.get(key) != due[key]]
 
 
-def _supplied(obj: Any) -> Verdict | None:
+def supplied(obj: Any, keys: tuple[str, ...] = WRITTEN_BY_US) -> Verdict | None:
     """A denial when `obj`'s metadata (a claim's, or the one a template stamps) carries an
-    annotation only dra-quota writes.
+    annotation only dra-quota writes (of `keys`).
 
     Queue managers and dashboards read them as ours, the allocation record prices a
     device that left the inventory, and the charge is a floor when a claim is priced
     again: a value the tenant chose must never be taken for one of them. (Until issue
     16 a mutating webhook replaced them; one webhook call per create is the price.)"""
     annotations = as_map(dig(obj, "metadata", "annotations"))
-    supplied = [key for key in WRITTEN_BY_US if key in annotations]
-    if not supplied:
+    found = [key for key in keys if key in annotations]
+    if not found:
         return None
-    return Verdict(False, f"annotation {supplied[0]} is written by dra-quota once the claim exists and may not be "
+    return Verdict(False, f"annotation {found[0]} is written by dra-quota once the claim exists and may not be "
                           "set by its creator: remove it (an object exported from a cluster carries it)",
                    cause="annotations")
 
@@ -332,7 +360,9 @@ def with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
     return obj
 
 
-def _claim(request: AdmissionRequest, obj: Mapping[str, Any] | None) -> Claim | Verdict:
+def parse_request_claim(request: AdmissionRequest) -> Claim | Verdict:
+    """The request's claim (or template), or the denial of an object we cannot read."""
+    obj = request.object
     if obj is None:
         return _invalid(f"request.object is missing on a {request.operation} of {request.resource.resource}")
     try:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.resources import CLAIMS, NAMESPACES, PODS, TEMPLATES
 from runtime.slicing import Busy
+from webhook.claimadmit import admit_claim
 from webhook.claimreview import (
     ClaimContext,
     allocate_claim,
@@ -55,11 +56,14 @@ VALIDATING: dict[Route, Handler] = {
     **{(NAMESPACES.group, NAMESPACES.plural, sub, op): _namespace
        for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
-# Nothing is mutated any more: the leader writes our annotations once the claim exists
-# (`controllers.annotator`). `/mutate` still answers, allowing everything untouched, so that
-# a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
-# rolls out, does not fail claim creates.
-MUTATING: dict[Route, Handler] = {}
+# One-write admission (`webhook.claimadmit`, a prototype for issue 16 (c)): a claim CREATE
+# reserved and annotated in the create itself, so the leader writes nothing to it
+# (`controllers.annotator`). Its configuration replaces the validating claim CREATE; the
+# shipped manifests still route claim CREATE to `/validate`. Anything else sent to
+# `/mutate` is allowed untouched.
+MUTATING: dict[Route, Handler] = {
+    (CLAIMS.group, CLAIMS.plural, "", "CREATE"): admit_claim,
+}
 
 
 def endpoints(ctx: ClaimContext) -> dict[str, Endpoint]:

@@ -1,0 +1,138 @@
+"""webhook.claimadmit: one-write admission, a claim CREATE reserved and annotated by the mutating call.
+
+The replica is test_claimreview's `World` (a scripted API server persisting the record,
+the claim cache counting what the watch delivers); the API server's part is played here:
+it applies the answer's patch, then fills in the name and uid (`stored`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from kube.admissionreview import AdmissionRequest, Verdict
+from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, parse_claim
+from quota.model import Charge
+from webhook.claimadmit import admit_claim
+from webhook.claimreview import update_claim
+
+from ..builders import GiB, make_quota
+from .test_claimreview import GPUS, NS, UID, UID2, World, gpu_claim, reserved, review_request, run, stored
+
+
+def mutate(world: World, obj: dict[str, Any], *, dry_run: bool = False) -> Verdict:
+    return asyncio.run(admit_claim(world.ctx, review_request(obj, name="", dry_run=dry_run)))
+
+
+def incoming(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as the mutating phase of a generateName CREATE sees it: no name, no uid."""
+    out = copy.deepcopy(obj)
+    out["metadata"]["generateName"] = "train-gpu-"
+    return out
+
+
+def patched(obj: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """`obj` with the answer's JSON Patch applied, as the API server applies it (adds only)."""
+    out = copy.deepcopy(obj)
+    for op in verdict.patch:
+        assert op["op"] == "add"
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for part in parents:
+            target = target[part]
+        target[last] = copy.deepcopy(op["value"])
+    return out
+
+
+def notes(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+def held(world: World) -> dict[str, Any]:
+    return dict(world.api.objects["gpus"]["status"].get("reservations") or {})
+
+
+def test_the_create_carries_the_charge_the_leader_would_write_and_a_token_its_entry_is_keyed_by() -> None:
+    world = World(GPUS)
+    verdict = mutate(world, incoming(gpu_claim()))
+    assert verdict.allowed
+    claim = patched(incoming(gpu_claim()), verdict)
+    token = notes(claim)[ADMISSION_ANNOTATION]
+    due = world.ctx.admitter.annotations_due(parse_claim(stored(gpu_claim())), {})
+    assert {k: notes(claim)[k] for k in (CHARGE_ANNOTATION, QUOTAS_ANNOTATION)} == due
+    assert list(held(world)) == [token_key(token)]
+    assert reserved(world.ctx) == Charge(80 * GiB, 1)
+    # Stored under its generated name and uid; the watch delivers it: counted once, from the cache.
+    world.created(stored(claim))
+    assert reserved(world.ctx) == Charge(80 * GiB, 1)
+    assert world.reservations.claim_recorded(token_key(token)) is not None
+    # The next write settles the entry, as a uid-keyed one (and raises the watermark).
+    assert mutate(world, incoming(gpu_claim())).allowed
+    assert token_key(token) not in held(world)
+    assert reserved(world.ctx) == Charge(160 * GiB, 2)
+
+
+def test_a_reinvocation_reserves_again_under_a_new_token_and_the_first_is_an_orphan() -> None:
+    world = World(make_quota("gpus", memory="400Gi"))
+    first = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
+    again = patched(first, mutate(world, first))  # a later webhook changed something: called again
+    tokens = notes(first)[ADMISSION_ANNOTATION], notes(again)[ADMISSION_ANNOTATION]
+    assert tokens[0] != tokens[1]
+    assert set(held(world)) == {token_key(t) for t in tokens}
+    world.created(stored(again))
+    assert mutate(world, incoming(gpu_claim())).allowed
+    # The claim's own entry settled; the first invocation's stays until its TTL: the
+    # reinvocation costs its charge twice meanwhile (fails closed).
+    assert token_key(tokens[1]) not in held(world) and token_key(tokens[0]) in held(world)
+    assert reserved(world.ctx) == Charge(240 * GiB, 3)
+
+
+def test_a_dry_run_patches_the_charge_and_reserves_nothing() -> None:
+    world = World(GPUS)
+    verdict = mutate(world, incoming(gpu_claim()), dry_run=True)
+    claim = patched(incoming(gpu_claim()), verdict)
+    assert CHARGE_ANNOTATION in notes(claim) and ADMISSION_ANNOTATION not in notes(claim)
+    assert world.api.writes == 0 and reserved(world.ctx) == Charge()
+
+
+def test_what_the_creator_wrote_is_overwritten_and_a_denial_patches_nothing() -> None:
+    world = World(GPUS)
+    forged = incoming(gpu_claim())
+    forged["metadata"]["annotations"] = {CHARGE_ANNOTATION: '{"memory":0,"devices":0}', ADMISSION_ANNOTATION: "0" * 32}
+    claim = patched(forged, mutate(world, forged))
+    assert notes(claim)[CHARGE_ANNOTATION] != '{"memory":0,"devices":0}'
+    assert notes(claim)[ADMISSION_ANNOTATION] != "0" * 32
+    denied = mutate(world, incoming(gpu_claim(count=3)))
+    assert not denied.allowed and not denied.patch
+
+
+def test_a_copied_token_never_takes_over_the_entry_of_the_claim_that_carried_it_first() -> None:
+    world = World(GPUS)
+    claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
+    key = token_key(notes(claim)[ADMISSION_ANNOTATION])
+    world.created(stored(claim, uid=UID))
+    version = world.claims.version(key)
+    world.created(stored(claim, uid=UID2, name="copy"))
+    assert world.claims.version(key) == version
+    world.deleted(stored(claim, uid=UID))
+    assert world.reservations.claim_gone(key) is not None and world.claims.version(key) is None
+
+
+def test_the_token_may_not_be_added_changed_or_removed_later() -> None:
+    world = World(GPUS)
+    old = stored(gpu_claim())
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"] = {ADMISSION_ANNOTATION: "1" * 32}
+    for before, after in ((old, new), (new, old)):
+        verdict = update_claim(world.ctx, review_request(after, operation="UPDATE", old=before))
+        assert not verdict.allowed and ADMISSION_ANNOTATION in verdict.message
+
+
+def test_the_mutating_endpoint_routes_claim_creates_here() -> None:
+    world = World(GPUS)
+    request: AdmissionRequest = review_request(incoming(gpu_claim()), name="")
+    assert run("/mutate", world.ctx, request).patch
+    assert reserved(world.ctx) == Charge(80 * GiB, 1)
+    assert NS == "team-a"

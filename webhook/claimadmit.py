@@ -1,0 +1,65 @@
+"""One-write admission of a ResourceClaim CREATE: reserve and annotate in the create itself (issue 16 (c)).
+
+Neighbours: `webhook.endpoints` routes a claim CREATE reviewed by the mutating webhook
+here; `webhook.claimreview.admit_new` prices, checks and reserves exactly as the
+validating create does; `quota.annotating.Annotating.charge_annotations` builds the
+charge annotations the leader would otherwise patch on (`controllers.annotator`, which
+then finds nothing due); `quota.admissiontoken` names the reservation; the claim cache
+(`kube.claimstore`) maps the token back to the claim, so the entry settles once the
+claim is cached with its charge, as a uid-keyed entry does.
+
+Why a fresh token per invocation: the mutating phase sees no uid (and no name for a
+`generateName` create), and nothing in the incoming object may choose the key: a tenant
+copying another claim's annotation must gain nothing, and a reinvocation (another
+mutating webhook changed the object after us, `reinvocationPolicy: IfNeeded`) sees our
+first answer. So every invocation reserves the full charge under a new token and
+overwrites whatever the object carries; the token of an invocation whose answer did not
+survive (a reinvocation's first, a create refused or failed after us) names an orphan,
+which expires by the TTL (`quota.reservations`). A dry run reserves nothing and writes
+no token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from kube.admissionreview import AdmissionRequest, Verdict
+from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.allocationrecord import RECORD_ANNOTATIONS
+from quota.model import ClaimUid
+from quota.raw import dig
+from webhook.claimreview import ClaimContext, admit_new, parse_request_claim, supplied
+
+__all__ = ["admit_claim"]
+
+
+async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    """ResourceClaim CREATE (mutating): `admit_new` under a fresh token's key; allowed, the
+    answer patches the charge, the quotas and the token onto the claim."""
+    claim = parse_request_claim(request)
+    if isinstance(claim, Verdict):
+        return claim
+    # The allocation record is never ours to write at a create: one supplied is a tenant's
+    # (the charge, the quotas and the token are overwritten below).
+    if (denied := supplied(request.object, RECORD_ANNOTATIONS)) is not None:
+        return denied
+    token = secrets.token_hex(16)
+    admitted = await admit_new(ctx, request, replace(claim, uid=ClaimUid(token_key(token))))
+    if not admitted.verdict.allowed or admitted.entry is None:
+        return admitted.verdict
+    annotations = ctx.admitter.charge_annotations(admitted.entry)
+    if not request.dry_run:  # a dry run reserved nothing: no token names nothing
+        annotations[ADMISSION_ANNOTATION] = token
+    return replace(admitted.verdict, patch=annotation_patch(request.object, annotations))
+
+
+def annotation_patch(obj: Mapping[str, Any] | None, annotations: Mapping[str, str]) -> tuple[dict[str, Any], ...]:
+    """A JSON Patch setting `annotations` on `obj`, replacing what it carries under those keys."""
+    if not isinstance(dig(obj, "metadata", "annotations"), dict):
+        return ({"op": "add", "path": "/metadata/annotations", "value": dict(annotations)},)
+    # `add` on an object member replaces it (RFC 6902, 4.1); `/` in a key is `~1` (RFC 6901).
+    return tuple({"op": "add", "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
+                  "value": value} for key, value in annotations.items())
