@@ -886,6 +886,8 @@ COSTS = {
     "quota_webhook_ungoverned": (HOOK, 'name="quota-ungoverned.resourceclaims.draquota.io"'),
     # The one-write prototype's mutating call (bench/floor.py's `one-write` mode).
     "admit_webhook": (HOOK, 'name="admit.resourceclaims.draquota.io"'),
+    # bench/floor.py's do-nothing webhooks (validating and mutating).
+    "floor_webhook": (HOOK, 'floor.bench.draquota.io"'),
     # Should stay 0: the leader's own writes of our annotations skip it (not-dra-quota-itself).
     "annotations_webhook": (HOOK, 'name="annotations'),
     "resourcequota_plugin": ("apiserver_admission_controller_admission_duration_seconds", 'name="ResourceQuota"',

@@ -133,8 +133,10 @@ def attempt_series(claim: Mapping[str, Any]) -> str:
 
 
 def in_series(claim: str, series: str) -> bool:
-    """Whether `claim` (`<namespace>/<name>`) was generated from `series`' base."""
-    return len(claim) == len(series) + _GENERATED_SUFFIX and claim.startswith(series)
+    """Whether `claim` (`<namespace>/<name>`) was generated from `series`' base, or is named
+    by that base itself: the one-write admission (`webhook.claimadmit`) sees a `generateName`
+    create before the API server generated its name, and names its entry by the base."""
+    return claim.startswith(series) and len(claim) in (len(series), len(series) + _GENERATED_SUFFIX)
 
 
 def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, DeviceClass]) -> ExtendedClaim | None:

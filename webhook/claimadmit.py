@@ -47,7 +47,10 @@ async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     if (denied := supplied(request.object, RECORD_ANNOTATIONS)) is not None:
         return denied
     token = secrets.token_hex(16)
-    admitted = await admit_new(ctx, request, replace(claim, uid=ClaimUid(token_key(token))))
+    # Named by its generateName when it has no name yet (module doc): what its entry shows,
+    # and how the scheduler's next attempt at a Pod's claim finds this one's (`quota.extended`).
+    name = claim.name or str(dig(request.object, "metadata", "generateName") or "")
+    admitted = await admit_new(ctx, request, replace(claim, uid=ClaimUid(token_key(token)), name=name))
     if not admitted.verdict.allowed or admitted.entry is None:
         return admitted.verdict
     annotations = ctx.admitter.charge_annotations(admitted.entry)

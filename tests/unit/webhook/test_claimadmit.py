@@ -19,6 +19,7 @@ from webhook.claimadmit import admit_claim
 from webhook.claimreview import update_claim
 
 from ..builders import GiB, make_quota
+from ..kube.test_quotawriter import scheduler_attempt
 from .test_claimreview import GPUS, NS, UID, UID2, World, gpu_claim, reserved, review_request, run, stored
 
 
@@ -136,3 +137,18 @@ def test_the_mutating_endpoint_routes_claim_creates_here() -> None:
     assert run("/mutate", world.ctx, request).patch
     assert reserved(world.ctx) == Charge(80 * GiB, 1)
     assert NS == "team-a"
+
+
+def test_the_schedulers_attempts_at_one_pods_claim_replace_each_others_entries() -> None:
+    """The mutating phase sees the scheduler's claim before its name is generated: its entry
+    is named by the generateName, and the next attempt of the series still replaces it."""
+    world = World(make_quota("gpus", devices=2))
+    scheduler = {"username": "system:kube-scheduler", "uid": "s", "groups": ["system:authenticated"]}
+    attempt = scheduler_attempt("", "")
+    del attempt["metadata"]["name"], attempt["metadata"]["uid"]
+    for _ in range(4):
+        verdict = asyncio.run(admit_claim(world.ctx, review_request(attempt, user=scheduler, name="")))
+        assert verdict.allowed
+        entries = held(world)
+        assert len(entries) == 1
+        assert [e["claim"] for e in entries.values()] == ["team-a/train-extended-resources-"]
