@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from dataclasses import replace
 from typing import Any
 
 from kube.admissionreview import AdmissionRequest, Verdict
+from kube.leasebook import LeaseBook
+from kube.quotawriter import Reservations
 from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.headroom import Sizing
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, parse_claim
 from quota.model import Charge
 from webhook.claimadmit import admit_claim
@@ -152,3 +156,31 @@ def test_the_schedulers_attempts_at_one_pods_claim_replace_each_others_entries()
         entries = held(world)
         assert len(entries) == 1
         assert [e["claim"] for e in entries.values()] == ["team-a/train-extended-resources-"]
+
+
+def test_admissions_under_a_lease_settle_by_their_token() -> None:
+    """Far from `hard`, a claim is admitted under this process's lease with no write
+    (`kube.leasebook`); its part of the lease settles, by its token, as a uid's does."""
+    now = [1_000.0]
+    world = World(make_quota("gpus", memory="8000Gi"))  # 100 GPUs
+    reservations = Reservations(world.api, world.reservations.ledger, ttl=60.0, progress=world.progress,  # type: ignore[arg-type]
+                                clock=lambda: now[0], claim_version=world.claims.version,
+                                claim_recorded=world.claims.recorded_version,
+                                leases=LeaseBook(Sizing(period=5.0), holder="serve-a"))
+    world.claims.deleted = reservations.claim_deleted
+    world.ctx = replace(world.ctx, reservations=reservations)
+
+    def create() -> dict[str, Any]:
+        claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
+        assert ADMISSION_ANNOTATION in notes(claim)
+        return claim
+
+    claims = [create() for _ in range(3)]  # the first is exact (its write grants the lease)
+    keys = [token_key(notes(c)[ADMISSION_ANNOTATION]) for c in claims]
+    assert set(reservations.leases.leases[(NS, "gpus")].admitted) == set(keys[1:])  # no entries of their own
+    world.created(stored(claims[1]))
+    now[0] += 10.0  # past the lease's window: the next admission writes, and renewing settles
+    create()
+    # The claim the cache holds with its charge settled; the one not seen yet still holds its part.
+    assert set(reservations.leases.leases[(NS, "gpus")].admitted) == {keys[2]}
+    asyncio.run(reservations.close())
