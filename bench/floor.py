@@ -275,7 +275,7 @@ async def run(args: argparse.Namespace) -> JSON:
               f"{[r['annotation_patch_calls'] for r in rows]}, the DeviceQuota at most "
               f"{[r.get('max_entries') for r in rows]} entries, {[r.get('max_bytes') for r in rows]} bytes")
     print(f"load average {load_average()}")
-    return {"one_write": checked, "nodes": args.nodes, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
+    return {"one_write": checked, "nodes": args.nodes, "lease_period": args.lease_period, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
             "cores": os.cpu_count(), "summary": summary, "phases": phases, "load_average_end": load_average()}
 
 
@@ -288,9 +288,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per mode")
     parser.add_argument("--workers", type=int, default=16, help="creates in flight")
+    parser.add_argument("--lease-period", type=float, default=None,
+                        help="serve's --lease-period (its default unless given; 0: no leases, every admission "
+                             "writes its entry, so the DeviceQuota's record shows whether entries settle)")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "floor.json")
     args = parser.parse_args()
-    args.reservation_ttl = args.lease_period = None  # serve's defaults (bench/admission.py's control_plane)
+    args.reservation_ttl = None  # serve's default (bench/admission.py's control_plane)
     results = asyncio.run(run(args))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
