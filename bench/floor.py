@@ -244,13 +244,15 @@ async def run(args: argparse.Namespace) -> JSON:
                         "webhook-noquota": unquoted,
                         "one-write": one_write,
                     }
+                    if args.modes:  # a subset (to profile one), beside the baseline the ratios need
+                        modes = {m: ns for m, ns in modes.items() if m in {"resourcequota", *args.modes.split(",")}}
                     await enforced(bench, ours)
                     await enforced(bench, one_write)
                     print(f"\ncreates through the API server, {args.workers} in flight, {args.rounds} rounds of "
                           f"{args.seconds:.0f} s per mode; load average {load_average()}")
                     # Every claim but those our webhooks see carries its charge (the mutating
                     # floor's get it from the patch), so the leader writes nothing to them.
-                    charged = {modes[m] for m in ("plain", "resourcequota", "floor-validating")}
+                    charged = {modes[m] for m in ("plain", "resourcequota", "floor-validating") if m in modes}
                     phases = await creates_per_second(bench, args.seconds, args.rounds, args.workers, modes,
                                                       charged=charged, patched={"webhook", "webhook-noquota"},
                                                       more_pids={"floor-hook": hook_pid},
@@ -270,7 +272,7 @@ async def run(args: argparse.Namespace) -> JSON:
         print(f"  {mode:<17} {rate[mode]:7.1f}/s  ratio {rate[mode] / base_rate:.2f}  "
               f"API server CPU {cpu[mode]:.2f} ms a create, {cpu[mode] / base_cpu:.2f}x")
     for mode in ("webhook", "one-write"):
-        rows = phases[mode]
+        rows = phases.get(mode, [])
         print(f"  {mode}: serve CPU ms a create {[r['cpu_ms_per_create']['serve'] for r in rows]}, leader PATCHes "
               f"{[r['annotation_patch_calls'] for r in rows]}, the DeviceQuota at most "
               f"{[r.get('max_entries') for r in rows]} entries, {[r.get('max_bytes') for r in rows]} bytes")
@@ -291,6 +293,7 @@ def main() -> None:
     parser.add_argument("--lease-period", type=float, default=None,
                         help="serve's --lease-period (its default unless given; 0: no leases, every admission "
                              "writes its entry, so the DeviceQuota's record shows whether entries settle)")
+    parser.add_argument("--modes", default="", help="only these modes (comma-separated) and resourcequota")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "floor.json")
     args = parser.parse_args()
     args.reservation_ttl = None  # serve's default (bench/admission.py's control_plane)
