@@ -158,7 +158,7 @@ ADMIT_HOOKS = {QUOTA_HOOK: "admit.resourceclaims.draquota.io", QUOTA_HOOK_OPEN: 
 
 def one_write_shipped() -> list[JSON]:
     """The shipped configurations as the one-write design would ship them: the quota hooks'
-    claim CREATE moved to a mutating configuration (`/mutate`, reinvocation IfNeeded: a
+    claim CREATE moved to a mutating configuration (`/admit`, reinvocation IfNeeded: a
     later mutating webhook's change is priced again), templates left validating, and the
     annotation guard watching the token too (`draquota.io/admission`)."""
     configs = copy.deepcopy(list(webhook_configurations()))
@@ -169,7 +169,7 @@ def one_write_shipped() -> list[JSON]:
                 admit = copy.deepcopy(hook)
                 admit["name"] = ADMIT_HOOKS[hook["name"]]
                 admit["rules"] = [{**rule, "resources": ["resourceclaims"]} for rule in hook["rules"]]
-                admit["clientConfig"]["service"]["path"] = "/mutate"
+                admit["clientConfig"]["service"]["path"] = "/admit"
                 admit["reinvocationPolicy"] = "IfNeeded"
                 mutating.append(admit)
                 for rule in hook["rules"]:

@@ -1,4 +1,4 @@
-"""The `/validate` and `/mutate` endpoints: dispatch a review to the handler of its kind.
+"""The `/validate`, `/mutate` and `/admit` endpoints: dispatch a review to the handler of its kind.
 
 Neighbours: `webhook.server.build_app` serves what `endpoints` returns; the per-kind
 modules (`webhook.claimreview`, `webhook.namespaces`, `webhook.pods`) decide. A review
@@ -56,19 +56,25 @@ VALIDATING: dict[Route, Handler] = {
     **{(NAMESPACES.group, NAMESPACES.plural, sub, op): _namespace
        for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},
 }
-# One-write admission (`webhook.claimadmit`, a prototype for issue 16 (c)): a claim CREATE
-# reserved and annotated in the create itself, so the leader writes nothing to it
-# (`controllers.annotator`). Its configuration replaces the validating claim CREATE; the
-# shipped manifests still route claim CREATE to `/validate`. Anything else sent to
-# `/mutate` is allowed untouched.
-MUTATING: dict[Route, Handler] = {
+# Nothing is mutated on `/mutate`: it still answers, allowing everything untouched, so that
+# a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
+# rolls out, does not fail claim creates.
+MUTATING: dict[Route, Handler] = {}
+# One-write admission (`webhook.claimadmit`; issue 16 (c), docs/one-write.md): a claim
+# CREATE reviewed by a mutating webhook, reserved and annotated in the create itself, so
+# the leader writes nothing to it (`controllers.annotator`). Its own path: during an
+# upgrade an older Pod answers it 404 (the claim waits where a quota governs) instead of
+# allowing it unpriced as its `/mutate` would. The shipped configuration does not call it
+# yet (docs/one-write.md says what is missing); bench/floor.py measures it.
+ADMITTING: dict[Route, Handler] = {
     (CLAIMS.group, CLAIMS.plural, "", "CREATE"): admit_claim,
 }
 
 
 def endpoints(ctx: ClaimContext) -> dict[str, Endpoint]:
-    """`{"/validate": ..., "/mutate": ...}` for `build_app`."""
-    return {"/validate": _endpoint(ctx, VALIDATING), "/mutate": _endpoint(ctx, MUTATING)}
+    """`{"/validate": ..., "/mutate": ..., "/admit": ...}` for `build_app`."""
+    return {"/validate": _endpoint(ctx, VALIDATING), "/mutate": _endpoint(ctx, MUTATING),
+            "/admit": _endpoint(ctx, ADMITTING)}
 
 
 def _endpoint(ctx: ClaimContext, table: dict[Route, Handler]) -> Endpoint:

@@ -72,7 +72,7 @@ from runtime.metricnames import (
     WATCH_SYNCED,
 )
 from webhook.connections import DROP_REASONS, Connections
-from webhook.endpoints import MUTATING, VALIDATING
+from webhook.endpoints import ADMITTING, MUTATING, VALIDATING
 
 __all__ = [
     "DEFAULT_METRICS_PORT",
@@ -110,9 +110,9 @@ STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 Decision = Literal["allowed", "denied", "warned"]
 AdminAction = Literal["claim", "template", "namespace_label"]
-_WEBHOOKS = {"/validate": "validating", "/mutate": "mutating"}
+_WEBHOOKS = {"/validate": "validating", "/mutate": "mutating", "/admit": "admitting"}
 # "resourceclaims", "resourceclaims/status", "namespaces/finalize", ...: what the routes serve.
-_RESOURCES = frozenset(f"{resource}/{sub}" if sub else resource for _, resource, sub, _ in (*VALIDATING, *MUTATING))
+_RESOURCES = frozenset(f"{resource}/{sub}" if sub else resource for _, resource, sub, _ in (*VALIDATING, *MUTATING, *ADMITTING))
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 _ADMIN_ACTIONS: dict[str, AdminAction] = {"ResourceClaim": "claim", "ResourceClaimTemplate": "template",
                                           "Namespace": "namespace_label"}

@@ -135,10 +135,13 @@ def test_the_token_may_not_be_added_changed_or_removed_later() -> None:
         assert not verdict.allowed and ADMISSION_ANNOTATION in verdict.message
 
 
-def test_the_mutating_endpoint_routes_claim_creates_here() -> None:
+def test_the_admit_endpoint_routes_claim_creates_here_and_mutate_does_not() -> None:
     world = World(GPUS)
     request: AdmissionRequest = review_request(incoming(gpu_claim()), name="")
-    assert run("/mutate", world.ctx, request).patch
+    # `/mutate` is an earlier release's configuration's: it allows untouched, reserving nothing.
+    untouched = run("/mutate", world.ctx, request)
+    assert untouched.allowed and not untouched.patch and reserved(world.ctx) == Charge(0, 0)
+    assert run("/admit", world.ctx, request).patch
     assert reserved(world.ctx) == Charge(80 * GiB, 1)
     assert NS == "team-a"
 
