@@ -143,7 +143,7 @@ class ClaimStore:
             self._tell(*told.pop())
             pause_point()
         relist.rebuild.release()
-        for table in (listed_before, recorded_before, held_before):
+        for table in (listed_before, recorded_before, held_before, tokens_before.ref_of, tokens_before.key_of):
             drop(table)
         self.changed(None)
 
@@ -206,7 +206,7 @@ class ClaimStore:
         if claim.recorded_charge is not None:
             relist.recorded.add(ref)
         if (key := _token_key(obj)) is not None:
-            relist.tokens.add(key, ref)
+            relist.tokens.add(key, ref, first=self._tokens.ref_of.get(key))
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
             relist.held[ref] = held
         relist.told.append((claim, obj, entry if bound else None))
@@ -288,15 +288,16 @@ class ClaimStore:
     def version(self, uid: str) -> int | None:
         """The resourceVersion at which the ledger counts claim `uid` (None: it does not);
         `uid` may be a one-write admission's token key (module doc)."""
-        version = self._versions.get(self._ref(uid))
+        version = self._versions.get(self._keyed(uid))
         return int(version) if version is not None and version.isdigit() else None
 
     def recorded_version(self, uid: str) -> int | None:
         """`version`, once the claim carries the charge it was admitted at: what lets a
         persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
-        return self.version(uid) if self._ref(uid) in self._recorded else None
+        return self.version(uid) if self._keyed(uid) in self._recorded else None
 
-    def _ref(self, uid: str) -> ClaimRef:
+    def _keyed(self, uid: str) -> ClaimRef:
+        """The claim a record key names: its uid, or the claim carrying a one-write token."""
         if is_token_key(uid):
             return self._tokens.ref_of.get(uid, ClaimRef(""))
         return ClaimRef(uid)
@@ -347,10 +348,15 @@ class _Tokens:
     ref_of: dict[str, ClaimRef] = field(default_factory=dict)
     key_of: dict[ClaimRef, str] = field(default_factory=dict)
 
-    def add(self, key: str, ref: ClaimRef) -> None:
+    def add(self, key: str, ref: ClaimRef, *, first: ClaimRef | None = None) -> None:
         """The first claim carrying a token keeps it: a later copy (a tenant who read the
         token off the persisted claim) never takes over its entry (`quota.admissiontoken`).
-        The annotation never changes on a claim (`webhook.claimreview.update_claim`)."""
+        `first`: who held it before a relist, which reads claims in the list's order (by
+        namespace and name), not in the order they were written. A copy can only be made
+        once the original is stored, so its watch event came first; and every writer that
+        reaches the watermark of any carrier holds the original too, counted by its uid."""
+        if first is not None and first != ref:
+            return
         if key not in self.ref_of and ref not in self.key_of:
             self.ref_of[key] = ref
             self.key_of[ref] = key

@@ -42,6 +42,7 @@ __all__ = [
     "attempt_series",
     "device_class_for",
     "extended_claim",
+    "generated_base",
     "in_series",
     "is_dra_extended_resource",
 ]
@@ -129,7 +130,12 @@ def attempt_series(claim: Mapping[str, Any]) -> str:
             and o.get("apiVersion") == "v1" and isinstance(o.get("name"), str)]
     if len(pods) != 1 or generate != f"{pods[0]['name']}-extended-resources-":
         return ""
-    return f"{namespace}/{generate[:_GENERATED_BASE]}"
+    return f"{namespace}/{generated_base(generate)}"
+
+
+def generated_base(generate_name: str) -> str:
+    """What of a `generateName` the API server keeps before the random suffix."""
+    return generate_name[:_GENERATED_BASE]
 
 
 def in_series(claim: str, series: str) -> bool:

@@ -28,12 +28,13 @@ from typing import Any
 
 from kube.admissionreview import AdmissionRequest, Verdict
 from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.extended import generated_base
 from quota.allocationrecord import RECORD_ANNOTATIONS
 from quota.model import ClaimUid
 from quota.raw import dig
 from webhook.claimreview import ClaimContext, admit_new, parse_request_claim, supplied
 
-__all__ = ["admit_claim"]
+__all__ = ["admit_claim", "annotation_patch"]
 
 
 async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -47,14 +48,19 @@ async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     if (denied := supplied(request.object, RECORD_ANNOTATIONS)) is not None:
         return denied
     token = secrets.token_hex(16)
-    # Named by its generateName when it has no name yet (module doc): what its entry shows,
-    # and how the scheduler's next attempt at a Pod's claim finds this one's (`quota.extended`).
-    name = claim.name or str(dig(request.object, "metadata", "generateName") or "")
+    # A `generateName` create has no name yet (module doc): `parse_claim` names it by its
+    # generateName, cut here to the base the API server keeps (`quota.extended`), so that
+    # its entry shows that and the scheduler's next attempt at the same Pod's claim still
+    # finds and replaces it (`in_series`), whatever the Pod's name's length.
+    name = claim.name if dig(request.object, "metadata", "name") else generated_base(claim.name)
     admitted = await admit_new(ctx, request, replace(claim, uid=ClaimUid(token_key(token)), name=name))
     if not admitted.verdict.allowed or admitted.entry is None:
         return admitted.verdict
     annotations = ctx.admitter.charge_annotations(admitted.entry)
-    if not request.dry_run:  # a dry run reserved nothing: no token names nothing
+    # Only an admission that reserved something has an entry to settle: a dry run, or a
+    # claim no quota charges, carries no token (which every claim event would otherwise
+    # look up in the claim cache's token map).
+    if not request.dry_run and admitted.reserved:
         annotations[ADMISSION_ANNOTATION] = token
     return replace(admitted.verdict, patch=annotation_patch(request.object, annotations))
 

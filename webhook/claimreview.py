@@ -109,6 +109,8 @@ class Admitted:
 
     verdict: Verdict
     entry: Entry | None = None
+    # Some quota was charged: the admission left an entry (or a lease's part) to settle.
+    reserved: bool = False
 
 
 async def create_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
@@ -163,7 +165,7 @@ async def admit_new(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) 
         return Admitted(Verdict(False, decision.message, warnings=warnings, cause="unavailable"))
     message = ctx.admitter.explained(claim, decision.message, decision.denied_by)
     return Admitted(_verdict(Admission(decision.allowed, message, warnings, pricing, decision.charged,
-                                       decision.denied_by, decision.warned_by), record), entry)
+                                       decision.denied_by, decision.warned_by), record), entry, bool(charges))
 
 
 def _series(request: AdmissionRequest) -> str:

@@ -187,3 +187,60 @@ def test_admissions_under_a_lease_settle_by_their_token() -> None:
     # The claim the cache holds with its charge settled; the one not seen yet still holds its part.
     assert set(reservations.leases.leases[(NS, "gpus")].admitted) == {keys[2]}
     asyncio.run(reservations.close())
+
+
+SCHEDULER = {"username": "system:kube-scheduler", "uid": "s", "groups": ["system:authenticated"]}
+
+
+def long_pod_attempt(pod: str) -> dict[str, Any]:
+    """The scheduler's claim for Pod `pod`'s extended resources, as the mutating phase sees it."""
+    attempt = scheduler_attempt("", "")
+    del attempt["metadata"]["name"], attempt["metadata"]["uid"]
+    attempt["metadata"]["generateName"] = f"{pod}-extended-resources-"
+    attempt["metadata"]["ownerReferences"][0]["name"] = pod
+    return attempt
+
+
+def test_a_long_pod_names_attempts_still_replace_each_other() -> None:
+    """review10: a Pod name over 38 characters (a Deployment's `<deployment>-<hash>-<5>` easily is)
+    makes a generateName over 58, which the API server and `attempt_series` truncate to 58.
+    The one-write entry is named by the whole generateName, so `in_series` matches only when
+    the generateName is exactly 63 characters long (len(series) + 5, by coincidence): every
+    attempt refused after us leaves its entry until the TTL, the problem `series` solves."""
+    pod = "inference-server-llama-70b-q4-7d9f8c6b5d-x2k4p"  # 46 characters
+    assert len(f"{pod}-extended-resources-") > 58
+    world = World(make_quota("gpus", devices=2))
+    for _ in range(3):
+        verdict = asyncio.run(admit_claim(world.ctx, review_request(long_pod_attempt(pod), user=SCHEDULER, name="")))
+        assert verdict.allowed, verdict.message
+    assert len(held(world)) == 1, [e["claim"] for e in held(world).values()]
+
+
+def test_a_relist_keeps_the_first_claim_carrying_a_token_not_the_first_listed() -> None:
+    """review10: "the cache keeps the first claim carrying a token" (docs/one-write.md). A relist (or a replica starting) reads changed claims' tokens in list
+    order (etcd key order: namespace, then name), so a copy that sorts first and changed
+    while the watch was down takes the key from the original. (Benign as far as this review
+    found: every carrier of a token has a resourceVersion above the original's create, so
+    the original is in any cache that reaches the watermark; but the stated invariant is not
+    the one the code keeps.)"""
+    world = World(GPUS)
+    claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
+    key = token_key(notes(claim)[ADMISSION_ANNOTATION])
+    original = stored(claim, uid=UID, name="zz-original")
+    world.created(original)
+    version = int(original["metadata"]["resourceVersion"])
+    copied = stored(claim, uid=UID2, name="aa-copy")  # written where the Ignore hook was down
+    world.created(copied)
+    assert world.claims.version(key) == version  # the watch: the copy settles nothing
+    relisted = copy.deepcopy(copied)
+    relisted["metadata"]["resourceVersion"] = "900"  # the copy changed while the watch was down (a label)
+    world.claims.replace([relisted, copy.deepcopy(original)])  # a relist, in etcd's key order
+    assert world.claims.version(key) == version
+
+
+def test_a_claim_no_quota_charges_is_annotated_with_its_charge_but_no_token() -> None:
+    """Nothing was reserved, so nothing is to settle: no token for the claim cache to map
+    on each of its events (review10)."""
+    world = World()  # no DeviceQuota anywhere
+    claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
+    assert CHARGE_ANNOTATION in notes(claim) and ADMISSION_ANNOTATION not in notes(claim)
