@@ -92,8 +92,9 @@ from quota.ledger import Entry, Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
+from devcluster.webhooks import adapted_webhooks as shipped_for_test  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
-from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served, adapted_webhooks  # noqa: E402
+from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
 from tests.e2e.shipped import DEPLOYMENT, chart_kubeconfig  # noqa: E402
 from kube.caches import QuotaStore  # noqa: E402
@@ -955,11 +956,13 @@ async def sample_backlog(served: Served, done: Callable[[], bool], every: float 
 
 
 @contextlib.asynccontextmanager
-async def our_webhooks(bench: Bench) -> AsyncIterator[str]:
-    """The shipped webhook configurations pointed at `serve`, for namespaces labelled with
-    the run label this yields; deleted on the way out."""
+async def our_webhooks(bench: Bench, shipped: list[JSON] | None = None, name_suffix: str = "serve"
+                       ) -> AsyncIterator[str]:
+    """The shipped webhook configurations (or `shipped`) pointed at `serve`, for namespaces
+    labelled with the run label this yields; deleted on the way out."""
     run = uuid.uuid4().hex[:8]
-    configs = adapted_webhooks(run, bench.served.port, bench.cluster)
+    configs = shipped_for_test(run, bench.served.port, bench.cluster, label=RUN_LABEL, name_suffix=name_suffix,
+                               shipped=shipped)
     for config in configs:
         await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
     try:

@@ -61,7 +61,6 @@ from admission import (  # noqa: E402
 )
 
 from devcluster.controlplane import WEBHOOK_SERVICES  # noqa: E402
-from devcluster.webhooks import adapted_webhooks  # noqa: E402
 from quota.admissiontoken import ADMISSION_ANNOTATION  # noqa: E402
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION  # noqa: E402
 from quota.manifests import webhook_configurations  # noqa: E402
@@ -181,20 +180,9 @@ def one_write_shipped() -> list[JSON]:
                        "metadata": {"name": "dra-quota-admit"}, "webhooks": mutating}]
 
 
-@contextlib.asynccontextmanager
-async def one_write_webhooks(bench: Bench) -> AsyncIterator[str]:
-    """`one_write_shipped` pointed at `serve` for namespaces labelled with the run label this
-    yields (another run than `our_webhooks`'), deleted on the way out."""
-    run = os.urandom(4).hex()
-    configs = adapted_webhooks(run, bench.served.port, bench.cluster, label=RUN_LABEL, name_suffix="onewrite",
-                               shipped=one_write_shipped())
-    for config in configs:
-        await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
-    try:
-        yield run
-    finally:
-        for config in configs:
-            await bench.kube.delete(ADMISSION, PLURALS[config["kind"]], config["metadata"]["name"])
+def one_write_webhooks(bench: Bench) -> contextlib.AbstractAsyncContextManager[str]:
+    """`one_write_shipped` pointed at `serve`, as `our_webhooks` (another run label)."""
+    return our_webhooks(bench, one_write_shipped(), name_suffix="onewrite")
 
 
 async def one_write_check(kube: Kube, ns: str) -> JSON:
