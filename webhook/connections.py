@@ -93,6 +93,14 @@ EVICTION_SCAN = 16
 # How many new connections a second a hog is given; the rest are refused before anything
 # is built for them (module doc, `webhook.accepting`).
 HOG_NEW_PER_SECOND = 32.0
+# How long a connection whose request was refused unread (`Connections.hang_up`) lives on
+# for its client to read the answer. Without it, aiohttp reads and discards the rest of
+# the body for up to 10 s (its lingering close, which exists so that the client gets the
+# answer and not a reset): 9 MiB reviews posted 4 at a time from a Pod took 93 % of
+# `serve`'s CPU decrypting bytes nobody reads, an honest review's p99 115 ms
+# (bench/attacks.py, "oversized"). The client's writes stall in the kernel meanwhile; a
+# client reading its answer as it writes (Go's net/http does) has it at once.
+ANSWER_GRACE = 1.0
 
 
 class Phase(enum.IntEnum):
@@ -131,12 +139,14 @@ class Limits:
 
 
 class Tracked(Protocol):
-    """What `Connections` needs of a connection: a way to drop it at once, and whether
-    its client sent bytes we have not read yet."""
+    """What `Connections` needs of a connection: a way to drop it at once, whether its
+    client sent bytes we have not read yet, and a way to stop reading them (`hang_up`)."""
 
     def abort(self) -> None: ...
 
     def waiting(self) -> bool: ...
+
+    def hang_up(self, ended: Callable[[], None]) -> None: ...
 
 
 class Connections:
@@ -210,6 +220,16 @@ class Connections:
         conn = self.of(request.protocol)
         if conn is not None:
             self.enter(conn, Phase.DECIDING)
+
+    def hang_up(self, request: web.BaseRequest) -> None:
+        """The request is refused before its body was read whole (too large, or its HTTP
+        framing broke): read nothing more of it, and drop its connection once the answer
+        had `ANSWER_GRACE` seconds to reach the client (`_TlsConnection.hang_up`)."""
+        conn = self.of(request.protocol)
+        if conn is not None:
+            # aiohttp waits on the body it lingers over until it ends: end it when the
+            # connection goes, or its task would outlive the connection by that wait.
+            conn.hang_up(request.content.feed_eof)
 
     def lost(self, conn: Tracked, handler: object | None) -> None:
         """The connection closed (whoever closed it)."""
@@ -364,6 +384,7 @@ class _TlsConnection(SSLProtocol):
         self._make_handler = handler
         self._handler: asyncio.BaseProtocol | None = None
         self._raw: asyncio.BaseTransport | None = None
+        self._hung_up = False
 
     def handshaken(self, transport: asyncio.BaseTransport) -> None:
         """TLS is up: aiohttp's handler takes the connection over (public `set_protocol`)."""
@@ -402,6 +423,27 @@ class _TlsConnection(SSLProtocol):
     def abort(self) -> None:
         if self._raw is not None:
             self._raw.abort()  # type: ignore[attr-defined]  # a socket transport
+
+    def hang_up(self, ended: Callable[[], None]) -> None:
+        """Read no more from the socket, and abort the connection `ANSWER_GRACE` seconds
+        on, telling `ended` first: the answer is written meanwhile (writing does not wait
+        on reading)."""
+        if self._hung_up or self._raw is None or self._raw.is_closing():
+            return
+        self._hung_up = True
+        self._raw.pause_reading()  # type: ignore[attr-defined]  # a socket transport
+
+        def drop() -> None:
+            ended()
+            self.abort()
+
+        self._loop.call_later(ANSWER_GRACE, drop)
+
+    def _control_ssl_reading(self) -> None:
+        # SSLProtocol resumes the socket's reading once its own buffer drains, when it was
+        # the one to pause it (asyncio/sslproto.py, since 3.11): never after `hang_up`.
+        if not self._hung_up:
+            super()._control_ssl_reading()  # type: ignore[misc]  # asyncio's, untyped
 
 
 class _Handshaking(asyncio.Protocol):

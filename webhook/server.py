@@ -129,6 +129,8 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
             body = await _read_body(request, limit)
         except _Unread as err:
             log.warning("unreadable AdmissionReview on %s (uid %r): %s", path, err.uid, err)
+            if connections is not None:
+                connections.hang_up(request)  # the rest of the body is not read at all
             return _answered(path, started, err.uid, None, err.verdict, observe, close=True)
         except ConnectionError as err:
             # The connection is gone (the client left, or a connection bound dropped it):
@@ -160,8 +162,9 @@ def _answered(path: str, started: float, uid: str, review: AdmissionRequest | No
         log.exception("observing a verdict on %s failed", path)
     answer = _answer(uid, verdict)
     if close:
-        # What is left of the body is not kept: aiohttp discards it (for at most its
-        # lingering time) and closes the connection after the answer.
+        # What is left of the body is not read (`Connections.hang_up`, where a listener
+        # tracks the connection; elsewhere aiohttp discards it, for at most its lingering
+        # time) and the connection closes after the answer.
         answer.force_close()
     return answer
 

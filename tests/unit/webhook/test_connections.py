@@ -289,6 +289,9 @@ class Fake:
     def waiting(self) -> bool:
         return self.unread
 
+    def hang_up(self, ended: Callable[[], None]) -> None:
+        raise AssertionError("eviction never hangs up")
+
 
 def test_eviction_takes_opening_then_headers_then_request_then_the_least_recently_idle_never_deciding() -> None:
     clock, aborted = FakeClock(1000.0), list[str]()

@@ -13,12 +13,14 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import ssl
 
 import pytest
 
 from kube.admissionreview import AdmissionRequest, Verdict
 from webhook.server import SERVER
 
+from ..clock import until
 from ..kube.test_admissionreview import REVIEW
 from .wire import Wire, exchange, post, serving
 
@@ -89,6 +91,27 @@ async def test_an_oversized_declared_body_is_refused_before_it_is_sent() -> None
             assert await wire.closed_by_server()
         finally:
             await wire.close()
+
+
+async def test_the_rest_of_a_body_refused_for_its_size_is_never_read() -> None:
+    """A client that goes on sending after its 413 (bench/attacks.py's 9 MiB reviews): the
+    server reads none of it (`Connections.hang_up`) and drops the connection once the
+    answer had its grace, with the rest unread: a reset, where reading and discarding it
+    all (aiohttp's lingering close) ended in an orderly close."""
+    data = post(padded(LIMIT * 20))
+    async with serving({"/validate": allow}, max_body_bytes=LIMIT) as served:
+        wire = await Wire.open(served.port)
+        try:
+            await wire.send(data[:4096])
+            answer = await wire.answer()
+            assert answer.review()["uid"] == UID and answer.review()["status"]["code"] == 413
+            wire.writer.write(data[4096:])  # not drained: the kernel and asyncio hold what the server does not read
+            with pytest.raises((ConnectionResetError, ssl.SSLError)):
+                while await wire.reader.read(65536):
+                    pass
+        finally:
+            await wire.close()
+        await until(lambda: len(served.connections) == 0, what="the connection to be dropped")
 
 
 @pytest.mark.parametrize("head,uid", [
