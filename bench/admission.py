@@ -1015,18 +1015,17 @@ async def section_c(bench: Bench, seconds: float, rounds: int, workers: int) -> 
                                           {"webhook": ours, "webhook-noquota": unquoted, "resourcequota": theirs},
                                           charged={theirs}, patched={"webhook", "webhook-noquota"})
     rate, cpu = rates(phases), apiserver_cpu(phases)
-    ratio = rate["webhook"] / rate["resourcequota"]
-    cpu_ratio = cpu["webhook"] / cpu["resourcequota"]
+    ratio, ratio_noquota = (rate[m] / rate["resourcequota"] for m in ("webhook", "webhook-noquota"))
+    cpu_ratio, cpu_ratio_noquota = (cpu[m] / cpu["resourcequota"] for m in ("webhook", "webhook-noquota"))
     print(f"  webhook {rate['webhook']:.1f}/s vs ResourceQuota {rate['resourcequota']:.1f}/s: ratio {ratio:.2f} "
           f"(target >= {TARGETS['c_ratio']}); API server CPU a create {cpu['webhook']:.2f} vs "
           f"{cpu['resourcequota']:.2f} ms: {cpu_ratio:.2f}x (target <= {TARGETS['c_cpu_ratio']}x); webhook without a "
-          f"DeviceQuota in scope {rate['webhook-noquota']:.1f}/s, ratio {rate['webhook-noquota'] / rate['resourcequota']:.2f}, "
-          f"API server CPU {cpu['webhook-noquota'] / cpu['resourcequota']:.2f}x; load average {load_average()}")
+          f"DeviceQuota in scope {rate['webhook-noquota']:.1f}/s, ratio {ratio_noquota:.2f}, "
+          f"API server CPU {cpu_ratio_noquota:.2f}x; load average {load_average()}")
     return {"phases": phases, "per_s": {m: round(v, 1) for m, v in rate.items()}, "ratio": round(ratio, 3),
-            "ratio_noquota": round(rate["webhook-noquota"] / rate["resourcequota"], 3),
+            "ratio_noquota": round(ratio_noquota, 3),
             "apiserver_cpu_ms_per_create": {m: round(v, 3) for m, v in cpu.items()},
-            "apiserver_cpu_ratio": round(cpu_ratio, 3),
-            "apiserver_cpu_ratio_noquota": round(cpu["webhook-noquota"] / cpu["resourcequota"], 3),
+            "apiserver_cpu_ratio": round(cpu_ratio, 3), "apiserver_cpu_ratio_noquota": round(cpu_ratio_noquota, 3),
             "load_average": load_average()}
 
 

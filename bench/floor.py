@@ -44,7 +44,6 @@ import os
 import ssl
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -56,17 +55,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from admission import (  # noqa: E402
-    CHARGED, TARGETS, Bench, apiserver_cpu, control_plane, creates_per_second, device_quota, enforced,
+    CHARGED, ROOMY, TARGETS, Bench, apiserver_cpu, control_plane, creates_per_second, device_quota, enforced,
     load_average, namespace, our_webhooks, rates, resource_quota_namespace,
 )
 
 from devcluster.controlplane import WEBHOOK_SERVICES  # noqa: E402
-from quota.admissiontoken import ADMISSION_ANNOTATION  # noqa: E402
+from quota.admissiontoken import ADMISSION_ANNOTATION, is_token_key  # noqa: E402
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION  # noqa: E402
 from quota.manifests import webhook_configurations  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from tests.e2e.harness import ADMISSION, DQ, PLURALS, QUOTA_HOOK, QUOTA_HOOK_OPEN, RUN_LABEL  # noqa: E402
-from tests.e2e.kube import Kube  # noqa: E402
+from tests.e2e.kube import Kube, poll  # noqa: E402
 
 JSON = dict[str, Any]
 FLOOR_LABEL = "bench.draquota.io/floor"
@@ -111,17 +110,18 @@ async def do_nothing_webhook(bench: Bench) -> AsyncIterator[tuple[int, int]]:
     cert, key = bench.cluster.webhook_cert
     process = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve-hook", str(port), str(cert),
                                                    str(key))
+    async def listening() -> bool:
+        if process.returncode is not None:
+            raise RuntimeError(f"the do-nothing webhook exited ({process.returncode})")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.returncode is not None:
-                    raise RuntimeError("the do-nothing webhook did not start") from None
-                await asyncio.sleep(0.1)  # polling for the port to open, with a deadline
+        await poll(listening, timeout=30, what="the do-nothing webhook to listen")
         yield port, process.pid
     finally:
         process.terminate()
@@ -196,7 +196,7 @@ async def one_write_check(kube: Kube, ns: str) -> JSON:
            "tokens": len({a[ADMISSION_ANNOTATION] for a in notes if ADMISSION_ANNOTATION in a}),
            "quotas_annotation": sorted({a.get(QUOTAS_ANNOTATION, "") for a in notes}),
            "charge_annotation": sorted({a.get(CHARGE_ANNOTATION, "") for a in notes}),
-           "entries_after": len(held), "token_entries_after": sum(k.startswith("admission.") for k in held),
+           "entries_after": len(held), "token_entries_after": sum(is_token_key(k) for k in held),
            "lease_entries_after": sum(r.get("source") == "Lease" for r in held.values())}
     print(f"  one-write: {out}")
     return out
@@ -216,10 +216,10 @@ async def run(args: argparse.Namespace) -> JSON:
             try:
                 async with our_webhooks(bench) as ours_run, one_write_webhooks(bench) as one_write_run:
                     ours = await namespace(bench.kube, "floor-webhook", {RUN_LABEL: ours_run})
-                    await device_quota(bench.kube, ours, {"devices": 10_000_000, "memory": "1000000Ti"})
+                    await device_quota(bench.kube, ours, ROOMY)
                     unquoted = await namespace(bench.kube, "floor-webhook-noquota", {RUN_LABEL: ours_run})
                     one_write = await namespace(bench.kube, "floor-one-write", {RUN_LABEL: one_write_run})
-                    await device_quota(bench.kube, one_write, {"devices": 10_000_000, "memory": "1000000Ti"})
+                    await device_quota(bench.kube, one_write, ROOMY)
                     modes = {
                         "plain": await namespace(bench.kube, "floor-plain"),
                         "resourcequota": await resource_quota_namespace(bench.kube, "floor-resourcequota"),
@@ -262,8 +262,9 @@ async def run(args: argparse.Namespace) -> JSON:
               f"{[r['annotation_patch_calls'] for r in rows]}, the DeviceQuota at most "
               f"{[r.get('max_entries') for r in rows]} entries, {[r.get('max_bytes') for r in rows]} bytes")
     print(f"load average {load_average()}")
-    return {"one_write": checked, "nodes": args.nodes, "lease_period": args.lease_period, "workers": args.workers, "seconds": args.seconds, "rounds": args.rounds,
-            "cores": os.cpu_count(), "summary": summary, "phases": phases, "load_average_end": load_average()}
+    return {"one_write": checked, "nodes": args.nodes, "lease_period": args.lease_period, "workers": args.workers,
+            "seconds": args.seconds, "rounds": args.rounds, "cores": os.cpu_count(), "summary": summary,
+            "phases": phases, "load_average_end": load_average()}
 
 
 def main() -> None:

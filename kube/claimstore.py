@@ -278,9 +278,10 @@ class ClaimStore:
             self.recorder.gone(uid)
         if self.deleted is not None and isinstance(uid, str) and uid:
             version = meta.get("resourceVersion")
-            self.deleted(uid, version if isinstance(version, str) else None)
+            at = version if isinstance(version, str) else None
+            self.deleted(uid, at)
             if key is not None:  # its one-write entry settles as its uid's does
-                self.deleted(key, version if isinstance(version, str) else None)
+                self.deleted(key, at)
         if self.freed is not None:
             self.freed(str(meta.get("namespace") or ""))
         self._changed(keys, obj)
@@ -329,19 +330,6 @@ class ClaimStore:
 
 
 @dataclass(slots=True)
-class _Relist:
-    """What `ClaimStore.replace` builds aside before the swap."""
-
-    rebuild: ClaimsRebuild
-    versions: dict[ClaimRef, str] = field(default_factory=dict)
-    recorded: set[ClaimRef] = field(default_factory=set)
-    held: dict[ClaimRef, Held] = field(default_factory=dict)
-    tokens: _Tokens = field(default_factory=lambda: _Tokens())
-    # Each claim read again, with its bound when it counts at one: told after the swap.
-    told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class _Tokens:
     """Token keys of one-write admissions and the claims carrying their tokens, both ways."""
 
@@ -366,6 +354,19 @@ class _Tokens:
         if key is not None:
             self.ref_of.pop(key, None)
         return key
+
+
+@dataclass(slots=True)
+class _Relist:
+    """What `ClaimStore.replace` builds aside before the swap."""
+
+    rebuild: ClaimsRebuild
+    versions: dict[ClaimRef, str] = field(default_factory=dict)
+    recorded: set[ClaimRef] = field(default_factory=set)
+    held: dict[ClaimRef, Held] = field(default_factory=dict)
+    tokens: _Tokens = field(default_factory=_Tokens)
+    # Each claim read again, with its bound when it counts at one: told after the swap.
+    told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
 
 
 def _token_key(obj: Obj) -> str | None:

@@ -147,7 +147,7 @@ class Claim:
     @property
     def several_classes(self) -> bool:
         """Whether the claim's requests name more than one DeviceClass."""
-        return _several_classes(self.spec)
+        return _several_classes(request_classes(self.spec))
 
     @property
     def admin_access(self) -> bool:
@@ -197,8 +197,9 @@ def request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
     return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
 
 
-def _several_classes(spec: ClaimSpec) -> bool:
-    return len(set(request_classes(spec).values())) > 1
+def _several_classes(classes: Mapping[str, DeviceClassName]) -> bool:
+    """Whether `request_classes` names more than one DeviceClass."""
+    return len(set(classes.values())) > 1
 
 
 def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple[RecordKey, int], ...]:
@@ -206,8 +207,7 @@ def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple
     by result only on a claim of several classes, and naming its requests
     (`quota.allocationrecord.recorded_devices`)."""
     classes = request_classes(spec)
-    several = len(set(classes.values())) > 1
-    return recorded_devices(annotations, requests=frozenset(classes) if several else frozenset())
+    return recorded_devices(annotations, requests=frozenset(classes) if _several_classes(classes) else frozenset())
 
 
 def _timestamp(raw: Any) -> float | None:

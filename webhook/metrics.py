@@ -112,7 +112,8 @@ Decision = Literal["allowed", "denied", "warned"]
 AdminAction = Literal["claim", "template", "namespace_label"]
 _WEBHOOKS = {"/validate": "validating", "/mutate": "mutating", "/admit": "admitting"}
 # "resourceclaims", "resourceclaims/status", "namespaces/finalize", ...: what the routes serve.
-_RESOURCES = frozenset(f"{resource}/{sub}" if sub else resource for _, resource, sub, _ in (*VALIDATING, *MUTATING, *ADMITTING))
+_RESOURCES = frozenset(f"{resource}/{sub}" if sub else resource
+                       for _, resource, sub, _ in (*VALIDATING, *MUTATING, *ADMITTING))
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 _ADMIN_ACTIONS: dict[str, AdminAction] = {"ResourceClaim": "claim", "ResourceClaimTemplate": "template",
                                           "Namespace": "namespace_label"}
