@@ -58,12 +58,18 @@ amount as in flight and drops it only once it expired; only the holder settles i
 
 The record is bounded: at most MAX_ENTRIES entries (the CRD says the same), past which
 admissions into that quota are refused with a message naming it; in steady state it
-holds only the admissions of the last watch lag. `reservations` is an atomic map in the
+holds only the admissions of the last watch lag. A team's record (a ClusterDeviceQuota,
+shared by its namespaces) also holds at most MAX_ENTRIES_PER_NAMESPACE entries of any one
+namespace: an admission whose create then fails (a mutating webhook reserves before the
+API server validates the object, so a tenant chooses that) holds its entry until the
+TTL, and one namespace's failed creates must not fill the record its teammates admit
+into. `reservations` is an atomic map in the
 CRD, so the API server keeps one managedFields entry for it, not one per uid.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -75,12 +81,16 @@ from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
 
-__all__ = ["MAX_ENTRIES", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "Undo", "apply",
+__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_NAMESPACE", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "Undo", "apply",
            "claim_settled", "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
 
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
 # each, so the object stays far below etcd's 1.5 MiB request limit.
 MAX_ENTRIES = 1000
+# Entries of one namespace a team's record may hold: a quarter, so no one namespace's
+# admissions (orphans included) fill what its teammates share. In steady state a
+# namespace holds its creates of the last watch lag: 250 is over a second at 200 a second.
+MAX_ENTRIES_PER_NAMESPACE = MAX_ENTRIES // 4
 Source = Literal["Claim", "Workload", "Lease"]
 
 
@@ -327,6 +337,7 @@ def apply(
     now: float,
     ttl: float,
     max_entries: int = MAX_ENTRIES,
+    max_per_namespace: int = MAX_ENTRIES_PER_NAMESPACE,
     namespaces: int | None = None,
 ) -> Outcome:
     """Apply `requests` in order to `quota`'s record, after `settle`.
@@ -344,9 +355,13 @@ def apply(
     under its own key, holds the larger of the two excesses; its release takes back only
     its own reserve, by the `Undo` that reserve's outcome gave (`quota.excess`).
     `namespaces`: a team's (`settle`); an entry added raises `namespacesThrough` too.
+    A reserve past `max_entries`, or in a team's record past `max_per_namespace` entries
+    of its namespace, is refused with a message that names the quota (and the namespace).
     """
     settled = settle(record, caches, now=now, namespaces=namespaces)
     live = dict(settled.held)
+    per_namespace = max_per_namespace if quota.cluster else None  # a team's record only
+    held_by = Counter(_namespace(r) for r in live.values()) if per_namespace is not None else Counter[str]()
     changed = settled is not record
     decisions: list[Decision] = []
     undos: list[Undo | None] = []
@@ -356,21 +371,27 @@ def apply(
         if request.op == "reserve" and (request.series or excess):
             stale = [uid for uid, r in live.items() if _stale(uid, r, request)]
             for uid in stale:
-                del live[uid]
+                held_by[_namespace(live.pop(uid))] -= 1
             changed = changed or bool(stale)
         previous = live.pop(request.uid, None)
+        if previous is not None:
+            held_by[_namespace(previous)] -= 1
         undos.append(None)
         if request.op == "release":
             kept = _undone(previous, request.undo) if excess else None
             if kept is not None:
-                live[request.uid] = kept
+                _hold(live, held_by, request.uid, kept)
             changed = changed or kept is not previous
             decisions.append(Decision(True))
             continue
-        if len(live) >= max_entries:
+        namespace = request.claim.partition("/")[0]
+        full = _full(quota, max_entries) if len(live) >= max_entries else None
+        if full is None and per_namespace is not None and held_by[namespace] >= per_namespace:
+            full = _namespace_full(quota, namespace, per_namespace, ttl)
+        if full is not None:
             if previous is not None:
-                live[request.uid] = previous
-            decisions.append(_full(quota, max_entries))
+                _hold(live, held_by, request.uid, previous)
+            decisions.append(full)
             continue
         entry = Reservation(request.uid, request.claim, request.charge, now + ttl, request.source)
         if previous is not None and excess:
@@ -378,11 +399,11 @@ def apply(
         pending = in_flight(Record(live), caches)
         decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), entry.charge)])
         if decision.allowed:
-            live[request.uid] = entry
+            _hold(live, held_by, request.uid, entry)
             changed = True
             undos[-1] = Undo(entry, previous) if excess else None
         elif previous is not None:
-            live[request.uid] = previous
+            _hold(live, held_by, request.uid, previous)
         decisions.append(decision)
     added = any(uid not in settled.held or settled.held[uid] is not r for uid, r in live.items())
     through = _raised(settled.namespaces, namespaces) if added else settled.namespaces
@@ -406,6 +427,22 @@ def _undone(current: Reservation | None, undo: Undo | None) -> Reservation | Non
     if current is None or undo is None or current.as_json() != undo.wrote.as_json():
         return current
     return undo.before
+
+
+def _namespace(entry: Reservation) -> str:
+    return entry.claim.partition("/")[0]  # entries name their claim (or Workload) `namespace/name`
+
+
+def _hold(live: dict[str, Reservation], held_by: Counter[str], uid: str, entry: Reservation) -> None:
+    live[uid] = entry
+    held_by[_namespace(entry)] += 1
+
+
+def _namespace_full(quota: DeviceQuota, namespace: str, per_namespace: int, ttl: float) -> Decision:
+    return Decision(False, f'{quota.kind} "{quota.name}" holds {per_namespace} admissions in flight from namespace '
+                           f'"{namespace}", as many as one of the namespaces it spans may hold; retry once some of '
+                           f"them are seen (usually within seconds; those of creates that failed after admission "
+                           f"expire within {ttl:.0f} s)")
 
 
 def _full(quota: DeviceQuota, max_entries: int) -> Decision:

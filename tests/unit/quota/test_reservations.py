@@ -7,12 +7,12 @@ from dataclasses import dataclass, field, replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.devicequota import DeviceQuota, Usage, parse_device_quota
+from quota.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, renew, take, untake, writing
 from quota.model import Charge
 from quota.reservations import Outcome, Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
 
-from ..builders import GiB, make_quota
+from ..builders import GiB, make_cluster_quota, make_quota
 
 GPU = Charge(80 * GiB, 1)
 QUOTA = parse_device_quota(make_quota("gpus", memory="160Gi"))
@@ -136,6 +136,35 @@ def test_release_audit_and_a_full_record() -> None:
                 ttl=TTL, max_entries=2)
     assert not out.decisions[0].allowed and not out.changed
     assert out.decisions[0].message.startswith('DeviceQuota "gpus" has 2 admissions in flight')
+
+
+def test_one_namespace_fills_at_most_its_part_of_a_teams_record() -> None:
+    # A team's record is shared: one namespace's admissions in flight (a create failing
+    # after a mutating admission leaves an orphan the tenant chose) may hold at most
+    # `max_per_namespace` entries of it, and its teammates still admit.
+    team = parse_cluster_device_quota(make_cluster_quota("ml-team", team="ml", memory="10Ti"))
+    record = Record({f"o{i}": Reservation(f"o{i}", f"noisy/c{i}", GPU, 200.0) for i in range(3)})
+
+    def one(quota: DeviceQuota, claim: str, *, max_per_namespace: int = 3) -> Outcome:
+        return apply(quota, record, [Request("reserve", "new", claim, GPU)], usage=Usage(), caches=Seen(), now=100.0,
+                     ttl=TTL, max_per_namespace=max_per_namespace)
+
+    denied = one(team, "noisy/c9")
+    assert not denied.decisions[0].allowed and not denied.changed
+    assert denied.decisions[0].message.startswith(
+        'ClusterDeviceQuota "ml-team" holds 3 admissions in flight from namespace "noisy"')
+    assert one(team, "quiet/c1").decisions[0].allowed
+    assert one(team, "noisy/c9", max_per_namespace=4).decisions[0].allowed
+    # A retry of a held entry replaces it: it does not count against its own namespace.
+    retry = apply(team, record, [Request("reserve", "o0", "noisy/c0", GPU)], usage=Usage(), caches=Seen(), now=100.0,
+                  ttl=TTL, max_per_namespace=3)
+    assert retry.decisions[0].allowed
+    # A namespace's quota is its own record: no bound but the record's.
+    assert one(parse_device_quota(make_quota("gpus", namespace="noisy", memory="10Ti")), "noisy/c9").decisions[0].allowed
+    # Entries settled or expired leave their namespace's count in the same write.
+    expired = apply(team, record, [Request("reserve", "new", "noisy/c9", GPU)], usage=Usage(), caches=Seen(),
+                    now=300.0, ttl=TTL, max_per_namespace=3)
+    assert expired.decisions[0].allowed and sorted(expired.record.held) == ["new"]
 
 
 def test_workload_entries_follow_the_ttl_and_never_move_the_watermark() -> None:
