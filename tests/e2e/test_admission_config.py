@@ -283,6 +283,9 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
                                                       "note": "n"}  # fmt: skip
     (last,) = await touches({"annotations": {"draquota.io/quotas": None}})
     assert last.object["metadata"]["annotations"] == {"draquota.io/charge": "forged", "note": "n"}
+    # The admission's token too: a copied token must reach us to be refused.
+    (last,) = await touches({"annotations": {"draquota.io/admission": "copied"}})
+    assert last.object["metadata"]["annotations"]["draquota.io/admission"] == "copied"
     rec.clear()
 
     # DELETE reaches no webhook of ours: a reservation ends when the claim watch delivers

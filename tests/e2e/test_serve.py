@@ -161,11 +161,6 @@ async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube:
     from the create and the leader has nothing to write; one that arrives without a charge
     (no webhook of ours reached it) the leader charges, as here."""
     with setup.served.log_on_failure():
-        mutating = [c for c in setup.configs if c[0] == "mutatingwebhookconfigurations"]
-        assert mutating, setup.configs
-        for plural, name in mutating:
-            await kube.delete(ADMISSION, plural, name)
-            setup.configs.remove((plural, name))
         await make_quota(kube, setup, "gpus", "300Gi")
         # Then room for every claim below (none is allocated: each stays reserved).
         await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"hard": {"memory": "100000Gi"}}},
@@ -175,6 +170,11 @@ async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube:
             return await denial(create(kube, setup, "probe", count=4, dry_run=True)) == ""
 
         await poll(raised, timeout=30, what="the webhook to see the raised limit")
+        mutating = [c for c in setup.configs if c[0] == "mutatingwebhookconfigurations"]
+        assert mutating, setup.configs
+        for plural, name in mutating:
+            await kube.delete(ADMISSION, plural, name)
+            setup.configs.remove((plural, name))
 
         async def keep_creating(worker: int) -> None:
             for i in range(10_000):
