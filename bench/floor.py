@@ -13,19 +13,23 @@ Modes, alternating phases in one run (bench/admission.py's (c) harness: 16 creat
 flight, the same one-GPU claim, the API server's own metrics and each process's CPU):
 - plain: no admission webhook and no quota at all (the ceiling);
 - resourcequota: only an in-tree ResourceQuota (issue 16's baseline);
-- floor-validating: one validating call to the do-nothing webhook (today's design has
-  one such call per create, plus the leader's charge patch);
+- floor-validating: one validating call to the do-nothing webhook (the validating
+  design had one such call per create, plus the leader's charge patch);
 - floor-mutating: one mutating call to the do-nothing webhook, answering with a JSON
   patch that sets the charge annotations (the one-write design's floor: reserve and
   annotate in the create itself, no second write);
-- webhook, webhook-noquota: `dra-quota serve` itself with the shipped webhooks, with and
-  without a DeviceQuota in scope (as (c));
-- one-write: `serve` with a DeviceQuota in scope, through the one-write prototype
-  (`webhook.claimadmit`): a mutating call for claim CREATE that reserves under a fresh
-  token and patches the charge, the quotas and the token on, and the validating
-  configuration without claim CREATE (`one_write_webhooks`). The leader writes nothing
-  to these claims: the phase checks they carry the charge and a token, that the API
-  server saw no PATCH of claims, and the DeviceQuota's record stays small.
+- webhook, webhook-noquota: `dra-quota serve` itself in the validating design, the
+  configuration before one write per create (`validating_design`: claim CREATE on the
+  validating quota hooks, the leader patches the charge on), with and without a
+  DeviceQuota in scope (as (c) measured it before the switch);
+- one-write: `serve` with a DeviceQuota in scope, through the shipped configuration
+  (`webhook.claimadmit`, docs/one-write.md): a mutating call for claim CREATE that
+  reserves under a fresh token and patches the charge, the quotas and the token on, and
+  the validating configuration without claim CREATE (`one_write_webhooks`; its mutating
+  hooks named `admit.*`, so the API server's metrics tell them apart in one run). The
+  leader writes nothing to these claims: the phase checks they carry the charge and a
+  token, that the API server saw no PATCH of claims, and the DeviceQuota's record stays
+  small.
 
 Not a timed test: `python bench/floor.py [--seconds S] [--rounds N] [--nodes N]`; results
 also in bench/results/floor.json.
@@ -150,34 +154,44 @@ def floor_configs(port: int, ca: bytes) -> list[JSON]:
     return configs
 
 
-# -- the one-write prototype's configuration -------------------------------------------------------
+# -- the two designs' configurations ------------------------------------------------------------------
 
 ADMIT_HOOKS = {QUOTA_HOOK: "admit.resourceclaims.draquota.io", QUOTA_HOOK_OPEN: "admit-ungoverned.resourceclaims.draquota.io"}
+# The validating design's quota hooks judged claims and templates together (one hook a
+# failure domain); the shipped configuration keeps the templates' on their own.
+TEMPLATE_HOOKS = {QUOTA_HOOK.replace(".resourceclaims.", ".resourceclaimtemplates."): QUOTA_HOOK,
+                  QUOTA_HOOK_OPEN.replace(".resourceclaims.", ".resourceclaimtemplates."): QUOTA_HOOK_OPEN}
 
 
 def one_write_shipped() -> list[JSON]:
-    """The shipped configurations as the one-write design would ship them
-    (docs/one-write.md): the quota hooks' claim CREATE moved to a mutating configuration
-    (`/admit`, reinvocation IfNeeded: a later mutating webhook's change is priced again),
-    templates left validating (the shipped annotation guard already watches the token).
-    The mutating hooks are named `admit.*` here, so that the API server's metrics tell
-    their calls from the validating quota hooks' in the same run."""
+    """The shipped configurations (one write per create, docs/one-write.md), the mutating
+    claim CREATE hooks named `admit.*` here, so that the API server's metrics tell their
+    calls from the validating design's quota hooks in the same run."""
     configs = copy.deepcopy(list(webhook_configurations()))
-    mutating: list[JSON] = []
+    renamed = [hook for config in configs if config["kind"] == "MutatingWebhookConfiguration"
+               for hook in config["webhooks"] if hook["name"] in ADMIT_HOOKS]
+    for hook in renamed:
+        assert hook["clientConfig"]["service"]["path"] == "/admit", hook
+        hook["name"] = ADMIT_HOOKS[hook["name"]]
+    assert len(renamed) == len(ADMIT_HOOKS)
     for config in configs:
-        for hook in config["webhooks"]:
-            if hook["name"] in ADMIT_HOOKS:
-                admit = copy.deepcopy(hook)
-                admit["name"] = ADMIT_HOOKS[hook["name"]]
-                admit["rules"] = [{**rule, "resources": ["resourceclaims"]} for rule in hook["rules"]]
-                admit["clientConfig"]["service"]["path"] = "/admit"
-                admit["reinvocationPolicy"] = "IfNeeded"
-                mutating.append(admit)
-                for rule in hook["rules"]:
-                    rule["resources"] = [r for r in rule["resources"] if r != "resourceclaims"]
-    assert len(mutating) == len(ADMIT_HOOKS)
-    return [*configs, {"apiVersion": ADMISSION, "kind": "MutatingWebhookConfiguration",
-                       "metadata": {"name": "dra-quota-admit"}, "webhooks": mutating}]
+        if config["kind"] == "MutatingWebhookConfiguration":
+            config["metadata"]["name"] = "dra-quota-admit"
+    return configs
+
+
+def validating_design() -> list[JSON]:
+    """The shipped configurations as they were before one write per create: no mutating
+    configuration; claim CREATE judged by the validating quota hooks with templates
+    (`/validate`, the reservation keyed by the claim's uid), the leader patching the
+    charge on once the claim exists."""
+    configs = [c for c in copy.deepcopy(list(webhook_configurations())) if c["kind"] != "MutatingWebhookConfiguration"]
+    merged = [hook for config in configs for hook in config["webhooks"] if hook["name"] in TEMPLATE_HOOKS]
+    for hook in merged:
+        hook["name"] = TEMPLATE_HOOKS[hook["name"]]
+        hook["rules"] = [{**rule, "resources": ["resourceclaims", "resourceclaimtemplates"]} for rule in hook["rules"]]
+    assert len(merged) == len(TEMPLATE_HOOKS)
+    return configs
 
 
 def one_write_webhooks(bench: Bench) -> contextlib.AbstractAsyncContextManager[str]:
@@ -214,7 +228,8 @@ async def run(args: argparse.Namespace) -> JSON:
             for config in configs:
                 await bench.kube.create(ADMISSION, PLURALS[config["kind"]], config)
             try:
-                async with our_webhooks(bench) as ours_run, one_write_webhooks(bench) as one_write_run:
+                async with our_webhooks(bench, validating_design()) as ours_run, \
+                        one_write_webhooks(bench) as one_write_run:
                     ours = await namespace(bench.kube, "floor-webhook", {RUN_LABEL: ours_run})
                     await device_quota(bench.kube, ours, ROOMY)
                     unquoted = await namespace(bench.kube, "floor-webhook-noquota", {RUN_LABEL: ours_run})

@@ -417,14 +417,15 @@ async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
             record.update(decision="denied", message=err.message)
             state.say(f"{indent}DENIED by the webhook: {err.message}")
         else:
-            # The leader writes the charge on the claim once it exists (no mutating webhook).
+            # The mutating webhook wrote the charge into the claim in its create (the leader
+            # writes it only on a claim that arrived without one).
             async def annotated() -> str | None:
                 claim = await kube.get(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team)
                 value = (claim["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
                 return value if isinstance(value, str) else None
 
             charge = json.loads(await poll(annotated, timeout=state.options.step_timeout,
-                                           what="the leader's charge annotation"))
+                                           what="the claim's charge annotation"))
             record.update(decision="admitted", charge=charge)
             state.say(f"{indent}admitted by the webhook, reserving its charge: "
                       + ", ".join(f"{k}={format_amount(k, v)}" for k, v in charge.items()))

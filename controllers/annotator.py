@@ -12,10 +12,11 @@ What is written, each key once it is due:
 - `draquota.io/charge` and `draquota.io/quotas`, when the claim has no charge yet: its
   charge as admitted (JSON of bytes and devices) and the DeviceQuotas it draws on. Queue
   managers and dashboards read them; a claim priced again (a restart, a deallocation)
-  never counts less than the charge recorded (`quota.pricing.at_least_recorded`). Until
-  issue 16 a mutating webhook wrote them during the CREATE; writing them here keeps a
-  create to one webhook call, at the cost of a window (usually well under a second)
-  in which a new claim carries none.
+  never counts less than the charge recorded (`quota.pricing.at_least_recorded`). The
+  shipped configuration's mutating admission (`webhook.claimadmit`) writes them into the
+  claim in its CREATE, so a claim it admitted has nothing due here; only a claim that
+  arrived without a charge (created while no webhook of ours reached its namespace, or
+  stripped by a later mutating webhook) is patched.
 - the allocation record (`quota.allocationrecord`: `draquota.io/allocated-charge`, and
   `draquota.io/allocation-results` where the claim needs it), once the claim is
   allocated: the exact charge of each device. A device can vanish while a claim holds it (a driver rewrites its
@@ -24,8 +25,9 @@ What is written, each key once it is due:
 
 How many patches are in flight: `concurrency` writers always, or one for every
 `BACKLOG_PER_WRITER` claims waiting where that is more (16 writers until 128 claims
-wait), up to `max_concurrency`; the extra ones stop once no claim waits. Each create
-needs one patch, and the API server shares its time among the requests in flight: a
+wait), up to `max_concurrency`; the extra ones stop once no claim waits. Each claim
+without a charge needs one patch (in the validating design, before one write per create,
+every create did), and the API server shares its time among the requests in flight: a
 fixed pool of 16 against 64 creates in flight fell minutes behind a sustained 200
 creates/s (bench/admission.py (f)), and each claim it had not reached kept its entry in
 the quota's record, which filled to its 1,000 entries.

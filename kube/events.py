@@ -64,6 +64,7 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import ApiError, KubeApi
 from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
 from quota.devicequota import KIND, ref_of
+from quota.extended import generated_base
 from quota.policy import PolicyRecord
 from quota.raw import Obj, dig
 
@@ -190,7 +191,7 @@ class EventRecorder:
         if review is None or review.dry_run:
             return
         if verdict.cause == "quota":
-            subject = f"{review.kind.kind or 'object'} {review.namespace}/{review.name}"
+            subject = f"{review.kind.kind or 'object'} {review.namespace}/{_named(review)}"
             for quota in verdict.quotas:
                 # A ClusterDeviceQuota is cluster-scoped: its Events live in `default`.
                 kind, name = ref_of(quota)
@@ -330,6 +331,16 @@ def uid_of(obj: Mapping[str, Any] | None) -> str:
     """An object's `metadata.uid`, "" when it has none: what a `Ref` carries."""
     uid = dig(obj, "metadata", "uid")
     return uid if isinstance(uid, str) else ""
+
+
+def _named(review: AdmissionRequest) -> str:
+    """The reviewed object's name; for a `generateName` CREATE reviewed before the API server
+    names it (the mutating claim admission, `webhook.claimadmit`), the generateName's base,
+    as its reservation entry and denial name it."""
+    if review.name:
+        return review.name
+    generate = dig(review.object, "metadata", "generateName")
+    return generated_base(generate) if isinstance(generate, str) else ""
 
 
 def _related(review: AdmissionRequest) -> Ref | None:

@@ -60,12 +60,13 @@ VALIDATING: dict[Route, Handler] = {
 # a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
 # rolls out, does not fail claim creates.
 MUTATING: dict[Route, Handler] = {}
-# One-write admission (`webhook.claimadmit`; issue 16 (c), docs/one-write.md): a claim
-# CREATE reviewed by a mutating webhook, reserved and annotated in the create itself, so
-# the leader writes nothing to it (`controllers.annotator`). Its own path: during an
-# upgrade an older Pod answers it 404 (the claim waits where a quota governs) instead of
-# allowing it unpriced as its `/mutate` would. The shipped configuration does not call it
-# yet (docs/one-write.md says what is missing); bench/floor.py measures it.
+# One-write admission (`webhook.claimadmit`; issue 16 (c), docs/one-write.md), the shipped
+# configuration's claim CREATE: reviewed by a mutating webhook, reserved and annotated in
+# the create itself, so the leader writes nothing to it (`controllers.annotator`). Its own
+# path: during an upgrade an older Pod answers it 404 (the claim waits where a quota
+# governs) instead of allowing it unpriced as its `/mutate` would. The claim CREATE on
+# `/validate` above stays for the validating configuration of an earlier release while an
+# upgrade rolls out.
 ADMITTING: dict[Route, Handler] = {
     (CLAIMS.group, CLAIMS.plural, "", "CREATE"): admit_claim,
 }

@@ -2,8 +2,8 @@
 
 `devicequota.yaml` and `clusterdevicequota.yaml` are the DeviceQuota and
 ClusterDeviceQuota CRDs (the schemas `quota.devicequota` parses; `serve` watches both);
-`webhooks.yaml` the ValidatingWebhookConfiguration that sends the API server's reviews to
-`dra-quota serve`. Both are package data (pyproject.toml, `[tool.setuptools.package-data]`),
+`webhooks.yaml` the Mutating- and ValidatingWebhookConfiguration that send the API server's
+reviews to `dra-quota serve`. Both are package data (pyproject.toml, `[tool.setuptools.package-data]`),
 so `dra-quota demo` (commands/demo.py) and the local cluster's webhook routing
 (devcluster/webhooks.py) find them in an installed copy as in a checkout, whose
 deploy/crds/*.yaml and deploy/manifests/webhooks.yaml are links to these

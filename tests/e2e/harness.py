@@ -211,15 +211,15 @@ async def governed(kube: Kube, namespace: str, *, timeout: float = 30) -> None:
 
 
 async def annotated(kube: Kube, namespace: str, name: str, *, timeout: float = 30) -> dict[str, str]:
-    """The claim's annotations once the leader wrote our charge on it (it does so once the
-    claim exists: no mutating webhook)."""
+    """The claim's annotations once they hold our charge: written in the create itself by
+    the mutating webhook (one write), or by the leader on a claim that arrived without one."""
 
     async def written() -> dict[str, str] | None:
         claim = await kube.get(RESOURCE_V1, "resourceclaims", name, namespace=namespace)
         annotations: dict[str, str] = claim["metadata"].get("annotations") or {}
         return annotations if "draquota.io/charge" in annotations else None
 
-    annotations: dict[str, str] = await poll(written, timeout=timeout, what=f"the leader to annotate {namespace}/{name}")
+    annotations: dict[str, str] = await poll(written, timeout=timeout, what=f"our charge on {namespace}/{name}")
     return annotations
 
 

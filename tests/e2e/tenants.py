@@ -13,6 +13,7 @@ another webhook refuses): each attack asserts the answer it got and counts it in
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections import Counter
@@ -279,14 +280,23 @@ async def dry_run_flood(t: Tenants, worker: int, until: asyncio.Event) -> None:
 
 async def forged_and_free(t: Tenants) -> None:
     """Our annotations on a new claim or template, a template that can never fit, adminAccess."""
+    # A claim's charge is written by our mutating webhook into the create itself: one its
+    # creator supplied is replaced by the claim's price, never kept (webhook/claimadmit.py).
     outcome = await t.claim("mallory", "forged", annotations={OURS[0]: '{"memory":0,"devices":0}', OURS[1]: ""})
-    assert our_annotation_refused(outcome, hook="quota.resourceclaims.draquota.io", verb="set by its creator"), outcome
-    t.answers["claim with our annotations: refused"] += 1
+    if outcome == "":
+        stored = await t.kube.get(RESOURCE_V1, "resourceclaims", "forged", namespace=t.ns("mallory"))
+        charge = json.loads(stored["metadata"]["annotations"][OURS[0]])
+        assert charge == {"memory": 80 * 2**30, "devices": 1}, charge
+        t.answers["claim with our annotations: charged its price"] += 1
+    else:
+        assert QUOTA_DENIAL.match(outcome), outcome
+        t.answers["claim with our annotations: quota"] += 1
     stamped = {"apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate", "metadata": {"name": "forged"},
                "spec": {"metadata": {"annotations": {OURS[0]: "{}"}},
                         "spec": claim_spec(exact_request("gpu", t.fleet.device_class))}}
     outcome = await t.create("mallory", "resourceclaimtemplates", stamped)
-    assert our_annotation_refused(outcome, hook="quota.resourceclaims.draquota.io", verb="set by its creator"), outcome
+    assert our_annotation_refused(outcome, hook="quota.resourceclaimtemplates.draquota.io", verb="set by its creator"), \
+        outcome
     t.answers["template stamping our annotations: refused"] += 1
     huge = {"apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate", "metadata": {"name": "huge"},
             "spec": {"spec": claim_spec(exact_request("gpu", t.fleet.device_class, count=8))}}

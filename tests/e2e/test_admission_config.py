@@ -44,14 +44,15 @@ ADMISSION = "admissionregistration.k8s.io/v1"
 RUN_LABEL = "e2e.draquota.io/run"
 OUR_SA = "system:serviceaccount:dra-quota-system:dra-quota"
 
-QUOTA = "quota.resourceclaims.draquota.io"
+QUOTA = "quota.resourceclaims.draquota.io"  # mutating (one write a claim create, issue 16)
+TEMPLATES = "quota.resourceclaimtemplates.draquota.io"
 ALLOCATION = "allocation.resourceclaims.draquota.io"
 NAMESPACES = "admin-access.namespaces.draquota.io"
 ANNOTATIONS = "annotations.resourceclaims.draquota.io"
 PODS = "extended-resources.pods.draquota.io"
 # The fail-open copies, for namespaces no DeviceQuota governs.
-QUOTA_OPEN, ALLOCATION_OPEN, ANNOTATIONS_OPEN = (
-    h.replace(".resourceclaims", "-ungoverned.resourceclaims") for h in (QUOTA, ALLOCATION, ANNOTATIONS))
+QUOTA_OPEN, TEMPLATES_OPEN, ALLOCATION_OPEN, ANNOTATIONS_OPEN = (
+    h.replace(".resourceclaim", "-ungoverned.resourceclaim") for h in (QUOTA, TEMPLATES, ALLOCATION, ANNOTATIONS))
 # What the leader keeps on namespaces holding a DeviceQuota; set by hand here (no serve).
 GOVERNED = {"draquota.io/governed": "true"}
 EXCLUDED = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "dra-quota-system"]}
@@ -169,11 +170,14 @@ def once(items: list[Any]) -> list[Any]:
 def test_shipped_webhooks_share_the_common_settings() -> None:
     """docs/design.md, "Deploy": every webhook excludes kube-system and our namespace, 5 s timeout,
     v1 reviews, dryRun-safe, Equivalent matching; each claim webhook twice, failing closed
-    only where a DeviceQuota governs (docs/install.md, "Failure modes"); no DELETE and no mutating
-    webhook (the leader annotates)."""
-    assert {c["kind"] for c in WEBHOOKS} == {"ValidatingWebhookConfiguration"}
+    only where a DeviceQuota governs (docs/install.md, "Failure modes"); no DELETE; one mutating
+    webhook, the claim CREATE's (its own path, reinvoked when a later webhook changes the claim)."""
+    assert {c["kind"] for c in WEBHOOKS} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     hooks = {h["name"]: h for c in WEBHOOKS for h in c["webhooks"]}
-    assert set(hooks) == {QUOTA, QUOTA_OPEN, ALLOCATION, ALLOCATION_OPEN, ANNOTATIONS, ANNOTATIONS_OPEN, NAMESPACES, PODS}
+    mutating = {h["name"] for c in WEBHOOKS if c["kind"] == "MutatingWebhookConfiguration" for h in c["webhooks"]}
+    assert mutating == {QUOTA, QUOTA_OPEN}
+    assert set(hooks) == {QUOTA, QUOTA_OPEN, TEMPLATES, TEMPLATES_OPEN, ALLOCATION, ALLOCATION_OPEN, ANNOTATIONS,
+                          ANNOTATIONS_OPEN, NAMESPACES, PODS}
     for name, hook in hooks.items():
         assert hook["admissionReviewVersions"] == ["v1"], name
         # The Pod warning writes nothing and must not slow Pod creation.
@@ -183,14 +187,17 @@ def test_shipped_webhooks_share_the_common_settings() -> None:
         assert hook["namespaceSelector"]["matchExpressions"][0] == EXCLUDED, name
         service = hook["clientConfig"]["service"]
         assert (service["namespace"], service["name"], service["port"]) == ("dra-quota-system", "dra-quota-webhook", 443)
-        assert service["path"] == "/validate", name
+        assert service["path"] == ("/admit" if name in mutating else "/validate"), name
+        assert hook.get("reinvocationPolicy") == ("IfNeeded" if name in mutating else None), name
         assert "caBundle" not in hook["clientConfig"], "injected by certs/ or cert-manager"
         assert "DELETE" not in hook["rules"][0]["operations"], name
     assert {n: h["failurePolicy"] for n, h in hooks.items()} == {
-        QUOTA: "Fail", ALLOCATION: "Fail", ANNOTATIONS: "Fail", QUOTA_OPEN: "Ignore", ALLOCATION_OPEN: "Ignore",
-        ANNOTATIONS_OPEN: "Ignore", NAMESPACES: "Fail", PODS: "Ignore",
+        QUOTA: "Fail", TEMPLATES: "Fail", ALLOCATION: "Fail", ANNOTATIONS: "Fail", QUOTA_OPEN: "Ignore",
+        TEMPLATES_OPEN: "Ignore", ALLOCATION_OPEN: "Ignore", ANNOTATIONS_OPEN: "Ignore", NAMESPACES: "Fail",
+        PODS: "Ignore",
     }  # fmt: skip
-    for closed, open_ in ((QUOTA, QUOTA_OPEN), (ALLOCATION, ALLOCATION_OPEN), (ANNOTATIONS, ANNOTATIONS_OPEN)):
+    for closed, open_ in ((QUOTA, QUOTA_OPEN), (TEMPLATES, TEMPLATES_OPEN), (ALLOCATION, ALLOCATION_OPEN),
+                          (ANNOTATIONS, ANNOTATIONS_OPEN)):
         assert hooks[closed]["namespaceSelector"]["matchExpressions"][1:] == [
             {"key": "draquota.io/governed", "operator": "In", "values": ["true"]}]
         assert hooks[open_]["namespaceSelector"]["matchExpressions"][1:] == [
@@ -217,29 +224,31 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
     # true, and nothing is persisted.
     await create_claim(kube, ns, claim("dry", run), dry_run=True)
     assert [(s.webhook, s.path, s.operation, s.dry_run) for s in rec.reviews(name="dry")] == [
-        (QUOTA, "/validate", "CREATE", True),
+        (QUOTA, "/admit", "CREATE", True),
     ]
     assert await kube.get_or_none(RESOURCE_V1, "resourceclaims", "dry", namespace=ns) is None
 
-    # A real CREATE: one webhook call, with the generated uid (nothing mutates the object).
+    # A real CREATE: one webhook call, the mutating one, before the API server gives the
+    # claim its uid (so the reservation is named by a token, webhook/claimadmit.py).
     created = await create_claim(kube, ns, claim("c1", run))
     seen = rec.reviews(name="c1")
     assert [(s.webhook, s.operation, s.dry_run, s.sub_resource) for s in seen] == [(QUOTA, "CREATE", False, "")]
-    assert seen[0].request["uid"] and seen[0].object["metadata"]["uid"] == created["metadata"]["uid"]
+    assert seen[0].request["uid"] and created["metadata"]["uid"]
+    assert "uid" not in seen[0].object["metadata"]
 
-    # A generateName CREATE: the validating webhook sees the generated name and uid (issue 7).
+    # A generateName CREATE: one call too (what name it shows is the API server's affair:
+    # the token names the reservation, not the name).
     generated = {**claim("", run)}
     generated["metadata"] = {"generateName": "gen-", "labels": {RUN_LABEL: run}}
-    made = await create_claim(kube, ns, generated)
+    await create_claim(kube, ns, generated)
     gen_seen = [s for s in rec.seen if (s.object.get("metadata") or {}).get("generateName") == "gen-"]
-    assert [(s.webhook, s.name) for s in gen_seen] == [(QUOTA, made["metadata"]["name"])]
-    assert gen_seen[0].object["metadata"]["uid"] == made["metadata"]["uid"]
+    assert [(s.webhook, s.operation) for s in gen_seen] == [(QUOTA, "CREATE")]
 
-    # Templates: the quota webhook too.
+    # Templates: their own quota webhook, validating.
     template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t1", "labels": {RUN_LABEL: run}},
                 "spec": {"spec": claim_spec(exact_request("gpu", "e2e-no-such-class"))}}  # fmt: skip
     await kube.create(RESOURCE_V1, "resourceclaimtemplates", template, namespace=ns)
-    assert [(s.webhook, s.operation) for s in rec.reviews(name="t1")] == [(QUOTA, "CREATE")]
+    assert [(s.webhook, s.path, s.operation) for s in rec.reviews(name="t1")] == [(TEMPLATES, "/validate", "CREATE")]
 
     # Claim UPDATEs reach us only when they touch our annotations: other metadata
     # (labels, other annotations, finalizers) does not; adding, changing or removing
@@ -274,6 +283,9 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
                                                       "note": "n"}  # fmt: skip
     (last,) = await touches({"annotations": {"draquota.io/quotas": None}})
     assert last.object["metadata"]["annotations"] == {"draquota.io/charge": "forged", "note": "n"}
+    # The admission's token too: a copied token must reach us to be refused.
+    (last,) = await touches({"annotations": {"draquota.io/admission": "copied"}})
+    assert last.object["metadata"]["annotations"]["draquota.io/admission"] == "copied"
     rec.clear()
 
     # DELETE reaches no webhook of ours: a reservation ends when the claim watch delivers

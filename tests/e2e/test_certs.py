@@ -4,10 +4,12 @@ The process mints its CA and serving certificate into a per-test Secret in
 dra-quota-system, patches the caBundle of the shipped configurations (adapted as in
 tests/e2e/harness.py, with their caBundle removed so only the process can make them work) and
 serves `dra-quota-webhook.dra-quota-system.svc`, the name the API server verifies.
-Proof that the API server trusts what is served: every dry-run claim create that
-carries our `draquota.io/charge` annotation comes back refused with our own message,
-in a namespace a DeviceQuota governs (failurePolicy Fail there, so a TLS failure is a
-"failed calling webhook" error, never a silent skip).
+Proof that the API server trusts what is served, over both configurations: every
+dry-run claim create that carries a forged `draquota.io/charge` comes back with the
+charge our mutating webhook writes (/admit), and every dry-run template create carrying
+it comes back refused with our own message (/validate), in a namespace a DeviceQuota
+governs (failurePolicy Fail there, so a TLS failure is a "failed calling webhook" error,
+never a silent skip).
 
 Rotation under load uses validities of seconds (the NotBefore back-dating of an hour
 in certs.authority does not matter): serving certificates live 10 s and are renewed
@@ -46,7 +48,7 @@ pytestmark = pytest.mark.e2e
 
 NAMESPACE, SERVICE = "dra-quota-system", "dra-quota-webhook"
 CHARGE = "draquota.io/charge"
-# Our webhook's answer to a new claim carrying our annotation: only it can say this.
+# Our webhook's answer to a new template carrying our annotation: only it can say this.
 OURS = f"annotation {CHARGE} is written by dra-quota once the claim exists"
 ROTATION_FLAGS = ("--cert-check-period", "0.5s", "--ca-trust-delay", "2s", "--ca-validity", "60s",
                   "--ca-renew-before", "45s", "--cert-validity", "10s", "--cert-renew-before", "7s")
@@ -124,16 +126,26 @@ async def _bundles(kube: Kube, setup: CertSetup) -> list[list[x509.Certificate]]
 
 
 async def _judged(kube: Kube, setup: CertSetup) -> str:
-    """A dry-run claim create only our webhook refuses, and how it ended: "ours" when
-    refused with our message (the API server called us over TLS it verified), else the
-    error (a TLS or connection failure is "failed calling webhook" under Fail)."""
-    body = {"kind": "ResourceClaim", "metadata": {"name": unique("c"), "annotations": {CHARGE: "x"}},
-            "spec": claim_spec(exact_request("gpu", setup.fleet.device_class))}
+    """A dry-run claim create whose forged charge only our mutating webhook replaces, and a
+    dry-run template create only our validating webhook refuses; "ours" when both were
+    answered so (the API server called both configurations over TLS it verified), else
+    what happened (a TLS or connection failure is "failed calling webhook" under Fail)."""
+    spec = claim_spec(exact_request("gpu", setup.fleet.device_class))
+    claim = {"kind": "ResourceClaim", "metadata": {"name": unique("c"), "annotations": {CHARGE: "x"}}, "spec": spec}
     try:
-        await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=setup.namespace, dry_run=True)
+        made = await kube.create(RESOURCE_V1, "resourceclaims", claim, namespace=setup.namespace, dry_run=True)
+    except ApiError as err:
+        return str(err)[:300]
+    charge = (made["metadata"].get("annotations") or {}).get(CHARGE)
+    if charge is None or '"devices":1' not in charge:
+        return f"claim admitted with charge {charge!r}: the mutating webhook was not called"
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": unique("t")},
+                "spec": {"metadata": {"annotations": {CHARGE: "x"}}, "spec": spec}}
+    try:
+        await kube.create(RESOURCE_V1, "resourceclaimtemplates", template, namespace=setup.namespace, dry_run=True)
     except ApiError as err:
         return "ours" if OURS in err.message else str(err)[:300]
-    return "admitted: the webhook was not called"
+    return "template admitted: the validating webhook was not called"
 
 
 async def test_self_managed_certificate_is_stored_injected_and_trusted(kube: Kube, cert_setup: CertSetup) -> None:

@@ -45,7 +45,7 @@ from ..tools.monitoring_crds import monitoring_crds
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu
 from .harness import (
-    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, annotated, create, denial, exceeded,
+    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, create, denial, exceeded,
     make_quota,
 )
 from .kube import ApiError, Kube, Obj, poll
@@ -55,6 +55,7 @@ from .webhook_recorder import adapted_webhooks
 pytestmark = pytest.mark.e2e
 
 CHARGE = "draquota.io/charge"
+ADMISSION_TOKEN = "draquota.io/admission"
 # The chart's monitoring switches, all on (off by default: the shipped manifest has none of them).
 MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                           "dashboard": {"enabled": True, "folder": "GPU"}}}
@@ -202,10 +203,11 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
         setup = Setup(installed.run, namespace, fleet, served, [])
         await make_quota(kube, setup, "one-gpu", "80Gi")
 
-        await create(kube, setup, "first")
-        # The leader annotates it with the chart's rights (patch resourceclaims), and labelled
-        # the namespace governed (patch namespaces, allowed by the chart's label policy).
-        assert CHARGE in await annotated(kube, namespace, "first")
+        first = await create(kube, setup, "first")
+        # The create itself carries the charge and the admission's token: the mutating
+        # configuration called serve (its caBundle is serve's too). The leader labelled the
+        # namespace governed (patch namespaces, allowed by the chart's label policy).
+        assert {CHARGE, ADMISSION_TOKEN} <= set(first["metadata"].get("annotations") or {}), first["metadata"]
         message = await denial(create(kube, setup, "second"))
         assert message == exceeded("one-gpu", used="0", reserved="80Gi", limited="80Gi"), message
 

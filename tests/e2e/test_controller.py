@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ import yaml
 
 from controllers.leader import LeaderElector
 from kube.api import KubeApi
+from quota.admissiontoken import token_key
 from quota.leases import Timing
 
 from .cluster import ControlPlane, free_ports
@@ -151,10 +153,11 @@ async def test_the_controller_drops_an_entry_whose_claim_never_appeared(kube: Ku
     with setup.served.log_on_failure():
         await counted_quota(kube, setup, "320Gi")
         # An admission whose claim was never persisted (another webhook denied the create):
-        # an entry with no claim, expiring in 3 s. Nobody admits anything afterwards.
+        # an entry, keyed by a token no claim carries, expiring in 3 s. Nobody admits
+        # anything afterwards.
         expires = datetime.fromtimestamp(time.time() + 3, timezone.utc).isoformat(timespec="milliseconds")
         obj = await kube.get(DQ, "devicequotas", "gpus", namespace=ns)
-        obj["status"]["reservations"] = {str(uuid.uuid4()): {
+        obj["status"]["reservations"] = {token_key(secrets.token_hex(16)): {
             "claim": f"{ns}/never", "memory": 80 * GiB, "devices": 1, "expires": expires.replace("+00:00", "Z")}}
         await kube.replace(DQ, "devicequotas", obj, namespace=ns, subresource="status")
         await wait_status(kube, ns, lambda s: s.get("reserved") == amounts(80, 1), "the entry counted as reserved")
@@ -248,8 +251,8 @@ async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_name
         leader, other = setup.served.log_text(), second.log_text()
         conflicts = sum(len(re.findall(r"conflict writing DeviceQuota \S+/gpus status", log)) for log in (leader, other))
         writes = len(re.findall(rf"DeviceQuota {ns}/gpus status: used", leader))
-        served = [len(re.findall(r"/validate allowed CREATE \S+/c\d+ ", log)) for log in (leader, other)]
-        print(f"{count} admissions (validated by the replicas: {served}): {writes} controller status writes, "
+        served = [len(re.findall(r"/admit allowed CREATE \S+/c\d+ ", log)) for log in (leader, other)]
+        print(f"{count} admissions (admitted by the replicas: {served}): {writes} controller status writes, "
               f"{conflicts} conflicts between the writers (noisy machine)")
         assert writes >= 2  # the controller did write during the burst, not only once after it
         assert "leading: Lease" not in other  # the second replica only admitted

@@ -304,7 +304,7 @@ class World:
             if settled is None:
                 return None  # moved again (a deallocation landing late): compare once it settles
             if any(CHARGE not in (c["metadata"].get("annotations") or {}) for c in settled[0]):
-                return None  # the leader records each claim's charge once it exists: not yet
+                return None  # one that arrived without a charge, until the leader charges it
             expected, seen = await self.count(settled[0]), as_count(await self.status())
             last[:] = [(expected, seen)]
             return expected if seen == expected else None

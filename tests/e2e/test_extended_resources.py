@@ -10,7 +10,8 @@ createExtendedResourceClaimInAPI), then one status update with the allocation; w
 anything after the create fails it deletes the claim (unreserveExtendedResourceClaim).
 So the claim goes through our quota webhook like any other (a denial fails PreBind and
 shows on the Pod as FailedScheduling), is charged once (the reservation is keyed by the
-claim's uid and each retry is a new claim), and its DELETE releases it at once.
+admission's token, each retry is a new claim, and the next attempt at the same Pod's
+claim replaces the last one's entry), and its DELETE releases it at once.
 
 And at Pod CREATE, a Pod whose request cannot fit gets a warning (`kubectl apply` shows
 it), never a denial.
@@ -114,6 +115,13 @@ async def extended_claims(kube: Kube, setup: Setup, pod: str | None = None) -> l
 async def quota_status(kube: Kube, setup: Setup, name: str) -> Obj:
     status: Obj = (await kube.get(DQ, "devicequotas", name, namespace=setup.namespace)).get("status") or {}
     return status
+
+
+def attempt_reviews(setup: Setup) -> re.Pattern[str]:
+    """The uid of each claim CREATE review our mutating webhook allowed in the namespace,
+    not a probe's: the scheduler's claims have only their generateName then, so the
+    review names no claim (or, should the API server name it first, one of the Pod's)."""
+    return re.compile(rf"/admit allowed CREATE {re.escape(setup.namespace)}/(?:\S*-extended-resources-\S*)? uid=(\S+)")
 
 
 async def scheduling_failure(kube: Kube, setup: Setup, pod: str, text: str) -> str:
@@ -272,14 +280,16 @@ async def test_a_claim_the_scheduler_deletes_after_a_failed_status_update_is_rel
             return len(denials) >= 2  # two attempts, two claims (each event names its claim)
 
         await poll(denied_twice, timeout=90, what="two allocation denials of the Pod's claims")
-        # Each attempt reserved under its own claim's uid; the entry left once a writer
-        # saw the claim (or the next attempt replaced it), and the scheduler's deletion of
-        # the claim released it: never more than the one attempt in flight.
+        # Each attempt reserved under its own admission's token; the entry left once a
+        # writer saw the claim carrying it (or the next attempt replaced it), and the
+        # scheduler's deletion of the claim released it: never more than the one attempt
+        # in flight.
         assert most_entries <= 1, most_entries
-        # Our log: each attempt's claim was admitted under a new name (and uid); no
-        # DELETE ever reached us (there is no webhook for it).
+        # Our log: each attempt's claim was admitted by its own review (the mutating
+        # webhook, before the API server names a generateName claim); no DELETE ever
+        # reached us (there is no webhook for it).
         log = setup.served.log_text()
-        created = set(re.findall(rf"/validate allowed CREATE {setup.namespace}/(big-extended-resources-\w+) uid=", log))
+        created = set(attempt_reviews(setup).findall(log))
         assert len(created) >= 2, created
         assert " DELETE " not in log
         pod = await kube.get("v1", "pods", "big", namespace=setup.namespace)
@@ -306,7 +316,7 @@ async def test_attempts_refused_after_us_do_not_pile_up_until_their_ttl(kube: Ku
                                                   "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "0"}}},
                           namespace=setup.namespace)
         await kube.create("v1", "pods", pod_body(setup, "big", {setup.resource: "1"}), namespace=setup.namespace)
-        attempt = re.compile(rf"/validate allowed CREATE {setup.namespace}/(big-extended-resources-\w+) uid=")
+        attempt = attempt_reviews(setup)
         most_entries = 0
 
         async def three_attempts() -> bool:

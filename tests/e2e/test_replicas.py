@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .harness import (
@@ -107,8 +109,10 @@ async def unconfirmed(kube: Kube, namespace: str) -> int:
     """Entries on the quota's status whose claim does not exist (in flight, or orphaned)."""
     claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=namespace)
     quota = await kube.get(DQ, "devicequotas", "gpus", namespace=namespace)
-    uids = {c["metadata"]["uid"] for c in claims}
-    return sum(1 for uid in (quota.get("status") or {}).get("reservations") or {} if uid not in uids)
+    # An admission's entry is keyed by its token (one write per create), an older one by the uid.
+    keys = {c["metadata"]["uid"] for c in claims} | {
+        token_key(token) for c in claims if (token := (c["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION))}
+    return sum(1 for key in (quota.get("status") or {}).get("reservations") or {} if key not in keys)
 
 
 async def burst(rnd: Round, sizes: list[int], on_progress: asyncio.Event | None = None) -> Burst:

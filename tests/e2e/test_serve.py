@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from quota.admissiontoken import is_token
+
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request
 from .harness import (ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies,
                       served_context)
@@ -42,10 +44,15 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
         message = await denial(create(kube, setup, "c3"))
         assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
 
+        # One write per create: the charge, the quotas and the admission's token come back
+        # with the create (the mutating webhook), and nothing rewrites them afterwards.
         for claim in (first, second):
-            annotations = await annotated(kube, setup.namespace, claim["metadata"]["name"])
+            annotations = claim["metadata"]["annotations"]
             assert annotations["draquota.io/charge"] == '{"memory":85899345920,"devices":1}'
             assert annotations["draquota.io/quotas"] == "gpus"
+            assert is_token(annotations["draquota.io/admission"]), annotations
+            stored = await kube.get(RESOURCE_V1, "resourceclaims", claim["metadata"]["name"], namespace=setup.namespace)
+            assert stored["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"]
 
         await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace)
         await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace, timeout=30)
@@ -149,7 +156,10 @@ async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube:
     closes only then. Closing it first failed those PATCHes with 500, and a writer woken by
     such a failure just as it was cancelled lost the cancellation (3.11's wait_for): serve
     never exited (two e2e runs hung so). A review cut short keeps the listener draining
-    for the whole grace, so a writer still running would meet it closed."""
+    for the whole grace, so a writer still running would meet it closed.
+    The mutating configuration is removed first: a claim it admits carries its charge
+    from the create and the leader has nothing to write; one that arrives without a charge
+    (no webhook of ours reached it) the leader charges, as here."""
     with setup.served.log_on_failure():
         await make_quota(kube, setup, "gpus", "300Gi")
         # Then room for every claim below (none is allocated: each stays reserved).
@@ -160,6 +170,11 @@ async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube:
             return await denial(create(kube, setup, "probe", count=4, dry_run=True)) == ""
 
         await poll(raised, timeout=30, what="the webhook to see the raised limit")
+        mutating = [c for c in setup.configs if c[0] == "mutatingwebhookconfigurations"]
+        assert mutating, setup.configs
+        for plural, name in mutating:
+            await kube.delete(ADMISSION, plural, name)
+            setup.configs.remove((plural, name))
 
         async def keep_creating(worker: int) -> None:
             for i in range(10_000):
@@ -168,7 +183,9 @@ async def test_sigterm_stops_the_leaders_writes_before_the_listener_closes(kube:
 
         async def writing() -> bool:  # the leader has annotated a claim, and the creates go on
             claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=setup.namespace)
-            return any("draquota.io/charge" in (c["metadata"].get("annotations") or {}) for c in claims)
+            # The leader's charge: no admission token (the mutating webhook's charge has one).
+            return any("draquota.io/charge" in (a := c["metadata"].get("annotations") or {})
+                       and "draquota.io/admission" not in a for c in claims)
 
         creating = [asyncio.create_task(keep_creating(worker)) for worker in range(4)]
         try:

@@ -7,8 +7,8 @@ relabel of the namespace as serve's Namespace watch delivers it. The fleet publi
 attributes the NVIDIA driver publishes (`uuid`; a MIG device's `parentUUID` and
 `profile`); pods get their claims from templates and the scheduler allocates them; one
 claim no pod uses stays pending (reserved). Every expectation is computed from what the
-API server holds: each claim's `draquota.io/charge` annotation (written by the leader once
-the claim exists), whether it is allocated, the devices its allocation names and the pods in its
+API server holds: each claim's `draquota.io/charge` annotation (written in the create by
+our mutating webhook), whether it is allocated, the devices its allocation names and the pods in its
 `status.reservedFor`, never hard-coded. The device and class products are unique to this
 run, so the charge estimated at admission is the exact one too.
 """
@@ -125,7 +125,7 @@ async def world(cluster: ControlPlane, kube: Kube, crd: None, tmp_path: Path,
 
 def charge(claim: Obj) -> dict[str, int]:
     annotations = claim["metadata"].get("annotations") or {}
-    assert CHARGE in annotations, f"claim {claim['metadata']['name']} was not annotated by the leader"
+    assert CHARGE in annotations, f"claim {claim['metadata']['name']} carries no charge"
     parsed: dict[str, int] = json.loads(annotations[CHARGE])
     return parsed
 
@@ -207,7 +207,7 @@ async def converge(kube: Kube, world: World, what: str) -> list[Obj]:
         claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=world.namespace)
         last["claims"] = claims
         if any(CHARGE not in (c["metadata"].get("annotations") or {}) for c in claims):
-            return False  # the leader annotates each claim once it exists: not yet
+            return False  # a claim that arrived without a charge, until the leader charges it
         last["want"] = expected(world, claims)
         last["got"] = shown(world, await world.served.metrics())
         return bool(last["got"] == last["want"])

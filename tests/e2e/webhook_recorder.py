@@ -1,7 +1,8 @@
 """A loopback admission webhook that records which requests the API server sends it.
 
 Used by test_admission_config.py to prove what the shipped webhook configuration
-(deploy/manifests/webhooks.yaml) selects on the real API server. It allows everything.
+(deploy/manifests/webhooks.yaml) selects on the real API server. It allows everything
+and mutates nothing.
 The test rewrites each webhook's ``clientConfig.service.path`` to
 ``<shipped path>/<webhook name>`` so every recorded review says which webhook it came from.
 
@@ -85,10 +86,12 @@ class Recorder:
 
 @asynccontextmanager
 async def serve_recorder(cert_file: str, key_file: str, port: int) -> AsyncIterator[Recorder]:
-    """HTTPS on 127.0.0.1:<port> with the test webhook certificate; any path under /validate."""
+    """HTTPS on 127.0.0.1:<port> with the test webhook certificate; any path under /validate
+    or /admit (the claim CREATE's mutating webhook: allowed untouched here)."""
     recorder = Recorder()
     app = web.Application()
     app.router.add_post("/validate/{hook}", recorder.handle)
+    app.router.add_post("/admit/{hook}", recorder.handle)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert_file, key_file)
     runner = web.AppRunner(app)

@@ -43,10 +43,13 @@ SOURCE_GOVERNED = documents((ROOT / "deploy" / "manifests" / "governed-label-pol
 SOURCE_TEAMS = documents((ROOT / "deploy" / "manifests" / "team-label-policy.yaml").read_text())
 SOURCE_EVENTS = documents((ROOT / "deploy" / "manifests" / "rbac-events.yaml").read_text())
 SOURCE_LEADER = documents((ROOT / "deploy" / "manifests" / "rbac-leader-election.yaml").read_text())
-KINDS = {"ValidatingWebhookConfiguration"}
+KINDS = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+# Each claim webhook, governed and ungoverned: (name prefix, resource).
+CLAIM_HOOKS = (("quota", "resourceclaims"), ("quota", "resourceclaimtemplates"), ("allocation", "resourceclaims"),
+               ("annotations", "resourceclaims"))
 FAILURE_POLICY_KEYS = {
-    **{f"{hook}.resourceclaims.draquota.io": "governed" for hook in ("quota", "allocation", "annotations")},
-    **{f"{hook}-ungoverned.resourceclaims.draquota.io": "ungoverned" for hook in ("quota", "allocation", "annotations")},
+    **{f"{hook}.{resource}.draquota.io": "governed" for hook, resource in CLAIM_HOOKS},
+    **{f"{hook}-ungoverned.{resource}.draquota.io": "ungoverned" for hook, resource in CLAIM_HOOKS},
     "extended-resources.pods.draquota.io": "extendedResources",
     "admin-access.namespaces.draquota.io": "adminAccess",
 }
@@ -186,9 +189,9 @@ def test_each_failure_policy_comes_from_its_value(default: list[Obj]) -> None:
 def test_claim_webhooks_fail_closed_only_where_governed(default: list[Obj]) -> None:
     """Each claim webhook comes twice: Fail for namespaces the leader labelled governed,
     Ignore for every other one (NotIn also matches a namespace without the label)."""
-    hooks = {h["name"]: h for h in find(default, "ValidatingWebhookConfiguration")["webhooks"]}
-    for hook in ("quota", "allocation", "annotations"):
-        closed, open_ = hooks[f"{hook}.resourceclaims.draquota.io"], hooks[f"{hook}-ungoverned.resourceclaims.draquota.io"]
+    hooks = {h["name"]: h for kind in KINDS for h in find(default, kind)["webhooks"]}
+    for hook, resource in CLAIM_HOOKS:
+        closed, open_ = hooks[f"{hook}.{resource}.draquota.io"], hooks[f"{hook}-ungoverned.{resource}.draquota.io"]
         assert (closed["failurePolicy"], open_["failurePolicy"]) == ("Fail", "Ignore")
         assert GOVERNED in closed["namespaceSelector"]["matchExpressions"]
         assert {**GOVERNED, "operator": "NotIn"} in open_["namespaceSelector"]["matchExpressions"]
@@ -200,8 +203,8 @@ def test_claim_webhooks_fail_closed_only_where_governed(default: list[Obj]) -> N
 def test_an_opt_in_label_narrows_every_webhook(default: list[Obj]) -> None:
     """A staged rollout: only namespaces carrying webhooks.optInLabel reach any webhook."""
     objects = render({"webhooks": {"optInLabel": "draquota.io/enabled"}})
-    before = find(default, "ValidatingWebhookConfiguration")["webhooks"]
-    after = find(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    before = [h for kind in sorted(KINDS) for h in find(default, kind)["webhooks"]]
+    after = [h for kind in sorted(KINDS) for h in find(objects, kind)["webhooks"]]
     for old, new in zip(before, after, strict=True):
         added = [e for e in new["namespaceSelector"]["matchExpressions"]
                  if e not in old["namespaceSelector"]["matchExpressions"]]
@@ -306,9 +309,10 @@ def test_names_agree_across_objects(release: str, namespace: str) -> None:
     service = find(objects, "Service")
     account = find(objects, "ServiceAccount")["metadata"]["name"]
     assert (args.namespace, args.service_name) == (namespace, service["metadata"]["name"])
-    # The mutating one too: one left by a release before 0.2 keeps its caBundle until removed.
-    configuration = find(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
-    assert args.webhook_configurations == (("validating", configuration), ("mutating", configuration))
+    # Both get their caBundle from serve: the mutating one admits claims (/admit).
+    validating = find(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
+    mutating = find(objects, "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert args.webhook_configurations == (("validating", validating), ("mutating", mutating))
     granted = {n for r in rules_of(objects, "Role") if r["resources"] == ["secrets"] for n in r.get("resourceNames", [])}
     fullname = find(objects, "Deployment")["metadata"]["name"]
     assert args.admin_access_configmap == (namespace, find(objects, "ConfigMap", f"{fullname}-admin-access")[

@@ -257,6 +257,20 @@ async def test_a_template_denial_relates_the_template() -> None:
     assert first.note.startswith("ResourceClaimTemplate team-a/t1: ")
 
 
+async def test_a_generated_claim_denied_before_it_is_named_is_named_by_its_base() -> None:
+    """The mutating claim admission reviews a `generateName` CREATE before the API server
+    names the claim: the DeviceQuota's Event names the generateName's base (as the
+    reservation and the denial do), and relates no object (none has that name)."""
+    rec, _, _ = recorder(FakeSink())
+    claim = owned()
+    claim["metadata"].pop("name", None)
+    claim["metadata"]["generateName"] = "train-0-gpu-"
+    rec.review(review_request(claim, name=""), ONE_DENIAL)
+    [on_quota] = [k for k in rec._series if k.regarding.kind == "DeviceQuota"]
+    assert on_quota.note == "ResourceClaim team-a/train-0-gpu-: " + ONE_DENIAL.message
+    assert on_quota.related is None
+
+
 async def test_run_writes_until_cancelled() -> None:
     sink = FakeSink()
     rec, _, _ = recorder(sink)

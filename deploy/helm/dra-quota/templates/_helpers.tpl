@@ -94,7 +94,7 @@ namespaceSelector:
     {{- end }}
 {{- end }}
 
-{{/* clientConfig of one webhook: $ = root context, path = /validate or /mutate. */}}
+{{/* clientConfig of one webhook: $ = root context, path = /validate or /admit. */}}
 {{- define "dra-quota.clientConfig" -}}
 {{- $root := index . 0 }}{{ $path := index . 1 -}}
 clientConfig:
