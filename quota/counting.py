@@ -9,7 +9,8 @@ change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 
 from quota.claims import Claim
@@ -27,6 +28,9 @@ __all__ = ["MAX_PRICED_SELECTIONS", "Counting", "Repriced", "claim_ref", "object
 # once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
 # unscoped charge of its classes: more than the truth, never less.
 MAX_PRICED_SELECTIONS = 8
+# Distinct estimates kept (`Counting._estimate`), least recently used out first: a
+# template's claims share one; a tenant making every spec distinct only misses.
+MEMO_SIZE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,8 @@ class Counting:
     def __init__(self, pricer: Pricer, ledger: Ledger) -> None:
         self.pricer = pricer
         self.ledger = ledger
+        # `_estimate`'s memo: its key -> every mode's pricing and the claim budget it spent.
+        self._memo: OrderedDict[Hashable, tuple[dict[Mode, Pricing], int]] = OrderedDict()
 
     def allocated_entry(self, claim: Claim) -> Entry:
         """What `account_allocated` counts: the exact charge of the allocated devices."""
@@ -199,9 +205,11 @@ class Counting:
         return Repriced(tuple(keys), tuple(stale))
 
     def priced_before(self, claim: Claim) -> bool:
-        """Whether pricing `claim` would find every part of it cached (`Pricer.known`)."""
+        """Whether pricing `claim` would find it memoised, or every part of it cached (`Pricer.known`)."""
         selections = self._selections(claim.namespace)
-        return all(self.pricer.known(claim.spec, mode, selections) for mode in self._modes(claim.namespace))
+        modes = self._modes(claim.namespace)
+        return self._memo_key(claim, selections, modes) in self._memo or \
+            all(self.pricer.known(claim.spec, mode, selections) for mode in modes)
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
@@ -212,11 +220,40 @@ class Counting:
                      allocated=False, owner=claim.owner, claim=claim)
 
     def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
-        """Every mode under one claim budget: the modes share their matches."""
+        """Every mode under one claim budget: the modes share their matches.
+
+        Memoised by content (`_memo_key`): a claim is priced at its admission and again
+        at its watch event, and the claims a template stamps share one spec; each
+        pricing's requests were still looked up, built and charged anew (4-5 % of
+        `serve`'s busy time in bench/floor.py's one-write mode). A hit charges the claim
+        budget what computing it did (a claim's spending is the sum of its distinct
+        matches: the same for the same key), and only where that fits, so a review's
+        budget and every denial for it read as before; an estimate that ran out of
+        budget is not kept."""
         budget = Budget.claim(review)
         selections = self._selections(claim.namespace)
-        return {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
-                for mode in self._modes(claim.namespace)}
+        modes = self._modes(claim.namespace)
+        key = self._memo_key(claim, selections, modes)
+        if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
+            self._memo.move_to_end(key)
+            budget.spend(found[1])
+            return dict(found[0])
+        pricings = {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
+                    for mode in modes}
+        # Pricing may pause (`runtime.slicing`): kept only if no slice or class changed meanwhile.
+        if not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes) == key:
+            self._memo[key] = (pricings.copy(), budget.spent)
+            while len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return pricings
+
+    def _memo_key(self, claim: Claim, selections: tuple[DeviceSelection, ...], modes: list[Mode]) -> Hashable:
+        """What an estimate is a function of (`quota.pricing`: no clock, no I/O): the spec,
+        the selections and modes it is priced for, the inventory's generation and the
+        classes it names as they are now (a DeviceClass changed or gone is another key)."""
+        classes = self.pricer.classes
+        return (claim.spec, selections, tuple(modes), self.pricer.inventory.generation,
+                tuple(classes.get(alt.device_class) for req in claim.spec.requests for alt in req.alternatives))
 
     def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The distinct `spec.devices` of the namespace's quotas a claim there is priced

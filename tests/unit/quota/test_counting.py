@@ -1,0 +1,153 @@
+"""quota.counting: the estimate memo (`Counting._estimate`) is exact: what it answers is
+what pricing again would, after the inventory, a DeviceClass or the namespace's quotas
+changed, and a review's budget is charged as if it had priced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quota.admission import Admission, Admitter
+from quota.claims import Claim, parse_claim, parse_device_class
+from quota.devicequota import parse_device_quota
+from quota.inventory import Inventory
+from quota.ledger import Entry, Ledger
+from quota.model import Charge, DeviceClassName
+from quota.pricing import Pricer
+from quota.work import Budget
+
+from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request
+
+D = "gpu.example.com"
+H100 = f"device.attributes['{D}'].model == 'h100'"
+H200 = f"device.attributes['{D}'].model == 'h200'"
+
+
+def inventory(h200_memory: str = "141Gi") -> Inventory:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("n1", [make_device(f"h100-{i}", memory="80Gi", attrs={"model": "h100"})
+                                              for i in range(2)], node="node-1"))
+    inv.add_or_update_slice(h200s(h200_memory))
+    return inv
+
+
+def h200s(memory: str) -> dict[str, Any]:
+    return make_slice("n2", [make_device(f"h200-{i}", memory=memory, attrs={"model": "h200"}) for i in range(2)],
+                      node="node-2")
+
+
+def gpu_class(*selectors: str) -> dict[DeviceClassName, Any]:
+    cls = parse_device_class(make_class("gpu", f"device.driver == '{D}'", *selectors))
+    return {cls.name: cls}
+
+
+class CountingPricer(Pricer):
+    """A Pricer counting the estimates it computes."""
+
+    estimates = 0
+
+    def estimate(self, *args: Any, **kwargs: Any) -> Any:
+        self.estimates += 1
+        return super().estimate(*args, **kwargs)
+
+
+def claim(name: str = "c1", *selectors: str, count: int = 1) -> Claim:
+    return parse_claim(make_claim(name, request("gpu", exactly("gpu", *selectors, count=count))))
+
+
+def admitter(inv: Inventory | None = None, classes: dict[DeviceClassName, Any] | None = None) -> Admitter:
+    adm = Admitter(CountingPricer(inv or inventory(), classes if classes is not None else gpu_class()), Ledger())
+    adm.ledger.add_or_update_quota(parse_device_quota(make_quota("gpus", memory="10000Gi")))
+    return adm
+
+
+def estimates(adm: Admitter) -> int:
+    assert isinstance(adm.pricer, CountingPricer)
+    return adm.pricer.estimates
+
+
+def charge(entry: Entry | Admission) -> Charge:
+    assert isinstance(entry, Entry)
+    return entry.pricing[entry_mode(entry)].total
+
+
+def entry_mode(entry: Entry) -> Any:
+    return next(iter(entry.pricing))
+
+
+def test_claims_of_one_spec_are_priced_once_and_counted_as_pricing_again_would() -> None:
+    adm = admitter()
+    first = adm.existing_entry(claim("c1", H100))
+    computed = estimates(adm)
+    second = adm.existing_entry(claim("c2", H100))
+    assert estimates(adm) == computed  # the memo answered
+    assert second.pricing == first.pricing == admitter().existing_entry(claim("c2", H100)).pricing
+    assert second.ref != first.ref and second.claim is not None and second.claim.name == "c2"
+    assert adm.priced_before(claim("c3", H100))
+
+
+def test_a_spec_that_differs_is_priced() -> None:
+    adm = admitter()
+    one = adm.existing_entry(claim("c1", H100))
+    two = adm.existing_entry(claim("c2", H100, count=2))
+    assert charge(two) == Charge(2 * 80 * GiB, 2) and charge(one) == Charge(80 * GiB, 1)
+
+
+def test_an_inventory_change_is_priced_again() -> None:
+    inv = inventory()
+    adm = admitter(inv)
+    assert charge(adm.existing_entry(claim("c1", H200))) == Charge(141 * GiB, 1)
+    inv.add_or_update_slice(h200s("192Gi"))
+    assert charge(adm.existing_entry(claim("c2", H200))) == Charge(192 * GiB, 1)
+
+
+def test_a_device_class_change_is_priced_again() -> None:
+    classes = gpu_class()
+    adm = admitter(classes=classes)
+    assert charge(adm.existing_entry(claim("c1"))) == Charge(141 * GiB, 1)  # conservative: the largest
+    classes.update(gpu_class(H100))  # the class now selects only the H100s
+    assert charge(adm.existing_entry(claim("c2"))) == Charge(80 * GiB, 1)
+    classes.clear()  # gone: priced as an unknown class
+    entry = adm.price_for_admission(claim("c3"), namespace_labels={})
+    assert isinstance(entry, Admission) and "device class 'gpu' not found" in entry.reason
+
+
+def test_a_quota_that_selects_devices_prices_claims_for_it() -> None:
+    adm = admitter()
+    before = adm.existing_entry(claim("c1"))
+    adm.ledger.add_or_update_quota(parse_device_quota(make_quota("h200", memory="1000Gi", selectors=[H200])))
+    after = adm.existing_entry(claim("c2"))
+    assert all(not p.selections for p in before.pricing.values())
+    assert all(p.selections for p in after.pricing.values())
+    mode = entry_mode(after)
+    assert after.pricing[mode] == admitter_with_h200_quota().existing_entry(claim("c2")).pricing[mode]
+
+
+def admitter_with_h200_quota() -> Admitter:
+    adm = admitter()
+    adm.ledger.add_or_update_quota(parse_device_quota(make_quota("h200", memory="1000Gi", selectors=[H200])))
+    return adm
+
+
+def test_a_hit_charges_the_review_budget_what_pricing_did() -> None:
+    adm = admitter()
+    cold, warm = Budget.review(), Budget.review()
+    adm.price_for_admission(claim("c1", H100), namespace_labels={}, budget=cold)
+    computed = estimates(adm)
+    adm.price_for_admission(claim("c2", H100), namespace_labels={}, budget=warm)
+    assert estimates(adm) == computed
+    assert warm.spent == cold.spent > 0
+
+
+@pytest.mark.parametrize("memoised", [False, True])
+def test_a_review_without_the_room_is_denied_for_its_budget_memoised_or_not(memoised: bool) -> None:
+    adm = admitter()
+    spent = Budget.review()
+    adm.price_for_admission(claim("c0", H100), namespace_labels={}, budget=spent)
+    if not memoised:
+        adm = admitter()
+    review = Budget.review()
+    review.spent = review.limit - spent.spent + 1  # one unit short of what the claim costs
+    entry = adm.price_for_admission(claim("c1", H100), namespace_labels={}, budget=review)
+    assert isinstance(entry, Admission) and not entry.allowed and "per-review budget" in entry.reason
