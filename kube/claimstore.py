@@ -239,11 +239,13 @@ class ClaimStore:
             return None, False
         if (last := self.admitter.recorded_allocation(claim)) is not None:
             return last, False  # deallocated before this process started: the same, from its record
-        if self.provisional is None or self.admitter.priced_before(claim):
+        if self.provisional is None:
+            return self.admitter.existing_entry(claim), False
+        if (entry := self.admitter.existing_entry_if_priced(claim)) is not None:
             # Never counted by this process (it started later): priced at once when that
             # is a cache lookup (claims stamped from a known template, one this replica
             # priced at admission)...
-            return self.admitter.existing_entry(claim), False
+            return entry, False
         return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
 
     def _tell(self, claim: Claim, obj: Obj, bound: Entry | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from quota.claims import Claim
 from quota.devicequota import DeviceQuota
@@ -31,6 +32,16 @@ MAX_PRICED_SELECTIONS = 8
 # Distinct estimates kept (`Counting._estimate`), least recently used out first: a
 # template's claims share one; a tenant making every spec distinct only misses.
 MEMO_SIZE = 1024
+
+
+class _Priced(NamedTuple):
+    """What a claim of a namespace is priced for now, its memo key, and whether pricing it
+    evaluates no CEL: memoised, or every part of it cached (`Pricer.known`)."""
+
+    selections: tuple[DeviceSelection, ...]
+    modes: list[Mode]
+    key: Hashable
+    known: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,8 @@ class Counting:
         started after the deallocation): its last allocation from the record the leader
         wrote on it (`Pricer.recorded`). None where there is none to read: the claim then
         counts its reservation (`existing_entry`)."""
+        if claim.allocation is not None or not claim.recorded_devices:
+            return None  # `Pricer.recorded`'s own first test, before the namespace's selections
         pricing = self.pricer.recorded(claim, selections=self._selections(claim.namespace))
         if pricing is None:
             return None
@@ -122,7 +135,17 @@ class Counting:
         at no less than the charge recorded at its admission (`quota.pricing.at_least_recorded`:
         a restart must not re-price what was reserved). A mode whose pricing ran out of
         budget keeps the upper bound: an existing claim is never counted at less."""
-        pricings = self._estimate(claim, budget)
+        return self._existing(claim, self._estimate(claim, budget))
+
+    def existing_entry_if_priced(self, claim: Claim) -> Entry | None:
+        """`existing_entry` where that evaluates no CEL (`_Priced.known`), else None: what a
+        claim event counts before ready (`kube.claimstore`), with one lookup of the memo."""
+        priced = self._priced(claim)
+        if not priced.known:
+            return None
+        return self._existing(claim, self._estimate(claim, None, priced))
+
+    def _existing(self, claim: Claim, pricings: dict[Mode, Pricing]) -> Entry:
         for mode, pricing in pricings.items():
             if pricing.over_budget:
                 pricings[mode] = self.pricer.upper_bound(claim.spec)
@@ -204,12 +227,12 @@ class Counting:
                 stale.append((entry.claim, entry))
         return Repriced(tuple(keys), tuple(stale))
 
-    def priced_before(self, claim: Claim) -> bool:
-        """Whether pricing `claim` would find it memoised, or every part of it cached (`Pricer.known`)."""
+    def _priced(self, claim: Claim) -> _Priced:
         selections = self._selections(claim.namespace)
         modes = self._modes(claim.namespace)
-        return self._memo_key(claim, selections, modes) in self._memo or \
-            all(self.pricer.known(claim.spec, mode, selections) for mode in modes)
+        key = self._memo_key(claim, selections, modes)
+        return _Priced(selections, modes, key, key in self._memo or all(
+            self.pricer.known(claim.spec, mode, selections) for mode in modes))
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
@@ -219,7 +242,7 @@ class Counting:
         return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
                      allocated=False, owner=claim.owner, claim=claim)
 
-    def _estimate(self, claim: Claim, review: Budget | None) -> dict[Mode, Pricing]:
+    def _estimate(self, claim: Claim, review: Budget | None, priced: _Priced | None = None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches.
 
         Memoised by content (`_memo_key`): a claim is priced at its admission and again
@@ -231,9 +254,7 @@ class Counting:
         budget and every denial for it read as before; an estimate that ran out of
         budget is not kept."""
         budget = Budget.claim(review)
-        selections = self._selections(claim.namespace)
-        modes = self._modes(claim.namespace)
-        key = self._memo_key(claim, selections, modes)
+        selections, modes, key, _ = priced if priced is not None else self._priced(claim)
         if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
             self._memo.move_to_end(key)
             budget.spend(found[1])

@@ -4,6 +4,7 @@ changed, and a review's budget is charged as if it had priced."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from quota.admission import Admission, Admitter
 from quota.claims import Claim, parse_claim, parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import Entry, Ledger
+from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName
 from quota.pricing import Pricer
 from quota.work import Budget
@@ -84,7 +85,14 @@ def test_claims_of_one_spec_are_priced_once_and_counted_as_pricing_again_would()
     assert estimates(adm) == computed  # the memo answered
     assert second.pricing == first.pricing == admitter().existing_entry(claim("c2", H100)).pricing
     assert second.ref != first.ref and second.claim is not None and second.claim.name == "c2"
-    assert adm.priced_before(claim("c3", H100))
+    assert adm.existing_entry_if_priced(claim("c3", H100)) == replace(second, ref=ClaimRef("team-a/c3"),
+                                                                        claim=claim("c3", H100))
+
+
+def test_a_claim_whose_pricing_would_run_cel_is_not_priced_on_its_event() -> None:
+    adm = admitter()
+    assert adm.existing_entry_if_priced(claim("c1", H100)) is None
+    assert estimates(adm) == 0
 
 
 def test_a_spec_that_differs_is_priced() -> None:
