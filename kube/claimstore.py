@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from kube.caches import QuotasChanged, parse_or_skip
 from quota.admission import Admitter, claim_ref, object_ref
 from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
-from quota.claims import Claim, parse_claim
+from quota.claims import Claim, parse_json_claim
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, QuotaKey
 from quota.model import Namespace
@@ -173,7 +173,7 @@ class ClaimStore:
         version = meta.get("resourceVersion")
         if version and self._versions.get(ref) == version and self._carry(ref, relist):
             return
-        claim = parse_or_skip("ResourceClaim", obj, parse_claim)
+        claim = parse_or_skip("ResourceClaim", obj, parse_json_claim)
         if claim is not None and guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
                                          lambda: self._stage_one(claim, obj, relist)) is None:
             self._carry(claim_ref(claim), relist)  # what the ledger held stays, as after a failed event
@@ -255,7 +255,7 @@ class ClaimStore:
             self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
 
     def upsert(self, obj: Obj) -> None:
-        claim = parse_or_skip("ResourceClaim", obj, parse_claim)
+        claim = parse_or_skip("ResourceClaim", obj, parse_json_claim)
         keys = self._account(claim, obj) if claim is not None else None
         self._changed(keys, obj)
 

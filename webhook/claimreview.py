@@ -44,7 +44,7 @@ from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.admissiontoken import ADMISSION_ANNOTATION
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, claim_record, parse_claim, pod_owner
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, claim_record, parse_json_claim, pod_owner
 from quota.excess import allocation_key
 from quota.extended import attempt_series
 from quota.ledger import Entry
@@ -274,7 +274,7 @@ def _first_charge(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str
     if CHARGE_ANNOTATION in old or request.object is None:
         return False
     try:
-        claim = parse_claim(with_namespace(request.object, request.namespace))
+        claim = parse_json_claim(with_namespace(request.object, request.namespace))
     except ClaimError:
         return False
     due = ctx.admitter.annotations_due(claim, {k: v for k, v in old.items() if isinstance(v, str)})
@@ -297,7 +297,7 @@ def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[s
     if request.object is None:
         return f"{where}: the request carries no object"
     try:
-        claim = parse_claim(with_namespace(request.object, request.namespace))
+        claim = parse_json_claim(with_namespace(request.object, request.namespace))
         claim = replace(claim, recorded_devices=claim_record(claim.spec, old))
     except ClaimError as err:
         return f"{where}: cannot read the claim: {err}"
@@ -353,7 +353,7 @@ def with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
 
     The create handler copies the request's namespace into the object before admission
     (k/k staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go,
-    EnsureObjectNamespaceMatchesRequestNamespace); `parse_claim` would read a missing
+    EnsureObjectNamespaceMatchesRequestNamespace); `parse_json_claim` would read a missing
     one as "default", which must never charge another namespace's quotas.
     """
     meta = obj.get("metadata")
@@ -368,7 +368,7 @@ def parse_request_claim(request: AdmissionRequest) -> Claim | Verdict:
     if obj is None:
         return _invalid(f"request.object is missing on a {request.operation} of {request.resource.resource}")
     try:
-        return parse_claim(with_namespace(obj, request.namespace))
+        return parse_json_claim(with_namespace(obj, request.namespace))
     except ClaimError as err:
         kind = obj.get("kind") if isinstance(obj.get("kind"), str) else "ResourceClaim"
         return _invalid(f"invalid {kind}: {err}")

@@ -1,0 +1,70 @@
+"""quota.claims' memos: a spec parsed by its JSON text (`parse_json_claim`) and a recorded
+charge by its annotation read exactly as parsing them afresh would."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from quota.claims import ClaimError, parse_claim, parse_json_claim
+from quota.model import Charge
+
+from ..builders import exactly, make_claim, request
+
+H100 = "device.attributes['gpu.example.com'].model == 'h100'"
+
+
+def gpu_claim(name: str = "c", **fields: Any) -> dict[str, Any]:
+    obj = make_claim(name, request("gpu", exactly("gpu", H100)))
+    obj["spec"]["devices"]["requests"][0]["exactly"].update(fields)
+    return obj
+
+
+@pytest.mark.parametrize("fields", [{}, {"count": 2}, {"allocationMode": "All"}, {"adminAccess": True},
+                                    {"capacity": {"requests": {"memory": "10Gi"}}}])
+def test_a_memoised_spec_is_the_spec_parsed_afresh(fields: dict[str, Any]) -> None:
+    first = parse_json_claim(gpu_claim("a", **fields))
+    again = parse_json_claim(gpu_claim("b", **copy.deepcopy(fields)))
+    assert again.spec is first.spec  # the memo's
+    assert again.spec == parse_claim(gpu_claim("b", **fields)).spec
+    assert again.name == "b"
+
+
+@pytest.mark.parametrize(("kept", "other"), [
+    ({"count": 1}, {"count": True}),  # equal in Python, not in JSON: true is no integer
+    ({"count": 1}, {"count": 1.0}),
+    ({"adminAccess": True}, {"adminAccess": 1}),
+])
+def test_values_python_finds_equal_are_not_taken_for_each_other(kept: dict[str, Any], other: dict[str, Any]) -> None:
+    parse_json_claim(gpu_claim(**kept))
+    with pytest.raises(ClaimError):
+        parse_json_claim(gpu_claim(**other))
+
+
+def test_a_refused_spec_is_refused_every_time() -> None:
+    for _ in range(2):
+        with pytest.raises(ClaimError, match="count must be at least 1"):
+            parse_json_claim(gpu_claim(count=-1))
+
+
+def test_keys_that_are_not_strings_are_never_read_from_the_memo() -> None:
+    """YAML (`dra-quota check`) may decode a key true, which json.dumps writes as "true":
+    only `parse_json_claim` memoises, and a key that is not a string is refused by `parse_claim`."""
+    parse_json_claim(gpu_claim(capacity={"requests": {"true": "10Gi"}}))
+    with pytest.raises(ClaimError, match="must be a string"):
+        parse_claim(gpu_claim(capacity={"requests": {True: "10Gi"}}))
+
+
+@pytest.mark.parametrize(("raw", "charge"), [
+    ('{"memory":85899345920,"devices":1}', Charge(85899345920, 1)),
+    ('{"memory":1,"devices":-1}', None),
+    ('{"memory":1.0,"devices":1}', None),
+    ("not json", None),
+    ('{"memory":1,"devices":1}' + " " * 300, None),  # longer than ours ever is
+])
+def test_a_recorded_charge_reads_the_same_each_time(raw: str, charge: Charge | None) -> None:
+    for name in ("a", "b"):
+        assert parse_json_claim(make_claim(name, request("gpu", exactly("gpu")),
+                                           annotations={"draquota.io/charge": raw})).recorded_charge == charge
