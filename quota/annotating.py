@@ -9,6 +9,7 @@ synchronous.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 
@@ -16,7 +17,7 @@ from quota.allocationrecord import record_annotations, record_in_step
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim
 from quota.counting import Counting, claim_ref
 from quota.ledger import Entry
-from quota.model import RecordKey
+from quota.model import Charge, RecordKey
 from quota.priced import Pricing
 from quota.work import Budget
 
@@ -65,7 +66,7 @@ class Annotating(Counting):
         create itself (`webhook.claimadmit`), so both write the same bytes."""
         mode = self.ledger.default_mode
         pricing = entry.pricing[mode]
-        return {CHARGE_ANNOTATION: json.dumps(pricing.total.as_json(), separators=(",", ":")),
+        return {CHARGE_ANNOTATION: _charge_text(pricing.total),
                 QUOTAS_ANNOTATION: ",".join(sorted(q.ref for q in self.ledger.quotas(entry.namespace)
                                                    if not entry.charge_for(q, mode).is_zero()))}
 
@@ -95,3 +96,10 @@ class Annotating(Counting):
         pricing = held.pricing.get(self.ledger.default_mode) if held is not None and held.allocated else None
         record = dict(pricing.record) if pricing is not None else self.pricer.allocation_record(claim)
         return not record_in_step(claim, record)
+
+
+# A one-write admission writes the charge on every claim it admits, and claims of a
+# template share one: encoded once per charge (bounded), not per create.
+@functools.lru_cache(maxsize=256)
+def _charge_text(charge: Charge) -> str:
+    return json.dumps(charge.as_json(), separators=(",", ":"))

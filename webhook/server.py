@@ -229,11 +229,15 @@ async def _review(request: web.Request, body: bytes, path: str, endpoint: Endpoi
 def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds: float) -> None:
     # `extra` keys must not be LogRecord attributes (`name` is one: makeRecord raises).
     # Denials at INFO (each is a user-visible event worth finding by uid), allowed ones at
-    # DEBUG: at hundreds of reviews a second they would drown everything else.
+    # DEBUG: at hundreds of reviews a second they would drown everything else (and where
+    # DEBUG is off, as it is by default, their fields are not even built).
+    level = logging.DEBUG if verdict.allowed else logging.INFO
+    if not log.isEnabledFor(level):
+        return
     fields = {"uid": review.uid, "operation": review.operation, "resource": review.resource.resource,
               "namespace": review.namespace, "object_name": review.name, "allowed": verdict.allowed,
               "duration_ms": round(seconds * 1000, 2)}
-    log.log(logging.DEBUG if verdict.allowed else logging.INFO, "%s %s %s %s/%s uid=%s in %.1fms%s",
+    log.log(level, "%s %s %s %s/%s uid=%s in %.1fms%s",
             path, "allowed" if verdict.allowed else "denied", review.operation, review.namespace, review.name,
             review.uid, seconds * 1000, "" if verdict.allowed else f": {verdict.message}", extra=fields)
 
