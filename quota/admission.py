@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from quota.annotating import Annotating
 from quota.claims import Claim
-from quota.counting import MAX_PRICED_SELECTIONS, Repriced, claim_ref, object_ref
+from quota.counting import MAX_PRICED_SELECTIONS, Priced, Repriced, claim_ref, object_ref
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.explain import conservative_note
 from quota.ledger import ClaimRef, Entry
@@ -194,9 +194,10 @@ class Admitter(Annotating):
         note = conservative_note(self.pricer, claim, quotas, self.ledger.default_mode)
         return f"{message}. {note}" if note else message
 
-    def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None, budget: Budget | None) -> Entry | Admission:
+    def _priced_entry(self, claim: Claim, labels: Mapping[str, str] | None, budget: Budget | None,
+                      priced: Priced | None = None) -> Entry | Admission:
         """The claim priced in every mode its namespace's quotas use, or a denial."""
-        pricings = self._estimate(claim, budget)
+        pricings = self._estimate(claim, budget, priced)
         pricing = pricings[self.ledger.default_mode]
         if claim.admin_access and (labels or {}).get(ADMIN_ACCESS_LABEL) != "true":
             return Admission(False, ADMIN_ACCESS_MESSAGE, pricing.warnings, pricing)
@@ -339,6 +340,14 @@ class Admitter(Annotating):
         prices): what the webhook's persisted admission checks against the persisted
         reservations (`webhook.claimreview`), so the claim is priced once per review."""
         return self._priced_entry(claim, namespace_labels, budget)
+
+    def price_if_priced(self, claim: Claim, *, namespace_labels: Mapping[str, str] | None,
+                        budget: Budget | None = None) -> Entry | Admission | None:
+        """`price_for_admission` where its estimate is memoised (`Counting._estimate`: a
+        lookup, microseconds whatever the claim's size), else None: the webhook then prices
+        it in slices (`runtime.slicing`)."""
+        priced = self._priced(claim)
+        return self._priced_entry(claim, namespace_labels, budget, priced) if priced.memoised else None
 
     def pricing_warnings(self, claim: Claim, pricing: Pricing) -> tuple[str, ...]:
         """What an admission of `claim` priced at `pricing` warns of before any quota check."""

@@ -23,7 +23,7 @@ from quota.pricing import Pricer
 from quota.scope import DeviceSelection
 from quota.work import Budget
 
-__all__ = ["MAX_PRICED_SELECTIONS", "Counting", "Repriced", "claim_ref", "object_ref"]
+__all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "Counting", "Priced", "Repriced", "claim_ref", "object_ref"]
 
 # Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
 # once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
@@ -34,7 +34,7 @@ MAX_PRICED_SELECTIONS = 8
 MEMO_SIZE = 1024
 
 
-class _Priced(NamedTuple):
+class Priced(NamedTuple):
     """What a claim of a namespace is priced for now, its memo key, and whether pricing it
     evaluates no CEL: memoised, or every part of it cached (`Pricer.known`)."""
 
@@ -42,6 +42,7 @@ class _Priced(NamedTuple):
     modes: list[Mode]
     key: Hashable
     known: bool
+    memoised: bool  # known, and in the memo: pricing it costs the same however large it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class Counting:
         return self._existing(claim, self._estimate(claim, budget))
 
     def existing_entry_if_priced(self, claim: Claim) -> Entry | None:
-        """`existing_entry` where that evaluates no CEL (`_Priced.known`), else None: what a
+        """`existing_entry` where that evaluates no CEL (`Priced.known`), else None: what a
         claim event counts before ready (`kube.claimstore`), with one lookup of the memo."""
         priced = self._priced(claim)
         if not priced.known:
@@ -227,12 +228,13 @@ class Counting:
                 stale.append((entry.claim, entry))
         return Repriced(tuple(keys), tuple(stale))
 
-    def _priced(self, claim: Claim) -> _Priced:
+    def _priced(self, claim: Claim) -> Priced:
         selections = self._selections(claim.namespace)
         modes = self._modes(claim.namespace)
         key = self._memo_key(claim, selections, modes)
-        return _Priced(selections, modes, key, key in self._memo or all(
-            self.pricer.known(claim.spec, mode, selections) for mode in modes))
+        memoised = key in self._memo
+        return Priced(selections, modes, key, memoised or all(
+            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised)
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
@@ -242,7 +244,7 @@ class Counting:
         return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
                      allocated=False, owner=claim.owner, claim=claim)
 
-    def _estimate(self, claim: Claim, review: Budget | None, priced: _Priced | None = None) -> dict[Mode, Pricing]:
+    def _estimate(self, claim: Claim, review: Budget | None, priced: Priced | None = None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches.
 
         Memoised by content (`_memo_key`): a claim is priced at its admission and again
@@ -254,7 +256,7 @@ class Counting:
         budget and every denial for it read as before; an estimate that ran out of
         budget is not kept."""
         budget = Budget.claim(review)
-        selections, modes, key, _ = priced if priced is not None else self._priced(claim)
+        selections, modes, key, _, _ = priced if priced is not None else self._priced(claim)
         if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
             self._memo.move_to_end(key)
             budget.spend(found[1])

@@ -144,9 +144,14 @@ async def admit_new(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) 
         return Admitted(Verdict(False, f"namespace {claim.namespace} is not in dra-quota's cache yet, and "
                                        "ClusterDeviceQuotas select namespaces by their labels: retry in a moment",
                                 cause="unavailable"))
-    # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`).
-    entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
-                                                                          budget=Budget.review()))
+    # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`)
+    # unless its estimate is memoised: then it ends well within a first slice, and the
+    # slicer's greenlet switches cost more than the pricing (a template's claims share one).
+    review = Budget.review()
+    entry = ctx.admitter.price_if_priced(claim, namespace_labels=labels, budget=review)
+    if entry is None:
+        entry = await ctx.slicer.run(lambda: ctx.admitter.price_for_admission(claim, namespace_labels=labels,
+                                                                              budget=review))
     if isinstance(entry, Admission):
         return Admitted(_verdict(entry, record))  # adminAccess label, pricing errors: no quota decides those
     if ctx.learn_pod is not None and (owner := pod_owner(request.object or {})) is not None:

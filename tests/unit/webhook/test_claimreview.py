@@ -1242,3 +1242,21 @@ def test_a_claim_of_a_namespace_not_cached_yet_waits_while_teams_exist() -> None
                                "namespaces by their labels: retry in a moment")
     known["team-a"] = {"kubernetes.io/metadata.name": "team-a"}
     assert admit(ctx, review_request(stored(gpu_claim(), uid=UID2, name="g-2"))).allowed
+
+
+def test_a_claim_whose_estimate_is_memoised_is_priced_without_the_slicer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second claim of a spec finds its estimate memoised (`Counting._estimate`): priced
+    at once, not through the slicer, and judged as a replica that never saw the first would."""
+    world = World(GPUS)
+    sliced: list[object] = []
+    run = world.ctx.slicer.run
+
+    async def counted(fn: Any, **kwargs: Any) -> Any:
+        sliced.append(fn)
+        return await run(fn, **kwargs)
+
+    monkeypatch.setattr(world.ctx.slicer, "run", counted)
+    first = admit(world.ctx, review_request(stored(gpu_claim(), uid=UID)))
+    second = admit(world.ctx, review_request(stored(gpu_claim(), uid=UID2, name="train-gpu-b8m3r")))
+    assert first.allowed and len(sliced) == 1
+    assert second == admit(context(GPUS), review_request(stored(gpu_claim(), uid=UID2, name="train-gpu-b8m3r")))
