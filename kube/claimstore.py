@@ -38,7 +38,8 @@ from typing import Any, Protocol
 from kube.caches import QuotasChanged, parse_or_skip
 from quota.admission import Admitter, claim_ref, object_ref
 from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
-from quota.claims import Claim, parse_json_claim
+from quota.claims import Claim
+from quota.jsonclaims import parse_json_claim
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, QuotaKey
 from quota.model import Namespace

@@ -12,9 +12,7 @@ refused here. A malformed object raises `ClaimError` whose message names the fie
 from __future__ import annotations
 
 import functools
-import json
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
@@ -66,7 +64,6 @@ __all__ = [
     "claim_record",
     "parse_claim",
     "parse_claim_spec",
-    "parse_json_claim",
     "request_classes",
     "parse_device_class",
     "CHARGE_ANNOTATION",
@@ -158,16 +155,9 @@ class Claim:
         return any(alt.admin_access for req in self.spec.requests for alt in req.alternatives)
 
 
-def parse_json_claim(obj: Mapping[str, Any]) -> Claim:
-    """`parse_claim` of an object decoded from JSON (a review's, a watch event's): its spec
-    memoised by its JSON text (`_memoised_spec`), which tells its values apart only where
-    every key is a string, as JSON's are (YAML's need not be: `{1: x}` and `{"1": x}`)."""
-    return parse_claim(obj, decoded=True)
-
-
-def parse_claim(obj: Mapping[str, Any], *, decoded: bool = False) -> Claim:
+def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], ClaimSpec] | None = None) -> Claim:
     """A ResourceClaim or ResourceClaimTemplate (templates are priced as the claim they stamp);
-    `decoded`: see `parse_json_claim`."""
+    `parse_spec`: `parse_claim_spec` or a memo of it (`quota.jsonclaims`)."""
     if not isinstance(obj, dict):
         raise ClaimError("a ResourceClaim must be an object")
     kind = obj.get("kind", "ResourceClaim")
@@ -186,7 +176,7 @@ def parse_claim(obj: Mapping[str, Any], *, decoded: bool = False) -> Claim:
     status = obj.get("status")
     if status is not None and not isinstance(status, dict):
         raise ClaimError(f"status must be an object, got {show(status)}")
-    claim_spec = _memoised_spec(spec, prefix) if decoded else parse_claim_spec(spec, prefix)
+    claim_spec = (parse_spec or parse_claim_spec)(spec, prefix)
     allocation = _allocation((status or {}).get("allocation"))
     _check_result_requests(allocation, claim_spec)
     return Claim(
@@ -262,36 +252,6 @@ def _check_result_requests(allocation: tuple[AllocatedDevice, ...] | None, spec:
                 f"status.allocation.devices.results[{i}].request: {show(result.request)} is not the name of an "
                 "exactly request or of a firstAvailable subrequest (<request>/<subrequest>) in the claim"
             )
-
-
-# Parsed specs by content (`_memoised_spec`), least recently used out first. A claim is
-# parsed at its admission and again at its watch event, and the claims a template stamps
-# share one spec: parsing each again was about a third of `parse_claim` (9 of 20 us in
-# bench/floor.py's one-write mode), its JSON text 4. A spec whose text is longer is parsed
-# each time (the memo's memory stays bounded); a tenant making every spec distinct only misses.
-_SPECS: OrderedDict[str, ClaimSpec] = OrderedDict()
-_SPECS_KEPT = 256
-_SPEC_KEY_BYTES = 8 * 1024
-
-
-def _memoised_spec(spec: Any, prefix: str) -> ClaimSpec:
-    """`parse_claim_spec`, memoised by the spec's JSON text: exact, since that text tells
-    apart every two values JSON decodes to (1, 1.0 and true; key order) and parsing is a
-    function of the value alone (`prefix` only names fields in errors, which are not kept).
-    Only for values decoded from JSON (`parse_json_claim`): json.dumps writes a key 1 as "1"."""
-    try:
-        key = json.dumps(spec)
-    except (TypeError, ValueError, RecursionError):
-        return parse_claim_spec(spec, prefix)
-    if (found := _SPECS.get(key)) is not None:
-        _SPECS.move_to_end(key)
-        return found
-    parsed = parse_claim_spec(spec, prefix)
-    if len(key) <= _SPEC_KEY_BYTES:
-        _SPECS[key] = parsed
-        while len(_SPECS) > _SPECS_KEPT:
-            _SPECS.popitem(last=False)
-    return parsed
 
 
 def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:

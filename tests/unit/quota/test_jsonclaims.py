@@ -1,5 +1,5 @@
-"""quota.claims' memos: a spec parsed by its JSON text (`parse_json_claim`) and a recorded
-charge by its annotation read exactly as parsing them afresh would."""
+"""quota.jsonclaims and quota.claims' memos: a spec parsed by its JSON text (`parse_json_claim`)
+and a recorded charge by its annotation read exactly as parsing them afresh would."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from quota.claims import ClaimError, parse_claim, parse_json_claim
+from quota.claims import ClaimError, parse_claim
+from quota.jsonclaims import parse_json_claim
 from quota.model import Charge
 
 from ..builders import exactly, make_claim, request
