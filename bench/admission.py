@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import copy
 import gc
@@ -187,8 +188,32 @@ def mix_specs(slices: list[JSON], n: int = 400) -> list[JSON]:
             if not any(r.get("exactly", {}).get("adminAccess") for r in c["spec"]["devices"]["requests"])]
 
 
+# Where the shipped configuration sends a claim CREATE (the mutating one-write admission,
+# docs/one-write.md); templates and allocations stay on /validate.
+ADMIT = "/admit"
+
+
 def encoded(path: str, body: JSON) -> tuple[str, bytes]:
     return path, json.dumps(body).encode()
+
+
+def patched(obj: JSON, answer: bytes) -> JSON:
+    """`obj` with an allowed answer's JSON patch applied, as the API server stores it. Our
+    patches only `add` to metadata.annotations (`webhook.claimadmit.annotation_patch`)."""
+    response = json.loads(answer).get("response") or {}
+    if not response.get("patch"):
+        return obj
+    out = copy.deepcopy(obj)
+    meta = out.setdefault("metadata", {})
+    for op in json.loads(base64.b64decode(response["patch"])):
+        parts = op["path"].split("/")[1:]
+        if op["op"] != "add" or parts[:2] != ["metadata", "annotations"] or len(parts) > 3:
+            raise ValueError(f"not a patch of ours: {op}")
+        if len(parts) == 2:
+            meta["annotations"] = dict(op["value"])
+        else:
+            meta.setdefault("annotations", {})[parts[2].replace("~1", "/").replace("~0", "~")] = op["value"]
+    return out
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -489,16 +514,17 @@ def section_a(slices: list[JSON], claims: int, lease_period: float = SERVE_LEASE
     mix = claim_mix(claims, slices)
 
     def bodies() -> list[tuple[str, bytes]]:
-        return [encoded("/validate", review(claim(c["spec"], c["metadata"]["namespace"]),
-                                            namespace=c["metadata"]["namespace"])) for c in mix]
+        return [encoded(ADMIT, review(claim(c["spec"], c["metadata"]["namespace"]),
+                                      namespace=c["metadata"]["namespace"])) for c in mix]
 
     allowed = [0]
 
     def answered(body: bytes, answer: bytes) -> None:
-        """An allowed claim is created: the API server stores it, the leader annotates it."""
+        """An allowed claim is created: the API server stores it as our answer patched it
+        (its charge and the token its reservation settles by)."""
         if b'"allowed": true' in answer:
             allowed[0] += 1
-            api.created(json.loads(body)["request"]["object"])
+            api.created(patched(json.loads(body)["request"]["object"], answer))
 
     async def run() -> JSON:
         await through_handler(app, bodies(), answered=answered)  # first sight of each selector: warms the caches
@@ -620,10 +646,10 @@ async def device_quota(kube: Kube, ns: str, hard: JSON, name: str = "gpus") -> N
 
 async def enforced(bench: Bench, ns: str) -> None:
     """Wait until `serve` holds the namespace's DeviceQuota: a claim of 10^8 GPUs is denied."""
-    body = encoded("/validate", review(claim(one_gpu(count=100_000_000), ns), namespace=ns, dry_run=True))[1]
+    body = encoded(ADMIT, review(claim(one_gpu(count=100_000_000), ns), namespace=ns, dry_run=True))[1]
 
     async def probe() -> bool:
-        async with bench.http.post(bench.base + "/validate", data=body, headers=HEADERS) as resp:
+        async with bench.http.post(bench.base + ADMIT, data=body, headers=HEADERS) as resp:
             return b"exceeded DeviceQuota" in await resp.read()
 
     await poll(probe, timeout=60, what=f"serve to enforce the DeviceQuota of {ns}")
@@ -747,9 +773,9 @@ async def write_nothing_bodies(bench: Bench, count: int = 256) -> list[tuple[str
         spec = bench.specs[i % len(bench.specs)]
         kind = i % 4
         if kind == 0:
-            out.append(encoded("/validate", review(claim(spec, free), namespace=free)))
+            out.append(encoded(ADMIT, review(claim(spec, free), namespace=free)))
         elif kind == 1:
-            out.append(encoded("/validate", review(claim(spec, tight), namespace=tight)))
+            out.append(encoded(ADMIT, review(claim(spec, tight), namespace=tight)))
         elif kind == 2:
             out.append(encoded("/validate", review(claim(spec, roomy, kind="ResourceClaimTemplate"),
                                                    gvr=TEMPLATES_GVR, namespace=roomy)))
@@ -796,7 +822,7 @@ async def section_b_persisted(bench: Bench, count: int, rates: Sequence[float], 
         return ns
 
     def bodies(ns: str, n: int) -> list[tuple[str, bytes]]:
-        return [encoded("/validate", review(claim(bench.specs[i % len(bench.specs)], ns), namespace=ns))
+        return [encoded(ADMIT, review(claim(bench.specs[i % len(bench.specs)], ns), namespace=ns))
                 for i in range(n)]
 
     async def writes(before: str) -> JSON:
@@ -842,7 +868,7 @@ async def section_d(bench: Bench, seconds: float, rate: float, noisy_rate: float
     noisy_bodies = []
     for i in (j for j in range(1_000_000, 10_000_000) if j % 4 in (0, 1)):
         spec = one_gpu(novel_selector(i))
-        noisy_bodies.append(encoded("/validate", review(claim(spec, noisy_ns), namespace=noisy_ns)))
+        noisy_bodies.append(encoded(ADMIT, review(claim(spec, noisy_ns), namespace=noisy_ns)))
         if len(noisy_bodies) >= int(noisy_rate * seconds):
             break
     noisy_task = asyncio.create_task(open_loop(bench.http, bench.base, noisy_bodies, noisy_rate, seconds))
@@ -1205,10 +1231,10 @@ async def sustained(bench: Bench, ns: str, baseline: str, rate: float, seconds: 
 
 async def reserved_devices(bench: Bench, ns: str) -> str:
     """The `reserved devices=` a dry-run claim of one GPU is denied with in `ns`."""
-    body = encoded("/validate", review(claim(one_gpu(), ns), namespace=ns, dry_run=True))[1]
+    body = encoded(ADMIT, review(claim(one_gpu(), ns), namespace=ns, dry_run=True))[1]
 
     async def probe() -> str | None:
-        async with bench.http.post(bench.base + "/validate", data=body, headers=HEADERS) as resp:
+        async with bench.http.post(bench.base + ADMIT, data=body, headers=HEADERS) as resp:
             found = re.search(rb"reserved devices=(\d+)", await resp.read())
         return found.group(1).decode() if found else None
 

@@ -63,11 +63,11 @@ def claim_ref(claim: Claim) -> ClaimRef:
 def object_ref(*, uid: str, namespace: str, name: str) -> ClaimRef:
     """The ledger key of a claim: its uid, else namespace/name.
 
-    A validating webhook sees the uid the API server generated for the CREATE (the
-    mutating phase sees none), and names are reused: a `generateName` collision re-runs
-    admission under a new name and uid, and a late DELETE of an old claim must not
-    erase the reservation of a new claim of the same name. Files read by `dra-quota
-    check` carry no uids: there namespace/name is the identity.
+    A stored claim has the uid the API server generated for it, and names are reused: a
+    late DELETE of an old claim must not erase the entry of a new claim of the same name.
+    The mutating admission sees no uid yet and puts its token's key in the uid's place
+    (`webhook.claimadmit`). Files read by `dra-quota check` carry no uids: there
+    namespace/name is the identity.
     """
     return ClaimRef(uid or f"{namespace}/{name}")
 

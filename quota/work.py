@@ -36,8 +36,9 @@ __all__ = ["CLAIM_COST_BUDGET", "COMPILE_UNITS_PER_BYTE", "PAUSE_EVERY", "REVIEW
 # evaluates each selector once per distinct device shape); a selector read per device
 # over a 58,000-device inventory costs ~300,000.
 CLAIM_COST_BUDGET = 2_000_000
-# Per review: twice a claim's (the validating webhook prices its claim for the check and
-# again for the charge per quota), and all the templates of a Kueue Workload together.
+# Per review: twice a claim's (a claim is priced once for its check, and a denial's
+# explanation may price it again, `quota.explain`), and all the templates of a Kueue
+# Workload together.
 REVIEW_COST_BUDGET = 4_000_000
 # Compiling costs ~5-70 us a byte (the LALR parse, then five passes over the AST); an
 # evaluation unit ~30-200 ns.

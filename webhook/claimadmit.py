@@ -1,10 +1,11 @@
 """One-write admission of a ResourceClaim CREATE: reserve and annotate in the create itself (issue 16 (c)).
 
 Neighbours: `webhook.endpoints` routes a claim CREATE reviewed by the mutating webhook
-here; `webhook.claimreview.admit_new` prices, checks and reserves exactly as the
-validating create does; `quota.annotating.Annotating.charge_annotations` builds the
-charge annotations the leader would otherwise patch on (`controllers.annotator`, which
-then finds nothing due); `quota.admissiontoken` names the reservation; the claim cache
+here; `webhook.claimreview.admit_new` prices, checks and reserves (as the validating
+claim CREATE of the release before did, still served on /validate during an upgrade);
+`quota.annotating.Annotating.charge_annotations` builds the charge annotations the
+leader writes on a claim that arrived without them (`controllers.annotator`, which
+finds nothing due on a claim admitted here); `quota.admissiontoken` names the reservation; the claim cache
 (`kube.claimstore`) maps the token back to the claim, so the entry settles once the
 claim is cached with its charge, as a uid-keyed entry does.
 

@@ -42,6 +42,7 @@ from aiohttp import web, web_response
 
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 from quota.goduration import NANOS, parse_go_duration
+from quota.raw import dig
 from webhook.connections import Connections, track
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
@@ -238,8 +239,17 @@ def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds
               "namespace": review.namespace, "object_name": review.name, "allowed": verdict.allowed,
               "duration_ms": round(seconds * 1000, 2)}
     log.log(level, "%s %s %s %s/%s uid=%s in %.1fms%s",
-            path, "allowed" if verdict.allowed else "denied", review.operation, review.namespace, review.name,
+            path, "allowed" if verdict.allowed else "denied", review.operation, review.namespace, _shown_name(review),
             review.uid, seconds * 1000, "" if verdict.allowed else f": {verdict.message}", extra=fields)
+
+
+def _shown_name(review: AdmissionRequest) -> str:
+    """The object's name for a log line: a `generateName` CREATE reaches the mutating
+    webhook before the API server names it, so it shows as `<generateName>*`."""
+    if review.name:
+        return review.name
+    generate = dig(review.object, "metadata", "generateName")
+    return f"{generate}*" if isinstance(generate, str) and generate else ""
 
 
 def _decoded(body: bytes, decode: BodyDecoder) -> Any:
@@ -249,8 +259,11 @@ def _decoded(body: bytes, decode: BodyDecoder) -> Any:
         raise ReviewError(f"the body is not JSON: {err}") from None
 
 
+def _where(review: AdmissionRequest) -> str:
+    return f"{review.operation} {review.resource.resource} {review.namespace}/{_shown_name(review)} uid={review.uid}"
+
+
 async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float) -> Verdict:
-    where = f"{review.operation} {review.resource.resource} {review.namespace}/{review.name} uid={review.uid}"
     try:
         # asyncio.timeout, not wait_for: 3.11's wait_for runs the endpoint in a task of its
         # own, a task's creation and a loop step more per review (1.7 % of `serve`'s busy
@@ -258,11 +271,11 @@ async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float)
         async with asyncio.timeout(max(deadline, 0.0)):
             return await endpoint(review)
     except TimeoutError:
-        log.warning("deadline of %.1fs passed deciding %s", deadline, where)
+        log.warning("deadline of %.1fs passed deciding %s", deadline, _where(review))
         return Verdict(False, f"dra-quota could not decide within the webhook timeout ({deadline:.1f}s); retry",
                        "Timeout", 504, cause="timeout")
     except Exception:  # an endpoint bug must become a denial, not a 500
-        log.exception("failed deciding %s", where)
+        log.exception("failed deciding %s", _where(review))
         return Verdict(False, "dra-quota failed to evaluate this request (see its logs); retry", "ServiceUnavailable", 503,
                        cause="error")
 

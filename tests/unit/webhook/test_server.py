@@ -105,6 +105,22 @@ async def test_each_review_is_logged_with_its_uid(
     assert "dra-quota failed to evaluate" in denied.getMessage()
 
 
+async def test_a_create_not_named_yet_is_logged_by_its_generate_name(
+    base_url: tuple[str, ssl.SSLContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The mutating admission sees a `generateName` CREATE before the API server names it.
+    unnamed = json.loads(json.dumps(REVIEW))
+    unnamed["request"]["name"] = ""
+    unnamed["request"]["object"]["metadata"].pop("name", None)
+    unnamed["request"]["object"]["metadata"]["generateName"] = "job-0-gpu-"
+    with caplog.at_level(logging.INFO, logger="webhook.server"):
+        await post(base_url, "/crash", json.dumps(unnamed).encode())
+    (denied,) = [r for r in caplog.records if hasattr(r, "allowed")]
+    assert denied.getMessage().startswith(f"/crash denied CREATE {REVIEW['request']['namespace']}/job-0-gpu-* uid=")
+    (failed,) = [r for r in caplog.records if r.getMessage().startswith("failed deciding")]
+    assert f"{REVIEW['request']['namespace']}/job-0-gpu-* uid=" in failed.getMessage()
+
+
 async def test_an_endpoint_that_fails_is_a_denial_not_a_500(base_url: tuple[str, ssl.SSLContext]) -> None:
     status, out = await post(base_url, "/crash", json.dumps(REVIEW).encode())
     assert status == 200
