@@ -14,7 +14,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from quota.claims import Claim
+from quota.claims import Claim, ClaimSpec
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
 from quota.model import Mode, Namespace
@@ -23,7 +23,7 @@ from quota.pricing import Pricer
 from quota.scope import DeviceSelection
 from quota.work import Budget
 
-__all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "Counting", "Priced", "Repriced", "claim_ref", "object_ref"]
+__all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "MEMO_SPEC_BYTES", "Counting", "Priced", "Repriced", "claim_ref", "object_ref"]
 
 # Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
 # once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
@@ -32,6 +32,14 @@ MAX_PRICED_SELECTIONS = 8
 # Distinct estimates kept (`Counting._estimate`), least recently used out first: a
 # template's claims share one; a tenant making every spec distinct only misses.
 MEMO_SIZE = 1024
+# Only estimates of specs at most this large (`_spec_size`) are kept: the key holds the
+# spec, and a mutating admission sees a create before the API server validates it, so a
+# spec may be as large as the request (3 MiB: 32 requests of 8 subrequests, 32 selectors
+# of 10 KiB or 16 tolerations each); 1,024 of those would be gigabytes. A template's
+# claims are far below it.
+MEMO_SPEC_BYTES = 16 * 1024
+# What an alternative weighs beyond its text (its objects, its priced shares).
+_ALTERNATIVE_BYTES = 512
 
 
 class Priced(NamedTuple):
@@ -264,7 +272,8 @@ class Counting:
         pricings = {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
                     for mode in modes}
         # Pricing may pause (`runtime.slicing`): kept only if no slice or class changed meanwhile.
-        if not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes) == key:
+        if (not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes) == key
+                and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES):
             self._memo[key] = (pricings.copy(), budget.spent)
             while len(self._memo) > MEMO_SIZE:
                 self._memo.popitem(last=False)
@@ -288,3 +297,17 @@ class Counting:
         modes: set[Mode] = {self.ledger.default_mode}
         modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
         return sorted(modes)
+
+
+def _spec_size(spec: ClaimSpec, limit: int) -> int:
+    """About how many bytes `spec` holds (its text, and `_ALTERNATIVE_BYTES` an
+    alternative), counted until past `limit`."""
+    size = 0
+    for request in spec.requests:
+        for alt in request.alternatives:
+            size += (_ALTERNATIVE_BYTES + len(alt.name) + len(alt.device_class) + sum(map(len, alt.selectors))
+                     + sum(len(name) for name, _ in alt.capacity_requests)
+                     + sum(len(t.key) + len(t.value) for t in alt.tolerations))
+            if size > limit:
+                return size
+    return size

@@ -63,13 +63,22 @@ async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     # look up in the claim cache's token map).
     if not request.dry_run and admitted.reserved:
         annotations[ADMISSION_ANNOTATION] = token
-    return replace(admitted.verdict, patch=annotation_patch(request.object, annotations))
+    # Else a token the creator wrote goes: it would name another claim's entry, and the
+    # annotations guard keeps a token as it was created.
+    return replace(admitted.verdict, patch=annotation_patch(request.object, annotations, drop=(ADMISSION_ANNOTATION,)))
 
 
-def annotation_patch(obj: Mapping[str, Any] | None, annotations: Mapping[str, str]) -> tuple[dict[str, Any], ...]:
-    """A JSON Patch setting `annotations` on `obj`, replacing what it carries under those keys."""
-    if not isinstance(dig(obj, "metadata", "annotations"), dict):
+def annotation_patch(obj: Mapping[str, Any] | None, annotations: Mapping[str, str],
+                     drop: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+    """A JSON Patch setting `annotations` on `obj`, replacing what it carries under those
+    keys, and removing those of `drop` it carries that `annotations` does not set."""
+    carried = dig(obj, "metadata", "annotations")
+    if not isinstance(carried, dict):
         return ({"op": "add", "path": "/metadata/annotations", "value": dict(annotations)},)
     # `add` on an object member replaces it (RFC 6902, 4.1); `/` in a key is `~1` (RFC 6901).
-    return tuple({"op": "add", "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
-                  "value": value} for key, value in annotations.items())
+    return (*({"op": "add", "path": _path(key), "value": value} for key, value in annotations.items()),
+            *({"op": "remove", "path": _path(key)} for key in drop if key in carried and key not in annotations))
+
+
+def _path(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")

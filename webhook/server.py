@@ -268,7 +268,13 @@ async def _decide(endpoint: Endpoint, review: AdmissionRequest, deadline: float)
         # asyncio.timeout, not wait_for: 3.11's wait_for runs the endpoint in a task of its
         # own, a task's creation and a loop step more per review (1.7 % of `serve`'s busy
         # time in bench/floor.py's one-write mode); this one runs it in the handler's task.
-        async with asyncio.timeout(max(deadline, 0.0)):
+        # A deadline already passed (the body took that long) is not entered at all:
+        # asyncio.timeout(0) cancels only at the endpoint's first suspension, and one that
+        # decides without one (a memoised claim under this replica's lease) would reserve
+        # for a create the API server has already failed (`wait_for` never started it).
+        if deadline <= 0:
+            raise TimeoutError
+        async with asyncio.timeout(deadline):
             return await endpoint(review)
     except TimeoutError:
         log.warning("deadline of %.1fs passed deciding %s", deadline, _where(review))

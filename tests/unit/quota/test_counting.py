@@ -159,3 +159,22 @@ def test_a_review_without_the_room_is_denied_for_its_budget_memoised_or_not(memo
     review.spent = review.limit - spent.spent + 1  # one unit short of what the claim costs
     entry = adm.price_for_admission(claim("c1", H100), namespace_labels={}, budget=review)
     assert isinstance(entry, Admission) and not entry.allowed and "per-review budget" in entry.reason
+
+
+def test_a_large_spec_is_priced_again_not_kept() -> None:
+    # review11: the memo's key holds the spec, so its memory is bounded by entries only where
+    # specs are small. A mutating webhook sees a create before the API server validates it,
+    # so a tenant's dry runs could each leave ~2.6 MiB here (32 requests of 8 subrequests,
+    # one 10 KiB selector each, a class that does not exist: priced without evaluating CEL,
+    # denied, and kept), 1,024 of them.
+    big = f"device.attributes['{D}'].model == '{'x' * 9000}'"
+    adm = admitter()
+    adm.existing_entry(claim("c1", big, big))
+    computed = estimates(adm)
+    adm.existing_entry(claim("c2", big, big))
+    assert estimates(adm) > computed
+    small = admitter()
+    small.existing_entry(claim("c1", H100))
+    computed = estimates(small)
+    small.existing_entry(claim("c2", H100))
+    assert estimates(small) == computed

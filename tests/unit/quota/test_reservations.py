@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, parse_device_quota
+from quota.excess import allocation_key
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, renew, take, untake, writing
 from quota.model import Charge
 from quota.reservations import Outcome, Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
@@ -587,3 +589,29 @@ def test_a_lease_never_takes_the_record_past_its_bound() -> None:
                           usage=Usage(), caches=Seen(), now=100.0, ttl=TTL, sizing=SIZING, max_entries=3)
     assert outcome.decisions[0].allowed and len(outcome.record.held) <= 3, sorted(outcome.record.held)
     assert plan.lease is None
+
+
+_UIDS = st.sampled_from(["u1", "u2", "u3", "u4", allocation_key("c1", 5), allocation_key("c1", 7), allocation_key("c2", 3)])
+_CLAIMS = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["p-abcde", "p-fghij", "x", "p"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_UIDS, _CLAIMS, max_size=5),
+       st.lists(st.tuples(st.sampled_from(["reserve", "release"]), _UIDS, _CLAIMS, st.booleans()), max_size=8),
+       st.integers(1, 3))
+def test_a_batch_counts_each_namespaces_entries_as_one_write_a_request_would(
+        entries: dict[str, tuple[str, str]], steps: list[tuple[Any, str, tuple[str, str], bool]], bound: int) -> None:
+    # review11: `apply` keeps each namespace's count as it goes (stale series and
+    # allocation entries dropped, a previous entry put back after a refusal): a batch
+    # decides what the same requests applied one write each would.
+    team = parse_cluster_device_quota(make_cluster_quota("ml-team", team="ml", memory="10Ti"))
+    record = Record({u: Reservation(u, f"{n}/{c}", GPU, 200.0) for u, (n, c) in entries.items()})
+    requests = [Request(op, uid, f"{n}/{c}", GPU, f"{n}/p-" if series else "") for op, uid, (n, c), series in steps]
+    kw: dict[str, Any] = {"usage": Usage(), "caches": Seen(), "now": 100.0, "ttl": TTL, "max_per_namespace": bound}
+    batch = apply(team, record, requests, **kw)
+    one_by_one = []
+    for request in requests:
+        out = apply(team, record, [request], **kw)
+        record = out.record
+        one_by_one.append(out.decisions[0].allowed)
+    assert [d.allowed for d in batch.decisions] == one_by_one and batch.record.held == record.held

@@ -39,15 +39,18 @@ def incoming(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def patched(obj: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
-    """`obj` with the answer's JSON Patch applied, as the API server applies it (adds only)."""
+    """`obj` with the answer's JSON Patch applied, as the API server applies it (adds and removes)."""
     out = copy.deepcopy(obj)
     for op in verdict.patch:
-        assert op["op"] == "add"
+        assert op["op"] in ("add", "remove")
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         target = out
         for part in parents:
             target = target[part]
-        target[last] = copy.deepcopy(op["value"])
+        if op["op"] == "remove":
+            del target[last]  # RFC 6902: the target must exist
+        else:
+            target[last] = copy.deepcopy(op["value"])
     return out
 
 
@@ -244,3 +247,17 @@ def test_a_claim_no_quota_charges_is_annotated_with_its_charge_but_no_token() ->
     world = World()  # no DeviceQuota anywhere
     claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
     assert CHARGE_ANNOTATION in notes(claim) and ADMISSION_ANNOTATION not in notes(claim)
+
+
+def test_a_token_the_creator_wrote_never_survives_an_admission_that_reserved_nothing() -> None:
+    """review11: the module doc says every invocation overwrites whatever the object
+    carries; where nothing was reserved (no quota charges the claim, a dry run) a token the
+    creator wrote was left in place, and the annotations guard then keeps it there: a copy
+    of another claim's token, made without waiting for the Ignore hook to be down."""
+    for world, dry_run in ((World(), False), (World(GPUS), True)):
+        forged = incoming(gpu_claim())
+        forged["metadata"]["annotations"] = {ADMISSION_ANNOTATION: "0" * 32, "keep": "me"}
+        verdict = mutate(world, forged, dry_run=dry_run)
+        assert verdict.allowed
+        claim = patched(forged, verdict)
+        assert ADMISSION_ANNOTATION not in notes(claim) and notes(claim)["keep"] == "me"

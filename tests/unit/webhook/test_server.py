@@ -17,8 +17,8 @@ from aiohttp import web
 from certs.authority import service_names
 from certs.rotation import Policy, plan
 from certs.tls import server_context
-from kube.admissionreview import AdmissionRequest, Verdict
-from webhook.server import _deadline, build_app
+from kube.admissionreview import AdmissionRequest, Verdict, parse_review
+from webhook.server import _deadline, _decide, build_app
 
 from ..kube.test_admissionreview import REVIEW, review
 
@@ -154,3 +154,19 @@ async def test_readiness_follows_the_caches(base_url: tuple[str, ssl.SSLContext]
 )
 async def test_the_deadline_is_the_api_servers_go_duration_less_a_margin(timeout: str | None, deadline: float) -> None:
     assert _deadline(timeout) == pytest.approx(deadline)
+
+
+async def test_a_review_whose_deadline_passed_before_its_endpoint_began_is_not_decided() -> None:
+    # review11: with asyncio.wait_for(..., 0) the endpoint never ran; asyncio.timeout(0)
+    # only cancels at its first suspension, so an endpoint that decides without one (a
+    # memoised claim admitted under this replica's lease: `Admitter.price_if_priced`,
+    # `Leases.take`) reserved and was allowed after the API server had given up on it:
+    # its create fails, and the reservation is an orphan until the TTL.
+    ran: list[str] = []
+
+    async def decides_at_once(request: AdmissionRequest) -> Verdict:
+        ran.append(request.uid)
+        return Verdict(True)
+
+    verdict = await _decide(decides_at_once, parse_review(REVIEW), -0.1)
+    assert not verdict.allowed and verdict.cause == "timeout" and ran == []
