@@ -81,14 +81,15 @@ from quota.extended import in_series
 from quota.model import ZERO, Charge
 from quota.quantity import ceil_int, format_quantity, parse_quantity
 
-__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_NAMESPACE", "Caches", "Outcome", "Record", "Request", "Reservation", "Source", "Undo", "apply",
-           "claim_settled", "in_flight", "parse_record", "parse_version", "settle", "status_fields"]
+__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_NAMESPACE", "Caches", "Outcome", "Record", "Request", "Reservation",
+           "Source", "Undo", "apply", "claim_settled", "in_flight", "parse_record", "parse_version", "settle",
+           "status_fields"]
 
 # Entries one DeviceQuota's record may hold (the CRD's maxProperties): about 150 bytes
 # each, so the object stays far below etcd's 1.5 MiB request limit.
 MAX_ENTRIES = 1000
-# Entries of one namespace a team's record may hold: a quarter, so no one namespace's
-# admissions (orphans included) fill what its teammates share. In steady state a
+# Claim entries of one namespace a team's record may hold: a quarter, so no one
+# namespace's admissions (orphans included) fill what its teammates share. In steady state a
 # namespace holds its creates of the last watch lag: 250 is over a second at 200 a second.
 MAX_ENTRIES_PER_NAMESPACE = MAX_ENTRIES // 4
 Source = Literal["Claim", "Workload", "Lease"]
@@ -386,7 +387,8 @@ def apply(
             continue
         namespace = request.claim.partition("/")[0]
         full = _full(quota, max_entries) if len(live) >= max_entries else None
-        if full is None and per_namespace is not None and held_by[namespace] >= per_namespace:
+        if full is None and per_namespace is not None and request.source == "Claim" and (
+                held_by[namespace] >= per_namespace):
             full = _namespace_full(quota, namespace, per_namespace, ttl)
         if full is not None:
             if previous is not None:
@@ -430,7 +432,11 @@ def _undone(current: Reservation | None, undo: Undo | None) -> Reservation | Non
 
 
 def _namespace(entry: Reservation) -> str:
-    return entry.claim.partition("/")[0]  # entries name their claim (or Workload) `namespace/name`
+    """The namespace whose part of a team's record `entry` takes ("" for none): a claim's
+    (its entries name it `namespace/name`). Not a Workload's: Kueue's check holds it until
+    the TTL or its Workload goes, by design, and the Workload is a real object, not an
+    orphan a failing create left; a namespace may run more than 250 of them in a TTL."""
+    return entry.claim.partition("/")[0] if entry.source == "Claim" else ""
 
 
 def _hold(live: dict[str, Reservation], held_by: Counter[str], uid: str, entry: Reservation) -> None:

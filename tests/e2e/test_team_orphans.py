@@ -6,9 +6,10 @@ the API server validates the object: a create the API server then refuses has re
 and its entry holds a place in the record until the TTL (an orphan). A tenant chooses
 that: mallory, bound to `edit` in one namespace of a team, sends creates carrying an
 invalid finalizer (our webhook checks a claim's name, labels and annotations itself, and
-denies those before reserving; the API server checks the rest of its metadata after). The team's record (shared by its namespaces) keeps at most
-MAX_ENTRIES_PER_NAMESPACE of them, past which mallory's creates are refused by name,
-while a teammate's namespace still admits. The quota has room for every orphan (it limits
+denies those before reserving; the API server checks the rest of its metadata after).
+The team's record (shared by its namespaces) keeps at most MAX_ENTRIES_PER_NAMESPACE of
+them, past which mallory's creates are refused by name, while a teammate's namespace
+still admits. The quota has room for every orphan (it limits
 devices, 10,000), so only the record's bound can refuse them.
 """
 

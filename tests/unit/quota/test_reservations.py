@@ -167,6 +167,16 @@ def test_one_namespace_fills_at_most_its_part_of_a_teams_record() -> None:
     expired = apply(team, record, [Request("reserve", "new", "noisy/c9", GPU)], usage=Usage(), caches=Seen(),
                     now=300.0, ttl=TTL, max_per_namespace=3)
     assert expired.decisions[0].allowed and sorted(expired.record.held) == ["new"]
+    # Kueue's Workload entries live until the TTL by design: neither counted nor bounded.
+    workloads = Record({f"w{i}": Reservation(f"w{i}", f"noisy/job{i}", GPU, 200.0, "Workload") for i in range(3)})
+    for request in (Request("reserve", "new", "noisy/c9", GPU), Request("reserve", "w9", "noisy/job9", GPU,
+                                                                        source="Workload")):
+        out = apply(team, workloads, [request], usage=Usage(), caches=Seen(), now=100.0, ttl=TTL,
+                    max_per_namespace=3)
+        assert out.decisions[0].allowed, request
+    full = Request("reserve", "w9", "noisy/job9", GPU, source="Workload")
+    assert apply(team, record, [full], usage=Usage(), caches=Seen(), now=100.0, ttl=TTL,
+                 max_per_namespace=3).decisions[0].allowed
 
 
 def test_workload_entries_follow_the_ttl_and_never_move_the_watermark() -> None:
