@@ -385,9 +385,9 @@ def _bounded(note: str) -> str:
 
 def _namespace_terminating(err: Exception) -> bool:
     """The API server refused a write into a namespace being deleted: its `Status` carries
-    the cause `NamespaceTerminating` (k8s.io/api/core/v1 NamespaceTerminatingCause), or,
-    where the NamespaceLifecycle plugin answered from a live lookup of the namespace
-    rather than its cache, only its fixed message (seen in CI: a 403 with no causes)."""
+    the cause `NamespaceTerminating` (k8s.io/api/core/v1 NamespaceTerminatingCause, added
+    by the NamespaceLifecycle plugin), or at least that plugin's fixed message: a CI run
+    (2026-11-27) met a 403 with the message whose decoded Status this cause test missed."""
     if not isinstance(err, ApiError):
         return False
     causes = dig(err.body, "details", "causes")
