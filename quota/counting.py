@@ -17,7 +17,7 @@ from typing import NamedTuple
 from quota.claims import Claim, ClaimSpec
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
-from quota.model import Mode, Namespace
+from quota.model import DeviceClass, Mode, Namespace
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
 from quota.scope import DeviceSelection
@@ -269,10 +269,14 @@ class Counting:
             self._memo.move_to_end(key)
             budget.spend(found[1])
             return dict(found[0])
+        named = self._named_classes(claim)
         pricings = {mode: self.pricer.estimate(claim.spec, mode=mode, budget=budget, selections=selections)
                     for mode in modes}
-        # Pricing may pause (`runtime.slicing`): kept only if no slice or class changed meanwhile.
+        # Pricing may pause (`runtime.slicing`): kept only if no slice or class changed
+        # meanwhile. The classes by identity too: one changed and changed back while it
+        # paused compares equal, though a part of this estimate saw the other spec.
         if (not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes) == key
+                and all(a is b for a, b in zip(named, self._named_classes(claim), strict=True))
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES):
             self._memo[key] = (pricings.copy(), budget.spent)
             while len(self._memo) > MEMO_SIZE:
@@ -283,9 +287,11 @@ class Counting:
         """What an estimate is a function of (`quota.pricing`: no clock, no I/O): the spec,
         the selections and modes it is priced for, the inventory's generation and the
         classes it names as they are now (a DeviceClass changed or gone is another key)."""
+        return claim.spec, selections, tuple(modes), self.pricer.inventory.generation, self._named_classes(claim)
+
+    def _named_classes(self, claim: Claim) -> tuple[DeviceClass | None, ...]:
         classes = self.pricer.classes
-        return (claim.spec, selections, tuple(modes), self.pricer.inventory.generation,
-                tuple(classes.get(alt.device_class) for req in claim.spec.requests for alt in req.alternatives))
+        return tuple(classes.get(alt.device_class) for req in claim.spec.requests for alt in req.alternatives)
 
     def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The distinct `spec.devices` of the namespace's quotas a claim there is priced

@@ -121,6 +121,28 @@ def test_a_device_class_change_is_priced_again() -> None:
     assert isinstance(entry, Admission) and "device class 'gpu' not found" in entry.reason
 
 
+def test_a_class_changed_and_changed_back_while_pricing_paused_is_not_kept() -> None:
+    # Pricing may pause in slices; an admin's class changed and changed back meanwhile
+    # compares equal, but part of the estimate saw the other class: not memoised.
+    classes = gpu_class()
+    adm = admitter(classes=classes)
+    pricer = adm.pricer
+    assert isinstance(pricer, CountingPricer)
+    original = Pricer.estimate
+
+    def flapping(self: Pricer, *args: Any, **kwargs: Any) -> Any:
+        classes.update(gpu_class(H100))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            classes.update(gpu_class())  # back to a class equal to the first, a new object
+
+    pricer.estimate = flapping.__get__(pricer)  # type: ignore[method-assign]
+    assert charge(adm.existing_entry(claim("c1"))) == Charge(80 * GiB, 1)  # priced under the H100-only class
+    del pricer.estimate
+    assert charge(adm.existing_entry(claim("c2"))) == Charge(141 * GiB, 1)  # priced again, not remembered
+
+
 def test_a_quota_that_selects_devices_prices_claims_for_it() -> None:
     adm = admitter()
     before = adm.existing_entry(claim("c1"))
