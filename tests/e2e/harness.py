@@ -26,6 +26,7 @@ import contextlib
 import re
 import ssl
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -249,13 +250,20 @@ async def create(kube: Kube, setup: Setup, name: str, *, count: int = 1, dry_run
                              namespace=setup.namespace, dry_run=dry_run)
 
 
-async def create_until_decided(client: Kube, namespace: str, body: Obj, errors: dict[str, int]) -> str:
+async def create_until_decided(client: Kube, namespace: str, body: Obj, errors: dict[str, int], *,
+                               patience: float = 90.0) -> str:
     """Create claim `body` until the webhooks decide, as a controller would: "" once it is
     admitted (a 409 "already exists" too: an earlier attempt was persisted after all), else
     the quota's denial (a DeviceQuota's or a ClusterDeviceQuota's). Any other failure (a
-    webhook call cut by a SIGKILL, contention) is counted in `errors` and tried again."""
+    webhook call cut by a SIGKILL, contention, a quota full only by the lease of a replica
+    that died) is counted in `errors` and tried again, for up to `patience` seconds: a
+    count of attempts ran out before a dead replica's lease expired (period + TTL) once
+    such denials took 2 ms."""
     name = body["metadata"]["name"]
-    for _ in range(60):
+    deadline = time.monotonic() + patience
+    attempts = 0
+    while True:
+        attempts += 1
         try:
             await client.create(RESOURCE_V1, "resourceclaims", body, namespace=namespace)
             return ""
@@ -266,8 +274,10 @@ async def create_until_decided(client: Kube, namespace: str, body: Obj, errors: 
                 return ""
             key = f"{err.status} {err.message[:90]}"
             errors[key] = errors.get(key, 0) + 1
-            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
-    raise AssertionError(f"create {namespace}/{name} undecided after 60 attempts: {errors}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"create {namespace}/{name} undecided after {attempts} attempts in {patience:.0f} s: "
+                                 f"{errors}")
+        await asyncio.sleep(0.05)  # retry pacing, not synchronisation
 
 
 async def denial(call: Awaitable[Any]) -> str:
