@@ -78,7 +78,11 @@ TIMING = ("--leader-election-lease-duration", str(LEASE_DURATION),
 SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(2**32))
 CHARGE = "draquota.io/charge"
 ALLOCATED_CHARGE = "draquota.io/allocated-charge"
-SETTLE = 60.0  # seconds for a stretch's churn to settle (the scheduler's back-off included)
+# Seconds for a stretch's churn to settle: the scheduler's back-off, and the resourceclaim
+# controller's. Its deallocation of a claim whose Pod went before binding conflicted twice
+# with the leader's allocation-record PATCH and was retried 66 s later (CI, 2026-11-27:
+# the controller-manager's log, "Work item failed ... the object has been modified").
+SETTLE = 180.0
 CONVERGE = 30.0  # seconds for the status to match once it settled and the process is ready
 
 def serve_args(lease_namespace: str) -> tuple[str, ...]:
