@@ -23,7 +23,8 @@ from quota.pricing import Pricer
 from quota.scope import DeviceSelection
 from quota.work import Budget
 
-__all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "MEMO_SPEC_BYTES", "Counting", "Priced", "Repriced", "claim_ref", "object_ref"]
+__all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "MEMO_SPEC_BYTES", "Counting", "Priced", "Repriced", "claim_ref",
+           "object_ref"]
 
 # Distinct `spec.devices` a claim is priced for, per namespace: each prices every request
 # once more (`quota.pricing`). Past it (sorted), a quota's selection sees a claim's
@@ -275,19 +276,23 @@ class Counting:
         # Pricing may pause (`runtime.slicing`): kept only if no slice or class changed
         # meanwhile. The classes by identity too: one changed and changed back while it
         # paused compares equal, though a part of this estimate saw the other spec.
-        if (not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes) == key
-                and all(a is b for a, b in zip(named, self._named_classes(claim), strict=True))
+        after = self._named_classes(claim)
+        if (not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes, after) == key
+                and all(a is b for a, b in zip(named, after, strict=True))
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES):
             self._memo[key] = (pricings.copy(), budget.spent)
             while len(self._memo) > MEMO_SIZE:
                 self._memo.popitem(last=False)
         return pricings
 
-    def _memo_key(self, claim: Claim, selections: tuple[DeviceSelection, ...], modes: list[Mode]) -> Hashable:
+    def _memo_key(self, claim: Claim, selections: tuple[DeviceSelection, ...], modes: list[Mode],
+                  named: tuple[DeviceClass | None, ...] | None = None) -> Hashable:
         """What an estimate is a function of (`quota.pricing`: no clock, no I/O): the spec,
         the selections and modes it is priced for, the inventory's generation and the
-        classes it names as they are now (a DeviceClass changed or gone is another key)."""
-        return claim.spec, selections, tuple(modes), self.pricer.inventory.generation, self._named_classes(claim)
+        classes it names as they are now (`named`, if the caller has them: a DeviceClass
+        changed or gone is another key)."""
+        return (claim.spec, selections, tuple(modes), self.pricer.inventory.generation,
+                named if named is not None else self._named_classes(claim))
 
     def _named_classes(self, claim: Claim) -> tuple[DeviceClass | None, ...]:
         classes = self.pricer.classes
