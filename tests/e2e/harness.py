@@ -64,6 +64,13 @@ MakeNamespace = Callable[..., Awaitable[str]]
 MakeFleet = Callable[..., Awaitable[GpuFleet]]
 
 
+def edit_binding(user: str, name: str = "edit") -> Obj:
+    """A RoleBinding of the API server's own `edit` ClusterRole to `user`: a namespace's tenant."""
+    return {"kind": "RoleBinding", "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+
+
 def unique(prefix: str) -> str:
     """A DNS-label-safe unique name (tests share one cluster)."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -31,6 +31,7 @@ from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .harness import (
     ADMISSION, DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial,
+    edit_binding,
     governed, installed,
 )
 from .kube import ApiError, Kube, Obj, poll
@@ -191,10 +192,7 @@ async def guard(kube: Kube, team: Team) -> AsyncIterator[tuple[str, str]]:
             else:
                 obj["spec"]["policyName"] = policy
             await make(ADMISSION, POLICY_PLURALS[obj["kind"]], obj)
-        await make(RBAC, "rolebindings", {"kind": "RoleBinding", "metadata": {"name": f"edit-{team.run}"},
-                                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                                      "name": "edit"},
-                                          "subjects": [{"kind": "User", "name": tenant}]}, team.a)
+        await make(RBAC, "rolebindings", edit_binding(tenant, f"edit-{team.run}"), team.a)
         role = f"namespace-patcher-{team.run}"
         await make(RBAC, "clusterroles", {"kind": "ClusterRole", "metadata": {"name": role}, "rules": [
             {"apiGroups": [""], "resources": ["namespaces", "namespaces/status"],

@@ -63,7 +63,8 @@ from .attack import Attacker
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, allocation_results
 from .harness import (
-    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, capped, governed, installed, refusing_deletes,
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, capped, edit_binding, governed, installed,
+    refusing_deletes,
     rss, served_context,
 )
 from .kube import Kube, Obj, poll
@@ -103,11 +104,7 @@ async def tenants(cluster: ControlPlane, kube: Kube, served: Served, make_namesp
     t = Tenants(kube, run, fleet, served, namespaces)
     async with installed(kube, adapted_webhooks(run, served.port, cluster)):
         for user, namespace in namespaces.items():
-            await kube.create("rbac.authorization.k8s.io/v1", "rolebindings", {
-                "kind": "RoleBinding", "metadata": {"name": "edit"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
-                namespace=namespace)
+            await kube.create("rbac.authorization.k8s.io/v1", "rolebindings", edit_binding(user), namespace=namespace)
             await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                                    "spec": {"hard": {"memory": HARD}}}, namespace=namespace)
             await governed(kube, namespace)

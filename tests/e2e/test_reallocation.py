@@ -29,7 +29,8 @@ from quota.quantity import ceil_int, parse_quantity
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, create_device_class
 from .harness import (
-    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed, wait_status,
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, edit_binding, governed, installed,
+    wait_status,
 )
 from .kube import Kube, Obj, poll
 from .webhook_recorder import impersonated
@@ -105,10 +106,7 @@ async def test_a_reallocation_never_takes_room_its_deallocation_left_to_another_
             # A tenant with `edit` cannot lower (or clear) that record through the API server:
             # a replica started later would count less than the others do.
             tenant = f"tenant-{run}"
-            await kube.create(RBAC, "rolebindings", {
-                "kind": "RoleBinding", "metadata": {"name": tenant},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-                "subjects": [{"kind": "User", "name": tenant}]}, namespace=ns)
+            await kube.create(RBAC, "rolebindings", edit_binding(tenant, tenant), namespace=ns)
             for annotation, forged in [(key, value) for key in RECORD for value in ({k: 1 for k in last[key]}, {})]:
                 body = {"metadata": {"annotations": {annotation: json.dumps(forged)}}}
 

@@ -28,7 +28,9 @@ from quota.reservations import MAX_ENTRIES_PER_NAMESPACE
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
-from .harness import DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, governed, installed
+from .harness import (
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, edit_binding, governed, installed,
+)
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import impersonated
 
@@ -62,11 +64,7 @@ async def team(cluster: ControlPlane, kube: Kube, served: Served, make_namespace
     quiet = await make_namespace("quiet", labels=labels)
     mallory = f"mallory-{run}"
     async with installed(kube, adapted_webhooks(run, served.port, cluster)):
-        await kube.create("rbac.authorization.k8s.io/v1", "rolebindings", {
-            "kind": "RoleBinding", "metadata": {"name": "edit"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": mallory}]},
-            namespace=noisy)
+        await kube.create("rbac.authorization.k8s.io/v1", "rolebindings", edit_binding(mallory), namespace=noisy)
         await kube.create(DQ, CDQ, {"kind": "ClusterDeviceQuota", "metadata": {"name": name},
                                     "spec": {"namespaceSelector": {"matchLabels": {TEAM_LABEL: name}},
                                              "hard": {"devices": 10_000}}})
