@@ -94,7 +94,7 @@ from quota.ledger import Entry, Ledger  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
-from devcluster.webhooks import adapted_webhooks as shipped_for_test  # noqa: E402
+from devcluster.webhooks import adapted_webhooks as shipped_for_test, json_patched  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
 from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served  # noqa: E402
 from tests.e2e.kube import ApiError, Kube, poll  # noqa: E402
@@ -198,22 +198,11 @@ def encoded(path: str, body: JSON) -> tuple[str, bytes]:
 
 
 def patched(obj: JSON, answer: bytes) -> JSON:
-    """`obj` with an allowed answer's JSON patch applied, as the API server stores it. Our
-    patches only `add` to metadata.annotations (`webhook.claimadmit.annotation_patch`)."""
+    """`obj` with an allowed answer's JSON patch applied, as the API server stores it."""
     response = json.loads(answer).get("response") or {}
     if not response.get("patch"):
         return obj
-    out = copy.deepcopy(obj)
-    meta = out.setdefault("metadata", {})
-    for op in json.loads(base64.b64decode(response["patch"])):
-        parts = op["path"].split("/")[1:]
-        if op["op"] != "add" or parts[:2] != ["metadata", "annotations"] or len(parts) > 3:
-            raise ValueError(f"not a patch of ours: {op}")
-        if len(parts) == 2:
-            meta["annotations"] = dict(op["value"])
-        else:
-            meta.setdefault("annotations", {})[parts[2].replace("~1", "/").replace("~0", "~")] = op["value"]
-    return out
+    return json_patched(obj, json.loads(base64.b64decode(response["patch"])))
 
 
 # -- measuring ----------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import base64
 import copy
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from devcluster.controlplane import WEBHOOK_SERVICES, ControlPlane
 from quota.manifests import webhook_configurations
@@ -59,3 +59,21 @@ def adapted_webhooks(
                 required.setdefault("matchExpressions", []).append({"key": label, "operator": "In", "values": [run]})
         configs.append(config)
     return configs
+
+
+def json_patched(obj: Obj, patch: Sequence[Mapping[str, Any]]) -> Obj:
+    """`obj` with a mutating webhook's JSON Patch applied, as the API server applies it:
+    the `add` and `remove` operations our webhooks answer with (RFC 6902; paths RFC 6901)."""
+    out = copy.deepcopy(obj)
+    for op in patch:
+        if op["op"] not in ("add", "remove"):
+            raise ValueError(f"not a patch operation of ours: {op}")
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for part in parents:
+            target = target[part]
+        if op["op"] == "remove":
+            del target[last]  # RFC 6902: the target must exist
+        else:
+            target[last] = copy.deepcopy(op["value"])
+    return out

@@ -12,6 +12,7 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from devcluster.webhooks import json_patched
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
@@ -40,18 +41,7 @@ def incoming(obj: dict[str, Any]) -> dict[str, Any]:
 
 def patched(obj: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
     """`obj` with the answer's JSON Patch applied, as the API server applies it (adds and removes)."""
-    out = copy.deepcopy(obj)
-    for op in verdict.patch:
-        assert op["op"] in ("add", "remove")
-        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        target = out
-        for part in parents:
-            target = target[part]
-        if op["op"] == "remove":
-            del target[last]  # RFC 6902: the target must exist
-        else:
-            target[last] = copy.deepcopy(op["value"])
-    return out
+    return json_patched(obj, verdict.patch)
 
 
 def notes(obj: dict[str, Any]) -> dict[str, str]:
