@@ -25,7 +25,7 @@ from certs.authority import inspect
 from certs.manager import CertificateManager
 from certs.tls import ReloadingContext
 from commands.options import ServeOptions
-from controllers.annotator import Annotator
+from controllers.annotator import Annotator, unrecorded_note
 from controllers.governed import GovernedLabels
 from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
 from controllers.leader import LeaderElector, default_identity
@@ -50,12 +50,14 @@ from kube.resources import (
     NAMESPACES,
     PODS,
     QUOTAS,
+    RESOURCE_V1,
     SLICES,
     TEMPLATES,
     WORKLOADS,
 )
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from quota.admission import Admitter
+from quota.claims import Claim
 from quota.inventory import Inventory
 from quota.ledger import Ledger, QuotaKey
 from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
@@ -126,6 +128,7 @@ class Caches:
                                          namespaces_seen=lambda: namespace_store.newest,
                                          leases=LeaseBook(Sizing(period=lease_period)))
         claim_store.deleted = self.reservations.claim_deleted
+        self.reservations.claim_history_known = claim_store.history_known
 
         # Told the quotas every claim, DeviceQuota and Workload event moved (None: any), as
         # the ledger returns them; the quota controller listens here (controllers.quotas).
@@ -265,6 +268,13 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
+    if annotator is not None:
+        def unrecorded(claim: Claim, why: str) -> None:
+            metrics.unrecorded(claim.namespace)
+            recorder.record(EventKey(Ref(RESOURCE_V1, "ResourceClaim", claim.name, claim.namespace, claim.uid), None,
+                                     "Warning", "AnnotationsRefused", "Annotate", unrecorded_note(why)))
+
+        annotator.unrecorded = unrecorded
     metrics.watch(lambda: (*caches.first, caches.claims))
     metrics.leases(caches.reservations.leases)
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,

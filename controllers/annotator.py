@@ -44,6 +44,14 @@ already say what they should is not written: a restart that relists writes nothi
 Each write is a merge patch of the claim's metadata carrying its uid, which the API
 server checks as a precondition: a claim deleted and recreated under the same name is
 never written. RBAC: patch resourceclaims.
+
+The claim is the tenant's object: its creator can leave no room for our annotations
+(annotations padded to the API server's 256 KiB, the whole object to etcd's limit), and
+every patch is then refused (422 or 413). Nothing is retried for such a claim until its
+next event (a write per event, never a loop of them), and `unrecorded` names it (an Event
+on the claim, a metric). No accounting depends on the record being there: a replica that
+starts without it counts the claim at its reservation and checks its next allocation
+whole (`kube.claimstore.ClaimStore.history_known`).
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
 from quota.claims import Claim
 from runtime.guard import guarded
 
-__all__ = ["Annotator"]
+__all__ = ["Annotator", "refused_by_content", "unrecorded_note"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,8 @@ class Annotator:
         self._observed: set[str] = set()
         # Told (namespace, seconds from creation to allocation) once per recorded claim.
         self.allocated: Callable[[str, float], None] = lambda _namespace, _seconds: None
+        # Told each claim whose patch its own content refused (module doc), and why.
+        self.unrecorded: Callable[[Claim, str], None] = lambda _claim, _why: None
         self._wake = asyncio.Event()
         self.writes = 0  # patches that landed (tests and logs read it)
 
@@ -226,6 +236,14 @@ class Annotator:
         except ApiError as err:
             if err.status in (404, 409):
                 return None  # deleted, or recreated under its name (the uid precondition)
+            if refused_by_content(err):
+                # The claim's own content refuses any patch that adds to it (module doc):
+                # retrying writes again and again for nothing; its next event tries once more.
+                self._failures.pop(claim.uid, None)
+                log.warning("cannot write the annotations of ResourceClaim %s/%s: %s", claim.namespace, claim.name,
+                            err.message[:200])
+                self.unrecorded(claim, err.message)
+                return None
             return self._failed(claim, annotations, str(err))
         except (aiohttp.ClientError, TimeoutError) as err:
             return self._failed(claim, annotations, str(err))
@@ -250,3 +268,20 @@ class Annotator:
         self._failures[claim.uid] = failures
         self._pending.setdefault(claim.uid, (claim, annotations))  # a newer event's claim wins
         return False
+
+
+def refused_by_content(err: ApiError) -> bool:
+    """Whether the API server refused a patch for what the object holds, which only its
+    owner can change: 422 (annotations past 256 KiB, other validation) or 413, and etcd's
+    "request is too large" (an object at its size limit), which the API server returns
+    as a 500."""
+    return err.status in (413, 422) or "too large" in err.message.lower()
+
+
+def unrecorded_note(why: str) -> str:
+    """The Event note on a claim whose annotations the leader could not write: what
+    happened, what it means for the claim, and what its owner can do."""
+    return (f"dra-quota could not write its annotations on this claim: {why[:200]}. Until it can, a dra-quota "
+            "replica that starts counts this claim at its reservation and checks its next allocation whole against "
+            "the quota, which may keep it waiting: remove some of the claim's own annotations so that ours fit "
+            "(a few hundred bytes)")

@@ -24,6 +24,16 @@ reservation is keyed by (`quota.admissiontoken`): the store maps each token key 
 first claim carrying it, so `version`, `recorded_version` and `deleted` answer for the key
 as for the uid, and the entry settles exactly as a uid-keyed one does.
 
+Whether this cache can vouch for a claim's allocation history (`history_known`): it can
+for a claim it met allocated (it sees the deallocation that follows, and what that
+allocation charged), or met unallocated through the watch, which brings a claim's
+creation before any later write. It cannot for a claim a list brought unallocated (at
+start, or a relist that found it changed): that claim may have been allocated and
+deallocated before, and what that allocation charged, which other replicas count it at,
+is known here only from an allocation record that may be missing or stale (the record is
+written into the tenant's own object, where the tenant can make the write fail). Its
+next allocation is then checked whole (`webhook.claimreview.allocate_claim`).
+
 The claim store tells `changed` the quotas whose status may have moved after each event:
 the keys the ledger's mutation returned (as kueue's cache returns them), None after a
 whole list.
@@ -93,6 +103,8 @@ class ClaimStore:
         self._recorded: set[ClaimRef] = set()
         # One-write admissions (module doc): token key -> the first claim carrying its token.
         self._tokens = _Tokens()
+        # Claims whose allocation history this cache cannot vouch for (module doc).
+        self._unvouched: set[ClaimRef] = set()
 
     def replace(self, objects: list[Obj]) -> None:
         """A relist: built aside and swapped in with the ledger in one step (module doc).
@@ -118,6 +130,7 @@ class ClaimStore:
         listed_before, self._versions = self._versions, relist.versions
         recorded_before, self._recorded = self._recorded, relist.recorded
         tokens_before, self._tokens = self._tokens, relist.tokens
+        unvouched_before, self._unvouched = self._unvouched, relist.unvouched
         held_before = self.holders.replace(relist.held) if self.holders is not None else {}
         self._reprice_since(selections)
         # Told after the swap (in pauses: the reflector applies no event until they are done).
@@ -144,7 +157,8 @@ class ClaimStore:
             self._tell(*told.pop())
             pause_point()
         relist.rebuild.release()
-        for table in (listed_before, recorded_before, held_before, tokens_before.ref_of, tokens_before.key_of):
+        for table in (listed_before, recorded_before, held_before, tokens_before.ref_of, tokens_before.key_of,
+                      unvouched_before):
             drop(table)
         self.changed(None)
 
@@ -187,6 +201,8 @@ class ClaimStore:
             relist.versions[ref] = version
         if ref in self._recorded:
             relist.recorded.add(ref)
+        if ref in self._unvouched:
+            relist.unvouched.add(ref)
         if (key := self._tokens.key_of.get(ref)) is not None:
             relist.tokens.add(key, ref)
         if self.holders is not None and (held := self.holders.mapping().get(ref)) is not None:
@@ -206,6 +222,8 @@ class ClaimStore:
             relist.versions[ref] = version
         if claim.recorded_charge is not None:
             relist.recorded.add(ref)
+        if claim.allocation is None:
+            relist.unvouched.add(ref)  # allocated and deallocated before, for all a list tells
         if (key := _token_key(obj)) is not None:
             relist.tokens.add(key, ref, first=self._tokens.ref_of.get(key))
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
@@ -274,6 +292,7 @@ class ClaimStore:
         keys = self.ledger.delete_claim(ref)
         self._versions.pop(ref, None)
         self._recorded.discard(ref)
+        self._unvouched.discard(ref)
         key = self._tokens.drop(ref)
         if self.holders is not None:
             self.holders.drop(ref)
@@ -300,6 +319,11 @@ class ClaimStore:
         persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
         return self.version(uid) if self._keyed(uid) in self._recorded else None
 
+    def history_known(self, uid: str) -> bool:
+        """Whether this cache can vouch for claim `uid`'s allocation history (module doc):
+        what a deallocated claim's last allocation charged, or that it was never allocated."""
+        return self._keyed(uid) not in self._unvouched
+
     def _keyed(self, uid: str) -> ClaimRef:
         """The claim a record key names: its uid, or the claim carrying a one-write token."""
         if is_token_key(uid):
@@ -315,6 +339,12 @@ class ClaimStore:
             self.holders.update(claim_ref(claim), claim, obj.get("status"))
         entry, bound = self._entry(claim)
         keys = self.ledger.add_or_update_claim(entry) if entry is not None else ()
+        if claim.allocation is not None:
+            # Its deallocation comes through this watch, after this event: this cache
+            # knows what the last allocation charged from here on.
+            self._unvouched.discard(claim_ref(claim))
+        # Unallocated and new to this cache: the watch brought its creation (a list
+        # brings every claim that existed before), so it was never allocated; else as before.
         # The version only once the ledger counts this copy (as `_stage_one` does): a claim
         # whose pricing raised is not held by this cache, so its persisted reservation stays
         # (`quota.reservations.settle` drops an entry whose claim the cache holds).
@@ -368,6 +398,7 @@ class _Relist:
     recorded: set[ClaimRef] = field(default_factory=set)
     held: dict[ClaimRef, Held] = field(default_factory=dict)
     tokens: _Tokens = field(default_factory=_Tokens)
+    unvouched: set[ClaimRef] = field(default_factory=set)
     # Each claim read again, with its bound when it counts at one: told after the swap.
     told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
 

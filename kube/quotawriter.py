@@ -64,10 +64,11 @@ class Reservations(QuotaStatusWriter):
     # -- admission --------------------------------------------------------------------
 
     async def admit(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
-                    dry_run: bool = False, series: str = "", source: Source = "Claim") -> Decision:
+                    dry_run: bool = False, series: str = "", source: Source = "Claim", own: str = "") -> Decision:
         """Reserve `charges` (quota -> charge) for `uid`: under this process's lease where one
         has room (`kube.leasebook`, no write), the rest in key order (module doc), all or
-        nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`)."""
+        nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`);
+        `own`: an allocation's claim, checked whole (`quota.reservations.Request.own`)."""
         local: list[DeviceQuota] = []
         # Workloads, the scheduler's attempts and allocations' excesses (`quota.excess`): one entry each.
         if source == "Claim" and not series and parse_allocation_key(uid) is None:
@@ -75,7 +76,7 @@ class Reservations(QuotaStatusWriter):
             local = [q for q in charges if self.leases.take(q, uid, charges[q], now, dry_run=dry_run)]
         try:
             decision = await self._admit_exact({q: c for q, c in charges.items() if q not in local}, uid=uid,
-                                               claim=claim, dry_run=dry_run, series=series, source=source)
+                                               claim=claim, dry_run=dry_run, series=series, source=source, own=own)
         except BaseException:
             for quota in local if not dry_run else ():
                 self.leases.untake(quota, uid)
@@ -92,13 +93,13 @@ class Reservations(QuotaStatusWriter):
         return replace(decision, charged=tuple(charged))
 
     async def _admit_exact(self, charges: Mapping[DeviceQuota, Charge], *, uid: str, claim: str,
-                           dry_run: bool, series: str, source: Source) -> Decision:
+                           dry_run: bool, series: str, source: Source, own: str = "") -> Decision:
         done: list[tuple[DeviceQuota, Undo | None]] = []
         warnings: list[str] = []
         warned_by: list[str] = []
         try:
             for quota in sorted(charges, key=lambda q: (q.namespace, q.name)):
-                request = Request("reserve", uid, claim, charges[quota], series, source)
+                request = Request("reserve", uid, claim, charges[quota], series, source, own=own)
                 decision, undo = await (self._check(quota, request) if dry_run else self._submit(quota, request))
                 if not decision.allowed:
                     await self._compensate(done, uid)

@@ -35,6 +35,9 @@ class Seen:
         self.progress = progress or Progress()
         self._claim_version = claim_version
         self._claim_recorded = claim_recorded or claim_version
+        # Whether the claim cache can vouch for a claim's allocation history
+        # (`kube.claimstore.ClaimStore.history_known`; set where it is built).
+        self.claim_history_known: Callable[[str], bool] = lambda uid: True
         # uid -> the resourceVersion at which the claim watch delivered its deletion.
         self._claims_gone: dict[str, int] = {}
         self._workloads_gone: dict[str, None] = {}

@@ -51,7 +51,7 @@ from quota.devicequota import (
     parse_device_quota,
 )
 from quota.headroom import Plan, renew
-from quota.ledger import Ledger, QuotaKey, recounting_message, shown, usage_scope
+from quota.ledger import ClaimRef, Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Namespace
 from quota.raw import Obj
 from quota.reservations import Outcome, Request, Undo, apply, parse_record, parse_version, status_fields
@@ -340,6 +340,8 @@ class QuotaStatusWriter(Seen):
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
                                                     for r in requests), undos=(None,) * len(requests)), None
         usage = self.ledger.usage(quota.namespace, quota.name)
+        # An allocation checked whole: its claim's own count, from the same ledger read.
+        requests = [replace(r, credit=self.ledger.counted(ClaimRef(r.own), quota)) if r.own else r for r in requests]
         if self.leases.leasable(quota):
             key = (quota.namespace, quota.name)
             return renew(self.leases.leases.get(key), key=self.leases.key(key), holder=self.leases.holder,

@@ -275,11 +275,20 @@ class Admitter(Annotating):
             return held
         return self.existing_entry(claim)
 
-    def excess_to_persist(self, allocation: Allocation) -> dict[DeviceQuota, Charge]:
+    def excess_to_persist(self, allocation: Allocation, *, history_known: bool = True) -> dict[DeviceQuota, Charge]:
         """Per Enforce quota, the allocation's excess over what its claim holds, where it
         touches a resource the quota limits: what the webhook reserves in that quota's
         persisted record before allowing it (`quota.excess`). Empty in the common case
-        (within the reservation): no write. Audit quotas only warn, from this ledger."""
+        (within the reservation): no write. Audit quotas only warn, from this ledger.
+
+        `history_known` False: this replica cannot vouch for what the claim's last
+        allocation charged (`kube.claimstore.ClaimStore.history_known`: a list brought it
+        unallocated, and its record may be missing or stale, the tenant can make the
+        leader's write of it fail). Another replica may count it at that smaller last
+        charge and have admitted claims into the room it freed, so the whole allocation
+        is persisted and checked against the quota's total less the claim's own count
+        here (`quota.reservations.Request.own`): fail closed, and a claim that was never
+        allocated still fits where its reservation did."""
         entry = allocation.entry
         # Over the least of what the reviewed copy reserves (what the replicas holding that
         # copy count), what this ledger holds (a stale allocation: what this replica counts
@@ -288,6 +297,8 @@ class Admitter(Annotating):
         # history may be older, its watch having missed a whole allocation), so each counts
         # the whole exact charge.
         overs = [allocation.held, self.ledger.entry(entry.ref)]  # None: nothing held, all of it is excess
+        if not history_known:
+            overs.append(None)
         if allocation.recorded is not None:
             overs.append(allocation.recorded)
         excess = self.ledger.excess(entry, over=overs)
@@ -296,7 +307,7 @@ class Admitter(Annotating):
 
     def allocated(self, allocation: Allocation, *, enforce: bool, dry_run: bool = False,
                   persisted: Decision | None = None, excess: Collection[DeviceQuota] = (),
-                  account: bool = True) -> Admission:
+                  account: bool = True, whole: bool = False) -> Admission:
         """The exact charge replaces the reservation.
 
         Denied only when the exact charge exceeds what the claim reserved and the excess
@@ -327,7 +338,14 @@ class Admitter(Annotating):
         if decision.allowed:
             return Admission(True, "", warnings, pricing, decision.charged, warned_by=decision.warned_by,
                              charged_above=above)
-        message = f"the allocated devices charge more than the claim reserved (requested: the excess): {decision.message}"
+        if whole and persisted is not None and not persisted.allowed:
+            # `excess_to_persist` with history_known False: the whole allocation was checked.
+            message = ("dra-quota cannot tell what this claim's last allocation charged (its allocation record is "
+                       "missing or may be stale), so the allocation must fit whole beside everything else the quota "
+                       f"counts (requested: the whole allocation; reserved: without this claim): {decision.message}")
+        else:
+            message = ("the allocated devices charge more than the claim reserved (requested: the excess): "
+                       f"{decision.message}")
         if enforce:
             return Admission(False, message, warnings, pricing, denied_by=decision.denied_by)
         return Admission(True, "", (*warnings, f"{message} (allocation check: account-only, admitted)"), pricing,

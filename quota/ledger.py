@@ -350,6 +350,21 @@ class Ledger:
     def entries(self) -> Iterable[Entry]:
         return self._entries.values()
 
+    def counted(self, ref: ClaimRef, quota: DeviceQuota) -> tuple[Charge, Charge]:
+        """What `quota`'s usage holds for claim `ref`, as (used, reserved): its entry's
+        charge where the quota counts the claim's namespace (`_apply`), else nothing."""
+        entry = self._entries.get(ref)
+        if entry is None:
+            return ZERO, ZERO
+        if quota.cluster:
+            counts = any(q.name == quota.name for q in self._teams.selecting(entry.namespace))
+        else:
+            counts = quota.namespace == entry.namespace
+        if not counts:
+            return ZERO, ZERO
+        charge = entry.charge_for(quota, self.default_mode)
+        return (charge, ZERO) if entry.allocated else (ZERO, charge)
+
     def namespaces(self) -> Iterable[Namespace]:
         """The namespaces holding at least one claim."""
         return [ns for ns, entries in self._by_namespace.items() if entries]

@@ -147,6 +147,13 @@ class Request:
     # A release of an allocation's excess: what its reserve's `Outcome.undos` gave (None:
     # the release takes nothing back; other releases remove the uid's entry).
     undo: Undo | None = None
+    # An allocation checked whole (`quota.excess`, a claim whose history the deciding
+    # replica cannot vouch for): the claim uid whose own count in `usage` is not counted
+    # beside its charge, and that count, (used, reserved), read from the ledger when the
+    # batch is decided (`kube.statuswriter`): the charge replaces it in the decision,
+    # while the entry holds the whole charge for every other replica.
+    own: str = ""
+    credit: tuple[Charge, Charge] = (ZERO, ZERO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +406,10 @@ def apply(
         if previous is not None and excess:
             entry = _over(previous, entry)
         pending = in_flight(Record(live), caches)
-        decision = check([QuotaCheck(quota, replace(usage, reserved=usage.reserved + pending), entry.charge)])
+        used, reserved = usage.used, usage.reserved + pending
+        if request.own:
+            used, reserved = (used - request.credit[0]).max(ZERO), (reserved - request.credit[1]).max(ZERO)
+        decision = check([QuotaCheck(quota, replace(usage, used=used, reserved=reserved), entry.charge)])
         if decision.allowed:
             _hold(live, held_by, request.uid, entry)
             changed = True

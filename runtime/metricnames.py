@@ -11,6 +11,7 @@ __all__ = [
     "ADMISSION_DURATION",
     "ADMISSION_REQUESTS",
     "ALLOCATION_WAIT",
+    "ANNOTATIONS_REFUSED",
     "BUILD_INFO",
     "CERTIFICATE_EXPIRATION",
     "CLAIM_DEVICE_INFO",
@@ -71,6 +72,8 @@ WORKLOADS_RESERVED = "draquota_quota_reserved_workloads"
 PENDING_CLAIMS = "draquota_namespace_pending_claims"
 # Creation to allocation of each claim, as the leader sees it (kueue_admission_wait_time_seconds').
 ALLOCATION_WAIT = "draquota_claim_allocation_wait_seconds"
+# The leader's writes of our annotations that a claim's own content refused (controllers.annotator).
+ANNOTATIONS_REFUSED = "draquota_claim_annotations_refused"
 EVENT_LOOP_STALL = "draquota_event_loop_stall_seconds"
 EVENT_LOOP_STALL_MAX = "draquota_event_loop_stall_max_seconds"
 # The same, counting only what the loop's own thread held the CPU for (runtime.stalls).

@@ -212,6 +212,11 @@ async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdic
     excess reserved in the quota's persisted record first (`quota.excess`), keyed by the
     claim and the old object's resourceVersion, so two replicas' excesses never both
     take the same room. Within what the claim holds (the common case) nothing is written.
+    A claim whose history this replica cannot vouch for (`ClaimStore.history_known`: a
+    list brought it unallocated, so its last allocation may have charged less than this
+    replica counts it at, with the difference given to other claims since) has its whole
+    allocation persisted and checked against the rest of the quota
+    (`Admitter.excess_to_persist`).
     """
     if dig(request.old_object, "status", "allocation") is not None or dig(request.object, "status", "allocation") is None:
         return Verdict(True)
@@ -224,18 +229,20 @@ async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdic
         return Verdict(True)
     enforce = ctx.allocation_check == "enforce"
     allocation = await ctx.slicer.run(lambda: ctx.admitter.price_allocation(claim))
-    excess = ctx.admitter.excess_to_persist(allocation) if enforce else {}
+    known = ctx.reservations.claim_history_known(uid)
+    excess = ctx.admitter.excess_to_persist(allocation, history_known=known) if enforce else {}
     persisted = None
     if excess:
         if before is None:
             return _invalid("oldObject.metadata.resourceVersion is missing or not a resourceVersion: the API server "
                             "sends the stored claim on a status UPDATE")
         persisted = await ctx.reservations.admit(excess, uid=allocation_key(uid, before),
-                                                 claim=f"{claim.namespace}/{claim.name}", dry_run=request.dry_run)
+                                                 claim=f"{claim.namespace}/{claim.name}", dry_run=request.dry_run,
+                                                 own="" if known else uid)
         if not persisted.allowed and not persisted.denied_by:  # conflicts, API errors: no quota said no
             return Verdict(False, persisted.message, warnings=persisted.warnings, cause="unavailable")
     admission = ctx.admitter.allocated(allocation, enforce=enforce, dry_run=request.dry_run, persisted=persisted,
-                                       excess=list(excess), account=False)
+                                       excess=list(excess), account=False, whole=not known)
     return _verdict(admission, None)
 
 

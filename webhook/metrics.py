@@ -52,6 +52,7 @@ from runtime.metricnames import (
     ADMISSION_DURATION,
     ADMISSION_REQUESTS,
     ALLOCATION_WAIT,
+    ANNOTATIONS_REFUSED,
     ANNOTATION_WRITERS,
     ANNOTATIONS_PENDING,
     BUILD_INFO,
@@ -194,6 +195,12 @@ class Metrics:
             f"most {MAX_NAMESPACE_VALUES}; else other). Observed once per claim, when the leader records its "
             "allocated charge; the other replicas export an empty histogram.", ["namespace"],
             buckets=WAIT_BUCKETS, registry=self.registry)
+        self.annotations_refused = Counter(
+            ANNOTATIONS_REFUSED, "The leader's writes of a claim's annotations (its allocation record, or its charge) "
+            "that the claim's own content refused (annotations or the object at the API server's size limit), by "
+            f"namespace (one that holds a DeviceQuota, at most {MAX_NAMESPACE_VALUES}; else other). Such a claim is "
+            "counted at its reservation by a replica that starts without its record, and its next allocation is "
+            "checked whole (docs/reservations.md).", ["namespace"], registry=self.registry)
         self.stall = Histogram(
             EVENT_LOOP_STALL, "Seconds the event loop ran a timer late (runtime.stalls: how long any ready review "
             "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)
@@ -243,6 +250,10 @@ class Metrics:
         """A claim of `namespace` waited `seconds` from creation to allocation
         (`controllers.annotator.Annotator`'s hook)."""
         self.allocation_wait.labels(self.namespace(namespace)).observe(max(seconds, 0.0))
+
+    def unrecorded(self, namespace: str) -> None:
+        """The leader could not write a claim of `namespace`'s annotations: its content refused them."""
+        self.annotations_refused.labels(self.namespace(namespace)).inc()
 
     def stalled(self, seconds: float, cpu: float) -> None:
         """One tick of `runtime.stalls.watch`: the loop ran its timer `seconds` late, `cpu`

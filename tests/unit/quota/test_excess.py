@@ -148,16 +148,32 @@ class Cluster:
             out[uid] = (position, what)
         return out
 
-    def holds(self, upto: int | None = None) -> dict[str, Charge]:
+    def holds(self, upto: int | None = None, *, listed: int = 0) -> dict[str, Charge]:
         """What each claim counts after `upto` events (`kube.claimstore.ClaimStore`): its
         allocation; deallocated, its last one (`Counting.deallocated_entry`); else its
-        reservation."""
+        reservation. `listed`: a replica (re)started with a list at that position, which
+        knows no earlier history: each claim the list shows unallocated counts its
+        reservation (no allocation record: the leader never wrote it)."""
         out: dict[str, Charge] = {}
-        for uid, what in self.log[:upto]:
+        for position, (uid, what) in enumerate(self.log[:upto], start=1):
             if isinstance(what, Charge):
                 out[uid] = what
             elif what is None:
                 out.setdefault(uid, ESTIMATE)
+            if position == listed:
+                state = self.state(listed)
+                out = {u: (w if isinstance(w, Charge) else ESTIMATE) for u, (_, w) in state.items() if w != "deleted"}
+        return out
+
+    def unvouched(self, r: Replica) -> set[str]:
+        """The claims whose history replica `r` cannot vouch for (`ClaimStore.history_known`):
+        unallocated in the list it started from, and not seen allocated since."""
+        if not r.listed:
+            return set()
+        out = {u for u, (_, w) in self.state(r.listed).items() if w is None}
+        for uid, what in self.log[r.listed:r.watched]:
+            if isinstance(what, Charge):
+                out.discard(uid)
         return out
 
     def seen(self, r: Replica) -> tuple[Seen, Usage, dict[str, Charge], set[str]]:
@@ -166,7 +182,7 @@ class Cluster:
         state = self.state(r.watched)
         alive = {u: (v, w) for u, (v, w) in state.items() if w != "deleted"}
         deleted = {u: v for u, (v, w) in state.items() if w == "deleted"}
-        holds = self.holds(r.watched)
+        holds = self.holds(r.watched, listed=r.listed)
         held = {u: holds[u] for u in alive}
         allocated = {u for u, (_, w) in alive.items() if isinstance(w, Charge)}
         used = sum((c for u, c in held.items() if u in allocated), Charge())
@@ -222,11 +238,16 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
         _, _, held, allocated = world.seen(r)
         # Over the smaller of what the reviewed (unallocated) copy holds on any replica
         # (`Admitter._reserved`: its reservation where this ledger still holds an
-        # allocation) and what this replica's ledger holds (`Admitter.excess_to_persist`).
+        # allocation) and what this replica's ledger holds (`Admitter.excess_to_persist`);
+        # whole, beside the rest of the quota, where it cannot vouch for the claim's history.
         copy = ESTIMATE if uid in allocated else held.get(uid, Charge())
-        excess = (exact - held.get(uid, Charge()).min(copy)).max(Charge())
+        whole = uid in world.unvouched(r)
+        excess = exact if whole else (exact - held.get(uid, Charge()).min(copy)).max(Charge())
         key = allocation_key(uid, before)
-        out = None if excess.memory <= 0 else _decide(world, r, [Request("reserve", key, uid, excess)], bool(use_stale))
+        own = held.get(uid, Charge())
+        credit = ((own, Charge()) if uid in allocated else (Charge(), own)) if whole else (Charge(), Charge())
+        request = Request("reserve", key, uid, excess, own=uid if whole else "", credit=credit)
+        out = None if excess.memory <= 0 else _decide(world, r, [request], bool(use_stale))
         if out is not None and out.decisions[0].allowed and kind == "refuse":
             world.undos.append((key, out.undos[0]))  # the all-or-nothing rollback, to come
         elif kind == "allocate" and (excess.memory <= 0 or (out is not None and out.decisions[0].allowed)):
@@ -248,6 +269,10 @@ def _step(world: Cluster, act: tuple[object, ...]) -> None:
         version, what = world.state()[uid]
         if what != "deleted" and (kind != "free" or isinstance(what, Charge)):
             world.log.append((uid, "deleted" if kind == "delete" else None if kind == "free" else what))
+    elif kind == "restart":  # a list at the log's end, no history before it
+        r = world.replicas[int(act[1])]  # type: ignore[call-overload]
+        r.watched = r.listed = len(world.log)
+        r.snapshot = None
     elif kind == "watch":
         r = world.replicas[int(act[1])]  # type: ignore[call-overload]
         r.watched = min(len(world.log), r.watched + int(act[2]))  # type: ignore[call-overload]
@@ -276,6 +301,7 @@ action = st.one_of(
     st.tuples(st.just("fail"), st.integers(0, 9)),
     st.tuples(st.sampled_from(["touch", "free", "delete"]), st.integers(0, CLAIMS - 1)),
     st.tuples(st.just("watch"), replica, st.integers(1, 4)),
+    st.tuples(st.just("restart"), replica),
     st.tuples(st.just("read"), replica),
     st.tuples(st.just("settle"), replica, st.booleans()),
     st.tuples(st.just("tick"), st.floats(1.0, 80.0)),
@@ -320,6 +346,17 @@ action = st.one_of(
 # rollback leaves the entry (restoring "nothing", what it found, would drop c0's 41Gi).
 @example([("refuse", 1, 0, 0, False), ("allocate", 0, 0, 0, False), ("undo", 1, 0, False),
           ("allocate", 0, 1, 0, False), ("land", 0), ("land", 0)])
+# The same, then replica 0 restarts with no record of c0 and c1's last allocations: it
+# counts them at their reservations again (482Gi on 450Gi), and a reallocation of c0 at
+# 100Gi, "within" its reservation, would be 20Gi past hard; it cannot vouch for c0's history,
+# so the whole 100Gi must fit beside the rest, and does not.
+@example([("allocate", 0, 0, 2, False), ("land", 0), ("allocate", 0, 1, 2, False), ("land", 0), ("watch", 0, 4),
+          ("allocate", 0, 2, 0, False), ("land", 0), ("watch", 0, 4), ("allocate", 0, 3, 0, False), ("land", 0),
+          ("watch", 0, 4), ("free", 0), ("free", 1), ("restart", 0), ("allocate", 0, 0, 1, False), ("land", 0)])
+# A restarted replica allocates c0 at 100Gi whole while replica 1, counting c0's last 80Gi,
+# gives the 20Gi it freed to c1's excess: the persisted entry holds c0's 100Gi for replica 1.
+@example([("allocate", 0, 0, 2, False), ("land", 0), ("tick", 1.0), ("free", 0), ("watch", 1, 4),
+          ("restart", 0), ("allocate", 0, 0, 1, False), ("allocate", 1, 1, 0, False), ("land", 0), ("land", 0)])
 def test_no_interleaving_of_replicas_deciding_allocations_over_commits(actions: list[tuple[object, ...]]) -> None:
     world = Cluster()
     for act in actions:

@@ -215,6 +215,7 @@ def test_the_status_fields_round_trip_and_leave_reserved_to_the_controller() -> 
 class Replica:
     watched: int = 0  # claim events its watch has delivered (the log's first `watched`)
     snapshot: tuple[int, Record] | None = None
+    listed: int = 0  # where it (re)started from a list, knowing no history before (0: never)
 
 
 @dataclass

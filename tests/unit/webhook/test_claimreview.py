@@ -75,6 +75,7 @@ class World:
                                          claim_version=self.claims.version,
                                          claim_recorded=self.claims.recorded_version)
         self.claims.deleted = self.reservations.claim_deleted
+        self.reservations.claim_history_known = self.claims.history_known
         known = {"team-a": labels or {"kubernetes.io/metadata.name": "team-a"}}
         self.ctx = ClaimContext(admitter, known.get, lambda: POLICY, self.reservations,
                                 allocation_check)  # type: ignore[arg-type]
@@ -367,13 +368,15 @@ def test_a_late_allocation_review_of_a_claim_gone_before_the_list_counts_nothing
     # The claim the cache holds, and one the watch has not reached yet (its events
     # follow), are counted at once: the one by the ledger (at its reservation, until the
     # watch brings its allocation), the other, all of whose charge is above what this
-    # ledger holds for it, by its excess's persisted entry.
+    # ledger holds for it, by its excess's persisted entry. The listed one came from a
+    # list unallocated, so this replica cannot vouch for its history: its allocation is
+    # persisted whole too (`ClaimStore.history_known`).
     new = at(stored(gpu_claim(), uid="fresh", name="fresh"), 201)
     for obj in (listed, new):
         assert allocate(ctx, status_update(allocated(obj, ("node-1", "gpu-0")), obj)) == Verdict(True)
     usage = ctx.admitter.ledger.usage(NS, "gpus")
     assert (usage.reserved, usage.pending_claims, usage.used) == (Charge(80 * GiB, 1), 1, Charge())
-    assert ctx.reservations.pending(NS, "gpus") == Charge(80 * GiB, 1)
+    assert ctx.reservations.pending(NS, "gpus") == Charge(160 * GiB, 2)
 
 
 def test_only_the_update_that_sets_the_allocation_is_checked() -> None:
@@ -587,8 +590,9 @@ def test_a_replica_started_after_a_deallocation_counts_the_last_allocation_from_
     C starts after: its first sight of u is the deallocated copy. Counting u at its
     reservation, it would take u's reallocation on an h200 as within it and write
     nothing, and B would admit a 141Gi claim into the 221Gi hard beside u's 80Gi: 282Gi
-    once both are allocated. From the record C counts 80Gi too: the 61Gi excess is
-    persisted, and B counts it."""
+    once both are allocated. From the record C counts 80Gi too; and as a list brought
+    u unallocated, C cannot vouch for the record being current: the whole 141Gi is
+    persisted (checked against the quota less u's own 80Gi), and B counts it."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     u, first = landed(b, ("node-1", "gpu-0"))
     freed = recorded(stored(gpu_claim("true")), first)
@@ -596,7 +600,7 @@ def test_a_replica_started_after_a_deallocation_counts_the_last_allocation_from_
     c.claims.replace([dict(with_namespace(freed, NS))])
     assert c.ctx.admitter.ledger.usage(NS, "gpus").reserved == Charge(80 * GiB, 1)
     assert allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
-    assert c.ctx.reservations.pending(NS, "gpus") == Charge(61 * GiB, 0)
+    assert c.ctx.reservations.pending(NS, "gpus") == Charge(141 * GiB, 1)
     assert not admit(b.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other"))).allowed
 
 
@@ -669,18 +673,16 @@ def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_f
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4: a deallocated claim with no record (deallocated before the leader wrote it, and the leader "
-    "restarted) is counted at its reservation by a replica (re)started after the deallocation; a reallocation within "
-    "that reservation is not checked, while the room its last allocation freed went to another claim. Permanent, "
-    "one replica is enough (docs/reservations.md, \"One case is left\")."))
 def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation_over_commit() -> None:
     """Claim u, reserved at 141Gi (any GPU, Conservative), allocated an h100 (80Gi); claim
     w admitted at 141Gi into the 221Gi left; u deallocated before the leader recorded its
     allocation, and the one replica (the leader) restarts before it brings the record up
-    to date (`Annotating.record_due`): it counts u at its 141Gi reservation again, takes
-    u's reallocation on an h200 as within it, and w's allocation within its own follows:
-    282Gi under a hard of 221Gi."""
+    to date (`Annotating.record_due`), or a tenant made every write of the record fail
+    (its annotations padded to the API server's limit): it counts u at its 141Gi
+    reservation again. Taking u's reallocation on an h200 as within that, with w's
+    allocation within its own after it, would put 282Gi under a hard of 221Gi. A list
+    brought u unallocated, so the replica cannot vouch for its history: the reallocation
+    is checked whole against the quota (w's 141Gi beside it), and denied."""
     quota = make_quota("gpus", memory="221Gi")
     world = World(quota)
     landed(world, ("node-1", "gpu-0"))
@@ -690,7 +692,30 @@ def test_a_restart_after_a_deallocation_with_no_record_never_lets_a_reallocation
     restarted = World(quota)
     restarted.reservations.api = world.api  # type: ignore[assignment]
     restarted.claims.replace([dict(with_namespace(obj, NS)) for obj in (freed, w)])
-    assert not allocate(restarted.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
+    verdict = allocate(restarted.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed))
+    assert not verdict.allowed
+    assert verdict.message.startswith("dra-quota cannot tell what this claim's last allocation charged")
+    assert "requested memory=141Gi, used memory=0, reserved memory=141Gi, limited memory=221Gi" in verdict.message
+
+
+def test_a_restart_still_lets_a_claim_that_was_never_allocated_take_the_room_it_reserved() -> None:
+    """Claim u reserved the whole 141Gi of its quota and was never allocated; the replica
+    restarts, so a list brings u and it cannot vouch for u's history. Its allocation is
+    checked whole, but against the quota less u's own count: it fits where the
+    reservation did, and the entry holds all of it for the other replicas."""
+    quota = make_quota("gpus", memory="141Gi")
+    world = World(quota)
+    u = stored(gpu_claim("true"))
+    assert admit(world.ctx, review_request(u)).allowed
+    world.created(u)
+    restarted = World(quota)
+    restarted.reservations.api = world.api  # type: ignore[assignment]
+    restarted.claims.replace([dict(with_namespace(u, NS))])
+    assert not restarted.reservations.claim_history_known(UID)
+    assert allocate(restarted.ctx, status_update(allocated(u, ("node-2", "gpu-1")), u)).allowed
+    assert restarted.ctx.reservations.pending(NS, "gpus") == Charge(141 * GiB, 1)
+    # A second claim finds no room: u's reservation and its allocation's entry count once each.
+    assert not admit(restarted.ctx, review_request(stored(gpu_claim("true"), uid=UID2, name="other"))).allowed
 
 
 def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
