@@ -175,11 +175,10 @@ class Caches:
         ledger = self.admitter.ledger
 
         def freed(namespace: str) -> None:
-            requeue.quota_freed(namespace)
-            for quota in ledger.quotas(Namespace(namespace)):
-                if quota.cluster:
-                    for member in ledger.members(quota.name):
-                        requeue.quota_freed(member)
+            # One deletion, one credit for the whole team (quota.requeueing): never a
+            # write per namespace of a team of hundreds.
+            requeue.quota_freed(namespace, team=[member for quota in ledger.quotas(Namespace(namespace))
+                                                 if quota.cluster for member in ledger.members(quota.name)])
 
         return freed
 

@@ -57,6 +57,7 @@ __all__ = [
     "KubeApi",
     "LineBuffer",
     "Listing",
+    "METADATA_LIST",
     "PatchType",
     "Resource",
     "decode_event",
@@ -72,6 +73,9 @@ _PATCH_CONTENT_TYPES: dict[PatchType, str] = {
     "strategic": "application/strategic-merge-patch+json",
     "apply": "application/apply-patch+yaml",  # JSON is YAML: the API server accepts it
 }
+# A list of metadata only (PartialObjectMetadataList): what a list costs to decode then
+# grows with the number of objects, not with what their specs hold.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 # A list restarted this many times because its continue token expired gives up: each
 # restart is a full list, and a cluster compacting faster than we can page is broken.
 _MAX_LIST_RESTARTS = 3
@@ -377,8 +381,11 @@ class KubeApi:
         field_selector: str | None = None,
         limit: int = 500,
         transform: Callable[[Obj], Obj] | None = None,
+        headers: Sequence[tuple[str, str]] = (),
     ) -> Listing:
         """All items, `limit` per page, each passed through `transform` as its page arrives.
+
+        `headers` as `request`'s: `(("Accept", METADATA_LIST),)` lists metadata only.
 
         `transform` runs page by page so a caller that trims objects never holds the full
         list of untrimmed ones. Items get the `apiVersion` and `kind` the API server leaves
@@ -394,7 +401,7 @@ class KubeApi:
             }
             try:
                 while True:
-                    page = await self.request("GET", path, params=params)
+                    page = await self.request("GET", path, params=params, headers=headers)
                     api_version = page.get("apiVersion", resource.api_version)
                     kind = str(page.get("kind", "")).removesuffix("List")
                     for item in page.get("items") or []:

@@ -85,7 +85,8 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     # ClusterDeviceQuotas (team quotas): the same, cluster-scoped.
     (CLUSTER_QUOTAS, ""): frozenset({"get", "list", "watch"}),
     (CLUSTER_QUOTAS, "status"): frozenset({"update"}),
-    # Requeue (controllers.requeue) lists unscheduled Pods and touches their templates;
+    # Requeue (controllers.requeue) lists unscheduled Pods (metadata), reads a few, touches
+    # their templates;
     # Kueue (controllers.kueue) caches both and reads one Pod its cache lacks.
     (PODS, ""): frozenset({"get", "list", "watch"}),
     (TEMPLATES, ""): frozenset({"list", "watch", "patch"}),

@@ -9,16 +9,22 @@ ResourceClaim from template"), while after a denied create it backs off exponent
 up to 1000 s. A Pod is waiting when one of its template claims has no entry in
 `status.resourceClaimStatuses` (the controller records the generated name only once
 the create succeeded), it is not scheduled, not terminal and not being deleted.
+
+A namespace's unscheduled Pods are listed as metadata only (`pod_mark`: name, uid,
+resourceVersion, creation), so what the list costs grows with their number, not their
+size; a Pod is read whole once per resourceVersion to learn what it waits on, and
+`pick` chooses the templates a bounded number of writes goes to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from quota.raw import as_map, dig
 
-__all__ = ["trim_pod", "waiting_templates"]
+__all__ = ["Waiter", "pick", "pod_mark", "waiting_templates"]
 
 
 def waiting_templates(pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -39,12 +45,26 @@ def waiting_templates(pods: Iterable[Mapping[str, Any]]) -> set[str]:
     return names
 
 
-def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """Only the fields `waiting_templates` reads: a namespace's Pods can be large."""
-    return {
-        "metadata": {"name": dig(pod, "metadata", "name"), "namespace": dig(pod, "metadata", "namespace"),
-                     "deletionTimestamp": dig(pod, "metadata", "deletionTimestamp")},
-        "spec": {"nodeName": dig(pod, "spec", "nodeName"), "resourceClaims": dig(pod, "spec", "resourceClaims")},
-        "status": {"phase": dig(pod, "status", "phase"),
-                   "resourceClaimStatuses": dig(pod, "status", "resourceClaimStatuses")},
-    }
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """What one unscheduled Pod waits on, as read at its `version`."""
+    version: str
+    created: str  # RFC 3339 in UTC: ordered as text
+    templates: tuple[str, ...]
+
+
+def pod_mark(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a listed Pod's metadata the requeue keeps (a list item's transform)."""
+    return {key: str(dig(item, "metadata", field) or "") for key, field in
+            (("name", "name"), ("uid", "uid"), ("version", "resourceVersion"), ("created", "creationTimestamp"))}
+
+
+def pick(waiters: Iterable[Waiter], touched: Mapping[str, float], count: int) -> list[str]:
+    """Up to `count` templates some waiter waits on: those touched longest ago (never first),
+    then those whose oldest waiting Pod is oldest, so successive writes go round them all."""
+    oldest: dict[str, str] = {}
+    for waiter in waiters:
+        for template in waiter.templates:
+            oldest[template] = min(oldest.get(template, waiter.created), waiter.created)
+    ranked = sorted(oldest, key=lambda t: (touched.get(t, float("-inf")), oldest[t], t))
+    return ranked[:max(0, count)]

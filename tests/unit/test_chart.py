@@ -570,7 +570,7 @@ def test_the_dashboard_configmap_is_the_dashboard_for_grafanas_sidecar() -> None
 
 
 def test_requeue_rights_only_when_requeueing(default: list[Obj]) -> None:
-    wanted = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    wanted = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
               {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["patch"]}]
     assert all(rule in rules_of(default, "ClusterRole") for rule in wanted)
     off = render({"serve": {"requeueWaitingPods": False}})

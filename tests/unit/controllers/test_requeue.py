@@ -1,15 +1,18 @@
-"""controllers.requeue against a fake API: how many Pod lists quota freed in a team costs."""
+"""controllers.requeue against a fake API: what quota freed costs in lists, reads and writes."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from controllers.requeue import Requeuer
+from kube.api import METADATA_LIST, ApiError
 
+from ..clock import until
 from ..quota.test_waiting import pod
 
 
@@ -19,43 +22,96 @@ class Listed:
 
 
 class Api:
-    """Unscheduled Pods: one waiting on template `gpu` in each of `waiting`."""
+    """Unscheduled Pods, each waiting on its own template (`waiting`: namespace -> count)."""
 
-    def __init__(self, waiting: list[str]) -> None:
-        self.pods = [{**(p := pod(f"p-{ns}", {"gpu": "gpu"})), "metadata": {**p["metadata"], "namespace": ns}}
-                     for ns in waiting]
+    def __init__(self, waiting: dict[str, int]) -> None:
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        for ns, count in waiting.items():
+            for i in range(count):
+                p = pod(f"p{i}", {"gpu": f"t{i}"})
+                p["metadata"].update(namespace=ns, uid=f"{ns}-{i}", resourceVersion="1",
+                                     creationTimestamp=f"2026-01-01T00:00:{i:02d}Z")
+                self.pods[ns, f"p{i}"] = p
         self.lists: list[str | None] = []
+        self.reads: Counter[tuple[str, str]] = Counter()
         self.patched: list[tuple[str, str]] = []
-        self.done = asyncio.Event()
-        self.expected = len(waiting)
 
     async def list(self, resource: Any, *, namespace: str | None = None, transform: Any = None,
-                   **_: Any) -> Listed:
+                   headers: Any = (), **_: Any) -> Listed:
+        assert ("Accept", METADATA_LIST) in headers  # never whole Pods
         self.lists.append(namespace)
-        return Listed([transform(p) for p in self.pods if namespace in (None, p["metadata"]["namespace"])])
+        return Listed([transform({"metadata": p["metadata"]}) for (ns, _), p in self.pods.items()
+                       if namespace in (None, ns)])
+
+    async def get(self, resource: Any, name: str, *, namespace: str, **_: Any) -> dict[str, Any]:
+        self.reads[namespace, name] += 1
+        if (namespace, name) not in self.pods:
+            raise ApiError(404, "NotFound", "gone")
+        return self.pods[namespace, name]
 
     async def patch(self, resource: Any, name: str, body: Any, *, namespace: str, **_: Any) -> Any:
         self.patched.append((namespace, name))
-        if len(self.patched) == self.expected:
-            self.done.set()
         return body
 
 
-@pytest.mark.parametrize(("due", "lists"), [(3, ["team-0", "team-1", "team-2"]), (500, [None])])
-async def test_quota_freed_in_many_namespaces_at_once_lists_the_unscheduled_pods_once(due: int,
-                                                                                     lists: list[str | None]) -> None:
-    # A claim deleted in a team's namespace frees quota in each of the team's namespaces
-    # (commands.wiring): 500 namespaces were 500 lists per pass; a few stay one each.
-    namespaces = [f"team-{i}" for i in range(due)]
-    api = Api(namespaces[:3])
-    requeuer = Requeuer(api, interval=0, settle=3600)  # type: ignore[arg-type]
-    for namespace in namespaces:
-        requeuer.quota_freed(namespace)
+def idle(requeuer: Requeuer) -> bool:
+    """No credit left to spend, no settle to write (the fake API answers without waiting)."""
+    return len(requeuer._turns) == 0 and requeuer._settles.next_at() is None
+
+
+@asynccontextmanager
+async def running(requeuer: Requeuer) -> AsyncIterator[None]:
     task = asyncio.create_task(requeuer.run())
     try:
-        await asyncio.wait_for(api.done.wait(), timeout=30)
+        yield
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert api.lists == lists
-    assert sorted(api.patched) == [(ns, "gpu") for ns in namespaces[:3]]
+
+
+async def test_each_deletion_buys_one_write_and_its_settle_whatever_waits() -> None:
+    # 200 templates waited on: the old requeue wrote all 200 twice per deletion.
+    api = Api({"mallory": 200})
+    requeuer = Requeuer(api, interval=0, settle=0)  # type: ignore[arg-type]
+    async with running(requeuer):
+        for _ in range(5):
+            requeuer.quota_freed("mallory")
+        await until(lambda: len(api.patched) >= 10 and idle(requeuer), "5 writes and their settles")
+    assert len(api.patched) == 10
+    assert len(set(api.patched)) == 5  # round the templates, each touched then settled
+    assert max(api.reads.values()) == 1  # a Pod is read once per resourceVersion
+
+
+async def test_a_team_of_500_namespaces_is_looked_at_a_few_at_a_time_never_listed_at_once() -> None:
+    team = [f"team-{i:03d}" for i in range(500)]
+    api = Api({"team-250": 1})
+    requeuer = Requeuer(api, interval=0, settle=0)  # type: ignore[arg-type]
+    async with running(requeuer):
+        for _ in range(80):
+            requeuer.quota_freed("team-000", team)
+            await until(lambda: idle(requeuer), "the turn taken")
+            if api.patched:
+                break
+    assert api.patched == [("team-250", "t0")] * 2  # the write and its settle
+    assert None not in api.lists  # never every namespace's Pods in one list
+    assert len(api.lists) <= 80 * 8  # at most 8 namespaces a deletion
+
+
+async def test_another_namespace_is_served_between_the_turns_of_a_churning_one() -> None:
+    api = Api({"mallory": 50, "bob": 1})
+    requeuer = Requeuer(api, interval=3600, settle=3600)  # type: ignore[arg-type]
+    async with running(requeuer):
+        for _ in range(50):
+            requeuer.quota_freed("mallory")
+        requeuer.quota_freed("bob")
+        await until(lambda: ("bob", "t0") in api.patched, "bob's template touched")
+    assert len(api.patched) == 5  # mallory's first turn (4 writes), then bob's, mallory rate-limited
+
+
+async def test_not_leading_writes_nothing() -> None:
+    api = Api({"a": 3})
+    requeuer = Requeuer(api, leading=lambda: False, interval=0, settle=0)  # type: ignore[arg-type]
+    async with running(requeuer):
+        requeuer.quota_freed("a")
+        await until(lambda: idle(requeuer), "the turn taken")
+    assert api.patched == [] and api.lists == []

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from quota.waiting import trim_pod, waiting_templates
+from quota.waiting import Waiter, pick, pod_mark, waiting_templates
 
 
 def pod(name: str, claims: dict[str, str], *, created: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
@@ -40,8 +40,16 @@ def test_direct_claims_and_odd_shapes_are_ignored() -> None:
     assert waiting_templates(odd) == {"t"}
 
 
-def test_trim_keeps_what_is_read_and_drops_the_rest() -> None:
-    full = pod("a", {"gpu": "one-gpu"})
-    trimmed = trim_pod(full)
-    assert "containers" not in trimmed["spec"]
-    assert waiting_templates([trimmed]) == waiting_templates([full]) == {"one-gpu"}
+def test_pick_goes_round_the_templates_least_recently_touched_first() -> None:
+    waiters = [Waiter("1", "2026-01-01T00:00:03Z", ("c",)), Waiter("2", "2026-01-01T00:00:01Z", ("b", "a")),
+               Waiter("3", "2026-01-01T00:00:02Z", ("a",)), Waiter("4", "2026-01-01T00:00:00Z", ())]
+    assert pick(waiters, {}, 2) == ["a", "b"]  # never touched: oldest waiting Pod first, then by name
+    assert pick(waiters, {"a": 5.0, "b": 6.0}, 2) == ["c", "a"]
+    assert pick(waiters, {}, 0) == [] and pick([], {}, 3) == []
+
+
+def test_a_pod_mark_keeps_four_fields_of_its_metadata() -> None:
+    item = {"metadata": {"name": "p", "uid": "u", "resourceVersion": "7", "creationTimestamp": "T",
+                         "annotations": {"pad": "x" * 1000}, "managedFields": [{"manager": "m"}]}}
+    assert pod_mark(item) == {"name": "p", "uid": "u", "version": "7", "created": "T"}
+    assert pod_mark({}) == {"name": "", "uid": "", "version": "", "created": ""}
