@@ -351,8 +351,10 @@ class Ledger:
         return self._entries.values()
 
     def counted(self, ref: ClaimRef, quota: DeviceQuota) -> tuple[Charge, Charge]:
-        """What `quota`'s usage holds for claim `ref`, as (used, reserved): its entry's
-        charge where the quota counts the claim's namespace (`_apply`), else nothing."""
+        """What claim `ref` adds to `quota`'s usage, as (used, reserved): its entry's charge
+        where the quota counts the claim's namespace (`_apply`), less the part of its
+        Workload's holding it draws on, which `usage` would count again without the claim
+        (`uncovered`; the reserved part may then be negative)."""
         entry = self._entries.get(ref)
         if entry is None:
             return ZERO, ZERO
@@ -363,7 +365,8 @@ class Ledger:
         if not counts:
             return ZERO, ZERO
         charge = entry.charge_for(quota, self.default_mode)
-        return (charge, ZERO) if entry.allocated else (ZERO, charge)
+        drawn = charge - self.uncovered(entry, quota)
+        return (charge, ZERO - drawn) if entry.allocated else (ZERO, charge - drawn)
 
     def namespaces(self) -> Iterable[Namespace]:
         """The namespaces holding at least one claim."""

@@ -276,6 +276,31 @@ def test_a_holding_counts_as_reserved_and_its_pods_claims_draw_on_it_never_twice
     assert not ledger.counts(ClaimRef("w-1"))
 
 
+def test_what_a_claim_adds_to_usage_is_its_charge_less_what_its_workload_holds_for_it() -> None:
+    """`Ledger.counted`: usage less it is usage without the claim (an allocation checked
+    whole replaces the claim's own count by its charge: `quota.reservations.Request.own`)."""
+    adm = admitter()
+    ledger = adm.ledger
+    quota = ledger.quotas(NS)[0]
+    holding = adm.workload_entry(NS, ClaimRef("w-1"), [(template(1), 2)])
+    assert isinstance(holding, Entry)
+    ledger.set_holding(holding)
+    ledger.set_pod("pod-1", ClaimRef("w-1"))
+    covered, stranger = claim("c1", 1, "pod-1"), claim("c2", 1, "pod-9")
+    for c in (covered, stranger):
+        ledger.add_or_update_claim(c)
+    total = ledger.usage(NS, "gpus")
+    for c in (covered, stranger):
+        used, reserved = ledger.counted(c.ref, quota)
+        ledger.delete_claim(c.ref)
+        without = ledger.usage(NS, "gpus")
+        ledger.add_or_update_claim(c)
+        assert (total.used - used, total.reserved - reserved) == (without.used, without.reserved), c.ref
+    assert ledger.counted(covered.ref, quota) == (Charge(), Charge())  # its Workload holds it either way
+    assert ledger.counted(stranger.ref, quota) == (Charge(), Charge(80 * GiB, 1))
+    assert ledger.counted(ClaimRef("unknown"), quota) == (Charge(), Charge())
+
+
 def test_a_pod_seen_after_its_claim_still_matches() -> None:
     adm = admitter()
     ledger = adm.ledger
