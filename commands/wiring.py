@@ -266,6 +266,7 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
                             lambda: annotator.writers if leading() else 0)
     recorder = EventRecorder(KubeSink(api), instance=reporting_instance(),
                              dropped=lambda reason: metrics.events_dropped.labels(reason).inc(),
+                             written=lambda operation: metrics.events_written.labels(operation).inc(),
                              quota_uid=lambda namespace, name: uid_of(caches.reservations.newest(namespace, name)))
     if annotator is not None:
         def unrecorded(claim: Claim, why: str) -> None:

@@ -2,23 +2,35 @@
 
 Neighbours: `webhook.server` tells `EventRecorder.review` every verdict (through the
 `observe` hook `dra-quota serve` sets); `kube.api.KubeApi` writes the Events
-(`events.k8s.io/v1`); `webhook.metrics` counts what is dropped.
+(`events.k8s.io/v1`); `webhook.metrics` counts what is written and dropped.
 
-A review never waits for an Event and never fails because of one: `record` only puts a
-key on a bounded queue (full: dropped and counted) and one background task writes them.
-Repeats aggregate as client-go's EventRecorder does (k8s.io/client-go tools/events,
-event_broadcaster.go `recordToSink`): an Event with the same regarding, related, type,
-reason, action and note as one seen within `window` is not created again; its
-`series.count` and `series.lastObservedTime` are patched instead. client-go patches the
-second occurrence and then refreshes every 30 minutes; here every repeat marks the series
-for one write, and repeats that arrive while it waits share that write, so the count is
-current within one queue turn and a storm of repeats costs at most one write per turn.
+A review never waits for an Event and never fails because of one: `record` only counts
+the occurrence and puts its series on its namespace's bounded queue (full: dropped and
+counted), and one background task writes them. What one tenant's requests cost in Events
+is bounded whatever it sends (`runtime.eventcorrelation`, client-go's EventCorrelator and
+more):
+- occurrences aggregate into series as client-go's recorders do: the same regarding,
+  related, type, reason, action and note within `window` is one Event whose
+  `series.count` and `series.lastObservedTime` are patched; past 9 distinct notes on one
+  object, or 9 distinct objects of one kind in one namespace (same type, reason and
+  action) within 10 minutes, the rest count on one "(combined from similar events)" Event;
+- a series is patched at most once per `refresh` (client-go patches every repeat; its
+  newer events API every 30 minutes): repeats meanwhile share that write;
+- every write takes a token from its object's bucket (client-go's spam filter: 25, then
+  one per 5 minutes), its namespace's (25, then one per 10 s) and the process's (50, then
+  20 a second); a write refused waits for its tokens, its occurrences still counted;
+- the namespaces' queues are drained in turn, so a namespace's flood waits behind its own
+  Events and never delays another namespace's.
+Events go to the namespace the request acted in, regarding the object acted on, never to
+`default` on a tenant's behalf (only a Namespace's own label, a change no `edit` user may
+make, and the leader's reconcile of a ClusterDeviceQuota regard cluster-scoped objects).
 
 Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
-- `QuotaExceeded` (Warning) regarding each DeviceQuota (or ClusterDeviceQuota, its Event
-  in `default`) that denied a claim, a template or an allocation, or that one was
-  admitted over (enforcement Audit, or the allocation check in account-only mode); the
-  note is the denial message or the warning, prefixed with the object.
+- `QuotaExceeded` (Warning) regarding each DeviceQuota that denied a claim, a template or
+  an allocation, or that one was admitted over (enforcement Audit, or the allocation
+  check in account-only mode); the note is the denial message or the warning, prefixed
+  with the object. For a ClusterDeviceQuota, the same regarding the reviewed object in its
+  namespace, the team quota related.
 - `QuotaExceeded` (Warning) regarding the Pod that controls a claim denied for quota at
   CREATE (`owning_pod`: the resourceclaim controller's template claims and the
   scheduler's extended-resource claims both name their Pod so): the denied claim does not
@@ -40,22 +52,24 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
 - `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota or ClusterDeviceQuota
   whose status write turned its Exceeded condition True (for a team, e.g. a namespace
   relabelled into it while it was full) (`controllers.quotas`, the leader only).
-- `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the Namespace
-  (for claims and templates, the related object is the claim or template): the note is
-  the record the audit annotation carries (who, what, why). Events regarding a
-  cluster-scoped object live in `default`, as client-go puts them (the API server
-  requires that namespace or none for them).
+- `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the claim or
+  template in its namespace (the Namespace related), or for a change of the Namespace's
+  label the Namespace, in `default` (events.k8s.io/v1 accepts an Event regarding a
+  cluster-scoped object there or in kube-system only): the note is the record the audit
+  annotation carries (who, what, why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import socket
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
@@ -67,6 +81,7 @@ from quota.devicequota import KIND, ref_of
 from quota.extended import generated_base
 from quota.policy import PolicyRecord
 from quota.raw import Obj, dig
+from runtime.eventcorrelation import Budget, Correlator, EventKey, Ref
 
 __all__ = [
     "CONTROLLER",
@@ -91,49 +106,14 @@ FIELD_CHARS = 128
 _DEFAULT_NAMESPACE = "default"
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """An ObjectReference: what an Event regards or relates to."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespace: str = ""
-    # `kubectl describe` selects Events by the object's uid too: set it where it is known.
-    uid: str = ""
-
-    def as_json(self) -> dict[str, str]:
-        out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
-        if self.namespace:
-            out["namespace"] = self.namespace
-        if self.uid:
-            out["uid"] = self.uid
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class EventKey:
-    """What makes two occurrences the same Event (client-go tools/events `getKey`)."""
-
-    regarding: Ref
-    related: Ref | None
-    type: str  # Normal | Warning
-    reason: str
-    action: str
-    note: str
-
-    @property
-    def namespace(self) -> str:
-        return self.regarding.namespace or _DEFAULT_NAMESPACE
-
-
 @dataclass(slots=True)
 class _Series:
     first: float
     last: float
     count: int = 1
     name: str | None = None  # set once created
-    queued: bool = False
+    queued: bool = False  # waiting in a namespace's queue or for its time (one entry at most)
+    written: float | None = None  # when its last write went out
 
 
 class Sink(Protocol):
@@ -160,7 +140,7 @@ def reporting_instance() -> str:
 
 
 class EventRecorder:
-    """A bounded queue of Events to write, aggregated into series; `run` writes them."""
+    """Occurrences correlated into series, queued per namespace; `run` writes them in turn."""
 
     def __init__(
         self,
@@ -168,21 +148,38 @@ class EventRecorder:
         *,
         instance: str,
         dropped: Callable[[str], None] = lambda reason: None,
-        queue_size: int = 256,
+        written: Callable[[str], None] = lambda operation: None,
+        queue_size: int = 32,
         window: float = 360.0,
+        refresh: float = 10.0,
         max_series: int = 4096,
         clock: Callable[[], float] = time.time,
         quota_uid: Callable[[str, str], str] = lambda namespace, name: "",
+        correlator: Correlator | None = None,
+        budget: Budget | None = None,
     ) -> None:
-        self.sink, self.instance, self.dropped = sink, instance, dropped
+        self.sink, self.instance, self.dropped, self.written = sink, instance, dropped, written
         # (namespace, name) -> the DeviceQuota's uid from the caches ("" unknown): the
         # verdict names its quotas, `kubectl describe` selects their Events by uid.
         self.quota_uid = quota_uid
         # client-go's defaults: a series ends after 6 minutes without a repeat; its
         # cache of isomorphic events holds 4096.
         self.window, self.max_series, self.clock = window, max_series, clock
-        self._queue: asyncio.Queue[EventKey] = asyncio.Queue(queue_size)
+        # A series is patched at most once per `refresh` (client-go patches every repeat):
+        # a flood's repeats cost one write per series per refresh, and the last count lands
+        # at most `refresh` after the last repeat (budget permitting).
+        self.queue_size, self.refresh = queue_size, refresh
+        self.correlator = correlator or Correlator(max_entries=max_series)
+        self.budget = budget or Budget(max_entries=max_series)
         self._series: OrderedDict[EventKey, _Series] = OrderedDict()
+        self._told: OrderedDict[EventKey, float] = OrderedDict()
+        # Series ready to write, one queue per namespace, drained in turn: a namespace's
+        # flood waits behind its own Events, never another namespace's.
+        self._ready: OrderedDict[str, deque[EventKey]] = OrderedDict()
+        self._later: list[tuple[float, int, EventKey]] = []  # (when, tie-break, key): waiting for time
+        self._queued: Counter[str] = Counter()  # per namespace, in `_ready` and `_later` together
+        self._ticket = 0
+        self._wake = asyncio.Event()
 
     # -- what a review records ------------------------------------------------------------------
 
@@ -191,41 +188,55 @@ class EventRecorder:
         if review is None or review.dry_run:
             return
         if verdict.cause == "quota":
-            subject = f"{review.kind.kind or 'object'} {review.namespace}/{_named(review)}"
-            for quota in verdict.quotas:
-                # A ClusterDeviceQuota is cluster-scoped: its Events live in `default`.
-                kind, name = ref_of(quota)
-                namespace = review.namespace if kind == KIND else ""
-                self.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, self.quota_uid(namespace, name)),
-                                     _related(review), "Warning", "QuotaExceeded", "Admit",
-                                     f"{subject}: {_quota_note(quota, verdict)}"))
-            pod = owning_pod(review) if not verdict.allowed else None
-            if pod is not None:
-                # Neither the claim's name nor a related object: each retry of the
-                # resourceclaim controller or the scheduler is a new generated name, and
-                # the Pod's owner should see one Event counting them, as client-go would.
-                self.record(EventKey(pod, None, "Warning", "QuotaExceeded", "Admit", verdict.message))
+            self._quota_events(review, verdict)
         if verdict.allowed and verdict.charged_above:
             claim = _related(review)
             key = None if claim is None else EventKey(replace(claim, uid=uid_of(review.object)), None, "Normal",
                                                       "ChargedAboveReservation", "Allocate", verdict.charged_above)
-            if key is not None and not self._seen_lately(key):
+            if key is not None and not self._told_lately(key):
                 self.record(key)
         for record in verdict.records:
-            self.record(_policy_event(record))
+            self.record(_policy_event(record, uid_of(review.object) if record.name == review.name else ""))
 
-    def _seen_lately(self, key: EventKey) -> bool:
-        """Whether `key` occurred within the window: a ChargedAboveReservation is told once.
-        The API server reviews one allocation write again when the claim changed in storage
-        while the webhook decided (the leader's annotation, while the excess was being
-        persisted: `quota.excess`), each time on the newer copy; the claim, the devices and
-        the charges are the same, and only one of the attempts lands."""
-        series = self._series.get(key)
-        return series is not None and self.clock() - series.last <= self.window
+    def _quota_events(self, review: AdmissionRequest, verdict: Verdict) -> None:
+        subject = f"{review.kind.kind or 'object'} {review.namespace}/{_named(review)}"
+        for quota in verdict.quotas:
+            kind, name = ref_of(quota)
+            note = f"{subject}: {_quota_note(quota, verdict)}"
+            if kind == KIND:
+                self.record(EventKey(Ref(DEVICE_QUOTA, kind, name, review.namespace,
+                                         self.quota_uid(review.namespace, name)),
+                                     _related(review), "Warning", "QuotaExceeded", "Admit", note))
+            else:
+                # A ClusterDeviceQuota is cluster-scoped: an Event regarding it could live
+                # only in `default`, a namespace the tenant did not act in. It goes to the
+                # reviewed object's namespace, regarding that object, the team quota related.
+                self.record(EventKey(_reviewed(review), Ref(DEVICE_QUOTA, kind, name), "Warning", "QuotaExceeded",
+                                     "Admit", note))
+        pod = owning_pod(review) if not verdict.allowed else None
+        if pod is not None:
+            # Neither the claim's name nor a related object: each retry of the
+            # resourceclaim controller or the scheduler is a new generated name, and
+            # the Pod's owner should see one Event counting them, as client-go would.
+            self.record(EventKey(pod, None, "Warning", "QuotaExceeded", "Admit", verdict.message))
+
+    def _told_lately(self, key: EventKey) -> bool:
+        """Whether `key` occurred within the window (and note it now): a ChargedAboveReservation
+        is told once. The API server reviews one allocation write again when the claim changed
+        in storage while the webhook decided (the leader's annotation, while the excess was
+        being persisted: `quota.excess`), each time on the newer copy; the claim, the devices
+        and the charges are the same, and only one of the attempts lands."""
+        now, last = self.clock(), self._told.get(key)
+        self._told[key] = now
+        self._told.move_to_end(key)
+        while len(self._told) > self.max_series:
+            self._told.popitem(last=False)
+        return last is not None and now - last <= self.window
 
     def record(self, key: EventKey) -> bool:
-        """Count one occurrence of `key`; False when it was dropped (the queue is full). Never blocks."""
+        """Count one occurrence of `key`; False when it was dropped (its namespace's queue is full). Never blocks."""
         now = self.clock()
+        key = self.correlator.correlate(key, now)
         series = self._series.get(key)
         if series is None or now - series.last > self.window:
             series = self._series[key] = _Series(first=now, last=now)
@@ -237,13 +248,14 @@ class EventRecorder:
         self._series.move_to_end(key)
         if series.queued:
             return True  # the write already waiting carries this occurrence too
-        try:
-            self._queue.put_nowait(key)
-        except asyncio.QueueFull:
+        if self._queued[key.namespace] >= self.queue_size:
             # The occurrence stays counted in the series: a later write still reports it.
             self.dropped("queue_full")
             return False
         series.queued = True
+        self._queued[key.namespace] += 1
+        self._ready.setdefault(key.namespace, deque()).append(key)
+        self._wake.set()
         return True
 
     # -- the writer ------------------------------------------------------------------------
@@ -251,27 +263,71 @@ class EventRecorder:
     async def run(self) -> NoReturn:
         """Write queued Events until cancelled."""
         while True:
-            await self.write_next()
+            if await self.write_ready():
+                continue
+            # No await since `write_ready` found nothing: no `record` came in between.
+            self._wake.clear()
+            timeout = None if not self._later else max(0.0, self._later[0][0] - self.clock())
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def write_next(self) -> None:
-        """Write the next queued Event (waits for one): a create, or a patch of its series."""
-        key = await self._queue.get()
+    async def write_ready(self) -> bool:
+        """Take the next namespace's next series in turn and write it (a create, or a patch of
+        its count), or set it aside until its refresh or its budget allows: False when
+        nothing is ready now."""
+        now = self.clock()
+        while self._later and self._later[0][0] <= now:
+            key = heapq.heappop(self._later)[2]
+            self._ready.setdefault(key.namespace, deque()).append(key)
+        if not self._ready:
+            return False
+        namespace, keys = next(iter(self._ready.items()))
+        key = keys.popleft()
+        if keys:
+            self._ready.move_to_end(namespace)
+        else:
+            del self._ready[namespace]
         series = self._series.get(key)
-        if series is None:
-            return  # evicted from the cache while it waited
+        if series is None or not series.queued:
+            self._unqueue(namespace)  # evicted from the cache (or ended) while it waited
+            return True
+        later = self._not_before(key, series, now)
+        if later is not None:
+            self._ticket += 1
+            heapq.heappush(self._later, (later, self._ticket, key))
+            return True
         series.queued = False
+        self._unqueue(namespace)
+        await self._write(key, series, now)
+        return True
+
+    def _unqueue(self, namespace: str) -> None:
+        self._queued[namespace] -= 1
+        if self._queued[namespace] <= 0:
+            del self._queued[namespace]
+
+    def _not_before(self, key: EventKey, series: _Series, now: float) -> float | None:
+        """When the write of `series` may go, None for now (a token then taken)."""
+        if series.name is not None and series.written is not None and now < series.written + self.refresh:
+            return series.written + self.refresh
+        return self.budget.take(key, now)
+
+    async def _write(self, key: EventKey, series: _Series, now: float) -> None:
         count, last = series.count, series.last
+        series.written = now
         try:
             if series.name is not None:
                 try:
                     await self.sink.patch(key.namespace, series.name,
                                           {"series": {"count": count, "lastObservedTime": _micro(last)}})
+                    self.written("patch")
                     return
                 except ApiError as err:
                     if err.status != 404:
                         raise
                     series.name = None  # the Event expired (the API server's event TTL): create it again
             created = await self.sink.create(key.namespace, self._body(key, series, count, last))
+            self.written("create")
             series.name = str((created.get("metadata") or {}).get("name") or "") or None
         except Exception as err:  # noqa: BLE001 - an Event is never worth more than a log line
             self.dropped("write_failed")
@@ -359,12 +415,22 @@ def _quota_note(quota: str, verdict: Verdict) -> str:
     return next((w for w in verdict.warnings if f'{kind} "{name}"' in w), "admitted over its hard")
 
 
-def _policy_event(record: PolicyRecord) -> EventKey:
+def _reviewed(review: AdmissionRequest) -> Ref:
+    """The object a review is about, in its namespace (named as `_named` names it)."""
+    group = review.kind.group
+    return Ref(f"{group}/{review.kind.version}" if group else review.kind.version, review.kind.kind or "object",
+               _named(review), review.namespace)
+
+
+def _policy_event(record: PolicyRecord, uid: str) -> EventKey:
     if record.kind == "Namespace":
         regarding, related = Ref("v1", "Namespace", record.name), None
     else:
-        regarding = Ref("v1", "Namespace", record.namespace)
-        related = Ref(RESOURCE_V1, record.kind, record.name, record.namespace)
+        # The claim or template acted on, in its namespace: an Event regarding the
+        # Namespace (cluster-scoped) could live only in `default`, where a tenant's refused
+        # requests would pile up beside every other tenant's.
+        regarding = Ref(RESOURCE_V1, record.kind, record.name, record.namespace, uid)
+        related = Ref("v1", "Namespace", record.namespace)
     granted = record.outcome == "granted"
     return EventKey(regarding, related, "Normal" if granted else "Warning",
                     "AdminAccessGranted" if granted else "AdminAccessRefused", "AuthorizeAdminAccess",

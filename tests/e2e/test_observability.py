@@ -29,6 +29,7 @@ import yaml
 
 from certs.authority import inspect
 from kube.events import EventKey, EventRecorder, Ref
+from runtime.eventcorrelation import Budget, Rate
 from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS, ADMISSION_REQUESTS, BUILD_INFO, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, WATCH_SYNCED,
 )
@@ -185,13 +186,16 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
             labels(outcome="granted", action="claim"): 1,
         }
         for reason, claim in (("AdminAccessRefused", "a1"), ("AdminAccessGranted", "a2")):
+            # In the claim's namespace, regarding the claim: never in `default` for a claim.
             def on_claim(e: Obj, r: str = reason, c: str = claim) -> bool:
-                return bool(e["reason"] == r and e["regarding"]["name"] == ns
-                            and (e.get("related") or {}).get("name") == c)
-            await events(kube, "default", on_claim, f"{reason} for claim {claim}")
+                return bool(e["reason"] == r and e["regarding"]["kind"] == "ResourceClaim"
+                            and e["regarding"]["name"] == c and e.get("related") == {
+                                "apiVersion": "v1", "kind": "Namespace", "name": ns})
+            await events(kube, ns, on_claim, f"{reason} for claim {claim}")
         # dry runs made no Event: the probe's grants are nowhere
-        assert not [e for e in await kube.list(EVENTS, "events", namespace="default")
-                    if (e.get("related") or {}).get("name") == "probe" and e["regarding"]["name"] == ns]
+        for where in (ns, "default"):
+            assert not [e for e in await kube.list(EVENTS, "events", namespace=where)
+                        if "probe" in (e["regarding"]["name"], (e.get("related") or {}).get("name"))]
         assert after[(EVENTS_DROPPED, labels(reason="queue_full"))] == 0
         assert after[(EVENTS_DROPPED, labels(reason="write_failed"))] == 0
 
@@ -245,11 +249,14 @@ async def test_the_shipped_rbac_allows_events_and_nothing_more(kube: Kube, names
             return patched
 
     dropped: list[str] = []
-    recorder = EventRecorder(AccountSink(), instance="e2e", dropped=dropped.append)
+    # Every try written at once (no refresh, no budget): what is tested is the RBAC on each write.
+    unlimited = Rate(10**6, 10**6)
+    recorder = EventRecorder(AccountSink(), instance="e2e", dropped=dropped.append, refresh=0.0,
+                             budget=Budget(per_object=unlimited, per_namespace=unlimited, overall=unlimited))
     key = EventKey(Ref("draquota.io/v1alpha1", "DeviceQuota", "gpus", namespace), None, "Warning", "QuotaExceeded",
                    "Admit", f"ResourceClaim {namespace}/c: exceeded")
     recorder.record(key)
-    await recorder.write_next()
+    assert await recorder.write_ready()
     assert dropped == ["write_failed"]  # not bound yet: the grant below is what allows it
 
     role, binding = copy.deepcopy(SHIPPED_RBAC)
@@ -262,7 +269,7 @@ async def test_the_shipped_rbac_allows_events_and_nothing_more(kube: Kube, names
         async def allowed() -> bool:  # the authorizer follows RBAC objects through a watch
             recorder.record(key)
             before = len(dropped)
-            await recorder.write_next()
+            assert await recorder.write_ready()
             return len(dropped) == before
 
         await poll(allowed, timeout=30, what="the ClusterRoleBinding to apply")
@@ -270,7 +277,7 @@ async def test_the_shipped_rbac_allows_events_and_nothing_more(kube: Kube, names
         assert set(dropped) == {"write_failed"}
         refused = len(dropped)
         recorder.record(key)  # a repeat: the series patch
-        await recorder.write_next()
+        assert await recorder.write_ready()
         assert len(dropped) == refused
         [event] = [e for e in await kube.list(EVENTS, "events", namespace=namespace) if e["note"] == key.note]
         assert event["series"]["count"] >= 3 and event["reportingController"] == "draquota.io/dra-quota"

@@ -7,6 +7,7 @@ to the real one); the clock is a variable, so windows are exact.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from kube.api import ApiError
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from quota.policy import PolicyRecord
 from quota.raw import Obj
+from runtime.eventcorrelation import Budget, Rate
 
 from ..clock import FakeClock
 from ..webhook.test_claimreview import TEMPLATE_GVR, gpu_claim, review_request, stored
@@ -55,8 +57,8 @@ def key(note: str = "ResourceClaim team-a/c3: exceeded") -> EventKey:
 
 
 async def drain(rec: EventRecorder) -> None:
-    while not rec._queue.empty():
-        await rec.write_next()
+    while await rec.write_ready():
+        pass
 
 
 async def test_a_first_occurrence_is_created_with_every_required_field() -> None:
@@ -163,9 +165,10 @@ async def test_a_write_into_a_namespace_being_deleted_is_counted_without_a_warni
 
 async def test_an_expired_event_is_created_again_with_its_count() -> None:
     sink = FakeSink()
-    rec, _, _ = recorder(sink)
+    rec, clock, _ = recorder(sink)
     rec.record(key())
     await drain(rec)
+    clock.now += 10  # past the refresh: the repeat is patched
     sink.fail = ApiError(404, "NotFound", "gone")
     rec.record(key())
 
@@ -225,7 +228,8 @@ DENIED = Verdict(False, 'exceeded DeviceQuota "gpus": ...', cause="quota", quota
         (Verdict(True, warnings=("x", AUDIT), cause="quota", quotas=("gpus",)), False, [
             (QUOTA, "QuotaExceeded", "Warning", f"ResourceClaim team-a/c3: {AUDIT}")]),
         (Verdict(True, records=(record("granted"),)), False, [
-            (Ref("v1", "Namespace", "team-a"), "AdminAccessGranted", "Normal", record("granted").audit_value)]),
+            (Ref("resource.k8s.io/v1", "ResourceClaim", "c", "team-a"), "AdminAccessGranted", "Normal",
+             record("granted").audit_value)]),
         (Verdict(False, "no", records=(record("refused", "Namespace"),), cause="admin_access"), False, [
             (Ref("v1", "Namespace", "team-a"), "AdminAccessRefused", "Warning",
              record("refused", "Namespace").audit_value)]),
@@ -242,7 +246,10 @@ async def test_verdicts_to_events(verdict: Verdict, dry_run: bool, expected: lis
         assert keys[0].related == Ref("resource.k8s.io/v1", "ResourceClaim", "c3", "team-a")
         assert keys[0].namespace == "team-a"
     if keys and keys[0].reason.startswith("AdminAccess"):
-        assert keys[0].namespace == "default"  # a cluster-scoped object's Events live there
+        # A claim's in its namespace, related to it; a Namespace's (cluster-scoped) in `default`.
+        on_claim = keys[0].regarding.kind == "ResourceClaim"
+        assert keys[0].namespace == ("team-a" if on_claim else "default")
+        assert keys[0].related == (Ref("v1", "Namespace", "team-a") if on_claim else None)
 
 
 async def test_an_unreadable_review_makes_no_event() -> None:
@@ -415,3 +422,95 @@ async def test_a_quota_event_carries_the_uid_the_caches_know() -> None:
     rec = EventRecorder(FakeSink(), instance="dra-quota-0", quota_uid=lambda ns, name: uids.get((ns, name), ""))
     rec.review(review_request(stored(gpu_claim()), name="c3"), DENIED)
     assert [k.regarding.uid for k in rec._series] == ["dq-uid", ""]  # "small" is not cached: no uid
+
+
+# -- what a flood costs, and what it leaves other namespaces ---------------------------------------
+
+
+def flood_key(i: int, namespace: str = "team-a") -> EventKey:
+    """A denial on the namespace's DeviceQuota, or an adminAccess refusal regarding a new claim."""
+    if i % 2:
+        claim = Ref("resource.k8s.io/v1", "ResourceClaim", f"c{i}", namespace)
+        return EventKey(claim, Ref("v1", "Namespace", namespace), "Warning", "AdminAccessRefused",
+                        "AuthorizeAdminAccess", f"refused: mallory may not create ResourceClaim {namespace}/c{i}")
+    return EventKey(replace(QUOTA, namespace=namespace), None, "Warning", "QuotaExceeded", "Admit",
+                    f"ResourceClaim {namespace}/c{i}: exceeded")
+
+
+def written_in(sink: FakeSink, namespace: str) -> list[tuple[str, str, Any]]:
+    return [c for c in sink.calls if c[1].split("/")[0] == namespace]
+
+
+async def test_a_flood_of_six_hundred_denials_costs_at_most_thirty_writes_and_counts_them_all() -> None:
+    sink = FakeSink()
+    rec, clock, dropped = recorder(sink)
+    for i in range(600):
+        rec.record(flood_key(i))
+        clock.now += 0.005
+        await rec.write_ready()
+    for _ in range(3):  # a minute later: each series' count written once more
+        clock.now += 20
+        await drain(rec)
+    assert len(sink.calls) <= 30 and dropped == []
+    creates = [body for op, _, body in sink.calls if op == "create"]
+    assert len(creates) == 20  # 9 + 1 combined, on the quota and on the claims
+    combined = [b["note"] for b in creates if b["note"].startswith("(combined from similar events): ")]
+    assert len(combined) == 2
+    # the last write of each series carries its whole count: 600 occurrences in all
+    last: dict[str, int] = {}
+    for op, where, body in sink.calls:
+        name = f"team-a/ev-{len(last) + 1}" if op == "create" else where
+        last[name] = body.get("series", {}).get("count", 1)
+    assert sum(last.values()) == 600
+
+
+async def test_another_namespace_is_written_in_turn_while_one_floods() -> None:
+    sink = FakeSink()
+    rec, clock, dropped = recorder(sink, budget=Budget(overall=Rate(1000, 1000)))
+    for i in range(300):
+        rec.record(flood_key(i))
+        if i % 60 == 30:  # team-b's five denials, amid the flood and its backlog
+            rec.record(flood_key(i + 1000, "team-b"))
+    mine = 0
+    while await rec.write_ready() and mine < 5:
+        mine = len(written_in(sink, "team-b"))
+    assert mine == 5 and not dropped
+    # Round-robin: each of team-b's writes came within one turn of team-a's, not after its backlog.
+    assert len(written_in(sink, "team-a")) <= 10
+
+
+async def test_a_namespace_queue_full_drops_its_own_occurrences_only() -> None:
+    sink = FakeSink()
+    rec, _, dropped = recorder(sink, queue_size=2)
+    assert rec.record(flood_key(1)) and rec.record(flood_key(3))
+    assert not rec.record(flood_key(5))
+    assert rec.record(flood_key(5, "team-b"))
+    assert dropped == ["queue_full"]
+
+
+async def test_a_series_is_patched_at_most_once_per_refresh() -> None:
+    sink = FakeSink()
+    rec, clock, _ = recorder(sink, refresh=10.0)
+    rec.record(key())
+    await drain(rec)
+    for _ in range(5):
+        clock.now += 1
+        rec.record(key())
+        await drain(rec)
+    assert [c[0] for c in sink.calls] == ["create"]
+    clock.now += 5
+    await drain(rec)
+    assert [c[0] for c in sink.calls] == ["create", "patch"]
+    assert sink.calls[1][2]["series"]["count"] == 6
+
+
+async def test_a_write_the_budget_refuses_waits_for_its_token() -> None:
+    sink = FakeSink()
+    rec, clock, dropped = recorder(sink, budget=Budget(per_namespace=Rate(1, 0.1)))
+    rec.record(flood_key(1))
+    rec.record(flood_key(3))
+    await drain(rec)
+    assert len(sink.calls) == 1 and not dropped
+    clock.now += 10
+    await drain(rec)
+    assert [c[2]["regarding"]["name"] for c in sink.calls] == ["c1", "c3"]
