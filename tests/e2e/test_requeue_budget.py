@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from runtime.metricnames import EVENT_LOOP_STALL_MAX, REQUEUE_CREDITS, REQUEUE_PENDING
+from runtime.metricnames import EVENT_LOOP_STALL_MAX, REQUEUE_CREDITS, REQUEUE_PENDING, REQUEUE_WRITES
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu
@@ -165,7 +165,10 @@ async def test_a_claim_deleted_costs_at_most_two_template_writes_and_another_ten
 
         await poll(settled, timeout=120, what=f"serve's requeue of {CHURN + 1} deletions settled")
         writes = len(template_writes(cluster, [mallory])) - before
+        metrics = await t.served.metrics()
         await report(t.served, test=1, templates=TEMPLATES, tenant_requests=2 * CHURN, serve_writes=writes,
+                     serve_credits=metrics[(REQUEUE_CREDITS, frozenset())] - granted,
+                     serve_writes_all_namespaces=metrics[(REQUEUE_WRITES, frozenset())],
                      writes_per_request=writes / (2 * CHURN), bytes_written=writes * TEMPLATE_PAD,
                      rss_mib=rss(t.served) / 2**20)
         assert writes <= 2 * CHURN
