@@ -108,6 +108,7 @@ class Caches:
         self.recounter = Recounter(self.admitter.ledger, self.rebuilds, changed=self._tell)
         self.ready = asyncio.Event()  # set once `serve` announced it is ready
         self.holders = Holders()  # who holds which device: the usage metrics' per-device view
+        self.requeue = requeue  # told each deleted claim; its counters are exported
         self.annotator = (Annotator(api, self.admitter.annotations_due, self.admitter.annotations_may_be_due,
                                     leading=leading, run=lambda fn: self.slicer.run(fn, wait=True))
                           if leading is not None else None)
@@ -277,6 +278,8 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
         annotator.unrecorded = unrecorded
     metrics.watch(lambda: (*caches.first, caches.claims))
     metrics.leases(caches.reservations.leases)
+    if (requeue := caches.requeue) is not None:
+        metrics.requeue(lambda: requeue.credits, lambda: requeue.writes, lambda: requeue.pending)
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
                  leading=leading).register(metrics)
 

@@ -19,7 +19,9 @@ turn, each once per resourceVersion. A team of many namespaces is looked at `_LO
 namespaces a turn, round the team, never with one list of the cluster's Pods.
 
 Only the leader writes (`leading`), so replicas do not write N times. RBAC: list and get
-pods, patch resourceclaimtemplates.
+pods, patch resourceclaimtemplates. What it was granted, what it wrote and what it still
+owes are counted (`credits`, `writes`, `pending`: `webhook.metrics`), so an operator can
+check the budget against the API server's audit log, and see when the requeue is idle.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timezone
+from typing import Any
 
 import aiohttp
 
@@ -63,11 +66,21 @@ class Requeuer:
         self._touched: dict[str, dict[str, float]] = {}  # namespace -> template -> when we last wrote it
         self._rounds: dict[str, int] = {}  # origin -> where its next look round its teams starts
         self._wake = asyncio.Event()
+        self.credits = 0  # quota_freed calls: one per deleted claim
+        self.writes = 0  # template patches sent
+        self._busy = 0  # writes of the turn or settle in flight
+
+    @property
+    def pending(self) -> int:
+        """Template writes still owed: credits not spent, settles due, writes in flight.
+        0 once every deletion told so far has been answered and settled."""
+        return self._turns.credits() + len(self._settles) + self._busy
 
     def quota_freed(self, namespace: str, team: Iterable[str] = ()) -> None:
         """Called from the caches' event handlers: never blocks, never raises. `team`: the
         namespaces the freed quota is shared with (a ClusterDeviceQuota's)."""
         if namespace:
+            self.credits += 1
             self._turns.grant(namespace, team)
             self._wake.set()
 
@@ -76,13 +89,13 @@ class Requeuer:
         while True:
             now = self._clock()
             leading = self._leading()
-            for namespace, templates in self._settles.take(now):
-                if leading:
-                    await self._touch(namespace, templates)
+            due = self._settles.take(now)
+            if leading and due:
+                await self._busy_with(sum(len(templates) for _, templates in due), self._touch_due(due))
             turn = self._turns.take(now)
             if turn is not None:
                 if leading:
-                    await self._serve(turn)
+                    await self._busy_with(turn.writes, self._serve(turn))
                 continue
             wake = [at for at in (self._turns.next_at(), self._settles.next_at()) if at is not None]
             timeout = max(0.0, min(wake) - self._clock()) if wake else None
@@ -92,6 +105,17 @@ class Requeuer:
             except TimeoutError:
                 pass
             self._wake.clear()
+
+    async def _busy_with(self, writes: int, work: Coroutine[Any, Any, None]) -> None:
+        self._busy = writes
+        try:
+            await work
+        finally:
+            self._busy = 0
+
+    async def _touch_due(self, due: list[tuple[str, list[str]]]) -> None:
+        for namespace, templates in due:
+            await self._touch(namespace, templates)
 
     async def _serve(self, turn: Turn) -> None:
         """Spend `turn`'s writes on templates waited on in its origin, else round its teams."""
@@ -159,6 +183,7 @@ class Requeuer:
         touched = self._touched.setdefault(namespace, {})
         for name in templates:
             touched[name] = self._clock()
+            self.writes += 1
             try:
                 await self._api.patch(TEMPLATES, name, {"metadata": {"annotations": {ANNOTATION: stamp}}},
                                       namespace=namespace, field_manager=FIELD_MANAGER)

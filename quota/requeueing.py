@@ -69,6 +69,10 @@ class Turns:
     def __len__(self) -> int:
         return len(self._credits)
 
+    def credits(self) -> int:
+        """Credits not spent yet, over every origin."""
+        return sum(self._credits.values())
+
 
 class Settles:
     """Templates to touch once more, per namespace: as many as were touched, never more."""
@@ -86,3 +90,7 @@ class Settles:
 
     def next_at(self) -> float | None:
         return min((at for at, _ in self._due.values()), default=None)
+
+    def __len__(self) -> int:
+        """Templates due to be touched once more, over every namespace."""
+        return sum(len(templates) for _, templates in self._due.values())

@@ -68,6 +68,9 @@ from runtime.metricnames import (
     LEASE_ROOM,
     LEASE_WRITES,
     RECONCILE_DURATION,
+    REQUEUE_CREDITS,
+    REQUEUE_PENDING,
+    REQUEUE_WRITES,
     RESERVATION_ADMISSIONS,
     WATCH_RELISTS,
     WATCH_RESTARTS,
@@ -294,6 +297,11 @@ class Metrics:
         at each scrape; `controllers.annotator`)."""
         self.registry.register(_Collect(lambda: _annotation_metrics(pending(), writers())))
 
+    def requeue(self, credits: Callable[[], int], writes: Callable[[], int], pending: Callable[[], int]) -> None:
+        """Expose what the requeue of waiting Pods was granted, wrote and still owes (read
+        at each scrape; `controllers.requeue`)."""
+        self.registry.register(_Collect(lambda: _requeue_metrics(credits(), writes(), pending())))
+
     def certificates(self, expirations: Callable[[], Iterable[tuple[str, datetime]]]) -> None:
         """Expose certificate expiry: `expirations` yields (which, notAfter), e.g. ("serving", ...), ("ca", ...)."""
         self.registry.register(_Collect(lambda: _certificate_metrics(expirations())))
@@ -412,6 +420,16 @@ def _annotation_metrics(pending: int, writers: int) -> Iterator[Metric]:
                             "is a record that grows.", value=pending)
     yield GaugeMetricFamily(ANNOTATION_WRITERS, "Charge annotation patches the leader may have in flight: 16, more "
                             "while a backlog lasts (up to 64).", value=writers)
+
+
+def _requeue_metrics(credits: int, writes: int, pending: int) -> Iterator[Metric]:
+    yield CounterMetricFamily(REQUEUE_CREDITS, "Template writes granted to the requeue of waiting Pods: one per "
+                              "deleted claim, each buying one touch of a template waited on and its settle.",
+                              value=credits)
+    yield CounterMetricFamily(REQUEUE_WRITES, "ResourceClaimTemplate patches the leader's requeue sent: at most 2 "
+                              "per credit.", value=writes)
+    yield GaugeMetricFamily(REQUEUE_PENDING, "Template writes the requeue still owes: credits not spent, settles "
+                            "due, writes in flight; 0 when idle.", value=pending)
 
 
 def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterator[Metric]:

@@ -43,6 +43,9 @@ from runtime.metricnames import (
     LEASE_ROOM,
     LEASE_WRITES,
     NAMES,
+    REQUEUE_CREDITS,
+    REQUEUE_PENDING,
+    REQUEUE_WRITES,
     RESERVATION_ADMISSIONS,
     WATCH_RELISTS,
     WATCH_RESTARTS,
@@ -211,6 +214,16 @@ def test_the_leaders_charge_backlog_and_writers_are_read_at_each_scrape() -> Non
     assert (value(ANNOTATIONS_PENDING), value(ANNOTATION_WRITERS)) == (200, 41)
 
 
+def test_the_requeues_credits_writes_and_debt_are_read_at_each_scrape() -> None:
+    m = Metrics()
+    state = {"credits": 0, "writes": 0, "pending": 0}
+    m.requeue(lambda: state["credits"], lambda: state["writes"], lambda: state["pending"])
+    value = m.registry.get_sample_value
+    assert (value(REQUEUE_CREDITS), value(REQUEUE_WRITES), value(REQUEUE_PENDING)) == (0, 0, 0)
+    state.update(credits=3, writes=4, pending=2)
+    assert (value(REQUEUE_CREDITS), value(REQUEUE_WRITES), value(REQUEUE_PENDING)) == (3, 4, 2)
+
+
 def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separate() -> None:
     a, b = Metrics(), Metrics()
     a.review("/validate", claim_create(), Verdict(True), 0.001)
@@ -218,6 +231,7 @@ def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separ
     a.watch(lambda: [])
     a.leases(LeaseBook(holder="serve-a"))
     a.annotations(lambda: 0, lambda: 0)
+    a.requeue(lambda: 0, lambda: 0, lambda: 0)
     a.certificates(lambda: [])
     a.connections({"webhook": Connections(Limits())})
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
