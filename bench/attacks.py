@@ -12,7 +12,15 @@ and a new connection timed every 100 ms), first without an attack, then during e
 - slow: whole reviews sent chunked in 50 pieces 20 ms apart (a second each);
 - oversized: 9 MiB reviews (refused with 413 after their first KiB);
 - cel: claims of 32 requests x 8 subrequests, each selector salted (issue 15.2; denied by
-  the per-claim budget), --workers in flight.
+  the per-claim budget), --workers in flight;
+- pods: dryRun Pods of 1,024 containers each asking 4 DeviceClasses' extended resources
+  (allowed with a warning; read in slices, `webhook.pods`), --workers in flight;
+- denials: dryRun claims of 32 x 8 subrequests naming missing DeviceClasses (each denied
+  with ~90,000 characters), --workers in flight: what each costs serve's log.
+
+Each attack's row also has serve's log bytes per attacking review (serve logs at info,
+its default: denials, cut and sampled per namespace, `runtime.logbounds`) and the
+longest stall of the loop's own CPU since serve started (`..._stall_cpu_max_seconds`).
 
 The attack runs in a process of its own at --nice (19), as bench/connections.py's does,
 posting straight to serve's port as the API server posts; its answers are counted by
@@ -48,6 +56,7 @@ from admission import (  # noqa: E402
 )
 from connections import Breakdown, honest, peak_rss, save, stalls_between  # noqa: E402
 
+from runtime.metricnames import EVENT_LOOP_STALL_CPU_MAX  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from tests.e2e.tenants import expensive  # noqa: E402
 
@@ -75,6 +84,27 @@ def salted(salt: int) -> bytes:
     return json.dumps(review({"apiVersion": "resource.k8s.io/v1", **body}, namespace=TIGHT_NS, dry_run=True)).encode()
 
 
+POD_GVR = {"group": "", "version": "v1", "resource": "pods"}
+POD_CLASSES = [GPU_CLASS, "mig.nvidia.com", "shared.gpu.nvidia.com", "gpu.amd.com"]  # their implicit resource names
+CONTAINERS = 1024
+
+
+def huge_pod(n: int) -> bytes:
+    asks = {f"deviceclass.resource.kubernetes.io/{c}": "1" for c in POD_CLASSES}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"huge-{n}", "namespace": TIGHT_NS},
+            "spec": {"containers": [{"name": f"c{i}", "image": "pause", "resources": {"limits": asks, "requests": asks}}
+                                    for i in range(CONTAINERS)]}}
+    return json.dumps(review(body, gvr=POD_GVR, namespace=TIGHT_NS, dry_run=True)).encode()
+
+
+def missing_classes(n: int) -> bytes:
+    name = f"missing-{n}-" + "x" * 180
+    body = claim({"devices": {"requests": [
+        {"name": f"r{r}", "firstAvailable": [{"name": f"s{s}", "deviceClassName": f"{name}-{r}-{s}"} for s in range(8)]}
+        for r in range(32)]}}, TIGHT_NS)
+    return json.dumps(review(body, namespace=TIGHT_NS, dry_run=True)).encode()
+
+
 async def pieces(body: bytes, count: int = 50, pause: float = 0.02) -> AsyncIterator[bytes]:
     size = -(-len(body) // count)
     for start in range(0, len(body), size):
@@ -94,6 +124,8 @@ ATTACKS: dict[str, tuple[Callable[[int], bytes], bool, bool]] = {
     "slow": (plain, False, True),
     "oversized": (oversized, False, False),
     "cel": (salted, True, False),  # a new salt each time: no cache helps
+    "pods": (huge_pod, False, False),
+    "denials": (missing_classes, True, False),
 }
 
 
@@ -105,7 +137,7 @@ def verdict(answer: JSON) -> str:
     message = status.get("message") or ""
     why = next((word for key, word in (("budget", "budget"), ("exceeded DeviceQuota", "quota"),
                                        ("larger than", "size"), ("within the webhook timeout", "timeout"),
-                                       ("busy", "busy")) if key in message), "other")
+                                       ("busy", "busy"), ("not found", "missing class")) if key in message), "other")
     return f"denied {status.get('code')} ({why})"
 
 
@@ -152,6 +184,7 @@ async def one_attack(bench: Bench, args: argparse.Namespace, name: str, bodies: 
     where a real attacker's runs on other hosts), the honest load beside it."""
     report = workdir / f"{name}.json"
     before_rss, before = rss_of(bench.serve_pid), await bench.served.metrics()
+    log_before = bench.served.log.stat().st_size
     async with peak_rss(bench.serve_pid) as peak:
         process = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--attack-port", str(bench.served.port), "--attack", name, "--workers",
@@ -165,10 +198,15 @@ async def one_attack(bench: Bench, args: argparse.Namespace, name: str, bodies: 
         process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), timeout=120)
     answers = json.loads(report.read_text()) if report.exists() else {}
+    logged = bench.served.log.stat().st_size - log_before
+    cpu_max = next((v for (sample, _), v in after.items() if sample == EVENT_LOOP_STALL_CPU_MAX), float("nan"))
     row.update({"stalls": stalls_between(before, after), "serve_rss_before_mib": round(before_rss),
-                "serve_peak_rss_mib": round(peak[0]), "attack_answers": answers})
-    print(f"    event loop stalls: {row['stalls']}; serve RSS {row['serve_rss_before_mib']} -> peak "
-          f"{row['serve_peak_rss_mib']} MiB; the attack's answers {answers}")
+                "serve_peak_rss_mib": round(peak[0]), "attack_answers": answers,
+                "log_bytes_per_attack_review": round(logged / max(sum(answers.values()), 1)),
+                "stall_cpu_max_s": cpu_max})
+    print(f"    event loop stalls: {row['stalls']}; the loop's longest CPU stall since start {cpu_max:.3f} s; serve RSS "
+          f"{row['serve_rss_before_mib']} -> peak {row['serve_peak_rss_mib']} MiB; log {logged:,} bytes, "
+          f"{row['log_bytes_per_attack_review']:,} an attacking review; the attack's answers {answers}")
     return row
 
 

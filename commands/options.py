@@ -16,6 +16,7 @@ from typing import Any, Literal
 from quota.leases import Timing
 from quota.model import Mode
 from quota.policy import PolicyError
+from runtime.logbounds import CutLongMessages
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
 from webhook.claimreview import AllocationCheck
@@ -95,11 +96,13 @@ class ServeOptions:
 # -- logging ------------------------------------------------------------------------------------
 
 # The fields webhook.server attaches to each review's log line.
-_EXTRA_FIELDS = ("uid", "operation", "resource", "namespace", "object_name", "allowed", "duration_ms")
+_EXTRA_FIELDS = ("uid", "operation", "resource", "namespace", "object_name", "allowed", "duration_ms",
+                 "suppressed")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the review fields a handler attached as `extra`."""
+    """One JSON object per line, with the review fields a handler attached as `extra` (and
+    `suppressed`: the count of a namespace's denials not logged, `webhook.decisionlog`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -118,6 +121,8 @@ def configure_logging(log_format: Literal["text", "json"], level: str = "INFO") 
     """`level` for our packages; libraries stay at INFO (asyncio and the kubeconfig loader
     are chatty at DEBUG and say nothing about reviews)."""
     handler = logging.StreamHandler()
+    # Every line of either format: a message as long as a tenant's object (a denial's) is cut.
+    handler.addFilter(CutLongMessages())
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -19,6 +19,13 @@ it goes in one claim per Pod, generateName `<pod>-extended-resources-`, the Pod 
 controlling owner, annotation `resource.kubernetes.io/extended-resource-claim: "true"`.
 This module rebuilds that claim the same way, so the Pod warning prices what the
 scheduler will ask for.
+
+A Pod may have 1,024 containers here (`_MAX_CONTAINERS`) and each container any number
+of resources: reading them has a pause point per container and per few resources
+(`quota.work`), so a sliced review (`webhook.pods`) gives the event loop back however
+large the Pod. The claim is built only up to the API server's limit of requests a
+ResourceClaim may have (`TooManyRequests`): past it, the scheduler's create is refused
+whatever the quota says, and there is nothing to price.
 """
 
 from __future__ import annotations
@@ -32,13 +39,15 @@ from quota.meta import parse_meta
 from quota.model import ClaimUid, DeviceClass, DeviceClassName, Namespace
 from quota.quantity import non_negative_amount
 from quota.raw import as_list, as_map, show
-from quota.validation import MAX_INT64
+from quota.validation import MAX_DEVICE_REQUESTS, MAX_INT64
+from quota.work import paced, pause_point
 
 __all__ = [
     "CLASS_PREFIX",
     "EXTENDED_CLAIM_ANNOTATION",
     "ExtendedClaim",
     "PodError",
+    "TooManyRequests",
     "attempt_series",
     "device_class_for",
     "extended_claim",
@@ -55,6 +64,19 @@ _MAX_CONTAINERS = 1024
 # apiserver names.SimpleNameGenerator: the base is cut to 58 characters, 5 random follow.
 _GENERATED_BASE = 58
 _GENERATED_SUFFIX = 5
+# Resources of one container read between two pause points (each a few microseconds).
+_PAUSE_RESOURCES = 16
+
+
+class TooManyRequests(ValueError):
+    """The claim the scheduler would create has more requests than a ResourceClaim may have."""
+
+    def __init__(self, resources: list[str]) -> None:
+        self.resources = resources  # those that made it so many, in the scheduler's order
+        super().__init__(f"its {', '.join(map(show, resources))} would take more than {MAX_DEVICE_REQUESTS} requests "
+                         f"(one per container and resource), and a ResourceClaim may have at most "
+                         f"{MAX_DEVICE_REQUESTS}: the API server refuses the scheduler's claim, and the Pod stays "
+                         "Pending wherever these resources are not served by a device plugin")
 
 
 class PodError(ValueError):
@@ -149,7 +171,8 @@ def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, Dev
     """The claim the scheduler creates for `pod`'s DRA-backed extended resources, None if none.
 
     Assumes the node offers none of them through a device plugin (then the scheduler
-    asks DRA for them all), which is what a DeviceClass mapping is for.
+    asks DRA for them all), which is what a DeviceClass mapping is for. Raises
+    `TooManyRequests` as soon as the claim would pass the API server's limit.
     """
     if not isinstance(pod, dict):
         raise PodError("a Pod must be an object")
@@ -161,8 +184,8 @@ def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, Dev
     regular = as_list(spec.get("containers"), "spec.containers", PodError)
     if len(inits) + len(regular) > _MAX_CONTAINERS:
         raise PodError(f"spec: more than {_MAX_CONTAINERS} containers")
-    containers = [_container(c, f"spec.initContainers[{i}]", init=True) for i, c in enumerate(inits)]
-    containers += [_container(c, f"spec.containers[{i}]", init=False) for i, c in enumerate(regular)]
+    containers = [_container(c, f"spec.initContainers[{i}]", init=True) for i, c in paced(enumerate(inits), 1)]
+    containers += [_container(c, f"spec.containers[{i}]", init=False) for i, c in paced(enumerate(regular), 1)]
 
     wanted = sorted({r for c in containers for r in c.extended})
     requests: list[DeviceRequirement] = []
@@ -175,6 +198,8 @@ def extended_claim(pod: Mapping[str, Any], classes: Mapping[DeviceClassName, Dev
         if mine:
             requests.extend(mine)
             resources.append((resource, cls.name, sum(r.count for r in mine)))
+            if len(requests) > MAX_DEVICE_REQUESTS:
+                raise TooManyRequests([r for r, _, _ in resources])
     if not requests:
         return None
     spec_out = ClaimSpec(tuple(Request(r.name, (r,)) for r in sorted(requests, key=lambda r: r.name)))
@@ -207,7 +232,7 @@ def _container(raw: Any, where: str, *, init: bool) -> _Container:
             raise PodError(f"{where}.resources.{field} must be a map of resource name to quantity")
         merged.update(values)
     extended: dict[str, int] = {}
-    for name, value in merged.items():
+    for name, value in paced(merged.items(), _PAUSE_RESOURCES):
         if not isinstance(name, str):
             raise PodError(f"{where}.resources: resource name {show(name)} must be a string")
         if not is_dra_extended_resource(name):
@@ -224,11 +249,12 @@ def _requests_for(containers: list[_Container], *, resource: str, cls: DeviceCla
     """createRequestsAndMappings for one resource: one request per long-lived container,
     plus the largest shortfall of the short-lived ones after what they can reuse."""
     long_lived: list[DeviceRequirement | None] = [None] * len(containers)
-    for i, c in enumerate(containers):
+    for i, c in paced(enumerate(containers), _PAUSE_RESOURCES):
         if not c.short_lived:
             long_lived[i] = _request(i, c, resource=resource, cls=cls, reusable=[])
     largest: DeviceRequirement | None = None
     for i, c in enumerate(containers):
+        pause_point()  # what it may reuse is a walk over the containers after it
         if c.short_lived:
             # Reusable: the long-lived requests at this index and after (the scheduler's
             # longLivedResourceRequests[i:]).

@@ -7,7 +7,8 @@ webhook configurations should not send but a hand-edited one may) is allowed unt
 failing closed on a request we were never meant to judge would block unrelated writes.
 A claim CREATE, and an allocation above what its claim reserved, await a conditional
 status write (`kube.quotawriter`: the one admission protocol) and slice their own
-pricing; every other handler is synchronous and runs through the context's slicer (`runtime.slicing`): one whose pricing is long gives the
+pricing, as a Pod CREATE does (a Pod past a full slow lane is allowed, never refused:
+`webhook.pods`); every other handler is synchronous and runs through the context's slicer (`runtime.slicing`): one whose pricing is long gives the
 loop back between slices, in the slow lane, so it delays no other review.
 """
 
@@ -52,6 +53,7 @@ VALIDATING: dict[Route, Handler] = {
     (CLAIMS.group, CLAIMS.plural, "status", "UPDATE"): allocate_claim,
     (TEMPLATES.group, TEMPLATES.plural, "", "CREATE"): create_template,
     # Warnings only: the scheduler's claim for the Pod's extended resources is judged above.
+    # Slices its own reading and pricing: `Busy` is a warning there, not a denial.
     (PODS.group, PODS.plural, "", "CREATE"): create_pod,
     **{(NAMESPACES.group, NAMESPACES.plural, sub, op): _namespace
        for sub in ("", "status", "finalize") for op in ("CREATE", "UPDATE")},

@@ -44,6 +44,7 @@ from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_r
 from quota.goduration import NANOS, parse_go_duration
 from quota.raw import dig
 from webhook.connections import Connections, track
+from webhook.decisionlog import DenialLog
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
 
@@ -101,8 +102,10 @@ def build_app(
     # client_max_size bounds what aiohttp's own readers buffer; ours reads by the limit.
     app = web.Application(client_max_size=max_body_bytes + 1,
                           middlewares=[track(connections)] if connections is not None else [])
+    denials = DenialLog(log)  # one namespace's flood of denials logs a constant per interval
     for path, endpoint in endpoints.items():
-        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe, connections))
+        app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe, connections,
+                                                  denials))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz(ready))
     quiet_server_header()
@@ -124,7 +127,8 @@ def quiet_server_header() -> None:
 
 
 def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int, observe: Observer,
-                    connections: Connections | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+                    connections: Connections | None,
+                    denials: DenialLog) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         started = time.monotonic()
         try:
@@ -133,7 +137,7 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
             log.warning("unreadable AdmissionReview on %s (uid %r): %s", path, err.uid, err)
             if connections is not None:
                 connections.hang_up(request)  # the rest of the body is not read at all
-            return _answered(path, started, err.uid, None, err.verdict, observe, close=True)
+            return _answered(path, started, err.uid, None, err.verdict, observe, denials, close=True)
         except ConnectionError as err:
             # The connection is gone (the client left, or a connection bound dropped it):
             # nobody is left to answer. aiohttp's reader keeps the error to raise it again,
@@ -148,16 +152,16 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
         if connections is not None:
             connections.deciding(request)
         uid, review, verdict = await _review(request, body, path, endpoint, decode, started)
-        return _answered(path, started, uid, review, verdict, observe)
+        return _answered(path, started, uid, review, verdict, observe, denials)
 
     return handle
 
 
 def _answered(path: str, started: float, uid: str, review: AdmissionRequest | None, verdict: Verdict,
-              observe: Observer, *, close: bool = False) -> web.Response:
+              observe: Observer, denials: DenialLog, *, close: bool = False) -> web.Response:
     seconds = time.monotonic() - started
     if review is not None:
-        _log_decision(path, review, verdict, seconds)
+        _log_decision(path, review, verdict, seconds, denials)
     try:
         observe(path, review, verdict, seconds)
     except Exception:  # metrics and Events must never cost a review its answer
@@ -227,13 +231,15 @@ async def _review(request: web.Request, body: bytes, path: str, endpoint: Endpoi
     return review.uid, review, await _decide(endpoint, review, deadline)
 
 
-def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds: float) -> None:
+def _log_decision(path: str, review: AdmissionRequest, verdict: Verdict, seconds: float, denials: DenialLog) -> None:
     # `extra` keys must not be LogRecord attributes (`name` is one: makeRecord raises).
     # Denials at INFO (each is a user-visible event worth finding by uid), allowed ones at
     # DEBUG: at hundreds of reviews a second they would drown everything else (and where
-    # DEBUG is off, as it is by default, their fields are not even built).
+    # DEBUG is off, as it is by default, their fields are not even built). Denials are
+    # sampled per namespace, their messages cut by the handler (`webhook.decisionlog`):
+    # a tenant's flood of long denials would otherwise cost the log what the tenant chose.
     level = logging.DEBUG if verdict.allowed else logging.INFO
-    if not log.isEnabledFor(level):
+    if not log.isEnabledFor(level) or not (verdict.allowed or denials.admit(review.namespace)):
         return
     fields = {"uid": review.uid, "operation": review.operation, "resource": review.resource.resource,
               "namespace": review.namespace, "object_name": review.name, "allowed": verdict.allowed,

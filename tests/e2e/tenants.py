@@ -23,7 +23,7 @@ from typing import Any
 from quota.work import CLAIM_COST_BUDGET
 
 from .driver import RESOURCE_V1, GpuFleet, claim_spec, exact_request, pod_body
-from .harness import Served
+from .harness import DQ, Served, edit_binding, governed
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import impersonated
 
@@ -105,6 +105,19 @@ class Tenants:
 async def enforced(t: Tenants, name: str) -> bool:
     """Whether serve holds the namespace's DeviceQuota and the fleet (four GPUs never fit)."""
     return bool(QUOTA_DENIAL.match(await t.claim(name, "probe", count=4, dry_run=True)))
+
+
+async def governed_tenants(t: Tenants) -> None:
+    """Each of `t`'s users bound to `edit` in their namespace, governed by a DeviceQuota of
+    `HARD`; returns once serve enforces each (its webhooks installed already)."""
+    for user, namespace in t.namespaces.items():
+        await t.kube.create("rbac.authorization.k8s.io/v1", "rolebindings", edit_binding(user), namespace=namespace)
+        await t.kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
+                                                 "spec": {"hard": {"memory": HARD}}}, namespace=namespace)
+        await governed(t.kube, namespace)
+    for name in (user.removesuffix(f"-{t.run}") for user in t.namespaces):
+        await poll(lambda name=name: enforced(t, name), timeout=30,  # type: ignore[misc]
+                   what=f"serve to enforce the DeviceQuota of {name}")
 
 
 # -- what `edit` lets a tenant do --------------------------------------------------------------------

@@ -63,14 +63,14 @@ from .attack import Attacker
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, allocation_results
 from .harness import (
-    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, capped, edit_binding, governed, installed,
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, capped, installed,
     refusing_deletes,
     rss, served_context,
 )
 from .kube import Kube, Obj, poll
 from .tenants import (
-    GPU, HARD, PROTECTED, Tenants, alice, bob, check_edit_rights, dry_run_flood, enforced, expensive_claims,
-    forged_and_free, padded_then_protected, template_pods,
+    GPU, HARD, PROTECTED, Tenants, alice, bob, check_edit_rights, dry_run_flood, expensive_claims,
+    forged_and_free, governed_tenants, padded_then_protected, template_pods,
 )
 from .timings import record
 
@@ -103,14 +103,7 @@ async def tenants(cluster: ControlPlane, kube: Kube, served: Served, make_namesp
         namespaces[f"{name}-{run}"] = await make_namespace(name, labels=labels)
     t = Tenants(kube, run, fleet, served, namespaces)
     async with installed(kube, adapted_webhooks(run, served.port, cluster)):
-        for user, namespace in namespaces.items():
-            await kube.create("rbac.authorization.k8s.io/v1", "rolebindings", edit_binding(user), namespace=namespace)
-            await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
-                                                   "spec": {"hard": {"memory": HARD}}}, namespace=namespace)
-            await governed(kube, namespace)
-        for name in ("alice", "bob", "mallory"):
-            await poll(lambda name=name: enforced(t, name), timeout=30,  # type: ignore[misc]
-                       what=f"serve to enforce the DeviceQuota of {name}")
+        await governed_tenants(t)
         yield t
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from quota.claims import ClaimError, DeviceRequirement, parse_device_class
 from quota.extended import (
     PodError,
+    TooManyRequests,
     attempt_series,
     device_class_for,
     extended_claim,
@@ -260,3 +261,16 @@ def test_hostile_class_fields_are_refused_by_field(field: str, value: Any, messa
 def test_any_claim_has_a_series_or_none_and_never_raises(data: st.DataObject, value: Any) -> None:
     raw = splice(scheduler_claim(), data.draw(st.sampled_from(paths(scheduler_claim()))), value)
     assert isinstance(attempt_series(raw), str)
+
+
+def test_a_claim_past_the_requests_a_resourceclaim_may_have_is_not_built() -> None:
+    """The API server refuses a ResourceClaim of more than 32 requests (DeviceRequestsMaxSize),
+    the scheduler's too: past it there is nothing to price, and nothing more is built."""
+    mapped = classes(cls("gpu", GPU), cls("fpga", "example.com/fpga"))
+    assert len(requests_of(pod(*(container(f"c{i}", {GPU: "1"}) for i in range(32))), mapped)) == 32
+    with pytest.raises(TooManyRequests, match=r"^its 'example\.com/gpu' would take more than 32 requests"):
+        extended_claim(pod(*(container(f"c{i}", {GPU: "1"}) for i in range(33))), mapped)
+    # Counted across resources: 17 containers of two each, the fpga's (sorted first) and the gpu's.
+    with pytest.raises(TooManyRequests) as raised:
+        extended_claim(pod(*(container(f"c{i}", {GPU: "1", "example.com/fpga": "1"}) for i in range(17))), mapped)
+    assert raised.value.resources == ["example.com/fpga", GPU]

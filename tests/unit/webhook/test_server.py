@@ -18,6 +18,7 @@ from certs.authority import service_names
 from certs.rotation import Policy, plan
 from certs.tls import server_context
 from kube.admissionreview import AdmissionRequest, Verdict, parse_review
+from runtime.logbounds import DENIALS_PER_INTERVAL
 from webhook.server import _deadline, _decide, build_app
 
 from ..kube.test_admissionreview import REVIEW, review
@@ -35,6 +36,13 @@ async def crash(request: AdmissionRequest) -> Verdict:
     raise KeyError("a bug")
 
 
+LONG = "request s0: device class 'missing' not found; " * 2000  # ~96,000 characters, as a tenant can make one
+
+
+async def deny(request: AdmissionRequest) -> Verdict:
+    return Verdict(False, LONG)
+
+
 async def stall(request: AdmissionRequest) -> Verdict:
     await asyncio.sleep(3600)
     raise AssertionError("unreachable")
@@ -45,7 +53,7 @@ async def base_url() -> AsyncIterator[tuple[str, ssl.SSLContext]]:
     minted = plan(None, Policy(dns_names=service_names("dra-quota", "ns"), ip_addresses=("127.0.0.1",)),
                   now=datetime.now(timezone.utc), trusted=frozenset())
     assert minted is not None
-    app = build_app({"/validate": allow, "/crash": crash, "/stall": stall}, ready=lambda: READY["value"],
+    app = build_app({"/validate": allow, "/crash": crash, "/stall": stall, "/deny": deny}, ready=lambda: READY["value"],
                     max_body_bytes=64 * 1024)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -119,6 +127,19 @@ async def test_a_create_not_named_yet_is_logged_by_its_generate_name(
     assert denied.getMessage().startswith(f"/crash denied CREATE {REVIEW['request']['namespace']}/job-0-gpu-* uid=")
     (failed,) = [r for r in caplog.records if r.getMessage().startswith("failed deciding")]
     assert f"{REVIEW['request']['namespace']}/job-0-gpu-* uid=" in failed.getMessage()
+
+
+async def test_a_namespaces_flood_of_denials_is_sampled_and_each_tenant_still_gets_the_whole_message(
+    base_url: tuple[str, ssl.SSLContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="webhook.server"):
+        answers = [await post(base_url, "/deny", json.dumps(review(namespace="mallory")).encode())
+                   for _ in range(DENIALS_PER_INTERVAL + 5)]
+        answers.append(await post(base_url, "/deny", json.dumps(review(namespace="alice")).encode()))
+    assert all(status == 200 and out["response"]["status"]["message"] == LONG for status, out in answers)
+    logged = [getattr(r, "namespace") for r in caplog.records if hasattr(r, "allowed")]
+    # The first of mallory's interval, and alice's all the same: her namespace has its own.
+    assert logged == ["mallory"] * DENIALS_PER_INTERVAL + ["alice"]
 
 
 async def test_an_endpoint_that_fails_is_a_denial_not_a_500(base_url: tuple[str, ssl.SSLContext]) -> None:
