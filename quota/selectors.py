@@ -108,6 +108,13 @@ class DeviceGroup:
     def representative(self) -> Device:
         return self.devices[0]
 
+    def pools(self) -> Iterator[PoolIndex]:
+        """The pools its devices are in, without reading the devices (a pool may repeat)."""
+        devices = self.devices
+        if isinstance(devices, _Devices):
+            for pools, _ in devices._parts:
+                yield from pools
+
 
 @dataclass(frozen=True, slots=True)
 class Match:
