@@ -42,7 +42,8 @@ def attrs(**values: Any) -> dict[str, Any]:
 
 
 def example_partitionable(inv: Inventory, node: str, gpus: int = 8, partitions: int = 4) -> None:
-    counter_sets, devices = {}, []
+    counter_sets: dict[str, dict[str, str]] = {}
+    devices: list[dict[str, Any]] = []
     for i in range(gpus):
         common = attrs(index=i, uuid=f"gpu-{node}-{i}", model="LATEST-GPU-MODEL")
         common["driverVersion"] = {"version": "1.0.0"}
@@ -69,7 +70,8 @@ def example_partitionable(inv: Inventory, node: str, gpus: int = 8, partitions: 
 
 
 def amd_mi300x(inv: Inventory, node: str, gpus: int, cpx: bool) -> None:
-    devices, render = [], 128
+    devices: list[dict[str, Any]] = []
+    render = 128
     for card in range(gpus):
         parent = attrs(productName="AMD Instinct MI300X", family="AI", driverSrcVersion="C8C8A4E8BF3A7C8E2D17A3A")
         parent["driverVersion"] = {"version": "6.12.12"}
@@ -114,7 +116,8 @@ def mig_counters(memory: int, sms: int, copy: int, dec: int, jpeg: int, ofa: int
 
 
 def nvidia_dynamic_mig(inv: Inventory, node: str, gpus: int = 2) -> None:
-    counter_sets, devices = {}, []
+    counter_sets: dict[str, dict[str, str]] = {}
+    devices: list[dict[str, Any]] = []
     largest = A100_80GB_MIG["7g.80gb"]
     for minor in range(gpus):
         common = attrs(productName="NVIDIA A100-SXM4-80GB", brand="Nvidia", architecture="Ampere",
