@@ -1,7 +1,8 @@
-"""Partitionable devices: what a node's shared counters let be allocated together.
+"""Candidates per node, and what a node's shared counters let be allocated together.
 
 Neighbours: `quota.inventory` keeps each pool's counter sets (`sharedCounters`) and which
-pools hold devices that consume them; `quota.capacity` gives each candidate's charge;
+pools hold devices that consume them; `quota.selectors` gives the candidates as groups
+of (pools, positions) pieces; `quota.capacity` gives each group's per-device charge;
 `quota.pricing` asks here for the charge of an `All` request and for the most memory
 `count` devices can take together.
 
@@ -17,17 +18,20 @@ The charges (docs/charging.md, "How a claim is charged"):
   candidates fit together, the largest sum (Conservative) or the smallest (Optimistic).
   When no node's candidates fit together the request cannot be allocated now; it is
   charged, per dimension, the most one node's counters let be allocated together.
-- ExactCount: `count` devices at the largest per-device charge, unless no node can take
-  `count` of the largest together: then the most memory any `count` devices that fit
-  together on one node take. When no node can take `count` of them together, the request
-  cannot be allocated now and keeps `count` x the largest.
+- ExactCount with a candidate in a pool of partitionable devices: the most memory any
+  `count` candidates that fit together on one node take (usually `count` x the largest:
+  whole GPUs on distinct counter sets). When no node can take `count` of them together,
+  the request cannot be allocated now and keeps `count` x the largest.
 
-Cost: nothing at all while no pool publishes counters. Otherwise `All` reads every
-candidate (as it always did) plus what each consumes; ExactCount first tries the
-largest devices node by node and stops at the first node holding `count` of them that fit
-together (the usual case: whole GPUs on distinct counter sets), and reads every candidate
-only when none does. The exact search runs per physical device (the devices linked by
-the counter sets they consume), its result memoized by the device's shape, and is bounded
+Why it is fast: a node's candidates are read per pool, not per device. A pool's devices
+and counters reduce once, when first priced after the pool changed, to a `_Shape` (each
+position's consumption, the counters' limits), interned so that identical nodes share
+one; a pool's candidates are the positions of the group pieces it is in, the same
+tuples for every pool of a piece. What a pool's candidates fit, and the most they take,
+is then memoized by (shape, positions, charges): 5,000 identical nodes cost 5,000 dict
+lookups and one computation. ExactCount first tries the largest candidates node by node
+and stops at the first node holding `count` of them that fit together. The exact search
+runs per physical device (the devices linked by the counter sets they consume), bounded
 (`SEARCH_STEPS`): past the bound that device counts its largest candidates without
 counters, never less than the truth.
 """
@@ -36,11 +40,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import reduce
 
+from quota.columns import PoolIndex
 from quota.inventory import Inventory
 from quota.model import ZERO, Charge, Device, Mode
 from quota.selectors import DeviceGroup
@@ -49,15 +55,86 @@ from quota.work import paced, pause_point
 __all__ = ["SEARCH_STEPS", "ScopeSums", "all_mode", "count_memory", "per_scope"]
 
 # Subsets tried per physical device before its search gives up (then: its largest
-# candidates, counters aside). NVIDIA DynamicMIG's ~26 placements per GPU take ~5,000.
+# candidates, counters aside). An A100's 15 DynamicMIG placements take ~1,000.
 SEARCH_STEPS = 50_000
 
 Priced = Sequence[tuple[int, int, DeviceGroup]]
-_CounterSet = tuple[str, str, str]  # (driver, pool, counter set)
+# A device's consumption: (counter index in its pool's shape, amount scaled to an integer).
+_Uses = tuple[tuple[int, int], ...]
+# A pool's candidates: (positions, per-device charge) per group piece it is in.
+_Picks = tuple[tuple[tuple[int, ...], int], ...]
 
 
-def _limits(inventory: Inventory, key: _CounterSet) -> dict[str, Fraction]:
-    return dict(inventory.counters((key[0], key[1])).get(key[2], {}))
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class _Shape:
+    """What a pool's counters say, by device position; equal pools share one (interned)."""
+
+    uses: tuple[_Uses, ...]
+    limits: tuple[int, ...]
+
+
+_SHAPES: weakref.WeakValueDictionary[tuple[object, ...], _Shape] = weakref.WeakValueDictionary()
+# Per pool index (replaced whenever its pool changes): its devices' one scope (None when
+# they differ: perDeviceNodeSelection), its shape (None: no device consumes counters), and
+# whether the shape was looked for (not without the inventory's counters).
+_POOLS: weakref.WeakKeyDictionary[PoolIndex, tuple[str | None, _Shape | None, bool]] = weakref.WeakKeyDictionary()
+
+
+def _pool(pool: PoolIndex, inventory: Inventory | None) -> tuple[str | None, _Shape | None]:
+    found = _POOLS.get(pool)
+    if found is not None and (found[2] or inventory is None):
+        return found[0], found[1]
+    devices = pool.devices
+    scopes = {d.scope for d in paced(devices)}
+    scope = next(iter(scopes)) if len(scopes) == 1 else None
+    shape = None
+    if inventory is not None and any(d.consumes_counters for d in devices):
+        key = devices[0].key
+        sets = inventory.counters((key.driver, key.pool))
+        index: dict[tuple[str, str], int] = {}
+        raw = [[(index.setdefault((c.counter_set, name), len(index)), amount)
+                for c in d.consumes_counters for name, amount in c.counters.items()] for d in paced(devices)]
+        # A counter no set publishes makes the pool invalid (`quota.inventory`): never priced.
+        limits = [sets.get(s, {}).get(name, Fraction(0)) for s, name in index]
+        scale = math.lcm(*{a.denominator for uses in raw for _, a in uses}, *{v.denominator for v in limits})
+        # Counters are integers but for odd quantities ("500m"): then scaled to integers.
+        content = (tuple(tuple((i, a.numerator if scale == 1 else int(a * scale)) for i, a in uses) for uses in raw),
+                   tuple(v.numerator if scale == 1 else int(v * scale) for v in limits))
+        shape = _SHAPES.get(content)
+        if shape is None:
+            shape = _SHAPES[content] = _Shape(*content)
+    _POOLS[pool] = (scope, shape, inventory is not None)
+    return scope, shape
+
+
+def _by_scope(priced: Priced, inventory: Inventory | None
+              ) -> dict[str, list[tuple[_Shape | None, _Picks]]]:
+    """Per node (or pool), its pools' shapes and candidates: one step per pool of a group
+    piece, never per device (but for pools whose devices are on several nodes)."""
+    picks: dict[PoolIndex, list[tuple[tuple[int, ...], int]]] = {}
+    loose: list[tuple[int, Device]] = []
+    for charge, _, group in priced:
+        parts = group.parts() if isinstance(group, DeviceGroup) else ()
+        if not parts:
+            loose.extend((charge, d) for d in paced(group.devices))
+        for pools, positions in parts:
+            for pool in paced(pools):
+                picks.setdefault(pool, []).append((positions, charge))
+    out: dict[str, list[tuple[_Shape | None, _Picks]]] = {}
+    for pool, chosen in paced(list(picks.items())):
+        scope, shape = _pool(pool, inventory)
+        if scope is not None:
+            out.setdefault(scope, []).append((shape, tuple(chosen)))
+            continue
+        per: dict[str, list[tuple[tuple[int, ...], int]]] = {}
+        for positions, charge in chosen:
+            for p in positions:
+                per.setdefault(pool.devices[p].scope, []).append(((p,), charge))
+        for at, items in per.items():
+            out.setdefault(at, []).append((shape, tuple(items)))
+    for charge, device in loose:  # devices not from a match (callers' own sequences)
+        out.setdefault(device.scope, []).append((None, (((0,), charge),)))
+    return out
 
 
 # -- All ---------------------------------------------------------------------------------------
@@ -74,61 +151,43 @@ class ScopeSums:
 
 def per_scope(priced: Priced, inventory: Inventory | None = None) -> ScopeSums:
     """Sums per node (or pool, for devices bound to none); with `inventory`, which of them
-    exceed their counters.
-
-    Reads every candidate: a class's bound over 58,000 devices (`Pricer.upper_bound`,
-    once per class) took 68 ms in one piece (bench/stalls.py); now plain sums, pausing
-    (`quota.work.paced`)."""
-    memory: dict[str, int] = {}
-    devices: dict[str, int] = {}
-    counted = inventory is not None and bool(inventory.counter_pools())
-    used: dict[str, dict[tuple[_CounterSet, str], Fraction]] = {}
-    for charge, device in paced((charge, device) for charge, _, group in priced for device in group.devices):
-        scope = device.scope
-        memory[scope] = memory.get(scope, 0) + charge
-        devices[scope] = devices.get(scope, 0) + 1
-        if counted and device.consumes_counters:
-            into = used.setdefault(scope, {})
-            for key, amount in _uses(device):
-                into[key] = into.get(key, 0) + amount
-    crowded: frozenset[str] = frozenset()
-    if used and inventory is not None:
-        limits: dict[_CounterSet, dict[str, Fraction]] = {}
-        crowded = frozenset(
-            scope for scope, amounts in used.items()
-            if any(amount > _limit(limits, inventory, key) for key, amount in amounts.items()))
-    return ScopeSums({scope: Charge(total, devices[scope]) for scope, total in memory.items()}, crowded)
+    exceed their counters. A step per pool (module doc), pausing (`quota.work.paced`)."""
+    return _sums(_by_scope(priced, inventory))
 
 
-def _limit(cache: dict[_CounterSet, dict[str, Fraction]], inventory: Inventory,
-           key: tuple[_CounterSet, str]) -> Fraction:
-    found = cache.get(key[0])
-    if found is None:
-        found = cache[key[0]] = _limits(inventory, key[0])
-    # A counter no set publishes makes the pool invalid (`quota.inventory`): never a candidate.
-    return found.get(key[1], Fraction(0))
+def _sums(scopes: dict[str, list[tuple[_Shape | None, _Picks]]]) -> ScopeSums:
+    charges: dict[str, Charge] = {}
+    crowded = set()
+    for scope, pools in scopes.items():
+        memory = devices = 0
+        for shape, picks in pools:
+            for positions, charge in picks:
+                memory += charge * len(positions)
+                devices += len(positions)
+            if shape is not None and not _fits(shape, picks):
+                crowded.add(scope)
+        charges[scope] = Charge(memory, devices)
+    return ScopeSums(charges, frozenset(crowded))
 
 
-def _uses(device: Device) -> Iterable[tuple[tuple[_CounterSet, str], Fraction]]:
-    driver, pool = device.key.driver, device.key.pool
-    for consumption in device.consumes_counters:
-        for name, amount in consumption.counters.items():
-            yield ((driver, pool, consumption.counter_set), name), amount
+@functools.lru_cache(maxsize=4096)
+def _fits(shape: _Shape, picks: _Picks) -> bool:
+    return _within(tuple(shape.uses[p] for positions, _ in picks for p in positions), shape.limits)
 
 
 def all_mode(priced: Priced, inventory: Inventory | None = None,
              mode: Mode = "conservative") -> tuple[Charge, tuple[str, ...]]:
     """allocationMode All (module doc), and a warning when no node can host it now."""
-    sums = per_scope(priced, inventory)
+    scopes = _by_scope(priced, inventory)
+    sums = _sums(scopes)
     fitting = [charge for scope, charge in sums.charges.items() if scope not in sums.crowded]
     if fitting:
         return reduce(Charge.max if mode == "conservative" else Charge.min, fitting), ()
-    if not sums.charges or inventory is None:
+    if not sums.charges:
         return ZERO, ()
-    by_scope: dict[str, list[tuple[int, Device]]] = {}
-    for charge, device in paced((charge, device) for charge, _, group in priced for device in group.devices):
-        by_scope.setdefault(device.scope, []).append((charge, device))
-    most = reduce(Charge.max, (_most_together(items, inventory) for items in by_scope.values()), ZERO)
+    most = ZERO
+    for pools in scopes.values():
+        most = most.max(reduce(Charge.__add__, (_most(shape, picks) for shape, picks in pools), ZERO))
     largest = max(c.devices for c in sums.charges.values())
     return most, (
         f"no node can allocate all the devices this request matches together ({largest} on the largest): "
@@ -138,10 +197,11 @@ def all_mode(priced: Priced, inventory: Inventory | None = None,
     )
 
 
-def _most_together(items: list[tuple[int, Device]], inventory: Inventory) -> Charge:
-    """Per dimension, the most a set of these devices (one node's) that fits its counters takes."""
-    free, parts = _components(items, inventory)
-    memory, devices = sum(c for c, _ in free), len(free)
+@functools.lru_cache(maxsize=4096)
+def _most(shape: _Shape | None, picks: _Picks) -> Charge:
+    """Per dimension, the most a set of one pool's candidates that fits its counters takes."""
+    free, parts = _split(shape, picks)
+    memory, devices = sum(free), len(free)
     for part in parts:
         table = _table(part, len(part.charges))
         memory += max(m for m in table if m is not None)
@@ -162,17 +222,15 @@ def count_memory(priced: Priced, count: int, inventory: Inventory) -> tuple[int,
         return top * count, ()
     if _largest_fit(priced, top, count, inventory):
         return top * count, ()
-    by_scope: dict[str, list[tuple[int, Device]]] = {}
-    for charge, device in paced((charge, device) for charge, _, group in priced for device in group.devices):
-        by_scope.setdefault(device.scope, []).append((charge, device))
     best: int | None = None
+    scopes = _by_scope(priced, inventory)
     # The scopes whose `count` largest could beat the best so far, largest first.
-    bounds = sorted(((sum(sorted((c for c, _ in items), reverse=True)[:count]), scope)
-                     for scope, items in by_scope.items() if len(items) >= count), reverse=True)
+    bounds = sorted(((bound, scope) for scope, pools in scopes.items()
+                     if (bound := _top_sum(pools, count)) is not None), reverse=True)
     for bound, scope in bounds:
         if best is not None and bound <= best:
             break
-        found = _best_of_count(by_scope[scope], count, inventory)
+        found = _scope_best(tuple(scopes[scope]), count)
         if found is not None and (best is None or found > best):
             best = found
     if best is None:
@@ -188,58 +246,93 @@ def _partitionable(priced: Priced, inventory: Inventory) -> bool:
     if not pools:
         return False
     for _, _, group in priced:
-        for index in group.pools():
-            key = index.devices[0].key if index.devices else None
-            if key is not None and (key.driver, key.pool) in pools:
-                return True
+        for indexes, _ in group.parts():
+            for index in indexes:
+                key = index.devices[0].key
+                if (key.driver, key.pool) in pools:
+                    return True
     return False
 
 
 def _largest_fit(priced: Priced, top: int, count: int, inventory: Inventory) -> bool:
-    """Whether some node holds `count` devices of the largest charge that fit together,
-    found greedily node by node (stops at the first such node)."""
-    taken: dict[str, int] = {}
-    used: dict[str, dict[tuple[_CounterSet, str], Fraction]] = {}
-    limits: dict[_CounterSet, dict[str, Fraction]] = {}
-    for device in paced(d for charge, _, group in priced if charge == top for d in group.devices):
-        scope = device.scope
-        if device.consumes_counters:
-            into = used.setdefault(scope, {})
-            uses = list(_uses(device))
-            if any(into.get(key, 0) + amount > _limit(limits, inventory, key) for key, amount in uses):
+    """Whether one group piece of one pool holds `count` devices of the largest charge that
+    fit together, taken greedily (stops at the first such pool; a miss proves nothing: the
+    exact search follows)."""
+    for charge, _, group in priced:
+        if charge != top:
+            continue
+        for pools, positions in group.parts():
+            if len(positions) < count:
                 continue
-            for key, amount in uses:
-                into[key] = into.get(key, 0) + amount
-        taken[scope] = taken.get(scope, 0) + 1
-        if taken[scope] >= count:
-            return True
+            for pool in paced(pools):
+                scope, shape = _pool(pool, inventory)
+                if scope is not None and _greedy(shape, positions) >= count:
+                    return True
     return False
 
 
-def _best_of_count(items: list[tuple[int, Device]], count: int, inventory: Inventory) -> int | None:
-    """The most memory `count` of one node's devices that fit together take (None: no such set)."""
-    free, parts = _components(items, inventory)
-    frees = sorted((c for c, _ in free), reverse=True)[:count]
-    # best[j]: the most memory j devices take, over the pieces combined so far.
-    best: list[int | None] = [None] * (count + 1)
-    total = 0
-    best[0] = 0
-    for j, charge in enumerate(frees, 1):
-        total += charge
-        best[j] = total
-    for part in parts:
-        table = _table(part, min(count, len(part.charges)))
-        merged = list(best)
-        for j, have in enumerate(best):
-            if have is None:
-                continue
-            for i, adds in enumerate(table[1:], 1):
-                if adds is not None and j + i <= count:
-                    now = merged[j + i]
-                    if now is None or have + adds > now:
-                        merged[j + i] = have + adds
-        best = merged
+@functools.lru_cache(maxsize=4096)
+def _greedy(shape: _Shape | None, positions: tuple[int, ...]) -> int:
+    """How many of these positions fit together, taken in order while they fit."""
+    if shape is None:
+        return len(positions)
+    left = list(shape.limits)
+    taken = 0
+    for p in positions:
+        need = shape.uses[p]
+        if all(left[k] >= a for k, a in need):
+            for k, a in need:
+                left[k] -= a
+            taken += 1
+    return taken
+
+
+def _top_sum(pools: list[tuple[_Shape | None, _Picks]], count: int) -> int | None:
+    """The sum of the scope's `count` largest candidate charges (None: fewer candidates)."""
+    charges = sorted(((charge, len(positions)) for _, picks in pools for positions, charge in picks), reverse=True)
+    total, left = 0, count
+    for charge, n in charges:
+        take = min(n, left)
+        total += charge * take
+        left -= take
+        if not left:
+            return total
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope_best(pools: tuple[tuple[_Shape | None, _Picks], ...], count: int) -> int | None:
+    """The most memory `count` of one node's candidates that fit together take (None: no such set)."""
+    best: list[int | None] = [0] + [None] * count
+    for shape, picks in pools:
+        free, parts = _split(shape, picks)
+        tables = [tuple(_prefix(sorted(free, reverse=True), count))] + [_table(p, min(count, len(p.charges)))
+                                                                         for p in parts]
+        for table in tables:
+            best = _merge(best, table, count)
     return best[count]
+
+
+def _prefix(charges: list[int], upto: int) -> list[int]:
+    out = [0]
+    for charge in charges[:upto]:
+        out.append(out[-1] + charge)
+    return out
+
+
+def _merge(best: list[int | None], table: Sequence[int | None], count: int) -> list[int | None]:
+    """best[j] over the pieces so far and `table`'s: the most memory j devices take."""
+    merged = list(best)
+    for j, have in enumerate(best):
+        if have is None:
+            continue
+        for i in range(1, min(len(table), count - j + 1)):
+            adds = table[i]
+            if adds is not None:
+                now = merged[j + i]
+                if now is None or have + adds > now:
+                    merged[j + i] = have + adds
+    return merged
 
 
 # -- the exact search, per physical device ------------------------------------------------------
@@ -247,50 +340,41 @@ def _best_of_count(items: list[tuple[int, Device]], count: int, inventory: Inven
 
 @dataclass(frozen=True, slots=True)
 class _Part:
-    """Devices linked by the counter sets they consume, in a form that compares by shape:
-    charges largest first, each device's consumption as (counter index, amount) pairs,
-    counter amounts scaled to integers, and each counter's limit."""
+    """Candidates linked by the counters they consume: charges largest first, each one's
+    consumption as (counter index, amount) pairs, and each counter's limit."""
 
     charges: tuple[int, ...]
-    uses: tuple[tuple[tuple[int, int], ...], ...]
+    uses: tuple[_Uses, ...]
     limits: tuple[int, ...]
 
 
-def _components(items: list[tuple[int, Device]], inventory: Inventory
-                ) -> tuple[list[tuple[int, Device]], list[_Part]]:
-    """Devices that consume no counter, and the others split into `_Part`s."""
-    free = [(c, d) for c, d in items if not d.consumes_counters]
-    bound = [(c, d) for c, d in items if d.consumes_counters]
-    parent: dict[_CounterSet, _CounterSet] = {}
+def _split(shape: _Shape | None, picks: _Picks) -> tuple[list[int], list[_Part]]:
+    """A pool's candidates: the charges of those that consume no counter, and `_Part`s."""
+    items = [(charge, p) for positions, charge in picks for p in positions]
+    if shape is None:
+        return [c for c, _ in items], []
+    free = [c for c, p in items if not shape.uses[p]]
+    bound = [(c, shape.uses[p]) for c, p in items if shape.uses[p]]
+    parent = list(range(len(shape.limits)))
 
-    def root(key: _CounterSet) -> _CounterSet:
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
+    def root(k: int) -> int:
+        while parent[k] != k:
+            k = parent[k]
+        return k
 
-    for _, device in bound:
-        sets = [(device.key.driver, device.key.pool, c.counter_set) for c in device.consumes_counters]
-        for other in sets[1:]:
-            parent[root(other)] = root(sets[0])
-    groups: dict[_CounterSet, list[tuple[int, Device]]] = {}
-    for charge, device in bound:
-        first = device.consumes_counters[0].counter_set
-        groups.setdefault(root((device.key.driver, device.key.pool, first)), []).append((charge, device))
-    return free, [_part(members, inventory) for members in groups.values()]
-
-
-def _part(members: list[tuple[int, Device]], inventory: Inventory) -> _Part:
-    members = sorted(members, key=lambda m: -m[0])  # stable: equal charges keep publish order
-    index: dict[tuple[_CounterSet, str], int] = {}
-    raw: list[list[tuple[int, Fraction]]] = []
-    for _, device in members:
-        raw.append([(index.setdefault(key, len(index)), amount) for key, amount in _uses(device)])
-    limits_cache: dict[_CounterSet, dict[str, Fraction]] = {}
-    limits = [_limit(limits_cache, inventory, key) for key in index]
-    scale = math.lcm(*(a.denominator for uses in raw for _, a in uses), *(v.denominator for v in limits))
-    return _Part(tuple(c for c, _ in members),
-                 tuple(tuple((i, int(a * scale)) for i, a in uses) for uses in raw),
-                 tuple(int(v * scale) for v in limits))
+    for _, uses in bound:
+        for k, _ in uses[1:]:
+            parent[root(k)] = root(uses[0][0])
+    groups: dict[int, list[tuple[int, _Uses]]] = {}
+    for charge, uses in bound:
+        groups.setdefault(root(uses[0][0]), []).append((charge, uses))
+    parts = []
+    for members in groups.values():
+        members.sort(key=lambda m: -m[0])  # stable: equal charges keep publish order
+        local: dict[int, int] = {}
+        uses_local = tuple(tuple((local.setdefault(k, len(local)), a) for k, a in uses) for _, uses in members)
+        parts.append(_Part(tuple(c for c, _ in members), uses_local, tuple(shape.limits[k] for k in local)))
+    return free, parts
 
 
 @functools.lru_cache(maxsize=1024)
@@ -299,10 +383,8 @@ def _table(part: _Part, upto: int) -> tuple[int | None, ...]:
     (None: no j of them fit). Exact within `SEARCH_STEPS`, else counters aside."""
     charges, uses, limits = part.charges, part.uses, part.limits
     n = len(charges)
-    prefix = [0]
-    for c in charges:
-        prefix.append(prefix[-1] + c)
-    if _fits_all(uses, limits):
+    prefix = _prefix(list(charges), n)
+    if _within(uses, limits):
         return tuple(prefix[: upto + 1])
     best: list[int | None] = [None] * (upto + 1)
     left = list(limits)
@@ -337,11 +419,11 @@ def _table(part: _Part, upto: int) -> tuple[int | None, ...]:
         return True
 
     if not visit(0, 0, 0):
-        return tuple(prefix[j] if j <= n else None for j in range(upto + 1))
+        return tuple(prefix[: upto + 1])
     return tuple(best)
 
 
-def _fits_all(uses: tuple[tuple[tuple[int, int], ...], ...], limits: tuple[int, ...]) -> bool:
+def _within(uses: tuple[_Uses, ...], limits: tuple[int, ...]) -> bool:
     total = [0] * len(limits)
     for need in uses:
         for k, a in need:

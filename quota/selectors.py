@@ -66,6 +66,10 @@ class _Devices(Sequence[Device]):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        return self._parts
+
     @overload
     def __getitem__(self, index: int) -> Device: ...
 
@@ -108,12 +112,10 @@ class DeviceGroup:
     def representative(self) -> Device:
         return self.devices[0]
 
-    def pools(self) -> Iterator[PoolIndex]:
-        """The pools its devices are in, without reading the devices (a pool may repeat)."""
+    def parts(self) -> tuple[Part, ...]:
+        """Its devices as (pools, positions) pieces: the same positions in each of the pools."""
         devices = self.devices
-        if isinstance(devices, _Devices):
-            for pools, _ in devices._parts:
-                yield from pools
+        return devices.parts if isinstance(devices, _Devices) else ()
 
 
 @dataclass(frozen=True, slots=True)
