@@ -70,30 +70,23 @@ def example_partitionable(inv: Inventory, node: str, gpus: int = 8, partitions: 
 
 
 def amd_mi300x(inv: Inventory, node: str, gpus: int, cpx: bool) -> None:
+    """SPX: one `amdgpu` per card; CPX: eight `amdgpu-partition`s per card, naming their parent."""
     devices: list[dict[str, Any]] = []
+    kind, prefix, memory, cus, profile = (("amdgpu-partition", "parent", "24Gi", 38, "cpx_nps4") if cpx
+                                          else ("amdgpu", "", "192Gi", 304, "spx_nps1"))
     render = 128
     for card in range(gpus):
-        parent = attrs(productName="AMD Instinct MI300X", family="AI", driverSrcVersion="C8C8A4E8BF3A7C8E2D17A3A")
-        parent["driverVersion"] = {"version": "6.12.12"}
-        if not cpx:
+        for _ in range(8 if cpx else 1):
+            ids = {("parentPciAddr" if cpx else "pciAddr"): f"0000:{card + 0x11:02x}:00.0",
+                   (f"{prefix}DeviceID" if cpx else "deviceID"): f"{card:016x}"}
             devices.append({
                 "name": f"gpu-{card}-{render}",
-                "attributes": {**parent, **attrs(type="amdgpu", pciAddr=f"0000:{card + 0x11:02x}:00.0",
-                                                 cardIndex=card, renderIndex=render, deviceID=f"{card:016x}",
-                                                 partitionProfile="spx_nps1")},
-                "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"},
-                             "simdUnits": {"value": "1216"}},
-            })
-            render += 1
-            continue
-        for _ in range(8):
-            devices.append({
-                "name": f"gpu-{card}-{render}",
-                "attributes": {**parent, **attrs(type="amdgpu-partition", parentPciAddr=f"0000:{card + 0x11:02x}:00.0",
-                                                 cardIndex=card, renderIndex=render, parentDeviceID=f"{card:016x}",
-                                                 partitionProfile="cpx_nps4")},
-                "capacity": {"memory": {"value": "24Gi"}, "computeUnits": {"value": "38"},
-                             "simdUnits": {"value": "152"}},
+                "attributes": {**attrs(productName="AMD Instinct MI300X", family="AI", type=kind, cardIndex=card,
+                                       renderIndex=render, partitionProfile=profile,
+                                       driverSrcVersion="C8C8A4E8BF3A7C8E2D17A3A", **ids),
+                               "driverVersion": {"version": "6.12.12"}},
+                "capacity": {"memory": {"value": memory}, "computeUnits": {"value": str(cus)},
+                             "simdUnits": {"value": str(cus * 4)}},
             })
             render += 1
     inv.add_or_update_slice(make_slice(f"{node}-amd", devices, driver=AMD, node=node))
