@@ -1,5 +1,6 @@
 """Pricing over partitionable devices: nodes as dra-example-driver publishes them with
-`--gpu-partitions 4` (per GPU a counter set, four partitions and the full GPU drawing on it).
+`--gpu-partitions 4` (per GPU a counter set, four partitions and the full GPU drawing on it;
+`tests/unit/drivers.py`).
 
 Prints, per claim shape, the first pricing (nothing cached: the matches and the counter
 work) and the cached one, p50 over `--samples` fresh Pricers sharing one matcher (so CEL
@@ -27,36 +28,9 @@ from quota.claims import ClaimSpec, parse_claim_spec, parse_device_class  # noqa
 from quota.inventory import Inventory  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.selectors import SelectorMatcher  # noqa: E402
+from tests.unit.drivers import example_partitionable  # noqa: E402
 
 D = "gpu.example.com"
-
-
-def node_slices(node: str, gpus: int = 8, partitions: int = 4) -> list[dict[str, Any]]:
-    counter_sets: list[dict[str, Any]] = []
-    devices: list[dict[str, Any]] = []
-    part_memory, part_compute = f"{80 * 1024 // partitions}Mi", str(100 // partitions)
-    for i in range(gpus):
-        common: dict[str, Any] = {"index": {"int": i}, "uuid": {"string": f"gpu-{node}-{i}"}, "model": {"string": "LATEST-GPU-MODEL"},
-                  "driverVersion": {"version": "1.0.0"}}
-        counter_set = f"gpu-{i}-counters"
-        counter_sets.append({"name": counter_set, "counters": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}})
-        for j in range(partitions):
-            devices.append({"name": f"gpu-{i}-partition-{j}",
-                            "attributes": {**common, "partition": {"int": j}, "partitionable": {"bool": True}},
-                            "capacity": {"memory": {"value": part_memory}, "compute": {"value": part_compute}},
-                            "consumesCounters": [{"counterSet": counter_set, "counters": {
-                                "memory": {"value": part_memory}, "compute": {"value": part_compute}}}]})
-        devices.append({"name": f"gpu-{i}-full",
-                        "attributes": {**common, "partitionable": {"bool": True}, "full": {"bool": True}},
-                        "capacity": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}},
-                        "consumesCounters": [{"counterSet": counter_set, "counters": {
-                            "memory": {"value": "80Gi"}, "compute": {"value": "100"}}}]})
-
-    def one(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-                "spec": {"driver": D, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
-                         **spec}}
-    return [one(f"{node}-counters", {"sharedCounters": counter_sets}), one(f"{node}-devices", {"devices": devices})]
 
 
 def claim(*selectors: str, count: int | None = None) -> ClaimSpec:
@@ -77,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     inv = Inventory()
     started = time.perf_counter()
-    inv.replace_all(s for n in range(args.nodes) for s in node_slices(f"node-{n}"))
+    inv.replace_all(s for n in range(args.nodes) for s in example_partitionable(f"node-{n}"))
     print(f"inventory: {args.nodes} nodes, {len(inv.usable())} devices, loaded in {time.perf_counter() - started:.2f} s")
     classes = {c.name: c for c in [parse_device_class({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": D},
