@@ -9,8 +9,12 @@ on it. The real DynamicResources plugin then allocates, or refuses, claims over 
   partitions of the other), not 3 x the largest;
 - `All` over every device cannot fit (a GPU and its partitions exclude each other): the
   scheduler refuses it ("cannot allocate all claims"), and we charge no more than the
-  node's counters allow together (its 160Gi, 8 partitions), not the 200Gi and 10 devices
+  node's counters allow together (its 160Gi, 8 partitions), not the 320Gi and 10 devices
   it publishes.
+And `All` over two nodes, 2 whole GPUs on one and 4 partitions on the other: the scheduler
+may choose either, and the one it gets (pinned here to the partitioned node) charges no
+more than our estimate in either dimension (before, the node with the most memory set both:
+2 devices, under the 4 allocated).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from quota.pricing import Pricer
 from tests.unit.drivers import EXAMPLE, example_partitionable
 
 from .driver import (
-    FLEET_LABEL, RESOURCE_V1, GpuFleet, claim_spec, create_claim_template, create_node, create_pod, exact_request,
+    FLEET_LABEL, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_node, create_pod, exact_request,
     free_pod, wait_pod_allocated,
 )
 from .kube import Kube, poll
@@ -109,3 +113,27 @@ async def test_partitions_priced_within_what_the_scheduler_can_allocate(
         await free_pod(kube, namespace, case)
     finally:
         await kube.delete(RESOURCE_V1, "deviceclasses", cls)
+
+
+async def test_all_is_charged_each_dimension_from_the_node_with_the_most(
+    kube: Kube, make_fleet: Callable[..., Awaitable[GpuFleet]], namespace: str,
+) -> None:
+    fleet = await make_fleet("all-dims")
+    await fleet.add_node("whole", [Gpu("AMD Instinct MI300X", "192Gi")] * 2)
+    cpx = await fleet.add_node("cpx", [Gpu("AMD Instinct MI300X", "24Gi")] * 4)
+    inventory = Inventory()
+    for name in fleet.slices:
+        inventory.add_or_update_slice(await kube.get(RESOURCE_V1, "resourceslices", name))
+    parsed = parse_device_class(await kube.get(RESOURCE_V1, "deviceclasses", fleet.device_class))
+    pricer = Pricer(inventory, {parsed.name: parsed})
+    spec = claim_spec(exact_request("gpu", fleet.device_class, allocation_mode="All"))
+    conservative = pricer.estimate(parse_claim_spec(spec)).total
+    assert conservative == Charge(2 * 192 * Gi, 4)
+
+    await create_claim_template(kube, namespace, "all", spec)
+    await create_pod(kube, namespace, "all", template="all", node_selector={"kubernetes.io/hostname": cpx})
+    _, claim = await wait_pod_allocated(kube, namespace, "all", timeout=90)
+    exact = pricer.exact(parse_claim(claim)).total
+    assert exact == Charge(4 * 24 * Gi, 4)
+    assert exact.memory <= conservative.memory and exact.devices <= conservative.devices
+    await free_pod(kube, namespace, "all")
