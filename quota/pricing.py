@@ -1,7 +1,8 @@
 """The charge of a claim: estimated before its allocation, exact from it.
 
-Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device (and
-sums candidate groups), `quota.allocated` prices an allocated claim (`Pricer.exact`),
+Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
+`quota.counters` sums candidates per node within their shared counters (All, and
+ExactCount over partitionable devices), `quota.allocated` prices an allocated claim (`Pricer.exact`),
 `quota.devicequota` compares charges with limits. The rules are docs/design.md's "The
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
