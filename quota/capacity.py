@@ -1,5 +1,5 @@
-"""Per-device rules: capacity requests, requestPolicy rounding, taints; and their sums over
-candidate groups (`eligible`, `all_mode`).
+"""Per-device rules: capacity requests, requestPolicy rounding, taints; and which candidate
+groups can serve a request (`eligible`; their sums per node are `quota.counters`').
 
 Neighbours: `quota.pricing` asks, for a candidate device and a request, whether the
 device can serve it and what one allocation of it costs in memory; `quota.allocated`
@@ -21,13 +21,12 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from quota.claims import DeviceRequirement, Toleration
-from quota.model import MEMORY, ZERO, Capacity, Charge, Device, RequestPolicy, Taint, qualify
+from quota.model import MEMORY, Capacity, Device, RequestPolicy, Taint, qualify
 from quota.quantity import ceil_int
 from quota.selectors import DeviceGroup
-from quota.work import paced
 
 __all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all", "eligible",
-           "publishes_memory", "all_mode", "per_scope"]
+           "publishes_memory"]
 
 
 def round_request(request: Fraction, capacity: Capacity) -> Fraction | None:
@@ -153,27 +152,3 @@ def eligible(groups: Iterable[DeviceGroup], req: DeviceRequirement) -> list[tupl
 def publishes_memory(groups: Iterable[DeviceGroup]) -> bool:
     """Whether any of these devices publishes a `memory` capacity (0 included)."""
     return any(g.representative.own_capacity(MEMORY) is not None for g in groups)
-
-
-def all_mode(priced: list[tuple[int, int, DeviceGroup]]) -> Charge:
-    """allocationMode All: the largest sum over the candidates of one node (or pool).
-
-    The same in both modes: docs/design.md defines an optimistic variant only for ExactCount
-    and firstAvailable, and the scheduler gives an All request every matching device.
-    """
-    return max(per_scope(priced).values(), key=lambda c: (c.memory, c.devices), default=ZERO)
-
-
-def per_scope(priced: list[tuple[int, int, DeviceGroup]]) -> dict[str, Charge]:
-    """The candidates' charges summed per node (or pool, for devices bound to none).
-
-    Reads every candidate: a class's bound over 58,000 devices (`Pricer.upper_bound`,
-    once per class) took 68 ms in one piece (bench/stalls.py); now plain sums, pausing
-    (`quota.work.paced`)."""
-    memory: dict[str, int] = {}
-    devices: dict[str, int] = {}
-    for charge, device in paced((charge, device) for charge, _, group in priced for device in group.devices):
-        scope = device.scope
-        memory[scope] = memory.get(scope, 0) + charge
-        devices[scope] = devices.get(scope, 0) + 1
-    return {scope: Charge(total, devices[scope]) for scope, total in memory.items()}

@@ -76,7 +76,7 @@ def _presence_column(values: tuple[object, ...]) -> Column:
     return Column(values)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class PoolIndex:
     """A usable pool's devices and the column of every field any of them has.
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from quota.columns import ColumnTable, Field, PoolIndex
@@ -52,6 +53,8 @@ class _Pool:
     slices: dict[str, ParsedSlice] = field(default_factory=dict)
     # Devices of the highest generation, complete or not (for allocated-claim lookups).
     known: dict[str, Device] = field(default_factory=dict)
+    # The counter sets of the highest generation (`sharedCounters`), by name.
+    counters: dict[str, Mapping[str, Fraction]] = field(default_factory=dict)
     usable: bool = False
     unusable_reason: str = ""
 
@@ -72,6 +75,9 @@ class Inventory:
         self._columns = ColumnTable()
         # Per field, how many usable pools have it: a field no pool has needs no lookup.
         self._field_pools: dict[Field, int] = {}
+        # Usable pools where some device draws on shared counters (partitionable devices):
+        # pricing reads counters only for candidates of these.
+        self._counter_pools: set[PoolKey] = set()
         # (generation, pools it rebuilt) for recent changes: caches catch up per pool.
         self._journal: deque[tuple[int, tuple[PoolKey, ...]]] = deque(maxlen=_JOURNAL_LENGTH)
         self.generation = 0
@@ -122,6 +128,7 @@ class Inventory:
         # The swap: no pause point until it is done.
         self._slice_pool, self._pools, self._usable = fresh._slice_pool, fresh._pools, fresh._usable
         self._usable_pools, self._field_pools = fresh._usable_pools, fresh._field_pools
+        self._counter_pools = fresh._counter_pools
         self.generation += 1
         # A relist may drop pools no journal entry names: caches must rescan everything.
         self._journal.clear()
@@ -152,6 +159,15 @@ class Inventory:
             return None
         return {pool for gen, pools in self._journal if gen > generation for pool in pools}
 
+    def counter_pools(self) -> Set[PoolKey]:
+        """Usable pools with a device that consumes counters (empty: no partitionable devices)."""
+        return self._counter_pools
+
+    def counters(self, pool_key: PoolKey) -> Mapping[str, Mapping[str, Fraction]]:
+        """A usable pool's counter sets by name, each its counters' amounts (empty: none)."""
+        pool = self._pools.get(pool_key)
+        return pool.counters if pool is not None and pool.usable else {}
+
     def lookup(self, key: DeviceKey) -> Device | None:
         """A device of the pool's highest generation, usable or not (allocated claims)."""
         pool = self._pools.get((key.driver, key.pool))
@@ -177,6 +193,7 @@ class Inventory:
             for name in pool.known:
                 self._usable.pop(DeviceKey(pool_key[0], pool_key[1], name), None)
         self._count_fields(self._usable_pools.pop(pool_key, None), -1)
+        self._counter_pools.discard(pool_key)
         if not pool.slices:
             del self._pools[pool_key]
             return True
@@ -187,6 +204,8 @@ class Inventory:
             index = self._columns.index(tuple(pool.known.values()))
             self._usable_pools[pool_key] = index
             self._count_fields(index, 1)
+            if any(device.consumes_counters for device in pool.known.values()):
+                self._counter_pools.add(pool_key)
         return True
 
     def _count_fields(self, index: PoolIndex | None, delta: int) -> None:
@@ -220,7 +239,15 @@ class Inventory:
                     continue
                 known[name] = device
                 owner[name] = item.name
+        counters: dict[str, Mapping[str, Fraction]] = {}
+        for item in current:
+            for name, amounts in item.counter_sets:
+                if name in counters:
+                    duplicate = duplicate or f"generation {top}: duplicate counter set name {name!r}"
+                counters[name] = amounts
+        duplicate = duplicate or _missing_counters(known.values(), counters, top)
         pool.known = known
+        pool.counters = counters
         pool.usable = len(current) >= expected and not duplicate
         if duplicate:
             pool.unusable_reason = f"invalid, {duplicate}"
@@ -228,6 +255,22 @@ class Inventory:
             pool.unusable_reason = f"incomplete, generation {top}: {len(current)} of {expected} slices published"
         else:
             pool.unusable_reason = ""
+
+
+def _missing_counters(devices: Iterable[Device], counters: Mapping[str, Mapping[str, Fraction]], top: int) -> str:
+    """Why the pool's counters cannot be checked: the scheduler then marks the pool invalid
+    (structured pools.go, validateDeviceCounterConsumption), so do we ("" when they can)."""
+    for device in devices:
+        for consumption in device.consumes_counters:
+            found = counters.get(consumption.counter_set)
+            if found is None:
+                return (f"generation {top}: device {device.key.device!r} consumes counter set "
+                        f"{consumption.counter_set!r}, which no slice of the pool publishes")
+            for name in consumption.counters:
+                if name not in found:
+                    return (f"generation {top}: device {device.key.device!r} consumes counter {name!r}, "
+                            f"not in counter set {consumption.counter_set!r}")
+    return ""
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The charge of a claim: estimated before its allocation, exact from it.
 
-Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device (and
-sums candidate groups), `quota.allocated` prices an allocated claim (`Pricer.exact`),
+Neighbours: `quota.selectors` finds candidates, `quota.capacity` prices one device,
+`quota.counters` sums candidates per node within their shared counters (All, and
+ExactCount over partitionable devices), `quota.allocated` prices an allocated claim (`Pricer.exact`),
 `quota.devicequota` compares charges with limits. The rules are docs/design.md's "The
 charge of a claim"; like the in-tree evaluator (pkg/quota/v1/evaluator/core/
 resource_claims.go) the result depends only on the claim, the inventory and the
@@ -30,8 +31,9 @@ from functools import reduce
 from typing import TypeVar
 
 from quota.allocated import AllocatedPricer
-from quota.capacity import all_mode, eligible, nominal_memory_charge, per_scope, publishes_memory
+from quota.capacity import eligible, nominal_memory_charge, publishes_memory
 from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
+from quota.counters import all_mode, count_memory, per_scope
 from quota.inventory import Inventory
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.priced import PricedRequest, Pricing, Share, combine
@@ -199,14 +201,23 @@ class Pricer:
             return _Estimate(count, ZERO, matches=spent)
         if count == 0:
             return self._no_candidate(req, cls, mode, budget, spent)
-        warnings: tuple[str, ...] = ()
         unpriced = not publishes_memory(g for _, _, g in priced)
+        charge, warnings = self._candidates_charge(req, priced, count, mode)
+        return _Estimate(count, charge, warnings, unpriced=unpriced, matches=spent)
+
+    def _candidates_charge(self, req: DeviceRequirement, priced: list[tuple[int, int, DeviceGroup]], count: int,
+                           mode: Mode) -> tuple[Charge, tuple[str, ...]]:
+        """What a request with candidates costs (docs/charging.md): All per node, within the
+        nodes' counters; ExactCount `count` devices at the largest (Optimistic: smallest)
+        per-device charge, capped by the most `count` devices can take together on one node."""
         if req.allocation_mode == "All":
-            return _Estimate(count, all_mode(priced), unpriced=unpriced, matches=spent)
-        per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
-        if count < req.count:
-            warnings = (f"only {count} device(s) match now, {req.count} requested",)
-        return _Estimate(count, Charge(per_device * req.count, req.count), warnings, unpriced=unpriced, matches=spent)
+            return all_mode(priced, self.inventory, mode)
+        if mode == "optimistic" or count < req.count:
+            per_device = (max if mode == "conservative" else min)(c for c, _, _ in priced)
+            short = (f"only {count} device(s) match now, {req.count} requested",) if count < req.count else ()
+            return Charge(per_device * req.count, req.count), short
+        memory, warnings = count_memory(priced, req.count, self.inventory)
+        return Charge(memory, req.count), warnings
 
     def _no_candidate(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode, budget: Budget,
                       spent: tuple[tuple[object, int], ...]) -> _Estimate:
@@ -220,7 +231,7 @@ class Pricer:
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
         largest = max((charge for charge, _, _ in priced), default=0)
         if req.allocation_mode == "All":
-            charge = all_mode(priced)
+            charge, _ = all_mode(priced, self.inventory)
         else:
             charge = Charge(largest * req.count, req.count)
         return _Estimate(0, charge, (
@@ -253,10 +264,7 @@ class Pricer:
         count = sum(n for _, n, _ in priced)
         if req.admin_access or count == 0:
             return _Selected(ZERO, count > 0, False, warnings, tuple(spent))
-        if req.allocation_mode == "All":
-            charge = all_mode(priced)
-        else:
-            charge = Charge((max if mode == "conservative" else min)(c for c, _, _ in priced) * req.count, req.count)
+        charge, _ = self._candidates_charge(req, priced, count, mode)
         return _Selected(charge, True, not publishes_memory(g for _, _, g in priced), warnings, tuple(spent))
 
     def _no_candidate_selected(self, req: DeviceRequirement, cls: DeviceClass, budget: Budget,
@@ -269,7 +277,8 @@ class Pricer:
             return _Selected(ZERO, False, False, warnings, tuple(spent))
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in groups]
         largest = max((charge for charge, _, _ in priced), default=0)
-        charge = all_mode(priced) if req.allocation_mode == "All" else Charge(largest * req.count, req.count)
+        charge = all_mode(priced, self.inventory)[0] if req.allocation_mode == "All" else Charge(largest * req.count,
+                                                                                                 req.count)
         return _Selected(charge, True, not publishes_memory(groups), warnings, tuple(spent))
 
     def _narrowed(self, chain: tuple[tuple[str, ...], ...], capacity_names: Sequence[str], selection: DeviceSelection,
@@ -335,7 +344,7 @@ class Pricer:
         if req.allocation_mode == "All":
             # Per dimension: the estimate's node (the largest memory sum of its
             # candidates) may have more devices than the node with the most memory.
-            return reduce(Charge.max, per_scope(priced).values(), ZERO)
+            return reduce(Charge.max, per_scope(priced).charges.values(), ZERO)
         return Charge(max((c for c, _, _ in priced), default=0) * req.count, req.count)
 
     # -- allocated claims: exact (`quota.allocated`) -------------------------------

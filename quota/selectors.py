@@ -66,6 +66,10 @@ class _Devices(Sequence[Device]):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        return self._parts
+
     @overload
     def __getitem__(self, index: int) -> Device: ...
 
@@ -107,6 +111,11 @@ class DeviceGroup:
     @property
     def representative(self) -> Device:
         return self.devices[0]
+
+    def parts(self) -> tuple[Part, ...]:
+        """Its devices as (pools, positions) pieces: the same positions in each of the pools."""
+        devices = self.devices
+        return devices.parts if isinstance(devices, _Devices) else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,8 @@ class ParsedSlice:
     pool_generation: int
     slice_count: int
     devices: tuple[Device, ...]
+    # `sharedCounters`: per counter set of the pool, its counters (a slice holds these or devices).
+    counter_sets: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
 
     @property
     def pool_key(self) -> tuple[str, str]:
@@ -92,6 +94,7 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
     raw_devices = as_list(spec.get("devices"), f"{where}.devices", SliceError)
     if raw_devices and spec.get("sharedCounters") is not None:
         raise SliceError(f"{where}: only one of sharedCounters or devices is allowed")
+    counter_sets = _counter_sets(spec.get("sharedCounters"), f"{where}.sharedCounters")
     per_device = spec.get("perDeviceNodeSelection") is True
     devices = []
     seen: set[str] = set()
@@ -106,7 +109,7 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice:
         devices.append(device)
     if len(devices) > validation.MAX_SLICE_DEVICES_ADVANCED:
         _check_device_count(devices, where)
-    return ParsedSlice(name, driver, pool_name, generation, count, tuple(devices))
+    return ParsedSlice(name, driver, pool_name, generation, count, tuple(devices), counter_sets)
 
 
 def _node_scope(spec: Mapping[str, Any], where: str) -> str | None:
@@ -310,20 +313,37 @@ def _intern(capacity: Capacity) -> Capacity:
     return capacity
 
 
+def _counter_sets(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Fraction]], ...]:
+    """`sharedCounters`: what partitions of one physical device draw on together."""
+    if raw is None:
+        return ()
+    out = []
+    for i, item in enumerate(at_most(as_list(raw, where, SliceError), validation.MAX_COUNTER_SETS, where, SliceError)):
+        if not isinstance(item, dict):
+            raise SliceError(f"{where}[{i}] must be an object")
+        name = dns_label(item.get("name"), f"{where}[{i}].name", SliceError)
+        out.append((name, _counters(item.get("counters"), f"{where}[{i}]")))
+    return tuple(out)
+
+
+def _counters(raw: Any, where: str) -> dict[str, Fraction]:
+    counters = raw or {}
+    if not isinstance(counters, dict):
+        raise SliceError(f"{where}.counters must be a map")
+    return {
+        dns_label(k, f"{where}.counters: key", SliceError): _quantity(
+            v.get("value") if isinstance(v, dict) else v, f"{where}.counters[{k!r}]"
+        )
+        for k, v in counters.items()
+    }
+
+
 def _consumption(raw: Any, where: str) -> CounterConsumption:
     if not isinstance(raw, dict):
         raise SliceError(f"{where}.consumesCounters entries must be objects")
-    counters = raw.get("counters") or {}
-    if not isinstance(counters, dict):
-        raise SliceError(f"{where}.consumesCounters counters must be a map")
     return CounterConsumption(
         counter_set=dns_label(raw.get("counterSet"), f"{where}.consumesCounters.counterSet", SliceError),
-        counters={
-            dns_label(k, f"{where}.consumesCounters.counters: key", SliceError): _quantity(
-                v.get("value") if isinstance(v, dict) else v, f"{where}.consumesCounters.counters[{k!r}]"
-            )
-            for k, v in counters.items()
-        },
+        counters=_counters(raw.get("counters"), f"{where}.consumesCounters"),
     )
 
 

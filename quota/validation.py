@@ -31,6 +31,7 @@ __all__ = [
     "MAX_VALID_VALUES",
     "MAX_TAINTS",
     "MAX_COUNTER_CONSUMPTIONS",
+    "MAX_COUNTER_SETS",
     "MAX_CEL_LENGTH",
     "integer",
     "at_most",
@@ -61,6 +62,7 @@ MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength
 MAX_VALID_VALUES = 10  # CapacityRequestPolicyDiscreteMaxOptions
 MAX_TAINTS = 16  # DeviceTaintsMaxLength
 MAX_COUNTER_CONSUMPTIONS = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
 MAX_CEL_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
 _MAX_DOMAIN = 63  # DeviceMaxDomainLength
 _MAX_ID = 32  # DeviceMaxIDLength

@@ -64,6 +64,24 @@ def make_slice(name: str, devices: list[dict[str, Any]], *, driver: str = "gpu.e
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
 
 
+def make_counter_slice(name: str, counter_sets: dict[str, dict[str, str]], *, driver: str = "gpu.example.com",
+                       node: str = "node-1", count: int = 2, generation: int = 1) -> dict[str, Any]:
+    """A slice of `sharedCounters` only (the API keeps them apart from devices), in `node`'s pool."""
+    obj = make_slice(name, [], driver=driver, node=node, count=count, generation=generation)
+    del obj["spec"]["devices"]
+    obj["spec"]["sharedCounters"] = [
+        {"name": set_name, "counters": {k: {"value": v} for k, v in counters.items()}}
+        for set_name, counters in counter_sets.items()
+    ]
+    return obj
+
+
+def consumes(counter_set: str, **counters: str) -> list[dict[str, Any]]:
+    """A device's `consumesCounters` (counter names with `-` written as `_`)."""
+    return [{"counterSet": counter_set,
+             "counters": {k.replace("_", "-"): {"value": v} for k, v in counters.items()}}]
+
+
 def make_class(name: str, *selectors: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from quota.capacity import memory_charge, per_scope, round_request, tolerates_all
+from quota.capacity import memory_charge, round_request, tolerates_all
+from quota.counters import per_scope
 from quota.claims import DeviceRequirement, Toleration
 from quota.model import Capacity, Charge, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
 from quota.inventory import Inventory
@@ -104,4 +105,4 @@ def test_per_scope_sums_per_node_and_pauses_on_the_way() -> None:
     with pausing(lambda: pauses.append(1)):
         sums = per_scope(groups)
     assert len(pauses) == len(node) // PAUSE_ITEMS == 2
-    assert sums == {"node-0": Charge(7001, 701), "node-1": Charge(7000, 700), "node-2": Charge(7000, 700)}
+    assert sums.charges == {"node-0": Charge(7001, 701), "node-1": Charge(7000, 700), "node-2": Charge(7000, 700)}

@@ -109,6 +109,8 @@ def test_optimistic_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert got[("serving", "llm-serve")]["charge"] == {"memory": 141 * Gi, "devices": 1}
     assert got[("serving", "replica-h200")]["warnings"] == []
     assert got[("research", "cuda-cc-above-8")]["charge"]["memory"] == 48 * Gi
+    # All, optimistic: the smallest node per dimension (h100-node-1), not h200-node-1's 1128Gi.
+    assert got[("research", "hopper-burn-in")]["charge"] == {"memory": 640 * Gi, "devices": 8}
 
 
 def test_json_contract_shape(capsys: pytest.CaptureFixture[str]) -> None:

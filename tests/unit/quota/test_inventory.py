@@ -8,7 +8,7 @@ from quota.inventory import Inventory
 from quota.model import DeviceKey, Version
 from quota.slices import SliceError
 
-from ..builders import GiB, make_device, make_slice
+from ..builders import GiB, consumes, make_counter_slice, make_device, make_slice
 
 KEY = DeviceKey("gpu.example.com", "node-1", "gpu-0")
 
@@ -99,12 +99,43 @@ def test_shared_device_policy_and_taints_are_parsed() -> None:
 
 def test_partitionable_devices_keep_their_counters() -> None:
     dev = make_device("gpu-0-mig-1g")
-    dev["consumesCounters"] = [{"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": "5Gi"}}}]
+    dev["consumesCounters"] = consumes("gpu-0-counter-set", memory="5Gi")
     inv = Inventory()
-    inv.add_or_update_slice(make_slice("s", [dev]))
+    inv.add_or_update_slice(make_slice("s", [dev], count=2))
+    inv.add_or_update_slice(make_counter_slice("c", {"gpu-0-counter-set": {"memory": "40Gi", "memory-slice-0": "1"}}))
     counters = inv.usable()[DeviceKey("gpu.example.com", "node-1", "gpu-0-mig-1g")].consumes_counters
     assert counters[0].counter_set == "gpu-0-counter-set"
     assert counters[0].counters == {"memory": Fraction(5 * GiB)}
+    pool = ("gpu.example.com", "node-1")
+    assert inv.counters(pool) == {"gpu-0-counter-set": {"memory": Fraction(40 * GiB), "memory-slice-0": 1}}
+    assert inv.counter_pools() == {pool}
+    inv.delete_slice("s")
+    assert inv.counter_pools() == set(), "no device consumes the counters any more"
+
+
+@pytest.mark.parametrize(("counter_sets", "reason"), [
+    ({}, "device 'gpu-0-mig-1g' consumes counter set 'gpu-0-counter-set', which no slice of the pool publishes"),
+    ({"gpu-0-counter-set": {"compute": "100"}}, "device 'gpu-0-mig-1g' consumes counter 'memory', not in counter set"),
+])
+def test_a_pool_whose_counters_cannot_be_checked_is_invalid_as_for_the_scheduler(
+        counter_sets: dict[str, dict[str, str]], reason: str) -> None:
+    """The allocator marks such a pool invalid (structured pools.go) and allocates nothing from it."""
+    dev = make_device("gpu-0-mig-1g")
+    dev["consumesCounters"] = consumes("gpu-0-counter-set", memory="5Gi")
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("s", [dev], count=2))
+    inv.add_or_update_slice(make_counter_slice("c", counter_sets))
+    assert not inv.usable() and not inv.counter_pools()
+    assert reason in inv.unusable_pools()[("gpu.example.com", "node-1")]
+
+
+def test_a_counter_set_published_twice_makes_the_pool_invalid() -> None:
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("s", [make_device("gpu-0")], count=3))
+    inv.add_or_update_slice(make_counter_slice("c1", {"gpu-0-counter-set": {"memory": "40Gi"}}, count=3))
+    inv.add_or_update_slice(make_counter_slice("c2", {"gpu-0-counter-set": {"memory": "40Gi"}}, count=3))
+    assert inv.unusable_pools() == {("gpu.example.com", "node-1"):
+                                    "invalid, generation 1: duplicate counter set name 'gpu-0-counter-set'"}
 
 
 @pytest.mark.parametrize(

@@ -91,9 +91,10 @@ H100 = f"device.attributes['{D}'].model == 'h100'"
         ([request("r", exactly("mig", count=3))], "conservative", 3 * 4864 * MiB, 3, 7),
         # Candidates must satisfy capacity.requests.
         ([request("r", exactly("gpu", capacity={"memory": "100Gi"}))], "optimistic", 141 * GiB, 1, 2),
-        # All: the largest per-node sum; devices = that node's count.
+        # All: per dimension, the largest per-node sum (node-1's 4 x 80Gi); optimistic: the
+        # smallest (node-2's 2 x 141Gi).
         ([request("r", exactly("gpu", mode="All"))], "conservative", 4 * 80 * GiB, 4, 6),
-        ([request("r", exactly("gpu", mode="All"))], "optimistic", 4 * 80 * GiB, 4, 6),  # no optimistic All
+        ([request("r", exactly("gpu", mode="All"))], "optimistic", 2 * 141 * GiB, 2, 6),
         # firstAvailable: per-dimension max (conservative) / min (optimistic) over subrequests.
         ([first_available("r", ("big", exactly("gpu", count=1)), ("many", exactly("mig", count=4)))],
          "conservative", 141 * GiB, 4, 6),
