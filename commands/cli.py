@@ -29,6 +29,7 @@ from quota.version import version
 if TYPE_CHECKING:
     from commands.serve import LeaderElection
     from quota.check import Report
+    from quota.memorysources import MemorySources
     from quota.model import Charge
 
 EXIT_OK = 0
@@ -100,7 +101,23 @@ def _add_check(sub: _Subparsers) -> None:
     check.add_argument("--fail-on-deny", action="store_true",
                        help="exit 1 when any claim or template is denied (for CI gates; the report is printed "
                             "either way; unreadable input stays 2)")
+    _memory_source_flags(check)
     check.set_defaults(run=_run_check)
+
+
+def _memory_source_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory-sources", dest="memory_sources", action="append", default=[], metavar="FILE",
+                        help="a MemorySources file: where devices whose driver publishes no `memory` capacity get "
+                             "their memory; each file replaces the shipped entries of the drivers it names "
+                             "(repeatable; docs/charging.md, \"Devices without a memory\")")
+    parser.add_argument("--default-memory-sources", action=argparse.BooleanOptionalAction, default=True,
+                        help="start from the shipped memory sources (NVIDIA VFIO, Gaudi, TPU, ...; default on)")
+
+
+def _memory_sources(args: argparse.Namespace) -> MemorySources:
+    """The memory sources the flags name; raises MemorySourcesError."""
+    from quota.memorysources import load_memory_sources
+    return load_memory_sources(args.memory_sources, defaults=args.default_memory_sources)
 
 
 def _add_serve(sub: _Subparsers) -> None:
@@ -135,6 +152,7 @@ def _add_serve(sub: _Subparsers) -> None:
                                 "ValidatingAdmissionPolicy's parameter object); missing means nobody allowlisted")
     serve.add_argument("--allocation-check", choices=("enforce", "account-only"), default="enforce",
                        help="deny an allocation that charges more than was reserved and breaks hard (default enforce)")
+    _memory_source_flags(serve)
     serve.add_argument("--default-pricing", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
     serve.add_argument("--reservation-ttl", type=float, default=120.0, metavar="SECONDS",
@@ -258,6 +276,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         self_managed = certificates.from_args(args) if mode == "self" else None
         election = _leader_election(args)
         limits = connections.from_args(args)
+        memory_sources = _memory_sources(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INPUT
@@ -266,7 +285,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         certificates=self_managed,
         bind_address=",".join(hosts), port=args.port, admin_access_policy=args.admin_access_policy,
         admin_access_configmap=args.admin_access_configmap,
-        allocation_check=args.allocation_check, default_pricing=args.default_pricing,
+        allocation_check=args.allocation_check, default_pricing=args.default_pricing, memory_sources=memory_sources,
         reservation_ttl=args.reservation_ttl, lease_period=args.lease_period, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
@@ -346,6 +365,7 @@ def _run_check(args: argparse.Namespace) -> int:
     from quota.check import run_check
     from quota.inventory import gc_paused
     from quota.loader import CheckInputError, iter_documents
+    from quota.memorysources import MemorySourcesError
     from quota.printable import for_terminal
 
     load_warnings: list[str] = []
@@ -354,8 +374,9 @@ def _run_check(args: argparse.Namespace) -> int:
         # all alive at once; the collector is paused while tens of thousands of acyclic
         # objects are built (measured on the 5,000-node dump: 7.1 s/496 MB -> 4.1 s/350 MB).
         with gc_paused():
-            report = run_check(iter_documents(args.paths, load_warnings), mode=args.mode)
-    except CheckInputError as err:
+            report = run_check(iter_documents(args.paths, load_warnings), mode=args.mode,
+                               memory_sources=_memory_sources(args))
+    except (CheckInputError, MemorySourcesError) as err:
         print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return EXIT_INPUT
     for warning in (*load_warnings, *report.warnings):
@@ -523,7 +544,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         # The examples are package data: a directory of files in any pip-installed copy.
         with as_file(demo.examples()) as examples:
             return _run_check(argparse.Namespace(paths=[str(examples)], output=args.output, mode="conservative",
-                                                 fail_on_deny=False))
+                                                 fail_on_deny=False, memory_sources=[],
+                                                 default_memory_sources=True))
     except demo.DemoError as err:
         for line in str(err).splitlines():
             print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)

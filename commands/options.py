@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from quota.leases import Timing
+from quota.memorysources import MemorySources, default_memory_sources
 from quota.model import Mode
 from quota.policy import PolicyError
 from runtime.logbounds import CutLongMessages
@@ -54,6 +55,9 @@ class ServeOptions:
     policy_poll_seconds: float = 5.0
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
+    # Where devices whose driver publishes no `memory` get theirs (quota.memorysources):
+    # the shipped defaults, each file replacing the drivers it names.
+    memory_sources: MemorySources = field(default_factory=default_memory_sources)
     cert_poll_seconds: float = 5.0
     # How long a persisted reservation whose claim never appears holds before any replica
     # may drop it (quota.reservations: longer than the API server's request timeout plus

@@ -30,6 +30,7 @@ from controllers.governed import GovernedLabels
 from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
 from controllers.leader import LeaderElector, default_identity
 from kube.leasebook import LeaseBook
+from quota.memorysources import NO_SOURCES, MemorySources
 from quota.headroom import Sizing
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
@@ -86,15 +87,17 @@ class Caches:
 
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 120.0,
                  requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
-                 leading: Callable[[], bool] | None = None, lease_period: float = 0.0) -> None:
+                 leading: Callable[[], bool] | None = None, lease_period: float = 0.0,
+                 memory_sources: MemorySources = NO_SOURCES) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
-        `leading`: the Lease holder writes our annotations on claims (controllers.annotator)."""
+        `leading`: the Lease holder writes our annotations on claims (controllers.annotator);
+        `memory_sources`: where devices whose driver publishes no `memory` get theirs."""
         # The CEL parser is imported at the first selector compiled (`quota.cel.selector`,
         # for the CLI's start-up): 0.1-0.3 s in one piece (building the grammar's tables),
         # here, before `serve` runs anything else on its loop, rather than in a review or
         # once the stall watch runs (bench/stalls.py).
         import quota.cel.syntax  # noqa: F401
-        self.inventory = Inventory()
+        self.inventory = Inventory(memory_sources)
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))

@@ -25,6 +25,9 @@ from devcluster.kube import Kube
 from quota.raw import Obj
 
 DRIVER = "gpu.nvidia.com"
+NIC_DRIVER = "dra.net"
+GAUDI_DRIVER = "gaudi.intel.com"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 RESOURCE_V1 = "resource.k8s.io/v1"
 FLEET_LABEL = "minik8s.test/fleet"
 POD_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: there is no kubelet
@@ -36,6 +39,9 @@ class Gpu:
 
     product: str = "NVIDIA A100-SXM4-80GB"
     memory: str = "80Gi"
+    # The standard resource.kubernetes.io/pcieRoot attribute (a GPU + NIC claim's
+    # matchAttribute); None: not published, as before.
+    pcie_root: str | None = None
 
 
 @dataclass
@@ -62,6 +68,12 @@ class GpuFleet:
         slice_obj = await publish_node_slice(self.kube, name, gpu_devices(name, gpus), driver=self.driver)
         self.slices.append(slice_obj["metadata"]["name"])
         return name
+
+    async def add_driver(self, node: str, driver: str, devices: list[Obj]) -> None:
+        """Publish another driver's devices on this fleet's `node` (its own pool, named
+        after the node, as every kubelet plugin does); deleted with the fleet."""
+        slice_obj = await publish_node_slice(self.kube, node, devices, driver=driver)
+        self.slices.append(slice_obj["metadata"]["name"])
 
     async def delete(self) -> None:
         for s in self.slices:
@@ -135,8 +147,10 @@ async def create_node(
 
 def gpu_devices(node: str, gpus: Iterable[Gpu]) -> list[Obj]:
     """Devices ``gpu-0..`` with attributes type/productName/uuid and capacity memory (unqualified
-    names belong to the driver's domain: ``device.attributes["gpu.nvidia.com"].productName``)."""
-    return [
+    names belong to the driver's domain: ``device.attributes["gpu.nvidia.com"].productName``),
+    and pcieRoot where the GPU names one."""
+    gpus = list(gpus)
+    devices: list[Obj] = [
         {
             "name": f"gpu-{i}",
             "attributes": {
@@ -148,6 +162,43 @@ def gpu_devices(node: str, gpus: Iterable[Gpu]) -> list[Obj]:
             "capacity": {"memory": {"value": g.memory}},
         }
         for i, g in enumerate(gpus)
+    ]
+    if any(g.pcie_root for g in gpus):
+        for device, g in zip(devices, gpus, strict=True):
+            if g.pcie_root:
+                device["attributes"][PCIE_ROOT] = {"string": g.pcie_root}
+    return devices
+
+
+def rdma_nics(pcie_roots: Iterable[str]) -> list[Obj]:
+    """RDMA NICs as kubernetes-sigs/dranet publishes them (driver ``dra.net``): fully
+    qualified ``dra.net/...`` attributes and the standard pcieRoot, no capacity at all."""
+    return [
+        {
+            "name": f"pci-0000-{i + 0x1a:02x}-00-1",
+            "attributes": {
+                f"{NIC_DRIVER}/rdma": {"bool": True},
+                f"{NIC_DRIVER}/pciDevice": {"string": "MT2910 Family [ConnectX-7]"},
+                f"{NIC_DRIVER}/rdmaDevice": {"string": f"mlx5_{i}"},
+                f"{NIC_DRIVER}/numaNode": {"int": 0},
+                PCIE_ROOT: {"string": root},
+            },
+        }
+        for i, root in enumerate(pcie_roots)
+    ]
+
+
+def gaudi_devices(models: Iterable[str]) -> list[Obj]:
+    """Gaudi accelerators as intel's driver publishes them (driver ``gaudi.intel.com``):
+    attributes model, serial, healthy, no capacity; their memory comes from dra-quota's
+    memory sources (the shipped ones price a Gaudi3 at 128Gi)."""
+    return [
+        {
+            "name": f"0000-{i + 0x33:02x}-00-0-0x1060",
+            "attributes": {"model": {"string": model}, "serial": {"string": f"AM4{i:02d}012345"},
+                           "healthy": {"bool": True}},
+        }
+        for i, model in enumerate(models)
     ]
 
 

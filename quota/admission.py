@@ -25,7 +25,8 @@ from quota.counting import MAX_PRICED_SELECTIONS, Priced, Repriced, claim_ref, o
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.explain import conservative_note
 from quota.ledger import ClaimRef, Entry
-from quota.model import Charge, DeviceClassName, Mode, Namespace
+from quota.memoryless import unmetered_warning, unpriced_message
+from quota.model import Charge, Device, DeviceClassName, Mode, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.validation import MAX_INT64
 from quota.work import Budget
@@ -93,16 +94,6 @@ class Fit:
     never: Decision
     now: Decision
     warnings: tuple[str, ...]  # pricing's, memory no device prices (Audit), Audit excesses of `never`
-
-
-def _unpriced_message(quota: DeviceQuota, alternative: str, cls: DeviceClassName) -> str:
-    which = "" if quota.scope.devices.everything else " its spec.devices selects"
-    return (
-        f'{quota.kind} "{quota.name}" limits memory but request {alternative} cannot be priced: no device of '
-        f"class {cls}{which} that could serve it publishes a memory capacity. Publish the devices "
-        f"(ResourceSlices with a memory capacity), or leave class {cls} out of the quota's "
-        "spec.deviceClassNames"
-    )
 
 
 def charged_above(claim: Claim, exact: Charge) -> str:
@@ -209,12 +200,16 @@ class Admitter(Annotating):
         return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
 
     def _unpriced(self, claim: Claim, pricing: Pricing) -> tuple[list[str], list[str]]:
-        """Denials (Enforce) and warnings (Audit) for memory no known device can price.
+        """Denials (Enforce) and warnings (Audit) for memory no known device can price,
+        and warnings for devices without a memory that a quota's scope counts.
 
-        A request whose devices publish no `memory` capacity, or whose class has no
-        devices at all, is charged 0 memory: under a quota that limits memory that would
-        make it free, however many are made. So no price is no admission (docs/design.md,
-        "The charge of a claim"; docs/charging.md, "No free claims").
+        A request that could get accelerators whose memory nothing tells (no `memory`
+        capacity, no memory source applies), or whose class has no devices at all, is
+        charged 0 memory: under a quota that limits memory that would make it free,
+        however many are made. So no price is no admission (docs/design.md, "The charge
+        of a claim"; docs/charging.md, "No free claims"). Devices that are no
+        accelerators (an RDMA NIC) are outside a quota with no scope; one whose scope
+        names them charges them 0 memory, and says so (`quota.memoryless`).
         """
         denials: list[str] = []
         warnings: list[str] = []
@@ -223,12 +218,22 @@ class Admitter(Annotating):
                 continue
             for request in pricing.requests:
                 for alternative, cls in request.unpriced_in(quota.scope):
-                    message = _unpriced_message(quota, alternative, cls)
+                    message = unpriced_message(quota, alternative, cls, self._class_devices(cls))
                     if quota.enforcement == "Audit":
                         warnings.append(f"{message} (enforcement: Audit, admitted)")
                     else:
                         denials.append(message)
-        return denials, warnings
+                warnings.extend(unmetered_warning(quota, alternative, cls, drivers)
+                                for alternative, cls, drivers in request.unmetered_in(quota.scope))
+        return denials, list(dict.fromkeys(warnings))
+
+    def _class_devices(self, name: DeviceClassName) -> list[Device]:
+        """One device of each group of class `name` (what a denial names; the class's
+        selectors only, cached: no tenant CEL)."""
+        cls = self.pricer.classes.get(name)
+        if cls is None:
+            return []
+        return [g.representative for g in self.pricer.matcher.match((cls.selectors,)).groups]
 
     def account_allocated(self, claim: Claim) -> Admission:
         """An allocated claim is existing state: charged exactly to `used`, never denied."""

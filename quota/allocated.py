@@ -61,7 +61,8 @@ class AllocatedPricer:
                 record[_result_key(result)] = charge.memory
             if charge is None:
                 unknown.append((len(held), result, top, cls))
-            held.append(None if charge is None else HeldDevice(top, cls, result.key, charge))
+            held.append(None if charge is None else
+                        HeldDevice(top, cls, result.key, charge, self._accelerator(result.key, charge.memory)))
         warnings: list[str] = []
         if unknown:
             names = ", ".join(str(r.key) for _, r, _, _ in unknown)
@@ -106,14 +107,15 @@ class AllocatedPricer:
         held = []
         budget = Budget.claim()
         for key, memory in claim.recorded_devices:
+            accelerator = self._accelerator(key.device, memory)
             if key.request:
                 top, named = _request_class(key.request, by_request)
-                held.append(HeldDevice(top, named, key.device, Charge(memory, 1)))
+                held.append(HeldDevice(top, named, key.device, Charge(memory, 1), accelerator))
                 continue
             cls = classes[0] if len(classes) == 1 else self._recorded_class(key.device, classes, budget)
             if cls is None:
                 return None
-            held.append(HeldDevice(requests[cls], cls, key.device, Charge(memory, 1)))
+            held.append(HeldDevice(requests[cls], cls, key.device, Charge(memory, 1), accelerator))
         return self.rescoped(Pricing((), exact=True, record=claim.recorded_devices, held=tuple(held),
                                      from_record=True), selections)
 
@@ -148,14 +150,24 @@ class AllocatedPricer:
         budget = Budget.claim()
         requests = []
         for name, lines in per_request.items():
-            total = sum((line.charge for line in lines), ZERO)
+            whole = sum((line.charge for line in lines), ZERO)
+            # A quota with no scope counts the accelerators; one whose scope names the
+            # others (an RDMA NIC), every device (`quota.priced`).
+            total = sum((line.charge for line in lines if line.accelerator), ZERO)
             shares = tuple((selection, (self._held_share(lines, selection, budget),)) for selection in selections)
-            requests.append(PricedRequest(name, len(lines), total, ((lines[0].device_class, total),), shares=shares))
+            others = tuple(sorted({line.key.driver for line in lines if not line.accelerator}))
+            requests.append(PricedRequest(
+                name, len(lines), total, ((lines[0].device_class, total),), shares=shares,
+                whole=(whole,) if whole != total else (),
+                unmetered=((name, lines[0].device_class, others),) if others else (),
+                governed=any(line.accelerator for line in lines)))
         return replace(pricing, requests=tuple(requests), selections=frozenset(selections))
 
     def _held_share(self, lines: list[HeldDevice], selection: DeviceSelection, budget: Budget) -> Share:
         selected = [line for line in lines if self._selects(selection, line.key, budget)]
-        return Share(sum((line.charge for line in selected), ZERO), bool(selected))
+        others = tuple(sorted({line.key.driver for line in selected if not line.accelerator}))
+        return Share(sum((line.charge for line in selected), ZERO), bool(selected),
+                     unmetered=(lines[0].request, lines[0].device_class, others) if others else None)
 
     def _selects(self, selection: DeviceSelection, key: DeviceKey, budget: Budget) -> bool:
         """Whether `selection` selects the allocated device `key`: by the driver the
@@ -172,6 +184,15 @@ class AllocatedPricer:
             return self.matcher.selects(selection.stage, device, budget) is not False
         except BudgetExceeded:
             return True
+
+    def _accelerator(self, key: DeviceKey, memory: int) -> bool:
+        """Whether a quota with no scope governs allocated device `key`: as the inventory
+        holds it; gone, when its driver is a known accelerator driver or it was charged
+        memory (a record only dra-quota writes: a tenant cannot make a GPU a NIC)."""
+        device = self.inventory.lookup(key)
+        if device is not None:
+            return device.is_accelerator
+        return memory > 0 or self.inventory.memory_sources.listed(key.driver)
 
     def _largest_in_class(self, name: DeviceClassName) -> int:
         cls = self.classes.get(name)
@@ -199,10 +220,13 @@ class AllocatedPricer:
             return Charge(ceil_int(device.memory), 1)
         # Named with and without prefix, the largest counts: two entries for one capacity
         # never come from the scheduler, and the first must not undercut the other.
-        consumed = [amount for name, amount in result.consumed_capacity if qualify(name, driver) == (driver, MEMORY)]
+        # The capacity that holds the device's memory (`memory`, or the one a memory source
+        # names); gone from the inventory, `memory` as the allocation names it.
+        name = MEMORY if device is None else device.memory_name
+        consumed = [amount for entry, amount in result.consumed_capacity if qualify(entry, driver) == (driver, name)]
         if consumed:
             amount = max(consumed)
-            capacity = device.capacity.get(driver, {}).get(MEMORY) if device is not None else None
+            capacity = device.memory_capacity if device is not None else None
             # What the device sets aside for that amount: a share below the policy's
             # minimum or between its steps still holds the rounded amount.
             rounded = round_request(amount, capacity) if capacity is not None else None

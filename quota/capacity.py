@@ -21,12 +21,12 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from quota.claims import DeviceRequirement, Toleration
-from quota.model import MEMORY, Capacity, Device, RequestPolicy, Taint, qualify
+from quota.model import Capacity, Device, RequestPolicy, Taint, qualify
 from quota.quantity import ceil_int
 from quota.selectors import DeviceGroup
 
 __all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all", "eligible",
-           "publishes_memory"]
+           "publishes_memory", "accelerators", "unpriced_accelerators", "memoryless_drivers"]
 
 
 def round_request(request: Fraction, capacity: Capacity) -> Fraction | None:
@@ -85,8 +85,18 @@ def memory_charge(device: Device, requirement: DeviceRequirement) -> int | None:
         domain, ident = qualify(name, device.key.driver)
         if consumed(device, requirement, domain, ident) is None:
             return None
-    amount = consumed(device, requirement, device.key.driver, MEMORY)
+    amount = _memory_consumed(device, requirement)
     return ceil_int(amount) if amount is not None else None
+
+
+def _memory_consumed(device: Device, requirement: DeviceRequirement) -> Fraction | None:
+    """What one allocation consumes of the device's memory, wherever it comes from: the
+    published capacity that holds it (`memory`, or the one a memory source names) by
+    the capacity rules; an amount per model (`quota.memorysources`) whole; none: 0."""
+    name = device.memory_name
+    if name is not None:
+        return consumed(device, requirement, device.key.driver, name)
+    return device.memory
 
 
 def nominal_memory_charge(device: Device, requirement: DeviceRequirement) -> int:
@@ -97,7 +107,7 @@ def nominal_memory_charge(device: Device, requirement: DeviceRequirement) -> int
     would consume of it, its policy default when it asks for no memory; where the request
     could not be rounded onto the device (above its capacity or policy), the whole device.
     """
-    amount = consumed(device, requirement, device.key.driver, MEMORY)
+    amount = _memory_consumed(device, requirement)
     return ceil_int(amount if amount is not None else device.memory)
 
 
@@ -150,5 +160,31 @@ def eligible(groups: Iterable[DeviceGroup], req: DeviceRequirement) -> list[tupl
 
 
 def publishes_memory(groups: Iterable[DeviceGroup]) -> bool:
-    """Whether any of these devices publishes a `memory` capacity (0 included)."""
-    return any(g.representative.own_capacity(MEMORY) is not None for g in groups)
+    """Whether any of these devices has a memory (0 included): its `memory` capacity, or
+    one a memory source gives it."""
+    return any(g.representative.memory_capacity is not None for g in groups)
+
+
+def accelerators(priced: list[tuple[int, int, DeviceGroup]]) -> list[tuple[int, int, DeviceGroup]]:
+    """The priced groups a quota with no scope governs: devices with a memory, and those of
+    a known accelerator driver that have none (unpriced, never outside)."""
+    return [p for p in priced if p[2].representative.is_accelerator]
+
+
+def unpriced_accelerators(groups: Iterable[DeviceGroup]) -> bool:
+    """Some of these devices are accelerators and none has a memory: a price of 0 memory
+    would make them free under a memory limit."""
+    found = False
+    for group in groups:
+        rep = group.representative
+        if rep.memory_capacity is not None:
+            return False
+        found = found or rep.is_accelerator
+    return found
+
+
+def memoryless_drivers(groups: Iterable[DeviceGroup]) -> tuple[str, ...]:
+    """The drivers of these devices that have no memory and are no accelerators (an RDMA
+    NIC): charged 0 memory where a quota's scope names them."""
+    return tuple(sorted({g.representative.driver for g in groups if not g.representative.is_accelerator}))
+

@@ -32,6 +32,7 @@ from quota.inventory import Inventory
 from quota.knownfields import strict_error
 from quota.ledger import Ledger
 from quota.loader import CheckInputError, Document
+from quota.memorysources import NO_SOURCES, MemorySources
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode, Namespace
 from quota.priced import Pricing
 from quota.pricing import Pricer
@@ -90,9 +91,10 @@ class Report:
         return json.dumps(for_json(self.as_json()), indent=2, sort_keys=False)
 
 
-def run_check(docs: Iterable[Document], *, mode: Mode = "conservative") -> Report:
+def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
+              memory_sources: MemorySources = NO_SOURCES) -> Report:
     report = Report()
-    inventory = Inventory()
+    inventory = Inventory(memory_sources)
     classes: dict[DeviceClassName, DeviceClass] = {}
     namespaces: dict[str, Mapping[str, str]] = {}
     ledger = Ledger(default_mode=mode)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from quota.cel.activation import activation_error, version_error
 from quota.model import MEMORY, AttributeValue, Capacity, Device, Version
 
-__all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS", "ERROR",
+__all__ = ["Field", "Column", "PoolIndex", "ColumnTable", "MISSING", "DRIVER", "MULTI", "TAINTS", "ERROR", "SOURCED",
            "ERROR_AT", "DRIVER_AT", "MULTI_AT", "base_fields", "cel_value", "key_of", "untyped", "presence", "column"]
 
 # A `quota.cel` DevicePath (("attributes" | "capacity", domain, id), ("driver",),
@@ -44,6 +44,9 @@ MULTI: Field = ("allowMultipleAllocations",)
 TAINTS: Field = ("taints",)
 # Per device, why CEL cannot see it (quota.cel.activation_error), or None.
 ERROR: Field = ("error",)
+# Per device, the memory a memory source gives it (`quota.memorysources`), by identity:
+# not a CEL field (the scheduler sees no such capacity), but pricing needs it uniform.
+SOURCED: Field = ("sourcedMemory",)
 # presence(field) = (PRESENCE, *field): whether the device has the field, not its value.
 PRESENCE = "present"
 
@@ -178,8 +181,9 @@ ERROR_AT, DRIVER_AT, MULTI_AT = 0, 1, 3
 
 def base_fields(driver: str, capacity_names: tuple[str, ...]) -> tuple[Field, ...]:
     """What pricing needs uniform within a group: ERROR, driver, memory, sharing, taints,
-    and the capacities a request asks for (unqualified names are in the driver's domain)."""
-    fields = [ERROR, DRIVER, ("capacity", driver, MEMORY), MULTI, TAINTS]
+    sourced memory, and the capacities a request asks for (unqualified names are in the
+    driver's domain)."""
+    fields = [ERROR, DRIVER, ("capacity", driver, MEMORY), MULTI, TAINTS, SOURCED]
     for name in capacity_names:
         domain, _, ident = name.rpartition("/")
         fields.append(("capacity", domain or driver, ident))
@@ -210,6 +214,9 @@ class ColumnTable:
             MULTI: self._column(tuple([_TRUE if d.allow_multiple_allocations else _FALSE for d in devices])),
             TAINTS: self._column(tuple([d.taints for d in devices])),
         }
+        if any(d.sourced_memory is not None for d in devices):
+            columns[SOURCED] = self._column(tuple([MISSING if d.sourced_memory is None else id(d.sourced_memory)
+                                                   for d in devices]))
         broken = False
         for kind, per_domain in (("attributes", _attribute_maps), ("capacity", _capacity_maps)):
             for domain, maps in per_domain(devices).items():

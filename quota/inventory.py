@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Any
 
 from quota.columns import ColumnTable, Field, PoolIndex
+from quota.memorysources import NO_SOURCES, MemorySources
 from quota.model import Device, DeviceKey
 from quota.slices import ParsedSlice, parse_slice
 from quota.work import drop, pause_point, pauses
@@ -63,9 +64,12 @@ class Inventory:
     """All devices the drivers publish, keyed by (driver, pool, device).
 
     `generation` increases on every change so callers can key caches on it.
+    `memory_sources` gives devices whose driver publishes no `memory` theirs
+    (`quota.memorysources`), as each slice is read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory_sources: MemorySources = NO_SOURCES) -> None:
+        self.memory_sources = memory_sources
         self._slice_pool: dict[str, PoolKey] = {}
         self._pools: dict[PoolKey, _Pool] = {}
         self._usable: dict[DeviceKey, Device] = {}
@@ -86,7 +90,7 @@ class Inventory:
 
     def add_or_update_slice(self, obj: Mapping[str, Any]) -> InventoryChange:
         """Insert or replace one ResourceSlice (raises SliceError on malformed input)."""
-        parsed = parse_slice(obj)
+        parsed = self.memory_sources.apply(parse_slice(obj))
         affected: list[PoolKey] = []
         previous = self._slice_pool.get(parsed.name)
         if previous is not None and previous != parsed.pool_key:
@@ -108,11 +112,11 @@ class Inventory:
     def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> InventoryChange:
         """Swap in a fresh list (after a relist): pools absent from it disappear (module doc:
         built aside, swapped in one step; a malformed slice raises before anything changed)."""
-        fresh = Inventory()
+        fresh = Inventory(self.memory_sources)
         fresh._columns = self._columns  # interning only: columns equal to old ones are shared
         with gc_paused():
             for obj in objs:
-                item = parse_slice(obj)
+                item = self.memory_sources.apply(parse_slice(obj))
                 fresh._slice_pool[item.name] = item.pool_key
                 fresh._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
                 pause_point()

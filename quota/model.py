@@ -122,6 +122,15 @@ class Device:
     taints: tuple[Taint, ...] = ()
     consumes_counters: tuple[CounterConsumption, ...] = ()
     binds_to_node: bool = False
+    # Where the driver publishes no `memory`: the memory a configured source gives the
+    # device (`quota.memorysources`), and the capacity it reads ("" for an amount per
+    # device model). Set by the inventory, never by the slice parser.
+    sourced_memory: Capacity | None = None
+    sourced_from: str = ""
+    # Its driver is a known accelerator driver (one the memory sources list): without a
+    # memory it is an accelerator whose memory nothing tells, never a device outside the
+    # quotas that name no scope (docs/charging.md, "Devices without a memory").
+    accelerator_driver: bool = False
 
     @property
     def driver(self) -> str:
@@ -132,10 +141,31 @@ class Device:
         return self.capacity.get(self.key.driver, {}).get(name)
 
     @property
-    def memory(self) -> Fraction:
-        """The device's `memory` capacity in bytes (0 for devices without one)."""
+    def memory_capacity(self) -> Capacity | None:
+        """The device's memory: its `memory` capacity, else what a memory source gives it."""
         cap = self.own_capacity(MEMORY)
+        return cap if cap is not None else self.sourced_memory
+
+    @property
+    def memory_name(self) -> str | None:
+        """The published capacity that holds the device's memory (what `capacity.requests`
+        and `consumedCapacity` name); None when it has none, or its memory is an amount
+        per model."""
+        if self.own_capacity(MEMORY) is not None:
+            return MEMORY
+        return self.sourced_from or None
+
+    @property
+    def memory(self) -> Fraction:
+        """The device's memory in bytes (0 for devices without one)."""
+        cap = self.memory_capacity
         return cap.value if cap is not None else Fraction(0)
+
+    @property
+    def is_accelerator(self) -> bool:
+        """Whether a quota with no scope governs it: it has a memory, or its driver is a
+        known accelerator driver (then without a memory it is unpriced, not free)."""
+        return self.accelerator_driver or self.memory_capacity is not None
 
 
 @dataclass(frozen=True, slots=True, order=True)

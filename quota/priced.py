@@ -7,8 +7,11 @@ ledger keeps usage incrementally, so a charge that moved between an add and its 
 would leave usage wrong for ever).
 
 How a quota scope applies (docs/charging.md, "Scoping a quota by class or by device"):
-- by class (`Scope.classes`): an alternative whose class is out of scope costs 0, as
-  before `spec.devices` existed;
+- none: the quota governs accelerators, the devices with a memory (`Device.is_accelerator`):
+  each alternative costs its `charge`, priced over only those of its candidates, and a
+  request none of whose candidates is one (an RDMA NIC) costs nothing and is not counted;
+- by class (`Scope.classes`): an alternative whose class is out of scope costs 0, one in
+  scope its `whole` charge, over every candidate (a device without a memory at 0 memory);
 - by device (`Scope.devices`, a `DeviceSelection`): each alternative costs its `Share`
   for that selection, priced over only its candidates the selection selects (for an
   allocated claim: its selected devices). A pricing carries a share only for the
@@ -47,6 +50,9 @@ class Share:
     # (alternative, class) when no selected device it could get publishes a memory
     # capacity: charged 0 memory, which `quota.admission` must not let through a memory limit.
     unpriced: tuple[str, DeviceClassName] | None = None
+    # (alternative, class, drivers) when selected devices it could get have no memory
+    # (`PricedRequest.unmetered`): charged 0 memory, with a warning.
+    unmetered: tuple[str, DeviceClassName, tuple[str, ...]] | None = None
 
     def times(self, count: int) -> Share:
         return replace(self, charge=self.charge.times(count))
@@ -61,11 +67,15 @@ class HeldDevice:
     device_class: DeviceClassName
     key: DeviceKey
     charge: Charge
+    # A quota with no scope governs it (`Device.is_accelerator`; a device gone from the
+    # inventory: its driver is a known accelerator driver, or it was charged memory).
+    accelerator: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class PricedRequest:
-    """One request of a claim: its candidates now and its charge (unscoped)."""
+    """One request of a claim: its candidates now and its charge (unscoped: over the
+    accelerators among its candidates)."""
 
     name: str
     candidates: int
@@ -78,6 +88,14 @@ class PricedRequest:
     unpriced: tuple[tuple[str, DeviceClassName], ...] = ()
     # Per selection priced for, each alternative's share (in `alternatives`' order).
     shares: tuple[tuple[DeviceSelection, tuple[Share, ...]], ...] = ()
+    # Per alternative, its charge over every candidate, those without a memory included
+    # (what a quota scoped by class counts); empty: the same as `alternatives`.
+    whole: tuple[Charge, ...] = ()
+    # (alternative, class, drivers) of alternatives that could get devices without a
+    # memory (an RDMA NIC): a quota whose scope names them charges them 0 memory, warning.
+    unmetered: tuple[tuple[str, DeviceClassName, tuple[str, ...]], ...] = ()
+    # Some alternative could get an accelerator: a quota with no scope counts the claim.
+    governed: bool = True
 
     def shares_for(self, selection: DeviceSelection) -> tuple[Share, ...] | None:
         """Each alternative's share for `selection`; None when not priced for it."""
@@ -86,11 +104,13 @@ class PricedRequest:
         return next((shares for priced, shares in self.shares if priced == selection), None)
 
     def scoped(self, scope: Scope) -> Charge:
-        """The charge a quota of `scope` sees: alternatives of other classes cost 0, the
-        others their share (their whole charge where no share was priced)."""
+        """The charge a quota of `scope` (not everything) sees: alternatives of other
+        classes cost 0, the others their share (their whole charge where no share was
+        priced)."""
         shares = self.shares_for(scope.devices)
-        return combine((ZERO if not scope.admits_class(cls) else c if shares is None else shares[i].charge
-                        for i, (cls, c) in enumerate(self.alternatives)), self.mode)
+        whole = self.whole or tuple(c for _, c in self.alternatives)
+        return combine((ZERO if not scope.admits_class(cls) else whole[i] if shares is None else shares[i].charge
+                        for i, (cls, _) in enumerate(self.alternatives)), self.mode)
 
     def touches(self, scope: Scope) -> bool:
         """Whether a quota of `scope` counts the claim among its `claims`."""
@@ -104,6 +124,16 @@ class PricedRequest:
         found = self.unpriced if shares is None else tuple(s.unpriced for s in shares if s.unpriced is not None)
         return tuple(u for u in found if scope.admits_class(u[1]))
 
+    def unmetered_in(self, scope: Scope) -> tuple[tuple[str, DeviceClassName, tuple[str, ...]], ...]:
+        """The alternatives a quota of `scope` counts devices without a memory for (0
+        memory each): none for a quota with no scope, which does not govern them."""
+        if scope.everything:
+            return ()
+        shares = self.shares_for(scope.devices)
+        if shares is None:
+            return tuple(u for u in self.unmetered if scope.admits_class(u[1]))
+        return tuple(s.unmetered for s in shares if s.unmetered is not None and scope.admits_class(s.unmetered[1]))
+
     def times(self, count: int) -> PricedRequest:
         """`count` copies of this request as one (a Workload's Pods each stamping the claim).
 
@@ -112,7 +142,8 @@ class PricedRequest:
         """
         return replace(self, charge=self.charge.times(count),
                        alternatives=tuple((cls, c.times(count)) for cls, c in self.alternatives),
-                       shares=tuple((sel, tuple(s.times(count) for s in shares)) for sel, shares in self.shares))
+                       shares=tuple((sel, tuple(s.times(count) for s in shares)) for sel, shares in self.shares),
+                       whole=tuple(c.times(count) for c in self.whole))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +180,13 @@ class Pricing:
         return sum((r.scoped(scope) for r in self.requests), ZERO)
 
     def in_scope(self, scope: Scope) -> bool:
-        """Whether a quota of `scope` counts this claim among its `claims`: some
-        alternative of some request is of its classes and, for a quota selecting devices,
-        has a selected candidate (or device)."""
-        return scope.everything or any(r.touches(scope) for r in self.requests)
+        """Whether a quota of `scope` counts this claim among its `claims`: with no scope,
+        some request could get an accelerator (a claim for NICs alone is not counted);
+        else some alternative of some request is of its classes and, for a quota
+        selecting devices, has a selected candidate (or device)."""
+        if scope.everything:
+            return not self.requests or any(r.governed for r in self.requests)
+        return any(r.touches(scope) for r in self.requests)
 
     def priced_for(self, selection: DeviceSelection) -> bool:
         return selection.everything or selection in self.selections
@@ -180,6 +214,9 @@ def at_least_recorded(pricing: Pricing, recorded: Charge | None) -> Pricing:
     (cls,) = classes
     names = ",".join(r.name for r in pricing.requests)
     unpriced = tuple(u for r in pricing.requests for u in r.unpriced)
+    whole = sum((r.scoped(Scope(frozenset({cls}))) for r in pricing.requests), ZERO).max(recorded)
     raised = PricedRequest(names, sum(r.candidates for r in pricing.requests), charge, ((cls, charge),),
-                           pricing.requests[0].mode, unpriced)
+                           pricing.requests[0].mode, unpriced, whole=(whole,),
+                           unmetered=tuple(u for r in pricing.requests for u in r.unmetered),
+                           governed=any(r.governed for r in pricing.requests))
     return replace(pricing, requests=(raised,))

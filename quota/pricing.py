@@ -31,7 +31,7 @@ from functools import reduce
 from typing import TypeVar
 
 from quota.allocated import AllocatedPricer
-from quota.capacity import eligible, nominal_memory_charge, publishes_memory
+from quota.capacity import accelerators, eligible, memoryless_drivers, nominal_memory_charge, unpriced_accelerators
 from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
 from quota.counters import all_mode, count_memory, per_scope
 from quota.inventory import Inventory
@@ -48,12 +48,18 @@ __all__ = ["Pricer"]
 @dataclass(frozen=True, slots=True)
 class _Estimate:
     candidates: int
-    charge: Charge
+    charge: Charge  # over the accelerators among the candidates (`quota.priced`)
     warnings: tuple[str, ...] = ()
     error: str | None = None
     unpriced: bool = False
     # The matches it took, (key, cost): what a claim that finds it cached is charged.
     matches: tuple[tuple[object, int], ...] = ()
+    # Over every candidate, devices without a memory at 0 memory (None: `charge`).
+    whole: Charge | None = None
+    # Drivers of candidates without a memory that are no accelerators (an RDMA NIC).
+    unmetered: tuple[str, ...] = ()
+    # Some candidate (or, with none, some device of the class) is an accelerator.
+    governed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,7 @@ class _Selected:
     unpriced: bool = False
     warnings: tuple[str, ...] = ()
     matches: tuple[tuple[object, int], ...] = ()
+    unmetered: tuple[str, ...] = ()
 
 
 _Cached = TypeVar("_Cached", _Estimate, _Selected)
@@ -120,12 +127,15 @@ class Pricer:
         chosen: int | None = None
         counts: list[int] = []
         unpriced: list[tuple[str, DeviceClassName]] = []
+        unmetered: list[tuple[str, DeviceClassName, tuple[str, ...]]] = []
         estimates: list[_Estimate] = []
         for alt in request.alternatives:
             est = self._requirement(alt, mode, budget)
             estimates.append(est)
             if est.unpriced:
                 unpriced.append((alt.name, alt.device_class))
+            if est.unmetered:
+                unmetered.append((alt.name, alt.device_class, est.unmetered))
             counts.append(est.candidates)  # the same in both modes
             alternatives.append((alt.device_class, est.charge))
             warnings.extend(f"request {alt.name}: {w}" for w in est.warnings)
@@ -142,11 +152,15 @@ class Pricer:
             for alt, est in zip(request.alternatives, estimates, strict=True):
                 selected = self._selected(alt, mode, budget, selection, est)
                 per_alternative.append(Share(selected.charge, selected.touches,
-                                             (alt.name, alt.device_class) if selected.unpriced else None))
+                                             (alt.name, alt.device_class) if selected.unpriced else None,
+                                             (alt.name, alt.device_class, selected.unmetered)
+                                             if selected.unmetered else None))
                 warnings.extend(f"request {alt.name}: {w}" for w in selected.warnings)
             shares.append((selection, tuple(per_alternative)))
+        whole = tuple(est.charge if est.whole is None else est.whole for est in estimates)
         priced = PricedRequest(request.name, candidates, charge, tuple(alternatives), mode, tuple(unpriced),
-                               tuple(shares))
+                               tuple(shares), whole if whole != tuple(c for _, c in alternatives) else (),
+                               tuple(unmetered), any(est.governed for est in estimates))
         return priced, warnings, errors
 
     def _requirement(self, req: DeviceRequirement, mode: Mode, budget: Budget) -> _Estimate:
@@ -201,9 +215,15 @@ class Pricer:
             return _Estimate(count, ZERO, matches=spent)
         if count == 0:
             return self._no_candidate(req, cls, mode, budget, spent)
-        unpriced = not publishes_memory(g for _, _, g in priced)
-        charge, warnings = self._candidates_charge(req, priced, count, mode)
-        return _Estimate(count, charge, warnings, unpriced=unpriced, matches=spent)
+        # A quota with no scope governs the accelerators among the candidates; one that
+        # names the request's class or the devices' driver, every candidate (`quota.priced`).
+        governed = accelerators(priced)
+        whole, warnings = self._candidates_charge(req, priced, count, mode)
+        charge = whole if len(governed) == len(priced) else (
+            self._candidates_charge(req, governed, sum(n for _, n, _ in governed), mode)[0] if governed else ZERO)
+        return _Estimate(count, charge, warnings, unpriced=unpriced_accelerators(g for _, _, g in governed),
+                         matches=spent, whole=whole, unmetered=memoryless_drivers(g for _, _, g in priced),
+                         governed=bool(governed))
 
     def _candidates_charge(self, req: DeviceRequirement, priced: list[tuple[int, int, DeviceGroup]], count: int,
                            mode: Mode) -> tuple[Charge, tuple[str, ...]]:
@@ -229,15 +249,25 @@ class Pricer:
         """
         class_match = self.matcher.match((cls.selectors,), (), budget)
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in class_match.groups]
-        largest = max((charge for charge, _, _ in priced), default=0)
-        if req.allocation_mode == "All":
-            charge, _ = all_mode(priced, self.inventory)
-        else:
-            charge = Charge(largest * req.count, req.count)
+        whole = self._class_charge(priced, req)
+        governed = accelerators(priced)
+        # A class with no device at all cannot tell what its devices will be: unpriced,
+        # and governed by every quota (docs/charging.md, "No free claims").
+        charge = whole if len(governed) == len(priced) else self._class_charge(governed, req) if governed else ZERO
+        largest = max((c for c, _, _ in governed or priced), default=0)
         return _Estimate(0, charge, (
-            f"no device matches now; charged as {charge.devices} device(s) at the largest per-device charge "
-            f"in class {cls.name} ({format_quantity(largest)} each)",
-        ), unpriced=not publishes_memory(class_match.groups), matches=(*spent, (class_match.key, class_match.cost)))
+            f"no device matches now; charged as {charge.devices or whole.devices} device(s) at the largest "
+            f"per-device charge in class {cls.name} ({format_quantity(largest)} each)",
+        ), unpriced=not priced or unpriced_accelerators(g for _, _, g in governed),
+            matches=(*spent, (class_match.key, class_match.cost)), whole=whole,
+            unmetered=memoryless_drivers(g for _, _, g in priced), governed=bool(governed) or not priced)
+
+    def _class_charge(self, priced: list[tuple[int, int, DeviceGroup]], req: DeviceRequirement) -> Charge:
+        """The no-candidate rule over these devices of the class: `count` devices at the
+        largest per-device charge (All: `all_mode`, within the nodes' counters)."""
+        if req.allocation_mode == "All":
+            return all_mode(priced, self.inventory)[0]
+        return Charge(max((c for c, _, _ in priced), default=0) * req.count, req.count)
 
     # -- unallocated claims, for a quota that selects devices ----------------------------
 
@@ -246,7 +276,7 @@ class Pricer:
         cls = self.classes.get(req.device_class)
         if cls is None or est.error is not None:
             # Denied at admission; where such a claim exists anyway, it counts whole.
-            return _Selected(est.charge, True, est.unpriced)
+            return _Selected(est.charge if est.whole is None else est.whole, True, est.unpriced)
         return self._lookup((self._key(req, cls, mode), selection), budget,
                             lambda: self._price_selected(req, cls, mode, budget, selection, est.candidates))
 
@@ -265,7 +295,9 @@ class Pricer:
         if req.admin_access or count == 0:
             return _Selected(ZERO, count > 0, False, warnings, tuple(spent))
         charge, _ = self._candidates_charge(req, priced, count, mode)
-        return _Selected(charge, True, not publishes_memory(g for _, _, g in priced), warnings, tuple(spent))
+        groups = [g for _, _, g in priced]
+        return _Selected(charge, True, unpriced_accelerators(groups), warnings, tuple(spent),
+                         memoryless_drivers(groups))
 
     def _no_candidate_selected(self, req: DeviceRequirement, cls: DeviceClass, budget: Budget,
                                selection: DeviceSelection, spent: list[tuple[object, int]]) -> _Selected:
@@ -276,10 +308,9 @@ class Pricer:
         if whole.groups and not groups:
             return _Selected(ZERO, False, False, warnings, tuple(spent))
         priced = [(nominal_memory_charge(g.representative, req), len(g.devices), g) for g in groups]
-        largest = max((charge for charge, _, _ in priced), default=0)
-        charge = all_mode(priced, self.inventory)[0] if req.allocation_mode == "All" else Charge(largest * req.count,
-                                                                                                 req.count)
-        return _Selected(charge, True, not publishes_memory(groups), warnings, tuple(spent))
+        charge = self._class_charge(priced, req)
+        return _Selected(charge, True, not groups or unpriced_accelerators(groups), warnings, tuple(spent),
+                         memoryless_drivers(groups))
 
     def _narrowed(self, chain: tuple[tuple[str, ...], ...], capacity_names: Sequence[str], selection: DeviceSelection,
                   budget: Budget, spent: list[tuple[object, int]]) -> tuple[Match, list[DeviceGroup], tuple[str, ...]]:

@@ -3,6 +3,9 @@
 from devcluster.driver import (
     DRIVER,
     FLEET_LABEL,
+    GAUDI_DRIVER,
+    NIC_DRIVER,
+    PCIE_ROOT,
     POD_IMAGE,
     RESOURCE_V1,
     Gpu,
@@ -17,14 +20,17 @@ from devcluster.driver import (
     create_pod,
     exact_request,
     free_pod,
+    gaudi_devices,
     generated_claim_name,
     gpu_devices,
     pod_body,
     publish_node_slice,
+    rdma_nics,
     wait_pod_allocated,
 )
 
-__all__ = ["DRIVER", "FLEET_LABEL", "POD_IMAGE", "RESOURCE_V1", "Gpu", "GpuFleet", "allocation_results",
-           "claim_spec", "create_claim", "create_claim_template", "create_device_class", "create_fleet",
-           "create_node", "create_pod", "exact_request", "free_pod", "generated_claim_name", "gpu_devices",
-           "pod_body", "publish_node_slice", "wait_pod_allocated"]
+__all__ = ["DRIVER", "FLEET_LABEL", "GAUDI_DRIVER", "NIC_DRIVER", "PCIE_ROOT", "POD_IMAGE", "RESOURCE_V1", "Gpu",
+           "GpuFleet", "allocation_results", "claim_spec", "create_claim", "create_claim_template",
+           "create_device_class", "create_fleet", "create_node", "create_pod", "exact_request", "free_pod",
+           "gaudi_devices", "generated_claim_name", "gpu_devices", "pod_body", "publish_node_slice", "rdma_nics",
+           "wait_pod_allocated"]

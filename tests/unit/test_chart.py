@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from commands.cli import _parser
+from quota.memorysources import parse_memory_sources
 from quota.policy import parse_policy
 from quota.raw import Obj
 
@@ -299,6 +300,24 @@ def test_values_reach_the_serve_flags(default: list[Obj]) -> None:
     assert (changed.port, changed.default_pricing, changed.allocation_check, changed.reservation_ttl) == (
         9443, "optimistic", "account-only", 90.0)
     assert (changed.log_format, changed.log_level, changed.cert_check_period.total_seconds()) == ("text", "debug", 1800)
+
+
+def test_memory_sources_reach_serve_through_a_configmap(default: list[Obj]) -> None:
+    # Default: the shipped sources built in, no ConfigMap, no flag.
+    assert serve_args(default).memory_sources == [] and serve_args(default).default_memory_sources
+    assert not [o for o in default if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("memory-sources")]
+    entries = [{"name": "gaudi.intel.com", "sources": [
+        {"selector": 'device.attributes["gaudi.intel.com"].model == "Gaudi4"', "memory": "192Gi"}]}]
+    objects = render({"serve": {"memorySources": entries, "defaultMemorySources": False}})
+    args = serve_args(objects)
+    assert (args.memory_sources, args.default_memory_sources) == (
+        ["/etc/dra-quota/memory-sources/memory-sources.yaml"], False)
+    config = find(objects, "ConfigMap", "dra-quota-memory-sources")
+    sources = parse_memory_sources(yaml.safe_load(config["data"]["memory-sources.yaml"]), "the ConfigMap")
+    assert list(sources.drivers) == ["gaudi.intel.com"]
+    pod = find(objects, "Deployment")["spec"]["template"]
+    assert {"name": "memory-sources", "configMap": {"name": "dra-quota-memory-sources"}} in pod["spec"]["volumes"]
+    assert "draquota.io/memory-sources-checksum" in pod["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize("release,namespace", [("dra-quota", NAMESPACE), ("gpu", "platform")])

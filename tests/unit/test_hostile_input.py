@@ -22,6 +22,7 @@ from quota.check import ObjectResult, Report
 from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
+from quota.memorysources import NO_SOURCES, MemorySources
 from quota.ledger import Ledger
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import ZERO, DeviceClassName
@@ -301,8 +302,11 @@ def test_json_output_is_valid_utf8_with_lone_surrogates(tmp_path: Path, capsys: 
 D = "gpu.example.com"
 
 
-def admitter(*, enforcement: str | None = None, classes: list[str] | None = None) -> Admitter:
-    inv = Inventory()
+def admitter(*, enforcement: str | None = None, classes: list[str] | None = None,
+             accelerators: bool = True) -> Admitter:
+    # `accelerators`: the driver is a known accelerator driver (listed in the memory
+    # sources, none applying), so its devices without a memory are unpriced, not NICs.
+    inv = Inventory(MemorySources({D: ()}) if accelerators else NO_SOURCES)
     inv.add_or_update_slice(make_slice("s", [make_device("gpu-0", memory="80Gi"),
                                              make_device("nic-0", memory=None, attrs={"type": "nic"})], driver=D))
     cls = {DeviceClassName(n): parse_device_class(make_class(n, *sel)) for n, sel in {
@@ -334,8 +338,21 @@ def test_claims_no_device_can_price_are_denied_under_a_memory_quota(req: dict[st
                      else adm.admit_claim(claim, namespace_labels={}))
         assert not admission.allowed
         assert 'DeviceQuota "mem" limits memory but request r' in admission.reason
-        assert "publishes a memory capacity" in admission.reason and "spec.deviceClassNames" in admission.reason
+        assert "cannot be priced" in admission.reason and "A cluster admin can" in admission.reason
     assert adm.ledger.usage(claim.namespace, "mem").reserved.is_zero()
+
+
+@pytest.mark.parametrize("req", [c[1] for c in FREE_CASES[1:3]], ids=[c[0] for c in FREE_CASES[1:3]])
+def test_devices_of_no_accelerator_driver_without_memory_are_outside_a_quota_with_no_scope(
+        req: dict[str, Any]) -> None:
+    # Not an accelerator driver (no memory source lists it): an RDMA NIC, say. Free, and
+    # not counted, under a quota with no scope; the class with no devices stays denied.
+    adm = admitter(accelerators=False)
+    claim = parse_claim(make_claim("c", req))
+    admission = adm.admit_claim(claim, namespace_labels={})
+    assert admission.allowed and admission.charge.is_zero() and admission.warnings == ()
+    assert adm.ledger.usage(claim.namespace, "mem").pending_claims == 0
+    assert not adm.admit_claim(parse_claim(make_claim("d", FREE_CASES[0][1])), namespace_labels={}).allowed
 
 
 def test_audit_admits_unpriceable_claims_with_a_warning() -> None:

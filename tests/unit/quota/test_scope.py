@@ -20,6 +20,7 @@ from quota.claims import parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
+from quota.memorysources import MemorySources
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
 from quota.priced import Pricing
 from quota.pricing import Pricer
@@ -50,16 +51,20 @@ ONLY_H100 = DeviceSelection(expressions=(H100,))
 ONLY_FPGA = DeviceSelection(drivers=frozenset({F}))
 
 
+SLICES = [
+    make_slice("n1", [make_device(f"h100-{i}", memory="80Gi", attrs={"kind": "gpu", "model": "h100"})
+                      for i in range(2)], node="node-1"),
+    make_slice("n2", [make_device(f"a100-{i}", memory="40Gi", attrs={"kind": "gpu", "model": "a100"})
+                      for i in range(2)], node="node-2"),
+    make_slice("n3", [make_device("f-0", memory="16Gi", attrs={"kind": "fpga"})], driver=F, node="node-3"),
+    make_slice("n4", [make_device("m-0", memory=None, attrs={"kind": "nomem", "model": "none"})], node="node-4"),
+]
+
+
 def inventory() -> Inventory:
     inv = Inventory()
-    inv.add_or_update_slice(make_slice("n1", [make_device(f"h100-{i}", memory="80Gi", attrs={
-        "kind": "gpu", "model": "h100"}) for i in range(2)], node="node-1"))
-    inv.add_or_update_slice(make_slice("n2", [make_device(f"a100-{i}", memory="40Gi", attrs={
-        "kind": "gpu", "model": "a100"}) for i in range(2)], node="node-2"))
-    inv.add_or_update_slice(make_slice("n3", [make_device("f-0", memory="16Gi", attrs={"kind": "fpga"})],
-                                       driver=F, node="node-3"))
-    nomem = make_device("m-0", memory=None, attrs={"kind": "nomem", "model": "none"})
-    inv.add_or_update_slice(make_slice("n4", [nomem], node="node-4"))
+    for obj in SLICES:
+        inv.add_or_update_slice(obj)
     return inv
 
 
@@ -311,13 +316,29 @@ def test_a_quota_selecting_new_devices_prices_the_namespaces_claims_again() -> N
     assert adm.add_or_update_quota(quota).stale == ()
 
 
-def test_memory_no_selected_device_publishes_is_no_admission() -> None:
+def test_a_selected_device_without_memory_is_charged_0_memory_with_a_warning() -> None:
+    # The driver has no memory source: its memory-less device is no accelerator. A quota
+    # naming its driver counts it (0 memory, 1 device) and says so; never a denial.
     adm = admitter(make_quota("q", memory="1Ti", drivers=[D]))
+    admitted = adm.admit_claim(claim("c", "nomem"), namespace_labels={})
+    assert admitted.allowed and adm.ledger.usage(NS, "q").reserved == Charge(0, 1)
+    assert any(f"driver {D}" in w and "0 memory" in w and "memory source" in w for w in admitted.warnings)
+    # Not selected by a quota of the FPGA driver: nothing for it to count, nothing to say.
+    other = admitter(make_quota("q", memory="1Ti", drivers=[F]))
+    admitted = other.admit_claim(claim("c", "nomem"), namespace_labels={})
+    assert admitted.allowed and admitted.warnings == () and other.ledger.usage(NS, "q").reserved == Charge()
+
+
+def test_memory_no_selected_accelerator_tells_is_no_admission() -> None:
+    # Listed as an accelerator driver (a memory source entry, none applying): unpriced.
+    inv = Inventory(MemorySources({D: ()}))
+    for obj in SLICES:
+        inv.add_or_update_slice(obj)
+    adm = Admitter(Pricer(inv, CLASSES), Ledger())
+    adm.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti", drivers=[D])))
     denied = adm.admit_claim(claim("c", "nomem"), namespace_labels={})
     assert not denied.allowed and "cannot be priced" in denied.reason and "its spec.devices selects" in denied.reason
-    # Not selected by a quota of the FPGA driver: nothing for it to price.
-    assert admitter(make_quota("q", memory="1Ti", drivers=[F])).admit_claim(
-        claim("c", "nomem"), namespace_labels={}).allowed
+    assert f"configure a memory source for driver {D}" in denied.reason
 
 
 def test_a_workloads_pods_multiply_the_selected_charge() -> None:
