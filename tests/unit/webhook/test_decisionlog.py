@@ -29,3 +29,11 @@ async def test_what_an_interval_held_back_is_told_once_it_is_over_without_anothe
     assert summary.getMessage() == ("suppressed 3 denials in namespace mallory (0 s interval: the first 2 of each "
                                     "are logged)")
     assert (summary.levelno, getattr(summary, "namespace")) == (logging.INFO, "mallory")
+
+
+async def test_at_debug_every_denial_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("webhook.server")
+    denials = DenialLog(log, Sampler(per_interval=2, interval=60))
+    with caplog.at_level(logging.DEBUG, logger="webhook.server"):
+        assert all(denials.admit("mallory") for _ in range(5))
+    assert not [r for r in caplog.records if hasattr(r, "suppressed")]
