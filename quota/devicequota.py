@@ -206,6 +206,9 @@ class Usage:
     # The part of `reserved` admitted Kueue Workloads hold beyond their Pods' claims
     # (`quota.workloads`); the rest of `reserved` is claims'.
     workloads: Charge = ZERO
+    # Claims counted with devices that have no memory, charged 0 memory under a memory
+    # limit (a scope naming an RDMA NIC's class or driver: `Entry.unmetered_in`).
+    unmetered_claims: int = 0
 
 
 @dataclass(frozen=True, slots=True)

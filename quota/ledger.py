@@ -67,6 +67,14 @@ class Entry:
     def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
         return self._pricing(quota, default_mode).charge_for(quota.scope)
 
+    def unmetered_in(self, quota: DeviceQuota, default_mode: Mode) -> bool:
+        """Whether `quota` counts devices of this claim that have no memory at 0 memory
+        while limiting memory: its scope names them (a quota with no scope governs
+        accelerators only)."""
+        if quota.scope.everything or quota.hard.memory is None:
+            return False
+        return any(r.unmetered_in(quota.scope) for r in self._pricing(quota, default_mode).requests)
+
     def in_scope(self, quota: DeviceQuota, default_mode: Mode) -> bool:
         """Counted in `quota`'s allocated/pending claims: a quota scoped to other classes
         or devices does not count the claim, as it does not charge it."""
@@ -475,11 +483,12 @@ def add_usage(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode
     charge = entry.charge_for(quota, default_mode)
     signed = charge if sign > 0 else ZERO - charge
     counted = sign if entry.in_scope(quota, default_mode) else 0
+    unmetered = usage.unmetered_claims + (sign if entry.unmetered_in(quota, default_mode) else 0)
     # Built directly, not by `dataclasses.replace`: a relist sums every claim through here
     # (150,000 calls; replace was a sixth of a relist of unchanged claims, bench/controller.py).
     # Every field of `Usage` is passed on: a field added there must be added here.
     if entry.allocated:
         return Usage(used=usage.used + signed, reserved=usage.reserved, allocated_claims=usage.allocated_claims + counted,
-                     pending_claims=usage.pending_claims, workloads=usage.workloads)
+                     pending_claims=usage.pending_claims, workloads=usage.workloads, unmetered_claims=unmetered)
     return Usage(used=usage.used, reserved=usage.reserved + signed, allocated_claims=usage.allocated_claims,
-                 pending_claims=usage.pending_claims + counted, workloads=usage.workloads)
+                 pending_claims=usage.pending_claims + counted, workloads=usage.workloads, unmetered_claims=unmetered)

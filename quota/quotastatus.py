@@ -129,6 +129,8 @@ def desired_status(
     conditions = [_ready(quota, generation), _exceeded(quota, usage.used + reserved, generation)]
     if members is not None:
         conditions.append(_listed(len(members), generation))
+    if not quota.scope.everything and quota.hard.memory is not None:
+        conditions.append(_unmetered(usage.unmetered_claims, generation))
     status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
     return status
 
@@ -179,6 +181,19 @@ def _listed(members: int, generation: Any) -> Condition:
                       f"status.namespaces lists the first {MAX_NAMESPACES} of {members} member namespaces by name; "
                       "used, reserved and claims count every one, and the metric "
                       "draquota_cluster_quota_namespace shows each namespace's part", generation)
+
+
+def _unmetered(claims: int, generation: Any) -> Condition:
+    """`UnmeteredDevices` on a quota that limits memory and names classes or drivers: True
+    while it counts claims whose devices have no memory (an RDMA NIC), each charged 0
+    memory, so an admin sees what the admission warnings told the claims' creators."""
+    if not claims:
+        return _condition("UnmeteredDevices", False, "AllMetered",
+                          "every device the quota counts has a memory", generation)
+    return _condition("UnmeteredDevices", True, "CountedAtZeroMemory",
+                      f"{claims} claim(s) counted hold or may get devices without a memory, each charged 0 memory and "
+                      "1 device: configure a memory source for their driver (docs/charging.md, \"Devices without a "
+                      "memory\"), or scope the quota to leave their class out", generation)
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, generation: Any) -> Condition:

@@ -57,6 +57,7 @@ def plus(a: Usage, b: Usage, sign: int = 1) -> Usage:
         allocated_claims=a.allocated_claims + sign * b.allocated_claims,
         pending_claims=a.pending_claims + sign * b.pending_claims,
         workloads=a.workloads + b.workloads if sign > 0 else a.workloads - b.workloads,
+        unmetered_claims=a.unmetered_claims + sign * b.unmetered_claims,
     )
 
 

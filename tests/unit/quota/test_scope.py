@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.admission import Admitter
+from quota.admission import Admitter, claim_ref
 from quota.claims import parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
@@ -24,6 +24,8 @@ from quota.memorysources import MemorySources
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
 from quota.priced import Pricing
 from quota.pricing import Pricer
+from quota.quotastatus import desired_status
+from quota.reservations import Record
 from quota.scope import DeviceSelection, Scope
 from quota.work import Budget
 
@@ -41,6 +43,7 @@ from ..builders import (
     result,
 )
 from .test_check import run
+from .test_reservations import Seen
 
 D, F = "gpu.example.com", "fpga.example.com"
 NS = Namespace("team-a")
@@ -327,6 +330,31 @@ def test_a_selected_device_without_memory_is_charged_0_memory_with_a_warning() -
     other = admitter(make_quota("q", memory="1Ti", drivers=[F]))
     admitted = other.admit_claim(claim("c", "nomem"), namespace_labels={})
     assert admitted.allowed and admitted.warnings == () and other.ledger.usage(NS, "q").reserved == Charge()
+
+
+def test_a_quota_counting_devices_without_memory_says_so_in_its_status() -> None:
+    """`UnmeteredDevices`: what the admission warning told the claim's creator, for the
+    admin reading the quota; counted as claims come and go (`Usage.unmetered_claims`)."""
+    obj = make_quota("q", memory="1Ti", drivers=[D])
+    adm = admitter(obj)
+
+    def conditions(quota_obj: dict[str, Any]) -> dict[str, Any]:
+        status = desired_status(quota_obj, parse_device_quota(quota_obj), Record(), usage=adm.ledger.usage(NS, "q"),
+                                caches=Seen(), now=0.0)
+        return {c["type"]: c for c in status["conditions"]}
+
+    assert (conditions(obj)["UnmeteredDevices"]["status"], conditions(obj)["UnmeteredDevices"]["reason"]) == (
+        "False", "AllMetered")
+    nic = claim("c", "nomem")
+    assert adm.admit_claim(nic, namespace_labels={}).allowed
+    assert adm.admit_claim(claim("g", "h100"), namespace_labels={}).allowed
+    assert adm.ledger.usage(NS, "q").unmetered_claims == 1
+    unmetered = conditions(obj)["UnmeteredDevices"]
+    assert unmetered["status"] == "True" and unmetered["message"].startswith("1 claim(s) counted hold"), unmetered
+    adm.ledger.delete_claim(claim_ref(nic))
+    assert conditions(obj)["UnmeteredDevices"]["status"] == "False"
+    # A quota with no scope does not govern such devices: no condition to show.
+    assert "UnmeteredDevices" not in conditions(make_quota("q", memory="1Ti"))
 
 
 def test_memory_no_selected_accelerator_tells_is_no_admission() -> None:
