@@ -133,6 +133,21 @@ def template(values: Mapping[str, Any] | None = None, *, release: str = RELEASE,
     return proc.stdout
 
 
+def notes(values: Mapping[str, Any] | None = None, *, release: str = RELEASE,
+          namespace: str = NAMESPACE) -> str:
+    """The NOTES helm prints after an install with `values` (`helm template` renders none):
+    a client-side dry-run install, which needs no cluster."""
+    with tempfile.TemporaryDirectory(prefix="helm-values-") as directory:
+        proc = helm("install", release, str(CHART.relative_to(ROOT)), "--namespace", namespace,
+                    "--dry-run=client", *_values_args(values, directory))
+    if proc.returncode != 0:
+        raise HelmError(proc.stderr.strip() or proc.stdout.strip())
+    marker = "\nNOTES:\n"
+    if marker not in proc.stdout:
+        raise HelmError(f"helm printed no NOTES:\n{proc.stdout[-2000:]}")
+    return proc.stdout.split(marker, 1)[1]
+
+
 def lint(values: Mapping[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="helm-values-") as directory:
         return helm("lint", "--strict", str(CHART.relative_to(ROOT)), *_values_args(values, directory))
