@@ -575,6 +575,18 @@ def test_promtool_accepts_the_rendered_rule_groups(tmp_path: Path) -> None:
     assert result.returncode == 0 and f"SUCCESS: {alerts} rules found" in result.stdout, result.stdout + result.stderr
 
 
+def test_runbook_urls_point_where_the_docs_are_published() -> None:
+    def links(values: dict[str, Any]) -> set[str]:
+        rule = find(render({"metrics": {"prometheusRule": {"enabled": True, **values}}}, include_crds=False),
+                    "PrometheusRule")
+        return {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    assert "docs/troubleshooting.md#draquotanoleader" in links({})
+    published = links({"runbookBaseURL": "https://git.example.com/dra-quota/blob/v1/"})
+    assert "https://git.example.com/dra-quota/blob/v1/docs/troubleshooting.md#draquotanoleader" in published
+    assert all(u.startswith("https://git.example.com/dra-quota/blob/v1/docs/troubleshooting.md#") for u in published)
+
+
 def test_the_dashboard_configmap_is_the_dashboard_for_grafanas_sidecar() -> None:
     source = json.loads((ROOT / "deploy" / "grafana" / "dra-quota.json").read_text())
     config = find(render({"metrics": {"dashboard": {"enabled": True}}}), "ConfigMap", "dra-quota-dashboard")

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 import yaml
 
+from ..test_docs import anchors
 from .queries import ROOT, RULES, alert_rules, metric_names, unknown
 
 PROMETHEUS = ROOT / "deploy/prometheus"
@@ -58,3 +59,13 @@ def test_every_alert_reads_metrics_the_code_exports(name: str) -> None:
     expr = alert_rules()[name]
     assert metric_names(expr), expr
     assert unknown(expr) == set(), f"{name} reads metrics nobody exports: {expr}"
+
+
+def test_every_alert_links_its_runbook_in_the_troubleshooting_page() -> None:
+    """Each alert's runbook_url is docs/troubleshooting.md#<its name>, a heading that exists."""
+    page = ROOT / "docs" / "troubleshooting.md"
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    links = {rule["alert"]: rule["annotations"].get("runbook_url", "") for g in groups for rule in g["rules"]}
+    assert len(links) == len(alert_rules()) >= 10
+    assert {a: u for a, u in links.items() if u != f"docs/troubleshooting.md#{a.lower()}"} == {}
+    assert sorted(a for a in links if a.lower() not in anchors(page)) == []
