@@ -10,6 +10,7 @@ __all__ = [
     "ADMIN_ACCESS_DECISIONS",
     "ADMISSION_DURATION",
     "ADMISSION_REQUESTS",
+    "QUOTA_DENIALS",
     "ALLOCATION_WAIT",
     "ANNOTATIONS_REFUSED",
     "BUILD_INFO",
@@ -50,6 +51,8 @@ __all__ = [
 
 # The exposed names, `_total` included.
 ADMISSION_REQUESTS = "draquota_admission_requests_total"
+# Claims and templates a quota denied (or, Audit, admitted over its hard), by that quota.
+QUOTA_DENIALS = "draquota_quota_denials_total"
 ADMISSION_DURATION = "draquota_admission_duration_seconds"
 ADMIN_ACCESS_DECISIONS = "draquota_admin_access_decisions_total"
 WATCH_SYNCED = "draquota_watch_cache_synced"
@@ -101,7 +104,7 @@ ANNOTATION_WRITERS = "draquota_charge_annotation_writers"
 REQUEUE_CREDITS = "draquota_requeue_credits_total"
 REQUEUE_WRITES = "draquota_requeue_template_writes_total"
 REQUEUE_PENDING = "draquota_requeue_pending_writes"
-NAMES = (ADMISSION_REQUESTS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
+NAMES = (ADMISSION_REQUESTS, QUOTA_DENIALS, ADMISSION_DURATION, ADMIN_ACCESS_DECISIONS, WATCH_SYNCED, WATCH_RESTARTS,
          WATCH_RELISTS, CERTIFICATE_EXPIRATION, EVENTS_DROPPED, EVENTS_WRITTEN, BUILD_INFO, LEADER, QUOTA, CLUSTER_QUOTA,
          CLUSTER_QUOTA_NAMESPACE, NAMESPACE_USAGE, INVENTORY_DEVICES, INVENTORY_MEMORY, INVENTORY_ALLOCATED,
          CLAIM_DEVICE_INFO, RECONCILE_DURATION, WORKLOADS_RESERVED, PENDING_CLAIMS, ALLOCATION_WAIT, EVENT_LOOP_STALL,

@@ -52,6 +52,7 @@ from runtime.metricnames import (
     ADMISSION_DURATION,
     ADMISSION_REQUESTS,
     ALLOCATION_WAIT,
+    QUOTA_DENIALS,
     ANNOTATIONS_REFUSED,
     ANNOTATION_WRITERS,
     ANNOTATIONS_PENDING,
@@ -106,6 +107,8 @@ RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 WAIT_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0, 43200.0, 86400.0)
 # Distinct `namespace` values of the per-request series (NamespaceLabel).
 MAX_NAMESPACE_VALUES = 1000
+# Distinct `quota` values of draquota_quota_denials_total (QuotaLabel).
+MAX_QUOTA_VALUES = 1000
 OTHER = "other"
 # Stalls: under a millisecond is timer noise; past the webhook timeout (5-30 s) every
 # review waiting on the loop has failed.
@@ -151,6 +154,27 @@ class NamespaceLabel:
         return namespace
 
 
+class QuotaLabel:
+    """The `quota` label of draquota_quota_denials_total: the quota's ref (a DeviceQuota's
+    name, `ClusterDeviceQuota/<name>` for a team) as the first `limit` distinct (namespace,
+    quota) pairs seen name it, "other" after. Quotas are the admins' objects, so only they
+    grow the set; the limit holds even against a cluster with more quotas than a dashboard
+    should draw."""
+
+    def __init__(self, *, limit: int = MAX_QUOTA_VALUES) -> None:
+        self._limit = limit
+        self._named: set[tuple[str, str]] = set()
+
+    def __call__(self, namespace: str, quota: str) -> str:
+        key = (namespace, quota)
+        if key in self._named:
+            return quota
+        if len(self._named) >= self._limit:
+            return OTHER
+        self._named.add(key)
+        return quota
+
+
 def decision_of(verdict: Verdict) -> Decision:
     """`warned`: admitted with warnings (an Audit quota over, no device matching now, ...)."""
     if not verdict.allowed:
@@ -179,6 +203,15 @@ class Metrics:
             f"{'|'.join(CAUSES)}) and namespace (one that holds a DeviceQuota, at most {MAX_NAMESPACE_VALUES}; "
             "else other).",
             ["webhook", "operation", "resource", "decision", "reason", "namespace"], registry=self.registry)
+        self.quota = QuotaLabel()
+        self.quota_denials = Counter(
+            QUOTA_DENIALS, "Claim and template reviews a quota denied (decision denied) or, in Audit or with the "
+            "account-only allocation check, admitted over its hard (decision warned), by namespace (as "
+            f"{ADMISSION_REQUESTS}), quota (a DeviceQuota's name, ClusterDeviceQuota/<name> for a team; at most "
+            f"{MAX_QUOTA_VALUES}, else other) and resource (resourceclaims: a claim's create; "
+            "resourceclaimtemplates: a template's; resourceclaims/status: an allocation). One per quota: a "
+            "review two quotas deny counts for each.",
+            ["namespace", "quota", "decision", "resource"], registry=self.registry)
         self.duration = Histogram(
             ADMISSION_DURATION, "Seconds from reading an admission review to its answer, by webhook, operation and "
             "resource.", ["webhook", "operation", "resource"], buckets=DURATION_BUCKETS, registry=self.registry)
@@ -251,6 +284,9 @@ class Metrics:
             children = self._children[key] = (self.requests.labels(*key), self.duration.labels(*key[:3]))
         children[0].inc()
         children[1].observe(seconds)
+        if verdict.cause == "quota" and review is not None:
+            for quota in verdict.quotas:
+                self.quota_denials.labels(namespace, self.quota(review.namespace, quota), key[3], key[2]).inc()
         if review is not None and not review.dry_run:  # a dry run grants nothing
             for record in verdict.records:
                 self.admin_access.labels(record.outcome, _admin_action(record)).inc()

@@ -262,6 +262,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                  '{decision="denied"}[$__rate_interval]))', "{{reason}}"),),
               "Reviews denied per second: quota (a DeviceQuota is full), admin_access, pricing, annotations, "
               "invalid; unavailable, timeout and error are the webhook failing (DraQuotaWebhookErrors)."),
+        Panel("Quota denials by quota and reason", "timeseries", "short",
+              (Q(f"sum by (namespace, quota, decision, resource) (increase(draquota_quota_denials_total{{{NS}}}"
+                 "[$__rate_interval]))", "{{namespace}}/{{quota}} {{decision}} {{resource}}"),),
+              "Claim creates (resourceclaims), template creates and allocations (resourceclaims/status) each "
+              "quota denied, or admitted over its hard with a warning (warned: an Audit quota, or the "
+              "account-only allocation check). A team's ClusterDeviceQuota/<name> shows under each namespace "
+              "it denied in. Quotas past the first 1,000 read other."),
         Panel("Reviews by decision", "timeseries", "reqps",
               (Q("sum by (webhook, decision) (rate(draquota_admission_requests_total[$__rate_interval]))",
                  "{{webhook}} {{decision}}"),),

@@ -184,6 +184,10 @@ def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
     full, small = teams(ns)
     return {
         "panel 'Denials by reason' A": lambda r: {"quota", "pricing"} <= {k[0] for k in values(r, "reason")},
+        # The claim "over", denied by DeviceQuota gpus at its create; the pricing denial names no quota.
+        "panel 'Quota denials by quota and reason' A": lambda r: {
+            k for k in values(r, "namespace", "quota", "decision", "resource") if k[0] == ns} == {
+                (ns, "gpus", "denied", "resourceclaims")},
         "panel 'Quota memory: used, reserved, hard' A":  # used
             lambda r: values(r, "namespace", "quota").get((ns, "gpus")) == 160 * GI,
         "panel 'Quota memory: used, reserved, hard' C":  # hard

@@ -32,6 +32,7 @@ from quota.policy import PolicyRecord
 from quota.usage import Holders
 from runtime.metricnames import (
     ALLOCATION_WAIT,
+    QUOTA_DENIALS,
     ANNOTATION_WRITERS,
     ANNOTATIONS_PENDING,
     ADMIN_ACCESS_DECISIONS,
@@ -52,7 +53,7 @@ from runtime.metricnames import (
     WATCH_SYNCED,
 )
 from webhook.connections import Connections, Limits
-from webhook.metrics import Metrics, NamespaceLabel, decision_of, resource_of
+from webhook.metrics import Metrics, NamespaceLabel, QuotaLabel, decision_of, resource_of
 from webhook.metricsserver import serve_metrics
 from webhook.server import build_app
 from webhook.usagemetrics import UsageMetrics
@@ -106,6 +107,35 @@ def test_the_namespace_label_names_only_namespaces_with_a_device_quota_and_a_bou
     quotas.clear()
     m.review("/validate", replace(claim_create(), namespace="team-b"), Verdict(False, "q", cause="quota"), 0.001)
     assert requests(m, **denied, namespace="team-b") == 2
+
+
+def test_quota_denials_are_counted_by_each_quota_that_denied_or_warned_and_bounded() -> None:
+    m = Metrics()
+    m.namespace = NamespaceLabel(lambda _namespace: True)
+    m.quota = QuotaLabel(limit=3)
+    team = "ClusterDeviceQuota/ml-team"
+    template = replace(claim_create(), namespace="team-a",
+                       resource=replace(claim_create().resource, resource="resourceclaimtemplates"))
+    m.review("/admit", replace(claim_create(), namespace="team-a"), Verdict(False, "q", cause="quota",
+                                                                             quotas=("gpus", team)), 0.001)
+    m.review("/validate", template, Verdict(False, "q", cause="quota", quotas=("gpus",)), 0.001)
+    m.review("/admit", replace(claim_create(), namespace="team-b"),
+             Verdict(True, warnings=("over",), cause="quota", quotas=("audit",)), 0.001)
+    m.review("/admit", replace(claim_create(), namespace="team-b"), Verdict(False, "p", cause="pricing"), 0.001)
+    m.review("/admit", replace(claim_create(), namespace="team-c"), Verdict(False, "q", cause="quota",
+                                                                             quotas=("gpus",)), 0.001)
+
+    def denials(namespace: str, quota: str, decision: str = "denied", resource: str = "resourceclaims") -> float:
+        labels = {"namespace": namespace, "quota": quota, "decision": decision, "resource": resource}
+        return m.registry.get_sample_value(QUOTA_DENIALS, labels) or 0.0
+
+    assert (denials("team-a", "gpus"), denials("team-a", team)) == (1, 1)
+    assert denials("team-a", "gpus", resource="resourceclaimtemplates") == 1
+    assert denials("team-b", "audit", decision="warned") == 1
+    # The fourth (namespace, quota) pair is past the limit: "other", not a new series.
+    assert (denials("team-c", "gpus"), denials("team-c", "other")) == (0, 1)
+    assert sum(s.value for f in m.registry.collect() if f.name + "_total" == QUOTA_DENIALS
+               for s in f.samples) == 5
 
 
 def test_allocation_waits_are_a_histogram_per_namespace() -> None:
