@@ -65,6 +65,7 @@ from webhook.certificates import start as start_self_managed
 from webhook.claimreview import ClaimContext
 from webhook.connections import HTTP_LOG, Connections, TlsSite
 from webhook.endpoints import endpoints
+from webhook.labelaccess import LabelAccess
 from webhook.metricsserver import metrics_limits
 from webhook.server import build_app
 
@@ -139,7 +140,7 @@ async def serve(options: ServeOptions) -> int:
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, caches.reservations,
                        options.allocation_check,
                        learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer,
-                       recounts=caches.recounter)
+                       recounts=caches.recounter, may_label=LabelAccess(api))
     metrics, recorder, observe = observability(api, caches, tls, manager, leading)
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))

@@ -103,6 +103,7 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     (CONFIGMAPS, ""): frozenset({"list", "watch"}),
     # --metrics-secure (webhook.metricsserver TokenAccess).
     (TOKEN_REVIEWS, ""): frozenset({"create"}),
+    # The same, and who may label adminaccess.draquota.io (webhook.labelaccess LabelAccess).
     (ACCESS_REVIEWS, ""): frozenset({"create"}),
     # --cert-mode self (webhook.certificates KubeStore): our Secret, our configurations' caBundle.
     (SECRETS, ""): frozenset({"create", "get", "update"}),

@@ -24,18 +24,28 @@ from quota.raw import as_map, dig, show
 from quota.validation import dns_label, dns_subdomain
 
 __all__ = [
+    "ADMIN_ACCESS_GRANT",
     "AUDIT_KEY",
     "CLAIM_CONTROLLER",
     "POD_CLAIM_NAME_ANNOTATION",
     "AdminAccessPolicy",
     "PolicyError",
     "PolicyRecord",
+    "RBAC_BASIS",
     "judge_claim",
     "judge_label_change",
     "parse_policy",
     "stamped_from_pod",
 ]
 
+# Who RBAC allows to add, change or remove the admin-access label: the (API group,
+# resource, verb) of a cluster-scoped pseudo-resource of ours, asked of the authorizer by
+# the ValidatingAdmissionPolicy (deploy/manifests/admin-access-policy.yaml) and by the
+# webhook's SubjectAccessReview (`webhook.labelaccess`) alike. A verb no built-in role
+# holds, so only `*` (cluster-admin) or the ClusterRole dra-quota-admin-access-labeler
+# grants it; cluster-scoped, so a RoleBinding in one's own namespace does not.
+ADMIN_ACCESS_GRANT = ("draquota.io", "adminaccess", "label")
+RBAC_BASIS = "RBAC allows label on adminaccess.draquota.io"
 # The one audit annotation key (the API server stores it as `<webhook name>/admin-access`).
 AUDIT_KEY = "admin-access"
 # kube-controller-manager builds the resourceclaim controller's client with

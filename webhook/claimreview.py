@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kube.admissionreview import AdmissionRequest, Cause, Verdict
+from kube.admissionreview import AdmissionRequest, Cause, UserInfo, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
@@ -101,6 +101,9 @@ class ClaimContext:
     slicer: Slicer = field(default_factory=Slicer)
     # The teams' recounts (`kube.recounts`): a claim charged to a team being recounted waits for it.
     recounts: Recounter | None = None
+    # Whether RBAC lets a user grant adminAccess (`webhook.labelaccess`), asked about a
+    # namespace label change the allowlist refused; None: the allowlist alone decides.
+    may_label: Callable[[UserInfo], Awaitable[bool | None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from webhook.claimreview import (
     create_template,
     update_claim,
 )
-from webhook.namespaces import update_namespace
+from webhook.namespaces import review_namespace
 from webhook.pods import create_pod
 from webhook.server import Endpoint
 
@@ -40,8 +40,8 @@ Handler = Callable[[ClaimContext, AdmissionRequest], Verdict | Awaitable[Verdict
 Route = tuple[str, str, str, str]
 
 
-def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
-    return update_namespace(ctx.policy, request)
+async def _namespace(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
+    return await review_namespace(ctx.policy, ctx.may_label, request)
 
 
 VALIDATING: dict[Route, Handler] = {

@@ -3,22 +3,28 @@
 Neighbours: `webhook.endpoints` dispatches Namespace CREATE and UPDATE here, including
 the `status` and `finalize` subresources (on 1.37 both write the whole object, labels
 included: k/k pkg/registry/core/namespace/storage, StatusREST and FinalizeREST);
-`quota.policy` decides. Only the label `resource.kubernetes.io/admin-access` is read:
+`quota.policy` decides by the allowlist; `review_namespace` then asks RBAC
+(`webhook.labelaccess`, a SubjectAccessReview) about a requester the allowlist does not
+name, as the shipped ValidatingAdmissionPolicy asks the authorizer. Only the label `resource.kubernetes.io/admin-access` is read:
 a Namespace is cluster infrastructure, so anything else about it, however odd, is not
 ours to refuse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from kube.admissionreview import AdmissionRequest, Verdict
+from kube.admissionreview import AdmissionRequest, UserInfo, Verdict
 from quota.admission import ADMIN_ACCESS_LABEL
-from quota.policy import AUDIT_KEY, AdminAccessPolicy, judge_label_change
+from quota.policy import AUDIT_KEY, RBAC_BASIS, AdminAccessPolicy, judge_label_change
 from quota.raw import dig, show
 
-__all__ = ["update_namespace"]
+__all__ = ["MayLabel", "review_namespace", "update_namespace"]
+
+# Whether RBAC lets a user grant adminAccess; None when the API server could not be asked.
+MayLabel = Callable[[UserInfo], Awaitable[bool | None]]
 
 
 def update_namespace(policy: Callable[[], AdminAccessPolicy], request: AdmissionRequest) -> Verdict:
@@ -49,6 +55,22 @@ def update_namespace(policy: Callable[[], AdminAccessPolicy], request: Admission
         records=(record,),
         cause="admin_access",
     )
+
+
+async def review_namespace(policy: Callable[[], AdminAccessPolicy], may_label: MayLabel | None,
+                           request: AdmissionRequest) -> Verdict:
+    """`update_namespace`, and for a requester the allowlist refused, RBAC's answer."""
+    verdict = update_namespace(policy, request)
+    if verdict.allowed or verdict.cause != "admin_access" or may_label is None:
+        return verdict
+    (record,) = verdict.records
+    allowed = await may_label(request.user)
+    if allowed:
+        granted = replace(record, outcome="granted", basis=RBAC_BASIS)
+        return Verdict(True, audit_annotations={AUDIT_KEY: granted.audit_value}, records=(granted,))
+    why = ("and the API server could not be asked whether RBAC allows it to label adminaccess.draquota.io; retry"
+           if allowed is None else "and RBAC does not allow it to label adminaccess.draquota.io")
+    return replace(verdict, message=f"{verdict.message}, {why}")
 
 
 def _label(obj: Mapping[str, Any] | None, where: str) -> str | None | Verdict:

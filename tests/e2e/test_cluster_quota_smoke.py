@@ -40,7 +40,8 @@ from .webhook_recorder import impersonated
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICY = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/team-label-policy.yaml").read_text()) if d]
+POLICY = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/team-label-policy.yaml").read_text())
+          if d and d["kind"].startswith("ValidatingAdmissionPolicy")]
 TEAM_LABEL = "team.draquota.io/name"
 CDQ = "clusterdevicequotas"
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -227,7 +228,7 @@ async def refusal_of(call: Awaitable[Any]) -> str:
 async def test_only_team_label_principals_move_a_namespace_between_teams(kube: Kube, team: Team,
                                                                         guard: tuple[str, str]) -> None:
     tenant, operator = guard
-    refusal = "only the principals of dra-quota's teamLabels.users and teamLabels.groups may add, change or remove"
+    refusal = "and the principals of dra-quota's teamLabels.users and teamLabels.groups may add, change or remove"
 
     async def refused() -> str | None:
         # The policy and its binding take a moment to load, and so does the operator's

@@ -29,7 +29,7 @@ import yaml
 
 from commands.cli import _parser
 from quota.memorysources import parse_memory_sources
-from quota.policy import parse_policy
+from quota.policy import ADMIN_ACCESS_GRANT, parse_policy
 from quota.raw import Obj
 
 from ..tools.chart import (
@@ -242,6 +242,37 @@ def test_the_team_label_principals_come_from_values() -> None:
     nobody = find(render({"teamLabels": {"users": [], "groups": []}}), "ValidatingAdmissionPolicy",
                   "dra-quota-team-labels")
     assert "in []" in nobody["spec"]["validations"][0]["expression"]
+
+
+def test_tenants_read_their_namespaces_device_quotas_through_view_edit_and_admin(default: list[Obj]) -> None:
+    role = find(default, "ClusterRole", "dra-quota-view")
+    aggregated = {k for k, v in role["metadata"]["labels"].items()
+                  if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+    # Aggregation is not transitive: each built-in role selects its own label.
+    assert aggregated == {f"rbac.authorization.k8s.io/aggregate-to-{r}" for r in ("view", "edit", "admin")}
+    # Read only, as ResourceQuota for namespace edit/admin; no ClusterDeviceQuota (another team's data).
+    assert role["rules"] == [{"apiGroups": ["draquota.io"], "resources": ["devicequotas"],
+                              "verbs": ["get", "list", "watch"]}]
+
+
+@pytest.mark.parametrize(("policy", "resource", "labeler"), [
+    ("dra-quota-team-labels", "teams", "dra-quota-team-labeler"),
+    ("dra-quota-admin-access-label", "adminaccess", "dra-quota-admin-access-labeler"),
+])
+def test_rbac_grants_the_label_policies_beside_their_lists(default: list[Obj], policy: str, resource: str,
+                                                          labeler: str) -> None:
+    """cluster-admin (`*` on `*`) passes the authorizer check; a ClusterRole grants the rest."""
+    vap = find(default, "ValidatingAdmissionPolicy", policy)
+    check = f"authorizer.group('draquota.io').resource('{resource}').check('label').allowed()"
+    expressions = [v["expression"] for v in vap["spec"].get("variables", []) + vap["spec"]["validations"]]
+    assert sum(check in e for e in expressions) == 1, expressions
+    assert ".namespace(" not in " ".join(expressions)  # cluster-scoped: no RoleBinding grants it
+    assert labeler in vap["spec"]["validations"][0]["messageExpression"]
+    role = find(default, "ClusterRole", labeler)
+    assert role["rules"] == [{"apiGroups": ["draquota.io"], "resources": [resource], "verbs": ["label"]}]
+    assert not [k for k in role["metadata"]["labels"] if k.startswith("rbac.authorization.k8s.io/aggregate")]
+    group, plural, verb = ADMIN_ACCESS_GRANT  # what the webhook's SubjectAccessReview asks
+    assert (group, verb) == ("draquota.io", "label") and (resource != "adminaccess" or plural == resource)
 
 
 def test_the_allowlist_reaches_the_policy_and_serve_alike() -> None:
@@ -499,7 +530,8 @@ def test_metrics_are_https_for_tokens_allowed_to_get_them(default: list[Obj]) ->
     assert (serve_args(plain).metrics_secure, serve_args(plain).metrics_bind_address) == (False, None)
     assert [p["name"] for p in find(plain, "Service")["spec"]["ports"]] == ["https"]
     assert [p["name"] for p in container(plain)["ports"]] == ["https"]
-    assert not any(rule in rules_of(plain, "ClusterRole") for rule in review_rules)
+    # TokenReview goes; SubjectAccessReview stays: the adminAccess label's RBAC check uses it too.
+    assert review_rules[0] not in rules_of(plain, "ClusterRole") and review_rules[1] in rules_of(plain, "ClusterRole")
     assert not [o for o in plain if o["metadata"]["name"] == "dra-quota-metrics-reader"]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from kube.admissionreview import Verdict
 from quota.policy import PolicyRecord
-from webhook.namespaces import update_namespace
+from webhook.namespaces import review_namespace, update_namespace
 
 from .test_claimreview import ADMIN, ALICE, POLICY, review_request
 
@@ -93,3 +93,55 @@ def test_unrelated_oddities_are_not_refused() -> None:
     obj = namespace()
     obj["metadata"]["annotations"] = {"x": 1}  # not ours to judge: the API server already did
     assert decide(obj, namespace(), user=ALICE) == Verdict(True)
+
+
+# -- RBAC beside the allowlist (review_namespace) ------------------------------------------------
+
+RBAC_BASIS = "RBAC allows label on adminaccess.draquota.io"
+
+
+def rbac(answer: bool | None) -> tuple[Any, list[str]]:
+    asked: list[str] = []
+
+    async def may_label(user: Any) -> bool | None:
+        asked.append(user.username)
+        return answer
+
+    return may_label, asked
+
+
+async def review(obj: dict[str, Any], old: dict[str, Any] | None, *, user: dict[str, Any],
+                 may_label: Any) -> Verdict:
+    request = review_request(obj, operation="CREATE" if old is None else "UPDATE", gvr=NAMESPACES, old=old,
+                             user=user, name="team-a")
+    return await review_namespace(lambda: POLICY, may_label, request)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("answer", "expected"), [
+    (True, recorded("granted", "alice", ADD, RBAC_BASIS)),
+    (False, recorded("refused", "alice", ADD, NOT_LISTED, f"alice may not {ADD}: not on dra-quota's adminAccess "
+                     "allowlist, and RBAC does not allow it to label adminaccess.draquota.io")),
+    # Fail closed: a review that could not be asked refuses, and says to retry.
+    (None, recorded("refused", "alice", ADD, NOT_LISTED, f"alice may not {ADD}: not on dra-quota's adminAccess "
+                    "allowlist, and the API server could not be asked whether RBAC allows it to label "
+                    "adminaccess.draquota.io; retry")),
+], ids=["rbac-allows", "rbac-refuses", "cannot-ask"])
+async def test_rbac_decides_who_the_allowlist_does_not_name(answer: bool | None, expected: Verdict) -> None:
+    may_label, asked = rbac(answer)
+    assert await review(namespace("true"), namespace(), user=ALICE, may_label=may_label) == expected
+    assert asked == ["alice"]
+
+
+@pytest.mark.asyncio
+async def test_rbac_is_asked_only_when_the_allowlist_refuses_a_label_change() -> None:
+    may_label, asked = rbac(True)
+    listed = await review(namespace("true"), namespace(), user=ADMIN, may_label=may_label)
+    assert listed == recorded("granted", "root-ops", ADD, GROUP)
+    assert await review(namespace(), namespace(), user=ALICE, may_label=may_label) == Verdict(True)
+    bad = namespace()
+    bad["metadata"]["labels"] = ["not", "a", "map"]
+    assert (await review(bad, namespace(), user=ALICE, may_label=may_label)).cause == "invalid"
+    assert asked == []
+    # Without a reviewer (no API server), the allowlist alone decides.
+    assert await review(namespace("true"), namespace(), user=ALICE, may_label=None) == refused(ADD)
