@@ -78,3 +78,15 @@ def test_the_notes_say_who_checks_the_admin_access_label_during_an_outage(policy
     policies = [o for o in render(values) if o["kind"] == "ValidatingAdmissionPolicy"
                 and "admin-access" in o["metadata"]["name"]]
     assert bool(policies) == vap
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_the_notes_say_rbac_decides_who_may_set_the_governed_labels(listed: bool) -> None:
+    values: dict[str, Any] = {"adminAccess": {"groups": ["gpu-admins"]}} if listed else {}
+    text = _one_line(notes(values))
+    roles = {r["metadata"]["name"] for r in render(values) if r.get("kind") == "ClusterRole"}
+    for role in ("dra-quota-admin-access-labeler", "dra-quota-team-labeler"):
+        assert role in roles and role in text, (role, text)
+    assert "decided by RBAC: verb \"label\" on adminaccess.draquota.io and teams.draquota.io" in text, text
+    assert ("The principals listed in adminAccess.users/groups/serviceAccounts may as well" in text) == listed, text
+    assert "cluster admins included" not in text  # what the notes said while only the lists decided
