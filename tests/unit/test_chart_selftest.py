@@ -14,7 +14,7 @@ import pytest
 from commands.cli import _parser
 from quota.raw import Obj
 
-from ..tools.chart import NAMESPACE, HelmError, find, render
+from ..tools.chart import NAMESPACE, HelmError, find, notes, render
 
 HOOK = "templates/tests/selftest.yaml"
 
@@ -94,3 +94,11 @@ def test_a_namespace_the_webhooks_skip_is_refused(values: dict[str, Any], namesp
 def test_a_bad_namespace_name_is_refused_by_the_schema() -> None:
     with pytest.raises(HelmError, match="selftest/namespace"):
         hook({"selftest": {"namespace": "Team_A"}})
+
+
+@pytest.mark.parametrize("opt_in", ["", "draquota.io/enabled"])
+def test_the_notes_say_how_to_run_the_test(opt_in: str) -> None:
+    text = " ".join(notes({"selftest": {"namespace": "team-a"}, "webhooks": {"optInLabel": opt_in}}).split())
+    assert "helm test dra-quota -n dra-quota-system --logs" in text
+    assert "a dry-run claim in namespace team-a" in text
+    assert ("which must carry the label draquota.io/enabled" in text) == bool(opt_in), text
