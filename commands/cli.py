@@ -558,6 +558,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_selftest(sub: _Subparsers) -> None:
+    from commands import selftest
+
+    selftest.add_arguments(sub, summary=_COMMANDS["selftest"][0], kubeconfig_help=_KUBECONFIG_HELP)
+
+
 # name -> (its one-line help, the function defining its flags); the order of --help.
 _COMMANDS: dict[str, tuple[str, Callable[[_Subparsers], None]]] = {
     "check": ("price and admit claims offline from YAML files (no cluster needed)", _add_check),
@@ -566,6 +572,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[_Subparsers], None]]] = {
     "top": ("print each DeviceQuota's and ClusterDeviceQuota's usage as the quota controller published it",
             _add_top),
     "demo": ("run the webhook and quota controller live on a throw-away local cluster", _add_demo),
+    "selftest": ("send a dry-run claim through the API server and check that the dra-quota webhook answered "
+                 "(helm test)", _add_selftest),
 }
 
 

@@ -123,8 +123,13 @@ def rss(served: Served) -> int:
 
 async def top(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """`dra-quota top ARGS` as a process: its exit code, stdout and stderr."""
+    return await dra_quota("top", *args, env=env)
+
+
+async def dra_quota(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`dra-quota ARGS` as a process: its exit code, stdout and stderr."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "commands.cli", "top", *args,
+        sys.executable, "-m", "commands.cli", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)

@@ -121,12 +121,16 @@ def _values_args(values: Mapping[str, Any] | None, directory: str, *, image: boo
 
 
 def template(values: Mapping[str, Any] | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE,
-             include_crds: bool = True, show_only: str | None = None, image: bool = True) -> str:
+             include_crds: bool = True, show_only: str | None = None, image: bool = True,
+             tests: bool = False) -> str:
     """`helm template` of the chart (only the template `show_only` when given), with
-    EXAMPLE_IMAGE unless `image` is False; HelmError with helm's message when it refuses."""
+    EXAMPLE_IMAGE unless `image` is False; HelmError with helm's message when it refuses.
+    Without `tests`, what an install creates: the `helm test` hooks (templates/tests/)
+    are left out, as they are from the shipped manifest (created only by `helm test`)."""
     with tempfile.TemporaryDirectory(prefix="helm-values-") as directory:
         proc = helm("template", release, str(CHART.relative_to(ROOT)), "--namespace", namespace,
                     *(["--include-crds"] if include_crds else []), *(["--show-only", show_only] if show_only else []),
+                    *([] if tests else ["--skip-tests"]),
                     *_values_args(values, directory, image=image))
     if proc.returncode != 0:
         raise HelmError(proc.stderr.strip() or proc.stdout.strip())
