@@ -33,13 +33,14 @@ from typing import Literal
 
 from kube.api import ApiError
 from quota.devicequota import DeviceQuota
-from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, leasable, settleable, take, untake, writing
+from quota.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
+                            untake, writing)
 from quota.ledger import QuotaKey, shown
 from quota.model import ZERO, Charge
 from quota.raw import Obj
 from quota.reservations import Caches
 
-__all__ = ["LeaseBook", "LeaseStats", "PATHS", "WRITE_OUTCOMES", "default_holder"]
+__all__ = ["LeaseBook", "LeaseStats", "PATHS", "WRITE_OUTCOMES", "default_holder", "version_of"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class LeaseBook:
     tending: dict[QuotaKey, asyncio.Task[None]] = field(default_factory=dict)
     # Until when leases are off: the CRD refused one (`refused_by_schema`).
     refused_until: float = 0.0
+    # The newest object and generation seen of each quota (watch, reads, our writes'
+    # answers): a lease granted on an older one admits nothing (`quota.headroom.take`).
+    versions: dict[QuotaKey, SpecVersion] = field(default_factory=dict)
     stats: LeaseStats = field(default_factory=LeaseStats)
 
     def key(self, quota: QuotaKey) -> str:
@@ -93,10 +97,26 @@ class LeaseBook:
         if not self.leasable(quota):
             return False
         key = (quota.namespace, quota.name)
-        taken = take(self.leases.get(key), quota, uid, charge, now)
+        taken = take(self.leases.get(key), quota, uid, charge, now, seen=self.versions.get(key))
         if taken is not None and not dry_run:
             self.leases[key] = taken
         return taken is not None
+
+    def saw(self, quota: QuotaKey, obj: Obj) -> None:
+        """This process has seen `obj`, an object of `quota` (from the watch, a read or a
+        write's answer). Another uid than the one known: the old object's lease went with
+        it (a quota deleted and created again holds none, and no other replica counts it)."""
+        version = version_of(obj)
+        known = self.versions.get(quota)
+        if known is not None and known.uid != version.uid:
+            self.uncertain(quota)
+        self.versions[quota] = newer(known, version)
+
+    def forget(self, quota: QuotaKey) -> None:
+        """The quota was deleted: its lease went with it; a lease landed after this (a
+        write answered late) matches no object seen, so it admits nothing either."""
+        self.versions.pop(quota, None)
+        self.uncertain(quota)
 
     def untake(self, quota: DeviceQuota, uid: str) -> None:
         key = (quota.namespace, quota.name)
@@ -219,6 +239,14 @@ class LeaseBook:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def version_of(obj: Obj) -> SpecVersion:
+    """The uid and `metadata.generation` of a quota object (0 where a fake API server sets none)."""
+    meta = obj.get("metadata") or {}
+    generation = meta.get("generation")
+    return SpecVersion(str(meta.get("uid") or ""),
+                       generation if isinstance(generation, int) and not isinstance(generation, bool) else 0)
 
 
 def _entry(obj: Obj | None, key: str) -> object:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kube.api import ApiError, KubeApi
-from kube.leasebook import LeaseBook
+from kube.leasebook import LeaseBook, version_of
 from kube.resources import quota_resource
 from kube.seen import Seen
 from kube.watching import Progress
@@ -132,19 +132,24 @@ class QuotaStatusWriter(Seen):
         known = parse_version(known_meta.get("resourceVersion"))
         version = parse_version(meta.get("resourceVersion"))
         if known is None or version is None or version >= known:
-            if known_meta and known_meta.get("uid") != meta.get("uid"):
-                self.leases.uncertain(key)  # another object of that name (a relist): the old one's lease went with it
-            self._objects[key] = obj
+            self._known(key, obj)
 
     def drop(self, namespace: str, name: str) -> None:
         key = (Namespace(namespace), name)
         self._objects.pop(key, None)
         # The lease went with the object: a quota created again under that name holds
         # none, and no other replica counts it (its window may have seconds to run).
-        self.leases.uncertain(key)
+        self.leases.forget(key)
         lock = self._writing.get(key)
         if lock is not None and not lock.locked():
             del self._writing[key]
+
+    def _known(self, key: QuotaKey, obj: Obj) -> None:
+        """`obj` is the newest object known of `key`; the leases learn its uid and
+        generation (a spec changed, even back to an earlier one, ends the lease granted
+        before: `kube.leasebook.LeaseBook.saw`)."""
+        self.leases.saw(key, obj)
+        self._objects[key] = obj
 
     def newest(self, namespace: str, name: str) -> Obj | None:
         """The newest DeviceQuota object known (the quota controller writes against it too)."""
@@ -282,7 +287,7 @@ class QuotaStatusWriter(Seen):
                     self._objects.pop(key, None)
                     return StatusWrite()
                 raise
-            self._objects[key] = written
+            self._known(key, written)
             return StatusWrite(read=obj, written=written)
         return StatusWrite(conflicts=True)
 
@@ -346,7 +351,8 @@ class QuotaStatusWriter(Seen):
             key = (quota.namespace, quota.name)
             return renew(self.leases.leases.get(key), key=self.leases.key(key), holder=self.leases.holder,
                          quota=quota, record=parse_record(obj.get("status")), requests=requests, usage=usage,
-                         caches=self, now=self.clock(), ttl=self.ttl, sizing=self.leases.sizing)
+                         caches=self, now=self.clock(), ttl=self.ttl, sizing=self.leases.sizing,
+                         version=version_of(obj))
         return apply(quota, parse_record(obj.get("status")), requests, usage=usage, caches=self, now=self.clock(),
                      ttl=self.ttl, namespaces=self.namespaces_seen() if quota.cluster else None), None
 
@@ -359,7 +365,7 @@ class QuotaStatusWriter(Seen):
                 self._objects.pop(key, None)
                 return None
             raise
-        self._objects[key] = obj
+        self._known(key, obj)
         return obj
 
 

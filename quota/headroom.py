@@ -35,8 +35,8 @@ from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
 from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, claim_settled, in_flight
 
-__all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "landed", "leasable", "renew", "settleable", "take", "untake",
-           "writing"]
+__all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "SpecVersion", "landed", "leasable", "newer", "renew",
+           "settleable", "take", "untake", "writing"]
 
 LEASE_PREFIX = "lease."
 
@@ -51,6 +51,29 @@ class Sizing:
     def margin(self) -> float:
         """How long before its window ends a live holder renews (or releases) its lease."""
         return self.period / 5
+
+
+@dataclass(frozen=True, slots=True)
+class SpecVersion:
+    """Which quota object, and which of its specs: its uid and `metadata.generation`.
+
+    The API server moves a CRD's generation on every change of its spec (the status
+    subresource's writes leave it), so an edit undone is a new generation although its
+    spec compares equal to the old one. A lease is good only on the version it was
+    granted on: the room it holds was checked against that spec's `hard` by that
+    object's record, and a spec in between (Audit, a wider scope, a higher `hard`) may
+    have admitted claims that room never counted."""
+
+    uid: str = ""
+    generation: int = 0
+
+
+def newer(known: SpecVersion | None, version: SpecVersion) -> SpecVersion:
+    """What a replica has seen of a quota once it sees `version` too: the highest
+    generation of one object; another uid (deleted, created again) replaces it."""
+    if known is None or known.uid != version.uid:
+        return version
+    return known if known.generation >= version.generation else version
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +94,8 @@ class Lease:
     # The sum of `admitted`'s charges, kept beside it (`_admitting`): `take` runs on every
     # create's path, and summing a backlog of a thousand claims there cost 1-2 ms each.
     total: Charge = ZERO
+    # The object it was granted on: once its holder has seen a later one, it admits nothing.
+    version: SpecVersion = SpecVersion()
 
     def consumed(self, *, without: str = "") -> Charge:
         held = self.admitted.get(without)
@@ -106,10 +131,17 @@ def _fits(quota: DeviceQuota, total: Charge, charge: Charge, room: Charge) -> bo
                for r in RESOURCES)
 
 
-def take(lease: Lease | None, quota: DeviceQuota, uid: str, charge: Charge, now: float) -> Lease | None:
+def take(lease: Lease | None, quota: DeviceQuota, uid: str, charge: Charge, now: float, *,
+         seen: SpecVersion | None) -> Lease | None:
     """The lease with claim `uid` admitted under it; None when it does not fit (or is
-    past its window, or was granted under another spec): the exact path decides then."""
-    if lease is None or lease.quota != quota or now >= lease.until:
+    past its window, or was granted on another object or generation than `seen`, the
+    newest this process has seen of the quota, or under another spec than `quota`, the
+    one its ledger counts): the exact path decides then.
+
+    Not the spec alone: an edit undone within the window (Audit and back, a class and
+    back, `hard` raised and lowered) restores an equal spec, but what the edit admitted
+    is not in this lease's room, so reviving it would admit that room on top of `hard`."""
+    if lease is None or lease.version != seen or lease.quota != quota or now >= lease.until:
         return None
     room = lease.amount if lease.limit is None else lease.amount.min(lease.limit)
     total = lease.consumed(without=uid) + charge
@@ -166,11 +198,14 @@ def renew(
     now: float,
     ttl: float,
     sizing: Sizing,
+    version: SpecVersion,
     max_entries: int = MAX_ENTRIES,
 ) -> tuple[Outcome, Plan]:
     """`apply` for a quota this process may lease: settle its own lease, decide
     `requests` (counting the lease's unsettled part not in this cache as in flight), then
-    size the lease again. `lease` is this process's book (None: none); `key` its entry."""
+    size the lease again. `lease` is this process's book (None: none); `key` its entry;
+    `version` the object `record` and `quota` were read from (the planned lease is good
+    only while it is the newest seen: `take`)."""
     stored = record.held.get(key)
     # Only the holder changes its entry's amount, and only by writes whose outcome it
     # knows: an entry unlike the book (or none, for a book) is on an object older than the
@@ -230,7 +265,8 @@ def renew(
     planned: Lease | None = None
     if not amount.is_zero() and (stored is not None or chunk is not None):
         live[key] = Reservation(key, holder, amount, expires, "Lease")
-        planned = _admitting(Lease(key, holder, quota, amount, until=until, expires=expires, unit=unit), admitted)
+        planned = _admitting(Lease(key, holder, quota, amount, until=until, expires=expires, unit=unit,
+                                   version=version), admitted)
     changed = outcome.changed or live.get(key) != stored or through != record.through
     limit = amount + sum(settled.values(), ZERO)
     return (replace(outcome, record=replace(outcome.record, held=live), changed=changed),

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.excess import allocation_key
-from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, landed, renew, take, untake, writing
+from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, renew, take, untake, writing
 from quota.model import Charge
 from quota.reservations import Outcome, Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
 
@@ -406,6 +406,7 @@ def test_an_attempt_leaves_other_series_and_other_claims_alone() -> None:
 # -- leases (quota.headroom): any interleaving of three replicas, each holding one -----------------
 
 LEASED = parse_device_quota(make_quota("gpus", memory="1280Gi"))
+ONE = SpecVersion()  # the quota's one object and generation: no spec changes here (tests/unit/quota/test_headroom.py)
 SIZING = Sizing(period=30.0, share=0.5, keep_free=0.25)
 
 
@@ -437,7 +438,7 @@ def _build(world: World, r: Holder, uid: str, use_stale: bool, sizing: Sizing) -
     usage = Usage(reserved=sum((world.charges[u] for u in seen.claims), Charge()))
     requests = [reserve(uid, world.charges[uid])] if uid else []
     outcome, plan = renew(r.lease, key=r.key, holder=r.key, quota=LEASED, record=record, requests=requests,
-                          usage=usage, caches=seen, now=world.now, ttl=TTL, sizing=sizing)
+                          usage=usage, caches=seen, now=world.now, ttl=TTL, sizing=sizing, version=ONE)
     r.pending = (version, outcome, plan, uid)
     r.lease = writing(r.lease, plan)
 
@@ -494,7 +495,7 @@ def _lease_step(world: World, act: tuple[object, ...], counter: list[int], sizin
             _build(world, r, uid, bool(act[3]), sizing)
             if act[4]:
                 _land(world, r)
-        elif (taken := take(r.lease, LEASED, uid, world.charges[uid], world.now)) is not None:
+        elif (taken := take(r.lease, LEASED, uid, world.charges[uid], world.now, seen=ONE)) is not None:
             r.lease = taken
             # A claim admitted under the lease may also be refused later (another quota, a
             # later plugin): it is then never created, an orphan in the book.
@@ -557,15 +558,15 @@ def test_what_a_lease_admitted_is_kept_as_claims_come_go_and_settle() -> None:
     """`take` reads the running total beside `admitted` (not a sum on every create)."""
     lease = Lease("lease.a.0", "a", LEASED, Charge(240 * GiB, 3), until=100.0, expires=300.0)
     for uid in ("a", "b", "c"):
-        taken = take(lease, LEASED, uid, GPU, 10.0)
+        taken = take(lease, LEASED, uid, GPU, 10.0, seen=ONE)
         assert taken is not None
         lease = taken
-    assert lease.consumed() == Charge(240 * GiB, 3) and take(lease, LEASED, "d", GPU, 10.0) is None
-    assert take(lease, LEASED, "c", GPU, 10.0) is not None  # the same claim again: no more room taken
+    assert lease.consumed() == Charge(240 * GiB, 3) and take(lease, LEASED, "d", GPU, 10.0, seen=ONE) is None
+    assert take(lease, LEASED, "c", GPU, 10.0, seen=ONE) is not None  # the same claim again: no more room taken
     lease = untake(lease, "b")
     assert lease.consumed() == Charge(160 * GiB, 2) and lease.consumed(without="a") == GPU
-    taken = take(lease, LEASED, "d", GPU, 10.0)
-    assert taken is not None and take(taken, LEASED, "e", GPU, 10.0) is None
+    taken = take(lease, LEASED, "d", GPU, 10.0, seen=ONE)
+    assert taken is not None and take(taken, LEASED, "e", GPU, 10.0, seen=ONE) is None
     # A write settles "a": what is left is counted afresh from what stays.
     plan = Plan(replace(taken, admitted={}, total=Charge()), frozenset({"a"}), Charge(240 * GiB, 3))
     after = landed(taken, plan)
@@ -581,7 +582,7 @@ def test_a_denial_only_an_open_lease_of_another_replica_causes_is_one_to_retry()
         lease = Reservation("lease.b.0", "b", Charge(400 * GiB, 0), expires, "Lease")
         outcome, _ = renew(None, key="lease.a.0", holder="a", quota=LEASED, record=Record({"lease.b.0": lease}),
                            requests=[reserve("x", Charge(160 * GiB, 2))], usage=usage, caches=seen, now=100.0,
-                           ttl=TTL, sizing=SIZING)
+                           ttl=TTL, sizing=SIZING, version=ONE)
         assert not outcome.decisions[0].allowed and "lease.b.0" in outcome.record.held
         return outcome.decisions[0].message
 
@@ -597,7 +598,8 @@ def test_a_lease_never_takes_the_record_past_its_bound() -> None:
     big = parse_device_quota(make_quota("gpus", memory="8000Gi"))
     record = Record({u: Reservation(u, f"team-a/{u}", GPU, 500.0) for u in ("a", "b")})
     outcome, plan = renew(None, key="lease.a.0", holder="a", quota=big, record=record, requests=[reserve("x")],
-                          usage=Usage(), caches=Seen(), now=100.0, ttl=TTL, sizing=SIZING, max_entries=3)
+                          usage=Usage(), caches=Seen(), now=100.0, ttl=TTL, sizing=SIZING, version=ONE,
+                          max_entries=3)
     assert outcome.decisions[0].allowed and len(outcome.record.held) <= 3, sorted(outcome.record.held)
     assert plan.lease is None
 
