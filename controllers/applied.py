@@ -81,13 +81,20 @@ class AppliedQuotas:
     async def run(self) -> None:
         """Write until cancelled; lists the existing copies first. Without the CRD (an
         upgrade that has not installed it yet) it writes nothing, and says so."""
-        try:
-            await self._list()
-        except ApiError as err:
-            if err.status not in (403, 404):
-                raise
-            log.warning("AppliedClusterDeviceQuotas not written (tenants do not see their team quotas): %s", err)
-            return
+        while True:
+            try:
+                await self._list()
+                break
+            except ApiError as err:
+                if err.status in (403, 404):
+                    log.warning("AppliedClusterDeviceQuotas not written (tenants do not see their team quotas): %s",
+                                err)
+                    return
+                log.warning("cannot list AppliedClusterDeviceQuotas (retried in %ss): %s", _RETRY_AFTER_FAILURE, err)
+            except _FAILURES as err:
+                log.warning("cannot list AppliedClusterDeviceQuotas (retried in %ss): %s", _RETRY_AFTER_FAILURE,
+                            err or type(err).__name__)
+            await asyncio.sleep(_RETRY_AFTER_FAILURE)
         semaphore = asyncio.Semaphore(self.concurrency)
         while True:
             now = self.clock()
