@@ -20,7 +20,7 @@ import pytest
 
 from .cluster import ControlPlane
 from .harness import DQ, top
-from .kube import ApiError, Kube, Obj, poll
+from .kube import Kube, Obj, poll
 from .kubectl import Kubectl, KubectlError
 from .test_cluster_quota_smoke import TEAM_LABEL, Team, create, team  # noqa: F401 (the fixture)
 from .test_tenant_rbac import RBAC, binding, shipped, tenant_kubeconfig
@@ -31,12 +31,7 @@ ACDQ = "appliedclusterdevicequotas"
 
 
 async def applied(kube: Kube, namespace: str, name: str) -> Obj | None:
-    try:
-        return await kube.get(DQ, ACDQ, name, namespace=namespace)
-    except ApiError as err:
-        if err.status == 404:
-            return None
-        raise
+    return await kube.get_or_none(DQ, ACDQ, name, namespace=namespace)
 
 
 async def test_a_view_tenant_sees_its_teams_budget_and_its_own_part_only(

@@ -225,13 +225,8 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
                      "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}})
         try:
             async def copied() -> bool:
-                try:
-                    found = await kube.get(DQ, "appliedclusterdevicequotas", team, namespace=namespace)
-                except ApiError as err:
-                    if err.status == 404:
-                        return False
-                    raise
-                return bool((found.get("status") or {}).get("reserved") == {"memory": "80Gi", "devices": 1})
+                found = await kube.get_or_none(DQ, "appliedclusterdevicequotas", team, namespace=namespace)
+                return bool(found and (found.get("status") or {}).get("reserved") == {"memory": "80Gi", "devices": 1})
 
             await poll(copied, timeout=30, what="the leader to copy the team quota into its namespace")
         finally:
