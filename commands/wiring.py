@@ -235,7 +235,7 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
         recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
-    applied = AppliedQuotas(caches.reservations.api, leading=elector.leading)
+    applied = AppliedQuotas(caches.reservations.api, leading=elector.leading, resync=options.resync_seconds)
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
                                  resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe,
                                  published=applied.published)

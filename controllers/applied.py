@@ -11,7 +11,8 @@ after the team, owned by it (garbage collection deletes them with the team), wri
 server-side apply (creates or updates) only when its content differs from what this
 replica last wrote or found; deleted when the namespace leaves the team. On start it lists
 the existing ones (by the managed-by label) so that a new leader writes only what changed
-and deletes the copies of namespaces that left meanwhile.
+and deletes the copies of namespaces that left meanwhile; and again each resync period,
+so that a copy deleted or edited by hand is written again.
 
 The bound: a team's totals move with every claim event in any member, and every member's
 copy holds them, so a change costs one write per member. Two things keep that bounded:
@@ -59,9 +60,12 @@ def _content(body: Obj) -> Written:
 
 class AppliedQuotas:
     def __init__(self, api: KubeApi, *, leading: Callable[[], bool], interval: float = 2.0, rate: float = 50.0,
-                 concurrency: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+                 concurrency: int = 4, resync: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.leading = leading
+        # Seconds between two lists of what is there: a copy someone deleted or edited is
+        # written again at the team's next publication (the quota controller's resync).
+        self.resync = resync
         self.interval = interval
         self.rate = rate
         self.concurrency = concurrency
@@ -96,11 +100,18 @@ class AppliedQuotas:
                             err or type(err).__name__)
             await asyncio.sleep(_RETRY_AFTER_FAILURE)
         semaphore = asyncio.Semaphore(self.concurrency)
+        next_list = self.clock() + self.resync
         while True:
             now = self.clock()
+            if now >= next_list:
+                next_list = now + self.resync
+                try:
+                    await self._list()
+                except _FAILURES as err:
+                    log.warning("cannot list AppliedClusterDeviceQuotas: %s", err or type(err).__name__)
             ready = [name for name in self._teams if self._due.get(name, 0.0) <= now]
             if not ready:
-                await self._sleep(min((self._due[n] for n in self._teams), default=None))
+                await self._sleep(min((self._due[n] for n in self._teams), default=next_list))
                 continue
             for name in sorted(ready):
                 if (wait := self._budget - self.clock()) > 0:
@@ -111,10 +122,10 @@ class AppliedQuotas:
                 self._due[name] = now + self.interval
                 self._budget = max(self._budget, now) + written / self.rate
 
-    async def _sleep(self, until: float | None) -> None:
+    async def _sleep(self, until: float) -> None:
         self._wake.clear()
         try:
-            async with asyncio.timeout(None if until is None else max(until - self.clock(), 0.0)):
+            async with asyncio.timeout(max(until - self.clock(), 0.0)):
                 await self._wake.wait()
         except TimeoutError:
             pass
@@ -122,9 +133,11 @@ class AppliedQuotas:
     async def _list(self) -> None:
         key, value = MANAGED_BY
         listing = await self.api.list(APPLIED, label_selector=f"{key}={value}")
+        have = {}
         for obj in listing.items:
             meta = as_map(obj.get("metadata"))
-            self._have[(str(meta.get("name")), str(meta.get("namespace")))] = _content(obj)
+            have[(str(meta.get("name")), str(meta.get("namespace")))] = _content(obj)
+        self._have = have
 
     async def _round(self, name: str, team: Obj | None, semaphore: asyncio.Semaphore) -> int:
         """Bring team `name`'s copies in line with `team`; the writes it made."""

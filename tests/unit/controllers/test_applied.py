@@ -83,3 +83,14 @@ async def test_nothing_sent_when_not_leading_and_a_deleted_team_is_left_to_garba
     api.calls.clear()
     assert await round_of(applied, None) == 0 and api.calls == []
     assert applied._have == {}
+
+
+async def test_a_copy_deleted_by_hand_is_written_again_after_the_next_list() -> None:
+    api = RecordingApi()
+    applied = AppliedQuotas(api, leading=lambda: True)  # type: ignore[arg-type]
+    await round_of(applied, owned(BREAKDOWN))
+    api.existing = list(applied_quotas(owned(BREAKDOWN)).values())[:1]  # ml-train's deleted by hand
+    await applied._list()  # the resync's list
+    api.calls.clear()
+    assert await round_of(applied, owned(BREAKDOWN)) == 1
+    assert api.calls == [("apply", "ml-train", "ml-team")]
