@@ -425,7 +425,8 @@ def _add_top(sub: _Subparsers) -> None:
                     "used/reserved/hard memory and devices, allocated and pending claims, and whether the quota is "
                     "exceeded or not counted yet (status missing or older than the spec); for each team, its "
                     "totals and each namespace's part. Reads status only, like kubectl top. A cluster without "
-                    "the ClusterDeviceQuota CRD, or a user not allowed to list them, gets the DeviceQuotas alone. "
+                    "the ClusterDeviceQuota CRD gets the DeviceQuotas alone; a user not allowed to list ClusterDeviceQuotas "
+                    "gets, with -n, the AppliedClusterDeviceQuotas there: each team's totals and that namespace's part. "
                     "Exit 0 when it printed, 1 when the cluster could not be read.")
     top.add_argument("-n", "--namespace", help="only this namespace: its DeviceQuotas, and the teams selecting it "
                      "with its part (default: all namespaces)")
@@ -445,7 +446,7 @@ def _run_top(args: argparse.Namespace) -> int:
     from quota.devicequota import QuotaError
     from quota.printable import for_json, for_terminal
     from quota.tables import print_rows, top_tables
-    from quota.top import quota_usage, team_usage
+    from quota.top import applied_usage, quota_usage, team_usage
 
     try:
         objects, teams, note = asyncio.run(_list_quotas(args))
@@ -455,7 +456,10 @@ def _run_top(args: argparse.Namespace) -> int:
     if note:
         print(f"warning: {for_terminal(note)}", file=sys.stderr)
     quotas = []
-    for read, items in ((quota_usage, objects), (lambda obj: team_usage(obj, args.namespace), teams)):
+    def read_team(obj: dict[str, Any]) -> dict[str, Any] | None:
+        return applied_usage(obj) if obj.get("kind") == "AppliedClusterDeviceQuota" else team_usage(obj, args.namespace)
+
+    for read, items in ((quota_usage, objects), (read_team, teams)):
         for obj in items:
             try:
                 if (row := read(obj)) is not None:
@@ -478,9 +482,11 @@ def _run_top(args: argparse.Namespace) -> int:
 
 
 async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
-    """The DeviceQuotas, the ClusterDeviceQuotas, and why the latter are missing ("" when not)."""
+    """The DeviceQuotas, the ClusterDeviceQuotas (with a namespace, for a user who may not list
+    them: that namespace's AppliedClusterDeviceQuotas instead), and why the latter are missing
+    ("" when not)."""
     from kube.api import ApiError, KubeApi
-    from kube.resources import CLUSTER_QUOTAS, QUOTAS
+    from kube.resources import APPLIED_QUOTAS, CLUSTER_QUOTAS, QUOTAS
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
         quotas = (await api.list(QUOTAS, namespace=args.namespace)).items
@@ -489,8 +495,18 @@ async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], 
         except ApiError as err:
             if err.status == 404:  # no ClusterDeviceQuota CRD: no teams
                 return quotas, [], ""
-            if err.status in (401, 403):  # a tenant may read its namespace's quotas, not the cluster's
-                return quotas, [], f"not allowed to list ClusterDeviceQuotas, team quotas not shown: {err.message}"
+            if err.status not in (401, 403):
+                raise
+            # A tenant may read its namespace's quotas, not the cluster's: its teams' numbers
+            # are in its namespace, as AppliedClusterDeviceQuotas (quota.applied).
+            denied = f"not allowed to list ClusterDeviceQuotas, team quotas not shown: {err.message}"
+        if args.namespace is None:
+            return quotas, [], denied
+        try:
+            return quotas, (await api.list(APPLIED_QUOTAS, namespace=args.namespace)).items, ""
+        except ApiError as err:
+            if err.status in (401, 403, 404):  # not allowed either, or an older install without the CRD
+                return quotas, [], denied
             raise
 
 

@@ -32,6 +32,7 @@ from controllers.leader import LeaderElector, default_identity
 from kube.leasebook import LeaseBook
 from quota.memorysources import NO_SOURCES, MemorySources
 from quota.headroom import Sizing
+from controllers.applied import AppliedQuotas
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
 from controllers.requeue import Requeuer
@@ -234,8 +235,10 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
         recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
+    applied = AppliedQuotas(caches.reservations.api, leading=elector.leading, resync=options.resync_seconds)
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
-                                 resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe)
+                                 resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe,
+                                 published=applied.published)
     governed = GovernedLabels(caches.reservations.api, caches.admitter.ledger, caches.namespaces,
                               leading=elector.leading, resync=options.resync_seconds)
     caches.changed.append(controller.changed)
@@ -244,7 +247,7 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
 
     async def work() -> None:
         await caches.wait_synced()
-        runs = [controller.run(), governed.run()]
+        runs = [controller.run(), governed.run(), applied.run()]
         if caches.kueue is not None:
             runs.append(AdmissionCheckController(caches.reservations.api, caches.kueue, caches.reservations, recorder,
                                                  leading=elector.leading, retry_seconds=options.kueue_retry_seconds,

@@ -18,6 +18,10 @@ dropped after the TTL), and for every quota each resync period (a missed or fail
 write is repaired without any event). A quota is written only when its status differs
 from what it would write.
 
+After each reconcile of a ClusterDeviceQuota it tells `published` the object as it now
+stands, whether or not a write was needed: `controllers.applied` copies the team's
+numbers into its member namespaces, with its own, slower, bound on writes.
+
 Each pass (the quotas marked since the last one, written concurrently) is timed, from
 after the debounce to its last write, and told to `observe` (the metric
 `draquota_reconcile_duration_seconds`).
@@ -62,7 +66,8 @@ class QuotaController:
                  min_interval: float = 0.5, retries: int = 3,
                  concurrency: int = 8, clock: Callable[[], float] | None = None,
                  exceeded: Callable[[str, str, str, str], None] = lambda namespace, name, uid, message: None,
-                 observe: Callable[[float], None] = lambda seconds: None) -> None:
+                 observe: Callable[[float], None] = lambda seconds: None,
+                 published: Callable[[str, Obj | None], None] = lambda name, team: None) -> None:
         self.ledger = ledger
         self.reservations = reservations
         self.leading = leading
@@ -87,6 +92,9 @@ class QuotaController:
         self.exceeded = exceeded
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
         self.observe = observe
+        # Told each ClusterDeviceQuota as it stands after its reconcile (None: deleted):
+        # `controllers.applied` copies its numbers into the member namespaces.
+        self.published = published
         self._concurrency = concurrency
         self._dirty: set[QuotaKey] = set()
         self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
@@ -201,6 +209,8 @@ class QuotaController:
             self._mark([key])
             self._wake.set()
             return False
+        if not key[0]:
+            self.published(key[1], result.written if result.written is not None else result.read)
         if result.read is None:
             self._written.pop(key, None)
             return False  # deleted

@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kube.api import Resource
+from quota.applied import APPLIED_PLURAL
 from quota.devicequota import CLUSTER_PLURAL, GROUP, PLURAL, VERSION
 
 __all__ = [
     "ACCESS_REVIEWS",
     "ADMISSION_CHECKS",
+    "APPLIED_QUOTAS",
     "CLAIMS",
     "CLASSES",
     "CLUSTER_QUOTAS",
@@ -51,6 +53,7 @@ KUEUE = "kueue.x-k8s.io/v1beta2"
 
 QUOTAS = Resource(f"{GROUP}/{VERSION}", PLURAL)
 CLUSTER_QUOTAS = Resource(f"{GROUP}/{VERSION}", CLUSTER_PLURAL)
+APPLIED_QUOTAS = Resource(f"{GROUP}/{VERSION}", APPLIED_PLURAL)
 CLAIMS = Resource(RESOURCE_V1, "resourceclaims")
 TEMPLATES = Resource(RESOURCE_V1, "resourceclaimtemplates")
 SLICES = Resource(RESOURCE_V1, "resourceslices")
@@ -85,6 +88,10 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     # ClusterDeviceQuotas (team quotas): the same, cluster-scoped.
     (CLUSTER_QUOTAS, ""): frozenset({"get", "list", "watch"}),
     (CLUSTER_QUOTAS, "status"): frozenset({"update"}),
+    # Each team's numbers in its member namespaces (controllers.applied AppliedQuotas):
+    # list its own on start, server-side apply (which creates: create and patch), delete
+    # when a namespace leaves.
+    (APPLIED_QUOTAS, ""): frozenset({"list", "create", "patch", "delete"}),
     # Requeue (controllers.requeue) lists unscheduled Pods (metadata), reads a few, touches
     # their templates;
     # Kueue (controllers.kueue) caches both and reads one Pod its cache lacks.

@@ -31,7 +31,7 @@ from quota.quantity import ceil_int, non_negative_amount
 from quota.raw import as_map, show
 from quota.validation import integer
 
-__all__ = ["quota_usage", "team_usage"]
+__all__ = ["applied_usage", "quota_usage", "team_usage"]
 
 
 def quota_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,6 +56,31 @@ def team_usage(obj: Mapping[str, Any], namespace: str | None = None) -> dict[str
             return None
     row["namespaces"] = parts
     return row
+
+
+def applied_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A team's row as one member namespace sees it: an AppliedClusterDeviceQuota
+    (`quota.applied`), read by a tenant who may not read the ClusterDeviceQuota. The shape
+    of `team_usage(obj, namespace)`'s, with `applied: true`; `current` is the team's."""
+    meta = as_map(obj.get("metadata"))
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
+        raise QuotaError(f"AppliedClusterDeviceQuota: metadata.name and metadata.namespace must be names, "
+                         f"got {show(name)} in {show(namespace)}")
+    where = f"AppliedClusterDeviceQuota {namespace}/{name}: status"
+    status = as_map(obj.get("status"))
+    part = as_map(status.get("namespace"))
+    return {
+        "kind": "ClusterDeviceQuota", "namespace": "", "name": name, "applied": True,
+        "hard": {k: v for k, v in _amounts(status.get("hard"), f"{where}.hard").items() if v is not None},
+        "used": _amounts(status.get("used"), f"{where}.used"),
+        "reserved": _amounts(status.get("reserved"), f"{where}.reserved"),
+        "headroom": _amounts(status.get("headroom"), f"{where}.headroom"),
+        "claims": _claims(status.get("claims"), f"{where}.claims"),
+        "exceeded": status.get("exceeded") is True,
+        "current": status.get("counted") is True,
+        "namespaces": [_part({**part, "namespace": namespace}, f"{where}.namespace")],
+    }
 
 
 def _row(quota: DeviceQuota, obj: Mapping[str, Any], where: str) -> dict[str, Any]:

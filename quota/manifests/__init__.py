@@ -34,8 +34,10 @@ def crd() -> dict[str, Any]:
 
 
 def crds() -> list[dict[str, Any]]:
-    """Every CustomResourceDefinition `serve` needs: DeviceQuota's and ClusterDeviceQuota's."""
-    return [crd(), *documents(files(__name__) / "clusterdevicequota.yaml")]
+    """Every CustomResourceDefinition `serve` needs: DeviceQuota's, ClusterDeviceQuota's and
+    AppliedClusterDeviceQuota's (a team's numbers in each member namespace)."""
+    return [crd(), *documents(files(__name__) / "clusterdevicequota.yaml"),
+            *documents(files(__name__) / "appliedclusterdevicequota.yaml")]
 
 
 def webhook_configurations() -> list[dict[str, Any]]:

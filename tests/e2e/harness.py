@@ -46,7 +46,8 @@ from .webhook_recorder import adapted_webhooks as shipped_for_test
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "deploy/crds/devicequota.yaml").read_text())
 # Every CRD `serve` watches: it is ready only once each has listed.
-CRDS = [CRD, yaml.safe_load((ROOT / "deploy/crds/clusterdevicequota.yaml").read_text())]
+CRDS = [CRD, *(yaml.safe_load((ROOT / "deploy/crds" / name).read_text())
+              for name in ("clusterdevicequota.yaml", "appliedclusterdevicequota.yaml"))]
 ADMISSION = "admissionregistration.k8s.io/v1"
 DQ = "draquota.io/v1alpha1"
 RUN_LABEL = "e2e.draquota.io/serve"

@@ -216,6 +216,21 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
             return bool((quota.get("status") or {}).get("reserved") == {"memory": "80Gi", "devices": 1})
 
         await poll(counted, timeout=30, what="the leader to count the claim in status.reserved")
+        # A team quota over this namespace: the leader copies its numbers into the namespace
+        # (list, then server-side apply, which creates: appliedclusterdevicequotas).
+        team = f"chart-team-{installed.run}"
+        await kube.create(DQ, "clusterdevicequotas", {
+            "kind": "ClusterDeviceQuota", "metadata": {"name": team},
+            "spec": {"hard": {"memory": "160Gi"},
+                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}})
+        try:
+            async def copied() -> bool:
+                found = await kube.get_or_none(DQ, "appliedclusterdevicequotas", team, namespace=namespace)
+                return bool(found and (found.get("status") or {}).get("reserved") == {"memory": "80Gi", "devices": 1})
+
+            await poll(copied, timeout=30, what="the leader to copy the team quota into its namespace")
+        finally:
+            await kube.delete(DQ, "clusterdevicequotas", team)
         # The claim watch's deletion frees the reservation: the same claim now fits.
         await kube.delete(RESOURCE_V1, "resourceclaims", "first", namespace=namespace)
 

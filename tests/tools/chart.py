@@ -48,6 +48,7 @@ RELEASE, NAMESPACE = "dra-quota", "dra-quota-system"
 COPIES = {
     CHART / "crds" / "devicequota.yaml": ROOT / "quota" / "manifests" / "devicequota.yaml",
     CHART / "crds" / "clusterdevicequota.yaml": ROOT / "quota" / "manifests" / "clusterdevicequota.yaml",
+    CHART / "crds" / "appliedclusterdevicequota.yaml": ROOT / "quota" / "manifests" / "appliedclusterdevicequota.yaml",
     CHART / "files" / "prometheus-rules.yaml": ROOT / "deploy" / "prometheus" / "dra-quota-rules.yaml",
     CHART / "files" / "grafana-dashboard.json": ROOT / "deploy" / "grafana" / "dra-quota.json",
 }

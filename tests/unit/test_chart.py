@@ -37,7 +37,8 @@ from ..tools.chart import (
     shipped_manifest, shipped_prometheus_rule,
 )
 
-SOURCE_CRDS = [ROOT / "deploy" / "crds" / "devicequota.yaml", ROOT / "deploy" / "crds" / "clusterdevicequota.yaml"]
+SOURCE_CRDS = [ROOT / "deploy" / "crds" / "devicequota.yaml", ROOT / "deploy" / "crds" / "clusterdevicequota.yaml",
+               ROOT / "deploy" / "crds" / "appliedclusterdevicequota.yaml"]
 SOURCE_WEBHOOKS = documents((ROOT / "deploy" / "manifests" / "webhooks.yaml").read_text())
 SOURCE_POLICY = documents((ROOT / "deploy" / "manifests" / "admin-access-policy.yaml").read_text())
 SOURCE_GOVERNED = documents((ROOT / "deploy" / "manifests" / "governed-label-policy.yaml").read_text())
@@ -250,8 +251,9 @@ def test_tenants_read_their_namespaces_device_quotas_through_view_edit_and_admin
                   if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
     # Aggregation is not transitive: each built-in role selects its own label.
     assert aggregated == {f"rbac.authorization.k8s.io/aggregate-to-{r}" for r in ("view", "edit", "admin")}
-    # Read only, as ResourceQuota for namespace edit/admin; no ClusterDeviceQuota (another team's data).
-    assert role["rules"] == [{"apiGroups": ["draquota.io"], "resources": ["devicequotas"],
+    # Read only, as ResourceQuota for namespace edit/admin; no ClusterDeviceQuota (another team's data):
+    # its AppliedClusterDeviceQuotas instead, the team's numbers with this namespace's part alone.
+    assert role["rules"] == [{"apiGroups": ["draquota.io"], "resources": ["devicequotas", "appliedclusterdevicequotas"],
                               "verbs": ["get", "list", "watch"]}]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -180,8 +181,10 @@ async def test_a_team_status_has_its_breakdown_and_turning_exceeded_by_a_join_is
     ledger.add_or_update_claim(entry("a", 60 * GiB, allocated=True))  # team-a, a member (setup)
     ledger.add_or_update_claim(entry("b", 60 * GiB, allocated=True, ns=Namespace("team-b")))
     told: list[tuple[str, str, str, str]] = []
+    published: list[tuple[str, Any]] = []  # what controllers.applied copies into the members
     controller = QuotaController(ledger, reservations, leading=lambda: True, debounce=0.01, min_interval=0.0,
-                                 exceeded=lambda *args: told.append(args))
+                                 exceeded=lambda *args: told.append(args),
+                                 published=lambda name, team: published.append((name, team)))
     task = asyncio.create_task(controller.run())
     try:
         await settled(api, 1)
@@ -195,6 +198,10 @@ async def test_a_team_status_has_its_breakdown_and_turning_exceeded_by_a_join_is
         assert status["used"] == {"memory": "120Gi", "devices": 2}
         assert [n["namespace"] for n in status["namespaces"]] == ["team-a", "team-b"]
         assert told == [("", "ml", "cdq-uid", "used + reserved memory=120Gi is above hard memory=100Gi")]
+        # Each reconcile tells the team as written, so its copies follow the join.
+        await until(lambda: len(published) >= 2, "the team told after both writes")
+        name, team = published[-1]
+        assert name == "ml" and [n["namespace"] for n in team["status"]["namespaces"]] == ["team-a", "team-b"]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

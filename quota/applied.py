@@ -1,0 +1,68 @@
+"""AppliedClusterDeviceQuota: a team quota's numbers as one member namespace may see them.
+
+Neighbours: `quota.top.team_usage` reads a ClusterDeviceQuota's published status (spec.hard,
+the totals, each member's part); `controllers.applied` writes what `applied_quotas` returns
+into the member namespaces and `quota.top.applied_usage` reads it back for `top -n`.
+Built from the published status only, never from the ledger: kubectl on the team quota,
+kubectl on its applied copy and `top` show one set of numbers.
+
+An applied quota holds the team's `hard`, `used`, `reserved`, `claims`, its headroom
+(hard - used - reserved, per limit set, never below 0), whether it is exceeded or not
+counted yet, and this namespace's part; nothing of the other members, whose names and
+usage the cluster-scoped object shows to whoever may read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quota.devicequota import CLUSTER_KIND, GROUP, VERSION
+from quota.quantity import format_quantity
+from quota.raw import Obj, as_map
+from quota.top import team_usage
+
+__all__ = ["APPLIED_KIND", "APPLIED_PLURAL", "MANAGED_BY", "applied_quotas", "headroom"]
+
+APPLIED_KIND = "AppliedClusterDeviceQuota"
+APPLIED_PLURAL = "appliedclusterdevicequotas"
+# The label every applied quota carries: the leader lists its own by it.
+MANAGED_BY = ("app.kubernetes.io/managed-by", "dra-quota")
+
+
+def applied_quotas(team: Mapping[str, Any]) -> dict[str, Obj]:
+    """Member namespace -> the AppliedClusterDeviceQuota to write there, one per namespace
+    the team's `status.namespaces` lists (`QuotaError` when the object is unreadable)."""
+    row = team_usage(team)
+    assert row is not None  # no namespace asked: every member
+    meta = as_map(team.get("metadata"))
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": CLUSTER_KIND, "name": row["name"],
+             "uid": meta.get("uid"), "controller": True}
+    totals = {"hard": _shown(row["hard"]), "used": _shown(row["used"]), "reserved": _shown(row["reserved"]),
+              "headroom": _shown(headroom(row)), "claims": _present(row["claims"]),
+              "exceeded": row["exceeded"], "counted": row["current"]}
+    return {part["namespace"]: {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": APPLIED_KIND,
+        "metadata": {"name": row["name"], "namespace": part["namespace"], "labels": dict([MANAGED_BY]),
+                     "ownerReferences": [owner] if owner["uid"] else []},
+        "status": {**totals, "namespace": {"name": part["namespace"], "used": _shown(part["used"]),
+                                           "reserved": _shown(part["reserved"]), "claims": _present(part["claims"])}},
+    } for part in row["namespaces"]}
+
+
+def headroom(row: Mapping[str, Any]) -> dict[str, int | None]:
+    """hard - used - reserved for each limit set (None where no limit), at least 0; an
+    amount the status does not carry counts as 0."""
+    return {resource: None if hard is None else max(0, hard - (row["used"][resource] or 0)
+                                                     - (row["reserved"][resource] or 0))
+            for resource, hard in row["hard"].items()}
+
+
+def _shown(amounts: Mapping[str, int | None]) -> dict[str, str | int]:
+    """Memory as a quantity (as on the ClusterDeviceQuota), devices as a count; unset left out."""
+    return {resource: format_quantity(value) if resource == "memory" else value
+            for resource, value in amounts.items() if value is not None}
+
+
+def _present(counts: Mapping[str, int | None]) -> dict[str, int]:
+    return {key: value for key, value in counts.items() if value is not None}
