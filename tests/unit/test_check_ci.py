@@ -139,3 +139,50 @@ def test_an_unknown_field_in_the_clusters_state_stops_the_run(tmp_path: Path, ca
     path = write(tmp_path / "state.yaml", doc)
     code, out, err = run(capsys, "check", "-f", path)
     assert (code, out) == (2, "") and err == f"error: {path}:1 (document 1): {named}\n"
+
+
+# -- what a gate needs said plainly -------------------------------------------------------------
+
+
+def test_claims_without_any_device_class_say_no_device_classes_were_loaded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "claims.yaml", claim("a"))
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and "warning: no DeviceClasses were loaded" in err
+    code, out, _ = run(capsys, "check", "-f", path, "-o", "json")
+    assert any(w.startswith("no DeviceClasses were loaded") for w in json.loads(out)["warnings"])
+    with_class = write(tmp_path / "both.yaml", CLASS, SLICE, claim("a"))
+    assert "no DeviceClasses" not in run(capsys, "check", "-f", with_class)[2]
+
+
+BAD_SELECTOR = 'device.driver == '
+
+
+def test_a_quota_whose_selector_does_not_compile_fails_the_gate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=[BAD_SELECTOR])
+    path = write(tmp_path / "quota.yaml", CLASS, SLICE, quota)
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and "DeviceQuota team-a/gpus selects every device" in err
+    code, out, err = run(capsys, "check", "-f", path, "--fail-on-deny", "-o", "json")
+    assert code == 1 and "1 quota selectors do not compile (--fail-on-deny)" in err
+    assert len(json.loads(out)["invalidQuotas"]) == 1
+
+
+def test_cel_errors_print_readably_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=[BAD_SELECTOR])
+    bad = make_claim("bad", request("gpu", exactly("gpu", 'device.attributes["x"].model ==')))
+    path = write(tmp_path / "in.yaml", CLASS, SLICE, quota, bad)
+    _, out, err = run(capsys, "check", "-f", path)
+    assert "\\x0a" not in err and "\\x0a" not in out
+    assert ("DeviceQuota team-a/gpus selects every device, as its selector does not compile: "
+            "spec.devices.selectors[0].cel.expression: compilation failed: ERROR: <input>:1:15: Syntax error: "
+            "mismatched input '<EOF>' in 'device.driver =='") in err
+    row = next(line for line in out.splitlines() if line.startswith("ResourceClaim") and " bad " in line)
+    assert "mismatched input '<EOF>' in 'device.attributes[\"x\"].model =='" in row
+
+
+def test_the_json_says_which_objects_were_allocated(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "check", "-f", str(EXAMPLES), "-o", "json")
+    got = {o["name"]: o for o in json.loads(out)["objects"]}
+    assert got["gpu-health-probe"]["allocated"] is True and got["h200-pair"]["allocated"] is False
