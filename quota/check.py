@@ -117,7 +117,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
         kind = doc.obj["kind"]
         try:
             if kind in _STATE_KINDS and (problem := strict_error(doc.obj)) is not None:
-                raise CheckInputError(f"{doc.source}: {kind} {_name(doc.obj)}: {problem}")
+                raise CheckInputError(f"{doc.located(problem)}: {kind} {_name(doc.obj)}: {problem}")
             if kind == "DeviceClass":
                 cls = parse_device_class(doc.obj)
                 _once(seen, doc, kind, "", cls.name)
@@ -135,8 +135,8 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
                 _once(seen, doc, kind, quota.namespace, quota.name)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
                 shown = f"{quota.namespace}/{quota.name}" if quota.namespace else quota.name
-                problems = [f"{doc.source}: {kind} {shown} selects every device, as its selector does not compile: "
-                            f"{problem}" for problem in selection_problems(quota.scope.devices.expressions)]
+                problems = [f"{doc.located(problem)}: {kind} {shown} selects every device, as its selector does not "
+                            f"compile: {problem}" for problem in selection_problems(quota.scope.devices.expressions)]
                 report.warnings.extend(problems)
                 report.invalid_quotas.extend(problems)
             elif kind in _CLAIM_KINDS:
@@ -152,7 +152,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
-            raise CheckInputError(f"{doc.source}: {err}") from None
+            raise CheckInputError(f"{doc.located(str(err))}: {err}") from None
     if claims and not classes:
         report.warnings.append(NO_CLASSES)
     for pool, reason in sorted(inventory.unusable_pools().items()):

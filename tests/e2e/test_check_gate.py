@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import ControlPlane, ControlPlaneError, build
+from .cluster import ControlPlane, private_cluster
 from .harness import CRDS
 from .kubectl import Kubectl, KubectlError
 from .kubectl import build as build_kubectl
@@ -34,19 +34,8 @@ STATE = ("00-deviceclasses.yaml", "10-nvidia-slices.yaml", "20-amd-slices.yaml",
 
 @pytest.fixture(scope="module")
 def gate_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        cp = ControlPlane(binary=build(), workdir=tmp_path_factory.mktemp("minik8s-gate"))
-    except ControlPlaneError as e:
-        pytest.fail(f"cannot build the minik8s control plane: {e}", pytrace=False)
-    try:
-        cp.start()
-    except ControlPlaneError as e:
-        cp.stop()
-        pytest.fail(f"cannot start the minik8s control plane: {e}", pytrace=False)
-    try:
+    with private_cluster(tmp_path_factory.mktemp("minik8s-gate")) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 def readme_gates() -> list[str]:

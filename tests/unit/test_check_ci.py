@@ -138,7 +138,10 @@ def test_an_unknown_field_in_the_clusters_state_stops_the_run(tmp_path: Path, ca
                                                              doc: dict[str, Any], named: str) -> None:
     path = write(tmp_path / "state.yaml", doc)
     code, out, err = run(capsys, "check", "-f", path)
-    assert (code, out) == (2, "") and err == f"error: {path}:1 (document 1): {named}\n"
+    # The line of the unknown field, not the document's first.
+    unknown = named.rpartition(".")[2].rstrip('"')
+    (line,) = [i + 1 for i, text in enumerate(Path(path).read_text().splitlines()) if f"{unknown}:" in text]
+    assert (code, out) == (2, "") and err == f"error: {path}:{line} (document 1): {named}\n"
 
 
 # -- what a gate needs said plainly -------------------------------------------------------------
@@ -186,3 +189,59 @@ def test_the_json_says_which_objects_were_allocated(capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "check", "-f", str(EXAMPLES), "-o", "json")
     got = {o["name"]: o for o in json.loads(out)["objects"]}
     assert got["gpu-health-probe"]["allocated"] is True and got["h200-pair"]["allocated"] is False
+
+
+# -- locations ----------------------------------------------------------------------------------
+
+SLICE_WITH_A_NEGATIVE = """apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: node-7}
+spec:
+  driver: gpu.example.com
+  nodeName: node-7
+  pool: {name: node-7, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    capacity:
+      memory: {value: 80Gi}
+  - name: gpu-1
+    capacity:
+      memory: {value: -80Gi}
+"""
+
+
+def test_an_error_points_at_the_line_of_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text(SLICE_WITH_A_NEGATIVE)
+    code, _, err = run(capsys, "check", "-f", str(path))
+    assert code == 2 and err.startswith(f"error: {path}:18 (document 2): "), err  # the `memory:` of gpu-1
+    assert "spec.devices[1] (gpu-1).capacity['memory'].value: must not be negative" in err
+
+
+def test_a_warning_points_at_the_selector_that_does_not_compile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=['device.driver == "gpu.example.com"', BAD_SELECTOR])
+    path = write(tmp_path / "quota.yaml", quota)
+    lines = Path(path).read_text().splitlines()
+    expression = [i + 1 for i, line in enumerate(lines) if BAD_SELECTOR.strip() in line and "==" in line]
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and f"warning: {path}:{expression[-1]} (document 1): DeviceQuota team-a/gpus selects" in err
+
+
+def test_stdin_keeps_the_line_of_its_document(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    piped = tmp_path / "piped.yaml"
+    piped.write_text(SLICE_WITH_A_NEGATIVE)
+    # A file named like the source in the current folder: stdin is never read again.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stdin").write_text(SLICE_WITH_A_NEGATIVE.replace("apiVersion", "# a decoy\napiVersion"))
+    with open(piped) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, _, err = run(capsys, "check", "-f", "-")
+    assert code == 2 and err.startswith("error: stdin:5 (document 2): "), err
