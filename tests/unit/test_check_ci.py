@@ -245,3 +245,26 @@ def test_stdin_keeps_the_line_of_its_document(tmp_path: Path, capsys: pytest.Cap
         monkeypatch.setattr(sys, "stdin", stdin)
         code, _, err = run(capsys, "check", "-f", "-")
     assert code == 2 and err.startswith("error: stdin:5 (document 2): "), err
+
+
+def test_the_gate_over_a_dump_of_the_cluster_state_decides_as_the_examples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's gate offline: the state as one `kind: List` of mixed kinds, as `kubectl
+    get deviceclasses,resourceslices,namespaces,devicequotas,clusterdevicequotas -A -o json`
+    prints it, then the claims (tests/e2e/test_check_gate.py runs it against an API server)."""
+    state = [doc for name in ("00-deviceclasses.yaml", "10-nvidia-slices.yaml", "20-amd-slices.yaml", "30-teams.yaml")
+             for doc in yaml.safe_load_all((EXAMPLES / name).read_text()) if doc]
+    dump = tmp_path / "state.json"
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": state}))
+    claims = str(EXAMPLES / "40-claims.yaml")
+    code, out, err = run(capsys, "check", "-f", str(dump), "-f", claims, "-o", "json", "--fail-on-deny")
+    expected = json.loads(run(capsys, "check", "-f", str(EXAMPLES), "-o", "json")[1])["objects"]
+    assert code == 1 and "no DeviceClasses were loaded" not in err
+    assert [(o["name"], o["allowed"]) for o in json.loads(out)["objects"]] == [
+        (o["name"], o["allowed"]) for o in expected]
+    # Without the state, what the README's old gate did: every claim "class not found".
+    code, out, err = run(capsys, "check", "-f", claims, "-o", "json")
+    assert "warning: no DeviceClasses were loaded" in err
+    pending = [o for o in json.loads(out)["objects"] if not o["allocated"]]
+    assert all(not o["allowed"] for o in pending)
+    assert [o["name"] for o in pending if "not found" not in o["reason"]] == ["debug-h100", "h200-debug"]
