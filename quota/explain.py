@@ -27,10 +27,12 @@ from quota.model import Charge, Mode
 from quota.priced import PricedRequest, combine
 from quota.pricing import Pricer
 from quota.scope import DeviceSelection, Scope
+from quota.work import CLAIM_COST_BUDGET, Budget
 
 __all__ = ["conservative_note"]
 
 _DIMENSIONS = ("memory", "devices")
+NOTE_BUDGET = CLAIM_COST_BUDGET  # what pricing the alternatives alone may spend, for the note
 
 
 def conservative_note(pricer: Pricer, claim: Claim, denied_by: Sequence[DeviceQuota], default_mode: Mode) -> str:
@@ -42,7 +44,12 @@ def conservative_note(pricer: Pricer, claim: Claim, denied_by: Sequence[DeviceQu
         return ""
     scope = conservative[0].scope
     limited = [r for r in _DIMENSIONS if any(q.hard.get(r) is not None for q in conservative)]
-    notes = [n for request in claim.spec.requests if (n := _request(pricer, request, scope, limited)) is not None]
+    # One claim's budget for every alternative priced alone, in both modes: the same
+    # matches as pricing the claim (each charged once), so a tenant's claim of 32
+    # requests of 8 subrequests costs the note no more than its own pricing did.
+    budget = Budget(NOTE_BUDGET, "claim")
+    notes = [n for request in claim.spec.requests
+             if (n := _request(pricer, request, scope, limited, budget)) is not None]
     if not notes:
         return ""
     how = "; ".join(n.how for n in notes)
@@ -68,11 +75,11 @@ class _Alternative:
     low: Charge
 
 
-def _request(pricer: Pricer, request: Request, scope: Scope, limited: Sequence[str]) -> _Note | None:
+def _request(pricer: Pricer, request: Request, scope: Scope, limited: Sequence[str], budget: Budget) -> _Note | None:
     """None unless the request's smallest candidate costs less than its charge in a limited
     dimension. Each alternative is priced on its own: a firstAvailable request's counts and
     spreads are its subrequests', never a mix of them."""
-    alternatives = [a for a in (_alone(pricer, alt, scope) for alt in request.alternatives) if a is not None]
+    alternatives = [a for a in (_alone(pricer, alt, scope, budget) for alt in request.alternatives) if a is not None]
     if not alternatives:
         return None
     high = combine((a.high for a in alternatives), "conservative")
@@ -102,12 +109,16 @@ def _request(pricer: Pricer, request: Request, scope: Scope, limited: Sequence[s
                  f"{_show(high, cheaper)} ({each})", tuple(todo))
 
 
-def _alone(pricer: Pricer, alt: DeviceRequirement, scope: Scope) -> _Alternative | None:
-    """`alt` priced as a request of its own in both modes; None when the quota does not count it."""
+def _alone(pricer: Pricer, alt: DeviceRequirement, scope: Scope, budget: Budget) -> _Alternative | None:
+    """`alt` priced as a request of its own in both modes; None when the quota does not count
+    it, or out of budget."""
     selections: tuple[DeviceSelection, ...] = () if scope.devices.everything else (scope.devices,)
     spec = ClaimSpec((Request(alt.name, (alt,)),))
-    high, low = (pricer.estimate(spec, mode=mode, selections=selections).requests[0]
-                 for mode in ("conservative", "optimistic"))
+    pricings = [pricer.estimate(spec, mode=mode, budget=budget, selections=selections)
+                for mode in ("conservative", "optimistic")]
+    if any(p.errors or not p.requests for p in pricings):
+        return None
+    high, low = (p.requests[0] for p in pricings)
     if not (high.governed if scope.everything else high.touches(scope)):
         return None
     return _Alternative(alt.name, high.candidates, _charge(high, scope), _charge(low, scope))

@@ -111,3 +111,13 @@ def test_first_available_asks_to_narrow_only_the_subrequest_whose_candidates_dif
     assert ('To be charged less, drop subrequest gpu/any (a firstAvailable request is charged as its most expensive '
             'subrequest), or narrow subrequest gpu/any with a selector') in got
     assert "narrow subrequest gpu/small" not in got
+
+
+def test_the_note_is_left_out_beyond_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each alternative is priced alone for the note, within one claim's budget (the same
+    matches as the claim's own pricing, each charged once): a claim whose note would cost
+    more is denied with the in-tree words alone."""
+    from quota import explain
+
+    monkeypatch.setattr(explain, "NOTE_BUDGET", 1)
+    assert reason(*state(H100, H200, memory="100Gi"), ONE_GPU) == PREFIX
