@@ -29,6 +29,7 @@ from quota.version import version
 if TYPE_CHECKING:
     from commands.serve import LeaderElection
     from quota.check import Report
+    from quota.loader import Document
     from quota.memorysources import MemorySources
     from quota.model import Charge
 
@@ -95,12 +96,19 @@ def _add_check(sub: _Subparsers) -> None:
     )
     check.add_argument("-f", "--filename", dest="paths", action="extend", nargs="+", required=True,
                        metavar="PATH", help="YAML/JSON file or folder (repeatable; multi-document files)")
-    check.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    check.add_argument("--from-cluster", action="store_true",
+                       help="also read the cluster's DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas and "
+                            "ClusterDeviceQuotas (list only, with your kubeconfig) before the files: the claims are "
+                            "checked against the quotas' limits, not against what the cluster uses now")
+    check.add_argument("--kubeconfig", metavar="FILE", help=f"with --from-cluster: {_KUBECONFIG_HELP}")
+    check.add_argument("--context", help="with --from-cluster: kubeconfig context (default: the current one)")
+    check.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                       help="a table per object and per quota (default), or JSON: the contract in docs/cli.md")
     check.add_argument("--mode", choices=("conservative", "optimistic"), default="conservative",
                        help="price unallocated claims at the largest (default) or smallest candidate")
     check.add_argument("--fail-on-deny", action="store_true",
-                       help="exit 1 when any claim or template is denied (for CI gates; the report is printed "
-                            "either way; unreadable input stays 2)")
+                       help="exit 1 when any claim or template is denied or a quota's selector does not "
+                            "compile (for CI gates; the report is printed either way; unreadable input stays 2)")
     _memory_source_flags(check)
     check.set_defaults(run=_run_check)
 
@@ -194,7 +202,8 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--metrics-bind-address",
                        help="address the metrics port listens on (default 0.0.0.0; 127.0.0.1 with --no-metrics-secure)")
     connections.add_arguments(serve)
-    serve.add_argument("--log-format", choices=("text", "json"), default="text")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text",
+                       help="log lines as text (default) or one JSON object a line, for a log collector")
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
     serve.set_defaults(run=_run_serve)
@@ -361,7 +370,49 @@ def _run_certs_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _ClusterUnreadable(Exception):
+    """`check --from-cluster` could not list the cluster's state: exit 2, with this message."""
+
+
+def _cluster_state(args: argparse.Namespace) -> list[Document]:
+    """The cluster's DeviceClasses, ResourceSlices, Namespaces and quotas, as `check` reads
+    files (only lists: a read-only command). No ClusterDeviceQuota CRD: no teams."""
+    import asyncio
+
+    import aiohttp
+    from kube.loaders import ConfigException
+
+    from kube.api import ApiError, KubeApi
+    from kube.resources import CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES
+    from quota.loader import Document
+
+    async def read() -> list[Document]:
+        docs: list[Document] = []
+        async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
+            for resource in (CLASSES, SLICES, NAMESPACES, QUOTAS, CLUSTER_QUOTAS):
+                try:
+                    items = (await api.list(resource)).items
+                except ApiError as err:
+                    if err.status == 404 and resource == CLUSTER_QUOTAS:
+                        continue
+                    if err.status == 404:
+                        raise _ClusterUnreadable(f"the API server serves no {resource.api_version} "
+                                                 f"{resource.plural}: is the CRD installed?") from None
+                    raise _ClusterUnreadable(f"cannot list {resource.plural}: {err.message}") from None
+                docs.extend(Document(f"{resource.plural} from the cluster", item) for item in items)
+        return docs
+
+    try:
+        return asyncio.run(read())
+    except ConfigException as err:
+        raise _ClusterUnreadable(f"cannot reach the cluster: {err}") from None
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as err:
+        raise _ClusterUnreadable(f"cannot read the cluster: {err or type(err).__name__}") from None
+
+
 def _run_check(args: argparse.Namespace) -> int:
+    from itertools import chain
+
     from quota.check import run_check
     from quota.inventory import gc_paused
     from quota.loader import CheckInputError, iter_documents
@@ -369,17 +420,25 @@ def _run_check(args: argparse.Namespace) -> int:
     from quota.printable import for_terminal
 
     load_warnings: list[str] = []
+    cluster: list[Document] = []
+    if args.from_cluster:
+        try:
+            cluster = _cluster_state(args)
+        except _ClusterUnreadable as err:
+            print(f"error: {for_terminal(str(err))}", file=sys.stderr)
+            return EXIT_INPUT
     try:
         # Documents are parsed as they are read, so a large dump's raw objects are never
         # all alive at once; the collector is paused while tens of thousands of acyclic
         # objects are built (measured on the 5,000-node dump: 7.1 s/496 MB -> 4.1 s/350 MB).
         with gc_paused():
-            report = run_check(iter_documents(args.paths, load_warnings), mode=args.mode,
+            report = run_check(chain(cluster, iter_documents(args.paths, load_warnings)), mode=args.mode,
                                memory_sources=_memory_sources(args))
     except (CheckInputError, MemorySourcesError) as err:
         print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return EXIT_INPUT
-    for warning in (*load_warnings, *report.warnings):
+    report.warnings[:0] = load_warnings  # the JSON carries what stderr says
+    for warning in report.warnings:
         print(f"warning: {for_terminal(warning)}", file=sys.stderr)
     if args.output == "json":
         print(report.dumps())
@@ -388,6 +447,9 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.fail_on_deny and (denied := sum(not o.allowed for o in report.objects)):
         print(f"error: {denied} of {len(report.objects)} claims and templates denied (--fail-on-deny)",
               file=sys.stderr)
+        return EXIT_DENIED
+    if args.fail_on_deny and report.invalid_quotas:
+        print(f"error: {len(report.invalid_quotas)} quota selectors do not compile (--fail-on-deny)", file=sys.stderr)
         return EXIT_DENIED
     return EXIT_OK
 
@@ -560,7 +622,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         # The examples are package data: a directory of files in any pip-installed copy.
         with as_file(demo.examples()) as examples:
             return _run_check(argparse.Namespace(paths=[str(examples)], output=args.output, mode="conservative",
-                                                 fail_on_deny=False, memory_sources=[],
+                                                 fail_on_deny=False, memory_sources=[], from_cluster=False,
                                                  default_memory_sources=True))
     except demo.DemoError as err:
         for line in str(err).splitlines():

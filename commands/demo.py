@@ -177,11 +177,17 @@ def locate_binary(say: Callable[[str], None]) -> Path:
 
 def _build_with_progress(say: Callable[[str], None]) -> Path:
     started = time.monotonic()
+    cancel = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(build)
+        future = pool.submit(build, cancel=cancel)
         while True:
             try:
                 return future.result(timeout=30)
+            except KeyboardInterrupt:
+                # Leaving the pool waits for the build's thread: stop the build (its own
+                # process group, which a SIGINT to this pid alone never reaches) first.
+                cancel.set()
+                raise
             except concurrent.futures.TimeoutError:
                 say(f"  still building ({time.monotonic() - started:.0f}s)...")
             except ControlPlaneError as err:

@@ -42,7 +42,13 @@ from quota.raw import show
 from quota.scope import selection_problems
 from quota.slices import SliceError
 
-__all__ = ["ObjectResult", "Report", "run_check"]
+__all__ = ["NO_CLASSES", "ObjectResult", "Report", "run_check"]
+
+# Said when claims were given without any class: each is then denied "class not found",
+# which reads like a verdict on the claims, not on the input.
+NO_CLASSES = ("no DeviceClasses were loaded: every claim is denied as \"device class not found\"; give check the "
+              "cluster's state too (kubectl get deviceclasses,resourceslices,namespaces,devicequotas,"
+              "clusterdevicequotas -A -o json, or --from-cluster)")
 
 _CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 _STATE_KINDS = ("DeviceClass", "ResourceSlice", KIND, CLUSTER_KIND)  # the cluster's state: unreadable stops the run
@@ -69,6 +75,8 @@ class ObjectResult:
             "namespace": self.namespace,
             "name": self.name,
             "allowed": self.allowed,
+            # The table's `allocated` decision: existing usage, accounted, never admitted.
+            "allocated": self.allocated,
             "reason": self.reason,
             "warnings": list(self.warnings),
             "charge": self.charge.as_json(),
@@ -83,9 +91,13 @@ class Report:
     objects: list[ObjectResult] = field(default_factory=list)
     quotas: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Quotas whose selectors do not compile (each also a warning): they select every
+    # device meanwhile, which a CI gate over quota manifests must not pass.
+    invalid_quotas: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {"objects": [o.as_json() for o in self.objects], "quotas": self.quotas}
+        return {"objects": [o.as_json() for o in self.objects], "quotas": self.quotas,
+                "warnings": self.warnings, "invalidQuotas": self.invalid_quotas}
 
     def dumps(self) -> str:
         return json.dumps(for_json(self.as_json()), indent=2, sort_keys=False)
@@ -105,7 +117,7 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
         kind = doc.obj["kind"]
         try:
             if kind in _STATE_KINDS and (problem := strict_error(doc.obj)) is not None:
-                raise CheckInputError(f"{doc.source}: {kind} {_name(doc.obj)}: {problem}")
+                raise CheckInputError(f"{doc.located(problem)}: {kind} {_name(doc.obj)}: {problem}")
             if kind == "DeviceClass":
                 cls = parse_device_class(doc.obj)
                 _once(seen, doc, kind, "", cls.name)
@@ -123,8 +135,10 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
                 _once(seen, doc, kind, quota.namespace, quota.name)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
                 shown = f"{quota.namespace}/{quota.name}" if quota.namespace else quota.name
-                report.warnings.extend(f"{doc.source}: {kind} {shown}: {problem}: that selector selects every device"
-                                       for problem in selection_problems(quota.scope.devices.expressions))
+                problems = [f"{doc.located(problem)}: {kind} {shown} selects every device, as its selector does not "
+                            f"compile: {problem}" for problem in selection_problems(quota.scope.devices.expressions)]
+                report.warnings.extend(problems)
+                report.invalid_quotas.extend(problems)
             elif kind in _CLAIM_KINDS:
                 # An unknown version stops the run like any unreadable object; other
                 # defects of a claim are that claim's denial, as in the webhook.
@@ -138,7 +152,9 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
             else:
                 report.warnings.append(f"{doc.source}: skipped: kind {kind} is not used by dra-quota")
         except (SliceError, ClaimError, QuotaError, NamespaceError) as err:
-            raise CheckInputError(f"{doc.source}: {err}") from None
+            raise CheckInputError(f"{doc.located(str(err))}: {err}") from None
+    if claims and not classes:
+        report.warnings.append(NO_CLASSES)
     for pool, reason in sorted(inventory.unusable_pools().items()):
         report.warnings.append(f"pool {pool[0]}/{pool[1]} is not usable ({reason}): its devices are not candidates")
     parsed = [_parse(doc) for doc in claims]

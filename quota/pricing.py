@@ -169,8 +169,8 @@ class Pricer:
         cls = self.classes.get(req.device_class)
         if cls is None:
             return _Estimate(0, Charge(0, 0 if req.admin_access else req.count), (), (
-                f"device class {req.device_class!r} not found: create the DeviceClass or fix "
-                "deviceClassName"
+                f"device class {req.device_class!r} not found: fix deviceClassName (kubectl get deviceclasses "
+                "lists them), or ask the cluster admin to create the DeviceClass"
             ))
         return self._lookup(self._key(req, cls, mode), budget, lambda: self._price(req, cls, mode, budget))
 

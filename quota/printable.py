@@ -30,8 +30,22 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def for_terminal(text: str) -> str:
-    """`text` with every control, invisible or unpaired character shown as an escape."""
-    return _UNSAFE.sub(_escape, text)
+    """`text` with every control, invisible or unpaired character shown as an escape.
+
+    A CEL issue (cel-go's format, which the API server's messages share: `ERROR:
+    <input>:1:15: Syntax error: ...` then ` | <source line>` and ` | ....^`) is first
+    folded onto its line as `... in 'device.driver == '`: its newlines would otherwise
+    print as `\\x0a`, and a table row or warning must stay one line."""
+    return _UNSAFE.sub(_escape, _CEL_SNIPPET.sub(_fold, text))
+
+
+# The source line and caret that follow a CEL issue (`quota.cel.selector`): the
+# position is already in the issue (`<input>:line:column`).
+_CEL_SNIPPET = re.compile(r"\n \| ([^\n]*)\n \| \.*\^")
+
+
+def _fold(match: re.Match[str]) -> str:
+    return f" in {match.group(1).strip()!r}"
 
 
 def for_json(value: Any) -> Any:

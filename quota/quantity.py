@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
 from quota.raw import show
 
-__all__ = ["QuantityError", "parse_quantity", "parse_amount", "format_quantity", "ceil_int"]
+__all__ = ["QuantityError", "parse_quantity", "parse_amount", "format_quantity", "format_quantities", "ceil_int"]
 
 
 class QuantityError(ValueError):
@@ -142,6 +143,18 @@ def _parse_text(value: str) -> Fraction:
 def ceil_int(value: Fraction) -> int:
     """Whole units, rounded up: charges never under-count a fractional byte."""
     return math.ceil(value)
+
+
+def format_quantities(values: Sequence[int]) -> list[str]:
+    """Byte counts shown side by side (`used / reserved / hard`) in one unit: the largest
+    binary suffix that divides every one exactly (`100Gi / 193857Mi` becomes `102400Mi /
+    193857Mi`), plain integers when none does; 0 stays `0`. Exact, like `format_quantity`,
+    and comparable at a glance."""
+    unit = next(((suffix, size) for suffix, size in sorted(_BINARY.items(), key=lambda item: -item[1])
+                 if all(v % size == 0 for v in values)), None)
+    if unit is None:
+        return [str(v) for v in values]
+    return ["0" if v == 0 else f"{v // unit[1]}{unit[0]}" for v in values]
 
 
 def format_quantity(value: Fraction | int) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from quota.devicequota import format_amount
 from quota.printable import for_terminal
+from quota.quantity import format_quantities
 
 __all__ = ["USAGE_HEADERS", "print_rows", "top_tables", "usage_cells"]
 
@@ -20,12 +20,12 @@ Rows = list[tuple[str, ...]]
 
 
 def usage_cells(quota: dict[str, Any], keys: Sequence[str] = ("used", "reserved", "hard")) -> tuple[str, str]:
-    """`used / reserved / hard` per resource of one per-quota JSON object (check's or top's); "-" for none."""
-    memory, devices = (
-        " / ".join("-" if (v := quota[key].get(resource)) is None else format_amount(resource, v)
-                   for key in keys)
-        for resource in ("memory", "devices")
-    )
+    """`used / reserved / hard` per resource of one per-quota JSON object (check's or top's); "-" for none.
+    The memory cell has one unit (`format_quantities`)."""
+    values = [quota[key].get("memory") for key in keys]
+    shown = iter(format_quantities([v for v in values if v is not None]))
+    memory = " / ".join("-" if v is None else next(shown) for v in values)
+    devices = " / ".join("-" if (v := quota[key].get("devices")) is None else str(v) for key in keys)
     return memory, devices
 
 

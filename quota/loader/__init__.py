@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quota.loader import lists
+from quota.loader.fields import field_line, field_path
 from quota.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents, value_count_within_bound
 from quota.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.loader.sources import Source, SourceError, read_sources
@@ -54,6 +55,15 @@ class CheckInputError(Exception):
 class Document:
     source: str
     obj: Mapping[str, Any]
+    # The file to read again for a field's line (`located`): "" for stdin, a List's
+    # items and objects that came from no file.
+    file: str = ""
+    number: int = 0  # the document's number in `file`
+
+    def located(self, message: str) -> str:
+        """`source` pointing at the line of the field `message` names, where the file tells it."""
+        line = field_line(self.file, self.number, field_path(message)) if self.file else None
+        return self.source if line is None else f"{self.file}:{line} (document {self.number})"
 
 
 def load_documents(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
@@ -71,10 +81,10 @@ def iter_documents(paths: Sequence[str], warnings: list[str]) -> Iterator[Docume
         source = _next_source(sources)
         if source is None:
             return
-        name, decoded = source.name, _decode(source)
+        name, decoded, again = source.name, _decode(source), not source.stdin
         del source  # the raw bytes: only the text is needed from here on
         with _reading(name):
-            yield from _documents(name, decoded, warnings, budget)
+            yield from _documents(name, decoded, warnings, budget, again)
 
 
 def read_values(path: str) -> list[Any]:
@@ -109,7 +119,8 @@ def _reading(name: str) -> Iterator[None]:
         raise CheckInputError(f"{name}: too large or too deeply nested ({type(err).__name__})") from None
 
 
-def _documents(name: str, decoded: Iterator[_Value], warnings: list[str], budget: list[int]) -> Iterator[Document]:
+def _documents(name: str, decoded: Iterator[_Value], warnings: list[str], budget: list[int],
+               again: bool) -> Iterator[Document]:
     number = 0
     for line, index, value in decoded:
         budget[0] -= 1
@@ -122,7 +133,7 @@ def _documents(name: str, decoded: Iterator[_Value], warnings: list[str], budget
             if not isinstance(item, Mapping) or not isinstance(item.get("kind"), str):
                 warnings.append(f"{where}: skipped: not a Kubernetes object (no kind)")
                 continue
-            yield Document(where, item)
+            yield Document(where, item, name if again and index is None else "", number)
 
 
 def _decode(source: Source) -> Iterator[_Value]:

@@ -50,6 +50,7 @@ class Source:
     name: str  # as the user wrote it (or found under a folder), "stdin" for `-`
     data: bytes
     json: bool  # named *.json
+    stdin: bool = False  # read from `-`: cannot be read again
 
 
 def read_sources(paths: Sequence[str]) -> Iterator[Source]:
@@ -59,7 +60,7 @@ def read_sources(paths: Sequence[str]) -> Iterator[Source]:
     budget = [MAX_FILES]
     for raw in paths:
         if raw == STDIN:
-            yield Source("stdin", _bounded(sys.stdin.buffer.fileno(), "stdin", stdin=True), json=False)
+            yield Source("stdin", _bounded(sys.stdin.buffer.fileno(), "stdin", stdin=True), json=False, stdin=True)
         elif raw == "":
             raise SourceError('"": an empty path names no file (use . for the current folder)')
         elif stat.S_ISDIR(_stat(raw).st_mode):

@@ -145,10 +145,15 @@ class _Builder:
         parser.get_event()  # StreamStart
         while not parser.check_event(events.StreamEndEvent):
             start = parser.get_event()  # DocumentStart
+            # The line of the object's first node, not of its `---`: what an error points
+            # at (an empty document has no node but an empty scalar: its `---`).
+            node = parser.peek_event()
+            empty = type(node) is events.ScalarEvent and node.value == "" and node.implicit[0]
+            first = (start if empty else node).start_mark.line + 1
             with gc_paused():  # millions of acyclic objects: the collector's scans cost more than the build
                 value = self._document()
             parser.get_event()  # DocumentEnd
-            yield start.start_mark.line + 1, value
+            yield first, value
 
     def _document(self) -> Any:
         get_event = self.parser.get_event

@@ -27,7 +27,7 @@ from quota.conversion import as_v1
 from quota.slices import SliceError, parse_slice
 from tests.unit.betas import downgrade
 
-from .cluster import ControlPlane, ControlPlaneError, build
+from .cluster import ControlPlane, private_cluster
 from .kube import Kube, resource_path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -38,20 +38,8 @@ RUNTIME_CONFIG = "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/
 
 @pytest.fixture(scope="module")
 def beta_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        cp = ControlPlane(binary=build(), workdir=tmp_path_factory.mktemp("minik8s-betas"),
-                          extra_args={"apiserver": (RUNTIME_CONFIG,)})
-    except ControlPlaneError as e:
-        pytest.fail(f"cannot build the minik8s control plane: {e}", pytrace=False)
-    try:
-        cp.start()
-    except ControlPlaneError as e:
-        cp.stop()
-        pytest.fail(f"cannot start the minik8s control plane: {e}", pytrace=False)
-    try:
+    with private_cluster(tmp_path_factory.mktemp("minik8s-betas"), {"apiserver": (RUNTIME_CONFIG,)}) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 def example_docs() -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ async def test_served_with_short_name_and_printer_columns(kube: Kube, crd: dict[
     assert resource["shortNames"] == ["dq"] and resource["namespaced"] is True
     assert any(r["name"] == "devicequotas/status" for r in discovery["resources"])
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:6] == ["Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices", "Reserved Devices"]
+    assert columns[:6] == ["Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices", "Exceeded"]
 
 
 TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"  # what kubectl get asks for
@@ -78,7 +78,10 @@ async def test_kubectl_get_shows_an_exceeded_quota_and_its_pending_claims(
     assert table["kind"] == "Table", table
     names = [c["name"] for c in table["columnDefinitions"] if c["priority"] == 0]
     assert names == ["Name", "Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices",
-                     "Reserved Devices", "Exceeded", "Pending Claims", "Age"]
+                     "Exceeded"]
+    # The rest under -o wide (priority 1): the Table carries every cell, in definition order.
+    names = [c["name"] for c in table["columnDefinitions"]]
+    assert names[len(names) - 4:] == ["Reserved Devices", "Pending Claims", "Enforcement", "Age"]
     rows = {row["cells"][0]: dict(zip(names, row["cells"], strict=False)) for row in table["rows"]}
     assert (rows["gpus"]["Used Memory"], rows["gpus"]["Hard Memory"]) == ("282Gi", "200Gi")
     assert (rows["gpus"]["Exceeded"], rows["gpus"]["Pending Claims"]) == ("True", 3)

@@ -1,4 +1,4 @@
-"""What installing the DeviceQuota CRD does to kubectl's names, with the real kubectl 1.37 (issue 17).
+"""What installing the DeviceQuota CRD does to kubectl's names, columns and explain, with the real kubectl 1.37.
 
 kubectl expands a category before it looks at short names, so a CRD declaring
 `categories: [quota]` made `kubectl get quota` list DeviceQuotas *instead of*
@@ -6,7 +6,8 @@ ResourceQuotas (runbooks silently lost their ResourceQuotas). With the CRD of
 deploy/crds installed, on the real API server and its own kubectl (tests/e2e/kubectl.py):
 `quota` still means ResourceQuotas, our category `dra-quota` lists DeviceQuotas, and none
 of the CRD's names, short names or categories is a name, short name or category of any
-other resource the API server serves.
+other resource the API server serves. `kubectl get dq -A` fits 120 columns (the rest under
+`-o wide`) and `kubectl explain` describes every field it is asked about.
 """
 
 from __future__ import annotations
@@ -51,3 +52,38 @@ async def test_our_names_shadow_no_other_resource(crd: None, kubectl: Kubectl) -
     ours = {name for crd in CRDS for names in [crd["spec"]["names"]]
             for name in (names["plural"], names["singular"], *names["shortNames"], *names["categories"])}
     assert "cdq" in ours and not ours & others, ours & others
+
+
+GiB = 1024**3
+
+
+async def test_kubectl_get_fits_120_columns_and_wide_shows_the_rest(
+        kube: Kube, crd: None, kubectl: Kubectl, make_namespace: Callable[..., Awaitable[str]]) -> None:
+    ns = await make_namespace("ml-training")  # ml-training-<8 hex>: 20 characters
+    name = "h100-quota"  # with the namespace, 30 characters: the room the default columns leave
+    quota = await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": name},
+                                                   "spec": {"hard": {"memory": "1200Gi", "devices": 16}}},
+                              namespace=ns)
+    quota["status"] = {"used": {"memory": "1128Gi", "devices": 8}, "reserved": {"memory": "282Gi", "devices": 2},
+                       "claims": {"allocated": 4, "pending": 2},
+                       "conditions": [{"type": "Exceeded", "status": "True", "reason": "AboveHard", "message": "",
+                                       "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
+    await kube.replace(DQ, "devicequotas", quota, namespace=ns, subresource="status")
+    only = f"--field-selector=metadata.namespace={ns}"
+    lines = (await kubectl("get", "dq", "-A", only)).splitlines()
+    assert max(len(line) for line in lines) <= 120, lines
+    assert lines[0].split() == ["NAMESPACE", "NAME", "HARD", "MEMORY", "USED", "MEMORY", "RESERVED", "MEMORY",
+                                "HARD", "DEVICES", "USED", "DEVICES", "EXCEEDED"]
+    assert lines[1].split() == [ns, name, "1200Gi", "1128Gi", "282Gi", "16", "8", "True"]
+    wide = (await kubectl("get", "dq", "-A", only, "-o", "wide")).splitlines()
+    assert wide[0].split()[13:] == ["RESERVED", "DEVICES", "PENDING", "CLAIMS", "ENFORCEMENT", "AGE"]
+    assert wide[1].split()[8:11] == ["2", "2", "Enforce"]
+
+
+@pytest.mark.parametrize("field", ["devicequota.spec", "devicequota.status", "devicequota.status.conditions",
+                                   "devicequota.spec.devices.selectors.cel.expression",
+                                   "clusterdevicequota.spec.namespaceSelector.matchExpressions",
+                                   "clusterdevicequota.status.namespaces.claims"])
+async def test_kubectl_explain_describes_every_field(crd: None, kubectl: Kubectl, field: str) -> None:
+    explained = await kubectl("explain", field, "--recursive=false")
+    assert "<no description>" not in explained and "DESCRIPTION:" in explained, explained

@@ -78,10 +78,10 @@ async def test_a_conservative_denial_says_why_one_gpu_costs_the_largest(kube: Ku
         message = await denial(create(kube, setup, "one"))
         assert message == exceeded("gpus", used="0", reserved="0", limited="100Gi", requested="141Gi") + (
             ". Priced conservatively: request gpu may get any of the 5 devices that match it and is charged as if it "
-            "got the largest: memory=141Gi (the smallest: memory=80Gi). To be charged less, narrow the request with a "
-            "selector (a model, a memory capacity) so that only the devices it needs match, or set spec.pricing: "
-            'Optimistic on DeviceQuota "gpus" (it charges the smallest candidate; dra-quota check --mode optimistic '
-            "shows those prices)")
+            "got the largest: memory=141Gi (the smallest: memory=80Gi). To be charged less, narrow request gpu with a "
+            "selector (a model, a memory capacity) so that only the devices it needs match; or ask the cluster admin "
+            'to set spec.pricing: Optimistic on DeviceQuota "gpus" (it charges the smallest candidate; dra-quota '
+            "check --mode optimistic shows those prices)")
 
 
 async def test_claims_from_pod_templates_are_admitted_the_same_way(kube: Kube, setup: Setup) -> None:

@@ -138,4 +138,133 @@ def test_an_unknown_field_in_the_clusters_state_stops_the_run(tmp_path: Path, ca
                                                              doc: dict[str, Any], named: str) -> None:
     path = write(tmp_path / "state.yaml", doc)
     code, out, err = run(capsys, "check", "-f", path)
-    assert (code, out) == (2, "") and err == f"error: {path}:1 (document 1): {named}\n"
+    # The line of the unknown field, not the document's first.
+    unknown = named.rpartition(".")[2].rstrip('"')
+    (line,) = [i + 1 for i, text in enumerate(Path(path).read_text().splitlines()) if f"{unknown}:" in text]
+    assert (code, out) == (2, "") and err == f"error: {path}:{line} (document 1): {named}\n"
+
+
+# -- what a gate needs said plainly -------------------------------------------------------------
+
+
+def test_claims_without_any_device_class_say_no_device_classes_were_loaded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "claims.yaml", claim("a"))
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and "warning: no DeviceClasses were loaded" in err
+    code, out, _ = run(capsys, "check", "-f", path, "-o", "json")
+    assert any(w.startswith("no DeviceClasses were loaded") for w in json.loads(out)["warnings"])
+    with_class = write(tmp_path / "both.yaml", CLASS, SLICE, claim("a"))
+    assert "no DeviceClasses" not in run(capsys, "check", "-f", with_class)[2]
+
+
+BAD_SELECTOR = 'device.driver == '
+
+
+def test_a_quota_whose_selector_does_not_compile_fails_the_gate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=[BAD_SELECTOR])
+    path = write(tmp_path / "quota.yaml", CLASS, SLICE, quota)
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and "DeviceQuota team-a/gpus selects every device" in err
+    code, out, err = run(capsys, "check", "-f", path, "--fail-on-deny", "-o", "json")
+    assert code == 1 and "1 quota selectors do not compile (--fail-on-deny)" in err
+    assert len(json.loads(out)["invalidQuotas"]) == 1
+
+
+def test_cel_errors_print_readably_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=[BAD_SELECTOR])
+    bad = make_claim("bad", request("gpu", exactly("gpu", 'device.attributes["x"].model ==')))
+    path = write(tmp_path / "in.yaml", CLASS, SLICE, quota, bad)
+    _, out, err = run(capsys, "check", "-f", path)
+    assert "\\x0a" not in err and "\\x0a" not in out
+    assert ("DeviceQuota team-a/gpus selects every device, as its selector does not compile: "
+            "spec.devices.selectors[0].cel.expression: compilation failed: ERROR: <input>:1:15: Syntax error: "
+            "mismatched input '<EOF>' in 'device.driver =='") in err
+    row = next(line for line in out.splitlines() if line.startswith("ResourceClaim") and " bad " in line)
+    assert "mismatched input '<EOF>' in 'device.attributes[\"x\"].model =='" in row
+
+
+def test_the_json_says_which_objects_were_allocated(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "check", "-f", str(EXAMPLES), "-o", "json")
+    got = {o["name"]: o for o in json.loads(out)["objects"]}
+    assert got["gpu-health-probe"]["allocated"] is True and got["h200-pair"]["allocated"] is False
+
+
+# -- locations ----------------------------------------------------------------------------------
+
+SLICE_WITH_A_NEGATIVE = """apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: node-7}
+spec:
+  driver: gpu.example.com
+  nodeName: node-7
+  pool: {name: node-7, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    capacity:
+      memory: {value: 80Gi}
+  - name: gpu-1
+    capacity:
+      memory: {value: -80Gi}
+"""
+
+
+def test_an_error_points_at_the_line_of_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text(SLICE_WITH_A_NEGATIVE)
+    code, _, err = run(capsys, "check", "-f", str(path))
+    assert code == 2 and err.startswith(f"error: {path}:18 (document 2): "), err  # the `memory:` of gpu-1
+    assert "spec.devices[1] (gpu-1).capacity['memory'].value: must not be negative" in err
+
+
+def test_a_warning_points_at_the_selector_that_does_not_compile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quota = make_quota("gpus", memory="160Gi", selectors=['device.driver == "gpu.example.com"', BAD_SELECTOR])
+    path = write(tmp_path / "quota.yaml", quota)
+    lines = Path(path).read_text().splitlines()
+    expression = [i + 1 for i, line in enumerate(lines) if BAD_SELECTOR.strip() in line and "==" in line]
+    code, _, err = run(capsys, "check", "-f", path)
+    assert code == 0 and f"warning: {path}:{expression[-1]} (document 1): DeviceQuota team-a/gpus selects" in err
+
+
+def test_stdin_keeps_the_line_of_its_document(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    piped = tmp_path / "piped.yaml"
+    piped.write_text(SLICE_WITH_A_NEGATIVE)
+    # A file named like the source in the current folder: stdin is never read again.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stdin").write_text(SLICE_WITH_A_NEGATIVE.replace("apiVersion", "# a decoy\napiVersion"))
+    with open(piped) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, _, err = run(capsys, "check", "-f", "-")
+    assert code == 2 and err.startswith("error: stdin:5 (document 2): "), err
+
+
+def test_the_gate_over_a_dump_of_the_cluster_state_decides_as_the_examples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's gate offline: the state as one `kind: List` of mixed kinds, as `kubectl
+    get deviceclasses,resourceslices,namespaces,devicequotas,clusterdevicequotas -A -o json`
+    prints it, then the claims (tests/e2e/test_check_gate.py runs it against an API server)."""
+    state = [doc for name in ("00-deviceclasses.yaml", "10-nvidia-slices.yaml", "20-amd-slices.yaml", "30-teams.yaml")
+             for doc in yaml.safe_load_all((EXAMPLES / name).read_text()) if doc]
+    dump = tmp_path / "state.json"
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": state}))
+    claims = str(EXAMPLES / "40-claims.yaml")
+    code, out, err = run(capsys, "check", "-f", str(dump), "-f", claims, "-o", "json", "--fail-on-deny")
+    expected = json.loads(run(capsys, "check", "-f", str(EXAMPLES), "-o", "json")[1])["objects"]
+    assert code == 1 and "no DeviceClasses were loaded" not in err
+    assert [(o["name"], o["allowed"]) for o in json.loads(out)["objects"]] == [
+        (o["name"], o["allowed"]) for o in expected]
+    # Without the state, what the README's old gate did: every claim "class not found".
+    code, out, err = run(capsys, "check", "-f", claims, "-o", "json")
+    assert "warning: no DeviceClasses were loaded" in err
+    pending = [o for o in json.loads(out)["objects"] if not o["allocated"]]
+    assert all(not o["allowed"] for o in pending)
+    assert [o["name"] for o in pending if "not found" not in o["reason"]] == ["debug-h100", "h200-debug"]

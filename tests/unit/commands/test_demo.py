@@ -6,6 +6,7 @@ started: `commands.demo.locate_binary` gives up before any process, and the comm
 falls back to `check`.
 """
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -51,3 +52,72 @@ def test_an_unusable_minik8s_bin_is_an_error_not_a_fallback(
     err = capsys.readouterr().err
     assert f"MINIK8S_BIN={tmp_path / 'absent'} is not an executable file" in err
     assert "check -f examples/" not in err
+
+
+# -- interrupting a cold build ------------------------------------------------------------------
+
+# `dra-quota demo` with a stand-in for tests/cluster/build.sh that builds for five minutes
+# (a shell and its child `sleep`, as bash and go are): what a cold build looks like.
+RUN_DEMO = """
+import sys
+from pathlib import Path
+import devcluster.controlplane as controlplane
+from commands import cli, demo
+controlplane.BUILD_SCRIPT = Path(sys.argv[1])
+demo.DEFAULT_BINARY = Path(sys.argv[2])
+sys.exit(cli.main(["demo"]))
+"""
+SLOW_BUILD = """echo $$ > "$1.script"
+sleep 300 &
+echo $! > "$1.child"
+wait
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_sigint_to_the_pid_stops_a_cold_build(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, marks = tmp_path / "build.sh", tmp_path / "build"
+    script.write_text(SLOW_BUILD.replace('"$1', f'"{marks}'))
+    go = tmp_path / "bin" / "go"  # a `go` on PATH: the demo builds rather than falls back
+    go.parent.mkdir()
+    go.write_text("#!/bin/sh\nexit 1\n")
+    go.chmod(0o755)
+    env = {**os.environ, "PATH": f"{go.parent}:{os.environ['PATH']}"}
+    env.pop("MINIK8S_BIN", None)
+    proc = subprocess.Popen([sys.executable, "-c", RUN_DEMO, str(script), str(tmp_path / "no-minik8s")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child = Path(f"{marks}.child")
+        deadline = time.monotonic() + 30
+        while not child.exists() or not child.read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # to the pid alone, as `kill -INT <pid>` does
+        _, err = proc.communicate(timeout=30)  # a TimeoutExpired here: it waited for the build
+        assert proc.returncode == 130 and "interrupted" in err, err
+        pids = [int(Path(f"{marks}.{name}").read_text()) for name in ("script", "child")]
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in pids):
+            assert time.monotonic() < deadline, f"build processes left running: {pids}"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for name in ("script", "child"):
+            mark = Path(f"{marks}.{name}")
+            if mark.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(mark.read_text()), signal.SIGKILL)

@@ -115,9 +115,10 @@ def test_optimistic_mode(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_contract_shape(capsys: pytest.CaptureFixture[str]) -> None:
     data = check_json(capsys, str(EXAMPLES))
-    assert set(data) == {"objects", "quotas"}
+    assert set(data) == {"objects", "quotas", "warnings", "invalidQuotas"}
     for obj in data["objects"]:
-        assert set(obj) == {"kind", "namespace", "name", "allowed", "reason", "warnings", "charge", "requests"}
+        assert set(obj) == {"kind", "namespace", "name", "allowed", "allocated", "reason", "warnings", "charge",
+                            "requests"}
         assert set(obj["charge"]) == {"memory", "devices"}
         for req in obj["requests"]:
             assert set(req) == {"name", "candidates", "charge"} and isinstance(req["candidates"], int)
@@ -134,7 +135,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "DENIED" in h200 and "282Gi" in h200
     assert any(line.startswith("QUOTA") for line in lines)
     gpus = next(line for line in lines if line.startswith("gpus") and "team-a" in line)
-    assert "100Gi / 193857Mi / 320Gi" in gpus
+    assert "102400Mi / 193857Mi / 327680Mi" in gpus  # one unit a cell: the largest that shows each exactly
 
 
 @pytest.mark.parametrize(
@@ -163,8 +164,12 @@ def test_missing_path_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path
 def test_unknown_kinds_are_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "x.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n- 1\n- 2\n")
     code, out, err = run(capsys, "check", "-f", str(tmp_path), "-o", "json")
-    assert code == 0 and json.loads(out) == {"objects": [], "quotas": []}
+    data = json.loads(out)
+    assert code == 0 and (data["objects"], data["quotas"], data["invalidQuotas"]) == ([], [], [])
     assert "kind ConfigMap is not used by dra-quota" in err and "not a Kubernetes object" in err
+    # The JSON carries what stderr said.
+    assert [w.split(": ", 1)[1] for w in data["warnings"]] == [
+        "skipped: not a Kubernetes object (no kind)", "skipped: kind ConfigMap is not used by dra-quota"]
 
 
 def test_a_malformed_claim_is_denied_not_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

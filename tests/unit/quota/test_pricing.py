@@ -187,7 +187,9 @@ def test_too_few_candidates_warns() -> None:
 
 def test_unknown_class_is_an_error_naming_the_class() -> None:
     pricing = price(request("r", exactly("nope")))
-    assert pricing.errors == ("request r: device class 'nope' not found: create the DeviceClass or fix deviceClassName",)
+    # A tenant cannot create a DeviceClass: what it can do first, then whom to ask.
+    assert pricing.errors == ("request r: device class 'nope' not found: fix deviceClassName (kubectl get "
+                              "deviceclasses lists them), or ask the cluster admin to create the DeviceClass",)
 
 
 def test_cel_compile_error_is_reported_with_the_selector_index() -> None:

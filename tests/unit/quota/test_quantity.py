@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quota.quantity import QuantityError, ceil_int, format_quantity, parse_quantity
+from quota.quantity import QuantityError, ceil_int, format_quantities, format_quantity, parse_quantity
 
 
 @pytest.mark.parametrize(
@@ -61,3 +61,13 @@ def test_format_round_trips(value: int) -> None:
 @given(st.fractions(min_value=0, max_value=10**12))
 def test_ceil_never_undercounts(value: Fraction) -> None:
     assert value <= ceil_int(value) < value + 1
+
+
+@pytest.mark.parametrize(("values", "shown"), [
+    ([100 * 2**30, 193857 * 2**20, 320 * 2**30], ["102400Mi", "193857Mi", "327680Mi"]),
+    ([0, 160 * 2**30, 320 * 2**30], ["0", "160Gi", "320Gi"]),
+    ([1, 2**30], ["1", "1073741824"]),  # no unit divides them all: plain bytes
+    ([], []),
+])
+def test_side_by_side_quantities_share_one_exact_unit(values: list[int], shown: list[str]) -> None:
+    assert format_quantities(values) == shown

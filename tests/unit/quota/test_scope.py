@@ -420,7 +420,8 @@ def test_check_names_a_selector_that_does_not_compile_and_a_misspelt_field(
     broken = make_quota("q", memory="160Gi", selectors=["device.driver =="])
     code, _, err = run(capsys, "check", "-f", cluster_files(tmp_path, broken))
     assert code == 0
-    assert "DeviceQuota team-a/q: spec.devices.selectors[0].cel.expression: compilation failed" in err
+    assert ("DeviceQuota team-a/q selects every device, as its selector does not compile: "
+            "spec.devices.selectors[0].cel.expression: compilation failed") in err
     misspelt = make_quota("q", memory="160Gi")
     misspelt["spec"]["devices"] = {"driver": [D]}
     code, _, err = run(capsys, "check", "-f", cluster_files(tmp_path, misspelt))
