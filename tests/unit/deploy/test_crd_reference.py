@@ -15,6 +15,14 @@ import pytest
 import yaml
 
 CRDS = sorted((Path(__file__).resolve().parents[3] / "deploy" / "crds").glob("*.yaml"))
+QUOTA_COLUMNS = ["Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices", "Exceeded"]
+DEFAULT_COLUMNS = {
+    "devicequota.yaml": QUOTA_COLUMNS,
+    "clusterdevicequota.yaml": QUOTA_COLUMNS,
+    # A tenant's copy of its team's budget: memory, headroom and this namespace's part.
+    "appliedclusterdevicequota.yaml": ["Hard Memory", "Used Memory", "Reserved Memory", "Headroom", "NS Used",
+                                       "NS Reserved", "Age"],
+}
 
 
 def undescribed(node: Any, path: str) -> Iterator[str]:
@@ -41,8 +49,8 @@ def test_kubectl_explain_has_a_description_for_every_field(crd: Path) -> None:
 def test_the_default_columns_leave_room_for_namespace_and_name(crd: Path) -> None:
     (version,) = yaml.safe_load(crd.read_text())["spec"]["versions"]
     default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert default == ["Hard Memory", "Used Memory", "Reserved Memory", "Hard Devices", "Used Devices", "Exceeded"]
+    assert default == DEFAULT_COLUMNS[crd.name]
     # kubectl pads columns with 3 spaces; values here are shorter than their headers
-    # (282Gi, 8, True). NAMESPACE and NAME share what is left of 120 columns.
+    # (282Gi, 8, True, 5m). NAMESPACE and NAME share what is left of 120 columns.
     width = sum(len(name) for name in default) + 3 * (len(default) + 1)
     assert 120 - width >= 30
