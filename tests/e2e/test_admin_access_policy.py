@@ -156,7 +156,8 @@ async def test_the_allowlist_follows_its_configmap_without_a_restart(allowlist: 
     with a.served.log_on_failure():
         message = await a.label(a.mallory, "true")
         assert message == (f'admission webhook "{NAMESPACE_HOOK}" denied the request: {a.mallory} may not add label '
-                           f"{ADMIN_LABEL}='true' to Namespace {a.target}: {NOT_ALLOWLISTED}")
+                           f"{ADMIN_LABEL}='true' to Namespace {a.target}: {NOT_ALLOWLISTED}, and RBAC does not allow "
+                           "it to label adminaccess.draquota.io")
         assert await a.label(a.alice, "true") == ""
 
         # mallory in, alice out: the next reviews follow the edit.

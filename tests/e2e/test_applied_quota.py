@@ -77,7 +77,7 @@ async def test_a_view_tenant_sees_its_teams_budget_and_its_own_part_only(
             table = await kubectl("get", "acdq", "-n", t.a, who)
             header, row = table.splitlines()
             assert header.split() == ["NAME", "HARD", "MEMORY", "USED", "MEMORY", "RESERVED", "MEMORY", "HEADROOM",
-                                      "MEMORY", "NS", "USED", "NS", "RESERVED", "AGE"], table
+                                      "NS", "USED", "NS", "RESERVED", "AGE"], table
             assert row.split()[:7] == [t.name, "160Gi", "0", "160Gi", "0", "0", "80Gi"], table
             assert max(len(line) for line in table.splitlines()) <= 120, table
             # Not the other member's copy, not the team quota, not a write.
