@@ -200,7 +200,7 @@ def _add_serve(sub: _Subparsers) -> None:
                        help="HTTPS with the serving certificate, for bearer tokens the API server authenticates "
                             "(TokenReview) and allows to get /metrics (SubjectAccessReview); --no-metrics-secure: "
                             "plain HTTP with no authentication, on a loopback address only (default on)")
-    serve.add_argument("--team-namespace-series", type=_series, default=DEFAULT_SERIES, metavar="N",
+    serve.add_argument("--team-namespace-series", type=int, default=DEFAULT_SERIES, metavar="N",
                        help="namespaces a ClusterDeviceQuota exports a draquota_cluster_quota_namespace part of: its "
                             f"N largest, the rest summed as namespace=\"(other)\" (default {DEFAULT_SERIES})")
     serve.add_argument("--metrics-bind-address",
@@ -211,17 +211,6 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
                        help="info logs denials, debug also every allowed review (default info)")
     serve.set_defaults(run=_run_serve)
-
-
-def _series(text: str) -> int:
-    """A series count: a whole number, 0 or more (0: a team exports only "(other)")."""
-    try:
-        count = int(text)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of namespaces (0 or more)")
-    return count
 
 
 def _add_controller(serve: argparse.ArgumentParser) -> None:
@@ -290,6 +279,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     if not args.shutdown_delay >= 0:
         print(f"error: --shutdown-delay must be 0 or more, got {args.shutdown_delay}", file=sys.stderr)
+        return EXIT_INPUT
+    if args.team_namespace_series < 0:  # 0: each team's breakdown is its "(other)" alone
+        print(f"error: --team-namespace-series must be 0 or more, got {args.team_namespace_series}", file=sys.stderr)
         return EXIT_INPUT
     files = args.tls_cert_file is not None or args.tls_key_file is not None
     mode = args.cert_mode or ("files" if files else "self")
