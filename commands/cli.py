@@ -132,6 +132,7 @@ def _add_serve(sub: _Subparsers) -> None:
     from commands.serve import LIMITATIONS
     from webhook import certificates, connections
     from webhook.adminpolicy import configmap_ref
+    from quota.breakdown import DEFAULT_SERIES
     from webhook.metrics import DEFAULT_METRICS_PORT
 
     serve = sub.add_parser(
@@ -199,6 +200,9 @@ def _add_serve(sub: _Subparsers) -> None:
                        help="HTTPS with the serving certificate, for bearer tokens the API server authenticates "
                             "(TokenReview) and allows to get /metrics (SubjectAccessReview); --no-metrics-secure: "
                             "plain HTTP with no authentication, on a loopback address only (default on)")
+    serve.add_argument("--team-namespace-series", type=int, default=DEFAULT_SERIES, metavar="N",
+                       help="namespaces a ClusterDeviceQuota exports a draquota_cluster_quota_namespace part of: its "
+                            f"N largest, the rest summed as namespace=\"(other)\" (default {DEFAULT_SERIES})")
     serve.add_argument("--metrics-bind-address",
                        help="address the metrics port listens on (default 0.0.0.0; 127.0.0.1 with --no-metrics-secure)")
     connections.add_arguments(serve)
@@ -276,6 +280,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     if not args.shutdown_delay >= 0:
         print(f"error: --shutdown-delay must be 0 or more, got {args.shutdown_delay}", file=sys.stderr)
         return EXIT_INPUT
+    if args.team_namespace_series < 0:  # 0: each team's breakdown is its "(other)" alone
+        print(f"error: --team-namespace-series must be 0 or more, got {args.team_namespace_series}", file=sys.stderr)
+        return EXIT_INPUT
     files = args.tls_cert_file is not None or args.tls_key_file is not None
     mode = args.cert_mode or ("files" if files else "self")
     if (mode == "files") != files or (files and None in (args.tls_cert_file, args.tls_key_file)):
@@ -298,6 +305,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         reservation_ttl=args.reservation_ttl, lease_period=args.lease_period, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
+        team_namespace_series=args.team_namespace_series,
         metrics_bind_address=args.metrics_bind_address or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),
         webhook=args.webhook, controller=args.controller, leader_election=election,
         resync_seconds=args.resync_period, kueue=args.kueue, kueue_retry_seconds=args.kueue_retry_seconds,

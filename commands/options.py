@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from quota.breakdown import DEFAULT_SERIES
 from quota.leases import Timing
 from quota.memorysources import MemorySources, default_memory_sources
 from quota.model import Mode
@@ -81,6 +82,9 @@ class ServeOptions:
     metrics_bind_address: str = "0.0.0.0"
     metrics_port: int = DEFAULT_METRICS_PORT
     metrics_secure: bool = True
+    # A ClusterDeviceQuota's per-namespace series: its N largest parts and one for the rest
+    # (`quota.breakdown`), whatever its selector selects.
+    team_namespace_series: int = DEFAULT_SERIES
     # The HTTPS listeners' connection cap and timeouts (webhook.connections).
     limits: Limits = Limits()
     # All replicas serve the webhooks; the one holding the Lease runs the quota

@@ -141,7 +141,8 @@ async def serve(options: ServeOptions) -> int:
                        options.allocation_check,
                        learn_pod=PodLookup(api, caches.admitter) if kueue else None, slicer=caches.slicer,
                        recounts=caches.recounter, may_label=LabelAccess(api))
-    metrics, recorder, observe = observability(api, caches, tls, manager, leading)
+    metrics, recorder, observe = observability(api, caches, tls, manager, leading,
+                                               team_series=options.team_namespace_series)
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})

@@ -59,6 +59,7 @@ from kube.resources import (
 )
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
 from quota.admission import Admitter
+from quota.breakdown import DEFAULT_SERIES
 from quota.claims import Claim
 from quota.inventory import Inventory
 from quota.ledger import Ledger, QuotaKey
@@ -258,11 +259,13 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
 
 
 def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, manager: CertificateManager | None,
-                  leading: Callable[[], bool]) -> tuple[Metrics, EventRecorder, Observer]:
+                  leading: Callable[[], bool], *, team_series: int = DEFAULT_SERIES,
+                  ) -> tuple[Metrics, EventRecorder, Observer]:
     """The process's metrics and Event recorder, and the hook telling both every verdict.
 
     `leading()`: whether this replica holds the quota controller's Lease (only the leader
-    exports the usage metrics, so a sum over replicas never counts twice).
+    exports the usage metrics, so a sum over replicas never counts twice); `team_series`:
+    the namespaces a team exports a part of (`quota.breakdown`).
     """
     metrics = Metrics()
     ledger = caches.admitter.ledger
@@ -287,7 +290,7 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
     if (requeue := caches.requeue) is not None:
         metrics.requeue(lambda: requeue.credits, lambda: requeue.writes, lambda: requeue.pending)
     UsageMetrics(caches.admitter.ledger, caches.inventory, caches.holders, pending=caches.reservations.pending,
-                 leading=leading).register(metrics)
+                 leading=leading, team_series=team_series).register(metrics)
 
     def expirations() -> Iterator[tuple[str, datetime]]:
         if tls is not None:

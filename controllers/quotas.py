@@ -222,6 +222,7 @@ class QuotaController:
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
             self.exceeded(key[0], key[1], uid_of(result.written), now_exceeded)
+        _log_listed(key, result.read.get("status") or {}, status)
         log.debug("%s status: used %s, reserved %s, claims %s", shown(key),
                   status.get("used"), status.get("reserved"), status.get("claims"))
         return True
@@ -256,9 +257,27 @@ class QuotaController:
         return [(ns, self.ledger.usage_in(quota.name, ns)) for ns in self.ledger.members(quota.name)]
 
 
+def _log_listed(key: QuotaKey, before: Obj, after: Obj) -> None:
+    """One line when a team's breakdown starts or stops leaving members out of
+    `status.namespaces` (`NamespacesListed`): at the write that flips the condition, not
+    at each write after it, so a team past the cap does not log at every admission."""
+    was, now = _condition(before, "NamespacesListed"), _condition(after, "NamespacesListed")
+    if now is None or was is not None and was.get("status") == now.get("status"):
+        return
+    if now.get("status") == "False":
+        log.warning("%s: %s", shown(key), now.get("message"))
+    elif was is not None:
+        log.info("%s: %s", shown(key), now.get("message"))
+
+
+def _condition(status: Obj, kind: str) -> Obj | None:
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == kind:
+            return condition
+    return None
+
+
 def _exceeded(status: Obj) -> str | None:
     """The message of a True Exceeded condition, else None."""
-    for condition in status.get("conditions") or []:
-        if isinstance(condition, dict) and condition.get("type") == "Exceeded" and condition.get("status") == "True":
-            return str(condition.get("message") or "")
-    return None
+    condition = _condition(status, "Exceeded")
+    return None if condition is None or condition.get("status") != "True" else str(condition.get("message") or "")

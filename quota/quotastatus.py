@@ -180,7 +180,8 @@ def _listed(members: int, generation: Any) -> Condition:
     return _condition("NamespacesListed", False, "TooManyNamespaces",
                       f"status.namespaces lists the first {MAX_NAMESPACES} of {members} member namespaces by name; "
                       "used, reserved and claims count every one, and the metric "
-                      "draquota_cluster_quota_namespace shows each namespace's part", generation)
+                      "draquota_cluster_quota_namespace shows the largest parts and the rest summed as \"(other)\"",
+                      generation)
 
 
 def _unmetered(claims: int, generation: Any) -> Condition:

@@ -22,7 +22,9 @@ scrape: a few samples per quota. So are the team families (`draquota_cluster_quo
 ClusterDeviceQuota's totals, and `draquota_cluster_quota_namespace`, each selected
 namespace's part, `Ledger.members` and `Ledger.usage_in`): a part is one lookup in the
 ledger, which keeps it incrementally, so keeping it here would save nothing, and a relabel
-or a change of the team's selector or scope moves parts without any claim changing.
+or a change of the team's selector or scope moves parts without any claim changing. The
+breakdown is capped (`quota.breakdown`: the `team_series` largest parts and one "(other)"
+summing the rest), so its series are bounded by the teams, not by what they select.
 
 A scrape runs in slices (`kube.rebuilds`, from `webhook.metricsserver`): it pauses
 between quotas, chunks of a team's namespaces, namespaces, claims and chunks of rendered
@@ -40,7 +42,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from quota.devicequota import DeviceQuota
+from quota.breakdown import DEFAULT_SERIES, OTHER, top_parts
+from quota.devicequota import DeviceQuota, Usage
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
@@ -80,6 +83,8 @@ class UsageMetrics:
     # (namespace, quota name) -> persisted reservations not in the claim cache.
     pending: Callable[[str, str], Charge] = lambda _namespace, _name: Charge()
     leading: Callable[[], bool] = lambda: True
+    # Namespaces a team exports a part of, the rest summed as one (`quota.breakdown`).
+    team_series: int = DEFAULT_SERIES
     # namespace -> (its ledger generation, its samples, its pending claims)
     _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]], int]] = field(
         default_factory=dict, init=False)
@@ -134,10 +139,15 @@ class UsageMetrics:
                 continue
             pause_point()
             self._add_totals(totals, [quota.name], quota)
+            members: list[tuple[str, Usage]] = []
             for index, namespace in enumerate(self.ledger.members(quota.name)):  # a copy: relabels land in pauses
                 if index and index % RENDER_CHUNK == 0:
                     pause_point()
-                part = self.ledger.usage_in(quota.name, namespace)
+                members.append((namespace, self.ledger.usage_in(quota.name, namespace)))
+            pause_point()
+            breakdown = top_parts(members, self.team_series)
+            other = () if breakdown.other is None else ((OTHER, breakdown.other),)
+            for namespace, part in (*breakdown.kept, *other):
                 for resource in _RESOURCES:
                     parts.add_metric([quota.name, namespace, resource, "used"], part.used.amount(resource))
                     parts.add_metric([quota.name, namespace, resource, "reserved"], part.reserved.amount(resource))
@@ -273,7 +283,9 @@ def _team_family() -> GaugeMetricFamily:
 def _team_namespace_family() -> GaugeMetricFamily:
     return GaugeMetricFamily(
         CLUSTER_QUOTA_NAMESPACE, "Each namespace a ClusterDeviceQuota selects, with its part of the team's usage "
-        "(status.namespaces); resource memory in bytes, devices a count. type used: the exact charge of its "
+        "(status.namespaces); a team of more namespaces than --team-namespace-series (default 50) shows its largest "
+        "parts (used + reserved devices, then memory; ties by name) and namespace=\"(other)\" summing the rest, so "
+        "a sum over namespace is still the team's total. Resource memory in bytes, devices a count. type used: the exact charge of its "
         "allocated claims; reserved: the estimated charge of its claims not yet allocated, and what its admitted "
         "Kueue Workloads hold (a reservation whose claim is not in the cache yet is in draquota_cluster_quota "
         "only). Exported by the leader only.", labels=["quota", "namespace", "resource", "type"])

@@ -205,6 +205,7 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
     (["--bind-address", "127.0.0.1,::1", "--port", "0"],
      "error: --bind-address with several addresses needs a --port other than 0 (each would get its own)"),
     (["--shutdown-delay", "-1"], "error: --shutdown-delay must be 0 or more, got -1.0"),
+    (["--team-namespace-series", "-1"], "error: --team-namespace-series must be 0 or more, got -1"),
     (["--lease-period", "0.2"], "error: --lease-period must be 0 (no leases) or at least 1 second, got 0.2"),
     (["--lease-period", "-5"], "error: --lease-period must be 0 (no leases) or at least 1 second, got -5.0"),
 ])

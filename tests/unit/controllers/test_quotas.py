@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from controllers.quotas import QuotaController
 
+from quota import quotastatus
 from quota.model import Namespace
 
 from ..builders import GiB, make_cluster_quota, make_quota
@@ -228,3 +230,43 @@ async def test_a_team_being_recounted_gets_no_status_until_its_count_is_whole() 
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_team_past_the_listed_breakdown_is_logged_once_per_transition(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(quotastatus, "MAX_NAMESPACES", 1)  # 2,000 namespaces made small
+    api, reservations, _ = setup(make_cluster_quota("ml", memory="1Ti"))
+    ledger = reservations.ledger
+    reservations.observe(await api.get(None, "ml"))  # type: ignore[arg-type]
+    ledger.add_or_update_claim(entry("a", 60 * GiB, allocated=True))  # team-a, a member (setup)
+    controller = QuotaController(ledger, reservations, leading=lambda: True, debounce=0.01, min_interval=0.0)
+    task = asyncio.create_task(controller.run())
+
+    def lines() -> list[tuple[int, str]]:
+        return [(r.levelno, r.getMessage()) for r in caplog.records if "member namespaces" in r.getMessage()]
+
+    try:
+        with caplog.at_level(logging.INFO, logger="controllers.quotas"):
+            await settled(api, 1)
+            assert lines() == []  # listed from the first write: nothing to say
+            controller.changed(ledger.set_namespace(Namespace("team-b"), {"team.draquota.io/name": "ml"}))
+            await settled(api, 2)
+            listed = _listed(api.objects["ml"]["status"])
+            assert listed["status"] == "False" and listed["reason"] == "TooManyNamespaces"
+            assert lines() == [(logging.WARNING, f"ClusterDeviceQuota ml: {listed['message']}")]
+            for i, ns in enumerate(["team-b", "team-a", "team-b"]):  # writes past the cap: no new line
+                ledger.add_or_update_claim(entry(f"b{i}", GiB, allocated=True, ns=Namespace(ns)))
+                controller.changed([(Namespace(""), "ml")])
+                await settled(api, 3 + i)
+            assert len(lines()) == 1
+            controller.changed(ledger.set_namespace(Namespace("team-b"), {}))  # back under: told once
+            await settled(api, 6)
+            assert _listed(api.objects["ml"]["status"])["status"] == "True"
+            assert [level for level, _ in lines()] == [logging.WARNING, logging.INFO]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _listed(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "NamespacesListed")

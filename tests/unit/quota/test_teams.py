@@ -394,3 +394,70 @@ def test_a_namespace_joining_a_team_takes_the_count_of_a_quota_of_the_same_scope
     led.add_or_update_quota(team("mig", memory="1Gi", classes=["mig"]))  # another scope: counted
     assert len(counted) == 20
     _assert_counted(led, {A: ML, B: ML, C: {}})
+
+
+CV = {"team.draquota.io/name": "cv"}
+_MANY = 1_000
+
+
+def _create(led: Ledger) -> None:
+    led.add_or_update_quota(team(memory="10Ti"))
+
+
+def _select_again(led: Ledger) -> None:
+    """"ml" turns from the label only team-c carries to the one team-a and team-b carry."""
+    led.add_or_update_quota(team(memory="10Ti"))
+
+
+def _unlabel_then_create(led: Ledger) -> None:
+    led.set_namespace(A, {})
+    _create(led)
+
+
+def _relabel(led: Ledger) -> None:
+    led.set_namespace(A, ML)
+
+
+@pytest.mark.parametrize(("before", "trigger"), [
+    # The team created over team-a and team-b, labelled already.
+    (lambda led: None, _create),
+    # Its selector changed: from team-c's label to theirs.
+    (lambda led: led.add_or_update_quota(parse_cluster_device_quota(
+        make_cluster_quota("ml", team="cv", memory="10Ti"))), _select_again),
+    # team-a relabelled into it (team-b a member already).
+    (_unlabel_then_create, _relabel),
+], ids=["created", "selector-changed", "relabelled"])
+def test_each_trigger_recounts_many_claims_in_pauses_refusing_that_team_only(
+        monkeypatch: pytest.MonkeyPatch, before: Any, trigger: Any) -> None:
+    """A ClusterDeviceQuota created, its selector changed, a namespace relabelled into it:
+    none counts team-a's claims in the event (no DeviceQuota of the team's scope counts
+    them already), the recount pauses every `every` claims, and in those pauses only the
+    claims charged to that team are refused; the other team and a namespace in no team
+    are decided."""
+    led = Ledger()
+    led.defer_recounts(lambda: None, every=16)
+    for ns, labels in ((A, ML), (B, ML), (C, CV)):
+        led.set_namespace(ns, labels)
+    led.add_or_update_quota(parse_cluster_device_quota(make_cluster_quota("cv", team="cv", memory="1Ti")))
+    for i in range(_MANY):
+        led.add_or_update_claim(entry(f"a{i}", GiB, ns=A, allocated=bool(i % 2)))
+    before(led)
+    led.recount()  # whatever `before` left due
+    counted = counting_adds(monkeypatch)
+    trigger(led)
+    assert counted == [] and led.recounting("ml") and not led.recounting("cv")  # nothing summed in the event
+    pauses: list[tuple[bool, bool, bool]] = []  # while ml is recounted: (ml admits, its retry message, cv admits)
+
+    def between() -> None:
+        if not led.recounting("ml"):
+            return  # its last part swapped in: decided again
+        ours, theirs = led.admit(entry("b", GiB, ns=B)), led.admit(entry("c", GiB, ns=C))
+        pauses.append((ours.allowed, ours.message == recounting_message("ml"), theirs.allowed))
+        led.delete_claim(ClaimRef("c"))
+
+    with pausing(between):
+        assert led.recount() == ((TEAM, "ml"),)
+    assert len(pauses) >= _MANY // 16
+    assert set(pauses) == {(False, True, True)}  # every pause: ml refuses with the retry message, cv decides
+    assert not led.recounting("ml") and led.usage(TEAM, "ml").used == Charge(_MANY // 2 * GiB, _MANY // 2)
+    assert led.admit(entry("b", GiB, ns=B)).allowed

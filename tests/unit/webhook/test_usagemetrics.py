@@ -23,6 +23,7 @@ from kube.caches import ClassStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from quota.admission import Admitter
+from quota.breakdown import DEFAULT_SERIES, OTHER
 from quota.claims import parse_claim
 from quota.devicequota import parse_cluster_device_quota
 from quota.inventory import Inventory
@@ -94,7 +95,7 @@ def stamp(seconds: float) -> str:
 
 
 class World:
-    def __init__(self, *, leading: bool = True) -> None:
+    def __init__(self, *, leading: bool = True, team_series: int = DEFAULT_SERIES) -> None:
         self.inventory = Inventory()
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger())
@@ -112,7 +113,7 @@ class World:
         self.leading = leading
         self.metrics = Metrics()
         UsageMetrics(self.admitter.ledger, self.inventory, self.holders, pending=self.reservations.pending,
-                     leading=lambda: self.leading).register(self.metrics)
+                     leading=lambda: self.leading, team_series=team_series).register(self.metrics)
 
     def scrape(self) -> Samples:
         return scrape(self.metrics)
@@ -394,10 +395,10 @@ def with_team(world: World) -> None:
         world.admitter.add_or_update_quota(parse_cluster_device_quota(obj))
 
 
-def teams_world() -> World:
+def teams_world(**kwargs: Any) -> World:
     """`with_team`, and team-a's own DeviceQuota. Claims: team-a one allocated GPU and one
     pending, team-b one allocated, team-c one pending."""
-    world = World()
+    world = World(**kwargs)
     world.quotas.replace([make_quota("gpus", memory="400Gi")])
     with_team(world)
     world.claims.replace([claim("one", "u1", "gpu-0"), claim("wait", "u2"),
@@ -432,6 +433,32 @@ def test_a_team_quota_shows_its_totals_and_each_namespace_it_selects() -> None:
     # draquota_quota stays per DeviceQuota: the teams are not in it under namespace "".
     assert {dict(labels)["namespace"] for labels in family(samples, QUOTA)} == {"team-a"}
     assert not [labels for labels in family(samples, WORKLOADS_RESERVED) if dict(labels)["namespace"] != "team-a"]
+
+
+def test_a_team_past_the_series_cap_shows_its_largest_namespaces_and_the_rest_as_other() -> None:
+    world = teams_world(team_series=1)
+    samples = world.scrape()
+    gpu = 80 * GiB
+    parts = team_samples(samples, CLUSTER_QUOTA_NAMESPACE)
+    # ml: team-a (1 used + 1 reserved) outranks team-b (1 used); cv's one member is within the cap.
+    assert parts == {
+        ("ml", "team-a", "memory", "used"): gpu, ("ml", "team-a", "devices", "used"): 1,
+        ("ml", "team-a", "memory", "reserved"): gpu, ("ml", "team-a", "devices", "reserved"): 1,
+        ("ml", OTHER, "memory", "used"): gpu, ("ml", OTHER, "devices", "used"): 1,
+        ("ml", OTHER, "memory", "reserved"): 0, ("ml", OTHER, "devices", "reserved"): 0,
+        ("cv", "team-c", "memory", "used"): 0, ("cv", "team-c", "devices", "used"): 0,
+        ("cv", "team-c", "memory", "reserved"): gpu, ("cv", "team-c", "devices", "reserved"): 1,
+    }
+    totals = team_samples(samples, CLUSTER_QUOTA)
+    for resource, kind in itertools.product(("memory", "devices"), ("used", "reserved")):
+        assert sum(v for (q, _, r, t), v in parts.items() if (q, r, t) == ("ml", resource, kind)) == \
+            totals[("ml", resource, kind)]
+    # team-b grows past team-a (3 devices to 2): the two swap at the next scrape.
+    world.claims.replace([claim("one", "u1", "gpu-0"), claim("wait", "u2"), claim("two", "u3", "gpu-1",
+                          namespace="team-b"), claim("more", "u5", "gpu-2", namespace="team-b"),
+                          claim("soon", "u6", namespace="team-b"), claim("three", "u4", namespace="team-c")])
+    assert {ns for q, ns, _, _ in team_samples(world.scrape(), CLUSTER_QUOTA_NAMESPACE) if q == "ml"} == \
+        {"team-b", OTHER}
 
 
 def test_a_relabel_moves_a_namespaces_series_between_teams() -> None:
