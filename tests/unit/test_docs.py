@@ -1,4 +1,4 @@
-"""The docs ship in the repository and hold together: README.md and docs/*.md link only to
+"""The docs ship in the repository and hold together: README.md and docs/**/*.md link only to
 files (and headings) that exist, and no tracked file points outside the repository (the
 design users rely on is docs/design.md, not a file beside the clone)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # A markdown link's target (the text may span lines), not an image's, not a URL.
 LINK = re.compile(r"\]\(([^)\s]+)\)")
