@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from tests.tools.markers import rewrite, section
+
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "deploy" / "crds"
 REFERENCE = ROOT / "docs" / "api.md"
@@ -83,15 +85,11 @@ def render() -> str:
 
 
 def current() -> str:
-    text = REFERENCE.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[start:end]
+    return section(REFERENCE, BEGIN, END)
 
 
 def main() -> int:
-    text = REFERENCE.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    REFERENCE.write_text(text[:start] + render() + text[end:])
+    rewrite(REFERENCE, BEGIN, END, render())
     print(f"wrote the API reference into docs/{REFERENCE.name}")
     return 0
 
