@@ -189,7 +189,7 @@ def mix_specs(slices: list[JSON], n: int = 400) -> list[JSON]:
 
 
 # Where the shipped configuration sends a claim CREATE (the mutating one-write admission,
-# docs/one-write.md); templates and allocations stay on /validate.
+# docs/development/one-write.md); templates and allocations stay on /validate.
 ADMIT = "/admit"
 
 

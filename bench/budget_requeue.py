@@ -15,7 +15,7 @@ on the real control plane, and prints what each test reported:
 
 Before the requeue had a budget (the issue's numbers): 2,428 template writes for 56
 requests (43 a request), 52 MB rewritten; 260 one-MB Pods took serve from 80 to 840 MiB
-with a 1.89 s stall. Measured here (docs/performance.md): 3b5481f 600 writes (10.7 a
+with a 1.89 s stall. Measured here (docs/development/performance.md): 3b5481f 600 writes (10.7 a
 request), 751 MiB of growth, a 2.45 s stall; now 50 writes (0.89), 4.6 MiB, 88 ms. Run it
 on any checkout to compare (an older serve lacks the draquota_requeue_* metrics the
 amplification test waits on).

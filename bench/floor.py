@@ -23,7 +23,7 @@ flight, the same one-GPU claim, the API server's own metrics and each process's 
   validating quota hooks, the leader patches the charge on), with and without a
   DeviceQuota in scope (as (c) measured it before the switch);
 - one-write: `serve` with a DeviceQuota in scope, through the shipped configuration
-  (`webhook.claimadmit`, docs/one-write.md): a mutating call for claim CREATE that
+  (`webhook.claimadmit`, docs/development/one-write.md): a mutating call for claim CREATE that
   reserves under a fresh token and patches the charge, the quotas and the token on, and
   the validating configuration without claim CREATE (`one_write_webhooks`; its mutating
   hooks named `admit.*`, so the API server's metrics tell them apart in one run). The
@@ -164,7 +164,7 @@ TEMPLATE_HOOKS = {QUOTA_HOOK.replace(".resourceclaims.", ".resourceclaimtemplate
 
 
 def one_write_shipped() -> list[JSON]:
-    """The shipped configurations (one write per create, docs/one-write.md), the mutating
+    """The shipped configurations (one write per create, docs/development/one-write.md), the mutating
     claim CREATE hooks named `admit.*` here, so that the API server's metrics tell their
     calls from the validating design's quota hooks in the same run."""
     configs = copy.deepcopy(list(webhook_configurations()))

@@ -198,7 +198,7 @@ def summary(name: str, times: list[float], target_ms: float | None) -> dict[str,
 
 
 def markdown(load_s: float, rss: float, rows: list[dict[str, Any]]) -> str:
-    """The numbers as a docs/performance.md table row per case: p50 / p99 / max against the target."""
+    """The numbers as a docs/development/performance.md table row per case: p50 / p99 / max against the target."""
     lines = ["| what | p50 | p99 | max | target p99 |", "|---|---|---|---|---|",
              f"| inventory load | {load_s:.2f} s | | | 5 s |", f"| RSS after load | {rss:.0f} MiB | | | 400 MiB |"]
     for row in rows:

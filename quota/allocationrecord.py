@@ -23,7 +23,7 @@ rolling upgrade every replica reads a record it understands (review6: one record
 result in the first annotation read as devices of an unknown driver, which a quota
 scoped by driver then counted at 0 on the older replicas).
 
-What the second cannot tell (docs/reservations.md): the release before neither guards nor
+What the second cannot tell (docs/development/reservations.md): the release before neither guards nor
 rewrites it, so one a tenant set on a claim before the upgrade, or one an older leader
 left standing after reallocating the same devices to other requests (a rollback), is
 read while it agrees by device, until the leader rewrites it (an allocated claim's at

@@ -38,7 +38,7 @@ read it as a claim entry whose claim never appears, count it and let it expire):
   an entry writes a later expiry (by a millisecond at least, as the status keeps it), so
   no two entries a key holds in turn read alike: the reserves and rollbacks of one key
   nest like a stack, and an allowed attempt's excess is never taken back by another's
-  rollback, while a lone refused attempt leaves nothing (docs/reservations.md, Rollback).
+  rollback, while a lone refused attempt leaves nothing (docs/development/reservations.md, Rollback).
 """
 
 from __future__ import annotations

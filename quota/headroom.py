@@ -4,7 +4,7 @@ Neighbours: `quota.reservations` holds the record and the watermark protocol (a 
 one more entry of `status.reservations`, `source: Lease`); `kube.quotawriter` keeps this
 process's leases, calls `take` on a claim CREATE and, through `kube.statuswriter`, `renew`
 inside each status write it makes of a quota, and commits the plan once the write landed.
-Pure: no clock, no I/O. docs/reservations.md ("Leases") holds the safety argument; in short:
+Pure: no clock, no I/O. docs/development/reservations.md ("Leases") holds the safety argument; in short:
 
 - A lease is written like any entry, by a conditional write that checked
   `used + reserved + in flight + amount <= hard`. Every writer counts every lease's

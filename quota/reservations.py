@@ -18,7 +18,7 @@ The record, on the DeviceQuota's status:
 An entry lives from the admission that wrote it until every replica that may decide
 would count its claim itself, and no longer. The watermark says when that is.
 
-The protocol (docs/reservations.md holds the full safety argument):
+The protocol (docs/development/reservations.md holds the full safety argument):
 1. A writer (a replica's webhook batch, or the leader's quota controller) reads the
    DeviceQuota and, before deciding anything on it, waits until its own claim watch
    has delivered every claim event up to `claimsThrough`.

@@ -240,7 +240,7 @@ class Metrics:
             "that the claim's own content refused (annotations or the object at the API server's size limit), by "
             f"namespace (one that holds a DeviceQuota, at most {MAX_NAMESPACE_VALUES}; else other). Such a claim is "
             "counted at its reservation by a replica that starts without its record, and its next allocation is "
-            "checked whole (docs/reservations.md).", ["namespace"], registry=self.registry)
+            "checked whole (docs/development/reservations.md).", ["namespace"], registry=self.registry)
         self.stall = Histogram(
             EVENT_LOOP_STALL, "Seconds the event loop ran a timer late (runtime.stalls: how long any ready review "
             "waited on other work), one observation per tick.", buckets=STALL_BUCKETS, registry=self.registry)

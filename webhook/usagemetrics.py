@@ -11,7 +11,7 @@ Only the leader exports the usage families (`leading()`; the other replicas leav
 out), so `sum()` over every replica's scrape never counts a claim twice.
 `draquota_leader` says which replica that is.
 
-Scrape cost (bench/usage_metrics.py; docs/performance.md): a scrape runs on the event
+Scrape cost (bench/usage_metrics.py; docs/development/performance.md): a scrape runs on the event
 loop the reviews share, so nothing is recomputed that did not change. A namespace's
 samples are kept until one of its claims changes (`Ledger.namespace_generation`); the
 per-device family (one sample per held device: tens of thousands) is kept as rendered

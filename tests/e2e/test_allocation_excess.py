@@ -1,5 +1,5 @@
 """Two `dra-quota serve` replicas never let allocations that charge more than their claims
-reserved pass `hard` together (docs/reservations.md, "Allocations above the reservation").
+reserved pass `hard` together (docs/development/reservations.md, "Allocations above the reservation").
 
 An Optimistic DeviceQuota prices each claim at its smallest candidate, an 80Gi GPU; the
 allocations set here pick a 141Gi one, 61Gi above what each claim reserved. CLAIMS claims

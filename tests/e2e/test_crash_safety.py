@@ -109,7 +109,7 @@ def from_scratch(claims: list[Obj], slices: list[Obj]) -> Count:
     Allocated claims exactly: each device at the memory its slice publishes (none here is
     shared); a device no slice publishes any more at the claim's recorded charge less
     what its other devices cost, shared equally. Pending claims at their recorded charge,
-    or, deallocated ones, at their last allocation as its record says (docs/reservations.md,
+    or, deallocated ones, at their last allocation as its record says (docs/development/reservations.md,
     "A deallocated claim keeps what its last allocation charged": the leader brings the
     record up to date).
     """

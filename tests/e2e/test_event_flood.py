@@ -1,5 +1,5 @@
 """A tenant's flood of denials costs a bounded number of Events, in its own namespaces, and
-leaves another tenant's Events recorded (the tenant budget, docs/security.md).
+leaves another tenant's Events recorded (the tenant budget, docs/development/hostile-tenant.md).
 
 On the real 1.37 control plane with `dra-quota serve`: mallory, bound to `edit` in two
 namespaces (one with a DeviceQuota smaller than any GPU, one with no quota), sends 300

@@ -1,5 +1,5 @@
 """A deallocated claim's next allocation cannot take room that went to another claim
-(docs/reservations.md, "A deallocated claim keeps what its last allocation charged").
+(docs/development/reservations.md, "A deallocated claim keeps what its last allocation charged").
 
 On the real control plane with `dra-quota serve`: one 80Gi GPU and one 141Gi GPU; a
 Conservative DeviceQuota of 221Gi on the fleet's DeviceClass. Claim u, which may get either

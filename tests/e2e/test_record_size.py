@@ -3,7 +3,7 @@
 Until 0.2 each admission's entry stayed on `status.reservations` for a 60 s TTL, about
 280 bytes an entry as stored: the ~940 creates of a one-minute burst passed 256 KiB, and
 every status write rewrote all of it. Now an entry goes once the writer's own claim cache
-holds its claim carrying the charge (docs/reservations.md). Here `serve` (one process,
+holds its claim carrying the charge (docs/development/reservations.md). Here `serve` (one process,
 the shipped webhooks) takes BURST creates of one 80Gi GPU into a quota with room, CLIENTS
 clients (test_replicas.py's) with IN_FLIGHT in flight between them, while FILL creates of the same size go
 at a quota of `hard` = K x 80Gi in a second namespace.

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.e2e
 GiB = 1024**3
 K = 40
 # Short, so the orphans of the SIGKILL expire within the test, yet it must outlast what the
-# safety argument assumes (docs/reservations.md): a create still in flight after our answer
+# safety argument assumes (docs/development/reservations.md): a create still in flight after our answer
 # and any replica's watch lag. 3 s was not, on a loaded 2-core CI machine: an entry expired
 # before its claim was persisted or seen, and a 41st claim of 40 was admitted.
 TTL = 20.0

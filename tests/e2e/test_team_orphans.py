@@ -1,7 +1,7 @@
 """One namespace's failing creates never fill its team's record (quota.reservations,
 MAX_ENTRIES_PER_NAMESPACE), on the real API server with one `serve`.
 
-Claim creates are admitted by a mutating webhook (docs/one-write.md), which runs before
+Claim creates are admitted by a mutating webhook (docs/development/one-write.md), which runs before
 the API server validates the object: a create the API server then refuses has reserved,
 and its entry holds a place in the record until the TTL (an orphan). A tenant chooses
 that: mallory, bound to `edit` in one namespace of a team, sends creates carrying an

@@ -1,5 +1,5 @@
 """A tenant who makes the leader's allocation record fail cannot over-commit its quota
-across a restart of `serve` or a change of leader (docs/reservations.md, "A replica that
+across a restart of `serve` or a change of leader (docs/development/reservations.md, "A replica that
 cannot vouch for a claim's history").
 
 On the real control plane, as a tenant bound to `edit` in its namespace: one 80Gi GPU and

@@ -1,4 +1,4 @@
-"""The docs ship in the repository and hold together: README.md and docs/*.md link only to
+"""The docs ship in the repository and hold together: README.md and docs/**/*.md link only to
 files (and headings) that exist, and no tracked file points outside the repository (the
 design users rely on is docs/design.md, not a file beside the clone)."""
 
@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # A markdown link's target (the text may span lines), not an image's, not a URL.
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -108,3 +109,59 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
 ])
 def test_outside_references_are_found(line: str, outside: bool) -> None:
     assert bool(outside_references(line, ROOT / "docs")) == outside
+
+
+# Shell blocks in the pages for tenants and operators: each either runs as written in a
+# clone or says it is an illustration in its first line (docs/development/README.md,
+# "Shell blocks in the docs"). The contract and the generated reference are not such pages.
+USER_PAGES = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md"))
+                                    if p.name not in ("design.md", "configuration.md"))]
+ILLUSTRATION = "# illustration"
+# Commands of unmarked blocks that need more than a clone, and what runs them.
+RUN_ELSEWHERE = {
+    "python3 -m venv .venv && . .venv/bin/activate": ".ci/run",  # the same, into .cache/venv
+    "pip install --require-hashes -r requirements/runtime.lock": ".ci/run",  # test.lock adds the tools
+    "pip install --no-deps --no-build-isolation -e .": ".ci/run",
+    "dra-quota demo": "tests/e2e/test_demo.py",
+    "bash .ci/run": ".ci/run",
+    "kubectl get deviceclasses,resourceslices,namespaces,devicequotas,clusterdevicequotas -A -o json "
+    "| dra-quota check -f - -f claims.yaml --fail-on-deny": "tests/e2e/test_check_gate.py",
+    "dra-quota check --from-cluster -f claims.yaml --fail-on-deny": "tests/e2e/test_check_gate.py",
+}
+
+
+def shell_blocks(page: Path) -> list[list[str]]:
+    """The `sh` blocks of a page (indented ones too), each as its commands: continuation
+    lines joined, comments dropped."""
+    blocks: list[list[str]] = []
+    for body in re.findall(r"^ *```(?:sh|bash|shell)\n(.*?)^ *```", page.read_text(), flags=re.S | re.M):
+        lines = [line.strip() for line in body.splitlines()]
+        if lines and lines[0].startswith(ILLUSTRATION):
+            continue
+        joined = re.sub(r"\\\n\s*|\|\n\s*", lambda m: "| " if m[0].startswith("|") else "", "\n".join(lines))
+        commands = [re.sub(r"\s+#.*$", "", c).strip() for c in joined.splitlines()]
+        blocks.append([re.sub(r"\s+", " ", c) for c in commands if c and not c.startswith("#")])
+    return blocks
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=[str(p.relative_to(ROOT)) for p in USER_PAGES])
+def test_every_shell_block_runs_or_says_it_is_an_illustration(page: Path) -> None:
+    for block in shell_blocks(page):
+        for command in block:
+            if command in RUN_ELSEWHERE:
+                assert (ROOT / RUN_ELSEWHERE[command]).exists()
+                continue
+            assert command.startswith("dra-quota check ") and "--from-cluster" not in command, (
+                f"{page.name}: {command!r} needs more than a clone: start its block with {ILLUSTRATION!r}")
+            args = command.split()[1:]
+            proc = subprocess.run([sys.executable, "-m", "commands.cli", *args], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, f"{page.name}: {command}: {proc.stderr}"
+            assert proc.stdout
+
+
+def test_shell_blocks_are_read_as_a_user_copies_them(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```sh\n# illustration\nkubectl get dq\n```\n\n  ```sh\n  a \\\n    --b  # c\n"
+                    "  # d\n  e |\n    f\n  ```\n")
+    assert shell_blocks(page) == [["a --b", "e | f"]]

@@ -210,7 +210,7 @@ def test_a_long_pod_names_attempts_still_replace_each_other() -> None:
 
 
 def test_a_relist_keeps_the_first_claim_carrying_a_token_not_the_first_listed() -> None:
-    """review10: "the cache keeps the first claim carrying a token" (docs/one-write.md). A relist (or a replica starting) reads changed claims' tokens in list
+    """review10: "the cache keeps the first claim carrying a token" (docs/development/one-write.md). A relist (or a replica starting) reads changed claims' tokens in list
     order (etcd key order: namespace, then name), so a copy that sorts first and changed
     while the watch was down takes the key from the original. (Benign as far as this review
     found: every carrier of a token has a resourceVersion above the original's create, so
