@@ -54,3 +54,31 @@ def test_the_default_columns_leave_room_for_namespace_and_name(crd: Path) -> Non
     # (282Gi, 8, True, 5m). NAMESPACE and NAME share what is left of 120 columns.
     width = sum(len(name) for name in default) + 3 * (len(default) + 1)
     assert 120 - width >= 30
+
+
+# What a CRD's structural schema may hold; anything else is a field the API server drops
+# (a flow-style `{description: Why, for a person.}` parses as a key "for a person.").
+SCHEMA_KEYWORDS = {
+    "type", "description", "properties", "items", "additionalProperties", "required", "maxLength", "minLength",
+    "maxItems", "minItems", "maxProperties", "minProperties", "minimum", "maximum", "enum", "pattern", "format",
+    "default", "nullable", "anyOf", "oneOf", "allOf", "not", "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-int-or-string", "x-kubernetes-validations", "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-embedded-resource",
+}
+
+
+def unknown_keywords(node: Any, path: str) -> Iterator[str]:
+    if not isinstance(node, dict):
+        return
+    yield from (f"{path}: {key}" for key in node if key not in SCHEMA_KEYWORDS)
+    for name, child in (node.get("properties") or {}).items():
+        yield from unknown_keywords(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from unknown_keywords(node[key], f"{path}[{key}]")
+
+
+@pytest.mark.parametrize("crd", CRDS, ids=[c.name for c in CRDS])
+def test_every_schema_key_is_a_keyword_the_api_server_keeps(crd: Path) -> None:
+    (version,) = yaml.safe_load(crd.read_text())["spec"]["versions"]
+    assert list(unknown_keywords(version["schema"]["openAPIV3Schema"], "")) == []
