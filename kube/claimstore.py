@@ -341,10 +341,9 @@ class ClaimStore:
         keys = self.ledger.add_or_update_claim(entry) if entry is not None else ()
         if claim.allocation is not None:
             # Its deallocation comes through this watch, after this event: this cache
-            # knows what the last allocation charged from here on.
+            # knows what the last allocation charged from here on. (Unallocated and new to
+            # this cache, it is vouched for as it is: the watch brought its creation.)
             self._unvouched.discard(claim_ref(claim))
-        # Unallocated and new to this cache: the watch brought its creation (a list
-        # brings every claim that existed before), so it was never allocated; else as before.
         # The version only once the ledger counts this copy (as `_stage_one` does): a claim
         # whose pricing raised is not held by this cache, so its persisted reservation stays
         # (`quota.reservations.settle` drops an entry whose claim the cache holds).

@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 from kube.admissionreview import UserInfo
 from kube.api import ApiError, KubeApi
 from kube.resources import ACCESS_REVIEWS
 from quota.policy import ADMIN_ACCESS_GRANT
+from runtime.answers import Answers
 
 __all__ = ["MAX_ASKING", "MAX_CACHED", "TTL", "LabelAccess"]
 
@@ -48,15 +48,14 @@ class LabelAccess:
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._api = api
         self._clock = clock
-        self._cache: OrderedDict[Subject, tuple[bool, float]] = OrderedDict()
+        self._cache: Answers[Subject, bool] = Answers(MAX_CACHED)
         self._asking = asyncio.Semaphore(MAX_ASKING)
 
     async def __call__(self, user: UserInfo) -> bool | None:
         key: Subject = (user.username, user.uid, tuple(sorted(user.groups)))
-        cached = self._cache.get(key)
-        if cached is not None and cached[1] > self._clock():
-            self._cache.move_to_end(key)
-            return cached[0]
+        cached = self._cache.get(key, self._clock())
+        if cached is not None:
+            return cached
         async with self._asking:
             try:
                 allowed = await self._review(user)
@@ -64,10 +63,7 @@ class LabelAccess:
                 log.warning("cannot ask the API server whether %s may grant adminAccess: %s",
                             user.username or "(anonymous)", err)
                 return None
-        self._cache[key] = (allowed, self._clock() + TTL)
-        self._cache.move_to_end(key)
-        while len(self._cache) > MAX_CACHED:
-            self._cache.popitem(last=False)
+        self._cache.put(key, allowed, self._clock() + TTL)
         return allowed
 
     async def _review(self, user: UserInfo) -> bool:

@@ -34,7 +34,6 @@ import ipaddress
 import logging
 import ssl
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kube.api import ApiError, KubeApi
 from kube.resources import ACCESS_REVIEWS, TOKEN_REVIEWS
+from runtime.answers import Answers
 from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite, track
 from webhook.metrics import Metrics
 from webhook.server import quiet_server_header
@@ -78,7 +78,7 @@ class TokenAccess:
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._api = api
         self._clock = clock
-        self._cache: OrderedDict[bytes, tuple[Access, float]] = OrderedDict()
+        self._cache: Answers[bytes, Access] = Answers(MAX_CACHED)
         self._asking = asyncio.Semaphore(MAX_ASKING)
 
     async def check(self, authorization: str | None) -> Access:
@@ -87,17 +87,16 @@ class TokenAccess:
         if scheme.lower() != "bearer" or not token:
             return Access(401, "Unauthorized: send a bearer token (Authorization: Bearer <token>)")
         key = hashlib.sha256(token.encode()).digest()
-        cached = self._cache.get(key)
-        if cached is not None and cached[1] > self._clock():
-            self._cache.move_to_end(key)
-            return cached[0]
+        cached = self._cache.get(key, self._clock())
+        if cached is not None:
+            return cached
         async with self._asking:
             try:
                 access = await self._review(token)
             except (ApiError, OSError, TimeoutError, ValueError) as err:
                 log.warning("cannot review a /metrics token with the API server: %s", err)
                 return Access(503, "the API server could not review the token; retry")
-        self._remember(key, access)
+        self._cache.put(key, access, self._clock() + (ALLOWED_TTL if access.status == 200 else REFUSED_TTL))
         return access
 
     async def _review(self, token: str) -> Access:
@@ -115,14 +114,6 @@ class TokenAccess:
         if (decided.get("status") or {}).get("allowed"):
             return Access(200, "")
         return Access(403, f"Forbidden: {name} may not get {PATH}")
-
-    def _remember(self, key: bytes, access: Access) -> None:
-        ttl = ALLOWED_TTL if access.status == 200 else REFUSED_TTL
-        self._cache[key] = (access, self._clock() + ttl)
-        self._cache.move_to_end(key)
-        while len(self._cache) > MAX_CACHED:
-            self._cache.popitem(last=False)
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
