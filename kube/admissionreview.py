@@ -130,6 +130,9 @@ class UserInfo:
     username: str
     uid: str = ""
     groups: tuple[str, ...] = ()
+    # The authenticator's extra attributes, key -> values, sorted: a webhook authorizer (and
+    # OpenShift's scoped tokens) decide on them, so an access review must carry them.
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,10 +267,15 @@ def _user(value: Any, uid: str) -> UserInfo:
     groups = value.get("groups") or []
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise ReviewError("request.userInfo.groups must be a list of strings", uid)
+    extra = value.get("extra") or {}
+    if not isinstance(extra, dict) or not all(
+            isinstance(values, list) and all(isinstance(v, str) for v in values) for values in extra.values()):
+        raise ReviewError("request.userInfo.extra must map names to lists of strings", uid)
     return UserInfo(
         _string(value.get("username"), "request.userInfo.username", uid),
         _string(value.get("uid"), "request.userInfo.uid", uid),
         tuple(groups),
+        tuple(sorted((str(key), tuple(values)) for key, values in extra.items())),
     )
 
 

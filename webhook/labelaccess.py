@@ -15,7 +15,9 @@ is honoured within that, as the API server's own webhook authorizer caches), at 
 `MAX_CACHED` subjects, least recently used dropped first; at most `MAX_ASKING` reviews
 are in flight. Fail closed: an answer that cannot be had is `None` (the label change is
 refused, with a message asking to retry) and is never cached. The review carries user,
-uid and groups, which is all RBAC reads; not the request's `extra`.
+uid, groups and the request's `extra`, as the policy's authorizer check does: RBAC reads
+only the first three, but a webhook authorizer (a managed cluster's IAM) or a scoped token
+decides on `extra`, and a review without it could allow what the request itself may not.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ TTL = 10.0
 MAX_CACHED = 256
 MAX_ASKING = 4
 
-Subject = tuple[str, str, tuple[str, ...]]
+Subject = tuple[str, str, tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]
 
 
 class LabelAccess:
@@ -52,7 +54,7 @@ class LabelAccess:
         self._asking = asyncio.Semaphore(MAX_ASKING)
 
     async def __call__(self, user: UserInfo) -> bool | None:
-        key: Subject = (user.username, user.uid, tuple(sorted(user.groups)))
+        key: Subject = (user.username, user.uid, tuple(sorted(user.groups)), user.extra)
         cached = self._cache.get(key, self._clock())
         if cached is not None:
             return cached
@@ -69,6 +71,7 @@ class LabelAccess:
     async def _review(self, user: UserInfo) -> bool:
         group, resource, verb = ADMIN_ACCESS_GRANT
         spec = {"user": user.username, "uid": user.uid, "groups": list(user.groups),
+                "extra": {key: list(values) for key, values in user.extra},
                 "resourceAttributes": {"group": group, "resource": resource, "verb": verb}}
         decided = await self._api.create(ACCESS_REVIEWS, {"apiVersion": ACCESS_REVIEWS.api_version,
                                                           "kind": "SubjectAccessReview", "spec": spec})

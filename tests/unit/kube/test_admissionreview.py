@@ -27,7 +27,8 @@ REVIEW: dict[str, Any] = {
         "name": "gpu-x7k2q",
         "namespace": "team-a",
         "operation": "CREATE",
-        "userInfo": {"username": "alice", "uid": "u-1", "groups": ["team-a", "system:authenticated"]},
+        "userInfo": {"username": "alice", "uid": "u-1", "groups": ["team-a", "system:authenticated"],
+                     "extra": {"scopes.authorization.openshift.io": ["user:full"], "authentication.kubernetes.io/pod-name": ["p"]}},
         "object": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpu-x7k2q"}},
         "oldObject": None,
         "dryRun": False,
@@ -48,6 +49,8 @@ def test_a_request_is_read_whole() -> None:
     assert request.uid == REVIEW["request"]["uid"]
     assert (request.kind.kind, request.resource.resource, request.sub_resource) == ("ResourceClaim", "resourceclaims", "status")
     assert (request.name, request.namespace, request.operation, request.dry_run) == ("gpu-x7k2q", "team-a", "CREATE", True)
+    assert request.user.extra == (("authentication.kubernetes.io/pod-name", ("p",)),
+                                  ("scopes.authorization.openshift.io", ("user:full",)))
     assert request.user.username == "alice" and request.user.groups == ("team-a", "system:authenticated")
     assert request.object is not None and request.old_object is None
 
@@ -62,6 +65,7 @@ def test_a_request_is_read_whole() -> None:
         (review(operation="PATCH"), "request.operation must be one of CREATE, UPDATE, DELETE, CONNECT, got 'PATCH'", REVIEW["request"]["uid"]),
         (review(kind="ResourceClaim"), "request.kind is missing or not an object", REVIEW["request"]["uid"]),
         (review(userInfo={"username": "a", "groups": "admins"}), "request.userInfo.groups must be a list of strings", REVIEW["request"]["uid"]),
+        (review(userInfo={"username": "a", "extra": {"scopes": "user:full"}}), "request.userInfo.extra must map names to lists of strings", REVIEW["request"]["uid"]),
         (review(object=["x"]), "request.object must be an object", REVIEW["request"]["uid"]),
         (review(namespace=["team-a"]), "request.namespace must be a string", REVIEW["request"]["uid"]),
     ],

@@ -49,8 +49,20 @@ async def test_it_asks_what_the_admission_policy_asks_the_authorizer() -> None:
     assert (await may(ADMIN), await may(TENANT)) == (True, False)
     # Cluster-scoped (no namespace): a RoleBinding in one's own namespace grants nothing.
     assert reviews.calls[0] == {"user": "platform-admin", "uid": "u-1", "groups": ["platform", "system:authenticated"],
-                                "resourceAttributes": {"group": "draquota.io", "resource": "adminaccess",
+                                "extra": {}, "resourceAttributes": {"group": "draquota.io", "resource": "adminaccess",
                                                        "verb": "label"}}
+
+
+@ASYNC
+async def test_the_requests_extra_goes_to_the_authorizer_and_keys_the_cache() -> None:
+    # A scoped token (OpenShift's scopes) or a webhook authorizer decides on `extra`: the
+    # same user with another scope is another subject, asked again.
+    may, reviews, _ = access()
+    scoped = UserInfo(ADMIN.username, ADMIN.uid, ADMIN.groups, (("scopes.authorization.openshift.io", ("user:info",)),))
+    assert await may(scoped) is True
+    assert reviews.calls[0]["extra"] == {"scopes.authorization.openshift.io": ["user:info"]}
+    assert await may(ADMIN) is True
+    assert len(reviews.calls) == 2
 
 
 @ASYNC
