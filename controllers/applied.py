@@ -21,7 +21,10 @@ claim event in namespace X writes X's copy only (its own part changed; `own`). T
 totals in the other members' copies are refreshed in the background, each copy at most once
 per `refresh` period (60 s) after its totals were last written (`refresh`), at once when an
 admin changed them (spec, members; `spec`), and a flip (exceeded, a headroom reaching 0)
-brings the refresh forward at most once per period per team. So a team of M members under
+brings the refresh forward at most once per period per team. A round refreshes at most
+rate x interval copies (100), the longest stale first, the rest in the next rounds: a big
+team's refresh is spread, and the own writes of every team get in between; the copies
+written in different rounds are then due in different rounds. So a team of M members under
 constant churn from one tenant costs about 1 / `interval` own writes a second plus M per
 period, not M per event; a team with no change costs nothing. Under those, the same two
 rate bounds as before: a team is handled at most once per `interval` (2 s: the events in
@@ -67,7 +70,7 @@ def _utcnow() -> datetime:
 
 class AppliedQuotas:
     def __init__(self, api: KubeApi, *, leading: Callable[[], bool], interval: float = 2.0, rate: float = 50.0,
-                 concurrency: int = 4, resync: float = 300.0, refresh: float = 60.0,
+                 concurrency: int = 4, resync: float = 300.0, refresh: float = 60.0, batch: int | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utcnow) -> None:
         self.api = api
         self.leading = leading
@@ -78,6 +81,8 @@ class AppliedQuotas:
         self.rate = rate
         self.concurrency = concurrency
         self.refresh = refresh  # a copy's team totals are written at most this often, but for admin changes
+        # Refreshes per round (the rest wait for the next): what the rate allows in an interval.
+        self.batch = batch if batch is not None else max(1, int(rate * interval))
         self.clock = clock
         self.wall = wall
         self.writes: Counter[Reason] = Counter()  # applies and deletes that landed, by reason
@@ -176,7 +181,8 @@ class AppliedQuotas:
             return 0
         now = self.clock()
         decided = plan(desired, self._have.get(name, {}), now=now, refresh=self.refresh,
-                       flip_allowed=now >= self._flipped.get(name, float("-inf")) + self.refresh)
+                       flip_allowed=now >= self._flipped.get(name, float("-inf")) + self.refresh,
+                       max_refresh=self.batch)
         if not self.leading():
             return 0
         if decided.flipped:

@@ -67,14 +67,17 @@ class Plan:
 
 
 def plan(desired: Mapping[str, Obj], have: Mapping[str, Copy], *, now: float, refresh: float,
-         flip_allowed: bool) -> Plan:
+         flip_allowed: bool, max_refresh: int) -> Plan:
     """What to write of one team, whose copies should be `desired` (member namespace ->
-    body) and are `have` (namespace -> `Copy`)."""
+    body) and are `have` (namespace -> `Copy`); at most `max_refresh` refreshes, the
+    longest stale first (the rest are due at once: the next round), so that a big team's
+    refresh is spread over rounds and the own writes of every team get in between."""
     wanted = {ns: copy_of(body, now) for ns, body in desired.items()}
     membership_changed = wanted.keys() != have.keys()
     flip = flip_allowed and any(c.totals != wanted[ns].totals and _flips(c.totals) != _flips(wanted[ns].totals)
                                 for ns, c in have.items() if ns in wanted)
     writes: dict[str, Reason] = {}
+    refreshes: list[tuple[float, str]] = []
     due: float | None = None
     for ns, want in sorted(wanted.items()):
         there = have.get(ns)
@@ -85,9 +88,13 @@ def plan(desired: Mapping[str, Obj], have: Mapping[str, Copy], *, now: float, re
         elif membership_changed or any(there.totals.get(k) != want.totals.get(k) for k in _SPEC):
             writes[ns] = "spec"
         elif flip or now >= there.refreshed + refresh:
-            writes[ns] = "refresh"
+            refreshes.append((there.refreshed, ns))
         else:
             due = min(due if due is not None else float("inf"), there.refreshed + refresh)
+    refreshes.sort()
+    writes.update((ns, "refresh") for _, ns in refreshes[:max_refresh])
+    if len(refreshes) > max_refresh:
+        due = now
     return Plan(writes, tuple(sorted(ns for ns in have if ns not in wanted)), flip, due)
 
 

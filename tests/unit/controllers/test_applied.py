@@ -129,6 +129,28 @@ async def test_n_claim_events_in_one_member_write_n_copies_and_the_others_after_
     assert await round_of(applied, big_team(reserved)) == 0  # no change, nothing written, however long
 
 
+async def test_a_big_teams_refresh_is_spread_over_rounds_the_longest_stale_first() -> None:
+    api, clock = RecordingApi(), FakeClock()
+    applied = controller(api, clock, refresh=60.0, batch=20)
+    reserved = [0] * M
+    await round_of(applied, big_team(reserved))
+    api.written()
+    clock.advance(61)
+    reserved[0] = 1
+    assert await round_of(applied, big_team(reserved)) == 1 + 20  # its own, and the first batch
+    assert api.written() == ["ml-00", *(f"ml-{i:02}" for i in range(1, 21))]
+    assert applied._stale["ml-team"] == clock.now  # the rest: at the next round
+    clock.advance(2)
+    reserved[7] = 1  # an own write gets in between the batches
+    assert await round_of(applied, big_team(reserved)) == 1 + 20
+    assert api.written() == ["ml-07", *(f"ml-{i:02}" for i in range(21, 41))]  # those written longest ago
+    clock.advance(2)
+    assert await applied._round("ml-team", asyncio.Semaphore(4)) == 9
+    assert api.written() == [f"ml-{i:02}" for i in range(41, M)]
+    # The first batch (and ml-00) missed ml-07's change: due a period after they were written.
+    assert applied._stale["ml-team"] == 61.0 + 60
+
+
 async def test_an_admin_change_refreshes_every_member_at_once() -> None:
     api, clock = RecordingApi(), FakeClock()
     applied = controller(api, clock)
