@@ -75,7 +75,7 @@ class AppliedQuotas:
         self.api = api
         self.leading = leading
         # Seconds between two lists of what is there: a copy someone deleted or edited is
-        # written again at the team's next publication (the quota controller's resync).
+        # written again at the round each team gets after the list.
         self.resync = resync
         self.interval = interval
         self.rate = rate
@@ -131,8 +131,10 @@ class AppliedQuotas:
                     await self._list()
                 except _FAILURES as err:
                     log.warning("cannot list AppliedClusterDeviceQuotas: %s", err or type(err).__name__)
-            wanted = {name: max(self._due.get(name, 0.0), when) for name, when in
-                      [*((n, 0.0) for n in self._pending), *self._stale.items()]}
+            # A team is ready once its interval passed: at once when published, else when a
+            # stale copy falls due.
+            wanted = {name: max(self._due.get(name, 0.0), 0.0 if name in self._pending else self._stale[name])
+                      for name in self._pending | self._stale.keys()}
             ready = sorted(name for name, when in wanted.items() if when <= now)
             if not ready:
                 await self._sleep(min(wanted.values(), default=next_list))

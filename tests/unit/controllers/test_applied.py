@@ -235,6 +235,27 @@ async def test_a_copy_deleted_by_hand_is_written_again_after_the_next_list() -> 
     assert api.calls == [("apply", "ml-train", "ml-team")]
 
 
+async def test_run_writes_a_namespaces_own_copy_at_once_while_the_others_wait_for_the_period() -> None:
+    """The loop: a claim event's own write is not held back by the others' refresh due
+    a period later."""
+    api = RecordingApi()
+    applied = AppliedQuotas(api, leading=lambda: True, refresh=3600, interval=0.01)  # type: ignore[arg-type]
+    task = asyncio.create_task(applied.run())
+    try:
+        reserved = [0] * 5
+        applied.published("ml-team", big_team(reserved))
+        await until(lambda: applied.writes["spec"] == 5, "every member's copy created")
+        for gi in (10, 20):  # the second event comes while the others' refresh is pending
+            reserved[0] = gi
+            applied.published("ml-team", big_team(reserved))
+            await until(lambda: api.bodies["ml-00"]["status"]["namespace"]["reserved"]["memory"] == f"{gi}Gi",
+                        f"ml-00's own copy at {gi}Gi")
+        assert applied.writes == {"spec": 5, "own": 2}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_run_writes_the_others_totals_on_its_own_after_the_period() -> None:
     """The loop, not a round called by hand: the stale copies' refresh comes without any
     further publication."""
