@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import copy
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,6 +66,18 @@ def owned(breakdown: list[dict[str, Any]], used: str = "480Gi", generation: int 
 def controller(api: RecordingApi, clock: FakeClock, **kwargs: Any) -> AppliedQuotas:
     return AppliedQuotas(api, leading=lambda: True, clock=clock,  # type: ignore[arg-type]
                          wall=lambda: EPOCH + timedelta(seconds=clock.now), **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def running(api: RecordingApi, *, refresh: float) -> AsyncIterator[AppliedQuotas]:
+    """`run` on the real clock (a team every 10 ms), cancelled after."""
+    applied = AppliedQuotas(api, leading=lambda: True, refresh=refresh, interval=0.01)  # type: ignore[arg-type]
+    task = asyncio.create_task(applied.run())
+    try:
+        yield applied
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def round_of(applied: AppliedQuotas, obj: dict[str, Any] | None) -> int:
@@ -239,9 +253,7 @@ async def test_run_writes_a_namespaces_own_copy_at_once_while_the_others_wait_fo
     """The loop: a claim event's own write is not held back by the others' refresh due
     a period later."""
     api = RecordingApi()
-    applied = AppliedQuotas(api, leading=lambda: True, refresh=3600, interval=0.01)  # type: ignore[arg-type]
-    task = asyncio.create_task(applied.run())
-    try:
+    async with running(api, refresh=3600) as applied:
         reserved = [0] * 5
         applied.published("ml-team", big_team(reserved))
         await until(lambda: applied.writes["spec"] == 5, "every member's copy created")
@@ -251,18 +263,13 @@ async def test_run_writes_a_namespaces_own_copy_at_once_while_the_others_wait_fo
             await until(lambda: api.bodies["ml-00"]["status"]["namespace"]["reserved"]["memory"] == f"{gi}Gi",
                         f"ml-00's own copy at {gi}Gi")
         assert applied.writes == {"spec": 5, "own": 2}
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_run_writes_the_others_totals_on_its_own_after_the_period() -> None:
     """The loop, not a round called by hand: the stale copies' refresh comes without any
     further publication."""
     api = RecordingApi()
-    applied = AppliedQuotas(api, leading=lambda: True, refresh=0.2, interval=0.01)  # type: ignore[arg-type]
-    task = asyncio.create_task(applied.run())
-    try:
+    async with running(api, refresh=0.2) as applied:
         reserved = [0] * 5
         applied.published("ml-team", big_team(reserved))
         await until(lambda: applied.writes["spec"] == 5, "every member's copy created")
@@ -271,6 +278,3 @@ async def test_run_writes_the_others_totals_on_its_own_after_the_period() -> Non
         await until(lambda: applied.writes["refresh"] == 4, "the others' totals refreshed")
         assert applied.writes == {"spec": 5, "own": 1, "refresh": 4}
         assert all(body["status"]["reserved"]["memory"] == "10Gi" for body in api.bodies.values())
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

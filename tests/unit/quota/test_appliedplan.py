@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from quota.appliedplan import Copy, copy_of, plan
+from quota.appliedplan import Copy, Reason, copy_of, plan
 
 
 def body(ns: str = "a", *, own: str = "0", reserved: str = "0", headroom: str = "100Gi", generation: int = 1,
@@ -19,7 +19,7 @@ def body(ns: str = "a", *, own: str = "0", reserved: str = "0", headroom: str = 
 
 
 def decide(desired: dict[str, dict[str, Any]], have: dict[str, Copy], *, now: float = 10.0,
-           flip_allowed: bool = False, max_refresh: int = 100) -> dict[str, str]:
+           flip_allowed: bool = False, max_refresh: int = 100) -> dict[str, Reason]:
     return plan(desired, have, now=now, refresh=60.0, flip_allowed=flip_allowed, max_refresh=max_refresh).writes
 
 
@@ -37,7 +37,7 @@ def test_a_copy_differing_only_in_when_its_totals_were_read_is_current() -> None
     ({"generation": 2}, {"a": "spec"}),  # an admin's change: at once
     ({"counted": False}, {"a": "spec"}),
 ])
-def test_what_moved_decides_the_reason(change: dict[str, Any], written: dict[str, str]) -> None:
+def test_what_moved_decides_the_reason(change: dict[str, Any], written: dict[str, Reason]) -> None:
     desired = {"a": body(**change), "b": body("b", **{k: v for k, v in change.items() if k != "own"})}
     expected = dict(written)
     if "generation" in change or "counted" in change:
