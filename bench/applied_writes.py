@@ -63,7 +63,8 @@ def team(members: int, first_gi: int) -> dict[str, Any]:
               "claims": {"allocated": 0, "pending": 1}} for i in range(members)]
     return {"apiVersion": "draquota.io/v1alpha1", "kind": "ClusterDeviceQuota",
             "metadata": {"name": NAME, "uid": "u1", "generation": 1},
-            "spec": {"namespaceSelector": {"matchLabels": {"team.draquota.io/name": NAME}}, "hard": {"memory": "100Ti"}},
+            "spec": {"namespaceSelector": {"matchLabels": {"team.draquota.io/name": NAME}},
+                     "hard": {"memory": "100Ti"}},
             "status": {"observedGeneration": 1, "used": {"memory": "0", "devices": 0},
                        "reserved": {"memory": f"{first_gi + members - 1}Gi", "devices": 0},
                        "claims": {"allocated": 0, "pending": members}, "namespaces": parts}}

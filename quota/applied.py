@@ -46,9 +46,10 @@ def applied_quotas(team: Mapping[str, Any], *, observed_at: str | None = None,
     meta = as_map(team.get("metadata"))
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": CLUSTER_KIND, "name": row["name"],
              "uid": meta.get("uid"), "controller": True}
-    totals: dict[str, Any] = {"hard": _shown(row["hard"]), "used": _shown(row["used"]), "reserved": _shown(row["reserved"]),
-              "headroom": _shown(headroom(row)), "claims": _present(row["claims"]),
-              "exceeded": row["exceeded"], "counted": row["current"]}
+    totals: dict[str, Any] = {
+        "hard": _shown(row["hard"]), "used": _shown(row["used"]), "reserved": _shown(row["reserved"]),
+        "headroom": _shown(headroom(row)), "claims": _present(row["claims"]),
+        "exceeded": row["exceeded"], "counted": row["current"]}
     if isinstance(generation := meta.get("generation"), int):
         totals["teamGeneration"] = generation
     if observed_at is not None:

@@ -18,7 +18,8 @@ writes. So they are written along with an own write, and otherwise refreshed:
   sooner when the team flipped (became or stopped being exceeded, or a limit's headroom
   reached or left 0), but such an early refresh at most once per `refresh` seconds per
   team (`flip_allowed`), so a tenant moving a claim back and forth at the edge costs the
-  team's members one write each per period at most, never per flip.
+  team's members one write each per period at most, never per flip; and at most
+  `max_refresh` refreshes a round, the longest stale first, the rest in the next rounds.
 A copy whose content is what the team would write is never written.
 """
 
