@@ -223,6 +223,11 @@ def _add_controller(serve: argparse.ArgumentParser) -> None:
                             "(used, reserved, claims, conditions) (default on)")
     roles.add_argument("--resync-period", type=float, default=300.0, metavar="SECONDS",
                        help="recompute every DeviceQuota's status this often even without events (default 300)")
+    roles.add_argument("--team-totals-refresh-period", type=float, default=60.0, metavar="SECONDS",
+                       help="how long after a team's totals move its AppliedClusterDeviceQuotas may still show "
+                            "older ones: a claim event writes its own namespace's copy only, the other members' "
+                            "totals are refreshed at most this often (at once after a change of the team's spec "
+                            "or members) (default 60)")
     roles.add_argument("--leader-election-lease-name", default="dra-quota-controller", metavar="NAME",
                        help="the coordination.k8s.io/v1 Lease (default dra-quota-controller)")
     roles.add_argument("--leader-election-namespace", metavar="NAMESPACE",
@@ -263,6 +268,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     if args.resync_period <= 0:
         print("error: --resync-period must be positive", file=sys.stderr)
+        return EXIT_INPUT
+    if not args.team_totals_refresh_period > 0:
+        print("error: --team-totals-refresh-period must be positive", file=sys.stderr)
         return EXIT_INPUT
     hosts = [host.strip() for host in args.bind_address.split(",")]
     if not all(hosts):
@@ -308,7 +316,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         team_namespace_series=args.team_namespace_series,
         metrics_bind_address=args.metrics_bind_address or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),
         webhook=args.webhook, controller=args.controller, leader_election=election,
-        resync_seconds=args.resync_period, kueue=args.kueue, kueue_retry_seconds=args.kueue_retry_seconds,
+        resync_seconds=args.resync_period, team_totals_refresh_seconds=args.team_totals_refresh_period,
+        kueue=args.kueue, kueue_retry_seconds=args.kueue_retry_seconds,
     )
     try:
         return asyncio.run(serve(options))
@@ -508,6 +517,7 @@ def _add_top(sub: _Subparsers) -> None:
 
 def _run_top(args: argparse.Namespace) -> int:
     import asyncio
+    from datetime import UTC, datetime
 
     import aiohttp
     from kube.loaders import ConfigException
@@ -540,7 +550,7 @@ def _run_top(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(for_json({"quotas": quotas}), indent=2))
         return EXIT_OK
-    tables = [rows for rows in top_tables(quotas) if len(rows) > 1]
+    tables = [rows for rows in top_tables(quotas, datetime.now(UTC)) if len(rows) > 1]
     if not tables:
         print("No DeviceQuotas or ClusterDeviceQuotas found"
               + (f" for namespace {for_terminal(args.namespace)}" if args.namespace else ""), file=sys.stderr)

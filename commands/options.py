@@ -95,6 +95,9 @@ class ServeOptions:
     leader_election: LeaderElection = LeaderElection()
     # Every quota's status is recomputed this often even without events (seconds).
     resync_seconds: float = 300.0
+    # The team totals in a member's AppliedClusterDeviceQuota are refreshed at most this
+    # often, but for an admin's change (controllers.applied): the tenant budget.
+    team_totals_refresh_seconds: float = 60.0
     # The Kueue AdmissionCheck controller (controllers.kueue): "auto" runs it when the API
     # server serves kueue.x-k8s.io/v1beta2 workloads at start-up.
     kueue: Literal["auto", "on", "off"] = "auto"

@@ -236,7 +236,9 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
         recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
-    applied = AppliedQuotas(caches.reservations.api, leading=elector.leading, resync=options.resync_seconds)
+    applied = AppliedQuotas(caches.reservations.api, leading=elector.leading, resync=options.resync_seconds,
+                            refresh=options.team_totals_refresh_seconds)
+    metrics.applied_writes(lambda: applied.writes)
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
                                  resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe,
                                  published=applied.published)

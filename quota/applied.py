@@ -9,11 +9,16 @@ kubectl on its applied copy and `top` show one set of numbers.
 An applied quota holds the team's `hard`, `used`, `reserved`, `claims`, its headroom
 (hard - used - reserved, per limit set, never below 0), whether it is exceeded or not
 counted yet, and this namespace's part; nothing of the other members, whose names and
-usage the cluster-scoped object shows to whoever may read it.
+usage the cluster-scoped object shows to whoever may read it. And how current the team's
+numbers are: the team's generation they were counted for (`teamGeneration`), when the
+leader read them (`teamObservedAt`) and how long after they move a copy may lag
+(`teamRefreshSeconds`): the own part is written with each of this namespace's changes, the
+team's totals at most once per refresh period (`quota.appliedplan`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,17 +35,27 @@ APPLIED_PLURAL = "appliedclusterdevicequotas"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "dra-quota")
 
 
-def applied_quotas(team: Mapping[str, Any]) -> dict[str, Obj]:
+def applied_quotas(team: Mapping[str, Any], *, observed_at: str | None = None,
+                   refresh_seconds: float | None = None) -> dict[str, Obj]:
     """Member namespace -> the AppliedClusterDeviceQuota to write there, one per namespace
-    the team's `status.namespaces` lists (`QuotaError` when the object is unreadable)."""
+    the team's `status.namespaces` lists (`QuotaError` when the object is unreadable).
+    `observed_at` (RFC 3339): when the leader read the team's totals; `refresh_seconds`: how
+    long after they move the copy may still show older ones (`quota.appliedplan`)."""
     row = team_usage(team)
     assert row is not None  # no namespace asked: every member
     meta = as_map(team.get("metadata"))
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": CLUSTER_KIND, "name": row["name"],
              "uid": meta.get("uid"), "controller": True}
-    totals = {"hard": _shown(row["hard"]), "used": _shown(row["used"]), "reserved": _shown(row["reserved"]),
-              "headroom": _shown(headroom(row)), "claims": _present(row["claims"]),
-              "exceeded": row["exceeded"], "counted": row["current"]}
+    totals: dict[str, Any] = {
+        "hard": _shown(row["hard"]), "used": _shown(row["used"]), "reserved": _shown(row["reserved"]),
+        "headroom": _shown(headroom(row)), "claims": _present(row["claims"]),
+        "exceeded": row["exceeded"], "counted": row["current"]}
+    if isinstance(generation := meta.get("generation"), int):
+        totals["teamGeneration"] = generation
+    if observed_at is not None:
+        totals["teamObservedAt"] = observed_at
+    if refresh_seconds is not None:
+        totals["teamRefreshSeconds"] = math.ceil(refresh_seconds)
     return {part["namespace"]: {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": APPLIED_KIND,
         "metadata": {"name": row["name"], "namespace": part["namespace"], "labels": dict([MANAGED_BY]),

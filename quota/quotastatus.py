@@ -180,7 +180,9 @@ def _listed(members: int, generation: Any) -> Condition:
     return _condition("NamespacesListed", False, "TooManyNamespaces",
                       f"status.namespaces lists the first {MAX_NAMESPACES} of {members} member namespaces by name; "
                       "used, reserved and claims count every one, and the metric "
-                      "draquota_cluster_quota_namespace shows the largest parts and the rest summed as \"(other)\"",
+                      "draquota_cluster_quota_namespace shows the largest parts and the rest summed as \"(other)\"; "
+                      "the namespaces not listed get no AppliedClusterDeviceQuota (their tenants do not see the "
+                      "team's budget)",
                       generation)
 
 

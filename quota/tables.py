@@ -8,6 +8,7 @@ gives the per-quota objects `usage_cells` and `top_tables` read. Every cell goes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from quota.printable import for_terminal
@@ -29,16 +30,18 @@ def usage_cells(quota: dict[str, Any], keys: Sequence[str] = ("used", "reserved"
     return memory, devices
 
 
-def top_tables(quotas: Sequence[dict[str, Any]]) -> tuple[Rows, Rows]:
+def top_tables(quotas: Sequence[dict[str, Any]], now: datetime | None = None) -> tuple[Rows, Rows]:
     """`top`'s two tables, headers included: the DeviceQuotas, then the ClusterDeviceQuotas,
     each a `(total)` row and one row per namespace of its breakdown (its part: used and
-    reserved; the team's hard is on the total)."""
+    reserved; the team's hard is on the total). A team read from its applied copy says, on
+    its total, how long ago its totals were read (as of `now`)."""
     claims = "CLAIMS allocated/pending"
     namespaced: Rows = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, claims, "STATUS")]
     teams: Rows = [("CLUSTERDEVICEQUOTA", "NAMESPACE", *USAGE_HEADERS, claims, "STATUS")]
     for q in quotas:
         if not q["namespace"]:
-            teams.append((q["name"], "(total)", *usage_cells(q), _claims(q), _state(q)))
+            state = ", ".join(filter(None, (_state(q), _as_of(q, now))))
+            teams.append((q["name"], "(total)", *usage_cells(q), _claims(q), state))
             teams.extend((q["name"], part["namespace"], *usage_cells(part, ("used", "reserved")), _claims(part), "")
                          for part in q["namespaces"])
         else:
@@ -55,6 +58,29 @@ def _state(quota: dict[str, Any]) -> str:
     if not quota["current"]:
         state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
     return state
+
+
+def _as_of(quota: dict[str, Any], now: datetime | None) -> str:
+    """"team totals as of 40s ago (refreshed within 60s of a change)" for an applied copy."""
+    stamp = quota.get("observedAt")
+    if now is None or not isinstance(stamp, str):
+        return ""
+    try:
+        read = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return ""
+    refresh = quota.get("refreshSeconds")
+    within = f" (refreshed within {_age(refresh)} of a change)" if isinstance(refresh, int) else ""
+    return f"team totals as of {_age((now - read).total_seconds())} ago{within}"
+
+
+def _age(seconds: float) -> str:
+    """kubectl's way: 40s, 3m, 2h, 5d."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def print_rows(rows: Sequence[Sequence[str]], out: TextIO, *, indent: str = "") -> None:

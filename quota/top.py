@@ -61,7 +61,9 @@ def team_usage(obj: Mapping[str, Any], namespace: str | None = None) -> dict[str
 def applied_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A team's row as one member namespace sees it: an AppliedClusterDeviceQuota
     (`quota.applied`), read by a tenant who may not read the ClusterDeviceQuota. The shape
-    of `team_usage(obj, namespace)`'s, with `applied: true`; `current` is the team's."""
+    of `team_usage(obj, namespace)`'s, with `applied: true`, `current` the team's, and when
+    the team's totals were read (`observedAt`, RFC 3339) and how long after a change they
+    may lag (`refreshSeconds`), each null when the copy does not say."""
     meta = as_map(obj.get("metadata"))
     name, namespace = meta.get("name"), meta.get("namespace")
     if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
@@ -80,6 +82,9 @@ def applied_usage(obj: Mapping[str, Any]) -> dict[str, Any]:
         "exceeded": status.get("exceeded") is True,
         "current": status.get("counted") is True,
         "namespaces": [_part({**part, "namespace": namespace}, f"{where}.namespace")],
+        # How old the team's totals may be (this namespace's part is written with each change).
+        "observedAt": stamp if isinstance(stamp := status.get("teamObservedAt"), str) else None,
+        "refreshSeconds": seconds if isinstance(seconds := status.get("teamRefreshSeconds"), int) else None,
     }
 
 

@@ -44,6 +44,8 @@ from prometheus_client.registry import Collector
 from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
 from kube.leasebook import PATHS, WRITE_OUTCOMES, LeaseBook
 from kube.watching import Reflector
+from quota.appliedplan import REASONS as APPLIED_REASONS
+from quota.appliedplan import Reason as AppliedReason
 from quota.policy import PolicyRecord
 from quota.version import version
 from quota.work import pause_point
@@ -55,6 +57,7 @@ from runtime.metricnames import (
     QUOTA_DENIALS,
     ANNOTATIONS_REFUSED,
     ANNOTATION_WRITERS,
+    APPLIED_QUOTA_WRITES,
     ANNOTATIONS_PENDING,
     BUILD_INFO,
     CERTIFICATE_EXPIRATION,
@@ -338,6 +341,11 @@ class Metrics:
         at each scrape; `controllers.requeue`)."""
         self.registry.register(_Collect(lambda: _requeue_metrics(credits(), writes(), pending())))
 
+    def applied_writes(self, writes: Callable[[], Mapping[AppliedReason, int]]) -> None:
+        """Expose the leader's AppliedClusterDeviceQuota writes by reason (read at each
+        scrape; `controllers.applied`)."""
+        self.registry.register(_Collect(lambda: _applied_metrics(writes())))
+
     def certificates(self, expirations: Callable[[], Iterable[tuple[str, datetime]]]) -> None:
         """Expose certificate expiry: `expirations` yields (which, notAfter), e.g. ("serving", ...), ("ca", ...)."""
         self.registry.register(_Collect(lambda: _certificate_metrics(expirations())))
@@ -466,6 +474,17 @@ def _requeue_metrics(credits: int, writes: int, pending: int) -> Iterator[Metric
                               "per credit.", value=writes)
     yield GaugeMetricFamily(REQUEUE_PENDING, "Template writes the requeue still owes: credits not spent, settles "
                             "due, writes in flight; 0 when idle.", value=pending)
+
+
+def _applied_metrics(writes: Mapping[AppliedReason, int]) -> Iterator[Metric]:
+    family = CounterMetricFamily(APPLIED_QUOTA_WRITES, "AppliedClusterDeviceQuota applies and deletes the leader "
+                                 "made, by reason: own (a namespace's own part changed: one per claim event at "
+                                 "most), refresh (team totals, each copy at most once per refresh period), spec "
+                                 "(the team's spec or members changed), delete (a namespace left).",
+                                 labels=["reason"])
+    for reason in APPLIED_REASONS:
+        family.add_metric([reason], writes.get(reason, 0))
+    yield family
 
 
 def _certificate_metrics(expirations: Iterable[tuple[str, datetime]]) -> Iterator[Metric]:

@@ -3,6 +3,7 @@ namespace (the team's numbers and this namespace's part, nothing of the other me
 quota.top.applied_usage reading it back as `top -n` prints it."""
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,14 @@ def test_one_per_listed_member_named_after_the_team_owned_by_it() -> None:
 
 
 def test_the_team_totals_headroom_and_this_namespaces_part_only() -> None:
-    status = applied_quotas(owned_team())["ml-dev"]["status"]
+    status = applied_quotas(owned_team(), observed_at="2026-01-01T00:00:40Z", refresh_seconds=59.5)["ml-dev"]["status"]
     assert status == {
         "hard": {"memory": "640Gi", "devices": 8},
         "used": {"memory": "480Gi", "devices": 6}, "reserved": {"memory": "160Gi", "devices": 2},
         "headroom": {"memory": "0", "devices": 0},
         "claims": {"allocated": 6, "pending": 2}, "exceeded": False, "counted": True,
+        # How current the team's numbers are: the spec they were counted for, when they were read.
+        "teamGeneration": 3, "teamObservedAt": "2026-01-01T00:00:40Z", "teamRefreshSeconds": 60,
         "namespace": {"name": "ml-dev", "used": {"memory": "80Gi", "devices": 1},
                       "reserved": {"memory": "0", "devices": 0}, "claims": {"allocated": 1, "pending": 0}},
     }
@@ -74,13 +77,26 @@ def test_an_unreadable_team_status_is_an_error_not_a_copy() -> None:
 
 def test_top_reads_it_back_as_the_teams_row_for_that_namespace() -> None:
     obj = team(BREAKDOWN)
-    body = applied_quotas(obj)["ml-train"]
+    body = applied_quotas(obj, observed_at="2026-01-01T00:00:00Z", refresh_seconds=60)["ml-train"]
     row = applied_usage(body)
     expected = team_usage(obj, "ml-train")
     assert expected is not None
-    assert row == {**expected, "applied": True, "headroom": {"memory": 0, "devices": 0}}
-    namespaced, teams = top_tables([row])
+    assert row == {**expected, "applied": True, "headroom": {"memory": 0, "devices": 0},
+                   "observedAt": "2026-01-01T00:00:00Z", "refreshSeconds": 60}
+    namespaced, teams = top_tables([row], datetime(2026, 1, 1, 0, 0, 40, tzinfo=UTC))
     assert [cells[:2] for cells in teams[1:]] == [("ml-team", "(total)"), ("ml-team", "ml-train")]
+    # The total says how old the team's numbers may be; this namespace's own part is current.
+    assert teams[1][-1] == "team totals as of 40s ago (refreshed within 60s of a change)"
+    assert teams[2][-1] == ""
+    later = top_tables([row], datetime(2026, 1, 1, 3, 0, 0, tzinfo=UTC))[1]
+    assert later[1][-1] == "team totals as of 3h ago (refreshed within 60s of a change)"
+
+
+def test_a_copy_that_does_not_say_when_is_shown_without_an_age() -> None:
+    body = applied_quotas(team(BREAKDOWN))["ml-dev"]  # written by an older dra-quota
+    row = applied_usage(body)
+    assert (row["observedAt"], row["refreshSeconds"]) == (None, None)
+    assert top_tables([row], datetime(2026, 1, 1, tzinfo=UTC))[1][1][-1] == ""
 
 
 def test_top_names_the_object_of_an_unreadable_copy() -> None:
@@ -99,6 +115,6 @@ def test_the_crd_describes_every_field_it_holds() -> None:
                           for m in undescribed(child, f"{path}.{key}")]
 
     assert undescribed(schema, "status") == []
-    held = applied_quotas(owned_team())["ml-dev"]["status"]
+    held = applied_quotas(owned_team(), observed_at="2026-01-01T00:00:40Z", refresh_seconds=60)["ml-dev"]["status"]
     assert set(held) == set(schema["properties"])
     assert set(held["namespace"]) == set(schema["properties"]["namespace"]["properties"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -23,6 +24,7 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import Resource
 from kube.leasebook import LeaseBook
 from kube.watching import Reflector, ReflectorStats
+from quota.appliedplan import Reason as AppliedReason
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
 from quota.headroom import Lease
@@ -44,6 +46,7 @@ from runtime.metricnames import (
     LEASE_ROOM,
     LEASE_WRITES,
     NAMES,
+    APPLIED_QUOTA_WRITES,
     REQUEUE_CREDITS,
     REQUEUE_PENDING,
     REQUEUE_WRITES,
@@ -254,6 +257,16 @@ def test_the_requeues_credits_writes_and_debt_are_read_at_each_scrape() -> None:
     assert (value(REQUEUE_CREDITS), value(REQUEUE_WRITES), value(REQUEUE_PENDING)) == (3, 4, 2)
 
 
+def test_the_applied_quota_writes_are_read_at_each_scrape_every_reason_from_0() -> None:
+    m = Metrics()
+    writes: Counter[AppliedReason] = Counter()
+    m.applied_writes(lambda: writes)
+    value = m.registry.get_sample_value
+    assert [value(APPLIED_QUOTA_WRITES, {"reason": r}) for r in ("own", "refresh", "spec", "delete")] == [0, 0, 0, 0]
+    writes.update({"own": 3, "refresh": 49})
+    assert [value(APPLIED_QUOTA_WRITES, {"reason": r}) for r in ("own", "refresh", "spec", "delete")] == [3, 49, 0, 0]
+
+
 def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separate() -> None:
     a, b = Metrics(), Metrics()
     a.review("/validate", claim_create(), Verdict(True), 0.001)
@@ -262,6 +275,7 @@ def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separ
     a.leases(LeaseBook(holder="serve-a"))
     a.annotations(lambda: 0, lambda: 0)
     a.requeue(lambda: 0, lambda: 0, lambda: 0)
+    a.applied_writes(lambda: {})
     a.certificates(lambda: [])
     a.connections({"webhook": Connections(Limits())})
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
