@@ -214,9 +214,9 @@ async def test_a_pod_that_cannot_fit_gets_a_warning_at_create(kube: Kube, setup:
         # Allowed (a dry run: the warning needs no Pod to exist), with our message.
         assert await warned("big", {setup.resource: "2"}) == [advised(
             f"the ResourceClaim the scheduler creates for this Pod's '{setup.resource}': 2 (DeviceClass "
-            f'{setup.device_class}) can never fit: exceeded DeviceQuota "gpus": requested devices=2, used '
-            "devices=0, reserved devices=0, limited devices=1", "never", namespace=setup.namespace)
-            + "; the Pod stays Pending while dra-quota denies that claim"]
+            f"{setup.device_class}) can never fit (the Pod stays Pending while dra-quota denies that claim): "
+            'exceeded DeviceQuota "gpus": requested devices=2, used devices=0, reserved devices=0, limited devices=1',
+            "never", namespace=setup.namespace)]
         # The implicit name, and an init container's request reused by the main one:
         # the scheduler asks max(init shortfall) + main = 1 device, which fits.
         assert await warned("implicit", {CLASS_PREFIX + setup.device_class: "2"})

@@ -64,9 +64,9 @@ def judge(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
 
 DEVICES = make_quota("gpus", devices=2, classes=["gpu-ext"])
-NEVER_FITS = advised(f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit: exceeded DeviceQuota \"gpus\": requested "
-                     "devices=3, used devices=0, reserved devices=0, limited devices=2", "never") + (
-    "; the Pod stays Pending while dra-quota denies that claim")
+NEVER_FITS = advised(f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit (the Pod stays Pending while dra-quota denies "
+                     'that claim): exceeded DeviceQuota "gpus": requested devices=3, used devices=0, reserved devices=0, '
+                     "limited devices=2", "never")
 
 
 def test_a_pod_whose_claim_can_never_fit_is_allowed_with_a_warning() -> None:
@@ -84,7 +84,8 @@ def test_a_pod_that_does_not_fit_now_is_warned_and_nothing_is_reserved() -> None
     before = ctx.admitter.ledger.usage(NS, "gpus")
     verdict = judge(ctx, review(pod({GPU: "2"})))
     assert verdict.allowed and len(verdict.warnings) == 1
-    assert verdict.warnings[0].startswith(f"{WHAT}: 2 (DeviceClass gpu-ext) does not fit now: exceeded DeviceQuota "
+    assert verdict.warnings[0].startswith(f"{WHAT}: 2 (DeviceClass gpu-ext) does not fit now (the Pod stays Pending "
+                                          "while dra-quota denies that claim): exceeded DeviceQuota "
                                           '"gpus": requested devices=2, used devices=0, reserved devices=1'), verdict
     assert ctx.admitter.ledger.usage(NS, "gpus") == before
     # What fits is silent.
