@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Required, TypedDict
 
+from quota.advice import advice, case_of, worst
 from quota.labelselector import LabelSelector, parse_label_selector
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.meta import parse_meta, require_version
@@ -328,13 +329,15 @@ def format_resource(resource: str, value: int) -> str:
     return f"{resource}={format_amount(resource, value)}"
 
 
-def check(checks: Sequence[QuotaCheck]) -> Decision:
+def check(checks: Sequence[QuotaCheck], *, namespace: str = "") -> Decision:
     """Admit a charge only if `used + reserved + charge <= hard` for every Enforce quota.
 
     `usage.reserved` already includes reservations still in flight. Audit quotas never
-    deny: an excess becomes a warning.
+    deny: an excess becomes a warning. A denial is the in-tree form for each quota that
+    refused, then what the requester can do about each (`quota.advice`); `namespace` is
+    the requester's, which a team quota's advice names ("": unknown).
     """
-    denials, warnings, denied_by, warned_by = [], [], [], []
+    denials, advices, warnings, denied_by, warned_by = [], [], [], [], []
     for item in checks:
         exceeded = [
             r for r in RESOURCES
@@ -350,12 +353,21 @@ def check(checks: Sequence[QuotaCheck]) -> Decision:
             warned_by.append(item.quota.ref)
         else:
             denials.append(message)
+            advices.append(_advice(item, exceeded, namespace))
             denied_by.append(item.quota.ref)
     charged = tuple(item.quota.ref for item in checks if not item.charge.is_zero())
     if denials:
-        return Decision(False, "; ".join(denials), tuple(warnings), (), tuple(denied_by), tuple(warned_by))
+        return Decision(False, "; ".join((*denials, *advices)), tuple(warnings), (),
+                        tuple(denied_by), tuple(warned_by))
     return Decision(True, "", tuple(warnings), charged, (), tuple(warned_by))
 
+
+def _advice(item: QuotaCheck, exceeded: list[str], namespace: str) -> str:
+    quota = item.quota
+    cases = [case_of(requested=item.charge_of(r), used=item.usage.used.amount(r), limited=quota.hard.get(r) or 0)
+             for r in exceeded]
+    return advice(kind=quota.kind, name=quota.name, team=quota.cluster,
+                  namespace=namespace if quota.cluster else quota.namespace, case=worst(cases))
 
 
 def _exceeded_message(item: QuotaCheck, exceeded: list[str]) -> str:

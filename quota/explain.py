@@ -4,7 +4,8 @@ Neighbours: `quota.admission.Admitter.explained` calls `conservative_note` for t
 that denied a claim (the webhook's claim paths and `check` append it to the denial);
 `quota.pricing` prices the claim in both modes; `quota.devicequota` wrote the denial's
 in-tree prefix (`exceeded DeviceQuota "gpus": requested memory=141Gi, used ..., reserved
-..., limited ...`), which stays as it is for the tools that parse it.
+..., limited ...`), which stays as it is for the tools that parse it, and after it what
+the requester can do about a full quota (`quota.advice`); this note comes last.
 
 A user who asked for "one GPU" and is refused for "requested memory=141Gi" needs to know
 that Conservative pricing charged the largest device the scheduler might pick, and what

@@ -401,7 +401,7 @@ class Ledger:
             if previous is not None:
                 usage = add_usage(usage, previous, quota, self.default_mode, -1)
             checks.append(QuotaCheck(quota, usage, self.uncovered(entry, quota)))
-        decision = self._unsettled(checks) or check(checks)
+        decision = self._unsettled(checks) or check(checks, namespace=entry.namespace)
         if decision.allowed and not dry_run:
             self.add_or_update_claim(entry)
         return decision
@@ -423,7 +423,7 @@ class Ledger:
         excess = self.excess(entry, over=(self._entries.get(entry.ref),))
         checks = [QuotaCheck(q, self.usage(q.namespace, q.name), excess[q]) for q in self.quotas(entry.namespace)
                   if (q.namespace, q.name) not in persisted]
-        decision = self._unsettled(checks) or check(checks)
+        decision = self._unsettled(checks) or check(checks, namespace=entry.namespace)
         if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)
         return decision

@@ -409,7 +409,7 @@ def apply(
         used, reserved = usage.used, usage.reserved + pending
         if request.own:
             used, reserved = (used - request.credit[0]).max(ZERO), (reserved - request.credit[1]).max(ZERO)
-        decision = check([QuotaCheck(quota, replace(usage, used=used, reserved=reserved), entry.charge)])
+        decision = check([QuotaCheck(quota, replace(usage, used=used, reserved=reserved), entry.charge)], namespace=namespace)
         if decision.allowed:
             _hold(live, held_by, request.uid, entry)
             changed = True

@@ -64,9 +64,11 @@ def _judge(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
                            budget=Budget.review())
     if isinstance(fit, Admission):
         return Verdict(True, warnings=(*fit.warnings, f"{what} would be denied: {fit.reason}"))
-    pending = "; the Pod stays Pending while dra-quota denies that claim"
+    # Before the quota's message: a warning is cut at its end (`kube.admissionreview`), where
+    # the message's advice is.
+    pending = "(the Pod stays Pending while dra-quota denies that claim)"
     if not fit.never.allowed:
-        return Verdict(True, warnings=(*fit.warnings, f"{what} can never fit: {fit.never.message}{pending}"))
+        return Verdict(True, warnings=(*fit.warnings, f"{what} can never fit {pending}: {fit.never.message}"))
     if not fit.now.allowed:
-        return Verdict(True, warnings=(*fit.warnings, f"{what} does not fit now: {fit.now.message}{pending}"))
+        return Verdict(True, warnings=(*fit.warnings, f"{what} does not fit now {pending}: {fit.now.message}"))
     return Verdict(True, warnings=fit.warnings)

@@ -37,7 +37,9 @@ import yaml
 from aiohttp import web
 
 from devcluster.served import Served as Served  # re-exported: the e2e modules take it from here
+from quota.advice import Case
 
+from ..unit.builders import advised as advised  # re-exported: a denial with its advice
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, GpuFleet, claim_spec, exact_request
 from .kube import ApiError, Kube, Obj, poll
@@ -304,9 +306,12 @@ async def denial(call: Awaitable[Any]) -> str:
     return ""
 
 
-def exceeded(quota: str, *, used: str, reserved: str, limited: str, requested: str = "80Gi") -> str:
-    return (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "{quota}": '
-            f"requested memory={requested}, used memory={used}, reserved memory={reserved}, limited memory={limited}")
+def exceeded(quota: str, *, used: str, reserved: str, limited: str, requested: str = "80Gi", namespace: str,
+             case: Case) -> str:
+    """The API server's message for a claim in `namespace` that DeviceQuota `quota` denied."""
+    return advised(f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "{quota}": '
+                   f"requested memory={requested}, used memory={used}, reserved memory={reserved}, "
+                   f"limited memory={limited}", case, namespace=namespace)
 
 
 # -- the DeviceQuota status the leader writes ---------------------------------------------------

@@ -34,7 +34,9 @@ PROTECTED = "e2e.draquota.io/protected"  # mallory's namespace: a second webhook
 ROUNDS = 2  # of each honest tenant
 EXCEEDED = (r'exceeded DeviceQuota "gpus": requested memory=(\d+Gi), used memory=\S+, reserved memory=\S+, '
             r'limited memory=160Gi')
-QUOTA_DENIAL = re.compile(rf'403: admission webhook "quota\.resourceclaims\.draquota\.io" denied the request: {EXCEEDED}$')
+# The numbers, then one sentence of advice (`quota.advice`), none of which holds a ';' for a DeviceQuota.
+QUOTA_DENIAL = re.compile(rf'403: admission webhook "quota\.resourceclaims\.draquota\.io" denied the request: {EXCEEDED}'
+                          r'; [^;]+ ask the cluster admin to raise the limit of DeviceQuota "gpus"$')
 BUDGET = f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"
 TIMED_OUT = ('504: admission webhook "quota.resourceclaims.draquota.io" denied the request: dra-quota could not '
              "decide within the webhook timeout")

@@ -209,7 +209,8 @@ async def test_serve_with_the_charts_rbac_admits_and_denies(
         # namespace governed (patch namespaces, allowed by the chart's label policy).
         assert {CHARGE, ADMISSION_TOKEN} <= set(first["metadata"].get("annotations") or {}), first["metadata"]
         message = await denial(create(kube, setup, "second"))
-        assert message == exceeded("one-gpu", used="0", reserved="80Gi", limited="80Gi"), message
+        assert message == exceeded("one-gpu", used="0", reserved="80Gi", limited="80Gi",
+                                   namespace=setup.namespace, case="reserved"), message
 
         async def counted() -> bool:
             quota = await kube.get(DQ, "devicequotas", "one-gpu", namespace=namespace)

@@ -30,7 +30,7 @@ from quota.devicequota import SELECTOR_KEYS_MESSAGE
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .harness import (
-    ADMISSION, DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial,
+    ADMISSION, DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, advised, denial,
     edit_binding,
     governed, installed,
 )
@@ -96,9 +96,11 @@ async def create(kube: Kube, team: Team, namespace: str, name: str, *, count: in
     return await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=namespace, dry_run=dry_run)
 
 
-def full(team: Team, reserved: str) -> str:
-    return (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded ClusterDeviceQuota "{team.name}": '
-            f"requested memory=80Gi, used memory=0, reserved memory={reserved}, limited memory=160Gi")
+def full(team: Team, reserved: str, namespace: str) -> str:
+    """Denied by the team quota from `namespace`: only claims not allocated yet hold the room."""
+    return advised(f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded ClusterDeviceQuota '
+                   f'"{team.name}": requested memory=80Gi, used memory=0, reserved memory={reserved}, '
+                   "limited memory=160Gi", "reserved", namespace=namespace)
 
 
 async def team_status(kube: Kube, team: Team, holds: Callable[[Obj], bool], what: str) -> Obj:
@@ -120,7 +122,7 @@ async def test_a_team_is_full_across_its_namespaces_and_a_relabel_frees_it(kube:
         await create(kube, team, team.a, "c1")
         await create(kube, team, team.b, "c2")  # 160Gi: the team is full
         for namespace in (team.a, team.b):
-            assert await denial(create(kube, team, namespace, "c3")) == full(team, "160Gi")
+            assert await denial(create(kube, team, namespace, "c3")) == full(team, "160Gi", namespace)
         await create(kube, team, team.outside, "free")  # not the team's
         status = await team_status(kube, team, lambda s: (s.get("claims") or {}).get("pending") == 2,
                                    "the team's status to count both claims")

@@ -27,13 +27,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import REPO_ROOT, build
+from .harness import advised
 
 pytestmark = pytest.mark.e2e
 
 GiB = 1 << 30
 QUOTA_HOOK = "quota.resourceclaims.draquota.io"
-H200_DENIED = (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "gpus": '
-               "requested memory=282Gi, used memory=160Gi, reserved memory=0, limited memory=320Gi")
+H200_DENIED = advised(f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "gpus": '
+                      "requested memory=282Gi, used memory=160Gi, reserved memory=0, limited memory=320Gi", "full",
+                      namespace="team-a")
 
 
 def demo_env(tmp_path: Path) -> dict[str, str]:

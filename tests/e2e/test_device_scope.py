@@ -30,7 +30,8 @@ from .driver import (
     exact_request,
 )
 from .harness import (
-    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, denial, governed, installed,
+    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, advised, denial, governed,
+    installed,
 )
 from .kube import Kube, Obj, poll
 
@@ -105,9 +106,10 @@ async def test_a_device_scope_holds_claims_through_either_class(kube: Kube, scop
         await claim(kube, setup, "by-driver", setup.by_driver, H100)
         # Through the class the quota does not name: refused all the same (the sidestep).
         message = await denial(claim(kube, setup, "sidestep", setup.by_driver, H100))
-        assert message == (f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota "h100s": '
-                           "requested devices=1,memory=80Gi, used devices=0,memory=0, reserved devices=2,"
-                           "memory=160Gi, limited devices=2,memory=160Gi"), message
+        assert message == advised(f'admission webhook "{QUOTA_HOOK}" denied the request: exceeded DeviceQuota '
+                                  '"h100s": requested devices=1,memory=80Gi, used devices=0,memory=0, reserved '
+                                  "devices=2,memory=160Gi, limited devices=2,memory=160Gi", "reserved",
+                                  namespace=setup.namespace), message
         # An L4 is not what the quota holds.
         await claim(kube, setup, "l4", setup.by_driver, L4)
 

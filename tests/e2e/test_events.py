@@ -29,7 +29,7 @@ from runtime.metricnames import INVENTORY_DEVICES, RECONCILE_DURATION
 from .cluster import ControlPlane
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
-from .harness import DQ, Served, Setup, annotated, create, denial, make_quota, metered
+from .harness import DQ, Served, Setup, advised, annotated, create, denial, make_quota, metered
 from .kube import Kube, Obj, poll
 
 pytestmark = pytest.mark.e2e
@@ -81,8 +81,8 @@ async def test_a_pod_whose_claim_is_denied_for_quota_is_told(kube: Kube, setup: 
                 return found[0] if found and (found[0].get("series") or {}).get("count", 1) >= 2 else None
 
             event: Obj = await poll(told, timeout=60, what=f"QuotaExceeded counting 2 on Pod {on_pod['name']}")
-            assert event["note"] == ('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, '
-                                     "reserved memory=80Gi, limited memory=80Gi")
+            assert event["note"] == advised('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, '
+                                            "reserved memory=80Gi, limited memory=80Gi", "reserved", namespace=ns)
             assert (event["type"], event["action"], event["reportingController"], "related" in event) == (
                 "Warning", "Admit", "draquota.io/dra-quota", False)
             # What `kubectl describe pod` asks for (core/v1 Events of the object, by its uid):

@@ -35,8 +35,8 @@ import pytest_asyncio
 from .cluster import ControlPlane
 from .driver import DRIVER, POD_IMAGE, RESOURCE_V1, Gpu
 from .harness import (
-    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, annotated, denial, governed,
-    installed,
+    DQ, QUOTA_HOOK, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, advised, annotated, denial,
+    governed, installed,
 )
 from .harness import Setup as ServeSetup
 from .kube import Kube, Obj, poll
@@ -212,11 +212,11 @@ async def test_a_pod_that_cannot_fit_gets_a_warning_at_create(kube: Kube, setup:
             return warnings
 
         # Allowed (a dry run: the warning needs no Pod to exist), with our message.
-        assert await warned("big", {setup.resource: "2"}) == [
+        assert await warned("big", {setup.resource: "2"}) == [advised(
             f"the ResourceClaim the scheduler creates for this Pod's '{setup.resource}': 2 (DeviceClass "
-            f'{setup.device_class}) can never fit: exceeded DeviceQuota "gpus": requested devices=2, used '
-            "devices=0, reserved devices=0, limited devices=1; the Pod stays Pending while dra-quota denies "
-            "that claim"]
+            f"{setup.device_class}) can never fit (the Pod stays Pending while dra-quota denies that claim): "
+            'exceeded DeviceQuota "gpus": requested devices=2, used devices=0, reserved devices=0, limited devices=1',
+            "never", namespace=setup.namespace)]
         # The implicit name, and an init container's request reused by the main one:
         # the scheduler asks max(init shortfall) + main = 1 device, which fits.
         assert await warned("implicit", {CLASS_PREFIX + setup.device_class: "2"})

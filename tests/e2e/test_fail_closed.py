@@ -135,7 +135,7 @@ async def test_governed_namespaces_wait_for_a_stopped_webhook_and_others_do_not(
         status = await poll(used, timeout=60, what="used = 160Gi on the DeviceQuota")
         assert status["claims"] == {"allocated": 2, "pending": 0}
         assert await denial(create_claim(kube, two, two.governed, "c3")) == exceeded(
-            "gpus", used="160Gi", reserved="0", limited="160Gi")
+            "gpus", used="160Gi", reserved="0", limited="160Gi", namespace=two.governed, case="full")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -223,7 +223,7 @@ async def test_a_delete_another_webhook_refuses_keeps_the_reservation(cluster: C
             assert "claims are protected here" in message and first["metadata"]["uid"] in refused
             # Our webhook saw no DELETE (none is sent to it) and released nothing: still full.
             assert await denial(create_claim(kube, two, two.governed, "c3")) == exceeded(
-                "gpus", used="0", reserved="160Gi", limited="160Gi")
+                "gpus", used="0", reserved="160Gi", limited="160Gi", namespace=two.governed, case="reserved")
 
         async def deleted() -> bool:
             try:

@@ -47,7 +47,7 @@ async def test_honest_claims_are_decided_while_expensive_ones_are_in_flight_and_
         assert await denial(create(kube, setup, "honest-1")) == ""
         assert await denial(create(kube, setup, "honest-2")) == ""
         assert await denial(create(kube, setup, "honest-3")) == exceeded(
-            "gpus", used="0", reserved="160Gi", limited="160Gi")
+            "gpus", used="0", reserved="160Gi", limited="160Gi", namespace=setup.namespace, case="reserved")
 
         for message in await asyncio.gather(*attackers):
             assert message.startswith('admission webhook "'), message

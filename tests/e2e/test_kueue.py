@@ -30,7 +30,7 @@ from quota.quantity import parse_quantity
 from ..tools.chart import NAMESPACE
 from .cluster import ControlPlane, free_ports
 from .driver import POD_IMAGE, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, exact_request
-from .harness import DQ, RUN_LABEL, Served, adapted_webhooks, installed, running, unique
+from .harness import DQ, RUN_LABEL, Served, adapted_webhooks, advised, installed, running, unique
 from .kube import Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, DEVICE_RESOURCE, NAMESPACE_LABEL, QUEUE_LABEL, Kueue
 from .queues import BATCH, CONTROLLER, holds, queues, workload_of
@@ -290,8 +290,10 @@ async def test_a_claim_made_outside_kueue_takes_quota_and_the_next_workload_is_h
     job = (await env.job("after-direct"))["metadata"]["name"]
     reserved = await env.workload(job, holds("QuotaReserved"), "Kueue reserved its quota")
     assert reserved["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {DEVICE_RESOURCE: "2"}
-    event = await held_with(env, job, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=0, '
-                                      'reserved memory=80Gi, limited memory=160Gi')
+    # With what the tenant can do: the direct claim, not allocated yet, holds the room.
+    event = await held_with(env, job, advised('exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=0, '
+                                              'reserved memory=80Gi, limited memory=160Gi', "reserved",
+                                              namespace=env.namespace))
     assert event["type"] == "Warning" and event["regarding"]["kind"] == "Workload", event
     suspended = await kube.get(BATCH, "jobs", job, namespace=env.namespace)
     assert suspended["spec"]["suspend"] is True
@@ -326,8 +328,8 @@ async def test_while_dra_quota_is_down_workloads_wait_and_a_restart_rebuilds_the
     # Restarted, serve rebuilds the first Workload's holding from the list (its claim draws
     # on it: still used 160Gi, reserved 0) and holds the second.
     await env.served.start()
-    await held_with(env, second, 'exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=160Gi, '
-                                 'reserved memory=0, limited memory=160Gi')
+    await held_with(env, second, advised('exceeded DeviceQuota "gpus": requested memory=160Gi, used memory=160Gi, '
+                                         'reserved memory=0, limited memory=160Gi', "full", namespace=env.namespace))
     status = (await kube.get(DQ, "devicequotas", "gpus", namespace=env.namespace))["status"]
     assert (memory(status, "used"), memory(status, "reserved")) == (160 * GiB, 0), status
 

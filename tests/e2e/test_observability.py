@@ -36,7 +36,8 @@ from runtime.metricnames import (
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, claim_spec, exact_request
-from .harness import DQ, RUN_LABEL, MakeNamespace, Served, Setup, annotated, claim_body, denial, make_quota, metered
+from .harness import (DQ, RUN_LABEL, MakeNamespace, Served, Setup, advised, annotated, claim_body, denial, make_quota,
+                      metered)
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .webhook_recorder import impersonated
 
@@ -128,8 +129,9 @@ async def test_denials_and_admin_access_show_in_metrics_and_events(kube: Kube, s
                     and e["regarding"]["name"] == "gpus" and (e.get("series") or {}).get("count") == 2)
 
         event = await events(kube, ns, quota_denial, "a QuotaExceeded Event counting 2 on DeviceQuota gpus")
-        assert event["note"] == (f'ResourceClaim {ns}/c2: exceeded DeviceQuota "gpus": requested memory=80Gi, '
-                                 "used memory=0, reserved memory=80Gi, limited memory=80Gi")
+        assert event["note"] == advised(f'ResourceClaim {ns}/c2: exceeded DeviceQuota "gpus": requested '
+                                        "memory=80Gi, used memory=0, reserved memory=80Gi, limited memory=80Gi",
+                                        "reserved", namespace=ns)
         assert (event["type"], event["reportingController"], event["related"]["name"]) == (
             "Warning", "draquota.io/dra-quota", "c2")
         assert event["reportingInstance"]

@@ -42,7 +42,8 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
             assert await denial(create(kube, setup, name, dry_run=True)) == ""
         second = await create(kube, setup, "c2")
         message = await denial(create(kube, setup, "c3"))
-        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
+        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi", namespace=setup.namespace,
+                                   case="reserved")
 
         # One write per create: the charge, the quotas and the admission's token come back
         # with the create (the mutating webhook), and nothing rewrites them afterwards.
@@ -76,7 +77,8 @@ async def test_a_conservative_denial_says_why_one_gpu_costs_the_largest(kube: Ku
 
         await poll(priced_at_the_h200, timeout=30, what="the webhook to see the H200")
         message = await denial(create(kube, setup, "one"))
-        assert message == exceeded("gpus", used="0", reserved="0", limited="100Gi", requested="141Gi") + (
+        assert message == exceeded("gpus", used="0", reserved="0", limited="100Gi", requested="141Gi",
+                                   namespace=setup.namespace, case="never") + (
             ". Priced conservatively: request gpu may get any of the 5 devices that match it and is charged as if it "
             "got the largest: memory=141Gi (the smallest: memory=80Gi). To be charged less, narrow request gpu with a "
             "selector (a model, a memory capacity) so that only the devices it needs match; or ask the cluster admin "
@@ -125,7 +127,8 @@ async def test_reservations_are_re_derived_from_the_claims_after_a_restart(kube:
         await setup.served.start()
         # The new process never admitted c1 and c2: it reserves them from the list.
         message = await denial(create(kube, setup, "c3"))
-        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi")
+        assert message == exceeded("gpus", used="0", reserved="160Gi", limited="160Gi", namespace=setup.namespace,
+                                   case="reserved")
 
 
 @contextlib.asynccontextmanager

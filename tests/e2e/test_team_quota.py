@@ -34,7 +34,7 @@ from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
 from .harness import (
     ADMISSION, CLIENTS, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks,
-    create_until_decided, denial, governed, installed, running, unique,
+    advised, create_until_decided, denial, governed, installed, running, unique,
 )
 from .kube import ApiError, Kube, Obj, poll
 from .kueue import API, DEVICE_CLASS, NAMESPACE_LABEL, Kueue
@@ -257,8 +257,8 @@ async def test_a_kueue_workload_waits_for_its_full_team_and_is_admitted_when_ano
                         "spec": claim_spec(exact_request("gpu", DEVICE_CLASS, count=2))}, namespace=b)
                     job = await gpu_job(kube, a, lq, devices=2)
                     name = (await workload_of(kube, job, holds("QuotaReserved"), "Kueue reserved"))["metadata"]["name"]
-                    text = (f'exceeded ClusterDeviceQuota "{team}": requested memory=160Gi, used memory=0, '
-                            f"reserved memory=160Gi, limited memory=160Gi")
+                    text = advised(f'exceeded ClusterDeviceQuota "{team}": requested memory=160Gi, used memory=0, '
+                                   "reserved memory=160Gi, limited memory=160Gi", "reserved", namespace=a)
 
                     async def held() -> bool:
                         events = await kube.list("events.k8s.io/v1", "events", namespace=a)

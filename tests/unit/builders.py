@@ -6,10 +6,12 @@ parsers are exercised on every test.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from quota.advice import Case, advice
 from quota.allocationrecord import record_annotations
 from quota.model import RecordKey
 
@@ -195,3 +197,18 @@ def record_for(record: Mapping[RecordKey, int], *, several_classes: bool = False
     """The allocation record's annotations the leader writes for `record` on a claim of one
     device class (or of several)."""
     return record_annotations(_Shape(several_classes), record)
+
+
+_DENIED_BY = re.compile(r'exceeded (DeviceQuota|ClusterDeviceQuota) "([^"]+)": ')
+
+
+def advised(in_tree: str, case: Case = "full", *, namespace: str = "team-a") -> str:
+    """A quota's denial as `quota.devicequota.check` writes it: `in_tree` (the numbers, in the
+    in-tree form, maybe after a prefix), then the advice for `case` to a requester in
+    `namespace` from the quota `in_tree` names. The advice's wording is pinned by
+    tests/unit/quota/test_advice.py; these tests pin the numbers and which case applies."""
+    found = _DENIED_BY.search(in_tree)
+    assert found is not None, in_tree
+    kind, name = found.groups()
+    team = kind == "ClusterDeviceQuota"
+    return f"{in_tree}; {advice(kind=kind, name=name, team=team, namespace=namespace, case=case)}"

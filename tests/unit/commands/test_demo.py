@@ -14,8 +14,10 @@ import pytest
 
 from commands import cli, demo
 
-H200_DENIAL = ('exceeded DeviceQuota "gpus": requested memory=282Gi, used memory=100Gi, '
-               'reserved memory=160Gi, limited memory=320Gi')
+from ..builders import advised
+
+H200_DENIAL = advised('exceeded DeviceQuota "gpus": requested memory=282Gi, used memory=100Gi, '
+                      'reserved memory=160Gi, limited memory=320Gi')
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import pytest
 
 from commands.cli import main
 
+from ..builders import advised
+
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 Gi, Mi = 2**30, 2**20
 
@@ -88,14 +90,13 @@ def test_examples_end_state(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_denials_and_warnings_tell_the_user_what_happened(capsys: pytest.CaptureFixture[str]) -> None:
     got = {(o["namespace"], o["name"]): o for o in check_json(capsys, str(EXAMPLES))["objects"]}
-    assert got[("team-a", "h200-pair")]["reason"] == (
+    # 100 + 282 > 320: more than what is reserved must go; 4.75 + 19.5 <= 48: the 38.5 reserved take the room.
+    assert got[("team-a", "h200-pair")]["reason"] == advised(
         'exceeded DeviceQuota "gpus": requested memory=282Gi, used memory=100Gi, '
-        "reserved memory=160Gi, limited memory=320Gi"
-    )
-    assert got[("team-b", "mig-3g-second")]["reason"] == (
+        "reserved memory=160Gi, limited memory=320Gi")
+    assert got[("team-b", "mig-3g-second")]["reason"] == advised(
         'exceeded DeviceQuota "mig-slices": requested memory=19968Mi, used memory=4864Mi, '
-        "reserved memory=39424Mi, limited memory=48Gi"
-    )
+        "reserved memory=39424Mi, limited memory=48Gi", "reserved", namespace="team-b")
     assert "resource.kubernetes.io/admin-access: true" in got[("team-a", "debug-h100")]["reason"]
     assert "device class 'nvidia-a100' not found" in got[("team-a", "a100-typo")]["reason"]
     assert got[("serving", "whole-h200-node")]["reason"].startswith("a claim from this template can never fit")
@@ -254,8 +255,9 @@ def test_a_team_quota_limits_its_namespaces_together(tmp_path: Path, capsys: pyt
     data = check_json(capsys, str(tmp_path))
     decisions = {(o["namespace"], o["name"]): (o["allowed"], o["reason"]) for o in data["objects"]}
     assert decisions[("ml-dev", "a")][0] and decisions[("ml-train", "b")][0] and decisions[("web", "d")][0]
-    assert decisions[("ml-train", "c")] == (False, 'exceeded ClusterDeviceQuota "ml-team": requested devices=1, used '
-                                                   "devices=0, reserved devices=2, limited devices=2")
+    assert decisions[("ml-train", "c")] == (False, advised('exceeded ClusterDeviceQuota "ml-team": requested '
+                                                           "devices=1, used devices=0, reserved devices=2, limited "
+                                                           "devices=2", "reserved", namespace="ml-train"))
     (team,) = data["quotas"]
     assert team == {"kind": "ClusterDeviceQuota", "namespace": "", "name": "ml-team", "hard": {"devices": 2},
                     "used": {"memory": 0, "devices": 0}, "reserved": {"memory": 0, "devices": 2},

@@ -22,7 +22,7 @@ from quota.devicequota import (
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.scope import Scope
 
-from ..builders import GiB, make_cluster_quota, make_quota
+from ..builders import GiB, advised, make_cluster_quota, make_quota
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,18 +59,17 @@ GPUS = parse_device_quota(make_quota("gpus", memory="320Gi", devices=8))
 def test_denial_names_the_quota_and_numbers_in_tree_style() -> None:
     decision = check([QuotaCheck(GPUS, Usage(used=Charge(240 * GiB, 3), reserved=Charge(40 * GiB, 1)), Charge(80 * GiB, 1))])
     assert not decision.allowed
-    assert decision.message == (
+    # 240 + 80 <= 320: what is used leaves room, the 40Gi reserved take it.
+    assert decision.message == advised(
         'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=240Gi, '
-        "reserved memory=40Gi, limited memory=320Gi"
-    )
+        "reserved memory=40Gi, limited memory=320Gi", "reserved")
 
 
 def test_several_exceeded_resources_are_listed_sorted() -> None:
     decision = check([QuotaCheck(GPUS, Usage(used=Charge(300 * GiB, 8)), Charge(80 * GiB, 1))])
-    assert decision.message == (
+    assert decision.message == advised(
         'exceeded DeviceQuota "gpus": requested devices=1,memory=80Gi, used devices=8,memory=300Gi, '
-        "reserved devices=0,memory=0, limited devices=8,memory=320Gi"
-    )
+        "reserved devices=0,memory=0, limited devices=8,memory=320Gi")
 
 
 def test_exactly_at_the_limit_is_allowed_and_charged() -> None:
@@ -167,5 +166,6 @@ def test_a_team_denial_names_the_kind_and_the_teams_numbers() -> None:
     decision = check([QuotaCheck(team, Usage(used=Charge(240 * GiB, 3), reserved=Charge(40 * GiB, 1)),
                                  Charge(80 * GiB, 1))])
     assert not decision.allowed
-    assert decision.message == ('exceeded ClusterDeviceQuota "ml-team": requested memory=80Gi, used memory=240Gi, '
-                                "reserved memory=40Gi, limited memory=320Gi")
+    assert decision.message == advised('exceeded ClusterDeviceQuota "ml-team": requested memory=80Gi, '
+                                       "used memory=240Gi, reserved memory=40Gi, limited memory=320Gi", "reserved",
+                                       namespace="")

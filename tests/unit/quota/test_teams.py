@@ -15,7 +15,7 @@ from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
 
-from ..builders import GiB, make_cluster_quota, make_quota
+from ..builders import GiB, advised, make_cluster_quota, make_quota
 from .test_ledger import counting_adds
 
 A, B, C = Namespace("team-a"), Namespace("team-b"), Namespace("team-c")
@@ -73,8 +73,8 @@ def test_admission_is_all_or_nothing_across_the_namespaces_of_a_team() -> None:
     assert led.admit(entry("a", 60 * GiB)).allowed
     denied = led.admit(entry("b", 60 * GiB, ns=B))
     assert not denied.allowed and denied.denied_by == ("ClusterDeviceQuota/ml",)
-    assert denied.message == ('exceeded ClusterDeviceQuota "ml": requested memory=60Gi, used memory=0, '
-                              "reserved memory=60Gi, limited memory=100Gi")
+    assert denied.message == advised('exceeded ClusterDeviceQuota "ml": requested memory=60Gi, used memory=0, '
+                                     "reserved memory=60Gi, limited memory=100Gi", "reserved", namespace=B)
     assert led.entry(ClaimRef("b")) is None
     # A namespace outside the team is not limited by it.
     assert led.admit(entry("c", 60 * GiB, ns=C)).allowed

@@ -34,7 +34,7 @@ from webhook.claimreview import ClaimContext, allocate_claim, create_claim, crea
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples
-from ..builders import GiB, MiB, exactly, make_claim, make_cluster_quota, make_quota, request, result
+from ..builders import GiB, MiB, advised, exactly, make_claim, make_cluster_quota, make_quota, request, result
 from ..kube.scripted import FakeApi
 from ..quota.test_fuzz_parsers import paths, splice, values
 from ..quota.test_pricing import CLASSES, inventory
@@ -167,8 +167,8 @@ def reserved(ctx: ClaimContext, quota: str = "gpus") -> Charge:
 
 
 GPUS = make_quota("gpus", memory="200Gi", devices=4)
-DENIED_THIRD = ('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=160Gi, '
-                "limited memory=200Gi")
+DENIED_THIRD = advised('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=160Gi, '
+                       "limited memory=200Gi", "reserved")
 
 
 def test_creates_reserve_until_the_quota_is_full() -> None:
@@ -200,8 +200,8 @@ def test_a_retried_uid_counts_once_and_a_reused_name_is_another_claim() -> None:
     [
         (make_quota("gpus", memory="100Gi"), True, Verdict(True), Charge()),
         (make_quota("gpus", memory="50Gi"), True, Verdict(
-            False, 'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, '
-                   "limited memory=50Gi", cause="quota", quotas=("gpus",)), Charge()),
+            False, advised('exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, '
+                           "limited memory=50Gi", "never"), cause="quota", quotas=("gpus",)), Charge()),
         (make_quota("gpus", memory="50Gi", enforcement="Audit"), False, Verdict(True, warnings=(
             'exceeded DeviceQuota "gpus": requested memory=80Gi, used memory=0, reserved memory=0, limited '
             "memory=50Gi (enforcement: Audit, admitted)",), cause="quota", quotas=("gpus",)), Charge(80 * GiB, 1)),
@@ -255,12 +255,12 @@ TEMPLATE_GPUS = make_quota("gpus", memory="200Gi")
     ("count", "expected"),
     [
         (1, Verdict(True)),
-        (2, Verdict(True, warnings=(
+        (2, Verdict(True, warnings=(advised(
             'claims from this template do not fit now: exceeded DeviceQuota "gpus": requested memory=160Gi, '
-            "used memory=0, reserved memory=80Gi, limited memory=200Gi",))),
-        (3, Verdict(False, 'a claim from this template can never fit: exceeded DeviceQuota "gpus": requested '
-                           "memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi", cause="quota",
-                    quotas=("gpus",))),
+            "used memory=0, reserved memory=80Gi, limited memory=200Gi", "reserved"),))),
+        (3, Verdict(False, advised('a claim from this template can never fit: exceeded DeviceQuota "gpus": requested '
+                                   "memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi", "never"),
+                    cause="quota", quotas=("gpus",))),
     ],
 )
 def test_templates_reserve_nothing(count: int, expected: Verdict) -> None:
@@ -287,9 +287,9 @@ def status_update(obj: dict[str, Any], old: dict[str, Any], *, dry_run: bool = F
     return review_request(obj, operation="UPDATE", sub="status", old=old, user=scheduler, dry_run=dry_run)
 
 
-EXCEEDED = ("the allocated devices charge more than the claim reserved (requested: the excess): "
-            'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=160Gi, '
-            "limited memory=160Gi")
+EXCEEDED = advised("the allocated devices charge more than the claim reserved (requested: the excess): "
+                   'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=160Gi, '
+                   "limited memory=160Gi", "reserved")
 
 
 @pytest.mark.parametrize(
@@ -323,6 +323,20 @@ def test_the_allocation_replaces_the_reservation(device: tuple[str, str], check:
     # the scheduler's retry of the same update counts nothing twice
     allocate(ctx, status_update(allocated(claim, device), claim))
     assert ctx.admitter.ledger.usage(NS, "gpus") == usage
+
+
+def test_an_allocation_denied_for_its_excess_says_what_the_requester_can_do() -> None:
+    world = World(make_quota("gpus", memory="160Gi"))
+    claim, other = stored(gpu_claim()), stored(gpu_claim(), uid=UID2, name="other")
+    for obj in (claim, other):
+        assert admit(world.ctx, review_request(obj)).allowed
+        world.created(obj)
+    verdict = allocate(world.ctx, status_update(allocated(claim, ("node-2", "gpu-0")), claim))
+    assert verdict.message == (
+        "the allocated devices charge more than the claim reserved (requested: the excess): exceeded DeviceQuota "
+        '"gpus": requested memory=61Gi, used memory=0, reserved memory=160Gi, limited memory=160Gi; to fit, free room '
+        "in namespace team-a (claims not allocated yet hold the room at their estimate until they are allocated or "
+        'deleted) or ask the cluster admin to raise the limit of DeviceQuota "gpus"')
 
 
 def at(obj: dict[str, Any], version: int) -> dict[str, Any]:
@@ -398,9 +412,9 @@ def test_a_dry_run_allocation_changes_nothing() -> None:
     assert (ctx.admitter.ledger.usage(NS, "gpus").used, reserved(ctx)) == (Charge(), Charge(80 * GiB, 1))
 
 
-H200_EXCESS = ("the allocated devices charge more than the claim reserved (requested: the excess): "
-               'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=221Gi, '
-               "limited memory=260Gi")
+H200_EXCESS = advised("the allocated devices charge more than the claim reserved (requested: the excess): "
+                      'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=221Gi, '
+                      "limited memory=260Gi", "reserved")
 
 
 def test_two_replicas_excess_allocations_never_both_take_the_last_room() -> None:
@@ -993,9 +1007,9 @@ def run(path: str, ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         ("/validate", review_request(stored(gpu_claim()), gvr={**CLAIM_GVR, "resource": "deviceclasses"}), Verdict(True)),
         ("/validate", review_request(stored(gpu_claim()), sub="binding", operation="UPDATE", old=stored(gpu_claim())),
          Verdict(True)),
-        ("/validate", review_request(stored(gpu_claim(count=3))), Verdict(False, (
-            'exceeded DeviceQuota "gpus": requested memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi'),
-            cause="quota", quotas=("gpus",))),
+        ("/validate", review_request(stored(gpu_claim(count=3))), Verdict(False, advised(
+            'exceeded DeviceQuota "gpus": requested memory=240Gi, used memory=0, reserved memory=0, limited memory=200Gi',
+            "never"), cause="quota", quotas=("gpus",))),
         ("/mutate", review_request(stored(gpu_claim()), operation="UPDATE", old=stored(gpu_claim())), Verdict(True)),
         ("/mutate", review_request(stored(gpu_claim()), gvr=TEMPLATE_GVR), Verdict(True)),
     ],
@@ -1127,9 +1141,9 @@ def annotated(obj: dict[str, Any], memory: int, devices: int) -> dict[str, Any]:
 
 ABOVE = ("ResourceClaim team-a/train-gpu-x7k2q: the allocated devices charge devices=1,memory=141Gi, more than "
          "the devices=1,memory=80Gi it was admitted at")
-EXCEEDED_100 = ("the allocated devices charge more than the claim reserved (requested: the excess): "
-                'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=80Gi, '
-                "limited memory=100Gi")
+EXCEEDED_100 = advised("the allocated devices charge more than the claim reserved (requested: the excess): "
+                       'exceeded DeviceQuota "gpus": requested memory=61Gi, used memory=0, reserved memory=80Gi, '
+                       "limited memory=100Gi", "reserved")
 
 
 @pytest.mark.parametrize(

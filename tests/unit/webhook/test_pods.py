@@ -21,7 +21,7 @@ from webhook.claimreview import ClaimContext
 from webhook.pods import create_pod
 
 from ..bounds import bounded, fuzz_examples
-from ..builders import make_class, make_quota
+from ..builders import advised, make_class, make_quota
 from ..quota.test_fuzz_parsers import paths, splice, values
 from ..quota.test_pricing import CLASSES, D, inventory
 from ..runtime.test_slicing import Ticker
@@ -64,14 +64,14 @@ def judge(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
 
 
 DEVICES = make_quota("gpus", devices=2, classes=["gpu-ext"])
+NEVER_FITS = advised(f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit (the Pod stays Pending while dra-quota denies "
+                     'that claim): exceeded DeviceQuota "gpus": requested devices=3, used devices=0, reserved devices=0, '
+                     "limited devices=2", "never")
 
 
 def test_a_pod_whose_claim_can_never_fit_is_allowed_with_a_warning() -> None:
     verdict = judge(context(DEVICES), review(pod({GPU: "3"})))
-    assert verdict == Verdict(True, warnings=(
-        f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit: exceeded DeviceQuota \"gpus\": requested devices=3, "
-        "used devices=0, reserved devices=0, limited devices=2; the Pod stays Pending while dra-quota denies "
-        "that claim",))
+    assert verdict == Verdict(True, warnings=(NEVER_FITS,))
 
 
 def test_a_pod_that_does_not_fit_now_is_warned_and_nothing_is_reserved() -> None:
@@ -84,7 +84,8 @@ def test_a_pod_that_does_not_fit_now_is_warned_and_nothing_is_reserved() -> None
     before = ctx.admitter.ledger.usage(NS, "gpus")
     verdict = judge(ctx, review(pod({GPU: "2"})))
     assert verdict.allowed and len(verdict.warnings) == 1
-    assert verdict.warnings[0].startswith(f"{WHAT}: 2 (DeviceClass gpu-ext) does not fit now: exceeded DeviceQuota "
+    assert verdict.warnings[0].startswith(f"{WHAT}: 2 (DeviceClass gpu-ext) does not fit now (the Pod stays Pending "
+                                          "while dra-quota denies that claim): exceeded DeviceQuota "
                                           '"gpus": requested devices=2, used devices=0, reserved devices=1'), verdict
     assert ctx.admitter.ledger.usage(NS, "gpus") == before
     # What fits is silent.
@@ -198,10 +199,7 @@ async def test_a_pod_of_1024_containers_x_4_classes_gives_the_loop_back_at_every
 async def test_a_pod_of_1024_containers_within_a_claims_requests_is_priced_in_slices() -> None:
     slicer = Slicer(first_slice=0.0, slice_seconds=0.0)
     verdict, turns = await turns_of(sliced(slicer), review(many_containers(1024, {GPU: "1"}, asking=3)))
-    assert verdict == Verdict(True, warnings=(
-        f"{WHAT}: 3 (DeviceClass gpu-ext) can never fit: exceeded DeviceQuota \"gpus\": requested devices=3, "
-        "used devices=0, reserved devices=0, limited devices=2; the Pod stays Pending while dra-quota denies "
-        "that claim",))
+    assert verdict == Verdict(True, warnings=(NEVER_FITS,))
     assert turns >= 1024 and slicer.slow_calls == 1
 
 
