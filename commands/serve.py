@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import faulthandler
 import logging
 import signal
@@ -152,12 +153,15 @@ async def serve(options: ServeOptions) -> int:
                            logger=HTTP_LOG)
     if options.webhook:
         await runner.setup()
+    fenced = elector.fenced() if elector is not None else contextvars.copy_context()
     # The leader's writers: stopped before the listener closes (`shut_down`).
     writers = [
         *([asyncio.create_task(lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
-        *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
-        *([asyncio.create_task(caches.annotator.run(), name="claim annotations")] if caches.annotator else []),
+        # Fenced: each of their writes passes the Lease gate as it is sent (controllers.leader).
+        *([asyncio.create_task(requeue.run(), name="requeue", context=fenced)] if requeue else []),
+        *([asyncio.create_task(caches.annotator.run(), name="claim annotations", context=fenced)]
+          if caches.annotator else []),
     ]
     background = [
         *writers,

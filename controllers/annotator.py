@@ -63,7 +63,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import ApiError, KubeApi, NotLeading
 from kube.resources import CLAIMS
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
 from quota.claims import Claim
@@ -233,6 +233,11 @@ class Annotator:
         seen_at = self._seen_at.get(claim.uid) if ALLOCATED_CHARGE_ANNOTATION in due else None
         try:
             await self._api.patch(CLAIMS, claim.name, patch, namespace=claim.namespace, field_manager=FIELD_MANAGER)
+        except NotLeading:
+            # Lost the Lease while this patch waited (`controllers.leader`): not a failure of
+            # the claim's; kept for when this replica leads again, with the newest event's claim.
+            self._pending.setdefault(claim.uid, (claim, annotations))
+            return None
         except ApiError as err:
             if err.status in (404, 409):
                 return None  # deleted, or recreated under its name (the uid precondition)

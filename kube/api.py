@@ -26,6 +26,7 @@ failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are nev
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -58,8 +59,10 @@ __all__ = [
     "LineBuffer",
     "Listing",
     "METADATA_LIST",
+    "NotLeading",
     "PatchType",
     "Resource",
+    "WRITE_GATE",
     "decode_event",
     "warning_text",
 ]
@@ -117,6 +120,21 @@ class ApiError(Exception):
             return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where,
                        body=decoded)
         return cls(status, "", body[:500].decode("utf-8", "replace"), where=where)
+
+
+# The write gate of the task that sends: a leader-only writer runs in a context where it
+# is set (`controllers.leader.LeaderElector.fenced`), and every write it sends (any verb
+# but GET) is refused here, immediately before it goes out, unless the gate still holds.
+# A writer that decided while leading and was suspended before sending (a frozen
+# process, a full connection pool, a slow lane) thus never sends after losing the Lease.
+WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
+
+
+class NotLeading(ApiError):
+    """A write refused by this task's write gate (`WRITE_GATE`) before it was sent."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(0, "NotLeading", "this replica no longer holds the leader Lease: write not sent", where=where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +358,10 @@ class KubeApi:
                 sent[name] = value  # replaces the default (a Table, `as=Table;g=meta.k8s.io;v=v1`)
             else:
                 sent.add(name, value)
+        gate = WRITE_GATE.get() if method != "GET" else None
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
+            if gate is not None and not gate():
+                raise NotLeading(f"{method} {path}")
             async with self._http().request(
                 method,
                 self.server + path,

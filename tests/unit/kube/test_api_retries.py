@@ -13,7 +13,7 @@ import pytest_asyncio
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from kube.api import TOO_MANY_REQUESTS_RETRIES, ApiError, KubeApi
+from kube.api import TOO_MANY_REQUESTS_RETRIES, WRITE_GATE, ApiError, KubeApi, NotLeading
 
 
 class Refusing:
@@ -67,3 +67,19 @@ async def test_past_the_retries_the_429_is_the_answer(served: tuple[KubeApi, Ref
         await api.request("POST", "/api/v1/namespaces/a/events", body={})
     assert caught.value.status == 429
     assert refusing.calls == TOO_MANY_REQUESTS_RETRIES + 1
+
+
+@pytest.mark.parametrize("served", [1], indirect=True)
+async def test_a_write_whose_gate_closed_while_it_waited_is_not_sent(served: tuple[KubeApi, Refusing]) -> None:
+    """The gate is asked immediately before each send, the retry of a 429 included: a
+    leader that lost its Lease while its write waited sends nothing more; reads pass."""
+    api, refusing = served
+    holds = iter([True, False])
+    token = WRITE_GATE.set(lambda: next(holds))
+    try:
+        with pytest.raises(NotLeading):
+            await api.request("PUT", "/apis/draquota.io/v1alpha1/devicequotas/t/status", body={"a": 1})
+        assert refusing.calls == 1  # the first try, refused with 429; the retry was never sent
+        assert await api.request("GET", "/apis/draquota.io/v1alpha1/devicequotas/t") == {"kind": "Thing", "seen": "GET"}
+    finally:
+        WRITE_GATE.reset(token)
