@@ -11,7 +11,8 @@ process's life: start-up, readiness, signals and shutdown.
 
 `/readyz` answers 200 only after every reflector synced (claims are listed last:
 `commands.wiring`), and 503 again once shutdown began, so no review reaches a replica
-with a partial view.
+with a partial view; 503 too while a reflector reconnects after losing its watch (an API
+server restarting) or relists after a 410, until each follows the server again.
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
@@ -147,7 +148,7 @@ async def serve(options: ServeOptions) -> int:
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe,
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and caches.live and not stop.is_set(), observe=observe,
                     connections=connections)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
                            logger=HTTP_LOG)

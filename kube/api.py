@@ -451,6 +451,7 @@ class KubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         send_initial_events: bool = False,
+        opened: Callable[[], None] = lambda: None,
     ) -> AsyncGenerator[tuple[str, Obj], None]:
         """Stream (type, object) events until the server ends the watch after `timeout_seconds`.
 
@@ -460,7 +461,9 @@ class KubeApi:
         `aiohttp.ServerTimeoutError`): a dead peer behind a half-open TCP connection would
         otherwise keep us waiting forever. `send_initial_events` asks for the existing
         objects as ADDED events first, closed by a BOOKMARK annotated
-        `k8s.io/initial-events-end` (KEP-3157 streaming lists).
+        `k8s.io/initial-events-end` (KEP-3157 streaming lists). `opened` is told once
+        the server accepted the watch, before its first event (a quiet kind may send none
+        for a minute).
         """
         params: dict[str, str | int | bool | None] = {
             "watch": True,
@@ -484,6 +487,7 @@ class KubeApi:
         ) as resp:
             if resp.status >= 300:
                 raise ApiError.from_body(resp.status, await resp.read(), where=f"WATCH {path}")
+            opened()
             lines = LineBuffer()
             async for chunk in resp.content.iter_any():
                 for line in lines.feed(chunk):
