@@ -34,9 +34,9 @@ from kube.resources import QUOTAS
 from kube.watching import Reflector
 from quota.raw import Obj, as_map
 
-from .driver import RESOURCE_V1, claim_spec, exact_request
-from .harness import DQ, RUN_LABEL, Served, served_context
-from .kube import ApiError, Kube
+from .driver import RESOURCE_V1, Gpu, claim_spec, create_fleet, exact_request
+from .harness import CRDS, DQ, RUN_LABEL, Served, served_context
+from .kube import ApiError, Kube, poll
 
 TEAM_LABEL = "team.draquota.io/name"
 CDQ = "clusterdevicequotas"
@@ -71,6 +71,32 @@ async def tenants(kube: Kube, make_namespace: MakeNamespace, device_class: str, 
                                 "spec": {"namespaceSelector": {"matchLabels": {TEAM_LABEL: team}},
                                          "hard": {"devices": large * count}}})
     return Tenants(run, device_class, team, hard)
+
+
+async def own_tenants(kube: Kube, *, run: str, count: int, full: int, small: int) -> Tenants:
+    """`tenants` on a control plane of one's own, which is thrown away after (nothing here
+    is deleted): the CRDs, a DeviceClass with one node of two GPUs, the namespaces."""
+    for definition in CRDS:
+        await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
+        await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                      definition["metadata"]["name"], "Established", timeout=60)
+    fleet = await create_fleet(kube, f"faults-{run}")
+    await fleet.add_node("n1", [Gpu()] * 2)
+
+    async def make_namespace(prefix: str, labels: dict[str, str]) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+        return name
+
+    return await tenants(kube, make_namespace, fleet.device_class, run=run, count=count, full=full, small=small)
+
+
+async def until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
+    """`poll` on a condition this process holds (the load's counters, a log's text)."""
+    async def probe() -> bool:
+        return condition()
+
+    await poll(probe, timeout=timeout, what=what)
 
 
 def outcome(err: BaseException) -> str:

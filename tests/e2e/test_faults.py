@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +40,11 @@ from runtime.metricnames import WATCH_RELISTS, WATCH_RESTARTS
 
 from . import timings
 from .cluster import ControlPlane, free_ports, private_cluster
-from .driver import Gpu, create_fleet
-from .faults import Load, mismatches, overcommit, running, sampled, tenants, watching, writes_sent_after
-from .harness import CRDS, MakeFleet, MakeNamespace, Served, adapted_webhooks, governed, installed
+from .driver import Gpu
+from .faults import (
+    Load, mismatches, overcommit, own_tenants, running, sampled, tenants, until, watching, writes_sent_after,
+)
+from .harness import MakeFleet, MakeNamespace, Served, adapted_webhooks, governed, installed
 from .kube import Kube, poll
 
 pytestmark = pytest.mark.e2e
@@ -161,24 +163,12 @@ async def watch_counts(served: Served) -> Counts:
                   sum(v for (name, _), v in scraped.items() if name == WATCH_RELISTS))
 
 
-async def until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
-    async def probe() -> bool:
-        return condition()
-
-    await poll(probe, timeout=timeout, what=what)
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ControlPlane]:
     """A control plane of this test's own, without the API server's watch cache: a watch
     that reconnects is then served from etcd's history, so a restart alone resumes every
     watch where it was, and only a compaction makes the API server answer 410 Gone."""
     with private_cluster(tmp_path_factory.mktemp("minik8s-faults"), {"apiserver": ("--watch-cache=false",)}) as cp:
-        async with cp.client() as kube:
-            for definition in CRDS:
-                await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
-                await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                              definition["metadata"]["name"], "Established", timeout=60)
         yield cp
 
 
@@ -191,16 +181,7 @@ async def test_an_api_server_restart_and_a_compaction_under_load_lose_nothing(
                     args=("--reservation-ttl", str(TTL), *lease_args(f"faults-{run}")))
     api = await KubeApi.from_kubeconfig(str(cp.kubeconfig))
     async with cp.client() as kube, cp.client() as other:
-        fleet = await create_fleet(kube, f"faults-{run}")
-        await fleet.add_node("n1", [Gpu()] * 2)
-
-        async def make_namespace(prefix: str, labels: dict[str, str]) -> str:
-            name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-            await kube.create("v1", "namespaces", {"kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-            return name
-
-        t = await tenants(kube, make_namespace, fleet.device_class, run=run, count=NAMESPACES // 2, full=FULL // 2,
-                          small=SMALL)
+        t = await own_tenants(kube, run=run, count=NAMESPACES // 2, full=FULL // 2, small=SMALL)
         load = Load([kube, other], t)
         try:
             with served.log_on_failure():
