@@ -20,6 +20,8 @@ each tried once, through all the phases:
 - compaction: etcd compacted to its current revision while the API server is down (a
   restart as above), so every watch comes back from a revision etcd no longer has
   (410 Gone) and relists. Time to ready as for the restart.
+- compaction-up: etcd compacted to its current revision while the API server runs (as
+  its own periodic compaction does): whether any watch relists or readiness drops.
 Each phase runs the load --settle s before and after its fault and prints: creates
 (created, denied by a quota, failed: by the API server being unreachable, by a webhook
 call, other) and their rate; over-commit: the largest used + reserved - hard any watched
@@ -67,7 +69,7 @@ TTL = 20.0
 SMALL = 8
 LEASE = ("--leader-election-lease-duration", "4", "--leader-election-renew-deadline", "3",
          "--leader-election-retry-period", "1")
-PHASES = ("frozen", "restart", "compaction")
+PHASES = ("frozen", "restart", "compaction", "compaction-up")
 
 
 async def scrape(served: Served) -> dict[str, float]:
@@ -175,6 +177,21 @@ async def restart(args: argparse.Namespace, cluster: ControlPlane, a: Served, b:
                      **stalls(metrics_a, after))
 
 
+async def compaction_up(args: argparse.Namespace, cluster: ControlPlane, a: Served, b: Served,
+                        readiness: Readiness, phase: Phase) -> JSON:
+    await asyncio.sleep(args.settle)
+    before = await scrape(b)
+    compacted = time.monotonic()
+    revision = await asyncio.to_thread(cluster.compact_etcd)
+    await asyncio.sleep(args.settle)
+    after, metrics_a = await scrape(b), await scrape(a)
+    dropped = any(at >= compacted and not ok for at, ok in readiness.answers)
+    return phase.end(ready_seconds=0.0, ready_what=f"readiness dropped: {dropped} (compacted at revision {revision})",
+                     watch_restarts=after.get(WATCH_RESTARTS, 0) - before.get(WATCH_RESTARTS, 0),
+                     watch_relists=after.get(WATCH_RELISTS, 0) - before.get(WATCH_RELISTS, 0),
+                     **stalls(metrics_a, after))
+
+
 async def bench(args: argparse.Namespace, workdir: Path) -> JSON:
     cluster = ControlPlane(binary=build(), workdir=workdir)
     cluster.start()
@@ -208,6 +225,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> JSON:
                     phase = Phase(name, load, watch)
                     if name == "frozen":
                         row = await frozen(args, kube, a, b, lease, phase)
+                    elif name == "compaction-up":
+                        row = await compaction_up(args, cluster, a, b, readiness, phase)
                     else:
                         row = await restart(args, cluster, a, b, readiness, phase, compact=name == "compaction")
                     show(row)
