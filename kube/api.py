@@ -124,9 +124,11 @@ class ApiError(Exception):
 
 # The write gate of the task that sends: a leader-only writer runs in a context where it
 # is set (`controllers.leader.LeaderElector.fenced`), and every write it sends (any verb
-# but GET) is refused here, immediately before it goes out, unless the gate still holds.
-# A writer that decided while leading and was suspended before sending (a frozen
-# process, a full connection pool, a slow lane) thus never sends after losing the Lease.
+# but GET) is refused unless the gate still holds when it goes out: asked before each
+# attempt and again once the request has its connection (`_gate_at_send`: a write may
+# wait for one in the pool for as long as the writes ahead of it take). A writer that
+# decided while leading and was suspended before sending (a frozen process, a full
+# connection pool, a 429's Retry-After) thus never sends after losing the Lease.
 WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
 
 
@@ -207,6 +209,21 @@ def decode_event(line: bytes) -> tuple[str, Obj]:
     if kind == "ERROR":
         raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message", "")), where="watch")
     return kind, obj
+
+
+@dataclass(frozen=True, slots=True)
+class _Gated:
+    gate: Callable[[], bool]
+    where: str
+
+
+async def _gate_at_send(_session: aiohttp.ClientSession, context: Any, _params: object) -> None:
+    """aiohttp's trace hook as a request takes a pooled connection or starts a new one:
+    the last step before its bytes are written (`WRITE_GATE`). aiohttp releases the
+    connection (or its slot) when a hook raises."""
+    gated = context.trace_request_ctx
+    if isinstance(gated, _Gated) and not gated.gate():
+        raise NotLeading(gated.where)
 
 
 def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
@@ -291,8 +308,12 @@ class KubeApi:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily so that the session binds to the running event loop.
         if self._session is None or self._session.closed:
+            gating = aiohttp.TraceConfig()
+            gating.on_connection_reuseconn.append(_gate_at_send)
+            gating.on_connection_create_start.append(_gate_at_send)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl, limit=64),
+                trace_configs=[gating],
                 timeout=self._timeout,
                 trust_env=False,  # only the kubeconfig's proxy-url, never *_PROXY
             )
@@ -359,9 +380,10 @@ class KubeApi:
             else:
                 sent.add(name, value)
         gate = WRITE_GATE.get() if method != "GET" else None
+        gated = None if gate is None else _Gated(gate, f"{method} {path}")
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
-            if gate is not None and not gate():
-                raise NotLeading(f"{method} {path}")
+            if gated is not None and not gated.gate():
+                raise NotLeading(gated.where)
             async with self._http().request(
                 method,
                 self.server + path,
@@ -370,6 +392,7 @@ class KubeApi:
                 headers=sent,
                 proxy=self._proxy,
                 server_hostname=self._server_hostname,
+                trace_request_ctx=gated,
             ) as resp:
                 raw = await resp.read()
                 if warnings is not None:

@@ -6,6 +6,7 @@ priority and fairness refusing a request before doing anything) a given number o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -74,7 +75,7 @@ async def test_a_write_whose_gate_closed_while_it_waited_is_not_sent(served: tup
     """The gate is asked immediately before each send, the retry of a 429 included: a
     leader that lost its Lease while its write waited sends nothing more; reads pass."""
     api, refusing = served
-    holds = iter([True, False])
+    holds = iter([True, True, False])  # the first try's two looks (before it, at its connection), then the retry's
     token = WRITE_GATE.set(lambda: next(holds))
     try:
         with pytest.raises(NotLeading):
@@ -83,3 +84,47 @@ async def test_a_write_whose_gate_closed_while_it_waited_is_not_sent(served: tup
         assert await api.request("GET", "/apis/draquota.io/v1alpha1/devicequotas/t") == {"kind": "Thing", "seen": "GET"}
     finally:
         WRITE_GATE.reset(token)
+
+
+async def test_a_write_queued_for_a_pooled_connection_is_not_sent_once_the_gate_closed() -> None:
+    """Every connection of the pool (64) held by a write in flight: one more waits for a
+    connection; the gate closes meanwhile, and when a connection frees up the waiting
+    write is refused there, never sent."""
+    held, release = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        if calls >= POOL:
+            held.set()
+        await release.wait()
+        return web.json_response({"kind": "Thing"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    configuration = Configuration()
+    configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    api = KubeApi(configuration)
+    holds = True
+    token = WRITE_GATE.set(lambda: holds)
+    try:
+        writes = [asyncio.create_task(api.request("PUT", f"/things/{i}", body={})) for i in range(POOL + 1)]
+        await asyncio.wait_for(held.wait(), 10)
+        holds = False  # the Lease is lost while the last write waits for a connection
+        release.set()
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert [r for r in results if isinstance(r, BaseException)] == [results[-1]]
+        assert isinstance(results[-1], NotLeading)
+        assert calls == POOL
+    finally:
+        WRITE_GATE.reset(token)
+        await api.close()
+        await runner.cleanup()
+
+
+POOL = 64  # KubeApi's connections per API server
