@@ -26,6 +26,7 @@ failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -34,7 +35,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -64,6 +65,7 @@ __all__ = [
     "Resource",
     "WRITE_GATE",
     "decode_event",
+    "ungated",
     "warning_text",
 ]
 
@@ -130,6 +132,16 @@ class ApiError(Exception):
 # decided while leading and was suspended before sending (a frozen process, a full
 # connection pool, a 429's Retry-After) thus never sends after losing the Lease.
 WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
+
+
+def ungated() -> contextvars.Context:
+    """A context without a write gate, for a task a writer starts on behalf of every
+    writer (a quota's batch of status writes, a lease's renewals): it must not inherit
+    the gate of the leader's writer that happened to start it, or every replica's
+    admissions it carries would be refused once this replica stops leading."""
+    context = contextvars.copy_context()
+    context.run(WRITE_GATE.set, None)
+    return context
 
 
 class NotLeading(ApiError):
@@ -218,12 +230,39 @@ class _Gated:
 
 
 async def _gate_at_send(_session: aiohttp.ClientSession, context: Any, _params: object) -> None:
-    """aiohttp's trace hook as a request takes a pooled connection or starts a new one:
-    the last step before its bytes are written (`WRITE_GATE`). aiohttp releases the
-    connection (or its slot) when a hook raises."""
+    """aiohttp's trace hook as a request takes a pooled connection or starts a new one
+    (`WRITE_GATE`). aiohttp releases the connection (or its slot) when a hook raises."""
     gated = context.trace_request_ctx
     if isinstance(gated, _Gated) and not gated.gate():
         raise NotLeading(gated.where)
+
+
+class _GatedBody(aiohttp.BytesPayload):
+    """A write's body that asks the gate as aiohttp writes it, in the task that writes the
+    request once it has its connection (its headers go out with the body): the last step
+    before its bytes reach the socket. Refused, nothing of the request is complete, so the
+    API server does nothing with it; aiohttp reports a ClientConnectionError caused by
+    the `NotLeading`, which `_round_trip` raises as it is."""
+
+    def __init__(self, value: bytes, gated: _Gated) -> None:
+        super().__init__(value, content_type="application/json")
+        self.gated = gated
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        if not self.gated.gate():
+            raise NotLeading(self.gated.where)
+        await super().write_with_length(writer, content_length)
+
+
+@contextlib.asynccontextmanager
+async def _refused_as_not_leading() -> AsyncIterator[None]:
+    """A write its gated body refused (`_GatedBody`) raised as the `NotLeading` it is."""
+    try:
+        yield
+    except aiohttp.ClientConnectionError as err:
+        if isinstance(err.__cause__, NotLeading):
+            raise err.__cause__ from None
+        raise
 
 
 def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
@@ -381,14 +420,17 @@ class KubeApi:
                 sent.add(name, value)
         gate = WRITE_GATE.get() if method != "GET" else None
         gated = None if gate is None else _Gated(gate, f"{method} {path}")
+        payload: str | _GatedBody | None = data
+        if gated is not None and data is not None:
+            payload = _GatedBody(data.encode(), gated)
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
             if gated is not None and not gated.gate():
                 raise NotLeading(gated.where)
-            async with self._http().request(
+            async with _refused_as_not_leading(), self._http().request(
                 method,
                 self.server + path,
                 params=_query(params or {}),
-                data=data,
+                data=payload,
                 headers=sent,
                 proxy=self._proxy,
                 server_hostname=self._server_hostname,

@@ -11,7 +11,10 @@
   reflector (it reconnects and relists across an API server restart or a compaction):
   the largest `used + reserved - hard` any watched resourceVersion showed (over-commit).
 - `mismatches`: each quota's status against the claims the API server lists (the truth).
-- `writes_sent_after`: the writes one serve process sent from a given time on, from its debug log.
+- `writes_sent_after`: the writes one serve process began from a given time on, from its
+  debug log (a write that waited for a connection counts from its start: too early);
+  `audited_writes_after`: its writes of claims and namespaces the API server received
+  from a given time on (its audit log), the process running as an identity of its own.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import re
 import time
 import uuid
 from collections import Counter
+from datetime import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn
 
 import aiohttp
@@ -34,9 +39,11 @@ from kube.resources import QUOTAS
 from kube.watching import Reflector
 from quota.raw import Obj, as_map
 
+from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_fleet, exact_request
 from .harness import CRDS, DQ, RUN_LABEL, Served, served_context
 from .kube import ApiError, Kube, poll
+from .shipped import token_kubeconfig
 
 TEAM_LABEL = "team.draquota.io/name"
 CDQ = "clusterdevicequotas"
@@ -283,6 +290,37 @@ async def sampled(served: Served) -> AsyncIterator[Readiness]:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def own_identity(cluster: ControlPlane, kube: Kube, name: str, path: Path) -> tuple[Path, str]:
+    """A kubeconfig of a ServiceAccount of its own in `default`, bound to cluster-admin, so
+    the API server's audit log tells this process's writes from every other's; and the
+    user name the audit log gives it."""
+    account = {"kind": "ServiceAccount", "metadata": {"name": name}}
+    await kube.create("v1", "serviceaccounts", account, namespace="default")
+    await kube.create("rbac.authorization.k8s.io/v1", "clusterrolebindings", {
+        "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]})
+    answer = await kube.request("POST", f"/api/v1/namespaces/default/serviceaccounts/{name}/token",
+                                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                      "spec": {"expirationSeconds": 3600}})
+    return token_kubeconfig(cluster, answer["status"]["token"], path), f"system:serviceaccount:default:{name}"
+
+
+def audited_writes_after(cluster: ControlPlane, user: str, wall: float) -> list[str]:
+    """The writes of claims and namespaces (what the control plane's audit policy records)
+    by `user` that the API server received at or after Unix time `wall`."""
+    found = []
+    for event in cluster.audit_events():
+        received = str(event.get("requestReceivedTimestamp") or "")
+        if (event.get("user") or {}).get("username") != user or not received:
+            continue
+        at = datetime.fromisoformat(received.replace("Z", "+00:00")).timestamp()
+        if at >= wall:
+            ref = event.get("objectRef") or {}
+            found.append(f"{received} {event.get('verb')} {ref.get('resource')} {ref.get('namespace')}/{ref.get('name')}")
+    return found
 
 
 _REQUEST = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) DEBUG kube\.api: (PUT|PATCH|POST|DELETE) (\S+) -> (\d+) "

@@ -14,7 +14,7 @@ import pytest_asyncio
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from kube.api import TOO_MANY_REQUESTS_RETRIES, WRITE_GATE, ApiError, KubeApi, NotLeading
+from kube.api import TOO_MANY_REQUESTS_RETRIES, WRITE_GATE, ApiError, KubeApi, NotLeading, ungated
 
 
 class Refusing:
@@ -23,9 +23,14 @@ class Refusing:
     def __init__(self, refusals: int) -> None:
         self.refusals = refusals
         self.calls = 0
+        self.types: list[str] = []
+        self.bodies: list[object] = []
 
     async def handle(self, request: web.Request) -> web.Response:
         self.calls += 1
+        self.types.append(request.content_type)
+        if request.can_read_body:
+            self.bodies.append(await request.json())
         if self.calls <= self.refusals:
             return web.json_response({"kind": "Status", "reason": "TooManyRequests",
                                       "message": "Too many requests, please try again later."},
@@ -75,7 +80,7 @@ async def test_a_write_whose_gate_closed_while_it_waited_is_not_sent(served: tup
     """The gate is asked immediately before each send, the retry of a 429 included: a
     leader that lost its Lease while its write waited sends nothing more; reads pass."""
     api, refusing = served
-    holds = iter([True, True, False])  # the first try's two looks (before it, at its connection), then the retry's
+    holds = iter([True, True, True, False])  # the first try's three looks (before it, at its connection, its body)
     token = WRITE_GATE.set(lambda: next(holds))
     try:
         with pytest.raises(NotLeading):
@@ -128,3 +133,44 @@ async def test_a_write_queued_for_a_pooled_connection_is_not_sent_once_the_gate_
 
 
 POOL = 64  # KubeApi's connections per API server
+
+
+@pytest.mark.parametrize("served", [0], indirect=True)
+async def test_the_gate_is_asked_last_as_the_body_is_written(served: tuple[KubeApi, Refusing]) -> None:
+    """aiohttp writes a request's body in a task of its own once the request has its
+    connection: a gate that closes in between (a process frozen there) refuses the write
+    then, and the API server gets no request. A gated write that goes keeps its type."""
+    api, refusing = served
+    looks = iter([True, True, False])  # before the try, at its connection, as its body is written
+    token = WRITE_GATE.set(lambda: next(looks))
+    try:
+        with pytest.raises(NotLeading):
+            await api.request("PATCH", "/apis/draquota.io/v1alpha1/devicequotas/t", body={"a": 1},
+                              content_type="application/merge-patch+json")
+        assert refusing.calls == 0
+    finally:
+        WRITE_GATE.reset(token)
+    token = WRITE_GATE.set(lambda: True)
+    try:
+        answer = await api.request("PATCH", "/apis/draquota.io/v1alpha1/devicequotas/t", body={"a": 1},
+                                   content_type="application/merge-patch+json")
+        assert answer == {"kind": "Thing", "seen": "PATCH"}
+        assert refusing.types == ["application/merge-patch+json"] and refusing.bodies == [{"a": 1}]
+    finally:
+        WRITE_GATE.reset(token)
+
+
+@pytest.mark.parametrize("served", [0], indirect=True)
+async def test_a_task_started_ungated_by_a_gated_writer_writes_for_everyone(served: tuple[KubeApi, Refusing]) -> None:
+    """A quota's batch of status writes is started by whichever writer comes first, the
+    leader's controller included; it carries every replica's admissions, which a closed
+    gate inherited from that writer would refuse."""
+    api, refusing = served
+    token = WRITE_GATE.set(lambda: False)
+    try:
+        batch = asyncio.create_task(api.request("PUT", "/apis/draquota.io/v1alpha1/devicequotas/t/status",
+                                                body={"a": 1}), context=ungated())
+        assert await batch == {"kind": "Thing", "seen": "PUT"}
+        assert refusing.calls == 1
+    finally:
+        WRITE_GATE.reset(token)
