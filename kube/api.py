@@ -127,10 +127,11 @@ class ApiError(Exception):
 # The write gate of the task that sends: a leader-only writer runs in a context where it
 # is set (`controllers.leader.LeaderElector.fenced`), and every write it sends (any verb
 # but GET) is refused unless the gate still holds when it goes out: asked before each
-# attempt and again once the request has its connection (`_gate_at_send`: a write may
-# wait for one in the pool for as long as the writes ahead of it take). A writer that
-# decided while leading and was suspended before sending (a frozen process, a full
-# connection pool, a 429's Retry-After) thus never sends after losing the Lease.
+# attempt, again once the request has its connection (`_gate_at_send`: a write may wait
+# for one in the pool for as long as the writes ahead of it take), and last as aiohttp
+# writes its body (`_GatedBody`). A writer that decided while leading and was suspended
+# before sending (a frozen process, a full connection pool, a 429's Retry-After) thus
+# never sends after losing the Lease.
 WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
 
 
