@@ -11,7 +11,8 @@ process's life: start-up, readiness, signals and shutdown.
 
 `/readyz` answers 200 only after every reflector synced (claims are listed last:
 `commands.wiring`), and 503 again once shutdown began, so no review reaches a replica
-with a partial view.
+with a partial view; 503 too while a reflector reconnects after losing its watch (an API
+server restarting) or relists after a 410, until each follows the server again.
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import faulthandler
 import logging
 import signal
@@ -146,18 +148,21 @@ async def serve(options: ServeOptions) -> int:
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe,
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and caches.live and not stop.is_set(), observe=observe,
                     connections=connections)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
                            logger=HTTP_LOG)
     if options.webhook:
         await runner.setup()
+    fenced = elector.fenced() if elector is not None else contextvars.copy_context()
     # The leader's writers: stopped before the listener closes (`shut_down`).
     writers = [
         *([asyncio.create_task(lead(elector, caches, options, recorder, metrics), name="leader election")]
           if elector else []),
-        *([asyncio.create_task(requeue.run(), name="requeue")] if requeue else []),
-        *([asyncio.create_task(caches.annotator.run(), name="claim annotations")] if caches.annotator else []),
+        # Fenced: each of their writes passes the Lease gate as it is sent (controllers.leader).
+        *([asyncio.create_task(requeue.run(), name="requeue", context=fenced)] if requeue else []),
+        *([asyncio.create_task(caches.annotator.run(), name="claim annotations", context=fenced)]
+          if caches.annotator else []),
     ]
     background = [
         *writers,

@@ -201,6 +201,12 @@ class Caches:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in (*self.first, self.claims, *self.later))
 
+    @property
+    def live(self) -> bool:
+        """Every reflector follows the server now (`kube.watching`: not while its watch is
+        being reconnected after an error, an API server restart, or relisted after a 410)."""
+        return all(r.live for r in (*self.first, self.claims, *self.later))
+
     async def wait_synced(self) -> None:
         for r in (*self.first, self.claims, *self.later):
             await r.synced.wait()

@@ -57,13 +57,14 @@ whole (`kube.claimstore.ClaimStore.history_known`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import ApiError, KubeApi, NotLeading
 from kube.resources import CLAIMS
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
 from quota.claims import Claim
@@ -103,6 +104,7 @@ class Annotator:
         self._extra: set[asyncio.Task[None]] = set()  # writers started for a backlog (`_grow`)
         self.most_writers = 0  # the most writers at once (tests and logs read it)
         self._running = False  # `run` is: writers may be started
+        self._context = contextvars.copy_context()  # `run`'s, once it runs
         self._backoff = backoff
         self._attempts = attempts
         # uid -> the latest claim to annotate and the annotations it carried.
@@ -158,6 +160,9 @@ class Annotator:
         creates: behind them, the record grows by every create they have not reached.
         """
         self._running = True
+        # The extra writers run in `run`'s context, whoever starts them (`_grow`: also the
+        # claim cache's callbacks): its Lease gate fences their writes (`controllers.leader`).
+        self._context = contextvars.copy_context()
         try:
             await asyncio.gather(*(self._writer() for _ in range(self._concurrency)))
         finally:
@@ -178,7 +183,7 @@ class Annotator:
             return
         while (self.writers < self._max_concurrency
                and len(self._pending) > BACKLOG_PER_WRITER * self.writers):
-            task = asyncio.create_task(self._writer(extra=True), name="annotator writer")
+            task = asyncio.create_task(self._writer(extra=True), name="annotator writer", context=self._context)
             self._extra.add(task)
             task.add_done_callback(self._extra.discard)
         self.most_writers = max(self.most_writers, self.writers)
@@ -233,6 +238,12 @@ class Annotator:
         seen_at = self._seen_at.get(claim.uid) if ALLOCATED_CHARGE_ANNOTATION in due else None
         try:
             await self._api.patch(CLAIMS, claim.name, patch, namespace=claim.namespace, field_manager=FIELD_MANAGER)
+        except NotLeading as err:
+            # Lost the Lease while this patch waited (`controllers.leader`): not a failure of
+            # the claim's; kept for when this replica leads again, with the newest event's claim.
+            log.debug("ResourceClaim %s/%s left to the leader: %s", claim.namespace, claim.name, err)
+            self._pending.setdefault(claim.uid, (claim, annotations))
+            return None
         except ApiError as err:
             if err.status in (404, 409):
                 return None  # deleted, or recreated under its name (the uid precondition)

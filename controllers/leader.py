@@ -4,6 +4,7 @@ Neighbours: `quota.leases` holds the Lease record and the pure decisions (read i
 docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
 `commands.serve` runs `LeaderElector.run` with the controller (`controllers.quotas`) as
 the work to do while leading, and the controller asks `leading()` before each write.
+`kube.api.WRITE_GATE` asks it again for every write the leader's writers send.
 
 Why not kubernetes_asyncio's `leaderelection` (issue 8): its Lease calls have no
 timeout (a hung renew keeps a replica "leading" forever), it never releases the lease
@@ -16,11 +17,25 @@ candidates never both succeed. The leader renews every retry period; when it has
 renewed for the renew deadline, or sees another holder, it stops leading at once: the
 work is cancelled before the next candidate may take over (the lease duration is longer
 than the renew deadline and candidates count it from their own observation).
+
+Fencing (a leader frozen by SIGSTOP, a paused VM, a loop stalled past its deadline):
+`leading()` is the one write gate. It holds only while this replica's newest observation
+of the Lease (its own last write, or the renew loop's last read) names it as the holder,
+AND its last successful renew started within the renew deadline on a clock that keeps
+counting while the process or the machine is suspended (CLOCK_BOOTTIME). Every write of
+the leader's writers passes it immediately before it is sent (`fenced`: the work runs in
+a context that sets `kube.api.WRITE_GATE`), not only when the writer decided to write:
+a writer that was mid-write or queued when the process froze finds the gate closed on
+waking and sends nothing. A replica that wakes past its deadline has stopped leading; it
+reads the Lease again (a campaign) before it may lead, and so write, again. What a gate
+cannot stop, a write already on the wire when the process froze, is refused by the API
+server where it carries the resourceVersion it was computed from (the quota status).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import random
@@ -31,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import WRITE_GATE, ApiError, KubeApi
 from kube.resources import LEASES
 from quota.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
 from quota.raw import Obj
@@ -43,6 +58,16 @@ log = logging.getLogger(__name__)
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def suspend_aware_clock() -> float:
+    """Seconds on a clock that also counts time the machine was suspended (Linux
+    CLOCK_BOOTTIME; elsewhere the monotonic clock): a VM paused past the renew deadline
+    wakes with its lease expired by this clock, as every other replica sees it."""
+    return time.clock_gettime(_BOOTTIME)
+
+
 def default_identity() -> str:
     """The Pod's name (stable across restarts of one replica: a restart retakes its own
     lease at once), else the host name."""
@@ -51,7 +76,7 @@ def default_identity() -> str:
 
 class LeaderElector:
     def __init__(self, api: KubeApi, *, name: str, namespace: str, identity: str, timing: Timing,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = suspend_aware_clock, wall: Callable[[], float] = time.time) -> None:
         self.api = api
         self.name = name
         self.namespace = namespace
@@ -65,8 +90,17 @@ class LeaderElector:
         self._last_error = ""
 
     def leading(self) -> bool:
-        """True while the last renewal is younger than the renew deadline."""
-        return self._renewed is not None and self.clock() < self._renewed + self.timing.renew_deadline
+        """The write gate (module doc): the newest Lease this replica observed names it as
+        the holder, and its last renewal is younger than the renew deadline."""
+        return (self._renewed is not None and self.clock() < self._renewed + self.timing.renew_deadline
+                and self._observed is not None and self._observed.record.holder == self.identity)
+
+    def fenced(self) -> contextvars.Context:
+        """A context whose tasks' writes pass `leading()` immediately before each is sent
+        (`kube.api.WRITE_GATE`): for every task that writes only while leading."""
+        context = contextvars.copy_context()
+        context.run(WRITE_GATE.set, self.leading)
+        return context
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Campaign, run `lead()` while leading, campaign again after losing; until cancelled.
@@ -78,7 +112,7 @@ class LeaderElector:
             while True:
                 await self._campaign()
                 log.info("leading: Lease %s/%s held by %s", self.namespace, self.name, self.identity)
-                work = asyncio.create_task(lead(), name="quota controller")
+                work = asyncio.create_task(lead(), name="quota controller", context=self.fenced())
                 try:
                     await self._renew_while(work)
                 finally:

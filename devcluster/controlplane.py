@@ -332,6 +332,41 @@ class ControlPlane:
                     comp.proc.wait()
         shutil.rmtree(self.etcd_dir, ignore_errors=True)
 
+    def restart_apiserver(self, timeout: float = 120.0, *, while_down: Callable[[], object] = lambda: None) -> float:
+        """SIGKILL kube-apiserver (no graceful shutdown: its clients' connections just break),
+        call `while_down`, and start it again with the same flags, on the same etcd and
+        port, its log appended to; the seconds from the kill until its /readyz answers 200 again."""
+        old = next(c for c in self.components if c.name == "apiserver")
+        killed = time.monotonic()
+        if old.proc is not None and old.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old.proc.pid, signal.SIGKILL)
+            old.proc.wait()
+        self.components.remove(old)
+        while_down()
+        self._popen(Component(old.name, old.argv, old.log_path), mode="ab")
+        ctx = self._ssl(client=True)
+        self._wait(killed + timeout, "kube-apiserver /readyz after a restart",
+                   lambda: _https_ok(f"{self.server}/readyz", ctx))
+        return time.monotonic() - killed
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision, physically (as `etcdctl
+        compaction --physical`, through etcd's JSON gateway): a watch or list from any older
+        resourceVersion is answered 410 Gone from then on. Returns the revision."""
+        base = f"http://127.0.0.1:{self.etcd_port}/v3/kv"
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            request = urllib.request.Request(f"{base}/{path}", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with _NO_PROXY.open(request, timeout=30) as r:
+                answer: dict[str, Any] = json.load(r)
+                return answer
+
+        revision = int(post("range", {"key": "Lw==", "limit": 1})["header"]["revision"])  # key "/"
+        post("compaction", {"revision": revision, "physical": True})
+        return revision
+
     def check_alive(self) -> None:
         """Raise if a component has exited (a crash would otherwise look like a test timeout)."""
         dead = [c for c in self.components if c.exited() is not None]
@@ -520,9 +555,11 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str]) -> Component:
         argv = [str(self.binary), name, *args, *self.extra_args.get(name, ())]
-        comp = Component(name, argv, self.logs / f"{name}.log")
+        return self._popen(Component(name, argv, self.logs / f"{name}.log"), mode="wb")
+
+    def _popen(self, comp: Component, *, mode: str) -> Component:
         env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
-        with open(comp.log_path, "wb") as log:
+        with open(comp.log_path, mode) as log:
             comp.proc = subprocess.Popen(
                 comp.argv,
                 stdin=subprocess.DEVNULL,

@@ -26,6 +26,8 @@ failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -58,9 +60,12 @@ __all__ = [
     "LineBuffer",
     "Listing",
     "METADATA_LIST",
+    "NotLeading",
     "PatchType",
     "Resource",
+    "WRITE_GATE",
     "decode_event",
+    "ungated",
     "warning_text",
 ]
 
@@ -117,6 +122,34 @@ class ApiError(Exception):
             return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where,
                        body=decoded)
         return cls(status, "", body[:500].decode("utf-8", "replace"), where=where)
+
+
+# The write gate of the task that sends: a leader-only writer runs in a context where it
+# is set (`controllers.leader.LeaderElector.fenced`), and every write it sends (any verb
+# but GET) is refused unless the gate still holds when it goes out: asked before each
+# attempt, again once the request has its connection (`_gate_at_send`: a write may wait
+# for one in the pool for as long as the writes ahead of it take), and last as aiohttp
+# writes its body (`_GatedBody`). A writer that decided while leading and was suspended
+# before sending (a frozen process, a full connection pool, a 429's Retry-After) thus
+# never sends after losing the Lease.
+WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
+
+
+def ungated() -> contextvars.Context:
+    """A context without a write gate, for a task a writer starts on behalf of every
+    writer (a quota's batch of status writes, a lease's renewals): it must not inherit
+    the gate of the leader's writer that happened to start it, or every replica's
+    admissions it carries would be refused once this replica stops leading."""
+    context = contextvars.copy_context()
+    context.run(WRITE_GATE.set, None)
+    return context
+
+
+class NotLeading(ApiError):
+    """A write refused by this task's write gate (`WRITE_GATE`) before it was sent."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(0, "NotLeading", "this replica no longer holds the leader Lease: write not sent", where=where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +222,48 @@ def decode_event(line: bytes) -> tuple[str, Obj]:
     if kind == "ERROR":
         raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message", "")), where="watch")
     return kind, obj
+
+
+@dataclass(frozen=True, slots=True)
+class _Gated:
+    gate: Callable[[], bool]
+    where: str
+
+
+async def _gate_at_send(_session: aiohttp.ClientSession, context: Any, _params: object) -> None:
+    """aiohttp's trace hook as a request takes a pooled connection or starts a new one
+    (`WRITE_GATE`). aiohttp releases the connection (or its slot) when a hook raises."""
+    gated = context.trace_request_ctx
+    if isinstance(gated, _Gated) and not gated.gate():
+        raise NotLeading(gated.where)
+
+
+class _GatedBody(aiohttp.BytesPayload):
+    """A write's body that asks the gate as aiohttp writes it, in the task that writes the
+    request once it has its connection (its headers go out with the body): the last step
+    before its bytes reach the socket. Refused, nothing of the request is complete, so the
+    API server does nothing with it; aiohttp reports a ClientConnectionError caused by
+    the `NotLeading`, which `_round_trip` raises as it is."""
+
+    def __init__(self, value: bytes, gated: _Gated) -> None:
+        super().__init__(value, content_type="application/json")
+        self.gated = gated
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        if not self.gated.gate():
+            raise NotLeading(self.gated.where)
+        await super().write_with_length(writer, content_length)
+
+
+@contextlib.asynccontextmanager
+async def _refused_as_not_leading() -> AsyncIterator[None]:
+    """A write its gated body refused (`_GatedBody`) raised as the `NotLeading` it is."""
+    try:
+        yield
+    except aiohttp.ClientConnectionError as err:
+        if isinstance(err.__cause__, NotLeading):
+            raise err.__cause__ from None
+        raise
 
 
 def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
@@ -273,8 +348,12 @@ class KubeApi:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily so that the session binds to the running event loop.
         if self._session is None or self._session.closed:
+            gating = aiohttp.TraceConfig()
+            gating.on_connection_reuseconn.append(_gate_at_send)
+            gating.on_connection_create_start.append(_gate_at_send)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl, limit=64),
+                trace_configs=[gating],
                 timeout=self._timeout,
                 trust_env=False,  # only the kubeconfig's proxy-url, never *_PROXY
             )
@@ -340,15 +419,23 @@ class KubeApi:
                 sent[name] = value  # replaces the default (a Table, `as=Table;g=meta.k8s.io;v=v1`)
             else:
                 sent.add(name, value)
+        gate = WRITE_GATE.get() if method != "GET" else None
+        gated = None if gate is None else _Gated(gate, f"{method} {path}")
+        payload: str | _GatedBody | None = data
+        if gated is not None and data is not None:
+            payload = _GatedBody(data.encode(), gated)
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
-            async with self._http().request(
+            if gated is not None and not gated.gate():
+                raise NotLeading(gated.where)
+            async with _refused_as_not_leading(), self._http().request(
                 method,
                 self.server + path,
                 params=_query(params or {}),
-                data=data,
+                data=payload,
                 headers=sent,
                 proxy=self._proxy,
                 server_hostname=self._server_hostname,
+                trace_request_ctx=gated,
             ) as resp:
                 raw = await resp.read()
                 if warnings is not None:
@@ -430,6 +517,7 @@ class KubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         send_initial_events: bool = False,
+        opened: Callable[[], None] = lambda: None,
     ) -> AsyncGenerator[tuple[str, Obj], None]:
         """Stream (type, object) events until the server ends the watch after `timeout_seconds`.
 
@@ -439,7 +527,9 @@ class KubeApi:
         `aiohttp.ServerTimeoutError`): a dead peer behind a half-open TCP connection would
         otherwise keep us waiting forever. `send_initial_events` asks for the existing
         objects as ADDED events first, closed by a BOOKMARK annotated
-        `k8s.io/initial-events-end` (KEP-3157 streaming lists).
+        `k8s.io/initial-events-end` (KEP-3157 streaming lists). `opened` is told once
+        the server accepted the watch, before its first event (a quiet kind may send none
+        for a minute).
         """
         params: dict[str, str | int | bool | None] = {
             "watch": True,
@@ -463,6 +553,7 @@ class KubeApi:
         ) as resp:
             if resp.status >= 300:
                 raise ApiError.from_body(resp.status, await resp.read(), where=f"WATCH {path}")
+            opened()
             lines = LineBuffer()
             async for chunk in resp.content.iter_any():
                 for line in lines.feed(chunk):

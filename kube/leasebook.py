@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kube.api import ApiError
+from kube.api import ApiError, ungated
 from quota.devicequota import DeviceQuota
 from quota.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
                             untake, writing)
@@ -217,7 +217,7 @@ class LeaseBook:
         on `quota` is `due`, until the lease is gone."""
         if quota not in self.tending and quota in self.leases:
             self.tending[quota] = asyncio.create_task(self._tend(quota, write, caches, clock, ttl),
-                                                      name=f"lease {shown(quota)}")
+                                                      name=f"lease {shown(quota)}", context=ungated())
 
     async def _tend(self, quota: QuotaKey, write: Callable[[], Awaitable[object]], caches: Caches,
                     clock: Callable[[], float], ttl: float) -> None:

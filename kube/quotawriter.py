@@ -37,6 +37,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
+from kube.api import ungated
 from kube.statuswriter import QuotaStatusWriter
 from quota.devicequota import Decision, DeviceQuota
 from quota.excess import parse_allocation_key
@@ -122,7 +123,7 @@ class Reservations(QuotaStatusWriter):
         return Decision(True, "", tuple(warnings), tuple(q.ref for q, _ in done), warned_by=tuple(warned_by))
 
     def _release_soon(self, quotas: list[tuple[DeviceQuota, Undo | None]], uid: str) -> None:
-        task = asyncio.create_task(self._compensate(quotas, uid), name=f"release {uid}")
+        task = asyncio.create_task(self._compensate(quotas, uid), name=f"release {uid}", context=ungated())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

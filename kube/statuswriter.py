@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kube.api import ApiError, KubeApi
+from kube.api import ApiError, KubeApi, ungated
 from kube.leasebook import LeaseBook, version_of
 from kube.resources import quota_resource
 from kube.seen import Seen
@@ -172,7 +172,7 @@ class QuotaStatusWriter(Seen):
         batch.pending.append((request, future))
         if not batch.running:
             batch.running = True
-            task = asyncio.create_task(self._drain(key, batch), name=f"reservations {shown(key)}")
+            task = asyncio.create_task(self._drain(key, batch), name=f"reservations {shown(key)}", context=ungated())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await future

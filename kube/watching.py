@@ -11,7 +11,10 @@ resourceVersion seen. A watch the server ends (timeoutSeconds) is reopened from 
 connection error or a silent connection is reopened from there after a capped, jittered
 exponential backoff; a 410 Gone (as an HTTP status or as an ERROR event) means the server
 no longer has events that old, so the only way back is a fresh list, which replaces the
-store. `synced` is set after the first complete list, never before.
+store. `synced` is set after the first complete list, never before. `live` says the
+store follows the server now: False from a failed watch or list (the API server gone or
+restarting, a 410) until a list lands or a watch is accepted again; a watch the server
+ended on its timeout is reopened without ever being not live.
 
 A list goes through `Reflector.rebuild`, which fetches it and hands it to the store's
 `replace`: at once by default; `serve` keeps full garbage collections off while the
@@ -225,6 +228,7 @@ class Reflector:
     resource_version: str | None = field(default=None, init=False)
     stats: ReflectorStats = field(default_factory=ReflectorStats, init=False)
     _attempt: int = field(default=0, init=False, repr=False)
+    live: bool = field(default=False, init=False)  # module doc
 
     @property
     def where(self) -> str:
@@ -239,7 +243,9 @@ class Reflector:
                     must_list = False
                 if await self._watch():
                     continue  # the server ended the watch (timeoutSeconds): reopen at once
+                self.live = False
             except ApiError as e:
+                self.live = False
                 if e.status == 410:
                     # reflector.go: an expired resourceVersion ends the watch and relists.
                     logger.info("%s: resourceVersion %s expired (%s), listing again", self.where, self.resource_version, e.message)
@@ -248,6 +254,7 @@ class Reflector:
                 else:
                     logger.warning("%s: %s", self.where, e)
             except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                self.live = False
                 # ClientError covers refused/reset connections and the silence timeout
                 # (ServerTimeoutError); ValueError a truncated or garbled JSON line.
                 logger.warning("%s: watch connection lost (%s: %s), reconnecting", self.where, type(e).__name__, e)
@@ -276,6 +283,7 @@ class Reflector:
         if self.progress is not None:
             self.progress.advance(self.resource_version)
         self.stats.lists += 1
+        self.live = True
         self._attempt = 0
         if not self.synced.is_set():
             logger.info("%s: synced, %d objects at resourceVersion %s", self.where, len(listing.items), self.resource_version)
@@ -298,6 +306,7 @@ class Reflector:
             resource_version=self.resource_version,
             timeout_seconds=timeout,
             silence=self.settings.silence,
+            opened=self._opened,
         )
         async with contextlib.aclosing(stream):
             async for kind, obj in stream:
@@ -309,6 +318,9 @@ class Reflector:
         logger.warning("%s: the watch ended after %.2fs without an event, reconnecting after a backoff",
                        self.where, time.monotonic() - started)
         return False
+
+    def _opened(self) -> None:
+        self.live = True
 
     def apply(self, kind: str, obj: Obj) -> None:
         """Apply one decoded watch event to the store and advance the resourceVersion."""

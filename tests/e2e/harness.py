@@ -181,33 +181,48 @@ async def refusing_deletes(cluster: ControlPlane, kube: Kube, run: str,
     DELETEs it refused."""
     refused: list[str] = []
 
+    async def handle(req: Obj) -> Obj:
+        refused.append((req.get("oldObject") or {}).get("metadata", {}).get("uid", ""))
+        return {"allowed": False, "status": {"code": 403, "message": "claims are protected here"}}
+
+    async with claim_webhook(cluster, kube, f"protect-claims-{run}", "DELETE", handle,
+                             labels or {RUN_LABEL: run}):
+        yield refused
+
+
+@contextlib.asynccontextmanager
+async def claim_webhook(cluster: ControlPlane, kube: Kube, name: str, operation: str,
+                        answer: Callable[[Obj], Awaitable[Obj]], labels: dict[str, str]) -> AsyncIterator[None]:
+    """A validating webhook of the test's own (another policy on claims) for `operation`
+    on claims in the namespaces with `labels`: `answer` gets each review's request and
+    returns its response but the uid."""
+
     async def handle(request: web.Request) -> web.Response:
         req = (await request.json())["request"]
-        refused.append((req.get("oldObject") or {}).get("metadata", {}).get("uid", ""))
-        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
-            "uid": req["uid"], "allowed": False, "status": {"code": 403, "message": "claims are protected here"}}})
+        response = {**await answer(req), "uid": req["uid"]}
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "response": response})
 
     app = web.Application()
-    app.router.add_post("/refuse", handle)
+    app.router.add_post("/review", handle)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(*map(str, cluster.webhook_cert))
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_ports(1)[0]
     await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
-    config = {"apiVersion": ADMISSION, "kind": "ValidatingWebhookConfiguration",
-              "metadata": {"name": f"protect-claims-{run}"},
-              "webhooks": [{"name": "protect.claims.e2e.draquota.io", "admissionReviewVersions": ["v1"],
+    config = {"apiVersion": ADMISSION, "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name},
+              "webhooks": [{"name": f"{operation.lower()}.claims.e2e.draquota.io", "admissionReviewVersions": ["v1"],
                             "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
                             "clientConfig": {"service": {"namespace": "minik8s-system", "name": "test-webhook",
-                                                         "port": port, "path": "/refuse"},
+                                                         "port": port, "path": "/review"},
                                              "caBundle": base64.b64encode(cluster.ca_file.read_bytes()).decode()},
-                            "namespaceSelector": {"matchLabels": labels or {RUN_LABEL: run}},
+                            "namespaceSelector": {"matchLabels": labels},
                             "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                                       "operations": ["DELETE"], "resources": ["resourceclaims"]}]}]}
+                                       "operations": [operation], "resources": ["resourceclaims"]}]}]}
     try:
         async with installed(kube, [config]):
-            yield refused
+            yield
     finally:
         await runner.cleanup()
 

@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from controllers.leader import LeaderElector
-from kube.api import ApiError, Resource
+from kube.api import WRITE_GATE, ApiError, Resource
 from quota.leases import Timing
 
 from ..clock import FakeClock, until
@@ -142,3 +142,44 @@ async def test_a_candidate_waits_out_a_live_lease_and_takes_a_released_one_at_on
         for task in (task_a, task_b):
             task.cancel()
         await asyncio.gather(task_a, task_b, return_exceptions=True)
+
+
+async def test_a_write_decided_while_leading_is_not_sent_once_frozen_past_the_deadline() -> None:
+    """SIGSTOP between a writer's decision and its send: on waking, the gate its write
+    passes as it is sent (`kube.api.WRITE_GATE`) is closed, though the writer saw itself
+    leading; the elector then steps down and reads the Lease again before leading."""
+    api, clock = FakeLeases(), FakeClock()
+    leader = LeaderElector(api, name="lease", namespace="ns", identity="a", timing=TIMING,  # type: ignore[arg-type]
+                           clock=clock)
+    decided, frozen = asyncio.Event(), asyncio.Event()
+    gates: list[bool] = []
+    leads = 0
+
+    async def work() -> None:
+        nonlocal leads
+        leads += 1
+        if leads > 1:
+            await asyncio.Event().wait()
+        assert leader.leading()
+        decided.set()
+        await frozen.wait()
+        gate = WRITE_GATE.get()
+        assert gate is not None
+        gates.append(gate())  # what `KubeApi` asks immediately before sending
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(leader.run(work))
+    try:
+        await asyncio.wait_for(decided.wait(), 2)
+        reads = len(api.writes)
+        clock.advance(TIMING.renew_deadline)  # frozen: the clock ran, the loop did not
+        frozen.set()
+        await until(lambda: bool(gates))
+        assert gates == [False] and not leader.leading()
+        # Awake: it stepped down, read the Lease (still its own: nobody took it) and leads again.
+        await until(lambda: leads == 2 and len(api.writes) > reads)
+        assert leader.leading()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+

@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, cast
 
+import aiohttp
 import pytest
 
 from kubernetes_asyncio.client import Configuration
@@ -304,3 +305,40 @@ async def test_a_list_goes_through_the_rebuild_hook_and_no_watch_starts_before_i
             await task
     assert seen == [(0, False)] and store.calls[0] == ("replace", [])
     assert reflector.resource_version == "5"  # the list's
+
+
+class FlakyWatchApi(EmptyWatchApi):
+    """The first watch fails to connect (an API server restarting); the next is accepted
+    and then stays open without an event, as a quiet kind's watch does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accepted = asyncio.Event()
+
+    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:
+        self.watches += 1
+        if self.watches == 1:
+            raise aiohttp.ClientConnectionError("connection refused")
+        kwargs["opened"]()
+        self.accepted.set()
+        await asyncio.Event().wait()
+        yield "BOOKMARK", {}  # never reached
+
+
+async def test_a_reflector_is_not_live_from_a_failed_watch_until_one_is_accepted_again() -> None:
+    api = FlakyWatchApi()
+    lives: list[bool] = []
+    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=RecordingStore(),
+                          settings=WatchSettings(backoff=Backoff(initial=0.05, cap=0.05)))
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 5)
+        await until(lambda: reflector.stats.restarts == 1, "the failed watch")
+        lives.append(reflector.live)  # in the backoff after the failure
+        await asyncio.wait_for(api.accepted.wait(), 5)
+        lives.append(reflector.live)  # accepted, no event yet
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert lives == [False, True]
