@@ -193,6 +193,7 @@ async def serve(options: ServeOptions) -> int:
             log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
         await _announce_ready(caches, stop, started)
         await stop.wait()
+        connections.drain()  # every answer from now on closes its connection cleanly
         # Only a replica the endpoints may hold needs the delay: one that listens and was ready.
         if options.shutdown_delay_seconds > 0 and options.webhook and caches.ready.is_set() and not failed:
             await _not_ready_for(options.shutdown_delay_seconds, hurry)
