@@ -11,7 +11,8 @@ process's life: start-up, readiness, signals and shutdown.
 
 `/readyz` answers 200 only after every reflector synced (claims are listed last:
 `commands.wiring`), and 503 again once shutdown began, so no review reaches a replica
-with a partial view.
+with a partial view; and 503 while the API server does not answer (`kube.contact`: then
+reviews are answered 503 too, and the webhooks' failurePolicy decides).
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
@@ -59,6 +60,7 @@ from commands.wiring import Caches, lead, leader_elector, observability
 from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
 from kube.api import ApiError, KubeApi
+from kube.contact import Contact
 from kube.resources import QUOTAS
 from runtime.stalls import time_collections, watch as watch_stalls
 from webhook.certificates import start as start_self_managed
@@ -143,11 +145,14 @@ async def serve(options: ServeOptions) -> int:
                        recounts=caches.recounter, may_label=LabelAccess(api))
     metrics, recorder, observe = observability(api, caches, tls, manager, leading,
                                                team_series=options.team_namespace_series)
+    # Its own connection pool: a probe must not queue behind the writes (`kube.contact`).
+    contact = Contact(api.detached())
+    metrics.contact(contact.reachable)
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set(), observe=observe,
-                    connections=connections)
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set() and contact.reachable(),
+                    observe=observe, connections=connections, unavailable=contact.unavailable)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
                            logger=HTTP_LOG)
     if options.webhook:
@@ -162,6 +167,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         *writers,
         asyncio.create_task(caches.run(), name="caches"),
+        asyncio.create_task(contact.run(), name="API server contact"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
