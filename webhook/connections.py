@@ -101,11 +101,6 @@ HOG_NEW_PER_SECOND = 32.0
 # (bench/attacks.py, "oversized"). The client's writes stall in the kernel meanwhile; a
 # client reading its answer as it writes (Go's net/http does) has it at once.
 ANSWER_GRACE = 1.0
-# Draining (`Connections.drain`): a connection kept alive but unused this long is closed.
-# The API server takes its most recently used idle connection first (Go's http.Transport
-# keeps them as a stack), so one idle this long is the least likely to be written to in
-# the instant we close it.
-DRAIN_IDLE_SECONDS = 2.0
 # Draining, once the listener closed: how long a connection it accepted last may take to
 # bring its request (the API server writes it right after the handshake).
 DRAIN_OPENING_SECONDS = 2.0
@@ -182,14 +177,17 @@ class Connections:
         self.draining = False
 
     def drain(self) -> None:
-        """From now on every answer says `Connection: close` (`track`), and a connection
-        idle for `DRAIN_IDLE_SECONDS` is closed: shutdown has begun.
+        """From now on every answer says `Connection: close` (`track`): shutdown has begun.
 
         The API server writes its next review on a kept-alive connection whenever it
-        likes: one we close under it fails that call ("EOF", under failurePolicy Fail a
-        refused create). An answer that says `Connection: close` is the one clean end of
-        an HTTP/1.1 connection, so each connection ends after its next answer, and those
-        left when the listener closes are the few unused for a while.
+        likes: one we close under it fails that call ("EOF", "broken pipe", "connection
+        reset": under failurePolicy Fail a refused create). An answer that says
+        `Connection: close` is the one clean end of an HTTP/1.1 connection, so each
+        connection ends after its next answer, and those left when the listener closes
+        (the grace period's end) are the few the API server did not use meanwhile. Idle
+        ones are not closed earlier on a timer of our own: closing them a second after
+        SIGTERM, when the API server still picks from them under load, failed 2 creates
+        of 4,000 (a loaded machine's client notices a close late).
         """
         self.draining = True
 
@@ -266,8 +264,6 @@ class Connections:
         now = self._clock()
         for phase, queue in self._phases.items():
             timeout = self.limits.timeout(phase)
-            if phase is Phase.IDLE and self.draining:
-                timeout = min(self.limits.idle_timeout, DRAIN_IDLE_SECONDS)
             if timeout is None:
                 continue
             while queue:

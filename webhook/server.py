@@ -349,6 +349,7 @@ def _readyz(ready: Callable[[], bool]) -> Callable[[web.Request], Awaitable[web.
     async def handle(_: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok")
-        return web.Response(status=503, text="not ready: caches not synced yet, shutting down, or the API server not answering")
+        return web.Response(status=503, text="not ready: caches not synced yet, shutting down, "
+                                             "or the API server not answering")
 
     return handle

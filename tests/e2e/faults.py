@@ -2,11 +2,13 @@
 (test_rolling_upgrade.py, test_cut_off.py) and bench/rolling.py.
 
 `Load` creates claims across many namespaces, as fast as its workers go, until stopped,
-and sorts every answer: admitted, denied by a full quota (final: the quota did its job), a
-lease denial ("retry in a few seconds": a designed answer near `hard`) and anything else
-(`failed`: a webhook call that timed out or lost its connection, a 500, our own timeout
-denial), which a fault must not cause. It is never retried here: a create that failed
-counts once, as a user sees it.
+and sorts every answer: admitted; denied by a full quota (final: the quota did its job);
+denied by our webhook with a "retry" (`retried`: contention on a quota's status, its own
+deadline passed, a full lease: an answer, under CPU starvation a few in a thousand); and
+anything else (`failed`: the API server could not get an answer from the webhook, "failed
+calling webhook" (a timeout, a connection closed or refused), or the client's own
+connection failed), which a fault must not cause. Nothing is retried here: a create counts
+once, as a user sees it.
 
 `Persisted` watches every claim the API server stores in those namespaces, in
 resourceVersion order, from before the load: at each ADDED event it adds the claim's
@@ -14,6 +16,11 @@ charge to its namespace and keeps the largest `charged - hard` seen (over-commit
 resourceVersion, since the load deletes nothing), and it counts claims stored without our
 `draquota.io/charge` annotation (admitted with no quota check: the mutating webhook writes
 it in the create itself).
+
+`scale()` is how hard and how long: the CI's (16 concurrent creates, 200 answered between
+two steps of a fault, a 30 s partition) or, with DRAQUOTA_FAULTS_SCALE=full, bench/rolling.py's
+(64, 3,000, 60 s); `report` hands the numbers a test measured to bench/rolling.py
+(DRAQUOTA_FAULTS_REPORT names the file): tests never assert a duration.
 
 `PausingProxy` is a loopback TCP proxy in front of the API server that a test pauses (every
 byte held both ways, new connections held too: a network partition, whose TCP retransmits
@@ -24,12 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
+import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kube.api import ApiError, Resource
 
@@ -42,9 +56,61 @@ GiB = 1024**3
 GPU = 80 * GiB  # devcluster.driver.Gpu's memory
 CLAIMS = Resource(RESOURCE_V1, "resourceclaims")
 CHARGE = "draquota.io/charge"
-# Denials a fault may not turn into failures: the quota's own (final) and a lease's (retry).
 EXCEEDED = ("exceeded DeviceQuota", "exceeded ClusterDeviceQuota")
-LEASED = "counting the leases other replicas hold"
+DENIED = "denied the request"  # how the API server words a webhook's answer (our "retry" denials)
+
+
+SCALE_ENV, REPORT_ENV = "DRAQUOTA_FAULTS_SCALE", "DRAQUOTA_FAULTS_REPORT"
+
+
+@dataclass(frozen=True)
+class Scale:
+    workers: int  # creates in flight at once
+    between: int  # creates answered between two steps of a fault
+    cut: float  # seconds a partition lasts once the replica noticed it
+
+
+def scale() -> Scale:
+    return Scale(64, 3000, 60.0) if os.environ.get(SCALE_ENV) == "full" else Scale(16, 200, 30.0)
+
+
+def report(test: str, numbers: dict[str, object]) -> None:
+    """One line of JSON for bench/rolling.py, where it asked for them."""
+    if path := os.environ.get(REPORT_ENV):
+        with open(path, "a") as out:
+            out.write(json.dumps({"test": test, **numbers}) + "\n")
+
+
+async def scrape(metrics_port: int) -> dict[str, float]:
+    """`serve`'s metrics over plain HTTP (`--no-metrics-secure`: a secure scrape's token review
+    needs the API server): "name[(label, value), ...]" -> value."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+        text = await resp.text()
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def stall_max(metrics_port: int) -> float:
+    """The longest event loop stall of a `serve` since it started (its metric, in seconds)."""
+    return (await scrape(metrics_port)).get("draquota_event_loop_stall_max_seconds[]", float("nan"))
+
+
+_LOGGED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(released Lease|leading: Lease)", re.M)
+
+
+def handovers(logs: Sequence[Path]) -> list[float]:
+    """Seconds from each Lease a leaving leader released (its log) to the next replica's
+    "leading" line: how long no replica led."""
+    events = sorted((datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"), what)
+                    for log in logs if log.exists() for stamp, what in _LOGGED.findall(log.read_text(errors="replace")))
+    gaps, released = [], None
+    for when, what in events:
+        if what == "released Lease":
+            released = when
+        elif released is not None:
+            gaps.append((when - released).total_seconds())
+            released = None
+    return gaps
 
 
 @dataclass
@@ -87,9 +153,9 @@ class Load:
     workers: int = 16
     admitted: int = 0
     exceeded: int = 0
-    leased: int = 0
+    retried: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
-    # (monotonic time, message) of each failure: when, against the faults' own timeline.
+    # (monotonic time, message) of each failure and "retry" denial: when, on the faults' timeline.
     failures: list[tuple[float, str]] = field(default_factory=list)
     started: float = 0.0
     stopped: float = 0.0
@@ -99,7 +165,7 @@ class Load:
 
     @property
     def total(self) -> int:
-        return self.admitted + self.exceeded + self.leased + sum(self.failed.values())
+        return self.admitted + self.exceeded + sum(self.retried.values()) + sum(self.failed.values())
 
     @property
     def rate(self) -> float:
@@ -140,8 +206,9 @@ class Load:
             except ApiError as err:
                 if any(e in err.message for e in EXCEEDED):
                     self.exceeded += 1
-                elif LEASED in err.message:
-                    self.leased += 1
+                elif DENIED in err.message:
+                    self.retried[err.message.split(DENIED, 1)[1][:100]] += 1
+                    self.failures.append((time.monotonic(), f"(retry) {err.message}"))
                 else:
                     self._failed(f"{err.status} {err.message}")
             except (OSError, TimeoutError) as err:  # the client's own connection to the API server
@@ -154,7 +221,8 @@ class Load:
 
     def summary(self) -> str:
         return (f"{self.total} creates at {self.rate:.0f}/s: {self.admitted} admitted, {self.exceeded} exceeded, "
-                f"{self.leased} lease denials, {sum(self.failed.values())} failed {dict(self.failed)}")
+                f"{sum(self.retried.values())} denied to retry {dict(self.retried)}, "
+                f"{sum(self.failed.values())} failed {dict(self.failed)}")
 
 
 @dataclass

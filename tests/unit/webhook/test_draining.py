@@ -4,8 +4,7 @@ The API server writes its next review on a kept-alive connection whenever it lik
 connection closed under it fails that call ("EOF": under failurePolicy Fail, a refused
 create; tests/e2e/test_rolling_upgrade.py saw 4-11 in a rolling upgrade before this).
 Over real sockets: once draining, every answer says `Connection: close` and closes its
-connection; a connection idle for `DRAIN_IDLE_SECONDS` goes; and a listener that closes
-first accepts and serves the connections waiting in the kernel's queue, which closing it
+connection; and a listener that closes first accepts and serves the connections waiting in the kernel's queue, which closing it
 would reset (with SO_REUSEPORT the kernel hands a leaving replica connections until then).
 """
 
@@ -17,9 +16,7 @@ import socket
 import pytest
 
 from webhook.accepting import Listener
-from webhook.connections import DRAIN_IDLE_SECONDS, Limits, Phase
 
-from ..clock import FakeClock
 from .test_connections import REVIEW_BODY, allow, closed, until
 from .wire import Wire, post, serving
 
@@ -38,23 +35,6 @@ async def test_once_draining_every_answer_closes_its_connection_cleanly() -> Non
         assert last.review()["allowed"] is True
         assert last.headers.get("connection", "").lower() == "close", last.headers
         assert await closed(wire)
-        await wire.close()
-
-
-async def test_once_draining_a_connection_idle_for_a_moment_is_closed() -> None:
-    clock = FakeClock(1000.0)
-    async with serving({"/validate": allow}, limits=Limits(idle_timeout=120), clock=clock) as served:
-        wire = await Wire.open(served.port)
-        await wire.send(post(REVIEW_BODY))
-        await wire.answer()
-        await until(lambda: served.connections.counts()[Phase.IDLE] == 1, "the connection idle")
-        clock.now += DRAIN_IDLE_SECONDS
-        served.connections.expire()
-        assert len(served.connections) == 1, "not draining: kept for the idle timeout"
-        served.connections.drain()
-        served.connections.expire()
-        assert await closed(wire)
-        assert served.connections.dropped == {"idle": 1}
         await wire.close()
 
 
