@@ -77,6 +77,8 @@ __all__ = ["LIMITATIONS", "Caches", "JsonFormatter", "LeaderElection", "ServeErr
 
 log = logging.getLogger(__name__)
 
+STARTING = "dra-quota is starting: its caches have not listed everything yet; retry"
+
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
     "the replica holding the Lease writes status.used/reserved and exports the usage metrics."
@@ -151,8 +153,14 @@ async def serve(options: ServeOptions) -> int:
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})
+
+    def unavailable() -> str:
+        # Deciding on caches that have not listed everything could admit a claim its quota
+        # governs unchecked: undecided, the webhooks' failurePolicy decides (`kube.contact`).
+        return contact.unavailable() if caches.synced else STARTING
+
     app = build_app(endpoints(ctx), ready=lambda: caches.synced and not stop.is_set() and contact.reachable(),
-                    observe=observe, connections=connections, unavailable=contact.unavailable)
+                    observe=observe, connections=connections, unavailable=unavailable)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
                            logger=HTTP_LOG)
     if options.webhook:
@@ -192,12 +200,16 @@ async def serve(options: ServeOptions) -> int:
     try:
         if options.metrics_port:
             metrics_runner = await metrics_listener(options, metrics, api, tls, metrics_connections, caches.rebuilds)
-        if tls is not None:
-            site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
-                           reuse_port=options.reuse_port)
-            await site.start()
-            log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
+        site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
+                       reuse_port=options.reuse_port) if tls is not None else None
+        # On a port shared with SO_REUSEPORT the kernel hands this replica connections as
+        # soon as it listens, ready or not (no Service reads its readiness): it listens
+        # once its caches have synced. Alone on its port it listens at once, for the probes.
+        if site is not None and not options.reuse_port:
+            await _listen(site, options)
         await _announce_ready(caches, stop, started)
+        if site is not None and options.reuse_port and caches.synced:
+            await _listen(site, options)
         await stop.wait()
         connections.drain()  # every answer from now on closes its connection cleanly
         # Only a replica the endpoints may hold needs the delay: one that listens and was ready.
@@ -221,6 +233,11 @@ async def serve(options: ServeOptions) -> int:
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+async def _listen(site: TlsSite, options: ServeOptions) -> None:
+    await site.start()
+    log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
 
 
 async def _not_ready_for(seconds: float, hurry: asyncio.Event) -> None:

@@ -207,22 +207,26 @@ class Load:
                 if any(e in err.message for e in EXCEEDED):
                     self.exceeded += 1
                 elif DENIED in err.message:
-                    self.retried[err.message.split(DENIED, 1)[1][:100]] += 1
-                    self.failures.append((time.monotonic(), f"(retry) {err.message}"))
+                    self.retried[_short(err.message.split(DENIED, 1)[1])] += 1
+                    self.failures.append((time.monotonic(), f"(denied) {err.message}"))
                 else:
                     self._failed(f"{err.status} {err.message}")
             except (OSError, TimeoutError) as err:  # the client's own connection to the API server
                 self._failed(f"client: {type(err).__name__} {err}")
 
     def _failed(self, message: str) -> None:
-        # The API server's cause is at the end: "... failed to call webhook: Post ...: EOF".
-        self.failed[message if len(message) <= 200 else f"{message[:80]} ... {message[-120:]}"] += 1
+        self.failed[_short(message)] += 1
         self.failures.append((time.monotonic(), message))
 
     def summary(self) -> str:
         return (f"{self.total} creates at {self.rate:.0f}/s: {self.admitted} admitted, {self.exceeded} exceeded, "
                 f"{sum(self.retried.values())} denied to retry {dict(self.retried)}, "
                 f"{sum(self.failed.values())} failed {dict(self.failed)}")
+
+
+def _short(message: str) -> str:
+    # The cause is at the end: "... failed to call webhook: Post ...: EOF", "...; retry".
+    return message if len(message) <= 200 else f"{message[:80]} ... {message[-120:]}"
 
 
 @dataclass
