@@ -193,7 +193,8 @@ def _add_serve(sub: _Subparsers) -> None:
                             "so the Service's endpoints drop this Pod before its listener closes (a rollout's old Pod "
                             "then fails no review); a second signal ends the wait (default 0; the chart sets 15)")
     serve.add_argument("--reuse-port", action="store_true",
-                       help="SO_REUSEPORT: let several replicas on one host listen on --port")
+                       help="SO_REUSEPORT: let several replicas on one host listen on --port (each listens once "
+                            "its caches have synced: the kernel, not readiness, picks the replica)")
     serve.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                        help=f"port of GET /metrics (Prometheus); 0 disables (default {DEFAULT_METRICS_PORT})")
     serve.add_argument("--metrics-secure", action=argparse.BooleanOptionalAction, default=True,

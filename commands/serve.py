@@ -12,7 +12,9 @@ process's life: start-up, readiness, signals and shutdown.
 `/readyz` answers 200 only after every reflector synced (claims are listed last:
 `commands.wiring`), and 503 again once shutdown began, so no review reaches a replica
 with a partial view; 503 too while a reflector reconnects after losing its watch (an API
-server restarting) or relists after a 410, until each follows the server again.
+server restarting) or relists after a 410, until each follows the server again; and 503
+while the API server does not answer (`kube.contact`: then reviews are answered 503 too,
+and the webhooks' failurePolicy decides).
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
 (`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
@@ -61,6 +63,7 @@ from commands.wiring import Caches, lead, leader_elector, observability
 from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
 from kube.api import ApiError, KubeApi
+from kube.contact import Contact
 from kube.resources import QUOTAS
 from runtime.stalls import time_collections, watch as watch_stalls
 from webhook.certificates import start as start_self_managed
@@ -76,6 +79,8 @@ __all__ = ["LIMITATIONS", "Caches", "JsonFormatter", "LeaderElection", "ServeErr
            "configure_logging", "policy_source", "serve"]
 
 log = logging.getLogger(__name__)
+
+STARTING = "dra-quota is starting: its caches have not listed everything yet; retry"
 
 LIMITATIONS = (
     "Reservations are persisted on DeviceQuota status (several replicas may serve); "
@@ -145,11 +150,21 @@ async def serve(options: ServeOptions) -> int:
                        recounts=caches.recounter, may_label=LabelAccess(api))
     metrics, recorder, observe = observability(api, caches, tls, manager, leading,
                                                team_series=options.team_namespace_series)
+    # Its own connection pool: a probe must not queue behind the writes (`kube.contact`).
+    contact = Contact(api.detached())
+    metrics.contact(contact.reachable)
     connections = Connections(options.limits)
     metrics_connections = Connections(metrics_limits(options.limits))
     metrics.connections({"webhook": connections, "metrics": metrics_connections})
-    app = build_app(endpoints(ctx), ready=lambda: caches.synced and caches.live and not stop.is_set(), observe=observe,
-                    connections=connections)
+
+    def unavailable() -> str:
+        # Deciding on caches that have not listed everything could admit a claim its quota
+        # governs unchecked: undecided, the webhooks' failurePolicy decides (`kube.contact`).
+        return contact.unavailable() if caches.synced else STARTING
+
+    app = build_app(endpoints(ctx), ready=lambda: caches.synced and caches.live and not stop.is_set()
+                    and contact.reachable(),
+                    observe=observe, connections=connections, unavailable=unavailable)
     runner = web.AppRunner(app, shutdown_timeout=options.shutdown_grace_seconds, access_log=None, handle_signals=False,
                            logger=HTTP_LOG)
     if options.webhook:
@@ -167,6 +182,7 @@ async def serve(options: ServeOptions) -> int:
     background = [
         *writers,
         asyncio.create_task(caches.run(), name="caches"),
+        asyncio.create_task(contact.run(), name="API server contact"),
         *([asyncio.create_task(certificates, name="certificates")] if certificates else []),
         asyncio.create_task(recorder.run(), name="events"),
         asyncio.create_task(policy.poll(), name="admin-access policy file"),
@@ -191,13 +207,18 @@ async def serve(options: ServeOptions) -> int:
     try:
         if options.metrics_port:
             metrics_runner = await metrics_listener(options, metrics, api, tls, metrics_connections, caches.rebuilds)
-        if tls is not None:
-            site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
-                           reuse_port=options.reuse_port)
-            await site.start()
-            log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
+        site = TlsSite(runner, options.bind_address, options.port, context=tls.context, connections=connections,
+                       reuse_port=options.reuse_port) if tls is not None else None
+        # On a port shared with SO_REUSEPORT the kernel hands this replica connections as
+        # soon as it listens, ready or not (no Service reads its readiness): it listens
+        # once its caches have synced. Alone on its port it listens at once, for the probes.
+        if site is not None and not options.reuse_port:
+            await _listen(site, options)
         await _announce_ready(caches, stop, started)
+        if site is not None and options.reuse_port and caches.synced:
+            await _listen(site, options)
         await stop.wait()
+        connections.drain()  # every answer from now on closes its connection cleanly
         # Only a replica the endpoints may hold needs the delay: one that listens and was ready.
         if options.shutdown_delay_seconds > 0 and options.webhook and caches.ready.is_set() and not failed:
             await _not_ready_for(options.shutdown_delay_seconds, hurry)
@@ -219,6 +240,11 @@ async def serve(options: ServeOptions) -> int:
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return 1 if failed else 0
+
+
+async def _listen(site: TlsSite, options: ServeOptions) -> None:
+    await site.start()
+    log.info("serving admission reviews on https://%s:%d; %s", options.bind_address, options.port, LIMITATIONS)
 
 
 async def _not_ready_for(seconds: float, hurry: asyncio.Event) -> None:

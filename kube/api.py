@@ -334,6 +334,13 @@ class KubeApi:
         )
         return cls(configuration, **kwargs)
 
+    def detached(self) -> KubeApi:
+        """A client of the same server, with the same credentials and timeouts, on a connection
+        pool of its own: a probe that must not queue behind this client's writes (`kube.contact`)."""
+        twin = KubeApi(self._config, request_timeout=self._timeout.total or 30.0, connect_timeout=self._connect_timeout)
+        twin.credentials = self.credentials
+        return twin
+
     async def __aenter__(self) -> KubeApi:
         return self
 

@@ -79,13 +79,33 @@ class Listener(asyncio.AbstractServer):
         return bool(self._sockets)
 
     def close(self) -> None:
-        """Stop listening; connections already admitted are their protocols' to finish."""
+        """Stop listening; connections already admitted are their protocols' to finish.
+
+        The connections waiting in the kernel's queue are accepted first: closing a
+        listening socket resets them, and with SO_REUSEPORT the kernel gives one
+        listener of the group connections until the moment it closes (a replica leaving
+        a shared port would fail the API server's calls on them). Accepting and closing
+        run in one step of the loop, so only a handshake completing within it is lost.
+        """
         for sock in self._sockets:
             self._loop.remove_reader(sock.fileno())
+            self._accept_queued(sock)
             sock.close()
         self._sockets = []
-        for task in self._starting:
-            task.cancel()
+
+    def _accept_queued(self, sock: socket.socket) -> None:
+        for _ in range(LISTEN_BACKLOG):
+            try:
+                conn, address = sock.accept()
+            except ConnectionAbortedError:
+                continue
+            except OSError:  # empty (BlockingIOError), or out of descriptors: nothing more to take
+                return
+            protocol = self._admit(_source(address))
+            if protocol is None:
+                _reset(conn)
+            else:
+                self._start(conn, protocol)
 
     async def wait_closed(self) -> None:
         if self._starting:
@@ -125,7 +145,7 @@ class Listener(asyncio.AbstractServer):
                 # (its place in `Connections` goes at its header deadline)
                 log.debug("a connection closed before it was served: %s", err)
                 conn.close()
-            except asyncio.CancelledError:  # the listener closed first
+            except asyncio.CancelledError:  # the loop is closing
                 conn.close()
                 raise
 

@@ -101,6 +101,9 @@ HOG_NEW_PER_SECOND = 32.0
 # (bench/attacks.py, "oversized"). The client's writes stall in the kernel meanwhile; a
 # client reading its answer as it writes (Go's net/http does) has it at once.
 ANSWER_GRACE = 1.0
+# Draining, once the listener closed: how long a connection it accepted last may take to
+# bring its request (the API server writes it right after the handshake).
+DRAIN_OPENING_SECONDS = 2.0
 
 
 class Phase(enum.IntEnum):
@@ -171,6 +174,22 @@ class Connections:
         # A token bucket: how many more new connections a hog may have now (one bucket: at
         # most one source holds more than half the cap).
         self._hog_budget, self._hog_budget_at = HOG_NEW_PER_SECOND, clock()
+        self.draining = False
+
+    def drain(self) -> None:
+        """From now on every answer says `Connection: close` (`track`): shutdown has begun.
+
+        The API server writes its next review on a kept-alive connection whenever it
+        likes: one we close under it fails that call ("EOF", "broken pipe", "connection
+        reset": under failurePolicy Fail a refused create). An answer that says
+        `Connection: close` is the one clean end of an HTTP/1.1 connection, so each
+        connection ends after its next answer, and those left when the listener closes
+        (the grace period's end) are the few the API server did not use meanwhile. Idle
+        ones are not closed earlier on a timer of our own: closing them a second after
+        SIGTERM, when the API server still picks from them under load, failed 2 creates
+        of 4,000 (a loaded machine's client notices a close late).
+        """
+        self.draining = True
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -258,6 +277,12 @@ class Connections:
         for conn in list(self._phases[Phase.OPENING]):
             self._drop(conn, "shutdown")
 
+    async def opened_requests(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds until no connection is still to bring its first request."""
+        deadline = self._clock() + timeout
+        while self._phases[Phase.OPENING] and self._clock() < deadline:
+            await asyncio.sleep(0.05)
+
     async def run(self) -> None:
         """Expire connections every `SWEEP_SECONDS` until cancelled."""
         while True:
@@ -329,7 +354,10 @@ def track(connections: Connections) -> Middleware:
             return await handler(request)
         connections.enter(conn, Phase.REQUEST)
         try:
-            return await handler(request)
+            response = await handler(request)
+            if connections.draining and not response.prepared:
+                response.force_close()  # `Connection: close` (`Connections.drain`)
+            return response
         finally:
             connections.enter(conn, Phase.IDLE)
 
@@ -524,7 +552,12 @@ class TlsSite(web.BaseSite):
         if self._sweeper is not None:
             self._sweeper.cancel()
         # Connections with a request in flight are aiohttp's to finish (the runner's
-        # shutdown_timeout); those no request reached yet are not aiohttp's at all.
+        # shutdown_timeout); those no request reached yet are not aiohttp's at all. The
+        # listener's last accepted ones (`Listener.close`) are the API server's, which
+        # writes its review right after the handshake: while draining, they get a moment
+        # to bring it.
+        if self.connections.draining:
+            await self.connections.opened_requests(DRAIN_OPENING_SECONDS)
         self.connections.close_opening()
 
 

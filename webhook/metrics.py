@@ -54,6 +54,7 @@ from runtime.metricnames import (
     ADMISSION_DURATION,
     ADMISSION_REQUESTS,
     ALLOCATION_WAIT,
+    API_SERVER_REACHABLE,
     QUOTA_DENIALS,
     ANNOTATIONS_REFUSED,
     ANNOTATION_WRITERS,
@@ -325,6 +326,17 @@ class Metrics:
     def watch(self, reflectors: Callable[[], Iterable[Reflector]]) -> None:
         """Expose the reflectors' state (read at each scrape)."""
         self.registry.register(_Collect(lambda: _reflector_metrics(reflectors())))
+
+    def contact(self, reachable: Callable[[], bool]) -> None:
+        """Expose whether the API server answers this replica's probe (`kube.contact`)."""
+        def collect() -> Iterator[Metric]:
+            gauge = GaugeMetricFamily(API_SERVER_REACHABLE, "1 while the API server answers this replica's probe; 0 "
+                                      "once it has not for 10 s: not ready, and reviews are answered 503 so the "
+                                      "webhooks' failurePolicy decides.")
+            gauge.add_metric([], 1.0 if reachable() else 0.0)
+            yield gauge
+
+        self.registry.register(_Collect(collect))
 
     def leases(self, book: LeaseBook) -> None:
         """Expose the reservations admitted by path, the lease writes by outcome and the

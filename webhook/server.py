@@ -8,6 +8,8 @@ Whatever arrives, the answer is HTTP 200 with a well-formed AdmissionReview: a b
 is too large, not JSON or not a review is denied with a message saying what is wrong;
 an endpoint that fails or runs past its deadline is denied with a message too, never a
 500 (the API server would report a 500 without our words, then apply failurePolicy).
+The one exception is deliberate: a replica cut off from the API server answers 503 with
+a Status carrying our words, so that the failurePolicy decides (`kube.contact`).
 The deadline comes from the `timeout` query parameter the API server adds to every
 webhook call (k8s.io/apiserver pkg/admission/plugin/webhook/request, `?timeout=5s`),
 less a margin (a fifth of it, at least 0.5 s), so our denial arrives before the API
@@ -97,15 +99,18 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     observe: Observer = _unobserved,
     connections: Connections | None = None,
+    unavailable: Callable[[], str] = str,
 ) -> web.Application:
-    """The webhook's app; `connections`: the bounds of the listener that will serve it."""
+    """The webhook's app; `connections`: the bounds of the listener that will serve it;
+    `unavailable`: while it says why (not ""), every review is answered HTTP 503, not
+    decided (`kube.contact`: the webhooks' failurePolicy decides)."""
     # client_max_size bounds what aiohttp's own readers buffer; ours reads by the limit.
     app = web.Application(client_max_size=max_body_bytes + 1,
                           middlewares=[track(connections)] if connections is not None else [])
     denials = DenialLog(log)  # one namespace's flood of denials logs a constant per interval
     for path, endpoint in endpoints.items():
         app.router.add_post(path, _review_handler(path, endpoint, decode, max_body_bytes, observe, connections,
-                                                  denials))
+                                                  denials, unavailable))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz(ready))
     quiet_server_header()
@@ -127,8 +132,8 @@ def quiet_server_header() -> None:
 
 
 def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: int, observe: Observer,
-                    connections: Connections | None,
-                    denials: DenialLog) -> Callable[[web.Request], Awaitable[web.Response]]:
+                    connections: Connections | None, denials: DenialLog,
+                    unavailable: Callable[[], str]) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         started = time.monotonic()
         try:
@@ -151,6 +156,8 @@ def _review_handler(path: str, endpoint: Endpoint, decode: BodyDecoder, limit: i
             return web.Response(status=400)
         if connections is not None:
             connections.deciding(request)
+        if why := unavailable():
+            return _unavailable(path, started, body, decode, why, observe)
         uid, review, verdict = await _review(request, body, path, endpoint, decode, started)
         return _answered(path, started, uid, review, verdict, observe, denials)
 
@@ -172,6 +179,28 @@ def _answered(path: str, started: float, uid: str, review: AdmissionRequest | No
         # tracks the connection; elsewhere aiohttp discards it, for at most its lingering
         # time) and the connection closes after the answer.
         answer.force_close()
+    return answer
+
+
+def _unavailable(path: str, started: float, body: bytes, decode: BodyDecoder, why: str,
+                 observe: Observer) -> web.Response:
+    """HTTP 503 with a Status saying `why`: a failed call, which the API server reports
+    with our message and settles by the webhook's failurePolicy (`kube.contact`)."""
+    try:
+        review: AdmissionRequest | None = parse_review(_decoded(body, decode))
+    except ReviewError:
+        review = None
+    verdict = Verdict(False, why, "ServiceUnavailable", 503, cause="unavailable")
+    try:
+        observe(path, review, verdict, time.monotonic() - started)
+    except Exception:
+        log.exception("observing a verdict on %s failed", path)
+    log.debug("%s: answered 503 undecided: %s", path, why)
+    answer = web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                "message": why, "reason": "ServiceUnavailable", "code": 503}, status=503)
+    # The API server's next call dials again, through the Service to a ready Pod: on this
+    # connection, kept alive, it would come back here.
+    answer.force_close()
     return answer
 
 
@@ -320,6 +349,7 @@ def _readyz(ready: Callable[[], bool]) -> Callable[[web.Request], Awaitable[web.
     async def handle(_: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok")
-        return web.Response(status=503, text="caches not synced yet")
+        return web.Response(status=503, text="not ready: caches not synced yet, shutting down, "
+                                             "or the API server not answering")
 
     return handle

@@ -278,6 +278,7 @@ def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separ
     a.applied_writes(lambda: {})
     a.certificates(lambda: [])
     a.connections({"webhook": Connections(Limits())})
+    a.contact(lambda: True)
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
     assert requests(b, webhook="validating", operation="CREATE", resource="resourceclaims", decision="allowed",
                     reason="none") == 0
