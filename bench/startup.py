@@ -304,7 +304,7 @@ async def measure(cluster: ControlPlane, workdir: Path, args: argparse.Namespace
                            "peak_rss_mib": round(rss_of(pid, "VmHWM")), "load": load_average()},
                "stall_max_ms": round(metric(EVENT_LOOP_STALL_MAX) * 1000, 1),
                "stall_cpu_max_ms": round(metric(EVENT_LOOP_STALL_CPU_MAX) * 1000, 1),
-               "ready_line": next((line for line in served.log_text().splitlines() if "ready after" in line), "")}
+               "ready_line": [line for line in served.log_text().splitlines() if "ready after" in line][-1]}
     finally:
         stop.set()
         await served.terminate()

@@ -234,6 +234,40 @@ def test_a_relist_staged_in_pieces_counts_what_replace_counts_and_lets_each_obje
     assert seen == [("u1", {}), ("u2", listed[1]["metadata"]["annotations"]), ("u3", {})]
 
 
+def test_slices_staged_in_pieces_make_replaces_inventory_skip_the_malformed_and_let_each_object_go(
+        caplog: pytest.LogCaptureFixture) -> None:
+    listed = [make_slice(f"n{i}", [make_device(f"gpu-{i}-{k}", memory="80Gi") for k in range(2)], node=f"n{i}")
+              for i in range(3)]
+    bad = make_slice("bad", [make_device("x", memory="lots")], node="node-2")
+    whole = World()
+    whole.slices.replace(copy.deepcopy([*listed, bad]))
+    world = World()
+    before = dict(world.inventory.usable())
+    staged = world.slices.relist()
+    pieces = [[Listed(copy.deepcopy(o))] for o in [*listed, bad]]
+    alive = [weakref.ref(piece[0]) for piece in pieces]
+    with caplog.at_level(logging.WARNING, logger="kube.caches"):
+        for piece in pieces:
+            staged.add(piece)
+    assert world.inventory.usable() == before, "nothing swapped in before the commit"
+    del pieces, piece
+    gc.collect()
+    # (the malformed one's log record, which caplog keeps, holds its traceback)
+    assert [ref() for ref in alive[:3]] == [None] * 3, "a staged object is let go"
+    staged.commit()
+    assert shown(world.inventory) == shown(whole.inventory) and len(whole.inventory.usable()) == 6
+    assert any(r.getMessage().startswith("skipping ResourceSlice bad: ") for r in caplog.records)
+    cancelled = world.slices.relist()
+    cancelled.add([make_slice("n9", [make_device("gpu-9")], node="n9")])
+    cancelled.cancel()
+    assert shown(world.inventory) == shown(whole.inventory)
+
+
+def shown(inventory: Inventory) -> dict[Any, str]:
+    """The usable devices, compared by what they hold (`Device` compares by identity)."""
+    return {key: repr(device) for key, device in inventory.usable().items()}
+
+
 def test_a_cancelled_staged_relist_leaves_the_ledger_as_it_was() -> None:
     world = World()
     world.claims.replace([claim("c1", "u1")])
