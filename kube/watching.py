@@ -5,8 +5,8 @@ over `quota.inventory` and `quota.ledger`, later) are pure and synchronous, so e
 callback is atomic on the event loop and a decision never sees half an event.
 
 The loop follows client-go's reflector (k8s.io/client-go tools/cache/reflector.go) and
-kopf (`_cogs/clients/watching.py`): list (paginated), hand the store the whole list at
-once, then watch from the list's resourceVersion with bookmarks, remembering the last
+kopf (`_cogs/clients/watching.py`): list (paginated, or streamed: `WatchSettings.stream_list`,
+below), hand the store the whole list at once, then watch from the list's resourceVersion with bookmarks, remembering the last
 resourceVersion seen. A watch the server ends (timeoutSeconds) is reopened from there; a
 connection error or a silent connection is reopened from there after a capped, jittered
 exponential backoff; a 410 Gone (as an HTTP status or as an ERROR event) means the server
@@ -20,6 +20,12 @@ relist of 150,000 claims never holds the loop for long. The reflector awaits it 
 it watches again, so no event of its kind reaches the store while the store applies a
 list: each store builds the new state aside and swaps it in in one step
 (`quota.inventory`, `quota.ledger`).
+
+A streamed list (`Reflector._list_streamed`) is a watch that sends the existing objects
+first, as client-go lists with WatchListClient: the API server answers it from its watch
+cache in one request, where a big collection's pages each cost it a read of the whole
+range. A `StagedStore` takes it a piece at a time as it arrives (built aside all the
+same, swapped in at the end), so the raw objects of the whole list are never held.
 """
 
 from __future__ import annotations

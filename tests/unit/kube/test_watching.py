@@ -395,19 +395,25 @@ async def test_a_streamed_list_hands_another_store_the_whole_list_trimmed() -> N
     assert reflector.resource_version == "9"
 
 
-async def test_a_stream_cut_before_its_end_marker_is_cancelled_and_listed_again() -> None:
-    api = StreamingApi([("ADDED", make_obj("a"))])
-    store = StagingStore()
+async def streamed_twice(api: StreamingApi, store: RecordingStore) -> Reflector:
+    """A reflector run until it has tried the streamed list twice."""
     reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store,
                           settings=WatchSettings(stream_list=True, backoff=Backoff(initial=0.001, cap=0.001)))
     task = asyncio.create_task(reflector.run())
     try:
         await until(lambda: api.calls.count("stream") >= 2, "the list streamed again")
-        assert not reflector.synced.is_set()
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    return reflector
+
+
+async def test_a_stream_cut_before_its_end_marker_is_cancelled_and_listed_again() -> None:
+    api = StreamingApi([("ADDED", make_obj("a"))])
+    store = StagingStore()
+    reflector = await streamed_twice(api, store)
+    assert not reflector.synced.is_set()
     # Each attempt's relist cancelled (nothing of it reaches the store), none committed.
     assert set(store.calls) == {("cancel", None)}
 
@@ -424,14 +430,5 @@ async def test_an_api_server_that_refuses_streamed_lists_is_listed_by_pages() ->
 
 async def test_other_errors_of_a_streamed_list_are_not_taken_for_a_refusal() -> None:
     api = StreamingApi(ApiError(403, "Forbidden", "no"), pages=[make_obj("a")])
-    store = StagingStore()
-    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store,
-                          settings=WatchSettings(stream_list=True, backoff=Backoff(initial=0.001, cap=0.001)))
-    task = asyncio.create_task(reflector.run())
-    try:
-        await until(lambda: api.calls.count("stream") >= 2, "the stream tried again")
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    reflector = await streamed_twice(api, StagingStore())
     assert "list" not in api.calls and not reflector.synced.is_set()
