@@ -41,6 +41,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -251,7 +252,6 @@ def stop_kept(workdir: Path) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(state["pids"]["etcd"], signal.SIGTERM)
     time.sleep(1)
-    import shutil
     shutil.rmtree(state["etcd_dir"], ignore_errors=True)
     state_file.unlink()
     print(f"stopped the control plane kept in {workdir}")
