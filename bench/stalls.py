@@ -124,7 +124,10 @@ class Api(KubeApi):
             return json.dumps(stored).encode()
         raise ApiError(404, "NotFound", f"{method} {path}")
 
-    async def watch(self, resource: Resource, **_: Any) -> AsyncGenerator[tuple[str, Obj], None]:
+    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:
+        if kwargs.get("send_initial_events"):
+            # Refused as an API server without streamed lists refuses it: serve lists by pages here.
+            raise ApiError(422, "Invalid", "sendInitialEvents: the stand-in serves lists by pages")
         path = resource.path()
         if path not in self.expire:
             await asyncio.Event().wait()  # a kind the stand-in does not serve: a quiet watch

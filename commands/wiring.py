@@ -74,6 +74,10 @@ from webhook.usagemetrics import UsageMetrics
 
 __all__ = ["Caches", "lead", "leader_elector", "observability"]
 
+# ResourceSlices and ResourceClaims are listed by a streamed list (`kube.watching`:
+# `WatchSettings.stream_list`, each object decoded on its own as it arrives; at 150,000
+# claims, pages cost the API server minutes, bench/startup.py); pages only where the
+# API server refuses that.
 # ResourceSlices a list page: a page is decoded in one piece on the event loop, and a
 # slice of 128 GPUs is ~28 KB of JSON (bench/check.py's dump): 500 a page took ~0.1 s.
 SLICE_PAGE = 25
@@ -149,7 +153,7 @@ class Caches:
                              rebuild=self.rebuilds.relist)
 
         self.first = [
-            reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE)),
+            reflector(SLICES, SliceStore(self.inventory), settings=WatchSettings(page_size=SLICE_PAGE, stream_list=True)),
             reflector(CLASSES, ClassStore(self.classes)),
             reflector(NAMESPACES, namespace_store, moves=namespace_progress),
             *(reflector(resource, QuotaStore(self.admitter, observe=self.reservations.observe,
@@ -158,7 +162,8 @@ class Caches:
               for resource in (QUOTAS, CLUSTER_QUOTAS)),
             *also,
         ]
-        self.claims = reflector(CLAIMS, claim_store, claims=True, settings=WatchSettings(page_size=CLAIM_PAGE))
+        self.claims = reflector(CLAIMS, claim_store, claims=True,
+                                settings=WatchSettings(page_size=CLAIM_PAGE, stream_list=True))
         # Kueue (controllers.kueue): started with the claims, once the inventory and classes
         # that price a Workload are synced.
         self.kueue: KueueCaches | None = None

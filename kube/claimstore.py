@@ -42,7 +42,7 @@ whole list.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kube.caches import QuotasChanged, parse_or_skip
@@ -59,7 +59,7 @@ from quota.usage import Held, Holders
 from quota.work import drop, pause_point
 from runtime.guard import guarded
 
-__all__ = ["ClaimStore", "ClaimsSeen"]
+__all__ = ["ClaimStore", "ClaimsSeen", "StagedRelist"]
 
 
 class ClaimsSeen(Protocol):
@@ -115,15 +115,21 @@ class ClaimStore:
         resourceVersion) and reserves it again. A claim the ledger holds at the
         resourceVersion it was accounted at is the same object: it is not read again.
         """
-        relist = _Relist(ClaimsRebuild(self.ledger))
-        selections = self._selections()
+        staged = self.relist()
         try:
-            for obj in objects:
-                self._stage(obj, relist)
-                pause_point()
+            staged.add(objects)
         except BaseException:
-            relist.rebuild.cancel()
+            staged.cancel()
             raise
+        staged.commit()
+
+    def relist(self) -> StagedRelist:
+        """`replace` in steps, for a list that arrives a piece at a time (a streamed list,
+        `kube.watching`): each piece is staged as it arrives and let go, so the raw objects
+        of a whole list are never held at once; `commit` swaps it in, as `replace` does."""
+        return StagedRelist(self, _Relist(ClaimsRebuild(self.ledger)), self._selections())
+
+    def _commit(self, relist: _Relist, selections: dict[Namespace, tuple[DeviceSelection, ...]]) -> None:
         gone = relist.rebuild.commit()
         # With the ledger, in the same step (no pause in between): the watermark reads
         # these (`version`).
@@ -228,7 +234,7 @@ class ClaimStore:
             relist.tokens.add(key, ref, first=self._tokens.ref_of.get(key))
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
             relist.held[ref] = held
-        relist.told.append((claim, obj, entry if bound else None))
+        relist.told.append((claim, _annotations(obj), entry if bound else None))
         return True
 
     def _entry(self, claim: Claim, *, relisted: bool = False) -> tuple[Entry | None, bool]:
@@ -267,11 +273,11 @@ class ClaimStore:
             return entry, False
         return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
 
-    def _tell(self, claim: Claim, obj: Obj, bound: Entry | None) -> None:
+    def _tell(self, claim: Claim, annotations: Mapping[str, str], bound: Entry | None) -> None:
         if bound is not None and self.provisional is not None:
             self.provisional(claim, bound)
         if self.recorder is not None:
-            self.recorder.seen(claim, as_map(dig(obj, "metadata", "annotations")))
+            self.recorder.seen(claim, annotations)
 
     def upsert(self, obj: Obj) -> None:
         claim = parse_or_skip("ResourceClaim", obj, parse_json_claim)
@@ -357,7 +363,7 @@ class ClaimStore:
         else:
             self._recorded.discard(claim_ref(claim))
         # After the ledger counted it (the annotator reads what is due from it).
-        self._tell(claim, obj, entry if bound else None)
+        self._tell(claim, _annotations(obj), entry if bound else None)
         return keys
 
 
@@ -398,8 +404,36 @@ class _Relist:
     held: dict[ClaimRef, Held] = field(default_factory=dict)
     tokens: _Tokens = field(default_factory=_Tokens)
     unvouched: set[ClaimRef] = field(default_factory=set)
-    # Each claim read again, with its bound when it counts at one: told after the swap.
-    told: list[tuple[Claim, Obj, Entry | None]] = field(default_factory=list)
+    # Each claim read again, with its annotations and its bound when it counts at one:
+    # told after the swap. Not the object: a streamed list lets each go once staged.
+    told: list[tuple[Claim, Mapping[str, str], Entry | None]] = field(default_factory=list)
+
+
+class StagedRelist:
+    """A relist of `ClaimStore` built a piece at a time (`ClaimStore.relist`): `add` each
+    piece, then `commit` (the swap) or `cancel` (the ledger left as it was)."""
+
+    def __init__(self, store: ClaimStore, relist: _Relist,
+                 selections: dict[Namespace, tuple[DeviceSelection, ...]]) -> None:
+        self._store = store
+        self._relist = relist
+        # What each namespace's claims were priced for when the relist began (`_reprice_since`).
+        self._selections = selections
+
+    def add(self, objects: Iterable[Obj]) -> None:
+        for obj in objects:
+            self._store._stage(obj, self._relist)
+            pause_point()
+
+    def commit(self) -> None:
+        self._store._commit(self._relist, self._selections)
+
+    def cancel(self) -> None:
+        self._relist.rebuild.cancel()
+
+
+def _annotations(obj: Obj) -> Mapping[str, str]:
+    return as_map(dig(obj, "metadata", "annotations"))
 
 
 def _token_key(obj: Obj) -> str | None:

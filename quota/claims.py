@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
+from sys import intern
 from typing import Any, Literal
 
 from quota.allocationrecord import recorded_devices
@@ -180,8 +181,8 @@ def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], Clai
     allocation = _allocation((status or {}).get("allocation"))
     _check_result_requests(allocation, claim_spec)
     return Claim(
-        kind=kind,
-        namespace=Namespace(meta.namespace),
+        kind="ResourceClaim" if kind == "ResourceClaim" else "ResourceClaimTemplate",  # not the decoded copy
+        namespace=Namespace(intern(meta.namespace)),
         name=meta.name,
         uid=ClaimUid(meta.uid),
         spec=claim_spec,
@@ -402,16 +403,18 @@ def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
 def _result(res: Any, where: str) -> AllocatedDevice:
     if not isinstance(res, dict):
         raise ClaimError(f"{where} must be an object")
+    # Interned, as the namespace and kind of a claim: a cache of 150,000 claims held
+    # each its own copy of the same few names, as decoded (bench/startup.py).
     key = DeviceKey(
-        dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63),
-        pool_name(res.get("pool"), f"{where}.pool", ClaimError),
-        dns_label(res.get("device"), f"{where}.device", ClaimError),
+        intern(dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63)),
+        intern(pool_name(res.get("pool"), f"{where}.pool", ClaimError)),
+        intern(dns_label(res.get("device"), f"{where}.device", ClaimError)),
     )
     admin, share = res.get("adminAccess"), res.get("shareID")
     if admin is not None and type(admin) is not bool:
         raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
     return AllocatedDevice(
-        request=string(res.get("request"), f"{where}.request", ClaimError, max_length=127),
+        request=intern(string(res.get("request"), f"{where}.request", ClaimError, max_length=127)),
         key=key,
         admin_access=admin is True,
         share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),

@@ -112,11 +112,19 @@ class Inventory:
     def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> InventoryChange:
         """Swap in a fresh list (after a relist): pools absent from it disappear (module doc:
         built aside, swapped in one step; a malformed slice raises before anything changed)."""
+        return self.replace_parsed(self.parsed(obj) for obj in objs)
+
+    def parsed(self, obj: Mapping[str, Any]) -> ParsedSlice:
+        """A ResourceSlice as this inventory holds it (`replace_parsed` takes these): a list
+        that arrives a piece at a time is parsed as it comes (`kube.caches.SliceStore`)."""
+        return self.memory_sources.apply(parse_slice(obj))
+
+    def replace_parsed(self, items: Iterable[ParsedSlice]) -> InventoryChange:
+        """`replace_all` of slices already `parsed`."""
         fresh = Inventory(self.memory_sources)
         fresh._columns = self._columns  # interning only: columns equal to old ones are shared
         with gc_paused():
-            for obj in objs:
-                item = self.memory_sources.apply(parse_slice(obj))
+            for item in items:
                 fresh._slice_pool[item.name] = item.pool_key
                 fresh._pools.setdefault(item.pool_key, _Pool()).slices[item.name] = item
                 pause_point()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import aiohttp
@@ -19,7 +19,9 @@ import pytest
 from kubernetes_asyncio.client import Configuration
 
 from kube.api import ApiError, KubeApi, LineBuffer, Listing, Resource, decode_event
-from kube.watching import LAST_APPLIED, Backoff, Reflector, WatchSettings, trim_claim, trim_object
+from kube.watching import (
+    INITIAL_EVENTS_END, LAST_APPLIED, STREAM_BATCH, Backoff, Reflector, WatchSettings, trim_claim, trim_object,
+)
 from quota.raw import Obj
 
 from ..clock import until
@@ -342,3 +344,129 @@ async def test_a_reflector_is_not_live_from_a_failed_watch_until_one_is_accepted
         with pytest.raises(asyncio.CancelledError):
             await task
     assert lives == [False, True]
+
+
+# -- streamed lists -------------------------------------------------------------------------------
+
+
+class StreamingApi(KubeApi):
+    """A streamed list (`sendInitialEvents`) answers `script` (events, or an ApiError to
+    raise); every later watch ends at once empty. Pages answer `pages`."""
+
+    def __init__(self, script: list[tuple[str, Obj]] | ApiError, pages: list[Obj] | None = None) -> None:
+        super().__init__(Configuration())
+        self.script = script
+        self.pages = pages or []
+        self.calls: list[str] = []
+
+    async def list(self, resource: Resource, **kwargs: Any) -> Listing:
+        self.calls.append("list")
+        return Listing(copy.deepcopy(self.pages), "3")
+
+    async def watch(self, resource: Resource, **kwargs: Any) -> AsyncGenerator[tuple[str, Obj], None]:
+        self.calls.append("stream" if kwargs.get("send_initial_events") else f"watch {kwargs.get('resource_version')}")
+        if not kwargs.get("send_initial_events"):
+            return
+        if isinstance(self.script, ApiError):
+            raise self.script
+        for kind, obj in copy.deepcopy(self.script):
+            yield kind, obj
+
+
+class StagingStore(RecordingStore):
+    """A `StagedStore`: records each piece added and the commit, or the cancel."""
+
+    def relist(self) -> StagingStore.Relist:
+        return StagingStore.Relist(self)
+
+    class Relist:
+        def __init__(self, store: StagingStore) -> None:
+            self.store = store
+
+        def add(self, objects: Iterable[Obj]) -> None:
+            self.store.calls.append(("add", [o["metadata"]["name"] for o in objects]))
+
+        def commit(self) -> None:
+            self.store.calls.append(("commit", None))
+
+        def cancel(self) -> None:
+            self.store.calls.append(("cancel", None))
+
+
+def end_marker(rv: str) -> tuple[str, Obj]:
+    return "BOOKMARK", {"kind": "ConfigMap", "metadata": {"resourceVersion": rv,
+                                                          "annotations": {INITIAL_EVENTS_END: "true"}}}
+
+
+async def synced_once(api: KubeApi, store: RecordingStore) -> Reflector:
+    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store,
+                          settings=WatchSettings(stream_list=True, backoff=Backoff(initial=0.001, cap=0.001)))
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return reflector
+
+
+async def test_a_streamed_list_is_staged_in_batches_as_it_arrives_and_committed_at_its_end_marker() -> None:
+    names = [f"o{i}" for i in range(STREAM_BATCH + 5)]
+    api = StreamingApi([("ADDED", make_obj(n)) for n in names] + [end_marker("42"), ("ADDED", make_obj("later"))])
+    store = StagingStore()
+    reflector = await synced_once(api, store)
+    # Every object staged trimmed, in pieces of at most STREAM_BATCH, then one commit;
+    # nothing past the end marker (the watch that follows brings it).
+    assert store.calls == [("add", names[:STREAM_BATCH]), ("add", names[STREAM_BATCH:]), ("commit", None)]
+    assert reflector.resource_version == "42" and reflector.stats.lists == 1
+    assert api.calls[:2] == ["stream", "watch 42"]
+
+
+async def test_a_streamed_list_hands_another_store_the_whole_list_trimmed() -> None:
+    api = StreamingApi([("ADDED", make_obj("a")), ("ADDED", make_obj("b")), end_marker("9")])
+    store = RecordingStore()
+    reflector = await synced_once(api, store)
+    [(call, objects)] = store.calls
+    assert call == "replace" and [o["metadata"]["name"] for o in objects] == ["a", "b"]
+    assert all("managedFields" not in o["metadata"] for o in objects)
+    assert reflector.resource_version == "9"
+
+
+async def streamed_twice(api: StreamingApi, store: RecordingStore) -> Reflector:
+    """A reflector run until it has tried the streamed list twice."""
+    reflector = Reflector(api=api, resource=Resource("v1", "configmaps"), store=store,
+                          settings=WatchSettings(stream_list=True, backoff=Backoff(initial=0.001, cap=0.001)))
+    task = asyncio.create_task(reflector.run())
+    try:
+        await until(lambda: api.calls.count("stream") >= 2, "the list streamed again")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return reflector
+
+
+async def test_a_stream_cut_before_its_end_marker_is_cancelled_and_listed_again() -> None:
+    api = StreamingApi([("ADDED", make_obj("a"))])
+    store = StagingStore()
+    reflector = await streamed_twice(api, store)
+    assert not reflector.synced.is_set()
+    # Each attempt's relist cancelled (nothing of it reaches the store), none committed.
+    assert set(store.calls) == {("cancel", None)}
+
+
+async def test_an_api_server_that_refuses_streamed_lists_is_listed_by_pages() -> None:
+    refused = ApiError(422, "Invalid", "sendInitialEvents is forbidden for watch unless the WatchList feature gate "
+                                       "is enabled")
+    api = StreamingApi(refused, pages=[make_obj("a")])
+    store = StagingStore()
+    reflector = await synced_once(api, store)
+    assert api.calls[:2] == ["stream", "list"]
+    assert store.calls == [("cancel", None), ("replace", [make_obj("a")])] and reflector.resource_version == "3"
+
+
+async def test_other_errors_of_a_streamed_list_are_not_taken_for_a_refusal() -> None:
+    api = StreamingApi(ApiError(403, "Forbidden", "no"), pages=[make_obj("a")])
+    reflector = await streamed_twice(api, StagingStore())
+    assert "list" not in api.calls and not reflector.synced.is_set()

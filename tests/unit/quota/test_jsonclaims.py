@@ -4,6 +4,7 @@ and a recorded charge by its annotation read exactly as parsing them afresh woul
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from quota.claims import ClaimError, parse_claim
 from quota.jsonclaims import parse_json_claim
 from quota.model import Charge
 
-from ..builders import exactly, make_claim, request
+from ..builders import exactly, make_claim, request, result
 
 H100 = "device.attributes['gpu.example.com'].model == 'h100'"
 
@@ -69,3 +70,20 @@ def test_a_recorded_charge_reads_the_same_each_time(raw: str, charge: Charge | N
     for name in ("a", "b"):
         assert parse_json_claim(make_claim(name, request("gpu", exactly("gpu")),
                                            annotations={"draquota.io/charge": raw})).recorded_charge == charge
+
+
+def test_claims_decoded_apart_share_one_copy_of_their_namespace_kind_and_allocated_names() -> None:
+    """A cache of 150,000 claims held a copy of each of these per claim, as decoded."""
+    def decoded(name: str) -> Any:
+        text = json.dumps(make_claim(name, request("gpu", exactly("gpu")), allocation=[result("gpu", "gpu-0")]))
+        return parse_json_claim(json.loads(text))
+
+    one, two = decoded("a"), decoded("b")
+    assert one.namespace == two.namespace == "team-a" and one.namespace is two.namespace
+    assert one.kind is two.kind
+    assert one.allocation is not None and two.allocation is not None
+    (first,), (second,) = one.allocation, two.allocation
+    assert first == second
+    for a, b in ((first.request, second.request), (first.key.driver, second.key.driver),
+                 (first.key.pool, second.key.pool), (first.key.device, second.key.device)):
+        assert a is b, a
