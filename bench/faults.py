@@ -23,13 +23,13 @@ each tried once, through all the phases:
 - compaction-up: etcd compacted to its current revision while the API server runs (as
   its own periodic compaction does): whether any watch relists or readiness drops.
 Each phase runs the load --settle s before and after its fault and prints: creates
-(created, denied by a quota, failed: by the API server being unreachable, by a webhook
-call, other) and their rate; over-commit: the largest used + reserved - hard any watched
-resourceVersion of any DeviceQuota showed in the phase (a reflector of ours over them:
-it reconnects and relists too); time to ready; watch restarts and relists (B's metrics);
-the longest event loop stall of each replica (its wall time and its own CPU; A's wall
-stall includes its freeze); and, for the frozen leader, A's writes sent after it woke
-(its debug log) and refused by its Lease gate. At the end: every quota's status against
+(created, denied by a quota, denied by our webhook to retry, failed: by the API server
+being unreachable, by a webhook call, other) and their rate; over-commit: the largest
+used + reserved - hard any watched resourceVersion of any DeviceQuota showed in the
+phase (a reflector of ours over them: it reconnects and relists too); time to ready;
+watch restarts and relists (B's metrics); the longest event loop stall of each replica
+(its wall time and its own CPU; A's wall stall includes its freeze); and, for the frozen
+leader, A's writes sent after it woke (its debug log) and refused by its Lease gate. At the end: every quota's status against
 the claims (exact once the reservations of creates cut by the faults expired), and
 claims past `hard`. Writes bench/results/faults.json. Not a timed test.
 """
@@ -94,30 +94,30 @@ class Phase:
     def __init__(self, name: str, load: Load, watch: QuotaWatch) -> None:
         self.name, self.load, self.watch = name, load, watch
         self.started = time.monotonic()
-        self.base = (load.created, load.denied, sum(load.failed.values()), load.failed_by_webhook)
-        self.unreachable_base = sum(n for why, n in load.failed.items() if why.startswith("unreachable"))
+        self.base = self.counts()
         watch.worst, watch.worst_at = -(10**9), ""
         self.row: JSON = {"phase": name}
 
-    def end(self, **more: Any) -> JSON:
+    def counts(self) -> dict[str, int]:
         load = self.load
+        return {"created": load.admitted, "denied": load.exceeded, "denied_to_retry": sum(load.retried.values()),
+                "failed": sum(load.failed.values()), "failed_unreachable": load.failed_in("unreachable"),
+                "failed_by_webhook": load.failed_in("webhook"), "failed_other": load.failed_in("other")}
+
+    def end(self, **more: Any) -> JSON:
         seconds = time.monotonic() - self.started
-        created, denied, failed, webhook = (load.created - self.base[0], load.denied - self.base[1],
-                                            sum(load.failed.values()) - self.base[2],
-                                            load.failed_by_webhook - self.base[3])
-        unreachable = sum(n for why, n in load.failed.items() if why.startswith("unreachable")) - self.unreachable_base
-        self.row.update(seconds=round(seconds, 1), created=created, denied=denied, failed=failed,
-                        failed_unreachable=unreachable, failed_by_webhook=webhook,
-                        failed_other=failed - unreachable - webhook,
-                        creates_per_second=round((created + denied + failed) / seconds, 1),
+        counts = {key: n - self.base[key] for key, n in self.counts().items()}
+        answered = counts["created"] + counts["denied"] + counts["denied_to_retry"] + counts["failed"]
+        self.row.update(seconds=round(seconds, 1), **counts, creates_per_second=round(answered / seconds, 1),
                         overcommit=self.watch.worst, overcommit_at=self.watch.worst_at, **more)
         return self.row
 
 
 def show(row: JSON) -> None:
     print(f"\n[{row['phase']}] {row['seconds']} s: {row['created']} created, {row['denied']} denied by a quota, "
-          f"{row['failed']} failed ({row['failed_unreachable']} API server unreachable, {row['failed_by_webhook']} by a "
-          f"webhook call, {row['failed_other']} other), {row['creates_per_second']} creates/s")
+          f"{row['denied_to_retry']} denied by our webhook to retry, {row['failed']} failed "
+          f"({row['failed_unreachable']} API server unreachable, {row['failed_by_webhook']} by a webhook call, "
+          f"{row['failed_other']} other), {row['creates_per_second']} creates/s")
     print(f"  over-commit (max used+reserved-hard at any watched resourceVersion): {row['overcommit']}"
           f"{' at ' + row['overcommit_at'] if row['overcommit'] > 0 else ''}")
     print(f"  time to ready: {row['ready_seconds']:.1f} s ({row['ready_what']})")
@@ -213,7 +213,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> JSON:
         await a.start()
         await poll(lambda: _is_holder(kube, lease, "a"), timeout=60, what="A to lead")
         await b.start()
-        load = Load(clients, t, in_flight=args.in_flight)
+        load = Load(clients, t, workers=args.in_flight)
         async with installed(kube, adapted_webhooks(run, port, cluster)), watching(api, t) as watch, \
                 sampled(b) as readiness:
             for namespace in t.namespaces:

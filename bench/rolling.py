@@ -5,7 +5,7 @@ cut off from the API server, at full size.
     python bench/rolling.py -k rolling      # one (-k cut for the other)
 
 Runs tests/e2e/test_rolling_upgrade.py and tests/e2e/test_cut_off.py on the real control
-plane with DRAQUOTA_FAULTS_SCALE=full (tests/e2e/steady_load.py: 64 creates in flight from
+plane with DRAQUOTA_FAULTS_SCALE=full (tests/e2e/faults.py: 64 creates in flight from
 4 clients across 20 namespaces, 5 of them at `hard`; 3,000 creates between two steps of a
 fault; a 60 s partition), with their assertions, and prints what each measured:
 

@@ -32,8 +32,8 @@ import pytest
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
-from .steady_load import (GPU, Load, PausingProxy, Persisted, all_governed, proxied_kubeconfig, report, scale, scrape,
-                     stall_max, tenants)
+from .faults import (Load, PausingProxy, Persisted, all_governed, device_quota, proxied_kubeconfig, report, scale,
+                     scrape, stall_max, tenants)
 from .harness import (DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, governed, installed)
 from .kube import ApiError, Kube, poll
 
@@ -52,7 +52,7 @@ async def test_a_replica_cut_off_from_the_api_server_admits_nothing_unchecked(
     run = uuid.uuid4().hex[:8]
     fleet = await make_fleet("cut")
     await fleet.add_node("n1", [Gpu()] * 4)
-    t = await tenants(kube, make_namespace, run, fleet.device_class)
+    t = await tenants(kube, make_namespace, fleet.device_class, run=run)
     open_ns = await make_namespace("ungoverned", labels={RUN_LABEL: run})
     proxy = PausingProxy(("127.0.0.1", cluster.apiserver_port))
     await proxy.start()
@@ -84,9 +84,8 @@ async def test_a_replica_cut_off_from_the_api_server_admits_nothing_unchecked(
                 await poll(lambda: reachable(metrics_port, 0.0), timeout=60, what="b to see it is cut off")
                 noticed = time.monotonic() - cut
                 late = await make_namespace("late", labels={RUN_LABEL: run})
-                await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
-                                                       "spec": {"hard": {"memory": "160Gi"}}}, namespace=late)
-                t.hard[late] = 2 * GPU  # watched from here on (`Persisted` reads `t.hard` at each event)
+                await kube.create(DQ, "devicequotas", device_quota(2, fleet.device_class), namespace=late)
+                t.hard[late] = 2  # watched from here on (`Persisted` reads `t.hard` at each event)
                 await governed(kube, late)
                 late_answers = await creates(clients, late, fleet.device_class, 12)
                 open_answers = await creates(clients, open_ns, fleet.device_class, 24)
@@ -116,7 +115,7 @@ async def test_a_replica_cut_off_from_the_api_server_admits_nothing_unchecked(
                                    "refused_cut_off": sum(n for m, n in load.failed.items() if CUT_OFF in m),
                                    "failed_otherwise": sum(n for m, n in load.failed.items() if CUT_OFF not in m),
                                    "denied_to_retry": dict(load.retried),
-                                   "over_commit_gpus": persisted.over / GPU, "unchecked": len(persisted.unchecked),
+                                   "over_commit_gpus": persisted.over, "unchecked": len(persisted.unchecked),
                                    "late_quota": late_answers, "ungoverned": open_answers,
                                    "seconds_to_notice": round(noticed, 2),
                                    "seconds_to_ready_after_heal": round(back, 2),
@@ -126,7 +125,7 @@ async def test_a_replica_cut_off_from_the_api_server_admits_nothing_unchecked(
                 assert all(CUT_OFF in m and "failed calling webhook" in m for m in load.failed), load.summary()
                 assert persisted.over <= 0, persisted.summary()
                 assert not persisted.unchecked, persisted.summary()
-                assert persisted.charged.get(late, 0) <= 2 * GPU, persisted.summary()
+                assert persisted.charged.get(late, 0) <= 2, persisted.summary()
                 assert open_answers["admitted"] == 24, open_answers
     finally:
         await load.stop()

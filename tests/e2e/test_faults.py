@@ -47,8 +47,8 @@ from . import timings
 from .cluster import ControlPlane, free_ports, private_cluster
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .faults import (
-    Load, audited_writes_after, mismatches, overcommit, own_identity, own_tenants, running, sampled, tenants, until,
-    watching, writes_sent_after,
+    LARGE, Load, audited_writes_after, device_quota, mismatches, overcommit, own_identity, own_tenants, running,
+    sampled, tenants, until, watching, writes_sent_after,
 )
 from .harness import DQ, MakeFleet, MakeNamespace, Served, adapted_webhooks, claim_webhook, governed, installed
 from .kube import Kube, Obj, poll
@@ -93,9 +93,7 @@ async def unadmitted(kube: Kube, make_namespace: MakeNamespace, clients: list[Ku
     its claims arrive without our charge and the leader patches each (through the slow
     policy); and how to create BACKLOG claims there, IN_FLIGHT at a time."""
     namespace = await make_namespace("unadmitted", {SLOW_LABEL: run})
-    await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
-                                           "spec": {"hard": {"devices": 100_000}, "deviceClassNames": [device_class]}},
-                      namespace=namespace)
+    await kube.create(DQ, "devicequotas", device_quota(LARGE, device_class), namespace=namespace)
 
     async def create_all() -> int:
         slots = asyncio.Semaphore(IN_FLIGHT)
@@ -118,7 +116,8 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_once_it_wakes(
     fleet = await make_fleet("frozen")
     await fleet.add_node("n1", [Gpu()] * 2)
     run = uuid.uuid4().hex[:8]
-    t = await tenants(kube, make_namespace, fleet.device_class, run=run, count=NAMESPACES, full=FULL, small=SMALL)
+    t = await tenants(kube, make_namespace, fleet.device_class, run=run, count=NAMESPACES, full=FULL, small=SMALL,
+                      team=True)
     lease = f"frozen-{run}"
     port, b_port = free_ports(2)
     kubeconfig, user = await own_identity(cluster, kube, f"frozen-a-{run}", tmp_path / "a.kubeconfig")
@@ -137,7 +136,7 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_once_it_wakes(
                     await governed(kube, namespace)
                 async with running(load), claim_webhook(cluster, kube, f"slow-{run}", "UPDATE", slow_policy,
                                                          {SLOW_LABEL: run}):
-                    await until(lambda: load.created >= 100, timeout=60, what="100 claims created")
+                    await until(lambda: load.admitted >= 100, timeout=60, what="100 claims admitted")
                     # A's backlog of claims to patch, each patch held SLOW by the policy: its
                     # writers take every connection of its pool and more wait for one.
                     await create_backlog()
@@ -153,8 +152,8 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_once_it_wakes(
                     # waited for a connection past it times out on waking instead of being sent.
                     await until(lambda: APPLIED_WRITE in b.log_text().partition("leading: Lease")[2], timeout=60,
                                 what="B to write as the leader")
-                    created = load.created
-                    await until(lambda: load.created >= created + 20, timeout=60, what="20 more claims under B")
+                    created = load.admitted
+                    await until(lambda: load.admitted >= created + 20, timeout=60, what="20 more claims under B")
                     assert a.process is not None
                     woke_at = time.time()
                     os.kill(a.process.pid, signal.SIGCONT)
@@ -162,8 +161,8 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_once_it_wakes(
                     # comes after its work was cancelled, so nothing of A's old round is left.
                     await until(lambda: campaigned(tail(a, mark), lease), timeout=60,
                                 what="A to step down and read the Lease again")
-                    created = load.created
-                    await until(lambda: load.created >= created + 50, timeout=60, what="50 more claims after A woke")
+                    created = load.admitted
+                    await until(lambda: load.admitted >= created + 50, timeout=60, what="50 more claims after A woke")
                 woke = tail(a, mark)
 
                 async def exact() -> bool:
@@ -233,7 +232,7 @@ async def test_an_api_server_restart_and_a_compaction_under_load_lose_nothing(
                     for namespace in t.namespaces:
                         await governed(kube, namespace)
                     async with running(load):
-                        await until(lambda: load.created >= 100, timeout=60, what="100 claims created")
+                        await until(lambda: load.admitted >= 100, timeout=60, what="100 claims admitted")
                         before = await watch_counts(served)
                         killed = time.monotonic()
                         apiserver_back = await asyncio.to_thread(cp.restart_apiserver)
@@ -241,9 +240,9 @@ async def test_an_api_server_restart_and_a_compaction_under_load_lose_nothing(
                                     what="serve's readiness to drop and come back")
                         back = readiness.ready_again(killed)
                         assert back is not None
-                        created = load.created
-                        await until(lambda: load.created >= created + 100, timeout=60,
-                                    what="100 claims created after the restart")
+                        created = load.admitted
+                        await until(lambda: load.admitted >= created + 100, timeout=60,
+                                    what="100 claims admitted after the restart")
                         restarted = await watch_counts(served)
 
                         # Compacted while the API server is down: every watch comes back
@@ -252,9 +251,9 @@ async def test_an_api_server_restart_and_a_compaction_under_load_lose_nothing(
                         await asyncio.to_thread(cp.restart_apiserver, while_down=cp.compact_etcd)
                         await until(lambda: readiness.ready_again(killed_again) is not None, timeout=120,
                                     what="serve's readiness to come back after the compaction")
-                        created = load.created
-                        await until(lambda: load.created >= created + 100, timeout=60,
-                                    what="100 claims created after the compaction")
+                        created = load.admitted
+                        await until(lambda: load.admitted >= created + 100, timeout=60,
+                                    what="100 claims admitted after the compaction")
                         compacted = await watch_counts(served)
 
                     async def exact() -> bool:

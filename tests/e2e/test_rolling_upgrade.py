@@ -30,8 +30,7 @@ import pytest
 
 from .cluster import ControlPlane, free_ports
 from .driver import Gpu
-from .steady_load import (GPU, Load, Persisted, all_governed, chart_shutdown_delay, handovers, report, scale, stall_max,
-                     tenants)
+from .faults import Load, Persisted, all_governed, chart_shutdown_delay, handovers, report, scale, stall_max, tenants
 from .harness import MakeFleet, MakeNamespace, Served, adapted_webhooks, installed
 from .kube import Kube
 from .timings import record
@@ -48,7 +47,7 @@ async def test_rolling_upgrade_and_rollback_fail_no_create(cluster: ControlPlane
     run = uuid.uuid4().hex[:8]
     fleet = await make_fleet("rolling")
     await fleet.add_node("n1", [Gpu()] * 4)
-    t = await tenants(kube, make_namespace, run, fleet.device_class)
+    t = await tenants(kube, make_namespace, fleet.device_class, run=run)
     port = free_ports(1)[0]
     delay = str(chart_shutdown_delay())
     lease = f"rolling-{run}"
@@ -116,7 +115,7 @@ async def test_rolling_upgrade_and_rollback_fail_no_create(cluster: ControlPlane
                   + "\n".join(f"{when - load.started:7.2f}s {what}" for when, what in events), file=sys.stderr)
             report("rolling", {"creates": load.total, "rate": round(load.rate, 1), "failed": sum(load.failed.values()),
                                "failures": dict(load.failed), "denied_to_retry": dict(load.retried),
-                               "over_commit_gpus": persisted.over / GPU,
+                               "over_commit_gpus": persisted.over,
                                "unchecked": len(persisted.unchecked),
                                "ready_seconds": [round(r.ready_seconds, 2) for r in every],
                                "exit_seconds": [round(x, 2) for _, _, x in exits],
