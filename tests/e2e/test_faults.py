@@ -178,6 +178,8 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_once_it_wakes(
         await api.close()
         await kube.delete("rbac.authorization.k8s.io/v1", "clusterrolebindings", f"frozen-a-{run}")
         await kube.delete("v1", "serviceaccounts", f"frozen-a-{run}", namespace="default")
+        if t.team:  # cluster-scoped: the namespaces' cleanup does not take it, and other tests list them all
+            await kube.delete(DQ, "clusterdevicequotas", t.team)
     timings.record("frozen leader: Lease taken over after SIGSTOP", took_over)
     refused = woke.count("NotLeading")  # the writes its gate stopped
     print(f"\nfrozen leader: {load.summary()}; B led {took_over:.1f} s after the stop; A's writes refused by its "
