@@ -519,6 +519,8 @@ def test_metrics_are_https_for_tokens_allowed_to_get_them(default: list[Obj]) ->
     review_rules = [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
                     {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]
     assert all(rule in rules_of(default, "ClusterRole") for rule in review_rules)
+    # The reachability probe's GET /readyz is ours to grant (kube.contact).
+    assert {"nonResourceURLs": ["/readyz"], "verbs": ["get"]} in rules_of(default, "ClusterRole")
     reader = find(default, "ClusterRole", "dra-quota-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     assert not [o for o in default if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].endswith("reader")]
