@@ -52,7 +52,7 @@ __all__ = ["Contact"]
 
 log = logging.getLogger(__name__)
 
-PATH = "/readyz"
+PATH = "/readyz"  # granted in `kube.resources.NON_RESOURCE_URLS`
 _FAILURES = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 
 

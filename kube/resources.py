@@ -35,6 +35,7 @@ __all__ = [
     "LEASES",
     "MUTATING_WEBHOOKS",
     "NAMESPACES",
+    "NON_RESOURCE_URLS",
     "PODS",
     "QUOTAS",
     "RESOURCE_V1",
@@ -117,6 +118,11 @@ VERBS: Mapping[tuple[Resource, str], frozenset[str]] = {
     (VALIDATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
     (MUTATING_WEBHOOKS, ""): frozenset({"get", "patch"}),
 }
+
+# The API server's own endpoints serve reads, with the verbs: granted by the chart exactly
+# as `VERBS` (the same test). The reachability probe (kube.contact Contact) reads /readyz:
+# granted, not left to system:public-info-viewer, which hardened clusters unbind.
+NON_RESOURCE_URLS: Mapping[str, frozenset[str]] = {"/readyz": frozenset({"get"})}
 
 
 def quota_resource(namespace: str) -> tuple[Resource, str | None]:

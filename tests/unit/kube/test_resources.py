@@ -15,17 +15,20 @@ from collections.abc import Sequence
 
 from kube import resources
 from kube.api import Resource
-from kube.resources import VERBS
+from kube.contact import PATH
+from kube.resources import NON_RESOURCE_URLS, VERBS
 from quota.raw import Obj
 
 from ...tools.chart import find, render
 
-# (API group, plural, subresource, verb): one grant, as RBAC spells it.
+# (API group, plural, subresource, verb): one grant, as RBAC spells it; a non-resource URL
+# as ("", URL, "", verb).
 Grant = tuple[str, str, str, str]
 
 
 def used() -> set[Grant]:
-    return {(r.group, r.plural, sub, verb) for (r, sub), verbs in VERBS.items() for verb in verbs}
+    return ({(r.group, r.plural, sub, verb) for (r, sub), verbs in VERBS.items() for verb in verbs}
+            | {("", url, "", verb) for url, verbs in NON_RESOURCE_URLS.items() for verb in verbs})
 
 
 def granted(objects: Sequence[Obj]) -> set[Grant]:
@@ -37,7 +40,9 @@ def granted(objects: Sequence[Obj]) -> set[Grant]:
     out: set[Grant] = set()
     for kind, name in bound:
         for rule in find(objects, kind, name)["rules"]:
-            assert "nonResourceURLs" not in rule, f"{kind} {name} grants serve a non-resource URL: {rule}"
+            if "nonResourceURLs" in rule:
+                out |= {("", url, "", verb) for url in rule["nonResourceURLs"] for verb in rule["verbs"]}
+                continue
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     plural, _, sub = resource.partition("/")
@@ -49,6 +54,10 @@ def test_the_chart_grants_serve_exactly_the_verbs_the_registry_uses() -> None:
     chart = granted(render())
     assert not used() - chart, f"serve uses, the chart does not grant: {sorted(used() - chart)}"
     assert not chart - used(), f"the chart grants, serve does not use: {sorted(chart - used())}"
+
+
+def test_the_probe_reads_the_url_the_registry_names() -> None:
+    assert PATH in NON_RESOURCE_URLS
 
 
 def test_each_registered_collection_is_named_once_and_used() -> None:
