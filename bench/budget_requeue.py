@@ -24,14 +24,10 @@ amplification test waits on).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scaled import run_scaled
 TEST = "tests/e2e/test_requeue_budget.py"
 NAMES = {1: "amplification (200 x 20 KiB templates, 56 requests)", 2: "fat unscheduled Pods (260 x 1 MB)"}
 
@@ -40,19 +36,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-k", default="", help="pytest -k expression: 'writes' or 'fat'")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.jsonl"
-        env = {**os.environ, "DRAQUOTA_REQUEUE_SCALE": "issue", "DRAQUOTA_REQUEUE_REPORT": str(report),
-               "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider",
-                               *(["-k", args.k] if args.k else [])], cwd=ROOT, env=env)
-        lines = report.read_text().splitlines() if report.exists() else []
-    for line in lines:
-        numbers = json.loads(line)
+    returncode, reports = run_scaled([TEST], scale=("DRAQUOTA_REQUEUE_SCALE", "issue"),
+                                     report_variable="DRAQUOTA_REQUEUE_REPORT", k=args.k)
+    for numbers in reports:
         print(f"\n{NAMES[numbers.pop('test')]}")
         for key, value in numbers.items():
             print(f"  {key:22} {value:,.3f}" if isinstance(value, float) else f"  {key:22} {value}")
-    sys.exit(proc.returncode)
+    sys.exit(returncode)
 
 
 if __name__ == "__main__":

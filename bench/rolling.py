@@ -28,14 +28,10 @@ Results: docs/development/reservations.md, "Faults".
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scaled import run_scaled
 TESTS = ["tests/e2e/test_rolling_upgrade.py", "tests/e2e/test_cut_off.py"]
 
 
@@ -43,20 +39,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-k", default="", help="pytest -k expression: 'rolling' or 'cut'")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.jsonl"
-        env = {**os.environ, "DRAQUOTA_FAULTS_SCALE": "full", "DRAQUOTA_FAULTS_REPORT": str(report),
-               "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider",
-                               *(["-k", args.k] if args.k else [])], cwd=ROOT, env=env)
-        lines = report.read_text().splitlines() if report.exists() else []
+    returncode, reports = run_scaled(TESTS, scale=("DRAQUOTA_FAULTS_SCALE", "full"),
+                                     report_variable="DRAQUOTA_FAULTS_REPORT", k=args.k)
     print(f"\nload average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    for line in lines:
-        numbers = json.loads(line)
+    for numbers in reports:
         print(f"\n{numbers.pop('test')}")
         for key, value in numbers.items():
             print(f"  {key:30} {value}")
-    sys.exit(proc.returncode)
+    sys.exit(returncode)
 
 
 if __name__ == "__main__":
