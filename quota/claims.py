@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
-from sys import intern
 from typing import Any, Literal
 
 from quota.allocationrecord import recorded_devices
 from quota.conversion import as_v1
+from quota.interning import Interned
 from quota.model import (
     AllocationMode,
     Charge,
@@ -73,6 +73,12 @@ __all__ = [
 
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
+
+# The names a cache of claims repeats, one copy each: 150,000 claims held each its own
+# decoded copy of their namespace and of each allocated device's driver, pool, device and
+# request name (bench/startup.py). Bounded (`quota.interning`): tenants name requests,
+# and nodes (pools) come and go.
+_intern: Interned[str] = Interned(65536)
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
 
@@ -182,7 +188,7 @@ def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], Clai
     _check_result_requests(allocation, claim_spec)
     return Claim(
         kind="ResourceClaim" if kind == "ResourceClaim" else "ResourceClaimTemplate",  # not the decoded copy
-        namespace=Namespace(intern(meta.namespace)),
+        namespace=Namespace(_intern(meta.namespace)),
         name=meta.name,
         uid=ClaimUid(meta.uid),
         spec=claim_spec,
@@ -403,18 +409,17 @@ def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
 def _result(res: Any, where: str) -> AllocatedDevice:
     if not isinstance(res, dict):
         raise ClaimError(f"{where} must be an object")
-    # Interned, as the namespace and kind of a claim: a cache of 150,000 claims held
-    # each its own copy of the same few names, as decoded (bench/startup.py).
+    # Shared, as the namespace of a claim (`_intern`).
     key = DeviceKey(
-        intern(dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63)),
-        intern(pool_name(res.get("pool"), f"{where}.pool", ClaimError)),
-        intern(dns_label(res.get("device"), f"{where}.device", ClaimError)),
+        _intern(dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63)),
+        _intern(pool_name(res.get("pool"), f"{where}.pool", ClaimError)),
+        _intern(dns_label(res.get("device"), f"{where}.device", ClaimError)),
     )
     admin, share = res.get("adminAccess"), res.get("shareID")
     if admin is not None and type(admin) is not bool:
         raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
     return AllocatedDevice(
-        request=intern(string(res.get("request"), f"{where}.request", ClaimError, max_length=127)),
+        request=_intern(string(res.get("request"), f"{where}.request", ClaimError, max_length=127)),
         key=key,
         admin_access=admin is True,
         share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),

@@ -20,6 +20,7 @@ from typing import Any
 
 from quota import validation
 from quota.conversion import as_v1
+from quota.interning import Interned
 from quota.meta import parse_meta
 from quota.model import (
     AttributeValue,
@@ -300,17 +301,7 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
 
 # Equal capacities share one object: tens of thousands of GPUs publish a handful of
 # distinct capacities, and `quota.selectors` groups devices by capacity identity.
-_INTERNED: dict[Capacity, Capacity] = {}
-_INTERN_LIMIT = 65536
-
-
-def _intern(capacity: Capacity) -> Capacity:
-    found = _INTERNED.get(capacity)
-    if found is not None:
-        return found
-    if len(_INTERNED) < _INTERN_LIMIT:
-        _INTERNED[capacity] = capacity
-    return capacity
+_intern: Interned[Capacity] = Interned(65536)
 
 
 def _counter_sets(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Fraction]], ...]:
