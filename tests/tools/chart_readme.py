@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tests.tools.markers import rewrite, section
+from tests.tools.markers import cell, rewrite, section
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "dra-quota"
 README = CHART / "README.md"
@@ -87,10 +87,6 @@ def _default(values: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def _allowed(node: Mapping[str, Any]) -> str:
     if "enum" in node:
         return "one of " + ", ".join(f"`{v}`" for v in node["enum"])
@@ -106,12 +102,12 @@ def render() -> str:
     out = [BEGIN, "\n| value | default | type | what |\n|---|---|---|---|\n"]
     for path, raw in rows(schema, values, said):
         if raw is None:
-            out.append(f"| `{path}` | | | {_cell(said[path])} |\n")
+            out.append(f"| `{path}` | | | {cell(said[path])} |\n")
             continue
         node = _resolve(schema, raw)
         default = json.dumps(_default(values, path), separators=(", ", ": "))
         what = " ".join(p for p in (node.get("description", ""), said.get(path, "")) if p)
-        out.append(f"| `{path}` | `{_cell(default)}` | {_cell(_allowed(node))} | {_cell(what)} |\n")
+        out.append(f"| `{path}` | `{cell(default)}` | {cell(_allowed(node))} | {cell(what)} |\n")
     out.append(END)
     return "".join(out)
 

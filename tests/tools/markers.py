@@ -22,3 +22,8 @@ def rewrite(page: Path, begin: str, end: str, rendered: str) -> None:
     text = page.read_text()
     start, stop = text.index(begin), text.index(end) + len(end)
     page.write_text(text[:start] + rendered + text[stop:])
+
+
+def cell(text: str) -> str:
+    """`text` as one Markdown table cell: on one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
