@@ -27,6 +27,7 @@ from quota.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.raw import show
 from quota.scope import Scope, parse_scope
 from quota.validation import integer
+from quota.windows import Window, parse_windows
 
 __all__ = [
     "GOVERNED_LABEL",
@@ -178,6 +179,9 @@ class DeviceQuota:
     mode: Mode | None = None
     # A ClusterDeviceQuota's `spec.namespaceSelector`; None for a DeviceQuota.
     selector: LabelSelector | None = None
+    # `spec.windows`: other hards in force for a while (`quota.windows`); `hard` is the
+    # quota's own, in force outside every window.
+    windows: tuple[Window, ...] = ()
 
     @property
     def cluster(self) -> bool:
@@ -281,10 +285,8 @@ def _parse_spec(spec: Mapping[str, Any], namespace: Namespace, name: str, where:
     hard = spec.get("hard") or {}
     if not isinstance(hard, dict):
         raise QuotaError(f"{where}: spec.hard must be a map, got {show(hard)}")
-    unknown = [key for key in hard if key not in RESOURCES]
-    if unknown:
-        names = ", ".join(show(k) for k in unknown[:4])
-        raise QuotaError(f"{where}: spec.hard: unsupported resource(s) {names}: use memory, devices")
+    limits = _hard(hard, f"{where}: spec.hard")
+    windows = parse_windows(spec.get("windows"), where, limits, QuotaError, _hard)
     scope = parse_scope(spec, where, QuotaError)
     enforcement = spec.get("enforcement") or "Enforce"
     if enforcement not in ("Enforce", "Audit"):
@@ -293,18 +295,28 @@ def _parse_spec(spec: Mapping[str, Any], namespace: Namespace, name: str, where:
     if mode not in (None, "Conservative", "Optimistic"):
         raise QuotaError(f"{where}: spec.pricing must be Conservative or Optimistic, got {show(mode)}")
     enforcement_value: Enforcement = "Audit" if enforcement == "Audit" else "Enforce"
-    devices = hard.get("devices")
     return DeviceQuota(
         namespace=namespace,
         name=name,
-        hard=Limits(
-            memory=_limit(hard.get("memory"), f"{where}: spec.hard.memory"),
-            # The CRD types devices as a non-negative int64, not a quantity.
-            devices=None if devices is None else integer(devices, f"{where}: spec.hard.devices", QuotaError),
-        ),
+        hard=limits,
         scope=scope,
         enforcement=enforcement_value,
         mode=None if mode is None else ("optimistic" if mode == "Optimistic" else "conservative"),
+        windows=windows,
+    )
+
+
+def _hard(hard: Mapping[str, Any], where: str) -> Limits:
+    """`spec.hard` or a window's `hard`; `where` names it."""
+    unknown = [key for key in hard if key not in RESOURCES]
+    if unknown:
+        names = ", ".join(show(k) for k in unknown[:4])
+        raise QuotaError(f"{where}: unsupported resource(s) {names}: use memory, devices")
+    devices = hard.get("devices")
+    return Limits(
+        memory=_limit(hard.get("memory"), f"{where}.memory"),
+        # The CRD types devices as a non-negative int64, not a quantity.
+        devices=None if devices is None else integer(devices, f"{where}.devices", QuotaError),
     )
 
 

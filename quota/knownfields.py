@@ -136,7 +136,9 @@ _V1BETA1 = _objects(_claim_spec(_fields("name", exactly=_EXACT, firstAvailable=[
 # -- draquota.io/v1alpha1 ---------------------------------------------------------------------
 
 DEVICE_QUOTA_SPEC = _fields("deviceClassNames", "enforcement", "pricing", hard=_fields("memory", "devices"),
-                            devices=_fields("drivers", selectors=[_SELECTOR]))
+                            devices=_fields("drivers", selectors=[_SELECTOR]),
+                            windows=[_fields("name", "start", "end", "schedule", "duration", "timeZone",
+                                             hard=_fields("memory", "devices"))])
 
 _REQUIREMENT = _fields("key", "operator", "values")
 CLUSTER_DEVICE_QUOTA_SPEC = {**DEVICE_QUOTA_SPEC,

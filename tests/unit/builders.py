@@ -152,7 +152,7 @@ def result(req: str, device: str, *, pool: str = "node-1", driver: str = "gpu.ex
 def make_quota(name: str, *, namespace: str = "team-a", memory: str | None = None, devices: int | None = None,
                classes: list[str] | None = None, enforcement: str | None = None,
                pricing: str | None = None, drivers: list[str] | None = None,
-               selectors: list[str] | None = None) -> dict[str, Any]:
+               selectors: list[str] | None = None, windows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """`drivers` and `selectors` make its `spec.devices` (absent when both are None)."""
     hard: dict[str, Any] = {}
     if memory is not None:
@@ -170,6 +170,8 @@ def make_quota(name: str, *, namespace: str = "team-a", memory: str | None = Non
         spec["devices"] = {**({"drivers": drivers} if drivers is not None else {}),
                            **({"selectors": [{"cel": {"expression": s}} for s in selectors]}
                               if selectors is not None else {})}
+    if windows is not None:
+        spec["windows"] = windows
     return {"apiVersion": "draquota.io/v1alpha1", "kind": "DeviceQuota",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 

@@ -1,0 +1,244 @@
+"""A quota's windows: other `hard`s in force for a while, once (`start`, `end`) or on a schedule.
+
+Neighbours: `quota.devicequota` parses `spec.windows` with `parse_windows` and keeps them on
+the `DeviceQuota`; `quota.check` (`check --at`) and the admission path ask `effective` and
+`effective_for_admission` which `hard` applies. Pure: the clock is an argument.
+
+Rules (docs/scheduled-quotas.md says them to operators):
+- A window's `hard` replaces the quota's `hard` for the resources it names; the others keep
+  the quota's. It may name only resources the quota's `hard` limits.
+- Where windows overlap the one listed first wins, whole: the effective `hard` is the
+  quota's with that one window's `hard` over it, and that window is the active one.
+- A one-off window is in force over [start, end). A recurring one opens at each minute its
+  cron schedule matches on the wall clock of its time zone and stays open for `duration` of
+  elapsed time; starts whose intervals touch or overlap form one open stretch.
+- DST: a start that falls in the hour a spring-forward skips opens the window at the jump
+  (02:30 in Europe/Berlin on the last Sunday of March opens it at 03:00 CEST); a start in the
+  hour a fall-back repeats opens it at the first of the two (PEP 495's fold=0).
+- Replicas whose clocks differ by up to `skew` admit against `effective_for_admission`: per
+  resource the smallest `hard` in force anywhere in [at - skew, at + skew]. Around a decrease
+  every replica already uses the smaller one; around an increase none uses the larger early.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from quota.cron import Cron, CronError, parse_cron
+from quota.goduration import parse_go_duration
+from quota.raw import show
+
+if TYPE_CHECKING:
+    from quota.devicequota import Limits
+
+__all__ = ["MAX_WINDOWS", "MAX_DURATION", "Effective", "Window", "effective", "effective_for_admission",
+           "parse_windows", "parse_time"]
+
+MAX_WINDOWS = 16  # the CRD's maxItems: each admission may look at every one
+MAX_DURATION = timedelta(days=31)  # the longest a recurring window stays open per start
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label, as Events and metrics show it
+# How far `effective` looks for the next change before saying there is none.
+_HORIZON = timedelta(days=400)
+_MAX_STEPS = 4096
+_RESOURCES = ("memory", "devices")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    name: str
+    hard: Limits  # None for a resource: the quota's own hard applies
+    start: datetime | None = None  # a one-off window: aware datetimes
+    end: datetime | None = None
+    schedule: Cron | None = None  # a recurring one
+    duration: timedelta = timedelta(0)
+    zone: ZoneInfo = ZoneInfo("UTC")
+
+    def active_at(self, at: datetime) -> bool:
+        if self.start is not None and self.end is not None:
+            return self.start <= at < self.end
+        return self._start_after(at - self.duration) <= at
+
+    def boundaries_after(self, at: datetime) -> list[datetime]:
+        """Instants after `at` where this window may open or close (a superset of where it does)."""
+        if self.start is not None and self.end is not None:
+            return [t for t in (self.start, self.end) if t > at]
+        out = [self._start_after(at)]
+        first = self._start_after(at - self.duration)
+        if first <= at:
+            out.append(first + self.duration)
+        return out
+
+    def _start_after(self, after: datetime) -> datetime:
+        """The first instant strictly after `after` at which this recurring window opens."""
+        assert self.schedule is not None
+        local = after.astimezone(self.zone).replace(tzinfo=None)
+        while True:
+            local = self.schedule.next_after(local)
+            instant = _instant(local, self.zone)
+            # In a fall-back's repeated hour the wall clock goes back: its first occurrence
+            # (fold=0) may be before `after`.
+            if instant > after:
+                return instant
+
+
+def _instant(local: datetime, zone: ZoneInfo) -> datetime:
+    """The UTC instant of a wall-clock time: the first of two in a fall-back, the jump in a spring-forward."""
+    probe = local
+    for _ in range(48 * 60):  # the longest gap a zone has had is a day (Pacific/Apia, 2011)
+        aware = probe.replace(tzinfo=zone)
+        if aware.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == probe:
+            return aware.astimezone(UTC)
+        probe += timedelta(minutes=1)
+    raise ValueError(f"no wall-clock time after {local} exists in {zone}")
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    hard: Limits
+    window: str | None  # the active window's name; None: the quota's own hard
+    next_change: datetime | None  # None: no change within 400 days
+
+
+def _state(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limits, str | None]:
+    for window in windows:
+        if window.active_at(at):
+            overrides = {r: v for r in _RESOURCES if (v := window.hard.get(r)) is not None}
+            return replace(base, **overrides), window.name
+    return base, None
+
+
+def _next_change(base: Limits, windows: Sequence[Window], at: datetime,
+                 now: tuple[Limits, str | None], until: datetime) -> datetime | None:
+    """The first instant in (at, until] where the state differs from `now`; None if none is found."""
+    point = at
+    for _ in range(_MAX_STEPS):
+        candidates = [t for window in windows for t in window.boundaries_after(point)]
+        if not candidates or (point := min(candidates)) > until:
+            return None
+        if _state(base, windows, point) != now:
+            return point
+    return None
+
+
+def effective(base: Limits, windows: Sequence[Window], at: datetime) -> Effective:
+    """The `hard` in force at `at`, the window that sets it, and when that next changes."""
+    hard, name = _state(base, windows, at)
+    return Effective(hard, name, _next_change(base, windows, at, (hard, name), at + _HORIZON) if windows else None)
+
+
+def effective_for_admission(base: Limits, windows: Sequence[Window], at: datetime, skew: timedelta) -> Limits:
+    """Per resource the smallest `hard` in force anywhere in [at - skew, at + skew].
+
+    Two replicas whose clocks differ by at most `skew` then never admit against a `hard`
+    the other would not yet (or no longer) allow: a decrease applies `skew` early, an
+    increase `skew` late. A resource the quota does not limit stays unlimited.
+    """
+    point = at - skew
+    state = _state(base, windows, point)
+    smallest = state[0]
+    while (change := _next_change(base, windows, point, state, at + skew)) is not None:
+        point, state = change, _state(base, windows, change)
+        smallest = replace(smallest, **{r: min(a, b) for r in _RESOURCES
+                                        if (a := smallest.get(r)) is not None and (b := state[0].get(r)) is not None})
+    return smallest
+
+
+def parse_time(raw: Any, where: str, error: type[Exception]) -> datetime:
+    """An RFC 3339 date-time with an offset (`2026-12-24T18:00:00Z`), as an aware datetime."""
+    if not isinstance(raw, str):
+        raise error(f"{where} must be an RFC 3339 date-time (e.g. 2026-12-24T18:00:00Z), got {show(raw)}")
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None or "T" not in raw.upper():
+        raise error(f"{where} must be an RFC 3339 date-time with an offset (e.g. 2026-12-24T18:00:00Z), got {show(raw)}")
+    return value.astimezone(UTC)
+
+
+def parse_windows(raw: Any, where: str, base: Limits, error: type[Exception],
+                  parse_hard: Callable[[Mapping[str, Any], str], Limits]) -> tuple[Window, ...]:
+    """`spec.windows`, checked: the messages name the field (`spec.windows[1].schedule`)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise error(f"{where}: spec.windows must be a list, got {show(raw)}")
+    if len(raw) > MAX_WINDOWS:
+        raise error(f"{where}: spec.windows has {len(raw)} windows: at most {MAX_WINDOWS}")
+    windows: list[Window] = []
+    for index, item in enumerate(raw):
+        window = _window(item, f"{where}: spec.windows[{index}]", base, error, parse_hard)
+        if any(w.name == window.name for w in windows):
+            raise error(f"{where}: spec.windows[{index}].name: {window.name!r} names another window too")
+        windows.append(window)
+    return tuple(windows)
+
+
+def _window(item: Any, where: str, base: Limits, error: type[Exception],
+            parse_hard: Callable[[Mapping[str, Any], str], Limits]) -> Window:
+    if not isinstance(item, dict):
+        raise error(f"{where} must be an object, got {show(item)}")
+    name = item.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise error(f"{where}.name must be a lowercase RFC 1123 label (e.g. nights), got {show(name)}")
+    hard = item.get("hard")
+    if not isinstance(hard, dict) or not hard:
+        raise error(f"{where}.hard must be a map with memory or devices, got {show(hard)}")
+    for key in hard:
+        if key in _RESOURCES and base.get(key) is None:
+            raise error(f"{where}.hard.{key}: the quota's spec.hard does not limit {key}: a window changes "
+                        "only limits the quota has")
+    window = Window(name=name, hard=parse_hard(hard, f"{where}.hard"))
+    once = [key for key in ("start", "end") if key in item]
+    recurring = [key for key in ("schedule", "duration", "timeZone") if key in item]
+    if once and recurring:
+        raise error(f"{where}: a window is one-off (start, end) or recurring (schedule, duration, timeZone), "
+                    f"not both: it has {', '.join(once + recurring)}")
+    if once:
+        return _one_off(window, item, where, error)
+    if "schedule" not in item or "duration" not in item:
+        raise error(f"{where}: a window needs start and end (one-off) or schedule and duration (recurring)")
+    return _recurring(window, item, where, error)
+
+
+def _one_off(window: Window, item: Mapping[str, Any], where: str, error: type[Exception]) -> Window:
+    for key in ("start", "end"):
+        if key not in item:
+            raise error(f"{where}.{key} is required in a one-off window")
+    start = parse_time(item["start"], f"{where}.start", error)
+    end = parse_time(item["end"], f"{where}.end", error)
+    if end <= start:
+        raise error(f"{where}.end ({item['end']}) must be after its start ({item['start']})")
+    return replace(window, start=start, end=end)
+
+
+def _recurring(window: Window, item: Mapping[str, Any], where: str, error: type[Exception]) -> Window:
+    schedule, duration, zone = item["schedule"], item["duration"], item.get("timeZone", "UTC")
+    if not isinstance(schedule, str):
+        raise error(f"{where}.schedule must be a 5-field cron expression, got {show(schedule)}")
+    try:
+        cron = parse_cron(schedule)
+    except CronError as err:
+        raise error(f"{where}.schedule: {err}") from None
+    try:
+        if not isinstance(duration, str):
+            raise ValueError(f"got {show(duration)}")
+        length = timedelta(microseconds=parse_go_duration(duration) // 1000)  # nanoseconds in
+    except ValueError as err:
+        raise error(f"{where}.duration must be a duration such as 8h or 1h30m: {err}") from None
+    if not timedelta(minutes=1) <= length <= MAX_DURATION:
+        raise error(f"{where}.duration must be between 1m and 744h (31 days), got {duration}")
+    if not isinstance(zone, str) or not zone:
+        raise error(f"{where}.timeZone must be an IANA time zone name (e.g. Europe/Berlin), got {show(zone)}")
+    try:
+        tz = ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise error(f"{where}.timeZone: unknown time zone {zone!r}: use an IANA name such as Europe/Berlin or UTC") \
+            from None
+    return replace(window, schedule=cron, duration=length, zone=tz)
+
