@@ -7,13 +7,16 @@ namespace with no Namespace document has only its name label, as the API server 
 it, for the teams' selectors), then allocated claims, which
 are existing usage, then unallocated claims and templates in document order, each
 admitted (and reserving) or denied as the webhook would. Results keep document order.
+A quota with `spec.windows` is checked against the `hard` in force at `at` (`quota.windows`;
+one process, so no clock skew to allow for).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from quota.admission import Admission, Admitter
@@ -41,6 +44,7 @@ from quota.meta import NamespaceError, parse_namespace
 from quota.raw import show
 from quota.scope import selection_problems
 from quota.slices import SliceError
+from quota.windows import Effective, effective
 
 __all__ = ["NO_CLASSES", "ObjectResult", "Report", "run_check"]
 
@@ -104,8 +108,10 @@ class Report:
 
 
 def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
-              memory_sources: MemorySources = NO_SOURCES) -> Report:
+              memory_sources: MemorySources = NO_SOURCES, at: datetime | None = None) -> Report:
+    """`at`: the instant whose windows apply (None: every quota's own `spec.hard`)."""
     report = Report()
+    in_force: dict[tuple[str, str], Effective] = {}
     inventory = Inventory(memory_sources)
     classes: dict[DeviceClassName, DeviceClass] = {}
     namespaces: dict[str, Mapping[str, str]] = {}
@@ -133,6 +139,9 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
             elif kind in (KIND, CLUSTER_KIND):
                 quota = parse_device_quota(doc.obj) if kind == KIND else parse_cluster_device_quota(doc.obj)
                 _once(seen, doc, kind, quota.namespace, quota.name)
+                if at is not None and quota.windows:
+                    now = in_force[(quota.namespace, quota.name)] = effective(quota.hard, quota.windows, at)
+                    quota = replace(quota, hard=now.hard)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
                 shown = f"{quota.namespace}/{quota.name}" if quota.namespace else quota.name
                 problems = [f"{doc.located(problem)}: {kind} {shown} selects every device, as its selector does not "
@@ -179,17 +188,22 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
             admission = admitter.admit_claim(claim, namespace_labels=labels)
         results[index] = _result(kind, namespace, name, admission, ledger, allocated=False)
     report.objects = [results[i] for i in sorted(results)]
-    report.quotas = [_quota_json(q, ledger) for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))]
+    report.quotas = [_quota_json(q, ledger, in_force.get((q.namespace, q.name)))
+                     for q in sorted(ledger.quotas(), key=lambda q: (q.namespace, q.name))]
     return report
 
 
-def _quota_json(quota: DeviceQuota, ledger: Ledger) -> dict[str, Any]:
+def _quota_json(quota: DeviceQuota, ledger: Ledger, now: Effective | None) -> dict[str, Any]:
     """One `quotas[]` item; a ClusterDeviceQuota's (namespace "") has its team's totals and
-    `namespaces`, each member's part."""
+    `namespaces`, each member's part. `hard` is the one in force; a quota with windows also
+    has `window` (the active one's name, or null) and `nextChange` (null: none within 400 days)."""
     usage = ledger.usage(quota.namespace, quota.name)
     out: dict[str, Any] = {"kind": quota.kind, "namespace": quota.namespace, "name": quota.name,
                            "hard": quota.hard.as_json(), "used": usage.used.as_json(),
                            "reserved": usage.reserved.as_json()}
+    if now is not None:
+        out["window"] = now.window
+        out["nextChange"] = None if now.next_change is None else now.next_change.strftime("%Y-%m-%dT%H:%M:%SZ")
     if quota.cluster:
         out["namespaces"] = [{"namespace": ns, "used": (part := ledger.usage_in(quota.name, ns)).used.as_json(),
                               "reserved": part.reserved.as_json()} for ns in ledger.members(quota.name)]
