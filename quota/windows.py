@@ -36,7 +36,8 @@ from quota.raw import show
 if TYPE_CHECKING:
     from quota.devicequota import Limits
 
-__all__ = ["MAX_WINDOWS", "MAX_DURATION", "Effective", "Window", "effective", "effective_for_admission",
+__all__ = ["MAX_WINDOWS", "MAX_DURATION", "Effective", "Window", "admission_change_after", "effective",
+           "effective_for_admission",
            "parse_windows", "parse_time"]
 
 MAX_WINDOWS = 16  # the CRD's maxItems: each admission may look at every one
@@ -146,6 +147,35 @@ def effective_for_admission(base: Limits, windows: Sequence[Window], at: datetim
         smallest = replace(smallest, **{r: min(a, b) for r in _RESOURCES
                                         if (a := smallest.get(r)) is not None and (b := state[0].get(r)) is not None})
     return smallest
+
+
+def admission_change_after(base: Limits, windows: Sequence[Window], at: datetime,
+                           skew: timedelta) -> datetime | None:
+    """The first instant after `at` where `effective_for_admission` changes (None: not within 400 days
+    or 4096 changes of the `hard` in force).
+
+    It can change only where a change of the `hard` in force enters or leaves the skew
+    interval: at `c - skew` or `c + skew` for a change `c`. A replica re-reads its limits
+    then, not at the boundaries themselves.
+    """
+    now = effective_for_admission(base, windows, at, skew)
+    candidates: list[datetime] = []
+    point = at - skew
+    state = _state(base, windows, point)
+    upcoming = _next_change(base, windows, point, state, at + _HORIZON)
+    for _ in range(_MAX_STEPS):  # changes of the hard in force that leave this one unchanged
+        # Every change whose `c - skew` could come before the earliest candidate, known.
+        while upcoming is not None and (not candidates or upcoming - skew <= min(candidates)):
+            candidates.extend(t for t in (upcoming - skew, upcoming + skew) if t > at)
+            point, state = upcoming, _state(base, windows, upcoming)
+            upcoming = _next_change(base, windows, point, state, at + _HORIZON)
+        if not candidates:
+            return None
+        candidate = min(candidates)
+        candidates.remove(candidate)
+        if effective_for_admission(base, windows, candidate, skew) != now:
+            return candidate
+    return None
 
 
 def parse_time(raw: Any, where: str, error: type[Exception]) -> datetime:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Limits, QuotaError, parse_device_quota
-from quota.windows import effective, effective_for_admission
+from quota.windows import admission_change_after, effective, effective_for_admission
 
 from ..builders import GiB, make_quota
 
@@ -183,6 +183,32 @@ def test_admission_never_uses_more_than_is_in_force(windows: list[dict[str, Any]
         for resource in ("memory", "devices"):
             assert (conservative.get(resource) or 0) <= (hard.get(resource) or 0)
     assert effective_for_admission(q.hard, q.windows, at, timedelta(0)) == effective(q.hard, q.windows, at).hard
+
+
+@settings(max_examples=60, deadline=None)
+@given(_windows(), _AT, st.integers(0, 3600), st.integers(-3600, 3600), st.lists(st.integers(0, 999), max_size=4))
+def test_the_admission_hard_is_constant_until_its_next_change(windows: list[dict[str, Any]], start: datetime,
+                                                             skew: int, offset: int, thousandths: list[int]) -> None:
+    q = quota(*windows)
+    change = effective(q.hard, q.windows, start).next_change
+    at = start if change is None else change + timedelta(seconds=offset)
+    width = timedelta(seconds=skew)
+    now = effective_for_admission(q.hard, q.windows, at, width)
+    later = admission_change_after(q.hard, q.windows, at, width)
+    if later is None:
+        return
+    assert later > at
+    for part in thousandths:
+        assert effective_for_admission(q.hard, q.windows, at + (later - at) * part // 1000, width) == now
+    assert effective_for_admission(q.hard, q.windows, later, width) != now
+
+
+def test_the_admission_hard_changes_a_skew_early_down_and_a_skew_late_up() -> None:
+    q = quota(DEADLINE)
+    skew = timedelta(seconds=5)
+    assert admission_change_after(q.hard, q.windows, utc("2026-12-21T00:00:00Z"), skew) == utc("2026-12-21T07:00:05Z")
+    assert admission_change_after(q.hard, q.windows, utc("2026-12-22T00:00:00Z"), skew) == utc("2026-12-25T16:59:55Z")
+    assert admission_change_after(q.hard, q.windows, utc("2026-12-26T00:00:00Z"), skew) is None
 
 
 def test_zone_is_kept() -> None:
