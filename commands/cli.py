@@ -180,6 +180,11 @@ def _add_serve(sub: _Subparsers) -> None:
                             "(a lease, one status write) and admits claims against it for this long with no write; "
                             "near hard every admission is persisted one by one; 0 turns leases off, else at least 1 "
                             "(default 5)")
+    serve.add_argument("--clock-skew", type=float, default=5.0, metavar="SECONDS",
+                       help="how far the replicas' clocks may differ: at a boundary of a quota's windows "
+                            "(spec.windows) every replica admits against the smallest limit in force within this "
+                            "many seconds of its clock, so a decrease applies this much early and an increase this "
+                            "much late (default 5)")
     serve.add_argument("--requeue-waiting-pods", action=argparse.BooleanOptionalAction, default=True,
                        help="when a claim is deleted, touch the ResourceClaimTemplates that unscheduled Pods of its "
                             "namespace still wait on, so the resourceclaim controller retries them at once instead "
@@ -291,6 +296,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"error: --lease-period must be 0 (no leases) or at least 1 second, got {args.lease_period}",
               file=sys.stderr)
         return EXIT_INPUT
+    if not 0 <= args.clock_skew <= 3600:
+        print(f"error: --clock-skew must be between 0 and 3600 seconds, got {args.clock_skew}", file=sys.stderr)
+        return EXIT_INPUT
     if not args.shutdown_delay >= 0:
         print(f"error: --shutdown-delay must be 0 or more, got {args.shutdown_delay}", file=sys.stderr)
         return EXIT_INPUT
@@ -317,6 +325,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         admin_access_configmap=args.admin_access_configmap,
         allocation_check=args.allocation_check, default_pricing=args.default_pricing, memory_sources=memory_sources,
         reservation_ttl=args.reservation_ttl, lease_period=args.lease_period, reuse_port=args.reuse_port, shutdown_delay_seconds=args.shutdown_delay,
+        clock_skew=args.clock_skew,
         requeue_waiting_pods=args.requeue_waiting_pods,
         metrics_port=args.metrics_port, metrics_secure=args.metrics_secure, limits=limits,
         team_namespace_series=args.team_namespace_series,

@@ -66,6 +66,9 @@ class ServeOptions:
     reservation_ttl: float = 120.0
     # A replica's lease on a DeviceQuota's headroom (quota.headroom); 0: none.
     lease_period: float = 5.0
+    # How far replicas' clocks may differ: a quota's windows apply their lower limits this
+    # much early and their higher ones this much late (quota.windows).
+    clock_skew: float = 5.0
     # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
     reuse_port: bool = False
     # In-flight reviews get this long to finish after SIGTERM; the API server's webhook

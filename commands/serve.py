@@ -143,6 +143,7 @@ async def serve(options: ServeOptions) -> int:
     log.info("Kueue AdmissionCheck controller: %s (--kueue %s)", "on" if kueue else "off", options.kueue)
     caches = Caches(api, options.default_pricing, reservation_ttl=options.reservation_ttl, requeue=requeue,
                     lease_period=options.lease_period, memory_sources=options.memory_sources,
+                    clock_skew=options.clock_skew,
                     also=policy.reflectors(api), kueue=kueue, leading=leading if elector is not None else None)
     ctx = ClaimContext(caches.admitter, caches.namespaces.get, policy.policy, caches.reservations,
                        options.allocation_check,

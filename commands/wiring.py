@@ -18,6 +18,7 @@ existing claim at nothing).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
@@ -94,7 +95,7 @@ class Caches:
     def __init__(self, api: KubeApi, default_pricing: Mode, *, reservation_ttl: float = 120.0,
                  requeue: Requeuer | None = None, also: Sequence[Reflector] = (), kueue: bool = False,
                  leading: Callable[[], bool] | None = None, lease_period: float = 0.0,
-                 memory_sources: MemorySources = NO_SOURCES) -> None:
+                 memory_sources: MemorySources = NO_SOURCES, clock_skew: float = 5.0) -> None:
         """`also`: more reflectors to run and be synced before ready (the adminAccess ConfigMap);
         `leading`: the Lease holder writes our annotations on claims (controllers.annotator);
         `memory_sources`: where devices whose driver publishes no `memory` get theirs."""
@@ -107,6 +108,8 @@ class Caches:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
+        # Quotas' windows by the wall clock, allowing for other replicas' (`quota.windows`).
+        self.admitter.ledger.clock, self.admitter.ledger.clock_skew = time.time, clock_skew
         # One slow lane for every review and Workload decision (`runtime.slicing`).
         self.slicer = Slicer()
         # Lists and scrapes in slices, the collector kept off what they build (`kube.rebuilds`).

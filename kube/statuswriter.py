@@ -345,6 +345,7 @@ class QuotaStatusWriter(Seen):
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
                                                     for r in requests), undos=(None,) * len(requests)), None
         usage = self.ledger.usage(quota.namespace, quota.name)
+        quota = self.ledger.in_force(quota)  # a window's hard, when one is in force (`quota.windows`)
         # An allocation checked whole: its claim's own count, from the same ledger read.
         requests = [replace(r, credit=self.ledger.counted(ClaimRef(r.own), quota)) if r.own else r for r in requests]
         if self.leases.leasable(quota):

@@ -171,8 +171,9 @@ class Admitter(Annotating):
         pricing = entry.pricing[self.ledger.default_mode]
         quotas = self.ledger.quotas(claim.namespace)
         charges = [entry.charge_for(q, self.ledger.default_mode) for q in quotas]
-        never = check([QuotaCheck(q, Usage(), c) for q, c in zip(quotas, charges)], namespace=claim.namespace)
-        now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(quotas, charges)],
+        checked = [self.ledger.in_force(q) for q in quotas]  # the limits in force now (`quota.windows`)
+        never = check([QuotaCheck(q, Usage(), c) for q, c in zip(checked, charges)], namespace=claim.namespace)
+        now = check([QuotaCheck(q, self.ledger.usage(q.namespace, q.name), c) for q, c in zip(checked, charges)],
                     namespace=claim.namespace)
         warnings = (*pricing.warnings, *self._unpriced(claim, pricing)[1], *never.warnings)
         return Fit(pricing, never, now, warnings)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Literal, Required, TypedDict
 
 from quota.advice import advice, case_of, worst
@@ -27,7 +28,7 @@ from quota.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.raw import show
 from quota.scope import Scope, parse_scope
 from quota.validation import integer
-from quota.windows import Window, parse_windows
+from quota.windows import Window, effective_for_admission, parse_windows
 
 __all__ = [
     "GOVERNED_LABEL",
@@ -57,6 +58,7 @@ __all__ = [
     "parse_device_quota",
     "parse_cluster_device_quota",
     "check",
+    "in_force",
     "ref_of",
     "format_amount",
     "format_resource",
@@ -324,6 +326,15 @@ def _limit(raw: Any, where: str) -> int | None:
     if raw is None:
         return None
     return ceil_int(non_negative_amount(raw, where, QuotaError))
+
+
+def in_force(quota: DeviceQuota, at: datetime, skew: timedelta) -> DeviceQuota:
+    """`quota` as admission checks it at `at`: its `hard`, per resource, the smallest in force
+    within `skew` of `at` (`quota.windows.effective_for_admission`). For a quota as parsed:
+    the result's `hard` is no longer `spec.hard`, so it must not be given here again."""
+    if not quota.windows:
+        return quota
+    return replace(quota, hard=effective_for_admission(quota.hard, quota.windows, at, skew))
 
 
 def ref_of(ref: str) -> tuple[str, str]:

@@ -119,8 +119,10 @@ class Plan:
 
 
 def leasable(quota: DeviceQuota, sizing: Sizing) -> bool:
-    """DeviceQuotas that enforce; teams' quotas and Audit keep one entry per admission."""
-    return sizing.period > 0 and not quota.cluster and quota.enforcement == "Enforce" and any(
+    """DeviceQuotas that enforce; teams' quotas and Audit keep one entry per admission, and
+    so do quotas with windows: a lease's room was sized on the `hard` in force when it was
+    granted, which a window's boundary may lower while the lease is held."""
+    return sizing.period > 0 and not quota.cluster and not quota.windows and quota.enforcement == "Enforce" and any(
         quota.hard.get(r) is not None for r in RESOURCES)
 
 

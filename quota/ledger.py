@@ -24,14 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import NewType
 
 from quota.claims import Claim
-from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check, in_force
 from quota.model import ZERO, Charge, Mode, Namespace
 from quota.priced import Pricing
 from quota.scope import Scope
 from quota.teams import Recount, Teams
+from quota.windows import admission_change_after
 from quota.work import paced
 
 __all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "recounting_message", "shown",
@@ -110,6 +112,14 @@ class Ledger:
         # Told each time a team's part is left to a `Recount` (None: parts are counted at once).
         self._deferred: Callable[[], None] | None = None
         self._recount_every = RECOUNT_PAUSE_EVERY
+        # Quotas with windows are checked against the `hard` in force (`in_force`) by this
+        # clock (seconds since the epoch), allowing for replicas' clocks differing by up to
+        # `clock_skew` seconds. None: `spec.hard` (`dra-quota check` applies windows itself).
+        self.clock: Callable[[], float] | None = None
+        self.clock_skew = 0.0
+        # Per quota: (the quota as given, valid from, valid until, the quota in force):
+        # computed again only when the spec or the limits in force change.
+        self._in_force: dict[QuotaKey, tuple[DeviceQuota, float, float, DeviceQuota]] = {}
 
     # -- quotas -------------------------------------------------------------------
 
@@ -178,6 +188,7 @@ class Ledger:
         return self._teams.recounting(name)
 
     def delete_quota(self, namespace: Namespace, name: str) -> tuple[QuotaKey, ...]:
+        self._in_force.pop((namespace, name), None)
         if not namespace:
             return ((namespace, name),) if self._teams.drop_quota(name) else ()
         if self._quotas.get(namespace, {}).pop(name, None) is None:
@@ -387,6 +398,24 @@ class Ledger:
         """Moves whenever a claim of `namespace` changes."""
         return self._namespace_generation.get(namespace, 0)
 
+    def in_force(self, quota: DeviceQuota) -> DeviceQuota:
+        """`quota` with the `hard` admission checks now (`quota.devicequota.in_force`): with
+        windows and a clock, per resource the smallest `hard` in force within `clock_skew`
+        of the clock; else `quota` itself. Give it a quota as parsed, not one it returned."""
+        if not quota.windows or self.clock is None:
+            return quota
+        now = self.clock()
+        key = (quota.namespace, quota.name)
+        cached = self._in_force.get(key)
+        if cached is not None and cached[1] <= now < cached[2] and cached[0] == quota:
+            return cached[3]
+        at, skew = datetime.fromtimestamp(now, UTC), timedelta(seconds=self.clock_skew)
+        checked = in_force(quota, at, skew)
+        change = admission_change_after(quota.hard, quota.windows, at, skew)
+        # None: no change within 400 days (or a pathological schedule): look again in a day.
+        self._in_force[key] = (quota, now, now + 86400 if change is None else change.timestamp(), checked)
+        return checked
+
     def admit(self, entry: Entry, *, dry_run: bool = False) -> Decision:
         """Check `entry` against every quota of its namespace and reserve it if it fits.
 
@@ -400,7 +429,7 @@ class Ledger:
             usage = self.usage(quota.namespace, quota.name)
             if previous is not None:
                 usage = add_usage(usage, previous, quota, self.default_mode, -1)
-            checks.append(QuotaCheck(quota, usage, self.uncovered(entry, quota)))
+            checks.append(QuotaCheck(self.in_force(quota), usage, self.uncovered(entry, quota)))
         decision = self._unsettled(checks) or check(checks, namespace=entry.namespace)
         if decision.allowed and not dry_run:
             self.add_or_update_claim(entry)
@@ -421,8 +450,8 @@ class Ledger:
         that record counts the excess until the claim watch brings the allocated claim).
         """
         excess = self.excess(entry, over=(self._entries.get(entry.ref),))
-        checks = [QuotaCheck(q, self.usage(q.namespace, q.name), excess[q]) for q in self.quotas(entry.namespace)
-                  if (q.namespace, q.name) not in persisted]
+        checks = [QuotaCheck(self.in_force(q), self.usage(q.namespace, q.name), excess[q])
+                  for q in self.quotas(entry.namespace) if (q.namespace, q.name) not in persisted]
         decision = self._unsettled(checks) or check(checks, namespace=entry.namespace)
         if (decision.allowed or not enforce) and not dry_run:
             self.add_or_update_claim(entry)

@@ -1,8 +1,10 @@
 """A quota's windows: other `hard`s in force for a while, once (`start`, `end`) or on a schedule.
 
 Neighbours: `quota.devicequota` parses `spec.windows` with `parse_windows` and keeps them on
-the `DeviceQuota`; `quota.check` (`check --at`) and the admission path ask `effective` and
-`effective_for_admission` which `hard` applies. Pure: the clock is an argument.
+the `DeviceQuota`; `quota.check` (`check --at`) asks `effective`; `quota.ledger.Ledger.in_force`
+(the ledger's checks and `kube.statuswriter`'s persisted ones in `serve`) asks
+`effective_for_admission`, and `admission_change_after` for how long its answer holds.
+Pure: the clock is an argument.
 
 Rules (docs/scheduled-quotas.md says them to operators):
 - A window's `hard` replaces the quota's `hard` for the resources it names; the others keep

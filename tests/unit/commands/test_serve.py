@@ -208,6 +208,8 @@ async def test_a_metrics_port_in_use_is_a_start_up_error(tmp_path: Path) -> None
     (["--team-namespace-series", "-1"], "error: --team-namespace-series must be 0 or more, got -1"),
     (["--lease-period", "0.2"], "error: --lease-period must be 0 (no leases) or at least 1 second, got 0.2"),
     (["--lease-period", "-5"], "error: --lease-period must be 0 (no leases) or at least 1 second, got -5.0"),
+    (["--clock-skew", "-1"], "error: --clock-skew must be between 0 and 3600 seconds, got -1.0"),
+    (["--clock-skew", "nan"], "error: --clock-skew must be between 0 and 3600 seconds, got nan"),
 ])
 def test_connection_bounds_that_cannot_work_are_refused_by_name(flags: list[str], error: str,
                                                                  capsys: pytest.CaptureFixture[str],

@@ -29,3 +29,10 @@ def test_quota_freed_in_a_teams_namespace_retries_the_pods_of_every_namespace_of
     store.freed("alone")
     assert requeue._turns.take(0.0) == Turn("alone", ("alone",), 1)
     assert requeue._turns.take(9.0) is None
+
+
+def test_serves_ledger_checks_windows_by_the_wall_clock_with_the_skew() -> None:
+    import time
+
+    ledger = Caches(None, "conservative", clock_skew=7.5).admitter.ledger  # type: ignore[arg-type]
+    assert (ledger.clock, ledger.clock_skew) == (time.time, 7.5)
