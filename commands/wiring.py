@@ -250,12 +250,17 @@ async def lead(elector: LeaderElector, caches: Caches, options: ServeOptions, re
         recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Warning",
                                  "QuotaExceeded", "Reconcile", message))
 
+    def boundary(namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        kind = "DeviceQuota" if namespace else "ClusterDeviceQuota"
+        recorder.record(EventKey(Ref(DEVICE_QUOTA, kind, name, namespace, uid), None, "Normal", reason, "Reconcile",
+                                 message))
+
     applied = AppliedQuotas(caches.reservations.api, leading=elector.leading, resync=options.resync_seconds,
                             refresh=options.team_totals_refresh_seconds)
     metrics.applied_writes(lambda: applied.writes)
     controller = QuotaController(caches.admitter.ledger, caches.reservations, leading=elector.leading,
                                  resync=options.resync_seconds, exceeded=exceeded, observe=metrics.reconcile.observe,
-                                 published=applied.published)
+                                 published=applied.published, boundary=boundary)
     governed = GovernedLabels(caches.reservations.api, caches.admitter.ledger, caches.namespaces,
                               leading=elector.leading, resync=options.resync_seconds)
     caches.changed.append(controller.changed)

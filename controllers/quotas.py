@@ -8,7 +8,7 @@ while this replica leads and cancels it the moment it stops; `commands.serve` wi
 caches' change notifications to `changed`: the quotas each event moved, as the
 ledger's mutations return them (`kube.caches`, `kube.claimstore`).
 
-When it writes: on start (every quota, after the caches synced: a full list), on
+When it writes: at each boundary of a quota's windows (`status.nextChange`), on start (every quota, after the caches synced: a full list), on
 every change the caches report for a quota (claim, quota and Workload events, and
 for a ClusterDeviceQuota a Namespace relabelled into or out of it),
 debounced so a burst of claim events becomes one write per quota (and while admissions
@@ -48,7 +48,7 @@ from kube.events import uid_of
 from kube.quotawriter import Reservations
 from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger, QuotaKey, shown
-from quota.quotastatus import desired_status, next_expiry
+from quota.quotastatus import boundary, desired_status, next_change, next_expiry
 from quota.raw import Obj
 from quota.reservations import parse_record
 
@@ -67,7 +67,9 @@ class QuotaController:
                  concurrency: int = 8, clock: Callable[[], float] | None = None,
                  exceeded: Callable[[str, str, str, str], None] = lambda namespace, name, uid, message: None,
                  observe: Callable[[float], None] = lambda seconds: None,
-                 published: Callable[[str, Obj | None], None] = lambda name, team: None) -> None:
+                 published: Callable[[str, Obj | None], None] = lambda name, team: None,
+                 boundary: Callable[[str, str, str, str, str], None] = lambda ns, name, uid, reason, message: None,
+                 ) -> None:
         self.ledger = ledger
         self.reservations = reservations
         self.leading = leading
@@ -90,6 +92,10 @@ class QuotaController:
         # (namespace "": the ClusterDeviceQuota, e.g. a namespace joined a full team; the
         # Event lives in `default`), with its uid, which `kubectl describe` selects Events by.
         self.exceeded = exceeded
+        # Told (namespace, name, uid, reason, message) when a write changes the hard in force
+        # of a quota with windows (`quota.quotastatus.boundary`): a window opened or closed.
+        # The leader writes each boundary's status once, so each boundary makes one Event.
+        self.boundary = boundary
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
         self.observe = observe
         # Told each ClusterDeviceQuota as it stands after its reconcile (None: deleted):
@@ -222,6 +228,8 @@ class QuotaController:
         now_exceeded = _exceeded(status)
         if now_exceeded is not None and _exceeded(result.read.get("status") or {}) is None:
             self.exceeded(key[0], key[1], uid_of(result.written), now_exceeded)
+        if (event := boundary(result.read.get("status") or {}, status)) is not None:
+            self.boundary(key[0], key[1], uid_of(result.written), *event)
         _log_listed(key, result.read.get("status") or {}, status)
         log.debug("%s status: used %s, reserved %s, claims %s", shown(key),
                   status.get("used"), status.get("reserved"), status.get("claims"))
@@ -244,9 +252,11 @@ class QuotaController:
         status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),
                                 caches=self.reservations, now=now, members=self._members(quota),
                                 namespaces=self.reservations.namespaces_seen() if quota.cluster else None)
-        expiry = next_expiry(record, now)
-        if expiry is not None:
-            self._timers[key] = min(self._timers.get(key, float("inf")), expiry)
+        # Wake at the earliest entry's expiry and at the next boundary of its windows: the
+        # status changes then with no event to say so. One timer per quota.
+        for at in (next_expiry(record, now), next_change(status)):
+            if at is not None:
+                self._timers[key] = min(self._timers.get(key, float("inf")), at)
         return None if status == (obj.get("status") or {}) else {**obj, "status": status}
 
 

@@ -28,7 +28,7 @@ from quota.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.raw import show
 from quota.scope import Scope, parse_scope
 from quota.validation import integer
-from quota.windows import Window, effective_for_admission, parse_windows
+from quota.windows import Window, effective_for_admission, hard_at, hard_note, parse_windows
 
 __all__ = [
     "GOVERNED_LABEL",
@@ -42,6 +42,7 @@ __all__ = [
     "NAME_LABEL",
     "SELECTOR_KEYS_MESSAGE",
     "Amounts",
+    "LimitAmounts",
     "ClaimCounts",
     "Condition",
     "DeviceQuotaStatus",
@@ -83,6 +84,13 @@ TEAM_LABEL_PREFIX = "team.draquota.io/"
 
 class Amounts(TypedDict):
     """`status.used`, `status.reserved`: memory as a quantity (`160Gi`), devices a count."""
+
+    memory: str
+    devices: int
+
+
+class LimitAmounts(TypedDict, total=False):
+    """`status.effectiveHard`: as `spec.hard`, only the resources limited."""
 
     memory: str
     devices: int
@@ -140,6 +148,12 @@ class DeviceQuotaStatus(TypedDict, total=False):
     conditions: list[Condition]
     reservations: dict[str, ReservationEntry]
     claimsThrough: str
+    # A quota with windows only (`quota.windows`): the hard in force (spec.hard with the
+    # active window's over it), the active window's name (absent: none), and when the hard
+    # in force next changes (absent: not within 400 days).
+    effectiveHard: LimitAmounts
+    activeWindow: str
+    nextChange: str
 
 
 class ClusterDeviceQuotaStatus(DeviceQuotaStatus, total=False):
@@ -184,6 +198,9 @@ class DeviceQuota:
     # `spec.windows`: other hards in force for a while (`quota.windows`); `hard` is the
     # quota's own, in force outside every window.
     windows: tuple[Window, ...] = ()
+    # Why `hard` is what it is when a window set it or just ended (`in_force`), for a
+    # denial to name; "" for a quota as parsed.
+    hard_note: str = ""
 
     @property
     def cluster(self) -> bool:
@@ -334,7 +351,11 @@ def in_force(quota: DeviceQuota, at: datetime, skew: timedelta) -> DeviceQuota:
     the result's `hard` is no longer `spec.hard`, so it must not be given here again."""
     if not quota.windows:
         return quota
-    return replace(quota, hard=effective_for_admission(quota.hard, quota.windows, at, skew))
+    hard = effective_for_admission(quota.hard, quota.windows, at, skew)
+    # The note explains the instant whose hard admission uses: around a boundary, the side
+    # of it the skew picked (a decrease applies early, an increase late).
+    when = next((t for t in (at + skew, at - skew) if hard_at(quota.hard, quota.windows, t)[0] == hard), at)
+    return replace(quota, hard=hard, hard_note=hard_note(quota.hard, quota.windows, when))
 
 
 def ref_of(ref: str) -> tuple[str, str]:
@@ -403,4 +424,5 @@ def _exceeded_message(item: QuotaCheck, exceeded: list[str]) -> str:
     return (
         f'exceeded {item.quota.kind} "{item.quota.name}": requested {fmt(item.charge)}, used {fmt(item.usage.used)}, '
         f"reserved {fmt(item.usage.reserved)}, limited {fmt(item.quota.hard)}"
+        + (f" ({item.quota.hard_note})" if item.quota.hard_note else "")
     )

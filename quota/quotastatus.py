@@ -34,8 +34,12 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 - `namespaces` (a ClusterDeviceQuota's only): the same numbers per member namespace
   (`quota.teams`), sorted by namespace, as OpenShift's ClusterResourceQuota shows them;
   `used`, `reserved` and `claims` are then the team's totals;
-- `Exceeded`: `used + reserved` above `hard` for some resource (someone lowered `hard`,
-  Audit enforcement, an allocation accounted in account-only mode);
+- `effectiveHard`, `activeWindow`, `nextChange` (a quota with `spec.windows` only): the
+  `hard` in force at the controller's clock, the window that sets it (absent: none) and
+  when it next changes (absent: not within 400 days), `quota.windows.effective`;
+- `Exceeded`: `used + reserved` above the `hard` in force for some resource (someone
+  lowered `hard`, a window closed, Audit enforcement, an allocation accounted in
+  account-only mode);
 - `NamespacesListed` (a ClusterDeviceQuota's only): False (`TooManyNamespaces`) while the
   team has more members than the breakdown lists (`MAX_NAMESPACES`);
 - `Ready` False (`InvalidSelector`): a `spec.devices` selector does not compile; it
@@ -45,6 +49,7 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from quota.devicequota import (
@@ -54,6 +59,8 @@ from quota.devicequota import (
     Condition,
     DeviceQuota,
     DeviceQuotaStatus,
+    LimitAmounts,
+    Limits,
     NamespaceUsage,
     Usage,
     format_resource,
@@ -61,12 +68,15 @@ from quota.devicequota import (
 from quota.leases import micro_time
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
+from quota.raw import as_map
 from quota.reservations import Caches, Record, in_flight, settle, status_fields
 from quota.scope import selection_problems
+from quota.windows import effective, hard_note, utc_stamp
 
-__all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "desired_status", "next_expiry"]
+__all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "boundary", "desired_status", "next_change", "next_expiry"]
 
-CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions", "namespaces")
+CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions", "namespaces",
+                     "effectiveHard", "activeWindow", "nextChange")
 # Members a ClusterDeviceQuota's status lists (the CRD's maxItems): one item is about 150
 # bytes, so the object stays far below etcd's request limit. Past it the status lists the
 # first ones by name and the totals still count every member.
@@ -126,13 +136,77 @@ def desired_status(
                                 for namespace, part in sorted(members)[:MAX_NAMESPACES]]
     if isinstance(generation, int):
         status["observedGeneration"] = generation
-    conditions = [_ready(quota, generation), _exceeded(quota, usage.used + reserved, generation)]
+    hard, note = _in_force(status, quota, now)
+    conditions = [_ready(quota, generation), _exceeded(hard, note, usage.used + reserved, generation)]
     if members is not None:
         conditions.append(_listed(len(members), generation))
     if not quota.scope.everything and quota.hard.memory is not None:
         conditions.append(_unmetered(usage.unmetered_claims, generation))
     status["conditions"] = _keep_transitions(status.get("conditions"), conditions, now)
     return status
+
+
+def _in_force(status: ClusterDeviceQuotaStatus, quota: DeviceQuota, now: float) -> tuple[Limits, str]:
+    """The `hard` in force at `now` and why (`quota.windows.hard_note`), its fields set on
+    `status` for a quota with windows and removed from one without."""
+    if not quota.windows:
+        for key in ("effectiveHard", "activeWindow", "nextChange"):
+            status.pop(key, None)  # type: ignore[misc]
+        return quota.hard, ""
+    at = datetime.fromtimestamp(now, UTC)
+    state = effective(quota.hard, quota.windows, at)
+    status["effectiveHard"] = _limits(state.hard)
+    if state.window is None:
+        status.pop("activeWindow", None)
+    else:
+        status["activeWindow"] = state.window
+    if state.next_change is None:
+        status.pop("nextChange", None)
+    else:
+        status["nextChange"] = utc_stamp(state.next_change)
+    return state.hard, hard_note(quota.hard, quota.windows, at)
+
+
+def _limits(hard: Limits) -> LimitAmounts:
+    out: LimitAmounts = {}
+    if hard.memory is not None:
+        out["memory"] = format_quantity(hard.memory)
+    if hard.devices is not None:
+        out["devices"] = hard.devices
+    return out
+
+
+def next_change(status: DeviceQuotaStatus) -> float | None:
+    """When the `hard` in force written in `status` changes next (the controller wakes then)."""
+    stamp = status.get("nextChange")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def boundary(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the Event a status write from `before` to `after` makes when the
+    `hard` in force changed: a window opened (`WindowOpened`), closed (`WindowClosed`), or
+    the hard in force moved with the same window (`HardInForceChanged`: a spec edit). None
+    when neither status has windows' fields, or nothing of them changed."""
+    was, now = before.get("activeWindow"), after.get("activeWindow")
+    hard_was, hard_now = before.get("effectiveHard"), after.get("effectiveHard")
+    if was == now and (hard_was is None or hard_was == hard_now):
+        return None
+    shown = ", ".join(f"{r}={v}" for r in ("memory", "devices") if (v := as_map(hard_now).get(r)) is not None)
+    change = after.get("nextChange")
+    until = f" until {change}" if isinstance(change, str) else ""
+    if now is None and was is not None:
+        return "WindowClosed", f"window '{was}' closed: hard in force {shown} (spec.hard){until}"
+    if now is not None and was != now:
+        closed = f"window '{was}' closed and " if was is not None else ""
+        return "WindowOpened", f"{closed}window '{now}' opened: hard in force {shown}{until}"
+    if hard_now is None:
+        return None  # windows removed from the spec outside any window
+    return "HardInForceChanged", f"hard in force {shown}{until}"
 
 
 def _member(namespace: str, part: Usage, live: Record, caches: Caches) -> NamespaceUsage:
@@ -162,13 +236,14 @@ def _ready(quota: DeviceQuota, generation: Any) -> Condition:
     return _condition("Ready", True, "Counted", "usage counted from the allocated and pending claims", generation)
 
 
-def _exceeded(quota: DeviceQuota, total: Charge, generation: Any) -> Condition:
-    over = [r for r in RESOURCES if (limit := quota.hard.get(r)) is not None and total.amount(r) > limit]
+def _exceeded(hard: Limits, note: str, total: Charge, generation: Any) -> Condition:
+    """Against the `hard` in force; `note` says which window set it or ended ("": spec.hard)."""
+    over = [r for r in RESOURCES if (limit := hard.get(r)) is not None and total.amount(r) > limit]
     if not over:
         return _condition("Exceeded", False, "WithinHard", "used + reserved is within hard", generation)
     message = "; ".join(f"used + reserved {format_resource(r, total.amount(r))} is above hard "
-                        f"{format_resource(r, quota.hard.get(r) or 0)}" for r in over)
-    return _condition("Exceeded", True, "AboveHard", message, generation)
+                        f"{format_resource(r, hard.get(r) or 0)}" for r in over)
+    return _condition("Exceeded", True, "AboveHard", message + (f" ({note})" if note else ""), generation)
 
 
 def _listed(members: int, generation: Any) -> Condition:

@@ -55,6 +55,8 @@ def _claims(row: dict[str, Any]) -> str:
 
 def _state(quota: dict[str, Any]) -> str:
     state = "Exceeded" if quota["exceeded"] else ""
+    if quota.get("window"):
+        state = ", ".join(filter(None, (state, f"window {quota['window']}")))
     if not quota["current"]:
         state = ", ".join(filter(None, (state, "not counted yet (no status for this spec generation)")))
     return state

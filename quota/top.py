@@ -3,7 +3,8 @@
 Neighbours: `commands.cli` lists DeviceQuotas and ClusterDeviceQuotas through `kube.api`
 and prints what `quota_usage` and `team_usage` return; `quota.devicequota` reads the
 spec. This module only reads what is on each quota: `spec.hard` and the `status` the
-leader-elected controller writes (`used`, `reserved`, `claims`, `conditions`,
+leader-elected controller writes (`used`, `reserved`, `claims`, `conditions`, a quota
+with windows' `effectiveHard`, `activeWindow` and `nextChange`,
 `observedGeneration`, and a team's `namespaces`, its per-namespace breakdown), the way
 `kubectl top` reads what metrics-server published instead of computing it. Nothing here
 recomputes usage: two tools must never show two different numbers for one quota.
@@ -101,14 +102,34 @@ def _row(quota: DeviceQuota, obj: Mapping[str, Any], where: str) -> dict[str, An
         "kind": quota.kind,
         "namespace": quota.namespace,
         "name": quota.name,
-        "hard": quota.hard.as_json(),
+        "hard": _hard(quota, status, where),
         "used": _amounts(status.get("used"), f"{where}.used"),
         "reserved": _amounts(status.get("reserved"), f"{where}.reserved"),
         "claims": _claims(status.get("claims"), f"{where}.claims"),
         "exceeded": conditions.get("Exceeded") == "True",
         # The controller has counted this spec: its observedGeneration is the object's.
         "current": bool(status) and generation is not None and status.get("observedGeneration") == generation,
+        **_windows(quota, status),
     }
+
+
+def _hard(quota: DeviceQuota, status: Mapping[str, Any], where: str) -> dict[str, int]:
+    """The hard in force as the controller wrote it (`status.effectiveHard`) for a quota with
+    windows; `spec.hard` otherwise, or while the status has none yet."""
+    written = status.get("effectiveHard") if quota.windows else None
+    if not isinstance(written, dict):
+        return quota.hard.as_json()
+    return {k: v for k, v in _amounts(written, f"{where}.effectiveHard").items() if v is not None}
+
+
+def _windows(quota: DeviceQuota, status: Mapping[str, Any]) -> dict[str, Any]:
+    """A quota with windows: `window`, the open one (null: none), and `nextChange` (null:
+    none within 400 days, or not written yet), as `dra-quota check --at` names them."""
+    if not quota.windows:
+        return {}
+    window, change = status.get("activeWindow"), status.get("nextChange")
+    return {"window": window if isinstance(window, str) else None,
+            "nextChange": change if isinstance(change, str) else None}
 
 
 def _part(item: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from quota.devicequota import Limits
 
 __all__ = ["MAX_WINDOWS", "MAX_DURATION", "Effective", "Window", "admission_change_after", "effective",
-           "effective_for_admission",
-           "parse_windows", "parse_time"]
+           "effective_for_admission", "hard_at", "hard_note", "last_change", "parse_windows", "parse_time",
+           "utc_stamp"]
 
 MAX_WINDOWS = 16  # the CRD's maxItems: each admission may look at every one
 MAX_DURATION = timedelta(days=31)  # the longest a recurring window stays open per start
@@ -48,6 +48,11 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label
 # How far `effective` looks for the next change before saying there is none.
 _HORIZON = timedelta(days=400)
 _MAX_STEPS = 4096
+# How far back `last_change` looks for the window whose end put the quota's own hard in
+# force, and how many changes it steps through: a denial names a window that ended within
+# a day; one that ended earlier is old news, and the cost stays bounded.
+_LOOKBACK = timedelta(days=1)
+_MAX_CHANGES = 256
 _RESOURCES = ("memory", "devices")
 
 
@@ -126,6 +131,46 @@ def _next_change(base: Limits, windows: Sequence[Window], at: datetime,
         if _state(base, windows, point) != now:
             return point
     return None
+
+
+def hard_at(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limits, str | None]:
+    """The `hard` in force at `at` and the window that sets it (None: the quota's own):
+    `effective` without looking for the next change, for readers that need only the present."""
+    return _state(base, windows, at)
+
+
+def last_change(base: Limits, windows: Sequence[Window], at: datetime,
+                lookback: timedelta = _LOOKBACK) -> tuple[datetime, str | None] | None:
+    """The latest change of the `hard` in force in (at - lookback, at], with the window in force
+    just before it (None: the quota's own); None when none is found (or too many to step through)."""
+    point = at - lookback
+    state = _state(base, windows, point)
+    found: tuple[datetime, str | None] | None = None
+    for _ in range(_MAX_CHANGES):
+        change = _next_change(base, windows, point, state, at)
+        if change is None:
+            return found
+        found = (change, state[1])
+        point, state = change, _state(base, windows, change)
+    return None
+
+
+def hard_note(base: Limits, windows: Sequence[Window], at: datetime) -> str:
+    """Why the `hard` in force at `at` is what it is, for a denial or a condition to name:
+    the window in force, or the window whose end (within a day) put the quota's own back;
+    "" when no window is involved."""
+    _, name = _state(base, windows, at)
+    if name is not None:
+        return f"the limit in force during window '{name}'"
+    last = last_change(base, windows, at)
+    if last is None or last[1] is None:
+        return ""
+    return f"the limit in force since window '{last[1]}' ended at {utc_stamp(last[0])}"
+
+
+def utc_stamp(at: datetime) -> str:
+    """RFC 3339 in UTC to the second, as metav1.Time is written (`2026-12-25T17:00:00Z`)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def effective(base: Limits, windows: Sequence[Window], at: datetime) -> Effective:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -48,6 +49,7 @@ from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Ledger
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from quota.windows import hard_at
 from quota.work import drop, pause_point
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
@@ -154,11 +156,13 @@ class UsageMetrics:
         return totals, parts
 
     def _add_totals(self, family: GaugeMetricFamily, labels: list[str], quota: DeviceQuota) -> None:
-        """`quota`'s hard (the resources it limits), used and reserved samples, after `labels`."""
+        """`quota`'s hard (the resources it limits), used and reserved samples, after `labels`.
+        The hard in force: with windows, as the quota's `status.effectiveHard` shows it."""
         usage = self.ledger.usage(quota.namespace, quota.name)
         reserved = usage.reserved + self.pending(quota.namespace, quota.name)
+        hard = hard_at(quota.hard, quota.windows, datetime.now(UTC))[0] if quota.windows else quota.hard
         for resource in _RESOURCES:
-            limit = quota.hard.get(resource)
+            limit = hard.get(resource)
             if limit is not None:
                 family.add_metric([*labels, resource, "hard"], limit)
             family.add_metric([*labels, resource, "used"], usage.used.amount(resource))
@@ -265,7 +269,8 @@ class UsageMetrics:
 def _quota_family() -> GaugeMetricFamily:
     return GaugeMetricFamily(
         QUOTA, "A DeviceQuota's limit and usage, in the kube_resourcequota shape; resource memory in bytes, "
-        "devices a count. type hard: spec.hard (only the resources it limits); used: the exact charge of its "
+        "devices a count. type hard: the hard in force (spec.hard, or an open window's: status.effectiveHard; "
+        "only the resources it limits); used: the exact charge of its "
         "allocated claims; reserved: the estimated charge of its claims admitted and not yet allocated, plus the "
         "reservations persisted on its status whose claim this replica's cache does not hold yet (each claim "
         "counted once). Exported by the leader only.", labels=["namespace", "quota", "resource", "type"])
@@ -274,8 +279,8 @@ def _quota_family() -> GaugeMetricFamily:
 def _team_family() -> GaugeMetricFamily:
     return GaugeMetricFamily(
         CLUSTER_QUOTA, "A ClusterDeviceQuota's (a team's) limit and usage over every namespace it selects, as "
-        "draquota_quota shows a DeviceQuota's; resource memory in bytes, devices a count. type hard: spec.hard "
-        "(only the resources it limits); used and reserved: the team's totals, reserved with the reservations "
+        "draquota_quota shows a DeviceQuota's; resource memory in bytes, devices a count. type hard: the hard in "
+        "force (spec.hard, or an open window's; only the resources it limits); used and reserved: the team's totals, reserved with the reservations "
         "persisted on its status whose claim this replica's cache does not hold yet. Exported by the leader only.",
         labels=["quota", "resource", "type"])
 

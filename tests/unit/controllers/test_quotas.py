@@ -270,3 +270,39 @@ async def test_a_team_past_the_listed_breakdown_is_logged_once_per_transition(
 
 def _listed(status: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == "NamespacesListed")
+
+
+async def test_at_a_window_boundary_it_rewrites_the_status_and_tells_it_once() -> None:
+    # The window closes at 00:20:00Z, 1200 s after the epoch; the controller's clock is at 1000 s.
+    window = {"name": "burst", "hard": {"memory": "800Gi"}, "start": "1970-01-01T00:00:00Z",
+              "end": "1970-01-01T00:20:00Z"}
+    api, reservations, _ = setup(make_quota("gpus", memory="400Gi", windows=[window]))
+    reservations.observe(await api.get(None, "gpus"))  # type: ignore[arg-type]
+    clock = FakeClock(1000.0)
+    told: list[tuple[str, ...]] = []
+    controller = QuotaController(reservations.ledger, reservations, leading=lambda: True, debounce=0.05,
+                                 min_interval=0.0, clock=clock, boundary=lambda *args: told.append(args))
+    for i in range(6):  # 480Gi allocated, within the window's 800Gi
+        controller.ledger.add_or_update_claim(entry(f"u{i}", 80 * GiB, allocated=True))
+    task = asyncio.create_task(controller.run())
+    try:
+        await settled(api, 1)
+        status = api.objects["gpus"]["status"]
+        assert (status["activeWindow"], status["effectiveHard"]) == ("burst", {"memory": "800Gi"})
+        assert controller._timers[(NS, "gpus")] == 1200.0  # it wakes at the boundary, with no event
+        assert [args[3] for args in told] == ["WindowOpened"]  # the first write found it open
+        clock.advance(200)
+        controller._wake.set()  # the real sleep is 200 s: the timer is what is tested, not the wait
+        await settled(api, 2)
+        status = api.objects["gpus"]["status"]
+        assert "activeWindow" not in status and status["effectiveHard"] == {"memory": "400Gi"}
+        assert next(c for c in status["conditions"] if c["type"] == "Exceeded")["status"] == "True"
+        assert [args[3:] for args in told[1:]] == [
+            ("WindowClosed", "window 'burst' closed: hard in force memory=400Gi (spec.hard)")]
+        passes = controller.passes
+        controller.changed([(NS, "gpus")])
+        await looked(controller, passes)
+        assert len(told) == 2  # nothing changed: no second Event
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -43,3 +43,25 @@ def test_allocate_checks_the_excess_against_the_hard_in_force() -> None:
 def test_without_a_clock_spec_hard() -> None:
     led = ledger(WINDOWED)
     assert not led.admit(entry("a", 150 * GiB)).allowed
+
+
+def test_a_denial_after_a_window_ended_names_it() -> None:
+    led, clock = clocked("2026-12-25T16:00:00+00:00")
+    assert led.admit(entry("a", 150 * GiB)).allowed  # in the window: 150Gi of 200Gi
+    clock[0] += 3600  # 17:00, the window ended: 150Gi held of 100Gi, nothing evicted
+    denied = led.admit(entry("b", 1 * GiB))
+    assert not denied.allowed
+    assert ("limited memory=100Gi (the limit in force since window 'burst' ended at 2026-12-25T17:00:00Z)"
+            in denied.message)
+
+
+def test_a_denial_in_a_window_names_it() -> None:
+    led, _ = clocked("2026-12-22T00:00:00+00:00")
+    denied = led.admit(entry("a", 250 * GiB))
+    assert not denied.allowed and "limited memory=200Gi (the limit in force during window 'burst')" in denied.message
+
+
+def test_a_denial_long_after_a_window_names_none() -> None:
+    led, _ = clocked("2027-01-05T00:00:00+00:00")
+    denied = led.admit(entry("a", 150 * GiB))
+    assert not denied.allowed and "limited memory=100Gi" in denied.message and "window" not in denied.message

@@ -14,7 +14,7 @@ from quota.devicequota import (Amounts, ClaimCounts, ClusterDeviceQuotaStatus, C
                                NamespaceUsage, ReservationEntry, ReservedBy, Usage, parse_cluster_device_quota,
                                parse_device_quota)
 from quota.model import Charge
-from quota.quotastatus import MAX_NAMESPACES, desired_status, next_expiry
+from quota.quotastatus import MAX_NAMESPACES, boundary, desired_status, next_change, next_expiry
 from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
 
 from ..builders import GiB, make_cluster_quota, make_quota
@@ -268,3 +268,60 @@ def test_a_team_says_when_its_breakdown_lists_only_the_first_namespaces() -> Non
     assert len(status["namespaces"]) == MAX_NAMESPACES  # type: ignore[typeddict-item]
     # A DeviceQuota has no breakdown, so no such condition.
     assert "NamespacesListed" not in {c["type"] for c in desired(quota_obj())["conditions"]}
+
+
+# -- windows: the hard in force, the open window, the next change ------------------------------
+
+DEADLINE = {"name": "deadline", "hard": {"memory": "640Gi"}, "start": "2027-01-15T06:00:00Z",
+            "end": "2027-01-15T09:00:00Z"}
+
+
+def windowed(status: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    obj = quota_obj(status=status)
+    obj["spec"] = {**obj["spec"], "windows": [DEADLINE]}
+    return obj
+
+
+def test_a_quota_with_windows_shows_the_hard_in_force_the_window_and_the_next_change() -> None:
+    status = desired(windowed(), usage=Usage(used=Charge(400 * GiB, 5)))  # NOW is 08:00, in the window
+    assert status["effectiveHard"] == {"memory": "640Gi"}
+    assert status["activeWindow"] == "deadline" and status["nextChange"] == "2027-01-15T09:00:00Z"
+    assert next_change(status) == NOW + 3600  # the controller wakes then
+    assert [c["status"] for c in status["conditions"] if c["type"] == "Exceeded"] == ["False"]
+
+
+def test_after_a_window_closes_the_quota_is_exceeded_naming_it() -> None:
+    status = desired(windowed(), usage=Usage(used=Charge(400 * GiB, 5)), now=NOW + 3600)
+    assert status["effectiveHard"] == {"memory": "320Gi"}
+    assert "activeWindow" not in status and "nextChange" not in status
+    exceeded = next(c for c in status["conditions"] if c["type"] == "Exceeded")
+    assert exceeded["status"] == "True"
+    assert exceeded["message"] == ("used + reserved memory=400Gi is above hard memory=320Gi (the limit in force "
+                                   "since window 'deadline' ended at 2027-01-15T09:00:00Z)")
+
+
+def test_windows_removed_take_their_fields_along() -> None:
+    before = desired(windowed())
+    status = desired(quota_obj(status=before))
+    assert not {"effectiveHard", "activeWindow", "nextChange"} & set(status)
+
+
+def test_the_windows_fields_are_in_the_crd_schema() -> None:
+    for crd in (CRD, CLUSTER_CRD):
+        schema = yaml.safe_load(crd.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert {"effectiveHard", "activeWindow", "nextChange"} <= set(schema["properties"]["status"]["properties"])
+
+
+def test_boundary_events() -> None:
+    opened = {"effectiveHard": {"memory": "640Gi"}, "activeWindow": "deadline", "nextChange": "2027-01-15T09:00:00Z"}
+    closed = {"effectiveHard": {"memory": "320Gi"}}
+    assert boundary(closed, opened) == (
+        "WindowOpened", "window 'deadline' opened: hard in force memory=640Gi until 2027-01-15T09:00:00Z")
+    assert boundary(opened, closed) == ("WindowClosed", "window 'deadline' closed: hard in force memory=320Gi (spec.hard)")
+    assert boundary({**opened, "activeWindow": "nights"}, opened) == (
+        "WindowOpened", "window 'nights' closed and window 'deadline' opened: hard in force memory=640Gi "
+        "until 2027-01-15T09:00:00Z")
+    assert boundary(opened, {**opened, "effectiveHard": {"memory": "700Gi"}})[0] == "HardInForceChanged"  # type: ignore[index]
+    assert boundary(opened, opened) is None and boundary({}, {}) is None
+    assert boundary({}, closed) is None  # a first write outside every window
+    assert boundary(closed, {}) is None  # windows removed outside every window

@@ -153,3 +153,18 @@ ml-team             ml-train   400Gi / 160Gi              5 / 2                 
 cv-team             (total)    - / - / -                  - / - / 2                   - / -                     \
 not counted yet (no status for this spec generation)
 """
+
+
+def test_a_quota_with_windows_shows_the_hard_in_force_and_the_window() -> None:
+    obj = with_status({"observedGeneration": 2, "used": {"memory": "400Gi", "devices": 2},
+                       "reserved": {"memory": "0", "devices": 0}, "claims": {"allocated": 2, "pending": 0},
+                       "effectiveHard": {"memory": "640Gi", "devices": 8}, "activeWindow": "deadline",
+                       "nextChange": "2026-12-25T17:00:00Z"})
+    obj["spec"]["windows"] = [{"name": "deadline", "hard": {"memory": "640Gi"}, "start": "2026-12-21T07:00:00Z",
+                               "end": "2026-12-25T17:00:00Z"}]
+    row = quota_usage(obj)
+    assert row["hard"] == {"memory": 640 * GiB, "devices": 8}
+    assert (row["window"], row["nextChange"]) == ("deadline", "2026-12-25T17:00:00Z")
+    namespaced, _ = top_tables([row])
+    assert namespaced[1][-1] == "window deadline"
+    assert "window" not in quota_usage(with_status(None))  # no windows: check's shape, unchanged

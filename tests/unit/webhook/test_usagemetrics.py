@@ -474,3 +474,13 @@ def test_a_relabel_moves_a_namespaces_series_between_teams() -> None:
     # Out of every team: no series left for it.
     world.admitter.ledger.set_namespace(Namespace("team-b"), {})
     assert {ns for _, ns, _, _ in team_samples(world.scrape(), CLUSTER_QUOTA_NAMESPACE)} == {"team-a", "team-c"}
+
+
+def test_quota_hard_is_the_hard_in_force_of_its_windows() -> None:
+    world = World()
+    always = {"name": "always", "hard": {"memory": "800Gi"}, "start": "2000-01-01T00:00:00Z",
+              "end": "2100-01-01T00:00:00Z"}  # open whenever this test runs: the metric reads the wall clock
+    world.quotas.replace([make_quota("gpus", memory="400Gi", devices=8, windows=[always])])
+    samples = family(world.scrape(), QUOTA)
+    assert samples[quota_sample("memory", "hard")] == 800 * GiB
+    assert samples[quota_sample("devices", "hard")] == 8  # the window leaves devices at spec.hard's
