@@ -52,6 +52,9 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
 - `QuotaExceeded` (Warning, action `Reconcile`) regarding a DeviceQuota or ClusterDeviceQuota
   whose status write turned its Exceeded condition True (for a team, e.g. a namespace
   relabelled into it while it was full) (`controllers.quotas`, the leader only).
+- `WindowOpened`, `WindowClosed`, `HardInForceChanged` (Normal, action `Reconcile`)
+  regarding a quota with windows whose status write changed its hard in force
+  (`quota.quotastatus.boundary`, `controllers.quotas`, the leader only): one per boundary.
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the claim or
   template in its namespace (the Namespace related), or for a change of the Namespace's
   label the Namespace, in `default` (events.k8s.io/v1 accepts an Event regarding a
