@@ -48,7 +48,7 @@ from kube.events import uid_of
 from kube.quotawriter import Reservations
 from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.ledger import Ledger, QuotaKey, shown
-from quota.quotastatus import boundary, desired_status, next_change, next_expiry
+from quota.quotastatus import InForce, boundary, desired_status, in_force, next_change, next_expiry
 from quota.raw import Obj
 from quota.reservations import parse_record
 
@@ -105,6 +105,10 @@ class QuotaController:
         self._dirty: set[QuotaKey] = set()
         self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
         self._written: dict[QuotaKey, float] = {}  # wall time of each quota's last write
+        # Each quota with windows: its windows' state (`quota.quotastatus.in_force`) for the
+        # quota as parsed, kept until that state's next change (at most an hour): a schedule
+        # opening every minute costs thousands of steps, and a burst writes a quota twice a second.
+        self._windows: dict[QuotaKey, tuple[DeviceQuota, float, InForce | None]] = {}
         self._wake = asyncio.Event()
 
     # -- told by the caches (synchronous: called from reflector callbacks) -----------------
@@ -219,6 +223,7 @@ class QuotaController:
             self.published(key[1], result.written if result.written is not None else result.read)
         if result.read is None:
             self._written.pop(key, None)
+            self._windows.pop(key, None)
             return False  # deleted
         if result.written is None:
             return False  # nothing to write
@@ -251,7 +256,8 @@ class QuotaController:
         now = self.clock()
         status = desired_status(obj, quota, record, usage=self.ledger.usage(quota.namespace, quota.name),
                                 caches=self.reservations, now=now, members=self._members(quota),
-                                namespaces=self.reservations.namespaces_seen() if quota.cluster else None)
+                                namespaces=self.reservations.namespaces_seen() if quota.cluster else None,
+                                windows=self._in_force(key, quota, now))
         # Wake at the earliest entry's expiry and at the next boundary of its windows: the
         # status changes then with no event to say so. One timer per quota.
         for at in (next_expiry(record, now), next_change(status)):
@@ -259,6 +265,18 @@ class QuotaController:
                 self._timers[key] = min(self._timers.get(key, float("inf")), at)
         return None if status == (obj.get("status") or {}) else {**obj, "status": status}
 
+
+    def _in_force(self, key: QuotaKey, quota: DeviceQuota, now: float) -> InForce | None:
+        kept = self._windows.get(key)
+        if kept is not None and kept[0] == quota and now < kept[1]:
+            return kept[2]
+        windows = in_force(quota, now)
+        if windows is None:
+            self._windows.pop(key, None)
+            return None
+        change = windows.state.next_change
+        self._windows[key] = (quota, min(now + 3600.0, change.timestamp() if change else now + 3600.0), windows)
+        return windows
 
     def _members(self, quota: DeviceQuota) -> list[tuple[str, Usage]] | None:
         """A team's breakdown: each member namespace's part (`Ledger.usage_in`)."""

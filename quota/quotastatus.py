@@ -49,6 +49,7 @@ What the numbers mean (the same rule the webhook admits by, `quota.reservations`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -71,9 +72,9 @@ from quota.quantity import format_quantity
 from quota.raw import as_map
 from quota.reservations import Caches, Record, in_flight, settle, status_fields
 from quota.scope import selection_problems
-from quota.windows import effective, hard_note, utc_stamp
+from quota.windows import Effective, effective, hard_note, utc_stamp
 
-__all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "boundary", "desired_status", "next_change", "next_expiry"]
+__all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "InForce", "boundary", "desired_status", "in_force", "next_change", "next_expiry"]
 
 CONTROLLER_FIELDS = ("used", "reserved", "reservedBy", "claims", "observedGeneration", "conditions", "namespaces",
                      "effectiveHard", "activeWindow", "nextChange")
@@ -93,6 +94,7 @@ def desired_status(
     now: float,
     members: Sequence[tuple[str, Usage]] | None = None,
     namespaces: int | None = None,
+    windows: InForce | None = None,
 ) -> DeviceQuotaStatus:
     """The whole status `obj` should have: the controller's fields new, the rest as read.
 
@@ -101,7 +103,8 @@ def desired_status(
     unchanged input (a condition's lastTransitionTime moves only when its status does),
     so comparing the result with the current status says whether a write is needed.
     `members`: a ClusterDeviceQuota's member namespaces, each with its part of `usage`;
-    `namespaces`: the newest Namespace this replica has seen (`quota.reservations.settle`).
+    `namespaces`: the newest Namespace this replica has seen (`quota.reservations.settle`);
+    `windows`: `in_force(quota, now)` as the caller keeps it (None: computed here).
     """
     # The other writer's fields as read: the API server pruned what the schema does not name.
     status = cast(ClusterDeviceQuotaStatus, dict(obj.get("status") or {}))
@@ -136,7 +139,7 @@ def desired_status(
                                 for namespace, part in sorted(members)[:MAX_NAMESPACES]]
     if isinstance(generation, int):
         status["observedGeneration"] = generation
-    hard, note = _in_force(status, quota, now)
+    hard, note = _in_force(status, quota, windows or in_force(quota, now))
     conditions = [_ready(quota, generation), _exceeded(hard, note, usage.used + reserved, generation)]
     if members is not None:
         conditions.append(_listed(len(members), generation))
@@ -146,15 +149,32 @@ def desired_status(
     return status
 
 
-def _in_force(status: ClusterDeviceQuotaStatus, quota: DeviceQuota, now: float) -> tuple[Limits, str]:
-    """The `hard` in force at `now` and why (`quota.windows.hard_note`), its fields set on
-    `status` for a quota with windows and removed from one without."""
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """A quota's windows at an instant: the state (`quota.windows.effective`) and why its hard
+    is what it is (`quota.windows.hard_note`). Holds until `state.next_change`."""
+
+    state: Effective
+    note: str
+
+
+def in_force(quota: DeviceQuota, now: float) -> InForce | None:
+    """None for a quota without windows. Up to a few thousand steps for a schedule that
+    opens every minute: a caller writing often keeps it until `state.next_change`."""
     if not quota.windows:
+        return None
+    at = datetime.fromtimestamp(now, UTC)
+    return InForce(effective(quota.hard, quota.windows, at), hard_note(quota.hard, quota.windows, at))
+
+
+def _in_force(status: ClusterDeviceQuotaStatus, quota: DeviceQuota, windows: InForce | None) -> tuple[Limits, str]:
+    """The `hard` in force and why, its fields set on `status` for a quota with windows and
+    removed from one without."""
+    if windows is None:
         for key in ("effectiveHard", "activeWindow", "nextChange"):
             status.pop(key, None)  # type: ignore[misc]
         return quota.hard, ""
-    at = datetime.fromtimestamp(now, UTC)
-    state = effective(quota.hard, quota.windows, at)
+    state = windows.state
     status["effectiveHard"] = _limits(state.hard)
     if state.window is None:
         status.pop("activeWindow", None)
@@ -164,7 +184,7 @@ def _in_force(status: ClusterDeviceQuotaStatus, quota: DeviceQuota, now: float) 
         status.pop("nextChange", None)
     else:
         status["nextChange"] = utc_stamp(state.next_change)
-    return state.hard, hard_note(quota.hard, quota.windows, at)
+    return state.hard, windows.note
 
 
 def _limits(hard: Limits) -> LimitAmounts:

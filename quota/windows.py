@@ -48,10 +48,11 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label
 # How far `effective` looks for the next change before saying there is none.
 _HORIZON = timedelta(days=400)
 _MAX_STEPS = 4096
-# How far back `last_change` looks for the window whose end put the quota's own hard in
-# force, and how many changes it steps through: a denial names a window that ended within
-# a day; one that ended earlier is old news, and the cost stays bounded.
-_LOOKBACK = timedelta(days=1)
+# How far back `hard_note` looks for the window whose end put the quota's own hard in
+# force, nearest first (the latest change found in a shorter look is the latest), and how
+# many changes `last_change` steps through: a denial names a window that ended within a
+# day; one that ended earlier is old news, and the cost stays bounded.
+_LOOKBACKS = (timedelta(minutes=10), timedelta(hours=2), timedelta(days=1))
 _MAX_CHANGES = 256
 _RESOURCES = ("memory", "devices")
 
@@ -140,7 +141,7 @@ def hard_at(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limi
 
 
 def last_change(base: Limits, windows: Sequence[Window], at: datetime,
-                lookback: timedelta = _LOOKBACK) -> tuple[datetime, str | None] | None:
+                lookback: timedelta) -> tuple[datetime, str | None] | None:
     """The latest change of the `hard` in force in (at - lookback, at], with the window in force
     just before it (None: the quota's own); None when none is found (or too many to step through)."""
     point = at - lookback
@@ -162,7 +163,7 @@ def hard_note(base: Limits, windows: Sequence[Window], at: datetime) -> str:
     _, name = _state(base, windows, at)
     if name is not None:
         return f"the limit in force during window '{name}'"
-    last = last_change(base, windows, at)
+    last = next((found for lookback in _LOOKBACKS if (found := last_change(base, windows, at, lookback))), None)
     if last is None or last[1] is None:
         return ""
     return f"the limit in force since window '{last[1]}' ended at {utc_stamp(last[0])}"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.devicequota import DeviceQuota, Limits, QuotaError, parse_device_quota
-from quota.windows import admission_change_after, effective, effective_for_admission
+from quota.windows import admission_change_after, effective, effective_for_admission, hard_note
 
 from ..builders import GiB, make_quota
 
@@ -213,3 +213,23 @@ def test_the_admission_hard_changes_a_skew_early_down_and_a_skew_late_up() -> No
 
 def test_zone_is_kept() -> None:
     assert quota(NIGHTS).windows[0].zone == ZoneInfo("Europe/Berlin")
+
+
+def test_the_note_names_the_window_in_force_or_the_one_that_ended_within_a_day() -> None:
+    q = quota({"name": "deadline", "hard": {"memory": "640Gi"}, "start": "2026-12-21T07:00:00Z",
+               "end": "2026-12-25T17:00:00Z"})
+    assert hard_note(q.hard, q.windows, utc("2026-12-22T00:00:00Z")) == "the limit in force during window 'deadline'"
+    ended = "the limit in force since window 'deadline' ended at 2026-12-25T17:00:00Z"
+    for after in ("17:00:00", "17:05:00", "20:00:00"):  # each of the look-backs, nearest first
+        assert hard_note(q.hard, q.windows, utc(f"2026-12-25T{after}Z")) == ended
+    assert hard_note(q.hard, q.windows, utc("2026-12-26T16:59:59Z")) == ended
+    assert hard_note(q.hard, q.windows, utc("2026-12-27T00:00:00Z")) == ""  # old news
+    assert hard_note(q.hard, q.windows, utc("2026-12-20T00:00:00Z")) == ""  # not yet open
+
+
+def test_the_note_of_a_schedule_that_flaps_every_minute_names_the_last_one() -> None:
+    q = quota(*({"name": f"w{i}", "hard": {"devices": 8 + i}, "schedule": f"{i}-59/16 * * * *", "duration": "1m"}
+                for i in range(15)))
+    # w14 opens at :14 and :30; from :15 to :16 none is open: the last to close is named.
+    assert hard_note(q.hard, q.windows, utc("2026-12-22T12:15:30Z")) == (
+        "the limit in force since window 'w14' ended at 2026-12-22T12:15:00Z")
