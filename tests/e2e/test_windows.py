@@ -19,7 +19,6 @@ the tests wait on conditions (the status, a create admitted), never on durations
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -31,8 +30,8 @@ import pytest_asyncio
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .harness import (
-    ADMISSION, DQ, PLURALS, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, adapted_webhooks, create,
-    create_until_decided, denial, make_quota, review_latencies, running, wait_status,
+    DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, Setup, adapted_webhooks, create, create_until_decided, denial,
+    installed, make_quota, review_latencies, running, wait_status,
 )
 from .kube import ApiError, Kube, Obj, poll
 
@@ -63,6 +62,12 @@ async def boundary_events(kube: Kube, namespace: str) -> list[tuple[str, str]]:
     found = await kube.list(EVENTS, "events", namespace=namespace)
     return sorted((e["reason"], e.get("note", "")) for e in found
                   if e.get("reason") in ("WindowOpened", "WindowClosed", "HardInForceChanged"))
+
+
+async def recorded(kube: Kube, namespace: str, count: int) -> list[tuple[str, str]] | None:
+    """The boundary Events once at least `count` are written (the recorder writes after the status)."""
+    events = await boundary_events(kube, namespace)
+    return events if len(events) >= count else None
 
 
 async def test_a_window_opening_admits_and_closing_denies_naming_it(kube: Kube, setup: Setup) -> None:
@@ -100,11 +105,7 @@ async def test_a_window_opening_admits_and_closing_denies_naming_it(kube: Kube, 
     after = await denial(create(kube, setup, "d"))
     assert f"limited memory=80Gi {named}" in after, after
 
-    async def recorded() -> list[tuple[str, str]] | None:
-        events = await boundary_events(kube, ns)
-        return events if len(events) >= 2 else None
-
-    events = await poll(recorded, timeout=30, what="the boundaries' Events")
+    events = await poll(lambda: recorded(kube, ns, 2), timeout=30, what="the boundaries' Events")
     assert events == [
         ("WindowClosed", "window 'burst' closed: hard in force memory=80Gi (spec.hard)"),
         ("WindowOpened", f"window 'burst' opened: hard in force memory=240Gi until {stamp(end)}"),
@@ -129,53 +130,55 @@ async def test_two_replicas_across_a_window_never_over_commit(
     args = ("--reuse-port", "--clock-skew", SKEW)
     a = Served(cluster, port, tmp_path / "a.log", args=args)
     b = Served(cluster, port, tmp_path / "b.log", args=args, lease=a.lease)
-    configs: list[tuple[str, str]] = []
     try:
         with a.log_on_failure(), b.log_on_failure():
             await a.start()
             await b.start()
-            for config in adapted_webhooks(run, port, cluster):
-                await kube.create(ADMISSION, PLURALS[config["kind"]], config)
-                configs.append((PLURALS[config["kind"]], config["metadata"]["name"]))
-            opens, closes = ahead(12), ahead(22)
-            await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"windows": [
-                {"name": "burst", "hard": {"memory": f"{WINDOW * 80}Gi"}, "start": stamp(opens),
-                 "end": stamp(closes)}]}}, namespace=ns)
-            await wait_status(kube, ns, lambda s: s.get("nextChange") == stamp(opens), "the window ahead", timeout=60)
-
-            claim = claim_spec(exact_request("gpu", fleet.device_class))
-            errors: dict[str, int] = {}
-            stop = closes + timedelta(seconds=5)
-            counter = iter(range(100_000))
-
-            async def load(client: Kube) -> None:
-                # Creates from now until after the window closed: each decided (admitted or
-                # denied for quota), failures of any other kind retried, as a controller would.
-                while datetime.now(UTC) < stop:
-                    body = {"kind": "ResourceClaim", "metadata": {"name": f"c{next(counter)}"}, "spec": claim}
-                    await create_until_decided(client, ns, body, errors)
-                    await asyncio.sleep(0.05)  # pacing, not synchronisation
-
-            await asyncio.wait_for(asyncio.gather(*(load(c) for c in clients)), 120)
-            claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=ns)
-            created = sorted(datetime.fromisoformat(c["metadata"]["creationTimestamp"]) for c in claims)
-            early = [t for t in created if t < opens]  # persisted before the window opened
-            late = [t for t in created if t >= closes + timedelta(seconds=1)]  # after it closed
-            assert len(early) <= OWN, (len(early), errors)
-            assert len(created) == WINDOW, (len(created), errors)  # filled to the window's hard, never past it
-            assert late == [], (late, errors)  # 20 held of 10 after it closed: nothing more admitted
-            status = await wait_status(kube, ns, lambda s: any(c["type"] == "Exceeded" and c["status"] == "True"
-                                                               for c in s.get("conditions") or []),
-                                       "Exceeded after the window closed")
-            assert status["effectiveHard"] == {"memory": f"{OWN * 80}Gi"}
-            assert len(await boundary_events(kube, ns)) == 2  # one per boundary, whichever replica leads
+            async with installed(kube, adapted_webhooks(run, port, cluster)):
+                await across_the_window(kube, clients, ns, fleet.device_class)
             assert review_latencies(a.log_text()) and review_latencies(b.log_text()), "one replica answered alone"
     finally:
-        for plural, name in reversed(configs):
-            with contextlib.suppress(ApiError):
-                await kube.delete(ADMISSION, plural, name)
         await a.kill()
         await b.kill()
+
+
+async def across_the_window(kube: Kube, clients: list[Kube], ns: str, device_class: str) -> None:
+    """Creates from every client from before the window opens until after it closed."""
+    opens, closes = ahead(12), ahead(22)
+    await kube.patch(DQ, "devicequotas", "gpus", {"spec": {"windows": [
+        {"name": "burst", "hard": {"memory": f"{WINDOW * 80}Gi"}, "start": stamp(opens),
+         "end": stamp(closes)}]}}, namespace=ns)
+    await wait_status(kube, ns, lambda s: s.get("nextChange") == stamp(opens), "the window ahead", timeout=60)
+
+    claim = claim_spec(exact_request("gpu", device_class))
+    errors: dict[str, int] = {}
+    stop = closes + timedelta(seconds=5)
+    counter = iter(range(100_000))
+
+    async def load(client: Kube) -> None:
+        # Creates from now until after the window closed: each decided (admitted or
+        # denied for quota), failures of any other kind retried, as a controller would.
+        while datetime.now(UTC) < stop:
+            body = {"kind": "ResourceClaim", "metadata": {"name": f"c{next(counter)}"}, "spec": claim}
+            await create_until_decided(client, ns, body, errors)
+            await asyncio.sleep(0.05)  # pacing, not synchronisation
+
+    # Four loops a client: the API server opens a connection per concurrent call beyond the
+    # two it keeps idle, and the kernel hands each new one to either replica (SO_REUSEPORT).
+    await asyncio.wait_for(asyncio.gather(*(load(c) for c in clients for _ in range(4))), 120)
+    claims = await kube.list(RESOURCE_V1, "resourceclaims", namespace=ns)
+    created = sorted(datetime.fromisoformat(c["metadata"]["creationTimestamp"]) for c in claims)
+    early = [t for t in created if t < opens]  # persisted before the window opened
+    late = [t for t in created if t >= closes + timedelta(seconds=1)]  # after it closed
+    assert len(early) <= OWN, (len(early), errors)
+    assert len(created) == WINDOW, (len(created), errors)  # filled to the window's hard, never past it
+    assert late == [], (late, errors)  # 20 held of 10 after it closed: nothing more admitted
+    status = await wait_status(kube, ns, lambda s: any(c["type"] == "Exceeded" and c["status"] == "True"
+                                                       for c in s.get("conditions") or []),
+                               "Exceeded after the window closed")
+    assert status["effectiveHard"] == {"memory": f"{OWN * 80}Gi"}
+    events = await poll(lambda: recorded(kube, ns, 2), timeout=30, what="the boundaries' Events")
+    assert [reason for reason, _ in events] == ["WindowClosed", "WindowOpened"]  # one each, whichever replica leads
 
 
 # -- the schema refuses bad windows -----------------------------------------------------------------
