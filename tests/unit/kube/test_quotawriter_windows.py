@@ -81,3 +81,15 @@ async def test_a_quota_with_windows_takes_no_lease_however_far_from_hard() -> No
         assert (await reservations.admit({quota: ONE}, uid=f"u{i}", claim=f"team-a/c{i}")).allowed
     assert api.writes == 3 and sorted(api.objects["gpus"]["status"]["reservations"]) == ["u0", "u1", "u2"]
     await reservations.close()
+
+
+async def test_a_kueue_workload_is_checked_against_the_hard_in_force() -> None:
+    # The AdmissionCheck's decision (`controllers.kueue`) goes through the same persisted admit.
+    clock = [at(START, 60)]
+    _, reservations, (quota,) = leased(QUOTA, now=clock)
+    reservations.ledger.clock, reservations.ledger.clock_skew = lambda: clock[0], 5.0
+    decisions = [await reservations.admit({quota: ONE}, uid=f"w{i}", claim=f"team-a/job-{i}", source="Workload")
+                 for i in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert "limited devices=3 (the limit in force during window 'burst')" in decisions[-1].message
+    await reservations.close()
