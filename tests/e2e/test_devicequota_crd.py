@@ -73,6 +73,14 @@ async def test_kubectl_get_shows_an_exceeded_quota_and_its_pending_claims(
                         "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
     await kube.replace(GV, "devicequotas", lowered, namespace=ns, subresource="status")
     await kube.create(GV, "devicequotas", quota("fresh", hard={"memory": "80Gi"}), namespace=ns)
+    # A quota with windows, as the controller writes its status while one is open.
+    windowed = quota("burst", hard={"memory": "320Gi"})
+    windowed["spec"]["windows"] = [{"name": "deadline", "hard": {"memory": "640Gi"},
+                                    "start": "2026-12-21T07:00:00Z", "end": "2026-12-25T17:00:00Z"}]
+    windowed = await kube.create(GV, "devicequotas", windowed, namespace=ns)
+    windowed["status"] = {"effectiveHard": {"memory": "640Gi"}, "activeWindow": "deadline",
+                          "nextChange": "2026-12-25T17:00:00Z"}
+    await kube.replace(GV, "devicequotas", windowed, namespace=ns, subresource="status")
 
     table = await kube.request("GET", f"/apis/{GV}/namespaces/{ns}/devicequotas", extra_headers=[("Accept", TABLE)])
     assert table["kind"] == "Table", table
@@ -81,8 +89,13 @@ async def test_kubectl_get_shows_an_exceeded_quota_and_its_pending_claims(
                      "Exceeded"]
     # The rest under -o wide (priority 1): the Table carries every cell, in definition order.
     names = [c["name"] for c in table["columnDefinitions"]]
-    assert names[len(names) - 4:] == ["Reserved Devices", "Pending Claims", "Enforcement", "Age"]
+    assert names[len(names) - 8:] == ["Reserved Devices", "Pending Claims", "Enforcement", "Age",
+                                      "Window", "In Force Memory", "In Force Devices", "Next Change"]
     rows = {row["cells"][0]: dict(zip(names, row["cells"], strict=False)) for row in table["rows"]}
+    window = {k: rows["burst"][k] for k in ("Hard Memory", "Window", "In Force Memory", "Next Change")}
+    assert window == {"Hard Memory": "320Gi", "Window": "deadline", "In Force Memory": "640Gi",
+                      "Next Change": "2026-12-25T17:00:00Z"}
+    assert rows["gpus"]["Window"] is None  # no windows: empty, as kubectl prints <none>
     assert (rows["gpus"]["Used Memory"], rows["gpus"]["Hard Memory"]) == ("282Gi", "200Gi")
     assert (rows["gpus"]["Exceeded"], rows["gpus"]["Pending Claims"]) == ("True", 3)
     # Not counted yet: empty cells, as kubectl prints <none>.
