@@ -76,8 +76,10 @@ async def test_kubectl_get_fits_120_columns_and_wide_shows_the_rest(
                                 "HARD", "DEVICES", "USED", "DEVICES", "EXCEEDED"]
     assert lines[1].split() == [ns, name, "1200Gi", "1128Gi", "282Gi", "16", "8", "True"]
     wide = (await kubectl("get", "dq", "-A", only, "-o", "wide")).splitlines()
-    assert wide[0].split()[13:] == ["RESERVED", "DEVICES", "PENDING", "CLAIMS", "ENFORCEMENT", "AGE"]
+    assert wide[0].split()[13:] == ["RESERVED", "DEVICES", "PENDING", "CLAIMS", "ENFORCEMENT", "AGE", "WINDOW",
+                                    "IN", "FORCE", "MEMORY", "IN", "FORCE", "DEVICES", "NEXT", "CHANGE"]
     assert wide[1].split()[8:11] == ["2", "2", "Enforce"]
+    assert len(wide[1].split()) == 12, wide  # no windows: the last four cells empty
 
 
 @pytest.mark.parametrize("field", ["devicequota.spec", "devicequota.status", "devicequota.status.conditions",
