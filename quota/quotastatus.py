@@ -171,8 +171,9 @@ def _in_force(status: ClusterDeviceQuotaStatus, quota: DeviceQuota, windows: InF
     """The `hard` in force and why, its fields set on `status` for a quota with windows and
     removed from one without."""
     if windows is None:
-        for key in ("effectiveHard", "activeWindow", "nextChange"):
-            status.pop(key, None)  # type: ignore[misc]
+        status.pop("effectiveHard", None)
+        status.pop("activeWindow", None)
+        status.pop("nextChange", None)
         return quota.hard, ""
     state = windows.state
     status["effectiveHard"] = _limits(state.hard)
@@ -220,6 +221,8 @@ def boundary(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, 
     change = after.get("nextChange")
     until = f" until {change}" if isinstance(change, str) else ""
     if now is None and was is not None:
+        if hard_now is None:  # the windows were removed from the spec while this one was open
+            return "WindowClosed", f"window '{was}' closed: removed from spec.windows, spec.hard in force"
         return "WindowClosed", f"window '{was}' closed: hard in force {shown} (spec.hard){until}"
     if now is not None and was != now:
         closed = f"window '{was}' closed and " if was is not None else ""

@@ -325,3 +325,5 @@ def test_boundary_events() -> None:
     assert boundary(opened, opened) is None and boundary({}, {}) is None
     assert boundary({}, closed) is None  # a first write outside every window
     assert boundary(closed, {}) is None  # windows removed outside every window
+    assert boundary(opened, {}) == ("WindowClosed", "window 'deadline' closed: removed from spec.windows, "
+                                                    "spec.hard in force")
