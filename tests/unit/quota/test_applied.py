@@ -118,3 +118,13 @@ def test_the_crd_describes_every_field_it_holds() -> None:
     held = applied_quotas(owned_team(), observed_at="2026-01-01T00:00:40Z", refresh_seconds=60)["ml-dev"]["status"]
     assert set(held) == set(schema["properties"])
     assert set(held["namespace"]) == set(schema["properties"]["namespace"]["properties"])
+
+
+def test_a_team_with_windows_shows_its_members_the_hard_in_force() -> None:
+    obj = owned_team()
+    obj["spec"]["windows"] = [{"name": "nights", "hard": {"devices": 16}, "schedule": "0 20 * * *", "duration": "10h"}]
+    obj["status"]["effectiveHard"] = {"memory": "640Gi", "devices": 16}
+    obj["status"]["activeWindow"] = "nights"
+    status = applied_quotas(obj)["ml-dev"]["status"]
+    assert status["hard"] == {"memory": "640Gi", "devices": 16}
+    assert status["headroom"] == {"memory": "0", "devices": 8}
