@@ -1,0 +1,87 @@
+"""webhook.showbackmetrics: the ledger's claim events accrued on a fake clock, exported only by the leader."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import generate_latest
+
+from quota.admission import Admitter, claim_ref
+from quota.claims import parse_claim, parse_device_class
+from quota.inventory import Inventory
+from quota.ledger import Ledger
+from quota.model import DeviceClassName
+from quota.pricing import Pricer
+from runtime.metricnames import ALLOCATED_DEVICE_SECONDS, ALLOCATED_MEMORY_SECONDS
+from webhook.metrics import Metrics
+from webhook.showbackmetrics import Showback
+
+from ..builders import GiB, exactly, make_claim, make_class, make_device, make_slice, request, result
+from ..clock import FakeClock
+
+D = "gpu.nvidia.com"
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def setup(leading: list[bool]) -> tuple[Admitter, Showback, FakeClock, Metrics]:
+    inv = Inventory()
+    inv.replace_all([make_slice("n1", [make_device("gpu-0", memory="80Gi", attrs={"productName": A100})], driver=D)])
+    adm = Admitter(Pricer(inv, {DeviceClassName("gpu"): parse_device_class(make_class("gpu"))}), Ledger())
+    clock = FakeClock(1000.0)
+    showback = Showback(adm.ledger, inv, lambda: leading[0], clock=clock)
+    showback.attach()
+    metrics = Metrics()
+    showback.register(metrics)
+    return adm, showback, clock, metrics
+
+
+def samples(metrics: Metrics) -> dict[str, float]:
+    out = {}
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        if line.startswith(("draquota_allocated_memory", "draquota_allocated_device")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_an_allocation_held_for_a_minute_by_the_leader_is_exported_as_its_integral() -> None:
+    leading = [True]
+    adm, showback, clock, metrics = setup(leading)
+    showback.step()
+    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+    adm.account_allocated(claim)
+    clock.advance(60)
+    adm.ledger.delete_claim(claim_ref(claim))
+    clock.advance(60)
+    labels = f'{{device_class="gpu",model="{A100}",namespace="team-a"}}'
+    assert samples(metrics) == {f"{ALLOCATED_MEMORY_SECONDS}{labels}": 80 * GiB * 60.0,
+                                f"{ALLOCATED_DEVICE_SECONDS}{labels}": 60.0}
+
+
+def test_a_follower_follows_the_claims_and_exports_nothing_until_it_leads() -> None:
+    leading = [False]
+    adm, showback, clock, metrics = setup(leading)
+    showback.step()
+    adm.account_allocated(parse_claim(make_claim("c1", request("g", exactly("gpu")),
+                                                 allocation=[result("g", "gpu-0", driver=D)])))
+    clock.advance(60)
+    assert samples(metrics) == {}
+    leading[0] = True
+    showback.step()  # the tick that sees the Lease taken
+    clock.advance(30)
+    assert sorted(samples(metrics).values()) == [30.0, 80 * GiB * 30.0]
+
+
+def test_a_relist_swapped_in_is_read_again() -> None:
+    leading = [True]
+    adm, showback, clock, metrics = setup(leading)
+    showback.step()
+    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+    adm.account_allocated(claim)
+    # As a relist's swap does: the claims replaced with no event per claim.
+    adm.ledger.observer = None
+    adm.ledger.delete_claim(claim_ref(claim))
+    showback.attach()
+    showback.replaced()
+    asyncio.run(showback.resync())
+    assert showback.accrual.rates() == {}
