@@ -49,7 +49,7 @@ import pytest_asyncio
 from devcluster.served import metrics_reader_token
 
 from ..tools.chart import find, render
-from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, unknown
+from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, recording_rules, unknown
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
@@ -265,12 +265,12 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
 
     async def rules_healthy() -> bool:
         rules = [r for g in (await prometheus.api("rules"))["groups"] for r in g["rules"]]
-        assert {r["name"] for r in rules} == set(alert_rules()), rules
+        assert {r["name"] for r in rules} == set(alert_rules()) | set(recording_rules()), rules
         bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
         assert not [b for b in bad if b[1] == "err"], bad
         return not bad
 
-    await checks.until("every alert rule evaluated without error by Prometheus", rules_healthy)
+    await checks.until("every alert and recording rule evaluated without error by Prometheus", rules_healthy)
 
     expected = panel_checks(ns, claims)
     queries = dashboard_queries()
