@@ -60,7 +60,7 @@ from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
 pytestmark = pytest.mark.e2e
 
 GI = 1024**3
-RATE_INTERVAL = "5m"  # $__rate_interval: the whole scenario, so rates and quantiles have samples
+RATE_INTERVAL = "5m"  # $__rate_interval and $__range: the whole scenario, so rates and quantiles have samples
 DEADLINE = 120.0  # seconds for every query to show what it must, after the scenario
 
 
@@ -223,6 +223,10 @@ def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
             lambda r: values(r, "quota", "namespace") == {(full, ns): 160 * GI, (small, ns): 160 * GI},
         "panel 'Team breakdown per namespace' C":  # memory share of the team's hard
             lambda r: values(r, "quota", "namespace") == {(full, ns): 1.0, (small, ns): 2.0},
+        # Showback: the namespace's two GPUs, billed to both its teams and to their model.
+        "panel 'GPU-memory-hours by team' A": lambda r: {full, small} <= {k[0] for k, v in values(r, "team").items()
+                                                          if v > 0},
+        "panel 'GPU-memory-hours by model' A": lambda r: values(r, "model").get((held[0].model,), 0) > 0,
     }
 
 
@@ -276,7 +280,8 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
     queries = dashboard_queries()
     assert set(expected) <= {q.where for q in queries}, set(expected) - {q.where for q in queries}
     for query in queries:
-        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ns).replace(
+        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", RATE_INTERVAL).replace(
+            "$namespace", ns).replace(
             "$quota", "|".join(teams(ns)))
         check: Check = expected.get(query.where, bool)
 
