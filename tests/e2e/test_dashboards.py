@@ -41,21 +41,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from devcluster.served import metrics_reader_token
-
-from ..tools.chart import find, render
 from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, recording_rules, unknown
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
 from .harness import DQ, Served, Setup, create, denial, make_quota, metered
-from .kube import ApiError, Kube, WaitTimeout, poll
-from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
+from .kube import Kube, WaitTimeout, poll
+from .prometheus import Gpu, Prometheus, Sample, as_the_operator_scrapes, chart_reader_token, dcgm_exporter
 
 pytestmark = pytest.mark.e2e
 
@@ -103,40 +99,6 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
             for team in teams(ns):
                 await kube.delete(DQ, "clusterdevicequotas", team)
     assert not failures, "\n".join(failures) + f"\n--- prometheus log ---\n{prometheus.log_text()}"
-
-
-MONITORED = {"metrics": {"serviceMonitor": {"enabled": True}}}
-
-
-async def chart_reader_token(kube: Kube, served: Served) -> str:
-    """A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole (what
-    metrics.readers binds Prometheus' account to), the role created from the chart."""
-    role = find(render(MONITORED, include_crds=False), "ClusterRole", "dra-quota-metrics-reader")
-    try:
-        await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", role)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    return await metrics_reader_token(served.cluster, account="prometheus-e2e", role=role["metadata"]["name"])
-
-
-def as_the_operator_scrapes(token_file: Path, ca_file: Path) -> dict[str, Any]:
-    """The scrape the Prometheus Operator makes of the chart's ServiceMonitor: its endpoint's
-    scheme, TLS server name (the CA: `ca_file`, standing in for the serving Secret's
-    ca.crt), bearer token (Prometheus' own account token: `token_file`), honorLabels, and
-    the target labels the operator's relabelling adds to every target (namespace,
-    service, pod, container; prometheus-operator pkg/prometheus/promcfg.go). The
-    per-namespace answers below hold only while honorLabels keeps our own `namespace` and
-    `pod` (docs/install.md, "Monitoring")."""
-    monitor = find(render(MONITORED, include_crds=False), "ServiceMonitor")
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "dra-quota-webhook-tls", "key": "ca.crt"}
-    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"], "scheme": endpoint["scheme"],
-            "tls_config": {"ca_file": str(ca_file), "server_name": endpoint["tlsConfig"]["serverName"]},
-            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
-            "labels": {"namespace": monitor["metadata"]["namespace"], "service": "dra-quota-webhook",
-                       "pod": "dra-quota-5d8f7c9b6-x2x7q", "container": "dra-quota"}}
 
 
 async def scenario(kube: Kube, setup: Setup) -> dict[str, list[str]]:
