@@ -131,6 +131,9 @@ class Accrual:
             if state.last_increment is not None:
                 yield Accrued(cell, state.memory_seconds, state.device_seconds)
 
+    def cells(self) -> set[Cell]:
+        return set(self._cells)
+
     def rates(self) -> dict[Cell, Charge]:
         """What each cell holds now (for tests and the bench)."""
         return {cell: Charge(s.memory, s.devices) for cell, s in self._cells.items() if s.memory or s.devices}

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily
 
 from quota.inventory import Inventory
 from quota.ledger import Entry, Ledger
 from quota.model import DeviceKey
-from quota.showback import Accrual, contributions
+from quota.showback import Accrual, Cell, contributions
 from quota.usage import device_labels
 from runtime.metricnames import ALLOCATED_DEVICE_SECONDS, ALLOCATED_MEMORY_SECONDS
-from webhook.metrics import Metrics
+from webhook.metrics import Metrics, render
 
 __all__ = ["Showback"]
 
@@ -48,13 +48,15 @@ class Showback:
         self.tick = tick
         self.accrual = accrual if accrual is not None else Accrual()
         self._stale = False  # a relist was swapped in: every claim is read again
+        # Each held device's model, for the inventory generation it was read in: most
+        # events are of claims whose devices were looked up before (half an event's cost).
+        self._models: tuple[int, dict[DeviceKey, str]] = (-1, {})
+        self._labels: dict[Cell, str] = {}
+        self._headers = _headers()
 
     def attach(self) -> None:
         self.ledger.observer = self.observe
         self.ledger.replaced = self.replaced
-
-    def register(self, metrics: Metrics) -> None:
-        metrics.collect(self.collect)
 
     # -- claim events ---------------------------------------------------------------------
 
@@ -70,7 +72,14 @@ class Showback:
         self._stale = True
 
     def _model(self, key: DeviceKey) -> str:
-        return device_labels(self.inventory.lookup(key)).model
+        generation, models = self._models
+        if generation != self.inventory.generation:
+            models = {}
+            self._models = (self.inventory.generation, models)
+        model = models.get(key)
+        if model is None:
+            model = models[key] = device_labels(self.inventory.lookup(key)).model
+        return model
 
     # -- the clock ------------------------------------------------------------------------
 
@@ -106,18 +115,45 @@ class Showback:
 
     # -- scrape ---------------------------------------------------------------------------
 
-    def collect(self) -> Iterator[Metric]:
+    def register(self, metrics: Metrics) -> None:
+        metrics.rendered(self.rendered)
+
+    def rendered(self) -> tuple[bytes, ...]:
+        """The two families' text: each cell's label part is escaped once and kept (the
+        text format through prometheus_client costs ~5 us a sample: 2,000 cells, 20 ms of
+        the loop each scrape)."""
         self.step()
-        memory = CounterMetricFamily(
-            ALLOCATED_MEMORY_SECONDS, "Device memory allocated to claims, integrated over time (byte-seconds): "
-            "the exact charge of each allocated claim's devices, by namespace, device class and device model. Only "
-            "the leader's series grow; sum(increase()) over every replica is the cluster's total.", labels=LABELS)
-        devices = CounterMetricFamily(
-            ALLOCATED_DEVICE_SECONDS, "Devices allocated to claims, integrated over time (device-seconds), as "
-            f"{ALLOCATED_MEMORY_SECONDS} counts memory.", labels=LABELS)
+        memory, devices = [self._headers[0]], [self._headers[1]]
+        labels = self._labels
         for accrued in self.accrual.totals(self.clock()):
-            labels = list(accrued.cell)
-            memory.add_metric(labels, accrued.memory_seconds)
-            devices.add_metric(labels, accrued.device_seconds)
-        yield memory
-        yield devices
+            text = labels.get(accrued.cell)
+            if text is None:
+                text = labels[accrued.cell] = _labels(accrued.cell)
+            memory.append(f"{ALLOCATED_MEMORY_SECONDS}{text} {accrued.memory_seconds!r}\n")
+            devices.append(f"{ALLOCATED_DEVICE_SECONDS}{text} {accrued.device_seconds!r}\n")
+        if len(labels) > 2 * len(memory):  # cells forgotten: their text goes with them
+            kept = self.accrual.cells()
+            self._labels = {cell: text for cell, text in labels.items() if cell in kept}
+        return ("".join(memory).encode(), "".join(devices).encode())
+
+
+def _headers() -> tuple[str, str]:
+    """The HELP and TYPE lines of the two families, as prometheus_client writes them."""
+    memory = CounterMetricFamily(
+        ALLOCATED_MEMORY_SECONDS, "Device memory allocated to claims, integrated over time (byte-seconds): "
+        "the exact charge of each allocated claim's devices, by namespace, device class and device model. Only "
+        "the leader's series grow; sum(increase()) over every replica is the cluster's total.", labels=LABELS)
+    devices = CounterMetricFamily(
+        ALLOCATED_DEVICE_SECONDS, "Devices allocated to claims, integrated over time (device-seconds), as "
+        f"{ALLOCATED_MEMORY_SECONDS} counts memory.", labels=LABELS)
+    return render([memory]).decode(), render([devices]).decode()
+
+
+def _labels(cell: Cell) -> str:
+    pairs = ",".join(f'{name}="{_escape(value)}"' for name, value in zip(LABELS, cell, strict=True))
+    return "{" + pairs + "}"
+
+
+def _escape(value: str) -> str:
+    # The text format's label value escapes (prometheus_client.exposition).
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import generate_latest
 
 from quota.admission import Admitter, claim_ref
 from quota.claims import parse_claim, parse_device_class
@@ -37,7 +36,7 @@ def setup(leading: list[bool]) -> tuple[Admitter, Showback, FakeClock, Metrics]:
 
 def samples(metrics: Metrics) -> dict[str, float]:
     out = {}
-    for line in generate_latest(metrics.registry).decode().splitlines():
+    for line in metrics.exposition().decode().splitlines():
         if line.startswith(("draquota_allocated_memory", "draquota_allocated_device")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
@@ -53,7 +52,7 @@ def test_an_allocation_held_for_a_minute_by_the_leader_is_exported_as_its_integr
     clock.advance(60)
     adm.ledger.delete_claim(claim_ref(claim))
     clock.advance(60)
-    labels = f'{{device_class="gpu",model="{A100}",namespace="team-a"}}'
+    labels = f'{{namespace="team-a",device_class="gpu",model="{A100}"}}'
     assert samples(metrics) == {f"{ALLOCATED_MEMORY_SECONDS}{labels}": 80 * GiB * 60.0,
                                 f"{ALLOCATED_DEVICE_SECONDS}{labels}": 60.0}
 
@@ -85,3 +84,19 @@ def test_a_relist_swapped_in_is_read_again() -> None:
     showback.replaced()
     asyncio.run(showback.resync())
     assert showback.accrual.rates() == {}
+
+
+def test_the_text_is_what_prometheus_client_would_write_and_parses_back() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    leading = [True]
+    adm, showback, clock, metrics = setup(leading)
+    showback.step()
+    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+    adm.account_allocated(claim)
+    clock.advance(1.5)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    [memory] = families[ALLOCATED_MEMORY_SECONDS.removesuffix("_total")].samples
+    assert families[ALLOCATED_MEMORY_SECONDS.removesuffix("_total")].type == "counter"
+    assert memory.labels == {"namespace": "team-a", "device_class": "gpu", "model": A100}
+    assert memory.value == 80 * GiB * 1.5
