@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def build(args: argparse.Namespace, now: datetime) -> Report:
-    from quota.showbackreport import IDLE, LEADER, MEMORY, gaps, parse_time, presence_query, queries, rows_of, \
-        step_for
+    from quota.showbackreport import IDLE, LEADER, MEMORY, describe, gaps, parse_time, presence_query, queries, \
+        rows_of, step_for
 
     try:
         start, end = parse_time(args.start, now), parse_time(args.end, now)
@@ -105,7 +105,7 @@ async def build(args: argparse.Namespace, now: datetime) -> Report:
         points = await prometheus.query_range(presence_query(step), start.timestamp(), at, step)
         holes = gaps(points, start.timestamp(), at, step)
         if holes:
-            listed = "; ".join(map(str, holes))
+            listed = describe(holes)
             if not args.allow_gaps:
                 raise ReportError(f"the range has gaps, so its totals would miss them: {listed} "
                                   "(--allow-gaps reports anyway)")

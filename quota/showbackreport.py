@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from quota.tables import print_rows
 
-__all__ = ["By", "Gap", "Report", "Row", "gaps", "parse_time", "queries", "render", "rows_of", "step_for"]
+__all__ = ["By", "Gap", "Report", "Row", "describe", "gaps", "parse_time", "presence_query", "queries", "render", "rows_of",
+           "step_for"]
 
 By = Literal["namespace", "team", "model"]
 GIB = 2**30
@@ -88,10 +89,25 @@ def step_for(seconds: int) -> int:
     return max(60, math.ceil(seconds / 10_000))
 
 
+# A step looks back at least this far for a sample: Prometheus' own lookback (staleness)
+# window, so a scrape interval up to 5 minutes is never taken for a gap.
+LOOKBACK = 300
+
+
 def presence_query(step: int) -> str:
-    """1 at each step where a scraped replica led during it, 0 where replicas were scraped and
-    none led, nothing where none was scraped (a query_range with this step)."""
-    return f"max(max_over_time({LEADER}[{step}s]))"
+    """1 at each step where a scraped replica led during it (or the lookback before it), 0
+    where replicas were scraped and none led, nothing where none was scraped (a
+    query_range with this step)."""
+    return f"max(max_over_time({LEADER}[{max(step, LOOKBACK)}s]))"
+
+
+def describe(holes: Sequence[Gap], shown: int = 5) -> str:
+    """The first `shown` gaps, and how many more and how long in all."""
+    listed = "; ".join(map(str, holes[:shown]))
+    if len(holes) <= shown:
+        return listed
+    total = sum((g.end - g.start).total_seconds() for g in holes)
+    return f"{listed}; and {len(holes) - shown} more ({total / 3600:.1f} hours in all)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from quota.showbackreport import GIB, NO_TEAM, TOTAL, Gap, gaps, parse_time, queries, render, rows_of, step_for
+from quota.showbackreport import GIB, NO_TEAM, TOTAL, Gap, describe, gaps, parse_time, presence_query, queries, render, \
+    rows_of, step_for
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 START, END = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
@@ -49,6 +50,18 @@ def test_gaps_are_the_steps_with_no_scrape_or_no_leader_merged() -> None:
         Gap(at(start + 360, UTC), at(start + 420, UTC), "no replica led"),
     ]
     assert gaps([(start + 60 * i, 1.0) for i in range(1, 11)], start, start + 600, 60) == []
+
+
+def test_a_step_looks_back_at_least_prometheus_lookback_so_slow_scrapes_are_no_gaps() -> None:
+    assert presence_query(60) == "max(max_over_time(draquota_leader[300s]))"
+    assert presence_query(600) == "max(max_over_time(draquota_leader[600s]))"
+
+
+def test_many_gaps_are_summed_up_not_listed() -> None:
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    holes = [Gap(at + timedelta(hours=i), at + timedelta(hours=i, minutes=30), "no replica scraped") for i in range(8)]
+    text = describe(holes)
+    assert text.count("no replica scraped") == 5 and text.endswith("and 3 more (4.0 hours in all)")
 
 
 def sample(value: float, **labels: str) -> dict[str, Any]:
