@@ -6,7 +6,7 @@ import asyncio
 
 
 from quota.admission import Admitter, claim_ref
-from quota.claims import parse_claim, parse_device_class
+from quota.claims import Claim, parse_claim, parse_device_class
 from quota.inventory import Inventory
 from quota.ledger import Ledger
 from quota.model import DeviceClassName
@@ -34,6 +34,18 @@ def setup(leading: list[bool]) -> tuple[Admitter, Showback, FakeClock, Metrics]:
     return adm, showback, clock, metrics
 
 
+def one_gpu() -> Claim:
+    return parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+
+
+def started(leading: bool) -> tuple[Admitter, Showback, FakeClock, Metrics, list[bool]]:
+    """A Showback that has looked at leadership once, and the flag it reads."""
+    flag = [leading]
+    adm, showback, clock, metrics = setup(flag)
+    showback.step()
+    return adm, showback, clock, metrics, flag
+
+
 def samples(metrics: Metrics) -> dict[str, float]:
     out = {}
     for line in metrics.exposition().decode().splitlines():
@@ -44,10 +56,8 @@ def samples(metrics: Metrics) -> dict[str, float]:
 
 
 def test_an_allocation_held_for_a_minute_by_the_leader_is_exported_as_its_integral() -> None:
-    leading = [True]
-    adm, showback, clock, metrics = setup(leading)
-    showback.step()
-    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+    adm, _, clock, metrics, _ = started(True)
+    claim = one_gpu()
     adm.account_allocated(claim)
     clock.advance(60)
     adm.ledger.delete_claim(claim_ref(claim))
@@ -58,11 +68,8 @@ def test_an_allocation_held_for_a_minute_by_the_leader_is_exported_as_its_integr
 
 
 def test_a_follower_follows_the_claims_and_exports_nothing_until_it_leads() -> None:
-    leading = [False]
-    adm, showback, clock, metrics = setup(leading)
-    showback.step()
-    adm.account_allocated(parse_claim(make_claim("c1", request("g", exactly("gpu")),
-                                                 allocation=[result("g", "gpu-0", driver=D)])))
+    adm, showback, clock, metrics, leading = started(False)
+    adm.account_allocated(one_gpu())
     clock.advance(60)
     assert samples(metrics) == {}
     leading[0] = True
@@ -72,10 +79,8 @@ def test_a_follower_follows_the_claims_and_exports_nothing_until_it_leads() -> N
 
 
 def test_a_relist_swapped_in_is_read_again() -> None:
-    leading = [True]
-    adm, showback, clock, metrics = setup(leading)
-    showback.step()
-    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
+    adm, showback, _, _, _ = started(True)
+    claim = one_gpu()
     adm.account_allocated(claim)
     # As a relist's swap does: the claims replaced with no event per claim.
     adm.ledger.observer = None
@@ -89,11 +94,8 @@ def test_a_relist_swapped_in_is_read_again() -> None:
 def test_the_text_is_what_prometheus_client_would_write_and_parses_back() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    leading = [True]
-    adm, showback, clock, metrics = setup(leading)
-    showback.step()
-    claim = parse_claim(make_claim("c1", request("g", exactly("gpu")), allocation=[result("g", "gpu-0", driver=D)]))
-    adm.account_allocated(claim)
+    adm, _, clock, metrics, _ = started(True)
+    adm.account_allocated(one_gpu())
     clock.advance(1.5)
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
     [memory] = families[ALLOCATED_MEMORY_SECONDS.removesuffix("_total")].samples
