@@ -119,7 +119,8 @@ def openmetrics(path: Path, namespaces: int, spacing: int, end: int) -> int:
     models = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L40S")
     samples = 0
     with path.open("w") as out:
-        for metric, unit in (("draquota_allocated_memory_byte_seconds", 80 * GIB), ("draquota_allocated_device_seconds", 1)):
+        for metric, unit in (("draquota_allocated_memory_byte_seconds", 80 * GIB),
+                             ("draquota_allocated_device_seconds", 1)):
             out.write(f"# TYPE {metric} counter\n")
             for k in range(namespaces):
                 held = unit * (1 + k % 8)

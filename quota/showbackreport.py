@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from quota.tables import print_rows
 
-__all__ = ["By", "Gap", "Report", "Row", "describe", "gaps", "parse_time", "presence_query", "queries", "render", "rows_of",
-           "step_for"]
+__all__ = ["By", "Gap", "Report", "Row", "describe", "gaps", "parse_time", "presence_query", "queries", "render",
+           "rows_of", "step_for"]
 
 By = Literal["namespace", "team", "model"]
 GIB = 2**30

@@ -78,8 +78,10 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
     ns, fleet, served = setup.namespace, setup.fleet, setup.served
     published = await kube.get(RESOURCE_V1, "resourceslices", fleet.slices[0])
     uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in published["spec"]["devices"]}
-    gpus = [Gpu(i, uuids[name], fleet.nodes[0], "NVIDIA A100-SXM4-80GB", utilisation=10.0 + 20 * i,
-                memory_used_mib=1000.0 * (i + 1)) for i, name in enumerate(sorted(uuids))]
+    # Every other GPU idle (under the showback rules' 5%), so the idle share is known.
+    gpus = [Gpu(i, uuids[name], fleet.nodes[0], "NVIDIA A100-SXM4-80GB",
+                utilisation=1.0 if i % 2 == 0 else 10.0 + 20 * i, memory_used_mib=1000.0 * (i + 1))
+            for i, name in enumerate(sorted(uuids))]
     by_uuid = {g.uuid: g for g in gpus}
 
     token = tmp_path / "prometheus-token"
@@ -253,6 +255,15 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
         what = "its expected answer" if query.where in expected else "data"
         await checks.until(f"{query.where} shows {what}: {expr}", answers, unknown(query.expr))
 
+    # The showback rules' idle share: the namespace's GPUs whose utilisation is under 5%.
+    held = [g for gs in claims.values() for g in gs]
+    idle = sum(g.utilisation < 5 for g in held) / len(held)
+
+    async def idle_share() -> bool:
+        result = await prometheus.query(f'namespace_model:draquota_idle_devices:ratio{{namespace="{ns}"}}')
+        return values(result, "model") == {(held[0].model,): idle}
+
+    await checks.until(f"recorded idle share of {ns}'s GPUs is {idle}", idle_share)
     for name, expr in alert_rules().items():
         await check_alert(checks, ns, name, expr)
     return checks.failures

@@ -10,8 +10,20 @@ from typing import Any
 
 import pytest
 
-from quota.showbackreport import GIB, NO_TEAM, TOTAL, Gap, describe, gaps, parse_time, presence_query, queries, render, \
-    rows_of, step_for
+from quota.showbackreport import (
+    GIB,
+    NO_TEAM,
+    TOTAL,
+    Gap,
+    describe,
+    gaps,
+    parse_time,
+    presence_query,
+    queries,
+    render,
+    rows_of,
+    step_for,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 START, END = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
