@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quota.admission import Admitter, claim_ref
 from quota.claims import parse_claim, parse_device_class
@@ -187,3 +190,44 @@ def test_the_ledger_tells_its_observer_each_claim_counted_in_and_out(sign: int) 
         adm.ledger.delete_claim(claim_ref(claim))
     ref = claim_ref(claim)
     assert seen == [(ref, 1)] + ([(ref, -1)] if sign < 0 else [])
+
+
+# -- the invariant, for any history ------------------------------------------------------------
+
+Event = tuple[float, str, int, int]  # (after how long, "count" | "uncount" | "handover", claim, GiB)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.sampled_from(["count", "uncount", "handover"]),
+                          st.integers(0, 4), st.integers(1, 80)), max_size=40))
+def test_two_replicas_together_accrue_the_exact_integral_whatever_happens(events: list[Event]) -> None:
+    """Both replicas follow every claim event; leadership moves between them; the sum of
+    what they accrued is the integral of what was held, computed the plain way."""
+    replicas, leader = (Accrual(forget_after=math.inf), Accrual(forget_after=math.inf)), 0
+    replicas[0].lead(True, 0.0)
+    held: dict[int, int] = {}
+    now, integral = 0.0, 0.0
+    for wait, kind, claim, gib in events:
+        integral += sum(held.values()) * GiB * wait
+        now += wait
+        if kind == "handover":
+            replicas[leader].lead(False, now)
+            leader = 1 - leader
+            replicas[leader].lead(True, now)
+            continue
+        for replica in replicas:
+            if kind == "count":
+                replica.count(ClaimRef(f"u{claim}"), NS, held_of(gib), now)
+            else:
+                replica.uncount(ClaimRef(f"u{claim}"), now)
+        if kind == "count":
+            held[claim] = gib
+        else:
+            held.pop(claim, None)
+    integral += sum(held.values()) * GiB * 10
+    accrued = sum(a.memory_seconds for replica in replicas for a in replica.totals(now + 10))
+    assert accrued == pytest.approx(integral, rel=1e-9, abs=1e-3)
+
+
+def held_of(gib: int) -> list[tuple[DeviceClassName, str, Charge]]:
+    return held(gib * GiB, 1)
