@@ -687,6 +687,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_report(sub: _Subparsers) -> None:
+    from commands import report
+
+    report.add_arguments(sub, summary=_COMMANDS["report"][0])
+
+
 def _add_selftest(sub: _Subparsers) -> None:
     from commands import selftest
 
@@ -700,6 +706,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[_Subparsers], None]]] = {
     "serve": ("run the admission webhook against a cluster", _add_serve),
     "top": ("print each DeviceQuota's and ClusterDeviceQuota's usage as the quota controller published it",
             _add_top),
+    "report": ("print GPU-memory-hours, device-hours and idle hours per namespace, team or model, from Prometheus",
+               _add_report),
     "demo": ("run the webhook and quota controller live on a throw-away local cluster", _add_demo),
     "selftest": ("send a dry-run claim through the API server and check that the dra-quota webhook answered "
                  "(helm test)", _add_selftest),

@@ -73,6 +73,7 @@ from webhook.endpoints import endpoints
 from webhook.labelaccess import LabelAccess
 from webhook.metricsserver import metrics_limits
 from webhook.server import build_app
+from webhook.showbackmetrics import Showback
 
 # What `commands.options` and `commands.wiring` hold is importable from here as before.
 __all__ = ["LIMITATIONS", "Caches", "JsonFormatter", "LeaderElection", "ServeError", "ServeOptions",
@@ -151,6 +152,10 @@ async def serve(options: ServeOptions) -> int:
                        recounts=caches.recounter, may_label=LabelAccess(api))
     metrics, recorder, observe = observability(api, caches, tls, manager, leading,
                                                team_series=options.team_namespace_series)
+    # GPU-memory-seconds: every replica follows the claims, the leader alone accrues them.
+    showback = Showback(caches.admitter.ledger, caches.inventory, lambda: leading() and caches.synced)
+    showback.attach()
+    showback.register(metrics)
     # Its own connection pool: a probe must not queue behind the writes (`kube.contact`).
     contact = Contact(api.detached())
     metrics.contact(contact.reachable)
@@ -190,6 +195,7 @@ async def serve(options: ServeOptions) -> int:
         asyncio.create_task(watch_stalls(metrics.stalled), name="event loop stalls"),
         asyncio.create_task(time_collections(metrics.collected), name="collections timed"),
         asyncio.create_task(caches.rebuilds.collect(), name="collections on a clock"),
+        asyncio.create_task(showback.run(), name="showback"),
     ]
     metrics_runner: web.AppRunner | None = None
     failed: list[str] = []

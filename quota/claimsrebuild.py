@@ -119,6 +119,8 @@ class ClaimsRebuild:
         self._teams_parts(parts, by_namespace, changed)
         ledger._usage = {k: u for k, u in usage.items() if k[1] in ledger._quotas.get(k[0], {})}
         self._swap(by_namespace, by_owner)
+        if ledger.replaced is not None:
+            ledger.replaced()  # no claim went through `Ledger._apply`: its observer reads them again
         return gone
 
     def _move_cost(self, dropped: list[ClaimRef]) -> int:

@@ -120,6 +120,11 @@ class Ledger:
         # Per quota: (the quota as given, valid from, valid until, the quota in force):
         # computed again only when the spec or the limits in force change.
         self._in_force: dict[QuotaKey, tuple[DeviceQuota, float, float, DeviceQuota]] = {}
+        # Told each claim counted in (+1) or out (-1), and when a relist replaced every
+        # claim at once (`quota.claimsrebuild`): what derives a view over time from the
+        # claims (`quota.showback`) follows them without walking the ledger.
+        self.observer: Callable[[Entry, int], None] | None = None
+        self.replaced: Callable[[], None] | None = None
 
     # -- quotas -------------------------------------------------------------------
 
@@ -481,6 +486,8 @@ class Ledger:
     def _apply(self, entry: Entry, sign: int) -> tuple[QuotaKey, ...]:
         # Every claim change passes here.
         self._namespace_generation[entry.namespace] = self._namespace_generation.get(entry.namespace, 0) + 1
+        if self.observer is not None:
+            self.observer(entry, sign)
         touched = []
         for quota in self._quotas.get(entry.namespace, {}).values():
             key = (entry.namespace, quota.name)

@@ -196,6 +196,19 @@ PERCENT_THRESHOLDS = ((None, "green"), (0.9, "orange"), (1.0, "red"))
 DCGM_NOTE = (" From dcgm-exporter's series joined on UUID (and GPU_I_PROFILE) with draquota_claim_device_info; "
              "empty where dcgm-exporter is not installed. GPUs shared by several claims are left out.")
 
+SHOWBACK_NOTE = (" Counters summed over replicas (only the leader's grow); dra-quota report prints the same per "
+                 "namespace, team or model.")
+TEAMS_OF = 'group by (namespace, team) (label_replace(draquota_cluster_quota_namespace, "team", "$1", "quota", "(.*)"))'
+
+
+def _gib_hours(by: str) -> str:
+    return f"{by} (increase(draquota_allocated_memory_byte_seconds_total[$__range])) / 2^30 / 3600"
+
+
+def _by_team(per_namespace: str) -> str:
+    return f"sum by (team) ({TEAMS_OF} * on (namespace) group_left () {per_namespace})"
+
+
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Quotas", (
         *_limits(DEVICE_QUOTAS, "Quota", "Each DeviceQuota's", "DraQuotaNearLimit"),
@@ -338,6 +351,28 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "Framebuffer memory in use (DCGM_FI_DEV_FB_USED, MiB, shown in bytes) on the GPUs each "
               "namespace holds: compare with the memory its claims were charged." + DCGM_NOTE),
     )),
+    ("Showback (GPU-memory-hours)", (
+        Panel("GPU-memory-hours by team", "bargauge", "short",
+              (Q(_by_team(_gib_hours("sum by (namespace)")), "{{team}}", instant=True),),
+              "GiB-hours of device memory allocated over the dashboard's range, per team (the ClusterDeviceQuota "
+              "selecting each namespace now; a namespace in two teams counts in both)." + SHOWBACK_NOTE,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        Panel("GPU-memory-hours by model", "bargauge", "short",
+              (Q(_gib_hours("sum by (model)"), "{{model}}", instant=True),),
+              "GiB-hours of device memory allocated over the dashboard's range, per device model." + SHOWBACK_NOTE,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        Panel("Top idle namespaces: GiB-hours on idle GPUs", "bargauge", "short",
+              (Q("topk(10, sum by (namespace) (sum_over_time("
+                 "namespace_model:draquota_idle_memory_bytes:rate5m[$__range])) / 60 / 2^30)", "{{namespace}}",
+                 instant=True),),
+              "GiB-hours allocated on GPUs under 5% utilisation over the dashboard's range (the chart's recording "
+              "rules and dcgm-exporter; empty without them)." + SHOWBACK_NOTE,
+              options={"displayMode": "gradient", "orientation": "horizontal"}),
+        Panel("GPU-memory-hours per hour, by team", "timeseries", "short",
+              (Q("team:draquota_gpu_memory_gib_hours:increase1h", "{{team}}"),),
+              "GiB-hours allocated in the hour before each point, per team as it was then (the chart's recording "
+              "rules)." + SHOWBACK_NOTE, width=24),
+    )),
 )
 
 
@@ -421,8 +456,8 @@ def dashboard() -> dict[str, Any]:
     return {
         "title": "dra-quota", "uid": "dra-quota", "description":
             "DRA device quotas (dra-quota): usage per namespace and DeviceQuota, headroom, devices by model, "
-            "pending and denied claims, time to allocation, admission, inventory, health, and GPU utilisation per "
-            "namespace and claim from dcgm-exporter.",
+            "pending and denied claims, time to allocation, admission, inventory, health, GPU utilisation per "
+            "namespace and claim from dcgm-exporter, and showback (GPU-memory-hours by team and model, idle).",
         "tags": ["dra-quota", "kubernetes", "dra", "gpu"], "editable": True, "graphTooltip": 1,
         "schemaVersion": 39, "version": 1, "refresh": "1m", "time": {"from": "now-6h", "to": "now"},
         "timezone": "", "annotations": {"list": []}, "links": [],

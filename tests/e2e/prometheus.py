@@ -5,6 +5,10 @@ fails, never skips, without it) with its own config and TSDB in a temp dir, a 1 
 and rule-evaluation interval, listening on 127.0.0.1:<free port>; `query` evaluates PromQL
 through its HTTP API (/api/v1/query), as Grafana and the rule engine would.
 
+`chart_reader_token` and `as_the_operator_scrapes` scrape `serve` as the Prometheus
+Operator scrapes the chart's ServiceMonitor (HTTPS, a token of the chart's metrics-reader
+role, honorLabels).
+
 `dcgm_exporter` serves what NVIDIA dcgm-exporter serves for whole GPUs, by its metric
 and label names (NVIDIA/dcgm-exporter: etc/default-counters.csv for the fields,
 pkg/dcgmexporter/render_metrics.go for the labels gpu, UUID, device, modelName, Hostname,
@@ -28,8 +32,11 @@ import pytest
 import yaml
 from aiohttp import web
 
+from devcluster.served import Served, metrics_reader_token
+
+from ..tools.chart import find, render
 from .cluster import free_ports
-from .kube import poll
+from .kube import ApiError, Kube, poll
 
 Sample = dict[str, Any]  # {"metric": {labels}, "value": [ts, "v"]}
 
@@ -111,6 +118,43 @@ class Prometheus:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+
+
+# -- scraping serve as the Prometheus Operator scrapes the chart's ServiceMonitor ------------
+
+
+MONITORED = {"metrics": {"serviceMonitor": {"enabled": True}}}
+
+
+async def chart_reader_token(kube: Kube, served: Served) -> str:
+    """A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole (what
+    metrics.readers binds Prometheus' account to), the role created from the chart."""
+    role = find(render(MONITORED, include_crds=False), "ClusterRole", "dra-quota-metrics-reader")
+    try:
+        await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", role)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    return await metrics_reader_token(served.cluster, account="prometheus-e2e", role=role["metadata"]["name"])
+
+
+def as_the_operator_scrapes(token_file: Path, ca_file: Path) -> dict[str, Any]:
+    """The scrape the Prometheus Operator makes of the chart's ServiceMonitor: its endpoint's
+    scheme, TLS server name (the CA: `ca_file`, standing in for the serving Secret's
+    ca.crt), bearer token (Prometheus' own account token: `token_file`), honorLabels, and
+    the target labels the operator's relabelling adds to every target (namespace,
+    service, pod, container; prometheus-operator pkg/prometheus/promcfg.go). The
+    per-namespace answers below hold only while honorLabels keeps our own `namespace` and
+    `pod` (docs/install.md, "Monitoring")."""
+    monitor = find(render(MONITORED, include_crds=False), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "dra-quota-webhook-tls", "key": "ca.crt"}
+    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"], "scheme": endpoint["scheme"],
+            "tls_config": {"ca_file": str(ca_file), "server_name": endpoint["tlsConfig"]["serverName"]},
+            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+            "labels": {"namespace": monitor["metadata"]["namespace"], "service": "dra-quota-webhook",
+                       "pod": "dra-quota-5d8f7c9b6-x2x7q", "container": "dra-quota"}}
 
 
 @dataclass(frozen=True)

@@ -41,26 +41,22 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from devcluster.served import metrics_reader_token
-
-from ..tools.chart import find, render
-from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, unknown
+from ..unit.deploy.queries import RULES, alert_rules, dashboard_queries, metric_names, recording_rules, unknown
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, allocation_results, claim_spec, create_claim_template, create_pod, exact_request, \
     wait_pod_allocated
 from .harness import DQ, Served, Setup, create, denial, make_quota, metered
-from .kube import ApiError, Kube, WaitTimeout, poll
-from .prometheus import Gpu, Prometheus, Sample, dcgm_exporter
+from .kube import Kube, WaitTimeout, poll
+from .prometheus import Gpu, Prometheus, Sample, as_the_operator_scrapes, chart_reader_token, dcgm_exporter
 
 pytestmark = pytest.mark.e2e
 
 GI = 1024**3
-RATE_INTERVAL = "5m"  # $__rate_interval: the whole scenario, so rates and quantiles have samples
+RATE_INTERVAL = "5m"  # $__rate_interval and $__range: the whole scenario, so rates and quantiles have samples
 DEADLINE = 120.0  # seconds for every query to show what it must, after the scenario
 
 
@@ -82,8 +78,10 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
     ns, fleet, served = setup.namespace, setup.fleet, setup.served
     published = await kube.get(RESOURCE_V1, "resourceslices", fleet.slices[0])
     uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in published["spec"]["devices"]}
-    gpus = [Gpu(i, uuids[name], fleet.nodes[0], "NVIDIA A100-SXM4-80GB", utilisation=10.0 + 20 * i,
-                memory_used_mib=1000.0 * (i + 1)) for i, name in enumerate(sorted(uuids))]
+    # Every other GPU idle (under the showback rules' 5%), so the idle share is known.
+    gpus = [Gpu(i, uuids[name], fleet.nodes[0], "NVIDIA A100-SXM4-80GB",
+                utilisation=1.0 if i % 2 == 0 else 10.0 + 20 * i, memory_used_mib=1000.0 * (i + 1))
+            for i, name in enumerate(sorted(uuids))]
     by_uuid = {g.uuid: g for g in gpus}
 
     token = tmp_path / "prometheus-token"
@@ -103,40 +101,6 @@ async def test_every_dashboard_and_alert_query_against_prometheus(kube: Kube, se
             for team in teams(ns):
                 await kube.delete(DQ, "clusterdevicequotas", team)
     assert not failures, "\n".join(failures) + f"\n--- prometheus log ---\n{prometheus.log_text()}"
-
-
-MONITORED = {"metrics": {"serviceMonitor": {"enabled": True}}}
-
-
-async def chart_reader_token(kube: Kube, served: Served) -> str:
-    """A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole (what
-    metrics.readers binds Prometheus' account to), the role created from the chart."""
-    role = find(render(MONITORED, include_crds=False), "ClusterRole", "dra-quota-metrics-reader")
-    try:
-        await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", role)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    return await metrics_reader_token(served.cluster, account="prometheus-e2e", role=role["metadata"]["name"])
-
-
-def as_the_operator_scrapes(token_file: Path, ca_file: Path) -> dict[str, Any]:
-    """The scrape the Prometheus Operator makes of the chart's ServiceMonitor: its endpoint's
-    scheme, TLS server name (the CA: `ca_file`, standing in for the serving Secret's
-    ca.crt), bearer token (Prometheus' own account token: `token_file`), honorLabels, and
-    the target labels the operator's relabelling adds to every target (namespace,
-    service, pod, container; prometheus-operator pkg/prometheus/promcfg.go). The
-    per-namespace answers below hold only while honorLabels keeps our own `namespace` and
-    `pod` (docs/install.md, "Monitoring")."""
-    monitor = find(render(MONITORED, include_crds=False), "ServiceMonitor")
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "dra-quota-webhook-tls", "key": "ca.crt"}
-    return {"honor_labels": endpoint["honorLabels"], "metrics_path": endpoint["path"], "scheme": endpoint["scheme"],
-            "tls_config": {"ca_file": str(ca_file), "server_name": endpoint["tlsConfig"]["serverName"]},
-            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
-            "labels": {"namespace": monitor["metadata"]["namespace"], "service": "dra-quota-webhook",
-                       "pod": "dra-quota-5d8f7c9b6-x2x7q", "container": "dra-quota"}}
 
 
 async def scenario(kube: Kube, setup: Setup) -> dict[str, list[str]]:
@@ -223,6 +187,10 @@ def panel_checks(ns: str, claims: dict[str, list[Gpu]]) -> dict[str, Check]:
             lambda r: values(r, "quota", "namespace") == {(full, ns): 160 * GI, (small, ns): 160 * GI},
         "panel 'Team breakdown per namespace' C":  # memory share of the team's hard
             lambda r: values(r, "quota", "namespace") == {(full, ns): 1.0, (small, ns): 2.0},
+        # Showback: the namespace's two GPUs, billed to both its teams and to their model.
+        "panel 'GPU-memory-hours by team' A": lambda r: {full, small} <= {k[0] for k, v in values(r, "team").items()
+                                                          if v > 0},
+        "panel 'GPU-memory-hours by model' A": lambda r: values(r, "model").get((held[0].model,), 0) > 0,
     }
 
 
@@ -265,18 +233,19 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
 
     async def rules_healthy() -> bool:
         rules = [r for g in (await prometheus.api("rules"))["groups"] for r in g["rules"]]
-        assert {r["name"] for r in rules} == set(alert_rules()), rules
+        assert {r["name"] for r in rules} == set(alert_rules()) | set(recording_rules()), rules
         bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
         assert not [b for b in bad if b[1] == "err"], bad
         return not bad
 
-    await checks.until("every alert rule evaluated without error by Prometheus", rules_healthy)
+    await checks.until("every alert and recording rule evaluated without error by Prometheus", rules_healthy)
 
     expected = panel_checks(ns, claims)
     queries = dashboard_queries()
     assert set(expected) <= {q.where for q in queries}, set(expected) - {q.where for q in queries}
     for query in queries:
-        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ns).replace(
+        expr = query.expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", RATE_INTERVAL).replace(
+            "$namespace", ns).replace(
             "$quota", "|".join(teams(ns)))
         check: Check = expected.get(query.where, bool)
 
@@ -286,6 +255,15 @@ async def check_everything(prometheus: Prometheus, ns: str, claims: dict[str, li
         what = "its expected answer" if query.where in expected else "data"
         await checks.until(f"{query.where} shows {what}: {expr}", answers, unknown(query.expr))
 
+    # The showback rules' idle share: the namespace's GPUs whose utilisation is under 5%.
+    held = [g for gs in claims.values() for g in gs]
+    idle = sum(g.utilisation < 5 for g in held) / len(held)
+
+    async def idle_share() -> bool:
+        result = await prometheus.query(f'namespace_model:draquota_idle_devices:ratio{{namespace="{ns}"}}')
+        return values(result, "model") == {(held[0].model,): idle}
+
+    await checks.until(f"recorded idle share of {ns}'s GPUs is {idle}", idle_share)
     for name, expr in alert_rules().items():
         await check_alert(checks, ns, name, expr)
     return checks.failures

@@ -615,7 +615,8 @@ def test_runbook_urls_point_where_the_docs_are_published() -> None:
     def links(values: dict[str, Any]) -> set[str]:
         rule = find(render({"metrics": {"prometheusRule": {"enabled": True, **values}}}, include_crds=False),
                     "PrometheusRule")
-        return {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+        return {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]
+                if "alert" in r}
 
     assert "docs/troubleshooting.md#draquotanoleader" in links({})
     published = links({"runbookBaseURL": "https://git.example.com/dra-quota/blob/v1/"})

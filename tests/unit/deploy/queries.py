@@ -1,7 +1,7 @@
 """Every PromQL query we ship, and the metric names each one reads.
 
 Neighbours: deploy/grafana/dra-quota.json (panel targets and the `namespace` variable),
-deploy/prometheus/dra-quota-rules.yaml (alert expressions); test_dashboard.py and
+deploy/prometheus/dra-quota-rules.yaml (alert expressions, recording rules); test_dashboard.py and
 test_alerts.py check their names against runtime/metricnames.py; tests/e2e/test_dashboards.py
 evaluates them on a real Prometheus. Metric names are read with a small lexer (strings,
 label matchers, groupings and ranges removed; what remains that is not a function call or
@@ -54,7 +54,13 @@ def dashboard_queries() -> list[Query]:
 def alert_rules() -> dict[str, str]:
     """alert name -> expression."""
     groups = yaml.safe_load(RULES.read_text())["groups"]
-    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"] if "alert" in rule}
+
+
+def recording_rules() -> dict[str, str]:
+    """recorded series name -> expression (the showback totals)."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"] if "record" in rule}
 
 
 def alert_queries() -> list[Query]:
@@ -83,10 +89,10 @@ def metric_names(expr: str) -> set[str]:
 
 def exported() -> set[str]:
     """The names `dra-quota serve` exposes: runtime.metricnames' name constants (histograms'
-    series included), whatever they are called there."""
+    series included), whatever they are called there; and the series our rules record."""
     names = {value for value in vars(runtime.metricnames).values()
              if isinstance(value, str) and value.startswith("draquota_")}
-    return names | {f"{name}{suffix}" for name in names for suffix in _HISTOGRAM_SERIES}
+    return names | {f"{name}{suffix}" for name in names for suffix in _HISTOGRAM_SERIES} | set(recording_rules())
 
 
 def unknown(expr: str) -> set[str]:

@@ -59,6 +59,7 @@ from webhook.connections import Connections, Limits
 from webhook.metrics import Metrics, NamespaceLabel, QuotaLabel, decision_of, resource_of
 from webhook.metricsserver import serve_metrics
 from webhook.server import build_app
+from webhook.showbackmetrics import Showback
 from webhook.usagemetrics import UsageMetrics
 
 from ..builders import GiB, make_quota
@@ -280,6 +281,7 @@ def test_every_name_is_exposed_with_help_and_documented_and_registries_are_separ
     a.connections({"webhook": Connections(Limits())})
     a.contact(lambda: True)
     UsageMetrics(Ledger(), Inventory(), Holders()).register(a)  # nothing held: the families, no samples
+    Showback(Ledger(), Inventory(), lambda: False).register(a)
     assert requests(b, webhook="validating", operation="CREATE", resource="resourceclaims", decision="allowed",
                     reason="none") == 0
     families = {f.name: f for f in text_string_to_metric_families(a.exposition().decode())}
