@@ -59,6 +59,7 @@ __all__ = [
     "Toleration",
     "DeviceRequirement",
     "Request",
+    "unnamed",
     "ClaimSpec",
     "AllocatedDevice",
     "Claim",
@@ -108,6 +109,14 @@ class DeviceRequirement:
     # Sorted (name, quantity) pairs: hashable, so pricing can cache on the requirement.
     capacity_requests: tuple[tuple[str, Fraction], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+
+
+def unnamed(req: DeviceRequirement, *, selectors: tuple[str, ...] | None = None) -> DeviceRequirement:
+    """`req` without its name (and with `selectors`, if given): what pricing caches a
+    requirement's charge by. Built directly: `dataclasses.replace` was a tenth of a
+    stored claim's accounting at start (every requirement, every pricing mode)."""
+    return DeviceRequirement("", req.device_class, req.selectors if selectors is None else selectors,
+                             req.allocation_mode, req.count, req.admin_access, req.capacity_requests, req.tolerations)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,13 @@ class Counting:
         self.ledger = ledger
         # `_estimate`'s memo: its key -> every mode's pricing and the claim budget it spent.
         self._memo: OrderedDict[Hashable, tuple[dict[Mode, Pricing], int]] = OrderedDict()
+        # `bound_entry`'s pricings by what they are a function of (`_bound_key`), shared
+        # by the entries of every claim with that key: most stored claims share a
+        # template's spec, so at start 111,300 bounds were a few hundred distinct values.
+        self._bounds: OrderedDict[Hashable, Mapping[Mode, Pricing]] = OrderedDict()
+        # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
+        self._views: dict[Namespace, tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]] = {}
+        self._views_at = -1
 
     def allocated_entry(self, claim: Claim) -> Entry:
         """What `account_allocated` counts: the exact charge of the allocated devices."""
@@ -249,9 +256,38 @@ class Counting:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
         recorded charge: what a replica counts for a stored claim until it has priced it
         (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
+        return Entry(claim.namespace, claim_ref(claim), self._bound(claim), allocated=False, owner=claim.owner,
+                     claim=claim)
+
+    def _bound(self, claim: Claim) -> Mapping[Mode, Pricing]:
+        """`bound_entry`'s pricing in every mode, one mapping shared by the claims of one
+        `_bound_key` (never mutated: `Entry.pricing` is read only). Bounded as `_memo` is:
+        least recently used out first, specs past `MEMO_SPEC_BYTES` never kept, so a
+        tenant making every spec distinct only misses."""
+        named = self._named_classes(claim)
+        key = self._bound_key(claim, named)
+        if (found := self._bounds.get(key)) is not None:
+            self._bounds.move_to_end(key)
+            return found
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
-                     allocated=False, owner=claim.owner, claim=claim)
+        pricings = dict.fromkeys(self._modes(claim.namespace), bound)
+        # The class's devices are matched to price it, which may pause (`runtime.slicing`):
+        # kept only if what it is a function of did not change meanwhile (the classes by
+        # identity, as in `_estimate`).
+        after = self._named_classes(claim)
+        if self._bound_key(claim, after) == key and all(a is b for a, b in zip(named, after, strict=True)) \
+                and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
+            self._bounds[key] = pricings
+            while len(self._bounds) > MEMO_SIZE:
+                self._bounds.popitem(last=False)
+        return pricings
+
+    def _bound_key(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Hashable:
+        """What `Pricer.upper_bound` and `at_least_recorded` are functions of: the spec, the
+        classes it names (`named`), the inventory's generation; and the modes it is
+        counted in and the charge recorded at its admission."""
+        return (claim.spec, named, self.pricer.inventory.generation, self._priced_as(claim.namespace)[1],
+                claim.recorded_charge)
 
     def _estimate(self, claim: Claim, review: Budget | None, priced: Priced | None = None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches.
@@ -301,13 +337,27 @@ class Counting:
     def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The distinct `spec.devices` of the namespace's quotas a claim there is priced
         for, in a stable order, at most `MAX_PRICED_SELECTIONS`."""
-        found = {q.scope.devices for q in self.ledger.quotas(namespace) if not q.scope.devices.everything}
-        return tuple(sorted(found, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS]
+        return self._priced_as(namespace)[0]
 
     def _modes(self, namespace: Namespace) -> list[Mode]:
+        return list(self._priced_as(namespace)[1])
+
+    def _priced_as(self, namespace: Namespace) -> tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]:
+        """`_selections` and the modes a claim of `namespace` is priced in, derived from its
+        quotas once per change of the ledger's quotas (`Ledger.quotas_generation`): asked
+        several times for every claim a list brings (150,000 at start)."""
+        if self._views_at != self.ledger.quotas_generation:
+            self._views.clear()
+            self._views_at = self.ledger.quotas_generation
+        if (found := self._views.get(namespace)) is not None:
+            return found
+        quotas = self.ledger.quotas(namespace)
+        selections = {q.scope.devices for q in quotas if not q.scope.devices.everything}
         modes: set[Mode] = {self.ledger.default_mode}
-        modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
-        return sorted(modes)
+        modes.update(q.mode for q in quotas if q.mode is not None)
+        found = self._views[namespace] = (tuple(sorted(selections, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS],
+                                          tuple(sorted(modes)))
+        return found
 
 
 def _spec_size(spec: ClaimSpec, limit: int) -> int:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ from quota.allocationrecord import (
     record_in_step,
     recorded_devices,
 )
-from quota.claims import CHARGE_ANNOTATION, ClaimError, parse_claim, parse_device_class, pod_owner
+from quota.claims import (CHARGE_ANNOTATION, ClaimError, DeviceRequirement, Toleration, parse_claim, parse_device_class,
+                          pod_owner, unnamed)
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
@@ -641,3 +643,13 @@ def test_a_pod_owner_whose_name_is_not_a_string_is_read_without_converting_it(na
                                              "controller": True}]
     assert pod_owner(claim) == ("", "u-1")
     assert parse_claim(claim).owner == "u-1"
+
+
+def test_a_requirement_unnamed_is_the_same_requirement_without_its_name() -> None:
+    # Pricing's cache key: built field by field, so every field must be carried over.
+    req = DeviceRequirement("r/s", DeviceClassName("gpu"), ("true",), "All", 3, True, (("memory", Fraction(5)),),
+                            (Toleration("k", "Equal", "v", "NoSchedule"),))
+    assert all(getattr(req, f.name) != getattr(DeviceRequirement("", DeviceClassName("")), f.name)
+               for f in fields(DeviceRequirement))  # every field set apart from its default
+    assert unnamed(req) == replace(req, name="")
+    assert unnamed(req, selectors=()) == replace(req, name="", selectors=())
