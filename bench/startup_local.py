@@ -157,9 +157,10 @@ def run(data: Path, args: argparse.Namespace) -> JSON:
             profile.disable()
             profile.dump_stats(str(args.profile))
     if args.trace:
-        results["claims"]["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 1)
+        held, peak = tracemalloc.get_traced_memory()
+        results["claims"]["traced_mib"], results["claims"]["traced_peak_mib"] = round(held / 2**20, 1), round(peak / 2**20, 1)
         print(f"  the claims' accounting holds {results['claims']['traced_mib']} MiB of Python heap "
-              f"({results['claims']['traced_mib'] * 2**20 / args.claims:.0f} B a claim)")
+              f"({held / args.claims:.0f} B a claim), {results['claims']['traced_peak_mib']} MiB at its peak")
         snapshot = tracemalloc.take_snapshot()
         for stat in snapshot.statistics("lineno")[:args.trace_top]:
             print(f"    {stat.size / 2**20:7.1f} MiB {stat.count:8d}  {stat.traceback}")

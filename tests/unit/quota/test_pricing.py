@@ -21,6 +21,7 @@ from quota.claims import (CHARGE_ANNOTATION, ClaimError, DeviceRequirement, Tole
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
+from quota.annotating import read_annotations
 from quota.ledger import Ledger
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
@@ -653,3 +654,24 @@ def test_a_requirement_unnamed_is_the_same_requirement_without_its_name() -> Non
                for f in fields(DeviceRequirement))  # every field set apart from its default
     assert unnamed(req) == replace(req, name="")
     assert unnamed(req, selectors=()) == replace(req, name="", selectors=())
+
+
+def test_what_the_annotator_reads_of_annotations_answers_as_they_do() -> None:
+    # A relist holds each claim's annotations until its swap: only what the annotator reads
+    # of them (`read_annotations`), shared by the claims of one charge.
+    pricer = Pricer(inventory(), CLASSES)
+    admitter = Admitter(pricer, Ledger())
+    allocation = [result("a", "gpu-0")]
+    record = record_for(pricer.allocation_record(parse_claim(make_claim("c", request("a", exactly("gpu")),
+                                                                         allocation=allocation))))
+    for current in ({}, {"team": "x" * 1000}, {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', "team": "y"},
+                    {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', **record}, record):
+        for alloc in (allocation, None):
+            claim = parse_claim(make_claim("c", request("a", exactly("gpu")), allocation=alloc, annotations=current))
+            read = read_annotations(current)
+            assert admitter.annotations_due(claim, read) == admitter.annotations_due(claim, current)
+            assert admitter.annotations_may_be_due(claim, read) == admitter.annotations_may_be_due(claim, current)
+            assert set(read) <= {CHARGE_ANNOTATION}
+    charged = {CHARGE_ANNOTATION: "".join(['{"memory":2,', '"devices":1}'])}
+    assert read_annotations(charged) is read_annotations(dict(charged))
+    assert read_annotations({}) is read_annotations({"team": "a"})
