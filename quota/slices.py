@@ -212,12 +212,14 @@ def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, Attrib
             parsed = _attribute(value)
         except SliceError as err:
             raise SliceError(f"{where}.attributes[{qualified!r}]: {err}") from None
+        if type(parsed) is str:
+            parsed = _strings(parsed)
         values += len(parsed) if type(parsed) is tuple else 1
         if "/" in qualified:
             domain, _, ident = qualified.partition("/")
-            out.setdefault(domain, {})[ident] = parsed
+            out.setdefault(_strings(domain), {})[_strings(ident)] = parsed
         else:
-            own[qualified] = parsed
+            own[_strings(qualified)] = parsed
     if values > validation.MAX_ATTRIBUTE_VALUES:
         raise SliceError(f"{where}: the total number of attribute values must not exceed {validation.MAX_ATTRIBUTE_VALUES}")
     if not own:
@@ -268,7 +270,7 @@ def _scalar(kind: str, value: Any) -> int | bool | str | Version:
     if kind == "version" and kind_of_value is str:
         if len(value) > validation.MAX_ATTRIBUTE_LENGTH or _SEMVER.fullmatch(value) is None:
             raise SliceError(f"version {show(value)} is not a semantic version 2.0.0 string of at most 64 characters")
-        return Version(value)
+        return _versions(Version(value))
     if kind == "string" and kind_of_value is str:
         raise SliceError(f"string must be at most {validation.MAX_ATTRIBUTE_LENGTH} characters, got {len(value)}")
     if kind == "int" and kind_of_value is int:
@@ -295,13 +297,33 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
                 # validateSingleAllocatableDeviceCapacity: consumable capacity needs sharing.
                 raise SliceError(f"{at}.requestPolicy: allowMultipleAllocations must be true")
             policy = _policy(raw_policy, amount, f"{at}.requestPolicy")
-        out.setdefault(domain, {})[ident] = _intern(Capacity(amount, policy))
-    return out
+        out.setdefault(_strings(domain), {})[_strings(ident)] = _intern(Capacity(amount, policy))
+    return _shared_capacities(out)
 
 
 # Equal capacities share one object: tens of thousands of GPUs publish a handful of
 # distinct capacities, and `quota.selectors` groups devices by capacity identity.
 _intern: Interned[Capacity] = Interned(65536)
+# So do attribute and capacity names and string attribute values, and versions, each
+# decoded apart: 58,000 GPUs publish 624,000 string values, 62,000 distinct (a uuid each,
+# the rest their models' few), and 174,000 versions of a handful (bench/startup_local.py).
+# Held while fewer than the limit (a gone device's uuid may stay, never more than that).
+_strings: Interned[str] = Interned(65536)
+_versions: Interned[Version] = Interned(4096)
+# And a device's whole capacity map (never mutated: `Device.capacity` is read only), keyed
+# by its capacities' identities (hashing their Fractions is slow): a kept map holds its
+# capacities, so no other object can take their ids while it is kept.
+_CAPACITY_MAPS_KEPT = 4096
+_capacity_maps: dict[tuple[tuple[str, tuple[tuple[str, int], ...]], ...], dict[str, dict[str, Capacity]]] = {}
+
+
+def _shared_capacities(out: dict[str, dict[str, Capacity]]) -> dict[str, dict[str, Capacity]]:
+    key = tuple((domain, tuple((ident, id(c)) for ident, c in inner.items())) for domain, inner in out.items())
+    if (found := _capacity_maps.get(key)) is not None:
+        return found
+    if len(_capacity_maps) < _CAPACITY_MAPS_KEPT:
+        _capacity_maps[key] = out
+    return out
 
 
 def _counter_sets(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Fraction]], ...]:
