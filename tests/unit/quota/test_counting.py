@@ -245,3 +245,14 @@ def test_the_shared_bounds_stay_bounded_whatever_specs_tenants_write() -> None:
     adm.bound_entry(claim("big", big, big))
     kept: list[Any] = [key[0] for key in adm._bounds]  # type: ignore[index]  # (spec, ...) tuples
     assert all(big not in alt.selectors for spec in kept for req in spec.requests for alt in req.alternatives)
+
+
+def test_stored_claims_priced_alike_share_one_mapping_and_it_stays_bounded() -> None:
+    adm = admitter()
+    first, second = adm.existing_entry(claim("c1", H100)), adm.existing_entry(claim("c2", H100))
+    assert second.pricing is first.pricing and first.pricing == admitter().existing_entry(claim("c1", H100)).pricing
+    raised = adm.existing_entry(replace(claim("c3", H100), recorded_charge=Charge(500 * GiB, 1)))
+    assert raised.pricing is not first.pricing and charge(raised) == Charge(500 * GiB, 1)
+    for i in range(MEMO_SIZE + 20):
+        adm.existing_entry(claim(f"d{i}", f"{H100} && {i} >= 0"))
+    assert len(adm._pricings) == MEMO_SIZE
