@@ -268,12 +268,10 @@ class ClaimStore:
             return last, False  # deallocated before this process started: the same, from its record
         if self.provisional is None:
             return self.admitter.existing_entry(claim), False
-        if (entry := self.admitter.existing_entry_if_priced(claim)) is not None:
-            # Never counted by this process (it started later): priced at once when that
-            # is a cache lookup (claims stamped from a known template, one this replica
-            # priced at admission)...
-            return entry, False
-        return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
+        # Never counted by this process (it started later): priced at once when that is a
+        # cache lookup (claims stamped from a known template, one this replica priced at
+        # admission), else at its bound until priced after ready.
+        return self.admitter.stored_entry(claim)
 
     def _tell(self, claim: Claim, annotations: Mapping[str, str], bound: Entry | None) -> None:
         if bound is not None and self.provisional is not None:

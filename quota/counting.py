@@ -52,6 +52,7 @@ class Priced(NamedTuple):
     key: Hashable
     known: bool
     memoised: bool  # known, and in the memo: pricing it costs the same however large it is
+    named: tuple[DeviceClass | None, ...] = ()  # the classes its spec names, as they are now
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,8 @@ class Counting:
         # `bound_entry`'s pricings by what they are a function of (`_bound_key`), shared
         # by the entries of every claim with that key: most stored claims share a
         # template's spec, so at start 111,300 bounds were a few hundred distinct values.
-        self._bounds: OrderedDict[Hashable, Mapping[Mode, Pricing]] = OrderedDict()
+        self._bounds: OrderedDict[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = \
+            OrderedDict()
         # `_existing`'s pricings by their identities (`_shared`).
         self._pricings: OrderedDict[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = OrderedDict()
         # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
@@ -264,28 +266,38 @@ class Counting:
     def _priced(self, claim: Claim) -> Priced:
         selections = self._selections(claim.namespace)
         modes = self._modes(claim.namespace)
-        key = self._memo_key(claim, selections, modes)
+        named = self._named_classes(claim)
+        key = self._memo_key(claim, selections, modes, named)
         memoised = key in self._memo
         return Priced(selections, modes, key, memoised or all(
-            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised)
+            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised, named)
+
+    def stored_entry(self, claim: Claim) -> tuple[Entry, bool]:
+        """`existing_entry_if_priced`, else `bound_entry` (True: to price later), from one
+        look at what the claim is priced for: what a list counts for each stored claim
+        this process never counted (150,000 at start)."""
+        priced = self._priced(claim)
+        if priced.known:
+            return self._existing(claim, self._estimate(claim, None, priced)), False
+        return Entry(claim.namespace, claim_ref(claim), self._bound(claim, priced.named), allocated=False,
+                     owner=claim.owner, claim=claim), True
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
         recorded charge: what a replica counts for a stored claim until it has priced it
         (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
-        return Entry(claim.namespace, claim_ref(claim), self._bound(claim), allocated=False, owner=claim.owner,
-                     claim=claim)
+        return Entry(claim.namespace, claim_ref(claim), self._bound(claim, self._named_classes(claim)), allocated=False,
+                     owner=claim.owner, claim=claim)
 
-    def _bound(self, claim: Claim) -> Mapping[Mode, Pricing]:
+    def _bound(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Mapping[Mode, Pricing]:
         """`bound_entry`'s pricing in every mode, one mapping shared by the claims of one
         `_bound_key` (never mutated: `Entry.pricing` is read only). Bounded as `_memo` is:
         least recently used out first, specs past `MEMO_SPEC_BYTES` never kept, so a
         tenant making every spec distinct only misses."""
-        named = self._named_classes(claim)
         key = self._bound_key(claim, named)
         if (found := self._bounds.get(key)) is not None:
             self._bounds.move_to_end(key)
-            return found
+            return found[1]
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
         pricings = dict.fromkeys(self._modes(claim.namespace), bound)
         # The class's devices are matched to price it, which may pause (`runtime.slicing`):
@@ -294,17 +306,19 @@ class Counting:
         after = self._named_classes(claim)
         if self._bound_key(claim, after) == key and all(a is b for a, b in zip(named, after, strict=True)) \
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
-            self._bounds[key] = pricings
+            self._bounds[key] = (named, pricings)
             while len(self._bounds) > MEMO_SIZE:
                 self._bounds.popitem(last=False)
         return pricings
 
     def _bound_key(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Hashable:
         """What `Pricer.upper_bound` and `at_least_recorded` are functions of: the spec, the
-        classes it names (`named`), the inventory's generation; and the modes it is
-        counted in and the charge recorded at its admission."""
-        return (claim.spec, named, self.pricer.inventory.generation, self._priced_as(claim.namespace)[1],
-                claim.recorded_charge)
+        classes it names (`named`, by identity: hashing a class is slow, and a kept bound
+        holds its classes, so no other object can take their ids while it is kept), the
+        inventory's generation; and the modes it is counted in and the charge recorded at
+        its admission."""
+        return (claim.spec, tuple(map(id, named)), self.pricer.inventory.generation,
+                self._priced_as(claim.namespace)[1], claim.recorded_charge)
 
     def _estimate(self, claim: Claim, review: Budget | None, priced: Priced | None = None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches.
@@ -318,7 +332,8 @@ class Counting:
         budget and every denial for it read as before; an estimate that ran out of
         budget is not kept."""
         budget = Budget.claim(review)
-        selections, modes, key, _, _ = priced if priced is not None else self._priced(claim)
+        priced = priced if priced is not None else self._priced(claim)
+        selections, modes, key = priced.selections, priced.modes, priced.key
         if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
             self._memo.move_to_end(key)
             budget.spend(found[1])

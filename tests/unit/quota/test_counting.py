@@ -256,3 +256,12 @@ def test_stored_claims_priced_alike_share_one_mapping_and_it_stays_bounded() -> 
     for i in range(MEMO_SIZE + 20):
         adm.existing_entry(claim(f"d{i}", f"{H100} && {i} >= 0"))
     assert len(adm._pricings) == MEMO_SIZE
+
+
+def test_a_stored_claim_is_priced_when_that_is_a_lookup_else_counted_at_its_bound() -> None:
+    adm = admitter()
+    assert adm.stored_entry(claim("c1", H100)) == (adm.bound_entry(claim("c1", H100)), True)
+    assert estimates(adm) == 0  # no CEL on a list
+    priced = adm.existing_entry(claim("c2", H100))
+    entry, bound = adm.stored_entry(claim("c3", H100))
+    assert not bound and entry == adm.existing_entry_if_priced(claim("c3", H100)) and entry.pricing is priced.pricing
