@@ -124,6 +124,19 @@ async def refine(caches: Caches) -> int:
     return refiner.refined
 
 
+def usage(caches: Caches) -> JSON:
+    """Every quota's usage summed (what two versions of the code must agree on)."""
+    ledger = caches.admitter.ledger
+    totals = [0] * 6
+    for quota in ledger.quotas():
+        u = ledger.usage(quota.namespace, quota.name)
+        for i, n in enumerate((u.used.memory, u.used.devices, u.reserved.memory, u.reserved.devices,
+                               u.allocated_claims, u.pending_claims)):
+            totals[i] += n
+    return dict(zip(("used_memory", "used_devices", "reserved_memory", "reserved_devices", "allocated", "pending"),
+                    totals, strict=True))
+
+
 def run(data: Path, args: argparse.Namespace) -> JSON:
     results: JSON = {"load_average": os.getloadavg()}
     caches = Caches(None, "conservative", leading=lambda: True)  # type: ignore[arg-type]
@@ -165,7 +178,10 @@ def run(data: Path, args: argparse.Namespace) -> JSON:
         for stat in snapshot.statistics("lineno")[:args.trace_top]:
             print(f"    {stat.size / 2**20:7.1f} MiB {stat.count:8d}  {stat.traceback}")
         tracemalloc.stop()
+    results["usage_at_ready"] = usage(caches)
     phase("refine", lambda: asyncio.run(refine(caches)), results)
+    results["usage_priced"] = usage(caches)
+    print(f"usage at ready {results['usage_at_ready']}, once priced {results['usage_priced']}")
     gc.collect()
     results["rss_end_mib"] = round(rss_of(os.getpid()))
     results["ledger_claims"] = sum(1 for _ in caches.admitter.ledger.entries())
