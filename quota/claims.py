@@ -18,7 +18,7 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any, Literal
 
-from quota.allocationrecord import recorded_devices
+from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, recorded_devices
 from quota.conversion import as_v1
 from quota.interning import Interned
 from quota.model import (
@@ -224,6 +224,8 @@ def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple
     """The allocation record `annotations` carry for a claim of `spec` (`Claim.recorded_devices`):
     by result only on a claim of several classes, and naming its requests
     (`quota.allocationrecord.recorded_devices`)."""
+    if ALLOCATED_CHARGE_ANNOTATION not in annotations:
+        return ()  # the record's first annotation is the record (the second only refines it)
     classes = request_classes(spec)
     return recorded_devices(annotations, requests=frozenset(classes) if _several_classes(classes) else frozenset())
 
@@ -233,6 +235,12 @@ def _timestamp(raw: Any) -> float | None:
     Only informational (a metric), so never an error; bounded before parsing."""
     if not isinstance(raw, str) or len(raw) > 64:
         return None
+    return _seconds(raw)
+
+
+# Claims created in one second share their timestamp (a list brings them by the thousand).
+@functools.lru_cache(maxsize=1024)
+def _seconds(raw: str) -> float | None:
     try:
         return datetime.fromisoformat(raw).timestamp()
     except ValueError:
