@@ -8,6 +8,7 @@ fresh `dra-quota serve` process, as the chart's Deployment runs it (its ServiceA
 RBAC and flags), listing everything over HTTPS. Prints, for each start:
 - ready: from the process's start to `/readyz` answering 200 (every reflector listed,
   every claim accounted);
+- the CPU seconds the process used until then;
 - RSS at ready, the peak (VmHWM) at ready, and both again `--settle` seconds later
   (the stored claims priced after ready, `controllers.refine`);
 - the longest event-loop stall since the process started, wall and the loop thread's
@@ -260,6 +261,12 @@ def stop_kept(workdir: Path) -> None:
 # -- measuring ----------------------------------------------------------------------------------
 
 
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def sample_rss(pid: int, peak: list[float], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(OSError, ValueError):
@@ -289,7 +296,7 @@ async def measure(cluster: ControlPlane, workdir: Path, args: argparse.Namespace
     try:
         await start
         pid = served.process.pid
-        at_ready = {"ready_s": round(served.ready_seconds, 2), "rss_mib": round(rss_of(pid)),
+        at_ready = {"ready_s": round(served.ready_seconds, 2), "cpu_s": round(cpu_of(pid), 1), "rss_mib": round(rss_of(pid)),
                     "peak_rss_mib": round(max(peak[0], rss_of(pid, "VmHWM"))), "load": load_average()}
         await asyncio.sleep(args.settle)
         samples = await served.metrics()
@@ -308,7 +315,8 @@ async def measure(cluster: ControlPlane, workdir: Path, args: argparse.Namespace
     finally:
         stop.set()
         await served.terminate()
-    print(f"run {run} ({out['code']}): ready in {at_ready['ready_s']} s, RSS {at_ready['rss_mib']} MiB "
+    print(f"run {run} ({out['code']}): ready in {at_ready['ready_s']} s ({at_ready['cpu_s']} s of CPU), "
+          f"RSS {at_ready['rss_mib']} MiB "
           f"(peak {at_ready['peak_rss_mib']} MiB) at ready; {args.settle:.0f} s later RSS "
           f"{out['settled']['rss_mib']} MiB (peak {out['settled']['peak_rss_mib']} MiB); longest loop stall "
           f"{out['stall_max_ms']} ms (CPU {out['stall_cpu_max_ms']} ms); load average {load_before} before, "

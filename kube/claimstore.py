@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from kube.caches import QuotasChanged, parse_or_skip
 from quota.admission import Admitter, claim_ref, object_ref
+from quota.annotating import read_annotations
 from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
 from quota.claims import Claim
 from quota.jsonclaims import parse_json_claim
@@ -66,7 +67,8 @@ class ClaimsSeen(Protocol):
     """Told each claim the watch delivers and each uid it saw go: the leader's annotator
     (`controllers.annotator.Annotator`, a floor above, so named here by what it is told)."""
 
-    def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None: ...
+    def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None:
+        """`annotations`: what the annotator reads of the claim's (`quota.annotating.read_annotations`)."""
 
     def gone(self, uid: str) -> None: ...
 
@@ -234,7 +236,7 @@ class ClaimStore:
             relist.tokens.add(key, ref, first=self._tokens.ref_of.get(key))
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
             relist.held[ref] = held
-        relist.told.append((claim, _annotations(obj), entry if bound else None))
+        relist.told.append((claim, read_annotations(_annotations(obj)), entry if bound else None))
         return True
 
     def _entry(self, claim: Claim, *, relisted: bool = False) -> tuple[Entry | None, bool]:
@@ -266,12 +268,10 @@ class ClaimStore:
             return last, False  # deallocated before this process started: the same, from its record
         if self.provisional is None:
             return self.admitter.existing_entry(claim), False
-        if (entry := self.admitter.existing_entry_if_priced(claim)) is not None:
-            # Never counted by this process (it started later): priced at once when that
-            # is a cache lookup (claims stamped from a known template, one this replica
-            # priced at admission)...
-            return entry, False
-        return self.admitter.bound_entry(claim), True  # ... else at its bound until priced after ready.
+        # Never counted by this process (it started later): priced at once when that is a
+        # cache lookup (claims stamped from a known template, one this replica priced at
+        # admission), else at its bound until priced after ready.
+        return self.admitter.stored_entry(claim)
 
     def _tell(self, claim: Claim, annotations: Mapping[str, str], bound: Entry | None) -> None:
         if bound is not None and self.provisional is not None:
@@ -363,7 +363,7 @@ class ClaimStore:
         else:
             self._recorded.discard(claim_ref(claim))
         # After the ledger counted it (the annotator reads what is due from it).
-        self._tell(claim, _annotations(obj), entry if bound else None)
+        self._tell(claim, read_annotations(_annotations(obj)), entry if bound else None)
         return keys
 
 
@@ -404,8 +404,9 @@ class _Relist:
     held: dict[ClaimRef, Held] = field(default_factory=dict)
     tokens: _Tokens = field(default_factory=_Tokens)
     unvouched: set[ClaimRef] = field(default_factory=set)
-    # Each claim read again, with its annotations and its bound when it counts at one:
-    # told after the swap. Not the object: a streamed list lets each go once staged.
+    # Each claim read again, with what the annotator reads of its annotations and its
+    # bound when it counts at one: told after the swap. Not the object: a streamed list
+    # lets each go once staged.
     told: list[tuple[Claim, Mapping[str, str], Entry | None]] = field(default_factory=list)
 
 

@@ -17,7 +17,7 @@ from quota.allocationrecord import by_device
 from quota.capacity import round_request
 from quota.claims import AllocatedDevice, Claim, request_classes
 from quota.inventory import Inventory
-from quota.model import MEMORY, ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
+from quota.model import MEMORY, ZERO, Charge, Device, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
 from quota.priced import HeldDevice, PricedRequest, Pricing, Share
 from quota.quantity import ceil_int, format_quantity
 from quota.scope import DeviceSelection
@@ -48,11 +48,12 @@ class AllocatedPricer:
         record: dict[RecordKey, int] = {}
         for result in claim.allocation or ():
             top, cls = _request_class(result.request, classes)
-            device = None if result.admin_access else self.inventory.lookup(result.key)
-            # The record is read for a device that left the inventory only (every allocation
-            # event of every claim comes through here).
+            # Looked up once (every allocation event of every claim comes through here).
+            found = self.inventory.lookup(result.key)
+            device = None if result.admin_access else found
+            # The record is read for a device that left the inventory only.
             kept = _recorded_for(recorded, claim, result) if device is None and not result.admin_access else None
-            charge = self._device_exact(result, kept)
+            charge = self._device_exact(result, kept, found)
             if result.admin_access:
                 pass  # free: nothing to keep
             elif device is None and kept is not None:
@@ -62,7 +63,7 @@ class AllocatedPricer:
             if charge is None:
                 unknown.append((len(held), result, top, cls))
             held.append(None if charge is None else
-                        HeldDevice(top, cls, result.key, charge, self._accelerator(result.key, charge.memory)))
+                        HeldDevice(top, cls, result.key, charge, self._accelerator(result.key, charge.memory, found)))
         warnings: list[str] = []
         if unknown:
             names = ", ".join(str(r.key) for _, r, _, _ in unknown)
@@ -83,10 +84,10 @@ class AllocatedPricer:
                 # Recorded too: a process started after a deallocation counts the claim's last
                 # allocation from the record (`recorded`), which must charge every device.
                 record[_result_key(result)] = share
-        pricing = Pricing((), exact=True, warnings=tuple(warnings),
-                          record=tuple(sorted(record.items(), key=lambda kv: str(kv[0]))),
-                          held=tuple(h for h in held if h is not None))
-        return self.rescoped(pricing, selections)
+        lines = tuple(h for h in held if h is not None)
+        return Pricing(self._requests(lines, selections), exact=True, warnings=tuple(warnings),
+                       record=tuple(sorted(record.items(), key=lambda kv: str(kv[0]))),
+                       selections=frozenset(selections), held=lines)
 
     def recorded(self, claim: Claim, *, selections: Sequence[DeviceSelection] = ()) -> Pricing | None:
         """An unallocated claim's last allocation, from the record the leader wrote on it
@@ -107,7 +108,7 @@ class AllocatedPricer:
         held = []
         budget = Budget.claim()
         for key, memory in claim.recorded_devices:
-            accelerator = self._accelerator(key.device, memory)
+            accelerator = self._accelerator(key.device, memory, self.inventory.lookup(key.device))
             if key.request:
                 top, named = _request_class(key.request, by_request)
                 held.append(HeldDevice(top, named, key.device, Charge(memory, 1), accelerator))
@@ -144,8 +145,12 @@ class AllocatedPricer:
         """An exact pricing's requests again, priced for `selections`: from its devices
         (`Pricing.held`), without the claim. A quota selecting devices counts an
         allocated device when the selection selects it (`_selects`)."""
+        return replace(pricing, requests=self._requests(pricing.held, selections), selections=frozenset(selections))
+
+    def _requests(self, held: tuple[HeldDevice, ...], selections: Sequence[DeviceSelection]) -> tuple[PricedRequest, ...]:
+        """The priced requests of an allocation's devices, for `selections` too (`rescoped`)."""
         per_request: dict[str, list[HeldDevice]] = {}
-        for line in pricing.held:
+        for line in held:
             per_request.setdefault(line.request, []).append(line)
         budget = Budget.claim()
         requests = []
@@ -161,7 +166,7 @@ class AllocatedPricer:
                 whole=(whole,) if whole != total else (),
                 unmetered=((name, lines[0].device_class, others),) if others else (),
                 governed=any(line.accelerator for line in lines)))
-        return replace(pricing, requests=tuple(requests), selections=frozenset(selections))
+        return tuple(requests)
 
     def _held_share(self, lines: list[HeldDevice], selection: DeviceSelection, budget: Budget) -> Share:
         selected = [line for line in lines if self._selects(selection, line.key, budget)]
@@ -185,11 +190,11 @@ class AllocatedPricer:
         except BudgetExceeded:
             return True
 
-    def _accelerator(self, key: DeviceKey, memory: int) -> bool:
+    def _accelerator(self, key: DeviceKey, memory: int, device: Device | None) -> bool:
         """Whether a quota with no scope governs allocated device `key`: as the inventory
-        holds it; gone, when its driver is a known accelerator driver or it was charged
-        memory (a record only dra-quota writes: a tenant cannot make a GPU a NIC)."""
-        device = self.inventory.lookup(key)
+        holds it (`device`, looked up by the caller); gone (None), when its driver is a
+        known accelerator driver or it was charged memory (a record only dra-quota
+        writes: a tenant cannot make a GPU a NIC)."""
         if device is not None:
             return device.is_accelerator
         return memory > 0 or self.inventory.memory_sources.listed(key.driver)
@@ -210,11 +215,11 @@ class AllocatedPricer:
         the ledger just counted has it on its pricing already."""
         return dict(self.exact(claim).record)
 
-    def _device_exact(self, result: AllocatedDevice, kept: int | None) -> Charge | None:
+    def _device_exact(self, result: AllocatedDevice, kept: int | None, device: Device | None) -> Charge | None:
+        """`device`: the inventory's device of `result.key` (None: gone)."""
         if result.admin_access:
             return ZERO
         driver = result.key.driver
-        device = self.inventory.lookup(result.key)
         if device is not None and not device.allow_multiple_allocations:
             # A device that is not shared is allocated whole, whatever consumedCapacity says.
             return Charge(ceil_int(device.memory), 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from quota.allocationrecord import record_annotations, record_in_step
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim
@@ -21,7 +22,31 @@ from quota.model import Charge, RecordKey
 from quota.priced import Pricing
 from quota.work import Budget
 
-__all__ = ["Annotating"]
+__all__ = ["Annotating", "read_annotations"]
+
+# `read_annotations`' shared answers, one per charge text (a template's claims carry one
+# each), while fewer than this many are held; texts longer than ours are never kept.
+_READ_KEPT = 4096
+_READ_MAX_BYTES = 256
+_NONE: Mapping[str, str] = MappingProxyType({})
+_read: dict[str, Mapping[str, str]] = {}
+
+
+def read_annotations(annotations: Mapping[str, str]) -> Mapping[str, str]:
+    """What `annotations_due` and `annotations_may_be_due` read of a claim's annotations
+    (whether it carries a charge), for a caller that holds them a while: a relist holds
+    every claim's until its swap, and whole, their allocation records and other keys were
+    a third of the claims' memory at start (bench/startup_local.py). Read only, and shared
+    by the claims carrying one charge text."""
+    charge = annotations.get(CHARGE_ANNOTATION)
+    if charge is None:
+        return _NONE
+    if (found := _read.get(charge)) is not None:
+        return found
+    found = MappingProxyType({CHARGE_ANNOTATION: charge})
+    if len(charge) <= _READ_MAX_BYTES and len(_read) < _READ_KEPT:
+        _read[charge] = found
+    return found
 
 
 class Annotating(Counting):

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from quota.devicequota import DeviceQuota, Usage
-from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, usage_scope
+from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, counts_alike, sum_usage, usage_scope
 from quota.model import Namespace
 from quota.teams import Recount
 from quota.work import drop, pause_point
@@ -223,19 +223,22 @@ class ClaimsRebuild:
         counted: dict[QuotaKey, DeviceQuota] = {}
         parts: dict[QuotaKey, tuple[DeviceQuota, Usage]] = {}
         for namespace, entries in by_namespace.items() if sums else ():
+            # Quotas that count alike (`counts_alike`: a namespace's DeviceQuota and the
+            # team selecting it, both unscoped) share one pass over its claims.
+            alike: dict[object, Usage] = {}
             for quota in list(ledger._quotas.get(namespace, {}).values()):
                 key = (namespace, quota.name)
                 counted[key] = quota
-                usage[key] = self._sum(entries.values(), quota)
+                usage[key] = self._sum(entries.values(), quota, alike)
             for quota in ledger._teams.selecting(namespace):
-                parts[(namespace, quota.name)] = (quota, self._sum(entries.values(), quota))
+                parts[(namespace, quota.name)] = (quota, self._sum(entries.values(), quota, alike))
         return by_namespace, by_owner, usage, counted, parts
 
-    def _sum(self, entries: Iterable[Entry], quota: DeviceQuota) -> Usage:
-        total = Usage()
-        for entry in self._walk(entries):
-            total = add_usage(total, entry, quota, self._ledger.default_mode, +1)
-        return total
+    def _sum(self, entries: Iterable[Entry], quota: DeviceQuota, alike: dict[object, Usage]) -> Usage:
+        key = counts_alike(quota)
+        if (found := alike.get(key)) is None:
+            found = alike[key] = sum_usage(self._walk(entries), quota, self._ledger.default_mode)
+        return found
 
     @staticmethod
     def _walk(items: Iterable[T]) -> Iterator[T]:

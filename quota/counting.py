@@ -52,6 +52,7 @@ class Priced(NamedTuple):
     key: Hashable
     known: bool
     memoised: bool  # known, and in the memo: pricing it costs the same however large it is
+    named: tuple[DeviceClass | None, ...] = ()  # the classes its spec names, as they are now
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,16 @@ class Counting:
         self.ledger = ledger
         # `_estimate`'s memo: its key -> every mode's pricing and the claim budget it spent.
         self._memo: OrderedDict[Hashable, tuple[dict[Mode, Pricing], int]] = OrderedDict()
+        # `bound_entry`'s pricings by what they are a function of (`_bound_key`), shared
+        # by the entries of every claim with that key: most stored claims share a
+        # template's spec, so at start 111,300 bounds were a few hundred distinct values.
+        self._bounds: OrderedDict[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = \
+            OrderedDict()
+        # `_existing`'s pricings by their identities (`_shared`).
+        self._pricings: OrderedDict[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = OrderedDict()
+        # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
+        self._views: dict[Namespace, tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]] = {}
+        self._views_at = -1
 
     def allocated_entry(self, claim: Claim) -> Entry:
         """What `account_allocated` counts: the exact charge of the allocated devices."""
@@ -161,7 +172,22 @@ class Counting:
                 pricings[mode] = self.pricer.upper_bound(claim.spec)
         mode = self.ledger.default_mode
         pricings[mode] = at_least_recorded(pricings[mode], claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), pricings, allocated=False, owner=claim.owner, claim=claim)
+        return Entry(claim.namespace, claim_ref(claim), self._shared(pricings), allocated=False, owner=claim.owner,
+                     claim=claim)
+
+    def _shared(self, pricings: dict[Mode, Pricing]) -> Mapping[Mode, Pricing]:
+        """One mapping for the entries priced alike (the memo answers every claim of a spec
+        with the same pricings: a copy each was 25 MiB at 150,000 claims), never mutated.
+        Keyed by the pricings' identities: a kept mapping holds them, so no other object
+        can take their ids while it is kept. Bounded, least recently used out first."""
+        key = tuple((mode, id(p)) for mode, p in pricings.items())
+        if (found := self._pricings.get(key)) is not None:
+            self._pricings.move_to_end(key)
+            return found
+        self._pricings[key] = pricings
+        while len(self._pricings) > MEMO_SIZE:
+            self._pricings.popitem(last=False)
+        return pricings
 
     def add_or_update_quota(self, quota: DeviceQuota) -> Repriced:
         """Count `quota` (`Ledger.add_or_update_quota`), and price the namespace's claims
@@ -240,18 +266,59 @@ class Counting:
     def _priced(self, claim: Claim) -> Priced:
         selections = self._selections(claim.namespace)
         modes = self._modes(claim.namespace)
-        key = self._memo_key(claim, selections, modes)
+        named = self._named_classes(claim)
+        key = self._memo_key(claim, selections, modes, named)
         memoised = key in self._memo
         return Priced(selections, modes, key, memoised or all(
-            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised)
+            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised, named)
+
+    def stored_entry(self, claim: Claim) -> tuple[Entry, bool]:
+        """`existing_entry_if_priced`, else `bound_entry` (True: to price later), from one
+        look at what the claim is priced for: what a list counts for each stored claim
+        this process never counted (150,000 at start)."""
+        priced = self._priced(claim)
+        if priced.known:
+            return self._existing(claim, self._estimate(claim, None, priced)), False
+        return Entry(claim.namespace, claim_ref(claim), self._bound(claim, priced.named), allocated=False,
+                     owner=claim.owner, claim=claim), True
 
     def bound_entry(self, claim: Claim) -> Entry:
         """An existing claim at its upper bound (`Pricer.upper_bound`), never below its
         recorded charge: what a replica counts for a stored claim until it has priced it
         (`controllers.refine`), so that it is ready at once and never counts less than the truth."""
+        return Entry(claim.namespace, claim_ref(claim), self._bound(claim, self._named_classes(claim)), allocated=False,
+                     owner=claim.owner, claim=claim)
+
+    def _bound(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Mapping[Mode, Pricing]:
+        """`bound_entry`'s pricing in every mode, one mapping shared by the claims of one
+        `_bound_key` (never mutated: `Entry.pricing` is read only). Bounded as `_memo` is:
+        least recently used out first, specs past `MEMO_SPEC_BYTES` never kept, so a
+        tenant making every spec distinct only misses."""
+        key = self._bound_key(claim, named)
+        if (found := self._bounds.get(key)) is not None:
+            self._bounds.move_to_end(key)
+            return found[1]
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
-        return Entry(claim.namespace, claim_ref(claim), dict.fromkeys(self._modes(claim.namespace), bound),
-                     allocated=False, owner=claim.owner, claim=claim)
+        pricings = dict.fromkeys(self._modes(claim.namespace), bound)
+        # The class's devices are matched to price it, which may pause (`runtime.slicing`):
+        # kept only if what it is a function of did not change meanwhile (the classes by
+        # identity, as in `_estimate`).
+        after = self._named_classes(claim)
+        if self._bound_key(claim, after) == key and all(a is b for a, b in zip(named, after, strict=True)) \
+                and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
+            self._bounds[key] = (named, pricings)
+            while len(self._bounds) > MEMO_SIZE:
+                self._bounds.popitem(last=False)
+        return pricings
+
+    def _bound_key(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Hashable:
+        """What `Pricer.upper_bound` and `at_least_recorded` are functions of: the spec, the
+        classes it names (`named`, by identity: hashing a class is slow, and a kept bound
+        holds its classes, so no other object can take their ids while it is kept), the
+        inventory's generation; and the modes it is counted in and the charge recorded at
+        its admission."""
+        return (claim.spec, tuple(map(id, named)), self.pricer.inventory.generation,
+                self._priced_as(claim.namespace)[1], claim.recorded_charge)
 
     def _estimate(self, claim: Claim, review: Budget | None, priced: Priced | None = None) -> dict[Mode, Pricing]:
         """Every mode under one claim budget: the modes share their matches.
@@ -265,7 +332,8 @@ class Counting:
         budget and every denial for it read as before; an estimate that ran out of
         budget is not kept."""
         budget = Budget.claim(review)
-        selections, modes, key, _, _ = priced if priced is not None else self._priced(claim)
+        priced = priced if priced is not None else self._priced(claim)
+        selections, modes, key = priced.selections, priced.modes, priced.key
         if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
             self._memo.move_to_end(key)
             budget.spend(found[1])
@@ -301,13 +369,27 @@ class Counting:
     def _selections(self, namespace: Namespace) -> tuple[DeviceSelection, ...]:
         """The distinct `spec.devices` of the namespace's quotas a claim there is priced
         for, in a stable order, at most `MAX_PRICED_SELECTIONS`."""
-        found = {q.scope.devices for q in self.ledger.quotas(namespace) if not q.scope.devices.everything}
-        return tuple(sorted(found, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS]
+        return self._priced_as(namespace)[0]
 
     def _modes(self, namespace: Namespace) -> list[Mode]:
+        return list(self._priced_as(namespace)[1])
+
+    def _priced_as(self, namespace: Namespace) -> tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]:
+        """`_selections` and the modes a claim of `namespace` is priced in, derived from its
+        quotas once per change of the ledger's quotas (`Ledger.quotas_generation`): asked
+        several times for every claim a list brings (150,000 at start)."""
+        if self._views_at != self.ledger.quotas_generation:
+            self._views.clear()
+            self._views_at = self.ledger.quotas_generation
+        if (found := self._views.get(namespace)) is not None:
+            return found
+        quotas = self.ledger.quotas(namespace)
+        selections = {q.scope.devices for q in quotas if not q.scope.devices.everything}
         modes: set[Mode] = {self.ledger.default_mode}
-        modes.update(q.mode for q in self.ledger.quotas(namespace) if q.mode is not None)
-        return sorted(modes)
+        modes.update(q.mode for q in quotas if q.mode is not None)
+        found = self._views[namespace] = (tuple(sorted(selections, key=DeviceSelection.sort_key))[:MAX_PRICED_SELECTIONS],
+                                          tuple(sorted(modes)))
+        return found
 
 
 def _spec_size(spec: ClaimSpec, limit: int) -> int:

@@ -152,6 +152,6 @@ def is_label_value(value: str) -> bool:
 
 def _annotations(raw: Any, where: str, error: type[Exception]) -> dict[str, str]:
     annotations = _string_map(raw, where, error)
-    if sum(len(k) + len(v) for k, v in annotations.items()) > _TOTAL_ANNOTATIONS:
+    if sum(map(len, annotations)) + sum(map(len, annotations.values())) > _TOTAL_ANNOTATIONS:
         raise error(f"{where}: may not be larger than {_TOTAL_ANNOTATIONS} bytes")
     return annotations

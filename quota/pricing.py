@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import reduce
 from typing import TypeVar
 
 from quota.allocated import AllocatedPricer
 from quota.capacity import accelerators, eligible, memoryless_drivers, nominal_memory_charge, unpriced_accelerators
-from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
+from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request, unnamed
 from quota.counters import all_mode, count_memory, per_scope
 from quota.inventory import Inventory
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
@@ -190,7 +190,7 @@ class Pricer:
 
     def _key(self, req: DeviceRequirement, cls: DeviceClass, mode: Mode) -> object:
         # The request's own name only shapes messages: leave it out of the cache key.
-        return (replace(req, name=""), cls.selectors, mode, self.inventory.generation)
+        return (unnamed(req), cls.selectors, mode, self.inventory.generation)
 
     def known(self, spec: ClaimSpec, mode: Mode, selections: Sequence[DeviceSelection] = ()) -> bool:
         """Whether `estimate` would find every requirement of `spec` priced already (at
@@ -360,7 +360,7 @@ class Pricer:
         if cls is None:
             return Charge(0, req.count)  # what the estimate charges an unknown class
         # Selectors aside, requests share their shape: a thousand stored claims, one bound.
-        key = (replace(req, name="", selectors=()), cls.selectors, self.inventory.generation)
+        key = (unnamed(req, selectors=()), cls.selectors, self.inventory.generation)
         found = self._bounds.get(key)
         if found is None:
             found = self._bounds[key] = self._class_bound(req, cls)

@@ -31,7 +31,6 @@ from quota.model import (
     RequestPolicy,
     Taint,
     Version,
-    qualify,
 )
 from quota.quantity import non_negative_amount
 from quota.raw import as_list, show
@@ -206,18 +205,18 @@ def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, Attrib
     values = 0
     for qualified, value in raw.items():
         # Hot loop (tens of thousands of devices): error context is built only on error.
-        if qualified not in _VALID_NAMES:
-            _check_name(qualified, f"{where}.attributes")
+        if (parts := _VALID_NAMES.get(qualified)) is None:
+            parts = _check_name(qualified, f"{where}.attributes")
         try:
             parsed = _attribute(value)
         except SliceError as err:
             raise SliceError(f"{where}.attributes[{qualified!r}]: {err}") from None
         values += len(parsed) if type(parsed) is tuple else 1
-        if "/" in qualified:
-            domain, _, ident = qualified.partition("/")
+        domain, ident = parts
+        if domain:
             out.setdefault(domain, {})[ident] = parsed
         else:
-            own[qualified] = parsed
+            own[ident] = parsed
     if values > validation.MAX_ATTRIBUTE_VALUES:
         raise SliceError(f"{where}: the total number of attribute values must not exceed {validation.MAX_ATTRIBUTE_VALUES}")
     if not own:
@@ -225,16 +224,20 @@ def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, Attrib
     return out
 
 
-# Attribute and capacity names already checked: drivers repeat a few dozen names over
+# Attribute and capacity names already checked, each with its domain ("" for none) and
+# identifier, shared by every device naming them: drivers repeat a few dozen names over
 # tens of thousands of devices. Bounded so hostile unique names cannot grow it forever.
-_VALID_NAMES: set[Any] = set()
+_VALID_NAMES: dict[Any, tuple[str, str]] = {}
 _VALID_NAMES_LIMIT = 65536
 
 
-def _check_name(name: Any, where: str) -> None:
+def _check_name(name: Any, where: str) -> tuple[str, str]:
     qualified_name(name, f"{where}: key", SliceError)
+    domain, sep, ident = name.partition("/")
+    parts = (_strings(domain), _strings(ident)) if sep else ("", _strings(name))
     if len(_VALID_NAMES) < _VALID_NAMES_LIMIT:
-        _VALID_NAMES.add(name)
+        _VALID_NAMES[name] = parts
+    return parts
 
 
 def _attribute(value: Any) -> AttributeValue:
@@ -260,15 +263,20 @@ def _attribute(value: Any) -> AttributeValue:
 def _scalar(kind: str, value: Any) -> int | bool | str | Version:
     kind_of_value = type(value)
     if kind == "string" and kind_of_value is str and len(value) <= validation.MAX_ATTRIBUTE_LENGTH:
-        return value  # type: ignore[no-any-return]
+        return _strings(value)
     if kind == "int" and kind_of_value is int and _MIN_INT64 <= value <= validation.MAX_INT64:
         return value  # type: ignore[no-any-return]
     if kind == "bool" and kind_of_value is bool:
         return value  # type: ignore[no-any-return]
     if kind == "version" and kind_of_value is str:
+        if (version := _versions.get(value)) is not None:
+            return version
         if len(value) > validation.MAX_ATTRIBUTE_LENGTH or _SEMVER.fullmatch(value) is None:
             raise SliceError(f"version {show(value)} is not a semantic version 2.0.0 string of at most 64 characters")
-        return Version(value)
+        version = Version(value)
+        if len(_versions) < _VERSIONS_KEPT:
+            _versions[value] = version
+        return version
     if kind == "string" and kind_of_value is str:
         raise SliceError(f"string must be at most {validation.MAX_ATTRIBUTE_LENGTH} characters, got {len(value)}")
     if kind == "int" and kind_of_value is int:
@@ -281,12 +289,12 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
         raise SliceError(f"{where}.capacity must be a map, got {show(raw)}")
     out: dict[str, dict[str, Capacity]] = {}
     for qualified, value in raw.items():
-        if qualified not in _VALID_NAMES:
-            _check_name(qualified, f"{where}.capacity")
+        if (parts := _VALID_NAMES.get(qualified)) is None:
+            parts = _check_name(qualified, f"{where}.capacity")
         at = f"{where}.capacity[{qualified!r}]"
         if not isinstance(value, dict) or "value" not in value:
             raise SliceError(f"{at}: must be an object with a value")
-        domain, ident = qualify(qualified, driver)
+        domain, ident = parts[0] or driver, parts[1]
         amount = _quantity(value["value"], f"{at}.value")
         raw_policy = value.get("requestPolicy")
         policy = None
@@ -296,12 +304,34 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
                 raise SliceError(f"{at}.requestPolicy: allowMultipleAllocations must be true")
             policy = _policy(raw_policy, amount, f"{at}.requestPolicy")
         out.setdefault(domain, {})[ident] = _intern(Capacity(amount, policy))
-    return out
+    return _shared_capacities(out)
 
 
 # Equal capacities share one object: tens of thousands of GPUs publish a handful of
 # distinct capacities, and `quota.selectors` groups devices by capacity identity.
 _intern: Interned[Capacity] = Interned(65536)
+# So do attribute and capacity names and string attribute values, and versions, each
+# decoded apart: 58,000 GPUs publish 624,000 string values, 62,000 distinct (a uuid each,
+# the rest their models' few), and 174,000 versions of a handful (bench/startup_local.py).
+# Held while fewer than the limit (a gone device's uuid may stay, never more than that).
+_strings: Interned[str] = Interned(65536)
+# Versions by their text, checked once (a semver match each was a tenth of a slice's parse).
+_VERSIONS_KEPT = 4096
+_versions: dict[str, Version] = {}
+# And a device's whole capacity map (never mutated: `Device.capacity` is read only), keyed
+# by its capacities' identities (hashing their Fractions is slow): a kept map holds its
+# capacities, so no other object can take their ids while it is kept.
+_CAPACITY_MAPS_KEPT = 4096
+_capacity_maps: dict[tuple[tuple[str, tuple[tuple[str, int], ...]], ...], dict[str, dict[str, Capacity]]] = {}
+
+
+def _shared_capacities(out: dict[str, dict[str, Capacity]]) -> dict[str, dict[str, Capacity]]:
+    key = tuple((domain, tuple((ident, id(c)) for ident, c in inner.items())) for domain, inner in out.items())
+    if (found := _capacity_maps.get(key)) is not None:
+        return found
+    if len(_capacity_maps) < _CAPACITY_MAPS_KEPT:
+        _capacity_maps[key] = out
+    return out
 
 
 def _counter_sets(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Fraction]], ...]:

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from quota.admission import Admission, Admitter
+from quota.counting import MEMO_SIZE
 from quota.claims import Claim, parse_claim, parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName
+from quota.priced import at_least_recorded
 from quota.pricing import Pricer
 from quota.work import Budget
 
@@ -200,3 +202,66 @@ def test_a_large_spec_is_priced_again_not_kept() -> None:
     computed = estimates(small)
     small.existing_entry(claim("c2", H100))
     assert estimates(small) == computed
+
+
+def unmemoised_bound(adm: Admitter, c: Claim) -> Entry:
+    """`bound_entry` as it was computed before it was shared: from `upper_bound` each time."""
+    bound = at_least_recorded(adm.pricer.upper_bound(c.spec), c.recorded_charge)
+    return Entry(c.namespace, ClaimRef(c.uid or f"{c.namespace}/{c.name}"), dict.fromkeys(adm._modes(c.namespace), bound),
+                 allocated=False, owner=c.owner, claim=c)
+
+
+def test_stored_claims_of_one_spec_share_one_bound_equal_to_computing_it() -> None:
+    adm = admitter()
+    first, second = adm.bound_entry(claim("c1", H100)), adm.bound_entry(claim("c2", H100))
+    assert second.pricing is first.pricing  # one mapping for both, not a copy each
+    assert first == unmemoised_bound(adm, claim("c1", H100)) and second == unmemoised_bound(adm, claim("c2", H100))
+    # Another count, a recorded charge above the bound, another pricing mode: another bound.
+    assert adm.bound_entry(claim("c3", H100, count=2)).pricing[entry_mode(first)].total == Charge(2 * 141 * GiB, 2)
+    recorded = replace(claim("c4", H100), recorded_charge=Charge(500 * GiB, 1))
+    assert adm.bound_entry(recorded) == unmemoised_bound(adm, recorded)
+    assert adm.bound_entry(recorded).pricing[entry_mode(first)].total == Charge(500 * GiB, 1)
+    adm.ledger.add_or_update_quota(parse_device_quota(make_quota("opt", memory="1Ti", pricing="Optimistic")))
+    both = adm.bound_entry(claim("c5", H100))
+    assert set(both.pricing) == {"conservative", "optimistic"} and both == unmemoised_bound(adm, claim("c5", H100))
+
+
+def test_a_bound_follows_the_inventory_and_the_classes() -> None:
+    inv, classes = inventory(), gpu_class()
+    adm = admitter(inv, classes)
+    assert charge(adm.bound_entry(claim("c1"))) == Charge(141 * GiB, 1)
+    inv.add_or_update_slice(h200s("192Gi"))
+    assert charge(adm.bound_entry(claim("c2"))) == Charge(192 * GiB, 1)
+    classes.update(gpu_class(H100))
+    assert charge(adm.bound_entry(claim("c3"))) == Charge(80 * GiB, 1)
+
+
+def test_the_shared_bounds_stay_bounded_whatever_specs_tenants_write() -> None:
+    adm = admitter()
+    for i in range(MEMO_SIZE + 50):
+        adm.bound_entry(claim(f"c{i}", f"{H100} && {i} >= 0"))
+    assert len(adm._bounds) == MEMO_SIZE
+    big = f"device.attributes['{D}'].model == '{'x' * 9000}'"
+    adm.bound_entry(claim("big", big, big))
+    kept: list[Any] = [key[0] for key in adm._bounds]  # type: ignore[index]  # (spec, ...) tuples
+    assert all(big not in alt.selectors for spec in kept for req in spec.requests for alt in req.alternatives)
+
+
+def test_stored_claims_priced_alike_share_one_mapping_and_it_stays_bounded() -> None:
+    adm = admitter()
+    first, second = adm.existing_entry(claim("c1", H100)), adm.existing_entry(claim("c2", H100))
+    assert second.pricing is first.pricing and first.pricing == admitter().existing_entry(claim("c1", H100)).pricing
+    raised = adm.existing_entry(replace(claim("c3", H100), recorded_charge=Charge(500 * GiB, 1)))
+    assert raised.pricing is not first.pricing and charge(raised) == Charge(500 * GiB, 1)
+    for i in range(MEMO_SIZE + 20):
+        adm.existing_entry(claim(f"d{i}", f"{H100} && {i} >= 0"))
+    assert len(adm._pricings) == MEMO_SIZE
+
+
+def test_a_stored_claim_is_priced_when_that_is_a_lookup_else_counted_at_its_bound() -> None:
+    adm = admitter()
+    assert adm.stored_entry(claim("c1", H100)) == (adm.bound_entry(claim("c1", H100)), True)
+    assert estimates(adm) == 0  # no CEL on a list
+    priced = adm.existing_entry(claim("c2", H100))
+    entry, bound = adm.stored_entry(claim("c3", H100))
+    assert not bound and entry == adm.existing_entry_if_priced(claim("c3", H100)) and entry.pricing is priced.pricing

@@ -1,14 +1,20 @@
 """quota.inventory and quota.slices: pools, generations, scoping, incremental updates."""
 
+import json
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
 from quota.inventory import Inventory
 from quota.model import DeviceKey, Version
+from quota import slices
+from quota.interning import Interned
 from quota.slices import SliceError
 
 from ..builders import GiB, consumes, make_counter_slice, make_device, make_slice
+
+D = "gpu.example.com"
 
 KEY = DeviceKey("gpu.example.com", "node-1", "gpu-0")
 
@@ -224,3 +230,37 @@ def test_what_a_paused_reader_holds_is_not_emptied_under_it_by_a_relist() -> Non
     inv.replace_all([make_slice("n9", [make_device("gpu-0")], node="node-9")])
     assert [first, *reading] == list(pools) and len(pools) == 3 and fields
     assert len(inv.usable_pools()) == 1
+
+
+def test_devices_parsed_apart_share_their_names_values_and_capacity_maps() -> None:
+    # 58,000 GPUs publish a handful of models: each device decoded its own copy of every
+    # name and value (bench/startup_local.py). Shared as parsed, read the same.
+    def gpu(node: str) -> dict[str, Any]:
+        attrs = {"productName": "".join(["NVIDIA ", "H100"]), "uuid": f"GPU-{node}",
+                 "driverVersion": "v:580.95.5", "example.com/numa": 0}
+        return make_slice(node, [make_device("gpu-0", attrs=attrs, capacity={"cores": "132"})], node=node)
+
+    inv = Inventory()
+    for node in ("node-1", "node-2"):
+        inv.add_or_update_slice(json.loads(json.dumps(gpu(node))))  # decoded apart, as from the API server
+    one, two = (inv.lookup(DeviceKey(D, node, "gpu-0")) for node in ("node-1", "node-2"))
+    assert one is not None and two is not None
+    assert one.attributes[D]["productName"] is two.attributes[D]["productName"] == "NVIDIA H100"
+    assert one.attributes[D]["driverVersion"] is two.attributes[D]["driverVersion"] == Version("580.95.5")
+    assert one.attributes[D]["uuid"] == "GPU-node-1" and two.attributes[D]["uuid"] == "GPU-node-2"
+    assert one.capacity is two.capacity and one.capacity[D]["memory"].value == 80 * GiB
+    assert one.attributes["example.com"] == two.attributes["example.com"] == {"numa": 0}
+
+
+def test_the_shared_slice_values_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A driver publishing new values per device (a uuid, odd capacities) must not grow the
+    # tables without end: past their limit a value is simply not shared.
+    monkeypatch.setattr(slices, "_strings", Interned(5))
+    monkeypatch.setattr(slices, "_capacity_maps", {})
+    monkeypatch.setattr(slices, "_CAPACITY_MAPS_KEPT", 5)
+    inv = Inventory()
+    inv.add_or_update_slice(make_slice("odd", [make_device(f"d{i}", attrs={"uuid": f"u-{i}"}, capacity={"cores": str(i)})
+                                               for i in range(20)]))
+    assert len(slices._strings) == 5 and len(slices._capacity_maps) == 5
+    last = inv.lookup(DeviceKey(D, "node-1", "d19"))
+    assert last is not None and last.attributes[D]["uuid"] == "u-19" and last.capacity[D]["cores"].value == 19

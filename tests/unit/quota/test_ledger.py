@@ -1,5 +1,6 @@
 """quota.ledger: incremental usage, atomic reserve, no double counting."""
 
+from collections.abc import Iterable
 from typing import Any
 from unittest import mock
 
@@ -9,14 +10,14 @@ from hypothesis import strategies as st
 
 import quota.claimsrebuild as claimsrebuild
 import quota.ledger as ledger_module
-from quota.devicequota import parse_device_quota
+from quota.devicequota import Usage, parse_cluster_device_quota, parse_device_quota
 from quota.claimsrebuild import ClaimsRebuild
 from quota.ledger import ClaimRef, Entry, Ledger
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
 
-from ..builders import GiB, make_quota
+from ..builders import GiB, make_cluster_quota, make_quota
 
 NS = Namespace("team-a")
 GPU, MIG = DeviceClassName("gpu"), DeviceClassName("mig")
@@ -95,13 +96,19 @@ def test_a_quota_created_later_counts_existing_claims() -> None:
 def counting_adds(monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
     """The entries the ledger counts into a quota's usage from now on, in order."""
     counted: list[Entry] = []
-    real = ledger_module.add_usage
+    real, real_sum = ledger_module.add_usage, ledger_module.sum_usage
 
     def counting(usage: Any, e: Entry, *args: Any) -> Any:
         counted.append(e)
         return real(usage, e, *args)
 
+    def summing(entries: Iterable[Entry], *args: Any) -> Any:
+        entries = list(entries)
+        counted.extend(entries)
+        return real_sum(entries, *args)
+
     monkeypatch.setattr(ledger_module, "add_usage", counting)
+    monkeypatch.setattr(ledger_module, "sum_usage", summing)
     return counted
 
 
@@ -348,3 +355,40 @@ def test_release_frees_each_old_namespace_table_a_claim_at_a_time() -> None:
         rebuild.release()
     assert [size for size in sizes if size < 4][:4] == [3, 2, 1, 0] and not old_namespace
     assert [e.ref for e in led.entries()] == [ClaimRef("new")]
+
+
+_scoped_quota = st.sampled_from([make_quota("q", memory="1Ti"), make_quota("q", devices=9),
+                                 make_quota("q", memory="1Ti", classes=["mig"]), make_quota("q", classes=["gpu"]),
+                                 make_quota("q", memory="1Ti", pricing="Optimistic")])
+
+
+@given(st.lists(st.tuples(st.integers(0, 120), st.integers(0, 8), st.booleans(), st.sampled_from([GPU, MIG])),
+                max_size=30), _scoped_quota)
+@settings(max_examples=60, deadline=None)
+def test_summing_a_quotas_claims_is_adding_them_one_by_one(claims: list[tuple[int, int, bool, DeviceClassName]],
+                                                           raw: dict[str, Any]) -> None:
+    # A relist sums every claim per quota in plain integers (`sum_usage`): exactly what
+    # adding each to an empty usage (`add_usage`, every claim event) comes to.
+    quota = parse_device_quota(raw)
+    entries = [entry(f"c{i}", memory * GiB, devices, cls=cls, allocated=allocated)
+               for i, (memory, devices, allocated, cls) in enumerate(claims)]
+    one_by_one = Usage()
+    for e in entries:
+        one_by_one = ledger_module.add_usage(one_by_one, e, quota, "conservative", +1)
+    assert ledger_module.sum_usage(entries, quota, "conservative") == one_by_one
+
+
+def test_a_relist_counts_a_namespace_once_for_its_quota_and_the_team_counting_alike() -> None:
+    led = ledger(make_quota("q", memory="1Ti"), make_quota("mig", memory="1Ti", classes=["mig"]))
+    led.add_or_update_quota(parse_cluster_device_quota(make_cluster_quota("team", memory="2Ti")))
+    led.set_namespace(NS, {"team.draquota.io/name": "team"})
+    rebuild = ClaimsRebuild(led)
+    for i in range(5):
+        rebuild.put(entry(f"c{i}", 10 * GiB, cls=MIG if i % 2 else GPU))
+    # Summed again whole, as a relist of many changed claims is (not moved by each).
+    with mock.patch.object(claimsrebuild, "MOVED_AT_SWAP", 0), \
+            mock.patch.object(claimsrebuild, "sum_usage", wraps=ledger_module.sum_usage) as summed:
+        rebuild.commit()
+    assert summed.call_count == 2  # "q" and the team alike, "mig" apart
+    assert led.usage(NS, "q").reserved == led.usage(Namespace(""), "team").reserved == Charge(50 * GiB, 5)
+    assert led.usage(NS, "mig").reserved == Charge(20 * GiB, 2)

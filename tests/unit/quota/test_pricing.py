@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -15,10 +16,12 @@ from quota.allocationrecord import (
     record_in_step,
     recorded_devices,
 )
-from quota.claims import CHARGE_ANNOTATION, ClaimError, parse_claim, parse_device_class, pod_owner
+from quota.claims import (CHARGE_ANNOTATION, ClaimError, DeviceRequirement, Toleration, parse_claim, parse_device_class,
+                          pod_owner, unnamed)
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
+from quota.annotating import read_annotations
 from quota.ledger import Ledger
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
@@ -641,3 +644,34 @@ def test_a_pod_owner_whose_name_is_not_a_string_is_read_without_converting_it(na
                                              "controller": True}]
     assert pod_owner(claim) == ("", "u-1")
     assert parse_claim(claim).owner == "u-1"
+
+
+def test_a_requirement_unnamed_is_the_same_requirement_without_its_name() -> None:
+    # Pricing's cache key: built field by field, so every field must be carried over.
+    req = DeviceRequirement("r/s", DeviceClassName("gpu"), ("true",), "All", 3, True, (("memory", Fraction(5)),),
+                            (Toleration("k", "Equal", "v", "NoSchedule"),))
+    assert all(getattr(req, f.name) != getattr(DeviceRequirement("", DeviceClassName("")), f.name)
+               for f in fields(DeviceRequirement))  # every field set apart from its default
+    assert unnamed(req) == replace(req, name="")
+    assert unnamed(req, selectors=()) == replace(req, name="", selectors=())
+
+
+def test_what_the_annotator_reads_of_annotations_answers_as_they_do() -> None:
+    # A relist holds each claim's annotations until its swap: only what the annotator reads
+    # of them (`read_annotations`), shared by the claims of one charge.
+    pricer = Pricer(inventory(), CLASSES)
+    admitter = Admitter(pricer, Ledger())
+    allocation = [result("a", "gpu-0")]
+    record = record_for(pricer.allocation_record(parse_claim(make_claim("c", request("a", exactly("gpu")),
+                                                                         allocation=allocation))))
+    for current in ({}, {"team": "x" * 1000}, {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', "team": "y"},
+                    {CHARGE_ANNOTATION: '{"memory":1,"devices":1}', **record}, record):
+        for alloc in (allocation, None):
+            claim = parse_claim(make_claim("c", request("a", exactly("gpu")), allocation=alloc, annotations=current))
+            read = read_annotations(current)
+            assert admitter.annotations_due(claim, read) == admitter.annotations_due(claim, current)
+            assert admitter.annotations_may_be_due(claim, read) == admitter.annotations_may_be_due(claim, current)
+            assert set(read) <= {CHARGE_ANNOTATION}
+    charged = {CHARGE_ANNOTATION: "".join(['{"memory":2,', '"devices":1}'])}
+    assert read_annotations(charged) is read_annotations(dict(charged))
+    assert read_annotations({}) is read_annotations({"team": "a"})
