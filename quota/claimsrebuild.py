@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from quota.devicequota import DeviceQuota, Usage
-from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, counts_alike, sum_usage, usage_scope
+from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, sum_usage, usage_scope
 from quota.model import Namespace
 from quota.teams import Recount
 from quota.work import drop, pause_point
@@ -223,7 +223,7 @@ class ClaimsRebuild:
         counted: dict[QuotaKey, DeviceQuota] = {}
         parts: dict[QuotaKey, tuple[DeviceQuota, Usage]] = {}
         for namespace, entries in by_namespace.items() if sums else ():
-            # Quotas that count alike (`counts_alike`: a namespace's DeviceQuota and the
+            # Quotas that count alike (`usage_scope`: a namespace's DeviceQuota and the
             # team selecting it, both unscoped) share one pass over its claims.
             alike: dict[object, Usage] = {}
             for quota in list(ledger._quotas.get(namespace, {}).values()):
@@ -235,7 +235,7 @@ class ClaimsRebuild:
         return by_namespace, by_owner, usage, counted, parts
 
     def _sum(self, entries: Iterable[Entry], quota: DeviceQuota, alike: dict[object, Usage]) -> Usage:
-        key = counts_alike(quota)
+        key = usage_scope(quota)
         if (found := alike.get(key)) is None:
             found = alike[key] = sum_usage(self._walk(entries), quota, self._ledger.default_mode)
         return found

@@ -36,7 +36,7 @@ from quota.teams import Recount, Teams
 from quota.windows import admission_change_after
 from quota.work import paced
 
-__all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage", "counts_alike",
+__all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage",
            "recounting_message", "shown", "sum_usage", "usage_scope"]
 
 QuotaKey = tuple[Namespace, str]
@@ -513,15 +513,10 @@ def recounting_message(name: str) -> str:
             "no claim is decided against it until its usage is whole again; retry")
 
 
-def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope]:
-    """What a quota's usage depends on (`add_usage`): its pricing mode and what it charges
-    (device classes and devices, `quota.scope`)."""
-    return quota.mode, quota.scope
-
-
-def counts_alike(quota: DeviceQuota) -> tuple[Mode | None, Scope, bool]:
-    """What `add_usage` reads of a quota: two quotas alike here count any claims alike
-    (`usage_scope`, and whether the quota limits memory: `Entry.unmetered_in`)."""
+def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope, bool]:
+    """What a quota's usage depends on, all `add_usage` reads of it: its pricing mode, what
+    it charges (device classes and devices, `quota.scope`) and whether it limits memory
+    (`Entry.unmetered_in`). Two quotas alike here count any claims alike."""
     return quota.mode, quota.scope, quota.hard.memory is None
 
 

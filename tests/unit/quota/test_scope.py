@@ -357,6 +357,19 @@ def test_a_quota_counting_devices_without_memory_says_so_in_its_status() -> None
     assert "UnmeteredDevices" not in conditions(make_quota("q", memory="1Ti"))
 
 
+def test_a_quota_that_starts_limiting_memory_counts_its_unmetered_claims() -> None:
+    # A 0-memory device is "unmetered" only under a quota that limits memory: an edit adding
+    # `hard.memory` must count the claims again, not keep the devices-only quota's usage
+    # (whose scope and mode are the same).
+    adm = admitter(make_quota("q", devices=10, drivers=[D]))
+    assert adm.admit_claim(claim("c", "nomem"), namespace_labels={}).allowed
+    assert adm.ledger.usage(NS, "q").unmetered_claims == 0
+    adm.add_or_update_quota(parse_device_quota(make_quota("q", memory="1Ti", devices=10, drivers=[D])))
+    assert adm.ledger.usage(NS, "q").unmetered_claims == 1
+    adm.add_or_update_quota(parse_device_quota(make_quota("q", devices=10, drivers=[D])))
+    assert adm.ledger.usage(NS, "q").unmetered_claims == 0
+
+
 def test_memory_no_selected_accelerator_tells_is_no_admission() -> None:
     # Listed as an accelerator driver (a memory source entry, none applying): unpriced.
     inv = Inventory(MemorySources({D: ()}))
