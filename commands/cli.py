@@ -363,7 +363,7 @@ def _add_certs(sub: _Subparsers) -> None:
     inspect = verbs.add_parser("inspect", help="print the certificates of a PEM file or bundle",
                                description="Subject, issuer, names, validity and fingerprint of each "
                                            "certificate in FILE (- for standard input).")
-    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("file", metavar="FILE", help="a PEM file (tls.crt, ca.crt, a bundle; - for stdin)")
     inspect.set_defaults(run=_run_certs_inspect)
 
 
@@ -542,7 +542,8 @@ def _add_top(sub: _Subparsers) -> None:
                     "Exit 0 when it printed, 1 when the cluster could not be read.")
     top.add_argument("-n", "--namespace", help="only this namespace: its DeviceQuotas, and the teams selecting it "
                      "with its part (default: all namespaces)")
-    top.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    top.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                     help="a table (default), or JSON: the contract in docs/cli.md")
     top.add_argument("--kubeconfig", metavar="FILE", help=_KUBECONFIG_HELP)
     top.add_argument("--context", help="kubeconfig context (default: the current one)")
     top.set_defaults(run=_run_top)

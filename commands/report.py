@@ -52,7 +52,8 @@ def add_arguments(sub: _Subparsers, *, summary: str) -> None:
     report.add_argument("--by", choices=("namespace", "team", "model"), default="namespace",
                         help="one row per namespace, team (the ClusterDeviceQuota selecting the namespace at --to) "
                              "or device model (default namespace)")
-    report.add_argument("-o", "--output", choices=("table", "csv", "json"), default="table")
+    report.add_argument("-o", "--output", choices=("table", "csv", "json"), default="table",
+                        help="a table with totals (default), CSV (a header and a row each, no totals), or JSON")
     report.add_argument("--token-file", type=Path, metavar="FILE",
                         help="send the file's content as a bearer token (Authorization: Bearer)")
     report.add_argument("--ca-file", type=Path, metavar="FILE",
