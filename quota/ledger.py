@@ -421,7 +421,8 @@ class Ledger:
         at, skew = datetime.fromtimestamp(now, UTC), timedelta(seconds=self.clock_skew)
         checked = in_force(quota, at, skew)
         change = admission_change_after(quota.hard, quota.windows, at, skew)
-        # None: no change within 400 days (or a pathological schedule): look again in a day.
+        # None: no change within 400 days: look again in a day (a schedule too dense to walk
+        # that far gives the instant to look again instead, `admission_change_after`).
         self._in_force[key] = (quota, now, now + 86400 if change is None else change.timestamp(), checked)
         return checked
 

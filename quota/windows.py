@@ -47,6 +47,13 @@ MAX_DURATION = timedelta(days=31)  # the longest a recurring window stays open p
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label, as Events and metrics show it
 # How far `effective` looks for the next change before saying there is none.
 _HORIZON = timedelta(days=400)
+# The work one answer may take, in looks at a window (its next boundaries, or whether it is
+# open: a cron step or two, ~12 us; ~25 ms in all): schedules whose open stretches chain
+# (`* * * * *` for 1m, up to 16 of them) have a boundary every minute that changes nothing,
+# and walking them all to the horizon held the event loop for seconds. A minute has at most
+# one recurring boundary, so the budget covers about an hour of any quota's boundaries (16
+# windows: 2 looks each a step, 64 steps) and every caller looks again within the hour.
+_BUDGET = 2048
 _MAX_STEPS = 4096
 # How far back `hard_note` looks for the window whose end put the quota's own hard in
 # force, nearest first (the latest change found in a shorter look is the latest), and how
@@ -110,7 +117,7 @@ def _instant(local: datetime, zone: ZoneInfo) -> datetime:
 class Effective:
     hard: Limits
     window: str | None  # the active window's name; None: the quota's own hard
-    next_change: datetime | None  # None: no change within 400 days
+    next_change: datetime | None  # None: no change within 400 days (or within the walk `_BUDGET` allows)
 
 
 def _state(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limits, str | None]:
@@ -121,17 +128,37 @@ def _state(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limit
     return base, None
 
 
+class _Budget:
+    """What is left of `_BUDGET` for one answer (`_next_change` spends it)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = _BUDGET
+
+
+class _Exhausted(Exception):
+    """The budget ran out: nothing changes in (start, point], beyond is unknown."""
+
+    def __init__(self, point: datetime) -> None:
+        super().__init__(point)
+        self.point = point
+
+
 def _next_change(base: Limits, windows: Sequence[Window], at: datetime,
-                 now: tuple[Limits, str | None], until: datetime) -> datetime | None:
-    """The first instant in (at, until] where the state differs from `now`; None if none is found."""
+                 now: tuple[Limits, str | None], until: datetime, budget: _Budget) -> datetime | None:
+    """The first instant in (at, until] where the state differs from `now`; None if none is found.
+    Raises `_Exhausted` when `budget` runs out first."""
     point = at
-    for _ in range(_MAX_STEPS):
+    while True:
+        budget.left -= 2 * len(windows)
+        if budget.left < 0:
+            raise _Exhausted(point)
         candidates = [t for window in windows for t in window.boundaries_after(point)]
         if not candidates or (point := min(candidates)) > until:
             return None
         if _state(base, windows, point) != now:
             return point
-    return None
 
 
 def hard_at(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limits, str | None]:
@@ -140,15 +167,19 @@ def hard_at(base: Limits, windows: Sequence[Window], at: datetime) -> tuple[Limi
     return _state(base, windows, at)
 
 
-def last_change(base: Limits, windows: Sequence[Window], at: datetime,
-                lookback: timedelta) -> tuple[datetime, str | None] | None:
+def last_change(base: Limits, windows: Sequence[Window], at: datetime, lookback: timedelta,
+                budget: _Budget | None = None) -> tuple[datetime, str | None] | None:
     """The latest change of the `hard` in force in (at - lookback, at], with the window in force
     just before it (None: the quota's own); None when none is found (or too many to step through)."""
     point = at - lookback
     state = _state(base, windows, point)
     found: tuple[datetime, str | None] | None = None
+    budget = budget or _Budget()
     for _ in range(_MAX_CHANGES):
-        change = _next_change(base, windows, point, state, at)
+        try:
+            change = _next_change(base, windows, point, state, at, budget)
+        except _Exhausted:
+            return None
         if change is None:
             return found
         found = (change, state[1])
@@ -163,7 +194,9 @@ def hard_note(base: Limits, windows: Sequence[Window], at: datetime) -> str:
     _, name = _state(base, windows, at)
     if name is not None:
         return f"the limit in force during window '{name}'"
-    last = next((found for lookback in _LOOKBACKS if (found := last_change(base, windows, at, lookback))), None)
+    budget = _Budget()  # one for the three looks back
+    last = next((found for lookback in _LOOKBACKS
+                 if (found := last_change(base, windows, at, lookback, budget))), None)
     if last is None or last[1] is None:
         return ""
     return f"the limit in force since window '{last[1]}' ended at {utc_stamp(last[0])}"
@@ -177,7 +210,13 @@ def utc_stamp(at: datetime) -> str:
 def effective(base: Limits, windows: Sequence[Window], at: datetime) -> Effective:
     """The `hard` in force at `at`, the window that sets it, and when that next changes."""
     hard, name = _state(base, windows, at)
-    return Effective(hard, name, _next_change(base, windows, at, (hard, name), at + _HORIZON) if windows else None)
+    if not windows:
+        return Effective(hard, name, None)
+    try:
+        change = _next_change(base, windows, at, (hard, name), at + _HORIZON, _Budget())
+    except _Exhausted:
+        change = None  # a schedule too dense to look further: nothing changes for over an hour
+    return Effective(hard, name, change)
 
 
 def effective_for_admission(base: Limits, windows: Sequence[Window], at: datetime, skew: timedelta) -> Limits:
@@ -187,42 +226,66 @@ def effective_for_admission(base: Limits, windows: Sequence[Window], at: datetim
     the other would not yet (or no longer) allow: a decrease applies `skew` early, an
     increase `skew` late. A resource the quota does not limit stays unlimited.
     """
+    return _smallest_in_force(base, windows, at, skew, _Budget())
+
+
+def _smallest_in_force(base: Limits, windows: Sequence[Window], at: datetime, skew: timedelta,
+                       budget: _Budget) -> Limits:
     point = at - skew
     state = _state(base, windows, point)
     smallest = state[0]
-    while (change := _next_change(base, windows, point, state, at + skew)) is not None:
-        point, state = change, _state(base, windows, change)
-        smallest = replace(smallest, **{r: min(a, b) for r in _RESOURCES
-                                        if (a := smallest.get(r)) is not None and (b := state[0].get(r)) is not None})
+    try:
+        while (change := _next_change(base, windows, point, state, at + skew, budget)) is not None:
+            point, state = change, _state(base, windows, change)
+            smallest = _least(smallest, state[0])
+    except _Exhausted:
+        # Too many boundaries within the skew to walk: the least any window could put in
+        # force, which admits nothing a walk would have refused.
+        for window in windows:
+            smallest = _least(smallest, replace(base, **{r: v for r in _RESOURCES if (v := window.hard.get(r)) is not None}))
     return smallest
+
+
+def _least(a: Limits, b: Limits) -> Limits:
+    """Per resource the smaller limit; a resource unlimited in `a` stays so (a window limits
+    only what the quota's own hard limits)."""
+    return replace(a, **{r: min(x, y) for r in _RESOURCES if (x := a.get(r)) is not None and (y := b.get(r)) is not None})
 
 
 def admission_change_after(base: Limits, windows: Sequence[Window], at: datetime,
                            skew: timedelta) -> datetime | None:
-    """The first instant after `at` where `effective_for_admission` changes (None: not within 400 days
-    or 4096 changes of the `hard` in force).
+    """The first instant after `at` where `effective_for_admission` may change (None: not within
+    400 days).
 
     It can change only where a change of the `hard` in force enters or leaves the skew
     interval: at `c - skew` or `c + skew` for a change `c`. A replica re-reads its limits
-    then, not at the boundaries themselves.
+    then, not at the boundaries themselves. When the work budget runs out first (a schedule
+    with a boundary every minute), an earlier instant: where the walk stopped, less the
+    skew, and never sooner than a second from `at`.
     """
-    now = effective_for_admission(base, windows, at, skew)
+    budget = _Budget()
+    now = _smallest_in_force(base, windows, at, skew, budget)
     candidates: list[datetime] = []
     point = at - skew
     state = _state(base, windows, point)
-    upcoming = _next_change(base, windows, point, state, at + _HORIZON)
-    for _ in range(_MAX_STEPS):  # changes of the hard in force that leave this one unchanged
-        # Every change whose `c - skew` could come before the earliest candidate, known.
-        while upcoming is not None and (not candidates or upcoming - skew <= min(candidates)):
-            candidates.extend(t for t in (upcoming - skew, upcoming + skew) if t > at)
-            point, state = upcoming, _state(base, windows, upcoming)
-            upcoming = _next_change(base, windows, point, state, at + _HORIZON)
-        if not candidates:
-            return None
-        candidate = min(candidates)
-        candidates.remove(candidate)
-        if effective_for_admission(base, windows, candidate, skew) != now:
-            return candidate
+    try:
+        upcoming = _next_change(base, windows, point, state, at + _HORIZON, budget)
+        for _ in range(_MAX_STEPS):  # changes of the hard in force that leave this one unchanged
+            # Every change whose `c - skew` could come before the earliest candidate, known.
+            while upcoming is not None and (not candidates or upcoming - skew <= min(candidates)):
+                candidates.extend(t for t in (upcoming - skew, upcoming + skew) if t > at)
+                point, state = upcoming, _state(base, windows, upcoming)
+                upcoming = _next_change(base, windows, point, state, at + _HORIZON, budget)
+            if not candidates:
+                return None
+            candidate = min(candidates)
+            candidates.remove(candidate)
+            if _smallest_in_force(base, windows, candidate, skew, budget) != now:
+                return candidate
+            if budget.left < 0:
+                raise _Exhausted(candidate + skew)
+    except _Exhausted as stopped:
+        return max(min([stopped.point - skew, *candidates]), at + timedelta(seconds=1))
     return None
 
 

@@ -2,14 +2,16 @@
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quota import windows as rules
 from quota.devicequota import DeviceQuota, Limits, QuotaError, parse_device_quota
-from quota.windows import admission_change_after, effective, effective_for_admission, hard_note
+from quota.windows import Window, admission_change_after, effective, effective_for_admission, hard_note
 
 from ..builders import GiB, make_quota
 
@@ -200,7 +202,40 @@ def test_the_admission_hard_is_constant_until_its_next_change(windows: list[dict
     assert later > at
     for part in thousandths:
         assert effective_for_admission(q.hard, q.windows, at + (later - at) * part // 1000, width) == now
-    assert effective_for_admission(q.hard, q.windows, later, width) != now
+    if effective_for_admission(q.hard, q.windows, later, width) == now:
+        # Not a change: only where the walk's work budget ran out, which a larger one passes.
+        with mock.patch.object(rules, "_BUDGET", rules._BUDGET * 64):
+            further = admission_change_after(q.hard, q.windows, at, width)
+        assert further is None or further > later
+
+
+def test_schedules_with_a_boundary_every_minute_cost_a_bounded_walk() -> None:
+    # 16 windows open all the time (each minute's start chains onto the last): a boundary
+    # every minute that changes nothing, to the horizon. Each answer looks at windows at
+    # most the budget's number of times (the walk once took 16 x 4,096 steps a call).
+    q = quota(*({"name": f"w{i}", "hard": {"devices": 8}, "schedule": "* * * * *", "duration": "1m"}
+                for i in range(16)))
+    at, skew = utc("2026-12-22T12:00:30Z"), timedelta(seconds=5)
+    looks = 0
+    real = Window.boundaries_after
+
+    def counted(self: Window, after: datetime) -> list[datetime]:
+        nonlocal looks
+        looks += 1
+        return real(self, after)
+
+    with mock.patch.object(Window, "boundaries_after", counted):
+        for answer in (lambda: effective(q.hard, q.windows, at),
+                       lambda: admission_change_after(q.hard, q.windows, at, skew),
+                       lambda: hard_note(q.hard, q.windows, at)):
+            looks = 0
+            answer()
+            assert looks <= rules._BUDGET, looks
+    # What they answer: the window's hard, nothing changing in the hour the walk covers,
+    # and a replica looks again no later than that.
+    assert effective(q.hard, q.windows, at).hard == Limits(memory=q.hard.memory, devices=8)
+    again = admission_change_after(q.hard, q.windows, at, skew)
+    assert again is not None and at + timedelta(hours=1) <= again < at + timedelta(days=1)
 
 
 def test_the_admission_hard_changes_a_skew_early_down_and_a_skew_late_up() -> None:
