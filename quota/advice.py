@@ -14,7 +14,9 @@ do and what to ask the cluster admin for, whose object a quota is:
   rest: they hold it at their estimate until they are allocated (then charged what they
   got, which may be less) or deleted. "It frees once they are allocated" would be wrong
   where the estimate is exact;
-- `never`: the request alone is over the limit, so freeing room cannot help.
+- `never`: the request alone is over the limit, so freeing room cannot help;
+- `window`: the request alone is over a limit a window put in force, and within the
+  quota's own: freeing room cannot help now, the window's end will.
 """
 
 from __future__ import annotations
@@ -23,21 +25,23 @@ from typing import Literal
 
 __all__ = ["Case", "advice", "case_of", "worst"]
 
-Case = Literal["full", "reserved", "never"]
+Case = Literal["full", "reserved", "never", "window"]
 
 
-def case_of(*, requested: int, used: int, limited: int) -> Case:
-    """Why one exceeded resource does not fit (`used + reserved + requested > limited`)."""
+def case_of(*, requested: int, used: int, limited: int, own: int | None = None) -> Case:
+    """Why one exceeded resource does not fit (`used + reserved + requested > limited`);
+    `own`: the quota's own limit when a window's is in force (`limited`)."""
     if requested > limited:
-        return "never"
+        return "window" if own is not None and requested <= own else "never"
     return "reserved" if used + requested <= limited else "full"
 
 
 def worst(cases: list[Case]) -> Case:
     """A quota's case over its exceeded resources: one that can never fit decides, and room
     is only reserved when it is so for every one."""
-    if "never" in cases:
-        return "never"
+    for alone in ("never", "window"):
+        if alone in cases:
+            return alone
     return "reserved" if cases and all(c == "reserved" for c in cases) else "full"
 
 
@@ -47,6 +51,9 @@ def advice(*, kind: str, name: str, team: bool, namespace: str, case: Case) -> s
     ask = f'ask the cluster admin to raise the limit of {kind} "{name}"'
     if case == "never":
         return f"requested alone is over the limit: make the request smaller, or {ask}"
+    if case == "window":
+        return (f"requested alone is over the limit a window put in force, not over the quota's own: "
+                f"retry once the window ends, make the request smaller, or {ask}")
     see = f"kubectl get acdq -n {namespace}" if namespace else "kubectl get acdq"
     notes = [f"its namespaces share this limit: {see}"] if team else []
     if case == "reserved":

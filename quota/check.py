@@ -141,7 +141,8 @@ def run_check(docs: Iterable[Document], *, mode: Mode = "conservative",
                 _once(seen, doc, kind, quota.namespace, quota.name)
                 if at is not None and quota.windows:
                     now = in_force[(quota.namespace, quota.name)] = effective(quota.hard, quota.windows, at)
-                    quota = replace(quota, hard=now.hard, hard_note=hard_note(quota.hard, quota.windows, at))
+                    quota = replace(quota, hard=now.hard, hard_note=hard_note(quota.hard, quota.windows, at),
+                                    own_hard=quota.hard)
                 admitter.add_or_update_quota(quota)  # before any claim: nothing to price again
                 shown = f"{quota.namespace}/{quota.name}" if quota.namespace else quota.name
                 problems = [f"{doc.located(problem)}: {kind} {shown} selects every device, as its selector does not "

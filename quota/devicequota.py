@@ -201,6 +201,9 @@ class DeviceQuota:
     # Why `hard` is what it is when a window set it or just ended (`in_force`), for a
     # denial to name; "" for a quota as parsed.
     hard_note: str = ""
+    # The quota's own `spec.hard` when `hard` is the one in force (`in_force`): a denial
+    # says whether the window's end would let the request in. None for a quota as parsed.
+    own_hard: Limits | None = None
 
     @property
     def cluster(self) -> bool:
@@ -355,7 +358,7 @@ def in_force(quota: DeviceQuota, at: datetime, skew: timedelta) -> DeviceQuota:
     # The note explains the instant whose hard admission uses: around a boundary, the side
     # of it the skew picked (a decrease applies early, an increase late).
     when = next((t for t in (at + skew, at - skew) if hard_at(quota.hard, quota.windows, t)[0] == hard), at)
-    return replace(quota, hard=hard, hard_note=hard_note(quota.hard, quota.windows, when))
+    return replace(quota, hard=hard, hard_note=hard_note(quota.hard, quota.windows, when), own_hard=quota.hard)
 
 
 def ref_of(ref: str) -> tuple[str, str]:
@@ -408,7 +411,9 @@ def check(checks: Sequence[QuotaCheck], *, namespace: str = "") -> Decision:
 
 def _advice(item: QuotaCheck, exceeded: list[str], namespace: str) -> str:
     quota = item.quota
-    cases = [case_of(requested=item.charge_of(r), used=item.usage.used.amount(r), limited=quota.hard.get(r) or 0)
+    own = quota.own_hard
+    cases = [case_of(requested=item.charge_of(r), used=item.usage.used.amount(r), limited=quota.hard.get(r) or 0,
+                     own=None if own is None else own.get(r))
              for r in exceeded]
     return advice(kind=quota.kind, name=quota.name, team=quota.cluster,
                   namespace=namespace if quota.cluster else quota.namespace, case=worst(cases))

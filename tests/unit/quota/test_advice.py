@@ -109,10 +109,21 @@ def test_case_of_one_resource(requested: int, used: int, limited: int, case: Cas
     assert case_of(requested=requested, used=used, limited=limited) == case
 
 
+@pytest.mark.parametrize(("requested", "limited", "own", "case"), [
+    (81, 80, 100, "window"),  # over a window's lower limit, within the quota's own
+    (101, 80, 100, "never"),  # over both: the window's end does not help
+    (101, 100, 80, "never"),  # a window raised it and it is still over
+])
+def test_case_of_one_resource_under_a_window(requested: int, limited: int, own: int, case: Case) -> None:
+    assert case_of(requested=requested, used=0, limited=limited, own=own) == case
+
+
 @pytest.mark.parametrize(("cases", "case"), [
     (["reserved", "full"], "full"),  # freeing reservations alone would not do
     (["reserved", "reserved"], "reserved"),
     (["full", "never"], "never"),
+    (["window", "reserved"], "window"),
+    (["window", "never"], "never"),
 ])
 def test_the_worst_resource_decides(cases: list[Case], case: Case) -> None:
     assert worst(cases) == case

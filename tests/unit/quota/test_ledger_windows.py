@@ -65,3 +65,14 @@ def test_a_denial_long_after_a_window_names_none() -> None:
     led, _ = clocked("2027-01-05T00:00:00+00:00")
     denied = led.admit(entry("a", 150 * GiB))
     assert not denied.allowed and "limited memory=100Gi" in denied.message and "window" not in denied.message
+
+
+def test_a_request_over_a_lowering_window_alone_is_told_to_wait_for_its_end() -> None:
+    led = ledger(make_quota("q", memory="100Gi", windows=[
+        {"name": "day", "hard": {"memory": "40Gi"}, "start": "2026-12-21T07:00:00Z", "end": "2026-12-25T17:00:00Z"}]))
+    led.clock, led.clock_skew = lambda: datetime.fromisoformat("2026-12-22T00:00:00+00:00").timestamp(), 5.0
+    denied = led.admit(entry("a", 60 * GiB))  # within the quota's own 100Gi, over the window's 40Gi
+    assert not denied.allowed and "retry once the window ends" in denied.message, denied.message
+    too_big = led.admit(entry("b", 120 * GiB))  # over both: waiting does not help
+    assert not too_big.allowed and "make the request smaller" in too_big.message
+    assert "retry once the window ends" not in too_big.message
