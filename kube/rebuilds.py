@@ -16,10 +16,9 @@ objects promoted since the last full collection exceed a quarter of those it kep
   raised); young collections go on and keep collecting the reviews' garbage;
 - while a relist runs (`rebuilding`, which freezes what it built), so are the middle
   generation's: everything a relist builds survives its young collection, and the
-  middle one walked all of it again once ten young ones had promoted it, 45,000
-  objects of claims being staged at a time, 27-110 ms in one piece of the loop at
-  150,000 claims (the longest ticks of a start-up, bench/startup.py) and a tenth of the
-  list's CPU. The freeze at its end takes what they promoted without a walk; what the
+  middle one walked all of it again once ten young ones had promoted it, about 220 ms
+  of claims being staged at a time: 27 ms of CPU in one piece of the loop at 150,000
+  claims, the longest callback of a start-up (bench/startup.py with bench/loopwhy). The freeze at its end takes what they promoted without a walk; what the
   middle collections would have freed meanwhile is a cycle that outlived one young
   collection and died before the freeze (a request's, as above), frozen with the rest;
 - once a relist is swapped in (`freeze=True`), everything alive is frozen
