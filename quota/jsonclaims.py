@@ -6,15 +6,14 @@ claim cache (`kube.claimstore`) read claims decoded from JSON here, `dra-quota c
 
 Why: a one-write claim is parsed at its admission and again at its watch event, and the
 claims a template stamps share one spec; parsing the spec again was about a third of
-`parse_claim` (9 of 20 us in bench/floor.py's one-write mode), its JSON text 4 us.
-Why only JSON: the key is the spec's JSON text, which tells apart every two values JSON
-decodes to (1, 1.0 and true; key order), but json.dumps writes a YAML key 1 or true as
-"1" or "true", which `parse_claim` refuses where the string is a name.
+`parse_claim` (9 of 20 us in bench/floor.py's one-write mode). The key is the spec's
+`repr`, which tells apart every two values JSON decodes to (1, 1.0 and true; "1" and 1;
+key order), as their JSON text did, at 5 us a claim's spec against json.dumps' 7
+(bench/startup.py's claims).
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -36,11 +35,11 @@ def parse_json_claim(obj: Mapping[str, Any]) -> Claim:
 
 
 def _memoised_spec(spec: Any, prefix: str) -> ClaimSpec:
-    """`parse_claim_spec` by the spec's JSON text: exact, as parsing is a function of the
+    """`parse_claim_spec` by the spec's `repr`: exact, as parsing is a function of the
     value alone (`prefix` only names fields in errors, which are not kept)."""
     try:
-        key = json.dumps(spec)
-    except (TypeError, ValueError, RecursionError):
+        key = repr(spec)
+    except (ValueError, RecursionError):
         return parse_claim_spec(spec, prefix)
     if (found := _SPECS.get(key)) is not None:
         _SPECS.move_to_end(key)

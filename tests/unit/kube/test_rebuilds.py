@@ -70,7 +70,7 @@ async def test_full_collections_stay_off_while_any_rebuild_runs_and_what_a_relis
     with rebuilds.quiet():  # a scrape under way meanwhile: the relist's end must not turn them back on
         await rebuilds.relist(fetch, replace)
         assert gc.get_threshold() == (young, middle, OFF)
-    assert seen == [(young, middle, OFF)] * 2
+    assert seen == [(young, OFF, OFF)] * 2  # the middle generation's off too while a relist runs
     assert gc.get_threshold() == (young, middle, old)
     assert rebuilds.freezes == 1 and gc.get_freeze_count() > frozen
     assert kept == [{"n": 0}, {"n": 1}, {"n": 2}]
@@ -162,3 +162,22 @@ async def test_no_full_collection_while_a_rebuild_runs() -> None:
             assert gc.get_threshold() == (young, middle, OFF)  # the clock's, after the rebuild too
             await until(lambda: 2 in collected, "a full collection once the rebuild is over")
         assert gc.get_threshold() == (young, middle, old)
+
+
+async def test_no_middle_collection_while_a_relist_runs_what_it_built_is_frozen_instead() -> None:
+    """Everything a relist builds survives its young collections: the middle generation
+    would walk it all again every few; the freeze at the relist's end takes it unwalked."""
+    young, middle, old = gc.get_threshold()
+    rebuilds = Rebuilds()
+    with generations_collected() as collected:
+        async with clock(rebuilds, full_every=3600):
+            async def fetch() -> list[Obj]:
+                await until(young_collections(collected, (middle + 1) * 3), "many young collections")
+                return []
+
+            await rebuilds.relist(fetch, lambda items: None)
+            assert 1 not in collected and rebuilds.freezes == 1
+            assert gc.get_threshold() == (young, middle, OFF)  # the clock's full collections only
+            collected.clear()
+            await until(lambda: 1 in collected, "a middle collection once the relist is over")
+    assert gc.get_threshold() == (young, middle, old)

@@ -1,4 +1,4 @@
-"""quota.jsonclaims and quota.claims' memos: a spec parsed by its JSON text (`parse_json_claim`)
+"""quota.jsonclaims and quota.claims' memos: a spec parsed by its repr (`parse_json_claim`)
 and a recorded charge by its annotation read exactly as parsing them afresh would."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from quota.claims import ClaimError, parse_claim
+from quota.claims import ClaimError, ClaimSpec, parse_claim
 from quota.jsonclaims import parse_json_claim
 from quota.model import Charge
 
@@ -52,11 +52,28 @@ def test_a_refused_spec_is_refused_every_time() -> None:
 
 
 def test_keys_that_are_not_strings_are_never_read_from_the_memo() -> None:
-    """YAML (`dra-quota check`) may decode a key true, which json.dumps writes as "true":
-    only `parse_json_claim` memoises, and a key that is not a string is refused by `parse_claim`."""
+    """YAML may decode a key true, which JSON text would write as "true": the memo's key
+    tells them apart, and a key that is not a string is refused."""
     parse_json_claim(gpu_claim(capacity={"requests": {"true": "10Gi"}}))
     with pytest.raises(ClaimError, match="must be a string"):
+        parse_json_claim(gpu_claim(capacity={"requests": {True: "10Gi"}}))
+    with pytest.raises(ClaimError, match="must be a string"):
         parse_claim(gpu_claim(capacity={"requests": {True: "10Gi"}}))
+
+
+def test_a_spec_is_hashed_once() -> None:
+    """A spec is part of every memo key a claim is counted by: its requests are not hashed again."""
+    hashed: list[int] = []
+
+    class Counted:
+        def __hash__(self) -> int:
+            hashed.append(1)
+            return 7
+
+    spec = ClaimSpec((Counted(),))  # type: ignore[arg-type]
+    assert hash(spec) == hash(spec) and len(hashed) == 1
+    first, again = parse_json_claim(gpu_claim("a")).spec, parse_claim(gpu_claim("b")).spec
+    assert first == again and hash(first) == hash(again) and first is not again
 
 
 @pytest.mark.parametrize(("raw", "charge"), [
