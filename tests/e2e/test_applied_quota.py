@@ -95,8 +95,11 @@ async def test_a_view_tenant_sees_its_teams_budget_and_its_own_part_only(
                 except KubectlError:
                     return None
                 items: list[Obj] = json.loads(out)["items"]
-                reserved = [(i.get("status") or {}).get("reserved", {}).get("memory") for i in items]
-                return items[0] if reserved == ["160Gi"] else None
+                # Both claims counted: a reservation is in the team's status as the claim is
+                # admitted, its claim count once serve's watch has the claim.
+                seen = [((i.get("status") or {}).get("reserved", {}).get("memory"),
+                         (i.get("status") or {}).get("claims", {}).get("pending")) for i in items]
+                return items[0] if seen == [("160Gi", 2)] else None
 
             mine: Obj = await poll(counted, timeout=60, what="the viewer to read its team's copy with both claims")
             assert mine["metadata"]["name"] == t.name

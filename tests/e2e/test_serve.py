@@ -22,7 +22,7 @@ from quota.admissiontoken import is_token
 
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request
 from .harness import (ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies,
-                      served_context)
+                      served_context, wait_status)
 from .kube import ApiError, Kube, Obj, poll
 from .timings import record
 
@@ -57,6 +57,10 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
 
         await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace)
         await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "c1", namespace=setup.namespace, timeout=30)
+        # Gone from the API server is not yet seen by serve's watch (a backlog of other
+        # tests' deletions may be ahead of it): until then its room stays held, fail closed.
+        await wait_status(kube, setup.namespace, lambda s: (s.get("reserved") or {}).get("memory") == "80Gi",
+                          "serve to see c1 deleted and free its room")
         await create(kube, setup, "c4")
         assert (await denial(create(kube, setup, "c5"))).startswith(f'admission webhook "{QUOTA_HOOK}" denied')
         latencies = review_latencies(setup.served.log_text())
