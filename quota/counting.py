@@ -17,7 +17,6 @@ from typing import NamedTuple
 from quota.claims import Claim, ClaimSpec
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
-from quota.lru import LRU
 from quota.model import DeviceClass, Mode, Namespace
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
@@ -94,9 +93,10 @@ class Counting:
         # `bound_entry`'s pricings by what they are a function of (`_bound_key`), shared
         # by the entries of every claim with that key: most stored claims share a
         # template's spec, so at start 111,300 bounds were a few hundred distinct values.
-        self._bounds: LRU[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = LRU(MEMO_SIZE)
+        self._bounds: OrderedDict[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = \
+            OrderedDict()
         # `_existing`'s pricings by their identities (`_shared`).
-        self._pricings: LRU[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = LRU(MEMO_SIZE)
+        self._pricings: OrderedDict[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = OrderedDict()
         # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
         self._views: dict[Namespace, tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]] = {}
         self._views_at = -1
@@ -181,9 +181,12 @@ class Counting:
         Keyed by the pricings' identities: a kept mapping holds them, so no other object
         can take their ids while it is kept. Bounded, least recently used out first."""
         key = tuple((mode, id(p)) for mode, p in pricings.items())
-        if (found := self._pricings.lookup(key)) is not None:
+        if (found := self._pricings.get(key)) is not None:
+            self._pricings.move_to_end(key)
             return found
-        self._pricings.store(key, pricings)
+        self._pricings[key] = pricings
+        while len(self._pricings) > MEMO_SIZE:
+            self._pricings.popitem(last=False)
         return pricings
 
     def add_or_update_quota(self, quota: DeviceQuota) -> Repriced:
@@ -292,7 +295,8 @@ class Counting:
         least recently used out first, specs past `MEMO_SPEC_BYTES` never kept, so a
         tenant making every spec distinct only misses."""
         key = self._bound_key(claim, named)
-        if (found := self._bounds.lookup(key)) is not None:
+        if (found := self._bounds.get(key)) is not None:
+            self._bounds.move_to_end(key)
             return found[1]
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
         pricings = dict.fromkeys(self._modes(claim.namespace), bound)
@@ -302,7 +306,9 @@ class Counting:
         after = self._named_classes(claim)
         if self._bound_key(claim, after) == key and all(a is b for a, b in zip(named, after, strict=True)) \
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
-            self._bounds.store(key, (named, pricings))
+            self._bounds[key] = (named, pricings)
+            while len(self._bounds) > MEMO_SIZE:
+                self._bounds.popitem(last=False)
         return pricings
 
     def _bound_key(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Hashable:

@@ -14,18 +14,18 @@ key order), as their JSON text did, at 5 us a claim's spec against json.dumps' 7
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from quota.claims import Claim, ClaimSpec, parse_claim, parse_claim_spec
-from quota.lru import LRU
 
 __all__ = ["parse_json_claim"]
 
 # Least recently used out first. A spec whose text is longer is parsed each time (the
 # memo's memory stays bounded); a tenant making every spec distinct only misses.
+_SPECS: OrderedDict[str, ClaimSpec] = OrderedDict()
 _SPECS_KEPT = 256
-_SPECS: LRU[str, ClaimSpec] = LRU(_SPECS_KEPT)
 _SPEC_KEY_BYTES = 8 * 1024
 
 
@@ -41,9 +41,12 @@ def _memoised_spec(spec: Any, prefix: str) -> ClaimSpec:
         key = repr(spec)
     except (ValueError, RecursionError):
         return parse_claim_spec(spec, prefix)
-    if (found := _SPECS.lookup(key)) is not None:
+    if (found := _SPECS.get(key)) is not None:
+        _SPECS.move_to_end(key)
         return found
     parsed = parse_claim_spec(spec, prefix)
     if len(key) <= _SPEC_KEY_BYTES:
-        _SPECS.store(key, parsed)
+        _SPECS[key] = parsed
+        while len(_SPECS) > _SPECS_KEPT:
+            _SPECS.popitem(last=False)
     return parsed
