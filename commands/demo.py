@@ -46,7 +46,7 @@ from devcluster.kube import ApiError, Kube, WaitTimeout, poll
 from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount
-from quota.manifests import crds, documents
+from quota.manifests import crds, documents, tenant_view_role
 from quota.printable import for_terminal
 from quota.raw import Obj
 from quota.tables import USAGE_HEADERS, print_rows, usage_cells
@@ -326,6 +326,8 @@ async def _install_crd(kube: Kube) -> None:
         await kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions", definition)
         await kube.wait_for_condition("apiextensions.k8s.io/v1", "customresourcedefinitions",
                                       definition["metadata"]["name"], "Established", timeout=60)
+    # As the chart installs it: a tenant with view, edit or admin in a namespace reads its quotas.
+    await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", tenant_view_role())
 
 
 async def _start_serve(state: _Run) -> None:
@@ -517,6 +519,8 @@ def _keep(state: _Run) -> dict[str, str]:
               f"  export KUBECONFIG={shlex.quote(kubeconfig)}\n"
               "  kubectl get devicequotas -A; kubectl get resourceclaims -A; kubectl get pods -A -o wide\n"
               "  dra-quota top\n"
+              "  kubectl create rolebinding tina-views --clusterrole=view --user=tina -n team-a; "
+              "kubectl get devicequotas -n team-a --as=tina   # what a tenant sees\n"
               f"  dra-quota serve's metrics (Prometheus scrape target 127.0.0.1:{port}, HTTPS, a token allowed "
               f"to get /metrics): {scrape} | grep ^draquota_\n"
               f"  dra-quota serve's log: {state.serve_log}; the control plane's: {cluster.logs}\n"

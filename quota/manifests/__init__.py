@@ -7,8 +7,10 @@ reviews to `dra-quota serve`. Both are package data (pyproject.toml, `[tool.setu
 so `dra-quota demo` (commands/demo.py) and the local cluster's webhook routing
 (devcluster/webhooks.py) find them in an installed copy as in a checkout, whose
 deploy/crds/*.yaml and deploy/manifests/webhooks.yaml are links to these
-files (the chart's crds/ holds a copy, tests/unit/test_chart.py checks it). Read when
-asked, never at import.
+files (the chart's crds/ holds a copy, tests/unit/test_chart.py checks it);
+`tenant-view.yaml` the ClusterRole through which tenants read their namespaces' quotas (the
+chart renders the same, so the demo's tenants see what an installed cluster's do). Read
+when asked, never at import.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["crd", "crds", "documents", "webhook_configurations"]
+__all__ = ["crd", "crds", "documents", "tenant_view_role", "webhook_configurations"]
 
 
 def documents(resource: Traversable) -> list[dict[str, Any]]:
@@ -43,3 +45,9 @@ def crds() -> list[dict[str, Any]]:
 def webhook_configurations() -> list[dict[str, Any]]:
     """The shipped webhook configurations, as deploy/manifests/webhooks.yaml has them."""
     return documents(files(__name__) / "webhooks.yaml")
+
+
+def tenant_view_role() -> dict[str, Any]:
+    """The ClusterRole aggregated into view, edit and admin that lets tenants read their quotas."""
+    (role,) = documents(files(__name__) / "tenant-view.yaml")
+    return role

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import http.client
 import socket
 import ssl
@@ -27,6 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import REPO_ROOT, build
+from .kubectl import build as build_kubectl
 from .harness import advised
 
 pytestmark = pytest.mark.e2e
@@ -115,6 +117,23 @@ def test_keep_leaves_a_cluster_top_reads_and_its_stop_script_ends_it(tmp_path: P
         assert top.returncode == 0, top.stderr
         rows = {(q["namespace"], q["name"]): q for q in json.loads(top.stdout)["quotas"]}
         assert rows[("team-a", "gpus")]["used"] == {"memory": 282 * GiB, "devices": 2}
+        # A tenant sees its namespace's quota as on an installed cluster (the chart's aggregated
+        # role, installed by the demo too), running the commands the demo printed.
+        kubectl = [str(build_kubectl()), "--kubeconfig", kept["kubeconfig"]]
+        bind = "kubectl create rolebinding tina-views --clusterrole=view --user=tina -n team-a"
+        view = "kubectl get devicequotas -n team-a --as=tina"
+        assert bind in proc.stderr and view in proc.stderr
+        bound = subprocess.run(kubectl + bind.split()[1:], env=env, capture_output=True, text=True, timeout=60)
+        assert bound.returncode == 0, bound.stderr
+        deadline = time.monotonic() + 60  # the controller manager aggregates the role into view
+        while (seen := subprocess.run(kubectl + f"{view} -o name".split()[1:], env=env, capture_output=True,
+                                      text=True, timeout=60)).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.split() == ["devicequota.draquota.io/gpus"]
+        other = subprocess.run(kubectl + "get devicequotas -n team-b --as=tina".split(), env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert other.returncode != 0 and "forbidden" in other.stderr
         # How to scrape is printed (HTTPS, a token allowed to get /metrics), and it answers
         # with the quota it just showed, to that token only.
         assert kept["metrics"] in proc.stderr and kept["metrics_token"] in proc.stderr

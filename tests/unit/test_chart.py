@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from commands.cli import _parser
+from quota.manifests import tenant_view_role
 from quota.memorysources import parse_memory_sources
 from quota.policy import ADMIN_ACCESS_GRANT, parse_policy
 from quota.raw import Obj
@@ -255,6 +256,11 @@ def test_tenants_read_their_namespaces_device_quotas_through_view_edit_and_admin
     # its AppliedClusterDeviceQuotas instead, the team's numbers with this namespace's part alone.
     assert role["rules"] == [{"apiGroups": ["draquota.io"], "resources": ["devicequotas", "appliedclusterdevicequotas"],
                               "verbs": ["get", "list", "watch"]}]
+    # The demo installs the packaged copy: the same rules and aggregation.
+    packaged = tenant_view_role()
+    assert packaged["rules"] == role["rules"]
+    assert {k: v for k, v in packaged["metadata"]["labels"].items() if k.startswith("rbac.")} == \
+        {k: v for k, v in role["metadata"]["labels"].items() if k.startswith("rbac.")}
 
 
 @pytest.mark.parametrize(("policy", "resource", "labeler"), [
