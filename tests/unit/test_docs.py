@@ -165,3 +165,66 @@ def test_shell_blocks_are_read_as_a_user_copies_them(tmp_path: Path) -> None:
     page.write_text("```sh\n# illustration\nkubectl get dq\n```\n\n  ```sh\n  a \\\n    --b  # c\n"
                     "  # d\n  e |\n    f\n  ```\n")
     assert shell_blocks(page) == [["a --b", "e | f"]]
+
+
+# The pages for tenants and operators state behaviour; which test proves it, what was
+# measured and the history go to docs/development/ (evidence.md page by page). So they
+# cite no test or benchmark path but the commands an operator runs, and no tracker issue
+# or review round. The contract is the developers' page; the README's section on the test
+# suite is about the tests.
+READER_PAGES = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "design.md")]
+README_TEST_SECTIONS = {"What the test suite does outside the clone"}
+OPERATOR_COMMANDS = {"tests/tools/build-image.sh", "tests/tools/build-kueue.sh"}
+ENGINEERING = re.compile(
+    r"(?<![\w./-])(?:tests|bench)/[\w./-]*\w"  # a path in the test suite or the benchmarks
+    r"|\b(?:issues?|PR|pull request)\s+#?\d+"  # a tracker's issue
+    r"|(?<![\w&/-])#\d+\b"
+    r"|\breview(?:ers?)?'?s? rounds?\b|\bround \d+ of (?:the )?review", re.I)
+
+
+def reader_text(page: Path) -> str:
+    """What a page says to its reader: the README without its section on the test suite."""
+    if page.name != "README.md":
+        return page.read_text()
+    kept, skip_below = [], 0
+    for line in page.read_text().splitlines():
+        if m := re.match(r"(#{1,6}) (.*)", line):
+            level = len(m[1])
+            if skip_below and level <= skip_below:
+                skip_below = 0
+            if m[2].strip() in README_TEST_SECTIONS:
+                skip_below = level
+        kept.append("" if skip_below else line)  # blank, so line numbers stay the file's
+    return "\n".join(kept)
+
+
+def engineering_log(text: str) -> list[str]:
+    return [f"{number}: {m[0]}" for number, line in enumerate(text.splitlines(), 1)
+            for m in ENGINEERING.finditer(line) if m[0] not in OPERATOR_COMMANDS]
+
+
+@pytest.mark.parametrize("page", READER_PAGES, ids=[str(p.relative_to(ROOT)) for p in READER_PAGES])
+def test_reader_pages_cite_no_test_bench_or_issue(page: Path) -> None:
+    assert engineering_log(reader_text(page)) == [], (
+        f"{page.relative_to(ROOT)}: move the evidence to docs/development/evidence.md")
+
+
+@pytest.mark.parametrize(("line", "found"), [
+    ("Proven on the real control plane: `tests/e2e/test_extended_resources.py`.", ["tests/e2e/test_extended_resources.py"]),
+    ("(`bench/connections.py`).", ["bench/connections.py"]),
+    ("run `bash tests/tools/build-image.sh` to build it", []),
+    ("delaying everyone else's answer (issues 15.2, 15.4)", ["issues 15"]),
+    ("fixed in #123; see review round 3", ["#123", "review round"]),
+    ("see [Reservations](development/reservations.md#leases) and kubernetes/test/e2e/dra/", []),
+    ("quota/manifests/ and docs/development/performance.md&#160;(see [x](#x-2))", []),
+])
+def test_the_engineering_log_is_found(line: str, found: list[str]) -> None:
+    assert [hit.split(": ", 1)[1] for hit in engineering_log(line)] == found
+
+
+def test_the_readme_s_test_suite_section_is_left_out(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text(
+        "# R\n\nsee `tests/a.py`\n\n### What the test suite does outside the clone\n\n`tests/b.py`\n\n"
+        "#### more\n\n`bench/c.py`\n\n## Install\n\n`tests/d.py`\n")
+    page = tmp_path / "README.md"
+    assert [hit.split(": ", 1)[1] for hit in engineering_log(reader_text(page))] == ["tests/a.py", "tests/d.py"]
