@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from aiohttp import web
 
@@ -114,6 +115,17 @@ def served_context(served: Served) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(served.cluster.ca_file))
     context.check_hostname = False  # the certificate names the Service; we dial 127.0.0.1
     return context
+
+
+async def review(served: Served, request: Obj, path: str = "/validate") -> bool:
+    """Whether serve allows the AdmissionReview `request`, posted to `path` as the API server
+    posts it, over a new connection (with --reuse-port the kernel picks a replica for each)."""
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    async with aiohttp.ClientSession() as http, http.post(f"https://127.0.0.1:{served.port}{path}", json=body,
+                                                          ssl=served_context(served)) as resp:
+        assert resp.status == 200, await resp.text()
+        allowed: bool = (await resp.json())["response"]["allowed"]
+        return allowed
 
 
 def rss(served: Served) -> int:

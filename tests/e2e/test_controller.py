@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
@@ -34,8 +33,7 @@ from .cluster import ControlPlane, free_ports
 from .driver import (RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
                      wait_pod_allocated)
 from .harness import (
-    DQ, ROOT, MakeFleet, MakeNamespace, Served, Setup, amounts, annotated, create, running, served_context, top,
-    wait_status,
+    DQ, ROOT, MakeFleet, MakeNamespace, Served, Setup, amounts, annotated, create, review, running, top, wait_status,
 )
 from .kube import ApiError, Kube, Obj, poll, resource_path
 from .timings import record
@@ -192,16 +190,6 @@ async def test_a_late_allocation_review_of_a_deleted_claim_never_counts_it(kube:
         await create(kube, setup, "next")
         status = await wait_status(kube, ns, lambda s: s.get("claims", {}).get("pending") == 1, "the next claim counted")
         assert (status["used"], status["claims"]) == (amounts(0, 0), {"allocated": 0, "pending": 1})
-
-
-async def review(served: Served, request: Obj) -> bool:
-    """Whether serve's /validate allows the AdmissionReview `request` (posted as the API server does)."""
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-    async with aiohttp.ClientSession() as http, http.post(f"https://127.0.0.1:{served.port}/validate", json=body,
-                                                          ssl=served_context(served)) as resp:
-        assert resp.status == 200, await resp.text()
-        allowed: bool = (await resp.json())["response"]["allowed"]
-        return allowed
 
 
 async def test_reservations_written_while_the_controller_writes_are_never_lost(

@@ -18,7 +18,8 @@ Then every replica's quota watch is shown to hold the undo: a marker DeviceQuota
 `hard: {devices: 0}` is created after it in another governed namespace (the same
 all-namespaces watch delivers it after the undo), and creates there are retried until
 each replica's own `draquota_quota_denials_total{quota=<marker>}` (its metrics port)
-counted a denial. Then PROBE creates into the edited namespace, spread over the replicas
+counted a denial (the marker's reviews are posted straight to the shared port, each over
+a new connection, so the kernel reaches every replica). Then PROBE creates into the edited namespace, spread over the replicas
 as the kernel spreads the API server's connections: none is admitted, and the persisted
 claims stay exactly H. A replica that revived its lease because the restored spec compares
 equal to the one it was granted on admitted its unused room on top (docs/reservations.md,
@@ -49,6 +50,7 @@ from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request
 from .harness import (
     DQ, RUN_LABEL, MakeFleet, MakeNamespace, Served, adapted_webhooks, create_until_decided, governed, installed,
+    review,
 )
 from .kube import Kube, Obj, poll
 
@@ -109,6 +111,18 @@ async def creates(run: Run, namespace: str, names: list[str]) -> list[str]:
             return await create_until_decided(run.clients[i % len(run.clients)], namespace, run.claim(name), retried)
 
     return list(await asyncio.gather(*(one(i, name) for i, name in enumerate(names))))
+
+
+def marker_review(run: Run, namespace: str) -> Obj:
+    """A create of one GPU in the marker's namespace, as the API server sends it to serve."""
+    name = f"m-{uuid.uuid4().hex[:6]}"
+    claim = {"apiVersion": "resource.k8s.io/v1", **run.claim(name)}
+    claim["metadata"] = {**claim["metadata"], "namespace": namespace, "uid": str(uuid.uuid4())}
+    return {"uid": str(uuid.uuid4()), "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "name": name, "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": "undo-test", "groups": ["system:authenticated"]},
+            "object": claim, "oldObject": None, "dryRun": False}
 
 
 async def count(kube: Kube, namespace: str) -> int:
@@ -188,7 +202,11 @@ async def edit_and_undo(run: Run, variant: str) -> Undone:
     async def every_replica_denied() -> bool:
         if all([await denials(r, marker) >= 1 for r in run.replicas]):
             return True
-        await creates(run, marker_namespace, [f"m-{uuid.uuid4().hex[:6]}" for _ in range(IN_FLIGHT)])
+        # Reviews posted straight to the shared port, each over a new connection: the kernel
+        # picks a replica for each. The API server's own connections would not do: it keeps
+        # them open, and with none to a replica that replica sees no review at all.
+        await asyncio.gather(*(review(run.replicas[0], marker_review(run, marker_namespace), "/admit")
+                               for _ in range(IN_FLIGHT)))
         return False
 
     await poll(every_replica_denied, timeout=60, what=f"every replica to deny a create under {marker}")
