@@ -22,7 +22,7 @@ from typing import Any, Literal, Required, TypedDict
 
 from quota.advice import advice, case_of, worst
 from quota.labelselector import LabelSelector, parse_label_selector
-from quota.model import ZERO, Charge, Mode, Namespace
+from quota.model import ZERO, Charge, Limits, Mode, Namespace
 from quota.meta import parse_meta, require_version
 from quota.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.raw import show
@@ -51,7 +51,6 @@ __all__ = [
     "ReservationEntry",
     "ReservedBy",
     "QuotaError",
-    "Limits",
     "DeviceQuota",
     "Usage",
     "QuotaCheck",
@@ -169,18 +168,6 @@ RESOURCES = ("devices", "memory")  # sorted: the order denial messages use
 
 class QuotaError(ValueError):
     """A DeviceQuota this tool cannot read; the message names the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    memory: int | None = None
-    devices: int | None = None
-
-    def get(self, resource: str) -> int | None:
-        return self.memory if resource == "memory" else self.devices
-
-    def as_json(self) -> dict[str, int]:
-        return {r: v for r in ("memory", "devices") if (v := self.get(r)) is not None}
 
 
 @dataclass(frozen=True, slots=True)

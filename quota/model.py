@@ -205,6 +205,21 @@ class Charge:
 ZERO = Charge()
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A quota's `hard` (or a window's): per resource, the most its claims may hold
+    together, None where it does not limit that resource."""
+
+    memory: int | None = None
+    devices: int | None = None
+
+    def get(self, resource: str) -> int | None:
+        return self.memory if resource == "memory" else self.devices
+
+    def as_json(self) -> dict[str, int]:
+        return {r: v for r in ("memory", "devices") if (v := self.get(r)) is not None}
+
+
 def qualify(name: str, driver: str) -> tuple[str, str]:
     """Split a QualifiedName into (domain, id); a bare id belongs to the driver's domain."""
     domain, sep, ident = name.partition("/")

@@ -61,13 +61,12 @@ from quota.devicequota import (
     DeviceQuota,
     DeviceQuotaStatus,
     LimitAmounts,
-    Limits,
     NamespaceUsage,
     Usage,
     format_resource,
 )
 from quota.leases import micro_time
-from quota.model import ZERO, Charge
+from quota.model import ZERO, Charge, Limits
 from quota.quantity import format_quantity
 from quota.raw import as_map
 from quota.reservations import Caches, Record, in_flight, settle, status_fields

@@ -28,15 +28,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from quota.cron import Cron, CronError, parse_cron
 from quota.goduration import parse_go_duration
+from quota.model import Limits
 from quota.raw import show
-
-if TYPE_CHECKING:
-    from quota.devicequota import Limits
 
 __all__ = ["MAX_WINDOWS", "MAX_DURATION", "Effective", "Window", "admission_change_after", "effective",
            "effective_for_admission", "hard_at", "hard_note", "last_change", "parse_windows", "parse_time",

@@ -16,7 +16,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.devicequota import Limits, QuotaError, parse_device_quota
+from quota.devicequota import QuotaError, parse_device_quota
+from quota.model import Limits
 
 from .kube import ApiError, Kube
 

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from quota.devicequota import (
     SELECTOR_KEYS_MESSAGE,
     DeviceQuota,
-    Limits,
     QuotaCheck,
     QuotaError,
     Usage,
@@ -19,7 +18,7 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.model import Charge, DeviceClassName, Namespace
+from quota.model import Charge, DeviceClassName, Limits, Namespace
 from quota.scope import Scope
 
 from ..builders import GiB, advised, make_cluster_quota, make_quota

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota import windows as rules
-from quota.devicequota import DeviceQuota, Limits, QuotaError, parse_device_quota
+from quota.devicequota import DeviceQuota, QuotaError, parse_device_quota
+from quota.model import Limits
 from quota.windows import Window, admission_change_after, effective, effective_for_admission, hard_note
 
 from ..builders import GiB, make_quota
