@@ -1,7 +1,8 @@
 """The claims' parse reads each field once and checks a name it has checked before by a
-table look-up (`quota.meta.parse_meta`, `quota.claims`' allocation results): it must
-answer exactly as the field rules do, the same value or the same error, the first time
-a name is seen and every time after.
+table look-up (`quota.meta.parse_meta`, `quota.claims`' allocation results), and a
+slice's devices take their plain capacities and string attributes by a shorter path
+(`quota.slices`): each must answer exactly as the field rules do, the same value or the
+same error, the first time a name or value is seen and every time after.
 
 The references below are the field-by-field reading the fast paths replaced, kept here as
 the oracle: random metadata and allocation results (valid names, names one rule away
@@ -17,11 +18,13 @@ from hypothesis import strategies as st
 
 from quota import claims as claims_module
 from quota import meta as meta_module
+from quota import slices as slices_module
 from quota.claims import AllocatedDevice, ClaimError, parse_claim
 from quota.interning import Interned
 from quota.meta import parse_meta
 from quota.model import DeviceKey
 from quota.raw import show
+from quota.slices import SliceError
 from quota.validation import dns_label, dns_subdomain, optional_string, pool_name, string
 
 from ..builders import exactly, make_claim, request
@@ -145,3 +148,79 @@ def test_a_claim_parses_the_same_the_second_time() -> None:
     assert first == again and first.allocation is not None and again.allocation is not None
     assert first.namespace is again.namespace and first.allocation[0].key.pool is again.allocation[0].key.pool
 
+
+quantities = st.one_of(st.sampled_from(["80Gi", "0", "1", "-1", "1.5Gi", "8Ei", "x", "", "1e3"]), st.integers(-1, 2),
+                       st.none())
+capacities = st.dictionaries(
+    st.sampled_from(["memory", "gpu.example.com/memory", "cores", "Bad Name"]),
+    st.one_of(st.fixed_dictionaries({"value": quantities}),
+              st.fixed_dictionaries({"value": quantities, "requestPolicy": st.just({"default": "1Gi"})}),
+              st.just({}), st.just(1)),
+    max_size=3)
+attribute_values = st.one_of(
+    st.fixed_dictionaries({"string": st.one_of(st.text(max_size=4), st.just("s" * 65), st.integers(0, 1))}),
+    st.fixed_dictionaries({"int": st.integers(-2, 2)}), st.fixed_dictionaries({"bool": st.booleans()}),
+    st.fixed_dictionaries({"string": st.just("a"), "int": st.just(1)}), st.just({}), st.just("a"))
+attributes = st.dictionaries(st.sampled_from(["model", "gpu.example.com/uuid", "Bad Name"]), attribute_values,
+                             max_size=3)
+
+
+def reference_attributes(raw: dict[str, Any], driver: str) -> dict[str, dict[str, Any]]:
+    """Every attribute through `_attribute`, as before its string case was read inline."""
+    out: dict[str, dict[str, Any]] = {}
+    for qualified, value in raw.items():
+        domain, ident = slices_module._check_name(qualified, "device.attributes")
+        try:
+            parsed = slices_module._attribute(value)
+        except SliceError as err:
+            raise SliceError(f"device.attributes[{qualified!r}]: {err}") from None
+        out.setdefault(domain or driver, {})[ident] = parsed
+    return out
+
+
+def slice_outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args, **kwargs)
+    except SliceError as e:
+        return "error", str(e)
+
+
+class _Unkept(dict[str, Any]):
+    """A table that keeps nothing: every capacity parsed the long way."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        pass
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(raw=capacities, shared=st.booleans())
+# One text with a policy and without: only the one without is a plain capacity.
+@example(raw={"memory": {"value": "80Gi", "requestPolicy": {"default": "1Gi"}}, "cores": {"value": "80Gi"}},
+         shared=True)
+def test_device_capacities_read_the_same_the_first_time_and_after(raw: dict[str, Any], shared: bool) -> None:
+    """A capacity of a value alone is taken from the table of those seen before: the same
+    value (and the same object) as parsing it the long way, errors unchanged."""
+    kept = slices_module._PLAIN_CAPACITIES
+    try:
+        slices_module._PLAIN_CAPACITIES = _Unkept()
+        expected = slice_outcome(slices_module._capacities, raw, "d", "device", shared=shared)
+    finally:
+        slices_module._PLAIN_CAPACITIES = kept
+    kept.clear()
+    for _ in range(2):  # each value parsed, then taken from the table
+        got = slice_outcome(slices_module._capacities, raw, "d", "device", shared=shared)
+        assert got == expected
+        if got[0] == "ok":
+            assert all(a is b for domain, inner in got[1].items() for a, b in
+                       zip(inner.values(), expected[1][domain].values(), strict=True))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(raw=attributes)
+def test_device_attributes_read_as_each_attribute_does(raw: dict[str, Any]) -> None:
+    got, expected = (slice_outcome(slices_module._attributes, raw, "d", "device"),
+                     slice_outcome(reference_attributes, raw, "d"))
+    if got[0] == "ok" and expected[0] == "ok":
+        assert got[1] == {k: v for k, v in expected[1].items() if v}
+    else:
+        assert got == expected
