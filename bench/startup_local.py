@@ -8,12 +8,15 @@ the annotations the leader writes). Each object is decoded from its JSON text as
 event's is, trimmed as the reflector trims it, and staged `STREAM_BATCH` at a time
 (`kube.watching`'s streamed list); then the stored claims are priced as `controllers.refine`
 prices them after ready. Printed: CPU seconds per phase, RSS after each, and the Python
-heap the claims' accounting holds (tracemalloc, `--trace`: slower, run apart).
+heap the claims' accounting holds (tracemalloc, `--trace`: slower, run apart). `--digest`
+prints a digest of every ledger entry once the claims are listed (each entry's `repr`: its
+pricing in every mode and its claim, in the order of their refs): two versions of the code
+that account every claim alike print the same one.
 
 The generated objects are written once to `--data DIR` (about 200 MB) and read back by
 later runs. `--profile FILE` writes a cProfile of the claims' list.
 
-    python bench/startup_local.py [--data DIR] [--claims 150000] [--profile out.prof] [--trace]
+    python bench/startup_local.py [--data DIR] [--claims 150000] [--profile out.prof] [--trace] [--digest]
 
 Not a timed test; prints the load average beside the numbers.
 """
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -137,6 +141,14 @@ def usage(caches: Caches) -> JSON:
                     totals, strict=True))
 
 
+def digest(caches: Caches) -> str:
+    """A digest of every ledger entry, whole (`--digest`)."""
+    hashed = hashlib.sha256()
+    for entry in sorted(caches.admitter.ledger.entries(), key=lambda e: e.ref):
+        hashed.update(repr(entry).encode())
+    return hashed.hexdigest()
+
+
 def run(data: Path, args: argparse.Namespace) -> JSON:
     results: JSON = {"load_average": os.getloadavg()}
     caches = Caches(None, "conservative", leading=lambda: True)  # type: ignore[arg-type]
@@ -179,6 +191,9 @@ def run(data: Path, args: argparse.Namespace) -> JSON:
             print(f"    {stat.size / 2**20:7.1f} MiB {stat.count:8d}  {stat.traceback}")
         tracemalloc.stop()
     results["usage_at_ready"] = usage(caches)
+    if args.digest:
+        results["entries_digest"] = digest(caches)
+        print(f"entries at ready: {results['entries_digest']}")
     phase("refine", lambda: asyncio.run(refine(caches)), results)
     results["usage_priced"] = usage(caches)
     print(f"usage at ready {results['usage_at_ready']}, once priced {results['usage_priced']}")
@@ -200,6 +215,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, help="cProfile of the claims' list into this file")
     parser.add_argument("--trace", action="store_true", help="tracemalloc over the claims' list")
     parser.add_argument("--trace-top", type=int, default=15)
+    parser.add_argument("--digest", action="store_true", help="a digest of every ledger entry at ready (slower)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     marker = args.data / f"generated-{args.nodes}-{args.claims}-{args.namespaces}-{args.teams}"

@@ -198,7 +198,7 @@ class ClaimStore:
             return
         claim = parse_or_skip("ResourceClaim", obj, parse_json_claim)
         if claim is not None and guarded(f"accounting ResourceClaim {claim.namespace}/{claim.name} uid={claim.uid}",
-                                         lambda: self._stage_one(claim, obj, relist)) is None:
+                                         lambda: self._stage_one(claim, obj, relist, version)) is None:
             self._carry(claim_ref(claim), relist)  # what the ledger held stays, as after a failed event
 
     def _carry(self, ref: ClaimRef, relist: _Relist) -> bool:
@@ -217,26 +217,27 @@ class ClaimStore:
             relist.held[ref] = held
         return True
 
-    def _stage_one(self, claim: Claim, obj: Obj, relist: _Relist) -> bool:
-        """`_account_one` into the rebuild: the same entry, the ledger left alone."""
+    def _stage_one(self, claim: Claim, obj: Obj, relist: _Relist, version: Any) -> bool:
+        """`_account_one` into the rebuild: the same entry, the ledger left alone.
+        `version`: the object's metadata.resourceVersion."""
         ref = claim_ref(claim)
         entry, bound = self._entry(claim, relisted=True)
         if entry is None:
             relist.rebuild.keep(ref)
         else:
             relist.rebuild.put(entry)
-        version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             relist.versions[ref] = version
         if claim.recorded_charge is not None:
             relist.recorded.add(ref)
         if claim.allocation is None:
             relist.unvouched.add(ref)  # allocated and deallocated before, for all a list tells
-        if (key := _token_key(obj)) is not None:
+        annotations = _annotations(obj)
+        if (key := _token_key_in(annotations)) is not None:
             relist.tokens.add(key, ref, first=self._tokens.ref_of.get(key))
         if self.holders is not None and (held := Holders.of(claim, obj.get("status"))) is not None:
             relist.held[ref] = held
-        relist.told.append((claim, read_annotations(_annotations(obj)), entry if bound else None))
+        relist.told.append((claim, read_annotations(annotations), entry if bound else None))
         return True
 
     def _entry(self, claim: Claim, *, relisted: bool = False) -> tuple[Entry | None, bool]:
@@ -439,7 +440,12 @@ def _annotations(obj: Obj) -> Mapping[str, str]:
 
 def _token_key(obj: Obj) -> str | None:
     """The record key of the one-write admission whose token `obj` carries, if any."""
-    token = as_map(dig(obj, "metadata", "annotations")).get(ADMISSION_ANNOTATION)
+    return _token_key_in(_annotations(obj))
+
+
+def _token_key_in(annotations: Mapping[str, str]) -> str | None:
+    """`_token_key` of a claim's annotations."""
+    token = annotations.get(ADMISSION_ANNOTATION)
     return token_key(token) if is_token(token) else None
 
 

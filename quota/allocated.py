@@ -41,7 +41,7 @@ class AllocatedPricer:
         charged what the claim's allocation record keeps for it, what it was charged
         while it existed. Each request also priced for each of `selections`
         (`rescoped`)."""
-        recorded = dict(claim.recorded_devices)
+        recorded: dict[RecordKey, int] | None = None  # the record, read only for a device gone
         classes = request_classes(claim.spec)
         held: list[HeldDevice | None] = []
         unknown: list[tuple[int, AllocatedDevice, str, DeviceClassName]] = []
@@ -52,7 +52,11 @@ class AllocatedPricer:
             found = self.inventory.lookup(result.key)
             device = None if result.admin_access else found
             # The record is read for a device that left the inventory only.
-            kept = _recorded_for(recorded, claim, result) if device is None and not result.admin_access else None
+            kept = None
+            if device is None and not result.admin_access:
+                if recorded is None:
+                    recorded = dict(claim.recorded_devices)
+                kept = _recorded_for(recorded, claim, result)
             charge = self._device_exact(result, kept, found)
             if result.admin_access:
                 pass  # free: nothing to keep

@@ -33,7 +33,7 @@ once; a deallocated claim's once it sees the claim allocated again) (review7).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from quota.model import DeviceKey, RecordKey
@@ -114,7 +114,17 @@ def record_in_step(claim: Recorded, record: Mapping[RecordKey, int]) -> bool:
     recorded = dict(claim.recorded_devices)
     if claim.several_classes:
         return recorded == record
-    return by_device(recorded) == by_device(record)
+    return _device_sums(recorded.items()) == _device_sums(record.items())
+
+
+def _device_sums(pairs: Iterable[tuple[RecordKey, int]]) -> dict[DeviceKey, int]:
+    """`by_device`, keyed by the devices themselves: the same comparison without a
+    RecordKey built and hashed per device (the leader checks every allocated claim's
+    record this way as a list brings it)."""
+    out: dict[DeviceKey, int] = {}
+    for key, memory in pairs:
+        out[key.device] = out.get(key.device, 0) + memory
+    return out
 
 
 def _json(record: Mapping[RecordKey, int]) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Any, Literal
 
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, recorded_devices
@@ -75,11 +76,6 @@ __all__ = [
 CHARGE_ANNOTATION = "draquota.io/charge"
 QUOTAS_ANNOTATION = "draquota.io/quotas"
 
-# The names a cache of claims repeats, one copy each: 150,000 claims held each its own
-# decoded copy of their namespace and of each allocated device's driver, pool, device and
-# request name (bench/startup.py). Bounded (`quota.interning`): tenants name requests,
-# and nodes (pools) come and go.
-_intern: Interned[str] = Interned(65536)
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
 
@@ -134,9 +130,16 @@ class ClaimSpec:
     # second of a list of 150,000 claims, bench/startup_local.py), and equal specs are
     # parsed into one object (`quota.jsonclaims`).
     _hash: int = field(init=False, repr=False, compare=False)
+    # `request_classes`, and whether it names several classes: read for every allocated
+    # claim (its results' classes, its allocation record), computed once a spec.
+    _classes: Mapping[str, DeviceClassName] = field(init=False, repr=False, compare=False)
+    _several: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(self.requests))
+        classes = {alt.name: alt.device_class for req in self.requests for alt in req.alternatives}
+        object.__setattr__(self, "_classes", MappingProxyType(classes))
+        object.__setattr__(self, "_several", len(set(classes.values())) > 1)
 
     def __hash__(self) -> int:
         return self._hash
@@ -175,7 +178,7 @@ class Claim:
     @property
     def several_classes(self) -> bool:
         """Whether the claim's requests name more than one DeviceClass."""
-        return _several_classes(request_classes(self.spec))
+        return self.spec._several
 
     @property
     def admin_access(self) -> bool:
@@ -206,29 +209,26 @@ def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], Clai
     claim_spec = (parse_spec or parse_claim_spec)(spec, prefix)
     allocation = _allocation((status or {}).get("allocation"))
     _check_result_requests(allocation, claim_spec)
+    raw_meta = obj["metadata"]  # a map: `parse_meta` checked it
+    annotations = meta.annotations
     return Claim(
         kind="ResourceClaim" if kind == "ResourceClaim" else "ResourceClaimTemplate",  # not the decoded copy
-        namespace=Namespace(_intern(meta.namespace)),
+        namespace=Namespace(meta.namespace),  # one copy each (`quota.meta`)
         name=meta.name,
         uid=ClaimUid(meta.uid),
         spec=claim_spec,
         allocation=allocation,
-        recorded_charge=_recorded_charge(meta.annotations.get(CHARGE_ANNOTATION)),
-        owner=(pod_owner(obj) or ("", ""))[1],
-        recorded_devices=claim_record(claim_spec, meta.annotations),
-        created=_timestamp(dig(obj, "metadata", "creationTimestamp")),
+        recorded_charge=_recorded_charge(annotations.get(CHARGE_ANNOTATION)),
+        owner=(_owner_in(raw_meta) or ("", ""))[1],
+        recorded_devices=claim_record(claim_spec, annotations) if ALLOCATED_CHARGE_ANNOTATION in annotations else (),
+        created=_timestamp(raw_meta.get("creationTimestamp")),
     )
 
 
-def request_classes(spec: ClaimSpec) -> dict[str, DeviceClassName]:
+def request_classes(spec: ClaimSpec) -> Mapping[str, DeviceClassName]:
     """Each request's name ("req", or "req/sub" for a `firstAvailable` subrequest, as an
-    allocation result names it) and its DeviceClass."""
-    return {alt.name: alt.device_class for req in spec.requests for alt in req.alternatives}
-
-
-def _several_classes(classes: Mapping[str, DeviceClassName]) -> bool:
-    """Whether `request_classes` names more than one DeviceClass."""
-    return len(set(classes.values())) > 1
+    allocation result names it) and its DeviceClass (read only: one per spec)."""
+    return spec._classes
 
 
 def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple[RecordKey, int], ...]:
@@ -237,8 +237,7 @@ def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple
     (`quota.allocationrecord.recorded_devices`)."""
     if ALLOCATED_CHARGE_ANNOTATION not in annotations:
         return ()  # the record's first annotation is the record (the second only refines it)
-    classes = request_classes(spec)
-    return recorded_devices(annotations, requests=frozenset(classes) if _several_classes(classes) else frozenset())
+    return recorded_devices(annotations, requests=frozenset(spec._classes) if spec._several else frozenset())
 
 
 def _timestamp(raw: Any) -> float | None:
@@ -261,7 +260,15 @@ def _seconds(raw: str) -> float | None:
 def pod_owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(name, uid) of the Pod a claim's controlling ownerReference names, if any (the
     resourceclaim controller sets it on the claims it stamps for a Pod)."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") if isinstance(obj.get("metadata"), dict) else None
+    meta = obj.get("metadata")
+    return _owner_in(meta) if isinstance(meta, dict) else None
+
+
+def _owner_in(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """`pod_owner` of a claim's metadata."""
+    owners = meta.get("ownerReferences")
+    if not owners:
+        return None
     for owner in owners if isinstance(owners, list) else ():
         if (isinstance(owner, dict) and owner.get("apiVersion") == "v1" and owner.get("kind") == "Pod"
                 and owner.get("controller") is True and isinstance(owner.get("uid"), str)):
@@ -280,7 +287,7 @@ def _check_result_requests(allocation: tuple[AllocatedDevice, ...] | None, spec:
     (allocator.go), and a bare parent name would leave the class ambiguous, so only the
     names of exactly-requests and of subrequests are accepted.
     """
-    names = {alt.name for req in spec.requests for alt in req.alternatives}
+    names = spec._classes
     for i, result in enumerate(allocation or ()):
         if result.request not in names:
             raise ClaimError(
@@ -437,22 +444,42 @@ def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
 def _result(res: Any, where: str) -> AllocatedDevice:
     if not isinstance(res, dict):
         raise ClaimError(f"{where} must be an object")
-    # Shared, as the namespace of a claim (`_intern`).
     key = DeviceKey(
-        _intern(dns_subdomain(res.get("driver"), f"{where}.driver", ClaimError, max_length=63)),
-        _intern(pool_name(res.get("pool"), f"{where}.pool", ClaimError)),
-        _intern(dns_label(res.get("device"), f"{where}.device", ClaimError)),
+        _checked(_drivers, res.get("driver"),
+                 lambda raw: dns_subdomain(raw, f"{where}.driver", ClaimError, max_length=63)),
+        _checked(_pools, res.get("pool"), lambda raw: pool_name(raw, f"{where}.pool", ClaimError)),
+        _checked(_devices, res.get("device"), lambda raw: dns_label(raw, f"{where}.device", ClaimError)),
     )
-    admin, share = res.get("adminAccess"), res.get("shareID")
+    admin, share, consumed = res.get("adminAccess"), res.get("shareID"), res.get("consumedCapacity")
     if admin is not None and type(admin) is not bool:
         raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
     return AllocatedDevice(
-        request=_intern(string(res.get("request"), f"{where}.request", ClaimError, max_length=127)),
+        request=_checked(_results, res.get("request"),
+                         lambda raw: string(raw, f"{where}.request", ClaimError, max_length=127)),
         key=key,
         admin_access=admin is True,
         share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),
-        consumed_capacity=_capacity_requests(res.get("consumedCapacity"), f"{where}.consumedCapacity"),
+        consumed_capacity=() if consumed is None else _capacity_requests(consumed, f"{where}.consumedCapacity"),
     )
+
+
+# The names a cache of claims repeats, one copy each, checked once: 150,000 claims held
+# each its own decoded copy of each allocated device's driver, pool, device and request
+# name (bench/startup.py; their namespaces: `quota.meta`), and checked each again. Bounded
+# (`quota.interning`): tenants name requests, and nodes (pools) come and go; past the
+# limit a name is checked each time and not shared.
+_drivers: Interned[str] = Interned(1024)
+_pools: Interned[str] = Interned(65536)
+_devices: Interned[str] = Interned(4096)
+_results: Interned[str] = Interned(4096)
+
+
+def _checked(table: Interned[str], raw: Any, check: Callable[[Any], str]) -> str:
+    """`check(raw)` (which raises on a bad value, naming its field), for a name `table`
+    has not held yet; the one copy `table` holds of it."""
+    if type(raw) is str and (found := table.held(raw)) is not None:
+        return found
+    return table(check(raw))
 
 
 # Our own annotation is a two-field JSON object of int64s: anything longer, deeper or

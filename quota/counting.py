@@ -66,8 +66,9 @@ class Repriced:
 
 
 def claim_ref(claim: Claim) -> ClaimRef:
-    """The ledger key of a parsed claim (see `object_ref`)."""
-    return object_ref(uid=claim.uid, namespace=claim.namespace, name=claim.name)
+    """The ledger key of a parsed claim (see `object_ref`; the same, inline: several a
+    claim a list brings)."""
+    return ClaimRef(claim.uid or f"{claim.namespace}/{claim.name}")
 
 
 def object_ref(*, uid: str, namespace: str, name: str) -> ClaimRef:
@@ -100,6 +101,9 @@ class Counting:
         # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
         self._views: dict[Namespace, tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]] = {}
         self._views_at = -1
+        # `_known`'s answers by memo key, at `_known_at` of the pricer's cache.
+        self._known_keys: dict[Hashable, bool] = {}
+        self._known_at = -1
 
     def allocated_entry(self, claim: Claim) -> Entry:
         """What `account_allocated` counts: the exact charge of the allocated devices."""
@@ -264,13 +268,28 @@ class Counting:
         return Repriced(tuple(keys), tuple(stale))
 
     def _priced(self, claim: Claim) -> Priced:
-        selections = self._selections(claim.namespace)
-        modes = self._modes(claim.namespace)
+        selections, priced_modes = self._priced_as(claim.namespace)
+        modes = list(priced_modes)
         named = self._named_classes(claim)
         key = self._memo_key(claim, selections, modes, named)
         memoised = key in self._memo
-        return Priced(selections, modes, key, memoised or all(
-            self.pricer.known(claim.spec, mode, selections) for mode in modes), memoised, named)
+        return Priced(selections, modes, key, memoised or self._known(claim, selections, modes, key), memoised, named)
+
+    def _known(self, claim: Claim, selections: tuple[DeviceSelection, ...], modes: list[Mode], key: Hashable) -> bool:
+        """`Pricer.known` in every mode, by the claim's memo key: a function of what the key
+        is (its spec, selections, modes, classes and the inventory's generation) and of the
+        requirements the pricer has cached, so kept until that cache takes another entry
+        (`Pricer.cache_changes`). A list's stored claims ask it once each (111,300 at
+        start, a few hundred keys, none priced until after ready)."""
+        if self._known_at != self.pricer.cache_changes:
+            self._known_keys.clear()
+            self._known_at = self.pricer.cache_changes
+        if (found := self._known_keys.get(key)) is not None:
+            return found
+        known = all(self.pricer.known(claim.spec, mode, selections) for mode in modes)
+        if len(self._known_keys) < MEMO_SIZE and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
+            self._known_keys[key] = known
+        return known
 
     def stored_entry(self, claim: Claim) -> tuple[Entry, bool]:
         """`existing_entry_if_priced`, else `bound_entry` (True: to price later), from one

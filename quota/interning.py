@@ -36,5 +36,10 @@ class Interned(Generic[T]):
             self._held[value] = value
         return value
 
+    def held(self, value: T) -> T | None:
+        """The one object equal to `value` this table holds, if any (none added): a table
+        of values checked once (`quota.meta`'s namespaces) tells a value checked before."""
+        return self._held.get(value)
+
     def __len__(self) -> int:
         return len(self._held)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from quota.interning import Interned
 from quota.raw import show
-from quota.validation import dns_label, dns_subdomain, optional_string, string
+from quota.validation import dns_label, dns_subdomain, is_dns_label, is_dns_subdomain, optional_string, string
 
 __all__ = [
     "API_VERSIONS",
@@ -43,6 +44,9 @@ API_VERSIONS = {
 _TOTAL_ANNOTATIONS = 256 * 1024  # TotalAnnotationSizeLimitB
 # IsQualifiedName (label keys) and IsValidLabelValue: util/validation/validation.go.
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+# Namespaces checked already, each held once: a list brings thousands of objects per
+# namespace. Bounded (`quota.interning`): past the limit a namespace is checked each time.
+_namespaces: Interned[str] = Interned(65536)
 _LABEL_PREFIX = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -79,7 +83,10 @@ def require_version(obj: Mapping[str, Any], kind: str, error: type[Exception]) -
 def parse_meta(
     obj: Mapping[str, Any], kind: str, error: type[Exception], *, namespaced: bool, generate_name: bool = False
 ) -> ObjectMeta:
-    """metadata, checked: name (or generateName when allowed), namespace, uid, labels, annotations."""
+    """metadata, checked: name (or generateName when allowed), namespace, uid, labels, annotations.
+
+    Each field checked as it is read, and the message naming it built only when the
+    check fails: every claim a list brings comes through here (150,000 at start)."""
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         raise error(f"{kind}: metadata must be a map, got {show(meta)}")
@@ -88,20 +95,31 @@ def parse_meta(
         name = string(meta["generateName"], f"{kind}: metadata.generateName", error)
         # ValidateObjectMeta checks generateName as a name prefix: a trailing '-' is fine.
         dns_subdomain(name.rstrip("-"), f"{kind}: metadata.generateName", error)
+    elif is_dns_label(raw_name) if kind == "Namespace" else is_dns_subdomain(raw_name):
+        name = cast(str, raw_name)
     else:
         validate = dns_label if kind == "Namespace" else dns_subdomain
         name = validate(raw_name, f"{kind}: metadata.name", error)
-    where = f"{kind} {name}"
     namespace = ""
     if namespaced:
         raw_namespace = meta.get("namespace")
-        namespace = "default" if raw_namespace in (None, "") else dns_label(raw_namespace, f"{where}: metadata.namespace", error)
+        held = _namespaces.held(raw_namespace) if type(raw_namespace) is str else None
+        if held is not None:
+            namespace = held
+        elif raw_namespace in (None, ""):
+            namespace = "default"
+        else:
+            namespace = _namespaces(dns_label(raw_namespace, f"{kind} {name}: metadata.namespace", error))
+    uid = meta.get("uid")
+    if type(uid) is not str or len(uid) > 128:
+        uid = optional_string(uid, f"{kind} {name}: metadata.uid", error, max_length=128)
+    labels = meta.get("labels")
     return ObjectMeta(
         name=name,
         namespace=namespace,
-        uid=optional_string(meta.get("uid"), f"{where}: metadata.uid", error, max_length=128),
-        labels=_labels(meta.get("labels"), f"{where}: metadata.labels", error),
-        annotations=_annotations(meta.get("annotations"), f"{where}: metadata.annotations", error),
+        uid=uid,
+        labels={} if labels is None else _labels(labels, f"{kind} {name}: metadata.labels", error),
+        annotations=_annotations(meta.get("annotations"), kind, name, error),
     )
 
 
@@ -150,7 +168,21 @@ def is_label_value(value: str) -> bool:
     return len(value) <= 63 and (not value or _LABEL_NAME.fullmatch(value) is not None)
 
 
-def _annotations(raw: Any, where: str, error: type[Exception]) -> dict[str, str]:
+def _annotations(raw: Any, kind: str, name: str, error: type[Exception]) -> dict[str, str]:
+    """A string map of at most `_TOTAL_ANNOTATIONS` bytes, checked in one pass (`_string_map`
+    names what fails)."""
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        size = 0
+        for key, value in raw.items():
+            if type(key) is not str or type(value) is not str:
+                break
+            size += len(key) + len(value)
+        else:
+            if size <= _TOTAL_ANNOTATIONS:
+                return raw
+    where = f"{kind} {name}: metadata.annotations"
     annotations = _string_map(raw, where, error)
     if sum(map(len, annotations)) + sum(map(len, annotations.values())) > _TOTAL_ANNOTATIONS:
         raise error(f"{where}: may not be larger than {_TOTAL_ANNOTATIONS} bytes")

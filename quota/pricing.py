@@ -92,6 +92,8 @@ class Pricer:
         self.classes = classes
         self.matcher = matcher or SelectorMatcher(inventory)
         self._cache: OrderedDict[object, _Estimate | _Selected] = OrderedDict()
+        # Counts the entries `_cache` took: what `known` answers can change only when it does.
+        self.cache_changes = 0
         self._bounds: OrderedDict[object, Charge] = OrderedDict()
         self._cache_size = cache_size
         self._allocated = AllocatedPricer(inventory, classes, self.matcher)
@@ -180,6 +182,7 @@ class Pricer:
         if cached is None:
             value = compute()
             self._cache[key] = value
+            self.cache_changes += 1
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
             return value

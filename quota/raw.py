@@ -9,6 +9,7 @@ a hostile value enters an error message.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -75,7 +76,16 @@ def small_json(raw: Any, *, max_bytes: int, max_digits: int = 19) -> Any:
     limit: a value not written by us is ignored rather than parsed at any cost."""
     if not isinstance(raw, str) or len(raw) > max_bytes:
         return None
+    try:
+        return _decoder(max_digits).decode(raw)
+    except (ValueError, TypeError, RecursionError):
+        return None
 
+
+# One decoder per bound, built once (it holds no state between calls): every allocated
+# claim a list brings has its allocation record decoded here.
+@functools.lru_cache(maxsize=8)
+def _decoder(max_digits: int) -> json.JSONDecoder:
     def small_int(text: str) -> int:
         if len(text.lstrip("-")) > max_digits:
             raise ValueError("integer too long")
@@ -84,7 +94,4 @@ def small_json(raw: Any, *, max_bytes: int, max_digits: int = 19) -> Any:
     def refuse(text: str) -> Any:
         raise ValueError(f"{text} is not a number")
 
-    try:
-        return json.loads(raw, parse_int=small_int, parse_constant=refuse)
-    except (ValueError, TypeError, RecursionError):
-        return None
+    return json.JSONDecoder(parse_int=small_int, parse_constant=refuse)

@@ -207,10 +207,14 @@ def _attributes(raw: Any, driver: str, where: str) -> dict[str, dict[str, Attrib
         # Hot loop (tens of thousands of devices): error context is built only on error.
         if (parts := _VALID_NAMES.get(qualified)) is None:
             parts = _check_name(qualified, f"{where}.attributes")
-        try:
-            parsed = _attribute(value)
-        except SliceError as err:
-            raise SliceError(f"{where}.attributes[{qualified!r}]: {err}") from None
+        if type(value) is dict and len(value) == 1 and type(text := value.get("string")) is str and \
+                len(text) <= validation.MAX_ATTRIBUTE_LENGTH:
+            parsed: AttributeValue = _strings(text)  # `_scalar`'s first case, inline: most values are strings
+        else:
+            try:
+                parsed = _attribute(value)
+            except SliceError as err:
+                raise SliceError(f"{where}.attributes[{qualified!r}]: {err}") from None
         values += len(parsed) if type(parsed) is tuple else 1
         domain, ident = parts
         if domain:
@@ -291,6 +295,11 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
     for qualified, value in raw.items():
         if (parts := _VALID_NAMES.get(qualified)) is None:
             parts = _check_name(qualified, f"{where}.capacity")
+        if type(value) is dict and len(value) == 1 and type(text := value.get("value")) is str and \
+                (plain := _PLAIN_CAPACITIES.get(text)) is not None:
+            # A value alone, parsed before: the one Capacity of that text (hot loop, as above).
+            out.setdefault(parts[0] or driver, {})[parts[1]] = plain
+            continue
         at = f"{where}.capacity[{qualified!r}]"
         if not isinstance(value, dict) or "value" not in value:
             raise SliceError(f"{at}: must be an object with a value")
@@ -303,8 +312,17 @@ def _capacities(raw: Any, driver: str, where: str, *, shared: bool) -> dict[str,
                 # validateSingleAllocatableDeviceCapacity: consumable capacity needs sharing.
                 raise SliceError(f"{at}.requestPolicy: allowMultipleAllocations must be true")
             policy = _policy(raw_policy, amount, f"{at}.requestPolicy")
-        out.setdefault(domain, {})[ident] = _intern(Capacity(amount, policy))
+        capacity = _intern(Capacity(amount, policy))
+        if policy is None and len(value) == 1 and type(text := value["value"]) is str and \
+                len(_PLAIN_CAPACITIES) < _CACHE_LIMIT:
+            _PLAIN_CAPACITIES[text] = capacity
+        out.setdefault(domain, {})[ident] = capacity
     return _shared_capacities(out)
+
+
+# A capacity of a value alone by the value's text (`_capacities`): what `_quantity` and
+# `_intern` would make of it, without hashing its Fraction again for each device.
+_PLAIN_CAPACITIES: dict[str, Capacity] = {}
 
 
 # Equal capacities share one object: tens of thousands of GPUs publish a handful of

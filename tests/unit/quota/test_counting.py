@@ -247,6 +247,18 @@ def test_the_shared_bounds_stay_bounded_whatever_specs_tenants_write() -> None:
     assert all(big not in alt.selectors for spec in kept for req in spec.requests for alt in req.alternatives)
 
 
+def test_a_stored_claim_is_priced_once_its_requirement_is_cached_whatever_was_asked_before() -> None:
+    """`known` is kept per memo key only until the pricer caches a requirement: a claim of
+    one spec counted at its bound is priced by lookup once another spec's pricing (the
+    same requirement under another request name) cached what it needs."""
+    adm = admitter()
+    assert adm.stored_entry(claim("c1", H100))[1] is True
+    other = parse_claim(make_claim("o", request("other", exactly("gpu", H100))))
+    adm.existing_entry(other)  # its requirement priced and cached; not the claims' memo key
+    entry, bound = adm.stored_entry(claim("c2", H100))
+    assert not bound and charge(entry) == charge(adm.existing_entry(claim("c3", H100)))
+
+
 def test_stored_claims_priced_alike_share_one_mapping_and_it_stays_bounded() -> None:
     adm = admitter()
     first, second = adm.existing_entry(claim("c1", H100)), adm.existing_entry(claim("c2", H100))
