@@ -241,7 +241,8 @@ class AllocatedPricer:
             rounded = round_request(amount, capacity) if capacity is not None else None
             charge = ceil_int(rounded if rounded is not None else amount)
             # Gone from the inventory, its policy cannot round the amount: what the record
-            # kept (rounded while the device was there) where that is more (review8).
+            # kept (rounded while the device was there) where that is more, so a device leaving
+            # the inventory never lowers a share's charge.
             return Charge(max(charge, kept) if kept is not None else charge, 1)
         if device is not None:
             return Charge(ceil_int(device.memory), 1)
@@ -262,10 +263,9 @@ def _result_key(result: AllocatedDevice) -> RecordKey:
 
 def _recorded_for(recorded: Mapping[RecordKey, int], claim: Claim, result: AllocatedDevice) -> int | None:
     """What the record charged `result`: under its own key, else under its device's (the
-    record by device: a record by device, or review7: one by result that says another
-    allocation), where the device has no other charged result (by device, a record holds
-    the sum of a device's results; an older release's, the last one: never a result's
-    own, review6)."""
+    record by device: a record by device, or one by result that says another allocation),
+    where the device has no other charged result (by device, a record holds the sum of a
+    device's results; an older release's, the last one: never a result's own)."""
     kept = recorded.get(_result_key(result))
     if kept is not None:
         return kept

@@ -19,15 +19,15 @@ Two annotations, because releases before this one read only the first:
   shares of one device read as one device.
 
 A release that knew only the first saw the second as a foreign annotation, so during a
-rolling upgrade every replica reads a record it understands (review6: one record by
-result in the first annotation read as devices of an unknown driver, which a quota
-scoped by driver then counted at 0 on the older replicas).
+rolling upgrade every replica reads a record it understands (a record by result in the
+first annotation would read, on an older replica, as devices of an unknown driver, which
+a quota scoped by driver then counts at 0).
 
 What the second cannot tell (docs/development/reservations.md): the release before neither guards nor
 rewrites it, so one a tenant set on a claim before the upgrade, or one an older leader
 left standing after reallocating the same devices to other requests (a rollback), is
 read while it agrees by device, until the leader rewrites it (an allocated claim's at
-once; a deallocated claim's once it sees the claim allocated again) (review7).
+once; a deallocated claim's once it sees the claim allocated again).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ __all__ = ["ClaimsRebuild"]
 
 # How many quota updates a swap may make to move the live usage by the claims that differ
 # from it, with no pause (`ClaimsRebuild._move`: a claim's old and new entry each update
-# every DeviceQuota of its namespace and every team selecting it, 7-12 µs each, review9);
+# every DeviceQuota of its namespace and every team selecting it, 7-12 µs each);
 # past it every quota is summed again over every claim, in pauses. The claims the live
 # ledger changed meanwhile are reconciled at the swap either way.
 MOVED_AT_SWAP = 2000
@@ -124,8 +124,8 @@ class ClaimsRebuild:
         return gone
 
     def _move_cost(self, dropped: list[ClaimRef]) -> int:
-        """The quota updates `_move` would make for the claims put or dropped (review9: a
-        bound on claims alone let the quotas of one namespace multiply the swap's work);
+        """The quota updates `_move` would make for the claims put or dropped (a bound on
+        claims alone would let the quotas of one namespace multiply the swap's work);
         counted only until past `MOVED_AT_SWAP`."""
         ledger = self._ledger
         per_namespace: dict[Namespace, int] = {}

@@ -1,4 +1,4 @@
-"""Selectors that pin one device, answered from an equality index (issue 16.5).
+"""Selectors that pin one device, answered from an equality index, not by evaluating every device.
 
 Neighbours: `quota.cel.references.equalities` finds a selector's top-level
 `device.attributes["d"].x == <literal>` terms; `quota.selectors` asks `index_term`

@@ -12,7 +12,7 @@ from a quota already counting it the same way), out of it takes
 the part away. The parts are the per-namespace breakdown of the team's status.
 
 A part may also be counted later (`Recount`): where `serve` runs, counting a namespace
-of 150,000 claims at once held the event loop 1.2-2.1 s (issue 16.3), so the ledger
+of 150,000 claims at once held the event loop 1.2-2.1 s (bench/stalls.py), so the ledger
 hands back a `Recount` over the namespace's claims as they were when it joined, which
 `kube.recounts` runs in slices. Meanwhile the part starts at zero and every claim event
 adds its delta as usual; the recount's sum, added once it ends, makes the part exact (a

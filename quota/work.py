@@ -8,7 +8,8 @@ of one review's pricing (`pausing`), and the wait hook for work that waits on an
 call's (`wait_point`). Pure: no clock, no I/O; a pause is whatever the
 hook does (nothing, for `dra-quota check` and the caches).
 
-Budgets follow the API server's model (issue 15.2): a per-expression cost limit (the
+Budgets follow the API server's model, so that no tenant's selectors hold the event loop
+from everyone else's reviews: a per-expression cost limit (the
 scheduler's 1,000,000, `quota.cel.COST_LIMIT`) *and* a total per call. Here the calls
 are a claim (every request, subrequest and pricing mode of it) and a review (everything
 one admission answer or one Kueue Workload decision prices). The units are the CEL

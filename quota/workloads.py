@@ -62,7 +62,8 @@ WORKLOAD_LABEL = "draquota.io/workload"
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
 _STATES = ("Pending", "Ready", "Retry", "Rejected")
 MAX_MESSAGE = 32768  # workload_types.go: AdmissionCheckState.message maxLength
-# What a tenant's Workload may say, bounded before anything is priced (issue 15.7):
+# What a tenant's Workload may say, bounded before anything is priced (an unbounded one
+# would take the memory or the time of the leader that decides every Workload):
 MAX_POD_SETS = 8  # workload_types.go: spec.podSets maxItems
 MAX_POD_SET_COUNT = 2**31 - 1  # PodSet.count is an int32 (a Job's parallelism)
 MAX_POD_CLAIMS = 128  # resourceClaims per pod template: ours (the Pod API sets none)
