@@ -249,7 +249,9 @@ class ClaimStore:
         if relisted and (last := self.admitter.recorded_allocation(claim)) is not None:
             # Deallocated, and changed while the watch was down: it may have been allocated
             # and deallocated again meanwhile, so the last allocation this process saw may
-            # be older than the one the leader recorded. The record wins (review5).
+            # be older than the one the leader recorded. The record wins: counted at the
+            # older allocation, the claim could count less than it was charged, and admissions
+            # over-commit.
             return last, False
         if (held := self.ledger.entry(claim_ref(claim))) is not None:
             if held.allocated:

@@ -10,7 +10,7 @@ is recounted). `webhook.claimreview` waits here, bounded, before it decides a cl
 against a team being recounted; past the bound, and for every other writer, the
 decision itself refuses (`kube.statuswriter`, `quota.ledger`): nothing is decided on a
 partial count. Counted at once, one namespace of 150,000 claims held the loop 1.2-2.1 s
-(issue 16.3, bench/stalls.py).
+(bench/stalls.py).
 """
 
 from __future__ import annotations
