@@ -1,4 +1,4 @@
-"""One-write admission of a ResourceClaim CREATE: reserve and annotate in the create itself (issue 16 (c)).
+"""One-write admission of a ResourceClaim CREATE: reserve and annotate in the create itself, its only write.
 
 Neighbours: `webhook.endpoints` routes a claim CREATE reviewed by the mutating webhook
 here; `webhook.claimreview.admit_new` prices, checks and reserves (as the validating

@@ -29,7 +29,8 @@ claim is priced again.
 
 A claim DELETE is not ours to judge: a reservation ends when the claim watch delivers
 the deletion (`kube.claimstore.ClaimStore.delete`), never at the DELETE's admission,
-which a later admission step may still refuse (issue 15, item 8).
+which a later admission step may still refuse: a claim whose DELETE is refused lives on
+and must keep its charge.
 """
 
 from __future__ import annotations

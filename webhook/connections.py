@@ -10,7 +10,7 @@ the `dra-quota serve` flags.
 Why: asyncio's TLS layer allocates a 256 KiB read buffer for every accepted connection
 before its handshake, and neither asyncio nor aiohttp caps connections or times out a
 handshake's wait for the first request, a slow request or an idle keep-alive: 3,000 idle
-connections took `serve` from 117 MB to 1 GB (issue 15). Here the TLS layer reads into
+connections took `serve` from 117 MB to 1 GB (bench/connections.py). Here the TLS layer reads into
 32 KiB (two full TLS records), and each connection is in one phase at a time, with its
 own deadline, checked every second:
 

@@ -62,7 +62,7 @@ VALIDATING: dict[Route, Handler] = {
 # a MutatingWebhookConfiguration of an earlier release, still in place while an upgrade
 # rolls out, does not fail claim creates.
 MUTATING: dict[Route, Handler] = {}
-# One-write admission (`webhook.claimadmit`; issue 16 (c), docs/development/one-write.md), the shipped
+# One-write admission (`webhook.claimadmit`, docs/development/one-write.md), the shipped
 # configuration's claim CREATE: reviewed by a mutating webhook, reserved and annotated in
 # the create itself, so the leader writes nothing to it (`controllers.annotator`). Its own
 # path: during an upgrade an older Pod answers it 404 (the claim waits where a quota

@@ -10,7 +10,7 @@ port (`--metrics-port`): reviews stay on the webhook's.
 
 One `Metrics` per process owns one `CollectorRegistry` (never the global default, so
 tests can build several). Every metric name is a constant in `runtime.metricnames` (STYLE: the
-Grafana test checks each dashboard query against them); the usage metrics (issue 8: `draquota_quota`,
+Grafana test checks each dashboard query against them); the usage metrics (`draquota_quota`,
 `draquota_namespace_device_usage`, `draquota_claim_device_info`, inventory, leader) are
 collectors `webhook.usagemetrics` registers on `Metrics.registry`.
 
@@ -103,7 +103,7 @@ RENDER_CHUNK = 32  # samples rendered between two pause points of a scrape (~1-2
 # DeviceQuota a status write (a few ms to tens); the API server gives up after timeoutSeconds (5 in deploy/, 10 by default).
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # A reconcile pass is one status write per changed quota (a few ms each, 8 at a time),
-# conflicts retried; a resync of thousands of quotas takes seconds (issue 8 asks <= 1 s
+# conflicts retried; a resync of thousands of quotas takes seconds (the target is <= 1 s
 # from an allocation to its status).
 RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # A claim waits for the scheduler (seconds), for a Pod to be scheduled or for quota to
