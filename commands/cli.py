@@ -6,7 +6,7 @@ tables and maps failures to exit codes: 0 when it ran; 1 when the cluster could 
 read (`top`, `demo`) or, with `check --fail-on-deny`, when an object was denied; 2 on
 unreadable input.
 
-Start-up: every command starts at once (issue 16.6). This module imports only the
+Start-up: every command starts at once (targets in bench/cli.py). This module imports only the
 standard library at the top; each subcommand imports what it needs when it runs, and
 `main` defines the flags of the chosen subcommand only (the others are listed by name
 and help), so `--help` and `check` never load kubernetes_asyncio, aiohttp, prometheus

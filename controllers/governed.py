@@ -12,7 +12,7 @@ looked at again. A ClusterDeviceQuota's selector can never key on the governed l
 itself (its CRD allows only `kubernetes.io/metadata.name` and `team.draquota.io/*`):
 labelling a namespace can never move it into or out of a team.
 
-Why (issue 15, item 3): the webhook configurations (deploy/manifests/webhooks.yaml)
+Why: the webhook configurations (deploy/manifests/webhooks.yaml)
 hold each claim webhook twice, `failurePolicy: Fail` for namespaces with this label and
 `Ignore` for the rest. So where a DeviceQuota governs, enforcement fails closed (while
 the webhook is down its claims and allocations wait), and where nothing governs, our

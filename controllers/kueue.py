@@ -353,7 +353,7 @@ class AdmissionCheckController:
                                 workload.name, err)
                 except Exception:
                     # A bug or a hostile Workload fails this Workload, never the loop (and
-                    # so never the leader, nor each next one: issue 15.7).
+                    # so never the leader, nor each next one that would meet the same Workload).
                     log.exception("deciding check %s of Workload %s/%s failed", check, workload.namespace,
                                   workload.name)
                     self.recorder.record(EventKey(Ref(KUEUE, "Workload", workload.name, workload.namespace), None,

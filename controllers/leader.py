@@ -6,7 +6,7 @@ docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
 the work to do while leading, and the controller asks `leading()` before each write.
 `kube.api.WRITE_GATE` asks it again for every write the leader's writers send.
 
-Why not kubernetes_asyncio's `leaderelection` (issue 8): its Lease calls have no
+Why not kubernetes_asyncio's `leaderelection`: its Lease calls have no
 timeout (a hung renew keeps a replica "leading" forever), it never releases the lease
 on shutdown (the next replica waits out the whole duration) and it stamps local time as
 UTC. This loop bounds every attempt, releases on cancellation, and writes real UTC.

@@ -1,4 +1,4 @@
-"""Stored claims: counted at once at an upper bound, priced after ready (issue 15.4).
+"""Stored claims: counted at once at an upper bound, priced after ready.
 
 Neighbours: `kube.claimstore.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at

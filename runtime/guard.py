@@ -6,8 +6,8 @@ once per object. The domain raises only what it documents, but a bug, or a tenan
 object that reaches an unbounded path, must cost that object its decision and nothing
 more: a store that raises stops its reflector (`kube.watching.Store`), and `serve`
 stops the process when a background task dies, so the next leader would meet the same
-object and die too (issue 15.7: a Workload's count of 2^31-1 killed every leader in
-turn with a MemoryError).
+object and die too (a Workload's count of 2^31-1, priced Pod by Pod, is a MemoryError in
+every leader in turn).
 """
 
 from __future__ import annotations

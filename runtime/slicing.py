@@ -1,4 +1,6 @@
-"""Pricing in slices: no review's pricing holds the event loop for long (issue 15.2).
+"""Pricing in slices: no review's pricing holds the event loop for long.
+
+One tenant's expensive selectors must not delay everyone else's answers.
 
 Neighbours: `webhook.endpoints` runs every synchronous handler through `Slicer.run`,
 and `webhook.claimreview` its pricing calls; the leader's Kueue decisions
