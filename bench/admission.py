@@ -1,4 +1,4 @@
-"""Admission benchmark: the webhook on the path a user's claim takes (issues 7 and 16).
+"""Admission benchmark: the webhook on the path a user's claim takes.
 
 Prints, and writes to bench/results/admission.json:
 (a) reviews per CPU-second in-process on the generated inventory (5,000 nodes: 40,000

@@ -1,4 +1,4 @@
-"""Each attack of issue 15 a review can carry, apart: an honest review's p99 during it, the longest event loop stall, serve's peak RSS.
+"""Each attack of a hostile tenant a review can carry, apart: an honest review's p99 during it, the longest event loop stall, serve's peak RSS.
 
     python bench/attacks.py                 # every attack, 10 s of honest load each
     python bench/attacks.py --only cel      # one
@@ -8,11 +8,11 @@ The control plane with a small inventory and `serve` at its defaults (bench/admi
 pool of kept-alive connections (bench/connections.py's `honest`: the write-nothing mix,
 and a new connection timed every 100 ms), first without an attack, then during each of:
 
-- padded: claims with a 200 KB annotation, --workers back to back (issue 15.1's claims);
+- padded: claims with a 200 KB annotation, --workers back to back (bodies large to read and parse);
 - slow: whole reviews sent chunked in 50 pieces 20 ms apart (a second each);
 - oversized: 9 MiB reviews (refused with 413 after their first KiB);
-- cel: claims of 32 requests x 8 subrequests, each selector salted (issue 15.2; denied by
-  the per-claim budget), --workers in flight;
+- cel: claims of 32 requests x 8 subrequests, each selector salted (nothing cached helps;
+  denied by the per-claim budget), --workers in flight;
 - pods: dryRun Pods of 1,024 containers each asking 4 DeviceClasses' extended resources
   (allowed with a warning; read in slices, `webhook.pods`), --workers in flight;
 - denials: dryRun claims of 32 x 8 subrequests naming missing DeviceClasses (each denied

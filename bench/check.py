@@ -10,7 +10,7 @@ so that load time, inventory build and pricing of never-seen selectors can be to
 apart. Wall time is measured around each child, peak RSS is the child's own ru_maxrss
 (os.wait4).
 
-Targets (issue #6): JSON dump + 100 claims <= 10 s and <= 600 MB; YAML <= 30 s.
+Targets (docs/development/performance.md): JSON dump + 100 claims <= 10 s and <= 600 MB; YAML <= 30 s.
 Prints a table and writes bench/results/check.json. Not a test: run
 `python bench/check.py [--quick] [--nodes N] [--repeat N]`.
 """

@@ -1,4 +1,4 @@
-"""Idle and slow connections against `dra-quota serve` (issue 15, item 5): its memory, and honest latency.
+"""Idle and slow connections against `dra-quota serve`: its memory, and honest latency.
 
 The control plane (tests/e2e/cluster.py) with a small generated inventory and `serve` at
 its defaults (`--max-connections 1000`, 10 s handshake, header and body timeouts, 120 s

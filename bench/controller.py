@@ -1,4 +1,4 @@
-"""The quota controller's recompute: 5,000 nodes x 8 GPUs, 150,000 claims (issue 8).
+"""The quota controller's recompute: 5,000 nodes x 8 GPUs, 150,000 claims.
 
 What a leader does, through the code `serve` runs (not a model of it):
 - decode: the claims as the API server's list pages carry them (JSON), decoded;

@@ -1,7 +1,7 @@
-"""The floor of issue 16 (c): what one webhook call per create costs, whatever the webhook does.
+"""The floor of one-write admission: what one webhook call per create costs, whatever the webhook does.
 
-Issue 16 asks for claim creates through the API server, our webhooks and a DeviceQuota in
-scope, at >= 0.8x the rate of a namespace with only a ResourceQuota, and API-server CPU
+The target (docs/development/one-write.md) is claim creates through the API server, our
+webhooks and a DeviceQuota in scope, at >= 0.8x the rate of a namespace with only a ResourceQuota, and API-server CPU
 per create <= 1.5x ResourceQuota's. Every design of ours makes at least one webhook call
 per create (a quota whose prices come from CEL selectors over the inventory cannot be
 checked in the API server's process). This measures what that one call costs on its own,
@@ -12,7 +12,7 @@ no writes. Its numbers bound every design from above: no webhook of ours can be 
 Modes, alternating phases in one run (bench/admission.py's (c) harness: 16 creates in
 flight, the same one-GPU claim, the API server's own metrics and each process's CPU):
 - plain: no admission webhook and no quota at all (the ceiling);
-- resourcequota: only an in-tree ResourceQuota (issue 16's baseline);
+- resourcequota: only an in-tree ResourceQuota (the baseline the target is a ratio of);
 - floor-validating: one validating call to the do-nothing webhook (the validating
   design had one such call per create, plus the leader's charge patch);
 - floor-mutating: one mutating call to the do-nothing webhook, answering with a JSON

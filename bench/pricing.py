@@ -13,9 +13,9 @@ Prints (and writes to bench/results/pricing.json):
   floor of any grouping; the first also partitions by uuid), (g) selectors testing only
   the presence of per-device fields (grouped by presence), (h) 100 never-seen claims
   each pinning one device (`uuid == "GPU-..."`, or a PCI bus id), answered from the
-  equality index (`quota.equality`), and 100 others with the index off (the before
-  figure of issue 16.5), and the realistic generated claim mix;
-- each against its target (issues #2 and #6), as a ratio.
+  equality index (`quota.equality`), and 100 others with the index off (what every
+  such claim cost without the index), and the realistic generated claim mix;
+- each against its target (docs/development/performance.md), as a ratio.
 
 Not a timed test: run `python bench/pricing.py [--nodes N]`.
 """

@@ -1,4 +1,4 @@
-"""Stored expensive claims and a fresh replica's readiness (issue 15.4).
+"""Stored expensive claims and a fresh replica's readiness.
 
 A replica becomes ready once its claim cache has listed and accounted every stored
 claim (`kube.claimstore.ClaimStore.replace`). Pricing each one there let ten expensive

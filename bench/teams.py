@@ -1,4 +1,4 @@
-"""Team quotas at scale (issue 19): admission with 500 namespaces and 20 ClusterDeviceQuotas.
+"""Team quotas at scale: admission with 500 namespaces and 20 ClusterDeviceQuotas.
 
 One control plane, one `dra-quota serve` as the chart runs it (bench/admission.py's
 `control_plane`, its generated inventory), our webhooks installed, and two sets of 500

@@ -6,7 +6,7 @@ the holders, as a serve process's first list would; one DeviceQuota per namespac
 Then one scrape (`Metrics.exposition`, what `GET /metrics` serves) is timed cold, again
 with nothing changed (the per-model and per-device families are cached on the
 inventory generation and the holders' version), and after one claim changed. Then team
-quotas (issue 19): `--team-namespaces` more Namespaces and `--teams` ClusterDeviceQuotas,
+quotas: `--team-namespaces` more Namespaces and `--teams` ClusterDeviceQuotas,
 first each selecting its share of them (a label per team), then each selecting every
 namespace (`{}`: the worst case, teams x namespaces members); each scrape is timed with
 the rest unchanged, so the difference is the team families' cost.
