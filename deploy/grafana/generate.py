@@ -335,7 +335,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Quota controller: reconcile pass duration", "timeseries", "s",
               (_reconcile(0.5), _reconcile(0.99)),
               "Seconds the leader's quota controller took per pass to write the status of the DeviceQuotas that "
-              "changed (issue 8 asks the status within 1 s of an allocation); standbys do not reconcile.",
+              "changed (the target is the status within 1 s of an allocation); standbys do not reconcile.",
               width=12),
     )),
     ("GPU utilisation (dcgm-exporter)", (
