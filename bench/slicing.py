@@ -1,7 +1,8 @@
 """Expensive claims in flight: an honest review's latency and the longest event-loop stall.
 
-Issue 15.2: a 6.3 KB dryRun claim of 32 requests x 8 subrequests, each with its own
-salted, per-device, looping selector, held `serve`'s loop for ~57 s. This starts the
+The attack: a 6.3 KB dryRun claim of 32 requests x 8 subrequests, each with its own
+salted, per-device, looping selector, held `serve`'s loop for ~57 s before pricing ran in
+slices. This starts the
 real aiohttp app (`webhook.server.build_app` with `webhook.endpoints`, reservations
 persisted as `serve` persists them, on bench/admission.py's in-process API stand-in: no
 namespace here has a DeviceQuota, so none is written) in a child process on a loopback

@@ -1,6 +1,6 @@
 """Event-loop stalls at 150,000 claims and 58,000 devices, each operation under an honest review stream.
 
-Issue 16.3: no stall above 50 ms anywhere. This runs what `serve` runs, in-process, on
+The target: no stall above 50 ms anywhere. This runs what `serve` runs, in-process, on
 the real event loop: `commands.wiring.Caches` (every reflector, store, the refiner, the
 relists in slices), the quota controller leading, the usage metrics on the metrics
 listener, and the admission app (`webhook.endpoints` over a loopback socket, plain HTTP);

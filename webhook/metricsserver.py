@@ -13,7 +13,7 @@ a user without that right 403. `serve` needs `create` on `tokenreviews` and
 `subjectaccessreviews`; a scraper, a ClusterRole with `nonResourceURLs: [/metrics],
 verbs: [get]` (the chart ships one). Decisions are cached by the token's SHA-256 (never the
 token): an allowed one 60 s, a refused one 30 s (controller-runtime caches a token 1 min,
-an allowed review 5 min, a denied one 30 s), at most `MAX_CACHED` tokens, the least
+an allowed review for 5 min, a denied one for 30 s), at most `MAX_CACHED` tokens, the least
 recently used dropped first; failures to ask are never cached. At most `MAX_ASKING`
 reviews are in flight at once: a flood of made-up tokens waits here (each wait bounded
 by the listener's request timeout) instead of flooding the API server.
