@@ -1,4 +1,4 @@
-"""`dra-quota check` as a CI gate reads it (issue 17): exit statuses, what it says when no
+"""`dra-quota check` as a CI gate reads it: exit statuses, what it says when no
 quota applies, typo'd kinds, typed Lists and unknown fields.
 
 Through `commands.cli.main`, as a pipeline runs the command.

@@ -1,6 +1,6 @@
 """Hostile input, class by class: each gets our own error naming the field, never a traceback.
 
-Mirrors issue 6's classes for the parsers: Python's limits (huge integers and strings),
+Mirrors the hostile selectors' classes (tests/unit/quota/cel/test_hostile.py) for the parsers: Python's limits (huge integers and strings),
 wrong types in metadata, values the API server would refuse, unknown apiVersions, output
 that could lie, and claims no device can price. Each row asserts the exact outcome.
 """

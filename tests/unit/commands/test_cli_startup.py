@@ -1,4 +1,4 @@
-"""Every command starts at once (issue 16.6): what each one imports, in a fresh interpreter.
+"""Every command starts at once: what each one imports, in a fresh interpreter.
 
 Module sets, not timings (bench/cli.py prints those): `--help` and `check` never load
 the Kubernetes client, aiohttp, prometheus_client or cryptography, and only a command

@@ -1,5 +1,6 @@
 """The leader's AdmissionCheck controller over the real caches: one Workload's failure
-is that Workload's (a warning Event), never the decision loop's (issue 15.7)."""
+is that Workload's (a warning Event), never the decision loop's, which
+would stop the leader and then each next one that meets the same Workload."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ renders from them is tests/unit/test_chart.py's.
 
 promtool comes from Debian's `prometheus` package, which .ci/prometheus.sh installs: these
 tests fail (never skip) without it. The quota and leader alerts read the quota
-controller's metrics (issue 8) and fail the name check until runtime/metricnames.py has them.
+controller's metrics and fail the name check until runtime/metricnames.py has them.
 """
 
 from __future__ import annotations

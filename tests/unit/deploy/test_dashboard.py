@@ -1,7 +1,7 @@
 """The Grafana dashboard: generated without drift, every query reading only exported metrics.
 
 The usage panels (quota, namespace usage, inventory, leader, the DCGM join) read metrics
-the quota controller exports (issue 8); until runtime/metricnames.py names them, their cases
+the quota controller exports; until runtime/metricnames.py names them, their cases
 here fail and say which names are missing. tests/e2e/test_dashboards.py evaluates the
 same queries on a real Prometheus.
 """

@@ -320,7 +320,7 @@ def test_quotas_classes_namespaces_and_slices_follow_their_events() -> None:
 
 def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 15.7: a store that raises stops its reflector, and `serve` then stops; one
+    """A store that raises stops its reflector, and `serve` then stops; one
     claim's failure must cost that claim its accounting, nothing more."""
     world = World()
     real = world.admitter.existing_entry

@@ -1,5 +1,5 @@
-"""kube.contact: a replica the API server no longer answers is not ready and answers every
-review 503, so the webhooks' failurePolicy decides; it decides again once it answers.
+"""kube.contact: a replica the API server no longer answers is not ready and answers 503
+to every review, so the webhooks' failurePolicy decides; it decides again once it answers.
 
 The probe runs against a stub of the API server's `/readyz` (answering, failing, or
 hanging) on a clock the test moves; the review side over a real socket to `build_app`.

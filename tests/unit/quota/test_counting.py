@@ -186,7 +186,7 @@ def test_a_review_without_the_room_is_denied_for_its_budget_memoised_or_not(memo
 
 
 def test_a_large_spec_is_priced_again_not_kept() -> None:
-    # review11: the memo's key holds the spec, so its memory is bounded by entries only where
+    # The memo's key holds the spec, so its memory is bounded by entries only where
     # specs are small. A mutating webhook sees a create before the API server validates it,
     # so a tenant's dry runs could each leave ~2.6 MiB here (32 requests of 8 subrequests,
     # one 10 KiB selector each, a class that does not exist: priced without evaluating CEL,

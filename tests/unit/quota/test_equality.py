@@ -1,5 +1,5 @@
 """quota.equality: a selector pinning a device by `attribute == literal` is answered from an
-index with exactly the verdicts of evaluating every device (issue 16.5).
+index with exactly the verdicts of evaluating every device.
 
 The property test draws inventories where the attribute is missing on some devices,
 holds other types (int, bool, version, a version that does not parse), and selectors

@@ -303,8 +303,8 @@ def test_a_claims_rebuild_is_what_the_list_says_with_live_changes_to_kept_claims
 
 
 def test_a_swap_moves_the_usage_only_within_its_budget_of_quota_updates() -> None:
-    """review9: the swap holds the loop for one quota update per DeviceQuota of a changed
-    claim's namespace, for its old entry and its new one; a bound on claims alone let 2,000
+    """The swap holds the loop for one quota update per DeviceQuota of a changed claim's
+    namespace, for its old entry and its new one; a bound on claims alone would let 2,000
     claims in a namespace of 5 DeviceQuotas and 5 teams hold it 0.75 s."""
     led = ledger(*(make_quota(f"q{i}", memory="1Ti") for i in range(5)))
     for i in range(300):

@@ -483,7 +483,7 @@ def test_an_older_release_s_record_is_rewritten_only_where_it_cannot_be_read() -
     '{"d/p/x": 99999999999999999999}', '{"d/p/x": NaN}', "x" * 20000, '{":d/p/x": 1}', '{"r:d/p/x#": 1}',
     '{"r:d/p": 1}', '{"r:" : 1}', '{"d/p/x": ' + "1" * 40000 + "}",
     '{"r:d/p/x": 1}',  # a key by result, in the annotation by device
-    '{"d/p/x": 1, "r:d/p/x": 1}',  # both forms (review6: counted the device twice)
+    '{"d/p/x": 1, "r:d/p/x": 1}',  # both forms (read, they would count the device twice)
 ])
 def test_a_record_that_is_not_ours_is_ignored(raw: str | None) -> None:
     assert recorded_devices({ALLOCATED_CHARGE_ANNOTATION: raw}) == ()
@@ -493,7 +493,7 @@ SHARED = DeviceKey(D, "node-3", "shared-0")
 
 
 def test_the_annotation_by_device_is_what_a_release_before_records_by_result_reads() -> None:
-    """review6: a record by result in `draquota.io/allocated-charge` read, on a replica of the
+    """A record by result in `draquota.io/allocated-charge` would read, on a replica of the
     release before, as devices of a driver named "r:gpu.example.com": 0 for a quota scoped
     by driver. That annotation stays by device (the sum of a device's results), and the
     results go in their own."""
@@ -517,10 +517,10 @@ def test_a_record_by_result_counts_only_where_the_one_by_device_agrees() -> None
 
 
 def test_an_older_records_collapsed_shares_of_a_vanished_device_are_not_rewritten_larger() -> None:
-    """review6. Two shares (10Gi, 20Gi) of one shared device, recorded by the release before
-    once, 20Gi (the second share overwrote the first). The device leaves the inventory:
-    each share took the device's 20Gi, 40Gi recorded while the allocation says 30Gi, and
-    a replica started after the deallocation would have counted 40Gi. A device's entry by
+    """Two shares (10Gi, 20Gi) of one shared device, recorded by the release before once,
+    20Gi (the second share overwrote the first). The device leaves the inventory: were each
+    share to take the device's 20Gi, 40Gi would be recorded while the allocation says 30Gi,
+    and a replica started after the deallocation would count 40Gi. A device's entry by
     device stands for one result only where it has no other."""
     shares = [result("r", "shared-0", pool="node-3", consumed={"memory": a}) for a in ("10Gi", "20Gi")]
     shares[1]["shareID"] = "6ba7b810-9dad-11d1-80b4-00c04fd430c9"
@@ -537,7 +537,7 @@ GPU0 = DeviceKey(D, "node-1", "gpu-0")
 
 
 def test_a_results_annotation_on_a_claim_of_one_class_is_not_read() -> None:
-    """review7 (F1). The release before neither guards nor reads `draquota.io/allocation-results`:
+    """The release before neither guards nor reads `draquota.io/allocation-results`:
     a tenant could set it before the upgrade, naming a request the claim does not have
     (class ""), with the devices' memory (public). On a claim of one class it is not read,
     nor on one of several where it names a request the claim does not have."""
@@ -557,9 +557,10 @@ def test_a_results_annotation_on_a_claim_of_one_class_is_not_read() -> None:
 
 
 def test_a_vanished_device_keeps_its_charge_by_device_where_the_results_do_not_name_it() -> None:
-    """review7 (F2). Read by result, the record held no entry by device to fall back on: a
-    result missing there (the results say an older allocation) was priced, once its device
-    left the inventory, from the admission charge (80Gi -> 1), and the leader wrote that."""
+    """A result missing from the record by result (the results say an older allocation)
+    falls back on the record's entry by device once its device leaves the inventory:
+    priced from the admission charge instead, it would be 80Gi -> 1, and the leader would
+    write that."""
     gone = inventory()
     gone.delete_slice("n1")
     pricer = Pricer(gone, CLASSES)
@@ -573,7 +574,7 @@ def test_a_vanished_device_keeps_its_charge_by_device_where_the_results_do_not_n
 
 
 def test_an_admin_access_result_on_the_same_device_leaves_its_record_readable() -> None:
-    """review7 (F3). An adminAccess result is free and not recorded: it is no second share
+    """An adminAccess result is free and not recorded: it is no second share
     of the device, whose entry by device stands for the one charged result."""
     spec = [request("a", exactly("gpu")), request("m", exactly("gpu", admin=True))]
     allocation = [result("a", "gpu-0"), result("m", "gpu-0", admin=True)]
@@ -593,9 +594,9 @@ def allocated_json(record: dict[RecordKey, int]) -> str:
 
 
 def test_a_share_of_a_vanished_device_keeps_the_rounded_charge_its_record_kept() -> None:
-    """review8. A share consumed off the policy's step is charged rounded up to it while the
-    device is there; once it is gone nothing rounds it, and the unrounded amount was
-    charged and written over the record: lower."""
+    """A share consumed off the policy's step is charged rounded up to it while the device
+    is there; once it is gone nothing rounds it, so the record's rounded charge is kept
+    rather than the lower unrounded amount charged and written over it."""
     share = [result("r", "shared-0", pool="node-3", consumed={"memory": "1000000000"})]
     spec = request("r", exactly("shared"))
     record = Pricer(inventory(), CLASSES).allocation_record(parse_claim(make_claim("c", spec, allocation=share)))
@@ -609,7 +610,7 @@ def test_a_share_of_a_vanished_device_keeps_the_rounded_charge_its_record_kept()
 
 
 def test_a_claim_of_one_class_reads_the_same_by_device_and_by_result() -> None:
-    """review6 (S1): on a claim of one class every scope (by driver, by selector, by class)
+    """On a claim of one class every scope (by driver, by selector, by class)
     counts a record by device as the allocation, so none is rewritten by result."""
     pricer = Pricer(inventory(), CLASSES)
     selections = (DeviceSelection(drivers=frozenset({D})), DeviceSelection(drivers=frozenset({"x.example.com"})),

@@ -614,7 +614,7 @@ _CLAIMS = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["p-abcde", "p-
        st.integers(1, 3))
 def test_a_batch_counts_each_namespaces_entries_as_one_write_a_request_would(
         entries: dict[str, tuple[str, str]], steps: list[tuple[Any, str, tuple[str, str], bool]], bound: int) -> None:
-    # review11: `apply` keeps each namespace's count as it goes (stale series and
+    # `apply` keeps each namespace's count as it goes (stale series and
     # allocation entries dropped, a previous entry put back after a refusal): a batch
     # decides what the same requests applied one write each would.
     team = parse_cluster_device_quota(make_cluster_quota("ml-team", team="ml", memory="10Ti"))

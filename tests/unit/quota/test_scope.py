@@ -165,7 +165,7 @@ def test_a_selection_prices_only_its_candidates(requests: list[dict[str, Any]], 
 
 
 def test_the_class_scope_is_sidestepped_by_another_class_and_the_device_scope_is_not() -> None:
-    """The defect of issue 15.9: the same H100, asked for through another class."""
+    """The way around a quota scoped by class: the same H100, asked for through another class."""
     pricing = priced(request("r", exactly("alias", H100)))
     assert pricing.charge_for(Scope(frozenset({DeviceClassName("h100")}))) == Charge()
     assert pricing.charge_for(SELECTED) == Charge(80 * GiB, 1)

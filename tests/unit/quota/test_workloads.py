@@ -178,8 +178,8 @@ MAX_COUNT = 2**31 - 1
 
 @pytest.mark.parametrize("count", [10**7, MAX_COUNT])
 def test_a_huge_job_is_priced_arithmetically_in_bounded_memory_and_refused(count: int) -> None:
-    """Issue 15.7: `requests * count` built a list of `count` requests (190 MB at 10^7, a
-    MemoryError at 2^31-1 that killed the leader). The price is count x the template's
+    """`requests * count` would build a list of `count` requests (190 MB at 10^7, a
+    MemoryError at 2^31-1 that kills the leader). The price is count x the template's
     charge, exact, in kilobytes; past int64 it is refused with the reason."""
     adm = admitter()
     quota = adm.ledger.quotas(NS)[0]

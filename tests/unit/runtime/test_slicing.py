@@ -90,7 +90,8 @@ def world() -> Admitter:
 
 
 def expensive_claim(salt: int, requests: int = 4) -> Any:
-    """Per device (the whole attribute map read) and a loop each: what issue 15.2 sent."""
+    """Per device (the whole attribute map read) and a loop each: what a hostile tenant sends
+    to hold the event loop."""
     selector = f"size(device.attributes['{D}']) > {-salt} && lists.range(300).all(x, x + {salt} >= 0)"
     return parse_claim(make_claim(f"c{salt}", *(request(f"r{i}", exactly("gpu", f"{selector} && {i} >= 0"))
                                                 for i in range(requests))))

@@ -1,4 +1,4 @@
-"""runtime.stalls: a stall of the event loop shows in the metrics (issues 15 and 16).
+"""runtime.stalls: a stall of the event loop shows in the metrics.
 
 No bound on time is asserted: a blocking call of known length is made on the loop, and
 the longest stall reported must be at least that length less one tick's period (the

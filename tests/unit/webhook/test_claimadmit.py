@@ -195,11 +195,11 @@ def long_pod_attempt(pod: str) -> dict[str, Any]:
 
 
 def test_a_long_pod_names_attempts_still_replace_each_other() -> None:
-    """review10: a Pod name over 38 characters (a Deployment's `<deployment>-<hash>-<5>` easily is)
+    """A Pod name over 38 characters (a Deployment's `<deployment>-<hash>-<5>` easily is)
     makes a generateName over 58, which the API server and `attempt_series` truncate to 58.
-    The one-write entry is named by the whole generateName, so `in_series` matches only when
-    the generateName is exactly 63 characters long (len(series) + 5, by coincidence): every
-    attempt refused after us leaves its entry until the TTL, the problem `series` solves."""
+    Were the one-write entry named by the whole generateName, `in_series` would match only
+    when the generateName is exactly 63 characters long (len(series) + 5): every attempt
+    refused after us would leave its entry until the TTL, the problem `series` solves."""
     pod = "inference-server-llama-70b-q4-7d9f8c6b5d-x2k4p"  # 46 characters
     assert len(f"{pod}-extended-resources-") > 58
     world = World(make_quota("gpus", devices=2))
@@ -210,12 +210,12 @@ def test_a_long_pod_names_attempts_still_replace_each_other() -> None:
 
 
 def test_a_relist_keeps_the_first_claim_carrying_a_token_not_the_first_listed() -> None:
-    """review10: "the cache keeps the first claim carrying a token" (docs/development/one-write.md). A relist (or a replica starting) reads changed claims' tokens in list
-    order (etcd key order: namespace, then name), so a copy that sorts first and changed
-    while the watch was down takes the key from the original. (Benign as far as this review
-    found: every carrier of a token has a resourceVersion above the original's create, so
-    the original is in any cache that reaches the watermark; but the stated invariant is not
-    the one the code keeps.)"""
+    """"The cache keeps the first claim carrying a token" (docs/development/one-write.md).
+    A relist (or a replica starting) reads changed claims' tokens in list order (etcd key
+    order: namespace, then name), so a copy that sorts first and changed while the watch was
+    down must not take the key from the original. (Benign as far as is known: every carrier
+    of a token has a resourceVersion above the original's create, so the original is in any
+    cache that reaches the watermark; but the invariant the docs state is the one kept.)"""
     world = World(GPUS)
     claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
     key = token_key(notes(claim)[ADMISSION_ANNOTATION])
@@ -233,17 +233,17 @@ def test_a_relist_keeps_the_first_claim_carrying_a_token_not_the_first_listed() 
 
 def test_a_claim_no_quota_charges_is_annotated_with_its_charge_but_no_token() -> None:
     """Nothing was reserved, so nothing is to settle: no token for the claim cache to map
-    on each of its events (review10)."""
+    on each of its events."""
     world = World()  # no DeviceQuota anywhere
     claim = patched(incoming(gpu_claim()), mutate(world, incoming(gpu_claim())))
     assert CHARGE_ANNOTATION in notes(claim) and ADMISSION_ANNOTATION not in notes(claim)
 
 
 def test_a_token_the_creator_wrote_never_survives_an_admission_that_reserved_nothing() -> None:
-    """review11: the module doc says every invocation overwrites whatever the object
-    carries; where nothing was reserved (no quota charges the claim, a dry run) a token the
-    creator wrote was left in place, and the annotations guard then keeps it there: a copy
-    of another claim's token, made without waiting for the Ignore hook to be down."""
+    """The module doc says every invocation overwrites whatever the object carries, also
+    where nothing was reserved (no quota charges the claim, a dry run): a token the creator
+    wrote and left in place would be kept there by the annotations guard, a copy of another
+    claim's token made without waiting for the Ignore hook to be down."""
     for world, dry_run in ((World(), False), (World(GPUS), True)):
         forged = incoming(gpu_claim())
         forged["metadata"]["annotations"] = {ADMISSION_ANNOTATION: "0" * 32, "keep": "me"}

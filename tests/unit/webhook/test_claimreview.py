@@ -503,7 +503,7 @@ def test_a_denied_attempt_on_a_copy_never_releases_an_allowed_one_s_excess() -> 
     first write is still in the API server): the first (an h200, 61Gi above u's 80Gi) fits
     quotas "a" and "b" and is allowed; the second (two h200s) fits "a" but not "b", so
     its part on "a" is taken back. The entry the two share on "a" then holds the first's
-    61Gi again, which may still land (review3: it used to be removed whole)."""
+    61Gi again, which may still land: removing the entry whole would uncount it."""
     world = World(make_quota("a", memory="400Gi"), make_quota("b", memory="250Gi"))
     u = stored(gpu_claim())
     assert admit(world.ctx, review_request(u)).allowed
@@ -669,13 +669,14 @@ def test_a_deallocated_claim_s_record_changes_only_with_its_next_allocation() ->
 
 
 def test_a_replica_whose_watch_missed_an_allocation_counts_the_last_allocation_from_its_record() -> None:
-    """review4. Claim u, reserved at 141Gi (any GPU, Conservative), held by replicas B and C
-    at that reservation. C's watch breaks; meanwhile u is allocated an h100 (80Gi), its
-    record written, and deallocated; C relists and finds u unallocated. B, which saw it all,
-    counts u at 80Gi and admits claim w at 141Gi into the 221Gi hard. C kept counting u at
-    its reservation (the ledger's entry won over the record), took u's reallocation on an
-    h200 as within it and wrote nothing: 282Gi once w is allocated, no race needed. From
-    the record C counts 80Gi, so the reallocation's 61Gi must fit, and does not."""
+    """Claim u, reserved at 141Gi (any GPU, Conservative), held by replicas B and C at
+    that reservation. C's watch breaks; meanwhile u is allocated an h100 (80Gi), its record
+    written, and deallocated; C relists and finds u unallocated. B, which saw it all, counts
+    u at 80Gi and admits claim w at 141Gi into the 221Gi hard. Were C to keep counting u at
+    its reservation (the ledger's entry winning over the record), it would take u's
+    reallocation on an h200 as within it and write nothing: 282Gi once w is allocated, no
+    race needed. From the record C counts 80Gi, so the reallocation's 61Gi must fit, and
+    does not."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     u, first = landed(b, ("node-1", "gpu-0"))
     c.created(u)
@@ -739,7 +740,7 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
     into the 221Gi hard. Replica C, started after, counting u at the record's 141Gi,
     would take u's reallocation on an h200 as within it: 282Gi. The leader, B, which saw
     the h100 land, brings the record up to date (the webhook accepts that value on an
-    unallocated claim, and only that), and C counts what B does. (review4)"""
+    unallocated claim, and only that), and C counts what B does."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     u, first = landed(b, ("node-2", "gpu-0"))
     freed = recorded(stored(gpu_claim("true")), first)
@@ -768,7 +769,7 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
 def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last_allocation() -> None:
     """Claim u, reserved at 282Gi (two of any GPU), allocated an h100 and a device no
     ResourceSlice publishes (charged 141Gi, the largest of its class): 221Gi. The record
-    held the h100 only (review4); it holds both now. Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
+    holds both (a record of the h100 only would undercount u). Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
     w (two h200s, 282Gi) into the 400Gi hard, and B takes u's reallocation on an h100 and
     an h200 (221Gi) as within what u holds: 503Gi once both are allocated."""
     b, c = replicas(make_quota("gpus", memory="400Gi"))
@@ -807,10 +808,10 @@ def two_cycles(b: World, c: World) -> tuple[dict[str, Any], dict[str, Any], dict
 
 
 def test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit() -> None:
-    """review5. u's h200 (141Gi) landed on B and C; C's watch broke, and u was deallocated,
+    """u's h200 (141Gi) landed on B and C; C's watch broke, and u was deallocated,
     allocated an h100 (80Gi), recorded and deallocated again: B counts u at 80Gi and admits
-    w at 141Gi into the 221Gi hard. C relists: its own history (the h200) won over the
-    newer record, and was all C measured u's reallocation on an h200 over: within it,
+    w at 141Gi into the 221Gi hard. C relists: were its own history (the h200) to win over
+    the newer record, C would measure u's reallocation on an h200 over it alone: within it,
     nothing written, 282Gi once it lands. Measured over the record too, the 61Gi must fit."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     first, freed, w = two_cycles(b, c)
@@ -820,24 +821,24 @@ def test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_comm
 
 
 def test_a_replica_lagging_a_whole_cycle_never_lets_a_reallocation_over_commit() -> None:
-    """review5. The same with C's watch behind, not broken: its ledger still holds u's
-    h200 allocation. It measured the reallocation over the smaller of that and u's
-    reservation (141Gi both), never over the record the reviewed copy carries (80Gi,
-    what B and any replica started since count): `_reserved` asked the allocated copy
-    for its record, which `Pricer.recorded` reads on an unallocated claim only."""
+    """The same with C's watch behind, not broken: its ledger still holds u's h200
+    allocation. The reallocation is measured over the record the reviewed copy carries too
+    (80Gi, what B and any replica started since count), not only over the smaller of that
+    allocation and u's reservation (141Gi both): `_reserved` asks the unallocated copy for
+    its record, since `Pricer.recorded` reads one on an unallocated claim only."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     _, freed, w = two_cycles(b, c)
     assert not allocate(c.ctx, status_update(allocated(freed, ("node-2", "gpu-1")), freed)).allowed
 
 
 def test_a_replica_that_missed_a_whole_cycle_never_rewrites_the_newer_record() -> None:
-    """review5. As `test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit`:
+    """As `test_a_replica_that_missed_a_whole_cycle_never_lets_a_reallocation_over_commit`:
     C relisted u (record: the h100's 80Gi) holding its own older history (the h200's
-    141Gi). Leading, C writes 141Gi back; a tenant may too, through C's webhook. Replica
-    D, started then, counts u at 141Gi and measures u's reallocation on an h200 over it
+    141Gi). Were C to write 141Gi back leading (or a tenant through C's webhook), replica
+    D, started then, would count u at 141Gi and measure u's reallocation on an h200 over it
     (nothing written), while B counts 80Gi beside w's 141Gi: 282Gi under the 221Gi hard.
-    A relist of a claim that changed while the watch was down now takes its record over
-    the process's own older history, so C has nothing to write back."""
+    A relist of a claim that changed while the watch was down takes its record over the
+    process's own older history, so C has nothing to write back."""
     quota = make_quota("gpus", memory="221Gi")
     b, c = replicas(quota)
     first, freed, w = two_cycles(b, c)
@@ -859,7 +860,7 @@ def test_a_replica_behind_the_stored_claim_accepts_no_record_change() -> None:
     """As `two_cycles`, with C's watch behind rather than broken: it has brought u's first
     deallocation (its history: the h200's 141Gi), not the h100's cycle the record now
     says (80Gi). A tenant writing 141Gi back through C's webhook is refused: C does not
-    hold the stored copy, so its history may be older than the record. (review5)"""
+    hold the stored copy, so its history may be older than the record."""
     b, c = replicas(make_quota("gpus", memory="221Gi"))
     first, freed, _ = two_cycles(b, c)
     c.created(recorded(stored(gpu_claim("true")), first))
@@ -882,7 +883,7 @@ def test_an_allocation_within_its_reservation_writes_nothing() -> None:
 
 
 def test_a_delete_is_not_judged_and_releases_nothing() -> None:
-    """Issue 15 item 8: a later admission step may refuse the DELETE, so its admission
+    """A later admission step may refuse the DELETE, so its admission
     must not release anything; the claim watch's DELETED event does."""
     ctx = context(GPUS)
     claim = stored(gpu_claim())

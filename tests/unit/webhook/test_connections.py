@@ -1,4 +1,4 @@
-"""webhook.connections: a listener's connections are capped, and each phase has a deadline (issue 15, item 5).
+"""webhook.connections: a listener's connections are capped, and each phase has a deadline.
 
 Over real sockets to the webhook app behind `TlsSite`: connections past the cap make
 room by evicting the least useful ones (those no request reached, then slow ones, then

@@ -1,4 +1,4 @@
-"""webhook.metricsserver: who may scrape, decided by the API server, cached and bounded (issue 15, item 6).
+"""webhook.metricsserver: who may scrape, decided by the API server, cached and bounded.
 
 The API server's answers are scripted here (`Reviews`) so the cache can be driven past
 its bound and its TTLs on a clock the test moves; the same path against the real API

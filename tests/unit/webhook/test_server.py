@@ -178,11 +178,11 @@ async def test_the_deadline_is_the_api_servers_go_duration_less_a_margin(timeout
 
 
 async def test_a_review_whose_deadline_passed_before_its_endpoint_began_is_not_decided() -> None:
-    # review11: with asyncio.wait_for(..., 0) the endpoint never ran; asyncio.timeout(0)
-    # only cancels at its first suspension, so an endpoint that decides without one (a
-    # memoised claim admitted under this replica's lease: `Admitter.price_if_priced`,
-    # `Leases.take`) reserved and was allowed after the API server had given up on it:
-    # its create fails, and the reservation is an orphan until the TTL.
+    # With asyncio.wait_for(..., 0) the endpoint never runs; asyncio.timeout(0) only
+    # cancels at its first suspension, so an endpoint that decides without one (a memoised
+    # claim admitted under this replica's lease: `Admitter.price_if_priced`, `Leases.take`)
+    # would reserve and be allowed after the API server had given up on it: its create
+    # fails, and the reservation is an orphan until the TTL.
     ran: list[str] = []
 
     async def decides_at_once(request: AdmissionRequest) -> Verdict:

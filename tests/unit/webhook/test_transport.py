@@ -1,4 +1,4 @@
-"""How a review's bytes arrive does not change its answer (issue 15, items 1 and 9).
+"""How a review's bytes arrive does not change its answer.
 
 Over real TLS sockets to the app behind `TlsSite`, as `serve` runs it: a review cut into
 many writes, sent a byte at a time, chunked, exactly at the size limit, one byte over it

@@ -1,4 +1,4 @@
-"""Hostile selectors, one table per class of issue 6: output-sized work is charged
+"""Hostile selectors, one table per class of attack: output-sized work is charged
 before it is done, Python's own limits never leak, nesting stops where cel-go's
 parser stops, and the conformance edges Kubernetes 1.37 defines.
 
