@@ -44,7 +44,7 @@ ADMISSION = "admissionregistration.k8s.io/v1"
 RUN_LABEL = "e2e.draquota.io/run"
 OUR_SA = "system:serviceaccount:dra-quota-system:dra-quota"
 
-QUOTA = "quota.resourceclaims.draquota.io"  # mutating (one write a claim create, issue 16)
+QUOTA = "quota.resourceclaims.draquota.io"  # mutating (one write a claim create)
 TEMPLATES = "quota.resourceclaimtemplates.draquota.io"
 ALLOCATION = "allocation.resourceclaims.draquota.io"
 NAMESPACES = "admin-access.namespaces.draquota.io"
@@ -289,7 +289,7 @@ async def test_claim_create_delete_and_dry_run_reach_their_webhooks(
     rec.clear()
 
     # DELETE reaches no webhook of ours: a reservation ends when the claim watch delivers
-    # the deletion, never at the DELETE's admission (issue 15, item 8).
+    # the deletion, never at the DELETE's admission, which a later step may still refuse.
     await kube.delete(RESOURCE_V1, "resourceclaims", "c1", namespace=ns)
     await kube.wait_deleted(RESOURCE_V1, "resourceclaims", "c1", namespace=ns, timeout=30)
     assert rec.reviews(name="c1") == []

@@ -1,4 +1,4 @@
-"""ClusterDeviceQuota (issue 19) on the real 1.37 API server, one `serve`: the smoke test.
+"""ClusterDeviceQuota on the real 1.37 API server, one `serve`: the smoke test.
 
 A team of two namespaces (labelled `team.draquota.io/name: <run>`) under one
 ClusterDeviceQuota of two GPUs, a third namespace outside it: creates from both team

@@ -1,4 +1,4 @@
-"""Smoke tests proving the minik8s control plane is the real thing (issue #3).
+"""Smoke tests proving the minik8s control plane is the real thing.
 
 Each test asserts behaviour that only a real kube-apiserver / kube-scheduler /
 kube-controller-manager produces, so a broken or faked control plane fails them.

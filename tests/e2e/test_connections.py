@@ -1,4 +1,4 @@
-"""`dra-quota serve`'s transport against the real 1.37 API server and real sockets (issue 15, items 1, 5, 6).
+"""`dra-quota serve`'s transport against the real 1.37 API server and real sockets.
 
 - Reviews of claims carrying 16–100 KB annotations reach us in many TLS records; each
   is answered by our handlers (the mutating webhook's annotations come back, a claim

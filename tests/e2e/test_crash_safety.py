@@ -1,4 +1,4 @@
-"""Crash safety of the quota controller (issue 8, "Done when": Crash safety).
+"""Crash safety of the quota controller: killed at any point, it restarts to the exact usage.
 
 `dra-quota serve` (webhook and controller, the leader; harness.py's `Served`) is
 SIGKILLed at KILLS seeded-random points of a churn this test drives on the real 1.37

@@ -30,7 +30,7 @@ modelName, Hostname, ...}) for the UUIDs the fake driver publishes; the values a
 test's. What is proven is the join, not the exporter.
 
 The quota, namespace-usage, inventory, leader and DCGM-join checks read the quota
-controller's usage metrics (issue 8); each failure names the metrics runtime/metricnames.py
+controller's usage metrics; each failure names the metrics runtime/metricnames.py
 does not name yet.
 """
 

@@ -61,7 +61,7 @@ async def test_kubectl_get_shows_an_exceeded_quota_and_its_pending_claims(
     kube: Kube, crd: dict[str, Any], make_namespace: Callable[..., Awaitable[str]]
 ) -> None:
     """The columns as the API server renders them for kubectl (its Table): 282Gi used against
-    a hard lowered to 200Gi used to look normal (issue 17)."""
+    a hard lowered to 200Gi must not look normal."""
     ns = await make_namespace("dq-table")
     lowered = await kube.create(GV, "devicequotas", quota("gpus", hard={"memory": "200Gi", "devices": 8}),
                                 namespace=ns)

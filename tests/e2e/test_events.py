@@ -1,4 +1,4 @@
-"""The Events issue 8 asks beyond the DeviceQuota's, and the reconcile metric, on the real 1.37 control plane.
+"""The Events beyond the DeviceQuota's, and the reconcile metric, on the real 1.37 control plane.
 
 - A Pod whose claim is denied for quota gets a `QuotaExceeded` Warning (the denied claim
   does not exist): for a claim the resourceclaim controller stamps out of the Pod's

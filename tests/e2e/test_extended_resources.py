@@ -1,4 +1,4 @@
-"""A Pod's extended-resource request backed by DRA is no way around the quota (issue 7 item 4).
+"""A Pod's extended-resource request backed by DRA is no way around the quota.
 
 The real 1.37 scheduler turns a container request for an extended resource that a
 DeviceClass maps (`spec.extendedResourceName`, or the implicit

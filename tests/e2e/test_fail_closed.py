@@ -1,4 +1,4 @@
-"""Enforcement fails closed where a DeviceQuota governs, and nowhere else (issue 15, items 3 and 8).
+"""Enforcement fails closed where a DeviceQuota governs, and nowhere else.
 
 On the real 1.37 control plane with `dra-quota serve` behind the shipped webhook
 configuration (deploy/manifests/webhooks.yaml, adapted per test as tests/e2e/harness.py does):

@@ -1,4 +1,4 @@
-"""200 claims the real scheduler allocates over a mixed fleet, accounted by `dra-quota serve` (issue 8).
+"""200 claims the real scheduler allocates over a mixed fleet, accounted by `dra-quota serve`.
 
 The fleet is published as the NVIDIA driver would (tests/e2e/driver.py: fake nodes, no
 kubelet): whole GPUs of three models, partitionable GPUs whose MIG devices draw on
@@ -14,7 +14,7 @@ holds and the slices this test wrote, never through the product's pricing code: 
 equals the sum of the allocated devices' charges (and each template's claims cost the
 literal amount its slice definitions imply); the delay from an allocation, as this test's
 claim watch receives it, to the first DeviceQuota status (from a second watch) covering
-every allocation seen by then, recorded (issue 8's target is p99 <= 1 s on a quiet machine;
+every allocation seen by then, recorded (the target is p99 <= 1 s on a quiet machine;
 tests/e2e/timings.py, bench/e2e_timings.py: never asserted, a busy machine must not fail
 the test), with one delay per allocation; deleting 148 of the pods frees their claims
 and `used` drops to exactly the remaining claims' charges; and `/metrics`
@@ -71,7 +71,7 @@ MIG_GPU, SHARED_GPU = product("NVIDIA A100-SXM4-80GB"), product("NVIDIA L40S")
 MIG_1G, MIG_3G = 9856 * MiB, 40192 * MiB
 SHARED_MEMORY, SHARE_STEP = 48 * GiB, 4 * GiB
 ALLOCATE_TIMEOUT = 180.0
-P99_TARGET = 1.0  # seconds, issue 8: recorded beside the measured p99, never asserted
+P99_TARGET = 1.0  # seconds: recorded beside the measured p99, never asserted
 
 
 def quantity(value: object) -> int:

@@ -1,5 +1,5 @@
-"""Issues 15.2 and 15.4 on the real control plane: expensive claims do not hold `serve`
-hostage, neither while they are admitted nor once they are stored.
+"""Expensive claims do not hold `serve` hostage on the real control plane, neither while
+they are admitted nor once they are stored.
 
 A tenant's dryRun claims of 32 requests x 8 subrequests, each subrequest with its own
 salted selector read per device with a loop (nothing cached helps, nothing groups),

@@ -1,4 +1,4 @@
-"""A hostile tenant with namespace `edit` attacks while honest tenants work (issue 15, "What must show").
+"""A hostile tenant with namespace `edit` attacks while honest tenants work.
 
 On the real 1.37 control plane with `dra-quota serve` behind the shipped webhook
 configurations (adapted as tests/e2e/harness.py does), three tenants, each a user the admin

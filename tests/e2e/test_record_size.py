@@ -1,4 +1,4 @@
-"""A burst of creates keeps the DeviceQuota small and never above `hard` (issue 16).
+"""A burst of creates keeps the DeviceQuota small and never above `hard`.
 
 Until 0.2 each admission's entry stayed on `status.reservations` for a 60 s TTL, about
 280 bytes an entry as stored: the ~940 creates of a one-minute burst passed 256 KiB, and

@@ -1,4 +1,4 @@
-"""Two `dra-quota serve` replicas never over-commit a DeviceQuota (issue 7, item 3).
+"""Two `dra-quota serve` replicas never over-commit a DeviceQuota.
 
 Both processes listen on one loopback port with SO_REUSEPORT (`--reuse-port`), which
 the API server's --loopback-service resolver dials for the webhook Service; the kernel

@@ -1,4 +1,4 @@
-"""A Pod denied for quota gets its claim within seconds once quota frees (issue 8 item 5).
+"""A Pod denied for quota gets its claim within seconds once quota frees.
 
 The real resourceclaim controller (in the test's kube-controller-manager) retries a Pod
 whose template claim our webhook denied with exponential backoff: 5 ms doubling per
@@ -7,7 +7,7 @@ fail FAILURES times, so that controller's next retry is at least 5 ms x 2^(FAILU
 = 41 s away, then frees the quota: the claim must exist before that retry could make it
 (the wait, REQUEUE_WAIT = 30 s, is a condition with a margin, not a latency bar), which
 only `controllers.requeue` touching the template (which re-queues every Pod using it)
-achieves. How long it took is recorded (tests/e2e/timings.py; issue 8 asked for
+achieves. How long it took is recorded (tests/e2e/timings.py; the target is
 seconds), never asserted.
 """
 

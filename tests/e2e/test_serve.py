@@ -70,7 +70,7 @@ async def test_quota_is_enforced_on_direct_claims(kube: Kube, setup: Setup) -> N
 
 
 async def test_a_conservative_denial_says_why_one_gpu_costs_the_largest(kube: Kube, setup: Setup) -> None:
-    """The persisted path (reservations on the status) appends the note `check` does (issue 17)."""
+    """The persisted path (reservations on the status) appends the note `check` does."""
     with setup.served.log_on_failure():
         await setup.fleet.add_node("n2", [Gpu("NVIDIA H200", "141Gi")])
         await make_quota(kube, setup, "gpus", "100Gi")

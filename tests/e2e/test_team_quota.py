@@ -1,4 +1,4 @@
-"""A ClusterDeviceQuota holds a team of namespaces to one budget (issue 19), on the real
+"""A ClusterDeviceQuota holds a team of namespaces to one budget, on the real
 control plane with `dra-quota serve`.
 
 1. Three namespaces of one team, each with its own DeviceQuota too, create claims at once

@@ -79,9 +79,10 @@ async def test_top_says_why_it_cannot_read(tmp_path: Path, cluster: ControlPlane
 
 async def test_every_command_finds_the_cluster_through_kubeconfig(tmp_path: Path, cluster: ControlPlane, kube: Kube,
                                                                   crd: None, make_namespace: MakeNamespace) -> None:
-    """`KUBECONFIG=... dra-quota serve` said "cannot reach the cluster: Service host/port is not
-    set" while `top` read it (issue 17): both resolve credentials one way now, a list merged
-    as kubectl merges it (missing entries skipped, the first current-context wins)."""
+    """`KUBECONFIG=... dra-quota serve` reaches the cluster as `top` does (never "cannot
+    reach the cluster: Service host/port is not set"): both resolve credentials one way, a
+    list merged as kubectl merges it (missing entries skipped, the first current-context
+    wins)."""
     ns = await make_namespace("creds")
     await kube.create(DQ, "devicequotas", {"kind": "DeviceQuota", "metadata": {"name": "gpus"},
                                            "spec": {"hard": {"memory": "80Gi"}}}, namespace=ns)

@@ -1,8 +1,8 @@
 """`dra-quota serve`'s usage metrics, scraped while the real scheduler allocates claims.
 
-Issue 8 item 3: `draquota_quota` (hard/used/reserved), `draquota_namespace_device_usage`,
+`draquota_quota` (hard/used/reserved), `draquota_namespace_device_usage`,
 `draquota_claim_device_info` and the inventory by model, against the real 1.37 API server, resourceclaim
-controller and scheduler; issue 19: a team's (ClusterDeviceQuota's) series, moved by a
+controller and scheduler; a team's (ClusterDeviceQuota's) series, moved by a
 relabel of the namespace as serve's Namespace watch delivers it. The fleet publishes whole GPUs and MIG devices with the
 attributes the NVIDIA driver publishes (`uuid`; a MIG device's `parentUUID` and
 `profile`); pods get their claims from templates and the scheduler allocates them; one

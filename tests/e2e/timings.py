@@ -1,4 +1,4 @@
-"""Durations the end-to-end tests measure and never assert (issue 17: tests never time).
+"""Durations the end-to-end tests measure and never assert: tests never time.
 
 A latency bar in a test fails on a busy machine whatever the code does (test_fleet's
 p99 once read 5.651 s at load average 5). The tests keep their correctness assertions
