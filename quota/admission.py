@@ -404,8 +404,8 @@ class Admitter(Annotating):
             warnings: list[str] = []
             for entry, count in priced:
                 pricing = entry.pricing[mode]
-                # Arithmetic, not copies: a Job's parallelism may be 2^31-1, and a copy per Pod would
-                # take the leader's memory with it.
+                # Arithmetic, not copies: a Job's parallelism may be 2^31-1, and a copy per Pod
+                # would take the leader's memory with it.
                 requests.extend(r.times(count) for r in pricing.requests if count)
                 warnings.extend(pricing.warnings)
             pricings[mode] = Pricing(tuple(requests), warnings=tuple(dict.fromkeys(warnings)),

@@ -162,7 +162,8 @@ def _compile(expression: str) -> CompiledSelector:
             f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_BYTES} bytes"
         )
     # Imported at the first compile: building the grammar costs ~0.2 s of CPU, which a
-    # command that compiles no selector (`--help`, `top`) should not pay: every command starts at once.
+    # command that compiles no selector (`--help`, `top`) should not pay: every command
+    # starts at once.
     from quota.cel import syntax
 
     try:

@@ -1,7 +1,8 @@
 """A DeviceQuota scoped by what the devices are holds whichever class a claim names.
 
-Asking for the same device through another class is no way around it. On the real control plane with `dra-quota serve`: two GPUs of a model unique to this run
-("H100", 80Gi) and two of another ("L4", 24Gi) on one fake node; two DeviceClasses that
+Asking for the same device through another class is no way around it. On the real control
+plane with `dra-quota serve`: two GPUs of a model unique to this run ("H100", 80Gi) and two
+of another ("L4", 24Gi) on one fake node; two DeviceClasses that
 both select the H100s, `h100` by model and `gpus` by driver and either model. A quota
 scoped `deviceClassNames: [h100]` would never see a claim through `gpus` (the sidestep
 docs/charging.md documents); this one is scoped `spec.devices` (the driver and a CEL selector

@@ -1,9 +1,10 @@
 """`dra-quota serve`'s metrics and Events, against the real 1.37 API server.
 
 adminAccess: a non-allowlisted user (impersonation) cannot add the namespace label nor
-create an adminAccess claim; an allowlisted one can; the Event and metric show both; plus the quota denial: the process is scraped on its plain-HTTP
-metrics port before and after each step, and every counter must have moved by exactly
-what the step did; the Events are read back through events.k8s.io/v1.
+create an adminAccess claim; an allowlisted one can; the Event and metric show both; plus
+the quota denial: the process is scraped on its plain-HTTP metrics port before and after
+each step, and every counter must have moved by exactly what the step did; the Events are
+read back through events.k8s.io/v1.
 
 Impersonated users carry `system:masters`, so RBAC is never the question (the policy
 lists users only, so the group gives them nothing there). Each claim CREATE is one

@@ -1,8 +1,9 @@
 """Hostile input, class by class: each gets our own error naming the field, never a traceback.
 
-Mirrors the hostile selectors' classes (tests/unit/quota/cel/test_hostile.py) for the parsers: Python's limits (huge integers and strings),
-wrong types in metadata, values the API server would refuse, unknown apiVersions, output
-that could lie, and claims no device can price. Each row asserts the exact outcome.
+Mirrors the hostile selectors' classes (tests/unit/quota/cel/test_hostile.py) for the
+parsers: Python's limits (huge integers and strings), wrong types in metadata, values the
+API server would refuse, unknown apiVersions, output that could lie, and claims no device
+can price. Each row asserts the exact outcome.
 """
 
 from __future__ import annotations

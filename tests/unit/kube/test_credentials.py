@@ -1,8 +1,9 @@
 """kube.credentials and KubeApi.connect: how every command finds the cluster.
 
-One rule for every command, kubectl's: a `serve` that read only --kubeconfig or the
-service account would say "Service host/port is not set" under `KUBECONFIG=… dra-quota
-serve` while `top` reads $KUBECONFIG. Tested here on files; tests/e2e/test_top.py runs both commands with it.
+One rule for every command, kubectl's: a `serve` that read only --kubeconfig or the service
+account would say "Service host/port is not set" under `KUBECONFIG=… dra-quota serve` while
+`top` reads $KUBECONFIG. Tested here on files; tests/e2e/test_top.py runs both commands with
+it.
 """
 
 from __future__ import annotations

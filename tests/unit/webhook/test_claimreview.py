@@ -768,10 +768,11 @@ def test_a_stale_record_never_lets_a_reallocation_over_commit() -> None:
 
 def test_a_record_missing_a_device_never_lets_a_replica_count_less_than_the_last_allocation() -> None:
     """Claim u, reserved at 282Gi (two of any GPU), allocated an h100 and a device no
-    ResourceSlice publishes (charged 141Gi, the largest of its class): 221Gi. The record
-    holds both (a record of the h100 only would undercount u). Deallocated: B counts 221Gi, C (started after) 80Gi, so C admits
-    w (two h200s, 282Gi) into the 400Gi hard, and B takes u's reallocation on an h100 and
-    an h200 (221Gi) as within what u holds: 503Gi once both are allocated."""
+    ResourceSlice publishes (charged 141Gi, the largest of its class): 221Gi. Were the
+    record to hold the h100 only, then once u is deallocated B would count 221Gi and C
+    (started after) 80Gi, so C would admit w (two h200s, 282Gi) into the 400Gi hard, and B
+    take u's reallocation on an h100 and an h200 (221Gi) as within what u holds: 503Gi once
+    both are allocated. The record holds both."""
     b, c = replicas(make_quota("gpus", memory="400Gi"))
     u = stored(gpu_claim("true", count=2))
     assert admit(b.ctx, review_request(u)).allowed
