@@ -2,9 +2,9 @@
 
 Each case runs as a process of the installed console script, as a user's shell starts
 it, several times; the table prints the median and the minimum of wall time and of CPU
-time (user + system of the child, from os.wait4), the target (on an idle
-core, in docs/development/performance.md), and the load average before and after (other work on the machine inflates wall
-time first; CPU time moves less).
+time (user + system of the child, from os.wait4), the target (on an idle core, in
+docs/development/performance.md), and the load average before and after (other work on
+the machine inflates wall time first; CPU time moves less).
 
 Cases:
 - `python -c pass`: the interpreter alone, the floor (and a gauge of how busy the
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Seconds on an idle core: a command a user types answers before they notice a wait.
+# Seconds on an idle core (docs/development/performance.md): every command starts at once.
 TARGETS = {"--help": 0.3, "check -f examples/": 0.6, "top": 1.0}
 _QUOTAS = {
     "kind": "DeviceQuotaList", "apiVersion": "draquota.io/v1alpha1", "metadata": {"resourceVersion": "1"},

@@ -1,13 +1,14 @@
 """The floor of one-write admission: what one webhook call per create costs, whatever the webhook does.
 
 The target (docs/development/one-write.md) is claim creates through the API server, our
-webhooks and a DeviceQuota in scope, at >= 0.8x the rate of a namespace with only a ResourceQuota, and API-server CPU
-per create <= 1.5x ResourceQuota's. Every design of ours makes at least one webhook call
-per create (a quota whose prices come from CEL selectors over the inventory cannot be
-checked in the API server's process). This measures what that one call costs on its own,
-with a webhook that does nothing: a separate Python process (aiohttp over TLS 1.2+, as
-`serve` listens) answering every review at once, no parsing beyond the JSON, no pricing,
-no writes. Its numbers bound every design from above: no webhook of ours can be cheaper.
+webhooks and a DeviceQuota in scope, at >= 0.8x the rate of a namespace with only a
+ResourceQuota, and API-server CPU per create <= 1.5x ResourceQuota's. Every design of
+ours makes at least one webhook call per create (a quota whose prices come from CEL
+selectors over the inventory cannot be checked in the API server's process). This
+measures what that one call costs on its own, with a webhook that does nothing: a
+separate Python process (aiohttp over TLS 1.2+, as `serve` listens) answering every
+review at once, no parsing beyond the JSON, no pricing, no writes. Its numbers bound
+every design from above: no webhook of ours can be cheaper.
 
 Modes, alternating phases in one run (bench/admission.py's (c) harness: 16 creates in
 flight, the same one-GPU claim, the API server's own metrics and each process's CPU):

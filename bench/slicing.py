@@ -1,12 +1,12 @@
 """Expensive claims in flight: an honest review's latency and the longest event-loop stall.
 
 The attack: a 6.3 KB dryRun claim of 32 requests x 8 subrequests, each with its own
-salted, per-device, looping selector, held `serve`'s loop for ~57 s before pricing ran in
-slices. This starts the
-real aiohttp app (`webhook.server.build_app` with `webhook.endpoints`, reservations
-persisted as `serve` persists them, on bench/admission.py's in-process API stand-in: no
-namespace here has a DeviceQuota, so none is written) in a child process on a loopback
-socket, over a generated inventory, and measures, per phase:
+salted, per-device, looping selector, held `serve`'s loop for ~57 s before pricing ran
+in slices. This starts the real aiohttp app (`webhook.server.build_app` with
+`webhook.endpoints`, reservations persisted as `serve` persists them, on
+bench/admission.py's in-process API stand-in: no namespace here has a DeviceQuota, so
+none is written) in a child process on a loopback socket, over a generated inventory,
+and measures, per phase:
 - honest reviews (a claim with a seen selector, one every 20 ms) p50/p99/max, client side;
 - the longest stall of the child's event loop (a 1 ms ticker's overshoot);
 - what the attackers' reviews were answered (the budget's message, a timeout, busy);
