@@ -9,7 +9,6 @@ change nothing.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -17,6 +16,7 @@ from typing import NamedTuple
 from quota.claims import Claim, ClaimSpec
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
+from quota.lru import LRU
 from quota.model import DeviceClass, Mode, Namespace
 from quota.priced import Pricing, at_least_recorded
 from quota.pricing import Pricer
@@ -90,14 +90,13 @@ class Counting:
         self.pricer = pricer
         self.ledger = ledger
         # `_estimate`'s memo: its key -> every mode's pricing and the claim budget it spent.
-        self._memo: OrderedDict[Hashable, tuple[dict[Mode, Pricing], int]] = OrderedDict()
+        self._memo: LRU[Hashable, tuple[dict[Mode, Pricing], int]] = LRU(MEMO_SIZE)
         # `bound_entry`'s pricings by what they are a function of (`_bound_key`), shared
         # by the entries of every claim with that key: most stored claims share a
         # template's spec, so at start 111,300 bounds were a few hundred distinct values.
-        self._bounds: OrderedDict[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = \
-            OrderedDict()
+        self._bounds: LRU[Hashable, tuple[tuple[DeviceClass | None, ...], Mapping[Mode, Pricing]]] = LRU(MEMO_SIZE)
         # `_existing`'s pricings by their identities (`_shared`).
-        self._pricings: OrderedDict[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = OrderedDict()
+        self._pricings: LRU[tuple[tuple[Mode, int], ...], Mapping[Mode, Pricing]] = LRU(MEMO_SIZE)
         # `_priced_as` per namespace, at `_views_at` of the ledger's quotas.
         self._views: dict[Namespace, tuple[tuple[DeviceSelection, ...], tuple[Mode, ...]]] = {}
         self._views_at = -1
@@ -185,12 +184,9 @@ class Counting:
         Keyed by the pricings' identities: a kept mapping holds them, so no other object
         can take their ids while it is kept. Bounded, least recently used out first."""
         key = tuple((mode, id(p)) for mode, p in pricings.items())
-        if (found := self._pricings.get(key)) is not None:
-            self._pricings.move_to_end(key)
+        if (found := self._pricings.lookup(key)) is not None:
             return found
-        self._pricings[key] = pricings
-        while len(self._pricings) > MEMO_SIZE:
-            self._pricings.popitem(last=False)
+        self._pricings.store(key, pricings)
         return pricings
 
     def add_or_update_quota(self, quota: DeviceQuota) -> Repriced:
@@ -314,8 +310,7 @@ class Counting:
         least recently used out first, specs past `MEMO_SPEC_BYTES` never kept, so a
         tenant making every spec distinct only misses."""
         key = self._bound_key(claim, named)
-        if (found := self._bounds.get(key)) is not None:
-            self._bounds.move_to_end(key)
+        if (found := self._bounds.lookup(key)) is not None:
             return found[1]
         bound = at_least_recorded(self.pricer.upper_bound(claim.spec), claim.recorded_charge)
         pricings = dict.fromkeys(self._modes(claim.namespace), bound)
@@ -325,9 +320,7 @@ class Counting:
         after = self._named_classes(claim)
         if self._bound_key(claim, after) == key and all(a is b for a, b in zip(named, after, strict=True)) \
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES:
-            self._bounds[key] = (named, pricings)
-            while len(self._bounds) > MEMO_SIZE:
-                self._bounds.popitem(last=False)
+            self._bounds.store(key, (named, pricings))
         return pricings
 
     def _bound_key(self, claim: Claim, named: tuple[DeviceClass | None, ...]) -> Hashable:
@@ -353,8 +346,7 @@ class Counting:
         budget = Budget.claim(review)
         priced = priced if priced is not None else self._priced(claim)
         selections, modes, key = priced.selections, priced.modes, priced.key
-        if (found := self._memo.get(key)) is not None and found[1] <= budget.remaining:
-            self._memo.move_to_end(key)
+        if (found := self._memo.lookup(key)) is not None and found[1] <= budget.remaining:
             budget.spend(found[1])
             return dict(found[0])
         named = self._named_classes(claim)
@@ -367,9 +359,7 @@ class Counting:
         if (not any(p.over_budget for p in pricings.values()) and self._memo_key(claim, selections, modes, after) == key
                 and all(a is b for a, b in zip(named, after, strict=True))
                 and _spec_size(claim.spec, MEMO_SPEC_BYTES) <= MEMO_SPEC_BYTES):
-            self._memo[key] = (pricings.copy(), budget.spent)
-            while len(self._memo) > MEMO_SIZE:
-                self._memo.popitem(last=False)
+            self._memo.store(key, (pricings.copy(), budget.spent))
         return pricings
 
     def _memo_key(self, claim: Claim, selections: tuple[DeviceSelection, ...], modes: list[Mode],

@@ -16,18 +16,18 @@ claims, against 2.6 for its `repr` and 5.4 for json.dumps.
 from __future__ import annotations
 
 import marshal
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from quota.claims import Claim, ClaimSpec, parse_claim, parse_claim_spec
+from quota.lru import LRU
 
 __all__ = ["parse_json_claim"]
 
 # Least recently used out first. A spec whose text is longer is parsed each time (the
 # memo's memory stays bounded); a tenant making every spec distinct only misses.
-_SPECS: OrderedDict[bytes, ClaimSpec] = OrderedDict()
 _SPECS_KEPT = 256
+_SPECS: LRU[bytes, ClaimSpec] = LRU(_SPECS_KEPT)
 _SPEC_KEY_BYTES = 8 * 1024
 
 
@@ -44,12 +44,9 @@ def _memoised_spec(spec: Any, prefix: str) -> ClaimSpec:
         key = marshal.dumps(spec, 0)
     except (ValueError, RecursionError):
         return parse_claim_spec(spec, prefix)
-    if (found := _SPECS.get(key)) is not None:
-        _SPECS.move_to_end(key)
+    if (found := _SPECS.lookup(key)) is not None:
         return found
     parsed = parse_claim_spec(spec, prefix)
     if len(key) <= _SPEC_KEY_BYTES:
-        _SPECS[key] = parsed
-        while len(_SPECS) > _SPECS_KEPT:
-            _SPECS.popitem(last=False)
+        _SPECS.store(key, parsed)
     return parsed

@@ -24,7 +24,6 @@ quota reads them are `quota.priced`'s.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -35,6 +34,7 @@ from quota.capacity import accelerators, eligible, memoryless_drivers, nominal_m
 from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request, unnamed
 from quota.counters import all_mode, count_memory, per_scope
 from quota.inventory import Inventory
+from quota.lru import LRU
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.priced import PricedRequest, Pricing, Share, combine
 from quota.quantity import ceil_int, format_quantity
@@ -91,11 +91,10 @@ class Pricer:
         self.inventory = inventory
         self.classes = classes
         self.matcher = matcher or SelectorMatcher(inventory)
-        self._cache: OrderedDict[object, _Estimate | _Selected] = OrderedDict()
+        self._cache: LRU[object, _Estimate | _Selected] = LRU(cache_size)
         # Counts the entries `_cache` took: what `known` answers can change only when it does.
         self.cache_changes = 0
-        self._bounds: OrderedDict[object, Charge] = OrderedDict()
-        self._cache_size = cache_size
+        self._bounds: LRU[object, Charge] = LRU(cache_size)
         self._allocated = AllocatedPricer(inventory, classes, self.matcher)
 
     # -- unallocated claims: an estimate -------------------------------------------
@@ -178,15 +177,12 @@ class Pricer:
 
     def _lookup(self, key: object, budget: Budget, compute: Callable[[], _Cached]) -> _Cached:
         """The cached value for `key`, charging `budget` the matches it took; else computed."""
-        cached = self._cache.get(key)
+        cached = self._cache.lookup(key)
         if cached is None:
             value = compute()
-            self._cache[key] = value
+            self._cache.store(key, value)
             self.cache_changes += 1
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
             return value
-        self._cache.move_to_end(key)
         for match_key, cost in cached.matches:
             budget.once(match_key, cost)
         return cached  # type: ignore[return-value]  # keys of one kind hold values of one kind
@@ -364,11 +360,10 @@ class Pricer:
             return Charge(0, req.count)  # what the estimate charges an unknown class
         # Selectors aside, requests share their shape: a thousand stored claims, one bound.
         key = (unnamed(req, selectors=()), cls.selectors, self.inventory.generation)
-        found = self._bounds.get(key)
+        found = self._bounds.lookup(key)
         if found is None:
-            found = self._bounds[key] = self._class_bound(req, cls)
-            while len(self._bounds) > self._cache_size:
-                self._bounds.popitem(last=False)
+            found = self._class_bound(req, cls)
+            self._bounds.store(key, found)
         return found
 
     def _class_bound(self, req: DeviceRequirement, cls: DeviceClass) -> Charge:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import overload
@@ -44,6 +43,7 @@ from quota.cel.activation import activation_error
 from quota.columns import Field, PoolIndex, base_fields
 from quota.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.inventory import Inventory
+from quota.lru import LRU
 from quota.model import Device
 from quota.partitions import FieldsOf, GroupKey, Part, Partition, Superseded
 from quota.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
@@ -139,24 +139,6 @@ class Match:
 PATIENCE = 3
 
 
-class _LRU(OrderedDict[Hashable, object]):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def lookup(self, key: Hashable) -> object | None:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def store(self, key: Hashable, value: object) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-
-
 class SelectorMatcher:
     """Matches selector chains against one inventory, incrementally per pool."""
 
@@ -170,15 +152,15 @@ class SelectorMatcher:
         index_cache_size: int = 8,
     ) -> None:
         self._inventory = inventory
-        self._compiled = _LRU(cache_size)
+        self._compiled = LRU[Hashable, object](cache_size)
         # A partition holds a state per usable pool (about 0.5 MB at 5,000 pools), and
         # clusters read a few dozen distinct field sets at most: keep few, recompute rest.
-        self._partitions = _LRU(partition_cache_size)
+        self._partitions = LRU[Hashable, object](partition_cache_size)
         # The levels being rebuilt now, by key: (the generation, the partition).
         self._building: dict[Hashable, tuple[int, Partition]] = {}
-        self._results = _LRU(cache_size)
+        self._results = LRU[Hashable, object](cache_size)
         # Equality indexes (`quota.equality`) by attribute: ~8 MB each at 58,000 devices.
-        self._indexes = _LRU(index_cache_size)
+        self._indexes = LRU[Hashable, object](index_cache_size)
         self._verdicts = Verdicts(verdict_cache_size)
         self._activations: weakref.WeakKeyDictionary[Device, DeviceActivation] = weakref.WeakKeyDictionary()
         # Pools (re)partitioned so far: lets tests and benchmarks see incrementality.
