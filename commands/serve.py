@@ -1,6 +1,6 @@
 """`dra-quota serve`: the admission webhook over HTTPS, on caches of the live cluster.
 
-Neighbours: `commands.cli` parses the flags into `ServeOptions` (`commands.options`);
+Neighbours: `commands.servecommand` parses the flags into `ServeOptions` (`commands.options`);
 `commands.wiring` builds the caches (one `kube.watching.Reflector` per kind feeding
 `kube.caches` and `kube.claimstore`), the leader's controllers and the metrics; `commands.listeners` reloads
 the certificate files and serves the metrics; `commands.shutdown` stops it all in

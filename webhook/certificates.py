@@ -4,7 +4,7 @@ Neighbours: `certs.manager.CertificateManager` runs the loop against the `Store`
 protocol; `KubeStore` here is that store over `kube.api` (the Secret in the
 server's namespace, our Validating/MutatingWebhookConfigurations); `commands.serve`
 calls `start` before it listens and runs `manager.run()` beside the server;
-`commands.cli` adds the flags with `add_arguments`.
+`commands.servecommand` adds the flags with `add_arguments`.
 """
 
 from __future__ import annotations
