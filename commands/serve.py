@@ -68,12 +68,13 @@ from kube.resources import QUOTAS
 from runtime.stalls import time_collections, watch as watch_stalls
 from webhook.certificates import start as start_self_managed
 from webhook.claimreview import ClaimContext
-from webhook.connections import HTTP_LOG, Connections, TlsSite
+from webhook.connections import Connections
 from webhook.endpoints import endpoints
 from webhook.labelaccess import LabelAccess
 from webhook.metricsserver import metrics_limits
 from webhook.server import build_app
 from webhook.showbackmetrics import Showback
+from webhook.tlssite import HTTP_LOG, TlsSite
 
 # What `commands.options` and `commands.wiring` hold is importable from here as before.
 __all__ = ["LIMITATIONS", "Caches", "JsonFormatter", "LeaderElection", "ServeError", "ServeOptions",
