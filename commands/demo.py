@@ -39,10 +39,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from devcluster.controlplane import DEFAULT_BINARY, NOT_A_CHECKOUT, ControlPlane, ControlPlaneError, \
-    build, free_ports, in_checkout
+from devcluster.binary import DEFAULT_BINARY, NOT_A_CHECKOUT, ControlPlaneError, build, in_checkout
+from devcluster.controlplane import ControlPlane
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, WaitTimeout, poll
+from devcluster.processes import free_ports
 from devcluster.served import ServeExited, Served, metrics_reader_token
 from quota.claims import CHARGE_ANNOTATION
 from quota.devicequota import GOVERNED_LABEL, format_amount

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devcluster.controlplane import NOT_A_CHECKOUT
+from devcluster.binary import NOT_A_CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the build stage of the Dockerfile copies: `COPY <name> ./<name>` and `COPY <files> ./`.
