@@ -96,22 +96,22 @@ def _run_demo(args: argparse.Namespace) -> int:
     # source checkout (processes from .cache).
     from importlib.resources import as_file
 
-    from commands import demo
+    from commands import demo, demoplan
     from quota.printable import for_json, for_terminal
 
     try:
-        summary = demo.run(demo.DemoOptions(keep=args.keep, output=args.output), sys.stdout)
-    except demo.DemoUnavailable as err:
+        summary = demo.run(demoplan.DemoOptions(keep=args.keep, output=args.output), sys.stdout)
+    except demoplan.DemoUnavailable as err:
         print(f"dra-quota demo: {for_terminal(str(err))}", file=sys.stderr)
         print("dra-quota demo: note: showing `dra-quota check -f examples/` instead: the same admission and "
               "accounting code on the example cluster, offline (no live webhook, scheduler or controller). "
               "Install Go >= 1.26 (or set MINIK8S_BIN) for the live demo.", file=sys.stderr)
         # The examples are package data: a directory of files in any pip-installed copy.
-        with as_file(demo.examples()) as examples:
+        with as_file(demoplan.examples()) as examples:
             return checkcommand.run(argparse.Namespace(paths=[str(examples)], output=args.output, mode="conservative",
                                                        fail_on_deny=False, memory_sources=[], from_cluster=False,
                                                        default_memory_sources=True))
-    except demo.DemoError as err:
+    except demoplan.DemoError as err:
         for line in str(err).splitlines():
             print(f"error: dra-quota demo: {for_terminal(line)}", file=sys.stderr)
         return EXIT_CLUSTER
