@@ -69,7 +69,8 @@ def _cluster_state(args: argparse.Namespace) -> list[Document]:
     import aiohttp
     from kube.loaders import ConfigException
 
-    from kube.api import ApiError, KubeApi
+    from kube.api import KubeApi
+    from kube.apierror import ApiError
     from kube.resources import CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES
     from quota.loader import Document
 

@@ -62,7 +62,8 @@ from commands.shutdown import shut_down
 from commands.wiring import Caches, lead, leader_elector, observability
 from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.contact import Contact
 from kube.resources import QUOTAS
 from runtime.stalls import time_collections, watch as watch_stalls

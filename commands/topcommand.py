@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import aiohttp
     from kube.loaders import ConfigException
 
-    from kube.api import ApiError
+    from kube.apierror import ApiError
     from quota.devicequota import QuotaError
     from quota.printable import for_json, for_terminal
     from quota.tables import print_rows, top_tables
@@ -84,7 +84,8 @@ async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], 
     """The DeviceQuotas, the ClusterDeviceQuotas (with a namespace, for a user who may not list
     them: that namespace's AppliedClusterDeviceQuotas instead), and why the latter are missing
     ("" when not)."""
-    from kube.api import ApiError, KubeApi
+    from kube.api import KubeApi
+    from kube.apierror import ApiError
     from kube.resources import APPLIED_QUOTAS, CLUSTER_QUOTAS, QUOTAS
 
     async with await KubeApi.connect(args.kubeconfig, context=args.context) as api:
@@ -112,7 +113,7 @@ async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], 
 def _cluster_error(err: Exception) -> str:
     from kube.loaders import ConfigException
 
-    from kube.api import ApiError
+    from kube.apierror import ApiError
 
     if isinstance(err, ApiError) and err.status == 404:
         return "the API server serves no draquota.io/v1alpha1 devicequotas: is the DeviceQuota CRD installed?"

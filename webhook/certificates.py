@@ -23,7 +23,8 @@ from certs.authority import SERVICE, KeyPair, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Policy
 from certs.tls import ReloadingContext
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS
 
 __all__ = ["KubeStore", "SelfManaged", "add_arguments", "default_namespace", "from_args", "parse_duration", "start"]

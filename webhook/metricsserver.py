@@ -41,7 +41,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import ACCESS_REVIEWS, TOKEN_REVIEWS
 from runtime.answers import Answers
 from webhook.connections import Connections, Limits
