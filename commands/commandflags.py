@@ -20,7 +20,7 @@ EXIT_DENIED = 1  # check --fail-on-deny: an object was denied
 EXIT_INPUT = 2
 # Every command finds the cluster the same way (kube.credentials).
 KUBECONFIG_HELP = ("kubeconfig to reach the API server (default: $KUBECONFIG, a colon-separated list merged as "
-                    "kubectl merges it; else the Pod's service account; else ~/.kube/config)")
+                   "kubectl merges it; else the Pod's service account; else ~/.kube/config)")
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
