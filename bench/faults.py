@@ -51,7 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devcluster.controlplane import ControlPlane, build  # noqa: E402
+from devcluster.binary import build  # noqa: E402
+from devcluster.controlplane import ControlPlane  # noqa: E402
 from kube.api import KubeApi  # noqa: E402
 from runtime.metricnames import (  # noqa: E402
     EVENT_LOOP_STALL_CPU_MAX, EVENT_LOOP_STALL_MAX, WATCH_RELISTS, WATCH_RESTARTS,

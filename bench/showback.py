@@ -193,7 +193,7 @@ def report(namespaces: int, spacing: int) -> None:
 
 
 def free_port() -> int:
-    from devcluster.controlplane import free_ports
+    from devcluster.processes import free_ports
 
     return free_ports(1)[0]
 

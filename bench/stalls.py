@@ -54,7 +54,8 @@ from longticks import Sampler  # noqa: E402
 
 from commands.wiring import Caches  # noqa: E402
 from controllers.quotas import QuotaController  # noqa: E402
-from kube.api import ApiError, KubeApi, Resource  # noqa: E402
+from kube.api import KubeApi, Resource  # noqa: E402
+from kube.apierror import ApiError  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
 from kube.resources import CLAIMS, CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES  # noqa: E402
 from kube.watching import Reflector  # noqa: E402

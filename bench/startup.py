@@ -59,7 +59,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from admission import ROOMY, create_many, deployment_flags, load_average, rss_of  # noqa: E402
 from inventory import generate_claims, generate_device_classes, generate_namespaces, generate_slices  # noqa: E402
 
-from devcluster.controlplane import ControlPlane, build, free_ports  # noqa: E402
+from devcluster.binary import build  # noqa: E402
+from devcluster.controlplane import ControlPlane  # noqa: E402
+from devcluster.processes import free_ports  # noqa: E402
 from devcluster.served import Served  # noqa: E402
 from tests.e2e.harness import CRDS, DQ  # noqa: E402
 from tests.e2e.shipped import chart_kubeconfig  # noqa: E402

@@ -1,6 +1,6 @@
 """`dra-quota certs generate` and `dra-quota certs inspect`: certificates by hand.
 
-Neighbours: `commands.cli` parses the flags and calls these; `certs.rotation` mints with
+Neighbours: `commands.certscommand` parses the flags and calls these; `certs.rotation` mints with
 the same policy the server uses, so hand-made files (for `--cert-mode files`, or to
 see what the server would create) match what it manages itself.
 """

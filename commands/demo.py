@@ -5,56 +5,46 @@ kube-scheduler, kube-controller-manager on loopback) and provides the admin clie
 kubelet-less Nodes and the webhook routing the end-to-end tests use too: the demo shows
 exactly what the tests prove. `commands.cli` parses the flags, prints the fallback (`check`
 on examples/) when no control plane can be had (`DemoUnavailable`), and maps errors to
-exit codes. `quota.top` reads each DeviceQuota's status for the usage table.
+exit codes. `commands.demoplan` holds the scenario, the options and the run's state;
+`commands.demosteps` publishes examples/ and plays each step.
 
-The demo installs the CRD, runs `dra-quota serve` as a subprocess with the tests' own
+This module runs it: it finds (or builds) the control plane's binary, starts the
+cluster, installs the CRD, runs `dra-quota serve` as a subprocess with the tests' own
 launcher, `devcluster.served.Served` (the control plane's test CA signs its serving
-certificate; it is also the quota controller's leader), routes
-the shipped webhook configurations to it, publishes examples/ (DeviceClasses,
-ResourceSlices of fake nodes, the teams' namespaces and DeviceQuotas), then plays
-`SCENARIO` with claims taken from examples/40-claims.yaml: Pods using them are scheduled
-by the real kube-scheduler, a claim that does not fit is denied by the live webhook with
-the message of docs/design.md ("Admission"), and `used` moves as the controller counts allocations.
-Nothing here asserts outcomes: it reports what the cluster did.
+certificate; it is also the quota controller's leader), routes the shipped webhook
+configurations to it, has the scenario played (`commands.demosteps`: Pods using the
+claims are scheduled by the real kube-scheduler, a claim that does not fit is denied by
+the live webhook with the message of docs/design.md ("Admission"), and `used` moves as
+the controller counts allocations), then tears everything down or, with `--keep`,
+leaves it running with a stop script.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import fnmatch
-import json
 import os
 import shlex
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from importlib.resources import files
-from importlib.resources.abc import Traversable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
-from devcluster.controlplane import DEFAULT_BINARY, NOT_A_CHECKOUT, ControlPlane, ControlPlaneError, \
-    build, free_ports, in_checkout
-from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
-from devcluster.kube import ApiError, Kube, WaitTimeout, poll
+from commands.demoplan import DemoError, DemoOptions, DemoRun, DemoUnavailable, examples
+from commands.demosteps import play_step, publish_examples
+from devcluster.binary import DEFAULT_BINARY, NOT_A_CHECKOUT, ControlPlaneError, build, in_checkout
+from devcluster.controlplane import ControlPlane
+from devcluster.kube import ApiError, Kube, WaitTimeout
+from devcluster.processes import free_ports
 from devcluster.served import ServeExited, Served, metrics_reader_token
-from quota.claims import CHARGE_ANNOTATION
-from quota.devicequota import GOVERNED_LABEL, format_amount
 from quota.manifests import crds, documents, tenant_view_role
-from quota.printable import for_terminal
-from quota.raw import Obj
-from quota.tables import USAGE_HEADERS, print_rows, usage_cells
-from quota.top import quota_usage
 
-__all__ = ["SCENARIO", "DemoError", "DemoOptions", "DemoUnavailable", "Step", "examples", "locate_binary", "run"]
+__all__ = ["locate_binary", "run"]
 
-DQ = "draquota.io/v1alpha1"
 ADMISSION = "admissionregistration.k8s.io/v1"
 LEASE = "dra-quota-demo"
 # Measured on 2 shared cores (README, "Quick start"); shown before a cold build starts.
@@ -63,89 +53,8 @@ COLD_BUILD_MINUTES = "12-15"
 # `serve` runs with here is valid for it (devcluster.controlplane.WEBHOOK_SERVICES).
 WEBHOOK_SERVICE = ("dra-quota-system", "dra-quota-webhook")
 
-# Where each kind of examples/ goes: (apiVersion, plural). Claims are created by the scenario.
-KINDS = {
-    "DeviceClass": (RESOURCE_V1, "deviceclasses"),
-    "ResourceSlice": (RESOURCE_V1, "resourceslices"),
-    "Namespace": ("v1", "namespaces"),
-    "DeviceQuota": (DQ, "devicequotas"),
-}
 PLURALS = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
            "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
-
-
-class DemoUnavailable(Exception):
-    """No control plane can be had here (no binary, no Go to build one): `check` instead."""
-
-
-class DemoError(Exception):
-    """The demo could not finish; the message says where the logs are."""
-
-
-@dataclass(frozen=True)
-class Step:
-    """One move of the scenario: `team` creates (or deletes) ResourceClaim `claim` of
-    examples/40-claims.yaml, and Pod `pod` uses it, so the scheduler allocates it."""
-
-    team: str
-    claim: str
-    pod: str
-    says: str
-    delete: bool = False
-
-
-SCENARIO = (
-    Step("team-a", "h100-pair", "train-1", "team-a asks for two H100 80GB GPUs for a training job"),
-    Step("team-a", "h200-pair", "train-2", "team-a also asks for two H200 141GB GPUs (282Gi more)"),
-    Step("team-b", "mig-3g", "notebook-1", "team-b asks for a MIG 3g.20gb slice for a notebook"),
-    Step("team-b", "mig-1g-x4", "notebook-2", "team-b asks for four MIG 1g.5gb slices"),
-    Step("team-b", "mig-3g-second", "notebook-3", "team-b asks for another MIG 3g.20gb slice"),
-    Step("team-a", "h100-pair", "train-1", "team-a's training job ends: Pod and claim deleted", delete=True),
-    Step("team-a", "h200-pair", "train-2", "team-a asks for the two H200s again"),
-)
-TEAMS = ("team-a", "team-b")
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    keep: bool = False
-    output: Literal["table", "json"] = "table"
-    workdir: Path | None = None
-    start_timeout: float = 180.0
-    step_timeout: float = 60.0
-    scenario: tuple[Step, ...] = SCENARIO
-
-
-@dataclass
-class _Run:
-    """What one demo started, so that teardown (or `--keep`'s stop script) can end it."""
-
-    options: DemoOptions
-    out: TextIO
-    workdir: Path
-    started: float = field(default_factory=time.monotonic)
-    cluster: ControlPlane | None = None
-    serve: Served | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    interrupted: bool = False  # Ctrl-C while the scenario ran (`_interruptible`)
-
-    def say(self, text: str) -> None:
-        # Progress goes to stdout with the table; with -o json, to stderr (stdout is the JSON).
-        stream = sys.stderr if self.options.output == "json" else self.out
-        for line in text.split("\n"):
-            stream.write(for_terminal(line) + "\n")
-        stream.flush()
-
-    @property
-    def serve_log(self) -> Path:
-        return self.workdir / "serve.log"
-
-
-def examples() -> Traversable:
-    """The example cluster (examples/ of a checkout), package data here: the demo publishes
-    it and plays its claims, and without a control plane `check` runs on it."""
-    return files(__package__ or "commands") / "examples"
 
 
 # -- the control plane binary -------------------------------------------------------------------
@@ -208,7 +117,7 @@ def run(options: DemoOptions, out: TextIO) -> dict[str, Any]:
     `KeyboardInterrupt` after cleaning up on Ctrl-C.
     """
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="dra-quota-demo-"))
-    state = _Run(options, out, workdir)
+    state = DemoRun(options, out, workdir)
     state.say("dra-quota demo: a local Kubernetes 1.37 control plane, dra-quota's webhook and quota "
               "controller, fake GPU nodes from examples/, and two teams sharing them.")
     kept = False
@@ -239,7 +148,7 @@ def run(options: DemoOptions, out: TextIO) -> dict[str, Any]:
             _teardown(state, remove=ok)
 
 
-def _start_cluster(state: _Run, binary: Path) -> None:
+def _start_cluster(state: DemoRun, binary: Path) -> None:
     t0 = time.monotonic()
     # With --keep the components must outlive this process; otherwise they die with it.
     for attempt in (1, 2):
@@ -258,7 +167,7 @@ def _start_cluster(state: _Run, binary: Path) -> None:
               f"({state.seconds['control_plane_start']}s)")
 
 
-async def _interruptible(state: _Run) -> dict[str, Any]:
+async def _interruptible(state: DemoRun) -> dict[str, Any]:
     """`_play`, which Ctrl-C ends for certain. asyncio.run's own handler cancels the task,
     but a cancellation can be lost (3.11's `wait_for` drops one that races its inner
     future's completion: under load the scenario then ran on to its end and exited 0).
@@ -282,7 +191,7 @@ async def _interruptible(state: _Run) -> dict[str, Any]:
         loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _play(state: _Run) -> dict[str, Any]:
+async def _play(state: DemoRun) -> dict[str, Any]:
     cluster = state.cluster
     assert cluster is not None
     async with cluster.client() as kube:
@@ -295,7 +204,7 @@ async def _play(state: _Run) -> dict[str, Any]:
         state.say(f"[3/5] DeviceQuota CRD, dra-quota serve (pid {pid}, "
                   f"log {state.serve_log}) and its webhook configurations ({state.seconds['serve_ready']}s)")
         t0 = time.monotonic()
-        counts = await _publish_examples(state, kube)
+        counts = await publish_examples(state, kube)
         state.seconds["inventory"] = round(time.monotonic() - t0, 1)
         state.say(f"[4/5] examples/ published: {counts} ({state.seconds['inventory']}s)")
         t0 = time.monotonic()
@@ -306,7 +215,7 @@ async def _play(state: _Run) -> dict[str, Any]:
         for number, step in enumerate(state.options.scenario, 1):
             if state.interrupted:
                 raise asyncio.CancelledError
-            await _play_step(state, kube, number, step, claims)
+            await play_step(state, kube, number, step, claims)
         state.seconds["scenario"] = round(time.monotonic() - t0, 1)
         if state.options.keep and state.serve is not None:
             # serve's metrics are served as a cluster's are (HTTPS, a token allowed to get
@@ -330,7 +239,7 @@ async def _install_crd(kube: Kube) -> None:
     await kube.create("rbac.authorization.k8s.io/v1", "clusterroles", tenant_view_role())
 
 
-async def _start_serve(state: _Run) -> None:
+async def _start_serve(state: DemoRun) -> None:
     cluster = state.cluster
     assert cluster is not None
     # The demo's Lease and identity; with --keep, serve outlives the demo as the cluster does,
@@ -341,7 +250,7 @@ async def _start_serve(state: _Run) -> None:
     await state.serve.start()
 
 
-async def _route_webhooks(state: _Run, kube: Kube) -> None:
+async def _route_webhooks(state: DemoRun, kube: Kube) -> None:
     from devcluster.webhooks import adapted_webhooks
 
     assert state.cluster is not None
@@ -351,143 +260,12 @@ async def _route_webhooks(state: _Run, kube: Kube) -> None:
         await kube.create(ADMISSION, PLURALS[config["kind"]], config)
 
 
-async def _publish_examples(state: _Run, kube: Kube) -> str:
-    counts: dict[str, int] = {}
-    nodes: list[str] = []
-    published = (f for f in examples().iterdir() if fnmatch.fnmatch(f.name, "[0-3]*.yaml"))
-    for path in sorted(published, key=lambda f: f.name):
-        for doc in documents(path):
-            kind = doc.get("kind", "")
-            if kind not in KINDS:
-                continue
-            api_version, plural = KINDS[kind]
-            meta = doc["metadata"]
-            team = meta["name"] if kind == "Namespace" else meta.get("namespace")
-            if team is not None and team not in TEAMS:
-                # Only the scenario's teams: `research`'s admin-access label needs an allowlist entry.
-                continue
-            await kube.create(api_version, plural, {k: v for k, v in doc.items() if k != "status"},
-                              namespace=meta.get("namespace"))
-            counts[kind] = counts.get(kind, 0) + 1
-            node = (doc.get("spec") or {}).get("nodeName") if kind == "ResourceSlice" else None
-            if node and node not in nodes:
-                # The node the driver's slice names, as a kubelet would register it (no kubelet here).
-                await create_node(kube, node)
-                nodes.append(node)
-    counts["Node"] = len(nodes)
-    for team in TEAMS:
-        # Pods are refused until the namespace's "default" ServiceAccount exists.
-        await kube.wait_for("v1", "serviceaccounts", "default", lambda _: True, namespace=team, timeout=60,
-                            what="created")
-
-    async def counted() -> bool:
-        rows = await _usage(kube)
-        return bool(rows) and all(r["current"] for r in rows)
-
-    await poll(counted, timeout=state.options.step_timeout, what="the quota controller to count every DeviceQuota")
-
-    async def governed() -> bool:
-        # The leader labels every namespace holding a DeviceQuota: from then on its claims
-        # go to the webhooks that fail closed (docs/install.md, "Failure modes").
-        quoted = {r["namespace"] for r in await _usage(kube)}
-        labels = [((await kube.get("v1", "namespaces", n))["metadata"].get("labels") or {}) for n in quoted]
-        return all(label.get(GOVERNED_LABEL) == "true" for label in labels)
-
-    await poll(governed, timeout=state.options.step_timeout, what="the leader to label the teams' namespaces governed")
-    return ", ".join(f"{n} {k}{'es' if k.endswith('s') else 's'}" for k, n in counts.items())
-
-
-async def _play_step(state: _Run, kube: Kube, number: int, step: Step,
-                     claims: Mapping[tuple[str, str], Obj]) -> None:
-    indent = " " * 10
-    assert state.cluster is not None and state.serve is not None
-    state.cluster.check_alive()
-    if state.serve.exited() is not None:
-        raise DemoError(f"dra-quota serve exited with {state.serve.exited()}; its log: {state.serve_log}")
-    state.say(f"\nstep {number}/{len(state.options.scenario)}  {step.says}")
-    record: dict[str, Any] = {"step": number, "team": step.team, "claim": step.claim, "pod": step.pod}
-    before = {(r["namespace"], r["name"]): r for r in await _usage(kube)}
-    if step.delete:
-        await free_pod(kube, step.team, step.pod, timeout=state.options.step_timeout)
-        await kube.delete(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team)
-        await kube.wait_deleted(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team,
-                                timeout=state.options.step_timeout)
-        record["decision"] = "deleted"
-        state.say(f"{indent}Pod {step.pod} and ResourceClaim {step.claim} deleted: its devices are free again")
-    else:
-        source = claims[(step.team, step.claim)]
-        body = {"kind": "ResourceClaim", "metadata": {"name": step.claim}, "spec": source["spec"]}
-        try:
-            await kube.create(RESOURCE_V1, "resourceclaims", body, namespace=step.team)
-        except ApiError as err:
-            if err.status not in (403, 422):
-                raise
-            record.update(decision="denied", message=err.message)
-            state.say(f"{indent}DENIED by the webhook: {err.message}")
-        else:
-            # The mutating webhook wrote the charge into the claim in its create (the leader
-            # writes it only on a claim that arrived without one).
-            async def annotated() -> str | None:
-                claim = await kube.get(RESOURCE_V1, "resourceclaims", step.claim, namespace=step.team)
-                value = (claim["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
-                return value if isinstance(value, str) else None
-
-            charge = json.loads(await poll(annotated, timeout=state.options.step_timeout,
-                                           what="the claim's charge annotation"))
-            record.update(decision="admitted", charge=charge)
-            state.say(f"{indent}admitted by the webhook, reserving its charge: "
-                      + ", ".join(f"{k}={format_amount(k, v)}" for k, v in charge.items()))
-
-            async def reserved() -> list[dict[str, Any]] | None:
-                mine = [r for r in await _usage(kube) if r["namespace"] == step.team]
-                keys = [(r["namespace"], r["name"]) for r in mine]
-                return mine if any(r["reserved"] != before[k]["reserved"] for r, k in zip(mine, keys)) else None
-
-            # Before any Pod uses it: the claim's charge is reserved on the DeviceQuota status.
-            for row in await poll(reserved, timeout=state.options.step_timeout, what="the reservation on the status"):
-                memory_cell, devices_cell = usage_cells(row)
-                state.say(f"{indent}{row['namespace']}/{row['name']} used/reserved/hard: memory {memory_cell}, "
-                          f"devices {devices_cell}")
-            t0 = time.monotonic()
-            await create_pod(kube, step.team, step.pod, claim=step.claim)
-            allocated = await kube.wait_for(
-                RESOURCE_V1, "resourceclaims", step.claim, lambda c: bool((c.get("status") or {}).get("allocation")),
-                namespace=step.team, timeout=state.options.step_timeout, what="allocated by kube-scheduler")
-            devices = [f"{r['pool']}/{r['device']}" for r in allocated["status"]["allocation"]["devices"]["results"]]
-            record["devices"] = devices
-            state.say(f"{indent}Pod {step.pod} scheduled; kube-scheduler allocated {', '.join(devices)} "
-                      f"({time.monotonic() - t0:.1f}s)")
-    if record["decision"] != "denied":
-        t0 = time.monotonic()
-
-        async def moved() -> list[dict[str, Any]] | None:
-            rows = await _usage(kube)
-            mine = [r for r in rows if r["namespace"] == step.team]
-            changed = any(r["used"] != before.get((r["namespace"], r["name"]), {}).get("used") for r in mine)
-            settled = all(r["current"] and r["claims"]["pending"] == 0 for r in mine)
-            return rows if changed and settled else None
-
-        await poll(moved, timeout=state.options.step_timeout, what=f"{step.team}'s DeviceQuota usage to move")
-        state.say(f"{indent}usage counted by the quota controller ({time.monotonic() - t0:.1f}s)")
-    rows = [r for r in await _usage(kube) if r["namespace"] in TEAMS]
-    record["usage"] = rows
-    state.steps.append(record)
-    table: list[tuple[str, ...]] = [("NAMESPACE", "QUOTA", *USAGE_HEADERS, "CLAIMS allocated/pending")]
-    table.extend((r["namespace"], r["name"], *usage_cells(r), f"{r['claims']['allocated']} / {r['claims']['pending']}")
-                 for r in rows)
-    stream = sys.stderr if state.options.output == "json" else state.out
-    print_rows(table, stream, indent=indent)
-
-
-async def _usage(kube: Kube) -> list[dict[str, Any]]:
-    rows = [quota_usage(q) for q in await kube.list(DQ, "devicequotas")]
-    return sorted(rows, key=lambda r: (r["namespace"], r["name"]))
 
 
 # -- the end ------------------------------------------------------------------------------------
 
 
-def _keep(state: _Run) -> dict[str, str]:
+def _keep(state: DemoRun) -> dict[str, str]:
     """Leave everything running; write a stop script; tell how to use and stop it."""
     cluster = state.cluster
     assert cluster is not None and state.serve is not None and state.serve.process is not None
@@ -529,7 +307,7 @@ def _keep(state: _Run) -> dict[str, str]:
             "stop": str(stop), "workdir": str(state.workdir)}
 
 
-def _teardown(state: _Run, *, remove: bool) -> None:
+def _teardown(state: DemoRun, *, remove: bool) -> None:
     """Stop serve, then the control plane; remove the files unless something failed (logs).
 
     A Ctrl-C while this runs (~2 s) is ignored: interrupting the clean-up would leave
@@ -545,7 +323,7 @@ def _teardown(state: _Run, *, remove: bool) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def _stop(state: _Run, *, remove: bool) -> None:
+def _stop(state: DemoRun, *, remove: bool) -> None:
     if state.serve is not None:
         state.serve.stop()
     if state.cluster is not None:

@@ -1,6 +1,6 @@
 """`dra-quota serve`'s configuration: its options, its logging, the adminAccess policy's source.
 
-Neighbours: `commands.cli` parses the flags into `ServeOptions` and sets up logging
+Neighbours: `commands.servecommand` parses the flags into `ServeOptions` and sets up logging
 (`configure_logging`) before `commands.serve.serve` runs; `webhook.adminpolicy` reads
 the policy `policy_source` names. No I/O but reading a policy file.
 """

@@ -31,7 +31,7 @@ from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION
 from quota.printable import for_terminal
 
 if TYPE_CHECKING:
-    from kube.api import ApiError
+    from kube.apierror import ApiError
     from quota.raw import Obj
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNABLE", "Outcome", "add_arguments", "judge_admitted", "judge_refused"]
@@ -103,7 +103,8 @@ def probe_claim() -> Obj:
 async def _selftest(namespace: str, *, kubeconfig: str | None, context: str | None) -> Outcome:
     import aiohttp
 
-    from kube.api import ApiError, KubeApi
+    from kube.api import KubeApi
+    from kube.apierror import ApiError
     from kube.loaders import ConfigException
     from kube.resources import CLAIMS
 

@@ -1,6 +1,6 @@
 """`dra-quota serve`: the admission webhook over HTTPS, on caches of the live cluster.
 
-Neighbours: `commands.cli` parses the flags into `ServeOptions` (`commands.options`);
+Neighbours: `commands.servecommand` parses the flags into `ServeOptions` (`commands.options`);
 `commands.wiring` builds the caches (one `kube.watching.Reflector` per kind feeding
 `kube.caches` and `kube.claimstore`), the leader's controllers and the metrics; `commands.listeners` reloads
 the certificate files and serves the metrics; `commands.shutdown` stops it all in
@@ -62,18 +62,20 @@ from commands.shutdown import shut_down
 from commands.wiring import Caches, lead, leader_elector, observability
 from controllers.kueue import PodLookup, serves_workloads
 from controllers.requeue import Requeuer
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.contact import Contact
 from kube.resources import QUOTAS
 from runtime.stalls import time_collections, watch as watch_stalls
 from webhook.certificates import start as start_self_managed
 from webhook.claimreview import ClaimContext
-from webhook.connections import HTTP_LOG, Connections, TlsSite
+from webhook.connections import Connections
 from webhook.endpoints import endpoints
 from webhook.labelaccess import LabelAccess
 from webhook.metricsserver import metrics_limits
 from webhook.server import build_app
 from webhook.showbackmetrics import Showback
+from webhook.tlssite import HTTP_LOG, TlsSite
 
 # What `commands.options` and `commands.wiring` hold is importable from here as before.
 __all__ = ["LIMITATIONS", "Caches", "JsonFormatter", "LeaderElection", "ServeError", "ServeOptions",

@@ -64,8 +64,10 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, NotLeading
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import CLAIMS
+from kube.writegate import NotLeading
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
 from quota.claims import Claim
 from runtime.guard import guarded

@@ -47,7 +47,8 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import APPLIED_QUOTAS as APPLIED
 from quota.applied import MANAGED_BY, applied_quotas
 from quota.appliedplan import Copy, Reason, copy_of, plan

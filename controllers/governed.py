@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import NAMESPACES
 from quota.devicequota import GOVERNED_LABEL
 from quota.ledger import Ledger, QuotaKey

@@ -29,7 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.caches import parse_or_skip
 from kube.events import EventKey, EventRecorder, Ref
 from kube.quotawriter import Reservations

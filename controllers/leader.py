@@ -4,7 +4,7 @@ Neighbours: `quota.leases` holds the Lease record and the pure decisions (read i
 docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
 `commands.serve` runs `LeaderElector.run` with the controller (`controllers.quotas`) as
 the work to do while leading, and the controller asks `leading()` before each write.
-`kube.api.WRITE_GATE` asks it again for every write the leader's writers send.
+`kube.writegate.WRITE_GATE` asks it again for every write the leader's writers send.
 
 Why not kubernetes_asyncio's `leaderelection`: its Lease calls have no
 timeout (a hung renew keeps a replica "leading" forever), it never releases the lease
@@ -24,7 +24,7 @@ of the Lease (its own last write, or the renew loop's last read) names it as the
 AND its last successful renew started within the renew deadline on a clock that keeps
 counting while the process or the machine is suspended (CLOCK_BOOTTIME). Every write of
 the leader's writers passes it immediately before it is sent (`fenced`: the work runs in
-a context that sets `kube.api.WRITE_GATE`), not only when the writer decided to write:
+a context that sets `kube.writegate.WRITE_GATE`), not only when the writer decided to write:
 a writer that was mid-write or queued when the process froze finds the gate closed on
 waking and sends nothing. A replica that wakes past its deadline has stopped leading; it
 reads the Lease again (a campaign) before it may lead, and so write, again. What a gate
@@ -46,8 +46,10 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import WRITE_GATE, ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import LEASES
+from kube.writegate import WRITE_GATE
 from quota.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
 from quota.raw import Obj
 
@@ -97,7 +99,7 @@ class LeaderElector:
 
     def fenced(self) -> contextvars.Context:
         """A context whose tasks' writes pass `leading()` immediately before each is sent
-        (`kube.api.WRITE_GATE`): for every task that writes only while leading."""
+        (`kube.writegate.WRITE_GATE`): for every task that writes only while leading."""
         context = contextvars.copy_context()
         context.run(WRITE_GATE.set, self.leading)
         return context

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
-from kube.api import ApiError
+from kube.apierror import ApiError
 from kube.events import uid_of
 from kube.quotawriter import Reservations
 from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota

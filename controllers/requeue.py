@@ -35,7 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from kube.api import METADATA_LIST, ApiError, KubeApi
+from kube.api import METADATA_LIST, KubeApi
+from kube.apierror import ApiError
 from kube.resources import PODS, TEMPLATES
 from quota.requeueing import Settles, Turn, Turns
 from quota.waiting import Waiter, pick, pod_mark, waiting_templates

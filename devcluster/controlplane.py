@@ -9,24 +9,21 @@ Flags follow tests/cluster/README.md (derived from envtest's
 pkg/internal/testing/controlplane, kubeadm's static pod manifests and
 k8s.io/kubernetes 1.37 cmd/*/app/options); the reasons are next to each flag.
 Nothing here is pytest-specific: the e2e tests (tests/e2e/cluster.py re-exports it) and
-`dra-quota demo` (commands/demo.py) start the same cluster. The binary is `.cache/minik8s` of a
-source checkout, built by tests/cluster/build.sh; `MINIK8S_BIN` names another. An installed
-copy has no checkout to build in: `build` then says so (`NOT_A_CHECKOUT`).
+`dra-quota demo` (commands/demo.py) start the same cluster. `devcluster.binary` builds or
+finds the binary it runs; `devcluster.processes` has each component's process (`Component`),
+the free ports and the parent-death signal.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,19 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devcluster.binary import ControlPlaneError
 from devcluster.kube import Kube
-
-# Where a source checkout (an editable install) keeps the Go build and its output. In an
-# installed copy these name nothing that exists (site-packages holds no tests/ or .cache/):
-# the control plane is built only from a checkout, the one thing here that needs one.
-_CHECKOUT = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = _CHECKOUT / "tests" / "cluster" / "build.sh"
-DEFAULT_BINARY = _CHECKOUT / ".cache" / "minik8s"
-NOT_A_CHECKOUT = (
-    "this dra-quota is an installed copy, not a source checkout: the local control plane is built from "
-    "a clone of the repository (`pip install -e .` there, then `dra-quota demo`: tests/cluster/build.sh "
-    "builds it with Go >= 1.26), or set MINIK8S_BIN to a built minik8s binary"
-)
+from devcluster.processes import Component, die_with_parent_process, free_ports
 
 # Webhook Service names the test certificate is valid for. The apiserver's
 # webhook client verifies ServerName "<name>.<namespace>.svc"
@@ -103,100 +90,6 @@ AUDIT_POLICY = {
 # Proxy settings must never route loopback traffic elsewhere (Go already
 # bypasses proxies for loopback, but be explicit for every component).
 _PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
-
-
-class ControlPlaneError(RuntimeError):
-    pass
-
-
-def build(timeout: float = 3600, *, cancel: threading.Event | None = None) -> Path:
-    """Run tests/cluster/build.sh (a fast no-op when up to date) and return the binary path.
-
-    The build runs in a process group of its own, stopped (the script and every Go
-    process under it) when `cancel` is set, on a timeout, or when this raises: a caller
-    interrupted while a cold build runs (a SIGINT to its pid alone, which the build's
-    processes never see) returns within seconds instead of when the build ends."""
-    override = os.environ.get("MINIK8S_BIN")
-    if override:
-        path = Path(override)
-        if not os.access(path, os.X_OK):
-            raise ControlPlaneError(f"MINIK8S_BIN={override} is not an executable file")
-        return path
-    if not in_checkout():
-        raise ControlPlaneError(NOT_A_CHECKOUT)
-    deadline = time.monotonic() + timeout
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: nobody reads while it runs
-        proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=_CHECKOUT, stdout=log,
-                                stderr=subprocess.STDOUT, text=True, process_group=0)
-        try:
-            while True:
-                try:
-                    code = proc.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    if cancel is not None and cancel.is_set():
-                        raise ControlPlaneError(f"{BUILD_SCRIPT} was interrupted") from None
-                    if time.monotonic() > deadline:
-                        raise ControlPlaneError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from None
-        finally:
-            _stop_build(proc)
-        log.seek(0)
-        output = log.read()
-    if code != 0:
-        raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit code {code}:\n{_tail(output, 80)}")
-    if not os.access(DEFAULT_BINARY, os.X_OK):
-        raise ControlPlaneError(f"{BUILD_SCRIPT} succeeded but {DEFAULT_BINARY} is missing")
-    return DEFAULT_BINARY
-
-
-def _stop_build(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
-    """Stop the build's process group: SIGTERM (Go and bash exit on it), SIGKILL after `grace`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def in_checkout() -> bool:
-    """Whether this module runs from a source checkout, where the control plane can be built."""
-    return BUILD_SCRIPT.is_file()
-
-
-@dataclass
-class Component:
-    name: str
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def rss_bytes(self) -> int | None:
-        """Resident set size from /proc (Linux), or None when unavailable."""
-        if self.proc is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return _tail(self.log_path.read_text(errors="replace"), lines)
-        except OSError as e:
-            return f"<no log: {e}>"
 
 
 @dataclass
@@ -609,20 +502,6 @@ def audit_event(events: list[dict[str, Any]], *, resource: str, name: str, user:
     return None
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 # urllib honours *_proxy variables; loopback probes must never go through a proxy.
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -634,19 +513,3 @@ def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
             return bool(r.status == 200)
     except (OSError, urllib.error.URLError):
         return False
-
-
-def _tail(text: str, lines: int) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent_process() -> None:
-    """Child-side: get SIGKILL when the test runner dies, so no orphaned control plane survives it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass

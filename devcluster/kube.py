@@ -9,7 +9,7 @@ and waiting for conditions::
     await kube.get("v1", "nodes", "node-1")
     await kube.patch("v1", "nodes", "node-1", {"status": ...}, subresource="status")
 
-Rejections are `kube.api.ApiError` with the exact status code and the whole
+Rejections are `kube.apierror.ApiError` with the exact status code and the whole
 decoded ``Status`` body (admission denials, 422 causes, quota 403s).
 Every call talks to the loopback apiserver only.
 """
@@ -22,7 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from kube.api import ApiError, KubeApi, PatchType, Resource
+from kube.api import KubeApi, PatchType, Resource
+from kube.apierror import ApiError
 from kube.loaders import Configuration
 from quota.raw import Obj
 

@@ -43,8 +43,9 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from devcluster.controlplane import ControlPlane, die_with_parent_process
+from devcluster.controlplane import ControlPlane
 from devcluster.kube import ApiError, Kube, poll
+from devcluster.processes import die_with_parent_process
 
 __all__ = ["METRICS_READER", "ServeExited", "Served", "metrics_reader_token", "service_account_token"]
 

@@ -19,15 +19,15 @@ kubernetes_asyncio does it (incluster_config.py, every TOKEN_REFRESH_PERIOD).
 
 Objects are never turned into generated models: DRA fields newer than the models would be
 lost, and model construction costs more than the JSON decoding itself. Every HTTP failure
-is one `ApiError` carrying the status code, the `Status` reason and message; transport
-failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are never logged.
+is one `kube.apierror.ApiError` carrying the status code, the `Status` reason and message;
+transport failures stay `aiohttp.ClientError` / `TimeoutError`. Tokens and headers are
+never logged. Beside it: `kube.writegate` (a leader's writes refused once it stops
+leading), `kube.watchlines` (a watch stream's lines and events).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import json
 import logging
 import os
@@ -35,7 +35,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -43,6 +43,7 @@ from urllib.parse import quote
 import aiohttp
 from multidict import CIMultiDict
 
+from kube.apierror import ApiError
 from kube.credentials import Credentials, CredentialsError, resolve
 from kube.loaders import (
     SERVICE_CERT_FILENAME,
@@ -52,20 +53,16 @@ from kube.loaders import (
     load_incluster_config,
     load_kube_config,
 )
+from kube.watchlines import LineBuffer, decode_event
+from kube.writegate import WRITE_GATE, Gated, GatedBody, NotLeading, gate_at_send, refused_as_not_leading
 from quota.raw import Obj
 
 __all__ = [
-    "ApiError",
     "KubeApi",
-    "LineBuffer",
     "Listing",
     "METADATA_LIST",
-    "NotLeading",
     "PatchType",
     "Resource",
-    "WRITE_GATE",
-    "decode_event",
-    "ungated",
     "warning_text",
 ]
 
@@ -100,58 +97,6 @@ def _retry_after(header: str | None) -> float:
         return 1.0
 
 
-class ApiError(Exception):
-    """A non-2xx answer (or a watch ERROR event), with the decoded `Status` fields."""
-
-    def __init__(self, status: int, reason: str, message: str, *, where: str = "", body: Obj | None = None) -> None:
-        self.status = status
-        self.reason = reason
-        self.message = message
-        # The whole decoded `Status` (its `details.causes` name the fields of a 422).
-        self.body: Obj = body if body is not None else {"reason": reason, "message": message}
-        super().__init__(f"{where}: HTTP {status} {reason}: {message}" if where else f"HTTP {status} {reason}: {message}")
-
-    @classmethod
-    def from_body(cls, status: int, body: bytes, *, where: str) -> ApiError:
-        """Decode a `Status` body when there is one; keep a short text otherwise."""
-        try:
-            decoded = json.loads(body)
-        except ValueError:
-            decoded = None
-        if isinstance(decoded, dict):
-            return cls(status, str(decoded.get("reason", "")), str(decoded.get("message", "")), where=where,
-                       body=decoded)
-        return cls(status, "", body[:500].decode("utf-8", "replace"), where=where)
-
-
-# The write gate of the task that sends: a leader-only writer runs in a context where it
-# is set (`controllers.leader.LeaderElector.fenced`), and every write it sends (any verb
-# but GET) is refused unless the gate still holds when it goes out: asked before each
-# attempt, again once the request has its connection (`_gate_at_send`: a write may wait
-# for one in the pool for as long as the writes ahead of it take), and last as aiohttp
-# writes its body (`_GatedBody`). A writer that decided while leading and was suspended
-# before sending (a frozen process, a full connection pool, a 429's Retry-After) thus
-# never sends after losing the Lease.
-WRITE_GATE: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("write_gate", default=None)
-
-
-def ungated() -> contextvars.Context:
-    """A context without a write gate, for a task a writer starts on behalf of every
-    writer (a quota's batch of status writes, a lease's renewals): it must not inherit
-    the gate of the leader's writer that happened to start it, or every replica's
-    admissions it carries would be refused once this replica stops leading."""
-    context = contextvars.copy_context()
-    context.run(WRITE_GATE.set, None)
-    return context
-
-
-class NotLeading(ApiError):
-    """A write refused by this task's write gate (`WRITE_GATE`) before it was sent."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__(0, "NotLeading", "this replica no longer holds the leader Lease: write not sent", where=where)
-
-
 @dataclass(frozen=True, slots=True)
 class Resource:
     """A REST collection: `Resource("resource.k8s.io/v1", "resourceclaims")`."""
@@ -183,87 +128,6 @@ class Listing:
 
     items: list[Obj]
     resource_version: str
-
-
-class LineBuffer:
-    """Splits a byte stream into newline-terminated JSON documents.
-
-    As kopf `_cogs/clients/watching.py` `_iter_jsonlines`: aiohttp's own line reader fails
-    on lines above its buffer limit, and one watch event (a ResourceSlice with 128 devices,
-    a claim with many results) can be far larger.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        return [line for line in lines if line.strip()]
-
-    def rest(self) -> bytes:
-        """What is left after the stream ended (a last line without a newline)."""
-        rest, self._buffer = self._buffer.strip(), b""
-        return rest
-
-
-def decode_event(line: bytes) -> tuple[str, Obj]:
-    """One watch line -> (type, object). An ERROR event raises `ApiError` with its code.
-
-    The API server reports "too old resource version" on an established watch as an ERROR
-    event whose object is a `Status` with code 410 (k8s.io/apiserver
-    pkg/storage/cacher/cacher.go newErrWatcher), not as an HTTP 410: callers handle both
-    the same way through `ApiError.status`.
-    """
-    event = json.loads(line)
-    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
-        raise ValueError(f"not a watch event: {line[:200]!r}")
-    kind, obj = str(event.get("type", "")), event["object"]
-    if kind == "ERROR":
-        raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message", "")), where="watch")
-    return kind, obj
-
-
-@dataclass(frozen=True, slots=True)
-class _Gated:
-    gate: Callable[[], bool]
-    where: str
-
-
-async def _gate_at_send(_session: aiohttp.ClientSession, context: Any, _params: object) -> None:
-    """aiohttp's trace hook as a request takes a pooled connection or starts a new one
-    (`WRITE_GATE`). aiohttp releases the connection (or its slot) when a hook raises."""
-    gated = context.trace_request_ctx
-    if isinstance(gated, _Gated) and not gated.gate():
-        raise NotLeading(gated.where)
-
-
-class _GatedBody(aiohttp.BytesPayload):
-    """A write's body that asks the gate as aiohttp writes it, in the task that writes the
-    request once it has its connection (its headers go out with the body): the last step
-    before its bytes reach the socket. Refused, nothing of the request is complete, so the
-    API server does nothing with it; aiohttp reports a ClientConnectionError caused by
-    the `NotLeading`, which `_round_trip` raises as it is."""
-
-    def __init__(self, value: bytes, gated: _Gated) -> None:
-        super().__init__(value, content_type="application/json")
-        self.gated = gated
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        if not self.gated.gate():
-            raise NotLeading(self.gated.where)
-        await super().write_with_length(writer, content_length)
-
-
-@contextlib.asynccontextmanager
-async def _refused_as_not_leading() -> AsyncIterator[None]:
-    """A write its gated body refused (`_GatedBody`) raised as the `NotLeading` it is."""
-    try:
-        yield
-    except aiohttp.ClientConnectionError as err:
-        if isinstance(err.__cause__, NotLeading):
-            raise err.__cause__ from None
-        raise
 
 
 def _query(params: Mapping[str, str | int | bool | None]) -> dict[str, str]:
@@ -356,8 +220,8 @@ class KubeApi:
         # Created lazily so that the session binds to the running event loop.
         if self._session is None or self._session.closed:
             gating = aiohttp.TraceConfig()
-            gating.on_connection_reuseconn.append(_gate_at_send)
-            gating.on_connection_create_start.append(_gate_at_send)
+            gating.on_connection_reuseconn.append(gate_at_send)
+            gating.on_connection_create_start.append(gate_at_send)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl, limit=64),
                 trace_configs=[gating],
@@ -427,14 +291,14 @@ class KubeApi:
             else:
                 sent.add(name, value)
         gate = WRITE_GATE.get() if method != "GET" else None
-        gated = None if gate is None else _Gated(gate, f"{method} {path}")
-        payload: str | _GatedBody | None = data
+        gated = None if gate is None else Gated(gate, f"{method} {path}")
+        payload: str | GatedBody | None = data
         if gated is not None and data is not None:
-            payload = _GatedBody(data.encode(), gated)
+            payload = GatedBody(data.encode(), gated)
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
             if gated is not None and not gated.gate():
                 raise NotLeading(gated.where)
-            async with _refused_as_not_leading(), self._http().request(
+            async with refused_as_not_leading(), self._http().request(
                 method,
                 self.server + path,
                 params=_query(params or {}),

@@ -46,7 +46,8 @@ from collections.abc import Callable
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 
 __all__ = ["Contact"]
 

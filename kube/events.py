@@ -78,7 +78,8 @@ from datetime import datetime, timezone
 from typing import Any, NoReturn, Protocol
 
 from kube.admissionreview import AdmissionRequest, Verdict
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
 from quota.devicequota import KIND, ref_of
 from quota.extended import generated_base

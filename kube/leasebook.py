@@ -31,7 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kube.api import ApiError, ungated
+from kube.apierror import ApiError
+from kube.writegate import ungated
 from quota.devicequota import DeviceQuota
 from quota.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
                             untake, writing)

@@ -37,8 +37,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
-from kube.api import ungated
 from kube.statuswriter import QuotaStatusWriter
+from kube.writegate import ungated
 from quota.devicequota import Decision, DeviceQuota
 from quota.excess import parse_allocation_key
 from quota.ledger import QuotaKey, shown

@@ -36,11 +36,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kube.api import ApiError, KubeApi, ungated
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.leasebook import LeaseBook, version_of
 from kube.resources import quota_resource
 from kube.seen import Seen
 from kube.watching import Progress
+from kube.writegate import ungated
 from quota.devicequota import (
     CLUSTER_KIND,
     KIND,

@@ -44,7 +44,8 @@ from typing import NoReturn, Protocol, runtime_checkable
 
 import aiohttp
 
-from kube.api import ApiError, KubeApi, Listing, Resource
+from kube.api import KubeApi, Listing, Resource
+from kube.apierror import ApiError
 from quota.raw import Obj
 from runtime.slicing import in_slices
 

@@ -1,7 +1,7 @@
 """Listening sockets whose connections are accepted here, a few at a time, and refused
 before anything is built for them.
 
-Neighbours: `webhook.connections.TlsSite` listens through `Listener`; its `admit`
+Neighbours: `webhook.tlssite.TlsSite` listens through `Listener`; its `admit`
 (`Connections.room`, then the TLS protocol) decides each accepted socket's fate from its
 peer's address alone.
 

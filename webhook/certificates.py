@@ -4,7 +4,7 @@ Neighbours: `certs.manager.CertificateManager` runs the loop against the `Store`
 protocol; `KubeStore` here is that store over `kube.api` (the Secret in the
 server's namespace, our Validating/MutatingWebhookConfigurations); `commands.serve`
 calls `start` before it listens and runs `manager.run()` beside the server;
-`commands.cli` adds the flags with `add_arguments`.
+`commands.servecommand` adds the flags with `add_arguments`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from certs.authority import SERVICE, KeyPair, service_names
 from certs.manager import CertificateManager, Conflict, Secret, WebhookConfiguration
 from certs.rotation import Policy
 from certs.tls import ReloadingContext
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS
 
 __all__ = ["KubeStore", "SelfManaged", "add_arguments", "default_namespace", "from_args", "parse_duration", "start"]

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 
 from kube.admissionreview import UserInfo
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import ACCESS_REVIEWS
 from quota.policy import ADMIN_ACCESS_GRANT
 from runtime.answers import Answers

@@ -41,12 +41,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.resources import ACCESS_REVIEWS, TOKEN_REVIEWS
 from runtime.answers import Answers
-from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite, track
+from webhook.connections import Connections, Limits
 from webhook.metrics import Metrics
 from webhook.server import quiet_server_header
+from webhook.tlssite import HTTP_LOG, TlsSite, track
 
 __all__ = ["MAX_ASKING", "MAX_CACHED", "METRICS_MAX_CONNECTIONS", "Access", "TokenAccess", "is_loopback",
            "metrics_limits", "serve_metrics"]

@@ -45,8 +45,9 @@ from aiohttp import web, web_response
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 from quota.goduration import NANOS, parse_go_duration
 from quota.raw import dig
-from webhook.connections import Connections, track
+from webhook.connections import Connections
 from webhook.decisionlog import DenialLog
+from webhook.tlssite import track
 
 __all__ = ["Endpoint", "MAX_BODY_BYTES", "Observer", "SERVER", "build_app", "decode_body"]
 

@@ -1,4 +1,5 @@
-"""The e2e tests' control plane: :mod:`devcluster.controlplane`, shared with `dra-quota demo`.
+"""The e2e tests' control plane: :mod:`devcluster.controlplane` (its binary from `devcluster.binary`, its
+processes in `devcluster.processes`), shared with `dra-quota demo`.
 
 It moved there so installed code can start the same cluster; the names stay importable
 from here for the tests. `REPO_ROOT` is the tests' own: installed code never reads the checkout.
@@ -10,19 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.controlplane import (
-    AUDIT_POLICY,
-    BUILD_SCRIPT,
-    DEFAULT_BINARY,
-    KCM_CONTROLLERS,
-    WEBHOOK_SERVICES,
-    Component,
-    ControlPlane,
-    ControlPlaneError,
-    audit_event,
-    build,
-    free_ports,
-)
+from devcluster.binary import BUILD_SCRIPT, DEFAULT_BINARY, ControlPlaneError, build
+from devcluster.controlplane import AUDIT_POLICY, KCM_CONTROLLERS, WEBHOOK_SERVICES, ControlPlane, audit_event
+from devcluster.processes import Component, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -54,7 +54,7 @@ from pathlib import Path
 import yaml
 
 from certs import authority
-from devcluster.controlplane import die_with_parent_process
+from devcluster.processes import die_with_parent_process
 from tests.tools import gobuild
 
 from .cluster import REPO_ROOT, Component, ControlPlane, free_ports

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kube.api import ApiError
+from kube.apierror import ApiError
 from quota.claims import ClaimError, parse_claim, parse_device_class
 from quota.conversion import as_v1
 from quota.slices import SliceError, parse_slice

@@ -11,7 +11,7 @@ SIGSTOPped, stays stopped past its Lease until B leads and has written, creates 
 then A gets SIGCONT: it must send no write but its Lease's from then on, and nothing is
 over-committed at any resourceVersion the quota watch saw: the API server's audit log,
 A running as an identity of its own, has no write of A's received after the SIGCONT.
-Without the gate asked as each write is sent (`kube.api.WRITE_GATE`), a patch that waited
+Without the gate asked as each write is sent (`kube.writegate.WRITE_GATE`), a patch that waited
 for a connection, or for aiohttp's task that writes the request, is sent after A wakes
 (one in the run on the code before the gate), as the Lease's new holder writes the same
 claims; with it, A's log shows the ones it refused (4 in a run).

@@ -27,7 +27,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from kube.api import ApiError, KubeApi, Resource
+from kube.api import KubeApi, Resource
+from kube.apierror import ApiError
 from kube.watching import LAST_APPLIED, STREAM_BATCH, Backoff, Reflector, WatchSettings
 from quota.raw import Obj
 

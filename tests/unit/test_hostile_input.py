@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from commands.cli import main, render_table
+from commands.checkcommand import render_table
+from commands.cli import main
 from quota.admission import Admitter
 from quota.check import ObjectResult, Report
 from quota.claims import ClaimError, parse_claim, parse_device_class

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devcluster.controlplane import NOT_A_CHECKOUT
+from devcluster.binary import NOT_A_CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the build stage of the Dockerfile copies: `COPY <name> ./<name>` and `COPY <files> ./`.
@@ -86,13 +86,13 @@ def test_check_on_copied_examples(installed: Path, elsewhere: Path) -> None:
 # Imports the modules that read package data, calls what reads it, and says where each came from.
 READ_PACKAGE_DATA = """
 import json, sys
-import commands.demo, devcluster.webhooks, quota.manifests
+import commands.demoplan, devcluster.webhooks, quota.manifests
 modules = [m for name, m in sys.modules.items() if name.split(".")[0] in sys.argv[1:]]
 print(json.dumps({
     "files": sorted(m.__file__ for m in modules if getattr(m, "__file__", None)),
     "crd": quota.manifests.crd(),
     "webhooks": quota.manifests.webhook_configurations(),
-    "examples": {f.name: f.read_text() for f in commands.demo.examples().iterdir()},
+    "examples": {f.name: f.read_text() for f in commands.demoplan.examples().iterdir()},
 }))
 """
 

@@ -63,9 +63,9 @@ def test_an_unusable_minik8s_bin_is_an_error_not_a_fallback(
 RUN_DEMO = """
 import sys
 from pathlib import Path
-import devcluster.controlplane as controlplane
+import devcluster.binary as binary
 from commands import cli, demo
-controlplane.BUILD_SCRIPT = Path(sys.argv[1])
+binary.BUILD_SCRIPT = Path(sys.argv[1])
 demo.DEFAULT_BINARY = Path(sys.argv[2])
 sys.exit(cli.main(["demo"]))
 """

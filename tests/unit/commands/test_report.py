@@ -20,7 +20,7 @@ from commands import cli
 from commands.report import ReportError, build
 from quota.showbackreport import GIB, render
 
-from devcluster.controlplane import free_ports
+from devcluster.processes import free_ports
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")  # the fixtures' loop
 

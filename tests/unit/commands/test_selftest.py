@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from commands.selftest import EXIT_FAILED, EXIT_OK, EXIT_UNABLE, judge_admitted, judge_refused, probe_claim
-from kube.api import ApiError
+from kube.apierror import ApiError
 from quota.jsonclaims import parse_json_claim
 
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controllers.applied import AppliedQuotas
-from kube.api import ApiError
+from kube.apierror import ApiError
 from quota.applied import applied_quotas
 
 from ..clock import FakeClock, until

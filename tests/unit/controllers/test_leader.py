@@ -9,7 +9,9 @@ import copy
 from typing import Any
 
 from controllers.leader import LeaderElector
-from kube.api import WRITE_GATE, ApiError, Resource
+from kube.api import Resource
+from kube.apierror import ApiError
+from kube.writegate import WRITE_GATE
 from quota.leases import Timing
 
 from ..clock import FakeClock, until
@@ -146,7 +148,7 @@ async def test_a_candidate_waits_out_a_live_lease_and_takes_a_released_one_at_on
 
 async def test_a_write_decided_while_leading_is_not_sent_once_frozen_past_the_deadline() -> None:
     """SIGSTOP between a writer's decision and its send: on waking, the gate its write
-    passes as it is sent (`kube.api.WRITE_GATE`) is closed, though the writer saw itself
+    passes as it is sent (`kube.writegate.WRITE_GATE`) is closed, though the writer saw itself
     leading; the elector then steps down and reads the Lease again before leading."""
     api, clock = FakeLeases(), FakeClock()
     leader = LeaderElector(api, name="lease", namespace="ns", identity="a", timing=TIMING,  # type: ignore[arg-type]

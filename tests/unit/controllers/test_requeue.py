@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from controllers.requeue import Requeuer
-from kube.api import METADATA_LIST, ApiError
+from kube.api import METADATA_LIST
+from kube.apierror import ApiError
 
 from ..clock import until
 from ..quota.test_waiting import pod

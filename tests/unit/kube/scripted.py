@@ -13,7 +13,8 @@ import asyncio
 import copy
 from typing import Any
 
-from kube.api import ApiError, Resource
+from kube.api import Resource
+from kube.apierror import ApiError
 
 __all__ = ["FakeApi"]
 

@@ -14,7 +14,9 @@ import pytest_asyncio
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from kube.api import TOO_MANY_REQUESTS_RETRIES, WRITE_GATE, ApiError, KubeApi, NotLeading, ungated
+from kube.api import TOO_MANY_REQUESTS_RETRIES, KubeApi
+from kube.apierror import ApiError
+from kube.writegate import WRITE_GATE, NotLeading, ungated
 
 
 class Refusing:

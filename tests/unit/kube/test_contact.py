@@ -18,7 +18,8 @@ import pytest
 from aiohttp import web
 
 from kube.admissionreview import AdmissionRequest, Verdict
-from kube.api import ApiError, KubeApi
+from kube.api import KubeApi
+from kube.apierror import ApiError
 from kube.contact import Contact
 from webhook.server import build_app
 

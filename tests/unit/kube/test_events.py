@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kube.admissionreview import Verdict
-from kube.api import ApiError
+from kube.apierror import ApiError
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
 from quota.policy import PolicyRecord
 from quota.raw import Obj

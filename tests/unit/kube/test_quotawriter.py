@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kube.api import ApiError, Resource
+from kube.api import Resource
+from kube.apierror import ApiError
 from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
 from kube.statuswriter import CONTENTION

@@ -18,7 +18,9 @@ import pytest
 
 from kubernetes_asyncio.client import Configuration
 
-from kube.api import ApiError, KubeApi, LineBuffer, Listing, Resource, decode_event
+from kube.api import KubeApi, Listing, Resource
+from kube.apierror import ApiError
+from kube.watchlines import LineBuffer, decode_event
 from kube.watching import (
     INITIAL_EVENTS_END, LAST_APPLIED, STREAM_BATCH, Backoff, Reflector, WatchSettings, trim_claim, trim_object,
 )

@@ -23,7 +23,8 @@ import pytest
 
 from devcluster.kube import poll
 from kube.admissionreview import AdmissionRequest, Verdict
-from webhook.connections import EVICTION_SCAN, HOG_NEW_PER_SECOND, Connections, Limits, Phase, unread
+from webhook.connections import EVICTION_SCAN, HOG_NEW_PER_SECOND, Connections, Limits, Phase
+from webhook.tlssite import unread
 
 from ..clock import FakeClock
 from ..kube.test_admissionreview import REVIEW

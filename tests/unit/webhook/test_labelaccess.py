@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kube.admissionreview import UserInfo
-from kube.api import ApiError, Resource
+from kube.api import Resource
+from kube.apierror import ApiError
 from webhook.labelaccess import MAX_CACHED, TTL, LabelAccess
 
 from ..clock import FakeClock

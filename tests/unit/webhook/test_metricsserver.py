@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from certs.tls import server_context
-from kube.api import ApiError, Resource
+from kube.api import Resource
+from kube.apierror import ApiError
 from webhook.metrics import Metrics
 from webhook.metricsserver import ALLOWED_TTL, MAX_CACHED, REFUSED_TTL, Access, TokenAccess, serve_metrics
 from webhook.server import SERVER

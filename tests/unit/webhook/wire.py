@@ -24,8 +24,9 @@ from aiohttp import web
 from certs.authority import service_names
 from certs.rotation import Material, Policy, plan
 from certs.tls import server_context
-from webhook.connections import HTTP_LOG, Connections, Limits, TlsSite
+from webhook.connections import Connections, Limits
 from webhook.server import Endpoint, build_app
+from webhook.tlssite import HTTP_LOG, TlsSite
 
 
 def mint() -> Material:
