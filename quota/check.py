@@ -1,6 +1,6 @@
 """`dra-quota check`: the admission and accounting code, run offline over YAML files.
 
-Neighbours: `commands.cli` parses flags and prints; `quota.admission.Admitter` decides,
+Neighbours: `commands.checkcommand` parses flags and prints; `quota.admission.Admitter` decides,
 exactly as the webhook does. Order of evaluation: the cluster's state comes first
 (DeviceClasses, ResourceSlices, Namespaces, DeviceQuotas, ClusterDeviceQuotas; a
 namespace with no Namespace document has only its name label, as the API server sets

@@ -1,7 +1,7 @@
 """Text from user input made safe to print: the table, stderr and the JSON report.
 
-Neighbours: `commands.cli` escapes every table cell and every message it writes to a
-terminal with `for_terminal`; `quota.check` cleans the JSON report with `for_json`.
+Neighbours: the `commands` modules escape every table cell and every message they write to
+a terminal with `for_terminal`; `quota.check` cleans the JSON report with `for_json`.
 Names are validated by the parsers, but reasons and warnings quote user input (CEL
 messages, file paths, annotations), so output never trusts them: a newline or an ANSI
 escape in a cell would forge a row or rewrite the screen, a bidi override would reorder

@@ -1,6 +1,6 @@
 """`dra-quota top`: per-namespace and per-team DRA usage as the quota controller published it.
 
-Neighbours: `commands.cli` lists DeviceQuotas and ClusterDeviceQuotas through `kube.api`
+Neighbours: `commands.topcommand` lists DeviceQuotas and ClusterDeviceQuotas through `kube.api`
 and prints what `quota_usage` and `team_usage` return; `quota.devicequota` reads the
 spec. This module only reads what is on each quota: `spec.hard` and the `status` the
 leader-elected controller writes (`used`, `reserved`, `claims`, `conditions`, a quota
