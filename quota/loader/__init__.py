@@ -1,8 +1,8 @@
 """Reading `dra-quota check`'s input: files, folders and stdin into Kubernetes object documents.
 
 Neighbours: `quota.check` runs admission over the `Document`s this package yields;
-`commands.checkcommand` maps `CheckInputError` to exit code 2. Nothing here knows about kinds beyond
-List expansion (`kind: List` and typed Lists): parsing objects is the parsers' job
+`commands.checkcommand` maps `CheckInputError` to exit code 2. Nothing here knows about
+kinds beyond List expansion (`kind: List` and typed Lists): parsing objects is the parsers' job
 (`quota.slices`, `quota.claims`, `quota.devicequota`). Modules: `sources` (paths, bounded
 reads), `jsondocs` and `yamldocs` (decoding, bounded), `lists` (List items), `limits`
 (the bounds and why).
