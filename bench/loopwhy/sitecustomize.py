@@ -3,7 +3,7 @@
 Diagnostics only, for bench/startup.py (and any bench that starts `serve` through
 devcluster.served with the environment passed on):
 
-    WHY_CODE=$PWD python bench/startup.py --workdir DIR --serve-path bench/loopwhy
+    WHY_CODE=$PWD python bench/startup.py --workdir DIR --serve-path $PWD/bench/loopwhy
 
 `--serve-path` makes this directory the `serve` process's PYTHONPATH, so Python imports
 this module as it starts; `WHY_CODE` names the checkout that process runs (put on its
