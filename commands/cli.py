@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from commands import certscommand, checkcommand, servecommand, topcommand
-from commands.commandflags import EXIT_CLUSTER, EXIT_INPUT, EXIT_OK, KUBECONFIG_HELP, Subparsers
+from commands.commandflags import EXIT_CLUSTER, EXIT_INPUT, EXIT_OK, Subparsers
 from quota.version import version
 
 
@@ -132,7 +132,7 @@ def _add_report(sub: Subparsers, *, summary: str) -> None:
 def _add_selftest(sub: Subparsers, *, summary: str) -> None:
     from commands import selftest
 
-    selftest.add_arguments(sub, summary=summary, kubeconfig_help=KUBECONFIG_HELP)
+    selftest.add_arguments(sub, summary=summary)
 
 
 # name -> (its one-line help, the function defining its flags); the order of --help.

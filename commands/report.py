@@ -20,12 +20,13 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
+
+from commands.commandflags import Subparsers
 
 if TYPE_CHECKING:
     from quota.showbackreport import Report
 
-_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXIT_OK, EXIT_FAILED = 0, 2
 
 
@@ -33,7 +34,7 @@ class ReportError(Exception):
     """What to tell the user, as it is (exit 2)."""
 
 
-def add_arguments(sub: _Subparsers, *, summary: str) -> None:
+def add_arguments(sub: Subparsers, *, summary: str) -> None:
     report = sub.add_parser(
         "report", help=summary,
         description="Ask Prometheus how much GPU memory and how many devices each namespace, team "

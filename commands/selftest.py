@@ -25,8 +25,9 @@ import argparse
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
+from commands.commandflags import KUBECONFIG_HELP, Subparsers
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION
 from quota.printable import for_terminal
 
@@ -53,7 +54,6 @@ _NOT_CALLED = (
     "server's log say which)"
 )
 
-_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class Outcome:
     message: str
 
 
-def add_arguments(sub: _Subparsers, *, summary: str, kubeconfig_help: str) -> None:
+def add_arguments(sub: Subparsers, *, summary: str) -> None:
     selftest = sub.add_parser(
         "selftest", help=summary,
         description="Create a ResourceClaim that requests no device, as a dry run (nothing is stored or "
@@ -77,7 +77,7 @@ def add_arguments(sub: _Subparsers, *, summary: str, kubeconfig_help: str) -> No
     selftest.add_argument("-n", "--namespace", default=DEFAULT_NAMESPACE,
                           help="where to send the claim: a namespace the webhooks are called for, so not "
                                "dra-quota's own namespace, which they exclude (default default)")
-    selftest.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
+    selftest.add_argument("--kubeconfig", metavar="FILE", help=KUBECONFIG_HELP)
     selftest.add_argument("--context", help="kubeconfig context (default: the current one)")
     selftest.set_defaults(run=run)
 
