@@ -220,7 +220,7 @@ def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], Clai
         allocation=allocation,
         recorded_charge=_recorded_charge(annotations.get(CHARGE_ANNOTATION)),
         owner=(_owner_in(raw_meta) or ("", ""))[1],
-        recorded_devices=claim_record(claim_spec, annotations) if ALLOCATED_CHARGE_ANNOTATION in annotations else (),
+        recorded_devices=claim_record(claim_spec, annotations),
         created=_timestamp(raw_meta.get("creationTimestamp")),
     )
 
