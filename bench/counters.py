@@ -24,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quota.claims import ClaimSpec, parse_claim_spec, parse_device_class  # noqa: E402
+from quota.claims import parse_device_class  # noqa: E402
+from quota.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.selectors import SelectorMatcher  # noqa: E402

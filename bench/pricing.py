@@ -40,7 +40,8 @@ from unittest.mock import patch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 
-from quota.claims import ClaimSpec, parse_claim, parse_claim_spec, parse_device_class  # noqa: E402
+from quota.claims import parse_claim, parse_device_class  # noqa: E402
+from quota.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 from quota.admission import Admitter, Repriced
-from quota.claims import Claim, ClaimError, parse_device_class
+from quota.claims import Claim, parse_device_class
+from quota.claimspec import ClaimError
 from quota.devicequota import (
     CLUSTER_KIND,
     KIND,

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from quota.allocationrecord import by_device
 from quota.capacity import round_request
-from quota.claims import AllocatedDevice, Claim, request_classes
+from quota.claims import AllocatedDevice, Claim
+from quota.claimspec import request_classes
 from quota.inventory import Inventory
 from quota.model import MEMORY, ZERO, Charge, Device, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
 from quota.priced import HeldDevice, PricedRequest, Pricing, Share

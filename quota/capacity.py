@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from fractions import Fraction
 
-from quota.claims import DeviceRequirement, Toleration
+from quota.claimspec import DeviceRequirement, Toleration
 from quota.model import Capacity, Device, RequestPolicy, Taint, qualify
 from quota.quantity import ceil_int
 from quota.selectors import DeviceGroup

@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any
 
 from quota.admission import Admission, Admitter
-from quota.claims import Claim, ClaimError, parse_claim, parse_device_class
+from quota.claims import Claim, parse_claim, parse_device_class
+from quota.claimspec import ClaimError
 from quota.conversion import require_dra_version
 from quota.devicequota import (
     CLUSTER_KIND,

@@ -1,29 +1,30 @@
 """Parse ResourceClaims, ResourceClaimTemplates and DeviceClasses into domain values.
 
-Neighbours: `quota.pricing` prices the `ClaimSpec` built here; `quota.check` and the
-webhook feed raw JSON in. Defaults follow k/k pkg/apis/resource/v1/defaults.go
-(allocationMode ExactCount, count 1); the shapes follow TYPES
+Neighbours: `quota.claimspec` parses a claim's spec (its requests) into the `ClaimSpec`
+`quota.pricing` prices; this module the claim around it: its allocation results, the
+charge and allocation record the leader annotated, its Pod owner, its creation time.
+`quota.check` and the webhook feed raw JSON in. The shapes follow TYPES
 (staging/src/k8s.io/api/resource/v1/types.go) and the field rules those of the API
 server (pkg/apis/resource/validation/validation.go, through `quota.validation`): what
-it would refuse (a negative consumedCapacity, 33 requests, a count past int64) is
-refused here. A malformed object raises `ClaimError` whose message names the field.
+it would refuse (a negative consumedCapacity, 33 allocation results, a bad pool name) is
+refused here. A malformed object raises `ClaimError` (`quota.claimspec`) whose message
+names the field.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
-from types import MappingProxyType
 from typing import Any, Literal
 
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, recorded_devices
+from quota.claimspec import ClaimError, ClaimSpec, parse_capacities, parse_claim_spec, parse_selectors
 from quota.conversion import as_v1
 from quota.interning import Interned
 from quota.model import (
-    AllocationMode,
     Charge,
     ClaimUid,
     DeviceClass,
@@ -33,41 +34,24 @@ from quota.model import (
     RecordKey,
 )
 from quota.meta import parse_meta
-from quota.quantity import non_negative_amount
 from quota.raw import as_list, dig, show, small_json
 from quota.validation import (
-    MAX_ATTRIBUTES_AND_CAPACITIES,
-    MAX_CEL_LENGTH,
-    MAX_DEVICE_REQUESTS,
-    MAX_FIRST_AVAILABLE,
     MAX_INT64,
     MAX_RESULTS,
-    MAX_SELECTORS,
-    MAX_TOLERATIONS,
     at_most,
     dns_label,
     dns_subdomain,
-    integer,
     optional_string,
     pool_name,
-    qualified_name,
     string,
 )
 
 __all__ = [
-    "ClaimError",
     "pod_owner",
-    "Toleration",
-    "DeviceRequirement",
-    "Request",
-    "unnamed",
-    "ClaimSpec",
     "AllocatedDevice",
     "Claim",
     "claim_record",
     "parse_claim",
-    "parse_claim_spec",
-    "request_classes",
     "parse_device_class",
     "CHARGE_ANNOTATION",
     "QUOTAS_ANNOTATION",
@@ -78,71 +62,6 @@ QUOTAS_ANNOTATION = "draquota.io/quotas"
 
 
 ClaimKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
-
-
-class ClaimError(ValueError):
-    """A claim, template or class this tool cannot read; the message names the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class Toleration:
-    key: str
-    operator: str
-    value: str
-    effect: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceRequirement:
-    """An `exactly` request or one `firstAvailable` subrequest (name "req" or "req/sub")."""
-
-    name: str
-    device_class: DeviceClassName
-    selectors: tuple[str, ...] = ()
-    allocation_mode: AllocationMode = "ExactCount"
-    count: int = 1
-    admin_access: bool = False
-    # Sorted (name, quantity) pairs: hashable, so pricing can cache on the requirement.
-    capacity_requests: tuple[tuple[str, Fraction], ...] = ()
-    tolerations: tuple[Toleration, ...] = ()
-
-
-def unnamed(req: DeviceRequirement, *, selectors: tuple[str, ...] | None = None) -> DeviceRequirement:
-    """`req` without its name (and with `selectors`, if given): what pricing caches a
-    requirement's charge by. Built directly: `dataclasses.replace` was a tenth of a
-    stored claim's accounting at start (every requirement, every pricing mode)."""
-    return DeviceRequirement("", req.device_class, req.selectors if selectors is None else selectors,
-                             req.allocation_mode, req.count, req.admin_access, req.capacity_requests, req.tolerations)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    name: str
-    alternatives: tuple[DeviceRequirement, ...]
-    first_available: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimSpec:
-    requests: tuple[Request, ...]
-    # Hashed once: a spec is part of every memo key a claim is counted by (several a
-    # claim, each hashing every request and selector again: 0.65 us a spec, half a
-    # second of a list of 150,000 claims, bench/startup_local.py), and equal specs are
-    # parsed into one object (`quota.jsonclaims`).
-    _hash: int = field(init=False, repr=False, compare=False)
-    # `request_classes`, and whether it names several classes: read for every allocated
-    # claim (its results' classes, its allocation record), computed once a spec.
-    _classes: Mapping[str, DeviceClassName] = field(init=False, repr=False, compare=False)
-    _several: bool = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(self.requests))
-        classes = {alt.name: alt.device_class for req in self.requests for alt in req.alternatives}
-        object.__setattr__(self, "_classes", MappingProxyType(classes))
-        object.__setattr__(self, "_several", len(set(classes.values())) > 1)
-
-    def __hash__(self) -> int:
-        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +144,6 @@ def parse_claim(obj: Mapping[str, Any], *, parse_spec: Callable[[Any, str], Clai
     )
 
 
-def request_classes(spec: ClaimSpec) -> Mapping[str, DeviceClassName]:
-    """Each request's name ("req", or "req/sub" for a `firstAvailable` subrequest, as an
-    allocation result names it) and its DeviceClass (read only: one per spec)."""
-    return spec._classes
-
-
 def claim_record(spec: ClaimSpec, annotations: Mapping[str, Any]) -> tuple[tuple[RecordKey, int], ...]:
     """The allocation record `annotations` carry for a claim of `spec` (`Claim.recorded_devices`):
     by result only on a claim of several classes, and naming its requests
@@ -296,23 +209,6 @@ def _check_result_requests(allocation: tuple[AllocatedDevice, ...] | None, spec:
             )
 
 
-def parse_claim_spec(spec: Any, prefix: str = "spec") -> ClaimSpec:
-    if not isinstance(spec, dict):
-        raise ClaimError(f"{prefix} is required")
-    devices = spec.get("devices") or {}
-    if not isinstance(devices, dict):
-        raise ClaimError(f"{prefix}.devices must be an object")
-    where = f"{prefix}.devices.requests"
-    raw_requests = at_most(as_list(devices.get("requests"), where, ClaimError), MAX_DEVICE_REQUESTS, where, ClaimError)
-    requests = []
-    for i, raw in enumerate(raw_requests):
-        if not isinstance(raw, dict):
-            raise ClaimError(f"{where}[{i}] must be an object")
-        requests.append(_request(raw, f"{where}[{i}]"))
-    _unique([r.name for r in requests], where)
-    return ClaimSpec(tuple(requests))
-
-
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     if not isinstance(obj, dict):
         raise ClaimError("a DeviceClass must be an object")
@@ -321,114 +217,13 @@ def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     spec = obj.get("spec") or {}
     if not isinstance(spec, dict):
         raise ClaimError(f"DeviceClass {name}: spec must be an object")
-    selectors = _selectors(spec.get("selectors"), f"DeviceClass {name}: spec.selectors")
+    selectors = parse_selectors(spec.get("selectors"), f"DeviceClass {name}: spec.selectors")
     ext = spec.get("extendedResourceName")
     if ext is not None:
         ext = string(ext, f"DeviceClass {name}: spec.extendedResourceName", ClaimError, max_length=253)
     created = optional_string(dig(obj, "metadata", "creationTimestamp"), f"DeviceClass {name}: metadata.creationTimestamp",
                               ClaimError, max_length=64)
     return DeviceClass(DeviceClassName(name), selectors, ext, created)
-
-
-def _unique(names: list[str], where: str) -> None:
-    seen: set[str] = set()
-    for i, name in enumerate(names):
-        if name in seen:
-            raise ClaimError(f"{where}[{i}].name: duplicate name {name!r}")
-        seen.add(name)
-
-
-def _request(raw: Mapping[str, Any], where: str) -> Request:
-    name = dns_label(raw.get("name"), f"{where}.name", ClaimError)
-    exactly, first = raw.get("exactly"), raw.get("firstAvailable")
-    if (exactly is None) == (first is None):
-        raise ClaimError(f"{where}: exactly one of exactly or firstAvailable must be set")
-    if exactly is not None:
-        return Request(name, (_requirement(exactly, name, f"{where}.exactly", subrequest=False),))
-    if not isinstance(first, list) or not first:
-        raise ClaimError(f"{where}.firstAvailable must be a non-empty list")
-    at_most(first, MAX_FIRST_AVAILABLE, f"{where}.firstAvailable", ClaimError)
-    alternatives = []
-    for j, sub in enumerate(first):
-        sub_where = f"{where}.firstAvailable[{j}]"
-        sub_name = dns_label(dig(sub, "name"), f"{sub_where}.name", ClaimError)
-        alternatives.append(_requirement(sub, f"{name}/{sub_name}", sub_where, subrequest=True))
-    _unique([a.name for a in alternatives], f"{where}.firstAvailable")
-    return Request(name, tuple(alternatives), first_available=True)
-
-
-def _requirement(raw: Any, name: str, where: str, *, subrequest: bool) -> DeviceRequirement:
-    if not isinstance(raw, dict):
-        raise ClaimError(f"{where} must be an object")
-    cls = dns_subdomain(raw.get("deviceClassName"), f"{where}.deviceClassName", ClaimError)
-    mode = raw.get("allocationMode") or "ExactCount"
-    if mode not in ("ExactCount", "All"):
-        raise ClaimError(f"{where}.allocationMode: unsupported value {show(mode)}: supported values: All, ExactCount")
-    count = raw.get("count")
-    if mode == "All":
-        if count not in (None, 0):
-            raise ClaimError(f"{where}.count must not be specified when allocationMode is All")
-        count = 0
-    else:
-        # v1 defaults count to 1; a stored v1beta2 object may keep 0 on a last subrequest.
-        count = 1 if count is None or count == 0 else integer(count, f"{where}.count", ClaimError, minimum=1)
-    admin = raw.get("adminAccess")
-    if admin is not None and type(admin) is not bool:
-        raise ClaimError(f"{where}.adminAccess must be a boolean, got {show(admin)}")
-    return DeviceRequirement(
-        name=name,
-        device_class=DeviceClassName(cls),
-        selectors=_selectors(raw.get("selectors"), f"{where}.selectors"),
-        allocation_mode="All" if mode == "All" else "ExactCount",
-        count=count,
-        # Subrequests cannot ask for adminAccess (TYPES: DeviceSubRequest has no such field).
-        admin_access=admin is True and not subrequest,
-        capacity_requests=_capacity_requests(dig(raw, "capacity", "requests"), f"{where}.capacity.requests"),
-        tolerations=_tolerations(raw.get("tolerations"), f"{where}.tolerations"),
-    )
-
-
-_OPERATORS = ("Exists", "Equal")
-_EFFECTS = ("", "NoSchedule", "NoExecute")
-
-
-def _tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
-    out = []
-    for i, item in enumerate(at_most(as_list(raw, where, ClaimError), MAX_TOLERATIONS, where, ClaimError)):
-        if not isinstance(item, dict):
-            raise ClaimError(f"{where}[{i}] must be an object")
-        fields = {
-            f: optional_string(item.get(f), f"{where}[{i}].{f}", ClaimError, max_length=316)
-            for f in ("key", "operator", "value", "effect")
-        }
-        operator = fields["operator"] or "Equal"
-        if operator not in _OPERATORS or fields["effect"] not in _EFFECTS:
-            raise ClaimError(f"{where}[{i}]: operator must be Exists or Equal, effect NoSchedule, NoExecute or empty")
-        out.append(Toleration(fields["key"], operator, fields["value"], fields["effect"]))
-    return tuple(out)
-
-
-def _selectors(raw: Any, where: str) -> tuple[str, ...]:
-    out = []
-    for i, sel in enumerate(at_most(as_list(raw, where, ClaimError), MAX_SELECTORS, where, ClaimError)):
-        expr = dig(sel, "cel", "expression")
-        out.append(string(expr, f"{where}[{i}].cel.expression", ClaimError, max_length=MAX_CEL_LENGTH))
-    return tuple(out)
-
-
-def _capacity_requests(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
-    """Capacity requests or consumed capacities: qualified names to non-negative amounts."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict):
-        raise ClaimError(f"{where} must be a map of capacity name to quantity")
-    if len(raw) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise ClaimError(f"{where}: must have at most {MAX_ATTRIBUTES_AND_CAPACITIES} entries")
-    out = []
-    for key, value in raw.items():
-        qualified_name(key, f"{where}: key", ClaimError)
-        out.append((key, non_negative_amount(value, f"{where}[{key}]", ClaimError)))
-    return tuple(sorted(out))
 
 
 def _allocation(raw: Any) -> tuple[AllocatedDevice, ...] | None:
@@ -459,7 +254,7 @@ def _result(res: Any, where: str) -> AllocatedDevice:
         key=key,
         admin_access=admin is True,
         share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),
-        consumed_capacity=() if consumed is None else _capacity_requests(consumed, f"{where}.consumedCapacity"),
+        consumed_capacity=() if consumed is None else parse_capacities(consumed, f"{where}.consumedCapacity"),
     )
 
 

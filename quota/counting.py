@@ -13,7 +13,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from quota.claims import Claim, ClaimSpec
+from quota.claims import Claim
+from quota.claimspec import ClaimSpec
 from quota.devicequota import DeviceQuota
 from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
 from quota.lru import LRU

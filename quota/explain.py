@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
+from quota.claims import Claim
+from quota.claimspec import ClaimSpec, DeviceRequirement, Request
 from quota.devicequota import DeviceQuota, format_resource
 from quota.model import Charge, Mode
 from quota.priced import PricedRequest, combine

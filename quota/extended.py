@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request
+from quota.claims import Claim
+from quota.claimspec import ClaimSpec, DeviceRequirement, Request
 from quota.meta import parse_meta
 from quota.model import ClaimUid, DeviceClass, DeviceClassName, Namespace
 from quota.quantity import non_negative_amount

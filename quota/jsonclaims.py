@@ -1,6 +1,6 @@
 """Claims decoded from JSON, parsed with their specs memoised by content.
 
-Neighbours: `quota.claims.parse_claim` parses; the webhook (`webhook.claimreview`) and the
+Neighbours: `quota.claims.parse_claim` parses (the spec: `quota.claimspec`); the webhook (`webhook.claimreview`) and the
 claim cache (`kube.claimstore`) read claims decoded from JSON here, `dra-quota check`
 (YAML) reads them there. Pure: the memo only remembers what parsing returned.
 
@@ -19,7 +19,8 @@ import marshal
 from collections.abc import Mapping
 from typing import Any
 
-from quota.claims import Claim, ClaimSpec, parse_claim, parse_claim_spec
+from quota.claims import Claim, parse_claim
+from quota.claimspec import ClaimSpec, parse_claim_spec
 from quota.lru import LRU
 
 __all__ = ["parse_json_claim"]

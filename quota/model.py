@@ -1,7 +1,7 @@
 """Value types shared by the whole domain: identifiers, devices, charges.
 
 The bottom layer: `quota.inventory` builds `Device`s from ResourceSlices, `quota.cel`
-evaluates selectors against them, `quota.claims` parses claims into requests,
+evaluates selectors against them, `quota.claimspec` parses claims' specs into requests,
 `quota.pricing` turns requests into `Charge`s. Everything here is immutable and free
 of I/O; raw JSON never travels past the parser that read it.
 """

@@ -31,7 +31,8 @@ from typing import TypeVar
 
 from quota.allocated import AllocatedPricer
 from quota.capacity import accelerators, eligible, memoryless_drivers, nominal_memory_charge, unpriced_accelerators
-from quota.claims import Claim, ClaimSpec, DeviceRequirement, Request, unnamed
+from quota.claims import Claim
+from quota.claimspec import ClaimSpec, DeviceRequirement, Request, unnamed
 from quota.counters import all_mode, count_memory, per_scope
 from quota.inventory import Inventory
 from quota.lru import LRU

@@ -1,6 +1,6 @@
 """Reading raw Kubernetes JSON defensively: one way to walk and check fields.
 
-Neighbours: the parsers (`quota.slices`, `quota.claims`, `quota.devicequota`,
+Neighbours: the parsers (`quota.slices`, `quota.claims`, `quota.claimspec`, `quota.devicequota`,
 `quota.meta`) turn raw objects into domain values with these helpers, so a field of
 the wrong type becomes a parser error naming it instead of an AttributeError deep in
 the webhook (tests/unit/quota/test_fuzz_parsers.py holds them to that). `show` is the one way

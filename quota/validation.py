@@ -1,6 +1,6 @@
 """API-server field rules shared by the parsers: names, integer ranges, list limits.
 
-Neighbours: `quota.slices`, `quota.claims`, `quota.devicequota` and `quota.meta` call
+Neighbours: `quota.slices`, `quota.claims`, `quota.claimspec`, `quota.devicequota` and `quota.meta` call
 these while reading raw objects, so that what the API server would refuse is refused
 here too, by field, instead of changing the arithmetic (a negative count, a 10^5000
 generation). The rules and limits follow k/k pkg/apis/resource/validation/validation.go

@@ -45,7 +45,8 @@ from kube.recounts import Recounter
 from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
 from quota.admissiontoken import ADMISSION_ANNOTATION
 from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, ClaimError, claim_record, pod_owner
+from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, claim_record, pod_owner
+from quota.claimspec import ClaimError
 from quota.jsonclaims import parse_json_claim
 from quota.excess import allocation_key
 from quota.extended import attempt_series

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from kube.apierror import ApiError
-from quota.claims import ClaimError, parse_claim, parse_device_class
+from quota.claims import parse_claim, parse_device_class
+from quota.claimspec import ClaimError
 from quota.conversion import as_v1
 from quota.slices import SliceError, parse_slice
 from tests.unit.betas import downgrade

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from quota.claims import parse_claim, parse_claim_spec, parse_device_class
+from quota.claims import parse_claim, parse_device_class
+from quota.claimspec import parse_claim_spec
 from quota.inventory import Inventory
 from quota.model import Charge
 from quota.pricing import Pricer

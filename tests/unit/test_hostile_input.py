@@ -21,7 +21,8 @@ from commands.checkcommand import render_table
 from commands.cli import main
 from quota.admission import Admitter
 from quota.check import ObjectResult, Report
-from quota.claims import ClaimError, parse_claim, parse_device_class
+from quota.claims import parse_claim, parse_device_class
+from quota.claimspec import ClaimError
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.memorysources import NO_SOURCES, MemorySources

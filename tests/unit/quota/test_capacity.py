@@ -8,7 +8,7 @@ import pytest
 
 from quota.capacity import memory_charge, round_request, tolerates_all
 from quota.counters import per_scope
-from quota.claims import DeviceRequirement, Toleration
+from quota.claimspec import DeviceRequirement, Toleration
 from quota.model import Capacity, Charge, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
 from quota.inventory import Inventory
 from quota.work import PAUSE_ITEMS, pausing

@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from commands.cli import main
-from quota.claims import ClaimError, parse_claim
+from quota.claims import parse_claim
+from quota.claimspec import ClaimError
 from quota.conversion import as_v1
 from quota.inventory import Inventory
 from quota.slices import SliceError

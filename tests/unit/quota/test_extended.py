@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.claims import ClaimError, DeviceRequirement, parse_device_class
+from quota.claims import parse_device_class
+from quota.claimspec import ClaimError, DeviceRequirement
 from quota.extended import (
     PodError,
     TooManyRequests,

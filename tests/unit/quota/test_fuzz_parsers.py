@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quota.admission import Admitter
-from quota.claims import ClaimError, parse_claim
+from quota.claims import parse_claim
+from quota.claimspec import ClaimError
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
 from quota.ledger import Ledger

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.claims import ClaimError, ClaimSpec, parse_claim
+from quota.claims import parse_claim
+from quota.claimspec import ClaimError, ClaimSpec
 from quota.jsonclaims import parse_json_claim
 from quota.model import Charge
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from quota import claims as claims_module
 from quota import meta as meta_module
 from quota import slices as slices_module
-from quota.claims import AllocatedDevice, ClaimError, parse_claim
+from quota.claims import AllocatedDevice, parse_claim
+from quota.claimspec import ClaimError, parse_capacities
 from quota.interning import Interned
 from quota.meta import parse_meta
 from quota.model import DeviceKey
@@ -64,7 +65,7 @@ def reference_result(res: dict[str, Any], where: str) -> AllocatedDevice:
         request=string(res.get("request"), f"{where}.request", ClaimError, max_length=127),
         key=key, admin_access=admin is True,
         share_id=None if share is None else string(share, f"{where}.shareID", ClaimError, max_length=36),
-        consumed_capacity=claims_module._capacity_requests(res.get("consumedCapacity"), f"{where}.consumedCapacity"))
+        consumed_capacity=parse_capacities(res.get("consumedCapacity"), f"{where}.consumedCapacity"))
 
 
 def outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:

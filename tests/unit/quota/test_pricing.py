@@ -16,8 +16,8 @@ from quota.allocationrecord import (
     record_in_step,
     recorded_devices,
 )
-from quota.claims import (CHARGE_ANNOTATION, ClaimError, DeviceRequirement, Toleration, parse_claim, parse_device_class,
-                          pod_owner, unnamed)
+from quota.claims import CHARGE_ANNOTATION, parse_claim, parse_device_class, pod_owner
+from quota.claimspec import ClaimError, DeviceRequirement, Toleration, unnamed
 from quota.inventory import Inventory
 from quota.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.admission import Admitter, claim_ref
