@@ -44,7 +44,7 @@ from quota.ledger import Ledger  # noqa: E402
 from quota.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402
 from quota.quotastatus import desired_status  # noqa: E402
-from quota.reservations import parse_record  # noqa: E402
+from quota.reservationrecord import parse_record  # noqa: E402
 from quota.work import pausing  # noqa: E402
 
 NAMESPACES = 50

@@ -50,7 +50,7 @@ from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_devi
 from quota.ledger import Ledger, QuotaKey, shown
 from quota.quotastatus import InForce, boundary, desired_status, in_force, next_change, next_expiry
 from quota.raw import Obj
-from quota.reservations import parse_record
+from quota.reservationrecord import parse_record
 
 __all__ = ["QuotaController"]
 

@@ -44,7 +44,7 @@ from quota.ledger import Entry, QuotaKey, shown
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj
-from quota.reservations import parse_version
+from quota.reservationrecord import parse_version
 from quota.slices import ParsedSlice, SliceError, parse_slice
 from quota.work import pause_point
 from runtime.guard import guarded

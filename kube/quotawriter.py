@@ -43,7 +43,8 @@ from quota.devicequota import Decision, DeviceQuota
 from quota.excess import parse_allocation_key
 from quota.ledger import QuotaKey, shown
 from quota.model import Charge, Namespace
-from quota.reservations import Request, Source, Undo, in_flight, parse_record, settle
+from quota.reservationrecord import Source, parse_record
+from quota.reservations import Request, Undo, in_flight, settle
 
 __all__ = ["Reservations"]
 

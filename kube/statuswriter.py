@@ -1,8 +1,8 @@
 """Each quota's status writes from this process: reservations batched per quota, and the one conditional write.
 
 Neighbours: `kube.quotawriter.Reservations` builds on this class (a claim's reservations
-across its quotas, all or nothing); `quota.reservations` holds the record's format, the
-watermark protocol (read its docstring first) and the pure decision; `quota.headroom`
+across its quotas, all or nothing); `quota.reservationrecord` holds the record's format,
+`quota.reservations` the watermark protocol (read its docstring first) and the pure decision; `quota.headroom`
 and `kube.leasebook` the lease each write settles and re-sizes; the quota controller
 (`controllers.quotas`) writes through `write_status` too; the `kube.caches` stores feed
 `observe` and `drop` (every DeviceQuota the watch delivers or loses), and the claim and
@@ -56,7 +56,8 @@ from quota.headroom import Plan, renew
 from quota.ledger import ClaimRef, Ledger, QuotaKey, recounting_message, shown, usage_scope
 from quota.model import Namespace
 from quota.raw import Obj
-from quota.reservations import Outcome, Request, Undo, apply, parse_record, parse_version, status_fields
+from quota.reservationrecord import parse_record, parse_version, status_fields
+from quota.reservations import Outcome, Request, Undo, apply
 
 __all__ = ["CONTENTION", "QuotaStatusWriter", "StatusWrite"]
 

@@ -221,7 +221,7 @@ class Progress:
     `quota.reservations` says when that must be (the watermark). A reflector moves it
     after the store took the list or the event, never before, so `reached(v)` means the
     store reflects every event up to v. Versions are etcd's integers
-    (`quota.reservations.parse_version`); anything else leaves it where it is.
+    (`quota.reservationrecord.parse_version`); anything else leaves it where it is.
     """
 
     def __init__(self) -> None:

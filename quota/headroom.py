@@ -33,7 +33,8 @@ from quota.devicequota import RESOURCES, Decision, DeviceQuota, Usage
 from quota.excess import parse_allocation_key
 from quota.model import ZERO, Charge
 from quota.quantity import format_quantity
-from quota.reservations import MAX_ENTRIES, Caches, Outcome, Record, Request, Reservation, apply, claim_settled, in_flight
+from quota.reservationrecord import MAX_ENTRIES, Record, Reservation
+from quota.reservations import Caches, Outcome, Request, apply, claim_settled, in_flight
 
 __all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "SpecVersion", "landed", "leasable", "newer", "renew",
            "settleable", "take", "untake", "writing"]

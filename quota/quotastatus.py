@@ -3,8 +3,8 @@
 Neighbours: `controllers.quotas` reads a DeviceQuota, calls `desired_status` with what
 `quota.ledger` counts for it and writes the result back (only when it differs) through
 the status subresource; `quota.reservations` owns `status.reservations` (the webhook's
-persisted admissions) and its pure rules, which this module reuses rather than restates;
-`quota.top` reads what is written here.
+persisted admissions, `quota.reservationrecord`) and its pure rules, which this module
+reuses rather than restates; `quota.top` reads what is written here.
 
 Two writers share one status, each owning its fields:
 - the webhooks (every replica): `reservations`, `claimsThrough` and a team's
@@ -69,7 +69,8 @@ from quota.leases import micro_time
 from quota.model import ZERO, Charge, Limits
 from quota.quantity import format_quantity
 from quota.raw import as_map
-from quota.reservations import Caches, Record, in_flight, settle, status_fields
+from quota.reservationrecord import Record, status_fields
+from quota.reservations import Caches, in_flight, settle
 from quota.scope import selection_problems
 from quota.windows import Effective, effective, hard_note, utc_stamp
 

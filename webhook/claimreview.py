@@ -54,7 +54,7 @@ from quota.ledger import Entry
 from quota.model import RecordKey
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show
-from quota.reservations import parse_version
+from quota.reservationrecord import parse_version
 from quota.work import Budget
 from runtime.slicing import Slicer
 

@@ -37,7 +37,7 @@ import pytest
 from quota.admissiontoken import ADMISSION_ANNOTATION, is_token_key, token_key
 from quota.model import Charge
 from quota.quantity import parse_quantity
-from quota.reservations import MAX_ENTRIES, Reservation
+from quota.reservationrecord import MAX_ENTRIES, Reservation
 
 from .driver import RESOURCE_V1
 from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed

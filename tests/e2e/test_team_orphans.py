@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from quota.reservations import MAX_ENTRIES_PER_NAMESPACE
+from quota.reservationrecord import MAX_ENTRIES_PER_NAMESPACE
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from quota.devicequota import Usage, parse_device_quota
 from quota.excess import allocation_key, excess_settled, parse_allocation_key, supersedes
 from quota.model import Charge
-from quota.reservations import (Outcome, Record, Request, Reservation, Undo, apply, in_flight, parse_record, settle,
-                                status_fields)
+from quota.reservationrecord import Record, Reservation, parse_record, status_fields
+from quota.reservations import Outcome, Request, Undo, apply, in_flight, settle
 
 from ..builders import GiB, make_quota
 from .test_reservations import TTL, Replica, Seen

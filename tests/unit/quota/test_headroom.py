@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from quota.devicequota import DeviceQuota, Usage, parse_device_quota
 from quota.headroom import Lease, Plan, SpecVersion, landed, leasable, newer, renew, take
 from quota.model import Charge
-from quota.reservations import Outcome, Record, apply
+from quota.reservationrecord import Record
+from quota.reservations import Outcome, apply
 
 from ..builders import GiB, make_quota
 from .test_reservations import (LEASED, SIZES, SIZING, TTL, Holder, Seen, World, _lease_step, lease_action, replica,

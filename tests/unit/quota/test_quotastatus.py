@@ -15,7 +15,8 @@ from quota.devicequota import (Amounts, ClaimCounts, ClusterDeviceQuotaStatus, C
                                parse_device_quota)
 from quota.model import Charge
 from quota.quotastatus import MAX_NAMESPACES, boundary, desired_status, next_change, next_expiry
-from quota.reservations import Record, Request, Reservation, apply, parse_record, status_fields
+from quota.reservationrecord import Record, Reservation, parse_record, status_fields
+from quota.reservations import Request, apply
 
 from ..builders import GiB, make_cluster_quota, make_quota
 from .test_reservations import Seen

@@ -1,4 +1,4 @@
-"""quota.reservations: the persisted record, the watermark, and no interleaving of replicas over-commits."""
+"""quota.reservations and quota.reservationrecord: the persisted record, the watermark, and no interleaving of replicas over-commits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from quota.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, pa
 from quota.excess import allocation_key
 from quota.headroom import LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, renew, take, untake, writing
 from quota.model import Charge
-from quota.reservations import Outcome, Record, Request, Reservation, apply, in_flight, parse_record, settle, status_fields
+from quota.reservationrecord import Record, Reservation, parse_record, status_fields
+from quota.reservations import Outcome, Request, apply, in_flight, settle
 
 from ..builders import GiB, make_cluster_quota, make_quota
 

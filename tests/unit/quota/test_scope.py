@@ -25,7 +25,7 @@ from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, Rec
 from quota.priced import Pricing
 from quota.pricing import Pricer
 from quota.quotastatus import desired_status
-from quota.reservations import Record
+from quota.reservationrecord import Record
 from quota.scope import DeviceSelection, Scope
 from quota.work import Budget
 
