@@ -90,7 +90,8 @@ from kube.watching import Progress  # noqa: E402
 from quota.admission import Admitter  # noqa: E402
 from quota.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.inventory import Inventory  # noqa: E402
-from quota.ledger import Entry, Ledger  # noqa: E402
+from quota.ledger import Ledger  # noqa: E402
+from quota.ledgerentry import Entry  # noqa: E402
 from quota.model import DeviceClassName  # noqa: E402
 from quota.policy import parse_policy  # noqa: E402
 from quota.pricing import Pricer  # noqa: E402

@@ -37,7 +37,8 @@ from kube.quotawriter import Reservations
 from kube.resources import ADMISSION_CHECKS, KUEUE, PODS, TEMPLATES, WORKLOADS
 from quota.admission import Admitter
 from quota.claims import Claim, parse_claim
-from quota.ledger import ClaimRef, Entry, QuotaKey
+from quota.ledger import QuotaKey
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Namespace
 from quota.raw import Obj, dig
 from quota.workloads import (

@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from kube.rebuilds import Rebuilds
 from quota.admission import Admitter, claim_ref
 from quota.claims import Claim
-from quota.ledger import ClaimRef, Entry, QuotaKey
+from quota.ledger import QuotaKey
+from quota.ledgerentry import ClaimRef, Entry
 from runtime.guard import guarded
 from runtime.slicing import Slicer
 

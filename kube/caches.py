@@ -40,7 +40,8 @@ from quota.devicequota import (
     parse_device_quota,
 )
 from quota.inventory import Inventory
-from quota.ledger import Entry, QuotaKey, shown
+from quota.ledger import QuotaKey, shown
+from quota.ledgerentry import Entry
 from quota.meta import NamespaceError, parse_namespace
 from quota.model import DeviceClass, DeviceClassName, Namespace
 from quota.raw import Obj

@@ -52,7 +52,8 @@ from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, t
 from quota.claims import Claim
 from quota.jsonclaims import parse_json_claim
 from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import ClaimRef, Entry, QuotaKey
+from quota.ledger import QuotaKey
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Namespace
 from quota.raw import Obj, as_map, dig
 from quota.scope import DeviceSelection

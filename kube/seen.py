@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kube.watching import Progress
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef
 
 __all__ = ["Seen"]
 

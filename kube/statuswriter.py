@@ -53,7 +53,8 @@ from quota.devicequota import (
     parse_device_quota,
 )
 from quota.headroom import Plan, renew
-from quota.ledger import ClaimRef, Ledger, QuotaKey, recounting_message, shown, usage_scope
+from quota.ledger import Ledger, QuotaKey, recounting_message, shown
+from quota.ledgerentry import ClaimRef, usage_scope
 from quota.model import Namespace
 from quota.raw import Obj
 from quota.reservationrecord import parse_record, parse_version, status_fields
@@ -378,7 +379,7 @@ _LAGGING: Obj = {}
 
 
 def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
-    """What the ledger's usage of `quota` depends on (`quota.ledger.usage_scope`), and a
+    """What the ledger's usage of `quota` depends on (`quota.ledgerentry.usage_scope`), and a
     team's members (its selector)."""
     return (*usage_scope(quota), quota.selector)
 

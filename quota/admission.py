@@ -24,7 +24,7 @@ from quota.claims import Claim
 from quota.counting import MAX_PRICED_SELECTIONS, Priced, Repriced, claim_ref, object_ref
 from quota.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
 from quota.explain import conservative_note
-from quota.ledger import ClaimRef, Entry
+from quota.ledgerentry import ClaimRef, Entry
 from quota.memoryless import unmetered_warning, unpriced_message
 from quota.model import Charge, Device, DeviceClassName, Mode, Namespace
 from quota.priced import PricedRequest, Pricing

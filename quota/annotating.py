@@ -17,7 +17,7 @@ from types import MappingProxyType
 from quota.allocationrecord import record_annotations, record_in_step
 from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim
 from quota.counting import Counting, claim_ref
-from quota.ledger import Entry
+from quota.ledgerentry import Entry
 from quota.model import Charge, RecordKey
 from quota.priced import Pricing
 from quota.work import Budget

@@ -24,7 +24,8 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from quota.devicequota import DeviceQuota, Usage
-from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey, add_usage, sum_usage, usage_scope
+from quota.ledger import Ledger, QuotaKey
+from quota.ledgerentry import ClaimRef, Entry, add_usage, sum_usage, usage_scope
 from quota.model import Namespace
 from quota.teams import Recount
 from quota.work import drop, pause_point

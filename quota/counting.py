@@ -16,7 +16,8 @@ from typing import NamedTuple
 from quota.claims import Claim
 from quota.claimspec import ClaimSpec
 from quota.devicequota import DeviceQuota
-from quota.ledger import ClaimRef, Entry, Ledger, QuotaKey
+from quota.ledger import Ledger, QuotaKey
+from quota.ledgerentry import ClaimRef, Entry
 from quota.lru import LRU
 from quota.model import DeviceClass, Mode, Namespace
 from quota.priced import Pricing, at_least_recorded

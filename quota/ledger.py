@@ -3,7 +3,8 @@
 Neighbours: `quota.admission` prices a claim and, for `dra-quota check`, calls
 `Ledger.admit` (the webhook checks against the reservations persisted on DeviceQuota
 status instead, `kube.quotawriter`, with this ledger's usage); the claim cache
-(`kube.claimstore`) and `dra-quota check` feed claims through `add_or_update_claim`. Shaped
+(`kube.claimstore`) and `dra-quota check` feed claims through `add_or_update_claim`, each
+an `Entry` (`quota.ledgerentry`, which also adds entries up into a quota's usage). Shaped
 like kueue's cache (pkg/cache): synchronous methods with no await inside, so on the
 event loop each mutation is atomic without locks; each returns the quotas it touched.
 Usage is kept incrementally: a claim event adjusts only the quotas of its namespace
@@ -23,67 +24,22 @@ A relist of the claims is built aside and swapped in with one synchronous step
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import NewType
 
-from quota.claims import Claim
 from quota.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check, in_force
+from quota.ledgerentry import ClaimRef, Entry, add_usage, sum_usage, usage_scope
 from quota.model import ZERO, Charge, Mode, Namespace
-from quota.priced import Pricing
-from quota.scope import Scope
 from quota.teams import Recount, Teams
 from quota.windows import admission_change_after
 from quota.work import paced
 
-__all__ = ["RECOUNT_PAUSE_EVERY", "ClaimRef", "QuotaKey", "Entry", "Ledger", "add_usage",
-           "recounting_message", "shown", "sum_usage", "usage_scope"]
+__all__ = ["RECOUNT_PAUSE_EVERY", "QuotaKey", "Ledger", "recounting_message", "shown"]
 
 QuotaKey = tuple[Namespace, str]
-# The key of a claim: its uid when it has one (every claim the API server admits does),
-# else namespace/name (`dra-quota check` reads files without uids). A uid never holds a
-# '/', so the two forms cannot collide.
-ClaimRef = NewType("ClaimRef", str)
 # Claims counted between two pause points of a recount (`quota.work.paced`): ~0.5-1 ms, so
 # that a slice (`runtime.slicing.SLICE`, 2 ms) ends near its time.
 RECOUNT_PAUSE_EVERY = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One claim as the ledger counts it: exact once allocated, else a reservation."""
-
-    namespace: Namespace
-    ref: ClaimRef
-    # Pricing per mode: quotas may price optimistically while the default is conservative.
-    pricing: Mapping[Mode, Pricing]
-    allocated: bool
-    # The uid of the Pod whose controlling ownerReference the claim carries: a claim of a
-    # Pod of an admitted Kueue Workload draws on that Workload's holding (`quota.workloads`).
-    owner: str = ""
-    # An unallocated claim's own object: what prices it again for a quota selecting other
-    # devices than its pricing knows (`Admitter.add_or_update_quota`). None for allocated
-    # and deallocated claims (their pricing holds their last devices) and Workloads.
-    claim: Claim | None = None
-
-    def charge_for(self, quota: DeviceQuota, default_mode: Mode) -> Charge:
-        return self._pricing(quota, default_mode).charge_for(quota.scope)
-
-    def unmetered_in(self, quota: DeviceQuota, default_mode: Mode) -> bool:
-        """Whether `quota` counts devices of this claim that have no memory at 0 memory
-        while limiting memory: its scope names them (a quota with no scope governs
-        accelerators only)."""
-        if quota.scope.everything or quota.hard.memory is None:
-            return False
-        return any(r.unmetered_in(quota.scope) for r in self._pricing(quota, default_mode).requests)
-
-    def in_scope(self, quota: DeviceQuota, default_mode: Mode) -> bool:
-        """Counted in `quota`'s allocated/pending claims: a quota scoped to other classes
-        or devices does not count the claim, as it does not charge it."""
-        return self._pricing(quota, default_mode).in_scope(quota.scope)
-
-    def _pricing(self, quota: DeviceQuota, default_mode: Mode) -> Pricing:
-        return self.pricing.get(quota.mode or default_mode) or next(iter(self.pricing.values()))
 
 
 class Ledger:
@@ -512,48 +468,3 @@ def shown(key: QuotaKey) -> str:
 def recounting_message(name: str) -> str:
     return (f'{CLUSTER_KIND} "{name}" is being recounted (its namespaceSelector, scope or members changed): '
             "no claim is decided against it until its usage is whole again; retry")
-
-
-def usage_scope(quota: DeviceQuota) -> tuple[Mode | None, Scope, bool]:
-    """What a quota's usage depends on, all `add_usage` reads of it: its pricing mode, what
-    it charges (device classes and devices, `quota.scope`) and whether it limits memory
-    (`Entry.unmetered_in`). Two quotas alike here count any claims alike."""
-    return quota.mode, quota.scope, quota.hard.memory is None
-
-
-def sum_usage(entries: Iterable[Entry], quota: DeviceQuota, default_mode: Mode) -> Usage:
-    """`add_usage` of every entry from an empty usage, in plain integers: a relist sums
-    every claim once per quota (150,000 of them; a `Usage` and two `Charge`s built per
-    claim were most of that)."""
-    used_memory = used_devices = reserved_memory = reserved_devices = 0
-    allocated = pending = unmetered = 0
-    for entry in entries:
-        charge = entry.charge_for(quota, default_mode)
-        counted = 1 if entry.in_scope(quota, default_mode) else 0
-        if entry.unmetered_in(quota, default_mode):
-            unmetered += 1
-        if entry.allocated:
-            used_memory += charge.memory
-            used_devices += charge.devices
-            allocated += counted
-        else:
-            reserved_memory += charge.memory
-            reserved_devices += charge.devices
-            pending += counted
-    return Usage(used=Charge(used_memory, used_devices), reserved=Charge(reserved_memory, reserved_devices),
-                 allocated_claims=allocated, pending_claims=pending, unmetered_claims=unmetered)
-
-
-def add_usage(usage: Usage, entry: Entry, quota: DeviceQuota, default_mode: Mode, sign: int) -> Usage:
-    charge = entry.charge_for(quota, default_mode)
-    signed = charge if sign > 0 else ZERO - charge
-    counted = sign if entry.in_scope(quota, default_mode) else 0
-    unmetered = usage.unmetered_claims + (sign if entry.unmetered_in(quota, default_mode) else 0)
-    # Built directly, not by `dataclasses.replace`: a relist sums every claim through here
-    # (150,000 calls; replace was a sixth of a relist of unchanged claims, bench/controller.py).
-    # Every field of `Usage` is passed on: a field added there must be added here.
-    if entry.allocated:
-        return Usage(used=usage.used + signed, reserved=usage.reserved, allocated_claims=usage.allocated_claims + counted,
-                     pending_claims=usage.pending_claims, workloads=usage.workloads, unmetered_claims=unmetered)
-    return Usage(used=usage.used, reserved=usage.reserved + signed, allocated_claims=usage.allocated_claims,
-                 pending_claims=usage.pending_claims + counted, workloads=usage.workloads, unmetered_claims=unmetered)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from quota.ledger import ClaimRef, Entry
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
 from quota.priced import Pricing
 

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from quota.claims import AllocatedDevice, Claim
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import ZERO, Charge, Device, DeviceClassName, DeviceKey, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.quantity import ceil_int

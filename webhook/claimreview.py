@@ -50,7 +50,7 @@ from quota.claimspec import ClaimError
 from quota.jsonclaims import parse_json_claim
 from quota.excess import allocation_key
 from quota.extended import attempt_series
-from quota.ledger import Entry
+from quota.ledgerentry import Entry
 from quota.model import RecordKey
 from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.raw import as_map, dig, show

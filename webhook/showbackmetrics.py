@@ -21,7 +21,8 @@ from collections.abc import Callable
 from prometheus_client.core import CounterMetricFamily
 
 from quota.inventory import Inventory
-from quota.ledger import Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import Entry
 from quota.model import DeviceKey
 from quota.showback import Accrual, Cell, contributions
 from quota.usage import device_labels

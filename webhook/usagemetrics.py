@@ -46,7 +46,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from quota.breakdown import DEFAULT_SERIES, OTHER, top_parts
 from quota.devicequota import DeviceQuota, Usage
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
 from quota.windows import hard_at

@@ -9,7 +9,8 @@ from typing import Any
 from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
 from quota.claims import parse_claim
 from quota.devicequota import DeviceQuota
-from quota.ledger import ClaimRef, Entry, QuotaKey
+from quota.ledger import QuotaKey
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, Namespace
 from quota.workloads import WORKLOAD_LABEL
 

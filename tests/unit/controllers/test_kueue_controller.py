@@ -12,7 +12,7 @@ from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadS
 from kube.events import EventKey, EventRecorder
 from kube.quotawriter import Reservations
 from quota.devicequota import parse_cluster_device_quota
-from quota.ledger import ClaimRef
+from quota.ledgerentry import ClaimRef
 from quota.model import Namespace
 
 from ..builders import exactly, make_claim, make_cluster_quota, request

@@ -14,7 +14,8 @@ from quota.admission import Admitter
 from quota.claims import parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger, QuotaKey
+from quota.ledger import Ledger, QuotaKey
+from quota.ledgerentry import ClaimRef
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from runtime.slicing import Slicer

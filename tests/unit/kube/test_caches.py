@@ -17,7 +17,8 @@ from quota.allocationrecord import record_annotations
 from quota.claims import CHARGE_ANNOTATION, parse_claim
 from quota.devicequota import Usage
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.usage import Holders

@@ -23,7 +23,8 @@ from quota.admission import Admitter
 from quota.headroom import Sizing
 from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
 from quota.excess import allocation_key
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.pricing import Pricer

@@ -14,7 +14,8 @@ from quota.counting import MEMO_SIZE
 from quota.claims import Claim, parse_claim, parse_device_class
 from quota.devicequota import parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName
 from quota.priced import at_least_recorded
 from quota.pricing import Pricer

@@ -12,7 +12,8 @@ import quota.claimsrebuild as claimsrebuild
 import quota.ledger as ledger_module
 from quota.devicequota import Usage, parse_cluster_device_quota, parse_device_quota
 from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry, add_usage, sum_usage
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing
@@ -96,7 +97,7 @@ def test_a_quota_created_later_counts_existing_claims() -> None:
 def counting_adds(monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
     """The entries the ledger counts into a quota's usage from now on, in order."""
     counted: list[Entry] = []
-    real, real_sum = ledger_module.add_usage, ledger_module.sum_usage
+    real, real_sum = add_usage, sum_usage
 
     def counting(usage: Any, e: Entry, *args: Any) -> Any:
         counted.append(e)
@@ -107,6 +108,7 @@ def counting_adds(monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
         counted.extend(entries)
         return real_sum(entries, *args)
 
+    # Patched where the ledger looks them up (it imports them from `quota.ledgerentry`).
     monkeypatch.setattr(ledger_module, "add_usage", counting)
     monkeypatch.setattr(ledger_module, "sum_usage", summing)
     return counted
@@ -374,8 +376,8 @@ def test_summing_a_quotas_claims_is_adding_them_one_by_one(claims: list[tuple[in
                for i, (memory, devices, allocated, cls) in enumerate(claims)]
     one_by_one = Usage()
     for e in entries:
-        one_by_one = ledger_module.add_usage(one_by_one, e, quota, "conservative", +1)
-    assert ledger_module.sum_usage(entries, quota, "conservative") == one_by_one
+        one_by_one = add_usage(one_by_one, e, quota, "conservative", +1)
+    assert sum_usage(entries, quota, "conservative") == one_by_one
 
 
 def test_a_relist_counts_a_namespace_once_for_its_quota_and_the_team_counting_alike() -> None:
@@ -387,7 +389,7 @@ def test_a_relist_counts_a_namespace_once_for_its_quota_and_the_team_counting_al
         rebuild.put(entry(f"c{i}", 10 * GiB, cls=MIG if i % 2 else GPU))
     # Summed again whole, as a relist of many changed claims is (not moved by each).
     with mock.patch.object(claimsrebuild, "MOVED_AT_SWAP", 0), \
-            mock.patch.object(claimsrebuild, "sum_usage", wraps=ledger_module.sum_usage) as summed:
+            mock.patch.object(claimsrebuild, "sum_usage", wraps=sum_usage) as summed:
         rebuild.commit()
     assert summed.call_count == 2  # "q" and the team alike, "mig" apart
     assert led.usage(NS, "q").reserved == led.usage(Namespace(""), "team").reserved == Charge(50 * GiB, 5)

@@ -19,7 +19,8 @@ from quota.admission import Admitter, claim_ref
 from quota.claims import parse_claim, parse_device_class
 from quota.devicequota import QuotaError, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef
 from quota.memorysources import MemorySources
 from quota.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
 from quota.priced import Pricing

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from quota.admission import Admitter, claim_ref
 from quota.claims import parse_claim, parse_device_class
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef
 from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.pricing import Pricer
 from quota.showback import OTHER, Accrual, Accrued, contributions

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from quota.devicequota import RESOURCES, parse_cluster_device_quota, parse_device_quota
 import quota.claimsrebuild as claimsrebuild
 from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import ClaimRef, Entry, Ledger, recounting_message
+from quota.ledger import Ledger, recounting_message
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.priced import PricedRequest, Pricing
 from quota.work import pausing

@@ -11,7 +11,8 @@ from quota.admission import Admitter
 from quota.claims import parse_claim, parse_device_class
 from quota.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.inventory import Inventory
-from quota.ledger import ClaimRef, Entry, Ledger
+from quota.ledger import Ledger
+from quota.ledgerentry import ClaimRef, Entry
 from quota.model import Charge, DeviceClassName, Namespace
 from quota.pricing import Pricer
 from quota.scope import Scope
