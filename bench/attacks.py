@@ -26,7 +26,7 @@ The attack runs in a process of its own at --nice (19), as bench/connections.py'
 posting straight to serve's port as the API server posts; its answers are counted by
 HTTP status and review code. Idle and slow connections are
 bench/connections.py's; stored claims bench/stored_claims.py's; Workload counts are
-arithmetic (tests/unit/quota/test_workloads.py). The honest generator's own lateness is
+arithmetic (tests/unit/quota/accounting/test_workloads.py). The honest generator's own lateness is
 printed beside its latencies.
 """
 

@@ -2,7 +2,7 @@
 
 For the dump as JSON (`kubectl get resourceslices -o json`) and as YAML (`-o yaml`),
 each run as a separate process of the installed console script:
-- load:  only reading the dump (`quota.loader`), as a process of its own;
+- load:  only reading the dump (`quota.reports.loader`), as a process of its own;
 - inventory: `check -f dump -f classes-and-quotas` (loading + building the inventory);
 - total: `check -f dump -f claims.yaml`, 100 claims whose selectors each read a field
   or a literal no other selector does (see bench/check_data.py);
@@ -40,7 +40,7 @@ class _Target(TypedDict):
 TARGETS: dict[str, _Target] = {"json": {"total_s": 10.0, "rss_mb": 600.0}, "yaml": {"total_s": 30.0, "rss_mb": None}}
 _LOAD_ONLY = (
     "import sys, time\n"
-    "from quota.loader import iter_documents\n"
+    "from quota.reports.loader import iter_documents\n"
     "start = time.perf_counter()\n"
     "count = sum(1 for _ in iter_documents(sys.argv[1:], []))\n"
     "print(f'{count} {time.perf_counter() - start:.3f}')\n"

@@ -4,14 +4,14 @@ What a leader does, through the code `serve` runs (not a model of it):
 - decode: the claims as the API server's list pages carry them (JSON), decoded;
 - full recompute: the webhook caches' `ClaimStore.replace` (a relist: every claim priced
   against the inventory, allocated ones charged exactly) into the one ledger, then
-  `quota.quotastatus.desired_status` for every DeviceQuota, as the controller's full
+  `quota.status.quotastatus.desired_status` for every DeviceQuota, as the controller's full
   pass computes what to write;
 - incremental: claim events (`ClaimStore.upsert`: allocations landing on claims seen
   pending, claims deleted and created again) each followed by the affected quota's `desired_status`, as the
   controller's debounced pass does per event at worst; events per second;
 - relists where some claims changed (their resourceVersion moved: parsed and priced
   again), with the longest piece of work between two pause points (what one slice of
-  `serve`'s event loop holds: the swap has none): up to `quota.claimsrebuild.MOVED_AT_SWAP`
+  `serve`'s event loop holds: the swap has none): up to `quota.accounting.claimsrebuild.MOVED_AT_SWAP`
   quota updates the swap moves the live usage by them, past it every quota is summed again;
 - RSS after the claims are held.
 
@@ -35,17 +35,17 @@ from pricing import rss_mib, timed  # noqa: E402
 
 from kube.claimstore import ClaimStore  # noqa: E402
 from kube.rebuilds import Rebuilds  # noqa: E402
-from quota.claimsrebuild import MOVED_AT_SWAP  # noqa: E402
-from quota.admission import Admitter  # noqa: E402
-from quota.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
-from quota.inventory import Inventory  # noqa: E402
-from quota.ledger import Ledger  # noqa: E402
-from quota.model import DeviceClass, DeviceClassName  # noqa: E402
-from quota.pricing import Pricer  # noqa: E402
-from quota.quotastatus import desired_status  # noqa: E402
-from quota.reservationrecord import parse_record  # noqa: E402
-from quota.work import pausing  # noqa: E402
+from quota.accounting.claimsrebuild import MOVED_AT_SWAP  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
+from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
+from quota.quotas.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.accounting.ledger import Ledger  # noqa: E402
+from quota.values.model import DeviceClass, DeviceClassName  # noqa: E402
+from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.status.quotastatus import desired_status  # noqa: E402
+from quota.accounting.reservationrecord import parse_record  # noqa: E402
+from quota.values.work import pausing  # noqa: E402
 
 NAMESPACES = 50
 
@@ -57,7 +57,7 @@ def quota_object(k: int) -> dict[str, Any]:
 
 
 class NoEntries:
-    """`quota.reservations.Caches` for statuses without persisted entries (none here)."""
+    """`quota.accounting.reservations.Caches` for statuses without persisted entries (none here)."""
 
     def claim_version(self, uid: str) -> int | None:
         return None

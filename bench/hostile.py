@@ -303,7 +303,7 @@ def cases(tmp: Path) -> list[Case]:
     ]
     # -- 5. API versions -----------------------------------------------------------------
     out += [
-        # v1beta1 and v1beta2 are converted (quota.conversion); other versions and mixed shapes refused.
+        # v1beta1 and v1beta2 are converted (quota.objects.conversion); other versions and mixed shapes refused.
         Case("version/v1beta1-slice", "apiVersion: resource.k8s.io/v1beta1\nkind: ResourceSlice\nmetadata: {name: b}\nspec: {driver: gpu.nvidia.com, pool: {name: b, generation: 1, resourceSliceCount: 1}, nodeName: b, devices: [{name: g, basic: {attributes: {type: {string: gpu}}, capacity: {memory: {value: 80Gi}}}}]}\n", exit_codes=(0,)),
         Case("version/v1beta2-claim", "apiVersion: resource.k8s.io/v1beta2\nkind: ResourceClaim\nmetadata: {name: c, namespace: team-a}\nspec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n", exit_codes=(0,)),
         Case("version/v1alpha3-slice", "apiVersion: resource.k8s.io/v1alpha3\nkind: ResourceSlice\nmetadata: {name: b}\nspec: {driver: gpu.nvidia.com, pool: {name: b, generation: 1, resourceSliceCount: 1}, nodeName: b, devices: [{name: g, basic: {capacity: {memory: {value: 80Gi}}}}]}\n", exit_codes=(2,)),

@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
-from quota.inventory import gc_paused
+from quota.devices.inventory import gc_paused
 
 __all__ = [
     "NVIDIA_DRIVER",

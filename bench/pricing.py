@@ -13,7 +13,7 @@ Prints (and writes to bench/results/pricing.json):
   floor of any grouping; the first also partitions by uuid), (g) selectors testing only
   the presence of per-device fields (grouped by presence), (h) 100 never-seen claims
   each pinning one device (`uuid == "GPU-..."`, or a PCI bus id), answered from the
-  equality index (`quota.equality`), and 100 others with the index off (what every
+  equality index (`quota.devices.equality`), and 100 others with the index off (what every
   such claim cost without the index), and the realistic generated claim mix;
 - each against its target (docs/development/performance.md), as a ratio.
 
@@ -40,11 +40,11 @@ from unittest.mock import patch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 
-from quota.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
-from quota.inventory import Inventory  # noqa: E402
-from quota.model import DeviceClassName  # noqa: E402
-from quota.pricing import Pricer  # noqa: E402
+from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
+from quota.objects.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
+from quota.pricing.pricer import Pricer  # noqa: E402
 
 D = "gpu.nvidia.com"
 PRODUCTS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S"]
@@ -172,7 +172,7 @@ def pinning_selectors(slices: list[dict[str, Any]], n: int, salt: str) -> list[C
 
 
 def pinned_without_index(pricer: Pricer, specs: Sequence[ClaimSpec]) -> list[float]:
-    with patch("quota.selectors.index_term", lambda stage: None):
+    with patch("quota.devices.selectors.index_term", lambda stage: None):
         return measure(pricer, specs)
 
 

@@ -1,12 +1,12 @@
 """What quotas scoped by `spec.devices` cost a claim: 5,000 nodes x 8 GPUs, the generated claim mix.
 
 Prints (and writes to bench/results/scoped.json), for 0, 1 and 8 distinct selections in
-the claim's namespace (`quota.admission.MAX_PRICED_SELECTIONS`: by model, by memory, by
+the claim's namespace (`quota.admission.admitter.MAX_PRICED_SELECTIONS`: by model, by memory, by
 architecture, by driver, mixed), each as its own process state (fresh pricer, warm
 inventory):
 - estimate latency p50/p99 over the mix, first pass (every selector and selection new)
   and second pass (cached), and the CEL units a claim is charged (p50/max, against the
-  per-claim budget of `quota.work`);
+  per-claim budget of `quota.values.work`);
 - exact pricing of allocated claims (two GPUs each), first and second pass;
 - each as a ratio to the unscoped figure of the same run.
 
@@ -28,12 +28,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 
-from quota.claims import Claim, parse_claim, parse_device_class  # noqa: E402
-from quota.inventory import Inventory  # noqa: E402
-from quota.model import DeviceClassName  # noqa: E402
-from quota.pricing import Pricer  # noqa: E402
-from quota.scope import DeviceSelection  # noqa: E402
-from quota.work import CLAIM_COST_BUDGET, Budget  # noqa: E402
+from quota.objects.claims import Claim, parse_claim, parse_device_class  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
+from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.quotas.scope import DeviceSelection  # noqa: E402
+from quota.values.work import CLAIM_COST_BUDGET, Budget  # noqa: E402
 
 D = "gpu.nvidia.com"
 SELECTIONS = [

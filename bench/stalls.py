@@ -59,8 +59,8 @@ from kube.apierror import ApiError  # noqa: E402
 from kube.loaders import Configuration  # noqa: E402
 from kube.resources import CLAIMS, CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES  # noqa: E402
 from kube.watching import Reflector  # noqa: E402
-from quota.policy import AdminAccessPolicy  # noqa: E402
-from quota.raw import Obj  # noqa: E402
+from quota.admission.policy import AdminAccessPolicy  # noqa: E402
+from quota.values.raw import Obj  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402

@@ -44,7 +44,7 @@ def add_arguments(sub: Subparsers, *, summary: str) -> None:
 
 def _run_certs_generate(args: argparse.Namespace) -> int:
     from certs.commands import CertsError, generate
-    from quota.printable import for_terminal
+    from quota.reports.printable import for_terminal
 
     try:
         written = generate(args.out, service=args.service, namespace=args.namespace, ip_addresses=args.ips,
@@ -59,7 +59,7 @@ def _run_certs_generate(args: argparse.Namespace) -> int:
 
 def _run_certs_inspect(args: argparse.Namespace) -> int:
     from certs.commands import CertsError, describe
-    from quota.printable import for_terminal
+    from quota.reports.printable import for_terminal
 
     try:
         # A PEM bundle is a few KiB; the bound keeps `inspect /dev/zero` from reading forever.

@@ -1,7 +1,7 @@
 """`dra-quota check`: its flags, reading the cluster for `--from-cluster`, and the table it prints.
 
-Neighbours: `commands.cli` lists the subcommand and calls `add_arguments`; `quota.check`
-does the work, `quota.loader` reads the files; `commands.commandflags` has the exit codes
+Neighbours: `commands.cli` lists the subcommand and calls `add_arguments`; `quota.reports.check`
+does the work, `quota.reports.loader` reads the files; `commands.commandflags` has the exit codes
 and the memory-source flags. Exit 0 when it ran (1 with `--fail-on-deny` when an object
 was denied), 2 on unreadable input.
 """
@@ -19,9 +19,9 @@ from commands.commandflags import (
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from quota.check import Report
-    from quota.loader import Document
-    from quota.model import Charge
+    from quota.reports.check import Report
+    from quota.reports.loader import Document
+    from quota.values.model import Charge
 
 
 def add_arguments(sub: Subparsers, *, summary: str) -> None:
@@ -72,7 +72,7 @@ def _cluster_state(args: argparse.Namespace) -> list[Document]:
     from kube.api import KubeApi
     from kube.apierror import ApiError
     from kube.resources import CLASSES, CLUSTER_QUOTAS, NAMESPACES, QUOTAS, SLICES
-    from quota.loader import Document
+    from quota.reports.loader import Document
 
     async def read() -> list[Document]:
         docs: list[Document] = []
@@ -101,11 +101,11 @@ def _cluster_state(args: argparse.Namespace) -> list[Document]:
 def run(args: argparse.Namespace) -> int:
     from itertools import chain
 
-    from quota.check import run_check
-    from quota.inventory import gc_paused
-    from quota.loader import CheckInputError, iter_documents
-    from quota.memorysources import MemorySourcesError
-    from quota.printable import for_terminal
+    from quota.reports.check import run_check
+    from quota.devices.inventory import gc_paused
+    from quota.reports.loader import CheckInputError, iter_documents
+    from quota.devices.memorysources import MemorySourcesError
+    from quota.reports.printable import for_terminal
 
     load_warnings: list[str] = []
     cluster: list[Document] = []
@@ -151,20 +151,20 @@ def _check_time(text: str | None) -> datetime:
     """`check --at`, or now."""
     from datetime import UTC, datetime
 
-    from quota.loader import CheckInputError
-    from quota.windows import parse_time
+    from quota.reports.loader import CheckInputError
+    from quota.quotas.windows import parse_time
 
     return datetime.now(UTC) if text is None else parse_time(text, "--at", CheckInputError)
 
 
 def _charge(charge: Charge) -> tuple[str, str]:
-    from quota.quantity import format_quantity
+    from quota.values.quantity import format_quantity
 
     return format_quantity(charge.memory), str(charge.devices)
 
 
 def render_table(report: Report, out: TextIO) -> None:
-    from quota.tables import USAGE_HEADERS, print_rows, usage_cells
+    from quota.reports.tables import USAGE_HEADERS, print_rows, usage_cells
 
     rows: list[tuple[str, ...]] = [("KIND", "NAMESPACE", "NAME", "DECISION", "MEMORY", "DEVICES", "DETAILS")]
     for obj in report.objects:

@@ -97,7 +97,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from importlib.resources import as_file
 
     from commands import demo, demoplan
-    from quota.printable import for_json, for_terminal
+    from quota.reports.printable import for_json, for_terminal
 
     try:
         summary = demo.run(demoplan.DemoOptions(keep=args.keep, output=args.output), sys.stdout)

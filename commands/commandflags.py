@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from quota.memorysources import MemorySources
+    from quota.devices.memorysources import MemorySources
 
 EXIT_OK = 0
 EXIT_CLUSTER = 1  # top, demo: the cluster could not be read or run
@@ -36,5 +36,5 @@ def memory_source_flags(parser: argparse.ArgumentParser) -> None:
 
 def memory_sources(args: argparse.Namespace) -> MemorySources:
     """The memory sources the flags name; raises MemorySourcesError."""
-    from quota.memorysources import load_memory_sources
+    from quota.devices.memorysources import load_memory_sources
     return load_memory_sources(args.memory_sources, defaults=args.default_memory_sources)

@@ -16,7 +16,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from quota.printable import for_terminal
+from quota.reports.printable import for_terminal
 
 if TYPE_CHECKING:
     from devcluster.controlplane import ControlPlane

@@ -2,7 +2,7 @@
 
 Neighbours: `commands.demo` starts the control plane and `serve`, then calls
 `publish_examples` and `play_step` for each `Step` of `commands.demoplan.SCENARIO`; the
-claims come from examples/40-claims.yaml; `quota.top` reads each DeviceQuota's status
+claims come from examples/40-claims.yaml; `quota.status.published` reads each DeviceQuota's status
 into the rows printed (`usage`). Nothing here asserts outcomes: it reports what the
 cluster did.
 """
@@ -19,12 +19,12 @@ from typing import Any
 from commands.demoplan import TEAMS, DemoError, DemoRun, Step, examples
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, poll
-from quota.claims import CHARGE_ANNOTATION
-from quota.devicequota import GOVERNED_LABEL, format_amount
+from quota.objects.claims import CHARGE_ANNOTATION
+from quota.quotas.devicequota import GOVERNED_LABEL, format_amount
 from quota.manifests import documents
-from quota.raw import Obj
-from quota.tables import USAGE_HEADERS, print_rows, usage_cells
-from quota.top import quota_usage
+from quota.values.raw import Obj
+from quota.reports.tables import USAGE_HEADERS, print_rows, usage_cells
+from quota.status.published import quota_usage
 
 __all__ = ["DQ", "KINDS", "play_step", "publish_examples", "usage"]
 

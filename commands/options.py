@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from quota.breakdown import DEFAULT_SERIES
-from quota.leases import Timing
-from quota.memorysources import MemorySources, default_memory_sources
-from quota.model import Mode
-from quota.policy import PolicyError
+from quota.status.breakdown import DEFAULT_SERIES
+from quota.status.leases import Timing
+from quota.devices.memorysources import MemorySources, default_memory_sources
+from quota.values.model import Mode
+from quota.admission.policy import PolicyError
 from runtime.logbounds import CutLongMessages
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged
@@ -56,18 +56,18 @@ class ServeOptions:
     policy_poll_seconds: float = 5.0
     allocation_check: AllocationCheck = "enforce"
     default_pricing: Mode = "conservative"
-    # Where devices whose driver publishes no `memory` get theirs (quota.memorysources):
+    # Where devices whose driver publishes no `memory` get theirs (quota.devices.memorysources):
     # the shipped defaults, each file replacing the drivers it names.
     memory_sources: MemorySources = field(default_factory=default_memory_sources)
     cert_poll_seconds: float = 5.0
     # How long a persisted reservation whose claim never appears holds before any replica
-    # may drop it (quota.reservations: longer than the API server's request timeout plus
+    # may drop it (quota.accounting.reservations: longer than the API server's request timeout plus
     # any replica's claim watch lag).
     reservation_ttl: float = 120.0
-    # A replica's lease on a DeviceQuota's headroom (quota.headroom); 0: none.
+    # A replica's lease on a DeviceQuota's headroom (quota.accounting.headroom); 0: none.
     lease_period: float = 5.0
     # How far replicas' clocks may differ: a quota's windows apply their lower limits this
-    # much early and their higher ones this much late (quota.windows).
+    # much early and their higher ones this much late (quota.quotas.windows).
     clock_skew: float = 5.0
     # SO_REUSEPORT: several processes on one host serve one port (the e2e test's replicas).
     reuse_port: bool = False
@@ -86,7 +86,7 @@ class ServeOptions:
     metrics_port: int = DEFAULT_METRICS_PORT
     metrics_secure: bool = True
     # A ClusterDeviceQuota's per-namespace series: its N largest parts and one for the rest
-    # (`quota.breakdown`), whatever its selector selects.
+    # (`quota.status.breakdown`), whatever its selector selects.
     team_namespace_series: int = DEFAULT_SERIES
     # The HTTPS listeners' connection cap and timeouts (webhook.connections).
     limits: Limits = Limits()

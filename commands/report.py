@@ -1,7 +1,7 @@
 """`dra-quota report`: GPU-memory-hours, device-hours and idle hours per namespace, team or model.
 
 Neighbours: `commands.cli` lists the subcommand and calls `add_arguments`;
-`quota.showbackreport` builds the queries, rows, gaps and output; this module asks
+`quota.reports.showbackreport` builds the queries, rows, gaps and output; this module asks
 Prometheus' HTTP API (`/api/v1/query`, `/api/v1/query_range`) with aiohttp, with a
 bearer token and a CA as the user's Prometheus needs (an OpenShift or
 kube-prometheus Prometheus behind an authenticating proxy). Read-only: nothing is sent
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from commands.commandflags import Subparsers
 
 if TYPE_CHECKING:
-    from quota.showbackreport import Report
+    from quota.reports.showbackreport import Report
 
 EXIT_OK, EXIT_FAILED = 0, 2
 
@@ -69,8 +69,8 @@ def add_arguments(sub: Subparsers, *, summary: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from quota.printable import for_terminal
-    from quota.showbackreport import render
+    from quota.reports.printable import for_terminal
+    from quota.reports.showbackreport import render
 
     try:
         report = asyncio.run(build(args, datetime.now(UTC)))
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def build(args: argparse.Namespace, now: datetime) -> Report:
-    from quota.showbackreport import IDLE, LEADER, MEMORY, describe, gaps, parse_time, presence_query, queries, \
+    from quota.reports.showbackreport import IDLE, LEADER, MEMORY, describe, gaps, parse_time, presence_query, queries, \
         rows_of, step_for
 
     try:

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from commands.commandflags import KUBECONFIG_HELP, Subparsers
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION
-from quota.printable import for_terminal
+from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION
+from quota.reports.printable import for_terminal
 
 if TYPE_CHECKING:
     from kube.apierror import ApiError
-    from quota.raw import Obj
+    from quota.values.raw import Obj
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNABLE", "Outcome", "add_arguments", "judge_admitted", "judge_refused"]
 

@@ -17,11 +17,11 @@ while the API server does not answer (`kube.contact`: then reviews are answered 
 and the webhooks' failurePolicy decides).
 
 Reservations are persisted on DeviceQuota status before a claim is admitted
-(`kube.quotawriter`, protocol and TTL in `quota.reservations`), so several replicas
+(`kube.quotawriter`, protocol and TTL in `quota.accounting.reservations`), so several replicas
 share the quotas without over-committing; `--reuse-port` lets them share one port.
 The replica holding the Lease (`controllers.leader`) also runs the quota controller
 (`controllers.quotas`) over the same caches: it publishes used/reserved/conditions on
-each DeviceQuota's status (`quota.quotastatus` says how it shares that status with the
+each DeviceQuota's status (`quota.status.quotastatus` says how it shares that status with the
 webhooks). `--no-webhook` skips the listener and the certificates, `--no-controller`
 the Lease and the controller.
 With `--kueue` (auto: when Kueue's v1beta2 API is served) every replica also caches

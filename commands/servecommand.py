@@ -23,7 +23,7 @@ def add_arguments(sub: Subparsers, *, summary: str) -> None:
     from commands.serve import LIMITATIONS
     from webhook import certificates, connections
     from webhook.adminpolicy import configmap_ref
-    from quota.breakdown import DEFAULT_SERIES
+    from quota.status.breakdown import DEFAULT_SERIES
     from webhook.metrics import DEFAULT_METRICS_PORT
 
     serve = sub.add_parser(
@@ -140,7 +140,7 @@ def _add_controller(serve: argparse.ArgumentParser) -> None:
 def _leader_election(args: argparse.Namespace) -> LeaderElection:
     """The flags' Lease settings; ValueError says which values cannot work together."""
     from commands.serve import LeaderElection
-    from quota.leases import Timing
+    from quota.status.leases import Timing
     from webhook import certificates
 
     timing = Timing(args.leader_election_lease_duration, args.leader_election_renew_deadline,
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from commands.serve import ServeError, ServeOptions, configure_logging, serve
-    from quota.printable import for_terminal
+    from quota.reports.printable import for_terminal
     from webhook import certificates, connections
 
     configure_logging(args.log_format, args.log_level)

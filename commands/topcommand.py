@@ -1,7 +1,7 @@
 """`dra-quota top`: list the DeviceQuotas and ClusterDeviceQuotas and print their usage.
 
-Neighbours: `commands.cli` lists the subcommand and calls `add_arguments`; `quota.top`
-reads each object's status into a row, `quota.tables` lays them out; `kube.api` lists.
+Neighbours: `commands.cli` lists the subcommand and calls `add_arguments`; `quota.status.published`
+reads each object's status into a row, `quota.reports.tables` lays them out; `kube.api` lists.
 Exit 0 when it printed, 1 when the cluster could not be read.
 """
 
@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from kube.loaders import ConfigException
 
     from kube.apierror import ApiError
-    from quota.devicequota import QuotaError
-    from quota.printable import for_json, for_terminal
-    from quota.tables import print_rows, top_tables
-    from quota.top import applied_usage, quota_usage, team_usage
+    from quota.quotas.devicequota import QuotaError
+    from quota.reports.printable import for_json, for_terminal
+    from quota.reports.tables import print_rows, top_tables
+    from quota.status.published import applied_usage, quota_usage, team_usage
 
     try:
         objects, teams, note = asyncio.run(_list_quotas(args))
@@ -98,7 +98,7 @@ async def _list_quotas(args: argparse.Namespace) -> tuple[list[dict[str, Any]], 
             if err.status not in (401, 403):
                 raise
             # A tenant may read its namespace's quotas, not the cluster's: its teams' numbers
-            # are in its namespace, as AppliedClusterDeviceQuotas (quota.applied).
+            # are in its namespace, as AppliedClusterDeviceQuotas (quota.status.applied).
             denied = f"not allowed to list ClusterDeviceQuotas, team quotas not shown: {err.message}"
         if args.namespace is None:
             return quotas, [], denied

@@ -31,8 +31,8 @@ from controllers.governed import GovernedLabels
 from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
 from controllers.leader import LeaderElector, default_identity
 from kube.leasebook import LeaseBook
-from quota.memorysources import NO_SOURCES, MemorySources
-from quota.headroom import Sizing
+from quota.devices.memorysources import NO_SOURCES, MemorySources
+from quota.accounting.headroom import Sizing
 from controllers.applied import AppliedQuotas
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
@@ -59,15 +59,15 @@ from kube.resources import (
     WORKLOADS,
 )
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
-from quota.admission import Admitter
-from quota.breakdown import DEFAULT_SERIES
-from quota.claims import Claim
-from quota.inventory import Inventory
-from quota.ledger import Ledger, QuotaKey
-from quota.model import DeviceClass, DeviceClassName, Mode, Namespace
-from quota.pricing import Pricer
-from quota.usage import Holders
-from quota.workloads import WORKLOAD_LABEL
+from quota.admission.admitter import Admitter
+from quota.status.breakdown import DEFAULT_SERIES
+from quota.objects.claims import Claim
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger, QuotaKey
+from quota.values.model import DeviceClass, DeviceClassName, Mode, Namespace
+from quota.pricing.pricer import Pricer
+from quota.accounting.usage import Holders
+from quota.accounting.workloads import WORKLOAD_LABEL
 from runtime.slicing import Slicer
 from webhook.metrics import Metrics
 from webhook.server import Observer
@@ -108,7 +108,7 @@ class Caches:
         self.classes: dict[DeviceClassName, DeviceClass] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.admitter = Admitter(Pricer(self.inventory, self.classes), Ledger(default_mode=default_pricing))
-        # Quotas' windows by the wall clock, allowing for other replicas' (`quota.windows`).
+        # Quotas' windows by the wall clock, allowing for other replicas' (`quota.quotas.windows`).
         self.admitter.ledger.clock, self.admitter.ledger.clock_skew = time.time, clock_skew
         # One slow lane for every review and Workload decision (`runtime.slicing`).
         self.slicer = Slicer()
@@ -125,7 +125,7 @@ class Caches:
                                     leading=leading, run=lambda fn: self.slicer.run(fn, wait=True))
                           if leading is not None else None)
         # The claim watch's progress and the claim store's versions: the persisted
-        # reservations' watermark (quota.reservations) waits on the one, reads the other.
+        # reservations' watermark (quota.accounting.reservations) waits on the one, reads the other.
         progress = Progress()
         # The Namespace watch's: a ClusterDeviceQuota's second watermark (namespacesThrough).
         namespace_progress = Progress()
@@ -189,7 +189,7 @@ class Caches:
         ledger = self.admitter.ledger
 
         def freed(namespace: str) -> None:
-            # One deletion, one credit for the whole team (quota.requeueing): never a
+            # One deletion, one credit for the whole team (quota.status.requeueing): never a
             # write per namespace of a team of hundreds.
             requeue.quota_freed(namespace, team=[member for quota in ledger.quotas(Namespace(namespace))
                                                  if quota.cluster for member in ledger.members(quota.name)])
@@ -286,7 +286,7 @@ def observability(api: KubeApi, caches: Caches, tls: ReloadingContext | None, ma
 
     `leading()`: whether this replica holds the quota controller's Lease (only the leader
     exports the usage metrics, so a sum over replicas never counts twice); `team_series`:
-    the namespaces a team exports a part of (`quota.breakdown`).
+    the namespaces a team exports a part of (`quota.status.breakdown`).
     """
     metrics = Metrics()
     ledger = caches.admitter.ledger

@@ -2,9 +2,9 @@
 
 Neighbours: the claim cache (`kube.claimstore.ClaimStore`) tells `Annotator.seen` every
 claim it accounts (after the ledger counted it) and `gone` every claim deleted;
-`quota.annotating` (`Admitter.annotations_due`) says what the charge and quota
+`quota.admission.annotating` (`Admitter.annotations_due`) says what the charge and quota
 annotations should say (from the charge the ledger holds: nothing is priced again here) and
-`quota.pricing.Pricer.allocation_record` what the allocation record should say;
+`quota.pricing.pricer.Pricer.allocation_record` what the allocation record should say;
 `webhook.claimreview` refuses any of them on a new claim or template and any later change
 by anyone else, so a tenant cannot lower them.
 
@@ -12,12 +12,12 @@ What is written, each key once it is due:
 - `draquota.io/charge` and `draquota.io/quotas`, when the claim has no charge yet: its
   charge as admitted (JSON of bytes and devices) and the DeviceQuotas it draws on. Queue
   managers and dashboards read them; a claim priced again (a restart, a deallocation)
-  never counts less than the charge recorded (`quota.pricing.at_least_recorded`). The
+  never counts less than the charge recorded (`quota.pricing.pricer.at_least_recorded`). The
   shipped configuration's mutating admission (`webhook.claimadmit`) writes them into the
   claim in its CREATE, so a claim it admitted has nothing due here; only a claim that
   arrived without a charge (created while no webhook of ours reached its namespace, or
   stripped by a later mutating webhook) is patched.
-- the allocation record (`quota.allocationrecord`: `draquota.io/allocated-charge`, and
+- the allocation record (`quota.objects.allocationrecord`: `draquota.io/allocated-charge`, and
   `draquota.io/allocation-results` where the claim needs it), once the claim is
   allocated: the exact charge of each device. A device can vanish while a claim holds it (a driver rewrites its
   ResourceSlice, a node goes away); its charge must stay what it was, in the process
@@ -68,8 +68,8 @@ from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import CLAIMS
 from kube.writegate import NotLeading
-from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
-from quota.claims import Claim
+from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION
+from quota.objects.claims import Claim
 from runtime.guard import guarded
 
 __all__ = ["Annotator", "refused_by_content", "unrecorded_note"]
@@ -158,7 +158,7 @@ class Annotator:
         A pool of writers, not rounds of a batch: each takes the next claim as soon as its
         patch is answered, so one slow patch holds up only its own writer. The entry a
         claim holds in its quota's `status.reservations` goes only once the claim carries
-        its charge (`quota.reservations.settle`), so these writes must keep up with the
+        its charge (`quota.accounting.reservations.settle`), so these writes must keep up with the
         creates: behind them, the record grows by every create they have not reached.
         """
         self._running = True

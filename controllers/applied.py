@@ -3,7 +3,7 @@ AppliedClusterDeviceQuotas, so tenants read their team's budget where they may r
 
 Neighbours: `controllers.quotas.QuotaController` tells `published` each ClusterDeviceQuota
 as it stands after each of its reconciles (written or already current; None once
-deleted); `quota.applied` says what each member's copy holds and `quota.appliedplan`
+deleted); `quota.status.applied` says what each member's copy holds and `quota.status.appliedplan`
 which copies to write now and why; `commands.wiring` runs `AppliedQuotas.run` beside the
 quota controller while this replica leads and exports `writes`
 (`draquota_applied_quota_writes_total`).
@@ -32,7 +32,7 @@ between coalesce into the newest status), and the writes of all teams together a
 `rate` per second on average (50: after a round of k writes the next round waits k / rate
 seconds), `concurrency` (4) at a time. A copy's totals thus lag the team quota by at most
 `refresh` plus members / rate; its own part by `interval` plus the writes. Members beyond
-the breakdown's `MAX_NAMESPACES` (`quota.quotastatus`) get no copy: the team's
+the breakdown's `MAX_NAMESPACES` (`quota.status.quotastatus`) get no copy: the team's
 `NamespacesListed` condition says so (and the quota controller logs it when it flips).
 """
 
@@ -50,10 +50,10 @@ import aiohttp
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import APPLIED_QUOTAS as APPLIED
-from quota.applied import MANAGED_BY, applied_quotas
-from quota.appliedplan import Copy, Reason, copy_of, plan
-from quota.devicequota import QuotaError
-from quota.raw import Obj, as_map
+from quota.status.applied import MANAGED_BY, applied_quotas
+from quota.status.appliedplan import Copy, Reason, copy_of, plan
+from quota.quotas.devicequota import QuotaError
+from quota.values.raw import Obj, as_map
 
 __all__ = ["APPLIED", "AppliedQuotas"]
 

@@ -5,7 +5,7 @@ Neighbours: `commands.serve` runs `GovernedLabels.run` on the Lease holder, besi
 quota controller, and tells `changed` the namespace of every Namespace event and
 `quotas_changed` the quotas each DeviceQuota or claim event moved (`kube.caches`, `kube.claimstore`); the
 namespace cache (`kube.caches.NamespaceStore`) says what each namespace carries now and
-`quota.ledger` which namespaces hold a DeviceQuota or belong to a team. A team's key
+`quota.accounting.ledger` which namespaces hold a DeviceQuota or belong to a team. A team's key
 moves on every claim event of its namespaces; only a change of its members (a team
 added, deleted or reselecting) changes which namespaces it governs, so only those are
 looked at again. A ClusterDeviceQuota's selector can never key on the governed label
@@ -40,9 +40,9 @@ import aiohttp
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import NAMESPACES
-from quota.devicequota import GOVERNED_LABEL
-from quota.ledger import Ledger, QuotaKey
-from quota.model import Namespace
+from quota.quotas.devicequota import GOVERNED_LABEL
+from quota.accounting.ledger import Ledger, QuotaKey
+from quota.values.model import Namespace
 
 __all__ = ["GOVERNED_LABEL", "GovernedLabels", "governed_value"]
 

@@ -1,8 +1,8 @@
 """Kueue: the Workload caches every replica keeps, and the leader's AdmissionCheck controller.
 
-Neighbours: `quota.workloads` says what a Workload is, when it holds its price and how
-its Pods' claims are matched to it (read its docstring); `quota.admission.Admitter`
-prices it like the claims it will stamp; `quota.ledger` counts what it holds
+Neighbours: `quota.accounting.workloads` says what a Workload is, when it holds its price and how
+its Pods' claims are matched to it (read its docstring); `quota.admission.admitter.Admitter`
+prices it like the claims it will stamp; `quota.accounting.ledger` counts what it holds
 (`set_holding`), so claims from anywhere see it, and lets its Pods' claims draw on it;
 `kube.quotawriter` checks it against the namespace's DeviceQuotas exactly as a
 claim is checked (the same persisted, conflict-safe write, the same denial text);
@@ -14,7 +14,7 @@ itself (`KueueCaches.refresh`): nothing but our check entry is ever written, and
 leader rebuilds it from a list. The one window the derivation leaves, between the
 leader's Ready and another replica's Workload watch delivering it, is covered the way a
 claim's is: the leader's check persists a TTL entry for the Workload on each
-DeviceQuota's `status.reservations` (`quota.reservations`), which stops counting once
+DeviceQuota's `status.reservations` (`quota.accounting.reservations`), which stops counting once
 the replica's cache holds the Workload (`Ledger.counts`).
 """
 
@@ -35,13 +35,13 @@ from kube.caches import parse_or_skip
 from kube.events import EventKey, EventRecorder, Ref
 from kube.quotawriter import Reservations
 from kube.resources import ADMISSION_CHECKS, KUEUE, PODS, TEMPLATES, WORKLOADS
-from quota.admission import Admitter
-from quota.claims import Claim, parse_claim
-from quota.ledger import QuotaKey
-from quota.ledgerentry import ClaimRef, Entry
-from quota.model import Namespace
-from quota.raw import Obj, dig
-from quota.workloads import (
+from quota.admission.admitter import Admitter
+from quota.objects.claims import Claim, parse_claim
+from quota.accounting.ledger import QuotaKey
+from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.values.model import Namespace
+from quota.values.raw import Obj, dig
+from quota.accounting.workloads import (
     CONTROLLER_NAME,
     WORKLOAD_LABEL,
     Workload,
@@ -108,7 +108,7 @@ class KueueCaches:
         return our_checks({n: str(dig(o, "spec", "controllerName") or "") for n, o in self.checks.items()})
 
     def price(self, workload: Workload) -> Entry | str:
-        """The Workload's price (`quota.workloads`), or why it has none."""
+        """The Workload's price (`quota.accounting.workloads`), or why it has none."""
         if problem := too_many_claims(workload):
             return problem
         counts: Counter[str] = Counter()
@@ -236,7 +236,7 @@ class TemplateStore:
 
 class PodStore:
     """The Pods labelled `draquota.io/workload` (the reflector's label selector): which
-    Workload each belongs to, for matching its claims (`quota.workloads`)."""
+    Workload each belongs to, for matching its claims (`quota.accounting.workloads`)."""
 
     def __init__(self, caches: KueueCaches) -> None:
         self.caches = caches
@@ -304,7 +304,7 @@ class PodLookup:
 
 class AdmissionCheckController:
     """The leader's writes: `Active` on our AdmissionChecks, our entry on each Workload
-    waiting for it (`quota.workloads.needs_decision`)."""
+    waiting for it (`quota.accounting.workloads.needs_decision`)."""
 
     def __init__(self, api: KubeApi, caches: KueueCaches, reservations: Reservations, recorder: EventRecorder, *,
                  leading: Callable[[], bool], retry_seconds: int = 15, resync: float = 30.0,

@@ -1,6 +1,6 @@
 """Leader election: one replica of `dra-quota serve` runs the quota controller at a time.
 
-Neighbours: `quota.leases` holds the Lease record and the pure decisions (read its
+Neighbours: `quota.status.leases` holds the Lease record and the pure decisions (read its
 docstring for the rules and why they are client-go's); `kube.api` does the HTTP;
 `commands.serve` runs `LeaderElector.run` with the controller (`controllers.quotas`) as
 the work to do while leading, and the controller asks `leading()` before each write.
@@ -11,7 +11,7 @@ timeout (a hung renew keeps a replica "leading" forever), it never releases the 
 on shutdown (the next replica waits out the whole duration) and it stamps local time as
 UTC. This loop bounds every attempt, releases on cancellation, and writes real UTC.
 
-Each attempt reads the Lease and, if `quota.leases.may_acquire` allows, writes it back
+Each attempt reads the Lease and, if `quota.status.leases.may_acquire` allows, writes it back
 with the resourceVersion it read (a PUT: 409 when someone wrote in between), so two
 candidates never both succeed. The leader renews every retry period; when it has not
 renewed for the renew deadline, or sees another holder, it stops leading at once: the
@@ -50,8 +50,8 @@ from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import LEASES
 from kube.writegate import WRITE_GATE
-from quota.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
-from quota.raw import Obj
+from quota.status.leases import Observed, Timing, acquired, may_acquire, observe, parse_lease, released
+from quota.values.raw import Obj
 
 __all__ = ["LeaderElector", "default_identity"]
 

@@ -1,7 +1,7 @@
 """The quota controller: writes each (Cluster)DeviceQuota's usage to its status, on the leader only.
 
-Neighbours: `quota.quotastatus` computes the status (and says how this writer and the
-webhooks' `kube.quotawriter` share it); `quota.ledger` is the usage the webhook's
+Neighbours: `quota.status.quotastatus` computes the status (and says how this writer and the
+webhooks' `kube.quotawriter` share it); `quota.accounting.ledger` is the usage the webhook's
 caches (`kube.claimstore`) already keep from the claim watch: there is one accountant, and
 this module only publishes what it counts. `controllers.leader` runs `QuotaController.run`
 while this replica leads and cancels it the moment it stops; `commands.serve` wires the
@@ -46,11 +46,11 @@ import aiohttp
 from kube.apierror import ApiError
 from kube.events import uid_of
 from kube.quotawriter import Reservations
-from quota.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
-from quota.ledger import Ledger, QuotaKey, shown
-from quota.quotastatus import InForce, boundary, desired_status, in_force, next_change, next_expiry
-from quota.raw import Obj
-from quota.reservationrecord import parse_record
+from quota.quotas.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
+from quota.accounting.ledger import Ledger, QuotaKey, shown
+from quota.status.quotastatus import InForce, boundary, desired_status, in_force, next_change, next_expiry
+from quota.values.raw import Obj
+from quota.accounting.reservationrecord import parse_record
 
 __all__ = ["QuotaController"]
 
@@ -93,7 +93,7 @@ class QuotaController:
         # Event lives in `default`), with its uid, which `kubectl describe` selects Events by.
         self.exceeded = exceeded
         # Told (namespace, name, uid, reason, message) when a write changes the hard in force
-        # of a quota with windows (`quota.quotastatus.boundary`): a window opened or closed.
+        # of a quota with windows (`quota.status.quotastatus.boundary`): a window opened or closed.
         # The leader writes each boundary's status once, so each boundary makes one Event.
         self.boundary = boundary
         # Told the seconds of each reconcile pass (`webhook.metrics`' reconcile histogram).
@@ -105,7 +105,7 @@ class QuotaController:
         self._dirty: set[QuotaKey] = set()
         self._timers: dict[QuotaKey, float] = {}  # wall time to look at a quota again
         self._written: dict[QuotaKey, float] = {}  # wall time of each quota's last write
-        # Each quota with windows: its windows' state (`quota.quotastatus.in_force`) for the
+        # Each quota with windows: its windows' state (`quota.status.quotastatus.in_force`) for the
         # quota as parsed, kept until that state's next change (at most an hour): a schedule
         # opening every minute costs thousands of steps, and a burst writes a quota twice a second.
         self._windows: dict[QuotaKey, tuple[DeviceQuota, float, InForce | None]] = {}
@@ -211,7 +211,7 @@ class QuotaController:
         result = await self.reservations.write_status(key, build, retries=self.retries)
         if result.lagging:
             # Our claim watch is behind the record's watermark: counting from it could
-            # miss a claim another writer already counts from its own (quota.reservations).
+            # miss a claim another writer already counts from its own (quota.accounting.reservations).
             self._timers[key] = min(self._timers.get(key, float("inf")), self.clock() + _RETRY_AFTER_FAILURE)
             return False
         if result.conflicts:

@@ -2,7 +2,7 @@
 
 Neighbours: `kube.claimstore.ClaimStore` enters each unallocated claim this process did
 not admit (it started later, or the claim was deallocated) at
-`quota.counting` (`Admitter.bound_entry`) and hands it here; `runtime.slicing` prices it
+`quota.admission.counting` (`Admitter.bound_entry`) and hands it here; `runtime.slicing` prices it
 like a review (budgeted, in slices, expensive ones in the slow lane); the quota
 controller is told the quotas whose usage the new price moved (`changed`) so
 DeviceQuota status follows.
@@ -25,10 +25,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from kube.rebuilds import Rebuilds
-from quota.admission import Admitter, claim_ref
-from quota.claims import Claim
-from quota.ledger import QuotaKey
-from quota.ledgerentry import ClaimRef, Entry
+from quota.admission.admitter import Admitter, claim_ref
+from quota.objects.claims import Claim
+from quota.accounting.ledger import QuotaKey
+from quota.accounting.ledgerentry import ClaimRef, Entry
 from runtime.guard import guarded
 from runtime.slicing import Slicer
 

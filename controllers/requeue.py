@@ -2,17 +2,17 @@
 
 Neighbours: the claim cache (`kube.claimstore.ClaimStore`) calls `Requeuer.quota_freed`
 with the namespace of each deleted claim (and, through `commands.wiring`, the namespaces
-of its teams); `quota.requeueing` decides whose turn it is and how many writes it may
-spend; `quota.waiting` says which ResourceClaimTemplates a namespace's unscheduled Pods
+of its teams); `quota.status.requeueing` decides whose turn it is and how many writes it may
+spend; `quota.objects.waiting` says which ResourceClaimTemplates a namespace's unscheduled Pods
 wait on; this module touches them (annotation `draquota.io/requeued-at`), which makes the
-resourceclaim controller re-queue every Pod using them at once (`quota.waiting` module
+resourceclaim controller re-queue every Pod using them at once (`quota.objects.waiting` module
 doc). Without it, a Pod whose template claim we denied is retried by that controller
 with exponential backoff (5 ms doubling, up to 1000 s): after an hour of waiting, quota
 freed now would be noticed up to ~17 minutes later.
 
 What one deleted claim may cost us, whatever the tenant's objects: one template write
 now and the same write again after `settle` seconds (a replica whose claim watch lags
-may deny the first retry), fair turns across namespaces (`quota.requeueing`); one
+may deny the first retry), fair turns across namespaces (`quota.status.requeueing`); one
 metadata-only list of unscheduled Pods per namespace looked at, in pages of `_PAGE`
 (memory by the number of Pods, not their size), and at most `_READS` Pods read whole per
 turn, each once per resourceVersion. A team of many namespaces is looked at `_LOOKS`
@@ -38,8 +38,8 @@ import aiohttp
 from kube.api import METADATA_LIST, KubeApi
 from kube.apierror import ApiError
 from kube.resources import PODS, TEMPLATES
-from quota.requeueing import Settles, Turn, Turns
-from quota.waiting import Waiter, pick, pod_mark, waiting_templates
+from quota.status.requeueing import Settles, Turn, Turns
+from quota.objects.waiting import Waiter, pick, pod_mark, waiting_templates
 
 __all__ = ["ANNOTATION", "Requeuer"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devcluster.kube import Kube
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 DRIVER = "gpu.nvidia.com"
 NIC_DRIVER = "dra.net"

@@ -25,7 +25,7 @@ from typing import Any
 from kube.api import KubeApi, PatchType, Resource
 from kube.apierror import ApiError
 from kube.loaders import Configuration
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 __all__ = ["ApiError", "Kube", "MERGE_PATCH", "Obj", "WaitTimeout", "poll", "resource_path"]
 

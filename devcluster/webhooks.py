@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from devcluster.controlplane import WEBHOOK_SERVICES, ControlPlane
 from quota.manifests import webhook_configurations
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 
 def adapted_webhooks(

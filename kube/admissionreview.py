@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict, cast, get_args
 
-from quota.policy import PolicyRecord
-from quota.printable import for_terminal
-from quota.raw import show
+from quota.admission.policy import PolicyRecord
+from quota.reports.printable import for_terminal
+from quota.values.raw import show
 
 __all__ = [
     "API_VERSION",

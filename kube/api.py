@@ -1,7 +1,7 @@
 """The Kubernetes API as plain dicts: the one client the webhook and the controller share.
 
 Neighbours: `kube.watching` builds reflectors (list + watch) on `KubeApi.list` and
-`KubeApi.watch`; the pure stores (`quota.inventory`, `quota.ledger`) never see this module.
+`KubeApi.watch`; the pure stores (`quota.devices.inventory`, `quota.accounting.ledger`) never see this module.
 
 Configuration comes from kubernetes_asyncio (`load_kube_config` for a kubeconfig file and
 context, `load_incluster_config` for the service account; through `kube.loaders`,
@@ -55,7 +55,7 @@ from kube.loaders import (
 )
 from kube.watchlines import LineBuffer, decode_event
 from kube.writegate import WRITE_GATE, Gated, GatedBody, NotLeading, gate_at_send, refused_as_not_leading
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 __all__ = [
     "KubeApi",

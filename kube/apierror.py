@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 __all__ = ["ApiError"]
 

@@ -28,10 +28,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
-from quota.admission import Admitter, Repriced
-from quota.claims import Claim, parse_device_class
-from quota.claimspec import ClaimError
-from quota.devicequota import (
+from quota.admission.admitter import Admitter, Repriced
+from quota.objects.claims import Claim, parse_device_class
+from quota.objects.claimspec import ClaimError
+from quota.quotas.devicequota import (
     CLUSTER_KIND,
     KIND,
     DeviceQuota,
@@ -39,15 +39,15 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.inventory import Inventory
-from quota.ledger import QuotaKey, shown
-from quota.ledgerentry import Entry
-from quota.meta import NamespaceError, parse_namespace
-from quota.model import DeviceClass, DeviceClassName, Namespace
-from quota.raw import Obj
-from quota.reservationrecord import parse_version
-from quota.slices import ParsedSlice, SliceError, parse_slice
-from quota.work import pause_point
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import QuotaKey, shown
+from quota.accounting.ledgerentry import Entry
+from quota.values.meta import NamespaceError, parse_namespace
+from quota.values.model import DeviceClass, DeviceClassName, Namespace
+from quota.values.raw import Obj
+from quota.accounting.reservationrecord import parse_version
+from quota.objects.slices import ParsedSlice, SliceError, parse_slice
+from quota.values.work import pause_point
 from runtime.guard import guarded
 
 __all__ = ["ClassStore", "NamespaceStore", "QuotaStore", "QuotasChanged", "SliceStore", "StagedSlices", "parse_or_skip"]
@@ -168,7 +168,7 @@ class NamespaceStore:
         self.reprice = reprice
         # The highest resourceVersion of a Namespace listed or delivered (its deletion
         # included): a ClusterDeviceQuota's `namespacesThrough` is raised to it
-        # (`quota.reservations`). Not the watch's position: a list's or a bookmark's
+        # (`quota.accounting.reservations`). Not the watch's position: a list's or a bookmark's
         # version is no Namespace event, and another replica's watch might not pass it
         # for a minute; every watch passes the version of a real Namespace write.
         self.newest: int | None = None

@@ -3,8 +3,8 @@
 Neighbours: `kube.watching.Reflector` calls `ClaimStore` (synchronously, one event at a
 time) and `commands.wiring` builds it beside the other stores (`kube.caches`: it parses
 with their `parse_or_skip`, never raising, and tells `changed` as they do);
-`quota.admission.Admitter` prices and `quota.ledger` counts; a relist is built aside
-(`quota.claimsrebuild`) and swapped in at once; `kube.seen` reads its versions and is
+`quota.admission.admitter.Admitter` prices and `quota.accounting.ledger` counts; a relist is built aside
+(`quota.accounting.claimsrebuild`) and swapped in at once; `kube.seen` reads its versions and is
 told `deleted`; the leader's annotator (`controllers.annotator`), the stored claims'
 refiner (`controllers.refine`) and `controllers.requeue` are told what they need.
 
@@ -20,7 +20,7 @@ upper bound (`Admitter.bound_entry`, no tenant CEL), and the hook prices it in t
 background.
 
 A claim admitted by the one-write admission (`webhook.claimadmit`) carries the token its
-reservation is keyed by (`quota.admissiontoken`): the store maps each token key to the
+reservation is keyed by (`quota.admission.admissiontoken`): the store maps each token key to the
 first claim carrying it, so `version`, `recorded_version` and `deleted` answer for the key
 as for the uid, and the entry settles exactly as a uid-keyed one does.
 
@@ -46,19 +46,19 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kube.caches import QuotasChanged, parse_or_skip
-from quota.admission import Admitter, claim_ref, object_ref
-from quota.annotating import read_annotations
-from quota.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
-from quota.claims import Claim
-from quota.jsonclaims import parse_json_claim
-from quota.claimsrebuild import ClaimsRebuild
-from quota.ledger import QuotaKey
-from quota.ledgerentry import ClaimRef, Entry
-from quota.model import Namespace
-from quota.raw import Obj, as_map, dig
-from quota.scope import DeviceSelection
-from quota.usage import Held, Holders
-from quota.work import drop, pause_point
+from quota.admission.admitter import Admitter, claim_ref, object_ref
+from quota.admission.annotating import read_annotations
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
+from quota.objects.claims import Claim
+from quota.objects.jsonclaims import parse_json_claim
+from quota.accounting.claimsrebuild import ClaimsRebuild
+from quota.accounting.ledger import QuotaKey
+from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.values.model import Namespace
+from quota.values.raw import Obj, as_map, dig
+from quota.quotas.scope import DeviceSelection
+from quota.accounting.usage import Held, Holders
+from quota.values.work import drop, pause_point
 from runtime.guard import guarded
 
 __all__ = ["ClaimStore", "ClaimsSeen", "StagedRelist"]
@@ -69,7 +69,7 @@ class ClaimsSeen(Protocol):
     (`controllers.annotator.Annotator`, a floor above, so named here by what it is told)."""
 
     def seen(self, claim: Claim, annotations: Mapping[str, str]) -> None:
-        """`annotations`: what the annotator reads of the claim's (`quota.annotating.read_annotations`)."""
+        """`annotations`: what the annotator reads of the claim's (`quota.admission.annotating.read_annotations`)."""
 
     def gone(self, uid: str) -> None: ...
 
@@ -84,7 +84,7 @@ class ClaimStore:
                  changed: QuotasChanged = lambda keys: None) -> None:
         self.admitter = admitter
         self.ledger = admitter.ledger
-        # Who holds which device, for the usage metrics (`quota.usage`); charges nothing.
+        # Who holds which device, for the usage metrics (`quota.accounting.usage`); charges nothing.
         self.holders = holders
         # Told the uid of each claim deleted from the cache and the resourceVersion of
         # its deletion (None: gone from a relist): a persisted entry of its
@@ -291,7 +291,7 @@ class ClaimStore:
     def _changed(self, keys: tuple[QuotaKey, ...] | None, obj: Obj) -> None:
         """Tell `changed` the quotas the ledger's mutation moved. Where it moved none (the
         claim counted as before), the claim's own event may still let its persisted
-        entries go (`quota.reservations.settle`: the charge recorded on it, its
+        entries go (`quota.accounting.reservations.settle`: the charge recorded on it, its
         deletion): its namespace's quotas."""
         self.changed(keys or self.ledger.keys(Namespace(_namespace(obj))))
 
@@ -326,7 +326,7 @@ class ClaimStore:
 
     def recorded_version(self, uid: str) -> int | None:
         """`version`, once the claim carries the charge it was admitted at: what lets a
-        persisted reservation go, and the watermark it leaves (`quota.reservations`)."""
+        persisted reservation go, and the watermark it leaves (`quota.accounting.reservations`)."""
         return self.version(uid) if self._keyed(uid) in self._recorded else None
 
     def history_known(self, uid: str) -> bool:
@@ -356,7 +356,7 @@ class ClaimStore:
             self._unvouched.discard(claim_ref(claim))
         # The version only once the ledger counts this copy (as `_stage_one` does): a claim
         # whose pricing raised is not held by this cache, so its persisted reservation stays
-        # (`quota.reservations.settle` drops an entry whose claim the cache holds).
+        # (`quota.accounting.reservations.settle` drops an entry whose claim the cache holds).
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self._versions[claim_ref(claim)] = version
@@ -380,7 +380,7 @@ class _Tokens:
 
     def add(self, key: str, ref: ClaimRef, *, first: ClaimRef | None = None) -> None:
         """The first claim carrying a token keeps it: a later copy (a tenant who read the
-        token off the persisted claim) never takes over its entry (`quota.admissiontoken`).
+        token off the persisted claim) never takes over its entry (`quota.admission.admissiontoken`).
         `first`: who held it before a relist, which reads claims in the list's order (by
         namespace and name), not in the order they were written. A copy can only be made
         once the original is stored, so its watch event came first; and every writer that

@@ -29,7 +29,7 @@ of its own (the writes' pool may be full under load). Once nothing answered it f
   any claim that arrived without our webhook (`controllers.annotator`).
 
 The first `grace` seconds of a cut are answered as before: admissions under a lease this
-replica holds (persisted room: `quota.headroom`, never past its window) and ungoverned
+replica holds (persisted room: `quota.accounting.headroom`, never past its window) and ungoverned
 namespaces from the cache; a governed create that needs a write waits on it until the
 review's deadline and is denied "could not decide within the webhook timeout; retry". Once
 the probe answers again the replica is ready and decides again: its watches go on from

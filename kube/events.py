@@ -38,7 +38,7 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   claim name, no related object), so the retries' claims aggregate into one series.
 - `ChargedAboveReservation` (Normal) regarding a claim some DeviceQuota counts whose
   allocation was admitted with an exact charge above the `draquota.io/charge` recorded
-  at its admission (`quota.admission.charged_above`). Here, not in the leader's controller: the API server
+  at its admission (`quota.admission.admitter.charged_above`). Here, not in the leader's controller: the API server
   sends each allocation write to exactly one replica's webhook, once, so one write makes
   one Event whichever replica leads, and no restart or leader change replays it; a
   controller seeing the allocation in its watch cannot tell, after a restart or a
@@ -54,7 +54,7 @@ Which Events (dryRun reviews make none: `sideEffects: NoneOnDryRun`):
   relabelled into it while it was full) (`controllers.quotas`, the leader only).
 - `WindowOpened`, `WindowClosed`, `HardInForceChanged` (Normal, action `Reconcile`)
   regarding a quota with windows whose status write changed its hard in force
-  (`quota.quotastatus.boundary`, `controllers.quotas`, the leader only): one per boundary.
+  (`quota.status.quotastatus.boundary`, `controllers.quotas`, the leader only): one per boundary.
 - `AdminAccessGranted` (Normal) and `AdminAccessRefused` (Warning) regarding the claim or
   template in its namespace (the Namespace related), or for a change of the Namespace's
   label the Namespace, in `default` (events.k8s.io/v1 accepts an Event regarding a
@@ -81,10 +81,10 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
-from quota.devicequota import KIND, ref_of
-from quota.extended import generated_base
-from quota.policy import PolicyRecord
-from quota.raw import Obj, dig
+from quota.quotas.devicequota import KIND, ref_of
+from quota.objects.extended import generated_base
+from quota.admission.policy import PolicyRecord
+from quota.values.raw import Obj, dig
 from runtime.eventcorrelation import Budget, Correlator, EventKey, Ref
 
 __all__ = [
@@ -228,7 +228,7 @@ class EventRecorder:
         """Whether `key` occurred within the window (and note it now): a ChargedAboveReservation
         is told once. The API server reviews one allocation write again when the claim changed
         in storage while the webhook decided (the leader's annotation, while the excess was
-        being persisted: `quota.excess`), each time on the newer copy; the claim, the devices
+        being persisted: `quota.accounting.excess`), each time on the newer copy; the claim, the devices
         and the charges are the same, and only one of the attempts lands."""
         now, last = self.clock(), self._told.get(key)
         self._told[key] = now

@@ -1,8 +1,8 @@
-"""This process's leases (`quota.headroom`), one per DeviceQuota it admits into while far from `hard`.
+"""This process's leases (`quota.accounting.headroom`), one per DeviceQuota it admits into while far from `hard`.
 
 Neighbours: `kube.quotawriter.Reservations` owns one `LeaseBook`: `take` on a claim CREATE
 (no write, no await), `writing`/`landed`/`unwritten`/`uncertain` around each status write
-it makes of a quota (the plan is `quota.headroom.renew`'s), and `tend` writes each lease
+it makes of a quota (the plan is `quota.accounting.headroom.renew`'s), and `tend` writes each lease
 when it is `due`: near the end of its window, so that its holder renews it (claims still
 arriving) or shrinks it to what it admitted and has not settled (idle), releasing the
 room it held for nothing; and, once shrunk near `hard`, as soon as part of it settles.
@@ -33,13 +33,13 @@ from typing import Literal
 
 from kube.apierror import ApiError
 from kube.writegate import ungated
-from quota.devicequota import DeviceQuota
-from quota.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
+from quota.quotas.devicequota import DeviceQuota
+from quota.accounting.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
                             untake, writing)
-from quota.ledger import QuotaKey, shown
-from quota.model import ZERO, Charge
-from quota.raw import Obj
-from quota.reservations import Caches
+from quota.accounting.ledger import QuotaKey, shown
+from quota.values.model import ZERO, Charge
+from quota.values.raw import Obj
+from quota.accounting.reservations import Caches
 
 __all__ = ["LeaseBook", "LeaseStats", "PATHS", "WRITE_OUTCOMES", "default_holder", "version_of"]
 
@@ -83,7 +83,7 @@ class LeaseBook:
     # Until when leases are off: the CRD refused one (`refused_by_schema`).
     refused_until: float = 0.0
     # The newest object and generation seen of each quota (watch, reads, our writes'
-    # answers): a lease granted on an older one admits nothing (`quota.headroom.take`).
+    # answers): a lease granted on an older one admits nothing (`quota.accounting.headroom.take`).
     versions: dict[QuotaKey, SpecVersion] = field(default_factory=dict)
     stats: LeaseStats = field(default_factory=LeaseStats)
 
@@ -190,7 +190,7 @@ class LeaseBook:
         """Whether the lease on `quota` wants its holder's write now: a fifth of a period
         before its window ends (claims still arriving find it renewed, an idle one is
         released, what can be settled is); once it was shrunk (near `hard`), as soon as
-        part of it can be settled (`quota.headroom.settleable`): only there do the other
+        part of it can be settled (`quota.accounting.headroom.settleable`): only there do the other
         replicas' denials depend on it. Far from `hard`, settling at each renewal keeps
         the writes to about one a period."""
         lease = self.leases.get(quota)

@@ -2,7 +2,7 @@
 
 Neighbours: `webhook.claimreview` calls `Reservations.admit` on a claim CREATE and
 `controllers.kueue` on a Workload's check; its base, `kube.statuswriter.QuotaStatusWriter`,
-queues each quota's requests in a batch, decides them (`quota.reservations`: the record's
+queues each quota's requests in a batch, decides them (`quota.accounting.reservations`: the record's
 format and the watermark protocol, read its docstring first) and writes them
 conditionally once this replica's watches reached the record's watermarks; the
 `kube.caches` stores feed it every DeviceQuota, the claim store (`kube.claimstore`) its
@@ -15,12 +15,12 @@ one at a time in key order, team quotas (no namespace) first, then by name (a fi
 total order, so two claims never hold each other's first quota while waiting on the
 second) and the ones already reserved
 are released if a later one denies or fails (an allocation's excess is taken back by its
-`quota.reservations.Undo`: its entry may be another attempt's too, `quota.excess`).
+`quota.accounting.reservations.Undo`: its entry may be another attempt's too, `quota.accounting.excess`).
 Until that release lands the claim holds
 capacity it will not use: other claims may be denied meanwhile (never over-committed),
 and a release that fails is repaired by the entry's expiry.
 
-Leases (`quota.headroom`, `kube.leasebook`): while a DeviceQuota is far from `hard`, a
+Leases (`quota.accounting.headroom`, `kube.leasebook`): while a DeviceQuota is far from `hard`, a
 claim is admitted under this process's lease on it, with no write; every write of that
 quota's status by this process settles and re-sizes the lease (`renew`), and the book
 follows the write's fate (landed, not written, or unknown: the key is retired).
@@ -39,12 +39,12 @@ from dataclasses import replace
 
 from kube.statuswriter import QuotaStatusWriter
 from kube.writegate import ungated
-from quota.devicequota import Decision, DeviceQuota
-from quota.excess import parse_allocation_key
-from quota.ledger import QuotaKey, shown
-from quota.model import Charge, Namespace
-from quota.reservationrecord import Source, parse_record
-from quota.reservations import Request, Undo, in_flight, settle
+from quota.quotas.devicequota import Decision, DeviceQuota
+from quota.accounting.excess import parse_allocation_key
+from quota.accounting.ledger import QuotaKey, shown
+from quota.values.model import Charge, Namespace
+from quota.accounting.reservationrecord import Source, parse_record
+from quota.accounting.reservations import Request, Undo, in_flight, settle
 
 __all__ = ["Reservations"]
 
@@ -57,7 +57,7 @@ class Reservations(QuotaStatusWriter):
 
     def pending(self, namespace: str, name: str) -> Charge:
         """What the quota's persisted entries add to this replica's ledger now, as the status
-        shows it (`apply` also counts the leases, `quota.headroom`)."""
+        shows it (`apply` also counts the leases, `quota.accounting.headroom`)."""
         obj = self._objects.get((Namespace(namespace), name))
         if obj is None:
             return Charge()
@@ -69,10 +69,10 @@ class Reservations(QuotaStatusWriter):
                     dry_run: bool = False, series: str = "", source: Source = "Claim", own: str = "") -> Decision:
         """Reserve `charges` (quota -> charge) for `uid`: under this process's lease where one
         has room (`kube.leasebook`, no write), the rest in key order (module doc), all or
-        nothing; `series` replaces earlier attempts (`quota.reservations.Request.series`);
-        `own`: an allocation's claim, checked whole (`quota.reservations.Request.own`)."""
+        nothing; `series` replaces earlier attempts (`quota.accounting.reservations.Request.series`);
+        `own`: an allocation's claim, checked whole (`quota.accounting.reservations.Request.own`)."""
         local: list[DeviceQuota] = []
-        # Workloads, the scheduler's attempts and allocations' excesses (`quota.excess`): one entry each.
+        # Workloads, the scheduler's attempts and allocations' excesses (`quota.accounting.excess`): one entry each.
         if source == "Claim" and not series and parse_allocation_key(uid) is None:
             now = self.clock()
             local = [q for q in charges if self.leases.take(q, uid, charges[q], now, dry_run=dry_run)]
@@ -117,7 +117,7 @@ class Reservations(QuotaStatusWriter):
                 # it everywhere it may be held, queued behind that write, rather than leave
                 # an orphan holding room for a TTL. An allocation's excess only where its
                 # reserve's outcome is known: its key may hold another attempt's excess too
-                # (`quota.excess`), so the one in flight is left to settle or expire.
+                # (`quota.accounting.excess`), so the one in flight is left to settle or expire.
                 excess = parse_allocation_key(uid) is not None
                 self._release_soon(done if excess else [(q, None) for q in charges], uid)
             raise
@@ -138,7 +138,7 @@ class Reservations(QuotaStatusWriter):
 
     async def _compensate(self, quotas: list[tuple[DeviceQuota, Undo | None]], uid: str) -> None:
         """All or nothing: take `uid`'s reserves back from `quotas`; an allocation's excess by
-        its `Undo`, so another attempt's on the same copy stays (`quota.excess`)."""
+        its `Undo`, so another attempt's on the same copy stays (`quota.accounting.excess`)."""
         await asyncio.gather(*(self._release_one((q.namespace, q.name), uid, undo) for q, undo in quotas))
 
     async def _release_one(self, key: QuotaKey, uid: str, undo: Undo | None = None) -> None:

@@ -3,7 +3,7 @@
 Neighbours: every `kube.watching.Reflector` of `commands.serve` hands its lists to
 `Rebuilds.run` (its `rebuild`), and `webhook.metricsserver` each scrape; the work runs
 in slices through `runtime.slicing.in_slices` and pauses where the domain says it may
-(`quota.work.pause_point`: `quota.inventory`, `quota.ledger`, `kube.claimstore`,
+(`quota.values.work.pause_point`: `quota.devices.inventory`, `quota.accounting.ledger`, `kube.claimstore`,
 `webhook.usagemetrics`). How each store stays atomic while its relist runs in slices
 is theirs to say (`kube.watching`): build aside, swap in one step.
 
@@ -62,8 +62,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
-from quota.raw import Obj
-from quota.work import drop
+from quota.values.raw import Obj
+from quota.values.work import drop
 from runtime.slicing import SLICE, in_slices
 
 __all__ = ["FULL_EVERY", "OFF", "YOUNG_EVERY", "Rebuilds"]
@@ -95,7 +95,7 @@ class Rebuilds:
 
             def apply() -> None:
                 replace(items)
-                drop(items)  # the raw objects too, in pieces (`quota.work.drop`)
+                drop(items)  # the raw objects too, in pieces (`quota.values.work.drop`)
 
             await in_slices(apply, slice_seconds=self.slice_seconds)
 

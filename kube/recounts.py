@@ -1,14 +1,14 @@
 """Team recounts in slices: a ClusterDeviceQuota's part of a namespace counted without holding the loop.
 
-Neighbours: `quota.ledger.Ledger.defer_recounts` leaves a team's part that no quota of
+Neighbours: `quota.accounting.ledger.Ledger.defer_recounts` leaves a team's part that no quota of
 the same scope already counts (a ClusterDeviceQuota created, its selector or scope
-changed, a namespace relabelled into it) to a `quota.teams.Recount` and tells `due`;
+changed, a namespace relabelled into it) to a `quota.accounting.teams.Recount` and tells `due`;
 `run` counts them through `kube.rebuilds.Rebuilds.run` (slices of the event loop, full
 collections off meanwhile) and tells `changed` the teams counted whole, so the quota
 controller writes their status then (`controllers.quotas` writes none of a team while it
 is recounted). `webhook.claimreview` waits here, bounded, before it decides a claim
 against a team being recounted; past the bound, and for every other writer, the
-decision itself refuses (`kube.statuswriter`, `quota.ledger`): nothing is decided on a
+decision itself refuses (`kube.statuswriter`, `quota.accounting.ledger`): nothing is decided on a
 partial count. Counted at once, one namespace of 150,000 claims held the loop 1.2-2.1 s
 (bench/stalls.py).
 """
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from kube.caches import QuotasChanged
 from kube.rebuilds import Rebuilds
-from quota.ledger import RECOUNT_PAUSE_EVERY, Ledger
+from quota.accounting.ledger import RECOUNT_PAUSE_EVERY, Ledger
 
 __all__ = ["RECOUNT_WAIT", "Recounter"]
 

@@ -5,7 +5,7 @@ Neighbours: `kube.api.Resource` is the type (its `path` builds the URLs); the ca
 (`kube.statuswriter`) name their collections from here rather than spelling out groups,
 versions and plurals. As kopf's `_cogs/structs/references.py` keeps the resources the
 framework itself uses beside the `Resource` type. Our own CRD's coordinates come from
-`quota.devicequota`, the pure model of it.
+`quota.quotas.devicequota`, the pure model of it.
 
 `VERBS` says what `dra-quota serve` does with each collection (and subresource), every
 entry naming the code that does it: the chart's RBAC (deploy/helm/dra-quota/templates)
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kube.api import Resource
-from quota.applied import APPLIED_PLURAL
-from quota.devicequota import CLUSTER_PLURAL, GROUP, PLURAL, VERSION
+from quota.status.applied import APPLIED_PLURAL
+from quota.quotas.devicequota import CLUSTER_PLURAL, GROUP, PLURAL, VERSION
 
 __all__ = [
     "ACCESS_REVIEWS",
@@ -127,5 +127,5 @@ NON_RESOURCE_URLS: Mapping[str, frozenset[str]] = {"/readyz": frozenset({"get"})
 
 def quota_resource(namespace: str) -> tuple[Resource, str | None]:
     """The collection of the quota keyed `(namespace, name)` and the namespace of its path:
-    a ClusterDeviceQuota's key has no namespace (`quota.ledger.QuotaKey`)."""
+    a ClusterDeviceQuota's key has no namespace (`quota.accounting.ledger.QuotaKey`)."""
     return (QUOTAS, namespace) if namespace else (CLUSTER_QUOTAS, None)

@@ -1,4 +1,4 @@
-"""What this replica's own caches know of the uids a reservation record holds (`quota.reservations.Caches`).
+"""What this replica's own caches know of the uids a reservation record holds (`quota.accounting.reservations.Caches`).
 
 Neighbours: `kube.statuswriter.QuotaStatusWriter`, so `kube.quotawriter.Reservations`, is one
 (it settles and counts records with it); the claim reflector (`kube.claimstore.ClaimStore`)
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kube.watching import Progress
-from quota.ledger import Ledger
-from quota.ledgerentry import ClaimRef
+from quota.accounting.ledger import Ledger
+from quota.accounting.ledgerentry import ClaimRef
 
 __all__ = ["Seen"]
 
@@ -24,7 +24,7 @@ _GONE_REMEMBERED = 8192
 
 
 class Seen:
-    """This replica's `quota.reservations.Caches`."""
+    """This replica's `quota.accounting.reservations.Caches`."""
 
     def __init__(self, ledger: Ledger, *, progress: Progress | None = None,
                  claim_version: Callable[[str], int | None] = lambda uid: None,
@@ -57,7 +57,7 @@ class Seen:
         """The Workload cache saw `uid` finish or go: its entry counts no more."""
         _remember(self._workloads_gone, uid, None)
 
-    # -- quota.reservations.Caches ----------------------------------------------------
+    # -- quota.accounting.reservations.Caches ----------------------------------------------------
 
     def claim_version(self, uid: str) -> int | None:
         return self._claim_version(uid)

@@ -1,12 +1,12 @@
 """Each quota's status writes from this process: reservations batched per quota, and the one conditional write.
 
 Neighbours: `kube.quotawriter.Reservations` builds on this class (a claim's reservations
-across its quotas, all or nothing); `quota.reservationrecord` holds the record's format,
-`quota.reservations` the watermark protocol (read its docstring first) and the pure decision; `quota.headroom`
+across its quotas, all or nothing); `quota.accounting.reservationrecord` holds the record's format,
+`quota.accounting.reservations` the watermark protocol (read its docstring first) and the pure decision; `quota.accounting.headroom`
 and `kube.leasebook` the lease each write settles and re-sizes; the quota controller
 (`controllers.quotas`) writes through `write_status` too; the `kube.caches` stores feed
 `observe` and `drop` (every DeviceQuota the watch delivers or loses), and the claim and
-Namespace reflectors move `progress` and `namespace_progress`; `quota.ledger` gives the
+Namespace reflectors move `progress` and `namespace_progress`; `quota.accounting.ledger` gives the
 usage this replica's claim cache counts.
 
 Every write of a DeviceQuota's status, by either writer, goes: take the newest object
@@ -43,7 +43,7 @@ from kube.resources import quota_resource
 from kube.seen import Seen
 from kube.watching import Progress
 from kube.writegate import ungated
-from quota.devicequota import (
+from quota.quotas.devicequota import (
     CLUSTER_KIND,
     KIND,
     Decision,
@@ -52,13 +52,13 @@ from quota.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.headroom import Plan, renew
-from quota.ledger import Ledger, QuotaKey, recounting_message, shown
-from quota.ledgerentry import ClaimRef, usage_scope
-from quota.model import Namespace
-from quota.raw import Obj
-from quota.reservationrecord import parse_record, parse_version, status_fields
-from quota.reservations import Outcome, Request, Undo, apply
+from quota.accounting.headroom import Plan, renew
+from quota.accounting.ledger import Ledger, QuotaKey, recounting_message, shown
+from quota.accounting.ledgerentry import ClaimRef, usage_scope
+from quota.values.model import Namespace
+from quota.values.raw import Obj
+from quota.accounting.reservationrecord import parse_record, parse_version, status_fields
+from quota.accounting.reservations import Outcome, Request, Undo, apply
 
 __all__ = ["CONTENTION", "QuotaStatusWriter", "StatusWrite"]
 
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 CONTENTION = "could not persist the reservation: too much contention; retry"
 # A request's answer: its decision, and how to take an allowed allocation's excess back
-# (`quota.reservations.Undo`; None for everything else).
+# (`quota.accounting.reservations.Undo`; None for everything else).
 _Answer = tuple[Decision, Undo | None]
 
 
@@ -90,7 +90,7 @@ class QuotaStatusWriter(Seen):
     """The newest object known of each quota, and this process's writes of its status:
     the per-quota batch of reservation requests and the conditional write (module doc).
 
-    It is also this replica's `quota.reservations.Caches` (`kube.seen`): what its own
+    It is also this replica's `quota.accounting.reservations.Caches` (`kube.seen`): what its own
     caches know of the uids a record holds.
     """
 
@@ -108,7 +108,7 @@ class QuotaStatusWriter(Seen):
         self.catch_up = catch_up
         # How far the Namespace watch has come, and the newest Namespace it brought
         # (`kube.caches.NamespaceStore.newest`): a team's second watermark
-        # (`quota.reservations`, namespacesThrough) waits on the one, is raised to the other.
+        # (`quota.accounting.reservations`, namespacesThrough) waits on the one, is raised to the other.
         self.namespace_progress = namespace_progress or Progress()
         self.namespaces_seen = namespaces_seen
         # The newest DeviceQuota object known per quota: from the watch or from our own
@@ -256,7 +256,7 @@ class QuotaStatusWriter(Seen):
 
     async def write_status(self, key: QuotaKey, build: Callable[[Obj], Obj | None], *, retries: int) -> StatusWrite:
         """One conditional write of a quota's status: the one way both writers (these
-        reservations and the quota controller, `quota.quotastatus`) change it.
+        reservations and the quota controller, `quota.status.quotastatus`) change it.
 
         `build(obj)` returns the object to PUT, built from `obj` (None: nothing to write);
         it runs only once this replica's claim watch has reached `obj`'s watermark. The
@@ -349,7 +349,7 @@ class QuotaStatusWriter(Seen):
             return replace(outcome, decisions=tuple(Decision(True) if r.op == "release" else Decision(False, message)
                                                     for r in requests), undos=(None,) * len(requests)), None
         usage = self.ledger.usage(quota.namespace, quota.name)
-        quota = self.ledger.in_force(quota)  # a window's hard, when one is in force (`quota.windows`)
+        quota = self.ledger.in_force(quota)  # a window's hard, when one is in force (`quota.quotas.windows`)
         # An allocation checked whole: its claim's own count, from the same ledger read.
         requests = [replace(r, credit=self.ledger.counted(ClaimRef(r.own), quota)) if r.own else r for r in requests]
         if self.leases.leasable(quota):
@@ -379,7 +379,7 @@ _LAGGING: Obj = {}
 
 
 def _counted_as(quota: DeviceQuota) -> tuple[object, ...]:
-    """What the ledger's usage of `quota` depends on (`quota.ledgerentry.usage_scope`), and a
+    """What the ledger's usage of `quota` depends on (`quota.accounting.ledgerentry.usage_scope`), and a
     team's members (its selector)."""
     return (*usage_scope(quota), quota.selector)
 

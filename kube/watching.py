@@ -1,7 +1,7 @@
 """Reflectors: keep a synchronous store equal to one kind of object on the API server.
 
 Neighbours: `kube.api` does the HTTP; the stores behind the `Store` protocol (adapters
-over `quota.inventory` and `quota.ledger`, later) are pure and synchronous, so each
+over `quota.devices.inventory` and `quota.accounting.ledger`, later) are pure and synchronous, so each
 callback is atomic on the event loop and a decision never sees half an event.
 
 The loop follows client-go's reflector (k8s.io/client-go tools/cache/reflector.go) and
@@ -22,7 +22,7 @@ list arrives and runs `replace` in slices of the event loop (`kube.rebuilds`), s
 relist of 150,000 claims never holds the loop for long. The reflector awaits it before
 it watches again, so no event of its kind reaches the store while the store applies a
 list: each store builds the new state aside and swaps it in in one step
-(`quota.inventory`, `quota.ledger`).
+(`quota.devices.inventory`, `quota.accounting.ledger`).
 
 A streamed list (`Reflector._list_streamed`) is a watch that sends the existing objects
 first, as client-go lists with WatchListClient: the API server answers it from its watch
@@ -46,7 +46,7 @@ import aiohttp
 
 from kube.api import KubeApi, Listing, Resource
 from kube.apierror import ApiError
-from quota.raw import Obj
+from quota.values.raw import Obj
 from runtime.slicing import in_slices
 
 __all__ = [
@@ -218,10 +218,10 @@ class Progress:
 
     `kube.statuswriter` waits on it before deciding on a DeviceQuota: a writer may
     count a claim only from its own cache once the cache holds it, and
-    `quota.reservations` says when that must be (the watermark). A reflector moves it
+    `quota.accounting.reservations` says when that must be (the watermark). A reflector moves it
     after the store took the list or the event, never before, so `reached(v)` means the
     store reflects every event up to v. Versions are etcd's integers
-    (`quota.reservationrecord.parse_version`); anything else leaves it where it is.
+    (`quota.accounting.reservationrecord.parse_version`); anything else leaves it where it is.
     """
 
     def __init__(self) -> None:

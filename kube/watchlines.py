@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from kube.apierror import ApiError
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 __all__ = ["LineBuffer", "decode_event"]
 

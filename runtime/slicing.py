@@ -5,11 +5,11 @@ One tenant's expensive selectors must not delay everyone else's answers.
 Neighbours: `webhook.endpoints` runs every synchronous handler through `Slicer.run`,
 and `webhook.claimreview` its pricing calls; the leader's Kueue decisions
 (`controllers.kueue`) and the refinement of stored claims (`controllers.refine`) too. The
-domain (`quota.work`) only calls a pause hook at its pause points: every
-`quota.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a
+domain (`quota.values.work`) only calls a pause hook at its pause points: every
+`quota.values.work.PAUSE_EVERY` CEL cost units of an evaluation, every 256 device groups of a
 match, every token and AST node while compiling; and a wait hook where it waits on
 another call's work (a partition another review is rebuilding), which ends the slice
-at once. `quota.work` budgets bound the total;
+at once. `quota.values.work` budgets bound the total;
 this module bounds how long the loop is held at once.
 
 How: `run(fn)` calls `fn` in a greenlet (a stack of its own on the loop's thread, no
@@ -20,7 +20,7 @@ to 1,000,000 units, 100-200 ms in Python) or a 10 KiB compile (~200 ms) pauses i
 middle, which generators could not do without rewriting the evaluator. No thread
 touches the caches: everything runs on the loop's thread, one greenlet at a time, and
 the domain mutates a shared cache only between pause points (a match walks a snapshot
-of its partition, `quota.selectors`).
+of its partition, `quota.devices.selectors`).
 
 Lanes: a call whose `fn` finishes within `FIRST_SLICE` (honest claims: well under a
 millisecond once their selectors are known) returns at once. One that does not waits
@@ -51,7 +51,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from greenlet import GreenletExit, greenlet
 
-from quota.work import pausing
+from quota.values.work import pausing
 
 __all__ = ["FIRST_SLICE", "SLICE", "SLOW_LANE", "SLOW_LANE_QUEUE", "Busy", "Slicer", "in_slices"]
 
@@ -101,7 +101,7 @@ class _Work(Generic[T]):
 
     @staticmethod
     def _yield() -> None:
-        """The loop back now (`quota.work.wait_point`: this call waits on another's)."""
+        """The loop back now (`quota.values.work.wait_point`: this call waits on another's)."""
         parent = greenlet.getcurrent().parent
         assert parent is not None
         parent.switch()

@@ -1,6 +1,6 @@
 """The adminAccess allowlist in force, kept current without a restart.
 
-Neighbours: `quota.policy` parses and judges (pure); `webhook.claimreview` and
+Neighbours: `quota.admission.policy` parses and judges (pure); `webhook.claimreview` and
 `webhook.namespaces` read the policy in force at each review (`ClaimContext.policy` is
 `PolicySource.policy`); `commands.serve` runs one of the two sources:
 
@@ -35,10 +35,10 @@ from typing import Any
 from kube.api import KubeApi
 from kube.resources import CONFIGMAPS
 from kube.watching import Reflector
-from quota.loader import CheckInputError, read_values
-from quota.policy import AdminAccessPolicy, PolicyError, parse_policy
-from quota.raw import Obj, show
-from quota.validation import dns_label, dns_subdomain
+from quota.reports.loader import CheckInputError, read_values
+from quota.admission.policy import AdminAccessPolicy, PolicyError, parse_policy
+from quota.values.raw import Obj, show
+from quota.values.validation import dns_label, dns_subdomain
 from runtime.filepoll import Stamp, reload_on_change, stamp
 
 __all__ = ["ConfigMapPolicy", "PolicySource", "configmap_ref", "read_policy"]

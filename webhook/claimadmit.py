@@ -3,9 +3,9 @@
 Neighbours: `webhook.endpoints` routes a claim CREATE reviewed by the mutating webhook
 here; `webhook.claimreview.admit_new` prices, checks and reserves (as the validating
 claim CREATE of the release before did, still served on /validate during an upgrade);
-`quota.annotating.Annotating.charge_annotations` builds the charge annotations the
+`quota.admission.annotating.Annotating.charge_annotations` builds the charge annotations the
 leader writes on a claim that arrived without them (`controllers.annotator`, which
-finds nothing due on a claim admitted here); `quota.admissiontoken` names the reservation; the claim cache
+finds nothing due on a claim admitted here); `quota.admission.admissiontoken` names the reservation; the claim cache
 (`kube.claimstore`) maps the token back to the claim, so the entry settles once the
 claim is cached with its charge, as a uid-keyed entry does.
 
@@ -16,7 +16,7 @@ mutating webhook changed the object after us, `reinvocationPolicy: IfNeeded`) se
 first answer. So every invocation reserves the full charge under a new token and
 overwrites whatever the object carries; the token of an invocation whose answer did not
 survive (a reinvocation's first, a create refused or failed after us) names an orphan,
-which expires by the TTL (`quota.reservations`). A dry run reserves nothing and writes
+which expires by the TTL (`quota.accounting.reservations`). A dry run reserves nothing and writes
 no token.
 """
 
@@ -28,11 +28,11 @@ from dataclasses import replace
 from typing import Any
 
 from kube.admissionreview import AdmissionRequest, Verdict
-from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
-from quota.extended import generated_base
-from quota.allocationrecord import RECORD_ANNOTATIONS
-from quota.model import ClaimUid
-from quota.raw import dig
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.objects.extended import generated_base
+from quota.objects.allocationrecord import RECORD_ANNOTATIONS
+from quota.values.model import ClaimUid
+from quota.values.raw import dig
 from webhook.claimreview import ClaimContext, admit_new, parse_request_claim, supplied
 
 __all__ = ["admit_claim", "annotation_patch"]
@@ -50,7 +50,7 @@ async def admit_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
         return denied
     token = secrets.token_hex(16)
     # A `generateName` create has no name yet (module doc): `parse_claim` names it by its
-    # generateName, cut here to the base the API server keeps (`quota.extended`), so that
+    # generateName, cut here to the base the API server keeps (`quota.objects.extended`), so that
     # its entry shows that and the scheduler's next attempt at the same Pod's claim still
     # finds and replaces it (`in_series`), whatever the Pod's name's length.
     name = claim.name if dig(request.object, "metadata", "name") else generated_base(claim.name)

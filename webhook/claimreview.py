@@ -1,17 +1,17 @@
 """Validating admission of ResourceClaims and ResourceClaimTemplates: requests in, Verdicts out.
 
 Neighbours: `webhook.endpoints` dispatches here by resource, subresource and operation;
-`quota.admission.Admitter` prices; `kube.quotawriter.Reservations` checks a claim
+`quota.admission.admitter.Admitter` prices; `kube.quotawriter.Reservations` checks a claim
 against the reservations persisted on each DeviceQuota's status and persists its own
 (the one admission protocol: `dra-quota serve`'s, with several replicas or one);
-`quota.policy` judges adminAccess. A thin adapter in kueue's pkg/webhooks style: read
+`quota.admission.policy` judges adminAccess. A thin adapter in kueue's pkg/webhooks style: read
 the object, call the domain, say what it decided. The ledger only prices a claim CREATE
 (it holds what this replica's cache holds, not what other replicas admitted); the one
 await between the check and the answer is the conditional status write, made safe by
 its resourceVersion precondition (`kube.statuswriter`). No other Kubernetes I/O:
 namespace labels and the policy come from the caller's caches.
 
-Reservations are keyed by the claim's uid (`quota.admission.claim_ref`): a validating
+Reservations are keyed by the claim's uid (`quota.admission.admitter.claim_ref`): a validating
 webhook sees the name and uid the API server generated for a `generateName` create,
 a name collision re-runs admission under a new name and uid, and the same uid seen twice
 (a retried call) replaces its reservation instead of counting twice. The scheduler's
@@ -19,7 +19,7 @@ attempts at one Pod's extended-resource claim replace each other's unconfirmed
 reservations (`_series`), so attempts refused after us do not pile up until their TTL.
 
 Our annotations (`draquota.io/charge`, `draquota.io/quotas`, and after allocation the
-allocation record, `quota.allocationrecord`) are written by the quota controller's leader once the
+allocation record, `quota.objects.allocationrecord`) are written by the quota controller's leader once the
 claim exists (`controllers.annotator`), so a create costs one webhook call. A new claim
 or template may not carry them (`supplied`) and a later change by anyone but us is
 refused (`update_claim`): queue managers and dashboards read them as ours, so a tenant
@@ -42,20 +42,20 @@ from typing import Any, Literal
 from kube.admissionreview import AdmissionRequest, Cause, UserInfo, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
-from quota.admission import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
-from quota.admissiontoken import ADMISSION_ANNOTATION
-from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, claim_record, pod_owner
-from quota.claimspec import ClaimError
-from quota.jsonclaims import parse_json_claim
-from quota.excess import allocation_key
-from quota.extended import attempt_series
-from quota.ledgerentry import Entry
-from quota.model import RecordKey
-from quota.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
-from quota.raw import as_map, dig, show
-from quota.reservationrecord import parse_version
-from quota.work import Budget
+from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION
+from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
+from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, claim_record, pod_owner
+from quota.objects.claimspec import ClaimError
+from quota.objects.jsonclaims import parse_json_claim
+from quota.accounting.excess import allocation_key
+from quota.objects.extended import attempt_series
+from quota.accounting.ledgerentry import Entry
+from quota.values.model import RecordKey
+from quota.admission.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
+from quota.values.raw import as_map, dig, show
+from quota.accounting.reservationrecord import parse_version
+from quota.values.work import Budget
 from runtime.slicing import Slicer
 
 __all__ = [
@@ -150,7 +150,7 @@ async def admit_new(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) 
         return Admitted(Verdict(False, f"namespace {claim.namespace} is not in dra-quota's cache yet, and "
                                        "ClusterDeviceQuotas select namespaces by their labels: retry in a moment",
                                 cause="unavailable"))
-    # Priced once, within this review's budget (`quota.work`), in slices (`runtime.slicing`)
+    # Priced once, within this review's budget (`quota.values.work`), in slices (`runtime.slicing`)
     # unless its estimate is memoised: then it ends well within a first slice, and the
     # slicer's greenlet switches cost more than the pricing (a template's claims share one).
     review = Budget.review()
@@ -181,7 +181,7 @@ async def admit_new(ctx: ClaimContext, request: AdmissionRequest, claim: Claim) 
 
 def _series(request: AdmissionRequest) -> str:
     """The scheduler's attempts at one Pod's extended-resource claim replace each other's
-    unconfirmed reservations (`quota.extended.attempt_series`). Only for the scheduler's
+    unconfirmed reservations (`quota.objects.extended.attempt_series`). Only for the scheduler's
     own creates: a tenant can write the same marks, and a burst of claims that replaced
     each other's in-flight reservations would over-commit."""
     if request.user.username != SCHEDULER or request.object is None:
@@ -214,7 +214,7 @@ async def allocate_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdic
     charge counted then would outlive the claim, as no event would come to release it.
 
     An allocation that charges more than its claim holds in some Enforce quota has that
-    excess reserved in the quota's persisted record first (`quota.excess`), keyed by the
+    excess reserved in the quota's persisted record first (`quota.accounting.excess`), keyed by the
     claim and the old object's resourceVersion, so two replicas' excesses never both
     take the same room. Within what the claim holds (the common case) nothing is written.
     A claim whose history this replica cannot vouch for (`ClaimStore.history_known`: a
@@ -265,7 +265,7 @@ def update_claim(ctx: ClaimContext, request: AdmissionRequest) -> Verdict:
     old = as_map(dig(request.old_object, "metadata", "annotations"))
     new = as_map(dig(request.object, "metadata", "annotations"))
     if old.get(ADMISSION_ANNOTATION) != new.get(ADMISSION_ANNOTATION):
-        # It names the claim's reservation (`quota.admissiontoken`): added to another
+        # It names the claim's reservation (`quota.admission.admissiontoken`): added to another
         # claim, it would settle an admission still in flight, counted nowhere.
         return Verdict(False, f"annotation {ADMISSION_ANNOTATION} is written by dra-quota when the claim is created "
                               f"and may not be changed (was {show(old.get(ADMISSION_ANNOTATION))}, now "
@@ -301,7 +301,7 @@ def _first_charge(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str
 
 def _record_problem(ctx: ClaimContext, request: AdmissionRequest, old: Mapping[str, Any],
                     new: Mapping[str, Any]) -> str:
-    """Why a change of the allocation record (`quota.allocationrecord`) is refused, "" when
+    """Why a change of the allocation record (`quota.objects.allocationrecord`) is refused, "" when
     each annotation changed says what the leader writes.
 
     The leader writes it (`controllers.annotator`) as `Pricer.allocation_record` says; any

@@ -1,10 +1,10 @@
 """Whom RBAC allows to grant adminAccess: a SubjectAccessReview, cached briefly.
 
-Neighbours: `webhook.namespaces` asks it about a requester the allowlist (`quota.policy`)
+Neighbours: `webhook.namespaces` asks it about a requester the allowlist (`quota.admission.policy`)
 does not name; `commands.serve` builds one per process. It asks exactly what the shipped
 ValidatingAdmissionPolicy asks the API server's authorizer
 (`authorizer.group('draquota.io').resource('adminaccess').check('label')`, cluster-scoped,
-`quota.policy.ADMIN_ACCESS_GRANT`), so the policy in the API server and this webhook
+`quota.admission.policy.ADMIN_ACCESS_GRANT`), so the policy in the API server and this webhook
 agree: `cluster-admin`, system:masters and a ClusterRoleBinding to the ClusterRole
 dra-quota-admin-access-labeler may add, change or remove the label; a namespace `admin`
 may not.
@@ -31,7 +31,7 @@ from kube.admissionreview import UserInfo
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import ACCESS_REVIEWS
-from quota.policy import ADMIN_ACCESS_GRANT
+from quota.admission.policy import ADMIN_ACCESS_GRANT
 from runtime.answers import Answers
 
 __all__ = ["MAX_ASKING", "MAX_CACHED", "TTL", "LabelAccess"]

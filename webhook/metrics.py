@@ -27,7 +27,7 @@ series per counter and histogram child that no dashboard reads.
 
 A scrape renders one family at a time, and a large gauge family `RENDER_CHUNK` samples
 at a time (prometheus_client spends ~40 us a sample), with a pause point
-(`quota.work.pause_point`) between two: `webhook.metricsserver` runs it in slices.
+(`quota.values.work.pause_point`) between two: `webhook.metricsserver` runs it in slices.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from prometheus_client.registry import Collector
 from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
 from kube.leasebook import PATHS, WRITE_OUTCOMES, LeaseBook
 from kube.watching import Reflector
-from quota.appliedplan import REASONS as APPLIED_REASONS
-from quota.appliedplan import Reason as AppliedReason
-from quota.policy import PolicyRecord
+from quota.status.appliedplan import REASONS as APPLIED_REASONS
+from quota.status.appliedplan import Reason as AppliedReason
+from quota.admission.policy import PolicyRecord
 from quota.version import version
-from quota.work import pause_point
+from quota.values.work import pause_point
 from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_DURATION,

@@ -3,7 +3,7 @@
 Neighbours: `webhook.endpoints` dispatches Namespace CREATE and UPDATE here, including
 the `status` and `finalize` subresources (on 1.37 both write the whole object, labels
 included: k/k pkg/registry/core/namespace/storage, StatusREST and FinalizeREST);
-`quota.policy` decides by the allowlist; `review_namespace` then asks RBAC
+`quota.admission.policy` decides by the allowlist; `review_namespace` then asks RBAC
 (`webhook.labelaccess`, a SubjectAccessReview) about a requester the allowlist does not
 name, as the shipped ValidatingAdmissionPolicy asks the authorizer. Only the label `resource.kubernetes.io/admin-access` is read:
 a Namespace is cluster infrastructure, so anything else about it, however odd, is not
@@ -17,9 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 from kube.admissionreview import AdmissionRequest, UserInfo, Verdict
-from quota.admission import ADMIN_ACCESS_LABEL
-from quota.policy import AUDIT_KEY, RBAC_BASIS, AdminAccessPolicy, judge_label_change
-from quota.raw import dig, show
+from quota.admission.admitter import ADMIN_ACCESS_LABEL
+from quota.admission.policy import AUDIT_KEY, RBAC_BASIS, AdminAccessPolicy, judge_label_change
+from quota.values.raw import dig, show
 
 __all__ = ["MayLabel", "review_namespace", "update_namespace"]
 

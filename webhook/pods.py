@@ -1,9 +1,9 @@
 """Pod CREATE: a warning when the Pod's DRA-backed extended resources cannot fit its quotas.
 
 Neighbours: `webhook.endpoints` routes core `pods` CREATE here (the webhook
-configuration sends only Pods that request an extended resource); `quota.extended`
+configuration sends only Pods that request an extended resource); `quota.objects.extended`
 rebuilds the ResourceClaim the scheduler will create for the Pod in PreBind;
-`quota.admission.Admitter.fit` prices it as a template is priced, reserving nothing.
+`quota.admission.admitter.Admitter.fit` prices it as a template is priced, reserving nothing.
 
 Never a denial: the scheduler's claim CREATE goes through `webhook.claimreview` like every
 claim, and that is where the quota is enforced (with the numbers of that moment). This
@@ -13,7 +13,7 @@ most, and a Pod without such requests is allowed silently.
 
 Priced as a claim review is (`webhook.claimreview`): under a review `Budget`, through
 the context's `Slicer`. A Pod's reading is as long as its containers (up to 1,024 of them,
-`quota.extended`) and pauses per container, so an expensive one goes to the slow lane and
+`quota.objects.extended`) and pauses per container, so an expensive one goes to the slow lane and
 gives the loop back every slice. Where a claim would be refused with `Busy` (the slow
 lane full), a Pod is allowed with a warning that it was not checked.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 
 from kube.admissionreview import AdmissionRequest, Verdict
-from quota.admission import Admission
-from quota.extended import PodError, TooManyRequests, extended_claim
-from quota.work import Budget
+from quota.admission.admitter import Admission
+from quota.objects.extended import PodError, TooManyRequests, extended_claim
+from quota.values.work import Budget
 from runtime.slicing import Busy
 from webhook.claimreview import ClaimContext, with_namespace
 

@@ -43,8 +43,8 @@ from typing import Any
 from aiohttp import web, web_response
 
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
-from quota.goduration import NANOS, parse_go_duration
-from quota.raw import dig
+from quota.values.goduration import NANOS, parse_go_duration
+from quota.values.raw import dig
 from webhook.connections import Connections
 from webhook.decisionlog import DenialLog
 from webhook.tlssite import track

@@ -1,6 +1,6 @@
 """The showback counters of `dra-quota serve`: GPU-memory-seconds and device-seconds allocated.
 
-Neighbours: `quota.showback.Accrual` integrates (pure, the time passed in); `quota.ledger`
+Neighbours: `quota.accounting.showback.Accrual` integrates (pure, the time passed in); `quota.accounting.ledger`
 tells it every claim counted in or out (`Ledger.observer`) and every relist swapped in
 (`Ledger.replaced`); `webhook.metrics` owns the registry; `commands.serve` registers this
 and runs `run()`. Metric names: `runtime.metricnames`.
@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-from quota.inventory import Inventory
-from quota.ledger import Ledger
-from quota.ledgerentry import Entry
-from quota.model import DeviceKey
-from quota.showback import Accrual, Cell, contributions
-from quota.usage import device_labels
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger
+from quota.accounting.ledgerentry import Entry
+from quota.values.model import DeviceKey
+from quota.accounting.showback import Accrual, Cell, contributions
+from quota.accounting.usage import device_labels
 from runtime.metricnames import ALLOCATED_DEVICE_SECONDS, ALLOCATED_MEMORY_SECONDS
 from webhook.metrics import Metrics, render
 

@@ -1,8 +1,8 @@
 """The usage metrics of `dra-quota serve`, built at scrape time from the caches it keeps.
 
-Neighbours: `webhook.metrics` owns the registry, `runtime.metricnames` every metric name; `quota.usage`
-computes the views (per quota from `quota.ledger`, the one accountant; per namespace and
-class; per model from `quota.inventory`; per held device from `quota.usage.Holders`);
+Neighbours: `webhook.metrics` owns the registry, `runtime.metricnames` every metric name; `quota.accounting.usage`
+computes the views (per quota from `quota.accounting.ledger`, the one accountant; per namespace and
+class; per model from `quota.devices.inventory`; per held device from `quota.accounting.usage.Holders`);
 `kube.quotawriter.Reservations.pending` adds the persisted reservations whose claim
 this replica's cache does not hold yet; `commands.serve` registers them. Nothing is
 counted here: a scrape reads the same ledger the webhook admits against.
@@ -23,12 +23,12 @@ ClusterDeviceQuota's totals, and `draquota_cluster_quota_namespace`, each select
 namespace's part, `Ledger.members` and `Ledger.usage_in`): a part is one lookup in the
 ledger, which keeps it incrementally, so keeping it here would save nothing, and a relabel
 or a change of the team's selector or scope moves parts without any claim changing. The
-breakdown is capped (`quota.breakdown`: the `team_series` largest parts and one "(other)"
+breakdown is capped (`quota.status.breakdown`: the `team_series` largest parts and one "(other)"
 summing the rest), so its series are bounded by the teams, not by what they select.
 
 A scrape runs in slices (`kube.rebuilds`, from `webhook.metricsserver`): it pauses
 between quotas, chunks of a team's namespaces, namespaces, claims and chunks of rendered
-claims (`quota.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
+claims (`quota.values.work.pause_point`), so the first scrape of 150,000 claims (seconds of work)
 never holds the loop for long. Claim events land between its slices: every loop runs
 over a copy of what it reads, and each cache is stamped with the generation read
 before it was built, so what changed meanwhile is built again at the next scrape. One
@@ -43,15 +43,15 @@ from datetime import UTC, datetime
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from quota.breakdown import DEFAULT_SERIES, OTHER, top_parts
-from quota.devicequota import DeviceQuota, Usage
-from quota.inventory import Inventory
-from quota.ledger import Ledger
-from quota.ledgerentry import ClaimRef
-from quota.model import Charge, DeviceClassName, DeviceKey, Namespace
-from quota.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
-from quota.windows import hard_at
-from quota.work import drop, pause_point
+from quota.status.breakdown import DEFAULT_SERIES, OTHER, top_parts
+from quota.quotas.devicequota import DeviceQuota, Usage
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger
+from quota.accounting.ledgerentry import ClaimRef
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
+from quota.accounting.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from quota.quotas.windows import hard_at
+from quota.values.work import drop, pause_point
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
     CLUSTER_QUOTA,
@@ -86,7 +86,7 @@ class UsageMetrics:
     # (namespace, quota name) -> persisted reservations not in the claim cache.
     pending: Callable[[str, str], Charge] = lambda _namespace, _name: Charge()
     leading: Callable[[], bool] = lambda: True
-    # Namespaces a team exports a part of, the rest summed as one (`quota.breakdown`).
+    # Namespaces a team exports a part of, the rest summed as one (`quota.status.breakdown`).
     team_series: int = DEFAULT_SERIES
     # namespace -> (its ledger generation, its samples, its pending claims)
     _namespaces: dict[Namespace, tuple[int, list[tuple[DeviceClassName, str, Charge]], int]] = field(

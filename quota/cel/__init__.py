@@ -1,9 +1,9 @@
 """The DRA CEL environment: device selectors evaluated as kube-scheduler does.
 
-Public API (used by `quota.inventory` / `quota.pricing`)::
+Public API (used by `quota.devices.inventory` / `quota.pricing.pricer`)::
 
     sel = compile_selector(expr)      # LRU-cached; CelCompileError
-    act = device_activation(device)   # once per quota.model.Device
+    act = device_activation(device)   # once per quota.values.model.Device
     sel.evaluate(act) -> bool         # CelRuntimeError
     sel.evaluate_with_cost(act, cost_limit=n) -> (bool, cost)   # one budget over many devices
     sel.references                    # frozenset[DevicePath] | None

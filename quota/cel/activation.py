@@ -1,4 +1,4 @@
-"""`quota.model.Device` -> the CEL `device` variable, built once per device.
+"""`quota.values.model.Device` -> the CEL `device` variable, built once per device.
 
 Mirrors DeviceMatches in k/k dynamic-resource-allocation/cel/compile.go: attributes and
 capacity grouped by domain (the model already splits qualified names), version
@@ -6,7 +6,7 @@ attributes parsed as semver (a version that does not parse fails every selector 
 that device, as there), capacities as Kubernetes quantities, `allowMultipleAllocations`
 false when unset, and unknown domains reading as empty maps (`DomainMap`). Also the
 minimal `device` for a selector whose references are known (`projected_activation`,
-the other half of `quota.cel.references`; `quota.columns` does the grouping): built per
+the other half of `quota.cel.references`; `quota.devices.columns` does the grouping): built per
 evaluation from those paths alone, so a selector that must run once per device (a
 `uuid`) costs ~1 µs a device to present instead of converting every attribute.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from quota.cel.ops import DeviceActivation, DomainMap
 from quota.cel.references import DevicePath
 from quota.cel.values import EvalError, Quantity, Semver, parse_semver
-from quota.model import AttributeValue, Device, Version
+from quota.values.model import AttributeValue, Device, Version
 
 __all__ = ["DeviceActivation", "device_activation", "activation_error", "version_error", "cel_attribute",
            "projected_activation", "Projection", "projection_of"]

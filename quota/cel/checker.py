@@ -41,7 +41,7 @@ from quota.cel.types import (
 from quota.cel.extlib import compile_regex
 from quota.cel.timelib import parse_duration, parse_timestamp
 from quota.cel.values import INT64_MAX, EvalError, Uint
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 __all__ = ["Annotations", "CheckProblem", "check", "DEVICE_FIELDS"]
 

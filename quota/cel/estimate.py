@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quota.cel import ast
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 MAX_ENTRIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_VALUE = 64  # DeviceAttributeMaxValueLength, and list values per attribute

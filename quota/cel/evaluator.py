@@ -24,7 +24,7 @@ from quota.cel.checker import Annotations
 from quota.cel.library import Overload
 from quota.cel.runtime import Fn, State, charge
 from quota.cel.values import CelType, CostLimitExceeded, EvalError, Optional, cel_equal
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 class _Lazy:
     """A `cel.bind` value not computed yet (cel-go evaluates bindings lazily)."""

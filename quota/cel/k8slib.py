@@ -5,7 +5,7 @@ Follows k/k staging/src/k8s.io/apiserver/pkg/cel/library/quantity.go (quantity,
 isQuantity, sign, isGreaterThan, isLessThan, compareTo, add, sub, mul, div, divInt,
 isInteger, asInteger, asApproximateFloat) and semverlib.go version 1 (semver and
 isSemver with the optional normalize flag, major/minor/patch, comparisons). Quantities
-are exact fractions parsed by `quota.quantity.parse_quantity`; the grammar check in
+are exact fractions parsed by `quota.values.quantity.parse_quantity`; the grammar check in
 front of it reproduces apimachinery's two error messages. `includes` and `asList` are
 the DRA helpers for list-typed attributes (dynamic-resource-allocation/cel,
 DRAListTypeAttributes).
@@ -29,7 +29,7 @@ from quota.cel.values import (
     normalize_and_parse_semver,
     parse_semver,
 )
-from quota.quantity import QuantityError, parse_quantity
+from quota.values.quantity import QuantityError, parse_quantity
 
 # apimachinery resource/quantity.go: the first, purely syntactic check of ParseQuantity.
 _QUANTITY_SHAPE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")

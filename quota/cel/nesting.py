@@ -25,7 +25,7 @@ from typing import Any
 import lark
 
 from quota.cel import ast
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 __all__ = ["MAX_DEPTH", "MAX_AST_DEPTH", "lark_depth_problem", "ast_depth_problem"]
 

@@ -19,7 +19,7 @@ hands the value on.
 `equalities(root)` names the top-level `&&` terms `device.attributes["d"].x == <literal>`
 (either side; a string, int or bool literal): on a device where that attribute holds
 another value the term is false without an error, so the whole expression is false
-(`&&` absorbs the other terms' errors), which lets `quota.equality` answer selectors
+(`&&` absorbs the other terms' errors), which lets `quota.devices.equality` answer selectors
 that pin one device from an index instead of evaluating every device.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quota.cel import ast
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 DevicePath = tuple[str, ...]
 

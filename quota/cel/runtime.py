@@ -23,7 +23,7 @@ class State:
     """Per-evaluation state: the device, local variable slots, the cost spent.
 
     `mark` is the cost at which `charge` looks up: the limit, or with a `pause` hook
-    (`quota.work`) the next pause point before it, so that one long evaluation lets the
+    (`quota.values.work`) the next pause point before it, so that one long evaluation lets the
     event loop run every `every` units without a second comparison per charge.
     """
 

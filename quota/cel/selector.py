@@ -23,7 +23,7 @@ from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State
 from quota.cel.values import CostLimitExceeded, EvalError, type_name
-from quota.work import PAUSE_EVERY, pause_point
+from quota.values.work import PAUSE_EVERY, pause_point
 
 __all__ = ["CelCompileError", "CelRuntimeError", "CompiledSelector", "compile_selector", "MAX_EXPRESSION_BYTES"]
 
@@ -83,7 +83,7 @@ class CompiledSelector:
                            pause: Callable[[], None] | None = None) -> tuple[bool, int]:
         """`evaluate`, plus the cost spent: lets a caller keep one budget across many
         devices (a claim's selectors over a whole inventory). `pause` is called every
-        `quota.work.PAUSE_EVERY` units (the slicer's hook: one evaluation may take
+        `quota.values.work.PAUSE_EVERY` units (the slicer's hook: one evaluation may take
         100-200 ms of the 1,000,000 units)."""
         if activation.error is not None:
             raise CelRuntimeError(activation.error)
@@ -134,7 +134,7 @@ def _recursion_room() -> Iterator[None]:
     limit is safe; compilation is rare (cached), evaluation never needs this."""
     needed = _frame_depth() + 4 * MAX_AST_DEPTH + 100
     if needed > sys.getrecursionlimit():
-        # Raised, never lowered again: compilations paused in slices (`quota.work`)
+        # Raised, never lowered again: compilations paused in slices (`quota.values.work`)
         # interleave, and one restoring the limit under another would fail it.
         sys.setrecursionlimit(needed)
     yield

@@ -21,7 +21,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from quota.cel import ast
 from quota.cel.literals import SyntaxProblem, decode_literal
 from quota.cel.nesting import ast_depth_problem, lark_depth_problem
-from quota.work import pause_point
+from quota.values.work import pause_point
 
 __all__ = ["SyntaxProblem", "parse"]
 
@@ -97,7 +97,7 @@ _KEYWORD_VALUES: dict[str, Any] = {"true": True, "false": False, "null": None}
 def parse(text: str) -> ast.Node:
     """Parse one CEL expression; raise SyntaxProblem with cel-go style wording."""
     try:
-        # Token by token, so a long expression's parse can pause (`quota.work`).
+        # Token by token, so a long expression's parse can pause (`quota.values.work`).
         parser = _PARSER.parse_interactive(text)
         for _ in parser.iter_parse():
             pause_point()

@@ -18,7 +18,7 @@ import re
 from quota.cel.library import check_int, register
 from quota.cel.types import register_runtime_type
 from quota.cel.values import EvalError
-from quota.goduration import MAX_NS, MIN_NS, NANOS, parse_go_duration
+from quota.values.goduration import MAX_NS, MIN_NS, NANOS, parse_go_duration
 
 _MIN_NS = -62135596800 * NANOS  # 0001-01-01T00:00:00Z
 _MAX_NS = 253402300799 * NANOS + NANOS - 1  # 9999-12-31T23:59:59.999999999Z
@@ -112,7 +112,7 @@ def _identity(value: Timestamp | Duration) -> Timestamp | Duration:
 
 @register("duration", "string -> google.protobuf.Duration")
 def parse_duration(text: str) -> Duration:
-    """Go's time.ParseDuration (`quota.goduration`), as CEL's `duration(string)`."""
+    """Go's time.ParseDuration (`quota.values.goduration`), as CEL's `duration(string)`."""
     try:
         return Duration(parse_go_duration(text))
     except ValueError as err:

@@ -1,7 +1,7 @@
 """The API objects the program installs itself, read from the installed package.
 
 `devicequota.yaml` and `clusterdevicequota.yaml` are the DeviceQuota and
-ClusterDeviceQuota CRDs (the schemas `quota.devicequota` parses; `serve` watches both);
+ClusterDeviceQuota CRDs (the schemas `quota.quotas.devicequota` parses; `serve` watches both);
 `webhooks.yaml` the Mutating- and ValidatingWebhookConfiguration that send the API server's
 reviews to `dra-quota serve`. Both are package data (pyproject.toml, `[tool.setuptools.package-data]`),
 so `dra-quota demo` (commands/demo.py) and the local cluster's webhook routing

@@ -65,7 +65,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kube.api import KubeApi, Resource
 from kube.resources import QUOTAS
 from kube.watching import Reflector
-from quota.raw import Obj, as_map
+from quota.values.raw import Obj, as_map
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_fleet, exact_request

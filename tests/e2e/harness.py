@@ -38,7 +38,7 @@ import yaml
 from aiohttp import web
 
 from devcluster.served import Served as Served  # re-exported: the e2e modules take it from here
-from quota.advice import Case
+from quota.quotas.advice import Case
 
 from ..unit.builders import advised as advised  # re-exported: a denial with its advice
 from .cluster import ControlPlane, free_ports

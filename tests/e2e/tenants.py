@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.work import CLAIM_COST_BUDGET
+from quota.values.work import CLAIM_COST_BUDGET
 
 from .driver import RESOURCE_V1, GpuFleet, claim_spec, exact_request, pod_body
 from .harness import DQ, Served, edit_binding, governed
@@ -34,7 +34,7 @@ PROTECTED = "e2e.draquota.io/protected"  # mallory's namespace: a second webhook
 ROUNDS = 2  # of each honest tenant
 EXCEEDED = (r'exceeded DeviceQuota "gpus": requested memory=(\d+Gi), used memory=\S+, reserved memory=\S+, '
             r'limited memory=160Gi')
-# The numbers, then one sentence of advice (`quota.advice`), none of which holds a ';' for a DeviceQuota.
+# The numbers, then one sentence of advice (`quota.quotas.advice`), none of which holds a ';' for a DeviceQuota.
 QUOTA_DENIAL = re.compile(rf'403: admission webhook "quota\.resourceclaims\.draquota\.io" denied the request: {EXCEEDED}'
                           r'; [^;]+ ask the cluster admin to raise the limit of DeviceQuota "gpus"$')
 BUDGET = f"exceeded the per-claim budget of {CLAIM_COST_BUDGET:,} CEL cost units"

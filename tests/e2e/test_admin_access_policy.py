@@ -26,7 +26,7 @@ import yaml
 
 from kube.api import KubeApi
 from kube.resources import CONFIGMAPS
-from quota.policy import AUDIT_KEY
+from quota.admission.policy import AUDIT_KEY
 from webhook.adminpolicy import PolicySource
 
 from .cluster import ControlPlane, audit_event, free_ports

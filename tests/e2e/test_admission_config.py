@@ -28,7 +28,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.policy import parse_policy
+from quota.admission.policy import parse_policy
 
 from .cluster import ControlPlane, audit_event, free_ports
 from .driver import RESOURCE_V1, claim_spec, exact_request
@@ -601,7 +601,7 @@ async def test_admin_access_policy_guards_the_label(
     params = doc(POLICY_DOCS, "ConfigMap")
     params["metadata"].update(name=f"admin-access-{run}", namespace=params_ns)
     params["data"] = {"users": f" {alice} , someone-else", "groups": admins, "serviceAccounts": f"{params_ns}:*"}
-    # The webhook reads the same ConfigMap (quota/policy.py): it must agree on who is in.
+    # The webhook reads the same ConfigMap (quota/admission/policy.py): it must agree on who is in.
     webhook_policy = parse_policy(params["data"])
     assert [webhook_policy.basis(u, g) is not None for u, g in
             ((alice, []), (mallory, []), (carol, [admins]), (bot, []))] == [True, False, True, True]  # fmt: skip

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.quantity import ceil_int, parse_quantity
+from quota.values.quantity import ceil_int, parse_quantity
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request

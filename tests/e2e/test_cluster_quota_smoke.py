@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.devicequota import SELECTOR_KEYS_MESSAGE
+from quota.quotas.devicequota import SELECTOR_KEYS_MESSAGE
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request
@@ -128,7 +128,7 @@ async def test_a_team_is_full_across_its_namespaces_and_a_relabel_frees_it(kube:
                                    "the team's status to count both claims")
         assert status["reserved"] == {"memory": "160Gi", "devices": 2}
         assert status["namespaces"] == [part(team.a, "80Gi", 1), part(team.b, "80Gi", 1)]
-        # The team's second watermark (quota.reservations), kept by the API server (the CRD names it).
+        # The team's second watermark (quota.accounting.reservations), kept by the API server (the CRD names it).
         assert str(status.get("namespacesThrough")).isdigit(), status
         # The CRD keeps the team-only condition that says the breakdown is whole.
         listed = {c["type"]: c for c in status["conditions"]}["NamespacesListed"]

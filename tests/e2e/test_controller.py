@@ -2,7 +2,7 @@
 
 The real scheduler allocates the claims (tests/e2e/driver.py's fake GPU nodes), the real
 API server holds the DeviceQuota status both writers share (the webhook's
-`status.reservations`, the controller's usage and conditions: quota.quotastatus), and
+`status.reservations`, the controller's usage and conditions: quota.status.quotastatus), and
 leader election runs on a real coordination.k8s.io/v1 Lease. The serve processes are
 harness.py's `Served`, each with its own Lease identity (POD_NAME) and a Lease in a
 namespace of this test, with short timings so take-overs are quick to observe.
@@ -26,8 +26,8 @@ import yaml
 
 from controllers.leader import LeaderElector
 from kube.api import KubeApi
-from quota.admissiontoken import token_key
-from quota.leases import Timing
+from quota.admission.admissiontoken import token_key
+from quota.status.leases import Timing
 
 from .cluster import ControlPlane, free_ports
 from .driver import (RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request, free_pod,
@@ -217,7 +217,7 @@ async def _race(kube: Kube, setup: Setup, second: Served, count: int, lease_name
                 try:
                     created = await create(kube, setup, f"c{i}")
                 except ApiError as err:
-                    # Too much contention, or full counting another replica's lease (quota.headroom,
+                    # Too much contention, or full counting another replica's lease (quota.accounting.headroom,
                     # part of it claims already counted): denied, reserving nothing; retry.
                     if CONTENTION in err.message or "leases other replicas hold" in err.message:
                         await asyncio.sleep(0.05)  # retry pacing, not synchronisation

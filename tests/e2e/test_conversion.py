@@ -1,11 +1,11 @@
-"""quota.conversion against the real API server's resource.k8s.io v1beta1/v1beta2 conversion.
+"""quota.objects.conversion against the real API server's resource.k8s.io v1beta1/v1beta2 conversion.
 
 A default 1.37 kube-apiserver serves only resource.k8s.io/v1, so this module runs a
 control plane of its own with `--runtime-config` serving both betas. Every DeviceClass,
 ResourceSlice, ResourceClaim (with its allocation, written through /status) and
 ResourceClaimTemplate of examples/, written back as v1beta1 and as v1beta2
 (tests/unit/betas.py), is created in that version and read back as v1; what our parsers
-read from `quota.conversion.as_v1(beta)` must equal what they read from the API
+read from `quota.objects.conversion.as_v1(beta)` must equal what they read from the API
 server's v1 object. Objects the API server refuses (strict field validation, or
 validation of the converted object) must be refused by us too.
 """
@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from kube.apierror import ApiError
-from quota.claims import parse_claim, parse_device_class
-from quota.claimspec import ClaimError
-from quota.conversion import as_v1
-from quota.slices import SliceError, parse_slice
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.objects.claimspec import ClaimError
+from quota.objects.conversion import as_v1
+from quota.objects.slices import SliceError, parse_slice
 from tests.unit.betas import downgrade
 
 from .cluster import ControlPlane, private_cluster
@@ -52,7 +52,7 @@ def read(obj: dict[str, Any]) -> Any:
     kind = obj["kind"]
     if kind == "ResourceSlice":
         parsed = parse_slice(obj)
-        # Devices compare by identity (quota.model.Device): compare their fields.
+        # Devices compare by identity (quota.values.model.Device): compare their fields.
         devices = [tuple(getattr(d, f.name) for f in fields(d)) for d in parsed.devices]
         return replace(parsed, devices=()), devices
     if kind == "DeviceClass":

@@ -3,17 +3,17 @@
 `dra-quota serve` (webhook and controller, the leader; harness.py's `Served`) is
 SIGKILLed at KILLS seeded-random points of a churn this test drives on the real 1.37
 control plane, and restarted each time under the same Lease identity (POD_NAME), so it
-retakes its own Lease at once (`quota.leases.may_acquire`) instead of waiting it out.
+retakes its own Lease at once (`quota.status.leases.may_acquire`) instead of waiting it out.
 The churn: claims created through the webhook (its CREATE hook fails while the process
 is down: a create is retried as a controller would), some given a Pod that the real
 scheduler allocates them through, some left pending; Pods deleted (the resourceclaim
 controller deallocates their claim, which is pending again), claims deleted, and once
 the victim node's ResourceSlice rewritten without its two 141Gi GPUs, one of them held by
 an allocated claim: that claim's charge must stay, priced from its `draquota.io/charge`
-annotation (`quota.pricing`'s vanished-device share). They are the class's largest, so
+annotation (`quota.pricing.pricer`'s vanished-device share). They are the class's largest, so
 the claims admitted before are recorded at 141Gi a GPU and those after at 80Gi: a
 restarted process must reserve the earlier ones at what they were admitted at, not at
-what it would estimate now (`quota.pricing.at_least_recorded`; before it, a restart
+what it would estimate now (`quota.pricing.pricer.at_least_recorded`; before it, a restart
 after the change lowered `reserved`).
 
 After each restart, once the churn of that stretch settled (every Pod's claim allocated,
@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from quota.quantity import parse_quantity
+from quota.values.quantity import parse_quantity
 
 from .cluster import ControlPlane, free_ports
 from .driver import FLEET_LABEL, RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_pod, exact_request

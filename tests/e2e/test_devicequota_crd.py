@@ -2,7 +2,7 @@
 
 The CRD is the contract platform teams install first: the API server must accept it,
 serve `dq`, apply its validation to what users write (the same inputs
-quota.devicequota accepts or refuses), default `enforcement`, and keep `status` behind
+quota.quotas.devicequota accepts or refuses), default `enforcement`, and keep `status` behind
 its subresource.
 """
 
@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from quota.devicequota import QuotaError, parse_device_quota
-from quota.model import Limits
+from quota.quotas.devicequota import QuotaError, parse_device_quota
+from quota.values.model import Limits
 
 from .kube import ApiError, Kube
 

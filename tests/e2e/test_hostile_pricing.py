@@ -16,7 +16,7 @@ import asyncio
 
 import pytest
 
-from quota.work import CLAIM_COST_BUDGET
+from quota.values.work import CLAIM_COST_BUDGET
 
 from .driver import RESOURCE_V1, Gpu
 from .harness import Setup, amounts, create, denial, exceeded, make_quota, wait_status

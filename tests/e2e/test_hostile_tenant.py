@@ -56,7 +56,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from quota.quantity import parse_quantity
+from quota.values.quantity import parse_quantity
 from runtime.metricnames import EVENT_LOOP_STALL_MAX
 
 from .attack import Attacker

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from quota.quantity import parse_quantity
+from quota.values.quantity import parse_quantity
 
 from ..tools.chart import NAMESPACE
 from .cluster import ControlPlane, free_ports

@@ -25,7 +25,7 @@ claims stay exactly H. A replica that revived its lease because the restored spe
 equal to the one it was granted on admitted its unused room on top (docs/reservations.md,
 "A spec change while a lease is open": the numbers before and after).
 
-Without the version check in `quota.headroom.take` (a lease good on any spec equal to its
+Without the version check in `quota.accounting.headroom.take` (a lease good on any spec equal to its
 own) the Audit and the class sequences fail: 2-7 claims past `hard` with 1 replica, 5-10
 with 3. The `hard` sequence and the re-creation pass even then, and stay as guards: the
 holder's own writes under the raised `hard` carry its lease over to that spec, and a

@@ -3,7 +3,7 @@
 `serve` (one process, the shipped webhooks, leases on: `--lease-period 5`, the default, given explicitly)
 takes BURST creates of one 80Gi GPU, IN_FLIGHT at a time, first into a namespace whose
 DeviceQuota with room is in Audit mode (admissions there are persisted one by one, batched
-as before leases: `quota.headroom.leasable`), then into one whose DeviceQuota with the same
+as before leases: `quota.accounting.headroom.leasable`), then into one whose DeviceQuota with the same
 room enforces (leased), then FILL creates into one of `hard` = K GPUs.
 
 The status writes of each phase are counted by the API server's own metric (PUTs of
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from quota.quantity import parse_quantity
+from quota.values.quantity import parse_quantity
 from runtime.metricnames import LEASE_WRITES, RESERVATION_ADMISSIONS
 
 from .cluster import ControlPlane

@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from quota.quantity import ceil_int, parse_quantity
+from quota.values.quantity import ceil_int, parse_quantity
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, create_device_class

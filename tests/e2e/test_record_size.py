@@ -11,7 +11,7 @@ at a quota of `hard` = K x 80Gi in a second namespace.
 Asserted on every sample of both DeviceQuotas (read every SAMPLE_EVERY seconds while the
 burst runs, and once after):
 - the object is at most `bound()` bytes as the API server sends it: the object with an
-  empty record, plus MAX_ENTRIES (the most entries `quota.reservations.apply` ever keeps,
+  empty record, plus MAX_ENTRIES (the most entries `quota.accounting.reservations.apply` ever keeps,
   and the CRD's maxProperties) entries of the longest this test makes, plus 4 KiB for the
   rest of the status to grow. A size, not a time: no interleaving can pass it. It is well
   under 256 KiB, which the old record passed after ~940 of these creates within a minute
@@ -34,10 +34,10 @@ import secrets
 
 import pytest
 
-from quota.admissiontoken import ADMISSION_ANNOTATION, is_token_key, token_key
-from quota.model import Charge
-from quota.quantity import parse_quantity
-from quota.reservationrecord import MAX_ENTRIES, Reservation
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token_key, token_key
+from quota.values.model import Charge
+from quota.values.quantity import parse_quantity
+from quota.accounting.reservationrecord import MAX_ENTRIES, Reservation
 
 from .driver import RESOURCE_V1
 from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed

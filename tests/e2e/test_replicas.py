@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
 
 from .cluster import ControlPlane, free_ports
 from .driver import RESOURCE_V1, Gpu, claim_spec, exact_request

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from quota.admissiontoken import is_token
+from quota.admission.admissiontoken import is_token
 
 from .driver import RESOURCE_V1, Gpu, claim_spec, create_claim_template, create_pod, exact_request
 from .harness import (ADMISSION, DQ, QUOTA_HOOK, Setup, annotated, create, denial, exceeded, make_quota, review_latencies,

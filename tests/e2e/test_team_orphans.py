@@ -1,4 +1,4 @@
-"""One namespace's failing creates never fill its team's record (quota.reservations,
+"""One namespace's failing creates never fill its team's record (quota.accounting.reservations,
 MAX_ENTRIES_PER_NAMESPACE), on the real API server with one `serve`.
 
 Claim creates are admitted by a mutating webhook (docs/development/one-write.md), which runs before
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from quota.reservationrecord import MAX_ENTRIES_PER_NAMESPACE
+from quota.accounting.reservationrecord import MAX_ENTRIES_PER_NAMESPACE
 
 from .cluster import ControlPlane
 from .driver import RESOURCE_V1, Gpu, GpuFleet, claim_spec, exact_request

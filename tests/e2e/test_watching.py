@@ -30,7 +30,7 @@ import yaml
 from kube.api import KubeApi, Resource
 from kube.apierror import ApiError
 from kube.watching import LAST_APPLIED, STREAM_BATCH, Backoff, Reflector, WatchSettings
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 from .cluster import ControlPlane
 from .kube import Kube, poll

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "dra-quota"

@@ -1,6 +1,6 @@
 """The JSON field trees of Kubernetes Go API types, read from the k8s.io modules' sources.
 
-tests/unit/quota/test_knownfields.py compares `quota.knownfields` (the fields `dra-quota check`
+tests/unit/quota/objects/test_knownfields.py compares `quota.objects.knownfields` (the fields `dra-quota check`
 accepts, as the API server's strict decoding does) with what the Go types define, so the
 hand-written trees cannot drift from the API the e2e control plane is built from. The
 modules are the versions tests/cluster/go.mod pins, fetched by `go mod download` into
@@ -33,7 +33,7 @@ PACKAGES = {
 }
 _STRUCT = re.compile(r"^type (\w+) struct \{$")
 _FIELD = re.compile(r'^(?:(\w+)\s+)?([\w.\[\]*]+)\s+`[^`]*json:"([^"]*)"')
-Tree = Any  # None | dict[str, Tree] | list[Tree], as quota.knownfields.Schema
+Tree = Any  # None | dict[str, Tree] | list[Tree], as quota.objects.knownfields.Schema
 
 
 class GoTypesError(RuntimeError):

@@ -1,6 +1,6 @@
 """v1 objects written back in the resource.k8s.io/v1beta1 and v1beta2 shapes, for tests.
 
-The inverse of `quota.conversion`, written independently from the other direction of
+The inverse of `quota.objects.conversion`, written independently from the other direction of
 k/k v1.37 pkg/apis/resource/v1beta1/conversion.go (Convert_resource_DeviceRequest_To_
 v1beta1_DeviceRequest, Convert_resource_Device_To_v1beta1_Device): `exactly`'s fields go
 back on the request, a device's fields other than its name go under `basic`. v1beta2 has

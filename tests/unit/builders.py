@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quota.advice import Case, advice
-from quota.allocationrecord import record_annotations
-from quota.model import RecordKey
+from quota.quotas.advice import Case, advice
+from quota.objects.allocationrecord import record_annotations
+from quota.values.model import RecordKey
 
 GiB = 2**30
 MiB = 2**20
@@ -205,10 +205,10 @@ _DENIED_BY = re.compile(r'exceeded (DeviceQuota|ClusterDeviceQuota) "([^"]+)": '
 
 
 def advised(in_tree: str, case: Case = "full", *, namespace: str = "team-a") -> str:
-    """A quota's denial as `quota.devicequota.check` writes it: `in_tree` (the numbers, in the
+    """A quota's denial as `quota.quotas.devicequota.check` writes it: `in_tree` (the numbers, in the
     in-tree form, maybe after a prefix), then the advice for `case` to a requester in
     `namespace` from the quota `in_tree` names. The advice's wording is pinned by
-    tests/unit/quota/test_advice.py; these tests pin the numbers and which case applies."""
+    tests/unit/quota/quotas/test_advice.py; these tests pin the numbers and which case applies."""
     found = _DENIED_BY.search(in_tree)
     assert found is not None, in_tree
     kind, name = found.groups()

@@ -29,9 +29,9 @@ import yaml
 
 from commands.cli import _parser
 from quota.manifests import tenant_view_role
-from quota.memorysources import parse_memory_sources
-from quota.policy import ADMIN_ACCESS_GRANT, parse_policy
-from quota.raw import Obj
+from quota.devices.memorysources import parse_memory_sources
+from quota.admission.policy import ADMIN_ACCESS_GRANT, parse_policy
+from quota.values.raw import Obj
 
 from ..tools.chart import (
     CHART, COPIES, MANIFEST, NAMESPACE, PROMETHEUS_RULE, ROOT, HelmError, documents, find, lint, render,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from commands.cli import _parser
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 from ..tools.chart import NAMESPACE, HelmError, find, notes, render
 

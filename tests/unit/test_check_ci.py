@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .builders import exactly, make_class, make_claim, make_device, make_quota, make_slice, request
-from .quota.test_check import EXAMPLES, run
+from .quota.reports.test_check import EXAMPLES, run
 
 CLASS = make_class("gpu", 'device.driver == "gpu.example.com"')
 SLICE = make_slice("node-1", [make_device("d0"), make_device("d1")])

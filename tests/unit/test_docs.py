@@ -105,7 +105,7 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
     ("the contract is DESIGN.md (\"Deploy\")", True),
     ("see ../../../x/y.md", True),
     ("cat /work/notes/x", True),
-    ("see ../quota/pricing.py and docs/design.md", False),
+    ("see ../quota/pricing/pricer.py and docs/design.md", False),
 ])
 def test_outside_references_are_found(line: str, outside: bool) -> None:
     assert bool(outside_references(line, ROOT / "docs")) == outside

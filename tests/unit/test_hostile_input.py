@@ -19,19 +19,19 @@ import pytest
 
 from commands.checkcommand import render_table
 from commands.cli import main
-from quota.admission import Admitter
-from quota.check import ObjectResult, Report
-from quota.claims import parse_claim, parse_device_class
-from quota.claimspec import ClaimError
-from quota.devicequota import QuotaError, parse_device_quota
-from quota.inventory import Inventory
-from quota.memorysources import NO_SOURCES, MemorySources
-from quota.ledger import Ledger
-from quota.meta import NamespaceError, parse_namespace
-from quota.model import ZERO, DeviceClassName
-from quota.pricing import Pricer
-from quota.quantity import QuantityError, parse_amount, parse_quantity
-from quota.slices import SliceError
+from quota.admission.admitter import Admitter
+from quota.reports.check import ObjectResult, Report
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.objects.claimspec import ClaimError
+from quota.quotas.devicequota import QuotaError, parse_device_quota
+from quota.devices.inventory import Inventory
+from quota.devices.memorysources import NO_SOURCES, MemorySources
+from quota.accounting.ledger import Ledger
+from quota.values.meta import NamespaceError, parse_namespace
+from quota.values.model import ZERO, DeviceClassName
+from quota.pricing.pricer import Pricer
+from quota.values.quantity import QuantityError, parse_amount, parse_quantity
+from quota.objects.slices import SliceError
 
 from .builders import exactly, first_available, make_class, make_claim, make_device, make_quota, make_slice, request, result
 

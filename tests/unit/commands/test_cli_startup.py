@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ..quota.test_check import EXAMPLES
+from ..quota.reports.test_check import EXAMPLES
 
 HEAVY = ("kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography", "lark")
 

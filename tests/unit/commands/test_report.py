@@ -18,7 +18,7 @@ from aiohttp import web
 
 from commands import cli
 from commands.report import ReportError, build
-from quota.showbackreport import GIB, render
+from quota.reports.showbackreport import GIB, render
 
 from devcluster.processes import free_ports
 

@@ -9,7 +9,7 @@ import pytest
 
 from commands.selftest import EXIT_FAILED, EXIT_OK, EXIT_UNABLE, judge_admitted, judge_refused, probe_claim
 from kube.apierror import ApiError
-from quota.jsonclaims import parse_json_claim
+from quota.objects.jsonclaims import parse_json_claim
 
 
 def test_a_claim_charged_by_our_webhook_passes() -> None:

@@ -18,7 +18,7 @@ from certs.tls import ReloadingContext
 from commands.cli import main
 from commands.listeners import pair_stamp, reload_certificates
 from commands.serve import Caches, JsonFormatter, ServeError, ServeOptions, policy_source, serve
-from quota.policy import AdminAccessPolicy
+from quota.admission.policy import AdminAccessPolicy
 
 from ..certs.test_tls import mint
 from ..clock import until

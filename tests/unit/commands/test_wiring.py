@@ -5,9 +5,9 @@ from __future__ import annotations
 from commands.wiring import Caches
 from controllers.requeue import Requeuer
 from kube.claimstore import ClaimStore
-from quota.devicequota import parse_cluster_device_quota
-from quota.model import Namespace
-from quota.requeueing import Turn
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.values.model import Namespace
+from quota.status.requeueing import Turn
 
 from ..builders import make_cluster_quota
 
@@ -24,7 +24,7 @@ def test_quota_freed_in_a_teams_namespace_retries_the_pods_of_every_namespace_of
     store = caches.claims.store
     assert isinstance(store, ClaimStore) and store.freed is not None
     store.freed("team-a")  # a claim of team-a deleted: the team has room for team-b's Pods too
-    # One credit for the team, not one per namespace of it (quota.requeueing).
+    # One credit for the team, not one per namespace of it (quota.status.requeueing).
     assert requeue._turns.take(0.0) == Turn("team-a", ("team-a", "team-b"), 1)
     store.freed("alone")
     assert requeue._turns.take(0.0) == Turn("alone", ("alone",), 1)

@@ -15,7 +15,7 @@ from typing import Any
 
 from controllers.annotator import Annotator
 from kube.api import KubeApi, Resource
-from quota.claims import Claim, parse_claim
+from quota.objects.claims import Claim, parse_claim
 
 CHARGE = {"draquota.io/charge": '{"memory":1,"devices":1}'}
 
@@ -169,7 +169,7 @@ async def test_a_full_slow_lane_holds_a_claim_until_its_turn_and_never_stops_the
     """While the slow lane is full (a tenant's expensive claims) a claim whose annotations
     take more than a first slice waits its turn there (`Slicer.run(wait=True)`: never
     refused, nothing to retry); the writers, vital to `serve`, go on."""
-    from quota.work import pause_point
+    from quota.values.work import pause_point
     from runtime.slicing import Slicer
 
     from ..runtime.test_slicing import full_lane

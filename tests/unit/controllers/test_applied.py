@@ -1,5 +1,5 @@
 """controllers.applied: which AppliedClusterDeviceQuotas the leader writes and deletes for a
-team, how often, and why (`quota.appliedplan`): a tenant's claim event writes its own
+team, how often, and why (`quota.status.appliedplan`): a tenant's claim event writes its own
 namespace's copy only; the team's totals reach the other members once per refresh period,
 at once after an admin's change, and a flip at the edge at most once per period. The
 writes themselves are proven against the real API server (tests/e2e/test_applied_quota.py)."""
@@ -16,10 +16,10 @@ from typing import Any
 
 from controllers.applied import AppliedQuotas
 from kube.apierror import ApiError
-from quota.applied import applied_quotas
+from quota.status.applied import applied_quotas
 
 from ..clock import FakeClock, until
-from ..quota.test_top import BREAKDOWN, part, team
+from ..quota.status.test_published import BREAKDOWN, part, team
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,15 +7,15 @@ import asyncio
 from typing import Any
 
 from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
-from quota.claims import parse_claim
-from quota.devicequota import DeviceQuota
-from quota.ledger import QuotaKey
-from quota.ledgerentry import ClaimRef, Entry
-from quota.model import Charge, Namespace
-from quota.workloads import WORKLOAD_LABEL
+from quota.objects.claims import parse_claim
+from quota.quotas.devicequota import DeviceQuota
+from quota.accounting.ledger import QuotaKey
+from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.values.model import Charge, Namespace
+from quota.accounting.workloads import WORKLOAD_LABEL
 
 from ..builders import GiB, exactly, make_claim, request
-from ..quota.test_workloads import admitter, pod_set, state
+from ..quota.accounting.test_workloads import admitter, pod_set, state
 
 NS = Namespace("team-a")
 

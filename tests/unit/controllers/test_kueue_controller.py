@@ -11,12 +11,12 @@ import pytest
 from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
 from kube.events import EventKey, EventRecorder
 from kube.quotawriter import Reservations
-from quota.devicequota import parse_cluster_device_quota
-from quota.ledgerentry import ClaimRef
-from quota.model import Namespace
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.accounting.ledgerentry import ClaimRef
+from quota.values.model import Namespace
 
 from ..builders import exactly, make_claim, make_cluster_quota, request
-from ..quota.test_workloads import pod_set, state
+from ..quota.accounting.test_workloads import pod_set, state
 from .test_kueue_caches import caches
 
 FREE = "team-free"  # no DeviceQuota: deciding needs no status write, only the Workload's

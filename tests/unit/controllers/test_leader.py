@@ -12,7 +12,7 @@ from controllers.leader import LeaderElector
 from kube.api import Resource
 from kube.apierror import ApiError
 from kube.writegate import WRITE_GATE
-from quota.leases import Timing
+from quota.status.leases import Timing
 
 from ..clock import FakeClock, until
 

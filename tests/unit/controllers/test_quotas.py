@@ -14,12 +14,12 @@ import pytest
 
 from controllers.quotas import QuotaController
 
-from quota import quotastatus
-from quota.model import Namespace
+from quota.status import quotastatus
+from quota.values.model import Namespace
 
 from ..builders import GiB, make_cluster_quota, make_quota
 from ..clock import FakeClock, until
-from ..quota.test_ledger import entry
+from ..quota.accounting.test_ledger import entry
 from ..kube.scripted import FakeApi
 from ..kube.test_quotawriter import GPU, NS, setup
 

@@ -14,7 +14,7 @@ from kube.api import METADATA_LIST
 from kube.apierror import ApiError
 
 from ..clock import until
-from ..quota.test_waiting import pod
+from ..quota.objects.test_waiting import pod
 
 
 @dataclass

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 
 from ..bounds import bounded, fuzz_examples
-from ..quota.test_fuzz_parsers import paths, splice, values
+from ..quota.objects.test_fuzz_parsers import paths, splice, values
 
 REVIEW: dict[str, Any] = {
     "apiVersion": "admission.k8s.io/v1",

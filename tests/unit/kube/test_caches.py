@@ -12,21 +12,21 @@ import pytest
 
 from kube.caches import ClassStore, NamespaceStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
-from quota.admission import Admitter
-from quota.allocationrecord import record_annotations
-from quota.claims import CHARGE_ANNOTATION, parse_claim
-from quota.devicequota import Usage
-from quota.inventory import Inventory
-from quota.ledger import Ledger
-from quota.ledgerentry import ClaimRef, Entry
-from quota.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
-from quota.pricing import Pricer
-from quota.usage import Holders
-from quota.work import pausing
+from quota.admission.admitter import Admitter
+from quota.objects.allocationrecord import record_annotations
+from quota.objects.claims import CHARGE_ANNOTATION, parse_claim
+from quota.quotas.devicequota import Usage
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger
+from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
+from quota.pricing.pricer import Pricer
+from quota.accounting.usage import Holders
+from quota.values.work import pausing
 
 from ..builders import (GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice,
                         request, result)
-from ..quota.test_ledger import entry as priced
+from ..quota.accounting.test_ledger import entry as priced
 
 D = "gpu.example.com"
 NS = Namespace("team-a")
@@ -337,7 +337,7 @@ def test_a_claim_whose_accounting_raises_is_skipped_and_the_next_is_accounted(
     assert world.usage().reserved == Charge(160 * GiB, 2)
     assert "accounting ResourceClaim team-a/bad uid=u-bad failed" in caplog.text
     # Not held by this cache either, on an event as after a relist: a persisted
-    # reservation of it must stay (quota.reservations.settle), not be settled away
+    # reservation of it must stay (quota.accounting.reservations.settle), not be settled away
     # while the ledger counts nothing for it.
     def at(obj: dict[str, Any], version: str) -> dict[str, Any]:
         return {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
@@ -474,7 +474,7 @@ def test_the_stores_tell_the_quotas_each_event_moved_as_the_ledger_returns_them(
 
 def test_a_claim_event_the_ledger_counts_as_before_still_tells_its_namespaces_quotas() -> None:
     """The leader's charge landing on a claim changes nothing the ledger counts, but lets
-    the claim's persisted entry go (`quota.reservations.settle`): the quota controller
+    the claim's persisted entry go (`quota.accounting.reservations.settle`): the quota controller
     must look at its quotas again, or the entry would stay until its TTL."""
     world = World()
     ledger = world.admitter.ledger
@@ -498,7 +498,7 @@ def test_the_namespace_store_tells_each_events_namespace() -> None:
 
 
 def test_the_namespace_store_knows_the_newest_namespace_version_it_was_given() -> None:
-    # A ClusterDeviceQuota's namespacesThrough is raised to it (quota.reservations): the
+    # A ClusterDeviceQuota's namespacesThrough is raised to it (quota.accounting.reservations): the
     # version of a real Namespace write (a deletion's too), never lowered by an older one.
     store = NamespaceStore({})
     def ns(name: str, version: str) -> dict[str, Any]:

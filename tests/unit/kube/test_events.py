@@ -15,8 +15,8 @@ import pytest
 from kube.admissionreview import Verdict
 from kube.apierror import ApiError
 from kube.events import NOTE_BYTES, EventKey, EventRecorder, Ref
-from quota.policy import PolicyRecord
-from quota.raw import Obj
+from quota.admission.policy import PolicyRecord
+from quota.values.raw import Obj
 from runtime.eventcorrelation import Budget, Rate
 
 from ..clock import FakeClock

@@ -19,19 +19,19 @@ from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
 from kube.statuswriter import CONTENTION
 from kube.watching import Progress
-from quota.admission import Admitter
-from quota.headroom import Sizing
-from quota.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
-from quota.excess import allocation_key
-from quota.ledger import Ledger
-from quota.ledgerentry import ClaimRef, Entry
-from quota.model import Charge, DeviceClassName, Namespace
-from quota.priced import PricedRequest, Pricing
-from quota.pricing import Pricer
+from quota.admission.admitter import Admitter
+from quota.accounting.headroom import Sizing
+from quota.quotas.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
+from quota.accounting.excess import allocation_key
+from quota.accounting.ledger import Ledger
+from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.values.model import Charge, DeviceClassName, Namespace
+from quota.pricing.priced import PricedRequest, Pricing
+from quota.pricing.pricer import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import GiB, make_cluster_quota, make_quota
-from ..quota.test_pricing import CLASSES, inventory
+from ..quota.pricing.test_pricer import CLASSES, inventory
 from ..webhook.test_claimreview import POLICY, review_request
 from .scripted import FakeApi
 
@@ -61,7 +61,7 @@ async def test_concurrent_admissions_share_one_write_and_stop_at_hard() -> None:
     assert decisions[5].denied_by == ("gpus",)  # the Event regards it
     status = api.objects["gpus"]["status"]
     assert sorted(status["reservations"]) == [f"u{i}" for i in range(5)]
-    assert "reserved" not in status  # the quota controller's field (quota.quotastatus)
+    assert "reserved" not in status  # the quota controller's field (quota.status.quotastatus)
 
 
 async def test_a_conflict_is_re_read_and_re_checked_then_denied_after_three() -> None:
@@ -135,7 +135,7 @@ async def test_a_later_quota_denying_releases_the_earlier_ones() -> None:
 
 
 async def test_a_denied_attempt_takes_back_only_its_own_reserve_of_an_allocations_excess() -> None:
-    """Two attempts at claim u's allocation on one copy share one entry (`quota.excess`).
+    """Two attempts at claim u's allocation on one copy share one entry (`quota.accounting.excess`).
     The first to reserve on "a" is refused by "b", but only after the second reserved on
     "a" over it (the same 61Gi, at the same clock) and was allowed on "b": its rollback
     finds the entry rewritten and leaves it. Restoring what the key held before its own
@@ -219,7 +219,7 @@ async def test_a_review_cancelled_while_its_write_is_in_flight_leaves_no_entry()
 
 async def test_a_review_cancelled_while_its_allocations_excess_is_in_flight_leaves_the_entry_its_key_shares() -> None:
     """The same, for an allocation's excess: its entry may hold another attempt's excess on
-    the same copy (`quota.excess`), allowed already, and what the cancelled write made of
+    the same copy (`quota.accounting.excess`), allowed already, and what the cancelled write made of
     it is unknown. It is left to settle or expire, never released whole."""
     api = GatedApi(make_quota("gpus", memory="400Gi"))
     ledger = Ledger()
@@ -327,7 +327,7 @@ async def test_a_replica_deciding_on_a_team_object_newer_than_its_quota_watch_re
     assert sorted(d.allowed for d in decisions) == [False, True]
 
 
-# -- leases (quota.headroom, kube.leasebook) ------------------------------------------------------
+# -- leases (quota.accounting.headroom, kube.leasebook) ------------------------------------------------------
 
 
 def leased(*quotas: dict[str, Any], now: list[float]) -> tuple[FakeApi, Reservations, list[DeviceQuota]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from quota.model import Charge
+from quota.values.model import Charge
 
 from ..builders import make_quota
 from .test_quotawriter import leased

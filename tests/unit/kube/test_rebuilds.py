@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from kube.rebuilds import OFF, Rebuilds
-from quota.raw import Obj
-from quota.work import pause_point
+from quota.values.raw import Obj
+from quota.values.work import pause_point
 from runtime.slicing import in_slices
 
 from ..clock import until

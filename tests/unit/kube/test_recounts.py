@@ -11,15 +11,15 @@ from typing import Any
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds
 from kube.recounts import Recounter
-from quota.admission import Admitter
-from quota.devicequota import parse_cluster_device_quota
-from quota.ledger import Ledger, QuotaKey, recounting_message
-from quota.model import Charge, Namespace
-from quota.pricing import Pricer
+from quota.admission.admitter import Admitter
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.accounting.ledger import Ledger, QuotaKey, recounting_message
+from quota.values.model import Charge, Namespace
+from quota.pricing.pricer import Pricer
 from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import make_cluster_quota
-from ..quota.test_pricing import CLASSES, inventory
+from ..quota.pricing.test_pricer import CLASSES, inventory
 from ..webhook.test_claimreview import POLICY, UID, gpu_claim, review_request, stored
 from .scripted import FakeApi
 from .test_quotawriter import GPU, NS, team_entry

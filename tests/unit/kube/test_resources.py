@@ -17,7 +17,7 @@ from kube import resources
 from kube.api import Resource
 from kube.contact import PATH
 from kube.resources import NON_RESOURCE_URLS, VERBS
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 from ...tools.chart import find, render
 

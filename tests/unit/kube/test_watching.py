@@ -24,7 +24,7 @@ from kube.watchlines import LineBuffer, decode_event
 from kube.watching import (
     INITIAL_EVENTS_END, LAST_APPLIED, STREAM_BATCH, Backoff, Reflector, WatchSettings, trim_claim, trim_object,
 )
-from quota.raw import Obj
+from quota.values.raw import Obj
 
 from ..clock import until
 

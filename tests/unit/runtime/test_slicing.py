@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 from greenlet import greenlet
 
-from quota.admission import Admitter
+from quota.admission.admitter import Admitter
 from quota.cel import compile_selector
-from quota.claims import parse_claim, parse_device_class
-from quota.inventory import Inventory
-from quota.ledger import Ledger
-from quota.model import DeviceClassName
-from quota.pricing import Pricer
-from quota.work import CLAIM_COST_BUDGET, pause_point, wait_point
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger
+from quota.values.model import DeviceClassName
+from quota.pricing.pricer import Pricer
+from quota.values.work import CLAIM_COST_BUDGET, pause_point, wait_point
 from tests.unit.quota.cel.devices import activation
 from runtime import slicing
 from runtime.slicing import Busy, Slicer
 
 from ..builders import exactly, make_class, make_claim, request
-from ..quota.test_selectors import D, node_slice
+from ..quota.devices.test_selectors import D, node_slice
 
 HEAVY = "lists.range(300).all(i, lists.range(300).all(j, i + j >= 0))"  # ~630,000 units: one evaluation
 
@@ -265,7 +265,7 @@ async def test_an_idle_worker_keeps_nothing_of_its_last_call() -> None:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_wait_point_gives_the_loop_back_at_once_and_a_pause_point_only_when_the_slice_is_up() -> None:
-    """Work waiting on another call's (`quota.work.wait_point`) must not spin out its
+    """Work waiting on another call's (`quota.values.work.wait_point`) must not spin out its
     slice: the loop runs others at once. Without a slicer there is nothing to wait on."""
     ran: list[str] = []
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from commands.cli import main
-from quota.policy import PolicyError
+from quota.admission.policy import PolicyError
 from runtime.filepoll import Stamp
 from webhook import adminpolicy
 from webhook.adminpolicy import NOBODY, ConfigMapPolicy, PolicySource, configmap_ref, read_policy

@@ -16,10 +16,10 @@ from devcluster.webhooks import json_patched
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
-from quota.admissiontoken import ADMISSION_ANNOTATION, token_key
-from quota.headroom import Sizing
-from quota.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, parse_claim
-from quota.model import Charge
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
+from quota.accounting.headroom import Sizing
+from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, parse_claim
+from quota.values.model import Charge
 from webhook.claimadmit import admit_claim
 from webhook.claimreview import update_claim
 

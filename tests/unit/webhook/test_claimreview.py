@@ -22,22 +22,22 @@ from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_r
 from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
-from quota.admission import ADMIN_ACCESS_MESSAGE, Admitter
-from quota.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, ALLOCATION_RESULTS_ANNOTATION, record_annotations
-from quota.claims import parse_claim
-from quota.devicequota import parse_cluster_device_quota, parse_device_quota
-from quota.ledger import Ledger
-from quota.model import Charge, Namespace
-from quota.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
-from quota.pricing import Pricer
+from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admitter
+from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, ALLOCATION_RESULTS_ANNOTATION, record_annotations
+from quota.objects.claims import parse_claim
+from quota.quotas.devicequota import parse_cluster_device_quota, parse_device_quota
+from quota.accounting.ledger import Ledger
+from quota.values.model import Charge, Namespace
+from quota.admission.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
+from quota.pricing.pricer import Pricer
 from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim, with_namespace
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import GiB, MiB, advised, exactly, make_claim, make_cluster_quota, make_quota, request, result
 from ..kube.scripted import FakeApi
-from ..quota.test_fuzz_parsers import paths, splice, values
-from ..quota.test_pricing import CLASSES, inventory
+from ..quota.objects.test_fuzz_parsers import paths, splice, values
+from ..quota.pricing.test_pricer import CLASSES, inventory
 
 NS = Namespace("team-a")
 D = "gpu.example.com"

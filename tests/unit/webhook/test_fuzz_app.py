@@ -32,14 +32,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quota.printable import for_terminal
+from quota.reports.printable import for_terminal
 from webhook.claimreview import ClaimContext
 from webhook.endpoints import endpoints
 from webhook.server import build_app
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import make_quota
-from ..quota.test_fuzz_parsers import json_values, paths, splice, values
+from ..quota.objects.test_fuzz_parsers import json_values, paths, splice, values
 from .test_claimreview import ADMIN_LABELS, BASES, GPUS, context
 from ..kube.test_admissionreview import REVIEW
 

@@ -24,14 +24,14 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import Resource
 from kube.leasebook import LeaseBook
 from kube.watching import Reflector, ReflectorStats
-from quota.appliedplan import Reason as AppliedReason
-from quota.devicequota import parse_device_quota
-from quota.inventory import Inventory
-from quota.headroom import Lease
-from quota.ledger import Ledger
-from quota.model import Charge, Namespace
-from quota.policy import PolicyRecord
-from quota.usage import Holders
+from quota.status.appliedplan import Reason as AppliedReason
+from quota.quotas.devicequota import parse_device_quota
+from quota.devices.inventory import Inventory
+from quota.accounting.headroom import Lease
+from quota.accounting.ledger import Ledger
+from quota.values.model import Charge, Namespace
+from quota.admission.policy import PolicyRecord
+from quota.accounting.usage import Holders
 from runtime.metricnames import (
     ALLOCATION_WAIT,
     QUOTA_DENIALS,
@@ -351,7 +351,7 @@ def test_a_large_gauge_family_renders_in_pieces_as_it_renders_whole() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from quota.work import pausing
+    from quota.values.work import pausing
     from webhook.metrics import RENDER_CHUNK
 
     class Many:

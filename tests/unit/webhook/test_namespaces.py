@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kube.admissionreview import Verdict
-from quota.policy import PolicyRecord
+from quota.admission.policy import PolicyRecord
 from webhook.namespaces import review_namespace, update_namespace
 
 from .test_claimreview import ADMIN, ALICE, POLICY, review_request

@@ -12,18 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube.admissionreview import AdmissionRequest, Verdict, parse_review, respond
-from quota.claims import parse_device_class
-from quota.model import Charge, Namespace
-from quota.pricing import Pricer
-from quota.work import CLAIM_COST_BUDGET, COMPILE_UNITS_PER_BYTE
+from quota.objects.claims import parse_device_class
+from quota.values.model import Charge, Namespace
+from quota.pricing.pricer import Pricer
+from quota.values.work import CLAIM_COST_BUDGET, COMPILE_UNITS_PER_BYTE
 from runtime.slicing import Slicer
 from webhook.claimreview import ClaimContext
 from webhook.pods import create_pod
 
 from ..bounds import bounded, fuzz_examples
 from ..builders import advised, make_class, make_quota
-from ..quota.test_fuzz_parsers import paths, splice, values
-from ..quota.test_pricing import CLASSES, D, inventory
+from ..quota.objects.test_fuzz_parsers import paths, splice, values
+from ..quota.pricing.test_pricer import CLASSES, D, inventory
 from ..runtime.test_slicing import Ticker
 from .test_claimreview import World, admit, raw_review, review_request, run, stored
 

@@ -1,7 +1,7 @@
 """webhook.usagemetrics: the usage families as a scrape shows them, over caches fed by the stores.
 
 The caches are the webhook's own (`kube.caches` stores into an `Admitter`'s ledger,
-`quota.usage.Holders`, `kube.quotawriter.Reservations` observing DeviceQuotas), built
+`quota.accounting.usage.Holders`, `kube.quotawriter.Reservations` observing DeviceQuotas), built
 from plain dicts; every expectation is derived from the fixture's devices and claims.
 The real process is scraped in tests/e2e/test_usage_metrics.py.
 """
@@ -22,16 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from kube.caches import ClassStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
-from quota.admission import Admitter
-from quota.breakdown import DEFAULT_SERIES, OTHER
-from quota.claims import parse_claim
-from quota.devicequota import parse_cluster_device_quota
-from quota.inventory import Inventory
-from quota.ledger import Ledger
-from quota.model import DeviceClass, DeviceClassName, Namespace
-from quota.pricing import Pricer
-from quota.usage import Holders
-from quota.work import pausing
+from quota.admission.admitter import Admitter
+from quota.status.breakdown import DEFAULT_SERIES, OTHER
+from quota.objects.claims import parse_claim
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.devices.inventory import Inventory
+from quota.accounting.ledger import Ledger
+from quota.values.model import DeviceClass, DeviceClassName, Namespace
+from quota.pricing.pricer import Pricer
+from quota.accounting.usage import Holders
+from quota.values.work import pausing
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,
     CLUSTER_QUOTA,

@@ -1,4 +1,4 @@
-"""Builders for CEL tests: `quota.model.Device`s the way compile_test.go describes them.
+"""Builders for CEL tests: `quota.values.model.Device`s the way compile_test.go describes them.
 
 Attribute and capacity names are QualifiedNames as in a ResourceSlice: a bare name
 belongs to the driver's domain (k/k dynamic-resource-allocation/cel/compile.go
@@ -12,8 +12,8 @@ from fractions import Fraction
 from typing import Any
 
 from quota.cel import DeviceActivation, device_activation
-from quota.model import Capacity, Device, DeviceKey, Version, qualify
-from quota.quantity import parse_quantity
+from quota.values.model import Capacity, Device, DeviceKey, Version, qualify
+from quota.values.quantity import parse_quantity
 
 
 def _value(value: Any) -> Any:

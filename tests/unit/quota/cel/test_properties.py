@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.cel import compile_selector
-from quota.quantity import parse_quantity
+from quota.values.quantity import parse_quantity
 from tests.unit.quota.cel.devices import activation
 
 SUFFIXES = ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti", "n", "u", "e3", "E-2"]

@@ -1,6 +1,6 @@
 """`CompiledSelector.references` and `group_key`: which device paths a selector reads.
 
-The pricing layer (quota.selectors) evaluates one device per group of devices that
+The pricing layer (quota.devices.selectors) evaluates one device per group of devices that
 agree on the referenced paths, so the table pins the shapes that must resolve and the
 ones that must give up (None), and the hypothesis test checks soundness: two devices
 that agree on every referenced path (value or absence) get the same outcome. Paths
@@ -163,7 +163,7 @@ def test_devices_agreeing_on_references_get_the_same_outcome(expression: str, x:
             if name in x[kind]:
                 y[kind][name] = x[kind][name]
     # A version CEL cannot parse fails the whole device, whatever the selector reads:
-    # that is the device's own (quota.columns groups it apart as ERROR), not a path's.
+    # that is the device's own (quota.devices.columns groups it apart as ERROR), not a path's.
     assume(activation(**x).error == activation(**y).error)
     assert _outcome(selector, x) == _outcome(selector, y)
 
@@ -183,7 +183,7 @@ def test_presence_only_paths_need_agree_on_presence_alone(expression: str, x: di
         if name in y[kind]:  # present on both, with another value
             pool = ["1Gi", "3"] if kind == "capacity" else [0, True, "y", "v:3.0.0", [2]]
             y[kind][name] = data.draw(st.sampled_from(pool))
-    # A version CEL cannot parse fails the whole device (quota.columns groups it apart
+    # A version CEL cannot parse fails the whole device (quota.devices.columns groups it apart
     # as ERROR), whatever the selector reads: not a path's doing.
     assume(activation(**x).error == activation(**y).error)
     assert _outcome(selector, x) == _outcome(selector, y)
@@ -192,7 +192,7 @@ def test_presence_only_paths_need_agree_on_presence_alone(expression: str, x: di
 @settings(max_examples=400, deadline=None)
 @given(_expr(3), devices())
 def test_the_projected_device_gives_the_full_outcome(expression: str, x: dict[str, Any]) -> None:
-    """What quota.verdicts shows CEL: only the referenced paths, the same value or error."""
+    """What quota.devices.verdicts shows CEL: only the referenced paths, the same value or error."""
     try:
         selector = compile_selector(expression)
     except CelCompileError:
