@@ -87,14 +87,14 @@ from inventory import generate_claims, generate_device_classes, generate_namespa
 from pricing import rss_mib, summary  # noqa: E402
 
 from kube.watching import Progress  # noqa: E402
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
 from quota.accounting.ledgerentry import Entry  # noqa: E402
-from quota.values.model import DeviceClassName  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
 from quota.admission.policy import parse_policy  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
 from devcluster.webhooks import adapted_webhooks as shipped_for_test, json_patched  # noqa: E402
 from tests.e2e.cluster import ControlPlane, build, free_ports  # noqa: E402
 from tests.e2e.harness import ADMISSION, CRDS, DQ, PLURALS, RUN_LABEL, Served  # noqa: E402

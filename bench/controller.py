@@ -36,15 +36,15 @@ from pricing import rss_mib, timed  # noqa: E402
 from kube.claimstore import ClaimStore  # noqa: E402
 from kube.rebuilds import Rebuilds  # noqa: E402
 from quota.accounting.claimsrebuild import MOVED_AT_SWAP  # noqa: E402
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.quotas.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
-from quota.values.model import DeviceClass, DeviceClassName  # noqa: E402
-from quota.pricing.pricer import Pricer  # noqa: E402
-from quota.status.quotastatus import desired_status  # noqa: E402
 from quota.accounting.reservationrecord import parse_record  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
+from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.quotas.devicequota import DeviceQuotaStatus, parse_device_quota  # noqa: E402
+from quota.status.quotastatus import desired_status  # noqa: E402
+from quota.values.model import DeviceClass, DeviceClassName  # noqa: E402
 from quota.values.work import pausing  # noqa: E402
 
 NAMESPACES = 50

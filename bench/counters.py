@@ -24,11 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.devices.selectors import SelectorMatcher  # noqa: E402
 from quota.objects.claims import parse_device_class  # noqa: E402
 from quota.objects.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
-from quota.devices.selectors import SelectorMatcher  # noqa: E402
 from tests.unit.drivers import example_partitionable  # noqa: E402
 
 D = "gpu.example.com"

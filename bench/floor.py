@@ -66,8 +66,8 @@ from admission import (  # noqa: E402
 
 from devcluster.controlplane import WEBHOOK_SERVICES  # noqa: E402
 from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token_key  # noqa: E402
-from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION  # noqa: E402
 from quota.manifests import webhook_configurations  # noqa: E402
+from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION  # noqa: E402
 from tests.e2e.cluster import free_ports  # noqa: E402
 from tests.e2e.harness import ADMISSION, DQ, PLURALS, QUOTA_HOOK, QUOTA_HOOK_OPEN, RUN_LABEL  # noqa: E402
 from tests.e2e.kube import Kube, poll  # noqa: E402

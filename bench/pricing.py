@@ -40,11 +40,11 @@ from unittest.mock import patch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 
+from quota.devices.inventory import Inventory  # noqa: E402
 from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.objects.claimspec import ClaimSpec, parse_claim_spec  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
-from quota.values.model import DeviceClassName  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
 
 D = "gpu.nvidia.com"
 PRODUCTS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S"]

@@ -28,11 +28,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inventory import generate_claims, generate_device_classes, generate_slices  # noqa: E402
 
-from quota.objects.claims import Claim, parse_claim, parse_device_class  # noqa: E402
 from quota.devices.inventory import Inventory  # noqa: E402
-from quota.values.model import DeviceClassName  # noqa: E402
+from quota.objects.claims import Claim, parse_claim, parse_device_class  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
 from quota.quotas.scope import DeviceSelection  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
 from quota.values.work import CLAIM_COST_BUDGET, Budget  # noqa: E402
 
 D = "gpu.nvidia.com"

@@ -42,9 +42,9 @@ from inventory import generate_claims  # noqa: E402
 from pricing import timed  # noqa: E402
 
 from kube.claimstore import ClaimStore  # noqa: E402
+from quota.accounting.usage import Holders  # noqa: E402
 from quota.admission.admitter import Admitter  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
-from quota.accounting.usage import Holders  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.showbackmetrics import Showback  # noqa: E402
 

@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission import claim, persisted, review  # noqa: E402
 from inventory import generate_device_classes, generate_slices  # noqa: E402
 
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.objects.claims import parse_device_class  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
-from quota.values.model import DeviceClassName  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
 from quota.admission.policy import AdminAccessPolicy  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.objects.claims import parse_device_class  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.values.model import DeviceClassName  # noqa: E402
 from runtime.slicing import Slicer  # noqa: E402
 from webhook.claimreview import ClaimContext  # noqa: E402
 from webhook.endpoints import endpoints  # noqa: E402

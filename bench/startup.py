@@ -66,13 +66,13 @@ from devcluster.served import Served  # noqa: E402
 from tests.e2e.harness import CRDS, DQ  # noqa: E402
 from tests.e2e.shipped import chart_kubeconfig  # noqa: E402
 from kube.caches import NamespaceStore, QuotaStore  # noqa: E402
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.objects.claims import parse_device_class  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
-from quota.objects.jsonclaims import parse_json_claim  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
-from quota.values.model import DeviceClass, DeviceClassName  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.objects.claims import parse_device_class  # noqa: E402
+from quota.objects.jsonclaims import parse_json_claim  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.values.model import DeviceClass, DeviceClassName  # noqa: E402
 from runtime.metricnames import EVENT_LOOP_STALL_CPU_MAX, EVENT_LOOP_STALL_MAX  # noqa: E402
 
 JSON = dict[str, Any]

@@ -33,13 +33,13 @@ from inventory import generate_device_classes, generate_slices  # noqa: E402
 
 from controllers.refine import Refiner  # noqa: E402
 from kube.claimstore import ClaimStore  # noqa: E402
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
-from quota.quotas.devicequota import parse_device_quota  # noqa: E402
-from quota.devices.inventory import Inventory  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
-from quota.values.model import ZERO, DeviceClassName, Namespace  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
+from quota.devices.inventory import Inventory  # noqa: E402
+from quota.objects.claims import parse_claim, parse_device_class  # noqa: E402
 from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.quotas.devicequota import parse_device_quota  # noqa: E402
+from quota.values.model import ZERO, DeviceClassName, Namespace  # noqa: E402
 from runtime.slicing import Slicer  # noqa: E402
 
 D = "gpu.nvidia.com"

@@ -27,12 +27,12 @@ from controller import NAMESPACES, caches  # noqa: E402
 from pricing import rss_mib, timed  # noqa: E402
 
 from kube.claimstore import ClaimStore  # noqa: E402
-from quota.admission.admitter import Admitter  # noqa: E402
-from quota.quotas.devicequota import parse_cluster_device_quota  # noqa: E402
 from quota.accounting.ledger import Ledger  # noqa: E402
-from quota.values.model import Namespace  # noqa: E402
-from quota.pricing.pricer import Pricer  # noqa: E402
 from quota.accounting.usage import Holders  # noqa: E402
+from quota.admission.admitter import Admitter  # noqa: E402
+from quota.pricing.pricer import Pricer  # noqa: E402
+from quota.quotas.devicequota import parse_cluster_device_quota  # noqa: E402
+from quota.values.model import Namespace  # noqa: E402
 from runtime.metricnames import CLAIM_DEVICE_INFO, CLUSTER_QUOTA_NAMESPACE  # noqa: E402
 from webhook.metrics import Metrics  # noqa: E402
 from webhook.usagemetrics import UsageMetrics  # noqa: E402

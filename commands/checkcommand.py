@@ -101,10 +101,10 @@ def _cluster_state(args: argparse.Namespace) -> list[Document]:
 def run(args: argparse.Namespace) -> int:
     from itertools import chain
 
-    from quota.reports.check import run_check
     from quota.devices.inventory import gc_paused
-    from quota.reports.loader import CheckInputError, iter_documents
     from quota.devices.memorysources import MemorySourcesError
+    from quota.reports.check import run_check
+    from quota.reports.loader import CheckInputError, iter_documents
     from quota.reports.printable import for_terminal
 
     load_warnings: list[str] = []
@@ -151,8 +151,8 @@ def _check_time(text: str | None) -> datetime:
     """`check --at`, or now."""
     from datetime import UTC, datetime
 
-    from quota.reports.loader import CheckInputError
     from quota.quotas.windows import parse_time
+    from quota.reports.loader import CheckInputError
 
     return datetime.now(UTC) if text is None else parse_time(text, "--at", CheckInputError)
 

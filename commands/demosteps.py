@@ -19,12 +19,12 @@ from typing import Any
 from commands.demoplan import TEAMS, DemoError, DemoRun, Step, examples
 from devcluster.driver import RESOURCE_V1, create_node, create_pod, free_pod
 from devcluster.kube import ApiError, Kube, poll
+from quota.manifests import documents
 from quota.objects.claims import CHARGE_ANNOTATION
 from quota.quotas.devicequota import GOVERNED_LABEL, format_amount
-from quota.manifests import documents
-from quota.values.raw import Obj
 from quota.reports.tables import USAGE_HEADERS, print_rows, usage_cells
 from quota.status.published import quota_usage
+from quota.values.raw import Obj
 
 __all__ = ["DQ", "KINDS", "play_step", "publish_examples", "usage"]
 

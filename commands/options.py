@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from quota.admission.policy import PolicyError
+from quota.devices.memorysources import MemorySources, default_memory_sources
 from quota.status.breakdown import DEFAULT_SERIES
 from quota.status.leases import Timing
-from quota.devices.memorysources import MemorySources, default_memory_sources
 from quota.values.model import Mode
-from quota.admission.policy import PolicyError
 from runtime.logbounds import CutLongMessages
 from webhook.adminpolicy import PolicySource
 from webhook.certificates import SelfManaged

@@ -31,8 +31,8 @@ from controllers.governed import GovernedLabels
 from controllers.kueue import AdmissionCheckController, CheckStore, KueueCaches, PodStore, TemplateStore, WorkloadStore
 from controllers.leader import LeaderElector, default_identity
 from kube.leasebook import LeaseBook
-from quota.devices.memorysources import NO_SOURCES, MemorySources
 from quota.accounting.headroom import Sizing
+from quota.devices.memorysources import NO_SOURCES, MemorySources
 from controllers.applied import AppliedQuotas
 from controllers.quotas import QuotaController
 from controllers.refine import Refiner
@@ -59,15 +59,15 @@ from kube.resources import (
     WORKLOADS,
 )
 from kube.watching import Progress, Reflector, Store, WatchSettings, trim_claim, trim_object
-from quota.admission.admitter import Admitter
-from quota.status.breakdown import DEFAULT_SERIES
-from quota.objects.claims import Claim
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger, QuotaKey
-from quota.values.model import DeviceClass, DeviceClassName, Mode, Namespace
-from quota.pricing.pricer import Pricer
 from quota.accounting.usage import Holders
 from quota.accounting.workloads import WORKLOAD_LABEL
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
+from quota.objects.claims import Claim
+from quota.pricing.pricer import Pricer
+from quota.status.breakdown import DEFAULT_SERIES
+from quota.values.model import DeviceClass, DeviceClassName, Mode, Namespace
 from runtime.slicing import Slicer
 from webhook.metrics import Metrics
 from webhook.server import Observer

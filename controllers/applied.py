@@ -50,9 +50,9 @@ import aiohttp
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import APPLIED_QUOTAS as APPLIED
+from quota.quotas.devicequota import QuotaError
 from quota.status.applied import MANAGED_BY, applied_quotas
 from quota.status.appliedplan import Copy, Reason, copy_of, plan
-from quota.quotas.devicequota import QuotaError
 from quota.values.raw import Obj, as_map
 
 __all__ = ["APPLIED", "AppliedQuotas"]

@@ -40,8 +40,8 @@ import aiohttp
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import NAMESPACES
-from quota.quotas.devicequota import GOVERNED_LABEL
 from quota.accounting.ledger import Ledger, QuotaKey
+from quota.quotas.devicequota import GOVERNED_LABEL
 from quota.values.model import Namespace
 
 __all__ = ["GOVERNED_LABEL", "GovernedLabels", "governed_value"]

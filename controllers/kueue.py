@@ -35,12 +35,8 @@ from kube.caches import parse_or_skip
 from kube.events import EventKey, EventRecorder, Ref
 from kube.quotawriter import Reservations
 from kube.resources import ADMISSION_CHECKS, KUEUE, PODS, TEMPLATES, WORKLOADS
-from quota.admission.admitter import Admitter
-from quota.objects.claims import Claim, parse_claim
 from quota.accounting.ledger import QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Namespace
-from quota.values.raw import Obj, dig
 from quota.accounting.workloads import (
     CONTROLLER_NAME,
     WORKLOAD_LABEL,
@@ -54,6 +50,10 @@ from quota.accounting.workloads import (
     parse_workload,
     too_many_claims,
 )
+from quota.admission.admitter import Admitter
+from quota.objects.claims import Claim, parse_claim
+from quota.values.model import Namespace
+from quota.values.raw import Obj, dig
 from runtime.guard import guarded
 from runtime.slicing import Busy, Slicer
 

@@ -46,11 +46,11 @@ import aiohttp
 from kube.apierror import ApiError
 from kube.events import uid_of
 from kube.quotawriter import Reservations
-from quota.quotas.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.accounting.ledger import Ledger, QuotaKey, shown
+from quota.accounting.reservationrecord import parse_record
+from quota.quotas.devicequota import DeviceQuota, QuotaError, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.status.quotastatus import InForce, boundary, desired_status, in_force, next_change, next_expiry
 from quota.values.raw import Obj
-from quota.accounting.reservationrecord import parse_record
 
 __all__ = ["QuotaController"]
 

@@ -25,10 +25,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from kube.rebuilds import Rebuilds
-from quota.admission.admitter import Admitter, claim_ref
-from quota.objects.claims import Claim
 from quota.accounting.ledger import QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.admission.admitter import Admitter, claim_ref
+from quota.objects.claims import Claim
 from runtime.guard import guarded
 from runtime.slicing import Slicer
 

@@ -38,8 +38,8 @@ import aiohttp
 from kube.api import METADATA_LIST, KubeApi
 from kube.apierror import ApiError
 from kube.resources import PODS, TEMPLATES
-from quota.status.requeueing import Settles, Turn, Turns
 from quota.objects.waiting import Waiter, pick, pod_mark, waiting_templates
+from quota.status.requeueing import Settles, Turn, Turns
 
 __all__ = ["ANNOTATION", "Requeuer"]
 

@@ -28,9 +28,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
+from quota.accounting.ledger import QuotaKey, shown
+from quota.accounting.ledgerentry import Entry
+from quota.accounting.reservationrecord import parse_version
 from quota.admission.admitter import Admitter, Repriced
+from quota.devices.inventory import Inventory
 from quota.objects.claims import Claim, parse_device_class
 from quota.objects.claimspec import ClaimError
+from quota.objects.slices import ParsedSlice, SliceError, parse_slice
 from quota.quotas.devicequota import (
     CLUSTER_KIND,
     KIND,
@@ -39,14 +44,9 @@ from quota.quotas.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.devices.inventory import Inventory
-from quota.accounting.ledger import QuotaKey, shown
-from quota.accounting.ledgerentry import Entry
 from quota.values.meta import NamespaceError, parse_namespace
 from quota.values.model import DeviceClass, DeviceClassName, Namespace
 from quota.values.raw import Obj
-from quota.accounting.reservationrecord import parse_version
-from quota.objects.slices import ParsedSlice, SliceError, parse_slice
 from quota.values.work import pause_point
 from runtime.guard import guarded
 

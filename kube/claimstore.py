@@ -46,18 +46,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kube.caches import QuotasChanged, parse_or_skip
-from quota.admission.admitter import Admitter, claim_ref, object_ref
-from quota.admission.annotating import read_annotations
-from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
-from quota.objects.claims import Claim
-from quota.objects.jsonclaims import parse_json_claim
 from quota.accounting.claimsrebuild import ClaimsRebuild
 from quota.accounting.ledger import QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.accounting.usage import Held, Holders
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token, is_token_key, token_key
+from quota.admission.admitter import Admitter, claim_ref, object_ref
+from quota.admission.annotating import read_annotations
+from quota.objects.claims import Claim
+from quota.objects.jsonclaims import parse_json_claim
+from quota.quotas.scope import DeviceSelection
 from quota.values.model import Namespace
 from quota.values.raw import Obj, as_map, dig
-from quota.quotas.scope import DeviceSelection
-from quota.accounting.usage import Held, Holders
 from quota.values.work import drop, pause_point
 from runtime.guard import guarded
 

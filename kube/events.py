@@ -81,9 +81,9 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import KubeApi
 from kube.apierror import ApiError
 from kube.resources import EVENTS, QUOTAS, RESOURCE_V1
-from quota.quotas.devicequota import KIND, ref_of
-from quota.objects.extended import generated_base
 from quota.admission.policy import PolicyRecord
+from quota.objects.extended import generated_base
+from quota.quotas.devicequota import KIND, ref_of
 from quota.values.raw import Obj, dig
 from runtime.eventcorrelation import Budget, Correlator, EventKey, Ref
 

@@ -33,13 +33,13 @@ from typing import Literal
 
 from kube.apierror import ApiError
 from kube.writegate import ungated
-from quota.quotas.devicequota import DeviceQuota
 from quota.accounting.headroom import (LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, leasable, newer, settleable, take,
                             untake, writing)
 from quota.accounting.ledger import QuotaKey, shown
+from quota.accounting.reservations import Caches
+from quota.quotas.devicequota import DeviceQuota
 from quota.values.model import ZERO, Charge
 from quota.values.raw import Obj
-from quota.accounting.reservations import Caches
 
 __all__ = ["LeaseBook", "LeaseStats", "PATHS", "WRITE_OUTCOMES", "default_holder", "version_of"]
 

@@ -39,12 +39,12 @@ from dataclasses import replace
 
 from kube.statuswriter import QuotaStatusWriter
 from kube.writegate import ungated
-from quota.quotas.devicequota import Decision, DeviceQuota
 from quota.accounting.excess import parse_allocation_key
 from quota.accounting.ledger import QuotaKey, shown
-from quota.values.model import Charge, Namespace
 from quota.accounting.reservationrecord import Source, parse_record
 from quota.accounting.reservations import Request, Undo, in_flight, settle
+from quota.quotas.devicequota import Decision, DeviceQuota
+from quota.values.model import Charge, Namespace
 
 __all__ = ["Reservations"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kube.api import Resource
-from quota.status.applied import APPLIED_PLURAL
 from quota.quotas.devicequota import CLUSTER_PLURAL, GROUP, PLURAL, VERSION
+from quota.status.applied import APPLIED_PLURAL
 
 __all__ = [
     "ACCESS_REVIEWS",

@@ -1,13 +1,13 @@
 """Each quota's status writes from this process: reservations batched per quota, and the one conditional write.
 
-Neighbours: `kube.quotawriter.Reservations` builds on this class (a claim's reservations
-across its quotas, all or nothing); `quota.accounting.reservationrecord` holds the record's format,
-`quota.accounting.reservations` the watermark protocol (read its docstring first) and the pure decision; `quota.accounting.headroom`
-and `kube.leasebook` the lease each write settles and re-sizes; the quota controller
-(`controllers.quotas`) writes through `write_status` too; the `kube.caches` stores feed
-`observe` and `drop` (every DeviceQuota the watch delivers or loses), and the claim and
-Namespace reflectors move `progress` and `namespace_progress`; `quota.accounting.ledger` gives the
-usage this replica's claim cache counts.
+Neighbours: `kube.quotawriter.Reservations` builds on this class (a claim's reservations across its
+quotas, all or nothing); `quota.accounting.reservationrecord` holds the record's format,
+`quota.accounting.reservations` the watermark protocol (read its docstring first) and the pure
+decision; `quota.accounting.headroom` and `kube.leasebook` the lease each write settles and
+re-sizes; the quota controller (`controllers.quotas`) writes through `write_status` too; the
+`kube.caches` stores feed `observe` and `drop` (every DeviceQuota the watch delivers or loses), and
+the claim and Namespace reflectors move `progress` and `namespace_progress`;
+`quota.accounting.ledger` gives the usage this replica's claim cache counts.
 
 Every write of a DeviceQuota's status, by either writer, goes: take the newest object
 known, wait until this replica's claim watch has reached its `claimsThrough` (at most
@@ -43,6 +43,11 @@ from kube.resources import quota_resource
 from kube.seen import Seen
 from kube.watching import Progress
 from kube.writegate import ungated
+from quota.accounting.headroom import Plan, renew
+from quota.accounting.ledger import Ledger, QuotaKey, recounting_message, shown
+from quota.accounting.ledgerentry import ClaimRef, usage_scope
+from quota.accounting.reservationrecord import parse_record, parse_version, status_fields
+from quota.accounting.reservations import Outcome, Request, Undo, apply
 from quota.quotas.devicequota import (
     CLUSTER_KIND,
     KIND,
@@ -52,13 +57,8 @@ from quota.quotas.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.accounting.headroom import Plan, renew
-from quota.accounting.ledger import Ledger, QuotaKey, recounting_message, shown
-from quota.accounting.ledgerentry import ClaimRef, usage_scope
 from quota.values.model import Namespace
 from quota.values.raw import Obj
-from quota.accounting.reservationrecord import parse_record, parse_version, status_fields
-from quota.accounting.reservations import Outcome, Request, Undo, apply
 
 __all__ = ["CONTENTION", "QuotaStatusWriter", "StatusWrite"]
 

@@ -35,8 +35,8 @@ from typing import Any
 from kube.api import KubeApi
 from kube.resources import CONFIGMAPS
 from kube.watching import Reflector
-from quota.reports.loader import CheckInputError, read_values
 from quota.admission.policy import AdminAccessPolicy, PolicyError, parse_policy
+from quota.reports.loader import CheckInputError, read_values
 from quota.values.raw import Obj, show
 from quota.values.validation import dns_label, dns_subdomain
 from runtime.filepoll import Stamp, reload_on_change, stamp

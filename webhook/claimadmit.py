@@ -29,8 +29,8 @@ from typing import Any
 
 from kube.admissionreview import AdmissionRequest, Verdict
 from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
-from quota.objects.extended import generated_base
 from quota.objects.allocationrecord import RECORD_ANNOTATIONS
+from quota.objects.extended import generated_base
 from quota.values.model import ClaimUid
 from quota.values.raw import dig
 from webhook.claimreview import ClaimContext, admit_new, parse_request_claim, supplied

@@ -42,19 +42,19 @@ from typing import Any, Literal
 from kube.admissionreview import AdmissionRequest, Cause, UserInfo, Verdict
 from kube.quotawriter import Reservations
 from kube.recounts import Recounter
-from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
+from quota.accounting.excess import allocation_key
+from quota.accounting.ledgerentry import Entry
+from quota.accounting.reservationrecord import parse_version
 from quota.admission.admissiontoken import ADMISSION_ANNOTATION
+from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admission, Admitter, claim_ref, object_ref
+from quota.admission.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, RECORD_ANNOTATIONS, record_annotations
 from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim, claim_record, pod_owner
 from quota.objects.claimspec import ClaimError
-from quota.objects.jsonclaims import parse_json_claim
-from quota.accounting.excess import allocation_key
 from quota.objects.extended import attempt_series
-from quota.accounting.ledgerentry import Entry
+from quota.objects.jsonclaims import parse_json_claim
 from quota.values.model import RecordKey
-from quota.admission.policy import AUDIT_KEY, AdminAccessPolicy, PolicyRecord, judge_claim, stamped_from_pod
 from quota.values.raw import as_map, dig, show
-from quota.accounting.reservationrecord import parse_version
 from quota.values.work import Budget
 from runtime.slicing import Slicer
 

@@ -44,11 +44,11 @@ from prometheus_client.registry import Collector
 from kube.admissionreview import CAUSES, AdmissionRequest, Verdict
 from kube.leasebook import PATHS, WRITE_OUTCOMES, LeaseBook
 from kube.watching import Reflector
+from quota.admission.policy import PolicyRecord
 from quota.status.appliedplan import REASONS as APPLIED_REASONS
 from quota.status.appliedplan import Reason as AppliedReason
-from quota.admission.policy import PolicyRecord
-from quota.version import version
 from quota.values.work import pause_point
+from quota.version import version
 from runtime.metricnames import (
     ADMIN_ACCESS_DECISIONS,
     ADMISSION_DURATION,

@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import Entry
-from quota.values.model import DeviceKey
 from quota.accounting.showback import Accrual, Cell, contributions
 from quota.accounting.usage import device_labels
+from quota.devices.inventory import Inventory
+from quota.values.model import DeviceKey
 from runtime.metricnames import ALLOCATED_DEVICE_SECONDS, ALLOCATED_MEMORY_SECONDS
 from webhook.metrics import Metrics, render
 

@@ -43,14 +43,14 @@ from datetime import UTC, datetime
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from quota.status.breakdown import DEFAULT_SERIES, OTHER, top_parts
-from quota.quotas.devicequota import DeviceQuota, Usage
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef
-from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.accounting.usage import Held, HeldCounts, Holders, ModelIndex, held_devices, held_keys, namespace_usage
+from quota.devices.inventory import Inventory
+from quota.quotas.devicequota import DeviceQuota, Usage
 from quota.quotas.windows import hard_at
+from quota.status.breakdown import DEFAULT_SERIES, OTHER, top_parts
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
 from quota.values.work import drop, pause_point
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,

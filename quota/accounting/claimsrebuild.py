@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from quota.quotas.devicequota import DeviceQuota, Usage
 from quota.accounting.ledger import Ledger, QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry, add_usage, sum_usage, usage_scope
-from quota.values.model import Namespace
 from quota.accounting.teams import Recount
+from quota.quotas.devicequota import DeviceQuota, Usage
+from quota.values.model import Namespace
 from quota.values.work import drop, pause_point
 
 __all__ = ["ClaimsRebuild"]

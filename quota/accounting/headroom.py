@@ -29,12 +29,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from quota.quotas.devicequota import RESOURCES, Decision, DeviceQuota, Usage
 from quota.accounting.excess import parse_allocation_key
-from quota.values.model import ZERO, Charge
-from quota.values.quantity import format_quantity
 from quota.accounting.reservationrecord import MAX_ENTRIES, Record, Reservation
 from quota.accounting.reservations import Caches, Outcome, Request, apply, claim_settled, in_flight
+from quota.quotas.devicequota import RESOURCES, Decision, DeviceQuota, Usage
+from quota.values.model import ZERO, Charge
+from quota.values.quantity import format_quantity
 
 __all__ = ["LEASE_PREFIX", "Lease", "Plan", "Sizing", "SpecVersion", "landed", "leasable", "newer", "renew",
            "settleable", "take", "untake", "writing"]

@@ -27,11 +27,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from quota.quotas.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check, in_force
 from quota.accounting.ledgerentry import ClaimRef, Entry, add_usage, sum_usage, usage_scope
-from quota.values.model import ZERO, Charge, Mode, Namespace
 from quota.accounting.teams import Recount, Teams
+from quota.quotas.devicequota import CLUSTER_KIND, KIND, Decision, DeviceQuota, QuotaCheck, Usage, check, in_force
 from quota.quotas.windows import admission_change_after
+from quota.values.model import ZERO, Charge, Mode, Namespace
 from quota.values.work import paced
 
 __all__ = ["RECOUNT_PAUSE_EVERY", "QuotaKey", "Ledger", "recounting_message", "shown"]

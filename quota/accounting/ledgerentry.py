@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import NewType
 
 from quota.objects.claims import Claim
-from quota.quotas.devicequota import DeviceQuota, Usage
-from quota.values.model import ZERO, Charge, Mode, Namespace
 from quota.pricing.priced import Pricing
+from quota.quotas.devicequota import DeviceQuota, Usage
 from quota.quotas.scope import Scope
+from quota.values.model import ZERO, Charge, Mode, Namespace
 
 __all__ = ["ClaimRef", "Entry", "add_usage", "sum_usage", "usage_scope"]
 

@@ -56,11 +56,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
-from quota.quotas.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
 from quota.accounting.excess import excess_settled, parse_allocation_key, supersedes
-from quota.objects.extended import in_series
-from quota.values.model import ZERO, Charge
 from quota.accounting.reservationrecord import MAX_ENTRIES, MAX_ENTRIES_PER_NAMESPACE, Record, Reservation, Source
+from quota.objects.extended import in_series
+from quota.quotas.devicequota import Decision, DeviceQuota, QuotaCheck, Usage, check
+from quota.values.model import ZERO, Charge
 
 __all__ = ["Caches", "Outcome", "Request", "Undo", "apply", "claim_settled", "in_flight", "settle"]
 

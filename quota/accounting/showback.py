@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
 from quota.pricing.priced import Pricing
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace
 
 __all__ = ["OTHER", "Accrual", "Accrued", "Cell", "contributions"]
 

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from quota.objects.claims import AllocatedDevice, Claim
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import ZERO, Charge, Device, DeviceClassName, DeviceKey, Namespace
+from quota.devices.inventory import Inventory
+from quota.objects.claims import AllocatedDevice, Claim
 from quota.pricing.priced import PricedRequest, Pricing
+from quota.values.model import ZERO, Charge, Device, DeviceClassName, DeviceKey, Namespace
 from quota.values.quantity import ceil_int
 from quota.values.work import pause_point
 

@@ -19,15 +19,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from quota.admission.annotating import Annotating
-from quota.objects.claims import Claim
-from quota.admission.counting import MAX_PRICED_SELECTIONS, Priced, Repriced, claim_ref, object_ref
-from quota.quotas.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
-from quota.admission.explain import conservative_note
 from quota.accounting.ledgerentry import ClaimRef, Entry
+from quota.admission.annotating import Annotating
+from quota.admission.counting import MAX_PRICED_SELECTIONS, Priced, Repriced, claim_ref, object_ref
+from quota.admission.explain import conservative_note
 from quota.admission.memoryless import unmetered_warning, unpriced_message
-from quota.values.model import Charge, Device, DeviceClassName, Mode, Namespace
+from quota.objects.claims import Claim
 from quota.pricing.priced import PricedRequest, Pricing
+from quota.quotas.devicequota import RESOURCES, Decision, DeviceQuota, QuotaCheck, Usage, check, format_resource
+from quota.values.model import Charge, Device, DeviceClassName, Mode, Namespace
 from quota.values.validation import MAX_INT64
 from quota.values.work import Budget
 

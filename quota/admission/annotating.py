@@ -14,12 +14,12 @@ import json
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from quota.accounting.ledgerentry import Entry
+from quota.admission.counting import Counting, claim_ref
 from quota.objects.allocationrecord import record_annotations, record_in_step
 from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, Claim
-from quota.admission.counting import Counting, claim_ref
-from quota.accounting.ledgerentry import Entry
-from quota.values.model import Charge, RecordKey
 from quota.pricing.priced import Pricing
+from quota.values.model import Charge, RecordKey
 from quota.values.work import Budget
 
 __all__ = ["Annotating", "read_annotations"]

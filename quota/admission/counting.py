@@ -13,16 +13,16 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from quota.objects.claims import Claim
-from quota.objects.claimspec import ClaimSpec
-from quota.quotas.devicequota import DeviceQuota
 from quota.accounting.ledger import Ledger, QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.lru import LRU
-from quota.values.model import DeviceClass, Mode, Namespace
+from quota.objects.claims import Claim
+from quota.objects.claimspec import ClaimSpec
 from quota.pricing.priced import Pricing, at_least_recorded
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import DeviceQuota
 from quota.quotas.scope import DeviceSelection
+from quota.values.lru import LRU
+from quota.values.model import DeviceClass, Mode, Namespace
 from quota.values.work import Budget
 
 __all__ = ["MAX_PRICED_SELECTIONS", "MEMO_SIZE", "MEMO_SPEC_BYTES", "Counting", "Priced", "Repriced", "claim_ref",

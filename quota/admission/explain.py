@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from quota.objects.claims import Claim
 from quota.objects.claimspec import ClaimSpec, DeviceRequirement, Request
-from quota.quotas.devicequota import DeviceQuota, format_resource
-from quota.values.model import Charge, Mode
 from quota.pricing.priced import PricedRequest, combine
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import DeviceQuota, format_resource
 from quota.quotas.scope import DeviceSelection, Scope
+from quota.values.model import Charge, Mode
 from quota.values.work import CLAIM_COST_BUDGET, Budget
 
 __all__ = ["conservative_note"]

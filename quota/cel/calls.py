@@ -17,8 +17,8 @@ from typing import Any
 
 from quota.cel import ops
 from quota.cel.extlib import sort_keys
-from quota.cel.runtime import Fn, State, charge, needs_runtime_check, not_iterable
 from quota.cel.library import Overload
+from quota.cel.runtime import Fn, State, charge, needs_runtime_check, not_iterable
 from quota.cel.types import T, runtime_test
 from quota.cel.values import EvalError, Optional
 

@@ -19,7 +19,9 @@ from quota.cel import k8slib as _k8slib  # noqa: F401 - registers quantity/semve
 from quota.cel import netlib as _netlib  # noqa: F401 - registers the IP and CIDR libraries
 from quota.cel import strformat as _strformat  # noqa: F401 - registers string.format
 from quota.cel import timelib as _timelib  # noqa: F401 - registers timestamps and durations
+from quota.cel.extlib import compile_regex
 from quota.cel.library import REGISTRY, Overload
+from quota.cel.timelib import parse_duration, parse_timestamp
 from quota.cel.types import (
     BOOL,
     BYTES,
@@ -38,8 +40,6 @@ from quota.cel.types import (
     join,
     qualified_name,
 )
-from quota.cel.extlib import compile_regex
-from quota.cel.timelib import parse_duration, parse_timestamp
 from quota.cel.values import INT64_MAX, EvalError, Uint
 from quota.values.work import pause_point
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from quota.cel import ast, ops
 from quota.cel.calls import compile_call, compile_comprehension
-from quota.cel.twovar import compile_two_var
-from quota.cel.types import qualified_name
 from quota.cel.checker import Annotations
 from quota.cel.library import Overload
 from quota.cel.runtime import Fn, State, charge
+from quota.cel.twovar import compile_two_var
+from quota.cel.types import qualified_name
 from quota.cel.values import CelType, CostLimitExceeded, EvalError, Optional, cel_equal
 from quota.values.work import pause_point
 

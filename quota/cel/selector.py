@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 
 from quota.cel import checker, references
 from quota.cel.estimate import estimate
-from quota.cel.literals import SyntaxProblem
 from quota.cel.evaluator import compile_program, node_count
+from quota.cel.literals import SyntaxProblem
 from quota.cel.nesting import MAX_AST_DEPTH
 from quota.cel.ops import DeviceActivation
 from quota.cel.runtime import COST_EXCEEDED, COST_LIMIT, Fn, State

@@ -31,8 +31,8 @@ from typing import Any
 
 from quota.devices.columns import ColumnTable, Field, PoolIndex
 from quota.devices.memorysources import NO_SOURCES, MemorySources
-from quota.values.model import Device, DeviceKey
 from quota.objects.slices import ParsedSlice, parse_slice
+from quota.values.model import Device, DeviceKey
 from quota.values.work import drop, pause_point, pauses
 
 __all__ = ["Inventory", "PoolKey", "InventoryChange", "gc_paused"]

@@ -36,10 +36,10 @@ import yaml
 
 from quota.cel import CelCompileError, CelRuntimeError, compile_selector, device_activation
 from quota.devices.columns import cel_value
+from quota.objects.slices import ParsedSlice
 from quota.values.model import MEMORY, Capacity, Device
 from quota.values.quantity import format_quantity, non_negative_amount
 from quota.values.raw import as_list, show
-from quota.objects.slices import ParsedSlice
 from quota.values.validation import MAX_CEL_LENGTH, dns_subdomain, optional_string, qualified_name, string
 
 __all__ = ["KIND", "MemorySource", "MemorySources", "MemorySourcesError", "NO_SOURCES", "default_memory_sources",

@@ -43,10 +43,10 @@ from quota.cel.activation import activation_error
 from quota.devices.columns import Field, PoolIndex, base_fields
 from quota.devices.equality import INDEX_SHARE, EqualityIndex, index_term, worth_indexing
 from quota.devices.inventory import Inventory
-from quota.values.lru import LRU
-from quota.values.model import Device
 from quota.devices.partitions import FieldsOf, GroupKey, Part, Partition, Superseded
 from quota.devices.verdicts import SelectorError, Stage, StageFailed, StageRun, Verdicts, new_stage
+from quota.values.lru import LRU
+from quota.values.model import Device
 from quota.values.work import PAUSE_EVERY, Budget, pauses, wait_point
 
 __all__ = ["PATIENCE", "SelectorError", "DeviceGroup", "Match", "SelectorMatcher"]

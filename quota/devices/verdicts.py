@@ -33,8 +33,8 @@ from quota.cel import COST_EXCEEDED, COST_LIMIT, CelRuntimeError, CompiledSelect
 from quota.cel.activation import Projection, cel_attribute, projected_activation, projection_of
 from quota.cel.ops import DomainMap
 from quota.devices.columns import DRIVER_AT, MISSING, MULTI_AT, PRESENCE, Field, cel_value, presence, untyped
-from quota.values.model import Device
 from quota.devices.partitions import GroupKey
+from quota.values.model import Device
 from quota.values.work import Budget, Pause
 
 __all__ = ["SelectorError", "Stage", "StageFailed", "Verdicts", "StageRun", "new_stage", "PER_STAGE"]

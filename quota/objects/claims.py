@@ -24,6 +24,7 @@ from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, recorded
 from quota.objects.claimspec import ClaimError, ClaimSpec, parse_capacities, parse_claim_spec, parse_selectors
 from quota.objects.conversion import as_v1
 from quota.values.interning import Interned
+from quota.values.meta import parse_meta
 from quota.values.model import (
     Charge,
     ClaimUid,
@@ -33,7 +34,6 @@ from quota.values.model import (
     Namespace,
     RecordKey,
 )
-from quota.values.meta import parse_meta
 from quota.values.raw import as_list, dig, show, small_json
 from quota.values.validation import (
     MAX_INT64,

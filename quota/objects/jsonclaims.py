@@ -1,8 +1,9 @@
 """Claims decoded from JSON, parsed with their specs memoised by content.
 
-Neighbours: `quota.objects.claims.parse_claim` parses (the spec: `quota.objects.claimspec`); the webhook (`webhook.claimreview`) and the
-claim cache (`kube.claimstore`) read claims decoded from JSON here, `dra-quota check`
-(YAML) reads them there. Pure: the memo only remembers what parsing returned.
+Neighbours: `quota.objects.claims.parse_claim` parses (the spec: `quota.objects.claimspec`); the
+webhook (`webhook.claimreview`) and the claim cache (`kube.claimstore`) read claims decoded from
+JSON here, `dra-quota check` (YAML) reads them there. Pure: the memo only remembers what parsing
+returned.
 
 Why: a one-write claim is parsed at its admission and again at its watch event, and the
 claims a template stamps share one spec; parsing the spec again was about a third of

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from quota.values import validation
 from quota.objects.conversion import as_v1
+from quota.objects.requestpolicy import parse_policy
+from quota.values import validation
 from quota.values.interning import Interned
 from quota.values.meta import parse_meta
 from quota.values.model import (
@@ -34,7 +35,6 @@ from quota.values.model import (
 )
 from quota.values.quantity import non_negative_amount
 from quota.values.raw import as_list, show
-from quota.objects.requestpolicy import parse_policy
 from quota.values.validation import at_most, dns_label, dns_subdomain, integer, optional_string, qualified_name, string
 
 __all__ = ["SliceError", "ParsedSlice", "parse_slice"]

@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from quota.devices.inventory import Inventory
+from quota.devices.selectors import SelectorMatcher
 from quota.objects.allocationrecord import by_device
-from quota.pricing.capacity import round_request
 from quota.objects.claims import AllocatedDevice, Claim
 from quota.objects.claimspec import request_classes
-from quota.devices.inventory import Inventory
-from quota.values.model import MEMORY, ZERO, Charge, Device, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
+from quota.pricing.capacity import round_request
 from quota.pricing.priced import HeldDevice, PricedRequest, Pricing, Share
-from quota.values.quantity import ceil_int, format_quantity
 from quota.quotas.scope import DeviceSelection
-from quota.devices.selectors import SelectorMatcher
+from quota.values.model import MEMORY, ZERO, Charge, Device, DeviceClass, DeviceClassName, DeviceKey, RecordKey, qualify
+from quota.values.quantity import ceil_int, format_quantity
 from quota.values.work import Budget, BudgetExceeded
 
 __all__ = ["AllocatedPricer"]

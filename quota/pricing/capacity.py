@@ -20,10 +20,10 @@ import math
 from collections.abc import Iterable
 from fractions import Fraction
 
+from quota.devices.selectors import DeviceGroup
 from quota.objects.claimspec import DeviceRequirement, Toleration
 from quota.values.model import Capacity, Device, RequestPolicy, Taint, qualify
 from quota.values.quantity import ceil_int
-from quota.devices.selectors import DeviceGroup
 
 __all__ = ["round_request", "consumed", "memory_charge", "nominal_memory_charge", "tolerates_all", "eligible",
            "publishes_memory", "accelerators", "unpriced_accelerators", "memoryless_drivers"]

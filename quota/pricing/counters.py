@@ -48,8 +48,8 @@ from functools import reduce
 
 from quota.devices.columns import PoolIndex
 from quota.devices.inventory import Inventory
-from quota.values.model import ZERO, Charge, Device, Mode
 from quota.devices.selectors import DeviceGroup
+from quota.values.model import ZERO, Charge, Device, Mode
 from quota.values.work import paced, pause_point
 
 __all__ = ["SEARCH_STEPS", "ScopeSums", "all_mode", "count_memory", "per_scope"]

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import reduce
 
-from quota.values.model import ZERO, Charge, DeviceClassName, DeviceKey, Mode, RecordKey
 from quota.quotas.scope import DeviceSelection, Scope
+from quota.values.model import ZERO, Charge, DeviceClassName, DeviceKey, Mode, RecordKey
 
 __all__ = ["HeldDevice", "PricedRequest", "Pricing", "Share", "at_least_recorded", "combine"]
 

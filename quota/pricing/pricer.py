@@ -29,18 +29,24 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import TypeVar
 
-from quota.pricing.allocated import AllocatedPricer
-from quota.pricing.capacity import accelerators, eligible, memoryless_drivers, nominal_memory_charge, unpriced_accelerators
+from quota.devices.inventory import Inventory
+from quota.devices.selectors import DeviceGroup, Match, SelectorMatcher
 from quota.objects.claims import Claim
 from quota.objects.claimspec import ClaimSpec, DeviceRequirement, Request, unnamed
+from quota.pricing.allocated import AllocatedPricer
+from quota.pricing.capacity import (
+    accelerators,
+    eligible,
+    memoryless_drivers,
+    nominal_memory_charge,
+    unpriced_accelerators,
+)
 from quota.pricing.counters import all_mode, count_memory, per_scope
-from quota.devices.inventory import Inventory
+from quota.pricing.priced import PricedRequest, Pricing, Share, combine
+from quota.quotas.scope import DeviceSelection
 from quota.values.lru import LRU
 from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
-from quota.pricing.priced import PricedRequest, Pricing, Share, combine
 from quota.values.quantity import ceil_int, format_quantity
-from quota.quotas.scope import DeviceSelection
-from quota.devices.selectors import DeviceGroup, Match, SelectorMatcher
 from quota.values.work import COMPILE_UNITS_PER_BYTE, Budget, BudgetExceeded
 
 __all__ = ["Pricer"]

@@ -21,14 +21,14 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Required, TypedDict
 
 from quota.quotas.advice import advice, case_of, worst
+from quota.quotas.scope import Scope, parse_scope
+from quota.quotas.windows import Window, effective_for_admission, hard_at, hard_note, parse_windows
 from quota.values.labelselector import LabelSelector, parse_label_selector
-from quota.values.model import ZERO, Charge, Limits, Mode, Namespace
 from quota.values.meta import parse_meta, require_version
+from quota.values.model import ZERO, Charge, Limits, Mode, Namespace
 from quota.values.quantity import ceil_int, format_quantity, non_negative_amount
 from quota.values.raw import show
-from quota.quotas.scope import Scope, parse_scope
 from quota.values.validation import integer
-from quota.quotas.windows import Window, effective_for_admission, hard_at, hard_note, parse_windows
 
 __all__ = [
     "GOVERNED_LABEL",

@@ -19,10 +19,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from quota.accounting.ledger import Ledger
 from quota.admission.admitter import Admission, Admitter
+from quota.devices.inventory import Inventory
+from quota.devices.memorysources import NO_SOURCES, MemorySources
 from quota.objects.claims import Claim, parse_claim, parse_device_class
 from quota.objects.claimspec import ClaimError
 from quota.objects.conversion import require_dra_version
+from quota.objects.knownfields import strict_error
+from quota.objects.slices import SliceError
+from quota.pricing.priced import Pricing
+from quota.pricing.pricer import Pricer
 from quota.quotas.devicequota import (
     CLUSTER_KIND,
     GROUP,
@@ -32,20 +39,13 @@ from quota.quotas.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.devices.inventory import Inventory
-from quota.objects.knownfields import strict_error
-from quota.accounting.ledger import Ledger
+from quota.quotas.scope import selection_problems
+from quota.quotas.windows import Effective, effective, hard_note
 from quota.reports.loader import CheckInputError, Document
-from quota.devices.memorysources import NO_SOURCES, MemorySources
-from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode, Namespace
-from quota.pricing.priced import Pricing
-from quota.pricing.pricer import Pricer
 from quota.reports.printable import for_json
 from quota.values.meta import NamespaceError, parse_namespace
+from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, Mode, Namespace
 from quota.values.raw import show
-from quota.quotas.scope import selection_problems
-from quota.objects.slices import SliceError
-from quota.quotas.windows import Effective, effective, hard_note
 
 __all__ = ["NO_CLASSES", "ObjectResult", "Report", "run_check"]
 

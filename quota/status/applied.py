@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from quota.quotas.devicequota import CLUSTER_KIND, GROUP, VERSION
+from quota.status.published import team_usage
 from quota.values.quantity import format_quantity
 from quota.values.raw import Obj, as_map
-from quota.status.published import team_usage
 
 __all__ = ["APPLIED_KIND", "APPLIED_PLURAL", "MANAGED_BY", "applied_quotas", "headroom"]
 

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from quota.accounting.reservationrecord import Record, status_fields
+from quota.accounting.reservations import Caches, in_flight, settle
 from quota.quotas.devicequota import (
     RESOURCES,
     Amounts,
@@ -65,14 +67,12 @@ from quota.quotas.devicequota import (
     Usage,
     format_resource,
 )
+from quota.quotas.scope import selection_problems
+from quota.quotas.windows import Effective, effective, hard_note, utc_stamp
 from quota.status.leases import micro_time
 from quota.values.model import ZERO, Charge, Limits
 from quota.values.quantity import format_quantity
 from quota.values.raw import as_map
-from quota.accounting.reservationrecord import Record, status_fields
-from quota.accounting.reservations import Caches, in_flight, settle
-from quota.quotas.scope import selection_problems
-from quota.quotas.windows import Effective, effective, hard_note, utc_stamp
 
 __all__ = ["CONTROLLER_FIELDS", "MAX_NAMESPACES", "InForce", "boundary", "desired_status", "in_force", "next_change", "next_expiry"]
 

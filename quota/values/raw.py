@@ -1,10 +1,10 @@
 """Reading raw Kubernetes JSON defensively: one way to walk and check fields.
 
-Neighbours: the parsers (`quota.objects.slices`, `quota.objects.claims`, `quota.objects.claimspec`, `quota.quotas.devicequota`,
-`quota.values.meta`) turn raw objects into domain values with these helpers, so a field of
-the wrong type becomes a parser error naming it instead of an AttributeError deep in
-the webhook (tests/unit/quota/objects/test_fuzz_parsers.py holds them to that). `show` is the one way
-a hostile value enters an error message.
+Neighbours: the parsers (`quota.objects.slices`, `quota.objects.claims`, `quota.objects.claimspec`,
+`quota.quotas.devicequota`, `quota.values.meta`) turn raw objects into domain values with these
+helpers, so a field of the wrong type becomes a parser error naming it instead of an AttributeError
+deep in the webhook (tests/unit/quota/objects/test_fuzz_parsers.py holds them to that). `show` is
+the one way a hostile value enters an error message.
 """
 
 from __future__ import annotations

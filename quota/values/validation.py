@@ -1,12 +1,13 @@
 """API-server field rules shared by the parsers: names, integer ranges, list limits.
 
-Neighbours: `quota.objects.slices`, `quota.objects.claims`, `quota.objects.claimspec`, `quota.quotas.devicequota` and `quota.values.meta` call
-these while reading raw objects, so that what the API server would refuse is refused
-here too, by field, instead of changing the arithmetic (a negative count, a 10^5000
-generation). The rules and limits follow k/k pkg/apis/resource/validation/validation.go
-and the constants of staging/src/k8s.io/api/resource/v1/types.go; name formats follow
-k8s.io/apimachinery/pkg/util/validation/validation.go. Every function takes the error
-class of its caller so each parser keeps raising its own error type. Pure.
+Neighbours: `quota.objects.slices`, `quota.objects.claims`, `quota.objects.claimspec`,
+`quota.quotas.devicequota` and `quota.values.meta` call these while reading raw objects, so that
+what the API server would refuse is refused here too, by field, instead of changing the arithmetic
+(a negative count, a 10^5000 generation). The rules and limits follow k/k
+pkg/apis/resource/validation/validation.go and the constants of
+staging/src/k8s.io/api/resource/v1/types.go; name formats follow
+k8s.io/apimachinery/pkg/util/validation/validation.go. Every function takes the error class of its
+caller so each parser keeps raising its own error type. Pure.
 """
 
 from __future__ import annotations

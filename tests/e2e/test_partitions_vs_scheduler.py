@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
+from quota.devices.inventory import Inventory
 from quota.objects.claims import parse_claim, parse_device_class
 from quota.objects.claimspec import parse_claim_spec
-from quota.devices.inventory import Inventory
-from quota.values.model import Charge
 from quota.pricing.pricer import Pricer
+from quota.values.model import Charge
 from tests.unit.drivers import EXAMPLE, example_partitionable
 
 from .driver import (

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from quota.devices.inventory import Inventory
 from quota.objects.claims import parse_claim, parse_device_class
 from quota.objects.claimspec import parse_claim_spec
-from quota.devices.inventory import Inventory
-from quota.values.model import Charge, DeviceClassName, DeviceKey
 from quota.pricing.pricer import Pricer
+from quota.values.model import Charge, DeviceClassName, DeviceKey
 
 from .driver import (
     RESOURCE_V1, Gpu, GpuFleet, claim_spec, create_claim_template, create_pod, exact_request, free_pod,

@@ -34,10 +34,10 @@ import secrets
 
 import pytest
 
+from quota.accounting.reservationrecord import MAX_ENTRIES, Reservation
 from quota.admission.admissiontoken import ADMISSION_ANNOTATION, is_token_key, token_key
 from quota.values.model import Charge
 from quota.values.quantity import parse_quantity
-from quota.accounting.reservationrecord import MAX_ENTRIES, Reservation
 
 from .driver import RESOURCE_V1
 from .harness import CLIENTS, DQ, QUOTA_HOOK, RUN_LABEL, MakeNamespace, Setup, claim_body, governed

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quota.quotas.advice import Case, advice
 from quota.objects.allocationrecord import record_annotations
+from quota.quotas.advice import Case, advice
 from quota.values.model import RecordKey
 
 GiB = 2**30

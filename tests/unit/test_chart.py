@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from commands.cli import _parser
-from quota.manifests import tenant_view_role
-from quota.devices.memorysources import parse_memory_sources
 from quota.admission.policy import ADMIN_ACCESS_GRANT, parse_policy
+from quota.devices.memorysources import parse_memory_sources
+from quota.manifests import tenant_view_role
 from quota.values.raw import Obj
 
 from ..tools.chart import (

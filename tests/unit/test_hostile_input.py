@@ -19,21 +19,31 @@ import pytest
 
 from commands.checkcommand import render_table
 from commands.cli import main
+from quota.accounting.ledger import Ledger
 from quota.admission.admitter import Admitter
-from quota.reports.check import ObjectResult, Report
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.objects.claimspec import ClaimError
-from quota.quotas.devicequota import QuotaError, parse_device_quota
 from quota.devices.inventory import Inventory
 from quota.devices.memorysources import NO_SOURCES, MemorySources
-from quota.accounting.ledger import Ledger
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.objects.claimspec import ClaimError
+from quota.objects.slices import SliceError
+from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import QuotaError, parse_device_quota
+from quota.reports.check import ObjectResult, Report
 from quota.values.meta import NamespaceError, parse_namespace
 from quota.values.model import ZERO, DeviceClassName
-from quota.pricing.pricer import Pricer
 from quota.values.quantity import QuantityError, parse_amount, parse_quantity
-from quota.objects.slices import SliceError
 
-from .builders import exactly, first_available, make_class, make_claim, make_device, make_quota, make_slice, request, result
+from .builders import (
+    exactly,
+    first_available,
+    make_class,
+    make_claim,
+    make_device,
+    make_quota,
+    make_slice,
+    request,
+    result,
+)
 
 HUGE = 10**4400
 Mutation = Callable[[dict[str, Any]], object]

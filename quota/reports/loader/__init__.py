@@ -27,7 +27,12 @@ from typing import Any
 
 from quota.reports.loader import lists
 from quota.reports.loader.fields import field_line, field_path
-from quota.reports.loader.jsondocs import depth_within_bound, has_surrogate_escapes, json_documents, value_count_within_bound
+from quota.reports.loader.jsondocs import (
+    depth_within_bound,
+    has_surrogate_escapes,
+    json_documents,
+    value_count_within_bound,
+)
 from quota.reports.loader.limits import TOO_MANY_VALUES, DecodeError
 from quota.reports.loader.sources import Source, SourceError, read_sources
 from quota.reports.loader.yamldocs import yaml_documents

@@ -6,8 +6,8 @@ from commands.wiring import Caches
 from controllers.requeue import Requeuer
 from kube.claimstore import ClaimStore
 from quota.quotas.devicequota import parse_cluster_device_quota
-from quota.values.model import Namespace
 from quota.status.requeueing import Turn
+from quota.values.model import Namespace
 
 from ..builders import make_cluster_quota
 

@@ -5,8 +5,8 @@ The label writes themselves are proven against the real API server (tests/e2e)."
 from __future__ import annotations
 
 from controllers.governed import GovernedLabels, governed_value
-from quota.quotas.devicequota import parse_cluster_device_quota
 from quota.accounting.ledger import Ledger
+from quota.quotas.devicequota import parse_cluster_device_quota
 from quota.values.model import Namespace
 
 from ..builders import make_cluster_quota

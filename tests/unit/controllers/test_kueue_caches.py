@@ -7,12 +7,12 @@ import asyncio
 from typing import Any
 
 from controllers.kueue import CheckStore, KueueCaches, PodLookup, TemplateStore, WorkloadStore
-from quota.objects.claims import parse_claim
-from quota.quotas.devicequota import DeviceQuota
 from quota.accounting.ledger import QuotaKey
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, Namespace
 from quota.accounting.workloads import WORKLOAD_LABEL
+from quota.objects.claims import parse_claim
+from quota.quotas.devicequota import DeviceQuota
+from quota.values.model import Charge, Namespace
 
 from ..builders import GiB, exactly, make_claim, request
 from ..quota.accounting.test_workloads import admitter, pod_set, state

@@ -11,8 +11,8 @@ import pytest
 from controllers.kueue import AdmissionCheckController, TemplateStore, WorkloadStore
 from kube.events import EventKey, EventRecorder
 from kube.quotawriter import Reservations
-from quota.quotas.devicequota import parse_cluster_device_quota
 from quota.accounting.ledgerentry import ClaimRef
+from quota.quotas.devicequota import parse_cluster_device_quota
 from quota.values.model import Namespace
 
 from ..builders import exactly, make_claim, make_cluster_quota, request

@@ -10,14 +10,14 @@ from typing import Any
 
 from controllers.refine import Refiner
 from kube.claimstore import ClaimStore
-from quota.admission.admitter import Admitter
-from quota.objects.claims import parse_device_class
-from quota.quotas.devicequota import parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger, QuotaKey
 from quota.accounting.ledgerentry import ClaimRef
-from quota.values.model import Charge, DeviceClassName, Namespace
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
+from quota.objects.claims import parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_device_quota
+from quota.values.model import Charge, DeviceClassName, Namespace
 from runtime.slicing import Slicer
 
 from ..builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result

@@ -12,16 +12,16 @@ import pytest
 
 from kube.caches import ClassStore, NamespaceStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
-from quota.admission.admitter import Admitter
-from quota.objects.allocationrecord import record_annotations
-from quota.objects.claims import CHARGE_ANNOTATION, parse_claim
-from quota.quotas.devicequota import Usage
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
-from quota.pricing.pricer import Pricer
 from quota.accounting.usage import Holders
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
+from quota.objects.allocationrecord import record_annotations
+from quota.objects.claims import CHARGE_ANNOTATION, parse_claim
+from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import Usage
+from quota.values.model import ZERO, Charge, DeviceClass, DeviceClassName, Namespace
 from quota.values.work import pausing
 
 from ..builders import (GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice,

@@ -19,15 +19,15 @@ from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
 from kube.statuswriter import CONTENTION
 from kube.watching import Progress
-from quota.admission.admitter import Admitter
-from quota.accounting.headroom import Sizing
-from quota.quotas.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
 from quota.accounting.excess import allocation_key
+from quota.accounting.headroom import Sizing
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, DeviceClassName, Namespace
+from quota.admission.admitter import Admitter
 from quota.pricing.priced import PricedRequest, Pricing
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import DeviceQuota, parse_cluster_device_quota, parse_device_quota
+from quota.values.model import Charge, DeviceClassName, Namespace
 from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import GiB, make_cluster_quota, make_quota

@@ -11,11 +11,11 @@ from typing import Any
 from kube.quotawriter import Reservations
 from kube.rebuilds import Rebuilds
 from kube.recounts import Recounter
-from quota.admission.admitter import Admitter
-from quota.quotas.devicequota import parse_cluster_device_quota
 from quota.accounting.ledger import Ledger, QuotaKey, recounting_message
-from quota.values.model import Charge, Namespace
+from quota.admission.admitter import Admitter
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.values.model import Charge, Namespace
 from webhook.claimreview import ClaimContext, create_claim
 
 from ..builders import make_cluster_quota

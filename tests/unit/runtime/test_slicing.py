@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from greenlet import greenlet
 
+from quota.accounting.ledger import Ledger
 from quota.admission.admitter import Admitter
 from quota.cel import compile_selector
-from quota.objects.claims import parse_claim, parse_device_class
 from quota.devices.inventory import Inventory
-from quota.accounting.ledger import Ledger
-from quota.values.model import DeviceClassName
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.values.model import DeviceClassName
 from quota.values.work import CLAIM_COST_BUDGET, pause_point, wait_point
 from tests.unit.quota.cel.devices import activation
 from runtime import slicing

@@ -16,8 +16,8 @@ from devcluster.webhooks import json_patched
 from kube.admissionreview import AdmissionRequest, Verdict
 from kube.leasebook import LeaseBook
 from kube.quotawriter import Reservations
-from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
 from quota.accounting.headroom import Sizing
+from quota.admission.admissiontoken import ADMISSION_ANNOTATION, token_key
 from quota.objects.claims import CHARGE_ANNOTATION, QUOTAS_ANNOTATION, parse_claim
 from quota.values.model import Charge
 from webhook.claimadmit import admit_claim

@@ -22,15 +22,26 @@ from kube.admissionreview import AdmissionRequest, ReviewError, Verdict, parse_r
 from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
 from kube.watching import Progress
-from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admitter
-from quota.objects.allocationrecord import ALLOCATED_CHARGE_ANNOTATION, ALLOCATION_RESULTS_ANNOTATION, record_annotations
-from quota.objects.claims import parse_claim
-from quota.quotas.devicequota import parse_cluster_device_quota, parse_device_quota
 from quota.accounting.ledger import Ledger
-from quota.values.model import Charge, Namespace
+from quota.admission.admitter import ADMIN_ACCESS_MESSAGE, Admitter
 from quota.admission.policy import CLAIM_CONTROLLER, PolicyRecord, parse_policy
+from quota.objects.allocationrecord import (
+    ALLOCATED_CHARGE_ANNOTATION,
+    ALLOCATION_RESULTS_ANNOTATION,
+    record_annotations,
+)
+from quota.objects.claims import parse_claim
 from quota.pricing.pricer import Pricer
-from webhook.claimreview import ClaimContext, allocate_claim, create_claim, create_template, update_claim, with_namespace
+from quota.quotas.devicequota import parse_cluster_device_quota, parse_device_quota
+from quota.values.model import Charge, Namespace
+from webhook.claimreview import (
+    ClaimContext,
+    allocate_claim,
+    create_claim,
+    create_template,
+    update_claim,
+    with_namespace,
+)
 from webhook.endpoints import endpoints
 
 from ..bounds import bounded, fuzz_examples

@@ -24,14 +24,14 @@ from kube.admissionreview import AdmissionRequest, Verdict
 from kube.api import Resource
 from kube.leasebook import LeaseBook
 from kube.watching import Reflector, ReflectorStats
-from quota.status.appliedplan import Reason as AppliedReason
-from quota.quotas.devicequota import parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.headroom import Lease
 from quota.accounting.ledger import Ledger
-from quota.values.model import Charge, Namespace
-from quota.admission.policy import PolicyRecord
 from quota.accounting.usage import Holders
+from quota.admission.policy import PolicyRecord
+from quota.devices.inventory import Inventory
+from quota.quotas.devicequota import parse_device_quota
+from quota.status.appliedplan import Reason as AppliedReason
+from quota.values.model import Charge, Namespace
 from runtime.metricnames import (
     ALLOCATION_WAIT,
     QUOTA_DENIALS,

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from kube.admissionreview import AdmissionRequest, Verdict, parse_review, respond
 from quota.objects.claims import parse_device_class
-from quota.values.model import Charge, Namespace
 from quota.pricing.pricer import Pricer
+from quota.values.model import Charge, Namespace
 from quota.values.work import CLAIM_COST_BUDGET, COMPILE_UNITS_PER_BYTE
 from runtime.slicing import Slicer
 from webhook.claimreview import ClaimContext

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 
-from quota.admission.admitter import Admitter, claim_ref
-from quota.objects.claims import Claim, parse_claim, parse_device_class
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
-from quota.values.model import DeviceClassName
+from quota.admission.admitter import Admitter, claim_ref
+from quota.devices.inventory import Inventory
+from quota.objects.claims import Claim, parse_claim, parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.values.model import DeviceClassName
 from runtime.metricnames import ALLOCATED_DEVICE_SECONDS, ALLOCATED_MEMORY_SECONDS
 from webhook.metrics import Metrics
 from webhook.showbackmetrics import Showback

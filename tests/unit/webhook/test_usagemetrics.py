@@ -22,15 +22,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from kube.caches import ClassStore, QuotaStore, SliceStore
 from kube.claimstore import ClaimStore
 from kube.quotawriter import Reservations
-from quota.admission.admitter import Admitter
-from quota.status.breakdown import DEFAULT_SERIES, OTHER
-from quota.objects.claims import parse_claim
-from quota.quotas.devicequota import parse_cluster_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
-from quota.values.model import DeviceClass, DeviceClassName, Namespace
-from quota.pricing.pricer import Pricer
 from quota.accounting.usage import Holders
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
+from quota.objects.claims import parse_claim
+from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_cluster_device_quota
+from quota.status.breakdown import DEFAULT_SERIES, OTHER
+from quota.values.model import DeviceClass, DeviceClassName, Namespace
 from quota.values.work import pausing
 from runtime.metricnames import (
     CLAIM_DEVICE_INFO,

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.quotas.devicequota import Usage, parse_device_quota
 from quota.accounting.excess import allocation_key, excess_settled, parse_allocation_key, supersedes
-from quota.values.model import Charge
 from quota.accounting.reservationrecord import Record, Reservation, parse_record, status_fields
 from quota.accounting.reservations import Outcome, Request, Undo, apply, in_flight, settle
+from quota.quotas.devicequota import Usage, parse_device_quota
+from quota.values.model import Charge
 
 from ...builders import GiB, make_quota
 from .test_reservations import TTL, Replica, Seen

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.quotas.devicequota import DeviceQuota, Usage, parse_device_quota
 from quota.accounting.headroom import Lease, Plan, SpecVersion, landed, leasable, newer, renew, take
-from quota.values.model import Charge
 from quota.accounting.reservationrecord import Record
 from quota.accounting.reservations import Outcome, apply
+from quota.quotas.devicequota import DeviceQuota, Usage, parse_device_quota
+from quota.values.model import Charge
 
 from ...builders import GiB, make_quota
 from .test_reservations import (LEASED, SIZES, SIZING, TTL, Holder, Seen, World, _lease_step, lease_action, replica,

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 import quota.accounting.claimsrebuild as claimsrebuild
 import quota.accounting.ledger as ledger_module
-from quota.quotas.devicequota import Usage, parse_cluster_device_quota, parse_device_quota
 from quota.accounting.claimsrebuild import ClaimsRebuild
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry, add_usage, sum_usage
-from quota.values.model import Charge, DeviceClassName, Namespace
 from quota.pricing.priced import PricedRequest, Pricing
+from quota.quotas.devicequota import Usage, parse_cluster_device_quota, parse_device_quota
+from quota.values.model import Charge, DeviceClassName, Namespace
 from quota.values.work import pausing
 
 from ...builders import GiB, make_cluster_quota, make_quota

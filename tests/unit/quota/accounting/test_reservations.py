@@ -8,12 +8,23 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.quotas.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, parse_device_quota
 from quota.accounting.excess import allocation_key
-from quota.accounting.headroom import LEASE_PREFIX, Lease, Plan, Sizing, SpecVersion, landed, renew, take, untake, writing
-from quota.values.model import Charge
+from quota.accounting.headroom import (
+    LEASE_PREFIX,
+    Lease,
+    Plan,
+    Sizing,
+    SpecVersion,
+    landed,
+    renew,
+    take,
+    untake,
+    writing,
+)
 from quota.accounting.reservationrecord import Record, Reservation, parse_record, status_fields
 from quota.accounting.reservations import Outcome, Request, apply, in_flight, settle
+from quota.quotas.devicequota import DeviceQuota, Usage, parse_cluster_device_quota, parse_device_quota
+from quota.values.model import Charge
 
 from ...builders import GiB, make_cluster_quota, make_quota
 

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.admission.admitter import Admitter, claim_ref
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef
-from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
-from quota.pricing.pricer import Pricer
 from quota.accounting.showback import OTHER, Accrual, Accrued, contributions
 from quota.accounting.usage import device_labels
+from quota.admission.admitter import Admitter, claim_ref
+from quota.devices.inventory import Inventory
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.pricing.pricer import Pricer
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
 
 from ...builders import GiB, exactly, make_claim, make_class, make_device, make_slice, request, result
 

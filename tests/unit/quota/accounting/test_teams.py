@@ -12,8 +12,8 @@ import quota.accounting.claimsrebuild as claimsrebuild
 from quota.accounting.claimsrebuild import ClaimsRebuild
 from quota.accounting.ledger import Ledger, recounting_message
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, DeviceClassName, Namespace
 from quota.pricing.priced import PricedRequest, Pricing
+from quota.values.model import Charge, DeviceClassName, Namespace
 from quota.values.work import pausing
 
 from ...builders import GiB, advised, make_cluster_quota, make_quota

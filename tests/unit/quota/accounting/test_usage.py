@@ -6,13 +6,7 @@ from typing import Any
 
 import pytest
 
-from quota.admission.admitter import Admitter, claim_ref
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
-from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
-from quota.pricing.pricer import Pricer
-from quota.objects.slices import parse_slice
 from quota.accounting.usage import (
     DeviceLabels,
     HeldCounts,
@@ -23,6 +17,12 @@ from quota.accounting.usage import (
     device_labels,
     namespace_usage,
 )
+from quota.admission.admitter import Admitter, claim_ref
+from quota.devices.inventory import Inventory
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.objects.slices import parse_slice
+from quota.pricing.pricer import Pricer
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Namespace
 
 from ...builders import GiB, exactly, first_available, make_class, make_claim, make_device, make_slice, request, result
 

@@ -7,15 +7,8 @@ from typing import Any
 
 import pytest
 
-from quota.admission.admitter import Admitter
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.quotas.devicequota import parse_cluster_device_quota, parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, DeviceClassName, Namespace
-from quota.pricing.pricer import Pricer
-from quota.quotas.scope import Scope
 from quota.accounting.workloads import (
     MAX_POD_CLAIMS,
     WORKLOAD_LABEL,
@@ -28,9 +21,26 @@ from quota.accounting.workloads import (
     parse_workload,
     too_many_claims,
 )
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
+from quota.objects.claims import parse_claim, parse_device_class
+from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_cluster_device_quota, parse_device_quota
+from quota.quotas.scope import Scope
+from quota.values.model import Charge, DeviceClassName, Namespace
 
 from ...bounds import bounded
-from ...builders import GiB, exactly, make_class, make_claim, make_cluster_quota, make_device, make_quota, make_slice, request
+from ...builders import (
+    GiB,
+    exactly,
+    make_class,
+    make_claim,
+    make_cluster_quota,
+    make_device,
+    make_quota,
+    make_slice,
+    request,
+)
 
 NS = Namespace("team-a")
 OURS = frozenset({"dq"})

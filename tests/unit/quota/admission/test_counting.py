@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from quota.admission.admitter import Admission, Admitter
-from quota.admission.counting import MEMO_SIZE
-from quota.objects.claims import Claim, parse_claim, parse_device_class
-from quota.quotas.devicequota import parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef, Entry
-from quota.values.model import Charge, DeviceClassName
+from quota.admission.admitter import Admission, Admitter
+from quota.admission.counting import MEMO_SIZE
+from quota.devices.inventory import Inventory
+from quota.objects.claims import Claim, parse_claim, parse_device_class
 from quota.pricing.priced import at_least_recorded
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_device_quota
+from quota.values.model import Charge, DeviceClassName
 from quota.values.work import Budget
 
 from ...builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request

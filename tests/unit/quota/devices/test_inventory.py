@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from quota.devices.inventory import Inventory
-from quota.values.model import DeviceKey, Version
 from quota.objects import slices
-from quota.values.interning import Interned
 from quota.objects.slices import SliceError
+from quota.values.interning import Interned
+from quota.values.model import DeviceKey, Version
 
 from ...builders import GiB, consumes, make_counter_slice, make_device, make_slice
 

@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from quota.admission.admitter import Admitter
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.quotas.devicequota import parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
+from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
 from quota.devices.memorysources import (
     NO_SOURCES,
     MemorySources,
@@ -25,8 +23,10 @@ from quota.devices.memorysources import (
     load_memory_sources,
     parse_memory_sources,
 )
-from quota.values.model import Charge, DeviceKey, Namespace
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import parse_device_quota
+from quota.values.model import Charge, DeviceKey, Namespace
 
 from ...builders import GiB, exactly, make_class, make_claim, make_device, make_quota, make_slice, request, result
 

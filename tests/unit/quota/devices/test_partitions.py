@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from quota.cel import CelRuntimeError, compile_selector, device_activation
 from quota.devices.columns import presence
 from quota.devices.inventory import Inventory
-from quota.values.model import DeviceKey
 from quota.devices.partitions import Partition
 from quota.devices.selectors import SelectorMatcher
+from quota.values.model import DeviceKey
 
 from ...builders import make_slice
 

@@ -17,11 +17,11 @@ from greenlet import greenlet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.devices import partitions
 from quota.cel import CompiledSelector
+from quota.devices import partitions
 from quota.devices.inventory import Inventory
-from quota.values.model import DeviceKey
 from quota.devices.selectors import PATIENCE, SelectorMatcher
+from quota.values.model import DeviceKey
 from quota.values.work import CLAIM_COST_BUDGET, Budget, BudgetExceeded, pausing
 
 from ...builders import make_device, make_slice

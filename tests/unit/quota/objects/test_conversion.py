@@ -32,10 +32,10 @@ import pytest
 import yaml
 
 from commands.cli import main
+from quota.devices.inventory import Inventory
 from quota.objects.claims import parse_claim
 from quota.objects.claimspec import ClaimError
 from quota.objects.conversion import as_v1
-from quota.devices.inventory import Inventory
 from quota.objects.slices import SliceError
 
 from ...betas import downgrade

@@ -18,15 +18,15 @@ from typing import Any, TypedDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quota.accounting.ledger import Ledger
 from quota.admission.admitter import Admitter
+from quota.devices.inventory import Inventory
 from quota.objects.claims import parse_claim
 from quota.objects.claimspec import ClaimError
-from quota.quotas.devicequota import QuotaError, parse_device_quota
-from quota.devices.inventory import Inventory
-from quota.accounting.ledger import Ledger
-from quota.values.meta import NamespaceError, parse_namespace
-from quota.pricing.pricer import Pricer
 from quota.objects.slices import SliceError
+from quota.pricing.pricer import Pricer
+from quota.quotas.devicequota import QuotaError, parse_device_quota
+from quota.values.meta import NamespaceError, parse_namespace
 
 from ...betas import downgrade
 from ...bounds import bounded, fuzz_examples

@@ -17,15 +17,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from quota.objects import claims as claims_module
-from quota.values import meta as meta_module
 from quota.objects import slices as slices_module
 from quota.objects.claims import AllocatedDevice, parse_claim
 from quota.objects.claimspec import ClaimError, parse_capacities
+from quota.objects.slices import SliceError
+from quota.values import meta as meta_module
 from quota.values.interning import Interned
 from quota.values.meta import parse_meta
 from quota.values.model import DeviceKey
 from quota.values.raw import show
-from quota.objects.slices import SliceError
 from quota.values.validation import dns_label, dns_subdomain, optional_string, pool_name, string
 
 from ...builders import exactly, make_claim, request

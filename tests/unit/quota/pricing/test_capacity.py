@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from quota.devices.inventory import Inventory
+from quota.objects.claimspec import DeviceRequirement, Toleration
 from quota.pricing.capacity import memory_charge, round_request, tolerates_all
 from quota.pricing.counters import per_scope
-from quota.objects.claimspec import DeviceRequirement, Toleration
 from quota.values.model import Capacity, Charge, Device, DeviceClassName, RequestPolicy, Taint, ValidRange
-from quota.devices.inventory import Inventory
 from quota.values.work import PAUSE_ITEMS, pausing
 
 from ...builders import GiB, MiB, make_device, make_slice

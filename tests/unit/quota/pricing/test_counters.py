@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from quota.objects.claims import parse_claim, parse_device_class
 from quota.devices.inventory import Inventory
-from quota.values.model import Charge, DeviceClassName, Mode
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.values.model import Charge, DeviceClassName, Mode
 
 from ...builders import GiB, MiB, exactly, make_class, make_claim, make_slice, request
 from ...drivers import AMD, EXAMPLE, NVIDIA, Obj, amd_mi300x, example_partitionable, nvidia_dynamic_mig

@@ -26,10 +26,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.objects.claims import parse_claim, parse_device_class
 from quota.devices.inventory import Inventory
-from quota.values.model import Charge
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.pricer import Pricer
+from quota.values.model import Charge
 
 from ...builders import GiB, exactly, make_class, make_claim, make_counter_slice, make_device, make_slice, request
 

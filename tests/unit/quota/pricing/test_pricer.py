@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+from quota.accounting.ledger import Ledger
+from quota.admission.admitter import Admitter, claim_ref
+from quota.admission.annotating import read_annotations
+from quota.devices.inventory import Inventory
 from quota.objects.allocationrecord import (
     ALLOCATED_CHARGE_ANNOTATION,
     ALLOCATION_RESULTS_ANNOTATION,
@@ -18,14 +22,10 @@ from quota.objects.allocationrecord import (
 )
 from quota.objects.claims import CHARGE_ANNOTATION, parse_claim, parse_device_class, pod_owner
 from quota.objects.claimspec import ClaimError, DeviceRequirement, Toleration, unnamed
-from quota.devices.inventory import Inventory
-from quota.values.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
-from quota.admission.admitter import Admitter, claim_ref
-from quota.admission.annotating import read_annotations
-from quota.accounting.ledger import Ledger
 from quota.pricing.priced import Pricing, at_least_recorded
 from quota.pricing.pricer import Pricer
 from quota.quotas.scope import DeviceSelection, Scope
+from quota.values.model import Charge, DeviceClass, DeviceClassName, DeviceKey, Mode, RecordKey
 
 from ...builders import (
     GiB,

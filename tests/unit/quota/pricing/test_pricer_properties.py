@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.cel import compile_selector, device_activation
-from quota.objects.claims import parse_claim, parse_device_class
 from quota.devices.inventory import Inventory
-from quota.values.model import Charge, DeviceClassName
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.priced import Pricing
 from quota.pricing.pricer import Pricer
 from quota.quotas.scope import DeviceSelection, Scope
+from quota.values.model import Charge, DeviceClassName
 
 from ...builders import MiB, exactly, first_available, make_class, make_claim, make_device, make_slice, request, result
 

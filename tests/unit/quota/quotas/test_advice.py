@@ -11,8 +11,15 @@ from typing import Any
 import pytest
 
 from quota.quotas.advice import Case, case_of, worst
+from quota.quotas.devicequota import (
+    DeviceQuota,
+    QuotaCheck,
+    Usage,
+    check,
+    parse_cluster_device_quota,
+    parse_device_quota,
+)
 from quota.reports.check import run_check
-from quota.quotas.devicequota import DeviceQuota, QuotaCheck, Usage, check, parse_cluster_device_quota, parse_device_quota
 from quota.reports.loader import Document
 from quota.values.model import Charge
 

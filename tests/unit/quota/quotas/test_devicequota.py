@@ -18,8 +18,8 @@ from quota.quotas.devicequota import (
     parse_cluster_device_quota,
     parse_device_quota,
 )
-from quota.values.model import Charge, DeviceClassName, Limits, Namespace
 from quota.quotas.scope import Scope
+from quota.values.model import Charge, DeviceClassName, Limits, Namespace
 
 from ...builders import GiB, advised, make_cluster_quota, make_quota
 

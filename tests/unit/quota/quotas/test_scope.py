@@ -15,19 +15,19 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.admission.admitter import Admitter, claim_ref
-from quota.objects.claims import parse_claim, parse_device_class
-from quota.quotas.devicequota import QuotaError, parse_device_quota
-from quota.devices.inventory import Inventory
 from quota.accounting.ledger import Ledger
 from quota.accounting.ledgerentry import ClaimRef
+from quota.accounting.reservationrecord import Record
+from quota.admission.admitter import Admitter, claim_ref
+from quota.devices.inventory import Inventory
 from quota.devices.memorysources import MemorySources
-from quota.values.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
+from quota.objects.claims import parse_claim, parse_device_class
 from quota.pricing.priced import Pricing
 from quota.pricing.pricer import Pricer
-from quota.status.quotastatus import desired_status
-from quota.accounting.reservationrecord import Record
+from quota.quotas.devicequota import QuotaError, parse_device_quota
 from quota.quotas.scope import DeviceSelection, Scope
+from quota.status.quotastatus import desired_status
+from quota.values.model import Charge, DeviceClassName, DeviceKey, Mode, Namespace, RecordKey
 from quota.values.work import Budget
 
 from ...builders import (

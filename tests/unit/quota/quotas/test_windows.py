@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from quota.quotas import windows as rules
 from quota.quotas.devicequota import DeviceQuota, QuotaError, parse_device_quota
-from quota.values.model import Limits
 from quota.quotas.windows import Window, admission_change_after, effective, effective_for_admission, hard_note
+from quota.values.model import Limits
 
 from ...builders import GiB, make_quota
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.status.applied import APPLIED_KIND, applied_quotas, headroom
 from quota.quotas.devicequota import QuotaError
 from quota.reports.tables import top_tables
+from quota.status.applied import APPLIED_KIND, applied_quotas, headroom
 from quota.status.published import applied_usage, team_usage
 
 from ...builders import GiB

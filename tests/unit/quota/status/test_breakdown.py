@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quota.status.breakdown import OTHER, Breakdown, top_parts
 from quota.quotas.devicequota import Usage
+from quota.status.breakdown import OTHER, Breakdown, top_parts
 from quota.values.model import ZERO, Charge
 
 GiB = 1 << 30

@@ -10,13 +10,13 @@ from typing import Any, is_typeddict
 import pytest
 import yaml
 
+from quota.accounting.reservationrecord import Record, Reservation, parse_record, status_fields
+from quota.accounting.reservations import Request, apply
 from quota.quotas.devicequota import (Amounts, ClaimCounts, ClusterDeviceQuotaStatus, Condition, DeviceQuotaStatus,
                                NamespaceUsage, ReservationEntry, ReservedBy, Usage, parse_cluster_device_quota,
                                parse_device_quota)
-from quota.values.model import Charge
 from quota.status.quotastatus import MAX_NAMESPACES, boundary, desired_status, next_change, next_expiry
-from quota.accounting.reservationrecord import Record, Reservation, parse_record, status_fields
-from quota.accounting.reservations import Request, apply
+from quota.values.model import Charge
 
 from ...builders import GiB, make_cluster_quota, make_quota
 from ..accounting.test_reservations import Seen
