@@ -12,7 +12,7 @@ What is written, each key once it is due:
 - `draquota.io/charge` and `draquota.io/quotas`, when the claim has no charge yet: its
   charge as admitted (JSON of bytes and devices) and the DeviceQuotas it draws on. Queue
   managers and dashboards read them; a claim priced again (a restart, a deallocation)
-  never counts less than the charge recorded (`quota.pricing.pricer.at_least_recorded`). The
+  never counts less than the charge recorded (`quota.pricing.priced.at_least_recorded`). The
   shipped configuration's mutating admission (`webhook.claimadmit`) writes them into the
   claim in its CREATE, so a claim it admitted has nothing due here; only a claim that
   arrived without a charge (created while no webhook of ours reached its namespace, or

@@ -2,9 +2,9 @@
 
 Neighbours: `webhook.claimreview` calls `Reservations.admit` on a claim CREATE and
 `controllers.kueue` on a Workload's check; its base, `kube.statuswriter.QuotaStatusWriter`,
-queues each quota's requests in a batch, decides them (`quota.accounting.reservations`: the record's
-format and the watermark protocol, read its docstring first) and writes them
-conditionally once this replica's watches reached the record's watermarks; the
+queues each quota's requests in a batch, decides them (`quota.accounting.reservationrecord`: the
+record's format; `quota.accounting.reservations`: the watermark protocol, read its docstring
+first) and writes them conditionally once this replica's watches reached the record's watermarks; the
 `kube.caches` stores feed it every DeviceQuota, the claim store (`kube.claimstore`) its
 versions and `claim_deleted` (claims the watch saw go); the quota controller
 (`controllers.quotas`) writes through the same `write_status`.

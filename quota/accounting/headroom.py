@@ -1,9 +1,10 @@
 """Leases: a chunk of a DeviceQuota's headroom one `serve` process admits claims against locally.
 
-Neighbours: `quota.accounting.reservations` holds the record and the watermark protocol (a lease is
-one more entry of `status.reservations`, `source: Lease`); `kube.quotawriter` keeps this
-process's leases, calls `take` on a claim CREATE and, through `kube.statuswriter`, `renew`
-inside each status write it makes of a quota, and commits the plan once the write landed.
+Neighbours: `quota.accounting.reservationrecord` holds the record, `quota.accounting.reservations`
+the watermark protocol (a lease is one more entry of `status.reservations`, `source: Lease`);
+`kube.quotawriter` keeps this process's leases, calls `take` on a claim CREATE and, through
+`kube.statuswriter`, `renew` inside each status write it makes of a quota, and commits the plan
+once the write landed.
 Pure: no clock, no I/O. docs/development/reservations.md ("Leases") holds the safety argument; in short:
 
 - A lease is written like any entry, by a conditional write that checked

@@ -158,7 +158,7 @@ class Counting:
 
     def existing_entry(self, claim: Claim, *, budget: Budget | None = None) -> Entry:
         """What `reserve_existing` counts: the estimate in every mode, in the default mode
-        at no less than the charge recorded at its admission (`quota.pricing.pricer.at_least_recorded`:
+        at no less than the charge recorded at its admission (`quota.pricing.priced.at_least_recorded`:
         a restart must not re-price what was reserved). A mode whose pricing ran out of
         budget keeps the upper bound: an existing claim is never counted at less."""
         return self._existing(claim, self._estimate(claim, budget))

@@ -1,6 +1,7 @@
 """The DRA CEL environment: device selectors evaluated as kube-scheduler does.
 
-Public API (used by `quota.devices.inventory` / `quota.pricing.pricer`)::
+Imports only `quota.values`. Public API (used by the selectors of `quota.devices` and by
+`quota.quotas.scope`)::
 
     sel = compile_selector(expr)      # LRU-cached; CelCompileError
     act = device_activation(device)   # once per quota.values.model.Device

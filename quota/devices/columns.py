@@ -42,7 +42,7 @@ Field = tuple[str, ...]
 DRIVER: Field = ("driver",)
 MULTI: Field = ("allowMultipleAllocations",)
 TAINTS: Field = ("taints",)
-# Per device, why CEL cannot see it (quota.cel.activation_error), or None.
+# Per device, why CEL cannot see it (quota.cel.activation.activation_error), or None.
 ERROR: Field = ("error",)
 # Per device, the memory a memory source gives it (`quota.devices.memorysources`), by identity:
 # not a CEL field (the scheduler sees no such capacity), but pricing needs it uniform.

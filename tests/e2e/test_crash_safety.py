@@ -10,10 +10,10 @@ scheduler allocates them through, some left pending; Pods deleted (the resourcec
 controller deallocates their claim, which is pending again), claims deleted, and once
 the victim node's ResourceSlice rewritten without its two 141Gi GPUs, one of them held by
 an allocated claim: that claim's charge must stay, priced from its `draquota.io/charge`
-annotation (`quota.pricing.pricer`'s vanished-device share). They are the class's largest, so
+annotation (`quota.pricing.allocated`'s vanished-device share). They are the class's largest, so
 the claims admitted before are recorded at 141Gi a GPU and those after at 80Gi: a
 restarted process must reserve the earlier ones at what they were admitted at, not at
-what it would estimate now (`quota.pricing.pricer.at_least_recorded`; before it, a restart
+what it would estimate now (`quota.pricing.priced.at_least_recorded`; before it, a restart
 after the change lowered `reserved`).
 
 After each restart, once the churn of that stretch settled (every Pod's claim allocated,

@@ -1,4 +1,4 @@
-"""One namespace's failing creates never fill its team's record (quota.accounting.reservations,
+"""One namespace's failing creates never fill its team's record (quota.accounting.reservationrecord,
 MAX_ENTRIES_PER_NAMESPACE), on the real API server with one `serve`.
 
 Claim creates are admitted by a mutating webhook (docs/development/one-write.md), which runs before
